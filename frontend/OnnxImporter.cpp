@@ -1,0 +1,1127 @@
+//===- OnnxImporter.cpp - ONNX ModelProto to IR ---------------------------===//
+//
+// Imports an ONNX model in these steps:
+//
+//  1. Read the file and parse the ModelProto. A short wire-format walk over
+//     the top-level fields first tells a truncated file (a field runs past
+//     the end) from a file that is not an ONNX model at all.
+//  2. Check the opset (default domain, 13 to 17).
+//  3. Bind the symbolic dimensions of the graph inputs (ImportOptions), and
+//     refuse any that remain unknown, naming the input, the dimension and the
+//     flag that binds it.
+//  4. Turn initializers into parameters and constants (rules below). No data
+//     is read here except the bytes of small embedded constants.
+//  5. Run ONNX's own shape inference (strict, with data propagation) on the
+//     bound model. External initializers are declared to it as typed graph
+//     inputs, since it cannot read their data.
+//  6. Map the nodes in graph order: Constant nodes become constants; every
+//     other node gets its onnx.* op, its attributes (ONNX names, see
+//     ir/OnnxShapes.cpp for the mapping) and operands, and is typed with
+//     inferTypes. A type that ONNX inferred statically must agree with ours.
+//     A node whose operands are constants with data at hand (and any Shape)
+//     is evaluated with foldOp and becomes constants named after its ONNX
+//     outputs; otherwise it is appended to the graph.
+//  7. Drop unused constants and run the verifier.
+//
+// Parameters and constants. torch writes trained parameters and buffers alike
+// as initializers; the rule that tells them apart is structural and
+// deterministic. An initializer is a parameter if and only if
+//   - its element type is floating point, and
+//   - it has more than one element, and
+//   - it reaches, directly or through Transpose and Identity nodes only, a
+//     data operand of a weight-consuming op: either operand of MatMul, Add or
+//     Mul; any operand of Gemm; operand 0 (the table) of Gather; operand 1 or
+//     2 (scale, bias) of LayerNormalization.
+// Every other initializer is a constant: integer and bool tensors (shapes,
+// masks), scalars, and floating-point buffers that reach those ops only
+// through other nodes (e.g. a causal-mask buffer that is sliced first).
+// An initializer listed among the graph inputs (older exporters do that) is
+// an initializer, not an input.
+//
+// Data. Parameters always reference their bytes: DataRef::External (path
+// resolved against the model's folder, offset, length) for external data,
+// DataRef::OnnxInitializer (model path, initializer name) for data embedded
+// in the model, read through the loader that registerOnnxDataLoader()
+// installs. Constants are inline when embedded and at most
+// MaxInlineElements elements, references otherwise. External data is never
+// read at import, except the few bytes of a small constant whose value a node
+// needs to be typed (e.g. the shape operand of a Reshape), and its file need
+// not exist (weight-free graphs); a location that is absolute or escapes the
+// model's folder is refused.
+//
+// Diagnostics are one line and start with the model path:
+//   PATH: cannot read the model: No such file or directory
+//   PATH: not an ONNX model (it does not parse as an ONNX ModelProto)
+//   PATH: not an ONNX model (it has no ir_version | graph | nodes)
+//   PATH: the file is truncated (field 7 needs 1234 bytes at offset 40, the
+//         file ends at 512)
+//   PATH: model uses opset 11; sp supports opsets 13 to 17
+//   PATH: input 'idx' has symbolic dimension 'seq' (dim 1); bind it with
+//         --seq N
+//   PATH: external data location '../x' of initializer 'W' escapes the
+//         model folder '/dir'
+//   PATH: node 'NAME' (OpType): unsupported op; supported ops are ...
+//   PATH: node 'NAME' (OpType): <type error from inferTypes>
+//   PATH: onnx shape inference failed: <message>
+//
+//===----------------------------------------------------------------------===//
+#include "frontend/OnnxImporter.h"
+#include "ir/Fold.h"
+#include "ir/ShapeInference.h"
+#include "ir/Verifier.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/SwapByteOrder.h"
+
+#include "onnx/defs/schema.h"
+#include "onnx/onnx_pb.h"
+#include "onnx/shape_inference/implementation.h"
+#include <google/protobuf/io/coded_stream.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <mutex>
+
+using namespace llvm;
+
+namespace sp {
+
+namespace {
+
+/// Embedded constants up to this many elements are copied inline.
+constexpr int64_t MaxInlineElements = 64;
+constexpr int64_t MinOpset = 13, MaxOpset = 17;
+
+static_assert(sys::IsLittleEndianHost,
+              "tensor bytes are stored little-endian, as in ONNX");
+
+Error makeError(const Twine &Msg) {
+  return createStringError(inconvertibleErrorCode(), Msg);
+}
+
+/// "PATH: message", on one line.
+Error fileError(StringRef Path, const Twine &Msg) {
+  std::string S = Msg.str();
+  std::replace(S.begin(), S.end(), '\n', ' ');
+  return makeError(Path + ": " + S);
+}
+
+//===----------------------------------------------------------------------===//
+// Reading model files
+//===----------------------------------------------------------------------===//
+
+/// Result of walking the top-level fields of a serialized message.
+struct WireScan {
+  enum Kind { Ok, Truncated, Malformed } K = Ok;
+  std::string Detail;
+};
+
+/// Walks the top-level fields of a serialized ModelProto without parsing
+/// them. A field that runs past the end of the buffer means the file was
+/// truncated; an invalid tag or a known ModelProto field with the wrong wire
+/// type means it is not an ONNX model.
+WireScan scanModelWire(ArrayRef<uint8_t> Buf) {
+  size_t Pos = 0, N = Buf.size();
+  WireScan R;
+  auto Truncated = [&](const Twine &What) {
+    R.K = WireScan::Truncated;
+    R.Detail = What.str();
+    return R;
+  };
+  auto Malformed = [&]() {
+    R.K = WireScan::Malformed;
+    return R;
+  };
+  // Returns 0 on success, 1 if the buffer ends, 2 if malformed.
+  auto ReadVarint = [&](uint64_t &V) -> int {
+    V = 0;
+    for (unsigned Shift = 0; Shift < 64; Shift += 7) {
+      if (Pos >= N)
+        return 1;
+      uint8_t B = Buf[Pos++];
+      V |= uint64_t(B & 0x7f) << Shift;
+      if (!(B & 0x80))
+        return 0;
+    }
+    return 2;
+  };
+  // Wire types of the fields of ModelProto (onnx.proto): 0 varint, 2 bytes.
+  auto ExpectedWireType = [](uint64_t Field) -> int {
+    switch (Field) {
+    case 1: // ir_version
+    case 5: // model_version
+      return 0;
+    case 2: case 3: case 4: case 6: case 7: case 8: case 14: case 20: case 25:
+      return 2;
+    default:
+      return -1;
+    }
+  };
+  while (Pos < N) {
+    size_t FieldStart = Pos;
+    uint64_t Tag;
+    if (int E = ReadVarint(Tag))
+      return E == 1 ? Truncated(formatv("a field tag at offset {0} is cut off",
+                                        FieldStart))
+                    : Malformed();
+    uint64_t Field = Tag >> 3;
+    int WireType = Tag & 7;
+    if (Field == 0)
+      return Malformed();
+    int Want = ExpectedWireType(Field);
+    if (Want >= 0 && Want != WireType)
+      return Malformed();
+    uint64_t Skip = 0;
+    switch (WireType) {
+    case 0: {
+      uint64_t V;
+      if (int E = ReadVarint(V))
+        return E == 1 ? Truncated(formatv("field {0} at offset {1} is cut off",
+                                          Field, FieldStart))
+                      : Malformed();
+      continue;
+    }
+    case 1:
+      Skip = 8;
+      break;
+    case 2:
+      if (int E = ReadVarint(Skip))
+        return E == 1 ? Truncated(formatv("field {0} at offset {1} is cut off",
+                                          Field, FieldStart))
+                      : Malformed();
+      break;
+    case 5:
+      Skip = 4;
+      break;
+    default: // groups (unused by ONNX) and invalid wire types
+      return Malformed();
+    }
+    if (Skip > N - Pos)
+      return Truncated(formatv("field {0} needs {1} bytes at offset {2}, the "
+                               "file ends at {3}",
+                               Field, Skip, Pos, N));
+    Pos += Skip;
+  }
+  return R;
+}
+
+/// Reads and parses the model at Path, checking that it is a complete ONNX
+/// model with a non-empty graph. Errors start with Path.
+Expected<std::unique_ptr<onnx::ModelProto>> readModel(StringRef Path) {
+  auto Buf = MemoryBuffer::getFile(Path, /*IsText=*/false,
+                                   /*RequiresNullTerminator=*/false);
+  if (!Buf)
+    return fileError(Path, "cannot read the model: " + Buf.getError().message());
+  StringRef Bytes = (*Buf)->getBuffer();
+  if (Bytes.size() > size_t(INT_MAX))
+    return fileError(Path, "the model is larger than 2 GB, which protobuf "
+                           "cannot read; store the weights as external data");
+  ArrayRef<uint8_t> Data(reinterpret_cast<const uint8_t *>(Bytes.data()),
+                         Bytes.size());
+  WireScan Scan = scanModelWire(Data);
+  if (Scan.K == WireScan::Truncated)
+    return fileError(Path, "the file is truncated (" + Scan.Detail + ")");
+  auto NotOnnx = [&](StringRef Why) {
+    return fileError(Path, "not an ONNX model (" + Why + ")");
+  };
+  if (Scan.K == WireScan::Malformed)
+    return NotOnnx("it does not parse as an ONNX ModelProto");
+
+  auto Model = std::make_unique<onnx::ModelProto>();
+  google::protobuf::io::CodedInputStream In(Data.data(), int(Data.size()));
+  In.SetTotalBytesLimit(INT_MAX);
+  if (!Model->ParseFromCodedStream(&In) || !In.ConsumedEntireMessage())
+    return NotOnnx("it does not parse as an ONNX ModelProto");
+  if (!Model->has_ir_version())
+    return NotOnnx("it has no ir_version");
+  if (!Model->has_graph())
+    return NotOnnx("it has no graph");
+  if (Model->graph().node_size() == 0)
+    return NotOnnx("its graph has no nodes");
+  return Model;
+}
+
+//===----------------------------------------------------------------------===//
+// Tensors
+//===----------------------------------------------------------------------===//
+
+std::optional<DType> dtypeOf(int32_t T) {
+  switch (T) {
+  case onnx::TensorProto::FLOAT:
+    return DType::F32;
+  case onnx::TensorProto::FLOAT16:
+    return DType::F16;
+  case onnx::TensorProto::BFLOAT16:
+    return DType::BF16;
+  case onnx::TensorProto::DOUBLE:
+    return DType::F64;
+  case onnx::TensorProto::INT64:
+    return DType::I64;
+  case onnx::TensorProto::INT32:
+    return DType::I32;
+  case onnx::TensorProto::INT8:
+    return DType::I8;
+  case onnx::TensorProto::UINT8:
+    return DType::U8;
+  case onnx::TensorProto::BOOL:
+    return DType::Bool;
+  default:
+    return std::nullopt;
+  }
+}
+
+std::string onnxTypeName(int32_t T) {
+  if (onnx::TensorProto_DataType_IsValid(T))
+    return StringRef(onnx::TensorProto_DataType_Name(T)).lower();
+  return "data type " + std::to_string(T);
+}
+
+Expected<TensorType> tensorTypeOf(const onnx::TensorProto &T,
+                                  StringRef What) {
+  auto D = dtypeOf(T.data_type());
+  if (!D)
+    return makeError(What + " has element type " +
+                     onnxTypeName(T.data_type()) + ", which is not supported");
+  TensorType Ty(*D, {});
+  for (int64_t Dim : T.dims()) {
+    if (Dim < 0)
+      return makeError(What + " has a negative dimension");
+    Ty.Shape.push_back(Dim);
+  }
+  return Ty;
+}
+
+bool isExternal(const onnx::TensorProto &T) {
+  return T.data_location() == onnx::TensorProto::EXTERNAL;
+}
+
+/// Checks that a tensor stored inside the model (raw_data or the typed field
+/// for its element type) holds exactly the data its type needs.
+Error checkEmbedded(const onnx::TensorProto &T, const TensorType &Ty,
+                    StringRef What) {
+  if (T.has_raw_data()) {
+    if (int64_t(T.raw_data().size()) != Ty.numBytes())
+      return makeError(formatv("{0} has {1} bytes of data, {2} needs {3}",
+                               What.str(), T.raw_data().size(), Ty.str(),
+                               Ty.numBytes()));
+    return Error::success();
+  }
+  int64_t Have;
+  switch (Ty.Dtype) {
+  case DType::F32:
+    Have = T.float_data_size();
+    break;
+  case DType::F64:
+    Have = T.double_data_size();
+    break;
+  case DType::I64:
+    Have = T.int64_data_size();
+    break;
+  default: // int32_data holds i32, i8, u8, bool and the bits of f16, bf16
+    Have = T.int32_data_size();
+    break;
+  }
+  if (Have != Ty.numElements())
+    return makeError(formatv("{0} has {1} elements of data, {2} needs {3}",
+                             What.str(), Have, Ty.str(), Ty.numElements()));
+  return Error::success();
+}
+
+/// The bytes of a tensor stored inside the model, little-endian, as
+/// TensorData holds them.
+Expected<std::vector<char>> embeddedBytes(const onnx::TensorProto &T,
+                                          const TensorType &Ty,
+                                          StringRef What) {
+  if (auto E = checkEmbedded(T, Ty, What))
+    return E;
+  if (T.has_raw_data())
+    return std::vector<char>(T.raw_data().begin(), T.raw_data().end());
+  int64_t N = Ty.numElements();
+  std::vector<char> B(Ty.numBytes());
+  switch (Ty.Dtype) {
+  case DType::F32:
+    std::memcpy(B.data(), T.float_data().data(), B.size());
+    break;
+  case DType::F64:
+    std::memcpy(B.data(), T.double_data().data(), B.size());
+    break;
+  case DType::I64:
+    std::memcpy(B.data(), T.int64_data().data(), B.size());
+    break;
+  case DType::I32:
+    std::memcpy(B.data(), T.int32_data().data(), B.size());
+    break;
+  case DType::F16:
+  case DType::BF16:
+    for (int64_t I = 0; I < N; ++I) {
+      uint16_t V = uint16_t(T.int32_data(I));
+      std::memcpy(B.data() + 2 * I, &V, 2);
+    }
+    break;
+  case DType::I8:
+  case DType::U8:
+  case DType::Bool:
+    for (int64_t I = 0; I < N; ++I)
+      B[I] = char(T.int32_data(I));
+    break;
+  }
+  return B;
+}
+
+/// Where the external data of a tensor lives.
+struct ExternalLocation {
+  std::string Path; // absolute
+  int64_t Offset = 0;
+  int64_t Length = 0;
+};
+
+/// Resolves the external-data entries of T against the model's folder Dir
+/// (absolute). Refuses absolute locations and locations that escape Dir.
+Expected<ExternalLocation> externalLocation(const onnx::TensorProto &T,
+                                            const TensorType &Ty,
+                                            StringRef Dir, StringRef What) {
+  std::string Location;
+  ExternalLocation L;
+  L.Length = -1;
+  for (const onnx::StringStringEntryProto &E : T.external_data()) {
+    if (E.key() == "location") {
+      Location = E.value();
+    } else if (E.key() == "offset" || E.key() == "length") {
+      int64_t V;
+      if (StringRef(E.value()).getAsInteger(10, V) || V < 0)
+        return makeError(formatv("external data {0} '{1}' of {2} is not a "
+                                 "valid number",
+                                 E.key(), E.value(), What.str()));
+      (E.key() == "offset" ? L.Offset : L.Length) = V;
+    }
+  }
+  if (Location.empty())
+    return makeError(What + " has external data without a location");
+  if (sys::path::is_absolute(Location, sys::path::Style::posix))
+    return makeError(formatv("external data location '{0}' of {1} is an "
+                             "absolute path; it must be relative to the "
+                             "model folder '{2}'",
+                             Location, What.str(), Dir));
+  SmallString<128> Rel(Location);
+  sys::path::remove_dots(Rel, /*remove_dot_dot=*/true,
+                         sys::path::Style::posix);
+  if (Rel.empty() || Rel == "." || *sys::path::begin(Rel) == "..")
+    return makeError(formatv("external data location '{0}' of {1} escapes "
+                             "the model folder '{2}'",
+                             Location, What.str(), Dir));
+  SmallString<256> Full(Dir);
+  sys::path::append(Full, Rel);
+  L.Path = std::string(Full);
+  if (L.Length < 0)
+    L.Length = Ty.numBytes();
+  else if (L.Length != Ty.numBytes())
+    return makeError(formatv("external data of {0} has length {1}, but {2} "
+                             "needs {3} bytes",
+                             What.str(), L.Length, Ty.str(), Ty.numBytes()));
+  return L;
+}
+
+/// Absolute, dot-free form of Path.
+std::string absolutePath(StringRef Path) {
+  SmallString<256> P(Path);
+  sys::fs::make_absolute(P);
+  sys::path::remove_dots(P, /*remove_dot_dot=*/true);
+  return std::string(P);
+}
+
+//===----------------------------------------------------------------------===//
+// Lazy loading of initializers embedded in model files
+//===----------------------------------------------------------------------===//
+
+/// Models parsed by the loader, by absolute path. An entry is reused while
+/// the file's size and modification time are unchanged.
+class ModelCache {
+public:
+  struct Entry {
+    uint64_t Size = 0;
+    sys::TimePoint<> MTime;
+    std::unique_ptr<onnx::ModelProto> Model;
+    StringMap<const onnx::TensorProto *> Initializers;
+  };
+
+  static ModelCache &get() {
+    static ModelCache C;
+    return C;
+  }
+
+  Expected<std::shared_ptr<const Entry>> lookup(StringRef Path) {
+    sys::fs::file_status Status;
+    if (std::error_code EC = sys::fs::status(Path, Status))
+      return fileError(Path, "cannot read the model: " + EC.message());
+    std::lock_guard<std::mutex> Lock(Mutex);
+    auto It = Entries.find(Path);
+    if (It != Entries.end() && It->second->Size == Status.getSize() &&
+        It->second->MTime == Status.getLastModificationTime())
+      return It->second;
+    auto Model = readModel(Path);
+    if (!Model)
+      return Model.takeError();
+    auto E = std::make_shared<Entry>();
+    E->Size = Status.getSize();
+    E->MTime = Status.getLastModificationTime();
+    E->Model = std::move(*Model);
+    for (const onnx::TensorProto &T : E->Model->graph().initializer())
+      E->Initializers.try_emplace(T.name(), &T);
+    Entries[Path] = E;
+    return E;
+  }
+
+private:
+  std::mutex Mutex;
+  StringMap<std::shared_ptr<const Entry>> Entries;
+};
+
+/// The TensorData loader for DataRef::OnnxInitializer.
+Expected<std::vector<char>> loadInitializer(StringRef Path, StringRef Name) {
+  auto Entry = ModelCache::get().lookup(Path);
+  if (!Entry)
+    return Entry.takeError();
+  auto It = (*Entry)->Initializers.find(Name);
+  if (It == (*Entry)->Initializers.end())
+    return fileError(Path, "the model has no initializer '" + Name + "'");
+  const onnx::TensorProto &T = *It->second;
+  std::string What = "initializer '" + Name.str() + "'";
+  auto Ty = tensorTypeOf(T, What);
+  if (!Ty)
+    return fileError(Path, toString(Ty.takeError()));
+  if (!isExternal(T)) {
+    auto B = embeddedBytes(T, *Ty, What);
+    if (!B)
+      return fileError(Path, toString(B.takeError()));
+    return B;
+  }
+  auto L = externalLocation(T, *Ty, sys::path::parent_path(Path), What);
+  if (!L)
+    return fileError(Path, toString(L.takeError()));
+  auto Buf = MemoryBuffer::getFileSlice(L->Path, L->Length, L->Offset);
+  if (!Buf)
+    return makeError(formatv("cannot read external data '{0}' of {1}: {2}",
+                             L->Path, What, Buf.getError().message()));
+  if (int64_t((*Buf)->getBufferSize()) != L->Length)
+    return makeError(formatv("external data file '{0}' is too short for {1}",
+                             L->Path, What));
+  return std::vector<char>((*Buf)->getBufferStart(), (*Buf)->getBufferEnd());
+}
+
+//===----------------------------------------------------------------------===//
+// Op table and attributes
+//===----------------------------------------------------------------------===//
+
+/// The onnx.* op of an ONNX op type in the default domain.
+std::optional<OpKind> onnxOpKind(StringRef OpType) {
+  auto K = parseOpName(("onnx." + OpType).str());
+  if (!K || !isOnnxOp(*K))
+    return std::nullopt;
+  return K;
+}
+
+std::string supportedOps() {
+  std::vector<std::string> Names{"Constant"};
+#define SP_OP(Enum, Name)                                                      \
+  if (StringRef(Name).startswith("onnx."))                                     \
+    Names.push_back(StringRef(Name).drop_front(5).str());
+#include "ir/Ops.def"
+  llvm::sort(Names);
+  return join(Names, ", ");
+}
+
+Expected<Attribute> convertAttribute(const onnx::AttributeProto &A) {
+  switch (A.type()) {
+  case onnx::AttributeProto::INT:
+    return Attribute(int64_t(A.i()));
+  case onnx::AttributeProto::FLOAT:
+    return Attribute(double(A.f()));
+  case onnx::AttributeProto::STRING:
+    return Attribute(A.s());
+  case onnx::AttributeProto::INTS:
+    return Attribute(std::vector<int64_t>(A.ints().begin(), A.ints().end()));
+  case onnx::AttributeProto::FLOATS:
+    return Attribute(std::vector<double>(A.floats().begin(), A.floats().end()));
+  default:
+    return makeError(formatv("attribute '{0}' of type {1} is not supported",
+                             A.name(),
+                             StringRef(onnx::AttributeProto_AttributeType_Name(
+                                           A.type()))
+                                 .lower()));
+  }
+}
+
+/// True if operand Slot of an ONNX op consumes a trained weight (see the
+/// parameter rule at the top of the file).
+bool isWeightOperand(StringRef OpType, int Slot) {
+  if (OpType == "MatMul" || OpType == "Gemm" || OpType == "Add" ||
+      OpType == "Mul")
+    return true;
+  if (OpType == "Gather")
+    return Slot == 0;
+  if (OpType == "LayerNormalization")
+    return Slot == 1 || Slot == 2;
+  return false;
+}
+
+/// The fully static tensor type ONNX inferred, if any.
+std::optional<TensorType> staticOnnxType(const onnx::TypeProto &T) {
+  if (!T.has_tensor_type() || !T.tensor_type().has_shape())
+    return std::nullopt;
+  auto D = dtypeOf(T.tensor_type().elem_type());
+  if (!D)
+    return std::nullopt;
+  TensorType Ty(*D, {});
+  for (const onnx::TensorShapeProto::Dimension &Dim :
+       T.tensor_type().shape().dim()) {
+    if (!Dim.has_dim_value())
+      return std::nullopt;
+    Ty.Shape.push_back(Dim.dim_value());
+  }
+  return Ty;
+}
+
+//===----------------------------------------------------------------------===//
+// The importer
+//===----------------------------------------------------------------------===//
+
+class Importer {
+public:
+  Importer(StringRef Path, const ImportOptions &Opts)
+      : DisplayPath(Path.str()), Path(absolutePath(Path)), Opts(Opts) {
+    ModelDir = std::string(sys::path::parent_path(this->Path));
+  }
+
+  Expected<std::unique_ptr<Graph>> run();
+
+private:
+  Error error(const Twine &Msg) { return fileError(DisplayPath, Msg); }
+
+  Error checkOpset();
+  Error bindInputs();
+  Error importInitializers();
+  Error runOnnxShapeInference();
+  Error importNode(const onnx::NodeProto &N, unsigned Index);
+  Error importConstantNode(const onnx::NodeProto &N, StringRef Desc);
+  Error importOutputs();
+  Error checkAgainstOnnx(StringRef Desc, const onnx::NodeProto &N,
+                         ArrayRef<TensorType> Types);
+  void findParameters();
+  Error defineValue(StringRef Name, Value *V, StringRef Desc);
+
+  /// The path as given (for messages), its absolute form (for data
+  /// references) and the absolute model folder.
+  std::string DisplayPath, Path, ModelDir;
+  const ImportOptions &Opts;
+  std::unique_ptr<onnx::ModelProto> Model;
+  std::unique_ptr<Graph> G;
+  /// ONNX value name -> IR value.
+  StringMap<Value *> Values;
+  /// Initializer names, and those that are parameters.
+  StringSet<> InitializerNames, ParamNames;
+  /// Names that some node defines (to tell "not sorted" from "undefined").
+  StringSet<> NodeOutputs;
+  /// Types from ONNX's shape inference, by value name.
+  StringMap<const onnx::TypeProto *> OnnxTypes;
+};
+
+Expected<std::unique_ptr<Graph>> Importer::run() {
+  auto M = readModel(DisplayPath);
+  if (!M)
+    return M.takeError();
+  Model = std::move(*M);
+  if (auto E = checkOpset())
+    return E;
+
+  const onnx::GraphProto &GP = Model->graph();
+  std::string Name = GP.name();
+  if (Name.empty())
+    Name = std::string(sys::path::stem(Path));
+  G = std::make_unique<Graph>(Name);
+
+  if (GP.sparse_initializer_size())
+    return error("sparse initializers are not supported");
+  for (const onnx::TensorProto &T : GP.initializer())
+    if (!InitializerNames.insert(T.name()).second)
+      return error("initializer '" + T.name() + "' is defined twice");
+  for (const onnx::NodeProto &N : GP.node())
+    for (const std::string &O : N.output())
+      if (!O.empty())
+        NodeOutputs.insert(O);
+  findParameters();
+
+  if (auto E = bindInputs())
+    return E;
+  if (auto E = importInitializers())
+    return E;
+  if (auto E = runOnnxShapeInference())
+    return E;
+  for (int I = 0; I < Model->graph().node_size(); ++I)
+    if (auto E = importNode(Model->graph().node(I), I))
+      return E;
+  if (auto E = importOutputs())
+    return E;
+
+  G->removeUnusedConstants();
+  if (auto E = verifyGraph(*G))
+    return error("internal error: " + toString(std::move(E)));
+  return std::move(G);
+}
+
+Error Importer::checkOpset() {
+  std::optional<int64_t> Version;
+  for (const onnx::OperatorSetIdProto &O : Model->opset_import())
+    if (O.domain().empty() || O.domain() == "ai.onnx")
+      Version = O.version();
+  if (!Version)
+    return error("the model imports no default-domain (ai.onnx) opset");
+  if (*Version < MinOpset || *Version > MaxOpset)
+    return error(formatv("model uses opset {0}; sp supports opsets {1} to {2}",
+                         *Version, MinOpset, MaxOpset));
+  return Error::success();
+}
+
+void Importer::findParameters() {
+  const onnx::GraphProto &GP = Model->graph();
+  // Consumers of every value: (node index, operand slot).
+  StringMap<SmallVector<std::pair<int, int>, 2>> Users;
+  for (int I = 0; I < GP.node_size(); ++I)
+    for (int S = 0; S < GP.node(I).input_size(); ++S)
+      if (!GP.node(I).input(S).empty())
+        Users[GP.node(I).input(S)].push_back({I, S});
+
+  for (const onnx::TensorProto &T : GP.initializer()) {
+    auto D = dtypeOf(T.data_type());
+    int64_t Elements = 1;
+    for (int64_t Dim : T.dims())
+      Elements *= Dim;
+    if (!D || !isFloat(*D) || Elements <= 1)
+      continue;
+    // Follow the value through Transpose/Identity to a weight operand.
+    SmallVector<std::string, 4> Worklist{T.name()};
+    StringSet<> Seen;
+    bool IsParam = false;
+    while (!Worklist.empty() && !IsParam) {
+      std::string V = Worklist.pop_back_val();
+      if (!Seen.insert(V).second)
+        continue;
+      auto It = Users.find(V);
+      if (It == Users.end())
+        continue;
+      for (auto [NodeIdx, Slot] : It->second) {
+        const onnx::NodeProto &N = GP.node(NodeIdx);
+        if (!N.domain().empty() && N.domain() != "ai.onnx")
+          continue;
+        if ((N.op_type() == "Transpose" || N.op_type() == "Identity") &&
+            N.output_size() > 0 && !N.output(0).empty())
+          Worklist.push_back(N.output(0));
+        else if (isWeightOperand(N.op_type(), Slot))
+          IsParam = true;
+      }
+    }
+    if (IsParam)
+      ParamNames.insert(T.name());
+  }
+}
+
+Error Importer::bindInputs() {
+  onnx::GraphProto &GP = *Model->mutable_graph();
+  // Symbolic dimension values: by name, then (for names not given) by
+  // position in the first graph input.
+  StringMap<int64_t> DimValues;
+  for (const auto &KV : Opts.DimValues)
+    if (KV.second > 0)
+      DimValues[KV.first()] = KV.second;
+  const int64_t Positional[2] = {Opts.Batch, Opts.Seq};
+  const char *const PositionalFlag[2] = {"--batch", "--seq"};
+
+  bool First = true;
+  for (onnx::ValueInfoProto &In : *GP.mutable_input()) {
+    if (InitializerNames.count(In.name()))
+      continue;
+    bool IsFirst = First;
+    First = false;
+    const std::string &Name = In.name();
+    if (!In.type().has_tensor_type())
+      return error("input '" + Name + "' is not a tensor");
+    onnx::TypeProto_Tensor &TT = *In.mutable_type()->mutable_tensor_type();
+    auto D = dtypeOf(TT.elem_type());
+    if (!D)
+      return error("input '" + Name + "' has element type " +
+                   onnxTypeName(TT.elem_type()) + ", which is not supported");
+    if (!TT.has_shape())
+      return error("input '" + Name + "' has no shape");
+    TensorType Ty(*D, {});
+    for (int I = 0; I < TT.shape().dim_size(); ++I) {
+      onnx::TensorShapeProto::Dimension &Dim = *TT.mutable_shape()->mutable_dim(I);
+      bool HasPositional = IsFirst && I < 2 && Positional[I] > 0;
+      if (Dim.has_dim_value()) {
+        if (HasPositional && Dim.dim_value() != Positional[I])
+          return error(formatv("input '{0}' has static dimension {1} (dim "
+                               "{2}), but {3} {4} was given",
+                               Name, Dim.dim_value(), I, PositionalFlag[I],
+                               Positional[I]));
+        if (Dim.dim_value() < 0)
+          return error(formatv("input '{0}' has a negative dimension (dim "
+                               "{1})",
+                               Name, I));
+        Ty.Shape.push_back(Dim.dim_value());
+        continue;
+      }
+      std::string Param = Dim.has_dim_param() ? Dim.dim_param() : "";
+      int64_t V = 0;
+      if (!Param.empty() && DimValues.count(Param))
+        V = DimValues.lookup(Param);
+      else if (HasPositional)
+        V = Positional[I];
+      if (!Param.empty() && V > 0)
+        DimValues.try_emplace(Param, V); // the same name elsewhere
+      if (V <= 0) {
+        std::string Flag = Param == "batch"   ? "--batch N"
+                           : Param == "seq"   ? "--seq N"
+                           : IsFirst && I < 2 ? std::string(PositionalFlag[I]) +
+                                                    " N"
+                           : Param.empty()
+                               ? ""
+                               : "--dim " + Param + "=N";
+        std::string What =
+            Param.empty() ? std::string("an unknown dimension")
+                          : "symbolic dimension '" + Param + "'";
+        if (Flag.empty())
+          return error(formatv("input '{0}' has {1} (dim {2}); export the "
+                               "model with static or named dimensions",
+                               Name, What, I));
+        return error(formatv("input '{0}' has {1} (dim {2}); bind it with {3}",
+                             Name, What, I, Flag));
+      }
+      Dim.set_dim_value(V); // for ONNX's shape inference
+      Ty.Shape.push_back(V);
+    }
+    if (Values.count(Name))
+      return error("input '" + Name + "' is listed twice");
+    Values[Name] = G->addInput(Name, Ty);
+  }
+  return Error::success();
+}
+
+Error Importer::importInitializers() {
+  for (const onnx::TensorProto &T : Model->graph().initializer()) {
+    const std::string &Name = T.name();
+    std::string What = "initializer '" + Name + "'";
+    auto Ty = tensorTypeOf(T, What);
+    if (!Ty)
+      return error(toString(Ty.takeError()));
+    bool IsParam = ParamNames.count(Name);
+    std::shared_ptr<TensorData> Data;
+    if (isExternal(T)) {
+      auto L = externalLocation(T, *Ty, ModelDir, What);
+      if (!L)
+        return error(toString(L.takeError()));
+      Data = TensorData::makeRef(
+          *Ty, DataRef{DataRef::External, L->Path, "", L->Offset, L->Length});
+    } else if (!IsParam && Ty->numElements() <= MaxInlineElements) {
+      auto B = embeddedBytes(T, *Ty, What);
+      if (!B)
+        return error(toString(B.takeError()));
+      Data = TensorData::makeInline(*Ty, std::move(*B));
+    } else {
+      // Checked now, so that a bad tensor is an import error rather than a
+      // load error much later; nothing is copied.
+      if (auto E = checkEmbedded(T, *Ty, What))
+        return error(toString(std::move(E)));
+      Data = TensorData::makeRef(
+          *Ty, DataRef{DataRef::OnnxInitializer, Path, Name, 0, 0});
+    }
+    Values[Name] = IsParam ? G->addParam(Name, *Ty, std::move(Data))
+                           : G->addConst(Name, *Ty, std::move(Data));
+  }
+  return Error::success();
+}
+
+Error Importer::runOnnxShapeInference() {
+  onnx::GraphProto &GP = *Model->mutable_graph();
+  // ONNX cannot read external data; declare those initializers as typed
+  // inputs instead (their values are not needed to infer types).
+  StringSet<> Inputs;
+  for (const onnx::ValueInfoProto &In : GP.input())
+    Inputs.insert(In.name());
+  auto *Inits = GP.mutable_initializer();
+  int Keep = 0;
+  for (int I = 0; I < Inits->size(); ++I) {
+    const onnx::TensorProto &T = Inits->Get(I);
+    if (!isExternal(T)) {
+      Inits->SwapElements(I, Keep++);
+      continue;
+    }
+    if (Inputs.count(T.name()))
+      continue;
+    onnx::ValueInfoProto *In = GP.add_input();
+    In->set_name(T.name());
+    auto *TT = In->mutable_type()->mutable_tensor_type();
+    TT->set_elem_type(T.data_type());
+    auto *Shape = TT->mutable_shape();
+    for (int64_t D : T.dims())
+      Shape->add_dim()->set_dim_value(D);
+  }
+  Inits->DeleteSubrange(Keep, Inits->size() - Keep);
+
+  try {
+    onnx::ShapeInferenceOptions Options(/*check_type=*/false,
+                                        /*error_mode=*/1,
+                                        /*enable_data_propagation=*/true);
+    onnx::shape_inference::InferShapes(
+        *Model, onnx::OpSchemaRegistry::Instance(), Options);
+  } catch (const std::exception &E) {
+    return error(Twine("onnx shape inference failed: ") + E.what());
+  }
+  for (const onnx::ValueInfoProto &V : Model->graph().value_info())
+    OnnxTypes[V.name()] = &V.type();
+  for (const onnx::ValueInfoProto &V : Model->graph().output())
+    OnnxTypes[V.name()] = &V.type();
+  return Error::success();
+}
+
+Error Importer::defineValue(StringRef Name, Value *V, StringRef Desc) {
+  if (!Values.try_emplace(Name, V).second)
+    return error(Desc + ": value '" + Name + "' is defined twice");
+  return Error::success();
+}
+
+Error Importer::checkAgainstOnnx(StringRef Desc, const onnx::NodeProto &N,
+                                 ArrayRef<TensorType> Types) {
+  for (unsigned I = 0; I < Types.size(); ++I) {
+    if (N.output(I).empty())
+      continue;
+    auto It = OnnxTypes.find(N.output(I));
+    if (It == OnnxTypes.end())
+      continue;
+    std::optional<TensorType> Theirs = staticOnnxType(*It->second);
+    if (Theirs && *Theirs != Types[I])
+      return error(formatv("{0}: result {1} ('{2}') has type {3}, but onnx "
+                           "shape inference says {4}",
+                           Desc, I, N.output(I), Types[I].str(),
+                           Theirs->str()));
+  }
+  return Error::success();
+}
+
+Error Importer::importConstantNode(const onnx::NodeProto &N, StringRef Desc) {
+  if (N.output_size() != 1 || N.attribute_size() != 1)
+    return error(Desc + ": expected one output and one attribute");
+  const onnx::AttributeProto &A = N.attribute(0);
+  const std::string &Out = N.output(0);
+  TensorType Ty;
+  std::vector<char> Bytes;
+  auto Put = [&](auto V) {
+    size_t At = Bytes.size();
+    Bytes.resize(At + sizeof(V));
+    std::memcpy(Bytes.data() + At, &V, sizeof(V));
+  };
+  if (A.name() == "value" && A.has_t()) {
+    std::string What = "the value of " + Desc.str();
+    auto T = tensorTypeOf(A.t(), What);
+    if (!T)
+      return error(toString(T.takeError()));
+    Ty = *T;
+    if (isExternal(A.t())) {
+      auto L = externalLocation(A.t(), Ty, ModelDir, What);
+      if (!L)
+        return error(toString(L.takeError()));
+      auto Data = TensorData::makeRef(
+          Ty, DataRef{DataRef::External, L->Path, "", L->Offset, L->Length});
+      return defineValue(Out, G->addConst(Out, Ty, std::move(Data)), Desc);
+    }
+    auto B = embeddedBytes(A.t(), Ty, What);
+    if (!B)
+      return error(toString(B.takeError()));
+    Bytes = std::move(*B);
+  } else if (A.name() == "value_float") {
+    Ty = TensorType(DType::F32, {});
+    Put(A.f());
+  } else if (A.name() == "value_floats") {
+    Ty = TensorType(DType::F32, {int64_t(A.floats_size())});
+    for (float F : A.floats())
+      Put(F);
+  } else if (A.name() == "value_int") {
+    Ty = TensorType(DType::I64, {});
+    Put(int64_t(A.i()));
+  } else if (A.name() == "value_ints") {
+    Ty = TensorType(DType::I64, {int64_t(A.ints_size())});
+    for (int64_t I : A.ints())
+      Put(I);
+  } else {
+    return error(Desc + ": constant attribute '" + A.name() +
+                 "' is not supported");
+  }
+  auto Data = TensorData::makeInline(Ty, std::move(Bytes));
+  return defineValue(Out, G->addConst(Out, Ty, std::move(Data)), Desc);
+}
+
+Error Importer::importNode(const onnx::NodeProto &N, unsigned Index) {
+  std::string NodeName =
+      N.name().empty() ? N.op_type() + "_" + std::to_string(Index) : N.name();
+  std::string Desc = "node '" + NodeName + "' (" + N.op_type() + ")";
+
+  if (!N.domain().empty() && N.domain() != "ai.onnx")
+    return error(formatv("{0}: unsupported op domain '{1}'; sp supports only "
+                         "the default ONNX domain",
+                         Desc, N.domain()));
+  // Operands: trailing empty (omitted) optional inputs are dropped.
+  int NumInputs = N.input_size();
+  while (NumInputs > 0 && N.input(NumInputs - 1).empty())
+    --NumInputs;
+  SmallVector<Value *, 4> Operands;
+  for (int I = 0; I < NumInputs; ++I) {
+    const std::string &In = N.input(I);
+    if (In.empty())
+      return error(formatv("{0}: empty optional input {1} is not supported",
+                           Desc, I));
+    Value *V = Values.lookup(In);
+    if (!V)
+      return error(formatv(NodeOutputs.count(In)
+                               ? "{0}: input '{1}' is used before the node "
+                                 "that defines it (the graph is not "
+                                 "topologically sorted)"
+                               : "{0}: input '{1}' is not defined",
+                           Desc, In));
+    Operands.push_back(V);
+  }
+
+  if (N.op_type() == "Constant")
+    return importConstantNode(N, Desc);
+  std::optional<OpKind> Op = onnxOpKind(N.op_type());
+  if (!Op)
+    return error(Desc + ": unsupported op; supported ops are " +
+                 supportedOps());
+
+  AttrList Attrs;
+  for (const onnx::AttributeProto &A : N.attribute()) {
+    if (*Op == OpKind::OnnxConstantOfShape && A.name() == "value") {
+      // Split into `dtype` and `value` (see ir/OnnxShapes.cpp).
+      std::string What = "the value of " + Desc;
+      auto Ty = tensorTypeOf(A.t(), What);
+      if (!Ty)
+        return error(toString(Ty.takeError()));
+      if (Ty->numElements() != 1 || isExternal(A.t()))
+        return error(Desc + ": the value must be a one-element tensor");
+      auto B = embeddedBytes(A.t(), *Ty, What);
+      if (!B)
+        return error(toString(B.takeError()));
+      auto D = TensorData::makeInline(*Ty, std::move(*B));
+      Attrs.set("dtype", int64_t(A.t().data_type()));
+      if (isFloat(Ty->Dtype))
+        Attrs.set("value", D->getDouble(0));
+      else
+        Attrs.set("value", D->getInt(0));
+      continue;
+    }
+    auto V = convertAttribute(A);
+    if (!V)
+      return error(Desc + ": " + toString(V.takeError()));
+    Attrs.set(A.name(), std::move(*V));
+  }
+
+  // Results: up to the last named output.
+  int NumResults = N.output_size();
+  while (NumResults > 1 && N.output(NumResults - 1).empty())
+    --NumResults;
+  if (*Op == OpKind::OnnxSplit && Operands.size() < 2 &&
+      !Attrs.has("num_outputs"))
+    Attrs.set("num_outputs", int64_t(N.output_size()));
+
+  auto Types = inferTypes(*Op, Operands, Attrs);
+  if (!Types) {
+    // A value-dependent operand may be a small constant whose data has not
+    // been read yet (external data): read those and try once more.
+    bool Loaded = false;
+    for (Value *V : Operands)
+      if (V->isConst() && V->data() && !V->data()->isLoaded() &&
+          V->type().numElements() <= MaxInlineElements) {
+        if (auto B = V->data()->load())
+          Loaded = true;
+        else
+          consumeError(B.takeError());
+      }
+    if (Loaded) {
+      consumeError(Types.takeError());
+      Types = inferTypes(*Op, Operands, Attrs);
+    }
+    if (!Types)
+      return error(Desc + ": " + toString(Types.takeError()));
+  }
+  if (int(Types->size()) < NumResults)
+    return error(formatv("{0}: has {1} outputs, expected at most {2}", Desc,
+                         NumResults, Types->size()));
+  ArrayRef<TensorType> ResultTypes = ArrayRef<TensorType>(*Types).take_front(
+      NumResults);
+  if (auto E = checkAgainstOnnx(Desc, N, ResultTypes))
+    return E;
+
+  // Fold what can be evaluated from data at hand (no reads at import).
+  bool DataAtHand =
+      *Op == OpKind::OnnxShape || all_of(Operands, [](const Value *V) {
+        return V->isConst() && V->data() && V->data()->isLoaded();
+      });
+  if (isFoldable(*Op) && DataAtHand) {
+    auto Folded = foldOp(*Op, Operands, Attrs, ResultTypes);
+    if (!Folded)
+      return error(Desc + ": " + toString(Folded.takeError()));
+    if (*Folded) {
+      for (int I = 0; I < NumResults; ++I) {
+        if (N.output(I).empty())
+          continue;
+        Value *C = G->addConst(N.output(I), ResultTypes[I],
+                               std::move((**Folded)[I]));
+        if (auto E = defineValue(N.output(I), C, Desc))
+          return E;
+      }
+      return Error::success();
+    }
+  }
+
+  Node *Created = G->append(*Op, Operands, ResultTypes, NodeName);
+  Created->attrs() = std::move(Attrs);
+  for (int I = 0; I < NumResults; ++I)
+    if (!N.output(I).empty())
+      if (auto E = defineValue(N.output(I), Created->result(I), Desc))
+        return E;
+  return Error::success();
+}
+
+Error Importer::importOutputs() {
+  StringSet<> Seen;
+  for (const onnx::ValueInfoProto &O : Model->graph().output()) {
+    Value *V = Values.lookup(O.name());
+    if (!V)
+      return error("graph output '" + O.name() + "' is not defined");
+    if (!Seen.insert(O.name()).second)
+      return error("graph output '" + O.name() + "' is listed twice");
+    G->addOutput(O.name(), V);
+  }
+  if (G->outputs().empty())
+    return error("the graph has no outputs");
+  return Error::success();
+}
+
+} // namespace
+
+void registerOnnxDataLoader() {
+  static std::once_flag Once;
+  std::call_once(Once,
+                 [] { TensorData::setOnnxInitializerLoader(loadInitializer); });
+}
+
+Expected<std::unique_ptr<Graph>> importOnnx(StringRef Path,
+                                            const ImportOptions &Opts) {
+  registerOnnxDataLoader();
+  return Importer(Path, Opts).run();
+}
+
+} // namespace sp

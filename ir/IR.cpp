@@ -1,0 +1,215 @@
+//===- IR.cpp - Values, nodes and graphs ----------------------------------===//
+#include "ir/IR.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/ErrorHandling.h"
+#include <algorithm>
+
+using namespace llvm;
+
+namespace sp {
+
+//===----------------------------------------------------------------------===//
+// Op and phase names
+//===----------------------------------------------------------------------===//
+
+static const char *const OpNames[] = {
+#define SP_OP(Enum, Name) Name,
+#include "ir/Ops.def"
+};
+
+StringRef opName(OpKind K) { return OpNames[unsigned(K)]; }
+
+std::optional<OpKind> parseOpName(StringRef Name) {
+  static const StringMap<OpKind> Map = [] {
+    StringMap<OpKind> M;
+    for (unsigned I = 0; I < std::size(OpNames); ++I)
+      M[OpNames[I]] = OpKind(I);
+    return M;
+  }();
+  auto It = Map.find(Name);
+  if (It == Map.end())
+    return std::nullopt;
+  return It->second;
+}
+
+bool isOnnxOp(OpKind K) { return opName(K).startswith("onnx."); }
+
+static const char *const PhaseNames[] = {"fwd", "bwd", "recompute", "opt"};
+
+StringRef phaseName(Phase P) { return PhaseNames[unsigned(P)]; }
+
+std::optional<Phase> parsePhase(StringRef Name) {
+  for (unsigned I = 0; I < std::size(PhaseNames); ++I)
+    if (Name == PhaseNames[I])
+      return Phase(I);
+  return std::nullopt;
+}
+
+//===----------------------------------------------------------------------===//
+// Value
+//===----------------------------------------------------------------------===//
+
+void Value::removeUse(Use U) {
+  auto It = std::find(Users.begin(), Users.end(), U);
+  assert(It != Users.end() && "use not found");
+  Users.erase(It);
+}
+
+void Value::replaceAllUsesWith(Value *New) {
+  assert(New != this && "replacing a value with itself");
+  while (!Users.empty()) {
+    Use U = Users.back();
+    U.User->setOperand(U.OperandNo, New);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Node
+//===----------------------------------------------------------------------===//
+
+Node::~Node() {
+  assert(Operands.empty() && "destroying a node that still uses values");
+}
+
+void Node::setOperand(unsigned I, Value *V) {
+  if (Operands[I])
+    Operands[I]->removeUse({this, I});
+  Operands[I] = V;
+  if (V)
+    V->Users.push_back({this, I});
+}
+
+void Node::addOperand(Value *V) {
+  Operands.push_back(nullptr);
+  setOperand(Operands.size() - 1, V);
+}
+
+void Node::dropAllOperands() {
+  for (unsigned I = 0; I < Operands.size(); ++I)
+    if (Operands[I])
+      Operands[I]->removeUse({this, I});
+  Operands.clear();
+}
+
+SmallVector<Value *, 2> Node::results() const {
+  SmallVector<Value *, 2> R;
+  for (const auto &V : Results)
+    R.push_back(V.get());
+  return R;
+}
+
+std::string Node::describe() const {
+  std::string S = "node ";
+  S += Name.empty() ? std::string("<unnamed>") : "'" + Name + "'";
+  return S + " (" + opName().str() + ")";
+}
+
+//===----------------------------------------------------------------------===//
+// Graph
+//===----------------------------------------------------------------------===//
+
+Graph::~Graph() {
+  // Drop all uses first so that node destruction order does not matter.
+  for (Node &N : Nodes)
+    N.dropAllOperands();
+  Nodes.clear();
+}
+
+Value *Graph::addInput(std::string N, TensorType T) {
+  Inputs.push_back(std::unique_ptr<Value>(
+      new Value(Value::Kind::Input, std::move(T), std::move(N))));
+  return Inputs.back().get();
+}
+
+Value *Graph::addParam(std::string N, TensorType T,
+                       std::shared_ptr<TensorData> Data) {
+  Params.push_back(std::unique_ptr<Value>(
+      new Value(Value::Kind::Param, std::move(T), std::move(N))));
+  Params.back()->Data = std::move(Data);
+  return Params.back().get();
+}
+
+Value *Graph::addConst(std::string N, TensorType T,
+                       std::shared_ptr<TensorData> Data) {
+  Consts.push_back(std::unique_ptr<Value>(
+      new Value(Value::Kind::Const, std::move(T), std::move(N))));
+  Consts.back()->Data = std::move(Data);
+  return Consts.back().get();
+}
+
+Value *Graph::addInlineConst(StringRef Hint, TensorType T,
+                             std::vector<char> Bytes) {
+  auto Data = TensorData::makeInline(T, std::move(Bytes));
+  return addConst(uniqueLeafName(Hint), std::move(T), std::move(Data));
+}
+
+std::string Graph::uniqueLeafName(StringRef Hint) {
+  std::string Base = Hint.empty() ? std::string("c") : Hint.str();
+  if (!lookup(Base))
+    return Base;
+  while (true) {
+    std::string N = Base + "_" + std::to_string(NextConstId++);
+    if (!lookup(N))
+      return N;
+  }
+}
+
+Value *Graph::lookup(StringRef N) const {
+  for (const auto *List : {&Inputs, &Params, &Consts})
+    for (const auto &V : *List)
+      if (V->name() == N)
+        return V.get();
+  return nullptr;
+}
+
+bool Graph::isOutput(const Value *V) const {
+  return llvm::any_of(Outputs, [&](const Output &O) { return O.V == V; });
+}
+
+void Graph::eraseLeaf(Value *V) {
+  assert(!V->hasUsers() && !isOutput(V) && "erasing a used leaf value");
+  auto &List = V->isParam() ? Params : V->isConst() ? Consts : Inputs;
+  List.erase(std::find_if(List.begin(), List.end(),
+                          [&](const auto &P) { return P.get() == V; }));
+}
+
+unsigned Graph::removeUnusedConstants() {
+  unsigned N = 0;
+  for (auto *List : {&Params, &Consts}) {
+    auto Dead = [&](const std::unique_ptr<Value> &V) {
+      return !V->hasUsers() && !isOutput(V.get());
+    };
+    N += std::count_if(List->begin(), List->end(), Dead);
+    List->erase(std::remove_if(List->begin(), List->end(), Dead), List->end());
+  }
+  return N;
+}
+
+Node *Graph::create(iterator InsertPt, OpKind Op, ArrayRef<Value *> Operands,
+                    ArrayRef<TensorType> ResultTypes, std::string Name) {
+  Node *N = new Node(Op, std::move(Name));
+  N->Parent = this;
+  for (Value *V : Operands)
+    N->addOperand(V);
+  for (unsigned I = 0; I < ResultTypes.size(); ++I) {
+    auto V = std::unique_ptr<Value>(
+        new Value(Value::Kind::Result, ResultTypes[I], ""));
+    V->Producer = N;
+    V->ResultNo = I;
+    N->Results.push_back(std::move(V));
+  }
+  Nodes.insert(InsertPt, N);
+  return N;
+}
+
+void Graph::erase(Node *N) {
+  for (const auto &R : N->Results) {
+    (void)R;
+    assert(!R->hasUsers() && "erasing a node whose results are still used");
+    assert(!isOutput(R.get()) && "erasing a node that produces an output");
+  }
+  N->dropAllOperands();
+  Nodes.erase(N);
+}
+
+} // namespace sp

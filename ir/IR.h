@@ -1,0 +1,228 @@
+//===- IR.h - Values, nodes and graphs -------------------------*- C++ -*-===//
+//
+// A small SSA graph. A Graph owns its inputs, parameters and constants (values
+// without a producer) and a list of Nodes in topological order; each Node owns
+// its result values. Every value knows its users, so rewrites are local:
+// create the replacement, replaceAllUsesWith, erase the old node.
+//
+// Nodes carry tags that later passes rely on instead of op patterns: the
+// Transformer layer and role found by detection, the phase (forward, backward,
+// recompute, optimizer) and the pipeline stage.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_IR_IR_H
+#define SP_IR_IR_H
+
+#include "ir/Attribute.h"
+#include "ir/TensorData.h"
+#include "ir/Types.h"
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/ADT/ilist.h"
+#include "llvm/ADT/ilist_node.h"
+#include "llvm/ADT/iterator_range.h"
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sp {
+
+enum class OpKind : uint16_t {
+#define SP_OP(Enum, Name) Enum,
+#include "ir/Ops.def"
+};
+llvm::StringRef opName(OpKind K);
+std::optional<OpKind> parseOpName(llvm::StringRef Name);
+bool isOnnxOp(OpKind K);
+
+enum class Phase : uint8_t { Forward, Backward, Recompute, Optimizer };
+llvm::StringRef phaseName(Phase P);
+std::optional<Phase> parsePhase(llvm::StringRef Name);
+
+class Node;
+class Graph;
+
+struct Use {
+  Node *User;
+  unsigned OperandNo;
+  bool operator==(const Use &O) const {
+    return User == O.User && OperandNo == O.OperandNo;
+  }
+};
+
+class Value {
+public:
+  enum class Kind : uint8_t { Input, Param, Const, Result };
+
+  Kind kind() const { return K; }
+  bool isInput() const { return K == Kind::Input; }
+  bool isParam() const { return K == Kind::Param; }
+  bool isConst() const { return K == Kind::Const; }
+  bool isResult() const { return K == Kind::Result; }
+
+  const TensorType &type() const { return Type; }
+  void setType(TensorType T) { Type = std::move(T); }
+  const Sharding &sharding() const { return Shard; }
+  void setSharding(Sharding S) { Shard = S; }
+
+  /// Name of an input, parameter or constant (the ONNX name); empty for
+  /// node results, which print as %0, %1, ... in program order.
+  const std::string &name() const { return Name; }
+
+  /// Producer of a result value; null otherwise.
+  Node *producer() const { return Producer; }
+  unsigned resultIndex() const { return ResultNo; }
+
+  /// Payload of a parameter or constant.
+  const std::shared_ptr<TensorData> &data() const { return Data; }
+  void setData(std::shared_ptr<TensorData> D) { Data = std::move(D); }
+
+  llvm::ArrayRef<Use> users() const { return Users; }
+  bool hasUsers() const { return !Users.empty(); }
+  /// Rewires every use of this value to New.
+  void replaceAllUsesWith(Value *New);
+
+private:
+  friend class Node;
+  friend class Graph;
+  Value(Kind K, TensorType T, std::string Name)
+      : K(K), Type(std::move(T)), Name(std::move(Name)) {}
+  void removeUse(Use U);
+
+  Kind K;
+  TensorType Type;
+  Sharding Shard;
+  std::string Name;
+  Node *Producer = nullptr;
+  unsigned ResultNo = 0;
+  std::shared_ptr<TensorData> Data;
+  llvm::SmallVector<Use, 2> Users;
+};
+
+/// Tags set by passes. Layer -1 means "not inside a Transformer layer";
+/// Stage -1 means "not assigned to a pipeline stage".
+struct Tags {
+  int Layer = -1;
+  std::string Role;
+  Phase Ph = Phase::Forward;
+  int Stage = -1;
+};
+
+class Node : public llvm::ilist_node<Node> {
+public:
+  OpKind op() const { return Op; }
+  llvm::StringRef opName() const { return sp::opName(Op); }
+
+  unsigned numOperands() const { return Operands.size(); }
+  Value *operand(unsigned I) const { return Operands[I]; }
+  llvm::ArrayRef<Value *> operands() const { return Operands; }
+  void setOperand(unsigned I, Value *V);
+  void addOperand(Value *V);
+  void dropAllOperands();
+
+  unsigned numResults() const { return Results.size(); }
+  Value *result(unsigned I = 0) const { return Results[I].get(); }
+  llvm::SmallVector<Value *, 2> results() const;
+
+  AttrList &attrs() { return Attrs; }
+  const AttrList &attrs() const { return Attrs; }
+
+  /// Source name (the ONNX node name), kept for diagnostics.
+  const std::string &name() const { return Name; }
+  void setName(std::string N) { Name = std::move(N); }
+  Tags &tags() { return T; }
+  const Tags &tags() const { return T; }
+
+  Graph *parent() const { return Parent; }
+  /// "node 'Name' (onnx.MatMul)" for diagnostics.
+  std::string describe() const;
+
+  ~Node();
+
+private:
+  friend class Graph;
+  Node(OpKind Op, std::string Name) : Op(Op), Name(std::move(Name)) {}
+
+  OpKind Op;
+  llvm::SmallVector<Value *, 3> Operands;
+  llvm::SmallVector<std::unique_ptr<Value>, 1> Results;
+  AttrList Attrs;
+  std::string Name;
+  Tags T;
+  Graph *Parent = nullptr;
+};
+
+class Graph {
+public:
+  using NodeList = llvm::iplist<Node>;
+  using iterator = NodeList::iterator;
+
+  explicit Graph(std::string Name = "main") : Name(std::move(Name)) {}
+  Graph(const Graph &) = delete;
+  Graph &operator=(const Graph &) = delete;
+  ~Graph();
+
+  const std::string &name() const { return Name; }
+  void setName(std::string N) { Name = std::move(N); }
+
+  // Values without producers.
+  Value *addInput(std::string Name, TensorType T);
+  Value *addParam(std::string Name, TensorType T,
+                  std::shared_ptr<TensorData> Data);
+  Value *addConst(std::string Name, TensorType T,
+                  std::shared_ptr<TensorData> Data);
+  /// Adds an inline constant with a fresh unique name built from Hint.
+  Value *addInlineConst(llvm::StringRef Hint, TensorType T,
+                        std::vector<char> Bytes);
+  llvm::ArrayRef<std::unique_ptr<Value>> inputs() const { return Inputs; }
+  llvm::ArrayRef<std::unique_ptr<Value>> params() const { return Params; }
+  llvm::ArrayRef<std::unique_ptr<Value>> consts() const { return Consts; }
+  /// Finds an input, parameter or constant by name.
+  Value *lookup(llvm::StringRef Name) const;
+  /// Removes parameters and constants that have no users.
+  unsigned removeUnusedConstants();
+  /// Erases a parameter or constant with no users.
+  void eraseLeaf(Value *V);
+
+  // Outputs are named (the ONNX output name).
+  struct Output {
+    std::string Name;
+    Value *V;
+  };
+  void addOutput(std::string Name, Value *V) { Outputs.push_back({Name, V}); }
+  llvm::ArrayRef<Output> outputs() const { return Outputs; }
+  void setOutput(unsigned I, Value *V) { Outputs[I].V = V; }
+  bool isOutput(const Value *V) const;
+
+  // Nodes, in topological order.
+  NodeList &nodes() { return Nodes; }
+  const NodeList &nodes() const { return Nodes; }
+  size_t numNodes() const { return Nodes.size(); }
+
+  /// Creates a node before InsertPt with the given operands and result types.
+  Node *create(iterator InsertPt, OpKind Op, llvm::ArrayRef<Value *> Operands,
+               llvm::ArrayRef<TensorType> ResultTypes, std::string Name = "");
+  /// Appends a node at the end.
+  Node *append(OpKind Op, llvm::ArrayRef<Value *> Operands,
+               llvm::ArrayRef<TensorType> ResultTypes, std::string Name = "") {
+    return create(Nodes.end(), Op, Operands, ResultTypes, std::move(Name));
+  }
+  /// Erases a node whose results have no users.
+  void erase(Node *N);
+
+  /// A name not used by any input, parameter or constant.
+  std::string uniqueLeafName(llvm::StringRef Hint);
+
+private:
+  std::string Name;
+  std::vector<std::unique_ptr<Value>> Inputs, Params, Consts;
+  std::vector<Output> Outputs;
+  NodeList Nodes;
+  unsigned NextConstId = 0;
+};
+
+} // namespace sp
+
+#endif // SP_IR_IR_H

@@ -1,0 +1,776 @@
+//===- Parser.cpp - Textual IR parser -------------------------------------===//
+//
+// A hand-written lexer and recursive-descent parser for the format described
+// in AsmFormat.h. Result types are written out in the text, so parsing needs
+// no shape inference; the verifier checks them afterwards.
+//
+//===----------------------------------------------------------------------===//
+#include "ir/AsmFormat.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/FormatVariadic.h"
+#include <charconv>
+#include <cmath>
+#include <cstring>
+
+using namespace llvm;
+
+namespace sp {
+
+namespace {
+
+struct Token {
+  enum Kind { Eof, Ident, ValueRef, GraphRef, String, Number, Punct };
+  Kind K = Eof;
+  std::string Text; // identifier, unescaped string, ref name, number spelling
+  bool Quoted = false; // for ValueRef: %"..."
+  char P = 0;          // for Punct
+  unsigned Line = 1, Col = 1;
+};
+
+class Lexer {
+public:
+  Lexer(StringRef Buf) : Buf(Buf) {}
+
+  Expected<Token> next() {
+    skipSpace();
+    Token T;
+    T.Line = Line;
+    T.Col = Col;
+    if (Pos >= Buf.size())
+      return T;
+    char C = Buf[Pos];
+    if (C == '%' || C == '@') {
+      advance();
+      T.K = C == '%' ? Token::ValueRef : Token::GraphRef;
+      if (Pos < Buf.size() && Buf[Pos] == '"') {
+        T.Quoted = true;
+        if (auto E = lexString(T.Text))
+          return std::move(E);
+        return T;
+      }
+      size_t Start = Pos;
+      while (Pos < Buf.size() &&
+             (isAlnum(Buf[Pos]) || Buf[Pos] == '_' || Buf[Pos] == '.'))
+        advance();
+      if (Start == Pos)
+        return error(T, "expected a name after '" + std::string(1, C) + "'");
+      T.Text = Buf.slice(Start, Pos).str();
+      return T;
+    }
+    if (C == '"') {
+      T.K = Token::String;
+      if (auto E = lexString(T.Text))
+        return std::move(E);
+      return T;
+    }
+    if (isDigit(C) || C == '-' || C == '+') {
+      size_t Start = Pos;
+      advance();
+      while (Pos < Buf.size() &&
+             (isAlnum(Buf[Pos]) || Buf[Pos] == '.' ||
+              ((Buf[Pos] == '-' || Buf[Pos] == '+') &&
+               (Buf[Pos - 1] == 'e' || Buf[Pos - 1] == 'E'))))
+        advance();
+      T.K = Token::Number;
+      T.Text = Buf.slice(Start, Pos).str();
+      return T;
+    }
+    if (isAlpha(C) || C == '_') {
+      size_t Start = Pos;
+      while (Pos < Buf.size() &&
+             (isAlnum(Buf[Pos]) || Buf[Pos] == '_' || Buf[Pos] == '.'))
+        advance();
+      T.K = Token::Ident;
+      T.Text = Buf.slice(Start, Pos).str();
+      return T;
+    }
+    if (StringRef("{}()[]<>,:=#").contains(C)) {
+      advance();
+      T.K = Token::Punct;
+      T.P = C;
+      return T;
+    }
+    return error(T, formatv("unexpected character '{0}'", C).str());
+  }
+
+  Error error(const Token &At, const Twine &Msg) {
+    return createStringError(inconvertibleErrorCode(), "%u:%u: %s", At.Line,
+                             At.Col, Msg.str().c_str());
+  }
+
+private:
+  void advance() {
+    if (Buf[Pos] == '\n') {
+      ++Line;
+      Col = 1;
+    } else {
+      ++Col;
+    }
+    ++Pos;
+  }
+
+  void skipSpace() {
+    while (Pos < Buf.size()) {
+      if (isSpace(Buf[Pos])) {
+        advance();
+      } else if (Buf.substr(Pos).startswith("//")) {
+        while (Pos < Buf.size() && Buf[Pos] != '\n')
+          advance();
+      } else {
+        break;
+      }
+    }
+  }
+
+  Error lexString(std::string &Out) {
+    Token At;
+    At.Line = Line;
+    At.Col = Col;
+    advance(); // opening quote
+    while (Pos < Buf.size() && Buf[Pos] != '"') {
+      char C = Buf[Pos];
+      if (C == '\n')
+        break;
+      if (C == '\\' && Pos + 1 < Buf.size()) {
+        char E = Buf[Pos + 1];
+        if (E == '\\' || E == '"') {
+          Out += E;
+          advance();
+          advance();
+          continue;
+        }
+        if (E == 'n' || E == 't') {
+          Out += E == 'n' ? '\n' : '\t';
+          advance();
+          advance();
+          continue;
+        }
+        if (Pos + 2 < Buf.size() && isHexDigit(Buf[Pos + 1]) &&
+            isHexDigit(Buf[Pos + 2])) {
+          Out += char(hexFromNibbles(Buf[Pos + 1], Buf[Pos + 2]));
+          advance();
+          advance();
+          advance();
+          continue;
+        }
+      }
+      Out += C;
+      advance();
+    }
+    if (Pos >= Buf.size() || Buf[Pos] != '"')
+      return error(At, "unterminated string");
+    advance();
+    return Error::success();
+  }
+
+  StringRef Buf;
+  size_t Pos = 0;
+  unsigned Line = 1, Col = 1;
+};
+
+bool isFloatSpelling(StringRef S) {
+  return S.find_first_of(".eEn") != StringRef::npos; // n: inf, nan
+}
+
+class Parser {
+public:
+  Parser(StringRef Text, StringRef BufName) : Lex(Text), BufName(BufName) {}
+
+  Expected<std::unique_ptr<Graph>> parse() {
+    if (auto E = consume())
+      return std::move(E);
+    if (auto E = expectKeyword("graph"))
+      return std::move(E);
+    if (Tok.K != Token::GraphRef)
+      return fail("expected '@name' after 'graph'");
+    auto G = std::make_unique<Graph>(Tok.Text);
+    this->G = G.get();
+    if (auto E = consume())
+      return std::move(E);
+    if (auto E = expectPunct('{'))
+      return std::move(E);
+    while (!(Tok.K == Token::Punct && Tok.P == '}')) {
+      if (Tok.K == Token::Eof)
+        return fail("expected '}' at the end of the graph");
+      if (auto E = parseStatement())
+        return std::move(E);
+    }
+    if (auto E = consume())
+      return std::move(E);
+    if (Tok.K != Token::Eof)
+      return fail("unexpected text after the graph");
+    return std::move(G);
+  }
+
+private:
+  // Token helpers.
+  Error consume() {
+    auto T = Lex.next();
+    if (!T)
+      return withBuf(T.takeError());
+    Tok = std::move(*T);
+    return Error::success();
+  }
+  Error withBuf(Error E) {
+    return createStringError(inconvertibleErrorCode(), "%s:%s",
+                             BufName.c_str(),
+                             toString(std::move(E)).c_str());
+  }
+  Error fail(const Twine &Msg) { return withBuf(Lex.error(Tok, Msg)); }
+  bool isPunct(char C) const { return Tok.K == Token::Punct && Tok.P == C; }
+  bool isKeyword(StringRef K) const {
+    return Tok.K == Token::Ident && Tok.Text == K;
+  }
+  Error expectPunct(char C) {
+    if (!isPunct(C))
+      return fail(formatv("expected '{0}'", C));
+    return consume();
+  }
+  Error expectKeyword(StringRef K) {
+    if (!isKeyword(K))
+      return fail("expected '" + K + "'");
+    return consume();
+  }
+  Expected<std::string> expectString() {
+    if (Tok.K != Token::String)
+      return fail("expected a string");
+    std::string S = Tok.Text;
+    if (auto E = consume())
+      return std::move(E);
+    return S;
+  }
+  Expected<int64_t> expectInt() {
+    int64_t V;
+    if (Tok.K != Token::Number || isFloatSpelling(Tok.Text) ||
+        StringRef(Tok.Text).getAsInteger(10, V))
+      return fail("expected an integer");
+    if (auto E = consume())
+      return std::move(E);
+    return V;
+  }
+  Expected<double> expectNumber() {
+    if (Tok.K != Token::Number && !isKeyword("inf") && !isKeyword("nan"))
+      return fail("expected a number");
+    std::string S = Tok.Text;
+    double V;
+    if (S == "inf" || S == "+inf")
+      V = HUGE_VAL;
+    else if (S == "-inf")
+      V = -HUGE_VAL;
+    else if (S == "nan" || S == "-nan")
+      V = std::nan("");
+    else {
+      const char *B = S.data() + (S[0] == '+');
+      auto R = std::from_chars(B, S.data() + S.size(), V);
+      if (R.ec != std::errc() || R.ptr != S.data() + S.size())
+        return fail("malformed number '" + S + "'");
+    }
+    if (auto E = consume())
+      return std::move(E);
+    return V;
+  }
+
+  // Grammar.
+  Error parseStatement() {
+    if (isKeyword("input") || isKeyword("param") || isKeyword("const"))
+      return parseLeaf();
+    if (isKeyword("output"))
+      return parseOutput();
+    if (Tok.K == Token::ValueRef || Tok.K == Token::Ident)
+      return parseNode();
+    return fail("expected 'input', 'param', 'const', 'output' or a node");
+  }
+
+  Expected<TensorType> parseType() {
+    if (Tok.K != Token::Ident)
+      return fail("expected a type such as f32[4, 8]");
+    auto D = parseDType(Tok.Text);
+    if (!D)
+      return fail("unknown element type '" + Tok.Text + "'");
+    if (auto E = consume())
+      return std::move(E);
+    if (auto E = expectPunct('['))
+      return std::move(E);
+    TensorType T;
+    T.Dtype = *D;
+    while (!isPunct(']')) {
+      if (!T.Shape.empty())
+        if (auto E = expectPunct(','))
+          return std::move(E);
+      auto Dim = expectInt();
+      if (!Dim)
+        return Dim.takeError();
+      if (*Dim < 0)
+        return fail("dimensions must be non-negative");
+      T.Shape.push_back(*Dim);
+    }
+    if (auto E = consume())
+      return std::move(E);
+    return T;
+  }
+
+  Expected<Sharding> parseOptionalSharding() {
+    Sharding S;
+    if (!isPunct('#'))
+      return S;
+    if (auto E = consume())
+      return std::move(E);
+    if (isKeyword("replicated"))
+      S.K = Sharding::Replicated;
+    else if (isKeyword("partial"))
+      S.K = Sharding::Partial;
+    else if (isKeyword("split"))
+      S.K = Sharding::Split;
+    else
+      return fail("expected 'replicated', 'partial' or 'split(d)'");
+    if (auto E = consume())
+      return std::move(E);
+    if (S.K == Sharding::Split) {
+      if (auto E = expectPunct('('))
+        return std::move(E);
+      auto D = expectInt();
+      if (!D)
+        return D.takeError();
+      S.Dim = *D;
+      if (auto E = expectPunct(')'))
+        return std::move(E);
+    }
+    return S;
+  }
+
+  Error define(const Token &Name, Value *V) {
+    auto &Table = Name.Quoted || !isResultName(Name.Text) ? Leaves : Results;
+    if (!Table.try_emplace(Name.Text, V).second)
+      return withBuf(
+          Lex.error(Name, "redefinition of '%" + Name.Text + "'"));
+    return Error::success();
+  }
+  static bool isResultName(StringRef S) {
+    return !S.empty() && isDigit(S[0]);
+  }
+
+  Expected<Value *> parseRef() {
+    if (Tok.K != Token::ValueRef)
+      return fail("expected a value such as %0 or %name");
+    Value *V = nullptr;
+    if (!Tok.Quoted) {
+      auto It = Results.find(Tok.Text);
+      if (It != Results.end())
+        V = It->second;
+    }
+    if (!V) {
+      auto It = Leaves.find(Tok.Text);
+      if (It != Leaves.end())
+        V = It->second;
+    }
+    if (!V)
+      return fail("use of undefined value '%" + Tok.Text + "'");
+    if (auto E = consume())
+      return std::move(E);
+    return V;
+  }
+
+  Error parseLeaf() {
+    std::string Kind = Tok.Text;
+    if (auto E = consume())
+      return E;
+    if (Tok.K != Token::ValueRef)
+      return fail("expected '%name' after '" + Kind + "'");
+    Token Name = Tok;
+    if (!Name.Quoted && isResultName(Name.Text))
+      return fail("names of inputs, parameters and constants must not start "
+                  "with a digit unless quoted");
+    if (auto E = consume())
+      return E;
+    if (auto E = expectPunct(':'))
+      return E;
+    auto T = parseType();
+    if (!T)
+      return T.takeError();
+    auto S = parseOptionalSharding();
+    if (!S)
+      return S.takeError();
+    Value *V;
+    if (Kind == "input") {
+      V = G->addInput(Name.Text, *T);
+    } else {
+      if (auto E = expectPunct('='))
+        return E;
+      auto D = parsePayload(*T);
+      if (!D)
+        return D.takeError();
+      V = Kind == "param" ? G->addParam(Name.Text, *T, std::move(*D))
+                          : G->addConst(Name.Text, *T, std::move(*D));
+    }
+    V->setSharding(*S);
+    return define(Name, V);
+  }
+
+  Expected<std::shared_ptr<TensorData>> parsePayload(const TensorType &T) {
+    if (isKeyword("external")) {
+      if (auto E = consume())
+        return std::move(E);
+      DataRef R;
+      R.K = DataRef::External;
+      if (auto E = expectPunct('('))
+        return std::move(E);
+      auto Path = expectString();
+      if (!Path)
+        return Path.takeError();
+      R.Path = *Path;
+      if (auto E = expectPunct(','))
+        return std::move(E);
+      auto Off = expectInt();
+      if (!Off)
+        return Off.takeError();
+      if (auto E = expectPunct(','))
+        return std::move(E);
+      auto Len = expectInt();
+      if (!Len)
+        return Len.takeError();
+      if (auto E = expectPunct(')'))
+        return std::move(E);
+      R.Offset = *Off;
+      R.Length = *Len;
+      return TensorData::makeRef(T, R);
+    }
+    if (isKeyword("onnx")) {
+      if (auto E = consume())
+        return std::move(E);
+      DataRef R;
+      R.K = DataRef::OnnxInitializer;
+      if (auto E = expectPunct('('))
+        return std::move(E);
+      auto Path = expectString();
+      if (!Path)
+        return Path.takeError();
+      if (auto E = expectPunct(','))
+        return std::move(E);
+      auto Key = expectString();
+      if (!Key)
+        return Key.takeError();
+      if (auto E = expectPunct(')'))
+        return std::move(E);
+      R.Path = *Path;
+      R.Key = *Key;
+      return TensorData::makeRef(T, R);
+    }
+    if (isKeyword("dense"))
+      return parseDense(T);
+    return fail("expected 'dense<...>', 'external(...)' or 'onnx(...)'");
+  }
+
+  Error appendElement(const TensorType &T, std::vector<char> &Out) {
+    auto Put = [&](auto V) {
+      const char *P = reinterpret_cast<const char *>(&V);
+      Out.insert(Out.end(), P, P + sizeof(V));
+    };
+    if (T.Dtype == DType::F32 || T.Dtype == DType::F64) {
+      std::string S = Tok.Text;
+      auto V = expectNumber();
+      if (!V)
+        return V.takeError();
+      if (T.Dtype == DType::F32) {
+        // Parse as float directly so the shortest spelling reads back exactly.
+        float F = float(*V);
+        if (std::isfinite(*V))
+          std::from_chars(S.data() + (S[0] == '+'), S.data() + S.size(), F);
+        Put(F);
+      } else {
+        Put(*V);
+      }
+      return Error::success();
+    }
+    auto I = expectInt();
+    if (!I)
+      return I.takeError();
+    switch (T.Dtype) {
+    case DType::I64:
+      Put(int64_t(*I));
+      break;
+    case DType::I32:
+      Put(int32_t(*I));
+      break;
+    case DType::I8:
+      Put(int8_t(*I));
+      break;
+    case DType::U8:
+    case DType::Bool:
+      Put(uint8_t(*I));
+      break;
+    default: // f16, bf16: raw bits
+      Put(uint16_t(*I));
+      break;
+    }
+    return Error::success();
+  }
+
+  Expected<std::shared_ptr<TensorData>> parseDense(const TensorType &T) {
+    if (auto E = consume())
+      return std::move(E);
+    if (auto E = expectPunct('<'))
+      return std::move(E);
+    std::vector<char> Bytes;
+    int64_t N = T.numElements();
+    if (isKeyword("splat")) {
+      if (auto E = consume())
+        return std::move(E);
+      if (auto E = appendElement(T, Bytes))
+        return std::move(E);
+      std::vector<char> One = Bytes;
+      Bytes.clear();
+      Bytes.reserve(One.size() * N);
+      for (int64_t I = 0; I < N; ++I)
+        Bytes.insert(Bytes.end(), One.begin(), One.end());
+    } else if (isPunct('[')) {
+      if (auto E = consume())
+        return std::move(E);
+      while (!isPunct(']')) {
+        if (!Bytes.empty())
+          if (auto E = expectPunct(','))
+            return std::move(E);
+        if (auto E = appendElement(T, Bytes))
+          return std::move(E);
+      }
+      if (auto E = consume())
+        return std::move(E);
+    } else {
+      if (auto E = appendElement(T, Bytes))
+        return std::move(E);
+    }
+    if (int64_t(Bytes.size()) != T.numBytes())
+      return fail(formatv("dense data has {0} elements, the type {1} needs {2}",
+                          Bytes.size() / dtypeSize(T.Dtype), T.str(), N));
+    if (auto E = expectPunct('>'))
+      return std::move(E);
+    return TensorData::makeInline(T, std::move(Bytes));
+  }
+
+  Error parseOutput() {
+    if (auto E = consume())
+      return E;
+    auto Name = expectString();
+    if (!Name)
+      return Name.takeError();
+    if (auto E = expectPunct('='))
+      return E;
+    auto V = parseRef();
+    if (!V)
+      return V.takeError();
+    G->addOutput(*Name, *V);
+    return Error::success();
+  }
+
+  Expected<Attribute> parseAttrValue() {
+    if (Tok.K == Token::String) {
+      auto S = expectString();
+      if (!S)
+        return S.takeError();
+      return Attribute(*S);
+    }
+    if (isPunct('[')) {
+      if (auto E = consume())
+        return std::move(E);
+      std::vector<int64_t> Ints;
+      std::vector<double> Floats;
+      bool AnyFloat = false;
+      unsigned N = 0;
+      while (!isPunct(']')) {
+        if (N++)
+          if (auto E = expectPunct(','))
+            return std::move(E);
+        bool F = isFloatSpelling(Tok.Text) || Tok.K == Token::Ident;
+        if (F) {
+          auto V = expectNumber();
+          if (!V)
+            return V.takeError();
+          AnyFloat = true;
+          Floats.push_back(*V);
+          Ints.push_back(0);
+        } else {
+          auto V = expectInt();
+          if (!V)
+            return V.takeError();
+          Ints.push_back(*V);
+          Floats.push_back(double(*V));
+        }
+      }
+      if (auto E = consume())
+        return std::move(E);
+      if (AnyFloat)
+        return Attribute(Floats);
+      return Attribute(Ints);
+    }
+    if (Tok.K == Token::Number || isKeyword("inf") || isKeyword("nan")) {
+      if (isFloatSpelling(Tok.Text)) {
+        auto V = expectNumber();
+        if (!V)
+          return V.takeError();
+        return Attribute(*V);
+      }
+      auto V = expectInt();
+      if (!V)
+        return V.takeError();
+      return Attribute(*V);
+    }
+    return fail("expected an attribute value");
+  }
+
+  Error parseNode() {
+    // Results.
+    SmallVector<Token, 2> Names;
+    SmallVector<TensorType, 2> Types;
+    SmallVector<Sharding, 2> Shards;
+    while (Tok.K == Token::ValueRef) {
+      Names.push_back(Tok);
+      if (auto E = consume())
+        return E;
+      if (auto E = expectPunct(':'))
+        return E;
+      auto T = parseType();
+      if (!T)
+        return T.takeError();
+      auto S = parseOptionalSharding();
+      if (!S)
+        return S.takeError();
+      Types.push_back(*T);
+      Shards.push_back(*S);
+      if (isPunct(',')) {
+        if (auto E = consume())
+          return E;
+        continue;
+      }
+      if (auto E = expectPunct('='))
+        return E;
+      break;
+    }
+    // Op.
+    if (Tok.K != Token::Ident)
+      return fail("expected an op name");
+    auto Op = parseOpName(Tok.Text);
+    if (!Op)
+      return fail("unknown op '" + Tok.Text + "'");
+    if (auto E = consume())
+      return E;
+    SmallVector<Value *, 4> Operands;
+    if (auto E = expectPunct('('))
+      return E;
+    while (!isPunct(')')) {
+      if (!Operands.empty())
+        if (auto E = expectPunct(','))
+          return E;
+      auto V = parseRef();
+      if (!V)
+        return V.takeError();
+      Operands.push_back(*V);
+    }
+    if (auto E = consume())
+      return E;
+    Node *N = G->append(*Op, Operands, Types);
+    for (unsigned I = 0; I < Names.size(); ++I) {
+      N->result(I)->setSharding(Shards[I]);
+      if (auto E = define(Names[I], N->result(I)))
+        return E;
+    }
+    // Attributes.
+    if (isPunct('{')) {
+      if (auto E = consume())
+        return E;
+      while (!isPunct('}')) {
+        if (!N->attrs().empty())
+          if (auto E = expectPunct(','))
+            return E;
+        std::string Name;
+        if (Tok.K == Token::Ident)
+          Name = Tok.Text;
+        else if (Tok.K == Token::String)
+          Name = Tok.Text;
+        else
+          return fail("expected an attribute name");
+        if (N->attrs().has(Name))
+          return fail("duplicate attribute '" + Name + "'");
+        if (auto E = consume())
+          return E;
+        if (auto E = expectPunct('='))
+          return E;
+        auto A = parseAttrValue();
+        if (!A)
+          return A.takeError();
+        N->attrs().set(Name, std::move(*A));
+      }
+      if (auto E = consume())
+        return E;
+    }
+    // Location.
+    if (isKeyword("loc")) {
+      if (auto E = consume())
+        return E;
+      if (auto E = expectPunct('('))
+        return E;
+      auto S = expectString();
+      if (!S)
+        return S.takeError();
+      N->setName(*S);
+      if (auto E = expectPunct(')'))
+        return E;
+    }
+    // Tags.
+    if (isPunct('[')) {
+      if (auto E = consume())
+        return E;
+      bool First = true;
+      while (!isPunct(']')) {
+        if (!First)
+          if (auto E = expectPunct(','))
+            return E;
+        First = false;
+        if (Tok.K != Token::Ident)
+          return fail("expected a tag: layer, role, phase or stage");
+        std::string Key = Tok.Text;
+        if (auto E = consume())
+          return E;
+        if (auto E = expectPunct('='))
+          return E;
+        Tags &T = N->tags();
+        if (Key == "layer" || Key == "stage") {
+          auto V = expectInt();
+          if (!V)
+            return V.takeError();
+          (Key == "layer" ? T.Layer : T.Stage) = int(*V);
+        } else if (Key == "role") {
+          auto S = expectString();
+          if (!S)
+            return S.takeError();
+          T.Role = *S;
+        } else if (Key == "phase") {
+          auto P = Tok.K == Token::Ident ? parsePhase(Tok.Text) : std::nullopt;
+          if (!P)
+            return fail("expected a phase: fwd, bwd, recompute or opt");
+          T.Ph = *P;
+          if (auto E = consume())
+            return E;
+        } else {
+          return fail("unknown tag '" + Key + "'");
+        }
+      }
+      if (auto E = consume())
+        return E;
+    }
+    return Error::success();
+  }
+
+  Lexer Lex;
+  std::string BufName;
+  Token Tok;
+  Graph *G = nullptr;
+  StringMap<Value *> Results, Leaves;
+};
+
+} // namespace
+
+Expected<std::unique_ptr<Graph>> parseGraph(StringRef Text,
+                                            StringRef BufferName) {
+  return Parser(Text, BufferName).parse();
+}
+
+} // namespace sp

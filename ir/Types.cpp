@@ -1,0 +1,68 @@
+//===- Types.cpp ----------------------------------------------------------===//
+#include "ir/Types.h"
+#include "llvm/Support/ErrorHandling.h"
+
+using namespace llvm;
+
+namespace sp {
+
+namespace {
+struct DTypeInfo {
+  DType T;
+  const char *Name;
+  unsigned Size;
+};
+constexpr DTypeInfo DTypes[] = {
+    {DType::F32, "f32", 4}, {DType::F16, "f16", 2}, {DType::BF16, "bf16", 2},
+    {DType::F64, "f64", 8}, {DType::I64, "i64", 8}, {DType::I32, "i32", 4},
+    {DType::I8, "i8", 1},   {DType::U8, "u8", 1},   {DType::Bool, "bool", 1},
+};
+} // namespace
+
+StringRef dtypeName(DType T) { return DTypes[unsigned(T)].Name; }
+unsigned dtypeSize(DType T) { return DTypes[unsigned(T)].Size; }
+
+std::optional<DType> parseDType(StringRef Name) {
+  for (const DTypeInfo &I : DTypes)
+    if (Name == I.Name)
+      return I.T;
+  return std::nullopt;
+}
+
+bool isFloat(DType T) {
+  return T == DType::F32 || T == DType::F16 || T == DType::BF16 ||
+         T == DType::F64;
+}
+
+int64_t TensorType::numElements() const {
+  int64_t N = 1;
+  for (int64_t D : Shape)
+    N *= D;
+  return N;
+}
+
+std::string TensorType::str() const {
+  std::string S = dtypeName(Dtype).str() + "[";
+  for (unsigned I = 0; I < Shape.size(); ++I) {
+    if (I)
+      S += ", ";
+    S += std::to_string(Shape[I]);
+  }
+  return S + "]";
+}
+
+std::string Sharding::str() const {
+  switch (K) {
+  case None:
+    return "";
+  case Replicated:
+    return "#replicated";
+  case Split:
+    return "#split(" + std::to_string(Dim) + ")";
+  case Partial:
+    return "#partial";
+  }
+  llvm_unreachable("unknown sharding kind");
+}
+
+} // namespace sp

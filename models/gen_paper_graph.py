@@ -1,0 +1,313 @@
+#!/usr/bin/python3
+"""Write weight-free ONNX graphs of gpt.py's GPT at the paper's sizes (or any size).
+
+The graph is node for node what torch 1.13 writes for `export_gpt.py` at
+opset 17 with the default variants and static shapes (fused
+LayerNormalization, erf GELU, MatMul with a Transposed weight, sliced bool mask
+buffer, Dropout in training mode, Split/Reshape/Transpose heads, and the
+Constant/Unsqueeze/Concat shape subgraphs); `check_paper_graph_structure.py`
+keeps the two in step. Every initializer is declared with its dtype and shape
+as external data in STEM.weights.bin next to the graph, at consecutive
+64-byte-aligned offsets; that file is never written, so the 175B graph takes
+a fraction of a second and about 1.3 MB.
+
+    /usr/bin/python3 models/gen_paper_graph.py --model 175B -o /tmp/gpt-175B.onnx
+    /usr/bin/python3 models/gen_paper_graph.py --all -o /tmp/paper
+    /usr/bin/python3 models/gen_paper_graph.py --layers 2 --hidden 64 --heads 4 --seq 32 \\
+        --vocab 128 --batch 2 -o /tmp/small.onnx
+
+Needs only the onnx package (no torch).
+"""
+
+import argparse
+import csv
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper, save_model
+
+OPSET = 17
+IR_VERSION = 8  # what torch 1.13 writes at opset 17
+ALIGNMENT = 64
+LAYERNORM_EPS = 1e-5
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_MODELS_CSV = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "paper", "models.csv"))
+
+DTYPE_BYTES = {TensorProto.FLOAT: 4, TensorProto.BOOL: 1}
+
+
+@dataclasses.dataclass
+class GPTSize:
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    batch: int
+    tied: bool = True
+    dropout: float = 0.1
+
+    @property
+    def head_dim(self):
+        return self.hidden // self.heads
+
+
+def read_paper_models(path):
+    """The paper's configurations from models.csv, by model name."""
+    with open(path, newline="") as f:
+        return {row["model"]: GPTSize(layers=int(row["layers_L"]), hidden=int(row["hidden_h"]),
+                                      heads=int(row["attention_heads_a"]), seq=int(row["seq_s"]),
+                                      vocab=int(row["vocab_v"]), batch=int(row["micro_batch_b"]))
+                for row in csv.DictReader(f)}
+
+
+def paper_graph_path(directory, model_name):
+    return os.path.join(directory, f"gpt-{model_name}.onnx")
+
+
+def state_dict_layout(size):
+    """(name, dtype, shape) of every initializer, in torch's state-dict order."""
+    h = size.hidden
+    layout = [("transformer.wte.weight", TensorProto.FLOAT, [size.vocab, h]),
+              ("transformer.wpe.weight", TensorProto.FLOAT, [size.seq, h])]
+    for i in range(size.layers):
+        p = f"transformer.h.{i}"
+        layout += [(f"{p}.ln_1.weight", TensorProto.FLOAT, [h]),
+                   (f"{p}.ln_1.bias", TensorProto.FLOAT, [h]),
+                   (f"{p}.attn.bias", TensorProto.BOOL, [1, 1, size.seq, size.seq]),
+                   (f"{p}.attn.c_attn.weight", TensorProto.FLOAT, [3 * h, h]),
+                   (f"{p}.attn.c_attn.bias", TensorProto.FLOAT, [3 * h]),
+                   (f"{p}.attn.c_proj.weight", TensorProto.FLOAT, [h, h]),
+                   (f"{p}.attn.c_proj.bias", TensorProto.FLOAT, [h]),
+                   (f"{p}.ln_2.weight", TensorProto.FLOAT, [h]),
+                   (f"{p}.ln_2.bias", TensorProto.FLOAT, [h]),
+                   (f"{p}.mlp.c_fc.weight", TensorProto.FLOAT, [4 * h, h]),
+                   (f"{p}.mlp.c_fc.bias", TensorProto.FLOAT, [4 * h]),
+                   (f"{p}.mlp.c_proj.weight", TensorProto.FLOAT, [h, 4 * h]),
+                   (f"{p}.mlp.c_proj.bias", TensorProto.FLOAT, [h])]
+    layout += [("transformer.ln_f.weight", TensorProto.FLOAT, [h]),
+               ("transformer.ln_f.bias", TensorProto.FLOAT, [h])]
+    if not size.tied:
+        layout.append(("lm_head.weight", TensorProto.FLOAT, [size.vocab, h]))
+    return layout
+
+
+class GraphBuilder:
+    """Appends nodes named the way torch names them ("/h.0/attn/MatMul_1")."""
+
+    def __init__(self):
+        self.nodes = []
+        self.initializers = []
+        self._counts = defaultdict(int)
+        self._pooled = {}
+        self._weights_end = 0
+
+    def node(self, scope, op, inputs, outputs=1, **attrs):
+        """Add a node; returns its output name, or the list of names if outputs > 1."""
+        count = self._counts[(scope, op)]
+        self._counts[(scope, op)] += 1
+        name = f"{scope}/{op}" + (f"_{count}" if count else "")
+        names = outputs if isinstance(outputs, list) else [f"{name}_output_{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op, inputs, names, name=name, **attrs))
+        return names[0] if len(names) == 1 else names
+
+    def constant(self, scope, value, dtype):
+        return self.node(scope, "Constant", [], value=numpy_helper.from_array(np.array(value, dtype=dtype)))
+
+    def pooled_int(self, scope, value):
+        """An int64 scalar shared by the whole graph, as torch pools the Python ints it traces."""
+        if value not in self._pooled:
+            self._pooled[value] = self.constant(scope, value, np.int64)
+        return self._pooled[value]
+
+    def external_initializer(self, name, dtype, shape, location):
+        """Declare an initializer whose data would live at the next aligned offset of `location`."""
+        length = DTYPE_BYTES[dtype] * math.prod(shape)
+        offset = -(-self._weights_end // ALIGNMENT) * ALIGNMENT
+        self._weights_end = offset + length
+        tensor = TensorProto(name=name, data_type=dtype, dims=shape, data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", location), ("offset", offset), ("length", length)):
+            tensor.external_data.add(key=key, value=str(value))
+        self.initializers.append(tensor)
+
+
+def dropout(b, scope, x, ratio):
+    ratio = b.constant(scope, ratio, np.float32)
+    training = b.constant(scope, True, np.bool_)
+    return b.node(scope, "Dropout", [x, ratio, training], outputs=2)[0]
+
+
+def linear(b, scope, x, prefix):
+    """nn.Linear on a 3D input: Add(bias, MatMul(x, Transpose(weight)))."""
+    w_t = b.node(scope, "Transpose", [f"{prefix}.weight"], perm=[1, 0])
+    y = b.node(scope, "MatMul", [x, w_t])
+    return b.node(scope, "Add", [f"{prefix}.bias", y])
+
+
+def layer_norm(b, scope, x, prefix):
+    return b.node(scope, "LayerNormalization", [x, f"{prefix}.weight", f"{prefix}.bias"],
+                  axis=-1, epsilon=LAYERNORM_EPS)
+
+
+def shape_tensor(b, scope, scalars):
+    """Concat of Unsqueezed int64 scalars: how torch writes the shape argument of view()."""
+    dims = []
+    for s in scalars:
+        axes = b.constant(scope, [0], np.int64)
+        dims.append(b.node(scope, "Unsqueeze", [s, axes]))
+    return b.node(scope, "Concat", dims, axis=0)
+
+
+def slice_last_dims(b, scope, x, end):
+    """x[:, :, :end, :end] as torch writes it: one Slice per axis."""
+    for axis in (2, 3):
+        axes = b.constant(scope, [axis], np.int64)
+        starts = b.constant(scope, [0], np.int64)
+        ends = b.constant(scope, [end], np.int64)
+        steps = b.constant(scope, [1], np.int64)
+        x = b.node(scope, "Slice", [x, starts, ends, axes, steps])
+    return x
+
+
+def attention(b, size, scope, x, prefix):
+    batch = b.constant(scope, size.batch, np.int64)
+    seq = b.constant(scope, size.seq, np.int64)
+    heads = b.pooled_int(scope, size.heads)
+    hidden = b.constant(scope, size.hidden, np.int64)
+    qkv = linear(b, f"{scope}/c_attn", x, f"{prefix}.c_attn")
+    split = b.constant(scope, [size.hidden] * 3, np.int64)
+    q, k, v = b.node(scope, "Split", [qkv, split], outputs=3, axis=2)
+    head_dim = b.pooled_int(scope, size.head_dim)
+    q_shape, k_shape, v_shape = (shape_tensor(b, scope, [batch, seq, heads, head_dim]) for _ in range(3))
+    q = b.node(scope, "Transpose", [b.node(scope, "Reshape", [q, q_shape], allowzero=0)], perm=[0, 2, 1, 3])
+    k = b.node(scope, "Reshape", [k, k_shape], allowzero=0)
+    v = b.node(scope, "Reshape", [v, v_shape], allowzero=0)
+    v = b.node(scope, "Transpose", [v], perm=[0, 2, 1, 3])
+    k_t = b.node(scope, "Transpose", [k], perm=[0, 2, 3, 1])
+
+    scores = b.node(scope, "MatMul", [q, k_t])
+    scores = b.node(scope, "Div", [scores, b.constant(scope, math.sqrt(size.head_dim), np.float32)])
+    visible = slice_last_dims(b, scope, f"{prefix}.bias", size.seq)
+    hidden_keys = b.node(scope, "Cast", [b.node(scope, "Not", [visible])], to=TensorProto.BOOL)
+    scores = b.node(scope, "Where", [hidden_keys, b.constant(scope, -np.inf, np.float32), scores])
+    probs = dropout(b, f"{scope}/attn_dropout", b.node(scope, "Softmax", [scores], axis=-1), size.dropout)
+
+    y = b.node(scope, "Transpose", [b.node(scope, "MatMul", [probs, v])], perm=[0, 2, 1, 3])
+    y = b.node(scope, "Reshape", [y, shape_tensor(b, scope, [batch, seq, hidden])], allowzero=0)
+    y = linear(b, f"{scope}/c_proj", y, f"{prefix}.c_proj")
+    return dropout(b, f"{scope}/resid_dropout", y, size.dropout)
+
+
+def gelu_erf(b, scope, x):
+    """nn.GELU(): x * (1 + erf(x / sqrt(2))) * 0.5."""
+    erf = b.node(scope, "Erf", [b.node(scope, "Div", [x, b.constant(scope, math.sqrt(2.0), np.float32)])])
+    one_plus = b.node(scope, "Add", [erf, b.constant(scope, 1.0, np.float32)])
+    return b.node(scope, "Mul", [b.node(scope, "Mul", [x, one_plus]), b.constant(scope, 0.5, np.float32)])
+
+
+def mlp(b, size, scope, x, prefix):
+    y = linear(b, f"{scope}/c_fc", x, f"{prefix}.c_fc")
+    y = gelu_erf(b, f"{scope}/gelu", y)
+    y = linear(b, f"{scope}/c_proj", y, f"{prefix}.c_proj")
+    return dropout(b, f"{scope}/dropout", y, size.dropout)
+
+
+def block(b, size, i, x):
+    scope, prefix = f"/h.{i}", f"transformer.h.{i}"
+    y = layer_norm(b, f"{scope}/ln_1", x, f"{prefix}.ln_1")
+    x = b.node(scope, "Add", [x, attention(b, size, f"{scope}/attn", y, f"{prefix}.attn")])
+    y = layer_norm(b, f"{scope}/ln_2", x, f"{prefix}.ln_2")
+    return b.node(scope, "Add", [x, mlp(b, size, f"{scope}/mlp", y, f"{prefix}.mlp")])
+
+
+def build_model(size, weights_location, doc=""):
+    """The ModelProto of the GPT of `size`, its weights declared in `weights_location`."""
+    b = GraphBuilder()
+    for name, dtype, shape in state_dict_layout(size):
+        b.external_initializer(name, dtype, shape, weights_location)
+    positions = b.constant("", np.arange(size.seq), np.int64)
+    tokens = b.node("/wte", "Gather", ["transformer.wte.weight", "idx"])
+    x = b.node("", "Add", [tokens, b.node("/wpe", "Gather", ["transformer.wpe.weight", positions])])
+    x = dropout(b, "/drop", x, size.dropout)
+    for i in range(size.layers):
+        x = block(b, size, i, x)
+    x = layer_norm(b, "/ln_f", x, "transformer.ln_f")
+    head = "transformer.wte.weight" if size.tied else "lm_head.weight"
+    b.node("/lm_head", "MatMul", [x, b.node("/lm_head", "Transpose", [head], perm=[1, 0])], outputs=["logits"])
+
+    graph = helper.make_graph(
+        b.nodes, "torch_jit",
+        inputs=[helper.make_tensor_value_info("idx", TensorProto.INT64, [size.batch, size.seq])],
+        outputs=[helper.make_tensor_value_info("logits", TensorProto.FLOAT, [size.batch, size.seq, size.vocab])],
+        initializer=b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="sp gen_paper_graph.py", doc_string=doc)
+    model.ir_version = IR_VERSION
+    return model
+
+
+def write_graph(size, path, label):
+    """Write the graph of `size` to `path`; returns its node count."""
+    location = os.path.splitext(os.path.basename(path))[0] + ".weights.bin"
+    doc = (f"GPT {label}: L={size.layers} h={size.hidden} a={size.heads} s={size.seq} v={size.vocab} "
+           f"b={size.batch} tied={size.tied}; weight-free, {location} is not written")
+    model = build_model(size, location, doc)
+    save_model(model, path)
+    return len(model.graph.node)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--model", help="a model name from models.csv (22B, 175B, 530B, 1T)")
+    which.add_argument("--all", action="store_true", help="every model of models.csv; -o is then a directory")
+    p.add_argument("-o", "--output", required=True, help="the .onnx file to write (a directory with --all)")
+    p.add_argument("--models-csv", default=DEFAULT_MODELS_CSV, help="the paper's models.csv (default: %(default)s)")
+    sizes = p.add_argument_group("custom size (all six, instead of --model/--all)")
+    for flag, what in (("layers", "layers L"), ("hidden", "hidden size h"), ("heads", "attention heads a"),
+                       ("seq", "sequence length s"), ("vocab", "vocabulary size v"), ("batch", "micro-batch b")):
+        sizes.add_argument(f"--{flag}", type=int, help=what)
+    p.add_argument("--untied", action="store_true", help="give the output layer its own weight (default: tied)")
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout probability (default %(default)s)")
+    args = p.parse_args(argv)
+    given = [f for f in ("layers", "hidden", "heads", "seq", "vocab", "batch") if getattr(args, f) is not None]
+    if (args.model or args.all) and given:
+        p.error("size flags go without --model/--all")
+    if not (args.model or args.all) and len(given) < 6:
+        p.error("give --model NAME, --all, or all of --layers --hidden --heads --seq --vocab --batch")
+    return args
+
+
+def graphs_to_write(args):
+    """(label, size, path) for every graph the arguments ask for."""
+    if not (args.model or args.all):
+        size = GPTSize(args.layers, args.hidden, args.heads, args.seq, args.vocab, args.batch)
+        return [("custom", size, args.output)]
+    models = read_paper_models(args.models_csv)
+    if args.all:
+        os.makedirs(args.output, exist_ok=True)
+        return [(name, size, paper_graph_path(args.output, name)) for name, size in models.items()]
+    if args.model not in models:
+        sys.exit(f"error: no model {args.model!r} in {args.models_csv} (have {', '.join(models)})")
+    return [(args.model, models[args.model], args.output)]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    for label, size, path in graphs_to_write(args):
+        size = dataclasses.replace(size, tied=not args.untied, dropout=args.dropout)
+        if size.hidden % size.heads:
+            sys.exit(f"error: hidden {size.hidden} is not divisible by heads {size.heads}")
+        start = time.perf_counter()
+        nodes = write_graph(size, path, label)
+        print(f"{path}: {label}, {nodes} nodes, {os.path.getsize(path) / 1024:.0f} KiB, "
+              f"{time.perf_counter() - start:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,831 @@
+//===- Canonicalize.cpp - Exporter patterns to core ops -------------------===//
+//
+// Rewrites what ONNX exporters write into the core ops that later passes
+// reason about. Patterns run in phases, each to a fixed point, because some
+// match inside others (the Div by sqrt(2) in an erf GELU is not a scaling):
+//
+//  1. composites   LayerNormalization or its decomposition
+//                  (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add)
+//                  -> layer_norm; erf GELU (Div/Erf/Add/Mul/Mul) and tanh
+//                  GELU (Pow/Mul/Add/Mul/Tanh/Add/Mul/Mul) -> gelu;
+//                  Identity and no-op Casts disappear.
+//  2. layers       MatMul by a parameter (or its Transpose) plus a bias Add,
+//                  and Gemm -> linear (2-D Gemm inputs reshaped from 3-D
+//                  activations are folded back); Split + Reshape + Transpose
+//                  -> split_heads; Transpose + Reshape -> merge_heads;
+//                  MatMul of activations -> batch_matmul (trans_b absorbs a
+//                  Transpose of the last two axes); Gather from a parameter
+//                  table -> embedding.
+//  3. pointwise    Div/Mul by a scalar constant -> scale; Where or Add with a
+//                  constant causal mask -> causal_mask; Softmax -> softmax;
+//                  Dropout -> dropout (or nothing, in inference mode);
+//                  Add -> add.
+//
+// Each phase sweeps the node list until nothing changes. Patterns only create
+// nodes and redirect uses; nodes left without users are erased between
+// sweeps, so a pattern never sees a dead node.
+//
+// Causal masks are recognised from their values when the mask is a constant
+// the compiler can evaluate (folded Trilu/Where subgraphs, or a tril buffer
+// with data). A weight-free graph cannot read its mask buffer; there the
+// torch/GPT-2 form `Where(Equal(Slice(buffer), 0), fill, scores)` (or with
+// Not/Cast instead of Equal) on a [.., S, S] buffer is accepted on structure
+// alone, assuming the buffer is the lower-triangular tril that GPT-2 and
+// nanoGPT register.
+//
+//===----------------------------------------------------------------------===//
+#include "ir/ShapeInference.h"
+#include "passes/Passes.h"
+#include "llvm/Support/FormatVariadic.h"
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+using namespace llvm;
+
+namespace sp {
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Matching helpers
+//===----------------------------------------------------------------------===//
+
+Node *def(Value *V, OpKind K) {
+  Node *N = V ? V->producer() : nullptr;
+  return N && N->op() == K ? N : nullptr;
+}
+
+/// The value of a constant with one element whose data is at hand.
+std::optional<double> scalar(const Value *V) {
+  if (!V->isConst() || V->type().numElements() != 1 || !V->data())
+    return std::nullopt;
+  if (!V->data()->isLoaded() && !V->data()->isInline()) {
+    if (auto D = V->data()->load(); !D) {
+      consumeError(D.takeError());
+      return std::nullopt;
+    }
+  }
+  double D = V->data()->getDouble(0);
+  if (V->type().Dtype == DType::F32 && std::isfinite(D)) {
+    // Keep the decimal the exporter meant (1e-05, not 9.99999974e-06): the
+    // shortest spelling of the float, read back as a double.
+    char Buf[32];
+    auto R = std::to_chars(Buf, Buf + sizeof(Buf), float(D));
+    std::from_chars(Buf, R.ptr, D);
+  }
+  return D;
+}
+
+bool isScalar(const Value *V, double Want, double RelTol = 1e-4) {
+  auto S = scalar(V);
+  return S && std::abs(*S - Want) <= RelTol * std::abs(Want);
+}
+
+/// The single user of V, if it has exactly one and V is not a graph output.
+Node *singleUser(Value *V, OpKind K) {
+  if (V->users().size() != 1 || V->producer()->parent()->isOutput(V))
+    return nullptr;
+  Node *U = V->users()[0].User;
+  return U->op() == K ? U : nullptr;
+}
+
+/// For a commutative binary node using V, the other operand.
+Value *other(Node *N, Value *V) {
+  if (N->numOperands() != 2)
+    return nullptr;
+  if (N->operand(0) == V)
+    return N->operand(1);
+  if (N->operand(1) == V)
+    return N->operand(0);
+  return nullptr;
+}
+
+/// A weight: a parameter of rank R, or (for R = 1, the weight-free case) a
+/// constant parameter-like leaf.
+bool isWeight(const Value *V, unsigned Rank) {
+  return V->isParam() && V->type().rank() == Rank;
+}
+
+bool isLastAxis(const Node *N, unsigned Rank) {
+  auto Axes = N->attrs().getInts("axes");
+  return Axes.size() == 1 &&
+         (Axes[0] == -1 || Axes[0] == int64_t(Rank) - 1);
+}
+
+int64_t normAxis(int64_t A, unsigned Rank) { return A < 0 ? A + Rank : A; }
+
+class Rewriter {
+public:
+  explicit Rewriter(Graph &G) : G(G) {}
+
+  /// Builds a core op before Anchor; the result types are inferred.
+  Node *build(Node *Anchor, OpKind Op, ArrayRef<Value *> Operands,
+              AttrList Attrs = {}) {
+    auto N = buildNode(G, Anchor->getIterator(), Op, Operands,
+                       std::move(Attrs), Anchor->name());
+    if (!N) {
+      // Patterns check shapes before building; a failure here is a bug.
+      report_fatal_error(Twine("canonicalize: ") + toString(N.takeError()));
+    }
+    return *N;
+  }
+
+  void replace(Value *Old, Value *New) {
+    assert(Old->type() == New->type() && "replacement changes the type");
+    Old->replaceAllUsesWith(New);
+    for (unsigned I = 0; I < G.outputs().size(); ++I)
+      if (G.outputs()[I].V == Old)
+        G.setOutput(I, New);
+  }
+
+  Value *constant(StringRef Hint, DType T, ArrayRef<int64_t> Shape,
+                  double Value) {
+    TensorType Ty(T, Shape);
+    std::vector<char> Bytes(Ty.numBytes());
+    for (int64_t I = 0; I < Ty.numElements(); ++I) {
+      float F = float(Value);
+      std::memcpy(Bytes.data() + I * 4, &F, 4);
+    }
+    assert(T == DType::F32 && "only f32 fill constants are built");
+    return G.addInlineConst(Hint, Ty, std::move(Bytes));
+  }
+
+  Graph &G;
+};
+
+using Pattern = std::function<bool(Rewriter &, Node &)>;
+
+//===----------------------------------------------------------------------===//
+// Phase 1: composites
+//===----------------------------------------------------------------------===//
+
+bool foldIdentity(Rewriter &R, Node &N) {
+  bool NoOpCast = N.op() == OpKind::OnnxCast &&
+                  N.operand(0)->type() == N.result()->type();
+  if (N.op() != OpKind::OnnxIdentity && !NoOpCast)
+    return false;
+  R.replace(N.result(), N.operand(0));
+  return true;
+}
+
+bool fusedLayerNorm(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxLayerNormalization || N.numOperands() < 2)
+    return false;
+  for (unsigned I = 1; I < N.numResults(); ++I)
+    if (N.result(I)->hasUsers())
+      return false;
+  Value *X = N.operand(0);
+  int64_t Axis = N.attrs().getInt("axis", -1);
+  if (normAxis(Axis, X->type().rank()) != int64_t(X->type().rank()) - 1)
+    return false;
+  Value *Bias = N.numOperands() > 2
+                    ? N.operand(2)
+                    : R.constant("ln_zero_bias", X->type().Dtype,
+                                 {X->type().dim(-1)}, 0.0);
+  AttrList A;
+  A.set("epsilon", N.attrs().getFloat("epsilon", 1e-5));
+  Node *LN = R.build(&N, OpKind::LayerNorm, {X, N.operand(1), Bias}, A);
+  R.replace(N.result(), LN->result());
+  return true;
+}
+
+/// ReduceMean(x) -> Sub(x, mean) -> {Pow(d, 2) -> ReduceMean -> Add eps ->
+/// Sqrt, Div(d, sqrt)} -> Mul gamma -> Add beta.
+bool decomposedLayerNorm(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxReduceMean || N.numOperands() != 1)
+    return false;
+  Value *X = N.operand(0);
+  unsigned Rank = X->type().rank();
+  if (!isLastAxis(&N, Rank) || !N.attrs().getInt("keepdims", 1))
+    return false;
+  Node *Sub = singleUser(N.result(), OpKind::OnnxSub);
+  if (!Sub || Sub->operand(0) != X || Sub->operand(1) != N.result())
+    return false;
+  Value *D = Sub->result();
+  Node *Pow = nullptr, *Div = nullptr;
+  for (const Use &U : D->users()) {
+    if (U.User->op() == OpKind::OnnxPow && U.OperandNo == 0 &&
+        isScalar(U.User->operand(1), 2.0))
+      Pow = U.User;
+    else if (U.User->op() == OpKind::OnnxDiv && U.OperandNo == 0)
+      Div = U.User;
+  }
+  if (!Pow || !Div || D->users().size() != 2)
+    return false;
+  Node *Var = singleUser(Pow->result(), OpKind::OnnxReduceMean);
+  if (!Var || !isLastAxis(Var, Rank))
+    return false;
+  Node *AddEps = singleUser(Var->result(), OpKind::OnnxAdd);
+  Value *Eps = AddEps ? other(AddEps, Var->result()) : nullptr;
+  if (!Eps || !scalar(Eps))
+    return false;
+  Node *Sqrt = singleUser(AddEps->result(), OpKind::OnnxSqrt);
+  if (!Sqrt || Div->operand(1) != Sqrt->result())
+    return false;
+  // Optional affine part.
+  int64_t H = X->type().dim(-1);
+  Value *Out = Div->result(), *Gamma = nullptr, *Beta = nullptr;
+  if (Node *Mul = singleUser(Out, OpKind::OnnxMul)) {
+    Value *W = other(Mul, Out);
+    if (W && W->type().hasShape({H})) {
+      Gamma = W;
+      Out = Mul->result();
+    }
+  }
+  if (Node *Add = singleUser(Out, OpKind::OnnxAdd)) {
+    Value *B = other(Add, Out);
+    if (B && B->type().hasShape({H})) {
+      Beta = B;
+      Out = Add->result();
+    }
+  }
+  DType T = X->type().Dtype;
+  if (!Gamma)
+    Gamma = R.constant("ln_one_scale", T, {H}, 1.0);
+  if (!Beta)
+    Beta = R.constant("ln_zero_bias", T, {H}, 0.0);
+  AttrList A;
+  A.set("epsilon", *scalar(Eps));
+  Node *LN = R.build(Out->producer(), OpKind::LayerNorm, {X, Gamma, Beta}, A);
+  R.replace(Out, LN->result());
+  return true;
+}
+
+/// Starting from the value A = 1 + erf(..) (or 1 + tanh(..)), follows the
+/// chain of Muls that multiplies it by X and 0.5 in any association, and
+/// returns the final product.
+Value *geluProduct(Value *A, Value *X) {
+  bool NeedX = true, NeedHalf = true;
+  Value *Cur = A;
+  while (NeedX || NeedHalf) {
+    Node *Mul = singleUser(Cur, OpKind::OnnxMul);
+    Value *O = Mul ? other(Mul, Cur) : nullptr;
+    if (!O)
+      return nullptr;
+    if (NeedX && O == X) {
+      NeedX = false;
+    } else if (NeedHalf && isScalar(O, 0.5)) {
+      NeedHalf = false;
+    } else if (Node *XH = def(O, OpKind::OnnxMul);
+               XH && NeedX && NeedHalf && other(XH, X) &&
+               isScalar(other(XH, X), 0.5)) {
+      NeedX = NeedHalf = false;
+    } else {
+      return nullptr;
+    }
+    Cur = Mul->result();
+  }
+  return Cur;
+}
+
+/// The Add(1, T) user of T.
+Value *onePlus(Value *T) {
+  Node *Add = singleUser(T, OpKind::OnnxAdd);
+  if (!Add || !isScalar(other(Add, T), 1.0))
+    return nullptr;
+  return Add->result();
+}
+
+bool erfGelu(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxErf)
+    return false;
+  Value *U = N.operand(0), *X = nullptr;
+  if (Node *Div = def(U, OpKind::OnnxDiv);
+      Div && isScalar(Div->operand(1), M_SQRT2))
+    X = Div->operand(0);
+  else if (Node *Mul = def(U, OpKind::OnnxMul)) {
+    for (unsigned I : {0u, 1u})
+      if (isScalar(Mul->operand(I), M_SQRT1_2))
+        X = Mul->operand(1 - I);
+  }
+  Value *A = X ? onePlus(N.result()) : nullptr;
+  Value *Out = A ? geluProduct(A, X) : nullptr;
+  if (!Out)
+    return false;
+  AttrList Attrs;
+  Attrs.set("approximate", std::string("none"));
+  Node *G = R.build(Out->producer(), OpKind::Gelu, {X}, Attrs);
+  R.replace(Out, G->result());
+  return true;
+}
+
+/// tanh(sqrt(2/pi) * (x + 0.044715 * x^3)); returns x.
+Value *tanhGeluInput(Value *U) {
+  Node *Mul = def(U, OpKind::OnnxMul);
+  if (!Mul)
+    return nullptr;
+  Value *Inner = nullptr;
+  for (unsigned I : {0u, 1u})
+    if (isScalar(Mul->operand(I), std::sqrt(2.0 / M_PI)))
+      Inner = Mul->operand(1 - I);
+  Node *Add = Inner ? def(Inner, OpKind::OnnxAdd) : nullptr;
+  if (!Add)
+    return nullptr;
+  for (unsigned I : {0u, 1u}) {
+    Value *X = Add->operand(I);
+    Node *Cube = def(Add->operand(1 - I), OpKind::OnnxMul);
+    if (!Cube)
+      continue;
+    for (unsigned J : {0u, 1u}) {
+      Node *Pow = def(Cube->operand(J), OpKind::OnnxPow);
+      if (Pow && Pow->operand(0) == X && isScalar(Pow->operand(1), 3.0) &&
+          isScalar(Cube->operand(1 - J), 0.044715))
+        return X;
+    }
+  }
+  return nullptr;
+}
+
+bool tanhGelu(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxTanh)
+    return false;
+  Value *X = tanhGeluInput(N.operand(0));
+  Value *A = X ? onePlus(N.result()) : nullptr;
+  Value *Out = A ? geluProduct(A, X) : nullptr;
+  if (!Out)
+    return false;
+  AttrList Attrs;
+  Attrs.set("approximate", std::string("tanh"));
+  Node *G = R.build(Out->producer(), OpKind::Gelu, {X}, Attrs);
+  R.replace(Out, G->result());
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Phase 2: layers
+//===----------------------------------------------------------------------===//
+
+/// W as a linear weight: a rank-2 parameter, or the [1, 0] Transpose of one.
+/// Sets TransW when the weight is used transposed ([out, in] storage).
+Value *linearWeight(Value *W, bool &TransW) {
+  if (isWeight(W, 2)) {
+    TransW = false;
+    return W;
+  }
+  if (Node *T = def(W, OpKind::OnnxTranspose)) {
+    auto Perm = T->attrs().getInts("perm");
+    if (isWeight(T->operand(0), 2) &&
+        (Perm.empty() || Perm == std::vector<int64_t>{1, 0})) {
+      TransW = true;
+      return T->operand(0);
+    }
+  }
+  return nullptr;
+}
+
+/// Adds a following bias Add into the linear's operands if there is one.
+Value *absorbBias(Value *Out, int64_t Features, Value *&Bias) {
+  Node *Add = singleUser(Out, OpKind::OnnxAdd);
+  Value *B = Add ? other(Add, Out) : nullptr;
+  if (!B || !isWeight(B, 1) || B->type().Shape[0] != Features ||
+      Add->result()->type() != Out->type())
+    return Out;
+  Bias = B;
+  return Add->result();
+}
+
+Node *buildLinear(Rewriter &R, Node *At, Value *X, Value *W, Value *Bias,
+                  bool TransW) {
+  AttrList A;
+  A.set("trans_w", int64_t(TransW));
+  SmallVector<Value *, 3> Ops{X, W};
+  if (Bias)
+    Ops.push_back(Bias);
+  return R.build(At, OpKind::Linear, Ops, A);
+}
+
+bool matmulLinear(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxMatMul || N.operand(0)->type().rank() < 2)
+    return false;
+  bool TransW;
+  Value *W = linearWeight(N.operand(1), TransW);
+  if (!W || N.operand(0)->isConst())
+    return false;
+  Value *Bias = nullptr;
+  Value *Out = absorbBias(N.result(), N.result()->type().dim(-1), Bias);
+  Node *L = buildLinear(R, Out->producer(), N.operand(0), W, Bias, TransW);
+  R.replace(Out, L->result());
+  return true;
+}
+
+bool gemmLinear(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxGemm || N.attrs().getInt("transA", 0) ||
+      N.attrs().getFloat("alpha", 1.0) != 1.0 ||
+      N.attrs().getFloat("beta", 1.0) != 1.0)
+    return false;
+  bool TransW;
+  Value *W = linearWeight(N.operand(1), TransW);
+  if (!W)
+    return false;
+  TransW ^= bool(N.attrs().getInt("transB", 0));
+  int64_t Out = N.result()->type().dim(-1);
+  Value *Bias = nullptr;
+  if (N.numOperands() == 3) {
+    Bias = N.operand(2);
+    if (!isWeight(Bias, 1) || Bias->type().Shape[0] != Out)
+      return false;
+  }
+  Node *L = buildLinear(R, &N, N.operand(0), W, Bias, TransW);
+  R.replace(N.result(), L->result());
+  return true;
+}
+
+/// Reshape(linear(Reshape(x, [-1, in])), [..., out]) -> linear(x): undoes
+/// the flattening that 2-D Gemm exports need.
+bool unflattenLinear(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::Linear)
+    return false;
+  Node *Flat = def(N.operand(0), OpKind::OnnxReshape);
+  Node *Unflat = singleUser(N.result(), OpKind::OnnxReshape);
+  if (!Flat || !Unflat)
+    return false;
+  Value *X = Flat->operand(0);
+  TensorType Want = X->type();
+  if (Want.rank() < 2 || N.operand(0)->type().rank() != 2)
+    return false;
+  Want.Shape.back() = N.result()->type().dim(-1);
+  if (Unflat->result()->type() != Want)
+    return false;
+  SmallVector<Value *, 3> Ops(N.operands().begin(), N.operands().end());
+  Ops[0] = X;
+  Node *L = R.build(Unflat, OpKind::Linear, Ops, N.attrs());
+  L->setName(N.name());
+  R.replace(Unflat->result(), L->result());
+  return true;
+}
+
+/// The [B, S, a, d] Reshape followed by the [0, 2, 1, 3] (or, for keys,
+/// [0, 2, 3, 1]) Transpose applied to one Split output. Returns the
+/// Transpose and the head count.
+Node *headLayout(Value *Part, int64_t &Heads, bool &KeyLayout) {
+  Node *Re = singleUser(Part, OpKind::OnnxReshape);
+  Node *Tr = Re ? singleUser(Re->result(), OpKind::OnnxTranspose) : nullptr;
+  if (!Tr)
+    return nullptr;
+  const TensorType &In = Part->type(), &Mid = Re->result()->type();
+  if (In.rank() != 3 || Mid.rank() != 4 || Mid.Shape[0] != In.Shape[0] ||
+      Mid.Shape[1] != In.Shape[1] || Mid.Shape[2] * Mid.Shape[3] != In.Shape[2])
+    return nullptr;
+  auto Perm = Tr->attrs().getInts("perm");
+  KeyLayout = Perm == std::vector<int64_t>{0, 2, 3, 1};
+  if (Perm != std::vector<int64_t>{0, 2, 1, 3} && !KeyLayout)
+    return nullptr;
+  Heads = Mid.Shape[2];
+  return Tr;
+}
+
+bool splitHeads(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxSplit || N.numResults() != 3)
+    return false;
+  Value *X = N.operand(0);
+  if (X->type().rank() != 3 ||
+      normAxis(N.attrs().getInt("axis", 0), 3) != 2)
+    return false;
+  int64_t Part = X->type().dim(-1) / 3;
+  SmallVector<Node *, 3> Trs;
+  SmallVector<bool, 3> KeyLayouts;
+  int64_t Heads = 0;
+  for (unsigned I = 0; I < 3; ++I) {
+    if (N.result(I)->type().dim(-1) != Part)
+      return false;
+    int64_t H;
+    bool Key;
+    Node *Tr = headLayout(N.result(I), H, Key);
+    if (!Tr || (Heads && H != Heads))
+      return false;
+    Heads = H;
+    Trs.push_back(Tr);
+    KeyLayouts.push_back(Key);
+  }
+  AttrList A;
+  A.set("heads", Heads);
+  Node *SH = R.build(&N, OpKind::SplitHeads, {X}, A);
+  for (unsigned I = 0; I < 3; ++I) {
+    Value *V = SH->result(I);
+    if (KeyLayouts[I]) { // keys already transposed for QK^T
+      AttrList P;
+      P.set("perm", std::vector<int64_t>{0, 1, 3, 2});
+      V = R.build(Trs[I], OpKind::OnnxTranspose, {V}, P)->result();
+    }
+    R.replace(Trs[I]->result(), V);
+  }
+  return true;
+}
+
+bool mergeHeads(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxTranspose || N.operand(0)->type().rank() != 4 ||
+      N.attrs().getInts("perm") != std::vector<int64_t>{0, 2, 1, 3})
+    return false;
+  Node *Re = singleUser(N.result(), OpKind::OnnxReshape);
+  if (!Re)
+    return false;
+  const TensorType &In = N.operand(0)->type();
+  TensorType Want(In.Dtype, {In.Shape[0], In.Shape[2], In.Shape[1] * In.Shape[3]});
+  if (Re->result()->type() != Want)
+    return false;
+  Node *M = R.build(Re, OpKind::MergeHeads, {N.operand(0)});
+  R.replace(Re->result(), M->result());
+  return true;
+}
+
+bool batchMatMul(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxMatMul || N.operand(0)->type().rank() < 3 ||
+      N.operand(1)->type().rank() < 3)
+    return false;
+  Value *B = N.operand(1);
+  bool TransB = false;
+  if (Node *T = def(B, OpKind::OnnxTranspose)) {
+    auto Perm = T->attrs().getInts("perm");
+    unsigned Rank = B->type().rank();
+    bool SwapsLastTwo = Perm.size() == Rank;
+    for (unsigned I = 0; I < Rank && SwapsLastTwo; ++I)
+      SwapsLastTwo = Perm[I] == (I + 2 < Rank   ? int64_t(I)
+                                 : I + 2 == Rank ? int64_t(Rank - 1)
+                                                 : int64_t(Rank - 2));
+    if (SwapsLastTwo) {
+      B = T->operand(0);
+      TransB = true;
+    }
+  }
+  AttrList A;
+  A.set("trans_b", int64_t(TransB));
+  Node *M = R.build(&N, OpKind::BatchMatMul, {N.operand(0), B}, A);
+  R.replace(N.result(), M->result());
+  return true;
+}
+
+bool embedding(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxGather || N.attrs().getInt("axis", 0) != 0 ||
+      !isWeight(N.operand(0), 2))
+    return false;
+  Node *E = R.build(&N, OpKind::Embedding, {N.operand(0), N.operand(1)});
+  R.replace(N.result(), E->result());
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Phase 3: pointwise
+//===----------------------------------------------------------------------===//
+
+bool scaleOp(Rewriter &R, Node &N) {
+  bool IsDiv = N.op() == OpKind::OnnxDiv;
+  if (!IsDiv && N.op() != OpKind::OnnxMul)
+    return false;
+  for (unsigned I : {1u, 0u}) {
+    if (IsDiv && I == 0)
+      break;
+    auto C = scalar(N.operand(I));
+    Value *X = N.operand(1 - I);
+    if (!C || X->isConst() || !isFloat(X->type().Dtype) ||
+        N.result()->type() != X->type() || (IsDiv && *C == 0))
+      continue;
+    AttrList A;
+    A.set("alpha", IsDiv ? 1.0 / *C : *C);
+    Node *S = R.build(&N, OpKind::Scale, {X}, A);
+    R.replace(N.result(), S->result());
+    return true;
+  }
+  return false;
+}
+
+/// Checks that the trailing [S, S] of a constant boolean (or 0/1) tensor is
+/// the strictly-upper triangle (Upper) or the lower triangle with diagonal,
+/// identically for every leading index.
+bool isTriangle(const Value *C, bool Upper) {
+  const TensorType &T = C->type();
+  if (T.rank() < 2 || !C->isConst() || !C->data() ||
+      T.numElements() > (int64_t(1) << 26))
+    return false;
+  if (auto D = C->data()->load(); !D) {
+    consumeError(D.takeError());
+    return false;
+  }
+  int64_t Rows = T.dim(-2), Cols = T.dim(-1);
+  if (Rows != Cols)
+    return false;
+  for (int64_t I = 0, N = T.numElements(); I < N; ++I) {
+    int64_t Col = I % Cols, Row = (I / Cols) % Rows;
+    bool Set = C->data()->getDouble(I) != 0;
+    if (Set != (Upper ? Col > Row : Col <= Row))
+      return false;
+  }
+  return true;
+}
+
+/// Weight-free graphs: Where's condition is Slice(buffer) tested for zero
+/// (Equal(., 0), or Not of a bool Cast), on a square buffer whose data
+/// cannot be read. The slice keeps the leading [S, S] block.
+bool isUnreadableTrilBufferTest(Value *Cond) {
+  Node *Test = Cond->producer();
+  if (!Test)
+    return false;
+  Value *Sliced = nullptr;
+  if (Test->op() == OpKind::OnnxEqual && isScalar(Test->operand(1), 0.0))
+    Sliced = Test->operand(0);
+  else if (Test->op() == OpKind::OnnxNot) {
+    Sliced = Test->operand(0);
+    if (Node *Cast = def(Sliced, OpKind::OnnxCast))
+      Sliced = Cast->operand(0);
+  }
+  // One Slice per sliced axis (torch writes one for each), all from 0.
+  Value *Buf = Sliced;
+  unsigned Slices = 0;
+  while (Node *Slice = Buf ? def(Buf, OpKind::OnnxSlice) : nullptr) {
+    auto Starts = constInts(Slice->operand(1));
+    if (!Starts) {
+      consumeError(Starts.takeError());
+      return false;
+    }
+    if (!all_of(*Starts, [](int64_t S) { return S == 0; }))
+      return false;
+    Buf = Slice->operand(0);
+    ++Slices;
+  }
+  if (!Slices || !Buf->isConst() || Buf->type().rank() < 2 ||
+      Buf->type().dim(-1) != Buf->type().dim(-2))
+    return false;
+  if (auto D = Buf->data()->load())
+    return false; // readable: it would have been folded and checked by value
+  else
+    consumeError(D.takeError());
+  return true;
+}
+
+bool causalMask(Rewriter &R, Node &N) {
+  Value *X = nullptr;
+  double Fill = 0;
+  if (N.op() == OpKind::OnnxWhere) {
+    Value *C = N.operand(0);
+    for (unsigned I : {1u, 2u}) {
+      auto F = scalar(N.operand(I));
+      Value *Other = N.operand(3 - I);
+      if (!F || *F > -1e4 || Other->isConst())
+        continue;
+      // Where(masked, fill, x): masked is the strict upper triangle.
+      bool Upper = I == 1;
+      if (isTriangle(C, Upper) || (Upper && isUnreadableTrilBufferTest(C))) {
+        X = Other;
+        Fill = *F;
+      }
+    }
+  } else if (N.op() == OpKind::OnnxAdd) {
+    for (unsigned I : {0u, 1u}) {
+      Value *M = N.operand(I);
+      if (!M->isConst() || M->type().rank() < 2 || N.operand(1 - I)->isConst())
+        continue;
+      if (auto D = M->data()->load(); !D) {
+        consumeError(D.takeError());
+        continue;
+      }
+      // Additive mask: 0 on and below the diagonal, one large negative fill
+      // above it.
+      const TensorType &T = M->type();
+      int64_t Cols = T.dim(-1), Rows = T.dim(-2);
+      bool Ok = Rows == Cols;
+      double F = 0;
+      for (int64_t E = 0; Ok && E < T.numElements(); ++E) {
+        int64_t Col = E % Cols, Row = (E / Cols) % Rows;
+        double V = M->data()->getDouble(E);
+        if (Col <= Row)
+          Ok = V == 0;
+        else if (F == 0)
+          F = V;
+        else
+          Ok = V == F;
+      }
+      if (Ok && F <= -1e4) {
+        X = N.operand(1 - I);
+        Fill = F;
+      }
+    }
+  }
+  if (!X || X->type() != N.result()->type())
+    return false;
+  AttrList A;
+  A.set("fill", Fill);
+  Node *M = R.build(&N, OpKind::CausalMask, {X}, A);
+  R.replace(N.result(), M->result());
+  return true;
+}
+
+bool softmax(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxSoftmax)
+    return false;
+  unsigned Rank = N.operand(0)->type().rank();
+  if (normAxis(N.attrs().getInt("axis", -1), Rank) != int64_t(Rank) - 1)
+    return false;
+  Node *S = R.build(&N, OpKind::Softmax, {N.operand(0)});
+  R.replace(N.result(), S->result());
+  return true;
+}
+
+bool dropout(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxDropout ||
+      (N.numResults() > 1 && N.result(1)->hasUsers()))
+    return false;
+  double Ratio = 0.5;
+  if (N.numOperands() > 1) {
+    auto C = scalar(N.operand(1));
+    if (!C)
+      return false;
+    Ratio = *C;
+  }
+  bool Training = false;
+  if (N.numOperands() > 2) {
+    auto T = scalar(N.operand(2));
+    if (!T)
+      return false;
+    Training = *T != 0;
+  }
+  if (!Training) { // inference-mode dropout is the identity
+    R.replace(N.result(), N.operand(0));
+    return true;
+  }
+  AttrList A;
+  A.set("ratio", Ratio);
+  Node *D = R.build(&N, OpKind::Dropout, {N.operand(0)}, A);
+  R.replace(N.result(), D->result());
+  return true;
+}
+
+bool addOp(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxAdd ||
+      N.operand(0)->type().Dtype != N.operand(1)->type().Dtype ||
+      !isFloat(N.result()->type().Dtype))
+    return false;
+  Node *A = R.build(&N, OpKind::Add, {N.operand(0), N.operand(1)});
+  R.replace(N.result(), A->result());
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Driver
+//===----------------------------------------------------------------------===//
+
+unsigned eraseDeadNodes(Graph &G) {
+  unsigned N = 0;
+  auto &Nodes = G.nodes();
+  for (auto It = Nodes.rbegin(); It != Nodes.rend();) {
+    Node &Nd = *It++;
+    if (none_of(Nd.results(),
+                [&](Value *V) { return V->hasUsers() || G.isOutput(V); })) {
+      G.erase(&Nd);
+      ++N;
+    }
+  }
+  return N;
+}
+
+/// Applies the patterns until none matches; returns the number of rewrites.
+unsigned runPhase(Graph &G, ArrayRef<Pattern> Patterns) {
+  Rewriter R(G);
+  unsigned Total = 0;
+  for (bool Changed = true; Changed;) {
+    Changed = false;
+    eraseDeadNodes(G);
+    for (auto It = G.nodes().begin(); It != G.nodes().end();) {
+      Node &N = *It++;
+      bool Dead = none_of(N.results(), [&](Value *V) {
+        return V->hasUsers() || G.isOutput(V);
+      });
+      if (Dead)
+        continue;
+      for (const Pattern &P : Patterns)
+        if (P(R, N)) {
+          Changed = true;
+          ++Total;
+          break;
+        }
+    }
+  }
+  eraseDeadNodes(G);
+  G.removeUnusedConstants();
+  return Total;
+}
+
+class CanonicalizePass : public Pass {
+public:
+  StringRef name() const override { return "canonicalize"; }
+
+  Error run(Graph &G, PassContext &Ctx) override {
+    unsigned N1 = runPhase(G, {foldIdentity, fusedLayerNorm,
+                               decomposedLayerNorm, erfGelu, tanhGelu});
+    unsigned N2 = runPhase(G, {matmulLinear, gemmLinear, unflattenLinear,
+                               splitHeads, mergeHeads, batchMatMul, embedding});
+    unsigned N3 =
+        runPhase(G, {scaleOp, causalMask, softmax, dropout, addOp});
+    *Ctx.Remarks << formatv("canonicalize: {0} composite, {1} layer and {2} "
+                            "pointwise rewrites\n",
+                            N1, N2, N3);
+    return Error::success();
+  }
+};
+
+} // namespace
+
+std::unique_ptr<Pass> createCanonicalizePass() {
+  return std::make_unique<CanonicalizePass>();
+}
+
+} // namespace sp

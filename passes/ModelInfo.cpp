@@ -1,0 +1,116 @@
+//===- ModelInfo.cpp ------------------------------------------------------===//
+#include "passes/ModelInfo.h"
+#include "llvm/Support/FormatVariadic.h"
+#include <set>
+
+using namespace llvm;
+
+namespace sp {
+
+static Error infoError(const Twine &Msg) {
+  return createStringError(inconvertibleErrorCode(), Msg);
+}
+
+static const Node *findRole(const Graph &G, StringRef Role) {
+  for (const Node &N : G.nodes())
+    if (N.tags().Role == Role)
+      return &N;
+  return nullptr;
+}
+
+Expected<ModelInfo> summarizeModel(const Graph &G) {
+  ModelInfo M;
+  const Node *Embed = findRole(G, "embed");
+  const Node *Head = findRole(G, "lm_head");
+  if (!Embed || !Head)
+    return infoError("the graph has no detected Transformer structure; run "
+                     "detect-transformer first");
+  const TensorType &Table = Embed->operand(0)->type();
+  const TensorType &Ids = Embed->operand(1)->type();
+  M.Vocab = Table.Shape[0];
+  M.Hidden = Table.Shape[1];
+  if (Ids.rank() != 2)
+    return infoError("token ids must have shape [batch, seq], got " +
+                     Ids.str());
+  M.Batch = Ids.Shape[0];
+  M.Seq = Ids.Shape[1];
+  M.PositionEmbedding = findRole(G, "pos_embed") != nullptr;
+  M.FinalNorm = findRole(G, "final_norm") != nullptr;
+  M.Tied = Head->operand(1) == Embed->operand(0);
+  for (const Node &N : G.nodes()) {
+    int L = N.tags().Layer;
+    if (L < 0)
+      continue;
+    if (size_t(L) >= M.LayerRoles.size())
+      M.LayerRoles.resize(L + 1);
+    M.LayerRoles[L].push_back(N.tags().Role);
+    if (N.op() == OpKind::SplitHeads && !M.Heads)
+      M.Heads = N.attrs().getInt("heads", 0);
+    if (N.op() == OpKind::Gelu && M.Gelu.empty())
+      M.Gelu = N.attrs().getString("approximate", "none");
+  }
+  M.Layers = M.LayerRoles.size();
+  for (const auto &P : G.params())
+    M.Params += P->type().numElements();
+  return M;
+}
+
+nlohmann::json modelInfoToJson(const ModelInfo &M) {
+  nlohmann::json Layers = nlohmann::json::array();
+  for (size_t L = 0; L < M.LayerRoles.size(); ++L)
+    Layers.push_back({{"index", L}, {"roles", M.LayerRoles[L]}});
+  return {
+      {"model",
+       {{"layers", M.Layers},
+        {"hidden", M.Hidden},
+        {"heads", M.Heads},
+        {"seq", M.Seq},
+        {"vocab", M.Vocab},
+        {"batch", M.Batch},
+        {"params", M.Params},
+        {"tied", M.Tied},
+        {"gelu", M.Gelu}}},
+      {"structure",
+       {{"embedding", true},
+        {"position_embedding", M.PositionEmbedding},
+        {"final_norm", M.FinalNorm},
+        {"lm_head", true},
+        {"layers", Layers}}},
+  };
+}
+
+void printModelSummary(const ModelInfo &M, const Graph &G, raw_ostream &OS) {
+  OS << formatv("model '{0}': GPT-style decoder, {1} layers, gelu {2}\n",
+                G.name(), M.Layers, M.Gelu == "tanh" ? "tanh" : "erf");
+  OS << formatv("  hidden {0}, heads {1} (head size {2}), seq {3}, vocab {4}, "
+                "batch {5}\n",
+                M.Hidden, M.Heads, M.Heads ? M.Hidden / M.Heads : 0, M.Seq,
+                M.Vocab, M.Batch);
+  OS << formatv("  parameters {0} ({1:F2} M){2}\n", M.Params, M.Params / 1e6,
+                M.Tied ? ", input and output embeddings tied" : "");
+  OS << "structure:\n";
+  OS << "  embedding       token" << (M.PositionEmbedding ? " + position" : "")
+     << "\n";
+  // Print each distinct role sequence once with the layer range it covers.
+  size_t L = 0;
+  while (L < M.LayerRoles.size()) {
+    size_t End = L;
+    while (End + 1 < M.LayerRoles.size() &&
+           M.LayerRoles[End + 1] == M.LayerRoles[L])
+      ++End;
+    std::string Range = L == End ? formatv("layer {0}", L).str()
+                                 : formatv("layers {0}-{1}", L, End).str();
+    OS << formatv("  {0,-15} ", Range);
+    std::string Line;
+    for (const std::string &R : M.LayerRoles[L])
+      Line += (Line.empty() ? "" : " ") + R;
+    OS << Line << "\n";
+    L = End + 1;
+  }
+  if (M.FinalNorm)
+    OS << "  final norm\n";
+  OS << "  lm head         "
+     << (M.Tied ? "tied to the token embedding" : "own weight") << "\n";
+}
+
+} // namespace sp

@@ -1,0 +1,44 @@
+//===- ModelInfo.h - What detection found, read back from the tags -*- C++ -*-===//
+//
+// The facts about a detected Transformer (layers, hidden, heads, ...) are not
+// stored beside the graph: they are recomputed from the layer and role tags
+// that detect-transformer writes, so they are also available to a pass or a
+// tool that starts from textual IR.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_PASSES_MODELINFO_H
+#define SP_PASSES_MODELINFO_H
+
+#include "ir/IR.h"
+#include "llvm/Support/Error.h"
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace sp {
+
+struct ModelInfo {
+  int64_t Layers = 0, Hidden = 0, Heads = 0, Seq = 0, Vocab = 0, Batch = 0;
+  /// Trainable parameter elements; a tied weight counts once, buffers never.
+  int64_t Params = 0;
+  bool Tied = false;
+  bool PositionEmbedding = false;
+  bool FinalNorm = false;
+  std::string Gelu; // "none" (erf) or "tanh"
+  /// Roles of each layer's nodes, in program order.
+  std::vector<std::vector<std::string>> LayerRoles;
+};
+
+/// Reads the facts from a graph tagged by detect-transformer.
+llvm::Expected<ModelInfo> summarizeModel(const Graph &G);
+
+/// The report's "model" and "structure" objects.
+nlohmann::json modelInfoToJson(const ModelInfo &M);
+
+/// A human-readable summary for sp-compile.
+void printModelSummary(const ModelInfo &M, const Graph &G,
+                       llvm::raw_ostream &OS);
+
+} // namespace sp
+
+#endif // SP_PASSES_MODELINFO_H

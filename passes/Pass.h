@@ -1,0 +1,46 @@
+//===- Pass.h - The pass interface -----------------------------*- C++ -*-===//
+//
+// A pass transforms a Graph in place. Passes are stateless objects created by
+// a factory listed in Passes.def; anything a pass learns that later passes
+// need is written into the IR itself (tags, attributes), so that every pass
+// can also run alone on textual IR through sp-opt.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_PASSES_PASS_H
+#define SP_PASSES_PASS_H
+
+#include "ir/IR.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
+#include <memory>
+
+namespace sp {
+
+/// What passes may read besides the graph: user options and a stream for
+/// remarks. Options are plain values set by the tools.
+struct PassContext {
+  llvm::raw_ostream *Remarks = &llvm::nulls();
+};
+
+class Pass {
+public:
+  virtual ~Pass() = default;
+  /// The registered kebab-case name.
+  virtual llvm::StringRef name() const = 0;
+  /// Runs on G. An error leaves G in an unspecified but valid state; the
+  /// message names the node and the cause.
+  virtual llvm::Error run(Graph &G, PassContext &Ctx) = 0;
+};
+
+/// A registered pass: the one table (Passes.def) lists them all.
+struct PassInfo {
+  const char *Name;
+  const char *Summary;
+  std::unique_ptr<Pass> (*Create)();
+};
+llvm::ArrayRef<PassInfo> registeredPasses();
+const PassInfo *lookupPass(llvm::StringRef Name);
+
+} // namespace sp
+
+#endif // SP_PASSES_PASS_H

@@ -1,0 +1,161 @@
+//===- PassManager.cpp ----------------------------------------------------===//
+#include "passes/PassManager.h"
+#include "ir/AsmFormat.h"
+#include "ir/Verifier.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
+#include <chrono>
+
+using namespace llvm;
+
+namespace sp {
+
+namespace {
+struct CLOptions {
+  cl::OptionCategory Cat{"Pass manager options"};
+  cl::opt<std::string> Passes{
+      "passes", cl::desc("Comma-separated pass pipeline (see --list-passes)"),
+      cl::value_desc("a,b,c"), cl::cat(Cat)};
+  cl::opt<bool> PrintAfterAll{"print-after-all",
+                              cl::desc("Print the IR after every pass"),
+                              cl::cat(Cat)};
+  cl::list<std::string> PrintAfter{
+      "print-after", cl::desc("Print the IR after the named pass"),
+      cl::value_desc("pass"), cl::CommaSeparated, cl::cat(Cat)};
+  cl::opt<std::string> DumpDir{
+      "dump-dir", cl::desc("Write the IR after every pass to DIR/NN-pass.sp"),
+      cl::value_desc("dir"), cl::cat(Cat)};
+  cl::opt<bool> VerifyEach{"verify-each",
+                           cl::desc("Run the verifier after every pass"),
+                           cl::cat(Cat)};
+  cl::opt<bool> TimePasses{"time-passes",
+                           cl::desc("Report the time taken by each pass"),
+                           cl::cat(Cat)};
+};
+CLOptions *CL = nullptr;
+} // namespace
+
+cl::OptionCategory &registerPassManagerCLOptions() {
+  static CLOptions Options;
+  CL = &Options;
+  return Options.Cat;
+}
+
+PassManagerOptions passManagerOptionsFromCL() {
+  assert(CL && "call registerPassManagerCLOptions first");
+  PassManagerOptions O;
+  O.PrintAfterAll = CL->PrintAfterAll;
+  O.PrintAfter.assign(CL->PrintAfter.begin(), CL->PrintAfter.end());
+  O.DumpDir = CL->DumpDir;
+  O.VerifyEach = CL->VerifyEach;
+  O.TimePasses = CL->TimePasses;
+  return O;
+}
+
+std::string pipelineFromCL(StringRef Default) {
+  assert(CL && "call registerPassManagerCLOptions first");
+  return CL->Passes.getNumOccurrences() ? CL->Passes.getValue()
+                                        : Default.str();
+}
+
+Error PassManager::addPipeline(StringRef Pipeline) {
+  SmallVector<StringRef, 8> Names;
+  Pipeline.split(Names, ',', -1, /*KeepEmpty=*/false);
+  for (StringRef Name : Names) {
+    Name = Name.trim();
+    const PassInfo *Info = lookupPass(Name);
+    if (!Info) {
+      std::string Known;
+      for (const PassInfo &P : registeredPasses())
+        Known += (Known.empty() ? "" : ", ") + std::string(P.Name);
+      return createStringError(inconvertibleErrorCode(),
+                               "unknown pass '%s' in --passes; known passes: "
+                               "%s",
+                               Name.str().c_str(), Known.c_str());
+    }
+    addPass(Info->Create());
+  }
+  for (const std::string &P : Opts.PrintAfter)
+    if (!lookupPass(P))
+      return createStringError(inconvertibleErrorCode(),
+                               "unknown pass '%s' in --print-after",
+                               P.c_str());
+  return Error::success();
+}
+
+static Error writeDump(StringRef Dir, unsigned Index, StringRef Name,
+                       const Graph &G) {
+  SmallString<128> Path(Dir);
+  sys::path::append(Path, (Index < 10 ? "0" : "") + Twine(Index) + "-" +
+                              Name + ".sp");
+  std::string File = std::string(Path);
+  std::error_code EC;
+  raw_fd_ostream OS(File, EC);
+  if (EC)
+    return createStringError(EC, "cannot write '%s': %s", File.c_str(),
+                             EC.message().c_str());
+  printGraph(G, OS);
+  return Error::success();
+}
+
+Error PassManager::run(Graph &G, PassContext &Ctx) {
+  using Clock = std::chrono::steady_clock;
+  if (!Opts.DumpDir.empty()) {
+    if (std::error_code EC = sys::fs::create_directories(Opts.DumpDir))
+      return createStringError(EC, "cannot create --dump-dir '%s': %s",
+                               Opts.DumpDir.c_str(), EC.message().c_str());
+    if (auto E = writeDump(Opts.DumpDir, 0, "input", G))
+      return E;
+  }
+  std::vector<std::pair<std::string, double>> Times;
+  unsigned Index = 0;
+  for (const auto &P : Passes) {
+    ++Index;
+    auto Start = Clock::now();
+    Error E = P->run(G, Ctx);
+    Times.push_back(
+        {P->name().str(),
+         std::chrono::duration<double>(Clock::now() - Start).count()});
+    if (E)
+      return createStringError(inconvertibleErrorCode(), "%s: %s",
+                               P->name().str().c_str(),
+                               toString(std::move(E)).c_str());
+#ifndef NDEBUG
+    bool Verify = true;
+#else
+    bool Verify = Opts.VerifyEach;
+#endif
+    if (Verify)
+      if (Error VE = verifyGraph(G))
+        return createStringError(inconvertibleErrorCode(),
+                                 "after pass '%s': %s",
+                                 P->name().str().c_str(),
+                                 toString(std::move(VE)).c_str());
+    if (Opts.PrintAfterAll || is_contained(Opts.PrintAfter, P->name())) {
+      *Opts.PrintStream << "// ----- IR after " << P->name() << " ----- //\n";
+      printGraph(G, *Opts.PrintStream);
+    }
+    if (!Opts.DumpDir.empty())
+      if (auto DE = writeDump(Opts.DumpDir, Index, P->name(), G))
+        return DE;
+  }
+  if (Opts.TimePasses) {
+    double Total = 0;
+    for (auto &T : Times)
+      Total += T.second;
+    raw_ostream &OS = errs();
+    OS << "===-------------------------------------------------------===\n"
+       << "                      Pass execution time\n"
+       << "===-------------------------------------------------------===\n";
+    OS << formatv("  Total: {0:F4} s\n", Total);
+    OS << "   Wall time (s)   (%)  Name\n";
+    for (auto &T : Times)
+      OS << formatv("  {0,12:F4}  {1,5:F1}  {2}\n", T.second,
+                    Total > 0 ? 100 * T.second / Total : 0.0, T.first);
+  }
+  return Error::success();
+}
+
+} // namespace sp

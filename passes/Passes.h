@@ -1,0 +1,18 @@
+//===- Passes.h - Pass factories -------------------------------*- C++ -*-===//
+#ifndef SP_PASSES_PASSES_H
+#define SP_PASSES_PASSES_H
+
+#include "passes/Pass.h"
+
+namespace sp {
+
+#define SP_PASS(Name, Factory, Summary) std::unique_ptr<Pass> Factory();
+#include "passes/Passes.def"
+
+/// The default pipeline of sp-compile, as a --passes list.
+constexpr const char *DefaultPipeline =
+    "constant-fold,canonicalize,dce,detect-transformer";
+
+} // namespace sp
+
+#endif // SP_PASSES_PASSES_H

@@ -1,0 +1,17 @@
+# lit configuration for sp's pass and tool tests (textual IR + FileCheck).
+import os
+import lit.formats
+
+config.name = "sp"
+config.test_format = lit.formats.ShTest(execute_external=True)
+config.suffixes = [".sp", ".test"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(os.path.dirname(config.sp_bin_dir), "tests", "lit-out")
+config.excludes = ["Inputs", "lit.cfg.py", "lit.site.cfg.py.in"]
+
+path = os.pathsep.join([config.sp_bin_dir, config.llvm_tools_dir,
+                        config.environment.get("PATH", os.environ.get("PATH", ""))])
+config.environment["PATH"] = path
+config.substitutions.append(("%python", config.python))
+config.substitutions.append(("%models", os.path.join(config.sp_source_dir, "models")))
+config.substitutions.append(("%inputs", os.path.join(config.sp_source_dir, "tests", "lit", "Inputs")))

@@ -1,0 +1,30 @@
+// Detection tags every node of a canonical GPT with its layer and role.
+// RUN: sp-opt %inputs/one-layer.sp --passes=detect-transformer --verify-each | FileCheck %s
+// Running it twice gives the same tags.
+// RUN: sp-opt %inputs/one-layer.sp --passes=detect-transformer,detect-transformer | FileCheck %s
+
+// CHECK: embedding(%wte, %idx) [role = "embed"]
+// CHECK-NEXT: embedding(%wpe, %pos) [role = "pos_embed"]
+// CHECK-NEXT: add({{.*}} [role = "embed_add"]
+// CHECK-NEXT: dropout({{.*}}) {ratio = 0.1} [role = "embed_dropout"]
+// CHECK-NEXT: layer_norm({{.*}} [layer = 0, role = "ln1"]
+// CHECK-NEXT: linear({{.*}} [layer = 0, role = "qkv"]
+// CHECK-NEXT: split_heads({{.*}} [layer = 0, role = "split_heads"]
+// CHECK-NEXT: batch_matmul({{.*}}) {trans_b = 1} [layer = 0, role = "qk"]
+// CHECK-NEXT: scale({{.*}} [layer = 0, role = "scale"]
+// CHECK-NEXT: causal_mask({{.*}} [layer = 0, role = "mask"]
+// CHECK-NEXT: softmax({{.*}} [layer = 0, role = "softmax"]
+// CHECK-NEXT: dropout({{.*}} [layer = 0, role = "attn_core_dropout"]
+// CHECK-NEXT: batch_matmul({{.*}}) {trans_b = 0} [layer = 0, role = "av"]
+// CHECK-NEXT: merge_heads({{.*}} [layer = 0, role = "merge_heads"]
+// CHECK-NEXT: linear({{.*}} [layer = 0, role = "proj"]
+// CHECK-NEXT: dropout({{.*}} [layer = 0, role = "attn_dropout"]
+// CHECK-NEXT: add({{.*}} [layer = 0, role = "residual1"]
+// CHECK-NEXT: layer_norm({{.*}} [layer = 0, role = "ln2"]
+// CHECK-NEXT: linear({{.*}} [layer = 0, role = "fc1"]
+// CHECK-NEXT: gelu({{.*}} [layer = 0, role = "act"]
+// CHECK-NEXT: linear({{.*}} [layer = 0, role = "fc2"]
+// CHECK-NEXT: dropout({{.*}} [layer = 0, role = "mlp_dropout"]
+// CHECK-NEXT: add({{.*}} [layer = 0, role = "residual2"]
+// CHECK-NEXT: layer_norm({{.*}} [role = "final_norm"]
+// CHECK-NEXT: linear(%{{[0-9]+}}, %wte) {trans_w = 1} [role = "lm_head"]

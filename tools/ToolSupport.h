@@ -1,0 +1,29 @@
+//===- ToolSupport.h - Shared pieces of the command-line tools -*- C++ -*-===//
+#ifndef SP_TOOLS_TOOLSUPPORT_H
+#define SP_TOOLS_TOOLSUPPORT_H
+
+#include "frontend/OnnxImporter.h"
+#include "ir/IR.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
+#include <functional>
+#include <memory>
+
+namespace sp {
+
+/// Prints "TOOL: error: MESSAGE" on one line and returns the exit code 1.
+int reportError(llvm::StringRef Tool, llvm::Error E);
+
+/// Writes Path through a temporary file in the same folder and a rename, so
+/// that a failure never leaves a half-written file behind. "-" is stdout.
+llvm::Error writeFileAtomically(llvm::StringRef Path,
+                                std::function<void(llvm::raw_ostream &)> Write);
+
+/// Loads a model: ONNX (by the .onnx extension) or textual IR ("-" reads
+/// stdin).
+llvm::Expected<std::unique_ptr<Graph>> loadGraph(llvm::StringRef Path,
+                                                 const ImportOptions &Opts);
+
+} // namespace sp
+
+#endif // SP_TOOLS_TOOLSUPPORT_H

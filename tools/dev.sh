@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The two commands of the README, for a fresh Debian 12 machine:
+#
+#   tools/dev.sh run    install what is missing, build, and run the main job
+#                       (sp-compile on the committed default model)
+#   tools/dev.sh test   install what is missing, build, and run every test
+#
+# Environment: BUILD_DIR (default build), JOBS (default: number of cores).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+
+# Debian packages the build and the tests need.
+PACKAGES=(
+  cmake ninja-build g++ pkg-config
+  llvm-14-dev llvm-14-tools             # ADT/Support, cl::opt, FileCheck, lit
+  libonnx-dev libprotobuf-dev protobuf-compiler
+  nlohmann-json3-dev googletest libgtest-dev
+  python3-torch python3-onnx python3-numpy  # reference exports (/usr/bin/python3)
+)
+
+install_missing() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "== installing: ${missing[*]}"
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  echo "== configuring and building in $BUILD_DIR"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+case "${1:-}" in
+  run)
+    install_missing
+    build
+    echo "== sp-compile models/tiny/gpt-tiny.onnx"
+    "$BUILD_DIR/bin/sp-compile" models/tiny/gpt-tiny.onnx --report "$BUILD_DIR/gpt-tiny.report.json"
+    echo "(report: $BUILD_DIR/gpt-tiny.report.json)"
+    ;;
+  test)
+    install_missing
+    build
+    echo "== running every test"
+    cd "$BUILD_DIR"
+    ctest --output-on-failure -j "$JOBS"
+    ;;
+  *)
+    echo "usage: tools/dev.sh run|test" >&2
+    exit 2
+    ;;
+esac

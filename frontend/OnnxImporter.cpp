@@ -283,6 +283,16 @@ std::string onnxTypeName(int32_t T) {
   return "data type " + std::to_string(T);
 }
 
+/// True if a tensor of this shape has a representable size (at most 2^48
+/// elements), so that element and byte counts never overflow.
+bool sizeFits(ArrayRef<int64_t> Shape) {
+  int64_t N = 1;
+  for (int64_t D : Shape)
+    if (D < 0 || __builtin_mul_overflow(N, D, &N) || N > (int64_t(1) << 48))
+      return false;
+  return true;
+}
+
 Expected<TensorType> tensorTypeOf(const onnx::TensorProto &T,
                                   StringRef What) {
   auto D = dtypeOf(T.data_type());
@@ -295,6 +305,8 @@ Expected<TensorType> tensorTypeOf(const onnx::TensorProto &T,
       return makeError(What + " has a negative dimension");
     Ty.Shape.push_back(Dim);
   }
+  if (!sizeFits(Ty.Shape))
+    return makeError(What + " has too many elements");
   return Ty;
 }
 
@@ -558,6 +570,17 @@ Expected<Attribute> convertAttribute(const onnx::AttributeProto &A) {
   }
 }
 
+/// The name of node Index: its ONNX name, or "OpType_<index>".
+std::string nodeName(const onnx::NodeProto &N, unsigned Index) {
+  return N.name().empty() ? N.op_type() + "_" + std::to_string(Index)
+                          : N.name();
+}
+
+/// "node 'NAME' (OpType)", for diagnostics.
+std::string describeNode(const onnx::NodeProto &N, unsigned Index) {
+  return "node '" + nodeName(N, Index) + "' (" + N.op_type() + ")";
+}
+
 /// True if operand Slot of an ONNX op consumes a trained weight (see the
 /// parameter rule at the top of the file).
 bool isWeightOperand(StringRef OpType, int Slot) {
@@ -605,6 +628,7 @@ private:
   Error error(const Twine &Msg) { return fileError(DisplayPath, Msg); }
 
   Error checkOpset();
+  Error checkNodes();
   Error bindInputs();
   Error importInitializers();
   Error runOnnxShapeInference();
@@ -661,6 +685,8 @@ Expected<std::unique_ptr<Graph>> Importer::run() {
     return E;
   if (auto E = importInitializers())
     return E;
+  if (auto E = checkNodes())
+    return E;
   if (auto E = runOnnxShapeInference())
     return E;
   for (int I = 0; I < Model->graph().node_size(); ++I)
@@ -699,10 +725,9 @@ void Importer::findParameters() {
 
   for (const onnx::TensorProto &T : GP.initializer()) {
     auto D = dtypeOf(T.data_type());
-    int64_t Elements = 1;
-    for (int64_t Dim : T.dims())
-      Elements *= Dim;
-    if (!D || !isFloat(*D) || Elements <= 1)
+    bool MoreThanOne = !is_contained(T.dims(), 0) &&
+                       any_of(T.dims(), [](int64_t Dim) { return Dim > 1; });
+    if (!D || !isFloat(*D) || !MoreThanOne)
       continue;
     // Follow the value through Transpose/Identity to a weight operand.
     SmallVector<std::string, 4> Worklist{T.name()};
@@ -804,6 +829,8 @@ Error Importer::bindInputs() {
       Dim.set_dim_value(V); // for ONNX's shape inference
       Ty.Shape.push_back(V);
     }
+    if (!sizeFits(Ty.Shape))
+      return error("input '" + Name + "' has too many elements");
     if (Values.count(Name))
       return error("input '" + Name + "' is listed twice");
     Values[Name] = G->addInput(Name, Ty);
@@ -841,6 +868,50 @@ Error Importer::importInitializers() {
     }
     Values[Name] = IsParam ? G->addParam(Name, *Ty, std::move(Data))
                            : G->addConst(Name, *Ty, std::move(Data));
+  }
+  return Error::success();
+}
+
+/// Structural checks, before ONNX's shape inference sees the graph: each
+/// node is a supported op, has no empty optional input in the middle, and
+/// uses only values defined before it.
+Error Importer::checkNodes() {
+  const onnx::GraphProto &GP = Model->graph();
+  StringSet<> Defined;
+  for (const onnx::ValueInfoProto &In : GP.input())
+    Defined.insert(In.name());
+  for (const onnx::TensorProto &T : GP.initializer())
+    Defined.insert(T.name());
+  for (int Index = 0; Index < GP.node_size(); ++Index) {
+    const onnx::NodeProto &N = GP.node(Index);
+    std::string Desc = describeNode(N, Index);
+    if (!N.domain().empty() && N.domain() != "ai.onnx")
+      return error(formatv("{0}: unsupported op domain '{1}'; sp supports "
+                           "only the default ONNX domain",
+                           Desc, N.domain()));
+    if (N.op_type() != "Constant" && !onnxOpKind(N.op_type()))
+      return error(Desc + ": unsupported op; supported ops are " +
+                   supportedOps());
+    int NumInputs = N.input_size();
+    while (NumInputs > 0 && N.input(NumInputs - 1).empty())
+      --NumInputs;
+    for (int I = 0; I < NumInputs; ++I) {
+      const std::string &In = N.input(I);
+      if (In.empty())
+        return error(formatv("{0}: empty optional input {1} is not "
+                             "supported",
+                             Desc, I));
+      if (!Defined.count(In))
+        return error(formatv(NodeOutputs.count(In)
+                                 ? "{0}: input '{1}' is used before the node "
+                                   "that defines it (the graph is not "
+                                   "topologically sorted)"
+                                 : "{0}: input '{1}' is not defined",
+                             Desc, In));
+    }
+    for (const std::string &Out : N.output())
+      if (!Out.empty() && !Defined.insert(Out).second)
+        return error(formatv("{0}: value '{1}' is defined twice", Desc, Out));
   }
   return Error::success();
 }
@@ -924,7 +995,10 @@ Error Importer::importConstantNode(const onnx::NodeProto &N, StringRef Desc) {
     Bytes.resize(At + sizeof(V));
     std::memcpy(Bytes.data() + At, &V, sizeof(V));
   };
-  if (A.name() == "value" && A.has_t()) {
+  auto Expect = [&](onnx::AttributeProto::AttributeType Type) {
+    return A.type() == Type;
+  };
+  if (A.name() == "value" && Expect(onnx::AttributeProto::TENSOR)) {
     std::string What = "the value of " + Desc.str();
     auto T = tensorTypeOf(A.t(), What);
     if (!T)
@@ -942,17 +1016,18 @@ Error Importer::importConstantNode(const onnx::NodeProto &N, StringRef Desc) {
     if (!B)
       return error(toString(B.takeError()));
     Bytes = std::move(*B);
-  } else if (A.name() == "value_float") {
+  } else if (A.name() == "value_float" && Expect(onnx::AttributeProto::FLOAT)) {
     Ty = TensorType(DType::F32, {});
     Put(A.f());
-  } else if (A.name() == "value_floats") {
+  } else if (A.name() == "value_floats" &&
+             Expect(onnx::AttributeProto::FLOATS)) {
     Ty = TensorType(DType::F32, {int64_t(A.floats_size())});
     for (float F : A.floats())
       Put(F);
-  } else if (A.name() == "value_int") {
+  } else if (A.name() == "value_int" && Expect(onnx::AttributeProto::INT)) {
     Ty = TensorType(DType::I64, {});
     Put(int64_t(A.i()));
-  } else if (A.name() == "value_ints") {
+  } else if (A.name() == "value_ints" && Expect(onnx::AttributeProto::INTS)) {
     Ty = TensorType(DType::I64, {int64_t(A.ints_size())});
     for (int64_t I : A.ints())
       Put(I);
@@ -965,41 +1040,26 @@ Error Importer::importConstantNode(const onnx::NodeProto &N, StringRef Desc) {
 }
 
 Error Importer::importNode(const onnx::NodeProto &N, unsigned Index) {
-  std::string NodeName =
-      N.name().empty() ? N.op_type() + "_" + std::to_string(Index) : N.name();
-  std::string Desc = "node '" + NodeName + "' (" + N.op_type() + ")";
+  // checkNodes() has vetted the op, the domain and the inputs.
+  std::string NodeName = nodeName(N, Index);
+  std::string Desc = describeNode(N, Index);
+  if (N.op_type() == "Constant")
+    return importConstantNode(N, Desc);
+  std::optional<OpKind> Op = onnxOpKind(N.op_type());
+  assert(Op && "checkNodes() lets only supported ops through");
 
-  if (!N.domain().empty() && N.domain() != "ai.onnx")
-    return error(formatv("{0}: unsupported op domain '{1}'; sp supports only "
-                         "the default ONNX domain",
-                         Desc, N.domain()));
   // Operands: trailing empty (omitted) optional inputs are dropped.
   int NumInputs = N.input_size();
   while (NumInputs > 0 && N.input(NumInputs - 1).empty())
     --NumInputs;
   SmallVector<Value *, 4> Operands;
   for (int I = 0; I < NumInputs; ++I) {
-    const std::string &In = N.input(I);
-    if (In.empty())
-      return error(formatv("{0}: empty optional input {1} is not supported",
-                           Desc, I));
-    Value *V = Values.lookup(In);
-    if (!V)
-      return error(formatv(NodeOutputs.count(In)
-                               ? "{0}: input '{1}' is used before the node "
-                                 "that defines it (the graph is not "
-                                 "topologically sorted)"
-                               : "{0}: input '{1}' is not defined",
-                           Desc, In));
+    Value *V = Values.lookup(N.input(I));
+    if (!V) // e.g. an unused output of a folded node
+      return error(formatv("{0}: input '{1}' is not defined", Desc,
+                           N.input(I)));
     Operands.push_back(V);
   }
-
-  if (N.op_type() == "Constant")
-    return importConstantNode(N, Desc);
-  std::optional<OpKind> Op = onnxOpKind(N.op_type());
-  if (!Op)
-    return error(Desc + ": unsupported op; supported ops are " +
-                 supportedOps());
 
   AttrList Attrs;
   for (const onnx::AttributeProto &A : N.attribute()) {

@@ -115,26 +115,33 @@ Graph::~Graph() {
   Nodes.clear();
 }
 
+Value *Graph::addLeaf(std::vector<std::unique_ptr<Value>> &List,
+                      Value::Kind K, std::string N, TensorType T,
+                      std::shared_ptr<TensorData> Data) {
+  List.push_back(
+      std::unique_ptr<Value>(new Value(K, std::move(T), std::move(N))));
+  Value *V = List.back().get();
+  V->Data = std::move(Data);
+  // The verifier reports duplicate names; the index keeps the first.
+  LeafNames.try_emplace(V->name(), V);
+  return V;
+}
+
 Value *Graph::addInput(std::string N, TensorType T) {
-  Inputs.push_back(std::unique_ptr<Value>(
-      new Value(Value::Kind::Input, std::move(T), std::move(N))));
-  return Inputs.back().get();
+  return addLeaf(Inputs, Value::Kind::Input, std::move(N), std::move(T),
+                 nullptr);
 }
 
 Value *Graph::addParam(std::string N, TensorType T,
                        std::shared_ptr<TensorData> Data) {
-  Params.push_back(std::unique_ptr<Value>(
-      new Value(Value::Kind::Param, std::move(T), std::move(N))));
-  Params.back()->Data = std::move(Data);
-  return Params.back().get();
+  return addLeaf(Params, Value::Kind::Param, std::move(N), std::move(T),
+                 std::move(Data));
 }
 
 Value *Graph::addConst(std::string N, TensorType T,
                        std::shared_ptr<TensorData> Data) {
-  Consts.push_back(std::unique_ptr<Value>(
-      new Value(Value::Kind::Const, std::move(T), std::move(N))));
-  Consts.back()->Data = std::move(Data);
-  return Consts.back().get();
+  return addLeaf(Consts, Value::Kind::Const, std::move(N), std::move(T),
+                 std::move(Data));
 }
 
 Value *Graph::addInlineConst(StringRef Hint, TensorType T,
@@ -155,11 +162,8 @@ std::string Graph::uniqueLeafName(StringRef Hint) {
 }
 
 Value *Graph::lookup(StringRef N) const {
-  for (const auto *List : {&Inputs, &Params, &Consts})
-    for (const auto &V : *List)
-      if (V->name() == N)
-        return V.get();
-  return nullptr;
+  auto It = LeafNames.find(N);
+  return It == LeafNames.end() ? nullptr : It->second;
 }
 
 bool Graph::isOutput(const Value *V) const {
@@ -169,6 +173,8 @@ bool Graph::isOutput(const Value *V) const {
 void Graph::eraseLeaf(Value *V) {
   assert(!V->hasUsers() && !isOutput(V) && "erasing a used leaf value");
   auto &List = V->isParam() ? Params : V->isConst() ? Consts : Inputs;
+  if (lookup(V->name()) == V)
+    LeafNames.erase(V->name());
   List.erase(std::find_if(List.begin(), List.end(),
                           [&](const auto &P) { return P.get() == V; }));
 }
@@ -179,6 +185,9 @@ unsigned Graph::removeUnusedConstants() {
     auto Dead = [&](const std::unique_ptr<Value> &V) {
       return !V->hasUsers() && !isOutput(V.get());
     };
+    for (const auto &V : *List)
+      if (Dead(V) && lookup(V->name()) == V.get())
+        LeafNames.erase(V->name());
     N += std::count_if(List->begin(), List->end(), Dead);
     List->erase(std::remove_if(List->begin(), List->end(), Dead), List->end());
   }

@@ -18,6 +18,7 @@
 #include "ir/Types.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/ADT/ilist.h"
 #include "llvm/ADT/ilist_node.h"
@@ -217,7 +218,12 @@ public:
 
 private:
   std::string Name;
+  Value *addLeaf(std::vector<std::unique_ptr<Value>> &List, Value::Kind K,
+                 std::string Name, TensorType T,
+                 std::shared_ptr<TensorData> Data);
+
   std::vector<std::unique_ptr<Value>> Inputs, Params, Consts;
+  llvm::StringMap<Value *> LeafNames; // index over the three lists above
   std::vector<Output> Outputs;
   NodeList Nodes;
   unsigned NextConstId = 0;

@@ -50,6 +50,16 @@ std::string shapeStr(ArrayRef<int64_t> S) {
   return R + "]";
 }
 
+/// Fails if a tensor of shape S (no negative dimensions) would have more
+/// elements than any machine could hold, so that sizes never overflow.
+Error expectSaneSize(ArrayRef<int64_t> S) {
+  int64_t N = 1;
+  for (int64_t D : S)
+    if (__builtin_mul_overflow(N, D, &N) || N > (int64_t(1) << 48))
+      return typeError(formatv("shape {0} is too large", shapeStr(S)));
+  return Error::success();
+}
+
 /// DType of an ONNX TensorProto data type (the numbers of onnx.proto).
 std::optional<DType> dtypeFromOnnx(int64_t T) {
   switch (T) {
@@ -457,8 +467,8 @@ Expected<TypeList> inferReshape(ArrayRef<Value *> Ops, const AttrList &Attrs) {
                                shapeStr(*Shape)));
     }
     Out.push_back(D);
-    if (D != -1)
-      Known *= D;
+    if (D != -1 && __builtin_mul_overflow(Known, D, &Known))
+      return typeError(formatv("shape {0} is too large", shapeStr(*Shape)));
   }
   int64_t Total = X.numElements();
   if (Inferred >= 0) {
@@ -490,6 +500,8 @@ Expected<TypeList> inferExpand(ArrayRef<Value *> Ops) {
   auto S = broadcastShapes(Ops[0]->type().Shape, *Shape);
   if (!S)
     return S.takeError();
+  if (auto E = expectSaneSize(*S))
+    return E;
   return TypeList{TensorType(Ops[0]->type().Dtype, *S)};
 }
 
@@ -505,6 +517,8 @@ Expected<TypeList> inferConstantOfShape(ArrayRef<Value *> Ops,
   if (any_of(*Shape, [](int64_t D) { return D < 0; }))
     return typeError(formatv("shape {0} has a negative dimension",
                              shapeStr(*Shape)));
+  if (auto E = expectSaneSize(*Shape))
+    return E;
   int64_t Code = Attrs.getInt("dtype", 1);
   auto D = dtypeFromOnnx(Code);
   if (!D)

@@ -45,7 +45,7 @@ public:
       if (Pos < Buf.size() && Buf[Pos] == '"') {
         T.Quoted = true;
         if (auto E = lexString(T.Text))
-          return std::move(E);
+          return E;
         return T;
       }
       size_t Start = Pos;
@@ -60,7 +60,7 @@ public:
     if (C == '"') {
       T.K = Token::String;
       if (auto E = lexString(T.Text))
-        return std::move(E);
+        return E;
       return T;
     }
     if (isDigit(C) || C == '-' || C == '+') {
@@ -178,28 +178,28 @@ public:
 
   Expected<std::unique_ptr<Graph>> parse() {
     if (auto E = consume())
-      return std::move(E);
+      return E;
     if (auto E = expectKeyword("graph"))
-      return std::move(E);
+      return E;
     if (Tok.K != Token::GraphRef)
       return fail("expected '@name' after 'graph'");
     auto G = std::make_unique<Graph>(Tok.Text);
     this->G = G.get();
     if (auto E = consume())
-      return std::move(E);
+      return E;
     if (auto E = expectPunct('{'))
-      return std::move(E);
+      return E;
     while (!(Tok.K == Token::Punct && Tok.P == '}')) {
       if (Tok.K == Token::Eof)
         return fail("expected '}' at the end of the graph");
       if (auto E = parseStatement())
-        return std::move(E);
+        return E;
     }
     if (auto E = consume())
-      return std::move(E);
+      return E;
     if (Tok.K != Token::Eof)
       return fail("unexpected text after the graph");
-    return std::move(G);
+    return G;
   }
 
 private:
@@ -236,7 +236,7 @@ private:
       return fail("expected a string");
     std::string S = Tok.Text;
     if (auto E = consume())
-      return std::move(E);
+      return E;
     return S;
   }
   Expected<int64_t> expectInt() {
@@ -245,7 +245,7 @@ private:
         StringRef(Tok.Text).getAsInteger(10, V))
       return fail("expected an integer");
     if (auto E = consume())
-      return std::move(E);
+      return E;
     return V;
   }
   Expected<double> expectNumber() {
@@ -266,7 +266,7 @@ private:
         return fail("malformed number '" + S + "'");
     }
     if (auto E = consume())
-      return std::move(E);
+      return E;
     return V;
   }
 
@@ -288,15 +288,15 @@ private:
     if (!D)
       return fail("unknown element type '" + Tok.Text + "'");
     if (auto E = consume())
-      return std::move(E);
+      return E;
     if (auto E = expectPunct('['))
-      return std::move(E);
+      return E;
     TensorType T;
     T.Dtype = *D;
     while (!isPunct(']')) {
       if (!T.Shape.empty())
         if (auto E = expectPunct(','))
-          return std::move(E);
+          return E;
       auto Dim = expectInt();
       if (!Dim)
         return Dim.takeError();
@@ -305,7 +305,7 @@ private:
       T.Shape.push_back(*Dim);
     }
     if (auto E = consume())
-      return std::move(E);
+      return E;
     return T;
   }
 
@@ -314,7 +314,7 @@ private:
     if (!isPunct('#'))
       return S;
     if (auto E = consume())
-      return std::move(E);
+      return E;
     if (isKeyword("replicated"))
       S.K = Sharding::Replicated;
     else if (isKeyword("partial"))
@@ -324,16 +324,16 @@ private:
     else
       return fail("expected 'replicated', 'partial' or 'split(d)'");
     if (auto E = consume())
-      return std::move(E);
+      return E;
     if (S.K == Sharding::Split) {
       if (auto E = expectPunct('('))
-        return std::move(E);
+        return E;
       auto D = expectInt();
       if (!D)
         return D.takeError();
       S.Dim = *D;
       if (auto E = expectPunct(')'))
-        return std::move(E);
+        return E;
     }
     return S;
   }
@@ -366,7 +366,7 @@ private:
     if (!V)
       return fail("use of undefined value '%" + Tok.Text + "'");
     if (auto E = consume())
-      return std::move(E);
+      return E;
     return V;
   }
 
@@ -409,48 +409,48 @@ private:
   Expected<std::shared_ptr<TensorData>> parsePayload(const TensorType &T) {
     if (isKeyword("external")) {
       if (auto E = consume())
-        return std::move(E);
+        return E;
       DataRef R;
       R.K = DataRef::External;
       if (auto E = expectPunct('('))
-        return std::move(E);
+        return E;
       auto Path = expectString();
       if (!Path)
         return Path.takeError();
       R.Path = *Path;
       if (auto E = expectPunct(','))
-        return std::move(E);
+        return E;
       auto Off = expectInt();
       if (!Off)
         return Off.takeError();
       if (auto E = expectPunct(','))
-        return std::move(E);
+        return E;
       auto Len = expectInt();
       if (!Len)
         return Len.takeError();
       if (auto E = expectPunct(')'))
-        return std::move(E);
+        return E;
       R.Offset = *Off;
       R.Length = *Len;
       return TensorData::makeRef(T, R);
     }
     if (isKeyword("onnx")) {
       if (auto E = consume())
-        return std::move(E);
+        return E;
       DataRef R;
       R.K = DataRef::OnnxInitializer;
       if (auto E = expectPunct('('))
-        return std::move(E);
+        return E;
       auto Path = expectString();
       if (!Path)
         return Path.takeError();
       if (auto E = expectPunct(','))
-        return std::move(E);
+        return E;
       auto Key = expectString();
       if (!Key)
         return Key.takeError();
       if (auto E = expectPunct(')'))
-        return std::move(E);
+        return E;
       R.Path = *Path;
       R.Key = *Key;
       return TensorData::makeRef(T, R);
@@ -507,16 +507,16 @@ private:
 
   Expected<std::shared_ptr<TensorData>> parseDense(const TensorType &T) {
     if (auto E = consume())
-      return std::move(E);
+      return E;
     if (auto E = expectPunct('<'))
-      return std::move(E);
+      return E;
     std::vector<char> Bytes;
     int64_t N = T.numElements();
     if (isKeyword("splat")) {
       if (auto E = consume())
-        return std::move(E);
+        return E;
       if (auto E = appendElement(T, Bytes))
-        return std::move(E);
+        return E;
       std::vector<char> One = Bytes;
       Bytes.clear();
       Bytes.reserve(One.size() * N);
@@ -524,25 +524,25 @@ private:
         Bytes.insert(Bytes.end(), One.begin(), One.end());
     } else if (isPunct('[')) {
       if (auto E = consume())
-        return std::move(E);
+        return E;
       while (!isPunct(']')) {
         if (!Bytes.empty())
           if (auto E = expectPunct(','))
-            return std::move(E);
+            return E;
         if (auto E = appendElement(T, Bytes))
-          return std::move(E);
+          return E;
       }
       if (auto E = consume())
-        return std::move(E);
+        return E;
     } else {
       if (auto E = appendElement(T, Bytes))
-        return std::move(E);
+        return E;
     }
     if (int64_t(Bytes.size()) != T.numBytes())
       return fail(formatv("dense data has {0} elements, the type {1} needs {2}",
                           Bytes.size() / dtypeSize(T.Dtype), T.str(), N));
     if (auto E = expectPunct('>'))
-      return std::move(E);
+      return E;
     return TensorData::makeInline(T, std::move(Bytes));
   }
 
@@ -570,7 +570,7 @@ private:
     }
     if (isPunct('[')) {
       if (auto E = consume())
-        return std::move(E);
+        return E;
       std::vector<int64_t> Ints;
       std::vector<double> Floats;
       bool AnyFloat = false;
@@ -578,7 +578,7 @@ private:
       while (!isPunct(']')) {
         if (N++)
           if (auto E = expectPunct(','))
-            return std::move(E);
+            return E;
         bool F = isFloatSpelling(Tok.Text) || Tok.K == Token::Ident;
         if (F) {
           auto V = expectNumber();
@@ -596,7 +596,7 @@ private:
         }
       }
       if (auto E = consume())
-        return std::move(E);
+        return E;
       if (AnyFloat)
         return Attribute(Floats);
       return Attribute(Ints);

@@ -8,6 +8,7 @@
 //     param %w1 : f32[64, 192] = external("/m/weights.bin", 0, 49152)
 //     const %eps : f32[] = dense<1e-05>
 //     const %ones : f32[4, 4] = dense<splat 1.0>
+//     state %adam.m.w1 : f32[64, 192]
 //     %0 : f32[4, 64, 64] = embedding(%wte, %idx) loc("Gather_3") [role = "embed"]
 //     %1 : f32[4, 64, 64] #split(1) = dropout(%0) {ratio = 0.1} [layer = 0]
 //     output "logits" = %57

@@ -194,6 +194,8 @@ void forEachStrided(ArrayRef<int64_t> Out, int64_t Base,
   int64_t In = Base;
   for (int64_t I = 0; I < N; ++I) {
     F(I, In);
+    if (I + 1 == N) // never step past the last element
+      break;
     for (int D = int(Out.size()) - 1; D >= 0; --D) {
       In += InStrides[D];
       if (++Idx[D] < Out[D])
@@ -508,7 +510,9 @@ Dense foldSlice(const Dense &X, ArrayRef<int64_t> Starts,
   int64_t Base = 0;
   for (int64_t D = 0; D < Rank; ++D) {
     Base += Start[D] * InStrides[D];
-    Strides[D] = Step[D] * InStrides[D];
+    // A step is only taken along axes with more than one element; there it
+    // is smaller than the dimension, so the stride cannot overflow.
+    Strides[D] = ResultType.Shape[D] > 1 ? Step[D] * InStrides[D] : 0;
   }
   Dense R(ResultType);
   if (R.size() == 0)

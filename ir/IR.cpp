@@ -34,6 +34,8 @@ std::optional<OpKind> parseOpName(StringRef Name) {
 
 bool isOnnxOp(OpKind K) { return opName(K).startswith("onnx."); }
 
+bool hasSideEffects(OpKind K) { return K == OpKind::AdamW; }
+
 static const char *const PhaseNames[] = {"fwd", "bwd", "recompute", "opt"};
 
 StringRef phaseName(Phase P) { return PhaseNames[unsigned(P)]; }
@@ -98,6 +100,14 @@ SmallVector<Value *, 2> Node::results() const {
   return R;
 }
 
+bool Node::isDead() const {
+  if (hasSideEffects(Op))
+    return false;
+  return none_of(Results, [&](const std::unique_ptr<Value> &V) {
+    return V->hasUsers() || Parent->isOutput(V.get());
+  });
+}
+
 std::string Node::describe() const {
   std::string S = "node ";
   S += Name.empty() ? std::string("<unnamed>") : "'" + Name + "'";
@@ -144,6 +154,11 @@ Value *Graph::addConst(std::string N, TensorType T,
                  std::move(Data));
 }
 
+Value *Graph::addState(std::string N, TensorType T) {
+  return addLeaf(States, Value::Kind::State, std::move(N), std::move(T),
+                 nullptr);
+}
+
 Value *Graph::addInlineConst(StringRef Hint, TensorType T,
                              std::vector<char> Bytes) {
   auto Data = TensorData::makeInline(T, std::move(Bytes));
@@ -172,7 +187,10 @@ bool Graph::isOutput(const Value *V) const {
 
 void Graph::eraseLeaf(Value *V) {
   assert(!V->hasUsers() && !isOutput(V) && "erasing a used leaf value");
-  auto &List = V->isParam() ? Params : V->isConst() ? Consts : Inputs;
+  auto &List = V->isParam()   ? Params
+               : V->isConst() ? Consts
+               : V->isState() ? States
+                              : Inputs;
   if (lookup(V->name()) == V)
     LeafNames.erase(V->name());
   List.erase(std::find_if(List.begin(), List.end(),
@@ -181,7 +199,7 @@ void Graph::eraseLeaf(Value *V) {
 
 unsigned Graph::removeUnusedConstants() {
   unsigned N = 0;
-  for (auto *List : {&Params, &Consts}) {
+  for (auto *List : {&Params, &Consts, &States}) {
     auto Dead = [&](const std::unique_ptr<Value> &V) {
       return !V->hasUsers() && !isOutput(V.get());
     };
@@ -208,6 +226,18 @@ Node *Graph::create(iterator InsertPt, OpKind Op, ArrayRef<Value *> Operands,
     N->Results.push_back(std::move(V));
   }
   Nodes.insert(InsertPt, N);
+  return N;
+}
+
+unsigned Graph::eraseDeadNodes() {
+  unsigned N = 0;
+  for (auto It = Nodes.rbegin(); It != Nodes.rend();) {
+    Node &Nd = *It++;
+    if (Nd.isDead()) {
+      erase(&Nd);
+      ++N;
+    }
+  }
   return N;
 }
 

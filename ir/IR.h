@@ -37,6 +37,9 @@ enum class OpKind : uint16_t {
 llvm::StringRef opName(OpKind K);
 std::optional<OpKind> parseOpName(llvm::StringRef Name);
 bool isOnnxOp(OpKind K);
+/// Ops that write to their operands (the optimizer update). They have no
+/// results and are never dead.
+bool hasSideEffects(OpKind K);
 
 enum class Phase : uint8_t { Forward, Backward, Recompute, Optimizer };
 llvm::StringRef phaseName(Phase P);
@@ -55,12 +58,16 @@ struct Use {
 
 class Value {
 public:
-  enum class Kind : uint8_t { Input, Param, Const, Result };
+  /// Input: fed every step. Param: trainable weight. Const: immutable data.
+  /// State: persistent, zero-initialised, updated in place (optimizer
+  /// moments). Result: produced by a node.
+  enum class Kind : uint8_t { Input, Param, Const, State, Result };
 
   Kind kind() const { return K; }
   bool isInput() const { return K == Kind::Input; }
   bool isParam() const { return K == Kind::Param; }
   bool isConst() const { return K == Kind::Const; }
+  bool isState() const { return K == Kind::State; }
   bool isResult() const { return K == Kind::Result; }
 
   const TensorType &type() const { return Type; }
@@ -137,6 +144,8 @@ public:
   const Tags &tags() const { return T; }
 
   Graph *parent() const { return Parent; }
+  /// No result is used or is a graph output, and the op has no side effects.
+  bool isDead() const;
   /// "node 'Name' (onnx.MatMul)" for diagnostics.
   std::string describe() const;
 
@@ -174,12 +183,14 @@ public:
                   std::shared_ptr<TensorData> Data);
   Value *addConst(std::string Name, TensorType T,
                   std::shared_ptr<TensorData> Data);
+  Value *addState(std::string Name, TensorType T);
   /// Adds an inline constant with a fresh unique name built from Hint.
   Value *addInlineConst(llvm::StringRef Hint, TensorType T,
                         std::vector<char> Bytes);
   llvm::ArrayRef<std::unique_ptr<Value>> inputs() const { return Inputs; }
   llvm::ArrayRef<std::unique_ptr<Value>> params() const { return Params; }
   llvm::ArrayRef<std::unique_ptr<Value>> consts() const { return Consts; }
+  llvm::ArrayRef<std::unique_ptr<Value>> states() const { return States; }
   /// Finds an input, parameter or constant by name.
   Value *lookup(llvm::StringRef Name) const;
   /// Removes parameters and constants that have no users.
@@ -195,6 +206,7 @@ public:
   void addOutput(std::string Name, Value *V) { Outputs.push_back({Name, V}); }
   llvm::ArrayRef<Output> outputs() const { return Outputs; }
   void setOutput(unsigned I, Value *V) { Outputs[I].V = V; }
+  void clearOutputs() { Outputs.clear(); }
   bool isOutput(const Value *V) const;
 
   // Nodes, in topological order.
@@ -212,6 +224,9 @@ public:
   }
   /// Erases a node whose results have no users.
   void erase(Node *N);
+  /// Erases every dead node (Node::isDead), sweeping backwards so that chains
+  /// go in one call. Returns how many.
+  unsigned eraseDeadNodes();
 
   /// A name not used by any input, parameter or constant.
   std::string uniqueLeafName(llvm::StringRef Hint);
@@ -222,8 +237,8 @@ private:
                  std::string Name, TensorType T,
                  std::shared_ptr<TensorData> Data);
 
-  std::vector<std::unique_ptr<Value>> Inputs, Params, Consts;
-  llvm::StringMap<Value *> LeafNames; // index over the three lists above
+  std::vector<std::unique_ptr<Value>> Inputs, Params, Consts, States;
+  llvm::StringMap<Value *> LeafNames; // index over the four lists above
   std::vector<Output> Outputs;
   NodeList Nodes;
   unsigned NextConstId = 0;

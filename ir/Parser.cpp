@@ -272,13 +272,15 @@ private:
 
   // Grammar.
   Error parseStatement() {
-    if (isKeyword("input") || isKeyword("param") || isKeyword("const"))
+    if (isKeyword("input") || isKeyword("param") || isKeyword("const") ||
+        isKeyword("state"))
       return parseLeaf();
     if (isKeyword("output"))
       return parseOutput();
     if (Tok.K == Token::ValueRef || Tok.K == Token::Ident)
       return parseNode();
-    return fail("expected 'input', 'param', 'const', 'output' or a node");
+    return fail(
+        "expected 'input', 'param', 'const', 'state', 'output' or a node");
   }
 
   Expected<TensorType> parseType() {
@@ -393,6 +395,8 @@ private:
     Value *V;
     if (Kind == "input") {
       V = G->addInput(Name.Text, *T);
+    } else if (Kind == "state") {
+      V = G->addState(Name.Text, *T);
     } else {
       if (auto E = expectPunct('='))
         return E;

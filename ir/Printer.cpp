@@ -60,6 +60,11 @@ public:
       printPayload(*V);
       OS << "\n";
     }
+    for (const auto &V : G.states()) {
+      OS << "  state ";
+      printLeafDecl(*V);
+      OS << "\n";
+    }
     for (const Node &N : G.nodes())
       printNode(N);
     for (const Graph::Output &O : G.outputs()) {

@@ -97,7 +97,9 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
     for (unsigned I : {1u, 2u})
       if (!Ops[I]->type().hasShape({H}))
         return typeError(formatv("operand {0} must have shape [{1}]", I, H));
-    return TypeList{Ops[0]->type()};
+    // y, and the statistics the backward uses (mean, 1/std per row, f32).
+    TensorType Stat(DType::F32, ArrayRef<int64_t>(Ops[0]->type().Shape).drop_back());
+    return TypeList{Ops[0]->type(), Stat, Stat};
   }
   case OpKind::Linear: {
     if (auto E = expectOperands(Ops, 2, 3))
@@ -152,10 +154,13 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
     if (auto E = expectRank(Ops[1], 1, 2))
       return std::move(E);
     const TensorType &A = Ops[0]->type(), &B = Ops[1]->type();
+    bool TransA = Attrs.getInt("trans_a", 0);
     bool TransB = Attrs.getInt("trans_b", 0);
+    int64_t M = TransA ? A.dim(-1) : A.dim(-2);
+    int64_t KA = TransA ? A.dim(-2) : A.dim(-1);
     int64_t K = TransB ? B.dim(-1) : B.dim(-2);
     int64_t N = TransB ? B.dim(-2) : B.dim(-1);
-    if (A.dim(-1) != K)
+    if (KA != K)
       return typeError(formatv("contraction sizes differ: {0} and {1}",
                                A.str(), B.str()));
     auto Batch = broadcastShapes(ArrayRef<int64_t>(A.Shape).drop_back(2),
@@ -163,7 +168,7 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
     if (!Batch)
       return Batch.takeError();
     TensorType T(A.Dtype, *Batch);
-    T.Shape.push_back(A.dim(-2));
+    T.Shape.push_back(M);
     T.Shape.push_back(N);
     return TypeList{T};
   }
@@ -176,8 +181,107 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
   case OpKind::Gelu:
   case OpKind::Scale:
   case OpKind::Softmax:
-  case OpKind::Dropout:
     return Same(1, 1);
+  case OpKind::Dropout: {
+    auto T = Same(1, 1);
+    if (T) // y, and the 1-byte keep mask the backward uses
+      T->push_back(TensorType(DType::U8, Ops[0]->type().Shape));
+    return T;
+  }
+  case OpKind::CrossEntropy: {
+    if (auto E = expectOperands(Ops, 2, 2))
+      return std::move(E);
+    const TensorType &L = Ops[0]->type(), &T = Ops[1]->type();
+    if (L.rank() < 1 || ArrayRef<int64_t>(L.Shape).drop_back() != ArrayRef<int64_t>(T.Shape) ||
+        isFloat(T.Dtype))
+      return typeError(formatv("targets {0} must be integers shaped like the "
+                               "logits {1} without the vocabulary axis",
+                               T.str(), L.str()));
+    return TypeList{TensorType(DType::F32, {})};
+  }
+  case OpKind::CrossEntropyGrad:
+    return Same(3, 3);
+  case OpKind::EmbeddingGrad: {
+    if (auto E = expectOperands(Ops, 2, 2))
+      return std::move(E);
+    int64_t V = Attrs.getInt("vocab", 0);
+    if (V <= 0)
+      return typeError("embedding_grad needs a positive 'vocab' attribute");
+    return TypeList{TensorType(Ops[1]->type().Dtype, {V, Ops[1]->type().dim(-1)})};
+  }
+  case OpKind::ReduceTo: {
+    if (auto E = expectOperands(Ops, 1, 1))
+      return std::move(E);
+    auto Shape = Attrs.getInts("shape");
+    auto B = broadcastShapes(Shape, Ops[0]->type().Shape);
+    if (!B)
+      return B.takeError();
+    if (ArrayRef<int64_t>(*B) != ArrayRef<int64_t>(Ops[0]->type().Shape))
+      return typeError("reduce_to: the target shape must broadcast to the "
+                       "operand's shape");
+    return TypeList{TensorType(Ops[0]->type().Dtype, Shape)};
+  }
+  case OpKind::LayerNormGrad: {
+    if (auto E = expectOperands(Ops, 5, 5))
+      return std::move(E);
+    const TensorType &X = Ops[1]->type();
+    TensorType Vec(X.Dtype, {X.dim(-1)});
+    return TypeList{X, Vec, Vec};
+  }
+  case OpKind::LinearGradW: {
+    if (auto E = expectOperands(Ops, 2, 2))
+      return std::move(E);
+    int64_t In = Ops[0]->type().dim(-1), Out = Ops[1]->type().dim(-1);
+    if (Attrs.getInt("trans_w", 0))
+      return TypeList{TensorType(Ops[0]->type().Dtype, {Out, In})};
+    return TypeList{TensorType(Ops[0]->type().Dtype, {In, Out})};
+  }
+  case OpKind::BiasGrad: {
+    if (auto E = expectOperands(Ops, 1, 1))
+      return std::move(E);
+    return TypeList{TensorType(Ops[0]->type().Dtype, {Ops[0]->type().dim(-1)})};
+  }
+  case OpKind::GeluGrad:
+  case OpKind::SoftmaxGrad:
+  case OpKind::DropoutGrad:
+    return Same(2, 2);
+  case OpKind::SplitHeadsGrad: {
+    if (auto E = expectOperands(Ops, 3, 3))
+      return std::move(E);
+    const TensorType &Q = Ops[0]->type();
+    if (Q.rank() != 4)
+      return typeError("split_heads_grad expects [batch, heads, seq, head size]");
+    return TypeList{TensorType(
+        Q.Dtype, {Q.Shape[0], Q.Shape[2], 3 * Q.Shape[1] * Q.Shape[3]})};
+  }
+  case OpKind::MergeHeadsGrad: {
+    if (auto E = expectOperands(Ops, 1, 1))
+      return std::move(E);
+    const TensorType &Y = Ops[0]->type();
+    int64_t Heads = Attrs.getInt("heads", 0);
+    if (Y.rank() != 3 || Heads <= 0 || Y.Shape[2] % Heads)
+      return typeError("merge_heads_grad expects [batch, seq, heads * head "
+                       "size] and a 'heads' attribute");
+    return TypeList{TensorType(
+        Y.Dtype, {Y.Shape[0], Heads, Y.Shape[1], Y.Shape[2] / Heads})};
+  }
+  case OpKind::GradNorm:
+    if (Ops.empty())
+      return typeError("grad_norm needs at least one gradient");
+    return TypeList{TensorType(DType::F32, {})};
+  case OpKind::AdamW: {
+    if (auto E = expectOperands(Ops, 7, 7))
+      return std::move(E);
+    for (unsigned I = 1; I < 4; ++I)
+      if (Ops[I]->type() != Ops[0]->type())
+        return typeError(formatv("operand {0} must have the parameter's type "
+                                 "{1}",
+                                 I, Ops[0]->type().str()));
+    for (unsigned I = 4; I < 7; ++I)
+      if (Ops[I]->type() != TensorType(DType::F32, {}))
+        return typeError(formatv("operand {0} must be an f32 scalar", I));
+    return TypeList{};
+  }
   default:
     break;
   }
@@ -195,10 +299,12 @@ Expected<TypeList> inferTypes(OpKind Op, ArrayRef<Value *> Operands,
 
 Expected<Node *> buildNode(Graph &G, Graph::iterator InsertPt, OpKind Op,
                            ArrayRef<Value *> Operands, AttrList Attrs,
-                           std::string Name) {
+                           std::string Name, unsigned MaxResults) {
   auto Types = inferTypes(Op, Operands, Attrs);
   if (!Types)
     return Types.takeError();
+  if (Types->size() > MaxResults)
+    Types->resize(MaxResults);
   Node *N = G.create(InsertPt, Op, Operands, *Types, std::move(Name));
   N->attrs() = std::move(Attrs);
   return N;

@@ -35,10 +35,12 @@ broadcastShapes(llvm::ArrayRef<int64_t> A, llvm::ArrayRef<int64_t> B);
 /// Fails if V is not a loaded constant.
 llvm::Expected<std::vector<int64_t>> constInts(const Value *V);
 
-/// Creates a node before InsertPt with inferred result types.
+/// Creates a node before InsertPt with inferred result types. MaxResults
+/// drops optional trailing results (layer_norm statistics, dropout mask).
 llvm::Expected<Node *> buildNode(Graph &G, Graph::iterator InsertPt, OpKind Op,
                                  llvm::ArrayRef<Value *> Operands,
-                                 AttrList Attrs, std::string Name = "");
+                                 AttrList Attrs, std::string Name = "",
+                                 unsigned MaxResults = ~0u);
 
 } // namespace sp
 

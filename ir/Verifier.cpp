@@ -21,7 +21,7 @@ Error verifyGraph(const Graph &G) {
       return verifyError(Kind + " without a name");
     if (!Names.insert(V.name()).second)
       return verifyError("duplicate name '" + V.name() + "'");
-    if (Kind != "input") {
+    if (Kind == "param" || Kind == "const") {
       if (!V.data())
         return verifyError(Kind + " '" + V.name() + "' has no data");
       if (V.data()->type() != V.type())
@@ -40,6 +40,9 @@ Error verifyGraph(const Graph &G) {
       return E;
   for (const auto &V : G.consts())
     if (auto E = CheckLeaf(*V, "const"))
+      return E;
+  for (const auto &V : G.states())
+    if (auto E = CheckLeaf(*V, "state"))
       return E;
 
   for (const Node &N : G.nodes()) {

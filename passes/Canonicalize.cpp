@@ -119,11 +119,15 @@ class Rewriter {
 public:
   explicit Rewriter(Graph &G) : G(G) {}
 
-  /// Builds a core op before Anchor; the result types are inferred.
+  /// Builds a core op before Anchor; the result types are inferred. Ops
+  /// with optional results (layer_norm statistics, the dropout mask) get
+  /// only their first: autodiff adds the others when it needs them.
   Node *build(Node *Anchor, OpKind Op, ArrayRef<Value *> Operands,
               AttrList Attrs = {}) {
+    unsigned MaxResults =
+        Op == OpKind::LayerNorm || Op == OpKind::Dropout ? 1 : ~0u;
     auto N = buildNode(G, Anchor->getIterator(), Op, Operands,
-                       std::move(Attrs), Anchor->name());
+                       std::move(Attrs), Anchor->name(), MaxResults);
     if (!N) {
       // Patterns check shapes before building; a failure here is a bug.
       report_fatal_error(Twine("canonicalize: ") + toString(N.takeError()));
@@ -763,33 +767,16 @@ bool addOp(Rewriter &R, Node &N) {
 // Driver
 //===----------------------------------------------------------------------===//
 
-unsigned eraseDeadNodes(Graph &G) {
-  unsigned N = 0;
-  auto &Nodes = G.nodes();
-  for (auto It = Nodes.rbegin(); It != Nodes.rend();) {
-    Node &Nd = *It++;
-    if (none_of(Nd.results(),
-                [&](Value *V) { return V->hasUsers() || G.isOutput(V); })) {
-      G.erase(&Nd);
-      ++N;
-    }
-  }
-  return N;
-}
-
 /// Applies the patterns until none matches; returns the number of rewrites.
 unsigned runPhase(Graph &G, ArrayRef<Pattern> Patterns) {
   Rewriter R(G);
   unsigned Total = 0;
   for (bool Changed = true; Changed;) {
     Changed = false;
-    eraseDeadNodes(G);
+    G.eraseDeadNodes();
     for (auto It = G.nodes().begin(); It != G.nodes().end();) {
       Node &N = *It++;
-      bool Dead = none_of(N.results(), [&](Value *V) {
-        return V->hasUsers() || G.isOutput(V);
-      });
-      if (Dead)
+      if (N.isDead())
         continue;
       for (const Pattern &P : Patterns)
         if (P(R, N)) {
@@ -799,7 +786,7 @@ unsigned runPhase(Graph &G, ArrayRef<Pattern> Patterns) {
         }
     }
   }
-  eraseDeadNodes(G);
+  G.eraseDeadNodes();
   G.removeUnusedConstants();
   return Total;
 }

@@ -1,7 +1,7 @@
 //===- DeadCodeElimination.cpp - Remove what no output needs --------------===//
 //
-// Walks the node list backwards, erasing nodes none of whose results is used
-// or is a graph output (ops have no side effects in this IR), then drops
+// Erases nodes none of whose results is used or is a graph output (except
+// ops with side effects, the optimizer update), then drops
 // parameters and constants left without users. Graph inputs are kept: they are
 // the model's interface.
 //
@@ -18,18 +18,7 @@ public:
   StringRef name() const override { return "dce"; }
 
   Error run(Graph &G, PassContext &Ctx) override {
-    unsigned Erased = 0;
-    auto &Nodes = G.nodes();
-    for (auto It = Nodes.rbegin(); It != Nodes.rend();) {
-      Node &N = *It++;
-      bool Live = any_of(N.results(), [&](Value *R) {
-        return R->hasUsers() || G.isOutput(R);
-      });
-      if (!Live) {
-        G.erase(&N);
-        ++Erased;
-      }
-    }
+    unsigned Erased = G.eraseDeadNodes();
     unsigned Leaves = G.removeUnusedConstants();
     *Ctx.Remarks << "dce: erased " << Erased << " nodes and " << Leaves
                  << " constants\n";

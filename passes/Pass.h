@@ -16,10 +16,18 @@
 
 namespace sp {
 
+/// Hyper-parameters of the optimizer pass (AdamW), set by the tools.
+struct OptimizerOptions {
+  double Beta1 = 0.9, Beta2 = 0.95, Eps = 1e-8;
+  double WeightDecay = 0.1; // matrices and embeddings only
+  double MaxGradNorm = 1.0; // global-norm clipping; 0 disables it
+};
+
 /// What passes may read besides the graph: user options and a stream for
 /// remarks. Options are plain values set by the tools.
 struct PassContext {
   llvm::raw_ostream *Remarks = &llvm::nulls();
+  OptimizerOptions Optimizer;
 };
 
 class Pass {

@@ -1,0 +1,349 @@
+//===- Kernels.h - CPU kernels of every op, forward and backward -*- C++ -*-===//
+//
+// The reference backend, kept plain as in llm.c: each op's forward and its
+// backward side by side, raw contiguous row-major pointers and explicit
+// sizes, no allocation. GEMMs go through OpenBLAS (cblas); everything else is
+// a simple loop. Each kernel is a template over the element type T in
+// {float, double}, both instantiated: float is the runtime, double exists for
+// the finite-difference tests. Reductions (means, variances, softmax sums,
+// losses, norms) accumulate in double whatever T is.
+//
+// Conventions:
+//  - Arguments: outputs first, then inputs, then sizes, then attributes.
+//  - "rows" is the product of all leading dimensions.
+//  - Gradient accumulation rule: gradients of parameters ACCUMULATE (+=) into
+//    their buffer (dW, db, dgamma, dbeta, dtable), so the caller zeroes them
+//    once per step and microbatches sum for free; every other output,
+//    activation gradients included, is OVERWRITTEN (=).
+//  - Kernels that can reject their data (ids, targets, shapes, keys) return a
+//    Status; its Message is a static string naming the cause. Misuse that is a
+//    bug in the caller (negative sizes, a GEMM dimension over INT_MAX) aborts
+//    with file:line and a hint.
+//  - Outputs may not alias inputs unless a kernel says so (the elementwise
+//    ones allow Y == X).
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_CPU_KERNELS_H
+#define SP_RUNTIME_CPU_KERNELS_H
+
+#include <cstdint>
+#include <span>
+
+namespace sp::cpu {
+
+/// The result of a kernel that validates its input. Message is nullptr on
+/// success, else a static string; Index and Value locate the bad element
+/// (e.g. the position of an out-of-range id and the id itself).
+struct [[nodiscard]] Status {
+  const char *Message = nullptr;
+  int64_t Index = -1;
+  int64_t Value = 0;
+
+  bool ok() const { return Message == nullptr; }
+  static Status success() { return {}; }
+  static Status error(const char *Msg, int64_t Index = -1, int64_t Value = 0) {
+    return {Msg, Index, Value};
+  }
+};
+
+/// The highest rank of the shape-generic kernels (reduceToShape,
+/// addBroadcast, GlobalIndex).
+constexpr int MaxRank = 6;
+
+/// Shapes are spans of dimension sizes.
+using Shape = std::span<const int64_t>;
+
+//===----------------------------------------------------------------------===//
+// GEMM
+//===----------------------------------------------------------------------===//
+
+/// Row-major C[M,N] = Alpha * op(A)[M,K] * op(B)[K,N] + Beta * C, where
+/// op(A) = A (stored [M,K], leading dimension Lda) or A^T (stored [K,M]) and
+/// likewise for B. Beta = 0 overwrites C (NaNs in C are not propagated).
+template <typename T>
+void gemm(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K, T Alpha,
+          const T *A, int64_t Lda, const T *B, int64_t Ldb, T Beta, T *C,
+          int64_t Ldc);
+
+//===----------------------------------------------------------------------===//
+// 1. Embedding
+//===----------------------------------------------------------------------===//
+
+/// Y[n, :] = Table[Ids[n], :] for n < N (N = B*S), Table[V, H].
+/// Error "embedding id out of range" (Index = n, Value = id) if an id is not
+/// in [0, V); Y is then untouched.
+template <typename T>
+Status embedding(T *Y, const T *Table, const int64_t *Ids, int64_t N,
+                 int64_t V, int64_t H);
+
+/// DTable[v, :] += sum over n with Ids[n] == v of DY[n, :]  (accumulates).
+/// Same error as the forward; DTable is then untouched.
+template <typename T>
+Status embeddingBackward(T *DTable, const T *DY, const int64_t *Ids,
+                         int64_t N, int64_t V, int64_t H);
+
+//===----------------------------------------------------------------------===//
+// 2. Add and its broadcast reduction
+//===----------------------------------------------------------------------===//
+
+/// Y[i] = A[i] + B[i], i < N. Y may alias A or B.
+template <typename T> void add(T *Y, const T *A, const T *B, int64_t N);
+
+/// Y[YShape] = A[AShape] + B[BShape] with numpy broadcasting: shapes align
+/// on the right, and each input dimension is 1 or equal to Y's. Errors on
+/// shapes that do not broadcast to YShape or rank > MaxRank. No aliasing.
+template <typename T>
+Status addBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
+                    Shape BShape);
+
+/// The backward of a broadcast: DX[XShape] = sum of DY[YShape] over the
+/// dimensions XShape broadcasts along (missing leading dims and dims of size 1
+/// that are not 1 in YShape). Same shape errors as addBroadcast.
+template <typename T>
+Status reduceToShape(T *DX, Shape XShape, const T *DY, Shape YShape);
+
+//===----------------------------------------------------------------------===//
+// 3. LayerNorm over the last axis
+//===----------------------------------------------------------------------===//
+
+/// For each row r of X[Rows, H]:
+///   Mean[r] = sum_j X[r,j] / H
+///   Rstd[r] = 1 / sqrt(sum_j (X[r,j] - Mean[r])^2 / H + Eps)   (biased var)
+///   Y[r,j]  = (X[r,j] - Mean[r]) * Rstd[r] * Gamma[j] + Beta[j]
+/// Gamma == nullptr means 1, Beta == nullptr means 0. Mean and Rstd may be
+/// nullptr when not needed.
+template <typename T>
+void layerNorm(T *Y, T *Mean, T *Rstd, const T *X, const T *Gamma,
+               const T *Beta, int64_t Rows, int64_t H, double Eps);
+
+/// With xhat = (X - Mean) * Rstd and g = DY * Gamma (per row):
+///   DX     = Rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))   (overwrites)
+///   DGamma += sum_rows DY * xhat,   DBeta += sum_rows DY        (accumulate)
+/// DX, DGamma, DBeta may each be nullptr (not computed); Gamma == nullptr
+/// means 1.
+template <typename T>
+void layerNormBackward(T *DX, T *DGamma, T *DBeta, const T *DY, const T *X,
+                       const T *Gamma, const T *Mean, const T *Rstd,
+                       int64_t Rows, int64_t H);
+
+//===----------------------------------------------------------------------===//
+// 4. Linear
+//===----------------------------------------------------------------------===//
+
+/// Y[Rows, Out] = X[Rows, In] * W^T + Bias  if TransW (W stored [Out, In], the
+///                                          torch layout)
+///              = X[Rows, In] * W   + Bias  otherwise (W stored [In, Out]).
+/// Bias[Out] may be nullptr.
+template <typename T>
+void linear(T *Y, const T *X, const T *W, const T *Bias, int64_t Rows,
+            int64_t In, int64_t Out, bool TransW);
+
+/// DX[Rows, In] = DY[Rows, Out] * W   if TransW   (overwrites)
+///              = DY * W^T             otherwise.
+/// This is linear(DY, W, trans_w = !TransW), which is how autodiff emits it.
+template <typename T>
+void linearBackwardInput(T *DX, const T *DY, const T *W, int64_t Rows,
+                         int64_t In, int64_t Out, bool TransW);
+
+/// DW[Out, In] += DY^T * X   if TransW       (accumulates)
+/// DW[In, Out] += X^T * DY   otherwise.
+template <typename T>
+void linearBackwardWeight(T *DW, const T *X, const T *DY, int64_t Rows,
+                          int64_t In, int64_t Out, bool TransW);
+
+/// DBias[Out] += sum_rows DY[Rows, Out]   (accumulates).
+template <typename T>
+void biasBackward(T *DBias, const T *DY, int64_t Rows, int64_t Out);
+
+//===----------------------------------------------------------------------===//
+// 5. GELU
+//===----------------------------------------------------------------------===//
+
+enum class GeluApprox { None, Tanh };
+
+/// None: Y = 0.5 x (1 + erf(x / sqrt 2))
+/// Tanh: Y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
+/// Y may alias X.
+template <typename T>
+void gelu(T *Y, const T *X, int64_t N, GeluApprox Approx);
+
+/// DX = DY * gelu'(X), the exact derivative of the chosen form:
+/// None: 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi)
+/// Tanh: 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 0.044715 x^2)
+/// DX may alias DY.
+template <typename T>
+void geluBackward(T *DX, const T *X, const T *DY, int64_t N,
+                  GeluApprox Approx);
+
+//===----------------------------------------------------------------------===//
+// 6. Head layouts (D = H / Heads)
+//===----------------------------------------------------------------------===//
+
+/// QKV[B, S, 3H] -> Q, K, V [B, Heads, S, D]:
+///   Q[b,a,s,t] = QKV[b, s, 0H + a D + t]
+///   K[b,a,s,t] = QKV[b, s, 1H + a D + t]
+///   V[b,a,s,t] = QKV[b, s, 2H + a D + t]
+template <typename T>
+void splitHeads(T *Q, T *K, T *V, const T *QKV, int64_t B, int64_t S,
+                int64_t Heads, int64_t D);
+
+/// The inverse permutation: DQKV[B, S, 3H] from DQ, DK, DV [B, Heads, S, D]
+/// (overwrites).
+template <typename T>
+void splitHeadsBackward(T *DQKV, const T *DQ, const T *DK, const T *DV,
+                        int64_t B, int64_t S, int64_t Heads, int64_t D);
+
+/// X[B, Heads, S, D] -> Y[B, S, Heads * D]: Y[b, s, a D + t] = X[b, a, s, t].
+template <typename T>
+void mergeHeads(T *Y, const T *X, int64_t B, int64_t S, int64_t Heads,
+                int64_t D);
+
+/// The inverse: DX[b, a, s, t] = DY[b, s, a D + t] (overwrites).
+template <typename T>
+void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S,
+                        int64_t Heads, int64_t D);
+
+//===----------------------------------------------------------------------===//
+// 7. Batched matrix product
+//===----------------------------------------------------------------------===//
+
+/// C[p, M, N] = op(A)[p] * op(B)[p] for p < Batch, where A is stored
+/// [Batch, M, K] (or [Batch, K, M] if TransA) and B [Batch, K, N] (or
+/// [Batch, N, K] if TransB). The backward is batchMatMul again (autodiff's
+/// rules), e.g. for C = A B: dA = bmm(dC, B, transB), dB = bmm(A, dC, transA).
+template <typename T>
+void batchMatMul(T *C, const T *A, const T *B, int64_t Batch, int64_t M,
+                 int64_t N, int64_t K, bool TransA, bool TransB);
+
+//===----------------------------------------------------------------------===//
+// 8. Scale
+//===----------------------------------------------------------------------===//
+
+/// Y = Alpha * X. Its own backward (DX = Alpha * DY). Y may alias X.
+template <typename T> void scale(T *Y, const T *X, int64_t N, double Alpha);
+
+//===----------------------------------------------------------------------===//
+// 9. Causal mask
+//===----------------------------------------------------------------------===//
+
+/// X[Batch, Sq, Sk]: Y[p, i, j] = Fill if K0 + j > Q0 + i, else X[p, i, j].
+/// Row i is global query Q0 + i and column j global key K0 + j, so blocks of a
+/// sequence-sharded score matrix mask consistently. The backward is
+/// causalMask(DY, Fill = 0). Y may alias X.
+template <typename T>
+void causalMask(T *Y, const T *X, int64_t Batch, int64_t Sq, int64_t Sk,
+                double Fill, int64_t Q0 = 0, int64_t K0 = 0);
+
+//===----------------------------------------------------------------------===//
+// 10. Softmax over the last axis
+//===----------------------------------------------------------------------===//
+
+/// Y[r, j] = exp(X[r,j] - m) / sum_k exp(X[r,k] - m), m = max_k X[r,k].
+/// A row that is all -inf gives all zeros (not NaN). Y may alias X.
+template <typename T>
+void softmax(T *Y, const T *X, int64_t Rows, int64_t N);
+
+/// DX[r, :] = Y[r, :] * (DY[r, :] - sum_j DY[r,j] Y[r,j]). DX may alias DY.
+template <typename T>
+void softmaxBackward(T *DX, const T *Y, const T *DY, int64_t Rows, int64_t N);
+
+//===----------------------------------------------------------------------===//
+// 11. Dropout
+//===----------------------------------------------------------------------===//
+
+/// What a dropout mask is keyed by (see Philox.h for the exact mapping).
+/// Layer and Site must be < 2^16.
+struct DropoutKey {
+  uint64_t Seed = 0;
+  uint32_t Layer = 0;
+  uint32_t Site = 0;
+  uint32_t Stream = 0; // e.g. the microbatch (and step) index
+};
+
+/// Where a local tensor sits in the global (unsharded) one: the local tensor
+/// is the block [Offset, Offset + Local) of a tensor of shape Global, and
+/// local element (i0, .., i{r-1}) is global element (Offset0 + i0, ..), whose
+/// global index is its row-major index in Global.
+struct GlobalIndex {
+  int Rank = 0;
+  int64_t Global[MaxRank] = {};
+  int64_t Local[MaxRank] = {};
+  int64_t Offset[MaxRank] = {};
+
+  /// The unsharded tensor of this shape.
+  static GlobalIndex whole(Shape S);
+  /// The block of shape LocalShape at Off in a tensor of shape GlobalShape.
+  static GlobalIndex block(Shape GlobalShape, Shape LocalShape, Shape Off);
+  /// Elements of the local block.
+  int64_t numLocal() const;
+  /// Errors on rank > MaxRank, negative sizes or a block outside Global.
+  Status check() const;
+};
+
+/// Y = X * Mask / (1 - Ratio), Mask[e] = 1 iff philox::uniform(word of the
+/// global index of e) >= Ratio (Philox.h). N = G.numLocal(). Mask may be
+/// nullptr (then it is only used internally). Ratio >= 1 drops everything
+/// (Y = 0). Errors on Ratio outside [0, 1], Layer or Site >= 2^16, or a bad G.
+/// Y may alias X.
+template <typename T>
+Status dropout(T *Y, uint8_t *Mask, const T *X, double Ratio,
+               const DropoutKey &K, const GlobalIndex &G);
+
+/// Only the mask of dropout (e.g. to regenerate it in a recomputation).
+Status dropoutMask(uint8_t *Mask, double Ratio, const DropoutKey &K,
+                   const GlobalIndex &G);
+
+/// DX = DY * Mask / (1 - Ratio) (0 when Ratio >= 1). DX may alias DY.
+template <typename T>
+void dropoutBackward(T *DX, const T *DY, const uint8_t *Mask, int64_t N,
+                     double Ratio);
+
+//===----------------------------------------------------------------------===//
+// 12. Cross entropy
+//===----------------------------------------------------------------------===//
+
+/// Logits[N, V] of which the first ValidV columns are the vocabulary and the
+/// rest padding (treated as -inf). With lse_n = log sum_{j<ValidV} exp(l[n,j]):
+///   Loss = (1/N) sum_n (lse_n - Logits[n, Targets[n]])   (double accumulation)
+/// Error "cross entropy target out of range" (Index = n, Value = target) if a
+/// target is not in [0, ValidV); errors on N <= 0 or ValidV not in [1, V].
+template <typename T>
+Status crossEntropy(T *Loss, const T *Logits, const int64_t *Targets,
+                    int64_t N, int64_t V, int64_t ValidV);
+
+/// DLogits[n, j] = DLoss * (softmax_j(Logits[n, :ValidV]) - [j == t_n]) / N
+/// for j < ValidV, 0 for the padding columns (overwrites). Same errors.
+template <typename T>
+Status crossEntropyBackward(T *DLogits, const T *Logits,
+                            const int64_t *Targets, double DLoss, int64_t N,
+                            int64_t V, int64_t ValidV);
+
+//===----------------------------------------------------------------------===//
+// 13. Optimizer
+//===----------------------------------------------------------------------===//
+
+/// sum_i G[i]^2 in double (the global gradient norm is the square root of
+/// the sum over all gradients and ranks).
+template <typename T> double sumSquares(const T *G, int64_t N);
+
+/// torch.nn.utils.clip_grad_norm_'s coefficient, computed in T as torch does
+/// on T tensors: min(1, (1 / (TotalNorm + 1e-6)) * MaxNorm). (torch evaluates
+/// max_norm / x as x.reciprocal() * max_norm.)
+template <typename T> T clipCoefficient(T TotalNorm, T MaxNorm);
+
+/// One torch.optim.AdamW step (Loshchilov & Hutter), in place, Step >= 1:
+///   g  = G * GradScale                       (GradScale: clipCoefficient)
+///   P  = P * (1 - Lr * WeightDecay)          (decoupled weight decay)
+///   M  = Beta1 M + (1 - Beta1) g
+///   V  = Beta2 V + (1 - Beta2) g^2
+///   P -= (Lr / (1 - Beta1^Step)) * M / (sqrt(V) / sqrt(1 - Beta2^Step) + Eps)
+/// The last line is lr * mhat / (sqrt(vhat) + eps) evaluated in torch's order;
+/// scalar factors are computed in double as torch computes them in Python.
+template <typename T>
+void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
+           double Beta2, double Eps, double WeightDecay, double GradScale,
+           int64_t Step);
+
+} // namespace sp::cpu
+
+#endif // SP_RUNTIME_CPU_KERNELS_H

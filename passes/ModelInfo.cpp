@@ -39,7 +39,7 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   M.Tied = Head->operand(1) == Embed->operand(0);
   for (const Node &N : G.nodes()) {
     int L = N.tags().Layer;
-    if (L < 0)
+    if (L < 0 || N.tags().Ph != Phase::Forward)
       continue;
     if (size_t(L) >= M.LayerRoles.size())
       M.LayerRoles.resize(L + 1);

@@ -9,9 +9,10 @@ namespace sp {
 #define SP_PASS(Name, Factory, Summary) std::unique_ptr<Pass> Factory();
 #include "passes/Passes.def"
 
-/// The default pipeline of sp-compile, as a --passes list.
+/// The default pipeline of sp-compile, as a --passes list: import clean-up
+/// and detection, then the training graph.
 constexpr const char *DefaultPipeline =
-    "constant-fold,canonicalize,dce,detect-transformer";
+    "constant-fold,canonicalize,dce,detect-transformer,autodiff,optimizer";
 
 } // namespace sp
 

@@ -1,4 +1,4 @@
-//===- Kernels.h - CPU kernels of every op, forward and backward -*- C++ -*-===//
+//===- Kernels.h - CPU kernels, forward and backward ------------*- C++ -*-===//
 //
 // The reference backend, kept plain as in llm.c: each op's forward and its
 // backward side by side, raw contiguous row-major pointers and explicit
@@ -73,14 +73,14 @@ void gemm(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K, T Alpha,
 /// Error "embedding id out of range" (Index = n, Value = id) if an id is not
 /// in [0, V); Y is then untouched.
 template <typename T>
-Status embedding(T *Y, const T *Table, const int64_t *Ids, int64_t N,
-                 int64_t V, int64_t H);
+Status embedding(T *Y, const T *Table, const int64_t *Ids, int64_t N, int64_t V,
+                 int64_t H);
 
 /// DTable[v, :] += sum over n with Ids[n] == v of DY[n, :]  (accumulates).
 /// Same error as the forward; DTable is then untouched.
 template <typename T>
-Status embeddingBackward(T *DTable, const T *DY, const int64_t *Ids,
-                         int64_t N, int64_t V, int64_t H);
+Status embeddingBackward(T *DTable, const T *DY, const int64_t *Ids, int64_t N,
+                         int64_t V, int64_t H);
 
 //===----------------------------------------------------------------------===//
 // 2. Add and its broadcast reduction
@@ -164,16 +164,15 @@ enum class GeluApprox { None, Tanh };
 /// None: Y = 0.5 x (1 + erf(x / sqrt 2))
 /// Tanh: Y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
 /// Y may alias X.
-template <typename T>
-void gelu(T *Y, const T *X, int64_t N, GeluApprox Approx);
+template <typename T> void gelu(T *Y, const T *X, int64_t N, GeluApprox Approx);
 
 /// DX = DY * gelu'(X), the exact derivative of the chosen form:
 /// None: 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi)
-/// Tanh: 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 0.044715 x^2)
+/// Tanh: 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u'(x),
+///       u'(x) = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 /// DX may alias DY.
 template <typename T>
-void geluBackward(T *DX, const T *X, const T *DY, int64_t N,
-                  GeluApprox Approx);
+void geluBackward(T *DX, const T *X, const T *DY, int64_t N, GeluApprox Approx);
 
 //===----------------------------------------------------------------------===//
 // 6. Head layouts (D = H / Heads)
@@ -200,8 +199,8 @@ void mergeHeads(T *Y, const T *X, int64_t B, int64_t S, int64_t Heads,
 
 /// The inverse: DX[b, a, s, t] = DY[b, s, a D + t] (overwrites).
 template <typename T>
-void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S,
-                        int64_t Heads, int64_t D);
+void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S, int64_t Heads,
+                        int64_t D);
 
 //===----------------------------------------------------------------------===//
 // 7. Batched matrix product
@@ -240,8 +239,7 @@ void causalMask(T *Y, const T *X, int64_t Batch, int64_t Sq, int64_t Sk,
 
 /// Y[r, j] = exp(X[r,j] - m) / sum_k exp(X[r,k] - m), m = max_k X[r,k].
 /// A row that is all -inf gives all zeros (not NaN). Y may alias X.
-template <typename T>
-void softmax(T *Y, const T *X, int64_t Rows, int64_t N);
+template <typename T> void softmax(T *Y, const T *X, int64_t Rows, int64_t N);
 
 /// DX[r, :] = Y[r, :] * (DY[r, :] - sum_j DY[r,j] Y[r,j]). DX may alias DY.
 template <typename T>
@@ -308,15 +306,14 @@ void dropoutBackward(T *DX, const T *DY, const uint8_t *Mask, int64_t N,
 /// Error "cross entropy target out of range" (Index = n, Value = target) if a
 /// target is not in [0, ValidV); errors on N <= 0 or ValidV not in [1, V].
 template <typename T>
-Status crossEntropy(T *Loss, const T *Logits, const int64_t *Targets,
-                    int64_t N, int64_t V, int64_t ValidV);
+Status crossEntropy(T *Loss, const T *Logits, const int64_t *Targets, int64_t N,
+                    int64_t V, int64_t ValidV);
 
 /// DLogits[n, j] = DLoss * (softmax_j(Logits[n, :ValidV]) - [j == t_n]) / N
 /// for j < ValidV, 0 for the padding columns (overwrites). Same errors.
 template <typename T>
-Status crossEntropyBackward(T *DLogits, const T *Logits,
-                            const int64_t *Targets, double DLoss, int64_t N,
-                            int64_t V, int64_t ValidV);
+Status crossEntropyBackward(T *DLogits, const T *Logits, const int64_t *Targets,
+                            double DLoss, int64_t N, int64_t V, int64_t ValidV);
 
 //===----------------------------------------------------------------------===//
 // 13. Optimizer

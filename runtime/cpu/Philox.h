@@ -48,7 +48,8 @@ constexpr uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u; // Weyl key bumps
 
 /// One round: (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0) with
 /// hi0:lo0 = M0 * c0 and hi1:lo1 = M1 * c2.
-SP_HOST_DEVICE constexpr Words4 philoxRound(Words4 C, uint32_t K0, uint32_t K1) {
+SP_HOST_DEVICE constexpr Words4 philoxRound(Words4 C, uint32_t K0,
+                                            uint32_t K1) {
   uint64_t P0 = uint64_t(M0) * C.V[0];
   uint64_t P1 = uint64_t(M1) * C.V[2];
   uint32_t Hi0 = uint32_t(P0 >> 32), Lo0 = uint32_t(P0);
@@ -71,9 +72,8 @@ SP_HOST_DEVICE constexpr Words4 philox4x32_10(Words4 Ctr, uint32_t K0,
 
 /// The Philox counter of the block holding global element Index (see the
 /// file comment).
-SP_HOST_DEVICE constexpr Words4 dropoutCounter(uint32_t Layer, uint32_t Site,
-                                               uint32_t Stream,
-                                               uint64_t Index) {
+SP_HOST_DEVICE constexpr Words4
+dropoutCounter(uint32_t Layer, uint32_t Site, uint32_t Stream, uint64_t Index) {
   uint64_t Block = Index >> 2;
   return Words4{{uint32_t(Block), uint32_t(Block >> 32),
                  (Layer & 0xFFFFu) | (Site << 16), Stream}};

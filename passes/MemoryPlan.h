@@ -1,0 +1,31 @@
+//===- MemoryPlan.h - Arena offsets from liveness --------------*- C++ -*-===//
+#ifndef SP_PASSES_MEMORYPLAN_H
+#define SP_PASSES_MEMORYPLAN_H
+
+#include "runtime/Program.h"
+
+namespace sp {
+
+/// Alignment of every buffer in the arena.
+constexpr int64_t ArenaAlignment = 64;
+
+/// Assigns every buffer an offset in one arena and sets PersistentBytes and
+/// ArenaBytes (the planned peak).
+///
+/// Persistent buffers (inputs, parameters, optimizer state, constants) are
+/// laid out first, for the whole program. Temporaries live from the
+/// instruction that defines them to their last use (outputs: to the end);
+/// they are placed largest first, each at the lowest offset that does not
+/// overlap a placed temporary whose live range intersects its own (greedy
+/// by size, as in TFLite's arena planner). An instruction's outputs never
+/// share memory with its inputs, because their live ranges touch at that
+/// instruction.
+void planMemory(Program &P);
+
+/// The largest total size of temporaries live at the same instruction: a
+/// lower bound for any placement, reported beside the arena peak.
+int64_t peakLiveTempBytes(const Program &P);
+
+} // namespace sp
+
+#endif // SP_PASSES_MEMORYPLAN_H

@@ -1,0 +1,35 @@
+//===- Plan.h - The plan directory ------------------------------*- C++ -*-===//
+//
+//   PLAN/manifest.json   format version, model facts, options, arena size
+//   PLAN/program.json    the program (runtime/Program.h)
+//
+// The directory is written atomically: into a temporary directory beside it,
+// then renamed into place, so a failed compile leaves nothing behind and an
+// existing plan is replaced whole.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_PLAN_H
+#define SP_RUNTIME_PLAN_H
+
+#include "runtime/Program.h"
+#include "llvm/Support/Error.h"
+#include <nlohmann/json.hpp>
+
+namespace sp {
+
+struct Plan {
+  /// manifest.json: "format_version", "model" {layers, hidden, ...},
+  /// "dtype", "source", "arena_bytes", ... Extra keys are kept as is.
+  nlohmann::json Manifest;
+  Program Prog;
+};
+
+llvm::Error writePlan(llvm::StringRef Dir, const Plan &P);
+
+/// Reads and checks a plan: the directory, the format version (a plan from
+/// another version is refused with the versions named), the program.
+llvm::Expected<Plan> readPlan(llvm::StringRef Dir);
+
+} // namespace sp
+
+#endif // SP_RUNTIME_PLAN_H

@@ -1,0 +1,910 @@
+//===- KernelsTest.cpp - The CPU kernels, forward and backward ------------===//
+//
+// Every backward kernel is checked against central finite differences in
+// double precision on a random projection loss L = sum(W * Y), so that every
+// output element matters. Then: the Philox known-answer vectors, the layout
+// invariance of the dropout masks, AdamW against a hand computation, and the
+// float instantiation against the double one.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Philox.h"
+#include "gtest/gtest.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace sp::cpu;
+
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec randVec(size_t N, uint64_t Seed, double Lo = -1.0, double Hi = 1.0) {
+  std::mt19937_64 Gen(Seed);
+  std::uniform_real_distribution<double> U(Lo, Hi);
+  Vec V(N);
+  for (double &X : V)
+    X = U(Gen);
+  return V;
+}
+
+double dotv(const Vec &A, const Vec &B) {
+  double S = 0;
+  for (size_t I = 0; I < A.size(); ++I)
+    S += A[I] * B[I];
+  return S;
+}
+
+std::vector<float> toFloat(const Vec &V) {
+  return std::vector<float>(V.begin(), V.end());
+}
+
+/// Checks Grad = dL/dX by central differences: the relative error in norm
+/// and the worst element (relative to the largest gradient entry).
+void expectGradient(const char *What, Vec &X, const Vec &Grad,
+                    const std::function<double()> &Loss, double Eps = 1e-6,
+                    double Tol = 1e-6) {
+  ASSERT_EQ(X.size(), Grad.size()) << What;
+  double Diff2 = 0, Ref2 = 0, MaxDiff = 0, MaxRef = 0;
+  for (size_t I = 0; I < X.size(); ++I) {
+    double Saved = X[I];
+    X[I] = Saved + Eps;
+    double Lp = Loss();
+    X[I] = Saved - Eps;
+    double Lm = Loss();
+    X[I] = Saved;
+    double Num = (Lp - Lm) / (2 * Eps);
+    Diff2 += (Num - Grad[I]) * (Num - Grad[I]);
+    Ref2 += Num * Num;
+    MaxDiff = std::max(MaxDiff, std::fabs(Num - Grad[I]));
+    MaxRef = std::max(MaxRef, std::fabs(Num));
+  }
+  ASSERT_GT(Ref2, 0.0) << What << ": the loss does not depend on the input";
+  EXPECT_LT(std::sqrt(Diff2 / Ref2), Tol) << What;
+  EXPECT_LT(MaxDiff, Tol * std::max(1.0, MaxRef)) << What;
+}
+
+/// Relative closeness of a float result to the double one.
+void expectClose(const std::vector<float> &F, const Vec &D, double Tol,
+                 const char *What) {
+  ASSERT_EQ(F.size(), D.size());
+  for (size_t I = 0; I < D.size(); ++I)
+    EXPECT_NEAR(F[I], D[I], Tol * std::max(1.0, std::fabs(D[I])))
+        << What << " at " << I;
+}
+
+void expectOk(const Status &S) { EXPECT_TRUE(S.ok()) << S.Message; }
+
+//===----------------------------------------------------------------------===//
+// Philox
+//===----------------------------------------------------------------------===//
+
+using sp::philox::Words4;
+
+void expectWords(Words4 Got, uint32_t A, uint32_t B, uint32_t C, uint32_t D) {
+  EXPECT_EQ(Got.V[0], A);
+  EXPECT_EQ(Got.V[1], B);
+  EXPECT_EQ(Got.V[2], C);
+  EXPECT_EQ(Got.V[3], D);
+}
+
+TEST(CpuPhiloxTest, KnownAnswers) {
+  // Random123's kat_vectors for philox4x32_10.
+  expectWords(sp::philox::philox4x32_10(Words4{{0, 0, 0, 0}}, 0, 0), 0x6627e8d5,
+              0xe169c58d, 0xbc57ac4c, 0x9b00dbd8);
+  expectWords(sp::philox::philox4x32_10(
+                  Words4{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}},
+                  0xffffffff, 0xffffffff),
+              0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd);
+  expectWords(sp::philox::philox4x32_10(
+                  Words4{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}},
+                  0xa4093822, 0x299f31d0),
+              0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1);
+}
+
+// The generator is usable at compile time (and so, under nvcc, on device).
+static_assert(sp::philox::philox4x32_10(Words4{{0, 0, 0, 0}}, 0, 0).V[0] ==
+              0x6627e8d5u);
+
+TEST(CpuPhiloxTest, Threshold) {
+  using sp::philox::dropoutThreshold;
+  EXPECT_EQ(dropoutThreshold(0.0), 0u);
+  EXPECT_EQ(dropoutThreshold(-1.0), 0u);
+  EXPECT_EQ(dropoutThreshold(1.0), uint64_t(1) << 32);
+  EXPECT_EQ(dropoutThreshold(0.5), uint64_t(1) << 31);
+  EXPECT_EQ(dropoutThreshold(0.25), uint64_t(1) << 30);
+  // ceil: the smallest word whose uniform is >= ratio.
+  uint64_t T = dropoutThreshold(0.1);
+  EXPECT_GE(sp::philox::uniform(uint32_t(T)), 0.1);
+  EXPECT_LT(sp::philox::uniform(uint32_t(T - 1)), 0.1);
+}
+
+//===----------------------------------------------------------------------===//
+// GEMM
+//===----------------------------------------------------------------------===//
+
+TEST(CpuGemmTest, BetaZeroOverwritesAndEmptyK) {
+  std::vector<double> A = {1, 2, 3, 4}, B = {5, 6, 7, 8};
+  std::vector<double> C(4, std::numeric_limits<double>::quiet_NaN());
+  gemm<double>(false, false, 2, 2, 2, 1.0, A.data(), 2, B.data(), 2, 0.0,
+               C.data(), 2);
+  EXPECT_EQ(C, (std::vector<double>{19, 22, 43, 50}));
+  gemm<double>(false, false, 2, 2, 0, 1.0, A.data(), 0, B.data(), 2, 2.0,
+               C.data(), 2);
+  EXPECT_EQ(C, (std::vector<double>{38, 44, 86, 100}));
+}
+
+//===----------------------------------------------------------------------===//
+// 1. Embedding
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, EmbeddingGradient) {
+  const int64_t V = 7, H = 5, N = 6;
+  std::vector<int64_t> Ids = {3, 0, 6, 3, 1, 3};
+  Vec Table = randVec(V * H, 1), W = randVec(N * H, 2);
+  auto Loss = [&] {
+    Vec Y(N * H);
+    EXPECT_TRUE(embedding(Y.data(), Table.data(), Ids.data(), N, V, H).ok());
+    return dotv(W, Y);
+  };
+  Vec DTable(V * H, 0.0);
+  expectOk(embeddingBackward(DTable.data(), W.data(), Ids.data(), N, V, H));
+  expectGradient("embedding table", Table, DTable, Loss);
+  // Accumulates.
+  Vec Twice = DTable;
+  expectOk(embeddingBackward(Twice.data(), W.data(), Ids.data(), N, V, H));
+  for (size_t I = 0; I < Twice.size(); ++I)
+    EXPECT_DOUBLE_EQ(Twice[I], 2 * DTable[I]);
+}
+
+TEST(CpuKernelsTest, EmbeddingRejectsBadIds) {
+  Vec Table(4 * 2, 1.0), Y(3 * 2, -1.0), DTable(4 * 2, 0.0), DY(3 * 2, 1.0);
+  std::vector<int64_t> Ids = {0, 4, 1};
+  Status S = embedding(Y.data(), Table.data(), Ids.data(), 3, 4, 2);
+  ASSERT_FALSE(S.ok());
+  EXPECT_STREQ(S.Message, "embedding id out of range");
+  EXPECT_EQ(S.Index, 1);
+  EXPECT_EQ(S.Value, 4);
+  EXPECT_EQ(Y, Vec(6, -1.0)) << "the output is untouched on error";
+  Ids[1] = -1;
+  S = embeddingBackward(DTable.data(), DY.data(), Ids.data(), 3, 4, 2);
+  ASSERT_FALSE(S.ok());
+  EXPECT_EQ(S.Value, -1);
+  EXPECT_EQ(DTable, Vec(8, 0.0));
+}
+
+//===----------------------------------------------------------------------===//
+// 2. Add and reduceToShape
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, AddBroadcastGradient) {
+  std::vector<int64_t> YS = {2, 3, 4}, AS = {3, 1}, BS = {2, 1, 4};
+  Vec A = randVec(3, 3), B = randVec(8, 4), W = randVec(24, 5);
+  auto Loss = [&] {
+    Vec Y(24);
+    EXPECT_TRUE(addBroadcast(Y.data(), YS, A.data(), AS, B.data(), BS).ok());
+    return dotv(W, Y);
+  };
+  Vec Y(24);
+  expectOk(addBroadcast(Y.data(), YS, A.data(), AS, B.data(), BS));
+  EXPECT_DOUBLE_EQ(Y[1 * 12 + 2 * 4 + 3], A[2] + B[1 * 4 + 3]);
+  Vec DA(3), DB(8);
+  expectOk(reduceToShape(DA.data(), AS, W.data(), YS));
+  expectOk(reduceToShape(DB.data(), BS, W.data(), YS));
+  expectGradient("broadcast a", A, DA, Loss);
+  expectGradient("broadcast b", B, DB, Loss);
+}
+
+TEST(CpuKernelsTest, AddSameShape) {
+  Vec A = {1, 2, 3}, B = {10, 20, 30}, Y(3);
+  add(Y.data(), A.data(), B.data(), 3);
+  EXPECT_EQ(Y, (Vec{11, 22, 33}));
+}
+
+TEST(CpuKernelsTest, ReduceToShape) {
+  // [2, 3] -> [3] (bias-like), -> [2, 1], -> [] (everything), -> itself.
+  Vec DY = {1, 2, 3, 4, 5, 6};
+  std::vector<int64_t> YS = {2, 3};
+  Vec D3(3), D21(2), D0(1), D23(6);
+  expectOk(reduceToShape(D3.data(), std::vector<int64_t>{3}, DY.data(), YS));
+  EXPECT_EQ(D3, (Vec{5, 7, 9}));
+  expectOk(
+      reduceToShape(D21.data(), std::vector<int64_t>{2, 1}, DY.data(), YS));
+  EXPECT_EQ(D21, (Vec{6, 15}));
+  expectOk(reduceToShape(D0.data(), Shape(), DY.data(), YS));
+  EXPECT_EQ(D0, (Vec{21}));
+  expectOk(reduceToShape(D23.data(), YS, DY.data(), YS));
+  EXPECT_EQ(D23, DY);
+  // Rank 4 with interleaved broadcast dimensions.
+  std::vector<int64_t> Y4 = {2, 3, 4, 5}, X4 = {2, 1, 4, 1};
+  Vec Big = randVec(120, 6), Small(8);
+  expectOk(reduceToShape(Small.data(), X4, Big.data(), Y4));
+  for (int A = 0; A < 2; ++A)
+    for (int C = 0; C < 4; ++C) {
+      double S = 0;
+      for (int B = 0; B < 3; ++B)
+        for (int D = 0; D < 5; ++D)
+          S += Big[((A * 3 + B) * 4 + C) * 5 + D];
+      EXPECT_NEAR(Small[A * 4 + C], S, 1e-12);
+    }
+  // Errors.
+  EXPECT_FALSE(
+      reduceToShape(D3.data(), std::vector<int64_t>{2}, DY.data(), YS).ok());
+  EXPECT_FALSE(
+      reduceToShape(D3.data(), std::vector<int64_t>{1, 2, 3}, DY.data(), YS)
+          .ok());
+}
+
+//===----------------------------------------------------------------------===//
+// 3. LayerNorm
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, LayerNormGradient) {
+  const int64_t Rows = 4, H = 6;
+  const double Eps = 1e-5;
+  Vec X = randVec(Rows * H, 7, -2, 2), Gamma = randVec(H, 8),
+      Beta = randVec(H, 9), W = randVec(Rows * H, 10);
+  auto Loss = [&] {
+    Vec Y(Rows * H);
+    layerNorm(Y.data(), (double *)nullptr, (double *)nullptr, X.data(),
+              Gamma.data(), Beta.data(), Rows, H, Eps);
+    return dotv(W, Y);
+  };
+  Vec Y(Rows * H), Mean(Rows), Rstd(Rows);
+  layerNorm(Y.data(), Mean.data(), Rstd.data(), X.data(), Gamma.data(),
+            Beta.data(), Rows, H, Eps);
+  // The saved statistics.
+  for (int64_t R = 0; R < Rows; ++R) {
+    double M = 0, V = 0;
+    for (int64_t J = 0; J < H; ++J)
+      M += X[R * H + J] / H;
+    for (int64_t J = 0; J < H; ++J)
+      V += (X[R * H + J] - M) * (X[R * H + J] - M) / H;
+    EXPECT_NEAR(Mean[R], M, 1e-14);
+    EXPECT_NEAR(Rstd[R], 1 / std::sqrt(V + Eps), 1e-12);
+  }
+  Vec DX(Rows * H), DGamma(H, 0.0), DBeta(H, 0.0);
+  layerNormBackward(DX.data(), DGamma.data(), DBeta.data(), W.data(), X.data(),
+                    Gamma.data(), Mean.data(), Rstd.data(), Rows, H);
+  expectGradient("layer norm x", X, DX, Loss);
+  expectGradient("layer norm gamma", Gamma, DGamma, Loss);
+  expectGradient("layer norm beta", Beta, DBeta, Loss);
+}
+
+//===----------------------------------------------------------------------===//
+// 4. Linear
+//===----------------------------------------------------------------------===//
+
+void checkLinear(bool TransW) {
+  SCOPED_TRACE(TransW ? "trans_w" : "no trans_w");
+  const int64_t Rows = 3, In = 4, Out = 5;
+  Vec X = randVec(Rows * In, 11), Wt = randVec(In * Out, 12),
+      B = randVec(Out, 13), W = randVec(Rows * Out, 14);
+  auto Forward = [&] {
+    Vec Y(Rows * Out);
+    linear(Y.data(), X.data(), Wt.data(), B.data(), Rows, In, Out, TransW);
+    return Y;
+  };
+  // Against the definition.
+  Vec Y = Forward();
+  for (int64_t R = 0; R < Rows; ++R)
+    for (int64_t O = 0; O < Out; ++O) {
+      double S = B[O];
+      for (int64_t I = 0; I < In; ++I)
+        S += X[R * In + I] * (TransW ? Wt[O * In + I] : Wt[I * Out + O]);
+      EXPECT_NEAR(Y[R * Out + O], S, 1e-14);
+    }
+  Vec NoBias(Rows * Out, std::numeric_limits<double>::quiet_NaN());
+  linear(NoBias.data(), X.data(), Wt.data(), (const double *)nullptr, Rows, In,
+         Out, TransW);
+  for (int64_t I = 0; I < Rows * Out; ++I)
+    EXPECT_NEAR(NoBias[I], Y[I] - B[I % Out], 1e-14);
+
+  auto Loss = [&] { return dotv(W, Forward()); };
+  Vec DX(Rows * In), DW(In * Out, 0.0), DB(Out, 0.0);
+  linearBackwardInput(DX.data(), W.data(), Wt.data(), Rows, In, Out, TransW);
+  linearBackwardWeight(DW.data(), X.data(), W.data(), Rows, In, Out, TransW);
+  biasBackward(DB.data(), W.data(), Rows, Out);
+  expectGradient("linear x", X, DX, Loss);
+  expectGradient("linear w", Wt, DW, Loss);
+  expectGradient("linear bias", B, DB, Loss);
+
+  // dx is linear(dy, W, !trans_w), as autodiff emits it.
+  Vec DX2(Rows * In);
+  linear(DX2.data(), W.data(), Wt.data(), (const double *)nullptr, Rows, Out,
+         In, !TransW);
+  for (int64_t I = 0; I < Rows * In; ++I)
+    EXPECT_NEAR(DX2[I], DX[I], 1e-14);
+
+  // Parameter gradients accumulate.
+  Vec DW2 = DW, DB2 = DB;
+  linearBackwardWeight(DW2.data(), X.data(), W.data(), Rows, In, Out, TransW);
+  biasBackward(DB2.data(), W.data(), Rows, Out);
+  for (size_t I = 0; I < DW.size(); ++I)
+    EXPECT_NEAR(DW2[I], 2 * DW[I], 1e-14);
+  for (size_t I = 0; I < DB.size(); ++I)
+    EXPECT_NEAR(DB2[I], 2 * DB[I], 1e-14);
+}
+
+TEST(CpuKernelsTest, LinearGradient) {
+  checkLinear(true);
+  checkLinear(false);
+}
+
+//===----------------------------------------------------------------------===//
+// 5. GELU
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, GeluValuesAndGradient) {
+  double One = 1.0, Y;
+  gelu(&Y, &One, 1, GeluApprox::None);
+  EXPECT_NEAR(Y, 0.8413447460685429, 1e-15);
+  gelu(&Y, &One, 1, GeluApprox::Tanh);
+  EXPECT_NEAR(Y, 0.8411919906082768, 1e-15);
+  for (GeluApprox A : {GeluApprox::None, GeluApprox::Tanh}) {
+    const int64_t N = 40;
+    Vec X = randVec(N, 15, -4, 4), W = randVec(N, 16);
+    auto Loss = [&] {
+      Vec Y(N);
+      gelu(Y.data(), X.data(), N, A);
+      return dotv(W, Y);
+    };
+    Vec DX(N);
+    geluBackward(DX.data(), X.data(), W.data(), N, A);
+    expectGradient(A == GeluApprox::None ? "gelu erf" : "gelu tanh", X, DX,
+                   Loss);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// 6. Head layouts
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, SplitHeadsLayoutAndGradient) {
+  const int64_t B = 2, S = 3, Heads = 2, D = 4, H = Heads * D;
+  const int64_t NQ = B * Heads * S * D;
+  Vec QKV = randVec(B * S * 3 * H, 17);
+  Vec Q(NQ), K(NQ), V(NQ);
+  splitHeads(Q.data(), K.data(), V.data(), QKV.data(), B, S, Heads, D);
+  // q[b=1, a=1, s=2, t=3] = qkv[1, 2, 0H + 1D + 3], and likewise for k, v.
+  int64_t Dst = ((1 * Heads + 1) * S + 2) * D + 3;
+  int64_t Src = (1 * S + 2) * 3 * H + 1 * D + 3;
+  EXPECT_EQ(Q[Dst], QKV[Src]);
+  EXPECT_EQ(K[Dst], QKV[Src + H]);
+  EXPECT_EQ(V[Dst], QKV[Src + 2 * H]);
+
+  Vec WQ = randVec(NQ, 18), WK = randVec(NQ, 19), WV = randVec(NQ, 20);
+  auto Loss = [&] {
+    Vec Q(NQ), K(NQ), V(NQ);
+    splitHeads(Q.data(), K.data(), V.data(), QKV.data(), B, S, Heads, D);
+    return dotv(WQ, Q) + dotv(WK, K) + dotv(WV, V);
+  };
+  Vec DQKV(QKV.size());
+  splitHeadsBackward(DQKV.data(), WQ.data(), WK.data(), WV.data(), B, S, Heads,
+                     D);
+  expectGradient("split heads", QKV, DQKV, Loss);
+}
+
+TEST(CpuKernelsTest, MergeHeadsLayoutAndGradient) {
+  const int64_t B = 2, S = 3, Heads = 2, D = 4, N = B * Heads * S * D;
+  Vec X = randVec(N, 21), W = randVec(N, 22), Y(N);
+  mergeHeads(Y.data(), X.data(), B, S, Heads, D);
+  // y[b=1, s=2, a=1 D + t=3] = x[1, 1, 2, 3].
+  EXPECT_EQ(Y[(1 * S + 2) * Heads * D + 1 * D + 3],
+            X[((1 * Heads + 1) * S + 2) * D + 3]);
+  auto Loss = [&] {
+    Vec Y(N);
+    mergeHeads(Y.data(), X.data(), B, S, Heads, D);
+    return dotv(W, Y);
+  };
+  Vec DX(N);
+  mergeHeadsBackward(DX.data(), W.data(), B, S, Heads, D);
+  expectGradient("merge heads", X, DX, Loss);
+  // The backward is the inverse permutation.
+  Vec Back(N);
+  mergeHeadsBackward(Back.data(), Y.data(), B, S, Heads, D);
+  EXPECT_EQ(Back, X);
+}
+
+//===----------------------------------------------------------------------===//
+// 7. Batched matrix product
+//===----------------------------------------------------------------------===//
+
+/// C = op(A) op(B) for every flag combination, against the definition; its
+/// gradients composed from batchMatMul by the chain rule, against finite
+/// differences.
+void checkBatchMatMul(bool TA, bool TB) {
+  SCOPED_TRACE(testing::Message() << "trans_a " << TA << " trans_b " << TB);
+  const int64_t P = 2, M = 3, N = 4, K = 5;
+  Vec A = randVec(P * M * K, 23), B = randVec(P * K * N, 24),
+      W = randVec(P * M * N, 25);
+  auto Forward = [&] {
+    Vec C(P * M * N);
+    batchMatMul(C.data(), A.data(), B.data(), P, M, N, K, TA, TB);
+    return C;
+  };
+  Vec C = Forward();
+  for (int64_t Pi = 0; Pi < P; ++Pi)
+    for (int64_t I = 0; I < M; ++I)
+      for (int64_t J = 0; J < N; ++J) {
+        double S = 0;
+        for (int64_t L = 0; L < K; ++L)
+          S += A[Pi * M * K + (TA ? L * M + I : I * K + L)] *
+               B[Pi * K * N + (TB ? J * K + L : L * N + J)];
+        EXPECT_NEAR(C[(Pi * M + I) * N + J], S, 1e-14);
+      }
+  // Rules (dC = W), with the stored shapes of A and B:
+  //   dA = dC op(B)^T   (A = [M,K])   or op(B) dC^T   (A^T stored [K,M])
+  //   dB = op(A)^T dC   (B = [K,N])   or dC^T op(A)   (B^T stored [N,K])
+  Vec DA(A.size()), DB(B.size());
+  if (!TA) // [M,N] x op(B)^T [N,K]
+    batchMatMul(DA.data(), W.data(), B.data(), P, M, K, N, false, !TB);
+  else // op(B) [K,N] x dC^T [N,M]
+    batchMatMul(DA.data(), B.data(), W.data(), P, K, M, N, TB, true);
+  if (!TB) // op(A)^T [K,M] x dC [M,N]
+    batchMatMul(DB.data(), A.data(), W.data(), P, K, N, M, !TA, false);
+  else // dC^T [N,M] x op(A) [M,K]
+    batchMatMul(DB.data(), W.data(), A.data(), P, N, K, M, true, TA);
+  auto Loss = [&] { return dotv(W, Forward()); };
+  expectGradient("batch matmul a", A, DA, Loss);
+  expectGradient("batch matmul b", B, DB, Loss);
+}
+
+TEST(CpuKernelsTest, BatchMatMulFlagsAndGradient) {
+  for (bool TA : {false, true})
+    for (bool TB : {false, true})
+      checkBatchMatMul(TA, TB);
+}
+
+//===----------------------------------------------------------------------===//
+// 8-10. Scale, causal mask, softmax
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, ScaleGradient) {
+  const int64_t N = 10;
+  const double Alpha = 0.35355339;
+  Vec X = randVec(N, 26), W = randVec(N, 27);
+  auto Loss = [&] {
+    Vec Y(N);
+    scale(Y.data(), X.data(), N, Alpha);
+    return dotv(W, Y);
+  };
+  Vec DX(N);
+  scale(DX.data(), W.data(), N, Alpha);
+  expectGradient("scale", X, DX, Loss);
+}
+
+TEST(CpuKernelsTest, CausalMaskGradientAndOffsets) {
+  const int64_t P = 2, S = 5;
+  Vec X = randVec(P * S * S, 28), W = randVec(P * S * S, 29);
+  const double NegInf = -std::numeric_limits<double>::infinity();
+  Vec Y(P * S * S);
+  causalMask(Y.data(), X.data(), P, S, S, NegInf);
+  for (int64_t Pi = 0; Pi < P; ++Pi)
+    for (int64_t I = 0; I < S; ++I)
+      for (int64_t J = 0; J < S; ++J) {
+        int64_t E = (Pi * S + I) * S + J;
+        if (J > I)
+          EXPECT_EQ(Y[E], NegInf);
+        else
+          EXPECT_EQ(Y[E], X[E]);
+      }
+  auto Loss = [&] {
+    Vec Y(P * S * S);
+    causalMask(Y.data(), X.data(), P, S, S,
+               -2.0); // a small fill: no cancellation
+    return dotv(W, Y);
+  };
+  Vec DX(P * S * S);
+  causalMask(DX.data(), W.data(), P, S, S, 0.0);
+  expectGradient("causal mask", X, DX, Loss);
+
+  // A block of queries [2, 5) and keys [1, 4) masks like the full matrix.
+  const int64_t Q0 = 2, Sq = 3, K0 = 1, Sk = 3;
+  Vec Blk(P * Sq * Sk), BlkY(P * Sq * Sk);
+  for (int64_t Pi = 0; Pi < P; ++Pi)
+    for (int64_t I = 0; I < Sq; ++I)
+      for (int64_t J = 0; J < Sk; ++J)
+        Blk[(Pi * Sq + I) * Sk + J] = X[(Pi * S + Q0 + I) * S + K0 + J];
+  causalMask(BlkY.data(), Blk.data(), P, Sq, Sk, NegInf, Q0, K0);
+  for (int64_t Pi = 0; Pi < P; ++Pi)
+    for (int64_t I = 0; I < Sq; ++I)
+      for (int64_t J = 0; J < Sk; ++J)
+        EXPECT_EQ(BlkY[(Pi * Sq + I) * Sk + J],
+                  Y[(Pi * S + Q0 + I) * S + K0 + J]);
+}
+
+TEST(CpuKernelsTest, SoftmaxGradient) {
+  const int64_t Rows = 3, N = 7;
+  Vec X = randVec(Rows * N, 30, -3, 3), W = randVec(Rows * N, 31);
+  auto Forward = [&] {
+    Vec Y(Rows * N);
+    softmax(Y.data(), X.data(), Rows, N);
+    return Y;
+  };
+  Vec Y = Forward();
+  for (int64_t R = 0; R < Rows; ++R) {
+    double S = 0;
+    for (int64_t J = 0; J < N; ++J)
+      S += Y[R * N + J];
+    EXPECT_NEAR(S, 1.0, 1e-14);
+  }
+  Vec DX(Rows * N);
+  softmaxBackward(DX.data(), Y.data(), W.data(), Rows, N);
+  expectGradient("softmax", X, DX, [&] { return dotv(W, Forward()); });
+}
+
+TEST(CpuKernelsTest, SoftmaxMaskedAndLargeRows) {
+  const double Inf = std::numeric_limits<double>::infinity();
+  Vec X = {-Inf, -Inf, -Inf, 1000, 1001, -Inf, 0, 0, 0};
+  Vec Y(9);
+  softmax(Y.data(), X.data(), 3, 3);
+  for (int J = 0; J < 3; ++J)
+    EXPECT_EQ(Y[J], 0.0) << "an all -inf row gives zeros";
+  EXPECT_NEAR(Y[3], 1 / (1 + std::exp(1.0)), 1e-15);
+  EXPECT_NEAR(Y[4], 1 / (1 + std::exp(-1.0)), 1e-15);
+  EXPECT_EQ(Y[5], 0.0);
+  for (int J = 6; J < 9; ++J)
+    EXPECT_NEAR(Y[J], 1.0 / 3, 1e-15);
+  // In place.
+  softmax(X.data(), X.data(), 3, 3);
+  EXPECT_EQ(X, Y);
+}
+
+//===----------------------------------------------------------------------===//
+// 11. Dropout
+//===----------------------------------------------------------------------===//
+
+std::vector<uint8_t> maskOf(double Ratio, const DropoutKey &K,
+                            const GlobalIndex &G) {
+  std::vector<uint8_t> M(G.numLocal());
+  Status S = dropoutMask(M.data(), Ratio, K, G);
+  EXPECT_TRUE(S.ok()) << S.Message;
+  return M;
+}
+
+TEST(CpuDropoutTest, FixedMaskGradient) {
+  const int64_t N = 50;
+  const double Ratio = 0.3;
+  DropoutKey K{1234, 2, 1, 0};
+  std::vector<int64_t> Sh = {N};
+  GlobalIndex G = GlobalIndex::whole(Sh);
+  Vec X = randVec(N, 32), W = randVec(N, 33), Y(N);
+  std::vector<uint8_t> Mask(N);
+  expectOk(dropout(Y.data(), Mask.data(), X.data(), Ratio, K, G));
+  for (int64_t I = 0; I < N; ++I)
+    EXPECT_NEAR(Y[I], Mask[I] ? X[I] / (1 - Ratio) : 0.0, 1e-15);
+  auto Loss = [&] {
+    Vec Y(N);
+    EXPECT_TRUE(
+        dropout(Y.data(), (uint8_t *)nullptr, X.data(), Ratio, K, G).ok());
+    return dotv(W, Y);
+  };
+  Vec DX(N);
+  dropoutBackward(DX.data(), W.data(), Mask.data(), N, Ratio);
+  expectGradient("dropout", X, DX, Loss);
+}
+
+TEST(CpuDropoutTest, MappingIsTheDocumentedOne) {
+  // keep(e) = Philox4x32_10(ctr = (lo(e/4), hi(e/4), layer | site << 16,
+  //           stream), key = (lo(seed), hi(seed)))[e % 4] >= ceil(r 2^32).
+  const DropoutKey K{0x0123456789abcdefull, 7, 3, 11};
+  const double Ratio = 0.4;
+  const uint64_t Threshold = uint64_t(std::ceil(Ratio * 4294967296.0));
+  std::vector<int64_t> Sh = {5, 13};
+  auto M = maskOf(Ratio, K, GlobalIndex::whole(Sh));
+  for (uint64_t E = 0; E < M.size(); ++E) {
+    uint64_t Blk = E / 4;
+    Words4 Ctr{{uint32_t(Blk), uint32_t(Blk >> 32), 7u | (3u << 16), 11u}};
+    Words4 Out = sp::philox::philox4x32_10(Ctr, 0x89abcdefu, 0x01234567u);
+    EXPECT_EQ(M[E], Out.V[E % 4] >= Threshold ? 1 : 0) << E;
+    EXPECT_EQ(Out.V[E % 4], sp::philox::dropoutWord(K.Seed, 7, 3, 11, E));
+  }
+  // The high word of the index reaches the counter.
+  uint64_t Far = (uint64_t(5) << 34) + 6; // block (5 << 32) + 1, lane 2
+  Words4 Ctr{{1u, 5u, 7u | (3u << 16), 11u}};
+  EXPECT_EQ(sp::philox::dropoutWord(K.Seed, 7, 3, 11, Far),
+            sp::philox::philox4x32_10(Ctr, 0x89abcdefu, 0x01234567u).V[2]);
+}
+
+TEST(CpuDropoutTest, LayoutInvariance) {
+  // [B, S, H] with sizes that do not align with Philox's blocks of four.
+  const int64_t B = 3, S = 10, H = 7;
+  std::vector<int64_t> GS = {B, S, H};
+  const DropoutKey K{42, 1, 0, 5};
+  const double Ratio = 0.5;
+  auto Full = maskOf(Ratio, K, GlobalIndex::whole(GS));
+  auto At = [&](int64_t Bi, int64_t Si, int64_t Hi) {
+    return Full[(Bi * S + Si) * H + Hi];
+  };
+  // Sequence shards of uneven lengths, as a concatenation along S.
+  for (auto [S0, Len] : {std::pair<int64_t, int64_t>{0, 4}, {4, 3}, {7, 3}}) {
+    std::vector<int64_t> LS = {B, Len, H}, Off = {0, S0, 0};
+    auto M = maskOf(Ratio, K, GlobalIndex::block(GS, LS, Off));
+    for (int64_t Bi = 0; Bi < B; ++Bi)
+      for (int64_t Si = 0; Si < Len; ++Si)
+        for (int64_t Hi = 0; Hi < H; ++Hi)
+          ASSERT_EQ(M[(Bi * Len + Si) * H + Hi], At(Bi, S0 + Si, Hi))
+              << "sequence shard at " << S0;
+  }
+  // Batch shards: contiguous slices of the full mask.
+  for (int64_t Bi = 0; Bi < B; ++Bi) {
+    std::vector<int64_t> LS = {1, S, H}, Off = {Bi, 0, 0};
+    auto M = maskOf(Ratio, K, GlobalIndex::block(GS, LS, Off));
+    ASSERT_TRUE(std::equal(M.begin(), M.end(), Full.begin() + Bi * S * H));
+  }
+  // A 4-D block: heads [1, 3) of [B, a, S, S] and a sequence shard.
+  std::vector<int64_t> G4 = {2, 4, 6, 6}, L4 = {2, 2, 3, 6}, O4 = {0, 1, 3, 0};
+  auto Full4 = maskOf(Ratio, K, GlobalIndex::whole(G4));
+  auto M4 = maskOf(Ratio, K, GlobalIndex::block(G4, L4, O4));
+  int64_t L = 0;
+  for (int64_t I0 = 0; I0 < 2; ++I0)
+    for (int64_t I1 = 0; I1 < 2; ++I1)
+      for (int64_t I2 = 0; I2 < 3; ++I2)
+        for (int64_t I3 = 0; I3 < 6; ++I3)
+          ASSERT_EQ(M4[L++], Full4[((I0 * 4 + I1 + 1) * 6 + I2 + 3) * 6 + I3]);
+  // dropout() applies the same mask as dropoutMask().
+  std::vector<int64_t> LS = {B, 4, H}, Off = {0, 4, 0};
+  GlobalIndex G = GlobalIndex::block(GS, LS, Off);
+  Vec X(G.numLocal(), 1.0), Y(G.numLocal());
+  std::vector<uint8_t> M(G.numLocal());
+  expectOk(dropout(Y.data(), M.data(), X.data(), Ratio, K, G));
+  EXPECT_EQ(M, maskOf(Ratio, K, G));
+}
+
+TEST(CpuDropoutTest, RateAndReproducibility) {
+  const int64_t N = 1000000;
+  std::vector<int64_t> Sh = {N};
+  GlobalIndex G = GlobalIndex::whole(Sh);
+  for (double Ratio : {0.1, 0.5}) {
+    auto M = maskOf(Ratio, DropoutKey{7, 3, 2, 0}, G);
+    int64_t Dropped = 0;
+    for (uint8_t B : M)
+      Dropped += !B;
+    // Binomial standard deviation at 1e6 draws is at most 5e-4.
+    EXPECT_NEAR(double(Dropped) / N, Ratio, 3e-3);
+    EXPECT_EQ(M, maskOf(Ratio, DropoutKey{7, 3, 2, 0}, G)) << "reproducible";
+  }
+  // Every key component changes the mask.
+  std::vector<int64_t> Small = {4096};
+  GlobalIndex GS = GlobalIndex::whole(Small);
+  auto Base = maskOf(0.5, DropoutKey{7, 3, 2, 1}, GS);
+  for (DropoutKey K : {DropoutKey{8, 3, 2, 1}, DropoutKey{7ull << 32, 3, 2, 1},
+                       DropoutKey{7, 4, 2, 1}, DropoutKey{7, 3, 3, 1},
+                       DropoutKey{7, 3, 2, 2}}) {
+    auto M = maskOf(0.5, K, GS);
+    int64_t Diff = 0;
+    for (size_t I = 0; I < M.size(); ++I)
+      Diff += M[I] != Base[I];
+    EXPECT_GT(Diff, 1500) << "seed " << K.Seed << " layer " << K.Layer
+                          << " site " << K.Site << " stream " << K.Stream;
+  }
+}
+
+TEST(CpuDropoutTest, EdgeRatiosAndErrors) {
+  std::vector<int64_t> Sh = {2, 3};
+  GlobalIndex G = GlobalIndex::whole(Sh);
+  Vec X = {1, 2, 3, 4, 5, 6}, Y(6);
+  std::vector<uint8_t> M(6);
+  expectOk(dropout(Y.data(), M.data(), X.data(), 0.0, DropoutKey{}, G));
+  EXPECT_EQ(Y, X);
+  EXPECT_EQ(M, std::vector<uint8_t>(6, 1));
+  expectOk(dropout(Y.data(), M.data(), X.data(), 1.0, DropoutKey{}, G));
+  EXPECT_EQ(Y, Vec(6, 0.0));
+  EXPECT_EQ(M, std::vector<uint8_t>(6, 0));
+  Vec DX(6, 1.0);
+  dropoutBackward(DX.data(), X.data(), M.data(), 6, 1.0);
+  EXPECT_EQ(DX, Vec(6, 0.0));
+
+  EXPECT_FALSE(
+      dropout(Y.data(), M.data(), X.data(), 1.5, DropoutKey{}, G).ok());
+  EXPECT_FALSE(dropout(Y.data(), M.data(), X.data(), 0.1,
+                       DropoutKey{0, 1u << 16, 0, 0}, G)
+                   .ok());
+  EXPECT_FALSE(dropout(Y.data(), M.data(), X.data(), 0.1,
+                       DropoutKey{0, 0, 1u << 16, 0}, G)
+                   .ok());
+  std::vector<int64_t> Local = {2, 3}, Off = {1, 0};
+  EXPECT_FALSE(GlobalIndex::block(Sh, Local, Off).check().ok())
+      << "block outside the tensor";
+  std::vector<int64_t> Local1 = {6};
+  EXPECT_FALSE(GlobalIndex::block(Sh, Local1, {}).check().ok())
+      << "ranks disagree";
+  // A scalar is element 0 of itself.
+  GlobalIndex Scalar = GlobalIndex::whole(Shape());
+  EXPECT_EQ(Scalar.numLocal(), 1);
+  double S = 2.0, SY;
+  uint8_t SM;
+  expectOk(dropout(&SY, &SM, &S, 0.5, DropoutKey{9}, Scalar));
+  EXPECT_EQ(SM, maskOf(0.5, DropoutKey{9}, G)[0]);
+}
+
+//===----------------------------------------------------------------------===//
+// 12. Cross entropy
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, CrossEntropyGradientWithPadding) {
+  const int64_t N = 4, V = 9, ValidV = 7;
+  Vec Logits = randVec(N * V, 34, -3, 3);
+  std::vector<int64_t> Targets = {0, 6, 3, 3};
+  const double DLoss = 1.7;
+  auto Loss = [&] {
+    double L;
+    EXPECT_TRUE(
+        crossEntropy(&L, Logits.data(), Targets.data(), N, V, ValidV).ok());
+    return DLoss * L;
+  };
+  Vec DLogits(N * V, std::numeric_limits<double>::quiet_NaN());
+  expectOk(crossEntropyBackward(DLogits.data(), Logits.data(), Targets.data(),
+                                DLoss, N, V, ValidV));
+  for (int64_t R = 0; R < N; ++R)
+    for (int64_t J = ValidV; J < V; ++J)
+      EXPECT_EQ(DLogits[R * V + J], 0.0) << "padding gets no gradient";
+  expectGradient("cross entropy", Logits, DLogits, Loss);
+
+  // The padding is invisible: huge padded logits change nothing, and the
+  // loss equals the one over the sliced logits.
+  double L1, L2;
+  expectOk(crossEntropy(&L1, Logits.data(), Targets.data(), N, V, ValidV));
+  Vec Sliced, Padded = Logits;
+  for (int64_t R = 0; R < N; ++R)
+    for (int64_t J = 0; J < V; ++J) {
+      if (J < ValidV)
+        Sliced.push_back(Logits[R * V + J]);
+      else
+        Padded[R * V + J] = 1e30;
+    }
+  expectOk(crossEntropy(&L2, Sliced.data(), Targets.data(), N, ValidV, ValidV));
+  EXPECT_NEAR(L1, L2, 1e-14);
+  expectOk(crossEntropy(&L2, Padded.data(), Targets.data(), N, V, ValidV));
+  EXPECT_EQ(L1, L2);
+
+  // Uniform logits: log(ValidV).
+  Vec Zeros(N * V, 0.0);
+  expectOk(crossEntropy(&L1, Zeros.data(), Targets.data(), N, V, ValidV));
+  EXPECT_NEAR(L1, std::log(double(ValidV)), 1e-15);
+}
+
+TEST(CpuKernelsTest, CrossEntropyRejectsBadTargets) {
+  Vec Logits(2 * 5, 0.0), D(2 * 5);
+  double L;
+  std::vector<int64_t> Targets = {1, 4};
+  Status S = crossEntropy(&L, Logits.data(), Targets.data(), 2, 5, 4);
+  ASSERT_FALSE(S.ok());
+  EXPECT_STREQ(S.Message, "cross entropy target out of range");
+  EXPECT_EQ(S.Index, 1);
+  EXPECT_EQ(S.Value, 4);
+  Targets = {-100, 0};
+  EXPECT_FALSE(crossEntropyBackward(D.data(), Logits.data(), Targets.data(),
+                                    1.0, 2, 5, 5)
+                   .ok());
+  Targets = {0, 0};
+  EXPECT_FALSE(crossEntropy(&L, Logits.data(), Targets.data(), 2, 5, 6).ok());
+  EXPECT_FALSE(crossEntropy(&L, Logits.data(), Targets.data(), 0, 5, 5).ok());
+}
+
+//===----------------------------------------------------------------------===//
+// 13. Optimizer
+//===----------------------------------------------------------------------===//
+
+TEST(CpuOptimizerTest, AdamWThreeSteps) {
+  const double Lr = 1e-2, B1 = 0.9, B2 = 0.95, Eps = 1e-8, Wd = 0.1;
+  const int64_t N = 3;
+  Vec P = {0.5, -1.0, 2.0}, M(N, 0.0), V(N, 0.0);
+  Vec HP = P, HM = M, HV = V; // the hand computation, in mhat/vhat form
+  const Vec Grads[3] = {{0.1, -0.2, 0.3}, {-0.4, 0.5, 0.0}, {1.0, 1e-3, -2.0}};
+  const double Scales[3] = {1.0, 0.5, 0.25};
+  for (int T = 1; T <= 3; ++T) {
+    adamw(P.data(), Grads[T - 1].data(), M.data(), V.data(), N, Lr, B1, B2, Eps,
+          Wd, Scales[T - 1], T);
+    for (int64_t I = 0; I < N; ++I) {
+      double G = Grads[T - 1][I] * Scales[T - 1];
+      HP[I] -= Lr * Wd * HP[I];
+      HM[I] = B1 * HM[I] + (1 - B1) * G;
+      HV[I] = B2 * HV[I] + (1 - B2) * G * G;
+      double MHat = HM[I] / (1 - std::pow(B1, T));
+      double VHat = HV[I] / (1 - std::pow(B2, T));
+      HP[I] -= Lr * MHat / (std::sqrt(VHat) + Eps);
+      EXPECT_NEAR(P[I], HP[I], 1e-15) << "step " << T << " element " << I;
+      EXPECT_NEAR(M[I], HM[I], 1e-16);
+      EXPECT_NEAR(V[I], HV[I], 1e-16);
+    }
+  }
+  // Step 1 without decay moves each weight by lr * sign(g) (mhat/sqrt(vhat)
+  // = g/|g|), up to eps.
+  Vec P1 = {1.0, 1.0}, G1 = {3.0, -0.5}, M1(2, 0.0), V1(2, 0.0);
+  adamw(P1.data(), G1.data(), M1.data(), V1.data(), 2, 0.1, 0.9, 0.999, 1e-8,
+        0.0, 1.0, 1);
+  EXPECT_NEAR(P1[0], 0.9, 1e-8);
+  EXPECT_NEAR(P1[1], 1.1, 1e-8);
+  // float against double.
+  std::vector<float> FP = {0.5f, -1.0f, 2.0f}, FM(N, 0.0f), FV(N, 0.0f);
+  Vec DP = {0.5, -1.0, 2.0}, DM(N, 0.0), DV(N, 0.0);
+  for (int T = 1; T <= 3; ++T) {
+    auto FG = toFloat(Grads[T - 1]);
+    adamw(FP.data(), FG.data(), FM.data(), FV.data(), N, Lr, B1, B2, Eps, Wd,
+          Scales[T - 1], T);
+    adamw(DP.data(), Grads[T - 1].data(), DM.data(), DV.data(), N, Lr, B1, B2,
+          Eps, Wd, Scales[T - 1], T);
+  }
+  expectClose(FP, DP, 1e-6, "adamw float");
+}
+
+TEST(CpuOptimizerTest, ClipCoefficientAndSumSquares) {
+  EXPECT_EQ(clipCoefficient(10.0f, 1.0f), (1.0f / (10.0f + 1e-6f)) * 1.0f);
+  EXPECT_EQ(clipCoefficient(10.0, 1.0), (1.0 / (10.0 + 1e-6)) * 1.0);
+  EXPECT_NEAR(clipCoefficient(4.0, 2.0), 0.5, 1e-6);
+  EXPECT_EQ(clipCoefficient(0.5f, 1.0f), 1.0f);
+  EXPECT_EQ(clipCoefficient(0.0f, 1.0f), 1.0f);
+  // Exactly at the bound the 1e-6 keeps the coefficient just below 1.
+  EXPECT_LT(clipCoefficient(1.0f, 1.0f), 1.0f);
+  std::vector<float> G = {3.0f, -4.0f, 0.5f};
+  EXPECT_DOUBLE_EQ(sumSquares(G.data(), 3), 25.25);
+}
+
+//===----------------------------------------------------------------------===//
+// float against double
+//===----------------------------------------------------------------------===//
+
+TEST(CpuFloatTest, MatchesDouble) {
+  const int64_t Rows = 5, H = 16;
+  Vec X = randVec(Rows * H, 40, -3, 3), Gamma = randVec(H, 41),
+      Beta = randVec(H, 42), DY = randVec(Rows * H, 43);
+  auto FX = toFloat(X), FGamma = toFloat(Gamma), FBeta = toFloat(Beta),
+       FDY = toFloat(DY);
+  {
+    Vec Y(Rows * H), Mean(Rows), Rstd(Rows), DX(Rows * H), DG(H, 0.0);
+    std::vector<float> FY(Rows * H), FMean(Rows), FRstd(Rows), FDX(Rows * H),
+        FDG(H, 0.0f);
+    layerNorm(Y.data(), Mean.data(), Rstd.data(), X.data(), Gamma.data(),
+              Beta.data(), Rows, H, 1e-5);
+    layerNorm(FY.data(), FMean.data(), FRstd.data(), FX.data(), FGamma.data(),
+              FBeta.data(), Rows, H, 1e-5);
+    expectClose(FY, Y, 1e-5, "layer norm");
+    layerNormBackward(DX.data(), DG.data(), (double *)nullptr, DY.data(),
+                      X.data(), Gamma.data(), Mean.data(), Rstd.data(), Rows,
+                      H);
+    layerNormBackward(FDX.data(), FDG.data(), (float *)nullptr, FDY.data(),
+                      FX.data(), FGamma.data(), FMean.data(), FRstd.data(),
+                      Rows, H);
+    expectClose(FDX, DX, 1e-5, "layer norm backward");
+    expectClose(FDG, DG, 1e-5, "layer norm dgamma");
+  }
+  {
+    Vec Y(Rows * H);
+    std::vector<float> FY(Rows * H);
+    softmax(Y.data(), X.data(), Rows, H);
+    softmax(FY.data(), FX.data(), Rows, H);
+    expectClose(FY, Y, 1e-6, "softmax");
+    for (GeluApprox A : {GeluApprox::None, GeluApprox::Tanh}) {
+      gelu(Y.data(), X.data(), Rows * H, A);
+      gelu(FY.data(), FX.data(), Rows * H, A);
+      expectClose(FY, Y, 1e-6, "gelu");
+      geluBackward(Y.data(), X.data(), DY.data(), Rows * H, A);
+      geluBackward(FY.data(), FX.data(), FDY.data(), Rows * H, A);
+      expectClose(FY, Y, 1e-5, "gelu backward");
+    }
+  }
+  {
+    const int64_t Out = 8;
+    Vec W = randVec(Out * H, 44), Y(Rows * Out);
+    std::vector<float> FW = toFloat(W), FY(Rows * Out);
+    linear(Y.data(), X.data(), W.data(), Beta.data(), Rows, H, Out, true);
+    linear(FY.data(), FX.data(), FW.data(), FBeta.data(), Rows, H, Out, true);
+    expectClose(FY, Y, 1e-5, "linear");
+  }
+  {
+    std::vector<int64_t> Targets = {1, 15, 0, 7, 7};
+    double L;
+    float FL;
+    expectOk(crossEntropy(&L, X.data(), Targets.data(), Rows, H, 14 + 2));
+    expectOk(crossEntropy(&FL, FX.data(), Targets.data(), Rows, H, 16));
+    EXPECT_NEAR(FL, L, 1e-6 * std::max(1.0, L));
+  }
+}
+
+} // namespace

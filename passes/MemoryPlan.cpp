@@ -35,6 +35,8 @@ void planMemory(Program &P) {
   });
 
   std::vector<int> Placed; // kept sorted by offset
+  // The peak is the highest byte a buffer uses (alignment padding after the
+  // topmost buffer is not counted).
   int64_t Peak = Top;
   std::vector<const ProgramBuffer *> Live;
   for (int Id : Temps) {
@@ -54,7 +56,7 @@ void planMemory(Program &P) {
       Offset = std::max(Offset, Q->Offset + alignedSize(*Q));
     }
     B.Offset = Offset;
-    Peak = std::max(Peak, Offset + Size);
+    Peak = std::max(Peak, Offset + B.Bytes);
     auto Pos = std::lower_bound(Placed.begin(), Placed.end(), Offset,
                                 [&](int O, int64_t Off) {
                                   return P.Buffers[O].Offset < Off;

@@ -1,0 +1,423 @@
+//===- Executor.cpp - Runs a plan on the CPU ------------------------------===//
+#include "runtime/Executor.h"
+#include "runtime/cpu/Kernels.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MathExtras.h"
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+using namespace llvm;
+
+namespace sp {
+
+namespace cpu = sp::cpu;
+
+namespace {
+
+Error planError(const Twine &Msg) {
+  return createStringError(inconvertibleErrorCode(), Msg);
+}
+
+std::string describe(const Instruction &I, size_t Index) {
+  std::string S = formatv("instruction {0} ({1}", Index, opName(I.Op)).str();
+  if (I.Layer >= 0)
+    S += formatv(", layer {0}", I.Layer).str();
+  if (!I.Role.empty())
+    S += ", " + I.Role;
+  return S + ", " + phaseName(I.Ph).str() + ")";
+}
+
+cpu::GeluApprox geluApprox(const AttrList &A) {
+  return A.getString("approximate", "none") == "tanh" ? cpu::GeluApprox::Tanh
+                                                      : cpu::GeluApprox::None;
+}
+
+} // namespace
+
+Executor::~Executor() { std::free(Arena); }
+
+float *Executor::ptr(int Buffer) const {
+  return reinterpret_cast<float *>(Arena + Prog.Buffers[Buffer].Offset);
+}
+
+Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
+                                                     RunOptions Opts) {
+  std::string Dtype = P.Manifest.value("dtype", "f32");
+  if (Dtype != "f32")
+    return planError("the plan has " + Dtype +
+                     " activations; the CPU backend runs fp32 plans "
+                     "(recompile with --dtype fp32)");
+  std::unique_ptr<Executor> E(new Executor());
+  E->Prog = P.Prog;
+  E->Opts = Opts;
+  const Program &Prog = E->Prog;
+  for (const ProgramBuffer &B : Prog.Buffers)
+    if (B.Offset < 0 || B.Offset + B.Bytes > Prog.ArenaBytes)
+      return planError("buffer '" + B.Name +
+                       "' lies outside the arena; the plan is corrupt");
+  // The model's interface: the embedding's ids, the targets, the vocabulary.
+  for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
+    const Instruction &In = Prog.Instrs[I];
+    if (In.Op == OpKind::Embedding && In.Role == "embed") {
+      const ProgramBuffer &Ids = Prog.Buffers[In.In[1]];
+      E->Vocab = Prog.Buffers[In.In[0]].Type.Shape[0];
+      if (Ids.Type.rank() != 2)
+        return planError("the token ids must be [batch, seq]");
+      E->Batch = Ids.Type.Shape[0];
+      E->Seq = Ids.Type.Shape[1];
+    }
+    if (In.Role == "lm_head" && In.Ph == Phase::Forward)
+      E->LogitsBuffer = In.Out[0];
+  }
+  if (!E->Vocab || Prog.findBuffer("targets") < 0 || Prog.output("loss") < 0)
+    return planError("the plan is not a training program of a detected "
+                     "Transformer (no token embedding, targets or loss)");
+
+  size_t Size = alignTo(std::max<int64_t>(Prog.ArenaBytes, 64), 64);
+  E->Arena = static_cast<char *>(std::aligned_alloc(64, Size));
+  if (!E->Arena)
+    return planError(formatv("cannot allocate the {0}-byte arena", Size));
+  std::memset(E->Arena, 0, Size);
+  E->Stats.ArenaBytes = Prog.ArenaBytes;
+  E->Stats.PersistentBytes = Prog.PersistentBytes;
+
+  for (const ProgramBuffer &B : Prog.Buffers) {
+    if (!B.Data)
+      continue;
+    if (B.K == ProgramBuffer::Param && B.Type.Dtype != DType::F32)
+      return planError("parameter '" + B.Name + "' is " + B.Type.str() +
+                       "; the CPU backend trains f32 parameters");
+    auto Bytes = B.Data->load();
+    if (!Bytes)
+      return planError("cannot load '" + B.Name +
+                       "': " + toString(Bytes.takeError()));
+    if (int64_t(Bytes->size()) != B.Type.numBytes())
+      return planError("'" + B.Name + "' has the wrong size");
+    std::memcpy(E->Arena + B.Offset, Bytes->data(), Bytes->size());
+  }
+  return E;
+}
+
+Error Executor::setTokens(StringRef Input, ArrayRef<int64_t> Ids) {
+  int B = -1;
+  for (const Instruction &I : Prog.Instrs)
+    if (I.Op == OpKind::Embedding && I.Role == "embed")
+      B = Input == "targets" ? Prog.findBuffer("targets") : I.In[1];
+  if (B < 0 || int64_t(Ids.size()) != Batch * Seq)
+    return planError(formatv("expected {0} x {1} token ids for '{2}', got {3}",
+                             Batch, Seq, Input, Ids.size()));
+  for (size_t I = 0; I < Ids.size(); ++I)
+    if (Ids[I] < 0 || Ids[I] >= Vocab)
+      return planError(formatv("token id {0} at position {1} of '{2}' is "
+                               "outside the vocabulary [0, {3})",
+                               Ids[I], I, Input, Vocab));
+  std::memcpy(Arena + Prog.Buffers[B].Offset, Ids.data(),
+              Ids.size() * sizeof(int64_t));
+  return Error::success();
+}
+
+Expected<double> Executor::trainStep(ArrayRef<int64_t> Idx,
+                                     ArrayRef<int64_t> Targets, double LR,
+                                     int64_t Step) {
+  if (Step < 1)
+    return planError("steps are 1-based");
+  if (auto E = setTokens("idx", Idx))
+    return std::move(E);
+  if (auto E = setTokens("targets", Targets))
+    return std::move(E);
+  for (auto [Name, V] : {std::pair{"lr", LR}, {"step", double(Step)}}) {
+    int B = Prog.findBuffer(Name);
+    if (B < 0)
+      return planError("the plan has no optimizer step (no '" +
+                       std::string(Name) + "' input)");
+    *ptr(B) = float(V);
+  }
+  if (auto E = run(Phase::Optimizer, Step, /*Training=*/true))
+    return std::move(E);
+  return *ptr(Prog.output("loss"));
+}
+
+Expected<double> Executor::evalLoss(ArrayRef<int64_t> Idx,
+                                    ArrayRef<int64_t> Targets) {
+  if (auto E = setTokens("idx", Idx))
+    return std::move(E);
+  if (auto E = setTokens("targets", Targets))
+    return std::move(E);
+  if (auto E = run(Phase::Forward, /*Step=*/0, /*Training=*/false))
+    return std::move(E);
+  return *ptr(Prog.output("loss"));
+}
+
+Error Executor::run(Phase Last, int64_t Step, bool Training) {
+  int64_t Live = 0;
+  std::vector<int64_t> FreeAt(Prog.Instrs.size() + 1, 0);
+  for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
+    const Instruction &In = Prog.Instrs[I];
+    if (In.Ph > Last)
+      break;
+    for (int B : In.Out) {
+      const ProgramBuffer &PB = Prog.Buffers[B];
+      Live += PB.Bytes;
+      FreeAt[std::min<size_t>(PB.LastUse, Prog.Instrs.size())] += PB.Bytes;
+      Stats.HighWaterBytes =
+          std::max(Stats.HighWaterBytes, PB.Offset + PB.Bytes);
+    }
+    if (Training)
+      Stats.PeakLiveTempBytes = std::max(Stats.PeakLiveTempBytes, Live);
+    if (auto E = runInstruction(In, Step, Training))
+      return createStringError(inconvertibleErrorCode(), "%s: %s",
+                               describe(In, I).c_str(),
+                               toString(std::move(E)).c_str());
+    Live -= FreeAt[I];
+  }
+  return Error::success();
+}
+
+Error Executor::runInstruction(const Instruction &I, int64_t Step,
+                               bool Training) {
+  const auto &Bufs = Prog.Buffers;
+  auto In = [&](unsigned K) { return ptr(I.In[K]); };
+  auto Out = [&](unsigned K) { return ptr(I.Out[K]); };
+  auto InT = [&](unsigned K) -> const TensorType & {
+    return Bufs[I.In[K]].Type;
+  };
+  auto OutT = [&](unsigned K) -> const TensorType & {
+    return Bufs[I.Out[K]].Type;
+  };
+  auto Ids = [&](unsigned K) {
+    return reinterpret_cast<const int64_t *>(In(K));
+  };
+  auto Zero = [&](unsigned K) {
+    std::memset(Out(K), 0, OutT(K).numBytes());
+  };
+  auto Check = [](cpu::Status S) -> Error {
+    if (S.ok())
+      return Error::success();
+    std::string Msg = S.Message;
+    if (S.Index >= 0)
+      Msg += formatv(" (element {0}, value {1})", S.Index, S.Value).str();
+    return planError(Msg);
+  };
+  auto ShapeOf = [](const TensorType &T) {
+    return cpu::Shape(T.Shape.data(), T.Shape.size());
+  };
+  double Ratio = Opts.Dropout.value_or(I.Attrs.getFloat("ratio", 0.0));
+  if (!Training)
+    Ratio = 0;
+
+  switch (I.Op) {
+  case OpKind::Embedding: {
+    const TensorType &T = InT(0);
+    return Check(cpu::embedding(Out(0), In(0), Ids(1), InT(1).numElements(),
+                                T.Shape[0], T.Shape[1]));
+  }
+  case OpKind::EmbeddingGrad: {
+    Zero(0);
+    const TensorType &T = OutT(0);
+    return Check(cpu::embeddingBackward(Out(0), In(1), Ids(0),
+                                        InT(0).numElements(), T.Shape[0],
+                                        T.Shape[1]));
+  }
+  case OpKind::Add:
+    if (InT(0).Shape == InT(1).Shape) {
+      cpu::add(Out(0), In(0), In(1), OutT(0).numElements());
+      return Error::success();
+    }
+    return Check(cpu::addBroadcast(Out(0), ShapeOf(OutT(0)), In(0),
+                                   ShapeOf(InT(0)), In(1), ShapeOf(InT(1))));
+  case OpKind::ReduceTo:
+    return Check(cpu::reduceToShape(Out(0), ShapeOf(OutT(0)), In(0),
+                                    ShapeOf(InT(0))));
+  case OpKind::LayerNorm: {
+    int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
+    std::vector<float> Scratch;
+    float *Mean, *Rstd;
+    if (I.Out.size() == 3) {
+      Mean = Out(1);
+      Rstd = Out(2);
+    } else {
+      Scratch.resize(2 * Rows);
+      Mean = Scratch.data();
+      Rstd = Scratch.data() + Rows;
+    }
+    cpu::layerNorm(Out(0), Mean, Rstd, In(0), In(1), In(2), Rows, H,
+                   I.Attrs.getFloat("epsilon", 1e-5));
+    return Error::success();
+  }
+  case OpKind::LayerNormGrad: {
+    int64_t H = InT(1).dim(-1), Rows = InT(1).numElements() / H;
+    Zero(1);
+    Zero(2);
+    cpu::layerNormBackward(Out(0), Out(1), Out(2), In(0), In(1), In(2), In(3),
+                           In(4), Rows, H);
+    return Error::success();
+  }
+  case OpKind::Linear: {
+    int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    cpu::linear(Out(0), In(0), In(1), I.In.size() > 2 ? In(2) : nullptr, Rows,
+                InF, OutF, I.Attrs.getInt("trans_w", 0));
+    return Error::success();
+  }
+  case OpKind::LinearGradW: {
+    int64_t InF = InT(0).dim(-1), OutF = InT(1).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    Zero(0);
+    cpu::linearBackwardWeight(Out(0), In(0), In(1), Rows, InF, OutF,
+                              I.Attrs.getInt("trans_w", 0));
+    return Error::success();
+  }
+  case OpKind::BiasGrad: {
+    int64_t OutF = InT(0).dim(-1);
+    Zero(0);
+    cpu::biasBackward(Out(0), In(0), InT(0).numElements() / OutF, OutF);
+    return Error::success();
+  }
+  case OpKind::Gelu:
+    cpu::gelu(Out(0), In(0), InT(0).numElements(), geluApprox(I.Attrs));
+    return Error::success();
+  case OpKind::GeluGrad:
+    cpu::geluBackward(Out(0), In(0), In(1), InT(0).numElements(),
+                      geluApprox(I.Attrs));
+    return Error::success();
+  case OpKind::SplitHeads: {
+    const TensorType &Q = OutT(0);
+    cpu::splitHeads(Out(0), Out(1), Out(2), In(0), Q.Shape[0], Q.Shape[2],
+                    Q.Shape[1], Q.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::SplitHeadsGrad: {
+    const TensorType &Q = InT(0);
+    cpu::splitHeadsBackward(Out(0), In(0), In(1), In(2), Q.Shape[0],
+                            Q.Shape[2], Q.Shape[1], Q.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::MergeHeads: {
+    const TensorType &X = InT(0);
+    cpu::mergeHeads(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+                    X.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::MergeHeadsGrad: {
+    const TensorType &X = OutT(0);
+    cpu::mergeHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+                            X.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::BatchMatMul: {
+    bool TA = I.Attrs.getInt("trans_a", 0), TB = I.Attrs.getInt("trans_b", 0);
+    const TensorType &C = OutT(0);
+    int64_t M = C.dim(-2), N = C.dim(-1);
+    int64_t K = TA ? InT(0).dim(-2) : InT(0).dim(-1);
+    int64_t Batch = C.numElements() / (M * N);
+    if (InT(0).numElements() != Batch * M * K ||
+        InT(1).numElements() != Batch * K * N)
+      return planError("batch_matmul with broadcast batch dimensions is not "
+                       "supported by the CPU backend");
+    cpu::batchMatMul(Out(0), In(0), In(1), Batch, M, N, K, TA, TB);
+    return Error::success();
+  }
+  case OpKind::Scale:
+    cpu::scale(Out(0), In(0), InT(0).numElements(),
+               I.Attrs.getFloat("alpha", 1.0));
+    return Error::success();
+  case OpKind::CausalMask: {
+    const TensorType &X = InT(0);
+    int64_t Sq = X.dim(-2), Sk = X.dim(-1);
+    cpu::causalMask(Out(0), In(0), X.numElements() / (Sq * Sk), Sq, Sk,
+                    I.Attrs.getFloat("fill", 0.0));
+    return Error::success();
+  }
+  case OpKind::Softmax: {
+    int64_t N = InT(0).dim(-1);
+    cpu::softmax(Out(0), In(0), InT(0).numElements() / N, N);
+    return Error::success();
+  }
+  case OpKind::SoftmaxGrad: {
+    int64_t N = InT(0).dim(-1);
+    cpu::softmaxBackward(Out(0), In(0), In(1), InT(0).numElements() / N, N);
+    return Error::success();
+  }
+  case OpKind::Dropout: {
+    auto Key = I.Attrs.getInts("key");
+    if (Key.size() != 2)
+      return planError("dropout has no Philox key; recompile the plan");
+    cpu::DropoutKey K{Opts.Seed, uint32_t(Key[0]), uint32_t(Key[1]),
+                      uint32_t(Step)};
+    uint8_t *Mask =
+        I.Out.size() > 1 ? reinterpret_cast<uint8_t *>(Out(1)) : nullptr;
+    return Check(cpu::dropout(Out(0), Mask, In(0), Ratio, K,
+                              cpu::GlobalIndex::whole(ShapeOf(InT(0)))));
+  }
+  case OpKind::DropoutGrad:
+    cpu::dropoutBackward(Out(0), In(0),
+                         reinterpret_cast<const uint8_t *>(In(1)),
+                         InT(0).numElements(), Ratio);
+    return Error::success();
+  case OpKind::CrossEntropy: {
+    int64_t V = InT(0).dim(-1);
+    return Check(cpu::crossEntropy(Out(0), In(0), Ids(1),
+                                   InT(1).numElements(), V,
+                                   I.Attrs.getInt("valid_vocab", V)));
+  }
+  case OpKind::CrossEntropyGrad: {
+    int64_t V = InT(0).dim(-1);
+    return Check(cpu::crossEntropyBackward(
+        Out(0), In(0), Ids(1), *In(2), InT(1).numElements(), V,
+        I.Attrs.getInt("valid_vocab", V)));
+  }
+  case OpKind::GradNorm: {
+    double Sum = 0;
+    for (unsigned K = 0; K < I.In.size(); ++K)
+      Sum += cpu::sumSquares(In(K), InT(K).numElements());
+    *Out(0) = float(std::sqrt(Sum));
+    return Error::success();
+  }
+  case OpKind::AdamW: {
+    double MaxNorm = I.Attrs.getFloat("max_norm", 0.0);
+    float Scale =
+        MaxNorm > 0 ? cpu::clipCoefficient(*In(4), float(MaxNorm)) : 1.0f;
+    cpu::adamw(In(0), In(1), In(2), In(3), InT(0).numElements(), *In(5),
+               I.Attrs.getFloat("beta1", 0.9), I.Attrs.getFloat("beta2", 0.999),
+               I.Attrs.getFloat("eps", 1e-8),
+               I.Attrs.getFloat("weight_decay", 0.0), Scale,
+               int64_t(*In(6)));
+    return Error::success();
+  }
+  default:
+    return planError("the CPU backend has no kernel for this op");
+  }
+}
+
+std::vector<TensorView> Executor::parameters() const {
+  std::vector<TensorView> R;
+  for (size_t B = 0; B < Prog.Buffers.size(); ++B)
+    if (Prog.Buffers[B].K == ProgramBuffer::Param)
+      R.push_back({Prog.Buffers[B].Name, Prog.Buffers[B].Type, ptr(B)});
+  return R;
+}
+
+std::vector<TensorView> Executor::optimizerState() const {
+  std::vector<TensorView> R;
+  for (size_t B = 0; B < Prog.Buffers.size(); ++B)
+    if (Prog.Buffers[B].K == ProgramBuffer::State)
+      R.push_back({Prog.Buffers[B].Name, Prog.Buffers[B].Type, ptr(B)});
+  return R;
+}
+
+std::optional<TensorView> Executor::gradient(StringRef Param) const {
+  int B = Prog.output(("grad:" + Param).str());
+  if (B < 0)
+    return std::nullopt;
+  return TensorView{Param.str(), Prog.Buffers[B].Type, ptr(B)};
+}
+
+std::optional<TensorView> Executor::logits() const {
+  if (LogitsBuffer < 0)
+    return std::nullopt;
+  return TensorView{"logits", Prog.Buffers[LogitsBuffer].Type,
+                    ptr(LogitsBuffer)};
+}
+
+} // namespace sp

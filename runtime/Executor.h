@@ -1,0 +1,101 @@
+//===- Executor.h - Runs a plan on the CPU ---------------------*- C++ -*-===//
+//
+// Allocates the plan's arena once (exactly ArenaBytes), loads the parameters
+// into it, zeroes the optimizer state, and runs the program's instructions in
+// order, each through its CPU kernel (runtime/cpu/Kernels.h).
+//
+// Gradient rule: every instruction fully writes its outputs. Kernels that
+// accumulate (weight, bias, embedding and LayerNorm-parameter gradients) get
+// their output zeroed first; gradients of a value used twice are summed by
+// explicit add instructions in the program.
+//
+// Dropout masks come from Philox keyed by (seed, layer, site, step, global
+// element index): the same run seed and step give the same masks on any
+// layout, and a new step gives new masks.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_EXECUTOR_H
+#define SP_RUNTIME_EXECUTOR_H
+
+#include "runtime/Plan.h"
+#include "llvm/Support/Error.h"
+#include <memory>
+#include <optional>
+
+namespace sp {
+
+struct RunOptions {
+  uint64_t Seed = 1234;
+  /// Overrides every dropout ratio (0 turns dropout off).
+  std::optional<double> Dropout;
+};
+
+struct MemoryStats {
+  int64_t ArenaBytes = 0;      // allocated = the plan's planned peak
+  int64_t PersistentBytes = 0; // parameters, optimizer state, inputs
+  /// Measured while running: the highest arena address any instruction
+  /// touched, and the largest sum of live temporaries at one instruction.
+  int64_t HighWaterBytes = 0;
+  int64_t PeakLiveTempBytes = 0;
+};
+
+/// A named tensor in the arena (fp32 on the CPU backend).
+struct TensorView {
+  std::string Name;
+  TensorType Type;
+  float *Data;
+  int64_t size() const { return Type.numElements(); }
+};
+
+class Executor {
+public:
+  /// Checks the plan (fp32 activations, known ops), allocates the arena and
+  /// loads the parameters. Errors name the parameter or the instruction.
+  static llvm::Expected<std::unique_ptr<Executor>> create(const Plan &P,
+                                                          RunOptions Opts);
+  ~Executor();
+
+  /// Token ids: [batch, seq] each. Token ids must be below vocab().
+  int64_t batch() const { return Batch; }
+  int64_t seq() const { return Seq; }
+  int64_t vocab() const { return Vocab; }
+
+  /// One training step: forward, backward and the AdamW update with learning
+  /// rate LR; Step is 1-based (AdamW bias correction, dropout stream).
+  llvm::Expected<double> trainStep(llvm::ArrayRef<int64_t> Idx,
+                                   llvm::ArrayRef<int64_t> Targets, double LR,
+                                   int64_t Step);
+  /// The forward alone, without dropout and without an update: the loss.
+  /// The logits stay readable (logits()) until the next call.
+  llvm::Expected<double> evalLoss(llvm::ArrayRef<int64_t> Idx,
+                                  llvm::ArrayRef<int64_t> Targets);
+
+  /// Parameters, by their ONNX initializer names, in plan order.
+  std::vector<TensorView> parameters() const;
+  /// The gradient of a parameter from the last trainStep (before clipping).
+  std::optional<TensorView> gradient(llvm::StringRef Param) const;
+  /// AdamW moments ("adam.m.<param>", "adam.v.<param>").
+  std::vector<TensorView> optimizerState() const;
+  /// The logits of the last evalLoss.
+  std::optional<TensorView> logits() const;
+  MemoryStats memory() const { return Stats; }
+
+private:
+  Executor() = default;
+  llvm::Error run(Phase Last, int64_t Step, bool Training);
+  llvm::Error runInstruction(const Instruction &I, int64_t Step,
+                             bool Training);
+  llvm::Error setTokens(llvm::StringRef Input, llvm::ArrayRef<int64_t> Ids);
+  float *ptr(int Buffer) const;
+
+  Program Prog;
+  RunOptions Opts;
+  int64_t Batch = 0, Seq = 0, Vocab = 0;
+  char *Arena = nullptr;
+  MemoryStats Stats;
+  int LogitsBuffer = -1;
+};
+
+} // namespace sp
+
+#endif // SP_RUNTIME_EXECUTOR_H

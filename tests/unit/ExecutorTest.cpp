@@ -1,0 +1,104 @@
+//===- ExecutorTest.cpp - The CPU executor on the default model -----------===//
+#include "frontend/OnnxImporter.h"
+#include "passes/MemoryPlan.h"
+#include "passes/PassManager.h"
+#include "passes/Passes.h"
+#include "runtime/Executor.h"
+#include "gtest/gtest.h"
+#include <cmath>
+#include <random>
+
+using namespace sp;
+using namespace llvm;
+
+namespace {
+
+/// Compiles models/tiny/gpt-tiny.onnx in-process into a plan.
+Plan compileTiny() {
+  registerOnnxDataLoader();
+  auto G = cantFail(
+      importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
+  PassManager PM(PassManagerOptions{});
+  cantFail(PM.addPipeline(DefaultPipeline));
+  PassContext Ctx;
+  cantFail(PM.run(*G, Ctx));
+  Plan P;
+  P.Prog = cantFail(lowerGraph(*G, DType::F32));
+  planMemory(P.Prog);
+  P.Manifest = {{"dtype", "f32"}};
+  return P;
+}
+
+std::vector<int64_t> randomTokens(size_t N, int64_t Vocab, unsigned Seed) {
+  std::mt19937 Rng(Seed);
+  std::vector<int64_t> T(N);
+  for (int64_t &X : T)
+    X = Rng() % Vocab;
+  return T;
+}
+
+TEST(Executor, TrainsAndMeasuresThePlannedMemory) {
+  Plan P = compileTiny();
+  auto E = cantFail(Executor::create(P, RunOptions{}));
+  ASSERT_EQ(E->batch(), 4);
+  ASSERT_EQ(E->seq(), 64);
+  ASSERT_EQ(E->vocab(), 256);
+  auto Idx = randomTokens(4 * 64, 256, 1);
+  auto Targets = randomTokens(4 * 64, 256, 2);
+  // Untrained: close to ln(256).
+  double First = cantFail(E->trainStep(Idx, Targets, 1e-3, 1));
+  EXPECT_NEAR(First, std::log(256.0), 0.3);
+  double Last = First;
+  for (int Step = 2; Step <= 15; ++Step)
+    Last = cantFail(E->trainStep(Idx, Targets, 1e-3, Step));
+  EXPECT_LT(Last, First - 0.5) << "the loss must fall on a repeated batch";
+
+  MemoryStats M = E->memory();
+  EXPECT_EQ(M.ArenaBytes, P.Prog.ArenaBytes);
+  EXPECT_EQ(M.HighWaterBytes, P.Prog.ArenaBytes);
+  EXPECT_EQ(M.PeakLiveTempBytes, peakLiveTempBytes(P.Prog));
+}
+
+TEST(Executor, EvalIsDeterministicAndGradientsAreExposed) {
+  Plan P = compileTiny();
+  RunOptions O;
+  O.Dropout = 0.0;
+  auto E = cantFail(Executor::create(P, O));
+  auto Idx = randomTokens(4 * 64, 256, 3);
+  double A = cantFail(E->evalLoss(Idx, Idx));
+  double B = cantFail(E->evalLoss(Idx, Idx));
+  EXPECT_EQ(A, B);
+  ASSERT_TRUE(E->logits());
+  EXPECT_EQ(E->logits()->Type, TensorType(DType::F32, {4, 64, 256}));
+  // With dropout off, the training loss of step 1 equals the eval loss.
+  double L = cantFail(E->trainStep(Idx, Idx, 1e-3, 1));
+  EXPECT_NEAR(L, A, 1e-6);
+  for (const TensorView &Param : E->parameters()) {
+    auto G = E->gradient(Param.Name);
+    ASSERT_TRUE(G) << Param.Name;
+    EXPECT_EQ(G->Type, Param.Type);
+    double Norm = 0;
+    for (int64_t I = 0; I < G->size(); ++I)
+      Norm += double(G->Data[I]) * G->Data[I];
+    EXPECT_GT(Norm, 0) << Param.Name;
+  }
+  EXPECT_EQ(E->optimizerState().size(), 2 * E->parameters().size());
+}
+
+TEST(Executor, RejectsBadTokensAndPlans) {
+  Plan P = compileTiny();
+  auto E = cantFail(Executor::create(P, RunOptions{}));
+  auto Idx = randomTokens(4 * 64, 256, 4);
+  Idx[17] = 300;
+  auto L = E->trainStep(Idx, Idx, 1e-3, 1);
+  ASSERT_FALSE(L);
+  EXPECT_NE(toString(L.takeError()).find("token id 300 at position 17"),
+            std::string::npos);
+  P.Manifest["dtype"] = "bf16";
+  auto Bad = Executor::create(P, RunOptions{});
+  ASSERT_FALSE(Bad);
+  EXPECT_NE(toString(Bad.takeError()).find("the CPU backend runs fp32 plans"),
+            std::string::npos);
+}
+
+} // namespace

@@ -5,7 +5,10 @@
 //  1. Read the file and parse the ModelProto. A short wire-format walk over
 //     the top-level fields first tells a truncated file (a field runs past
 //     the end) from a file that is not an ONNX model at all.
-//  2. Check the opset (default domain, 13 to 17).
+//  2. Check the opset (default domain, 13 to 17) and the nodes: each one a
+//     supported op of the default domain, without an empty optional input
+//     in the middle, using only values defined before it (ONNX graphs are
+//     topologically sorted).
 //  3. Bind the symbolic dimensions of the graph inputs (ImportOptions), and
 //     refuse any that remain unknown, naming the input, the dimension and the
 //     flag that binds it.
@@ -18,9 +21,10 @@
 //     other node gets its onnx.* op, its attributes (ONNX names, see
 //     ir/OnnxShapes.cpp for the mapping) and operands, and is typed with
 //     inferTypes. A type that ONNX inferred statically must agree with ours.
-//     A node whose operands are constants with data at hand (and any Shape)
-//     is evaluated with foldOp and becomes constants named after its ONNX
-//     outputs; otherwise it is appended to the graph.
+//     A node whose operands are all constants with data at hand (inline or
+//     already loaded; nothing is read to fold), and any Shape, is evaluated
+//     with foldOp and becomes constants named after its ONNX outputs;
+//     otherwise it is appended to the graph, named after the ONNX node.
 //  7. Drop unused constants and run the verifier.
 //
 // Parameters and constants. torch writes trained parameters and buffers alike
@@ -69,7 +73,6 @@
 #include "ir/Fold.h"
 #include "ir/ShapeInference.h"
 #include "ir/Verifier.h"
-#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
@@ -110,7 +113,7 @@ Error makeError(const Twine &Msg) {
 Error fileError(StringRef Path, const Twine &Msg) {
   std::string S = Msg.str();
   std::replace(S.begin(), S.end(), '\n', ' ');
-  return makeError(Path + ": " + S);
+  return makeError(Path + ": " + StringRef(S).trim());
 }
 
 //===----------------------------------------------------------------------===//
@@ -158,7 +161,15 @@ WireScan scanModelWire(ArrayRef<uint8_t> Buf) {
     case 1: // ir_version
     case 5: // model_version
       return 0;
-    case 2: case 3: case 4: case 6: case 7: case 8: case 14: case 20: case 25:
+    case 2:
+    case 3:
+    case 4:
+    case 6:
+    case 7:
+    case 8:
+    case 14:
+    case 20:
+    case 25:
       return 2;
     default:
       return -1;
@@ -218,7 +229,8 @@ Expected<std::unique_ptr<onnx::ModelProto>> readModel(StringRef Path) {
   auto Buf = MemoryBuffer::getFile(Path, /*IsText=*/false,
                                    /*RequiresNullTerminator=*/false);
   if (!Buf)
-    return fileError(Path, "cannot read the model: " + Buf.getError().message());
+    return fileError(Path,
+                     "cannot read the model: " + Buf.getError().message());
   StringRef Bytes = (*Buf)->getBuffer();
   if (Bytes.size() > size_t(INT_MAX))
     return fileError(Path, "the model is larger than 2 GB, which protobuf "
@@ -293,12 +305,11 @@ bool sizeFits(ArrayRef<int64_t> Shape) {
   return true;
 }
 
-Expected<TensorType> tensorTypeOf(const onnx::TensorProto &T,
-                                  StringRef What) {
+Expected<TensorType> tensorTypeOf(const onnx::TensorProto &T, StringRef What) {
   auto D = dtypeOf(T.data_type());
   if (!D)
-    return makeError(What + " has element type " +
-                     onnxTypeName(T.data_type()) + ", which is not supported");
+    return makeError(What + " has element type " + onnxTypeName(T.data_type()) +
+                     ", which is not supported");
   TensorType Ty(*D, {});
   for (int64_t Dim : T.dims()) {
     if (Dim < 0)
@@ -397,8 +408,8 @@ struct ExternalLocation {
 /// Resolves the external-data entries of T against the model's folder Dir
 /// (absolute). Refuses absolute locations and locations that escape Dir.
 Expected<ExternalLocation> externalLocation(const onnx::TensorProto &T,
-                                            const TensorType &Ty,
-                                            StringRef Dir, StringRef What) {
+                                            const TensorType &Ty, StringRef Dir,
+                                            StringRef What) {
   std::string Location;
   ExternalLocation L;
   L.Length = -1;
@@ -422,8 +433,7 @@ Expected<ExternalLocation> externalLocation(const onnx::TensorProto &T,
                              "model folder '{2}'",
                              Location, What.str(), Dir));
   SmallString<128> Rel(Location);
-  sys::path::remove_dots(Rel, /*remove_dot_dot=*/true,
-                         sys::path::Style::posix);
+  sys::path::remove_dots(Rel, /*remove_dot_dot=*/true, sys::path::Style::posix);
   if (Rel.empty() || Rel == "." || *sys::path::begin(Rel) == "..")
     return makeError(formatv("external data location '{0}' of {1} escapes "
                              "the model folder '{2}'",
@@ -562,11 +572,9 @@ Expected<Attribute> convertAttribute(const onnx::AttributeProto &A) {
   case onnx::AttributeProto::FLOATS:
     return Attribute(std::vector<double>(A.floats().begin(), A.floats().end()));
   default:
-    return makeError(formatv("attribute '{0}' of type {1} is not supported",
-                             A.name(),
-                             StringRef(onnx::AttributeProto_AttributeType_Name(
-                                           A.type()))
-                                 .lower()));
+    return makeError(formatv(
+        "attribute '{0}' of type {1} is not supported", A.name(),
+        StringRef(onnx::AttributeProto_AttributeType_Name(A.type())).lower()));
   }
 }
 
@@ -630,6 +638,7 @@ private:
   Error checkOpset();
   Error checkNodes();
   Error bindInputs();
+  Error unboundDimension(StringRef Name, StringRef Param, int I, bool IsFirst);
   Error importInitializers();
   Error runOnnxShapeInference();
   Error importNode(const onnx::NodeProto &N, unsigned Index);
@@ -681,11 +690,11 @@ Expected<std::unique_ptr<Graph>> Importer::run() {
         NodeOutputs.insert(O);
   findParameters();
 
+  if (auto E = checkNodes())
+    return E;
   if (auto E = bindInputs())
     return E;
   if (auto E = importInitializers())
-    return E;
-  if (auto E = checkNodes())
     return E;
   if (auto E = runOnnxShapeInference())
     return E;
@@ -756,6 +765,30 @@ void Importer::findParameters() {
   }
 }
 
+/// The flags that bind dimensions 0 and 1 of the first graph input.
+const char *const PositionalFlags[2] = {"--batch", "--seq"};
+
+/// The error for dimension I of input Name that nothing binds: symbolic
+/// (named Param) or unknown (Param empty). It says which flag binds it.
+Error Importer::unboundDimension(StringRef Name, StringRef Param, int I,
+                                 bool IsFirst) {
+  std::string What = Param.empty() ? std::string("an unknown dimension")
+                                   : "symbolic dimension '" + Param.str() + "'";
+  std::string Flag;
+  if (Param == "batch" || Param == "seq")
+    Flag = "--" + Param.str() + " N";
+  else if (IsFirst && I < 2)
+    Flag = std::string(PositionalFlags[I]) + " N";
+  else if (!Param.empty())
+    Flag = "--dim " + Param.str() + "=N";
+  if (Flag.empty())
+    return error(formatv("input '{0}' has {1} (dim {2}); export the model "
+                         "with static or named dimensions",
+                         Name, What, I));
+  return error(formatv("input '{0}' has {1} (dim {2}); bind it with {3}", Name,
+                       What, I, Flag));
+}
+
 Error Importer::bindInputs() {
   onnx::GraphProto &GP = *Model->mutable_graph();
   // Symbolic dimension values: by name, then (for names not given) by
@@ -765,7 +798,6 @@ Error Importer::bindInputs() {
     if (KV.second > 0)
       DimValues[KV.first()] = KV.second;
   const int64_t Positional[2] = {Opts.Batch, Opts.Seq};
-  const char *const PositionalFlag[2] = {"--batch", "--seq"};
 
   bool First = true;
   for (onnx::ValueInfoProto &In : *GP.mutable_input()) {
@@ -785,13 +817,14 @@ Error Importer::bindInputs() {
       return error("input '" + Name + "' has no shape");
     TensorType Ty(*D, {});
     for (int I = 0; I < TT.shape().dim_size(); ++I) {
-      onnx::TensorShapeProto::Dimension &Dim = *TT.mutable_shape()->mutable_dim(I);
+      onnx::TensorShapeProto::Dimension &Dim =
+          *TT.mutable_shape()->mutable_dim(I);
       bool HasPositional = IsFirst && I < 2 && Positional[I] > 0;
       if (Dim.has_dim_value()) {
         if (HasPositional && Dim.dim_value() != Positional[I])
           return error(formatv("input '{0}' has static dimension {1} (dim "
                                "{2}), but {3} {4} was given",
-                               Name, Dim.dim_value(), I, PositionalFlag[I],
+                               Name, Dim.dim_value(), I, PositionalFlags[I],
                                Positional[I]));
         if (Dim.dim_value() < 0)
           return error(formatv("input '{0}' has a negative dimension (dim "
@@ -808,24 +841,8 @@ Error Importer::bindInputs() {
         V = Positional[I];
       if (!Param.empty() && V > 0)
         DimValues.try_emplace(Param, V); // the same name elsewhere
-      if (V <= 0) {
-        std::string Flag = Param == "batch"   ? "--batch N"
-                           : Param == "seq"   ? "--seq N"
-                           : IsFirst && I < 2 ? std::string(PositionalFlag[I]) +
-                                                    " N"
-                           : Param.empty()
-                               ? ""
-                               : "--dim " + Param + "=N";
-        std::string What =
-            Param.empty() ? std::string("an unknown dimension")
-                          : "symbolic dimension '" + Param + "'";
-        if (Flag.empty())
-          return error(formatv("input '{0}' has {1} (dim {2}); export the "
-                               "model with static or named dimensions",
-                               Name, What, I));
-        return error(formatv("input '{0}' has {1} (dim {2}); bind it with {3}",
-                             Name, What, I, Flag));
-      }
+      if (V <= 0)
+        return unboundDimension(Name, Param, I, IsFirst);
       Dim.set_dim_value(V); // for ONNX's shape inference
       Ty.Shape.push_back(V);
     }
@@ -1056,8 +1073,8 @@ Error Importer::importNode(const onnx::NodeProto &N, unsigned Index) {
   for (int I = 0; I < NumInputs; ++I) {
     Value *V = Values.lookup(N.input(I));
     if (!V) // e.g. an unused output of a folded node
-      return error(formatv("{0}: input '{1}' is not defined", Desc,
-                           N.input(I)));
+      return error(
+          formatv("{0}: input '{1}' is not defined", Desc, N.input(I)));
     Operands.push_back(V);
   }
 
@@ -1119,8 +1136,8 @@ Error Importer::importNode(const onnx::NodeProto &N, unsigned Index) {
   if (int(Types->size()) < NumResults)
     return error(formatv("{0}: has {1} outputs, expected at most {2}", Desc,
                          NumResults, Types->size()));
-  ArrayRef<TensorType> ResultTypes = ArrayRef<TensorType>(*Types).take_front(
-      NumResults);
+  ArrayRef<TensorType> ResultTypes =
+      ArrayRef<TensorType>(*Types).take_front(NumResults);
   if (auto E = checkAgainstOnnx(Desc, N, ResultTypes))
     return E;
 
@@ -1137,8 +1154,8 @@ Error Importer::importNode(const onnx::NodeProto &N, unsigned Index) {
       for (int I = 0; I < NumResults; ++I) {
         if (N.output(I).empty())
           continue;
-        Value *C = G->addConst(N.output(I), ResultTypes[I],
-                               std::move((**Folded)[I]));
+        Value *C =
+            G->addConst(N.output(I), ResultTypes[I], std::move((**Folded)[I]));
         if (auto E = defineValue(N.output(I), C, Desc))
           return E;
       }

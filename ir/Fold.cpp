@@ -708,10 +708,9 @@ Expected<FoldResult> foldOp(OpKind Op, ArrayRef<Value *> Operands,
     return FoldResult(std::move(Out));
   }
   case OpKind::OnnxSlice:
-    return Single(foldSlice(X[0], X[1].Ints,
-                            X.size() > 3 ? ArrayRef<int64_t>(X[3].Ints) : None,
-                            X.size() > 4 ? ArrayRef<int64_t>(X[4].Ints) : None,
-                            RT));
+    return Single(foldSlice(
+        X[0], X[1].Ints, X.size() > 3 ? ArrayRef<int64_t>(X[3].Ints) : None,
+        X.size() > 4 ? ArrayRef<int64_t>(X[4].Ints) : None, RT));
   case OpKind::OnnxConstantOfShape:
     return Single(foldConstantOfShape(Attrs, RT));
   case OpKind::OnnxRange:

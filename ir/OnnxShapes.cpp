@@ -89,13 +89,13 @@ std::optional<DType> dtypeFromOnnx(int64_t T) {
 Error expectOperands(ArrayRef<Value *> Ops, unsigned Min, unsigned Max) {
   if (Ops.size() < Min || Ops.size() > Max) {
     if (Min == Max)
-      return typeError(formatv("expected {0} operands, got {1}", Min,
-                               Ops.size()));
+      return typeError(
+          formatv("expected {0} operands, got {1}", Min, Ops.size()));
     if (Max == ~0u)
-      return typeError(formatv("expected at least {0} operands, got {1}", Min,
-                               Ops.size()));
-    return typeError(formatv("expected {0} to {1} operands, got {2}", Min, Max,
-                             Ops.size()));
+      return typeError(
+          formatv("expected at least {0} operands, got {1}", Min, Ops.size()));
+    return typeError(
+        formatv("expected {0} to {1} operands, got {2}", Min, Max, Ops.size()));
   }
   for (unsigned I = 0; I < Ops.size(); ++I)
     if (!Ops[I])
@@ -132,15 +132,15 @@ Expected<int64_t> constScalar(ArrayRef<Value *> Ops, unsigned I,
 /// Maps a possibly negative axis into [0, Rank).
 Expected<unsigned> normAxis(int64_t Axis, int64_t Rank) {
   if (Axis < -Rank || Axis >= Rank)
-    return typeError(formatv("axis {0} is out of range for rank {1}", Axis,
-                             Rank));
+    return typeError(
+        formatv("axis {0} is out of range for rank {1}", Axis, Rank));
   return unsigned(Axis < 0 ? Axis + Rank : Axis);
 }
 
 Error expectFloat(const Value *V, unsigned I) {
   if (!isFloat(V->type().Dtype))
-    return typeError(formatv("operand {0} must be floating point, it is {1}",
-                             I, V->type().str()));
+    return typeError(formatv("operand {0} must be floating point, it is {1}", I,
+                             V->type().str()));
   return Error::success();
 }
 
@@ -155,8 +155,7 @@ Error expectSameDtype(ArrayRef<Value *> Ops, unsigned A, unsigned B) {
   if (Ops[A]->type().Dtype != Ops[B]->type().Dtype)
     return typeError(formatv("operands {0} and {1} have different element "
                              "types: {2} and {3}",
-                             A, B, Ops[A]->type().str(),
-                             Ops[B]->type().str()));
+                             A, B, Ops[A]->type().str(), Ops[B]->type().str()));
   return Error::success();
 }
 
@@ -246,8 +245,8 @@ Expected<TypeList> inferCast(ArrayRef<Value *> Ops, const AttrList &Attrs) {
   int64_t To = Attrs.getInt("to", 0);
   auto D = dtypeFromOnnx(To);
   if (!D)
-    return typeError(formatv("cast to ONNX data type {0} is not supported",
-                             To));
+    return typeError(
+        formatv("cast to ONNX data type {0} is not supported", To));
   return TypeList{TensorType(*D, Ops[0]->type().Shape)};
 }
 
@@ -453,8 +452,8 @@ Expected<TypeList> inferReshape(ArrayRef<Value *> Ops, const AttrList &Attrs) {
     int64_t D = (*Shape)[I];
     if (D == -1) {
       if (Inferred >= 0)
-        return typeError(formatv("shape {0} has more than one -1",
-                                 shapeStr(*Shape)));
+        return typeError(
+            formatv("shape {0} has more than one -1", shapeStr(*Shape)));
       Inferred = I;
     } else if (D == 0 && !AllowZero) {
       if (I >= X.rank())
@@ -463,8 +462,8 @@ Expected<TypeList> inferReshape(ArrayRef<Value *> Ops, const AttrList &Attrs) {
                                  shapeStr(*Shape), I, X.rank()));
       D = X.Shape[I];
     } else if (D < 0) {
-      return typeError(formatv("shape {0} has a negative dimension",
-                               shapeStr(*Shape)));
+      return typeError(
+          formatv("shape {0} has a negative dimension", shapeStr(*Shape)));
     }
     Out.push_back(D);
     if (D != -1 && __builtin_mul_overflow(Known, D, &Known))
@@ -476,12 +475,12 @@ Expected<TypeList> inferReshape(ArrayRef<Value *> Ops, const AttrList &Attrs) {
       return typeError("with allowzero = 1 the shape cannot have both 0 and "
                        "-1");
     if (Known == 0 || Total % Known)
-      return typeError(formatv("cannot reshape {0} to {1}", X.str(),
-                               shapeStr(*Shape)));
+      return typeError(
+          formatv("cannot reshape {0} to {1}", X.str(), shapeStr(*Shape)));
     Out[Inferred] = Total / Known;
   } else if (Known != Total) {
-    return typeError(formatv("cannot reshape {0} to {1}", X.str(),
-                             shapeStr(*Shape)));
+    return typeError(
+        formatv("cannot reshape {0} to {1}", X.str(), shapeStr(*Shape)));
   }
   return TypeList{TensorType(X.Dtype, Out)};
 }
@@ -495,8 +494,8 @@ Expected<TypeList> inferExpand(ArrayRef<Value *> Ops) {
   if (!Shape)
     return Shape.takeError();
   if (any_of(*Shape, [](int64_t D) { return D < 0; }))
-    return typeError(formatv("shape {0} has a negative dimension",
-                             shapeStr(*Shape)));
+    return typeError(
+        formatv("shape {0} has a negative dimension", shapeStr(*Shape)));
   auto S = broadcastShapes(Ops[0]->type().Shape, *Shape);
   if (!S)
     return S.takeError();
@@ -515,8 +514,8 @@ Expected<TypeList> inferConstantOfShape(ArrayRef<Value *> Ops,
   if (!Shape)
     return Shape.takeError();
   if (any_of(*Shape, [](int64_t D) { return D < 0; }))
-    return typeError(formatv("shape {0} has a negative dimension",
-                             shapeStr(*Shape)));
+    return typeError(
+        formatv("shape {0} has a negative dimension", shapeStr(*Shape)));
   if (auto E = expectSaneSize(*Shape))
     return E;
   int64_t Code = Attrs.getInt("dtype", 1);
@@ -564,8 +563,8 @@ Expected<TypeList> inferSqueeze(ArrayRef<Value *> Ops) {
       if (!Axis)
         return Axis.takeError();
       if (X.Shape[*Axis] != 1)
-        return typeError(formatv("cannot squeeze axis {0} of size {1}", A,
-                                 X.Shape[*Axis]));
+        return typeError(
+            formatv("cannot squeeze axis {0} of size {1}", A, X.Shape[*Axis]));
       Removed[*Axis] = true;
     }
   } else {
@@ -589,14 +588,14 @@ Expected<TypeList> inferTranspose(ArrayRef<Value *> Ops,
     for (int64_t I = X.rank() - 1; I >= 0; --I)
       Perm.push_back(I);
   if (Perm.size() != X.rank())
-    return typeError(formatv("perm {0} does not match rank {1}",
-                             shapeStr(Perm), X.rank()));
+    return typeError(
+        formatv("perm {0} does not match rank {1}", shapeStr(Perm), X.rank()));
   SmallVector<bool, 6> Seen(X.rank(), false);
   TensorType T(X.Dtype, {});
   for (int64_t P : Perm) {
     if (P < 0 || P >= int64_t(X.rank()) || Seen[P])
-      return typeError(formatv("perm {0} is not a permutation",
-                               shapeStr(Perm)));
+      return typeError(
+          formatv("perm {0} is not a permutation", shapeStr(Perm)));
     Seen[P] = true;
     T.Shape.push_back(X.Shape[P]);
   }
@@ -649,8 +648,8 @@ Expected<TypeList> inferSplit(ArrayRef<Value *> Ops, const AttrList &Attrs) {
     int64_t Sum = 0;
     for (int64_t P : Sizes) {
       if (P < 0)
-        return typeError(formatv("split sizes {0} have a negative size",
-                                 shapeStr(Sizes)));
+        return typeError(
+            formatv("split sizes {0} have a negative size", shapeStr(Sizes)));
       Sum += P;
     }
     if (Sum != Dim)

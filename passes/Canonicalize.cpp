@@ -27,11 +27,13 @@
 //
 // Causal masks are recognised from their values when the mask is a constant
 // the compiler can evaluate (folded Trilu/Where subgraphs, or a tril buffer
-// with data). A weight-free graph cannot read its mask buffer; there the
-// torch/GPT-2 form `Where(Equal(Slice(buffer), 0), fill, scores)` (or with
-// Not/Cast instead of Equal) on a [.., S, S] buffer is accepted on structure
-// alone, assuming the buffer is the lower-triangular tril that GPT-2 and
-// nanoGPT register.
+// with data). Two forms are recognised on structure alone: a weight-free
+// graph cannot read its mask buffer, so the torch/GPT-2 form
+// `Where(Equal(Slice(buffer), 0), fill, scores)` (or with Not/Cast instead of
+// Equal) on a [.., S, S] buffer is accepted, assuming the buffer is the
+// lower-triangular tril that GPT-2 and nanoGPT register; and a mask built at
+// run time too large to fold, `Not(Trilu(ConstantOfShape(true), 0, upper=0))`,
+// is causal by construction.
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ShapeInference.h"
@@ -656,6 +658,33 @@ bool isUnreadableTrilBufferTest(Value *Cond) {
   return true;
 }
 
+/// A lower triangle of ones built at run time, too large to fold:
+/// Trilu(ConstantOfShape(nonzero), k = 0, upper = 0).
+bool isTriluOfOnes(Value *V) {
+  Node *Tri = def(V, OpKind::OnnxTrilu);
+  if (!Tri || Tri->attrs().getInt("upper", 1) != 0)
+    return false;
+  if (Tri->numOperands() > 1 && !isScalar(Tri->operand(1), 0.0) &&
+      scalar(Tri->operand(1)).value_or(1) != 0)
+    return false;
+  Node *Ones = def(Tri->operand(0), OpKind::OnnxConstantOfShape);
+  const TensorType &T = Tri->result()->type();
+  return Ones && Ones->attrs().getFloat("value", 0) != 0 && T.rank() >= 2 &&
+         T.dim(-1) == T.dim(-2);
+}
+
+/// Where's condition, masking the strict upper triangle, written as
+/// Not(lower triangle of ones) without constant data.
+bool isNotTriluOfOnes(Value *Cond) {
+  Node *Not = def(Cond, OpKind::OnnxNot);
+  if (!Not)
+    return false;
+  Value *In = Not->operand(0);
+  if (Node *Cast = def(In, OpKind::OnnxCast))
+    In = Cast->operand(0);
+  return isTriluOfOnes(In);
+}
+
 bool causalMask(Rewriter &R, Node &N) {
   Value *X = nullptr;
   double Fill = 0;
@@ -668,7 +697,8 @@ bool causalMask(Rewriter &R, Node &N) {
         continue;
       // Where(masked, fill, x): masked is the strict upper triangle.
       bool Upper = I == 1;
-      if (isTriangle(C, Upper) || (Upper && isUnreadableTrilBufferTest(C))) {
+      if (isTriangle(C, Upper) ||
+          (Upper && (isUnreadableTrilBufferTest(C) || isNotTriluOfOnes(C)))) {
         X = Other;
         Fill = *F;
       }

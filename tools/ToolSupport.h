@@ -4,6 +4,7 @@
 
 #include "frontend/OnnxImporter.h"
 #include "ir/IR.h"
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 #include <functional>
@@ -18,6 +19,13 @@ int reportError(llvm::StringRef Tool, llvm::Error E);
 /// that a failure never leaves a half-written file behind. "-" is stdout.
 llvm::Error writeFileAtomically(llvm::StringRef Path,
                                 std::function<void(llvm::raw_ostream &)> Write);
+
+/// The import flags shared by the tools: --batch, --seq and --dim NAME=N.
+/// Call before ParseCommandLine; returns their category.
+llvm::cl::OptionCategory &registerImportCLOptions();
+/// Reads them (after ParseCommandLine); fails on a malformed --dim or a
+/// non-positive size, naming the flag.
+llvm::Expected<ImportOptions> importOptionsFromCL();
 
 /// Loads a model: ONNX (by the .onnx extension) or textual IR ("-" reads
 /// stdin).

@@ -26,12 +26,6 @@ using namespace sp;
 static cl::OptionCategory Cat("sp-compile options");
 static cl::opt<std::string> Input(cl::Positional, cl::desc("<model.onnx>"),
                                   cl::Required, cl::cat(Cat));
-static cl::opt<int64_t> Batch("batch",
-                              cl::desc("Micro-batch size (binds a symbolic batch dimension)"),
-                              cl::init(0), cl::cat(Cat));
-static cl::opt<int64_t> Seq("seq",
-                            cl::desc("Sequence length (binds a symbolic sequence dimension)"),
-                            cl::init(0), cl::cat(Cat));
 static cl::opt<std::string> Report("report", cl::desc("Write a JSON report"),
                                    cl::value_desc("file.json"), cl::cat(Cat));
 static cl::opt<bool> Quiet("quiet", cl::desc("Do not print the summary"),
@@ -71,20 +65,15 @@ static std::string humanBytes(double B) {
 int main(int Argc, char **Argv) {
   InitLLVM X(Argc, Argv);
   cl::OptionCategory &PMCat = registerPassManagerCLOptions();
-  cl::HideUnrelatedOptions({&Cat, &PMCat});
+  cl::OptionCategory &ImportCat = registerImportCLOptions();
+  cl::HideUnrelatedOptions({&Cat, &ImportCat, &PMCat});
   cl::ParseCommandLineOptions(
       Argc, Argv, "sp-compile: compile an exported Transformer for training\n");
-  for (auto [Name, V] : {std::pair{"--batch", &Batch}, {"--seq", &Seq}})
-    if (V->getNumOccurrences() && *V <= 0)
-      return reportError("sp-compile",
-                         createStringError(inconvertibleErrorCode(),
-                                           "%s must be a positive integer",
-                                           Name));
   auto Start = std::chrono::steady_clock::now();
-  ImportOptions IO;
-  IO.Batch = Batch;
-  IO.Seq = Seq;
-  auto G = loadGraph(Input, IO);
+  auto IO = importOptionsFromCL();
+  if (!IO)
+    return reportError("sp-compile", IO.takeError());
+  auto G = loadGraph(Input, *IO);
   if (!G)
     return reportError("sp-compile", G.takeError());
   PassManager PM(passManagerOptionsFromCL());

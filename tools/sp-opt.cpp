@@ -22,27 +22,24 @@ static cl::opt<std::string> Input(cl::Positional, cl::desc("<input .sp or .onnx>
 static cl::opt<std::string> Output("o", cl::desc("Output file (default stdout)"),
                                    cl::value_desc("file"), cl::init("-"),
                                    cl::cat(Cat));
-static cl::opt<int64_t> Batch("batch", cl::desc("Bind the batch dimension of an .onnx input"),
-                              cl::init(0), cl::cat(Cat));
-static cl::opt<int64_t> Seq("seq", cl::desc("Bind the sequence dimension of an .onnx input"),
-                            cl::init(0), cl::cat(Cat));
 static cl::opt<bool> ListPasses("list-passes", cl::desc("List the registered passes"),
                                 cl::cat(Cat));
 
 int main(int Argc, char **Argv) {
   InitLLVM X(Argc, Argv);
   cl::OptionCategory &PMCat = registerPassManagerCLOptions();
-  cl::HideUnrelatedOptions({&Cat, &PMCat});
+  cl::OptionCategory &ImportCat = registerImportCLOptions();
+  cl::HideUnrelatedOptions({&Cat, &ImportCat, &PMCat});
   cl::ParseCommandLineOptions(Argc, Argv, "sp-opt: run sp passes on textual IR\n");
   if (ListPasses) {
     for (const PassInfo &P : registeredPasses())
       outs() << "  " << P.Name << " - " << P.Summary << "\n";
     return 0;
   }
-  ImportOptions IO;
-  IO.Batch = Batch;
-  IO.Seq = Seq;
-  auto G = loadGraph(Input, IO);
+  auto IO = importOptionsFromCL();
+  if (!IO)
+    return reportError("sp-opt", IO.takeError());
+  auto G = loadGraph(Input, *IO);
   if (!G)
     return reportError("sp-opt", G.takeError());
   PassManager PM(passManagerOptionsFromCL());

@@ -27,9 +27,7 @@ protected:
   Value *ints(ArrayRef<int64_t> V, ArrayRef<int64_t> Shape) {
     return G.addInlineConst("i", TensorType(DType::I64, Shape), bytesOf(V));
   }
-  Value *ints(ArrayRef<int64_t> V) {
-    return ints(V, {int64_t(V.size())});
-  }
+  Value *ints(ArrayRef<int64_t> V) { return ints(V, {int64_t(V.size())}); }
   Value *scalar(int64_t V) { return ints({V}, {}); }
   Value *floats(ArrayRef<float> V, ArrayRef<int64_t> Shape) {
     return G.addInlineConst("f", TensorType(DType::F32, Shape), bytesOf(V));
@@ -39,9 +37,8 @@ protected:
   }
 
   /// Infers the result types and folds; expects success.
-  std::vector<std::shared_ptr<TensorData>> fold(OpKind Op,
-                                                ArrayRef<Value *> Operands,
-                                                const AttrList &Attrs = {}) {
+  std::vector<std::shared_ptr<TensorData>>
+  fold(OpKind Op, ArrayRef<Value *> Operands, const AttrList &Attrs = {}) {
     auto Types = inferTypes(Op, Operands, Attrs);
     if (!Types) {
       ADD_FAILURE() << toString(Types.takeError());
@@ -121,8 +118,7 @@ TEST_F(FoldTest, GatherFromAShape) {
   Value *S = ints({4, 64, 256});
   EXPECT_EQ(foldInts(OpKind::OnnxGather, {S, scalar(1)}), (IntVec{64}));
   EXPECT_EQ(foldInts(OpKind::OnnxGather, {S, scalar(-1)}), (IntVec{256}));
-  EXPECT_EQ(foldInts(OpKind::OnnxGather, {S, ints({2, 0})}),
-            (IntVec{256, 4}));
+  EXPECT_EQ(foldInts(OpKind::OnnxGather, {S, ints({2, 0})}), (IntVec{256, 4}));
   // Axis 1 of a matrix.
   Value *M = ints({1, 2, 3, 4, 5, 6}, {2, 3});
   EXPECT_EQ(foldInts(OpKind::OnnxGather, {M, ints({2, 0})},
@@ -161,9 +157,9 @@ TEST_F(FoldTest, Concat) {
             (IntVec{4, 64, -1}));
   // Axis 1 of matrices.
   Value *A = ints({1, 2, 3, 4}, {2, 2}), *B = ints({5, 6}, {2, 1});
-  EXPECT_EQ(foldInts(OpKind::OnnxConcat, {A, B},
-                     attrs({{"axis", int64_t(-1)}})),
-            (IntVec{1, 2, 5, 3, 4, 6}));
+  EXPECT_EQ(
+      foldInts(OpKind::OnnxConcat, {A, B}, attrs({{"axis", int64_t(-1)}})),
+      (IntVec{1, 2, 5, 3, 4, 6}));
 }
 
 TEST_F(FoldTest, ConstantOfShape) {
@@ -255,8 +251,8 @@ TEST_F(FoldTest, SliceClampsInt64Extremes) {
   EXPECT_EQ(foldInts(OpKind::OnnxSlice,
                      {X, ints({1}), ints({I64Max}), ints({0}), ints({I64Max})}),
             (IntVec{1}));
-  EXPECT_EQ(foldInts(OpKind::OnnxSlice,
-                     {X, ints({-1}), ints({I64Min}), ints({0}), ints({I64Min})}),
+  EXPECT_EQ(foldInts(OpKind::OnnxSlice, {X, ints({-1}), ints({I64Min}),
+                                         ints({0}), ints({I64Min})}),
             (IntVec{9}));
   // Empty results.
   EXPECT_EQ(foldInts(OpKind::OnnxSlice, {X, ints({5}), ints({2})}), IntVec{});
@@ -376,8 +372,8 @@ TEST_F(FoldTest, FloatArithmeticBroadcasts) {
 
 TEST_F(FoldTest, Split) {
   Value *X = ints({1, 2, 3, 4, 5, 6}, {2, 3});
-  auto R = fold(OpKind::OnnxSplit, {X, ints({1, 2})},
-                attrs({{"axis", int64_t(1)}}));
+  auto R =
+      fold(OpKind::OnnxSplit, {X, ints({1, 2})}, attrs({{"axis", int64_t(1)}}));
   ASSERT_EQ(R.size(), 2u);
   EXPECT_EQ(intsOf(*R[0]), (IntVec{1, 4}));
   EXPECT_EQ(intsOf(*R[1]), (IntVec{2, 3, 5, 6}));
@@ -389,7 +385,8 @@ TEST_F(FoldTest, Split) {
 TEST_F(FoldTest, WhatDoesNotFold) {
   // A parameter or an input is not a constant.
   TensorType T(DType::F32, {2});
-  Value *P = G.addParam("p", T, TensorData::makeInline(T, bytesOf<float>({1, 2})));
+  Value *P =
+      G.addParam("p", T, TensorData::makeInline(T, bytesOf<float>({1, 2})));
   Value *X = G.addInput("x", T);
   Value *C = floats({1, 2}, {2});
   expectNoFold(OpKind::OnnxAdd, {P, C}, {T});

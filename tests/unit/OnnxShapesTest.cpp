@@ -55,8 +55,8 @@ TEST_F(OnnxShapesTest, ElementwiseBroadcasting) {
   EXPECT_EQ(infer(OpKind::OnnxAdd, {f32({4, 1, 8}), f32({3, 1})}),
             Strs{"f32[4, 3, 8]"});
   EXPECT_EQ(infer(OpKind::OnnxEqual, {f32({2}), f32({})}), Strs{"bool[2]"});
-  EXPECT_EQ(infer(OpKind::OnnxWhere, {in(DType::Bool, {1, 1, 4, 4}),
-                                      f32({}), f32({2, 3, 4, 4})}),
+  EXPECT_EQ(infer(OpKind::OnnxWhere,
+                  {in(DType::Bool, {1, 1, 4, 4}), f32({}), f32({2, 3, 4, 4})}),
             Strs{"f32[2, 3, 4, 4]"});
   EXPECT_EQ(infer(OpKind::OnnxAdd, {f32({3}), f32({4})}),
             Strs{"error: shapes [3] and [4] do not broadcast"});
@@ -74,10 +74,8 @@ TEST_F(OnnxShapesTest, MatMulAndGemm) {
             Strs{"f32[4, 64, 192]"});
   EXPECT_EQ(infer(OpKind::OnnxMatMul, {f32({2, 1, 5, 6}), f32({3, 6, 7})}),
             Strs{"f32[2, 3, 5, 7]"});
-  EXPECT_EQ(infer(OpKind::OnnxMatMul, {f32({6}), f32({6, 7})}),
-            Strs{"f32[7]"});
-  EXPECT_EQ(infer(OpKind::OnnxMatMul, {f32({5, 6}), f32({6})}),
-            Strs{"f32[5]"});
+  EXPECT_EQ(infer(OpKind::OnnxMatMul, {f32({6}), f32({6, 7})}), Strs{"f32[7]"});
+  EXPECT_EQ(infer(OpKind::OnnxMatMul, {f32({5, 6}), f32({6})}), Strs{"f32[5]"});
   EXPECT_EQ(infer(OpKind::OnnxMatMul, {f32({5, 6}), f32({5, 6})}),
             Strs{"error: contraction sizes differ: f32[5, 6] and f32[5, 6]"});
   EXPECT_EQ(infer(OpKind::OnnxGemm, {f32({8, 4}), f32({16, 4}), f32({16})},
@@ -115,18 +113,17 @@ TEST_F(OnnxShapesTest, SliceClamping) {
   EXPECT_EQ(infer(OpKind::OnnxSlice,
                   {X, ints({0}), ints({32}), ints({2}), ints({1})}),
             Strs{"f32[1, 1, 32, 64]"});
-  EXPECT_EQ(infer(OpKind::OnnxSlice,
-                  {X, ints({1, I64Min}), ints({I64Max, I64Max}),
-                   ints({-1, 2})}),
+  EXPECT_EQ(infer(OpKind::OnnxSlice, {X, ints({1, I64Min}),
+                                      ints({I64Max, I64Max}), ints({-1, 2})}),
             Strs{"f32[1, 1, 64, 63]"});
-  EXPECT_EQ(infer(OpKind::OnnxSlice, {X, ints({I64Max}), ints({I64Min}),
-                                      ints({3}), ints({-2})}),
+  EXPECT_EQ(infer(OpKind::OnnxSlice,
+                  {X, ints({I64Max}), ints({I64Min}), ints({3}), ints({-2})}),
             Strs{"f32[1, 1, 64, 32]"});
   EXPECT_EQ(infer(OpKind::OnnxSlice, {X, ints({10}), ints({5}), ints({3})}),
             Strs{"f32[1, 1, 64, 0]"});
-  EXPECT_EQ(infer(OpKind::OnnxSlice,
-                  {X, ints({0}), ints({5}), ints({3}), ints({0})}),
-            Strs{"error: slice steps cannot be 0"});
+  EXPECT_EQ(
+      infer(OpKind::OnnxSlice, {X, ints({0}), ints({5}), ints({3}), ints({0})}),
+      Strs{"error: slice steps cannot be 0"});
   EXPECT_EQ(infer(OpKind::OnnxSlice, {X, ints({0}), ints({5}), ints({4})}),
             Strs{"error: axis 4 is out of range for rank 4"});
   EXPECT_EQ(infer(OpKind::OnnxSlice, {X, ints({0, 0}), ints({5})}),
@@ -173,15 +170,16 @@ TEST_F(OnnxShapesTest, AxesOperands) {
   EXPECT_EQ(infer(OpKind::OnnxReduceMean, {X},
                   attrs({{"axes", std::vector<int64_t>{-1}}})),
             Strs{"f32[4, 1, 1]"});
-  EXPECT_EQ(infer(OpKind::OnnxReduceMean, {X},
-                  attrs({{"keepdims", int64_t(0)}})),
-            Strs{"f32[]"});
+  EXPECT_EQ(
+      infer(OpKind::OnnxReduceMean, {X}, attrs({{"keepdims", int64_t(0)}})),
+      Strs{"f32[]"});
   EXPECT_EQ(infer(OpKind::OnnxTranspose, {X}), Strs{"f32[8, 1, 4]"});
   EXPECT_EQ(infer(OpKind::OnnxTranspose, {X},
                   attrs({{"perm", std::vector<int64_t>{0, 0, 1}}})),
             Strs{"error: perm [0, 0, 1] is not a permutation"});
-  EXPECT_EQ(infer(OpKind::OnnxGather, {f32({256, 64}), in(DType::I64, {4, 64})}),
-            Strs{"f32[4, 64, 64]"});
+  EXPECT_EQ(
+      infer(OpKind::OnnxGather, {f32({256, 64}), in(DType::I64, {4, 64})}),
+      Strs{"f32[4, 64, 64]"});
   EXPECT_EQ(infer(OpKind::OnnxGather, {f32({2, 3, 4}), in(DType::I64, {})},
                   attrs({{"axis", int64_t(1)}})),
             Strs{"f32[2, 4]"});

@@ -1,0 +1,224 @@
+"""The torch side of sp-run's contract, shared by tests/e2e/check_training.py and tools/bench_train.py.
+
+Everything here follows the sp-run contract exactly:
+  - the reference model is models/gpt.py's GPT with the config of the export (OUT.json next to the
+    .onnx), its parameters loaded from the ONNX initializers by name, so torch and sp start from the
+    same weights (a tied model has one initializer, transformer.wte.weight, which lm_head shares);
+  - batch k (0-based) row r reads tokens [o, o + S) and targets [o + 1, o + S + 1) with
+    o = ((k * B + r) * S) mod (T - S);
+  - the learning rate of 1-based step t of N with warmup W, peak P and minimum m is P * t / W while
+    t <= W, else m + 0.5 (P - m) (1 + cos(pi (t - W) / max(1, N - W)));
+  - AdamW(betas (0.9, 0.95), eps 1e-8), weight decay 0.1 on parameters of rank >= 2 and 0 on rank-1
+    ones (two param groups), torch.nn.utils.clip_grad_norm_(1.0) before every step, the loss the
+    mean cross entropy over all B * S tokens.
+
+Needs torch, onnx and numpy (/usr/bin/python3).
+"""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import torch
+import torch.nn.functional as F
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO_ROOT, "models"))
+from gpt import GPT, GPTConfig  # noqa: E402
+
+BETAS = (0.9, 0.95)
+ADAM_EPS = 1e-8
+WEIGHT_DECAY = 0.1
+MAX_GRAD_NORM = 1.0
+CONFIG_FIELDS = ("layernorm", "gelu", "linear", "mask", "scale")
+
+
+def facts_path(onnx_path):
+    """models/export_gpt.py writes OUT.json next to OUT.onnx (models/tiny/gpt-tiny.json for the default)."""
+    return os.path.splitext(onnx_path)[0] + ".json"
+
+
+def read_facts(onnx_path):
+    with open(facts_path(onnx_path)) as f:
+        return json.load(f)
+
+
+def config_from_facts(facts, dropout=0.0):
+    """The GPTConfig of an export, from its facts JSON, with every dropout set to `dropout`."""
+    return GPTConfig(vocab_size=facts["vocab"], block_size=facts["seq"], n_layer=facts["layers"],
+                     n_head=facts["heads"], n_embd=facts["hidden"], dropout=dropout, tied=facts["tied"],
+                     **{k: facts[k] for k in CONFIG_FIELDS})
+
+
+def onnx_initializers(onnx_path):
+    """name -> numpy array of every initializer of the model (external data resolved)."""
+    model = onnx.load(onnx_path)
+    return {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def load_onnx_weights(model, onnx_path, dtype=torch.float32):
+    """Copy every parameter and buffer of `model` from the ONNX initializer of the same name.
+
+    Raises ValueError if one is missing or has another shape, or if the ONNX model has float
+    initializers that are not torch parameters. Returns the model (converted to `dtype`).
+    """
+    inits = onnx_initializers(onnx_path)
+    params = dict(model.named_parameters())  # a tied lm_head.weight is deduplicated away
+    buffers = dict(model.named_buffers())
+    missing = sorted(set(params) - set(inits))
+    if missing:
+        raise ValueError(f"{onnx_path} has no initializer for the torch parameters {missing}")
+    extra = sorted(n for n, a in inits.items() if a.dtype == np.float32 and n not in params)
+    if extra:
+        raise ValueError(f"{onnx_path} has float initializers that are not torch parameters: {extra}")
+    with torch.no_grad():
+        for name, tensor in list(params.items()) + list(buffers.items()):
+            if name not in inits:
+                raise ValueError(f"{onnx_path} has no initializer for the torch buffer {name}")
+            value = torch.from_numpy(np.array(inits[name]))
+            if tuple(value.shape) != tuple(tensor.shape):
+                raise ValueError(f"{name}: ONNX shape {tuple(value.shape)} != torch {tuple(tensor.shape)}")
+            tensor.copy_(value.to(tensor.dtype))
+    if model.config.tied:
+        assert model.lm_head.weight is model.transformer.wte.weight
+    return model.to(dtype)
+
+
+def reference_model(onnx_path, dropout=0.0, dtype=torch.float32, facts=None):
+    """models/gpt.py's GPT with the export's config and the export's weights."""
+    facts = facts or read_facts(onnx_path)
+    model = GPT(config_from_facts(facts, dropout))
+    return load_onnx_weights(model, onnx_path, dtype)
+
+
+def random_tokens(count, vocab, seed, follow=0.9):
+    """`count` random token ids < vocab from numpy's `seed`: a random Markov chain in which each id is
+    followed by its own fixed successor with probability `follow` and by a uniform id otherwise.
+
+    The ids are random but learnable, so the loss of a few training steps falls clearly (uniform ids
+    sit at log(vocab) from the first step and would hide an optimizer that does nothing).
+    """
+    rng = np.random.default_rng(seed)
+    successor = rng.permutation(vocab)
+    uniform = rng.integers(0, vocab, size=count)
+    jump = rng.random(count) >= follow
+    tokens = np.empty(count, dtype=np.int64)
+    tokens[0] = uniform[0]
+    for i in range(1, count):
+        tokens[i] = uniform[i] if jump[i] else successor[tokens[i - 1]]
+    return tokens.astype("<u2")
+
+
+def write_tokens(path, count, vocab, seed):
+    """Write random_tokens() as a nanoGPT-style token file (little-endian uint16); returns them."""
+    tokens = random_tokens(count, vocab, seed)
+    tokens.tofile(path)
+    return tokens
+
+
+def read_tokens(path):
+    return np.fromfile(path, dtype="<u2")
+
+
+def batch_offsets(k, batch, seq, num_tokens):
+    """Start offsets of the rows of 0-based batch k (the spec's formula, without --shuffle)."""
+    return [((k * batch + r) * seq) % (num_tokens - seq) for r in range(batch)]
+
+
+def get_batch(tokens, k, batch, seq):
+    """(inputs, targets) of 0-based batch k as int64 tensors [batch, seq]."""
+    offsets = batch_offsets(k, batch, seq, len(tokens))
+    x = np.stack([tokens[o:o + seq] for o in offsets]).astype(np.int64)
+    y = np.stack([tokens[o + 1:o + seq + 1] for o in offsets]).astype(np.int64)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def lr_at(t, steps, warmup, peak, min_lr):
+    """Learning rate of 1-based step t of `steps`."""
+    if warmup > 0 and t <= warmup:
+        return peak * t / warmup
+    progress = (t - warmup) / max(1, steps - warmup)
+    return min_lr + 0.5 * (peak - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model, lr):
+    """AdamW with weight decay on rank >= 2 parameters only (two param groups)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=BETAS, eps=ADAM_EPS)
+
+
+def loss_of(model, x, y):
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
+def eval_logits(model, x):
+    """Logits of a forward pass without dropout, as a float numpy array."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits = model(x).numpy()
+    model.train(was_training)
+    return logits
+
+
+def loss_and_grads(model, x, y):
+    """Training-mode loss of one batch and every parameter's gradient (before clipping), by name."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = loss_of(model, x, y)
+    loss.backward()
+    grads = {name: p.grad.detach().numpy().copy() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return float(loss.item()), grads
+
+
+def train(model, tokens, batch, seq, steps, lr, warmup=0, min_lr=None, callback=None):
+    """Train `steps` steps as sp-run does; returns [(loss, lr)] per step (the loss before the update)."""
+    min_lr = lr / 10 if min_lr is None else min_lr
+    model.train()
+    optimizer = make_optimizer(model, lr)
+    history = []
+    for t in range(1, steps + 1):
+        x, y = get_batch(tokens, t - 1, batch, seq)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(model, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        step_lr = lr_at(t, steps, warmup, lr, min_lr)
+        for group in optimizer.param_groups:
+            group["lr"] = step_lr
+        optimizer.step()
+        history.append((float(loss.item()), step_lr))
+        if callback:
+            callback(t)
+    return history
+
+
+def rel_err(actual, expected):
+    """max|a - b| / max|b| (the absolute max difference when b is all zeros)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    diff = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def read_loss_csv(path):
+    """sp-run's loss.csv ("step,loss,lr") as a list of (step, loss, lr)."""
+    rows = []
+    with open(path) as f:
+        header = f.readline().strip().replace(" ", "")
+        if header != "step,loss,lr":
+            raise ValueError(f"{path}: header {header!r}, want 'step,loss,lr'")
+        for line in f:
+            if line.strip():
+                step, loss, lr = line.strip().split(",")
+                rows.append((int(step), float(loss), float(lr)))
+    return rows

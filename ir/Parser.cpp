@@ -324,18 +324,52 @@ private:
     else if (isKeyword("split"))
       S.K = Sharding::Split;
     else
-      return fail("expected 'replicated', 'partial' or 'split(d)'");
+      return fail("expected 'replicated', 'partial' or 'split(...)'");
     if (auto E = consume())
       return E;
+    if (S.K == Sharding::Replicated && isPunct('(')) {
+      if (auto E = consume())
+        return E;
+      if (auto E = expectKeyword("sum_grad"))
+        return E;
+      S.SumGrad = true;
+      if (auto E = expectPunct(')'))
+        return E;
+    }
     if (S.K == Sharding::Split) {
       if (auto E = expectPunct('('))
         return E;
-      auto D = expectInt();
-      if (!D)
-        return D.takeError();
-      S.Dim = *D;
-      if (auto E = expectPunct(')'))
+      bool First = true;
+      while (!isPunct(')')) {
+        if (!First)
+          if (auto E = expectPunct(','))
+            return E;
+        First = false;
+        if (Tok.K != Token::Ident)
+          return fail("expected dim, parts, blocks or padded");
+        std::string Key = Tok.Text;
+        if (auto E = consume())
+          return E;
+        if (auto E = expectPunct('='))
+          return E;
+        auto V = expectInt();
+        if (!V)
+          return V.takeError();
+        if (Key == "dim")
+          S.Dim = *V;
+        else if (Key == "parts")
+          S.Parts = *V;
+        else if (Key == "blocks")
+          S.Blocks = *V;
+        else if (Key == "padded")
+          S.Padded = *V;
+        else
+          return fail("unknown split field '" + Key + "'");
+      }
+      if (auto E = consume())
         return E;
+      if (S.Dim < 0 || S.Parts < 1 || S.Blocks < 1)
+        return fail("a split needs dim >= 0, parts >= 1 and blocks >= 1");
     }
     return S;
   }

@@ -282,6 +282,33 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
         return typeError(formatv("operand {0} must be an f32 scalar", I));
     return TypeList{};
   }
+  case OpKind::TpCopy:
+  case OpKind::TpReduce:
+  case OpKind::AllReduce:
+    return Same(1, 1);
+  case OpKind::SpGather:
+  case OpKind::AllGather:
+  case OpKind::SpScatter:
+  case OpKind::SpSplit:
+  case OpKind::ReduceScatter: {
+    if (auto E = expectOperands(Ops, 1, 1))
+      return std::move(E);
+    TensorType T = Ops[0]->type();
+    int64_t Dim = Attrs.getInt("dim", -1), Parts = Attrs.getInt("parts", 0);
+    if (Dim < 0 || Dim >= int64_t(T.rank()) || Parts < 1)
+      return typeError(formatv("needs 'dim' in [0, {0}) and 'parts' >= 1",
+                               T.rank()));
+    if (Op == OpKind::SpGather || Op == OpKind::AllGather) {
+      T.Shape[Dim] *= Parts;
+    } else {
+      if (T.Shape[Dim] % Parts)
+        return typeError(formatv("dimension {0} of size {1} is not divisible "
+                                 "by {2}",
+                                 Dim, T.Shape[Dim], Parts));
+      T.Shape[Dim] /= Parts;
+    }
+    return TypeList{T};
+  }
   default:
     break;
   }

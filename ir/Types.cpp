@@ -56,9 +56,16 @@ std::string Sharding::str() const {
   case None:
     return "";
   case Replicated:
-    return "#replicated";
-  case Split:
-    return "#split(" + std::to_string(Dim) + ")";
+    return SumGrad ? "#replicated(sum_grad)" : "#replicated";
+  case Split: {
+    std::string S = "#split(dim=" + std::to_string(Dim) +
+                    ", parts=" + std::to_string(Parts);
+    if (Blocks != 1)
+      S += ", blocks=" + std::to_string(Blocks);
+    if (Padded)
+      S += ", padded=" + std::to_string(Padded);
+    return S + ")";
+  }
   case Partial:
     return "#partial";
   }

@@ -49,12 +49,50 @@ struct TensorType {
 };
 
 /// How a value is laid out over the tensor-parallel group (GSPMD style).
-/// Unset until a sharding pass annotates it.
+/// Unset until a sharding pass annotates it. Printed as
+///   #replicated, #replicated(sum_grad), #partial,
+///   #split(dim=D, parts=T[, blocks=B][, padded=P])
 struct Sharding {
   enum Kind : uint8_t { None, Replicated, Split, Partial };
   Kind K = None;
-  int Dim = -1; // for Split
-  bool operator==(const Sharding &O) const { return K == O.K && Dim == O.Dim; }
+  /// Split: the axis, and the number of ranks it is split over.
+  int Dim = -1;
+  int Parts = 1;
+  /// Split: the axis holds Blocks equal blocks (a fused QKV weight) and each
+  /// block is split over the ranks; rank r holds part r of every block.
+  int Blocks = 1;
+  /// Split: the axis's global size after padding to a multiple of Parts
+  /// (a vocabulary not divisible by t); 0 when not padded. Padding is zero.
+  int64_t Padded = 0;
+  /// Replicated parameter used on sequence-sharded data: each rank's gradient
+  /// is partial and is summed over the group.
+  bool SumGrad = false;
+
+  static Sharding replicated(bool SumGrad = false) {
+    Sharding S;
+    S.K = Replicated;
+    S.SumGrad = SumGrad;
+    return S;
+  }
+  static Sharding split(int Dim, int Parts, int Blocks = 1, int64_t Padded = 0) {
+    Sharding S;
+    S.K = Split;
+    S.Dim = Dim;
+    S.Parts = Parts;
+    S.Blocks = Blocks;
+    S.Padded = Padded;
+    return S;
+  }
+  static Sharding partial() {
+    Sharding S;
+    S.K = Partial;
+    return S;
+  }
+  bool operator==(const Sharding &O) const {
+    return K == O.K && Dim == O.Dim && Parts == O.Parts && Blocks == O.Blocks &&
+           Padded == O.Padded && SumGrad == O.SumGrad;
+  }
+  bool operator!=(const Sharding &O) const { return !(*this == O); }
   std::string str() const;
 };
 

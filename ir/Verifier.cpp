@@ -13,6 +13,24 @@ static Error verifyError(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), "verifier: " + Msg);
 }
 
+/// A parameter's data is the whole source tensor; a split parameter's value
+/// is one rank's shard of it (padded axes may be shorter in the source).
+static bool dataMatches(const Value &V) {
+  const TensorType &D = V.data()->type(), &T = V.type();
+  const Sharding &S = V.sharding();
+  if (S.K != Sharding::Split)
+    return D == T;
+  if (D.Dtype != T.Dtype || D.rank() != T.rank() || S.Dim >= int(T.rank()))
+    return false;
+  for (unsigned I = 0; I < T.rank(); ++I) {
+    int64_t Global = T.Shape[I] * (int(I) == S.Dim ? S.Parts : 1);
+    if (int(I) == S.Dim && S.Padded ? D.Shape[I] > Global
+                                    : D.Shape[I] != Global)
+      return false;
+  }
+  return true;
+}
+
 Error verifyGraph(const Graph &G) {
   DenseSet<const Value *> Defined;
   StringSet<> Names;
@@ -24,7 +42,7 @@ Error verifyGraph(const Graph &G) {
     if (Kind == "param" || Kind == "const") {
       if (!V.data())
         return verifyError(Kind + " '" + V.name() + "' has no data");
-      if (V.data()->type() != V.type())
+      if (!dataMatches(V))
         return verifyError(formatv("{0} '{1}' has type {2} but its data is {3}",
                                    Kind, V.name(), V.type().str(),
                                    V.data()->type().str()));

@@ -33,6 +33,14 @@ using namespace llvm;
 
 namespace sp {
 
+const Node *regatheredInput(const Node &N) {
+  const Node *G = N.numOperands() ? N.operand(0)->producer() : nullptr;
+  if (N.op() == OpKind::Linear && G && G->op() == OpKind::SpGather &&
+      G->attrs().getInt("regather", 0))
+    return G;
+  return nullptr;
+}
+
 SmallVector<Value *, 4> savedForBackward(const Node &N) {
   auto Op = [&](unsigned I) { return N.operand(I); };
   auto Res = [&](unsigned I) { return N.result(I); };
@@ -42,6 +50,10 @@ SmallVector<Value *, 4> savedForBackward(const Node &N) {
   case OpKind::LayerNorm:
     return {Op(0), Op(1), Res(1), Res(2)}; // input, gamma, mean, 1/std
   case OpKind::Linear:
+    // Under sequence parallelism the input of a column-parallel linear is
+    // all-gathered (g); the backward gathers it again from the saved shard.
+    if (const Node *G = regatheredInput(N))
+      return {G->operand(0), Op(1)};
     return {Op(0), Op(1)}; // input, weight
   case OpKind::Gelu:
     return {Op(0)};
@@ -93,6 +105,14 @@ public:
         return createStringError(inconvertibleErrorCode(),
                                  "parameter '%s' does not affect the loss",
                                  P->name().c_str());
+      if (P->sharding().SumGrad) {
+        // Used on sequence-sharded data: each rank's gradient is partial.
+        Node *Sum = cantFail(buildNode(G, G.nodes().end(), OpKind::AllReduce,
+                                       {D}, {}, P->name()));
+        Sum->tags().Role = "grad_sum";
+        Sum->tags().Ph = Phase::Backward;
+        D = Sum->result();
+      }
       Outs.push_back({"grad:" + P->name(), D});
     }
     G.clearOutputs();
@@ -118,8 +138,18 @@ private:
     Value *Targets = G.addInput(
         "targets",
         TensorType(DType::I64, ArrayRef<int64_t>(LT.Shape).drop_back()));
+    // Vocabulary-parallel logits: the loss reduces over the group, and
+    // masks the padding columns.
+    AttrList A;
+    if (Node *Head = Logits->producer()) {
+      if (Logits->sharding().K == Sharding::Split &&
+          Logits->sharding().Dim == int(LT.rank()) - 1)
+        A.set("vocab_parallel", int64_t(1));
+      if (Head->attrs().has("valid_vocab"))
+        A.set("valid_vocab", Head->attrs().getInt("valid_vocab", 0));
+    }
     auto CE = buildNode(G, G.nodes().end(), OpKind::CrossEntropy,
-                        {Logits, Targets}, {}, "loss");
+                        {Logits, Targets}, A, "loss");
     if (!CE)
       return CE.takeError();
     (*CE)->tags().Role = "loss";
@@ -145,6 +175,9 @@ private:
       Node *New = cantFail(buildNode(G, N.getIterator(), N.op(),
                                      N.operands(), A, N.name()));
       New->tags() = N.tags();
+      // Statistics and masks are laid out like the output.
+      for (Value *R : New->results())
+        R->setSharding(N.result()->sharding());
       replace(N.result(), New->result());
       for (unsigned I = 1; I < N.numResults(); ++I)
         replace(N.result(I), New->result(I));
@@ -233,6 +266,13 @@ private:
     return Error::success();
   }
 
+  static AttrList collectiveAttrs(const Node &N) {
+    AttrList A;
+    A.set("dim", N.attrs().getInt("dim", 1));
+    A.set("parts", N.attrs().getInt("parts", 1));
+    return A;
+  }
+
   Error applyRule(Node &N, ArrayRef<Value *> DR) {
     Value *DY = DR[0];
     auto NeedAll = [&]() -> Error {
@@ -245,12 +285,14 @@ private:
     case OpKind::CrossEntropy:
       accumulate(N, N.operand(0),
                  emit(N, OpKind::CrossEntropyGrad,
-                      {N.operand(0), N.operand(1), DY})
+                      {N.operand(0), N.operand(1), DY}, N.attrs())
                      ->result());
       return Error::success();
     case OpKind::Embedding: {
       AttrList A;
       A.set("vocab", N.operand(0)->type().Shape[0]);
+      if (N.attrs().getInt("vocab_parallel", 0))
+        A.set("vocab_parallel", int64_t(1));
       accumulate(N, N.operand(0),
                  emit(N, OpKind::EmbeddingGrad, {N.operand(1), DY}, A)->result());
       return Error::success();
@@ -275,8 +317,16 @@ private:
       if (RequiresGrad.count(N.operand(0)))
         accumulate(N, N.operand(0),
                    emit(N, OpKind::Linear, {DY, N.operand(1)}, AX)->result());
+      // The full input for dW: saved, or gathered again from the shard.
+      Value *X = N.operand(0);
+      if (const Node *G = regatheredInput(N)) {
+        Node *Again = emit(*G, OpKind::AllGather, {G->operand(0)},
+                           collectiveAttrs(*G));
+        Again->tags().Role = G->tags().Role + "_regather";
+        X = Again->result();
+      }
       accumulate(N, N.operand(1),
-                 emit(N, OpKind::LinearGradW, {N.operand(0), DY}, AW)->result());
+                 emit(N, OpKind::LinearGradW, {X, DY}, AW)->result());
       if (N.numOperands() == 3)
         accumulate(N, N.operand(2), emit(N, OpKind::BiasGrad, {DY})->result());
       return Error::success();
@@ -343,6 +393,23 @@ private:
                  emit(N, OpKind::DropoutGrad, {DY, N.result(1)}, A)->result());
       return Error::success();
     }
+    // The conjugate collectives.
+    case OpKind::TpCopy: // f: all-reduce backward
+      accumulate(N, N.operand(0), emit(N, OpKind::AllReduce, {DY})->result());
+      return Error::success();
+    case OpKind::TpReduce: // f-bar: identity backward
+      accumulate(N, N.operand(0), DY);
+      return Error::success();
+    case OpKind::SpGather: // g: reduce-scatter backward
+      accumulate(N, N.operand(0),
+                 emit(N, OpKind::ReduceScatter, {DY}, collectiveAttrs(N))
+                     ->result());
+      return Error::success();
+    case OpKind::SpScatter: // g-bar: all-gather backward
+    case OpKind::SpSplit:
+      accumulate(N, N.operand(0),
+                 emit(N, OpKind::AllGather, {DY}, collectiveAttrs(N))->result());
+      return Error::success();
     default:
       return diffError(N, "no gradient rule for this op (run canonicalize "
                           "first, or the model uses an op the training graph "

@@ -17,6 +17,11 @@ namespace sp {
 /// report counts only activations.
 llvm::SmallVector<Value *, 4> savedForBackward(const Node &N);
 
+/// For a column-parallel linear under sequence parallelism: the g
+/// (sp_gather with regather) producing its input, whose input shard is saved
+/// and all-gathered again in the backward. Null otherwise.
+const Node *regatheredInput(const Node &N);
+
 } // namespace sp
 
 #endif // SP_PASSES_AUTODIFF_H

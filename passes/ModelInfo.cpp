@@ -25,7 +25,11 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   if (!Embed || !Head)
     return infoError("the graph has no detected Transformer structure; run "
                      "detect-transformer first");
-  const TensorType &Table = Embed->operand(0)->type();
+  // Facts of the whole model: a parameter's data is the unsharded source.
+  auto Global = [](const Value *P) -> const TensorType & {
+    return P->data() ? P->data()->type() : P->type();
+  };
+  const TensorType &Table = Global(Embed->operand(0));
   const TensorType &Ids = Embed->operand(1)->type();
   M.Vocab = Table.Shape[0];
   M.Hidden = Table.Shape[1];
@@ -44,14 +48,17 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
     if (size_t(L) >= M.LayerRoles.size())
       M.LayerRoles.resize(L + 1);
     M.LayerRoles[L].push_back(N.tags().Role);
-    if (N.op() == OpKind::SplitHeads && !M.Heads)
-      M.Heads = N.attrs().getInt("heads", 0);
+    if (N.op() == OpKind::SplitHeads && !M.Heads) {
+      const Sharding &S = N.operand(0)->sharding();
+      M.Heads = N.attrs().getInt("heads", 0) *
+                (S.K == Sharding::Split ? S.Parts : 1);
+    }
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = N.attrs().getString("approximate", "none");
   }
   M.Layers = M.LayerRoles.size();
   for (const auto &P : G.params())
-    M.Params += P->type().numElements();
+    M.Params += Global(P.get()).numElements();
   return M;
 }
 

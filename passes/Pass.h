@@ -28,6 +28,11 @@ struct OptimizerOptions {
 struct PassContext {
   llvm::raw_ostream *Remarks = &llvm::nulls();
   OptimizerOptions Optimizer;
+  /// Tensor-parallel group size (tensor-parallel pass) and whether the
+  /// LayerNorm/dropout regions are sharded along the sequence
+  /// (sequence-parallel pass).
+  int TensorParallel = 1;
+  bool SequenceParallel = false;
 };
 
 class Pass {

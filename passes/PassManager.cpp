@@ -33,6 +33,12 @@ struct CLOptions {
   cl::opt<bool> TimePasses{"time-passes",
                            cl::desc("Report the time taken by each pass"),
                            cl::cat(Cat)};
+  cl::opt<int> TP{"tp", cl::desc("Tensor-parallel size T (tensor-parallel pass)"),
+                  cl::value_desc("T"), cl::init(1), cl::cat(Cat)};
+  cl::opt<bool> SP{"sp",
+                   cl::desc("Sequence parallelism in the LayerNorm and dropout "
+                            "regions (needs --tp T > 1)"),
+                   cl::cat(Cat)};
 };
 CLOptions *CL = nullptr;
 } // namespace
@@ -58,6 +64,22 @@ std::string pipelineFromCL(StringRef Default) {
   assert(CL && "call registerPassManagerCLOptions first");
   return CL->Passes.getNumOccurrences() ? CL->Passes.getValue()
                                         : Default.str();
+}
+
+Error passOptionsFromCL(PassContext &Ctx) {
+  assert(CL && "call registerPassManagerCLOptions first");
+  if (CL->TP < 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "--tp must be a positive integer, got %d",
+                             CL->TP.getValue());
+  if (CL->SP && CL->TP == 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "--sp shards the LayerNorm and dropout regions "
+                             "over the tensor-parallel group; it needs --tp "
+                             "T with T > 1");
+  Ctx.TensorParallel = CL->TP;
+  Ctx.SequenceParallel = CL->SP;
+  return Error::success();
 }
 
 Error PassManager::addPipeline(StringRef Pipeline) {

@@ -37,6 +37,8 @@ llvm::cl::OptionCategory &registerPassManagerCLOptions();
 PassManagerOptions passManagerOptionsFromCL();
 /// The --passes value, or Default if the flag was not given.
 std::string pipelineFromCL(llvm::StringRef Default);
+/// Fills the pass options (--tp, --sp) into Ctx; fails on bad values.
+llvm::Error passOptionsFromCL(PassContext &Ctx);
 
 class PassManager {
 public:

@@ -10,9 +10,11 @@ namespace sp {
 #include "passes/Passes.def"
 
 /// The default pipeline of sp-compile, as a --passes list: import clean-up
-/// and detection, then the training graph.
+/// and detection, the parallel passes (no-ops without --tp and --sp), then
+/// the training graph.
 constexpr const char *DefaultPipeline =
-    "constant-fold,canonicalize,dce,detect-transformer,autodiff,optimizer";
+    "constant-fold,canonicalize,dce,detect-transformer,tensor-parallel,"
+    "sequence-parallel,autodiff,lower-collectives,optimizer";
 
 } // namespace sp
 

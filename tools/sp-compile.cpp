@@ -80,6 +80,8 @@ int main(int Argc, char **Argv) {
   if (auto E = PM.addPipeline(pipelineFromCL(DefaultPipeline)))
     return reportError("sp-compile", std::move(E));
   PassContext Ctx;
+  if (auto E = passOptionsFromCL(Ctx))
+    return reportError("sp-compile", std::move(E));
   Ctx.Optimizer.WeightDecay = WeightDecay;
   Ctx.Optimizer.Beta1 = Beta1;
   Ctx.Optimizer.Beta2 = Beta2;

@@ -46,6 +46,8 @@ int main(int Argc, char **Argv) {
   if (auto E = PM.addPipeline(pipelineFromCL("")))
     return reportError("sp-opt", std::move(E));
   PassContext Ctx;
+  if (auto E = passOptionsFromCL(Ctx))
+    return reportError("sp-opt", std::move(E));
   if (auto E = PM.run(**G, Ctx))
     return reportError("sp-opt", std::move(E));
   if (auto E = writeFileAtomically(Output, [&](raw_ostream &OS) {

@@ -49,7 +49,7 @@ std::unique_ptr<Graph> buildSmallGraph() {
   GA.set("approximate", std::string("tanh"));
   Node *Act = cantFail(buildNode(*G, G->nodes().end(), OpKind::Gelu,
                                  {L->result()}, GA));
-  Act->result()->setSharding({Sharding::Split, 1});
+  Act->result()->setSharding(Sharding::split(1, 4));
   G->addOutput("y", Act->result());
   return G;
 }
@@ -81,7 +81,7 @@ TEST(IR, PrintParseRoundTrip) {
   auto G = buildSmallGraph();
   std::string Text = graphToString(*G);
   EXPECT_NE(Text.find("[layer = 0, role = \"ln1\"]"), std::string::npos);
-  EXPECT_NE(Text.find("#split(1)"), std::string::npos);
+  EXPECT_NE(Text.find("#split(dim=1, parts=4)"), std::string::npos);
   EXPECT_NE(Text.find("phase = bwd, stage = 1"), std::string::npos);
   auto P = parseGraph(Text, "round-trip");
   ASSERT_TRUE(bool(P)) << toString(P.takeError());

@@ -1,0 +1,28 @@
+//===- Sharding.h - Helpers of the parallel passes -------------*- C++ -*-===//
+#ifndef SP_PASSES_SHARDING_H
+#define SP_PASSES_SHARDING_H
+
+#include "ir/IR.h"
+#include "llvm/Support/Error.h"
+
+namespace sp {
+
+/// Recomputes every node's result types in program order, after a pass has
+/// changed parameter shapes or attributes (a parameter became its shard, a
+/// head count was divided). Fails naming the first node that no longer
+/// type-checks.
+llvm::Error retypeGraph(Graph &G);
+
+/// Annotates every node result with how it is laid out over the group,
+/// from the parameters' and collectives' shardings and per-op rules
+/// (column-parallel linear: split on the last axis; row-parallel: partial;
+/// split_heads: split on the heads axis; elementwise ops keep their input's).
+/// The runtime reads it to index dropout masks globally.
+void propagateSharding(Graph &G);
+
+/// "1, 2, 4 and 8": the divisors of N, for diagnostics that suggest values.
+std::string divisorsOf(int64_t N);
+
+} // namespace sp
+
+#endif // SP_PASSES_SHARDING_H

@@ -1,0 +1,206 @@
+//===- TensorParallel.cpp - Megatron tensor parallelism -------------------===//
+//
+// Shards a detected Transformer over a tensor-parallel group of T ranks, as
+// Megatron-LM does (Shoeybi et al. 2019). The graph becomes the program of
+// one rank (SPMD): parameters become their shards, collectives appear.
+//
+//   attention  f -> qkv (column-parallel, heads split) -> core on a/T heads
+//              -> proj (row-parallel) -> f-bar -> + bias
+//   mlp        f -> fc1 (column-parallel) -> gelu -> fc2 (row-parallel)
+//              -> f-bar -> + bias
+//   embedding  vocabulary-parallel (rows [r V/T, (r+1) V/T)) -> f-bar
+//   lm head    f -> vocabulary-parallel logits; the cross entropy that
+//              autodiff adds reduces max, sum-exp and the target logit over
+//              the group, so no rank holds the full logits
+//
+// f is identity forward and all-reduce backward, f-bar the converse. The
+// fused QKV weight is split per block (q, k, v), so rank r holds heads
+// [r a/T, (r+1) a/T) of each. Row-parallel biases are added once, after the
+// all-reduce. A vocabulary not divisible by T is padded to the next multiple
+// with zero rows, and the padding logits are masked out of the loss
+// (valid_vocab), as Megatron does.
+//
+// Parameters keep referencing the whole source tensor; their sharding
+// (#split(dim, parts, blocks, padded)) tells the runtime which slice a rank
+// reads, lazily.
+//
+//===----------------------------------------------------------------------===//
+#include "ir/ShapeInference.h"
+#include "passes/ModelInfo.h"
+#include "passes/Passes.h"
+#include "passes/Sharding.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace llvm;
+
+namespace sp {
+namespace {
+
+class TensorParallelizer {
+public:
+  TensorParallelizer(Graph &G, int T) : G(G), T(T) {}
+
+  Error run() {
+    for (const Node &N : G.nodes())
+      if (N.op() == OpKind::TpCopy || N.op() == OpKind::SpGather)
+        return err("the graph is already tensor-parallel");
+    auto Info = summarizeModel(G);
+    if (!Info)
+      return Info.takeError();
+    if (auto E = checkSizes(*Info))
+      return E;
+    SmallVector<Node *, 64> Work;
+    for (Node &N : G.nodes())
+      Work.push_back(&N);
+    for (Node *N : Work) {
+      const std::string &Role = N->tags().Role;
+      if (Role == "qkv")
+        column(*N, /*Blocks=*/3, "attn_f");
+      else if (Role == "fc1")
+        column(*N, 1, "mlp_f");
+      else if (Role == "proj")
+        row(*N, "attn_fbar", "proj_bias");
+      else if (Role == "fc2")
+        row(*N, "mlp_fbar", "fc2_bias");
+      else if (Role == "split_heads")
+        N->attrs().set("heads", N->attrs().getInt("heads", 0) / T);
+      else if (Role == "embed")
+        embedding(*N, Info->Vocab);
+      else if (Role == "lm_head")
+        head(*N, Info->Vocab);
+    }
+    if (auto E = retypeGraph(G))
+      return E;
+    propagateSharding(G);
+    return Error::success();
+  }
+
+private:
+  Error err(const Twine &Msg) {
+    return createStringError(inconvertibleErrorCode(), Msg);
+  }
+
+  Error checkSizes(const ModelInfo &M) {
+    if (T > M.Heads || M.Heads % T)
+      return err(formatv("--tp {0}: the {1} attention heads must be divisible "
+                         "by t (and t at most the head count); t can be {2}",
+                         T, M.Heads, divisorsOf(M.Heads)));
+    for (const Node &N : G.nodes())
+      if (N.tags().Role == "fc1") {
+        int64_t Ffn = N.result()->type().dim(-1);
+        if (Ffn % T)
+          return err(formatv("--tp {0}: the MLP width {1} (layer {2}) is not "
+                             "divisible by t; t can be {3}",
+                             T, Ffn, N.tags().Layer, divisorsOf(Ffn)));
+      }
+    return Error::success();
+  }
+
+  /// Splits parameter P along Dim into T parts (of each of Blocks blocks),
+  /// padding the axis to a multiple of T when Pad is set.
+  void splitParam(Value *P, int Dim, int Blocks, bool Pad = false) {
+    if (P->sharding().K == Sharding::Split)
+      return; // a tied weight already split by its other use
+    TensorType Local = P->type();
+    int64_t Size = Local.Shape[Dim];
+    int64_t Padded = Pad && Size % T ? alignTo(Size, T) : 0;
+    Local.Shape[Dim] = (Padded ? Padded : Size) / T;
+    P->setType(Local);
+    P->setSharding(Sharding::split(Dim, T, Blocks, Padded));
+  }
+
+  Node *insertBefore(Node &N, unsigned Operand, OpKind Op, StringRef Role) {
+    Node *C = cantFail(buildNode(G, N.getIterator(), Op, {N.operand(Operand)},
+                                 {}, N.name()));
+    C->tags().Layer = N.tags().Layer;
+    C->tags().Role = Role.str();
+    N.setOperand(Operand, C->result());
+    return C;
+  }
+
+  /// Redirects every use of V (and graph outputs) to New, except New's
+  /// producer itself.
+  void replaceUsesExcept(Value *V, Value *New) {
+    SmallVector<Use, 4> Uses(V->users().begin(), V->users().end());
+    for (const Use &U : Uses)
+      if (U.User != New->producer())
+        U.User->setOperand(U.OperandNo, New);
+    for (unsigned I = 0; I < G.outputs().size(); ++I)
+      if (G.outputs()[I].V == V)
+        G.setOutput(I, New);
+  }
+
+  Node *insertAfter(Node &N, OpKind Op, StringRef Role) {
+    Node *C = cantFail(buildNode(G, std::next(N.getIterator()), Op,
+                                 {N.result()}, {}, N.name()));
+    C->tags().Layer = N.tags().Layer;
+    C->tags().Role = Role.str();
+    replaceUsesExcept(N.result(), C->result());
+    return C;
+  }
+
+  void column(Node &N, int Blocks, StringRef FRole) {
+    bool TransW = N.attrs().getInt("trans_w", 0);
+    splitParam(N.operand(1), TransW ? 0 : 1, Blocks);
+    if (N.numOperands() > 2)
+      splitParam(N.operand(2), 0, Blocks);
+    insertBefore(N, 0, OpKind::TpCopy, FRole);
+  }
+
+  void row(Node &N, StringRef FBarRole, StringRef BiasRole) {
+    bool TransW = N.attrs().getInt("trans_w", 0);
+    splitParam(N.operand(1), TransW ? 1 : 0, 1);
+    // Types are placeholders until retypeGraph: the input is not yet sharded.
+    Node *L = G.create(N.getIterator(), OpKind::Linear,
+                       {N.operand(0), N.operand(1)}, {N.result()->type()},
+                       N.name());
+    L->attrs() = N.attrs();
+    L->tags() = N.tags();
+    Node *R = insertAfter(*L, OpKind::TpReduce, FBarRole);
+    Value *Out = R->result();
+    if (N.numOperands() > 2) {
+      Node *A = cantFail(buildNode(G, std::next(R->getIterator()), OpKind::Add,
+                                   {Out, N.operand(2)}, {}, N.name()));
+      A->tags().Layer = N.tags().Layer;
+      A->tags().Role = BiasRole.str();
+      Out = A->result();
+    }
+    replaceUsesExcept(N.result(), Out);
+    G.erase(&N);
+  }
+
+  void embedding(Node &N, int64_t Vocab) {
+    splitParam(N.operand(0), 0, 1, /*Pad=*/true);
+    N.attrs().set("vocab_parallel", int64_t(1));
+    insertAfter(N, OpKind::TpReduce, "embed_fbar");
+  }
+
+  void head(Node &N, int64_t Vocab) {
+    bool TransW = N.attrs().getInt("trans_w", 0);
+    splitParam(N.operand(1), TransW ? 0 : 1, 1, /*Pad=*/true);
+    N.attrs().set("valid_vocab", Vocab);
+    insertBefore(N, 0, OpKind::TpCopy, "head_f");
+  }
+
+  Graph &G;
+  int T;
+};
+
+class TensorParallelPass : public Pass {
+public:
+  StringRef name() const override { return "tensor-parallel"; }
+
+  Error run(Graph &G, PassContext &Ctx) override {
+    if (Ctx.TensorParallel == 1)
+      return Error::success();
+    return TensorParallelizer(G, Ctx.TensorParallel).run();
+  }
+};
+
+} // namespace
+
+std::unique_ptr<Pass> createTensorParallelPass() {
+  return std::make_unique<TensorParallelPass>();
+}
+
+} // namespace sp

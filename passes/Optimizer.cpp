@@ -3,6 +3,9 @@
 // Appends the optimizer step to a training graph (the output of autodiff):
 //
 //   norm = grad_norm(g_1, ..., g_n)              global L2 norm of all gradients
+//                                                (split gradients are summed
+//                                                over the group, replicated
+//                                                ones counted once)
 //   adamw(p_i, g_i, m_i, v_i, norm, lr, step)    for every parameter, in place
 //
 // m_i and v_i are `state` leaves (fp32, zero at the first step). The update
@@ -42,6 +45,10 @@ public:
                                  "output '%s' names no parameter",
                                  Out.Name.c_str());
       ParamGrads.push_back({P, Out.V});
+      // A gradient is laid out like its parameter; summed ones are whole.
+      Out.V->setSharding(P->sharding().K == Sharding::Split
+                             ? P->sharding()
+                             : Sharding::replicated());
     }
     if (ParamGrads.empty())
       return createStringError(inconvertibleErrorCode(),

@@ -38,6 +38,7 @@ cpu::GeluApprox geluApprox(const AttrList &A) {
 Executor::~Executor() { std::free(Arena); }
 
 float *Executor::ptr(int Buffer) const {
+  assert(Buffer >= 0 && size_t(Buffer) < Prog.Buffers.size());
   return reinterpret_cast<float *>(Arena + Prog.Buffers[Buffer].Offset);
 }
 
@@ -51,6 +52,16 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   std::unique_ptr<Executor> E(new Executor());
   E->Prog = P.Prog;
   E->Opts = Opts;
+  E->Comm = Opts.Comm;
+  if (!E->Comm) {
+    E->OwnComm = createSingleRankCommunicator();
+    E->Comm = E->OwnComm.get();
+  }
+  int TP = P.Manifest.value("tp", 1);
+  if (TP != E->Comm->size())
+    return planError(formatv("the plan was compiled for a tensor-parallel "
+                             "group of {0} ranks (--tp {0}); it runs on {1}",
+                             TP, E->Comm->size()));
   const Program &Prog = E->Prog;
   for (const ProgramBuffer &B : Prog.Buffers)
     if (B.Offset < 0 || B.Offset + B.Bytes > Prog.ArenaBytes)
@@ -61,7 +72,8 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     const Instruction &In = Prog.Instrs[I];
     if (In.Op == OpKind::Embedding && In.Role == "embed") {
       const ProgramBuffer &Ids = Prog.Buffers[In.In[1]];
-      E->Vocab = Prog.Buffers[In.In[0]].Type.Shape[0];
+      const ProgramBuffer &Table = Prog.Buffers[In.In[0]];
+      E->Vocab = (Table.Data ? Table.Data->type() : Table.Type).Shape[0];
       if (Ids.Type.rank() != 2)
         return planError("the token ids must be [batch, seq]");
       E->Batch = Ids.Type.Shape[0];
@@ -88,13 +100,8 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     if (B.K == ProgramBuffer::Param && B.Type.Dtype != DType::F32)
       return planError("parameter '" + B.Name + "' is " + B.Type.str() +
                        "; the CPU backend trains f32 parameters");
-    auto Bytes = B.Data->load();
-    if (!Bytes)
-      return planError("cannot load '" + B.Name +
-                       "': " + toString(Bytes.takeError()));
-    if (int64_t(Bytes->size()) != B.Type.numBytes())
-      return planError("'" + B.Name + "' has the wrong size");
-    std::memcpy(E->Arena + B.Offset, Bytes->data(), Bytes->size());
+    if (auto Err = E->loadParameter(B))
+      return std::move(Err);
   }
   return E;
 }
@@ -209,16 +216,47 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
   switch (I.Op) {
   case OpKind::Embedding: {
     const TensorType &T = InT(0);
-    return Check(cpu::embedding(Out(0), In(0), Ids(1), InT(1).numElements(),
-                                T.Shape[0], T.Shape[1]));
+    int64_t N = InT(1).numElements(), V = T.Shape[0], H = T.Shape[1];
+    if (!I.Attrs.getInt("vocab_parallel", 0))
+      return Check(cpu::embedding(Out(0), In(0), Ids(1), N, V, H));
+    // This rank's rows [r V, (r + 1) V); other ids contribute zeros.
+    float *Y = Out(0);
+    for (int64_t R = 0; R < N; ++R) {
+      int64_t Id = Ids(1)[R] - rank() * V;
+      if (Id >= 0 && Id < V)
+        std::memcpy(Y + R * H, In(0) + Id * H, H * sizeof(float));
+      else
+        std::memset(Y + R * H, 0, H * sizeof(float));
+    }
+    return Error::success();
   }
   case OpKind::EmbeddingGrad: {
     Zero(0);
     const TensorType &T = OutT(0);
-    return Check(cpu::embeddingBackward(Out(0), In(1), Ids(0),
-                                        InT(0).numElements(), T.Shape[0],
-                                        T.Shape[1]));
+    int64_t N = InT(0).numElements(), V = T.Shape[0], H = T.Shape[1];
+    if (!I.Attrs.getInt("vocab_parallel", 0))
+      return Check(cpu::embeddingBackward(Out(0), In(1), Ids(0), N, V, H));
+    for (int64_t R = 0; R < N; ++R) {
+      int64_t Id = Ids(0)[R] - rank() * V;
+      if (Id >= 0 && Id < V)
+        for (int64_t J = 0; J < H; ++J)
+          Out(0)[Id * H + J] += In(1)[R * H + J];
+    }
+    return Error::success();
   }
+  case OpKind::AllReduce:
+    std::memcpy(Out(0), In(0), InT(0).numBytes());
+    return Comm->allReduceSum(Out(0), OutT(0).numElements());
+  case OpKind::AllGather:
+    return allGather(Out(0), In(0), InT(0), I.Attrs.getInt("dim", 0),
+                     I.Attrs.getInt("parts", 1));
+  case OpKind::ReduceScatter:
+    return reduceScatter(Out(0), In(0), InT(0), I.Attrs.getInt("dim", 0),
+                         I.Attrs.getInt("parts", 1));
+  case OpKind::SpSplit:
+    takeChunk(Out(0), In(0), InT(0), I.Attrs.getInt("dim", 0),
+              I.Attrs.getInt("parts", 1));
+    return Error::success();
   case OpKind::Add:
     if (InT(0).Shape == InT(1).Shape) {
       cpu::add(Out(0), In(0), In(1), OutT(0).numElements());
@@ -347,31 +385,56 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
                       uint32_t(Step)};
     uint8_t *Mask =
         I.Out.size() > 1 ? reinterpret_cast<uint8_t *>(Out(1)) : nullptr;
-    return Check(cpu::dropout(Out(0), Mask, In(0), Ratio, K,
-                              cpu::GlobalIndex::whole(ShapeOf(InT(0)))));
+    // The mask of an element depends on its index in the whole tensor, so it
+    // is the same on any layout.
+    const TensorType &Local = InT(0);
+    const Sharding &S = Bufs[I.In[0]].Shard;
+    if (S.K != Sharding::Split)
+      return Check(cpu::dropout(Out(0), Mask, In(0), Ratio, K,
+                                cpu::GlobalIndex::whole(ShapeOf(Local))));
+    SmallVector<int64_t, 4> Full(Local.Shape.begin(), Local.Shape.end()),
+        Offset(Local.rank(), 0);
+    Full[S.Dim] *= S.Parts;
+    Offset[S.Dim] = rank() * Local.Shape[S.Dim];
+    return Check(cpu::dropout(
+        Out(0), Mask, In(0), Ratio, K,
+        cpu::GlobalIndex::block(cpu::Shape(Full.data(), Full.size()),
+                                ShapeOf(Local),
+                                cpu::Shape(Offset.data(), Offset.size()))));
   }
   case OpKind::DropoutGrad:
     cpu::dropoutBackward(Out(0), In(0),
                          reinterpret_cast<const uint8_t *>(In(1)),
                          InT(0).numElements(), Ratio);
     return Error::success();
-  case OpKind::CrossEntropy: {
-    int64_t V = InT(0).dim(-1);
-    return Check(cpu::crossEntropy(Out(0), In(0), Ids(1),
-                                   InT(1).numElements(), V,
-                                   I.Attrs.getInt("valid_vocab", V)));
-  }
+  case OpKind::CrossEntropy:
   case OpKind::CrossEntropyGrad: {
-    int64_t V = InT(0).dim(-1);
-    return Check(cpu::crossEntropyBackward(
-        Out(0), In(0), Ids(1), *In(2), InT(1).numElements(), V,
-        I.Attrs.getInt("valid_vocab", V)));
+    int64_t V = InT(0).dim(-1), N = InT(1).numElements();
+    int64_t Valid = I.Attrs.getInt("valid_vocab", V);
+    bool Grad = I.Op == OpKind::CrossEntropyGrad;
+    if (I.Attrs.getInt("vocab_parallel", 0))
+      return vocabParallelCrossEntropy(Grad ? nullptr : Out(0),
+                                       Grad ? Out(0) : nullptr, In(0), Ids(1),
+                                       N, V, Valid, Grad ? *In(2) : 0.0);
+    if (Grad)
+      return Check(
+          cpu::crossEntropyBackward(Out(0), In(0), Ids(1), *In(2), N, V, Valid));
+    return Check(cpu::crossEntropy(Out(0), In(0), Ids(1), N, V, Valid));
   }
   case OpKind::GradNorm: {
-    double Sum = 0;
+    // Split gradients: every rank holds a part, sum them over the group;
+    // replicated ones are the same on every rank, count them once.
+    double Split = 0, Whole = 0;
     for (unsigned K = 0; K < I.In.size(); ++K)
-      Sum += cpu::sumSquares(In(K), InT(K).numElements());
-    *Out(0) = float(std::sqrt(Sum));
+      (Bufs[I.In[K]].Shard.K == Sharding::Split ? Split : Whole) +=
+          cpu::sumSquares(In(K), InT(K).numElements());
+    if (Comm->size() > 1) {
+      float S = float(Split);
+      if (auto E = Comm->allReduceSum(&S, 1))
+        return E;
+      Split = S;
+    }
+    *Out(0) = float(std::sqrt(Split + Whole));
     return Error::success();
   }
   case OpKind::AdamW: {
@@ -390,11 +453,17 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
   }
 }
 
+TensorView Executor::view(int B, std::string Name) const {
+  const ProgramBuffer &PB = Prog.Buffers[B];
+  return {std::move(Name), PB.Type, ptr(B), PB.Shard,
+          PB.Data ? PB.Data->type() : PB.Type};
+}
+
 std::vector<TensorView> Executor::parameters() const {
   std::vector<TensorView> R;
   for (size_t B = 0; B < Prog.Buffers.size(); ++B)
     if (Prog.Buffers[B].K == ProgramBuffer::Param)
-      R.push_back({Prog.Buffers[B].Name, Prog.Buffers[B].Type, ptr(B)});
+      R.push_back(view(B, Prog.Buffers[B].Name));
   return R;
 }
 
@@ -402,22 +471,32 @@ std::vector<TensorView> Executor::optimizerState() const {
   std::vector<TensorView> R;
   for (size_t B = 0; B < Prog.Buffers.size(); ++B)
     if (Prog.Buffers[B].K == ProgramBuffer::State)
-      R.push_back({Prog.Buffers[B].Name, Prog.Buffers[B].Type, ptr(B)});
+      R.push_back(view(B, Prog.Buffers[B].Name));
   return R;
 }
 
 std::optional<TensorView> Executor::gradient(StringRef Param) const {
   int B = Prog.output(("grad:" + Param).str());
-  if (B < 0)
+  int P = Prog.findBuffer(Param);
+  if (B < 0 || P < 0)
     return std::nullopt;
-  return TensorView{Param.str(), Prog.Buffers[B].Type, ptr(B)};
+  // A gradient is laid out like its parameter (summed ones are whole).
+  TensorView V = view(P, Param.str());
+  V.Data = ptr(B);
+  if (V.Shard.K != Sharding::Split)
+    V.Shard = Sharding::replicated();
+  return V;
 }
 
 std::optional<TensorView> Executor::logits() const {
   if (LogitsBuffer < 0)
     return std::nullopt;
-  return TensorView{"logits", Prog.Buffers[LogitsBuffer].Type,
-                    ptr(LogitsBuffer)};
+  TensorView V = view(LogitsBuffer, "logits");
+  if (V.Shard.K == Sharding::Split) { // vocabulary-parallel
+    V.FullType = V.Type;
+    V.FullType.Shape[V.Shard.Dim] *= V.Shard.Parts;
+  }
+  return V;
 }
 
 } // namespace sp

@@ -18,6 +18,7 @@
 #define SP_RUNTIME_EXECUTOR_H
 
 #include "runtime/Plan.h"
+#include "runtime/comm/Communicator.h"
 #include "llvm/Support/Error.h"
 #include <memory>
 #include <optional>
@@ -28,6 +29,8 @@ struct RunOptions {
   uint64_t Seed = 1234;
   /// Overrides every dropout ratio (0 turns dropout off).
   std::optional<double> Dropout;
+  /// This rank's tensor-parallel group (not owned); null runs one rank.
+  Communicator *Comm = nullptr;
 };
 
 struct MemoryStats {
@@ -39,11 +42,15 @@ struct MemoryStats {
   int64_t PeakLiveTempBytes = 0;
 };
 
-/// A named tensor in the arena (fp32 on the CPU backend).
+/// A named tensor in the arena (fp32 on the CPU backend): this rank's part
+/// of it when Shard splits it.
 struct TensorView {
   std::string Name;
   TensorType Type;
   float *Data;
+  Sharding Shard;
+  /// Shape of the whole tensor (the source parameter's shape).
+  TensorType FullType;
   int64_t size() const { return Type.numElements(); }
 };
 
@@ -78,6 +85,11 @@ public:
   std::vector<TensorView> optimizerState() const;
   /// The logits of the last evalLoss.
   std::optional<TensorView> logits() const;
+  /// The whole tensor of a view, assembled from every rank's part (a
+  /// collective: every rank of the group must call it, in the same order).
+  llvm::Expected<std::vector<float>> gather(const TensorView &V) const;
+  int rank() const { return Comm->rank(); }
+  int groupSize() const { return Comm->size(); }
   MemoryStats memory() const { return Stats; }
 
 private:
@@ -88,8 +100,25 @@ private:
   llvm::Error setTokens(llvm::StringRef Input, llvm::ArrayRef<int64_t> Ids);
   float *ptr(int Buffer) const;
 
+  llvm::Error loadParameter(const ProgramBuffer &B);
+  TensorView view(int Buffer, std::string Name) const;
+  // Collectives and vocabulary-parallel kernels (ExecutorParallel.cpp).
+  llvm::Error allGather(float *Out, const float *In, const TensorType &Local,
+                        int Dim, int Parts) const;
+  llvm::Error reduceScatter(float *Out, const float *In,
+                            const TensorType &Full, int Dim, int Parts) const;
+  void takeChunk(float *Out, const float *In, const TensorType &Full, int Dim,
+                 int Parts) const;
+  llvm::Error vocabParallelCrossEntropy(float *Loss, float *DLogits,
+                                        const float *Logits,
+                                        const int64_t *Targets, int64_t N,
+                                        int64_t V, int64_t Valid,
+                                        double DLoss) const;
+
   Program Prog;
   RunOptions Opts;
+  std::unique_ptr<Communicator> OwnComm;
+  Communicator *Comm = nullptr;
   int64_t Batch = 0, Seq = 0, Vocab = 0;
   char *Arena = nullptr;
   MemoryStats Stats;

@@ -53,6 +53,7 @@ Expected<Program> lowerGraph(const Graph &G, DType ActDtype) {
     B.K = K;
     B.Bytes = V->type().numBytes();
     B.Data = V->data();
+    B.Shard = V->sharding();
     Ids[V] = P.Buffers.size();
     P.Buffers.push_back(std::move(B));
   };
@@ -93,6 +94,7 @@ Expected<Program> lowerGraph(const Graph &G, DType ActDtype) {
                           : R->type().Dtype;
       B.Bytes = R->type().numElements() * dtypeSize(Planned);
       B.Def = B.LastUse = Index;
+      B.Shard = R->sharding();
       B.Layer = N.tags().Layer;
       B.Role = N.tags().Role;
       Ids[R] = P.Buffers.size();
@@ -117,6 +119,37 @@ Expected<Program> lowerGraph(const Graph &G, DType ActDtype) {
 
 static const char *const KindNames[] = {"input", "param", "state", "const",
                                         "temp"};
+static const char *const ShardNames[] = {"none", "replicated", "split",
+                                         "partial"};
+
+static json shardingToJson(const Sharding &S) {
+  json J = {{"kind", ShardNames[S.K]}};
+  if (S.K == Sharding::Split)
+    J.update({{"dim", S.Dim}, {"parts", S.Parts}, {"blocks", S.Blocks},
+              {"padded", S.Padded}});
+  if (S.SumGrad)
+    J["sum_grad"] = true;
+  return J;
+}
+
+static Expected<Sharding> shardingFromJson(const json &J) {
+  Sharding S;
+  std::string Kind = J.at("kind").get<std::string>();
+  auto It = find(ShardNames, Kind);
+  if (It == std::end(ShardNames))
+    return createStringError(inconvertibleErrorCode(),
+                             "malformed program: unknown sharding '%s'",
+                             Kind.c_str());
+  S.K = Sharding::Kind(It - std::begin(ShardNames));
+  if (S.K == Sharding::Split) {
+    S.Dim = J.at("dim").get<int>();
+    S.Parts = J.at("parts").get<int>();
+    S.Blocks = J.at("blocks").get<int>();
+    S.Padded = J.at("padded").get<int64_t>();
+  }
+  S.SumGrad = J.value("sum_grad", false);
+  return S;
+}
 
 static json floatToJson(double D) {
   if (std::isnan(D))
@@ -225,6 +258,8 @@ json programToJson(const Program &P) {
       J["layer"] = B.Layer;
       J["role"] = B.Role;
     }
+    if (B.Shard.K != Sharding::None)
+      J["sharding"] = shardingToJson(B.Shard);
     if (B.Data)
       J["data"] = dataToJson(*B.Data);
     Buffers.push_back(std::move(J));
@@ -284,6 +319,12 @@ Expected<Program> programFromJson(const json &J) {
         B.LastUse = JB.at("last_use").get<int>();
         B.Layer = JB.at("layer").get<int>();
         B.Role = JB.at("role").get<std::string>();
+      }
+      if (JB.contains("sharding")) {
+        auto S = shardingFromJson(JB["sharding"]);
+        if (!S)
+          return S.takeError();
+        B.Shard = *S;
       }
       if (JB.contains("data")) {
         const json &JD = JB["data"];

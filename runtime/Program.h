@@ -35,6 +35,9 @@ struct ProgramBuffer {
   int Def = -1, LastUse = -1;
   /// Param and Const: where the initial bytes are.
   std::shared_ptr<TensorData> Data;
+  /// How the value is laid out over the tensor-parallel group: a split
+  /// parameter's Data is the whole source, of which each rank loads a slice.
+  Sharding Shard;
   /// Layer and role of the producing node (memory accounting by role).
   int Layer = -1;
   std::string Role;

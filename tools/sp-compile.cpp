@@ -153,6 +153,8 @@ int main(int Argc, char **Argv) {
     P->Manifest = Facts;
     P->Manifest["source"] = Input.getValue();
     P->Manifest["dtype"] = dtypeName(ActDtype).str();
+    P->Manifest["tp"] = Ctx.TensorParallel;
+    P->Manifest["sp"] = Ctx.SequenceParallel;
     if (auto E = writePlan(Output, *P))
       return reportError("sp-compile", std::move(E));
     if (!Quiet)

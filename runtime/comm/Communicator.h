@@ -1,0 +1,118 @@
+//===- Communicator.h - Collectives between the ranks of a job -*- C++ -*-===//
+//
+// The runtime's one view of communication: a group of ranks that run the same
+// program and meet in collectives (all-reduce, all-gather, reduce-scatter,
+// broadcast, barrier), point-to-point messages, and split() into subgroups
+// (e.g. the tensor-parallel groups of a data-parallel job).
+//
+// Three implementations, so that one rank needs no communication library:
+//  - single rank: collectives are copies, send/recv are errors;
+//  - threads: N ranks inside one process, one communicator object per thread
+//    (tests, and CPU runs of a parallel plan without MPI);
+//  - MPI: thin checked wrappers over MPI_COMM_WORLD, only when sp was built
+//    with MPI (SP_HAVE_MPI).
+//
+// Rules for callers:
+//  - Every rank of a communicator calls the same collectives in the same
+//    order with the same counts (and the same Root). The thread version
+//    checks this and reports a mismatch as an error on every rank; MPI does
+//    not, and may hang or fail.
+//  - One communicator object is used by one thread at a time.
+//  - Buffers of a collective must not overlap, except the in-place
+//    all-reduces. They may be reused as soon as the call returns.
+//  - An error on one rank leaves the others waiting in their next collective.
+//    A rank that fails calls abort(Reason): with threads every waiting and
+//    later call of the whole job (all communicators split from the same
+//    root) returns an error naming the aborting rank and the reason; with
+//    MPI the whole job is terminated (MPI_Abort). runOnThreadRanks does this
+//    for thread ranks.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_COMM_COMMUNICATOR_H
+#define SP_RUNTIME_COMM_COMMUNICATOR_H
+
+#include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sp {
+
+class Communicator {
+public:
+  virtual ~Communicator();
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// A short name for logs and diagnostics, e.g. "thread 1/4", "mpi 0/2".
+  virtual std::string name() const = 0;
+
+  /// Element-wise, in place, over float32 buffers of Count elements. With
+  /// threads the sum is computed in rank order starting from rank 0's value
+  /// (the same bits on every rank, and the same as a sequential sum over
+  /// ranks 0..N-1); MPI's order is not specified. Max propagates NaN.
+  virtual llvm::Error allReduceSum(float *Data, int64_t Count) = 0;
+  virtual llvm::Error allReduceMax(float *Data, int64_t Count) = 0;
+  /// The same over int64 counters (exact in any order).
+  virtual llvm::Error allReduceSum(int64_t *Data, int64_t Count) = 0;
+  /// Out[r * Count .. (r+1) * Count) = In of rank r (rank-major
+  /// concatenation). Out holds size() * Count elements.
+  virtual llvm::Error allGather(float *Out, const float *In,
+                                int64_t Count) = 0;
+  /// In holds size() chunks of Count elements; Out (Count elements) = sum
+  /// over ranks of chunk rank(), in rank order with threads.
+  virtual llvm::Error reduceScatterSum(float *Out, const float *In,
+                                       int64_t Count) = 0;
+  /// Copies Root's Bytes bytes at Data into Data on every other rank.
+  virtual llvm::Error broadcast(void *Data, int64_t Bytes, int Root) = 0;
+  /// Point to point. Messages between the same (sender, receiver, Tag) arrive
+  /// in order; recv must ask for exactly the size that was sent. The thread
+  /// version buffers sends (send never blocks); MPI's may block until the
+  /// matching recv is posted, so portable code never sends to a rank that is
+  /// itself blocked sending to it.
+  virtual llvm::Error send(const void *Data, int64_t Bytes, int Peer,
+                           int Tag) = 0;
+  virtual llvm::Error recv(void *Data, int64_t Bytes, int Peer, int Tag) = 0;
+  virtual llvm::Error barrier() = 0;
+  /// A sub-communicator of the ranks with the same Color (non-negative),
+  /// ordered by Key and then by rank here (MPI_Comm_split semantics);
+  /// collective over all ranks of this one.
+  virtual llvm::Expected<std::unique_ptr<Communicator>> split(int Color,
+                                                              int Key) = 0;
+  /// Gives up on the job so that no other rank waits forever for this one
+  /// (see the file comment). Threads: later and waiting calls on every rank
+  /// return an error. MPI: prints Reason and terminates the job. Single rank:
+  /// later calls return an error.
+  virtual void abort(llvm::StringRef Reason) = 0;
+};
+
+/// A communicator of one rank: collectives are copies, send/recv are errors.
+std::unique_ptr<Communicator> createSingleRankCommunicator();
+
+/// N in-process ranks for N threads (one object per rank; rank i used by
+/// thread i). N must be at least 1.
+std::vector<std::unique_ptr<Communicator>> createThreadCommunicators(int N);
+
+/// Runs Body(rank i's communicator) on N new threads, one per rank, and joins
+/// them. A rank whose Body returns an error (or throws) aborts the group, so
+/// the others fail instead of hanging. Returns the errors of the failing
+/// ranks, each prefixed with "rank I: ", or success.
+llvm::Error
+runOnThreadRanks(int N, llvm::function_ref<llvm::Error(Communicator &)> Body);
+
+/// MPI_COMM_WORLD (a duplicate of it, with errors returned rather than
+/// fatal). MPI_Init_thread (MPI_THREAD_SERIALIZED) is called by the first
+/// call unless MPI is already initialized, and then MPI_Finalize at exit.
+/// Errors if sp was built without MPI or an MPI call fails, naming the call.
+llvm::Expected<std::unique_ptr<Communicator>>
+createMpiCommunicator(int *Argc, char ***Argv);
+
+/// Whether sp was built with MPI (createMpiCommunicator can succeed).
+bool mpiAvailable();
+
+} // namespace sp
+
+#endif // SP_RUNTIME_COMM_COMMUNICATOR_H

@@ -1,0 +1,332 @@
+//===- MpiCommunicator.cpp - Checked wrappers over MPI --------------------===//
+//
+// Each call is one MPI call (or a few, for buffers past MPI's int counts) on
+// a duplicate of MPI_COMM_WORLD whose error handler returns errors, so a
+// failing call becomes an llvm::Error naming the call and MPI's own message.
+// Compiled without SP_HAVE_MPI, createMpiCommunicator reports that sp was
+// built without MPI.
+//
+// Chunking: allReduce, broadcast, send and recv split buffers into pieces of
+// at most 2^30 elements (bytes), the same on every rank. allGather and
+// reduceScatterSum need each rank's count to fit an int.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/comm/Communicator.h"
+#include "runtime/comm/CommSupport.h"
+
+#ifdef SP_HAVE_MPI
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <mpi.h>
+#include <mutex>
+#endif
+
+using namespace llvm;
+
+namespace sp {
+
+#ifdef SP_HAVE_MPI
+
+namespace {
+
+constexpr int64_t MaxChunk = int64_t(1) << 30;
+
+/// MPI's message for an error code.
+std::string mpiErrorString(int Code) {
+  char Buffer[MPI_MAX_ERROR_STRING];
+  int Length = 0;
+  if (MPI_Error_string(Code, Buffer, &Length) != MPI_SUCCESS)
+    return formatv("unknown MPI error code {0}", Code).str();
+  return std::string(Buffer, Length);
+}
+
+/// An error for a failed MPI call outside any communicator.
+Error mpiCallError(StringRef Call, int Code) {
+  return createStringError(inconvertibleErrorCode(), "mpi: %s failed: %s",
+                           Call.str().c_str(), mpiErrorString(Code).c_str());
+}
+
+class MpiCommunicator final : public Communicator {
+public:
+  /// Takes ownership of Comm (freed in the destructor unless MPI is already
+  /// finalized).
+  MpiCommunicator(MPI_Comm Comm, int Rank, int Size)
+      : Comm(Comm), Rank(Rank), Size(Size) {}
+
+  ~MpiCommunicator() override {
+    int Finalized = 0;
+    MPI_Finalized(&Finalized);
+    if (!Finalized)
+      MPI_Comm_free(&Comm);
+  }
+
+  /// Takes a new communicator handle, sets its error handler to return
+  /// errors, and wraps it (or frees it on failure).
+  static Expected<std::unique_ptr<Communicator>> wrap(MPI_Comm New) {
+    int Rank = 0, Size = 0;
+    StringRef Call;
+    int Code = MPI_SUCCESS;
+    if ((Code = MPI_Comm_set_errhandler(New, MPI_ERRORS_RETURN)))
+      Call = "MPI_Comm_set_errhandler";
+    else if ((Code = MPI_Comm_rank(New, &Rank)))
+      Call = "MPI_Comm_rank";
+    else if ((Code = MPI_Comm_size(New, &Size)))
+      Call = "MPI_Comm_size";
+    if (Code != MPI_SUCCESS) {
+      MPI_Comm_free(&New);
+      return mpiCallError(Call, Code);
+    }
+    return std::make_unique<MpiCommunicator>(New, Rank, Size);
+  }
+
+  int rank() const override { return Rank; }
+  int size() const override { return Size; }
+  std::string name() const override {
+    return formatv("mpi {0}/{1}", Rank, Size).str();
+  }
+
+  Error allReduceSum(float *Data, int64_t Count) override {
+    return allReduce("allReduceSum", Data, Count, MPI_FLOAT, MPI_SUM);
+  }
+  Error allReduceMax(float *Data, int64_t Count) override {
+    return allReduce("allReduceMax", Data, Count, MPI_FLOAT, MPI_MAX);
+  }
+  Error allReduceSum(int64_t *Data, int64_t Count) override {
+    return allReduce("allReduceSum", Data, Count, MPI_INT64_T, MPI_SUM);
+  }
+
+  Error allGather(float *Out, const float *In, int64_t Count) override {
+    StringRef Op = "allGather";
+    if (Error E = check(Op, comm::firstProblem(
+                                {comm::checkBuffer("input", In, Count, 4),
+                                 comm::checkBuffer("output", Out,
+                                                   Count * Size, 4),
+                                 comm::checkDisjoint(Out, Count * Size * 4,
+                                                     In, Count * 4),
+                                 fitsInt(Count)})))
+      return E;
+    return call(Op, "MPI_Allgather",
+                MPI_Allgather(In, static_cast<int>(Count), MPI_FLOAT, Out,
+                              static_cast<int>(Count), MPI_FLOAT, Comm));
+  }
+
+  Error reduceScatterSum(float *Out, const float *In, int64_t Count) override {
+    StringRef Op = "reduceScatterSum";
+    if (Error E = check(Op, comm::firstProblem(
+                                {comm::checkBuffer("input", In, Count * Size,
+                                                   4),
+                                 comm::checkBuffer("output", Out, Count, 4),
+                                 comm::checkDisjoint(Out, Count * 4, In,
+                                                     Count * Size * 4),
+                                 fitsInt(Count)})))
+      return E;
+    return call(Op, "MPI_Reduce_scatter_block",
+                MPI_Reduce_scatter_block(In, Out, static_cast<int>(Count),
+                                         MPI_FLOAT, MPI_SUM, Comm));
+  }
+
+  Error broadcast(void *Data, int64_t Bytes, int Root) override {
+    StringRef Op = "broadcast";
+    if (Error E =
+            check(Op, comm::firstProblem({comm::checkBuffer("data", Data, Bytes),
+                                          comm::checkRank("root", Root, Size)})))
+      return E;
+    char *P = static_cast<char *>(Data);
+    for (int64_t Offset = 0; Offset < Bytes; Offset += MaxChunk) {
+      int N = static_cast<int>(std::min(MaxChunk, Bytes - Offset));
+      if (Error E = call(Op, "MPI_Bcast",
+                         MPI_Bcast(P + Offset, N, MPI_BYTE, Root, Comm)))
+        return E;
+    }
+    return Error::success();
+  }
+
+  Error send(const void *Data, int64_t Bytes, int Peer, int Tag) override {
+    StringRef Op = "send";
+    if (Error E = check(Op, pointToPointProblem(Data, Bytes, Peer, Tag)))
+      return E;
+    const char *P = static_cast<const char *>(Data);
+    // A zero-byte message is still one message.
+    int64_t Offset = 0;
+    do {
+      int N = static_cast<int>(std::min(MaxChunk, Bytes - Offset));
+      if (Error E = call(Op, "MPI_Send",
+                         MPI_Send(P + Offset, N, MPI_BYTE, Peer, Tag, Comm)))
+        return E;
+      Offset += N;
+    } while (Offset < Bytes);
+    return Error::success();
+  }
+
+  Error recv(void *Data, int64_t Bytes, int Peer, int Tag) override {
+    StringRef Op = "recv";
+    if (Error E = check(Op, pointToPointProblem(Data, Bytes, Peer, Tag)))
+      return E;
+    char *P = static_cast<char *>(Data);
+    int64_t Offset = 0;
+    do {
+      int N = static_cast<int>(std::min(MaxChunk, Bytes - Offset));
+      MPI_Status Status;
+      if (Error E =
+              call(Op, "MPI_Recv",
+                   MPI_Recv(P + Offset, N, MPI_BYTE, Peer, Tag, Comm, &Status)))
+        return E;
+      int Got = 0;
+      if (Error E = call(Op, "MPI_Get_count",
+                         MPI_Get_count(&Status, MPI_BYTE, &Got)))
+        return E;
+      if (Got != N)
+        return comm::makeError(
+            *this, Op,
+            formatv("the message from rank {0} with tag {1} has {2} bytes, "
+                    "expected {3}",
+                    Peer, Tag, Offset + Got, Bytes));
+      Offset += N;
+    } while (Offset < Bytes);
+    return Error::success();
+  }
+
+  Error barrier() override {
+    return call("barrier", "MPI_Barrier", MPI_Barrier(Comm));
+  }
+
+  Expected<std::unique_ptr<Communicator>> split(int Color, int Key) override {
+    StringRef Op = "split";
+    if (Error E = check(Op, comm::checkColor(Color)))
+      return E;
+    MPI_Comm New;
+    if (Error E = call(Op, "MPI_Comm_split",
+                       MPI_Comm_split(Comm, Color, Key, &New)))
+      return E;
+    auto Wrapped = wrap(New);
+    if (!Wrapped)
+      return comm::makeError(*this, Op, toString(Wrapped.takeError()));
+    return Wrapped;
+  }
+
+  void abort(StringRef Reason) override {
+    errs() << name() << ": aborting the job: " << Reason << "\n";
+    errs().flush();
+    MPI_Abort(Comm, 1);
+    std::abort(); // MPI_Abort does not return; if it does, still stop
+  }
+
+private:
+  Error check(StringRef Op, const std::string &Problem) const {
+    if (!Problem.empty())
+      return comm::makeError(*this, Op, Problem);
+    return Error::success();
+  }
+
+  /// Code is the result of MPI function Call made for Op.
+  Error call(StringRef Op, StringRef Call, int Code) const {
+    if (Code == MPI_SUCCESS)
+      return Error::success();
+    return comm::makeError(*this, Op,
+                           Call + " failed: " + mpiErrorString(Code));
+  }
+
+  static std::string fitsInt(int64_t Count) {
+    if (Count > INT_MAX)
+      return formatv("count {0} exceeds MPI's int counts", Count).str();
+    return "";
+  }
+
+  std::string pointToPointProblem(const void *Data, int64_t Bytes, int Peer,
+                                  int Tag) const {
+    std::string Problem =
+        comm::firstProblem({comm::checkBuffer("data", Data, Bytes),
+                            comm::checkRank("peer", Peer, Size),
+                            comm::checkTag(Tag)});
+    if (!Problem.empty())
+      return Problem;
+    void *Value = nullptr;
+    int Found = 0;
+    if (MPI_Comm_get_attr(Comm, MPI_TAG_UB, &Value, &Found) == MPI_SUCCESS &&
+        Found && Tag > *static_cast<int *>(Value))
+      return formatv("tag {0} exceeds MPI_TAG_UB {1}", Tag,
+                     *static_cast<int *>(Value))
+          .str();
+    return "";
+  }
+
+  template <typename T>
+  Error allReduce(StringRef Op, T *Data, int64_t Count, MPI_Datatype Type,
+                  MPI_Op Reduction) {
+    if (Error E = check(Op, comm::checkBuffer("data", Data, Count, sizeof(T))))
+      return E;
+    for (int64_t Offset = 0; Offset < Count; Offset += MaxChunk) {
+      int N = static_cast<int>(std::min(MaxChunk, Count - Offset));
+      if (Error E = call(Op, "MPI_Allreduce",
+                         MPI_Allreduce(MPI_IN_PLACE, Data + Offset, N, Type,
+                                       Reduction, Comm)))
+        return E;
+    }
+    return Error::success();
+  }
+
+  MPI_Comm Comm;
+  int Rank;
+  int Size;
+};
+
+void finalizeMpiAtExit() {
+  int Finalized = 0;
+  MPI_Finalized(&Finalized);
+  if (!Finalized)
+    MPI_Finalize();
+}
+
+} // namespace
+
+Expected<std::unique_ptr<Communicator>> createMpiCommunicator(int *Argc,
+                                                              char ***Argv) {
+  static std::mutex InitMutex;
+  std::lock_guard<std::mutex> Lock(InitMutex);
+  int Finalized = 0;
+  MPI_Finalized(&Finalized);
+  if (Finalized)
+    return createStringError(inconvertibleErrorCode(),
+                             "mpi: MPI_Init_thread: MPI is already finalized");
+  int Initialized = 0;
+  if (int Code = MPI_Initialized(&Initialized))
+    return mpiCallError("MPI_Initialized", Code);
+  if (!Initialized) {
+    int Provided = 0;
+    if (int Code =
+            MPI_Init_thread(Argc, Argv, MPI_THREAD_SERIALIZED, &Provided))
+      return mpiCallError("MPI_Init_thread", Code);
+    std::atexit(finalizeMpiAtExit);
+    if (Provided < MPI_THREAD_SERIALIZED)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "mpi: MPI_Init_thread: the MPI library provides thread level %d, "
+          "sp needs MPI_THREAD_SERIALIZED (%d)",
+          Provided, MPI_THREAD_SERIALIZED);
+  }
+  MPI_Comm World;
+  if (int Code = MPI_Comm_dup(MPI_COMM_WORLD, &World))
+    return mpiCallError("MPI_Comm_dup", Code);
+  return MpiCommunicator::wrap(World);
+}
+
+bool mpiAvailable() { return true; }
+
+#else // !SP_HAVE_MPI
+
+Expected<std::unique_ptr<Communicator>> createMpiCommunicator(int *Argc,
+                                                              char ***Argv) {
+  return createStringError(
+      inconvertibleErrorCode(),
+      "mpi: sp was built without MPI (install an MPI library such as Debian's "
+      "libopenmpi-dev and configure with -DSP_ENABLE_MPI=ON)");
+}
+
+bool mpiAvailable() { return false; }
+
+#endif // SP_HAVE_MPI
+
+} // namespace sp

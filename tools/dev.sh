@@ -19,6 +19,7 @@ PACKAGES=(
   libonnx-dev libprotobuf-dev protobuf-compiler
   nlohmann-json3-dev googletest libgtest-dev
   libopenblas-dev                       # GEMMs of the CPU backend
+  libopenmpi-dev openmpi-bin            # MPI communicator and tests/mpi (mpirun)
   python3-torch python3-onnx python3-numpy  # reference exports (/usr/bin/python3)
 )
 

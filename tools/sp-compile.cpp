@@ -8,6 +8,7 @@
 // program, plans its memory and writes the plan directory.
 //
 //===----------------------------------------------------------------------===//
+#include "passes/CollectiveReport.h"
 #include "passes/MemoryPlan.h"
 #include "passes/ModelInfo.h"
 #include "passes/PassManager.h"
@@ -129,6 +130,10 @@ int main(int Argc, char **Argv) {
                      {"persistent_bytes", Prog.PersistentBytes},
                      {"arena_bytes", Prog.ArenaBytes},
                      {"peak_live_temp_bytes", Live}};
+    Facts["parallel"] = {{"tp", Ctx.TensorParallel},
+                         {"sp", Ctx.SequenceParallel}};
+    Facts["collectives"] =
+        collectivesToJson(collectiveReport(Prog, Ctx.TensorParallel));
   }
   if (!Quiet) {
     printModelSummary(*Info, **G, outs());
@@ -145,6 +150,8 @@ int main(int Argc, char **Argv) {
                         humanBytes(Prog.PersistentBytes),
                         humanBytes(Prog.ArenaBytes - Prog.PersistentBytes),
                         humanBytes(peakLiveTempBytes(Prog)));
+      printCollectives(collectiveReport(Prog, Ctx.TensorParallel),
+                       Ctx.TensorParallel, outs());
     }
     outs() << formatv("compiled in {0:F3} s ({1} nodes)\n", Seconds,
                       (*G)->numNodes());

@@ -1,4 +1,4 @@
-//===- CommSupport.h - Argument checks and reductions shared by comms -*- C++ -*-===//
+//===- CommSupport.h - Checks and reductions shared by comms ---*- C++ -*-===//
 //
 // Private to runtime/comm: the argument checks every communicator makes
 // before a call (each returns an empty string when the arguments are fine,
@@ -31,7 +31,8 @@ inline std::string checkBuffer(llvm::StringRef What, const void *Ptr,
                                int64_t Count, int64_t ElemBytes = 1) {
   if (Count < 0)
     return ("negative count " + llvm::Twine(Count)).str();
-  if (Count > INT64_MAX / ElemBytes / 64)
+  // Bytes times a rank count (up to 2^16) must fit in int64.
+  if (Count > (INT64_MAX / ElemBytes) >> 16)
     return ("count " + llvm::Twine(Count) + " is too large").str();
   if (Count > 0 && !Ptr)
     return ("null " + What + " buffer for count " + llvm::Twine(Count)).str();

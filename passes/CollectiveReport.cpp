@@ -1,0 +1,115 @@
+//===- CollectiveReport.cpp -----------------------------------------------===//
+#include "passes/CollectiveReport.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace llvm;
+
+namespace sp {
+
+std::vector<LayerCollectives> collectiveReport(const Program &P, int T) {
+  int MaxLayer = -1;
+  for (const Instruction &I : P.Instrs)
+    MaxLayer = std::max(MaxLayer, I.Layer);
+  std::vector<LayerCollectives> R(MaxLayer + 2);
+  for (int L = -1; L <= MaxLayer; ++L)
+    R[L + 1].Layer = L;
+  if (T <= 1)
+    return R;
+  for (const Instruction &I : P.Instrs) {
+    int64_t Full;
+    double Factor = double(T - 1) / T;
+    switch (I.Op) {
+    case OpKind::AllReduce:
+      Full = P.Buffers[I.Out[0]].Bytes;
+      Factor *= 2;
+      break;
+    case OpKind::AllGather:
+      Full = P.Buffers[I.Out[0]].Bytes;
+      break;
+    case OpKind::ReduceScatter:
+      Full = P.Buffers[I.In[0]].Bytes;
+      break;
+    default:
+      continue;
+    }
+    CollectiveUse U{I.Op, I.Role, I.Ph, StringRef(I.Role).endswith("_regather"),
+                    int64_t(Full * Factor)};
+    LayerCollectives &L = R[I.Layer + 1];
+    (U.Regather ? L.Regather : I.Ph == Phase::Forward ? L.Forward
+                                                      : L.Backward) += U.Bytes;
+    L.Uses.push_back(std::move(U));
+  }
+  return R;
+}
+
+nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R) {
+  nlohmann::json Layers = nlohmann::json::array();
+  int64_t F = 0, B = 0, G = 0;
+  for (const LayerCollectives &L : R) {
+    Layers.push_back({{"layer", L.Layer},
+                      {"forward_bytes", L.Forward},
+                      {"backward_bytes", L.Backward},
+                      {"regather_bytes", L.Regather}});
+    F += L.Forward;
+    B += L.Backward;
+    G += L.Regather;
+  }
+  return {{"per_layer", Layers},
+          {"total_forward_bytes", F},
+          {"total_backward_bytes", B},
+          {"total_regather_bytes", G}};
+}
+
+static std::string kib(int64_t B) {
+  return formatv("{0:F1} KiB", B / 1024.0).str();
+}
+
+void printCollectives(const std::vector<LayerCollectives> &R, int T,
+                      raw_ostream &OS) {
+  if (T <= 1)
+    return;
+  OS << formatv("collectives (bytes sent per rank, ring algorithms, t = {0}):\n",
+                T);
+  // Layers with the same collectives print once, with their range.
+  auto Same = [](const LayerCollectives &A, const LayerCollectives &B) {
+    if (A.Uses.size() != B.Uses.size())
+      return false;
+    for (size_t I = 0; I < A.Uses.size(); ++I)
+      if (A.Uses[I].Op != B.Uses[I].Op || A.Uses[I].Bytes != B.Uses[I].Bytes ||
+          A.Uses[I].Role != B.Uses[I].Role || A.Uses[I].Ph != B.Uses[I].Ph)
+        return false;
+    return true;
+  };
+  size_t I = 0;
+  while (I < R.size()) {
+    size_t End = I;
+    while (R[I].Layer >= 0 && End + 1 < R.size() && Same(R[I], R[End + 1]))
+      ++End;
+    const LayerCollectives &L = R[I];
+    std::string Name = L.Layer < 0 ? "outside layers"
+                       : I == End  ? formatv("layer {0}", L.Layer).str()
+                                   : formatv("layers {0}-{1} (each)", L.Layer,
+                                             R[End].Layer)
+                                         .str();
+    OS << formatv("  {0}: forward {1}, backward {2}, regather {3}\n", Name,
+                  kib(L.Forward), kib(L.Backward), kib(L.Regather));
+    // Repeated collectives of one kind (the gradient sums) print once.
+    for (size_t U = 0; U < L.Uses.size();) {
+      const CollectiveUse &C = L.Uses[U];
+      size_t Next = U;
+      int64_t Bytes = 0;
+      while (Next < L.Uses.size() && L.Uses[Next].Op == C.Op &&
+             L.Uses[Next].Role == C.Role && L.Uses[Next].Ph == C.Ph)
+        Bytes += L.Uses[Next++].Bytes;
+      std::string Count =
+          Next - U > 1 ? formatv(" ({0} calls)", Next - U).str() : "";
+      OS << formatv("    {0,-4} {1,-15} {2,-22} {3}{4}\n", phaseName(C.Ph),
+                    opName(C.Op), C.Role, kib(Bytes), Count);
+      U = Next;
+    }
+    I = End + 1;
+  }
+}
+
+} // namespace sp

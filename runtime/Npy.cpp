@@ -16,8 +16,7 @@ static Error fail(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), Msg);
 }
 
-Error writeFileAtomic(StringRef Path,
-                      function_ref<void(raw_ostream &)> Write) {
+Error writeFileAtomic(StringRef Path, function_ref<void(raw_ostream &)> Write) {
   SmallString<128> Dir(Path);
   sys::path::remove_filename(Dir);
   if (Dir.empty())
@@ -37,8 +36,8 @@ Error writeFileAtomic(StringRef Path,
       std::error_code EC = OS.error();
       OS.clear_error();
       sys::fs::remove(Tmp);
-      return createStringError(EC, "cannot write '%s': %s",
-                               Path.str().c_str(), EC.message().c_str());
+      return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
+                               EC.message().c_str());
     }
   }
   if (std::error_code EC = sys::fs::rename(Tmp, Path)) {
@@ -57,8 +56,8 @@ std::string npyBytes(ArrayRef<int64_t> Shape, ArrayRef<float> Data) {
     Dims.resize(Dims.size() - 2); // "(2, 3)"; a 1-D shape keeps "(3, )"
   else if (Shape.size() == 1)
     Dims.pop_back(); // "(3,)"
-  std::string Header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" +
-                       Dims + "), }";
+  std::string Header =
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (" + Dims + "), }";
   // Magic (6) + version (2) + header length (2) + header, padded with spaces
   // and ended by a newline so that the data starts 64-byte aligned.
   size_t Total = 10 + Header.size() + 1;
@@ -93,8 +92,8 @@ Expected<NpyArray> parseNpy(StringRef Bytes, StringRef What) {
   if (Bytes.size() < 10 || !Bytes.startswith(StringRef("\x93NUMPY", 6)))
     return Bad("no .npy magic");
   if (Bytes[6] != 1 || Bytes[7] != 0)
-    return Bad("version " + Twine(int(Bytes[6])) + "." +
-               Twine(int(Bytes[7])) + ", expected 1.0");
+    return Bad("version " + Twine(int(Bytes[6])) + "." + Twine(int(Bytes[7])) +
+               ", expected 1.0");
   size_t HeaderLen = uint8_t(Bytes[8]) | (size_t(uint8_t(Bytes[9])) << 8);
   if (Bytes.size() < 10 + HeaderLen)
     return Bad("the header is cut off");
@@ -124,12 +123,12 @@ Expected<NpyArray> parseNpy(StringRef Bytes, StringRef What) {
   }
   StringRef Data = Bytes.substr(10 + HeaderLen);
   if (int64_t(Data.size()) != N * 4)
-    return Bad("the data has " + Twine(Data.size()) + " bytes, the shape needs " +
-               Twine(N * 4));
+    return Bad("the data has " + Twine(Data.size()) +
+               " bytes, the shape needs " + Twine(N * 4));
   A.Data.resize(N);
   for (int64_t I = 0; I < N; ++I)
-    A.Data[I] = std::bit_cast<float>(
-        support::endian::read32le(Data.data() + 4 * I));
+    A.Data[I] =
+        std::bit_cast<float>(support::endian::read32le(Data.data() + 4 * I));
   return A;
 }
 

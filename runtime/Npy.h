@@ -29,8 +29,7 @@ writeFileAtomic(llvm::StringRef Path,
                 llvm::function_ref<void(llvm::raw_ostream &)> Write);
 
 /// The .npy bytes of a float32 array of the given shape (rank 0: a scalar).
-std::string npyBytes(llvm::ArrayRef<int64_t> Shape,
-                     llvm::ArrayRef<float> Data);
+std::string npyBytes(llvm::ArrayRef<int64_t> Shape, llvm::ArrayRef<float> Data);
 
 /// Writes a .npy file atomically. Data.size() must match the shape.
 llvm::Error writeNpy(llvm::StringRef Path, llvm::ArrayRef<int64_t> Shape,
@@ -43,8 +42,7 @@ struct NpyArray {
 
 /// Reads a version 1.0 '<f4' C-order .npy file; errors name the file and
 /// what is wrong with it.
-llvm::Expected<NpyArray> parseNpy(llvm::StringRef Bytes,
-                                  llvm::StringRef What);
+llvm::Expected<NpyArray> parseNpy(llvm::StringRef Bytes, llvm::StringRef What);
 llvm::Expected<NpyArray> readNpy(llvm::StringRef Path);
 
 } // namespace sp

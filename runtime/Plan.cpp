@@ -29,6 +29,10 @@ Error writePlan(StringRef Dir, const Plan &P) {
   sys::path::remove_filename(Parent);
   if (Parent.empty())
     Parent = ".";
+  // createUniqueDirectory puts relative names under the system temp folder;
+  // the temporary must sit beside the plan for the final rename.
+  if (std::error_code EC = sys::fs::make_absolute(Parent))
+    return createStringError(EC, "cannot resolve '%s'", Dir.str().c_str());
   if (sys::fs::exists(Dir)) {
     SmallString<128> Manifest(Dir);
     sys::path::append(Manifest, "manifest.json");

@@ -1,0 +1,562 @@
+//===- RunSupportTest.cpp - What sp-run builds around the executor --------===//
+//
+// Data offsets and file checks, .npy files, checkpoints (round trip and
+// corruption), the learning-rate schedule, the loss log and plot, and the
+// ONNX weight export.
+//
+//===----------------------------------------------------------------------===//
+#include "frontend/OnnxExport.h"
+#include "frontend/OnnxImporter.h"
+#include "runtime/Checkpoint.h"
+#include "runtime/DataLoader.h"
+#include "runtime/LossLog.h"
+#include "runtime/Npy.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "gtest/gtest.h"
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+using namespace sp;
+using namespace llvm;
+
+namespace {
+
+/// A fresh temporary directory, removed with the test.
+struct TempDir {
+  SmallString<128> Path;
+  TempDir() {
+    std::error_code EC = sys::fs::createUniqueDirectory("sp-run-test", Path);
+    EXPECT_FALSE(EC) << EC.message();
+  }
+  ~TempDir() { sys::fs::remove_directories(Path); }
+  std::string file(StringRef Name) const { return (Path + "/" + Name).str(); }
+};
+
+void writeBytes(const std::string &Path, StringRef Bytes) {
+  std::ofstream OS(Path, std::ios::binary);
+  OS.write(Bytes.data(), Bytes.size());
+}
+
+/// A token file whose token i is Ids[i].
+void writeTokens(const std::string &Path, ArrayRef<uint16_t> Ids) {
+  std::string B;
+  for (uint16_t T : Ids) {
+    B += char(T & 0xff);
+    B += char(T >> 8);
+  }
+  writeBytes(Path, B);
+}
+
+std::string errorText(Error E) { return toString(std::move(E)); }
+
+//===----------------------------------------------------------------------===//
+// DataLoader
+//===----------------------------------------------------------------------===//
+
+TEST(DataLoader, OffsetsFollowTheContractWithWrapAround) {
+  // T = 200 tokens; token i has id i, so a batch shows where it was read.
+  TempDir D;
+  std::vector<uint16_t> Ids(200);
+  for (int I = 0; I < 200; ++I)
+    Ids[I] = I;
+  writeTokens(D.file("t.bin"), Ids);
+  const int64_t B = 3, S = 8, T = 200;
+  auto L = cantFail(DataLoader::open(D.file("t.bin"), B, S, 256));
+  EXPECT_EQ(L->numTokens(), T);
+  std::vector<int64_t> Idx, Targets;
+  // Enough steps to wrap around the file several times.
+  for (int64_t Step = 1; Step <= 40; ++Step) {
+    L->getBatch(Step, Idx, Targets);
+    ASSERT_EQ(Idx.size(), size_t(B * S));
+    for (int64_t R = 0; R < B; ++R) {
+      int64_t K = Step - 1;
+      int64_t O = ((K * B + R) * S) % (T - S);
+      ASSERT_EQ(L->rowOffset(Step, R), O);
+      for (int64_t J = 0; J < S; ++J) {
+        EXPECT_EQ(Idx[R * S + J], O + J) << "step " << Step << " row " << R;
+        EXPECT_EQ(Targets[R * S + J], O + J + 1);
+      }
+    }
+  }
+  // Step 9, row 1: k = 8, (8 * 3 + 1) * 8 = 200, 200 mod 192 = 8.
+  EXPECT_EQ(L->rowOffset(9, 1), 8);
+  // Huge step numbers do not overflow.
+  const int64_t BigT = 1000003, BigS = 1 << 12, BigB = 1 << 20;
+  EXPECT_EQ(batchRowOffset(int64_t(1) << 40, 5, BigB, BigS, BigT, false, 0),
+            int64_t((((__int128(1) << 40) * BigB + 5) * BigS) % (BigT - BigS)));
+  // The last possible target is token T - 1.
+  EXPECT_EQ(batchRowOffset(0, 0, 1, 199, 200, false, 0), 0);
+}
+
+TEST(DataLoader, ShuffledOffsetsDependOnSeedStepAndRowOnly) {
+  int64_t T = 10000, S = 16;
+  std::set<int64_t> Seen;
+  for (int64_t K = 0; K < 50; ++K)
+    for (int64_t R = 0; R < 4; ++R) {
+      int64_t O = batchRowOffset(K, R, 4, S, T, true, 1234);
+      EXPECT_GE(O, 0);
+      EXPECT_LT(O, T - S);
+      EXPECT_EQ(O, batchRowOffset(K, R, 4, S, T, true, 1234));
+      EXPECT_EQ(O, int64_t(mix64(mix64(mix64(1234) ^ K) ^ R) % (T - S)));
+      Seen.insert(O);
+    }
+  EXPECT_GT(Seen.size(), 190u) << "offsets should look random";
+  EXPECT_NE(batchRowOffset(3, 1, 4, S, T, true, 1),
+            batchRowOffset(3, 1, 4, S, T, true, 2));
+}
+
+TEST(DataLoader, SyntheticTokensAreInRangeAndSeeded) {
+  auto A = DataLoader::synthetic(7, 2, 32, 100);
+  auto B = DataLoader::synthetic(7, 2, 32, 100);
+  auto C = DataLoader::synthetic(8, 2, 32, 100);
+  std::vector<int64_t> IA, TA, IB, TB, IC, TC;
+  A->getBatch(3, IA, TA);
+  B->getBatch(3, IB, TB);
+  C->getBatch(3, IC, TC);
+  EXPECT_EQ(IA, IB);
+  EXPECT_NE(IA, IC);
+  for (int64_t X : IA) {
+    EXPECT_GE(X, 0);
+    EXPECT_LT(X, 100);
+  }
+  // Targets are the inputs shifted by one.
+  EXPECT_TRUE(std::equal(IA.begin() + 1, IA.begin() + 32, TA.begin()));
+}
+
+TEST(DataLoader, BadFilesAreRefusedWithTheirProblem) {
+  TempDir D;
+  auto Open = [&](StringRef Name) {
+    return DataLoader::open(D.file(Name), 2, 8, 256);
+  };
+  auto Missing = Open("missing.bin");
+  ASSERT_FALSE(Missing);
+  EXPECT_NE(errorText(Missing.takeError()).find("cannot read data file"),
+            std::string::npos);
+
+  writeBytes(D.file("odd.bin"), StringRef("abc", 3));
+  auto Odd = Open("odd.bin");
+  ASSERT_FALSE(Odd);
+  EXPECT_NE(errorText(Odd.takeError()).find("odd size (3 bytes)"),
+            std::string::npos);
+
+  writeTokens(D.file("short.bin"), std::vector<uint16_t>(8, 1));
+  auto Short = Open("short.bin");
+  ASSERT_FALSE(Short);
+  EXPECT_EQ(errorText(Short.takeError()),
+            "data file '" + D.file("short.bin") +
+                "' has 8 tokens; a batch row needs S + 1 = 9");
+  writeTokens(D.file("ok.bin"), std::vector<uint16_t>(9, 1));
+  EXPECT_TRUE(bool(Open("ok.bin")));
+
+  std::vector<uint16_t> Ids(20, 3);
+  Ids[13] = 256;
+  writeTokens(D.file("vocab.bin"), Ids);
+  auto Vocab = Open("vocab.bin");
+  ASSERT_FALSE(Vocab);
+  EXPECT_EQ(errorText(Vocab.takeError()),
+            "data file '" + D.file("vocab.bin") +
+                "': token 13 (byte offset 26) is 256, not below the model's "
+                "vocabulary size 256");
+}
+
+//===----------------------------------------------------------------------===//
+// Npy
+//===----------------------------------------------------------------------===//
+
+TEST(Npy, RoundTripsEveryRank) {
+  TempDir D;
+  std::vector<std::vector<int64_t>> Shapes = {{}, {5}, {2, 3}, {2, 3, 4}};
+  for (const auto &Shape : Shapes) {
+    int64_t N = 1;
+    for (int64_t X : Shape)
+      N *= X;
+    std::vector<float> Data(N);
+    for (int64_t I = 0; I < N; ++I)
+      Data[I] = float(I) * 0.5f - 3.25f;
+    Data[0] = -0.0f;
+    std::string Path = D.file("a" + std::to_string(Shape.size()) + ".npy");
+    ASSERT_FALSE(errorText(writeNpy(Path, Shape, Data)).size());
+    std::string Bytes = npyBytes(Shape, Data);
+    // The data starts 64-byte aligned after a newline-terminated header.
+    size_t HeaderLen = uint8_t(Bytes[8]) | (uint8_t(Bytes[9]) << 8);
+    EXPECT_EQ((10 + HeaderLen) % 64, 0u);
+    EXPECT_EQ(Bytes[10 + HeaderLen - 1], '\n');
+    auto A = cantFail(readNpy(Path));
+    EXPECT_EQ(ArrayRef<int64_t>(A.Shape), ArrayRef<int64_t>(Shape));
+    ASSERT_EQ(A.Data.size(), Data.size());
+    EXPECT_EQ(0, std::memcmp(A.Data.data(), Data.data(), 4 * Data.size()));
+  }
+  EXPECT_NE(npyBytes({5}, std::vector<float>(5)).find("'shape': (5,)"),
+            std::string::npos);
+  EXPECT_NE(npyBytes({2, 3}, std::vector<float>(6)).find("'shape': (2, 3)"),
+            std::string::npos);
+  EXPECT_NE(npyBytes({}, std::vector<float>(1)).find("'shape': ()"),
+            std::string::npos);
+}
+
+TEST(Npy, RefusesOtherFiles) {
+  EXPECT_FALSE(bool(parseNpy("not numpy at all", "x.npy")));
+  std::string B = npyBytes({4}, std::vector<float>(4));
+  EXPECT_FALSE(bool(parseNpy(StringRef(B).drop_back(1), "x.npy")));
+}
+
+//===----------------------------------------------------------------------===//
+// Checkpoint
+//===----------------------------------------------------------------------===//
+
+/// Tensors owning their storage, viewed as the executor would show them.
+struct FakeState {
+  std::vector<std::vector<float>> Storage;
+  std::vector<TensorView> Views;
+  FakeState() {
+    add("w", {3, 4}, 0.25f);
+    add("b", {4}, -1.0f);
+    add("adam.m.w", {3, 4}, 0.5f);
+  }
+  void add(std::string Name, std::vector<int64_t> Shape, float Base) {
+    int64_t N = 1;
+    for (int64_t X : Shape)
+      N *= X;
+    Storage.emplace_back(N);
+    for (int64_t I = 0; I < N; ++I)
+      Storage.back()[I] = Base + float(I) / 7;
+    TensorView V;
+    V.Name = Name;
+    V.Type = V.FullType = TensorType(DType::F32, Shape);
+    Views.push_back(V);
+    for (size_t I = 0; I < Views.size(); ++I)
+      Views[I].Data = Storage[I].data();
+  }
+  void scramble() {
+    for (auto &S : Storage)
+      for (float &X : S)
+        X = 42;
+  }
+};
+
+CheckpointMeta someMeta() {
+  CheckpointMeta M;
+  M.Step = 7;
+  M.Seed = 0xfedcba9876543210ULL;
+  M.PlanFingerprint = "0x0123456789abcdef";
+  for (int64_t S = 1; S <= 7; ++S)
+    M.Losses.push_back({S, 5.0 / double(S) + 1e-9, 1e-3 * std::cos(S)});
+  return M;
+}
+
+TEST(Checkpoint, RoundTripsTensorsAndMeta) {
+  TempDir D;
+  FakeState A;
+  std::string Dir = D.file("ckpt");
+  EXPECT_FALSE(checkpointExists(Dir));
+  ASSERT_FALSE(errorText(writeCheckpoint(Dir, someMeta(), A.Views)).size());
+  EXPECT_TRUE(checkpointExists(Dir));
+  auto Original = A.Storage;
+  A.scramble();
+  auto M = cantFail(readCheckpoint(Dir, "0x0123456789abcdef", A.Views));
+  EXPECT_EQ(A.Storage, Original);
+  CheckpointMeta Want = someMeta();
+  EXPECT_EQ(M.Step, Want.Step);
+  EXPECT_EQ(M.Seed, Want.Seed);
+  ASSERT_EQ(M.Losses.size(), Want.Losses.size());
+  for (size_t I = 0; I < M.Losses.size(); ++I) {
+    EXPECT_EQ(M.Losses[I].Step, Want.Losses[I].Step);
+    EXPECT_EQ(M.Losses[I].Loss, Want.Losses[I].Loss); // bitwise
+    EXPECT_EQ(M.Losses[I].LR, Want.Losses[I].LR);
+  }
+  EXPECT_EQ(cantFail(readCheckpointMeta(Dir)).Step, 7);
+
+  // Rewriting replaces it whole and leaves no temporary behind.
+  CheckpointMeta Later = someMeta();
+  Later.Step = 9;
+  ASSERT_FALSE(errorText(writeCheckpoint(Dir, Later, A.Views)).size());
+  EXPECT_EQ(cantFail(readCheckpointMeta(Dir)).Step, 9);
+  std::error_code EC;
+  int Entries = 0;
+  for (sys::fs::directory_iterator I(D.Path, EC), E; I != E && !EC;
+       I.increment(EC))
+    ++Entries;
+  EXPECT_EQ(Entries, 1);
+}
+
+TEST(Checkpoint, DetectsCorruptionAndChangesNothing) {
+  TempDir D;
+  FakeState A;
+  std::string Dir = D.file("ckpt");
+  ASSERT_FALSE(errorText(writeCheckpoint(Dir, someMeta(), A.Views)).size());
+  auto Buf = cantFail(errorOrToExpected(
+      MemoryBuffer::getFile(Dir + "/tensors.bin", false, false)));
+  std::string Bytes = Buf->getBuffer().str();
+
+  // A flipped byte in the second tensor ("b" starts at 48).
+  std::string Flipped = Bytes;
+  Flipped[50] ^= 0x10;
+  writeBytes(Dir + "/tensors.bin", Flipped);
+  A.scramble();
+  auto Snapshot = A.Storage;
+  auto R = readCheckpoint(Dir, "0x0123456789abcdef", A.Views);
+  ASSERT_FALSE(R);
+  EXPECT_EQ(errorText(R.takeError()),
+            "checkpoint '" + Dir +
+                "' is corrupt: tensor 'b' fails its checksum");
+  EXPECT_EQ(A.Storage, Snapshot) << "a corrupt checkpoint must change nothing";
+
+  // Truncated.
+  writeBytes(Dir + "/tensors.bin", StringRef(Bytes).drop_back(4));
+  R = readCheckpoint(Dir, "0x0123456789abcdef", A.Views);
+  ASSERT_FALSE(R);
+  EXPECT_EQ(errorText(R.takeError()),
+            "checkpoint '" + Dir +
+                "' is corrupt: tensors.bin has 108 bytes, the index needs 112");
+  writeBytes(Dir + "/tensors.bin", Bytes);
+  EXPECT_TRUE(bool(readCheckpoint(Dir, "0x0123456789abcdef", A.Views)));
+
+  // An edited index.
+  auto Index = cantFail(
+      errorOrToExpected(MemoryBuffer::getFile(Dir + "/checkpoint.json")));
+  std::string Text = Index->getBuffer().str();
+  std::string Edited = Text;
+  size_t At = Edited.find("\"step\": 7");
+  ASSERT_NE(At, std::string::npos);
+  Edited.replace(At, 9, "\"step\": 8");
+  writeBytes(Dir + "/checkpoint.json", Edited);
+  R = readCheckpoint(Dir, "0x0123456789abcdef", A.Views);
+  ASSERT_FALSE(R);
+  EXPECT_NE(errorText(R.takeError()).find("checkpoint.json fails its checksum"),
+            std::string::npos);
+  writeBytes(Dir + "/checkpoint.json", Text.substr(0, Text.size() / 2));
+  R = readCheckpoint(Dir, "0x0123456789abcdef", A.Views);
+  ASSERT_FALSE(R);
+  EXPECT_NE(errorText(R.takeError()).find("checkpoint.json is not valid JSON"),
+            std::string::npos);
+}
+
+TEST(Checkpoint, RefusesAnotherPlanAndOtherTensors) {
+  TempDir D;
+  FakeState A;
+  std::string Dir = D.file("ckpt");
+  ASSERT_FALSE(errorText(writeCheckpoint(Dir, someMeta(), A.Views)).size());
+  auto R = readCheckpoint(Dir, "0x1111111111111111", A.Views);
+  ASSERT_FALSE(R);
+  EXPECT_NE(errorText(R.takeError()).find("was written for another plan"),
+            std::string::npos);
+  FakeState B;
+  B.add("extra", {2}, 0);
+  R = readCheckpoint(Dir, "0x0123456789abcdef", B.Views);
+  ASSERT_FALSE(R);
+  EXPECT_NE(errorText(R.takeError()).find("it has no tensor 'extra'"),
+            std::string::npos);
+  auto Missing = readCheckpoint(D.file("none"), "x", A.Views);
+  ASSERT_FALSE(Missing);
+  EXPECT_NE(errorText(Missing.takeError()).find("there is no checkpoint in"),
+            std::string::npos);
+  // A folder that is not a checkpoint is never overwritten.
+  std::string Other = D.file("other");
+  sys::fs::create_directories(Other);
+  writeBytes(Other + "/precious", "x");
+  Error E = writeCheckpoint(Other, someMeta(), A.Views);
+  EXPECT_NE(errorText(std::move(E)).find("refusing to overwrite"),
+            std::string::npos);
+  EXPECT_TRUE(sys::fs::exists(Other + "/precious"));
+}
+
+TEST(Checkpoint, FingerprintIgnoresOffsetsButNotShapes) {
+  Program P;
+  ProgramBuffer W;
+  W.Name = "w";
+  W.K = ProgramBuffer::Param;
+  W.Type = TensorType(DType::F32, {4, 4});
+  W.Bytes = 64;
+  W.Offset = 0;
+  P.Buffers.push_back(W);
+  P.ArenaBytes = P.PersistentBytes = 64;
+  std::string F = planFingerprint(P);
+  Program Moved = P;
+  Moved.Buffers[0].Offset = 128;
+  Moved.ArenaBytes = 192;
+  EXPECT_EQ(planFingerprint(Moved), F);
+  Program Reshaped = P;
+  Reshaped.Buffers[0].Type = TensorType(DType::F32, {2, 8});
+  EXPECT_NE(planFingerprint(Reshaped), F);
+}
+
+//===----------------------------------------------------------------------===//
+// Schedule, loss log, plot, progress
+//===----------------------------------------------------------------------===//
+
+TEST(LossLog, LearningRateSchedule) {
+  const double P = 1e-3, M = 1e-4;
+  // Linear warmup to the peak.
+  EXPECT_DOUBLE_EQ(learningRate(1, 100, 10, P, M), P / 10);
+  EXPECT_DOUBLE_EQ(learningRate(5, 100, 10, P, M), P / 2);
+  EXPECT_DOUBLE_EQ(learningRate(10, 100, 10, P, M), P);
+  // Cosine from the peak to the minimum.
+  EXPECT_DOUBLE_EQ(learningRate(100, 100, 10, P, M), M);
+  EXPECT_DOUBLE_EQ(learningRate(55, 100, 10, P, M), (P + M) / 2);
+  EXPECT_DOUBLE_EQ(learningRate(11, 100, 10, P, M),
+                   M + 0.5 * (P - M) * (1 + std::cos(M_PI / 90)));
+  // Without warmup, step 1 is already one step into the decay.
+  EXPECT_DOUBLE_EQ(learningRate(1, 10, 0, P, M),
+                   M + 0.5 * (P - M) * (1 + std::cos(M_PI * 0.1)));
+  EXPECT_DOUBLE_EQ(learningRate(10, 10, 0, P, M), M);
+  // A constant rate when min = peak; warmup longer than the run.
+  EXPECT_DOUBLE_EQ(learningRate(7, 10, 0, P, P), P);
+  EXPECT_DOUBLE_EQ(learningRate(5, 5, 10, P, M), P / 2);
+  // Steps == warmup: the decay divides by max(1, N - W).
+  EXPECT_DOUBLE_EQ(learningRate(4, 3, 3, P, M),
+                   M + 0.5 * (P - M) * (1 + std::cos(M_PI)));
+}
+
+TEST(LossLog, CsvAndProgressLine) {
+  std::vector<LossRow> Rows = {{1, 5.5, 1e-3}, {2, 5.25, 5e-4}};
+  EXPECT_EQ(lossCsv(Rows), "step,loss,lr\n1,5.5,0.001\n2,5.25,0.0005\n");
+  EXPECT_EQ(groupThousands(12345), "12,345");
+  EXPECT_EQ(groupThousands(999), "999");
+  EXPECT_EQ(groupThousands(1000000), "1,000,000");
+  EXPECT_EQ(progressLine(7, 20, 4.12341, 9.8e-4, 12345.2),
+            "step 7/20 [#######.............] loss 4.1234 lr 9.8e-04 12,345 "
+            "tok/s");
+  EXPECT_EQ(progressLine(20, 20, 1, 1e-4, 5),
+            "step 20/20 [####################] loss 1.0000 lr 1.0e-04 5 tok/s");
+  // The float32 loss reads back exactly from the CSV.
+  float L = 4.71956015f;
+  std::string Csv = lossCsv({{1, double(L), 0}});
+  EXPECT_EQ(float(std::stod(Csv.substr(Csv.find("1,") + 2))), L);
+}
+
+/// Well-formed enough: every tag closes in order, one root <svg>.
+bool tagsBalance(StringRef S) {
+  std::vector<std::string> Stack;
+  bool SawRoot = false;
+  while (true) {
+    size_t Open = S.find('<');
+    if (Open == StringRef::npos)
+      break;
+    size_t Close = S.find('>', Open);
+    if (Close == StringRef::npos)
+      return false;
+    StringRef Tag = S.slice(Open + 1, Close);
+    S = S.drop_front(Close + 1);
+    if (Tag.startswith("?") || Tag.startswith("!"))
+      continue;
+    if (Tag.startswith("/")) {
+      if (Stack.empty() || Stack.back() != Tag.drop_front(1).trim())
+        return false;
+      Stack.pop_back();
+      continue;
+    }
+    std::string Name =
+        Tag.take_until([](char C) { return C == ' ' || C == '/' || C == '\n'; })
+            .str();
+    if (Stack.empty()) {
+      if (SawRoot || Name != "svg")
+        return false;
+      SawRoot = true;
+    }
+    if (!Tag.endswith("/"))
+      Stack.push_back(Name);
+  }
+  return SawRoot && Stack.empty();
+}
+
+TEST(LossLog, SvgIsWellFormed) {
+  std::vector<LossRow> Rows;
+  for (int S = 1; S <= 30; ++S)
+    Rows.push_back({S, 5.5 - std::log(double(S)), 1e-3});
+  std::string Svg = lossSvg(Rows, "gpt <tiny> & co");
+  EXPECT_TRUE(tagsBalance(Svg)) << Svg;
+  EXPECT_NE(Svg.find("<svg"), std::string::npos);
+  EXPECT_NE(Svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(Svg.find("gpt &lt;tiny&gt; &amp; co"), std::string::npos);
+  EXPECT_NE(Svg.find("<polyline"), std::string::npos);
+  EXPECT_NE(Svg.find(">step</text>"), std::string::npos);
+  EXPECT_NE(Svg.find(">loss</text>"), std::string::npos);
+  // Tick labels on both axes.
+  EXPECT_NE(Svg.find(">10</text>"), std::string::npos);
+  EXPECT_NE(Svg.find(">4</text>"), std::string::npos);
+  // One point, no point, and a non-finite loss.
+  EXPECT_TRUE(tagsBalance(lossSvg({{1, 2.0, 0}}, "one")));
+  EXPECT_TRUE(tagsBalance(lossSvg({}, "none")));
+  EXPECT_TRUE(
+      tagsBalance(lossSvg({{1, 2.0, 0}, {2, NAN, 0}, {3, 1.0, 0}}, "nan")));
+}
+
+//===----------------------------------------------------------------------===//
+// ONNX export
+//===----------------------------------------------------------------------===//
+
+const char *TinyModel = SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx";
+
+/// The parameter's data as the importer reads it back.
+std::vector<float> importedParam(StringRef Model, StringRef Name) {
+  auto G = cantFail(importOnnx(Model, ImportOptions()));
+  for (const auto &P : G->params())
+    if (P->name() == Name) {
+      auto Bytes = cantFail(P->data()->load());
+      const float *F = reinterpret_cast<const float *>(Bytes.data());
+      return std::vector<float>(F, F + Bytes.size() / 4);
+    }
+  ADD_FAILURE() << "no parameter " << Name.str();
+  return {};
+}
+
+TEST(OnnxExport, ReplacesInitializersInlineOrExternal) {
+  TempDir D;
+  std::vector<float> Wpe(64 * 64), Bias(64);
+  for (size_t I = 0; I < Wpe.size(); ++I)
+    Wpe[I] = float(I) * 1e-3f;
+  for (size_t I = 0; I < Bias.size(); ++I)
+    Bias[I] = -float(I);
+  StringMap<ArrayRef<float>> W;
+  W["transformer.wpe.weight"] = Wpe;
+  W["transformer.ln_f.bias"] = Bias;
+  std::string Out = D.file("inline.onnx");
+  ASSERT_FALSE(errorText(exportOnnxWeights(TinyModel, Out, W)).size());
+  EXPECT_FALSE(sys::fs::exists(Out + ".data"));
+  EXPECT_EQ(importedParam(Out, "transformer.wpe.weight"), Wpe);
+  EXPECT_EQ(importedParam(Out, "transformer.ln_f.bias"), Bias);
+  EXPECT_EQ(importedParam(Out, "transformer.wte.weight"),
+            importedParam(TinyModel, "transformer.wte.weight"));
+
+  // Past the size limit, large tensors move to OUT.data.
+  OnnxExportOptions Small;
+  Small.MaxInlineBytes = 1000;
+  std::string Ext = D.file("external.onnx");
+  ASSERT_FALSE(errorText(exportOnnxWeights(TinyModel, Ext, W, Small)).size());
+  EXPECT_TRUE(sys::fs::exists(Ext + ".data"));
+  uint64_t Size = 0;
+  sys::fs::file_size(Ext, Size);
+  EXPECT_LT(Size, 100000u);
+  EXPECT_EQ(importedParam(Ext, "transformer.wpe.weight"), Wpe);
+  EXPECT_EQ(importedParam(Ext, "transformer.h.1.mlp.c_fc.weight"),
+            importedParam(TinyModel, "transformer.h.1.mlp.c_fc.weight"));
+  // ... and a copy of an external-data model is self-contained again.
+  std::string Again = D.file("again.onnx");
+  ASSERT_FALSE(errorText(exportOnnxWeights(Ext, Again, {})).size());
+  EXPECT_FALSE(sys::fs::exists(Again + ".data"));
+  EXPECT_EQ(importedParam(Again, "transformer.wpe.weight"), Wpe);
+}
+
+TEST(OnnxExport, RefusesUnknownNamesAndWrongSizes) {
+  TempDir D;
+  std::vector<float> Five(5);
+  StringMap<ArrayRef<float>> Unknown;
+  Unknown["no.such.weight"] = Five;
+  std::string Out = D.file("out.onnx");
+  EXPECT_NE(errorText(exportOnnxWeights(TinyModel, Out, Unknown))
+                .find("has no initializer 'no.such.weight'"),
+            std::string::npos);
+  StringMap<ArrayRef<float>> Wrong;
+  Wrong["transformer.ln_f.bias"] = Five;
+  EXPECT_NE(errorText(exportOnnxWeights(TinyModel, Out, Wrong))
+                .find("initializer 'transformer.ln_f.bias' has 64 elements, "
+                      "the new weights have 5"),
+            std::string::npos);
+  EXPECT_FALSE(sys::fs::exists(Out));
+}
+
+} // namespace

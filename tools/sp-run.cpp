@@ -1,0 +1,581 @@
+//===- sp-run.cpp - Train or evaluate a compiled plan on the CPU ----------===//
+//
+//   sp-run PLAN [--steps N] (--data FILE | --synthetic-data) [--lr X]
+//          [--warmup N] [--min-lr X] [--seed S] [--dropout RATE] [--shuffle]
+//          [--eval] [--log-dir DIR] [--checkpoint DIR] [--checkpoint-every N]
+//          [--resume] [--dump DIR] [--export-onnx OUT] [--threads N]
+//
+// Drives sp::Executor (runtime/Executor.h) through a training run: batches
+// from a memory-mapped token file (runtime/DataLoader.h), the learning-rate
+// schedule, the loss log and plot and a progress line (runtime/LossLog.h),
+// atomic checkpoints and resume (runtime/Checkpoint.h), debugging dumps as
+// .npy (runtime/Npy.h), and the trained weights written back into a copy of
+// the source ONNX model (frontend/OnnxExport.h). Each header states its part
+// of the contract (data offsets, schedule, checkpoint format).
+//
+// Everything the flags and inputs can get wrong is checked before anything
+// is written: a bad run prints one error line, exits non-zero and leaves
+// existing files alone.
+//
+//===----------------------------------------------------------------------===//
+#include "frontend/OnnxExport.h"
+#include "frontend/OnnxImporter.h"
+#include "runtime/Checkpoint.h"
+#include "runtime/DataLoader.h"
+#include "runtime/Executor.h"
+#include "runtime/LossLog.h"
+#include "runtime/Npy.h"
+#include "runtime/Plan.h"
+#include "tools/ToolSupport.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+// OpenBLAS's thread control (cblas.h declares it too; declared here so that
+// sp-run does not depend on where a distribution puts that header).
+extern "C" void openblas_set_num_threads(int NumThreads);
+
+using namespace llvm;
+using namespace sp;
+
+static cl::OptionCategory Cat("sp-run options");
+static cl::opt<std::string> PlanDir(cl::Positional, cl::desc("<plan>"),
+                                    cl::Required, cl::cat(Cat));
+static cl::opt<int64_t> Steps("steps", cl::desc("Training steps (default 10)"),
+                              cl::init(10), cl::value_desc("n"), cl::cat(Cat));
+static cl::opt<std::string>
+    DataFile("data",
+             cl::desc("Token file: little-endian uint16 ids (nanoGPT .bin), "
+                      "e.g. from sp-tokenize"),
+             cl::value_desc("file"), cl::cat(Cat));
+static cl::opt<bool> SyntheticData(
+    "synthetic-data",
+    cl::desc("Random tokens from --seed instead of --data (benchmarks)"),
+    cl::cat(Cat));
+static cl::opt<double> LR("lr", cl::desc("Peak learning rate (default 1e-3)"),
+                          cl::init(1e-3), cl::value_desc("x"), cl::cat(Cat));
+static cl::opt<int64_t> Warmup("warmup",
+                               cl::desc("Linear warmup steps (default 0)"),
+                               cl::init(0), cl::value_desc("n"), cl::cat(Cat));
+static cl::opt<double>
+    MinLR("min-lr",
+          cl::desc("Final learning rate of the cosine decay (default lr/10)"),
+          cl::value_desc("x"), cl::cat(Cat));
+static cl::opt<unsigned long long>
+    Seed("seed", cl::desc("Dropout and shuffling seed (default 1234)"),
+         cl::init(1234), cl::value_desc("s"), cl::cat(Cat));
+static cl::opt<double>
+    Dropout("dropout",
+            cl::desc("Override every dropout ratio (0 turns dropout off)"),
+            cl::value_desc("rate"), cl::cat(Cat));
+static cl::opt<bool> Shuffle("shuffle",
+                             cl::desc("Batches at random offsets (from --seed "
+                                      "and the step)"),
+                             cl::cat(Cat));
+static cl::opt<bool>
+    Eval("eval",
+         cl::desc("No training: the mean loss over --steps batches, forward "
+                  "only, no dropout (the weights of --checkpoint DIR if "
+                  "given)"),
+         cl::cat(Cat));
+static cl::opt<std::string>
+    LogDir("log-dir",
+           cl::desc("Where loss.csv and loss.svg go (default "
+                    "PLAN/run)"),
+           cl::value_desc("dir"), cl::cat(Cat));
+static cl::opt<std::string>
+    CheckpointDir("checkpoint",
+                  cl::desc("Checkpoint directory (default PLAN/checkpoint)"),
+                  cl::value_desc("dir"), cl::cat(Cat));
+static cl::opt<int64_t> CheckpointEvery(
+    "checkpoint-every",
+    cl::desc("Write a checkpoint every N steps and at the end (atomically)"),
+    cl::init(0), cl::value_desc("n"), cl::cat(Cat));
+static cl::opt<bool>
+    Resume("resume",
+           cl::desc("Continue from the checkpoint in --checkpoint DIR"),
+           cl::cat(Cat));
+static cl::opt<std::string>
+    DumpDir("dump",
+            cl::desc("Debugging dumps: logits.npy, loss.csv, grads/*.npy "
+                     "after the first step, weights/*.npy at the end, "
+                     "memory.json"),
+            cl::value_desc("dir"), cl::cat(Cat));
+static cl::opt<std::string>
+    ExportOnnx("export-onnx",
+               cl::desc("Write the trained weights into a copy of the source "
+                        "model"),
+               cl::value_desc("out.onnx"), cl::cat(Cat));
+static cl::opt<int> Threads("threads",
+                            cl::desc("OpenBLAS threads (default: all cores)"),
+                            cl::init(0), cl::value_desc("n"), cl::cat(Cat));
+
+static const char *Tool = "sp-run";
+
+static Error usageError(const Twine &Msg) {
+  return createStringError(inconvertibleErrorCode(), Msg);
+}
+
+/// "5.28 MiB".
+static std::string humanBytes(double B) {
+  const char *Units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  unsigned U = 0;
+  while (B >= 1024 && U + 1 < std::size(Units)) {
+    B /= 1024;
+    ++U;
+  }
+  return formatv("{0:F2} {1}", B, Units[U]).str();
+}
+
+/// "1.0e-03".
+static std::string sci(double X) {
+  char Text[32];
+  std::snprintf(Text, sizeof(Text), "%.1e", X);
+  return Text;
+}
+
+/// A parameter name as a file name: '/' (and '\') would make directories.
+static std::string fileNameFor(StringRef Name) {
+  std::string R = Name.str();
+  for (char &C : R)
+    if (C == '/' || C == '\\')
+      C = '_';
+  return R;
+}
+
+/// Flags that are wrong whatever the plan and the files.
+static Error checkFlags() {
+  if (Steps <= 0)
+    return usageError("--steps must be a positive integer");
+  if (!(LR > 0) || !std::isfinite(LR))
+    return usageError("--lr must be a positive number");
+  if (MinLR.getNumOccurrences() && (!(MinLR >= 0) || !std::isfinite(MinLR)))
+    return usageError("--min-lr must be a non-negative number");
+  if (MinLR.getNumOccurrences() && MinLR > LR)
+    return usageError("--min-lr " + sci(MinLR) + " is above the peak --lr " +
+                      sci(LR));
+  if (Warmup < 0)
+    return usageError("--warmup must not be negative");
+  if (Dropout.getNumOccurrences() && !(Dropout >= 0 && Dropout < 1))
+    return usageError("--dropout must be in [0, 1)");
+  if (Threads.getNumOccurrences() && Threads <= 0)
+    return usageError("--threads must be a positive integer");
+  if (CheckpointEvery.getNumOccurrences() && CheckpointEvery <= 0)
+    return usageError("--checkpoint-every must be a positive integer");
+  if (!DataFile.empty() && SyntheticData)
+    return usageError("--data and --synthetic-data exclude each other");
+  if (DataFile.empty() && !SyntheticData)
+    return usageError("--data FILE is required (a token file from "
+                      "sp-tokenize), or --synthetic-data for a benchmark");
+  if (Eval) {
+    for (auto [Given, Flag] :
+         {std::pair{CheckpointEvery.getNumOccurrences() > 0,
+                    "--checkpoint-every"},
+          {Resume.getValue(), "--resume"},
+          {ExportOnnx.getNumOccurrences() > 0, "--export-onnx"}})
+      if (Given)
+        return usageError(Twine("--eval does not train; it cannot be "
+                                "combined with ") +
+                          Flag);
+  } else if (CheckpointDir.getNumOccurrences() && !CheckpointEvery && !Resume) {
+    return usageError("--checkpoint DIR needs --checkpoint-every N (to "
+                      "write) or --resume (to read)");
+  }
+  return Error::success();
+}
+
+/// The source model the plan was compiled from: the manifest's "source", or
+/// else the model a parameter's data lives in (absolute).
+static std::string findSourceModel(const Plan &P) {
+  std::string Source = P.Manifest.value("source", "");
+  if (!Source.empty() && sys::fs::exists(Source))
+    return Source;
+  for (const ProgramBuffer &B : P.Prog.Buffers)
+    if (B.Data && B.Data->ref().K == DataRef::OnnxInitializer &&
+        sys::fs::exists(B.Data->ref().Path))
+      return B.Data->ref().Path;
+  return "";
+}
+
+/// An output directory: created if missing, refused if it is a file.
+static Error makeDir(StringRef Dir, StringRef Flag) {
+  if (sys::fs::exists(Dir) && !sys::fs::is_directory(Dir))
+    return usageError(Flag + " '" + Dir + "' exists and is not a directory");
+  if (std::error_code EC = sys::fs::create_directories(Dir))
+    return createStringError(EC, "cannot create '%s': %s", Dir.str().c_str(),
+                             EC.message().c_str());
+  return Error::success();
+}
+
+namespace {
+
+/// One run: everything main() set up, and what it writes.
+struct Run {
+  const Plan &P;
+  Executor &E;
+  const DataLoader &Data;
+  std::string ModelName;
+  std::string LogDirPath, CheckpointPath;
+  std::string Fingerprint;
+  uint64_t RunSeed = 0;
+  std::vector<LossRow> Rows;
+  std::vector<int64_t> Idx, Targets;
+
+  Error dumpLogits(StringRef Dir);
+  Error dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors);
+  Error writeLogs();
+  Error writeCheckpointAt(int64_t Step);
+  Error writeMemory(StringRef Dir);
+  std::vector<TensorView> checkpointTensors() const {
+    std::vector<TensorView> T = E.parameters();
+    for (TensorView &S : E.optimizerState())
+      T.push_back(std::move(S));
+    return T;
+  }
+};
+
+} // namespace
+
+Error Run::dumpLogits(StringRef Dir) {
+  Data.getBatch(1, Idx, Targets);
+  if (auto L = E.evalLoss(Idx, Targets); !L)
+    return L.takeError();
+  auto Logits = E.logits();
+  if (!Logits)
+    return usageError("the plan exposes no logits to dump");
+  auto Full = E.gather(*Logits); // the whole vocabulary
+  if (!Full)
+    return Full.takeError();
+  SmallVector<int64_t, 4> Shape(Logits->FullType.Shape.begin(),
+                                Logits->FullType.Shape.end());
+  if (Shape.size() == 2 && Shape[0] == E.batch() * E.seq())
+    Shape = {E.batch(), E.seq(), Shape[1]};
+  return writeNpy((Dir + "/logits.npy").str(), Shape, *Full);
+}
+
+Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
+  if (auto Err = makeDir(Dir, "--dump"))
+    return Err;
+  for (const TensorView &T : Tensors) {
+    // Full shape, unsharded: the source parameter's.
+    auto Full = E.gather(T);
+    if (!Full)
+      return Full.takeError();
+    if (auto Err = writeNpy((Dir + "/" + fileNameFor(T.Name) + ".npy").str(),
+                            T.FullType.Shape, *Full))
+      return Err;
+  }
+  return Error::success();
+}
+
+Error Run::writeLogs() {
+  if (auto Err = makeDir(LogDirPath, "--log-dir"))
+    return Err;
+  std::string Csv = lossCsv(Rows);
+  if (auto Err = writeFileAtomic(LogDirPath + "/loss.csv",
+                                 [&](raw_ostream &OS) { OS << Csv; }))
+    return Err;
+  std::string Svg = lossSvg(Rows, ModelName + ": training loss");
+  return writeFileAtomic(LogDirPath + "/loss.svg",
+                         [&](raw_ostream &OS) { OS << Svg; });
+}
+
+Error Run::writeCheckpointAt(int64_t Step) {
+  CheckpointMeta M;
+  M.Step = Step;
+  M.Seed = RunSeed;
+  M.PlanFingerprint = Fingerprint;
+  M.Losses = Rows;
+  return writeCheckpoint(CheckpointPath, M, checkpointTensors());
+}
+
+Error Run::writeMemory(StringRef Dir) {
+  MemoryStats M = E.memory();
+  nlohmann::json J = {{"arena_bytes", M.ArenaBytes},
+                      {"persistent_bytes", M.PersistentBytes},
+                      {"high_water_bytes", M.HighWaterBytes},
+                      {"peak_live_temp_bytes", M.PeakLiveTempBytes},
+                      {"planned_arena_bytes",
+                       P.Manifest.value("arena_bytes", P.Prog.ArenaBytes)}};
+  std::string Text = J.dump(1) + "\n";
+  return writeFileAtomic((Dir + "/memory.json").str(),
+                         [&](raw_ostream &OS) { OS << Text; });
+}
+
+static void printMemory(const Plan &P, const MemoryStats &M) {
+  outs() << formatv(
+      "memory: arena {0} (planned {1}), persistent {2}, "
+      "high-water {3}, peak live temporaries {4}\n",
+      humanBytes(M.ArenaBytes),
+      humanBytes(P.Manifest.value("arena_bytes", P.Prog.ArenaBytes)),
+      humanBytes(M.PersistentBytes), humanBytes(M.HighWaterBytes),
+      humanBytes(M.PeakLiveTempBytes));
+}
+
+int main(int Argc, char **Argv) {
+  InitLLVM X(Argc, Argv);
+  cl::HideUnrelatedOptions(Cat);
+  cl::ParseCommandLineOptions(
+      Argc, Argv, "sp-run: train or evaluate a compiled plan on the CPU\n");
+  auto Fail = [](Error E) { return reportError(Tool, std::move(E)); };
+  if (auto E = checkFlags())
+    return Fail(std::move(E));
+
+  std::string CkptPath = CheckpointDir.getNumOccurrences()
+                             ? CheckpointDir.getValue()
+                             : PlanDir + "/checkpoint";
+  std::string LogPath =
+      LogDir.getNumOccurrences() ? LogDir.getValue() : PlanDir + "/run";
+  bool LoadCheckpoint = Resume || (Eval && CheckpointDir.getNumOccurrences());
+
+  // A resumed run keeps its seed: dropout masks and shuffled offsets are
+  // functions of it.
+  uint64_t RunSeed = Seed;
+  std::optional<CheckpointMeta> Resumed;
+  if (LoadCheckpoint) {
+    if (!checkpointExists(CkptPath))
+      return Fail(usageError(
+          formatv("{0}: there is no checkpoint in '{1}' (write one with "
+                  "--checkpoint-every N)",
+                  Resume ? "--resume" : "--checkpoint", CkptPath)));
+    auto M = readCheckpointMeta(CkptPath);
+    if (!M)
+      return Fail(M.takeError());
+    if (Resume) {
+      if (Seed.getNumOccurrences() && Seed != M->Seed)
+        return Fail(usageError(formatv(
+            "--seed {0} differs from the seed {1} of checkpoint '{2}'; a "
+            "resumed run keeps its seed",
+            Seed.getValue(), M->Seed, CkptPath)));
+      RunSeed = M->Seed;
+      if (M->Step >= Steps)
+        return Fail(usageError(formatv(
+            "checkpoint '{0}' is at step {1}; --steps {2} leaves nothing to "
+            "train (--steps is the total, not the steps to add)",
+            CkptPath, M->Step, Steps.getValue())));
+    }
+    Resumed = std::move(*M);
+  }
+
+  auto P = readPlan(PlanDir);
+  if (!P)
+    return Fail(P.takeError());
+  std::string Fingerprint = planFingerprint(P->Prog);
+  if (Resumed && Resumed->PlanFingerprint != Fingerprint)
+    return Fail(usageError(formatv(
+        "checkpoint '{0}' was written for another plan (fingerprint {1}, "
+        "plan '{2}' has {3}); resume with the plan that wrote it",
+        CkptPath, Resumed->PlanFingerprint, PlanDir, Fingerprint)));
+  std::string Source;
+  if (!ExportOnnx.empty()) {
+    Source = findSourceModel(*P);
+    if (Source.empty())
+      return Fail(usageError(
+          formatv("--export-onnx: the plan's source model '{0}' is not found",
+                  P->Manifest.value("source", std::string("?")))));
+  }
+  if (CheckpointEvery)
+    if (auto Err = checkCheckpointTarget(CkptPath))
+      return Fail(std::move(Err));
+  if (!ExportOnnx.empty() && sys::fs::is_directory(ExportOnnx))
+    return Fail(usageError("--export-onnx '" + ExportOnnx +
+                           "' is a directory; name the model file to write"));
+  for (auto [Dir, Flag] : {std::pair{StringRef(DumpDir), "--dump"},
+                           {StringRef(LogDir), "--log-dir"}})
+    if (!Dir.empty() && sys::fs::exists(Dir) && !sys::fs::is_directory(Dir))
+      return Fail(usageError(Twine(Flag) + " '" + Dir +
+                             "' exists and is not a "
+                             "directory"));
+
+  int NumThreads = Threads
+                       ? Threads.getValue()
+                       : int(std::max(1u, std::thread::hardware_concurrency()));
+  openblas_set_num_threads(NumThreads);
+
+  registerOnnxDataLoader();
+  RunOptions RO;
+  RO.Seed = RunSeed;
+  if (Dropout.getNumOccurrences())
+    RO.Dropout = Dropout.getValue();
+  auto Exec = Executor::create(*P, RO);
+  if (!Exec)
+    return Fail(Exec.takeError());
+  Executor &E = **Exec;
+
+  std::unique_ptr<DataLoader> Data;
+  if (SyntheticData) {
+    Data = DataLoader::synthetic(RunSeed, E.batch(), E.seq(), E.vocab());
+  } else {
+    auto D = DataLoader::open(DataFile, E.batch(), E.seq(), E.vocab());
+    if (!D)
+      return Fail(D.takeError());
+    Data = std::move(*D);
+  }
+  Data->setShuffle(Shuffle, RunSeed);
+
+  std::string ModelName =
+      sys::path::stem(P->Manifest.value("source", std::string("model"))).str();
+  Run R{*P,          E,       *Data, ModelName, LogPath, CkptPath,
+        Fingerprint, RunSeed, {},    {},        {}};
+  int64_t FirstStep = 1;
+  if (Resumed) {
+    std::vector<TensorView> Tensors = R.checkpointTensors();
+    auto M = readCheckpoint(CkptPath, Fingerprint, Tensors);
+    if (!M)
+      return Fail(M.takeError());
+    if (Resume) {
+      FirstStep = M->Step + 1;
+      for (const LossRow &Row : M->Losses)
+        if (Row.Step <= M->Step)
+          R.Rows.push_back(Row);
+    }
+  }
+
+  // From here on, files are written.
+  if (!DumpDir.empty()) {
+    if (auto Err = makeDir(DumpDir, "--dump"))
+      return Fail(std::move(Err));
+    if (auto Err = R.dumpLogits(DumpDir))
+      return Fail(std::move(Err));
+  }
+
+  int64_t TokensPerStep = E.batch() * E.seq();
+  if (Eval) {
+    double Sum = 0;
+    auto Start = std::chrono::steady_clock::now();
+    for (int64_t Step = 1; Step <= Steps; ++Step) {
+      Data->getBatch(Step, R.Idx, R.Targets);
+      auto L = E.evalLoss(R.Idx, R.Targets);
+      if (!L)
+        return Fail(L.takeError());
+      Sum += *L;
+    }
+    double Seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
+            .count();
+    outs() << formatv(
+        "eval: mean loss {0:F4} over {1} batches of {2} x {3} "
+        "tokens ({4} tok/s)\n",
+        Sum / double(Steps), Steps.getValue(), E.batch(), E.seq(),
+        groupThousands(int64_t(std::llround(double(TokensPerStep * Steps) /
+                                            std::max(Seconds, 1e-9)))));
+    printMemory(*P, E.memory());
+    if (!DumpDir.empty())
+      if (auto Err = R.writeMemory(DumpDir))
+        return Fail(std::move(Err));
+    return 0;
+  }
+
+  double Min = MinLR.getNumOccurrences() ? MinLR.getValue() : LR / 10;
+  outs() << formatv("sp-run: training {0} (plan '{1}'): steps {2}-{3}, batch "
+                    "{4} x {5} tokens, lr {6} (warmup {7}, cosine to "
+                    "{8}), {9} threads\n",
+                    ModelName, PlanDir.getValue(), FirstStep, Steps.getValue(),
+                    E.batch(), E.seq(), sci(LR), Warmup.getValue(), sci(Min),
+                    NumThreads);
+  outs().flush();
+  ProgressBar Progress(errs(), errs().is_displayed());
+  double TrainSeconds = 0;
+  auto LastLogWrite = std::chrono::steady_clock::now();
+  auto FailAfterLogs = [&](Error Err) {
+    Progress.finish();
+    consumeError(R.writeLogs()); // keep what the run got to
+    return Fail(std::move(Err));
+  };
+  for (int64_t Step = FirstStep; Step <= Steps; ++Step) {
+    double StepLR = learningRate(Step, Steps, Warmup, LR, Min);
+    Data->getBatch(Step, R.Idx, R.Targets);
+    auto Start = std::chrono::steady_clock::now();
+    auto L = E.trainStep(R.Idx, R.Targets, StepLR, Step);
+    TrainSeconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
+            .count();
+    if (!L)
+      return FailAfterLogs(
+          usageError(formatv("step {0}: {1}", Step, toString(L.takeError()))));
+    if (!std::isfinite(*L))
+      return FailAfterLogs(usageError(
+          formatv("step {0}: the loss is {1}; try a lower --lr (now {2})", Step,
+                  *L, LR.getValue())));
+    R.Rows.push_back(LossRow{Step, *L, StepLR});
+    Progress.update(Step, Steps, *L, StepLR,
+                    double(TokensPerStep * (Step - FirstStep + 1)) /
+                        std::max(TrainSeconds, 1e-9));
+    if (!DumpDir.empty() && Step == FirstStep) {
+      std::vector<TensorView> Grads;
+      for (const TensorView &Param : E.parameters()) {
+        auto G = E.gradient(Param.Name);
+        if (!G)
+          return FailAfterLogs(
+              usageError("the plan exposes no gradient of parameter '" +
+                         Param.Name + "'"));
+        G->Name = Param.Name;
+        Grads.push_back(*G);
+      }
+      if (auto Err = R.dumpTensors(DumpDir + "/grads", Grads))
+        return FailAfterLogs(std::move(Err));
+    }
+    if (CheckpointEvery && (Step % CheckpointEvery == 0 || Step == Steps))
+      if (auto Err = R.writeCheckpointAt(Step))
+        return FailAfterLogs(std::move(Err));
+    auto Now = std::chrono::steady_clock::now();
+    if (Step == Steps || (CheckpointEvery && Step % CheckpointEvery == 0) ||
+        Now - LastLogWrite > std::chrono::seconds(30)) {
+      if (auto Err = R.writeLogs())
+        return FailAfterLogs(std::move(Err));
+      LastLogWrite = Now;
+    }
+  }
+  Progress.finish();
+
+  if (!DumpDir.empty()) {
+    std::string Csv = lossCsv(R.Rows);
+    if (auto Err = writeFileAtomic(DumpDir + "/loss.csv",
+                                   [&](raw_ostream &OS) { OS << Csv; }))
+      return Fail(std::move(Err));
+    if (auto Err = R.dumpTensors(DumpDir + "/weights", E.parameters()))
+      return Fail(std::move(Err));
+    if (auto Err = R.writeMemory(DumpDir))
+      return Fail(std::move(Err));
+  }
+  if (!ExportOnnx.empty()) {
+    std::vector<TensorView> Params = E.parameters();
+    std::vector<std::vector<float>> Full;
+    Full.reserve(Params.size());
+    StringMap<ArrayRef<float>> Weights;
+    for (const TensorView &T : Params) {
+      auto W = E.gather(T);
+      if (!W)
+        return Fail(W.takeError());
+      Full.push_back(std::move(*W));
+      Weights[T.Name] = Full.back();
+    }
+    if (auto Err = exportOnnxWeights(Source, ExportOnnx, Weights))
+      return Fail(std::move(Err));
+  }
+
+  int64_t Trained = Steps - FirstStep + 1;
+  outs() << formatv(
+      "trained steps {0}-{1}: final loss {2:F4}, {3} tok/s "
+      "({4} tokens in {5:F2} s)\n",
+      FirstStep, Steps.getValue(), R.Rows.back().Loss,
+      groupThousands(int64_t(std::llround(double(TokensPerStep * Trained) /
+                                          std::max(TrainSeconds, 1e-9)))),
+      groupThousands(TokensPerStep * Trained), TrainSeconds);
+  printMemory(*P, E.memory());
+  outs() << "wrote " << LogPath << "/loss.csv and loss.svg\n";
+  if (CheckpointEvery)
+    outs() << "wrote checkpoint " << CkptPath << " (step " << Steps << ")\n";
+  if (!DumpDir.empty())
+    outs() << "wrote dumps to " << DumpDir << "\n";
+  if (!ExportOnnx.empty())
+    outs() << "exported the trained weights to " << ExportOnnx << "\n";
+  return 0;
+}

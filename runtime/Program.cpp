@@ -225,14 +225,20 @@ static Expected<AttrList> attrsFromJson(const json &J) {
   return A;
 }
 
+/// A reference also records the source tensor's type: a split parameter's
+/// buffer holds a shard of it.
 static json dataToJson(const TensorData &D) {
   const DataRef &R = D.ref();
+  json Source = {{"dtype", dtypeName(D.type().Dtype).str()},
+                 {"shape", std::vector<int64_t>(D.type().Shape.begin(),
+                                                D.type().Shape.end())}};
   switch (R.K) {
   case DataRef::External:
-    return {{"kind", "external"}, {"path", R.Path}, {"offset", R.Offset},
-            {"length", R.Length}};
+    return {{"kind", "external"}, {"path", R.Path},     {"offset", R.Offset},
+            {"length", R.Length}, {"source", Source}};
   case DataRef::OnnxInitializer:
-    return {{"kind", "onnx"}, {"path", R.Path}, {"key", R.Key}};
+    return {{"kind", "onnx"}, {"path", R.Path}, {"key", R.Key},
+            {"source", Source}};
   case DataRef::Inline: {
     ArrayRef<char> B = cantFail(D.load());
     return {{"kind", "inline"},
@@ -330,6 +336,15 @@ Expected<Program> programFromJson(const json &J) {
         const json &JD = JB["data"];
         std::string DK = JD.at("kind").get<std::string>();
         DataRef R;
+        TensorType SourceType = B.Type;
+        if (JD.contains("source")) {
+          auto SD = parseDType(JD["source"].at("dtype").get<std::string>());
+          if (!SD)
+            return formatError("buffer '" + B.Name +
+                               "' has an unknown source dtype");
+          SourceType = TensorType(
+              *SD, JD["source"].at("shape").get<std::vector<int64_t>>());
+        }
         if (DK == "inline") {
           std::string Bytes;
           if (!tryGetFromHex(JD.at("hex").get<std::string>(), Bytes) ||
@@ -342,12 +357,12 @@ Expected<Program> programFromJson(const json &J) {
           R.Path = JD.at("path").get<std::string>();
           R.Offset = JD.at("offset").get<int64_t>();
           R.Length = JD.at("length").get<int64_t>();
-          B.Data = TensorData::makeRef(B.Type, R);
+          B.Data = TensorData::makeRef(SourceType, R);
         } else if (DK == "onnx") {
           R.K = DataRef::OnnxInitializer;
           R.Path = JD.at("path").get<std::string>();
           R.Key = JD.at("key").get<std::string>();
-          B.Data = TensorData::makeRef(B.Type, R);
+          B.Data = TensorData::makeRef(SourceType, R);
         } else {
           return formatError("buffer '" + B.Name + "' has unknown data kind");
         }

@@ -21,6 +21,7 @@
 #include "frontend/OnnxExport.h"
 #include "frontend/OnnxImporter.h"
 #include "runtime/Checkpoint.h"
+#include "runtime/comm/Communicator.h"
 #include "runtime/DataLoader.h"
 #include "runtime/Executor.h"
 #include "runtime/LossLog.h"
@@ -116,6 +117,13 @@ static cl::opt<std::string>
 static cl::opt<int> Threads("threads",
                             cl::desc("OpenBLAS threads (default: all cores)"),
                             cl::init(0), cl::value_desc("n"), cl::cat(Cat));
+
+static cl::opt<std::string>
+    CommKind("comm",
+             cl::desc("How the ranks of a tensor-parallel plan talk: threads "
+                      "(one process, default) or mpi (one process per rank, "
+                      "under mpirun)"),
+             cl::init("threads"), cl::value_desc("threads|mpi"), cl::cat(Cat));
 
 static const char *Tool = "sp-run";
 
@@ -218,6 +226,9 @@ namespace {
 
 /// One run: everything main() set up, and what it writes.
 struct Run {
+  /// Rank 0 of the group prints and writes files; every rank takes part in
+  /// the collectives (training steps, gathers for dumps and the export).
+  bool Lead;
   const Plan &P;
   Executor &E;
   const DataLoader &Data;
@@ -253,6 +264,8 @@ Error Run::dumpLogits(StringRef Dir) {
   auto Full = E.gather(*Logits); // the whole vocabulary
   if (!Full)
     return Full.takeError();
+  if (!Lead)
+    return Error::success();
   SmallVector<int64_t, 4> Shape(Logits->FullType.Shape.begin(),
                                 Logits->FullType.Shape.end());
   if (Shape.size() == 2 && Shape[0] == E.batch() * E.seq())
@@ -261,13 +274,16 @@ Error Run::dumpLogits(StringRef Dir) {
 }
 
 Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
-  if (auto Err = makeDir(Dir, "--dump"))
-    return Err;
+  if (Lead)
+    if (auto Err = makeDir(Dir, "--dump"))
+      return Err;
   for (const TensorView &T : Tensors) {
     // Full shape, unsharded: the source parameter's.
     auto Full = E.gather(T);
     if (!Full)
       return Full.takeError();
+    if (!Lead)
+      continue;
     if (auto Err = writeNpy((Dir + "/" + fileNameFor(T.Name) + ".npy").str(),
                             T.FullType.Shape, *Full))
       return Err;
@@ -276,6 +292,8 @@ Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
 }
 
 Error Run::writeLogs() {
+  if (!Lead)
+    return Error::success();
   if (auto Err = makeDir(LogDirPath, "--log-dir"))
     return Err;
   std::string Csv = lossCsv(Rows);
@@ -297,6 +315,8 @@ Error Run::writeCheckpointAt(int64_t Step) {
 }
 
 Error Run::writeMemory(StringRef Dir) {
+  if (!Lead)
+    return Error::success();
   MemoryStats M = E.memory();
   nlohmann::json J = {{"arena_bytes", M.ArenaBytes},
                       {"persistent_bytes", M.PersistentBytes},
@@ -309,8 +329,8 @@ Error Run::writeMemory(StringRef Dir) {
                          [&](raw_ostream &OS) { OS << Text; });
 }
 
-static void printMemory(const Plan &P, const MemoryStats &M) {
-  outs() << formatv(
+static void printMemory(raw_ostream &OS, const Plan &P, const MemoryStats &M) {
+  OS << formatv(
       "memory: arena {0} (planned {1}), persistent {2}, "
       "high-water {3}, peak live temporaries {4}\n",
       humanBytes(M.ArenaBytes),
@@ -397,185 +417,234 @@ int main(int Argc, char **Argv) {
   int NumThreads = Threads
                        ? Threads.getValue()
                        : int(std::max(1u, std::thread::hardware_concurrency()));
-  openblas_set_num_threads(NumThreads);
 
   registerOnnxDataLoader();
-  RunOptions RO;
-  RO.Seed = RunSeed;
-  if (Dropout.getNumOccurrences())
-    RO.Dropout = Dropout.getValue();
-  auto Exec = Executor::create(*P, RO);
-  if (!Exec)
-    return Fail(Exec.takeError());
-  Executor &E = **Exec;
+  int TP = P->Manifest.value("tp", 1);
+  if (TP > 1 && (CheckpointEvery || LoadCheckpoint))
+    return Fail(usageError(formatv(
+        "checkpoints of tensor-parallel plans (--tp {0}) are not supported "
+        "yet; train without --checkpoint-every/--resume",
+        TP)));
+  if (CommKind != "threads" && CommKind != "mpi")
+    return Fail(usageError("--comm must be threads or mpi, got '" + CommKind +
+                           "'"));
+  if (TP > 1)
+    NumThreads = std::max(1, NumThreads / TP); // BLAS threads per rank
+  openblas_set_num_threads(NumThreads);
 
-  std::unique_ptr<DataLoader> Data;
-  if (SyntheticData) {
-    Data = DataLoader::synthetic(RunSeed, E.batch(), E.seq(), E.vocab());
-  } else {
-    auto D = DataLoader::open(DataFile, E.batch(), E.seq(), E.vocab());
-    if (!D)
-      return Fail(D.takeError());
-    Data = std::move(*D);
-  }
-  Data->setShuffle(Shuffle, RunSeed);
+  // One rank of the plan's tensor-parallel group; rank 0 writes the files.
+  auto Body = [&](Communicator *C) -> Error {
+    bool Lead = !C || C->rank() == 0;
+    raw_ostream &Out = Lead ? outs() : nulls();
+    RunOptions RO;
+    RO.Comm = C;
+    RO.Seed = RunSeed;
+    if (Dropout.getNumOccurrences())
+      RO.Dropout = Dropout.getValue();
+    auto Exec = Executor::create(*P, RO);
+    if (!Exec)
+      return Exec.takeError();
+    Executor &E = **Exec;
 
-  std::string ModelName =
-      sys::path::stem(P->Manifest.value("source", std::string("model"))).str();
-  Run R{*P,          E,       *Data, ModelName, LogPath, CkptPath,
-        Fingerprint, RunSeed, {},    {},        {}};
-  int64_t FirstStep = 1;
-  if (Resumed) {
-    std::vector<TensorView> Tensors = R.checkpointTensors();
-    auto M = readCheckpoint(CkptPath, Fingerprint, Tensors);
-    if (!M)
-      return Fail(M.takeError());
-    if (Resume) {
-      FirstStep = M->Step + 1;
-      for (const LossRow &Row : M->Losses)
-        if (Row.Step <= M->Step)
-          R.Rows.push_back(Row);
+    std::unique_ptr<DataLoader> Data;
+    if (SyntheticData) {
+      Data = DataLoader::synthetic(RunSeed, E.batch(), E.seq(), E.vocab());
+    } else {
+      auto D = DataLoader::open(DataFile, E.batch(), E.seq(), E.vocab());
+      if (!D)
+        return D.takeError();
+      Data = std::move(*D);
     }
-  }
+    Data->setShuffle(Shuffle, RunSeed);
 
-  // From here on, files are written.
-  if (!DumpDir.empty()) {
-    if (auto Err = makeDir(DumpDir, "--dump"))
-      return Fail(std::move(Err));
-    if (auto Err = R.dumpLogits(DumpDir))
-      return Fail(std::move(Err));
-  }
+    std::string ModelName =
+        sys::path::stem(P->Manifest.value("source", std::string("model"))).str();
+    Run R{Lead,        *P,      E,  *Data, ModelName, LogPath, CkptPath,
+          Fingerprint, RunSeed, {}, {},    {}};
+    int64_t FirstStep = 1;
+    if (Resumed) {
+      std::vector<TensorView> Tensors = R.checkpointTensors();
+      auto M = readCheckpoint(CkptPath, Fingerprint, Tensors);
+      if (!M)
+        return M.takeError();
+      if (Resume) {
+        FirstStep = M->Step + 1;
+        for (const LossRow &Row : M->Losses)
+          if (Row.Step <= M->Step)
+            R.Rows.push_back(Row);
+      }
+    }
 
-  int64_t TokensPerStep = E.batch() * E.seq();
-  if (Eval) {
-    double Sum = 0;
-    auto Start = std::chrono::steady_clock::now();
-    for (int64_t Step = 1; Step <= Steps; ++Step) {
+    // From here on, files are written.
+    if (!DumpDir.empty()) {
+      if (Lead)
+        if (auto Err = makeDir(DumpDir, "--dump"))
+          return Err;
+      if (auto Err = R.dumpLogits(DumpDir))
+        return Err;
+    }
+
+    int64_t TokensPerStep = E.batch() * E.seq();
+    if (Eval) {
+      double Sum = 0;
+      auto Start = std::chrono::steady_clock::now();
+      for (int64_t Step = 1; Step <= Steps; ++Step) {
+        Data->getBatch(Step, R.Idx, R.Targets);
+        auto L = E.evalLoss(R.Idx, R.Targets);
+        if (!L)
+          return L.takeError();
+        Sum += *L;
+      }
+      double Seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
+              .count();
+      Out << formatv(
+          "eval: mean loss {0:F4} over {1} batches of {2} x {3} "
+          "tokens ({4} tok/s)\n",
+          Sum / double(Steps), Steps.getValue(), E.batch(), E.seq(),
+          groupThousands(int64_t(std::llround(double(TokensPerStep * Steps) /
+                                              std::max(Seconds, 1e-9)))));
+      printMemory(Out, *P, E.memory());
+      if (!DumpDir.empty())
+        if (auto Err = R.writeMemory(DumpDir))
+          return Err;
+      return Error::success();
+    }
+
+    double Min = MinLR.getNumOccurrences() ? MinLR.getValue() : LR / 10;
+    Out << formatv("sp-run: training {0} (plan '{1}'): steps {2}-{3}, batch "
+                      "{4} x {5} tokens, lr {6} (warmup {7}, cosine to "
+                      "{8}), {9} threads\n",
+                      ModelName, PlanDir.getValue(), FirstStep, Steps.getValue(),
+                      E.batch(), E.seq(), sci(LR), Warmup.getValue(), sci(Min),
+                      NumThreads);
+    Out.flush();
+    ProgressBar Progress(Lead ? errs() : nulls(), Lead && errs().is_displayed());
+    double TrainSeconds = 0;
+    auto LastLogWrite = std::chrono::steady_clock::now();
+    auto FailAfterLogs = [&](Error Err) {
+      Progress.finish();
+      consumeError(R.writeLogs()); // keep what the run got to
+      return Err;
+    };
+    for (int64_t Step = FirstStep; Step <= Steps; ++Step) {
+      double StepLR = learningRate(Step, Steps, Warmup, LR, Min);
       Data->getBatch(Step, R.Idx, R.Targets);
-      auto L = E.evalLoss(R.Idx, R.Targets);
+      auto Start = std::chrono::steady_clock::now();
+      auto L = E.trainStep(R.Idx, R.Targets, StepLR, Step);
+      TrainSeconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
+              .count();
       if (!L)
-        return Fail(L.takeError());
-      Sum += *L;
+        return FailAfterLogs(
+            usageError(formatv("step {0}: {1}", Step, toString(L.takeError()))));
+      if (!std::isfinite(*L))
+        return FailAfterLogs(usageError(
+            formatv("step {0}: the loss is {1}; try a lower --lr (now {2})", Step,
+                    *L, LR.getValue())));
+      R.Rows.push_back(LossRow{Step, *L, StepLR});
+      Progress.update(Step, Steps, *L, StepLR,
+                      double(TokensPerStep * (Step - FirstStep + 1)) /
+                          std::max(TrainSeconds, 1e-9));
+      if (!DumpDir.empty() && Step == FirstStep) {
+        std::vector<TensorView> Grads;
+        for (const TensorView &Param : E.parameters()) {
+          auto G = E.gradient(Param.Name);
+          if (!G)
+            return FailAfterLogs(
+                usageError("the plan exposes no gradient of parameter '" +
+                           Param.Name + "'"));
+          G->Name = Param.Name;
+          Grads.push_back(*G);
+        }
+        if (auto Err = R.dumpTensors(DumpDir + "/grads", Grads))
+          return FailAfterLogs(std::move(Err));
+      }
+      if (CheckpointEvery && (Step % CheckpointEvery == 0 || Step == Steps))
+        if (auto Err = R.writeCheckpointAt(Step))
+          return FailAfterLogs(std::move(Err));
+      auto Now = std::chrono::steady_clock::now();
+      if (Step == Steps || (CheckpointEvery && Step % CheckpointEvery == 0) ||
+          Now - LastLogWrite > std::chrono::seconds(30)) {
+        if (auto Err = R.writeLogs())
+          return FailAfterLogs(std::move(Err));
+        LastLogWrite = Now;
+      }
     }
-    double Seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
-            .count();
-    outs() << formatv(
-        "eval: mean loss {0:F4} over {1} batches of {2} x {3} "
-        "tokens ({4} tok/s)\n",
-        Sum / double(Steps), Steps.getValue(), E.batch(), E.seq(),
-        groupThousands(int64_t(std::llround(double(TokensPerStep * Steps) /
-                                            std::max(Seconds, 1e-9)))));
-    printMemory(*P, E.memory());
-    if (!DumpDir.empty())
+    Progress.finish();
+
+    if (!DumpDir.empty()) {
+      std::string Csv = lossCsv(R.Rows);
+      if (Lead)
+        if (auto Err = writeFileAtomic(DumpDir + "/loss.csv",
+                                       [&](raw_ostream &OS) { OS << Csv; }))
+          return Err;
+      if (auto Err = R.dumpTensors(DumpDir + "/weights", E.parameters()))
+        return Err;
       if (auto Err = R.writeMemory(DumpDir))
-        return Fail(std::move(Err));
+        return Err;
+    }
+    if (!ExportOnnx.empty()) {
+      std::vector<TensorView> Params = E.parameters();
+      std::vector<std::vector<float>> Full;
+      Full.reserve(Params.size());
+      StringMap<ArrayRef<float>> Weights;
+      for (const TensorView &T : Params) {
+        auto W = E.gather(T);
+        if (!W)
+          return W.takeError();
+        Full.push_back(std::move(*W));
+        Weights[T.Name] = Full.back();
+      }
+      if (Lead)
+        if (auto Err = exportOnnxWeights(Source, ExportOnnx, Weights))
+          return Err;
+    }
+
+    int64_t Trained = Steps - FirstStep + 1;
+    Out << formatv(
+        "trained steps {0}-{1}: final loss {2:F4}, {3} tok/s "
+        "({4} tokens in {5:F2} s)\n",
+        FirstStep, Steps.getValue(), R.Rows.back().Loss,
+        groupThousands(int64_t(std::llround(double(TokensPerStep * Trained) /
+                                            std::max(TrainSeconds, 1e-9)))),
+        groupThousands(TokensPerStep * Trained), TrainSeconds);
+    printMemory(Out, *P, E.memory());
+    Out << "wrote " << LogPath << "/loss.csv and loss.svg\n";
+    if (CheckpointEvery)
+      Out << "wrote checkpoint " << CkptPath << " (step " << Steps << ")\n";
+    if (!DumpDir.empty())
+      Out << "wrote dumps to " << DumpDir << "\n";
+    if (!ExportOnnx.empty())
+      Out << "exported the trained weights to " << ExportOnnx << "\n";
+
+    return Error::success();
+  };
+
+  if (CommKind == "mpi") {
+    auto C = createMpiCommunicator(&Argc, &Argv);
+    if (!C)
+      return Fail(C.takeError());
+    // Every rank sees the mismatch: report it once and exit cleanly.
+    if ((*C)->size() != TP) {
+      if ((*C)->rank() == 0)
+        Fail(usageError(formatv("the plan was compiled for --tp {0}; run it "
+                                "with mpirun -np {0} (got {1} processes)",
+                                TP, (*C)->size())));
+      return 1;
+    }
+    if (auto Err = Body(C->get())) {
+      (*C)->abort(toString(std::move(Err)));
+      return 1;
+    }
     return 0;
   }
-
-  double Min = MinLR.getNumOccurrences() ? MinLR.getValue() : LR / 10;
-  outs() << formatv("sp-run: training {0} (plan '{1}'): steps {2}-{3}, batch "
-                    "{4} x {5} tokens, lr {6} (warmup {7}, cosine to "
-                    "{8}), {9} threads\n",
-                    ModelName, PlanDir.getValue(), FirstStep, Steps.getValue(),
-                    E.batch(), E.seq(), sci(LR), Warmup.getValue(), sci(Min),
-                    NumThreads);
-  outs().flush();
-  ProgressBar Progress(errs(), errs().is_displayed());
-  double TrainSeconds = 0;
-  auto LastLogWrite = std::chrono::steady_clock::now();
-  auto FailAfterLogs = [&](Error Err) {
-    Progress.finish();
-    consumeError(R.writeLogs()); // keep what the run got to
+  if (TP == 1) {
+    if (auto Err = Body(nullptr))
+      return Fail(std::move(Err));
+    return 0;
+  }
+  if (auto Err = runOnThreadRanks(TP, [&](Communicator &C) { return Body(&C); }))
     return Fail(std::move(Err));
-  };
-  for (int64_t Step = FirstStep; Step <= Steps; ++Step) {
-    double StepLR = learningRate(Step, Steps, Warmup, LR, Min);
-    Data->getBatch(Step, R.Idx, R.Targets);
-    auto Start = std::chrono::steady_clock::now();
-    auto L = E.trainStep(R.Idx, R.Targets, StepLR, Step);
-    TrainSeconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
-            .count();
-    if (!L)
-      return FailAfterLogs(
-          usageError(formatv("step {0}: {1}", Step, toString(L.takeError()))));
-    if (!std::isfinite(*L))
-      return FailAfterLogs(usageError(
-          formatv("step {0}: the loss is {1}; try a lower --lr (now {2})", Step,
-                  *L, LR.getValue())));
-    R.Rows.push_back(LossRow{Step, *L, StepLR});
-    Progress.update(Step, Steps, *L, StepLR,
-                    double(TokensPerStep * (Step - FirstStep + 1)) /
-                        std::max(TrainSeconds, 1e-9));
-    if (!DumpDir.empty() && Step == FirstStep) {
-      std::vector<TensorView> Grads;
-      for (const TensorView &Param : E.parameters()) {
-        auto G = E.gradient(Param.Name);
-        if (!G)
-          return FailAfterLogs(
-              usageError("the plan exposes no gradient of parameter '" +
-                         Param.Name + "'"));
-        G->Name = Param.Name;
-        Grads.push_back(*G);
-      }
-      if (auto Err = R.dumpTensors(DumpDir + "/grads", Grads))
-        return FailAfterLogs(std::move(Err));
-    }
-    if (CheckpointEvery && (Step % CheckpointEvery == 0 || Step == Steps))
-      if (auto Err = R.writeCheckpointAt(Step))
-        return FailAfterLogs(std::move(Err));
-    auto Now = std::chrono::steady_clock::now();
-    if (Step == Steps || (CheckpointEvery && Step % CheckpointEvery == 0) ||
-        Now - LastLogWrite > std::chrono::seconds(30)) {
-      if (auto Err = R.writeLogs())
-        return FailAfterLogs(std::move(Err));
-      LastLogWrite = Now;
-    }
-  }
-  Progress.finish();
-
-  if (!DumpDir.empty()) {
-    std::string Csv = lossCsv(R.Rows);
-    if (auto Err = writeFileAtomic(DumpDir + "/loss.csv",
-                                   [&](raw_ostream &OS) { OS << Csv; }))
-      return Fail(std::move(Err));
-    if (auto Err = R.dumpTensors(DumpDir + "/weights", E.parameters()))
-      return Fail(std::move(Err));
-    if (auto Err = R.writeMemory(DumpDir))
-      return Fail(std::move(Err));
-  }
-  if (!ExportOnnx.empty()) {
-    std::vector<TensorView> Params = E.parameters();
-    std::vector<std::vector<float>> Full;
-    Full.reserve(Params.size());
-    StringMap<ArrayRef<float>> Weights;
-    for (const TensorView &T : Params) {
-      auto W = E.gather(T);
-      if (!W)
-        return Fail(W.takeError());
-      Full.push_back(std::move(*W));
-      Weights[T.Name] = Full.back();
-    }
-    if (auto Err = exportOnnxWeights(Source, ExportOnnx, Weights))
-      return Fail(std::move(Err));
-  }
-
-  int64_t Trained = Steps - FirstStep + 1;
-  outs() << formatv(
-      "trained steps {0}-{1}: final loss {2:F4}, {3} tok/s "
-      "({4} tokens in {5:F2} s)\n",
-      FirstStep, Steps.getValue(), R.Rows.back().Loss,
-      groupThousands(int64_t(std::llround(double(TokensPerStep * Trained) /
-                                          std::max(TrainSeconds, 1e-9)))),
-      groupThousands(TokensPerStep * Trained), TrainSeconds);
-  printMemory(*P, E.memory());
-  outs() << "wrote " << LogPath << "/loss.csv and loss.svg\n";
-  if (CheckpointEvery)
-    outs() << "wrote checkpoint " << CkptPath << " (step " << Steps << ")\n";
-  if (!DumpDir.empty())
-    outs() << "wrote dumps to " << DumpDir << "\n";
-  if (!ExportOnnx.empty())
-    outs() << "exported the trained weights to " << ExportOnnx << "\n";
   return 0;
 }

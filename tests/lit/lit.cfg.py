@@ -15,3 +15,10 @@ config.environment["PATH"] = path
 config.substitutions.append(("%python", config.python))
 config.substitutions.append(("%models", os.path.join(config.sp_source_dir, "models")))
 config.substitutions.append(("%inputs", os.path.join(config.sp_source_dir, "tests", "lit", "Inputs")))
+
+# MPI runs: mpirun with what CI needs (root, 2 cores, containers).
+if config.mpiexec:
+    config.available_features.add("mpi")
+    config.environment["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
+    flags = " --oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else "")
+    config.substitutions.append(("%mpirun", config.mpiexec + flags))

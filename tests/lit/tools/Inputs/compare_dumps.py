@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""Compares sp-run --dump folders against a reference one.
+
+  compare_dumps.py REF OTHER...
+
+For each OTHER: loss.csv (every step within 1e-6 relative), every
+grads/<name>.npy (max |a - b| / max |a| within 1e-6) and logits.npy (the same).
+Prints "<name>: N losses, M gradients, logits equal" or what differs, and
+exits 1 on a difference.
+"""
+import csv
+import glob
+import os
+import sys
+
+import numpy as np
+
+TOL = 1e-6
+
+
+def losses(d):
+    with open(os.path.join(d, "loss.csv")) as f:
+        return [float(r["loss"]) for r in csv.DictReader(f)]
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30))
+
+
+def main():
+    ref, others = sys.argv[1], sys.argv[2:]
+    ok = True
+    for d in others:
+        name = os.path.basename(d.rstrip("/"))
+        problems = []
+        la, lb = losses(ref), losses(d)
+        if len(la) != len(lb):
+            problems.append(f"{len(lb)} losses, expected {len(la)}")
+        for i, (x, y) in enumerate(zip(la, lb)):
+            if abs(x - y) > TOL * abs(x):
+                problems.append(f"step {i + 1}: loss {y} != {x}")
+        grads = sorted(glob.glob(os.path.join(ref, "grads", "*.npy")))
+        for g in grads:
+            other = os.path.join(d, "grads", os.path.basename(g))
+            if not os.path.exists(other):
+                problems.append(f"missing {other}")
+                continue
+            e = rel(np.load(g), np.load(other))
+            if e > TOL:
+                problems.append(f"{os.path.basename(g)}: relative error {e:.2e}")
+        e = rel(np.load(os.path.join(ref, "logits.npy")), np.load(os.path.join(d, "logits.npy")))
+        if e > TOL:
+            problems.append(f"logits: relative error {e:.2e}")
+        if problems:
+            ok = False
+            print(f"{name}: DIFFERS: " + "; ".join(problems))
+        else:
+            print(f"{name}: {len(lb)} losses, {len(grads)} gradients, logits equal")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -434,9 +434,28 @@ private:
     } else {
       if (auto E = expectPunct('='))
         return E;
+      // The payload's type is the leaf's, unless a ": type" after it names
+      // the whole source tensor of a sharded parameter.
+      auto Saved = std::make_pair(Lex, Tok);
       auto D = parsePayload(*T);
       if (!D)
         return D.takeError();
+      if (isPunct(':')) {
+        if (auto E = consume())
+          return E;
+        auto Source = parseType();
+        if (!Source)
+          return Source.takeError();
+        Lex = Saved.first;
+        Tok = Saved.second;
+        D = parsePayload(*Source);
+        if (!D)
+          return D.takeError();
+        if (auto E = expectPunct(':'))
+          return E;
+        if (auto E = parseType().takeError())
+          return E;
+      }
       V = Kind == "param" ? G->addParam(Name.Text, *T, std::move(*D))
                           : G->addConst(Name.Text, *T, std::move(*D));
     }

@@ -124,18 +124,21 @@ private:
       OS << "external(";
       printQuoted(OS, R.Path);
       OS << ", " << R.Offset << ", " << R.Length << ")";
-      return;
+      break;
     case DataRef::OnnxInitializer:
       OS << "onnx(";
       printQuoted(OS, R.Path);
       OS << ", ";
       printQuoted(OS, R.Key);
       OS << ")";
-      return;
+      break;
     case DataRef::Inline:
       printDense(*D);
-      return;
+      break;
     }
+    // A sharded parameter references its whole source tensor.
+    if (D->type() != V.type())
+      OS << " : " << D->type().str();
   }
 
   void printElement(const TensorData &D, int64_t I) {

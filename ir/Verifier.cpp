@@ -43,9 +43,13 @@ Error verifyGraph(const Graph &G) {
       if (!V.data())
         return verifyError(Kind + " '" + V.name() + "' has no data");
       if (!dataMatches(V))
-        return verifyError(formatv("{0} '{1}' has type {2} but its data is {3}",
-                                   Kind, V.name(), V.type().str(),
-                                   V.data()->type().str()));
+        return verifyError(
+            formatv("{0} '{1}' has type {2}{3} but its data is {4}", Kind,
+                    V.name(), V.type().str(),
+                    V.sharding().K == Sharding::Split
+                        ? " " + V.sharding().str() + " (a shard of it)"
+                        : std::string(),
+                    V.data()->type().str()));
     }
     Defined.insert(&V);
     return Error::success();

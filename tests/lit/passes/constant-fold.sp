@@ -16,3 +16,7 @@ graph @fold {
   %1 : f32[2, 3] = onnx.Mul(%x, %0)
   output "y" = %1
 }
+
+// No-op: nothing to fold in a graph without constant computations.
+// RUN: sp-opt %inputs/one-layer.sp --passes=constant-fold > %t.noop
+// RUN: sp-opt %inputs/one-layer.sp | diff - %t.noop

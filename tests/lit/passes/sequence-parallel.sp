@@ -32,3 +32,10 @@
 // CHECK: reduce_scatter({{.*}} [layer = 0, role = "mlp_f", phase = bwd]
 // CHECK: all_gather([[LN1]]) {dim = 1, parts = 2} [layer = 0, role = "attn_f_regather", phase = bwd]
 // CHECK: all_reduce({{.*}}) loc("ln1.w") [role = "grad_sum", phase = bwd]
+
+// Without --sp the pass changes nothing; without tensor-parallel first, it
+// has nothing to convert.
+// RUN: sp-opt %inputs/one-layer.sp --passes=detect-transformer,tensor-parallel --tp 2 > %t.tp
+// RUN: sp-opt %t.tp --passes=sequence-parallel --tp 2 | diff - %t.tp
+// RUN: not sp-opt %inputs/one-layer.sp --passes=detect-transformer,sequence-parallel --tp 2 --sp 2>&1 | FileCheck %s --check-prefix=NOTP
+// NOTP: sp-opt: error: sequence-parallel: run tensor-parallel first: there is no f to turn into g

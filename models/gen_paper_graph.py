@@ -36,7 +36,7 @@ IR_VERSION = 8  # what torch 1.13 writes at opset 17
 ALIGNMENT = 64
 LAYERNORM_EPS = 1e-5
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_MODELS_CSV = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "paper", "models.csv"))
+DEFAULT_MODELS_CSV = os.path.join(REPO_ROOT, "models", "paper", "models.csv")
 
 DTYPE_BYTES = {TensorProto.FLOAT: 4, TensorProto.BOOL: 1}
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The two commands of the README, for a fresh Debian 12 machine:
 #
-#   tools/dev.sh run    install what is missing, build, and run the main job
-#                       (sp-compile on the committed default model)
+#   tools/dev.sh run    install what is missing, build, and run the main job:
+#                       compile the committed default model, train it on the
+#                       CPU on a bundled text, and show the loss falling
 #   tools/dev.sh test   install what is missing, build, and run every test
 #
-# Environment: BUILD_DIR (default build), JOBS (default: number of cores).
+# Environment: BUILD_DIR (default build), JOBS (default: number of cores),
+# STEPS (training steps of the main job, default 200).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -47,9 +49,18 @@ case "${1:-}" in
   run)
     install_missing
     build
-    echo "== sp-compile models/tiny/gpt-tiny.onnx"
-    "$BUILD_DIR/bin/sp-compile" models/tiny/gpt-tiny.onnx --report "$BUILD_DIR/gpt-tiny.report.json"
-    echo "(report: $BUILD_DIR/gpt-tiny.report.json)"
+    bin="$BUILD_DIR/bin"
+    echo "== sp-compile models/tiny/gpt-tiny.onnx -o $BUILD_DIR/gpt-tiny.plan"
+    "$bin/sp-compile" models/tiny/gpt-tiny.onnx -o "$BUILD_DIR/gpt-tiny.plan" \
+      --report "$BUILD_DIR/gpt-tiny.report.json"
+    echo "== sp-tokenize models/data/python-reference.txt"
+    "$bin/sp-tokenize" models/data/python-reference.txt -o "$BUILD_DIR/python-reference.bin"
+    echo "== sp-run: train ${STEPS:=200} steps on the CPU"
+    "$bin/sp-run" "$BUILD_DIR/gpt-tiny.plan" --data "$BUILD_DIR/python-reference.bin" \
+      --steps "$STEPS" --lr 3e-3 --warmup 20
+    echo "== the loss, every $((STEPS / 10)) steps ($BUILD_DIR/gpt-tiny.plan/run/loss.csv, loss.svg)"
+    awk -F, -v every=$((STEPS / 10)) 'NR > 1 && ($1 == 1 || $1 % every == 0) { printf "  step %4d  loss %.4f\n", $1, $2 }' \
+      "$BUILD_DIR/gpt-tiny.plan/run/loss.csv"
     ;;
   test)
     install_missing

@@ -9,8 +9,10 @@ measures, in this one run, side by side:
     fastest of --repeat runs.
   - torch: models/gpt.py's GPT with the same config and the same weights (loaded from the ONNX
     file), dropout 0.1, the same batches (the sp-run data formula), AdamW (two param groups) with
-    clip_grad_norm_(1.0) and the spec's LR schedule, torch.set_num_threads(T); W warm-up steps, then
-    N steps timed in this process (the fastest of --repeat such runs).
+    clip_grad_norm_(1.0) and the spec's LR schedule, T intra-op threads and T OpenBLAS threads
+    (OMP_WAIT_POLICY=PASSIVE unless set; see below); W warm-up steps, then N steps timed in this
+    process. Each of --repeat rounds times sp-run and then torch; the table
+    shows the fastest round of each.
 Both sides train in float32 with dropout on. It prints one row per model: sp-run and torch
 milliseconds per step and the ratio torch/sp (> 1: sp-run is faster).
 
@@ -21,6 +23,7 @@ batch 8, opset 17, tied).
     /usr/bin/python3 tools/bench_train.py --sp-bin build/bin [--threads 2] [--steps 20] [--models tiny medium]
 """
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -29,7 +32,14 @@ import sys
 import tempfile
 import time
 
-import torch
+# Before torch starts OpenMP: idle OpenMP workers sleep instead of spinning. Otherwise they spin
+# for a while after every parallel region and take the cores from the OpenBLAS threads the next
+# GEMM wakes (torch's Debian build calls the same pthreads OpenBLAS as sp-run): on 2 cores that
+# makes torch at 2 threads about 2x slower than at 1 thread, which would flatter sp-run.
+SP_RUN_ENV = dict(os.environ)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
@@ -56,6 +66,29 @@ def model_path(name, workdir):
     raise SystemExit(f"error: unknown model {name!r} (tiny, medium)")
 
 
+def set_torch_threads(threads):
+    """torch's intra-op threads and the OpenBLAS threads of its GEMMs to `threads`; returns a description.
+
+    torch.set_num_threads does not reach the system OpenBLAS that torch's Debian build calls (it
+    keeps one thread per core), so it is set directly, as sp-run --threads does for its own.
+    """
+    torch.set_num_threads(threads)
+    with open("/proc/self/maps") as f:
+        libs = sorted({os.path.realpath(line.split()[-1]) for line in f
+                       if "openblas" in line and ".so" in line.split()[-1]})
+    blas = []
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)
+            lib.openblas_set_num_threads(threads)
+            blas.append(str(lib.openblas_get_num_threads()))
+        except (OSError, AttributeError):
+            continue
+    blas = "/".join(sorted(set(blas))) or "not set (no OpenBLAS found)"
+    return (f"torch intra-op threads {torch.get_num_threads()}, OpenBLAS threads {blas}, "
+            f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+
+
 def compile_plan(sp_compile, onnx_path, plan):
     shutil.rmtree(plan, ignore_errors=True)
     subprocess.run([sp_compile, onnx_path, "-o", plan, "--quiet"], check=True)
@@ -66,47 +99,49 @@ def time_sp_run(sp_run, plan, data, steps, threads, workdir):
     run_dir = os.path.join(workdir, "sp-run-out")
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sp_run, plan, "--data", data, "--steps", str(steps), "--dropout", str(DROPOUT), "--lr", str(LR),
-           "--threads", str(threads), "--log-dir", os.path.join(run_dir, "log"),
-           "--checkpoint", os.path.join(run_dir, "checkpoint")]
+           "--threads", str(threads), "--log-dir", os.path.join(run_dir, "log")]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=SP_RUN_ENV)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr.strip()}")
     return seconds
 
 
-def sp_run_ms_per_step(sp_run, plan, data, warmup, steps, threads, repeat, workdir):
-    short = min(time_sp_run(sp_run, plan, data, warmup, threads, workdir) for _ in range(repeat))
-    long = min(time_sp_run(sp_run, plan, data, warmup + steps, threads, workdir) for _ in range(repeat))
-    return 1000.0 * (long - short) / steps, short
-
-
-def torch_ms_per_step(onnx_path, facts, tokens, warmup, steps, repeat):
+def torch_ms_per_step(onnx_path, facts, tokens, warmup, steps):
     """Milliseconds per training step of the torch reference, timed after `warmup` steps."""
-    best = float("inf")
-    for _ in range(repeat):
-        torch.manual_seed(1234)
-        model = ref.reference_model(onnx_path, dropout=DROPOUT, facts=facts)
-        stamps = {}
+    torch.manual_seed(1234)
+    model = ref.reference_model(onnx_path, dropout=DROPOUT, facts=facts)
+    stamps = {}
 
-        def stamp(t):
-            if t in (warmup, warmup + steps):
-                stamps[t] = time.perf_counter()
+    def stamp(t):
+        if t in (warmup, warmup + steps):
+            stamps[t] = time.perf_counter()
 
-        ref.train(model, tokens, facts["batch"], facts["seq"], warmup + steps, LR, callback=stamp)
-        best = min(best, 1000.0 * (stamps[warmup + steps] - stamps[warmup]) / steps)
-    return best
+    ref.train(model, tokens, facts["batch"], facts["seq"], warmup + steps, LR, callback=stamp)
+    return 1000.0 * (stamps[warmup + steps] - stamps[warmup]) / steps
+
+
+def measure(sp_run, plan, data, onnx_path, facts, tokens, args, workdir):
+    """(sp-run ms/step, seconds of a warm-up-only sp-run, torch ms/step): the fastest of --repeat
+    rounds, each round timing both sides one after the other so that load from elsewhere hits both."""
+    short, long, torch_ms = [], [], []
+    for _ in range(args.repeat):
+        short.append(time_sp_run(sp_run, plan, data, args.warmup, args.threads, workdir))
+        long.append(time_sp_run(sp_run, plan, data, args.warmup + args.steps, args.threads, workdir))
+        torch_ms.append(torch_ms_per_step(onnx_path, facts, tokens, args.warmup, args.steps))
+    return 1000.0 * (min(long) - min(short)) / args.steps, min(short), min(torch_ms)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sp-bin", default=os.path.join(ROOT, "build", "bin"),
                     help="directory holding sp-compile and sp-run (default: %(default)s)")
-    ap.add_argument("--threads", type=int, default=2, help="sp-run --threads and torch.set_num_threads (default 2)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="sp-run --threads; torch intra-op and BLAS threads (default 2)")
     ap.add_argument("--steps", type=int, default=20, help="timed steps N (default 20)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps W (default 3)")
-    ap.add_argument("--repeat", type=int, default=2, help="take the fastest of this many runs (default 2)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; the fastest of each side counts (default 3)")
     ap.add_argument("--models", nargs="+", default=["tiny", "medium"], help="tiny and/or medium")
     ap.add_argument("--workdir", help="where models, plans and data go (default: a temporary directory)")
     args = ap.parse_args()
@@ -114,13 +149,15 @@ def main():
     for tool in (sp_compile, sp_run):
         if not (os.path.isfile(tool) and os.access(tool, os.X_OK)):
             sys.exit(f"error: {tool} not found or not executable (pass the build's bin/ as --sp-bin)")
-    torch.set_num_threads(args.threads)
+    torch_threads = set_torch_threads(args.threads)
+    load_before = os.getloadavg()[0]
 
     tmp = None if args.workdir else tempfile.TemporaryDirectory()
     workdir = args.workdir or tmp.name
     os.makedirs(workdir, exist_ok=True)
-    print(f"training step time, float32, dropout {DROPOUT}, AdamW + clipping, {args.threads} threads, "
-          f"{args.steps} steps timed after {args.warmup} (fastest of {args.repeat})", flush=True)
+    print(f"training step time, float32, dropout {DROPOUT}, AdamW + clipping, {args.threads} thread(s), "
+          f"{args.steps} steps timed after {args.warmup} (fastest of {args.repeat})\n"
+          f"sp-run --threads {args.threads}; {torch_threads}", flush=True)
     header = (f"{'model':>7} {'params':>9} {'batch x seq':>11} {'sp-run ms/step':>15} {'torch ms/step':>14} "
               f"{'torch/sp':>9} {'threads':>8}")
     rows = []
@@ -133,9 +170,7 @@ def main():
             tokens = ref.write_tokens(data, TOKENS, facts["vocab"], DATA_SEED)
             plan = os.path.join(workdir, f"{name}-plan")
             compile_plan(sp_compile, onnx_path, plan)
-            sp_ms, startup = sp_run_ms_per_step(sp_run, plan, data, args.warmup, args.steps, args.threads,
-                                                args.repeat, workdir)
-            torch_ms = torch_ms_per_step(onnx_path, facts, tokens, args.warmup, args.steps, args.repeat)
+            sp_ms, startup, torch_ms = measure(sp_run, plan, data, onnx_path, facts, tokens, args, workdir)
             rows.append(f"{name:>7} {facts['params']:>9} {facts['batch']:>5} x {facts['seq']:<3} {sp_ms:>15.2f} "
                         f"{torch_ms:>14.2f} {torch_ms / sp_ms:>9.2f} {args.threads:>8}")
             print(f"  {name}: sp-run {sp_ms:.2f} ms/step (a {args.warmup}-step run takes {startup:.2f} s), "
@@ -145,6 +180,10 @@ def main():
             tmp.cleanup()
     print(header)
     print("\n".join(rows))
+    load = os.getloadavg()[0]
+    note = (f"  (busy machine: other processes compete for the {os.cpu_count()} cores; rerun when idle)"
+            if load > args.threads + 0.5 else "")
+    print(f"load average {load_before:.2f} before, {load:.2f} after, {os.cpu_count()} cores{note}")
 
 
 if __name__ == "__main__":

@@ -210,6 +210,14 @@ def rel_err(actual, expected):
     return diff / scale if scale > 0 else diff
 
 
+def global_rel_l2(actual, expected):
+    """||a - b||_2 / ||b||_2 over every element of every tensor of two name -> array dicts (b's names)."""
+    num = sum(float(np.sum((np.asarray(actual[n], np.float64) - np.asarray(b, np.float64)) ** 2))
+              for n, b in expected.items())
+    den = sum(float(np.sum(np.asarray(b, np.float64) ** 2)) for b in expected.values())
+    return (num / den) ** 0.5 if den > 0 else num ** 0.5
+
+
 def read_loss_csv(path):
     """sp-run's loss.csv ("step,loss,lr") as a list of (step, loss, lr)."""
     rows = []

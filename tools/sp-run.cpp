@@ -22,6 +22,7 @@
 #include "frontend/OnnxImporter.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/comm/Communicator.h"
+#include "runtime/cpu/Parallel.h"
 #include "runtime/DataLoader.h"
 #include "runtime/Executor.h"
 #include "runtime/LossLog.h"
@@ -431,6 +432,7 @@ int main(int Argc, char **Argv) {
   if (TP > 1)
     NumThreads = std::max(1, NumThreads / TP); // BLAS threads per rank
   openblas_set_num_threads(NumThreads);
+  cpu::setKernelThreads(NumThreads); // elementwise kernels
 
   // One rank of the plan's tensor-parallel group; rank 0 writes the files.
   auto Body = [&](Communicator *C) -> Error {

@@ -7,6 +7,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Philox.h"
 
+#include "runtime/cpu/Parallel.h"
 #include <cblas.h>
 
 #include <algorithm>
@@ -264,7 +265,8 @@ void layerNorm(T *Y, T *Mean, T *Rstd, const T *X, const T *Gamma,
                const T *Beta, int64_t Rows, int64_t H, double Eps) {
   checkSizes({Rows, H});
   SP_CPU_CHECK(H > 0, "layer norm over an empty axis");
-  for (int64_t R = 0; R < Rows; ++R) {
+  parallelFor(Rows, std::max<int64_t>(1, (1 << 14) / H), [&](int64_t RBegin, int64_t REnd) {
+for (int64_t R = RBegin; R < REnd; ++R) {
     const T *XR = X + R * H;
     Acc Sum = 0;
     for (int64_t J = 0; J < H; ++J)
@@ -289,6 +291,7 @@ void layerNorm(T *Y, T *Mean, T *Rstd, const T *X, const T *Gamma,
     if (Rstd)
       Rstd[R] = T(S);
   }
+  });
 }
 
 template <typename T>
@@ -381,16 +384,20 @@ void gelu(T *Y, const T *X, int64_t N, GeluApprox Approx) {
   checkSizes({N});
   const T Half = T(0.5), One = T(1);
   if (Approx == GeluApprox::None) {
-    for (int64_t I = 0; I < N; ++I) {
+    parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
+for (int64_t I = IBegin; I < IEnd; ++I) {
       T X0 = X[I];
       Y[I] = Half * X0 * (One + std::erf(X0 * T(InvSqrt2)));
     }
+  });
   } else {
-    for (int64_t I = 0; I < N; ++I) {
+    parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
+for (int64_t I = IBegin; I < IEnd; ++I) {
       T X0 = X[I];
       T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
       Y[I] = Half * X0 * (One + std::tanh(U));
     }
+  });
   }
 }
 
@@ -400,20 +407,24 @@ void geluBackward(T *DX, const T *X, const T *DY, int64_t N,
   checkSizes({N});
   const T Half = T(0.5), One = T(1);
   if (Approx == GeluApprox::None) {
-    for (int64_t I = 0; I < N; ++I) {
+    parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
+for (int64_t I = IBegin; I < IEnd; ++I) {
       T X0 = X[I];
       T Cdf = Half * (One + std::erf(X0 * T(InvSqrt2)));
       T Pdf = T(InvSqrt2Pi) * std::exp(-Half * X0 * X0);
       DX[I] = DY[I] * (Cdf + X0 * Pdf);
     }
+  });
   } else {
-    for (int64_t I = 0; I < N; ++I) {
+    parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
+for (int64_t I = IBegin; I < IEnd; ++I) {
       T X0 = X[I];
       T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
       T Th = std::tanh(U);
       T DU = T(Sqrt2OverPi) * (One + T(3 * GeluCoef) * X0 * X0);
       DX[I] = DY[I] * (Half * (One + Th) + Half * X0 * (One - Th * Th) * DU);
     }
+  });
   }
 }
 
@@ -522,7 +533,8 @@ void causalMask(T *Y, const T *X, int64_t Batch, int64_t Sq, int64_t Sk,
 
 template <typename T> void softmax(T *Y, const T *X, int64_t Rows, int64_t N) {
   checkSizes({Rows, N});
-  for (int64_t R = 0; R < Rows; ++R) {
+  parallelFor(Rows, std::max<int64_t>(1, (1 << 14) / N), [&](int64_t RBegin, int64_t REnd) {
+for (int64_t R = RBegin; R < REnd; ++R) {
     const T *XR = X + R * N;
     T *YR = Y + R * N;
     T Max = -std::numeric_limits<T>::infinity();
@@ -542,12 +554,14 @@ template <typename T> void softmax(T *Y, const T *X, int64_t Rows, int64_t N) {
     for (int64_t J = 0; J < N; ++J)
       YR[J] = T(Acc(YR[J]) * Inv);
   }
+  });
 }
 
 template <typename T>
 void softmaxBackward(T *DX, const T *Y, const T *DY, int64_t Rows, int64_t N) {
   checkSizes({Rows, N});
-  for (int64_t R = 0; R < Rows; ++R) {
+  parallelFor(Rows, std::max<int64_t>(1, (1 << 14) / N), [&](int64_t RBegin, int64_t REnd) {
+for (int64_t R = RBegin; R < REnd; ++R) {
     const T *YR = Y + R * N, *DYR = DY + R * N;
     Acc Dot = 0;
     for (int64_t J = 0; J < N; ++J)
@@ -556,6 +570,7 @@ void softmaxBackward(T *DX, const T *Y, const T *DY, int64_t Rows, int64_t N) {
     for (int64_t J = 0; J < N; ++J)
       DXR[J] = T(YR[J] * (DYR[J] - Dot));
   }
+  });
 }
 
 //===----------------------------------------------------------------------===//
@@ -795,7 +810,8 @@ void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
   const T StepSize = T(Lr / Bc1);
   const T Bc2Sqrt = T(std::sqrt(Bc2));
   const T E = T(Eps), Scale = T(GradScale);
-  for (int64_t I = 0; I < N; ++I) {
+  parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
+for (int64_t I = IBegin; I < IEnd; ++I) {
     T Grad = G[I] * Scale;
     P[I] *= Decay;
     M[I] = B1 * M[I] + OneMinusB1 * Grad;
@@ -803,6 +819,7 @@ void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
     T Denom = std::sqrt(V[I]) / Bc2Sqrt + E;
     P[I] -= StepSize * (M[I] / Denom);
   }
+  });
 }
 
 //===----------------------------------------------------------------------===//

@@ -4,6 +4,7 @@
 #include "passes/PassManager.h"
 #include "passes/Passes.h"
 #include "runtime/Executor.h"
+#include "runtime/cpu/Parallel.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <random>
@@ -99,6 +100,33 @@ TEST(Executor, RejectsBadTokensAndPlans) {
   ASSERT_FALSE(Bad);
   EXPECT_NE(toString(Bad.takeError()).find("the CPU backend runs fp32 plans"),
             std::string::npos);
+}
+
+} // namespace
+
+namespace {
+
+/// The elementwise kernels split their work over a thread pool; each element
+/// is computed by the same code, so results are bitwise those of one thread.
+TEST(Executor, KernelThreadsDoNotChangeResults) {
+  Plan P = compileTiny();
+  auto Run = [&](int Threads) {
+    cpu::setKernelThreads(Threads);
+    auto E = cantFail(Executor::create(P, RunOptions{}));
+    auto Idx = randomTokens(4 * 64, 256, 5);
+    std::vector<double> L;
+    for (int Step = 1; Step <= 3; ++Step)
+      L.push_back(cantFail(E->trainStep(Idx, Idx, 1e-3, Step)));
+    std::vector<float> W(E->parameters()[0].Data,
+                         E->parameters()[0].Data + E->parameters()[0].size());
+    cpu::setKernelThreads(1);
+    return std::make_pair(L, W);
+  };
+  auto One = Run(1), Two = Run(2), Three = Run(3);
+  EXPECT_EQ(One.first, Two.first);
+  EXPECT_EQ(One.first, Three.first);
+  EXPECT_EQ(One.second, Two.second);
+  EXPECT_EQ(One.second, Three.second);
 }
 
 } // namespace

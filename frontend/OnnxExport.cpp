@@ -1,5 +1,6 @@
 //===- OnnxExport.cpp - Trained weights back into an ONNX model -----------===//
 #include "frontend/OnnxExport.h"
+#include "runtime/AtomicFile.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Endian.h"
@@ -27,32 +28,7 @@ Error fail(const Twine &Msg) {
 
 /// Writes Bytes to Path through a temporary file beside it and a rename.
 Error writeAtomically(StringRef Path, StringRef Bytes) {
-  SmallString<128> Dir(Path);
-  sys::path::remove_filename(Dir);
-  if (Dir.empty())
-    Dir = ".";
-  SmallString<128> Model(Dir), Tmp;
-  sys::path::append(Model, "." + sys::path::filename(Path) + ".tmp-%%%%%%");
-  int FD;
-  if (std::error_code EC = sys::fs::createUniqueFile(Model, FD, Tmp))
-    return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
-                             EC.message().c_str());
-  raw_fd_ostream OS(FD, /*shouldClose=*/true);
-  OS << Bytes;
-  OS.close();
-  if (OS.has_error()) {
-    std::error_code EC = OS.error();
-    OS.clear_error();
-    sys::fs::remove(Tmp);
-    return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
-                             EC.message().c_str());
-  }
-  if (std::error_code EC = sys::fs::rename(Tmp, Path)) {
-    sys::fs::remove(Tmp);
-    return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
-                             EC.message().c_str());
-  }
-  return Error::success();
+  return writeFileAtomically(Path, [&](raw_ostream &OS) { OS << Bytes; });
 }
 
 /// Bytes per element of an ONNX data type (0: not a fixed-size type).

@@ -1,5 +1,6 @@
 //===- Checkpoint.cpp - Training checkpoints ------------------------------===//
 #include "runtime/Checkpoint.h"
+#include "runtime/AtomicFile.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/CRC.h"
 #include "llvm/Support/FileSystem.h"
@@ -89,92 +90,67 @@ Error writeCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
                              Parent.str().str().c_str(), EC.message().c_str());
   // createUniqueDirectory puts a relative model under the system's temporary
   // folder; the temporary must be beside Dir for the rename.
-  sys::fs::make_absolute(Parent);
-  SmallString<128> Model(Parent), Tmp;
-  sys::path::append(Model, "." + sys::path::filename(Dir) + ".tmp-%%%%%%");
-  if (std::error_code EC = sys::fs::createUniqueDirectory(Model, Tmp))
-    return createStringError(EC, "cannot create a directory beside '%s': %s",
-                             Dir.str().c_str(), EC.message().c_str());
-  auto Fail = [&](Error E) {
-    sys::fs::remove_directories(Tmp);
-    return E;
-  };
-
-  json Index;
-  Index["format"] = "sp-checkpoint";
-  Index["version"] = CheckpointFormatVersion;
-  Index["step"] = Meta.Step;
-  Index["seed"] = Meta.Seed;
-  Index["plan_fingerprint"] = Meta.PlanFingerprint;
-  Index["data"] = DataName;
-  json Losses = json::array();
-  for (const LossRow &R : Meta.Losses)
-    Losses.push_back({R.Step, R.Loss, R.LR});
-  Index["losses"] = std::move(Losses);
-  json Entries = json::array();
-  {
-    std::error_code EC;
-    std::string Path = (Tmp + "/" + DataName).str();
-    raw_fd_ostream OS(Path, EC);
-    if (EC)
-      return Fail(createStringError(EC, "cannot write '%s': %s", Path.c_str(),
-                                    EC.message().c_str()));
-    int64_t Offset = 0;
-    for (const TensorView &T : Tensors) {
-      size_t Bytes = size_t(T.size()) * sizeof(float);
-      OS.write(reinterpret_cast<const char *>(T.Data), Bytes);
-      Entries.push_back({{"name", T.Name},
-                         {"shape", std::vector<int64_t>(T.Type.Shape.begin(),
-                                                        T.Type.Shape.end())},
-                         {"offset", Offset},
-                         {"bytes", Bytes},
-                         {"crc32", crcOf(T.Data, Bytes)}});
-      Offset += Bytes;
+  return writeDirectoryAtomically(Dir, [&](StringRef Tmp) -> Error {
+    json Index;
+    Index["format"] = "sp-checkpoint";
+    Index["version"] = CheckpointFormatVersion;
+    Index["step"] = Meta.Step;
+    Index["seed"] = Meta.Seed;
+    Index["plan_fingerprint"] = Meta.PlanFingerprint;
+    Index["data"] = DataName;
+    json Losses = json::array();
+    for (const LossRow &R : Meta.Losses)
+      Losses.push_back({R.Step, R.Loss, R.LR});
+    Index["losses"] = std::move(Losses);
+    json Entries = json::array();
+    {
+      std::error_code EC;
+      std::string Path = (Tmp + "/" + DataName).str();
+      raw_fd_ostream OS(Path, EC);
+      if (EC)
+        return createStringError(EC, "cannot write '%s': %s", Path.c_str(),
+                                      EC.message().c_str());
+      int64_t Offset = 0;
+      for (const TensorView &T : Tensors) {
+        size_t Bytes = size_t(T.size()) * sizeof(float);
+        OS.write(reinterpret_cast<const char *>(T.Data), Bytes);
+        Entries.push_back({{"name", T.Name},
+                           {"shape", std::vector<int64_t>(T.Type.Shape.begin(),
+                                                          T.Type.Shape.end())},
+                           {"offset", Offset},
+                           {"bytes", Bytes},
+                           {"crc32", crcOf(T.Data, Bytes)}});
+        Offset += Bytes;
+      }
+      Index["data_bytes"] = Offset;
+      OS.close();
+      if (OS.has_error()) {
+        EC = OS.error();
+        OS.clear_error();
+        return createStringError(EC, "cannot write '%s': %s", Path.c_str(),
+                                      EC.message().c_str());
+      }
     }
-    Index["data_bytes"] = Offset;
-    OS.close();
-    if (OS.has_error()) {
-      EC = OS.error();
-      OS.clear_error();
-      return Fail(createStringError(EC, "cannot write '%s': %s", Path.c_str(),
-                                    EC.message().c_str()));
+    Index["tensors"] = std::move(Entries);
+    Index["checksum"] = indexChecksum(Index);
+    {
+      std::error_code EC;
+      std::string Path = (Tmp + "/" + IndexName).str();
+      raw_fd_ostream OS(Path, EC);
+      if (EC)
+        return createStringError(EC, "cannot write '%s': %s", Path.c_str(),
+                                      EC.message().c_str());
+      OS << Index.dump(1) << "\n";
+      OS.close();
+      if (OS.has_error()) {
+        EC = OS.error();
+        OS.clear_error();
+        return createStringError(EC, "cannot write '%s': %s", Path.c_str(),
+                                      EC.message().c_str());
+      }
     }
-  }
-  Index["tensors"] = std::move(Entries);
-  Index["checksum"] = indexChecksum(Index);
-  {
-    std::error_code EC;
-    std::string Path = (Tmp + "/" + IndexName).str();
-    raw_fd_ostream OS(Path, EC);
-    if (EC)
-      return Fail(createStringError(EC, "cannot write '%s': %s", Path.c_str(),
-                                    EC.message().c_str()));
-    OS << Index.dump(1) << "\n";
-    OS.close();
-    if (OS.has_error()) {
-      EC = OS.error();
-      OS.clear_error();
-      return Fail(createStringError(EC, "cannot write '%s': %s", Path.c_str(),
-                                    EC.message().c_str()));
-    }
-  }
-  // Swap into place: the old checkpoint moves aside, then goes.
-  SmallString<128> Old;
-  if (sys::fs::exists(Dir)) {
-    Old = (Tmp + ".old").str();
-    if (std::error_code EC = sys::fs::rename(Dir, Old))
-      return Fail(createStringError(EC, "cannot replace '%s': %s",
-                                    Dir.str().c_str(), EC.message().c_str()));
-  }
-  if (std::error_code EC = sys::fs::rename(Tmp, Dir)) {
-    if (!Old.empty())
-      sys::fs::rename(Old, Dir);
-    return Fail(createStringError(EC, "cannot write '%s': %s",
-                                  Dir.str().c_str(), EC.message().c_str()));
-  }
-  if (!Old.empty())
-    sys::fs::remove_directories(Old);
-  return Error::success();
+    return Error::success();
+  });
 }
 
 /// Reads, parses and checks checkpoint.json.

@@ -1,5 +1,6 @@
 //===- Npy.cpp - NumPy .npy files and atomic file writes ------------------===//
 #include "runtime/Npy.h"
+#include "runtime/AtomicFile.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/Endian.h"
 #include "llvm/Support/FileSystem.h"
@@ -14,38 +15,6 @@ namespace sp {
 
 static Error fail(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), Msg);
-}
-
-Error writeFileAtomic(StringRef Path, function_ref<void(raw_ostream &)> Write) {
-  SmallString<128> Dir(Path);
-  sys::path::remove_filename(Dir);
-  if (Dir.empty())
-    Dir = ".";
-  SmallString<128> Model(Dir);
-  sys::path::append(Model, "." + sys::path::filename(Path) + ".tmp-%%%%%%");
-  int FD;
-  SmallString<128> Tmp;
-  if (std::error_code EC = sys::fs::createUniqueFile(Model, FD, Tmp))
-    return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
-                             EC.message().c_str());
-  {
-    raw_fd_ostream OS(FD, /*shouldClose=*/true);
-    Write(OS);
-    OS.close();
-    if (OS.has_error()) {
-      std::error_code EC = OS.error();
-      OS.clear_error();
-      sys::fs::remove(Tmp);
-      return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
-                               EC.message().c_str());
-    }
-  }
-  if (std::error_code EC = sys::fs::rename(Tmp, Path)) {
-    sys::fs::remove(Tmp);
-    return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
-                             EC.message().c_str());
-  }
-  return Error::success();
 }
 
 std::string npyBytes(ArrayRef<int64_t> Shape, ArrayRef<float> Data) {
@@ -82,7 +51,7 @@ Error writeNpy(StringRef Path, ArrayRef<int64_t> Shape, ArrayRef<float> Data) {
   assert(N == int64_t(Data.size()) && "npy shape and data disagree");
   (void)N;
   std::string Bytes = npyBytes(Shape, Data);
-  return writeFileAtomic(Path, [&](raw_ostream &OS) { OS << Bytes; });
+  return writeFileAtomically(Path, [&](raw_ostream &OS) { OS << Bytes; });
 }
 
 Expected<NpyArray> parseNpy(StringRef Bytes, StringRef What) {

@@ -1,18 +1,14 @@
-//===- Npy.h - NumPy .npy files and atomic file writes ---------*- C++ -*-===//
+//===- Npy.h - NumPy .npy files --------------------------------*- C++ -*-===//
 //
 // sp-run's debugging dumps are .npy files that numpy.load reads as is:
 // format version 1.0, dtype '<f4' (little-endian float32), C order. The
 // reader takes exactly what the writer produces (tests, tools).
 //
-// writeFileAtomic is the runtime's own atomic write (the tools' one lives in
-// tools/ToolSupport, which the runtime does not depend on): the bytes go to a
-// temporary file beside the target, which is then renamed over it, so a
-// failure never leaves a half-written file behind.
-//
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_NPY_H
 #define SP_RUNTIME_NPY_H
 
+#include "runtime/AtomicFile.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
@@ -22,11 +18,6 @@
 #include <vector>
 
 namespace sp {
-
-/// Writes Path through a temporary file in the same folder and a rename.
-llvm::Error
-writeFileAtomic(llvm::StringRef Path,
-                llvm::function_ref<void(llvm::raw_ostream &)> Write);
 
 /// The .npy bytes of a float32 array of the given shape (rank 0: a scalar).
 std::string npyBytes(llvm::ArrayRef<int64_t> Shape, llvm::ArrayRef<float> Data);

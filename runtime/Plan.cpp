@@ -1,5 +1,6 @@
 //===- Plan.cpp - Reading and writing plan directories --------------------===//
 #include "runtime/Plan.h"
+#include "runtime/AtomicFile.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -25,14 +26,6 @@ static Error writeJson(const Twine &Path, const json &J) {
 }
 
 Error writePlan(StringRef Dir, const Plan &P) {
-  SmallString<128> Parent(Dir);
-  sys::path::remove_filename(Parent);
-  if (Parent.empty())
-    Parent = ".";
-  // createUniqueDirectory puts relative names under the system temp folder;
-  // the temporary must sit beside the plan for the final rename.
-  if (std::error_code EC = sys::fs::make_absolute(Parent))
-    return createStringError(EC, "cannot resolve '%s'", Dir.str().c_str());
   if (sys::fs::exists(Dir)) {
     SmallString<128> Manifest(Dir);
     sys::path::append(Manifest, "manifest.json");
@@ -42,42 +35,15 @@ Error writePlan(StringRef Dir, const Plan &P) {
                                "not a plan directory",
                                Dir.str().c_str());
   }
-  SmallString<128> Tmp;
-  SmallString<128> Model(Parent);
-  sys::path::append(Model, "." + sys::path::filename(Dir) + ".tmp-%%%%%%");
-  if (std::error_code EC = sys::fs::createUniqueDirectory(Model, Tmp))
-    return createStringError(EC, "cannot create a directory beside '%s': %s",
-                             Dir.str().c_str(), EC.message().c_str());
-  // createUniqueDirectory treats the model as a prefix; use what it made.
-  auto Fail = [&](Error E) {
-    sys::fs::remove_directories(Tmp);
-    return E;
-  };
   json Manifest = P.Manifest;
   Manifest["format_version"] = PlanFormatVersion;
   Manifest["program"] = "program.json";
   Manifest["arena_bytes"] = P.Prog.ArenaBytes;
-  if (auto E = writeJson(Tmp + "/manifest.json", Manifest))
-    return Fail(std::move(E));
-  if (auto E = writeJson(Tmp + "/program.json", programToJson(P.Prog)))
-    return Fail(std::move(E));
-  // Swap into place: move an old plan aside first, then remove it.
-  SmallString<128> Old;
-  if (sys::fs::exists(Dir)) {
-    Old = (Tmp + ".old").str();
-    if (std::error_code EC = sys::fs::rename(Dir, Old))
-      return Fail(createStringError(EC, "cannot replace '%s': %s",
-                                    Dir.str().c_str(), EC.message().c_str()));
-  }
-  if (std::error_code EC = sys::fs::rename(Tmp, Dir)) {
-    if (!Old.empty())
-      sys::fs::rename(Old, Dir);
-    return Fail(createStringError(EC, "cannot write '%s': %s",
-                                  Dir.str().c_str(), EC.message().c_str()));
-  }
-  if (!Old.empty())
-    sys::fs::remove_directories(Old);
-  return Error::success();
+  return writeDirectoryAtomically(Dir, [&](StringRef Tmp) -> Error {
+    if (auto E = writeJson(Tmp + "/manifest.json", Manifest))
+      return E;
+    return writeJson(Tmp + "/program.json", programToJson(P.Prog));
+  });
 }
 
 static Expected<json> readJson(const Twine &Path) {

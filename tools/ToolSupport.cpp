@@ -3,12 +3,23 @@
 #include "ir/AsmFormat.h"
 #include "ir/Verifier.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
 using namespace llvm;
 
 namespace sp {
+
+std::string humanBytes(double B) {
+  const char *Units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  unsigned U = 0;
+  while (B >= 1024 && U + 1 < std::size(Units)) {
+    B /= 1024;
+    ++U;
+  }
+  return formatv("{0:F2} {1}", B, Units[U]).str();
+}
 
 int reportError(StringRef Tool, Error E) {
   std::string Msg = toString(std::move(E));
@@ -18,44 +29,6 @@ int reportError(StringRef Tool, Error E) {
       C = ' ';
   errs() << Tool << ": error: " << Msg << "\n";
   return 1;
-}
-
-Error writeFileAtomically(StringRef Path,
-                          std::function<void(raw_ostream &)> Write) {
-  if (Path == "-") {
-    Write(outs());
-    outs().flush();
-    return Error::success();
-  }
-  SmallString<128> Dir(Path);
-  sys::path::remove_filename(Dir);
-  if (Dir.empty())
-    Dir = ".";
-  SmallString<128> Model(Dir);
-  sys::path::append(Model, "." + sys::path::filename(Path) + ".tmp-%%%%%%");
-  int FD;
-  SmallString<128> Tmp;
-  if (std::error_code EC = sys::fs::createUniqueFile(Model, FD, Tmp))
-    return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
-                             EC.message().c_str());
-  {
-    raw_fd_ostream OS(FD, /*shouldClose=*/true);
-    Write(OS);
-    OS.close();
-    if (OS.has_error()) {
-      std::error_code EC = OS.error();
-      OS.clear_error();
-      sys::fs::remove(Tmp);
-      return createStringError(EC, "cannot write '%s': %s",
-                               Path.str().c_str(), EC.message().c_str());
-    }
-  }
-  if (std::error_code EC = sys::fs::rename(Tmp, Path)) {
-    sys::fs::remove(Tmp);
-    return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
-                             EC.message().c_str());
-  }
-  return Error::success();
 }
 
 namespace {

@@ -4,6 +4,7 @@
 
 #include "frontend/OnnxImporter.h"
 #include "ir/IR.h"
+#include "runtime/AtomicFile.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
@@ -12,13 +13,11 @@
 
 namespace sp {
 
+/// A byte count for people: "5.28 MiB", "2.23 TiB".
+std::string humanBytes(double Bytes);
+
 /// Prints "TOOL: error: MESSAGE" on one line and returns the exit code 1.
 int reportError(llvm::StringRef Tool, llvm::Error E);
-
-/// Writes Path through a temporary file in the same folder and a rename, so
-/// that a failure never leaves a half-written file behind. "-" is stdout.
-llvm::Error writeFileAtomically(llvm::StringRef Path,
-                                std::function<void(llvm::raw_ostream &)> Write);
 
 /// The import flags shared by the tools: --batch, --seq and --dim NAME=N.
 /// Call before ParseCommandLine; returns their category.

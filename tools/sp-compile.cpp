@@ -52,16 +52,6 @@ static cl::opt<double> MaxGradNorm("max-grad-norm",
                                    cl::desc("Global gradient-norm clipping (0: off)"),
                                    cl::init(1.0), cl::cat(Cat));
 
-/// "5.28 MiB", "2.23 TiB".
-static std::string humanBytes(double B) {
-  const char *Units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  unsigned U = 0;
-  while (B >= 1024 && U + 1 < std::size(Units)) {
-    B /= 1024;
-    ++U;
-  }
-  return formatv("{0:F2} {1}", B, Units[U]).str();
-}
 
 int main(int Argc, char **Argv) {
   InitLLVM X(Argc, Argv);

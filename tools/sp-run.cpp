@@ -133,15 +133,6 @@ static Error usageError(const Twine &Msg) {
 }
 
 /// "5.28 MiB".
-static std::string humanBytes(double B) {
-  const char *Units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  unsigned U = 0;
-  while (B >= 1024 && U + 1 < std::size(Units)) {
-    B /= 1024;
-    ++U;
-  }
-  return formatv("{0:F2} {1}", B, Units[U]).str();
-}
 
 /// "1.0e-03".
 static std::string sci(double X) {
@@ -298,11 +289,11 @@ Error Run::writeLogs() {
   if (auto Err = makeDir(LogDirPath, "--log-dir"))
     return Err;
   std::string Csv = lossCsv(Rows);
-  if (auto Err = writeFileAtomic(LogDirPath + "/loss.csv",
+  if (auto Err = writeFileAtomically(LogDirPath + "/loss.csv",
                                  [&](raw_ostream &OS) { OS << Csv; }))
     return Err;
   std::string Svg = lossSvg(Rows, ModelName + ": training loss");
-  return writeFileAtomic(LogDirPath + "/loss.svg",
+  return writeFileAtomically(LogDirPath + "/loss.svg",
                          [&](raw_ostream &OS) { OS << Svg; });
 }
 
@@ -326,7 +317,7 @@ Error Run::writeMemory(StringRef Dir) {
                       {"planned_arena_bytes",
                        P.Manifest.value("arena_bytes", P.Prog.ArenaBytes)}};
   std::string Text = J.dump(1) + "\n";
-  return writeFileAtomic((Dir + "/memory.json").str(),
+  return writeFileAtomically((Dir + "/memory.json").str(),
                          [&](raw_ostream &OS) { OS << Text; });
 }
 
@@ -578,7 +569,7 @@ int main(int Argc, char **Argv) {
     if (!DumpDir.empty()) {
       std::string Csv = lossCsv(R.Rows);
       if (Lead)
-        if (auto Err = writeFileAtomic(DumpDir + "/loss.csv",
+        if (auto Err = writeFileAtomically(DumpDir + "/loss.csv",
                                        [&](raw_ostream &OS) { OS << Csv; }))
           return Err;
       if (auto Err = R.dumpTensors(DumpDir + "/weights", E.parameters()))

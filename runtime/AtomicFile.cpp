@@ -1,0 +1,95 @@
+//===- AtomicFile.cpp -----------------------------------------------------===//
+#include "runtime/AtomicFile.h"
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
+using namespace llvm;
+
+namespace sp {
+
+static Error writeError(std::error_code EC, StringRef Path) {
+  return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
+                           EC.message().c_str());
+}
+
+/// The folder that will hold Path, absolute: createUnique* put relative
+/// names under the system temp folder, and the final rename must not cross
+/// file systems.
+static Expected<SmallString<128>> parentOf(StringRef Path) {
+  SmallString<128> Dir(Path);
+  sys::path::remove_filename(Dir);
+  if (Dir.empty())
+    Dir = ".";
+  if (std::error_code EC = sys::fs::make_absolute(Dir))
+    return writeError(EC, Path);
+  return Dir;
+}
+
+Error writeFileAtomically(StringRef Path,
+                          function_ref<void(raw_ostream &)> Write) {
+  if (Path == "-") {
+    Write(outs());
+    outs().flush();
+    return Error::success();
+  }
+  auto Dir = parentOf(Path);
+  if (!Dir)
+    return Dir.takeError();
+  SmallString<128> Model(*Dir), Tmp;
+  sys::path::append(Model, "." + sys::path::filename(Path) + ".tmp-%%%%%%");
+  int FD;
+  if (std::error_code EC = sys::fs::createUniqueFile(Model, FD, Tmp))
+    return writeError(EC, Path);
+  {
+    raw_fd_ostream OS(FD, /*shouldClose=*/true);
+    Write(OS);
+    OS.close();
+    if (OS.has_error()) {
+      std::error_code EC = OS.error();
+      OS.clear_error();
+      sys::fs::remove(Tmp);
+      return writeError(EC, Path);
+    }
+  }
+  if (std::error_code EC = sys::fs::rename(Tmp, Path)) {
+    sys::fs::remove(Tmp);
+    return writeError(EC, Path);
+  }
+  return Error::success();
+}
+
+Error writeDirectoryAtomically(StringRef Dir,
+                               function_ref<Error(StringRef Tmp)> Fill) {
+  auto Parent = parentOf(Dir);
+  if (!Parent)
+    return Parent.takeError();
+  SmallString<128> Model(*Parent), Tmp;
+  sys::path::append(Model, "." + sys::path::filename(Dir) + ".tmp-%%%%%%");
+  if (std::error_code EC = sys::fs::createUniqueDirectory(Model, Tmp))
+    return writeError(EC, Dir);
+  if (Error E = Fill(Tmp)) {
+    sys::fs::remove_directories(Tmp);
+    return E;
+  }
+  SmallString<128> Old;
+  if (sys::fs::exists(Dir)) {
+    Old = (Tmp + ".old").str();
+    if (std::error_code EC = sys::fs::rename(Dir, Old)) {
+      sys::fs::remove_directories(Tmp);
+      return createStringError(EC, "cannot replace '%s': %s",
+                               Dir.str().c_str(), EC.message().c_str());
+    }
+  }
+  if (std::error_code EC = sys::fs::rename(Tmp, Dir)) {
+    if (!Old.empty())
+      sys::fs::rename(Old, Dir);
+    sys::fs::remove_directories(Tmp);
+    return writeError(EC, Dir);
+  }
+  if (!Old.empty())
+    sys::fs::remove_directories(Old);
+  return Error::success();
+}
+
+} // namespace sp

@@ -1,0 +1,32 @@
+//===- AtomicFile.h - Writing files and folders all or nothing -*- C++ -*-===//
+//
+// Every output of the tools (reports, plans, checkpoints, dumps, exported
+// models) goes through these, so a failure never leaves a half-written file
+// or folder behind and an existing one is replaced whole.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_ATOMICFILE_H
+#define SP_RUNTIME_ATOMICFILE_H
+
+#include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace sp {
+
+/// Writes Path through a temporary file beside it and a rename. "-" writes
+/// to stdout.
+llvm::Error
+writeFileAtomically(llvm::StringRef Path,
+                    llvm::function_ref<void(llvm::raw_ostream &)> Write);
+
+/// Builds the folder Dir: Fill writes into a temporary folder beside it,
+/// which is then renamed into place (an existing Dir is moved aside first and
+/// removed after). On failure nothing changes and the temporary is removed.
+llvm::Error
+writeDirectoryAtomically(llvm::StringRef Dir,
+                         llvm::function_ref<llvm::Error(llvm::StringRef Tmp)> Fill);
+
+} // namespace sp
+
+#endif // SP_RUNTIME_ATOMICFILE_H

@@ -683,12 +683,41 @@ Status dropoutMask(uint8_t *Mask, double Ratio, const DropoutKey &K,
   return Status::success();
 }
 
+/// Whether the block is the whole tensor: local and global indices agree.
+static bool isWhole(const GlobalIndex &G) {
+  for (int D = 0; D < G.Rank; ++D)
+    if (G.Offset[D] != 0 || G.Local[D] != G.Global[D])
+      return false;
+  return true;
+}
+
 template <typename T>
 Status dropout(T *Y, uint8_t *Mask, const T *X, double Ratio,
                const DropoutKey &K, const GlobalIndex &G) {
   if (Status S = checkDropout(Ratio, K, G); !S.ok())
     return S;
   const T Scale = Ratio >= 1.0 ? T(0) : T(1.0 / (1.0 - Ratio));
+  if (isWhole(G)) {
+    // Element i's mask comes from the Philox block i / 4: split the range
+    // into whole blocks over the kernel threads.
+    const uint64_t Threshold = philox::dropoutThreshold(Ratio);
+    int64_t N = G.numLocal(), Blocks = (N + 3) / 4;
+    parallelFor(Blocks, 1 << 12, [&](int64_t BBegin, int64_t BEnd) {
+      for (int64_t B = BBegin; B < BEnd; ++B) {
+        uint64_t Index = uint64_t(B) * 4;
+        philox::Words4 Words = philox::philox4x32_10(
+            philox::dropoutCounter(K.Layer, K.Site, K.Stream, Index),
+            uint32_t(K.Seed), uint32_t(K.Seed >> 32));
+        for (int64_t L = B * 4, E = std::min(N, L + 4); L < E; ++L) {
+          bool Keep = Words.V[L & 3] >= Threshold;
+          if (Mask)
+            Mask[L] = Keep;
+          Y[L] = Keep ? X[L] * Scale : T(0);
+        }
+      }
+    });
+    return Status::success();
+  }
   forEachKeep(Ratio, K, G, [&](int64_t L, bool Keep) {
     if (Mask)
       Mask[L] = Keep;

@@ -229,6 +229,17 @@ Node *Graph::create(iterator InsertPt, OpKind Op, ArrayRef<Value *> Operands,
   return N;
 }
 
+void Graph::replaceAllUsesWith(Value *Old, Value *New, const Node *Except) {
+  assert(Old != New && "replacing a value with itself");
+  SmallVector<Use, 4> Uses(Old->users().begin(), Old->users().end());
+  for (const Use &U : Uses)
+    if (U.User != Except)
+      U.User->setOperand(U.OperandNo, New);
+  for (Output &O : Outputs)
+    if (O.V == Old)
+      O.V = New;
+}
+
 unsigned Graph::eraseDeadNodes() {
   unsigned N = 0;
   for (auto It = Nodes.rbegin(); It != Nodes.rend();) {

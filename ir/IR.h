@@ -206,6 +206,10 @@ public:
   void addOutput(std::string Name, Value *V) { Outputs.push_back({Name, V}); }
   llvm::ArrayRef<Output> outputs() const { return Outputs; }
   void setOutput(unsigned I, Value *V) { Outputs[I].V = V; }
+  /// Rewires every use of Old, and every graph output that is Old, to New.
+  /// Uses by Except stay (a node inserted after Old that consumes it).
+  void replaceAllUsesWith(Value *Old, Value *New,
+                          const Node *Except = nullptr);
   void clearOutputs() { Outputs.clear(); }
   bool isOutput(const Value *V) const;
 

@@ -178,9 +178,9 @@ private:
       // Statistics and masks are laid out like the output.
       for (Value *R : New->results())
         R->setSharding(N.result()->sharding());
-      replace(N.result(), New->result());
+      G.replaceAllUsesWith(N.result(), New->result());
       for (unsigned I = 1; I < N.numResults(); ++I)
-        replace(N.result(I), New->result(I));
+        G.replaceAllUsesWith(N.result(I), New->result(I));
       G.erase(&N);
     }
   }
@@ -194,13 +194,6 @@ private:
         for (Value *R : N.results())
           if (isFloat(R->type().Dtype))
             RequiresGrad.insert(R);
-  }
-
-  void replace(Value *Old, Value *New) {
-    Old->replaceAllUsesWith(New);
-    for (unsigned I = 0; I < G.outputs().size(); ++I)
-      if (G.outputs()[I].V == Old)
-        G.setOutput(I, New);
   }
 
   Value *constant(StringRef Name, float V) {

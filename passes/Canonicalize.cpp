@@ -139,10 +139,7 @@ public:
 
   void replace(Value *Old, Value *New) {
     assert(Old->type() == New->type() && "replacement changes the type");
-    Old->replaceAllUsesWith(New);
-    for (unsigned I = 0; I < G.outputs().size(); ++I)
-      if (G.outputs()[I].V == Old)
-        G.setOutput(I, New);
+    G.replaceAllUsesWith(Old, New);
   }
 
   Value *constant(StringRef Hint, DType T, ArrayRef<int64_t> Shape,

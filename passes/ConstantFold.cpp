@@ -39,10 +39,7 @@ public:
           Hint += "_" + std::to_string(I);
         Value *C = G.addConst(G.uniqueLeafName(Hint), Types[I],
                               std::move((**Result)[I]));
-        N.result(I)->replaceAllUsesWith(C);
-        for (unsigned O = 0; O < G.outputs().size(); ++O)
-          if (G.outputs()[O].V == N.result(I))
-            G.setOutput(O, C);
+        G.replaceAllUsesWith(N.result(I), C);
       }
       ++Folded;
     }

@@ -53,10 +53,7 @@ public:
 
 private:
   static void replace(Graph &G, Node &N, Value *New) {
-    N.result()->replaceAllUsesWith(New);
-    for (unsigned I = 0; I < G.outputs().size(); ++I)
-      if (G.outputs()[I].V == N.result())
-        G.setOutput(I, New);
+    G.replaceAllUsesWith(N.result(), New);
     G.erase(&N);
   }
 };

@@ -107,7 +107,7 @@ private:
                        {N.result()->type()}, N.name());
     C->attrs() = A;
     C->tags() = N.tags();
-    N.result()->replaceAllUsesWith(C->result());
+    G.replaceAllUsesWith(N.result(), C->result());
     G.erase(&N);
   }
 
@@ -118,11 +118,7 @@ private:
                        {N.result()}, {N.result()->type()}, N.name());
     C->attrs() = seqAttrs(T, N.result()->type().rank() - 2);
     C->tags().Role = "pos_split";
-    SmallVector<Use, 2> Uses(N.result()->users().begin(),
-                             N.result()->users().end());
-    for (const Use &U : Uses)
-      if (U.User != C)
-        U.User->setOperand(U.OperandNo, C->result());
+    G.replaceAllUsesWith(N.result(), C->result(), C);
   }
 };
 

@@ -118,24 +118,12 @@ private:
     return C;
   }
 
-  /// Redirects every use of V (and graph outputs) to New, except New's
-  /// producer itself.
-  void replaceUsesExcept(Value *V, Value *New) {
-    SmallVector<Use, 4> Uses(V->users().begin(), V->users().end());
-    for (const Use &U : Uses)
-      if (U.User != New->producer())
-        U.User->setOperand(U.OperandNo, New);
-    for (unsigned I = 0; I < G.outputs().size(); ++I)
-      if (G.outputs()[I].V == V)
-        G.setOutput(I, New);
-  }
-
   Node *insertAfter(Node &N, OpKind Op, StringRef Role) {
     Node *C = cantFail(buildNode(G, std::next(N.getIterator()), Op,
                                  {N.result()}, {}, N.name()));
     C->tags().Layer = N.tags().Layer;
     C->tags().Role = Role.str();
-    replaceUsesExcept(N.result(), C->result());
+    G.replaceAllUsesWith(N.result(), C->result(), C);
     return C;
   }
 
@@ -165,7 +153,7 @@ private:
       A->tags().Role = BiasRole.str();
       Out = A->result();
     }
-    replaceUsesExcept(N.result(), Out);
+    G.replaceAllUsesWith(N.result(), Out);
     G.erase(&N);
   }
 

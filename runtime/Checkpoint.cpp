@@ -103,53 +103,30 @@ Error writeCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
       Losses.push_back({R.Step, R.Loss, R.LR});
     Index["losses"] = std::move(Losses);
     json Entries = json::array();
-    {
-      std::error_code EC;
-      std::string Path = (Tmp + "/" + DataName).str();
-      raw_fd_ostream OS(Path, EC);
-      if (EC)
-        return createStringError(EC, "cannot write '%s': %s", Path.c_str(),
-                                      EC.message().c_str());
-      int64_t Offset = 0;
-      for (const TensorView &T : Tensors) {
-        size_t Bytes = size_t(T.size()) * sizeof(float);
-        OS.write(reinterpret_cast<const char *>(T.Data), Bytes);
-        Entries.push_back({{"name", T.Name},
-                           {"shape", std::vector<int64_t>(T.Type.Shape.begin(),
-                                                          T.Type.Shape.end())},
-                           {"offset", Offset},
-                           {"bytes", Bytes},
-                           {"crc32", crcOf(T.Data, Bytes)}});
-        Offset += Bytes;
-      }
-      Index["data_bytes"] = Offset;
-      OS.close();
-      if (OS.has_error()) {
-        EC = OS.error();
-        OS.clear_error();
-        return createStringError(EC, "cannot write '%s': %s", Path.c_str(),
-                                      EC.message().c_str());
-      }
-    }
+    int64_t Offset = 0;
+    Error Data = writeFileAtomically(
+        (Tmp + "/" + DataName).str(), [&](raw_ostream &OS) {
+          for (const TensorView &T : Tensors) {
+            size_t Bytes = size_t(T.size()) * sizeof(float);
+            OS.write(reinterpret_cast<const char *>(T.Data), Bytes);
+            Entries.push_back(
+                {{"name", T.Name},
+                 {"shape", std::vector<int64_t>(T.Type.Shape.begin(),
+                                                T.Type.Shape.end())},
+                 {"offset", Offset},
+                 {"bytes", Bytes},
+                 {"crc32", crcOf(T.Data, Bytes)}});
+            Offset += Bytes;
+          }
+        });
+    if (Data)
+      return Data;
+    Index["data_bytes"] = Offset;
     Index["tensors"] = std::move(Entries);
     Index["checksum"] = indexChecksum(Index);
-    {
-      std::error_code EC;
-      std::string Path = (Tmp + "/" + IndexName).str();
-      raw_fd_ostream OS(Path, EC);
-      if (EC)
-        return createStringError(EC, "cannot write '%s': %s", Path.c_str(),
-                                      EC.message().c_str());
-      OS << Index.dump(1) << "\n";
-      OS.close();
-      if (OS.has_error()) {
-        EC = OS.error();
-        OS.clear_error();
-        return createStringError(EC, "cannot write '%s': %s", Path.c_str(),
-                                      EC.message().c_str());
-      }
-    }
-    return Error::success();
+    std::string Text = Index.dump(1) + "\n";
+    return writeFileAtomically((Tmp + "/" + IndexName).str(),
+                               [&](raw_ostream &OS) { OS << Text; });
   });
 }
 

@@ -12,17 +12,8 @@ using json = nlohmann::json;
 namespace sp {
 
 static Error writeJson(const Twine &Path, const json &J) {
-  std::error_code EC;
-  raw_fd_ostream OS(Path.str(), EC);
-  if (EC)
-    return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
-                             EC.message().c_str());
-  OS << J.dump(1) << "\n";
-  OS.close();
-  if (OS.has_error())
-    return createStringError(OS.error(), "cannot write '%s'",
-                             Path.str().c_str());
-  return Error::success();
+  std::string Text = J.dump(1) + "\n";
+  return writeFileAtomically(Path.str(), [&](raw_ostream &OS) { OS << Text; });
 }
 
 Error writePlan(StringRef Dir, const Plan &P) {

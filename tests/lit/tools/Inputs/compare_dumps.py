@@ -5,7 +5,8 @@
 
 For each OTHER: loss.csv (every step within 1e-6 relative), every
 grads/<name>.npy (max |a - b| / max |a| within 1e-6) and logits.npy (the same).
-Prints "<name>: N losses, M gradients, logits equal" or what differs, and
+Prints "<name>: N losses, M gradients, logits equal (worst relative error:
+...)" or what differs, and
 exits 1 on a difference.
 """
 import csv
@@ -40,22 +41,27 @@ def main():
             if abs(x - y) > TOL * abs(x):
                 problems.append(f"step {i + 1}: loss {y} != {x}")
         grads = sorted(glob.glob(os.path.join(ref, "grads", "*.npy")))
+        worst_grad = 0.0
         for g in grads:
             other = os.path.join(d, "grads", os.path.basename(g))
             if not os.path.exists(other):
                 problems.append(f"missing {other}")
                 continue
             e = rel(np.load(g), np.load(other))
+            worst_grad = max(worst_grad, e)
             if e > TOL:
                 problems.append(f"{os.path.basename(g)}: relative error {e:.2e}")
-        e = rel(np.load(os.path.join(ref, "logits.npy")), np.load(os.path.join(d, "logits.npy")))
-        if e > TOL:
-            problems.append(f"logits: relative error {e:.2e}")
+        logits = rel(np.load(os.path.join(ref, "logits.npy")), np.load(os.path.join(d, "logits.npy")))
+        if logits > TOL:
+            problems.append(f"logits: relative error {logits:.2e}")
+        worst_loss = max((abs(x - y) / abs(x) for x, y in zip(la, lb)), default=0.0)
         if problems:
             ok = False
             print(f"{name}: DIFFERS: " + "; ".join(problems))
         else:
-            print(f"{name}: {len(lb)} losses, {len(grads)} gradients, logits equal")
+            print(f"{name}: {len(lb)} losses, {len(grads)} gradients, logits equal "
+                  f"(worst relative error: loss {worst_loss:.1e}, gradient {worst_grad:.1e}, "
+                  f"logits {logits:.1e})")
     sys.exit(0 if ok else 1)
 
 

@@ -144,13 +144,12 @@ public:
 
   Value *constant(StringRef Hint, DType T, ArrayRef<int64_t> Shape,
                   double Value) {
+    assert(T == DType::F32 && "only f32 fill constants are built");
     TensorType Ty(T, Shape);
     std::vector<char> Bytes(Ty.numBytes());
-    for (int64_t I = 0; I < Ty.numElements(); ++I) {
-      float F = float(Value);
+    float F = float(Value);
+    for (int64_t I = 0; I < Ty.numElements(); ++I)
       std::memcpy(Bytes.data() + I * 4, &F, 4);
-    }
-    assert(T == DType::F32 && "only f32 fill constants are built");
     return G.addInlineConst(Hint, Ty, std::move(Bytes));
   }
 

@@ -57,14 +57,6 @@ void Value::removeUse(Use U) {
   Users.erase(It);
 }
 
-void Value::replaceAllUsesWith(Value *New) {
-  assert(New != this && "replacing a value with itself");
-  while (!Users.empty()) {
-    Use U = Users.back();
-    U.User->setOperand(U.OperandNo, New);
-  }
-}
-
 //===----------------------------------------------------------------------===//
 // Node
 //===----------------------------------------------------------------------===//

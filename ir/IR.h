@@ -3,7 +3,7 @@
 // A small SSA graph. A Graph owns its inputs, parameters and constants (values
 // without a producer) and a list of Nodes in topological order; each Node owns
 // its result values. Every value knows its users, so rewrites are local:
-// create the replacement, replaceAllUsesWith, erase the old node.
+// create the replacement, Graph::replaceAllUsesWith, erase the old node.
 //
 // Nodes carry tags that later passes rely on instead of op patterns: the
 // Transformer layer and role found by detection, the phase (forward, backward,
@@ -89,8 +89,6 @@ public:
 
   llvm::ArrayRef<Use> users() const { return Users; }
   bool hasUsers() const { return !Users.empty(); }
-  /// Rewires every use of this value to New.
-  void replaceAllUsesWith(Value *New);
 
 private:
   friend class Node;
@@ -205,7 +203,6 @@ public:
   };
   void addOutput(std::string Name, Value *V) { Outputs.push_back({Name, V}); }
   llvm::ArrayRef<Output> outputs() const { return Outputs; }
-  void setOutput(unsigned I, Value *V) { Outputs[I].V = V; }
   /// Rewires every use of Old, and every graph output that is Old, to New.
   /// Uses by Except stay (a node inserted after Old that consumes it).
   void replaceAllUsesWith(Value *Old, Value *New,

@@ -165,7 +165,7 @@ TEST(IR, ReplaceAndErase) {
   Node &LN = G->nodes().front();
   Value *X = LN.operand(0);
   // Bypass the layer norm: the linear reads x directly.
-  LN.result()->replaceAllUsesWith(X);
+  G->replaceAllUsesWith(LN.result(), X);
   EXPECT_FALSE(LN.result()->hasUsers());
   G->erase(&LN);
   EXPECT_EQ(G->numNodes(), 2u);

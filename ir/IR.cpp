@@ -1,5 +1,6 @@
 //===- IR.cpp - Values, nodes and graphs ----------------------------------===//
 #include "ir/IR.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/ErrorHandling.h"
 #include <algorithm>
@@ -242,6 +243,44 @@ unsigned Graph::eraseDeadNodes() {
     }
   }
   return N;
+}
+
+std::unique_ptr<Graph> Graph::clone() const {
+  auto C = std::make_unique<Graph>(Name);
+  DenseMap<const Value *, Value *> Map;
+  auto CopyLeaves = [&](const std::vector<std::unique_ptr<Value>> &From,
+                        std::vector<std::unique_ptr<Value>> &To) {
+    for (const auto &V : From) {
+      Value *N = C->addLeaf(To, V->kind(), V->name(), V->type(), V->data());
+      N->setSharding(V->sharding());
+      Map[V.get()] = N;
+    }
+  };
+  CopyLeaves(Inputs, C->Inputs);
+  CopyLeaves(Params, C->Params);
+  CopyLeaves(Consts, C->Consts);
+  CopyLeaves(States, C->States);
+  C->NextConstId = NextConstId;
+  SmallVector<Value *, 4> Ops;
+  SmallVector<TensorType, 3> Types;
+  for (const Node &N : Nodes) {
+    Ops.clear();
+    Types.clear();
+    for (Value *V : N.operands())
+      Ops.push_back(Map.lookup(V));
+    for (Value *R : N.results())
+      Types.push_back(R->type());
+    Node *New = C->append(N.op(), Ops, Types, N.name());
+    New->attrs() = N.attrs();
+    New->tags() = N.tags();
+    for (unsigned I = 0; I < N.numResults(); ++I) {
+      New->result(I)->setSharding(N.result(I)->sharding());
+      Map[N.result(I)] = New->result(I);
+    }
+  }
+  for (const Output &O : Outputs)
+    C->addOutput(O.Name, Map.lookup(O.V));
+  return C;
 }
 
 void Graph::erase(Node *N) {

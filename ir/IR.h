@@ -232,6 +232,11 @@ public:
   /// A name not used by any input, parameter or constant.
   std::string uniqueLeafName(llvm::StringRef Hint);
 
+  /// A deep copy: the same leaves (sharing their data), nodes, tags,
+  /// shardings and outputs. Passes that try alternatives (recompute auto)
+  /// transform copies.
+  std::unique_ptr<Graph> clone() const;
+
 private:
   std::string Name;
   Value *addLeaf(std::vector<std::unique_ptr<Value>> &List, Value::Kind K,

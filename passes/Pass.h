@@ -23,6 +23,23 @@ struct OptimizerOptions {
   double MaxGradNorm = 1.0; // global-norm clipping; 0 disables it
 };
 
+/// What the recompute pass drops from the forward and recomputes in the
+/// backward.
+enum class RecomputeMode {
+  None,      // keep every saved value
+  Selective, // the attention core (Section 5 of the paper)
+  Full,      // keep only the input of every K layers
+  Auto,      // the least extra FLOPs that fit MemoryBudget
+};
+
+struct RecomputeOptions {
+  RecomputeMode Mode = RecomputeMode::None;
+  /// Full: keep the input of every group of K consecutive layers.
+  int Layers = 1;
+  /// Auto: the planned peak bytes per rank must not exceed this.
+  int64_t MemoryBudget = 0;
+};
+
 /// What passes may read besides the graph: user options and a stream for
 /// remarks. Options are plain values set by the tools.
 struct PassContext {
@@ -33,6 +50,10 @@ struct PassContext {
   /// (sequence-parallel pass).
   int TensorParallel = 1;
   bool SequenceParallel = false;
+  RecomputeOptions Recompute;
+  /// The activation dtype the program will be planned with (passes that
+  /// plan memory, such as recompute auto, size buffers with it).
+  DType ActivationDtype = DType::F32;
 };
 
 class Pass {

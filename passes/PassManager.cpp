@@ -7,6 +7,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 #include <chrono>
+#include <optional>
 
 using namespace llvm;
 
@@ -39,8 +40,50 @@ struct CLOptions {
                    cl::desc("Sequence parallelism in the LayerNorm and dropout "
                             "regions (needs --tp T > 1)"),
                    cl::cat(Cat)};
+  cl::opt<RecomputeMode> Recompute{
+      "recompute", cl::desc("Activation recomputation (recompute pass)"),
+      cl::values(
+          clEnumValN(RecomputeMode::None, "none", "store every saved value"),
+          clEnumValN(RecomputeMode::Selective, "selective",
+                     "recompute the attention core (QK^T, scale, mask, "
+                     "softmax, dropout) from the stored Q, K and V"),
+          clEnumValN(RecomputeMode::Full, "full",
+                     "store only the input of every --recompute-layers "
+                     "layers"),
+          clEnumValN(RecomputeMode::Auto, "auto",
+                     "the least extra FLOPs that fit --memory-budget")),
+      cl::init(RecomputeMode::None), cl::cat(Cat)};
+  cl::opt<int> RecomputeLayers{
+      "recompute-layers",
+      cl::desc("With --recompute full: checkpoint every K layers"),
+      cl::value_desc("K"), cl::init(1), cl::cat(Cat)};
+  cl::opt<std::string> MemoryBudget{
+      "memory-budget",
+      cl::desc("With --recompute auto: the largest planned peak per rank, in "
+               "bytes (suffixes K, M, G, T, KiB, MiB, GiB, TiB)"),
+      cl::value_desc("bytes"), cl::cat(Cat)};
 };
 CLOptions *CL = nullptr;
+
+/// "123", "1.5GiB", "800M" -> bytes.
+std::optional<int64_t> parseBytes(StringRef S) {
+  S = S.trim();
+  size_t End = S.find_first_not_of("0123456789.eE+");
+  StringRef Num = S.substr(0, End), Unit = S.substr(std::min(End, S.size()));
+  double V;
+  if (Num.empty() || Num.getAsDouble(V) || V < 0)
+    return std::nullopt;
+  Unit = Unit.trim();
+  static const std::pair<const char *, double> Units[] = {
+      {"", 1},         {"B", 1},           {"K", 1e3},         {"KB", 1e3},
+      {"M", 1e6},      {"MB", 1e6},        {"G", 1e9},         {"GB", 1e9},
+      {"T", 1e12},     {"TB", 1e12},       {"KiB", 1024.0},    {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  for (auto &[Name, Scale] : Units)
+    if (Unit == Name)
+      return int64_t(V * Scale);
+  return std::nullopt;
+}
 } // namespace
 
 cl::OptionCategory &registerPassManagerCLOptions() {
@@ -79,6 +122,35 @@ Error passOptionsFromCL(PassContext &Ctx) {
                              "T with T > 1");
   Ctx.TensorParallel = CL->TP;
   Ctx.SequenceParallel = CL->SP;
+  RecomputeOptions &R = Ctx.Recompute;
+  R.Mode = CL->Recompute;
+  if (CL->RecomputeLayers < 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "--recompute-layers must be a positive integer, "
+                             "got %d",
+                             CL->RecomputeLayers.getValue());
+  if (CL->RecomputeLayers.getNumOccurrences() &&
+      R.Mode != RecomputeMode::Full)
+    return createStringError(inconvertibleErrorCode(),
+                             "--recompute-layers K needs --recompute full");
+  R.Layers = CL->RecomputeLayers;
+  bool HasBudget = CL->MemoryBudget.getNumOccurrences();
+  if (R.Mode == RecomputeMode::Auto && !HasBudget)
+    return createStringError(inconvertibleErrorCode(),
+                             "--recompute auto needs --memory-budget BYTES");
+  if (HasBudget && R.Mode != RecomputeMode::Auto)
+    return createStringError(inconvertibleErrorCode(),
+                             "--memory-budget needs --recompute auto");
+  if (HasBudget) {
+    auto B = parseBytes(CL->MemoryBudget);
+    if (!B || *B <= 0)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "--memory-budget: '%s' is not a byte count (use e.g. 6000000, "
+          "512MiB or 80GB)",
+          CL->MemoryBudget.c_str());
+    R.MemoryBudget = *B;
+  }
   return Error::success();
 }
 

@@ -14,7 +14,7 @@ namespace sp {
 /// the training graph.
 constexpr const char *DefaultPipeline =
     "constant-fold,canonicalize,dce,detect-transformer,tensor-parallel,"
-    "sequence-parallel,autodiff,lower-collectives,optimizer";
+    "sequence-parallel,autodiff,lower-collectives,optimizer,recompute";
 
 } // namespace sp
 

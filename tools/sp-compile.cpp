@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 #include "passes/CollectiveReport.h"
 #include "passes/MemoryPlan.h"
+#include "passes/MemoryReport.h"
 #include "passes/ModelInfo.h"
 #include "passes/PassManager.h"
 #include "passes/Passes.h"
@@ -19,6 +20,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include <chrono>
+#include <map>
 #include <optional>
 
 using namespace llvm;
@@ -53,6 +55,36 @@ static cl::opt<double> MaxGradNorm("max-grad-norm",
                                    cl::init(1.0), cl::cat(Cat));
 
 
+/// The memory and FLOP lines of the summary.
+static void printActivations(const ActivationReport &R, const Program &P,
+                             raw_ostream &OS) {
+  int Mid = R.middleLayer();
+  OS << formatv("activations per rank: {0} stored per layer (layer {1}), "
+                "{2} in all, {3} transient recomputation\n",
+                humanBytes(R.layerBytes(Mid)), Mid, humanBytes(R.StoredBytes),
+                humanBytes(R.RecomputeTransientBytes));
+  if (auto It = R.Stored.find(Mid); It != R.Stored.end()) {
+    OS << "  layer " << Mid << " by reader:";
+    ListSeparator LS(",");
+    for (auto &[Role, Bytes] : It->second)
+      OS << LS << " " << Role << " " << humanBytes(Bytes);
+    OS << "\n";
+  }
+  std::map<std::string, int> Kinds;
+  for (const std::string &K : R.LayerRecompute)
+    ++Kinds[K];
+  OS << "  recompute:";
+  ListSeparator LS(",");
+  for (auto &[K, N] : Kinds)
+    OS << LS << " " << K << " in " << N << " layer" << (N == 1 ? "" : "s");
+  OS << "\n";
+  double Flops = R.ForwardFlops + R.BackwardFlops;
+  OS << formatv("GEMM flops per rank: forward {0:E3}, backward {1:E3}, "
+                "recompute {2:E3} (+{3:F2}%)\n",
+                R.ForwardFlops, R.BackwardFlops, R.RecomputeFlops,
+                Flops > 0 ? 100 * R.RecomputeFlops / Flops : 0.0);
+}
+
 int main(int Argc, char **Argv) {
   InitLLVM X(Argc, Argv);
   cl::OptionCategory &PMCat = registerPassManagerCLOptions();
@@ -78,6 +110,7 @@ int main(int Argc, char **Argv) {
   Ctx.Optimizer.Beta2 = Beta2;
   Ctx.Optimizer.Eps = AdamEps;
   Ctx.Optimizer.MaxGradNorm = MaxGradNorm;
+  Ctx.ActivationDtype = ActDtype;
   if (auto E = PM.run(**G, Ctx))
     return reportError("sp-compile", createStringError(
                                          inconvertibleErrorCode(), "%s: %s",
@@ -111,6 +144,7 @@ int main(int Argc, char **Argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
           .count();
   nlohmann::json Facts = modelInfoToJson(*Info);
+  std::optional<ActivationReport> Activations;
   if (P) {
     const Program &Prog = P->Prog;
     int64_t Live = peakLiveTempBytes(Prog);
@@ -124,6 +158,11 @@ int main(int Argc, char **Argv) {
                          {"sp", Ctx.SequenceParallel}};
     Facts["collectives"] =
         collectivesToJson(collectiveReport(Prog, Ctx.TensorParallel));
+    Activations = analyzeActivations(Prog);
+    Facts["memory"] = memoryReportToJson(*Activations, Prog);
+    Facts["flops"] = flopReportToJson(
+        *Activations, Ctx.TensorParallel,
+        {Info->Batch, Info->Layers, Info->Seq, Info->Hidden, Info->Vocab});
   }
   if (!Quiet) {
     printModelSummary(*Info, **G, outs());
@@ -142,6 +181,7 @@ int main(int Argc, char **Argv) {
                         humanBytes(peakLiveTempBytes(Prog)));
       printCollectives(collectiveReport(Prog, Ctx.TensorParallel),
                        Ctx.TensorParallel, outs());
+      printActivations(*Activations, Prog, outs());
     }
     outs() << formatv("compiled in {0:F3} s ({1} nodes)\n", Seconds,
                       (*G)->numNodes());

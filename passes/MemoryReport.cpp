@@ -1,0 +1,159 @@
+//===- MemoryReport.cpp - Activation memory and FLOPs of a program --------===//
+#include "passes/MemoryReport.h"
+#include "passes/Cost.h"
+#include "llvm/ADT/STLExtras.h"
+#include <algorithm>
+
+using namespace llvm;
+using json = nlohmann::json;
+
+namespace sp {
+
+int64_t ActivationReport::layerBytes(int Layer) const {
+  auto It = Stored.find(Layer);
+  if (It == Stored.end())
+    return 0;
+  int64_t Sum = 0;
+  for (auto &[Role, Bytes] : It->second)
+    Sum += Bytes;
+  return Sum;
+}
+
+static bool isBackwardSide(Phase P) {
+  return P == Phase::Backward || P == Phase::Recompute;
+}
+
+/// The largest sum of Bytes over buffers live at one instruction, for the
+/// buffers Pick selects.
+template <typename Pred>
+static int64_t peakLive(const Program &P, Pred Pick) {
+  std::vector<int64_t> Delta(P.Instrs.size() + 2, 0);
+  for (const ProgramBuffer &B : P.Buffers)
+    if (!B.isPersistent() && Pick(B)) {
+      Delta[B.Def] += B.Bytes;
+      Delta[B.LastUse + 1] -= B.Bytes;
+    }
+  int64_t Cur = 0, Peak = 0;
+  for (int64_t D : Delta)
+    Peak = std::max(Peak, Cur += D);
+  return Peak;
+}
+
+bool isAttentionCoreRole(StringRef Role) {
+  static const char *const Roles[] = {"qk",      "scale",
+                                      "mask",    "softmax",
+                                      "attn_core_dropout", "av"};
+  return is_contained(Roles, Role);
+}
+
+ActivationReport analyzeActivations(const Program &P) {
+  ActivationReport R;
+  // The first backward-side reader of every temporary a forward
+  // instruction defines.
+  std::vector<int> FirstReader(P.Buffers.size(), -1);
+  for (size_t I = 0; I < P.Instrs.size(); ++I) {
+    const Instruction &In = P.Instrs[I];
+    R.Layers = std::max(R.Layers, In.Layer + 1);
+    double F = gemmFlops(P, In);
+    switch (In.Ph) {
+    case Phase::Forward:
+      R.ForwardFlops += F;
+      break;
+    case Phase::Backward:
+      R.BackwardFlops += F;
+      break;
+    case Phase::Recompute:
+      R.RecomputeFlops += F;
+      break;
+    case Phase::Optimizer:
+      break;
+    }
+    if (!isBackwardSide(In.Ph))
+      continue;
+    for (int B : In.In) {
+      const ProgramBuffer &PB = P.Buffers[B];
+      if (PB.isPersistent() || FirstReader[B] >= 0 ||
+          P.Instrs[PB.Def].Ph != Phase::Forward)
+        continue;
+      FirstReader[B] = I;
+    }
+  }
+  for (size_t B = 0; B < P.Buffers.size(); ++B) {
+    if (FirstReader[B] < 0)
+      continue;
+    const Instruction &Reader = P.Instrs[FirstReader[B]];
+    R.Stored[Reader.Layer][Reader.Role] += P.Buffers[B].Bytes;
+    R.StoredBytes += P.Buffers[B].Bytes;
+  }
+  R.LayerRecompute.assign(R.Layers, "none");
+  for (const Instruction &In : P.Instrs)
+    if (In.Ph == Phase::Recompute && In.Layer >= 0) {
+      std::string &Kind = R.LayerRecompute[In.Layer];
+      if (!isAttentionCoreRole(In.Role))
+        Kind = "full";
+      else if (Kind == "none")
+        Kind = "selective";
+    }
+  R.StoredPeakBytes = peakLive(P, [&](const ProgramBuffer &B) {
+    return FirstReader[&B - P.Buffers.data()] >= 0;
+  });
+  R.RecomputeTransientBytes = peakLive(P, [&](const ProgramBuffer &B) {
+    return P.Instrs[B.Def].Ph == Phase::Recompute;
+  });
+  return R;
+}
+
+json memoryReportToJson(const ActivationReport &R, const Program &P,
+                        int InFlight) {
+  int Mid = R.middleLayer();
+  json ByRole = json::object();
+  if (auto It = R.Stored.find(Mid); It != R.Stored.end())
+    for (auto &[Role, Bytes] : It->second)
+      ByRole[Role] = Bytes;
+  json Layers = json::array();
+  for (auto &[Layer, Roles] : R.Stored)
+    Layers.push_back({{"layer", Layer}, {"bytes", R.layerBytes(Layer)}});
+  int64_t Params = 0, State = 0;
+  for (const ProgramBuffer &B : P.Buffers) {
+    if (B.K == ProgramBuffer::Param)
+      Params += B.Bytes;
+    if (B.K == ProgramBuffer::State)
+      State += B.Bytes;
+  }
+  return {
+      {"activation_bytes_per_layer", R.layerBytes(Mid)},
+      {"activation_layer", Mid},
+      {"activation_bytes_per_layer_by_role", ByRole},
+      {"stored_bytes_by_layer", Layers},
+      {"stored_activation_bytes", R.StoredBytes},
+      {"recompute_transient_bytes", R.RecomputeTransientBytes},
+      {"layer_recompute", R.LayerRecompute},
+      {"microbatches_in_flight", InFlight},
+      {"first_stage_activation_bytes", R.StoredBytes * InFlight},
+      {"parameter_bytes", Params},
+      {"optimizer_state_bytes", State},
+      {"peak_bytes_per_rank", P.ArenaBytes},
+  };
+}
+
+json flopReportToJson(const ActivationReport &R, int Ranks,
+                      const FlopFacts &F) {
+  double Model = (R.ForwardFlops + R.BackwardFlops) * Ranks;
+  double Hardware = Model + R.RecomputeFlops * Ranks;
+  double B = F.Batch, L = F.Layers, S = F.Seq, H = F.Hidden, V = F.Vocab;
+  double Paper = 72 * B * L * S * H * H * (1 + S / (6 * H) + V / (12 * H * L));
+  return {
+      {"counted", "GEMM FLOPs (2mnk per matrix product) of the forward, "
+                  "backward and recompute instructions, times the "
+                  "tensor-parallel ranks"},
+      {"model_flops_per_iteration", Model},
+      {"hardware_flops_per_iteration", Hardware},
+      {"recompute_flops_per_iteration", R.RecomputeFlops * Ranks},
+      {"recompute_overhead", Model > 0 ? Hardware / Model - 1 : 0.0},
+      {"paper_model_flops_per_iteration", Paper},
+      {"model_vs_paper", Paper > 0 ? Model / Paper - 1 : 0.0},
+      {"paper_selective_overhead", S / (6 * H)},
+  };
+}
+
+} // namespace sp

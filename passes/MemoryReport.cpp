@@ -126,6 +126,7 @@ json memoryReportToJson(const ActivationReport &R, const Program &P,
       {"activation_bytes_per_layer_by_role", ByRole},
       {"stored_bytes_by_layer", Layers},
       {"stored_activation_bytes", R.StoredBytes},
+      {"stored_activation_peak_bytes", R.StoredPeakBytes},
       {"recompute_transient_bytes", R.RecomputeTransientBytes},
       {"layer_recompute", R.LayerRecompute},
       {"microbatches_in_flight", InFlight},
@@ -154,6 +155,34 @@ json flopReportToJson(const ActivationReport &R, int Ranks,
       {"model_vs_paper", Paper > 0 ? Model / Paper - 1 : 0.0},
       {"paper_selective_overhead", S / (6 * H)},
   };
+}
+
+ArrayRef<PaperConfig> paperConfigs() {
+  static const PaperConfig Configs[] = {
+      {"no parallelism", false, false, RecomputeMode::None},
+      {"tensor parallel (baseline)", true, false, RecomputeMode::None},
+      {"tensor + sequence parallel", true, true, RecomputeMode::None},
+      {"tensor parallel + selective recompute", true, false,
+       RecomputeMode::Selective},
+      {"tensor + sequence parallel + selective recompute", true, true,
+       RecomputeMode::Selective},
+      {"full recompute", true, false, RecomputeMode::Full},
+  };
+  return Configs;
+}
+
+double table2Bytes(const PaperConfig &C, double A, double S, double B,
+                   double H, double T) {
+  double SBH = S * B * H, Attn = 5 * A * S / H;
+  if (C.Recompute == RecomputeMode::Full)
+    return SBH * 2;
+  if (!C.TensorParallel)
+    return SBH * (34 + Attn);
+  if (C.Recompute == RecomputeMode::Selective)
+    Attn = 0;
+  if (C.SequenceParallel)
+    return SBH * (34 / T + Attn / T);
+  return SBH * (10 + 24 / T + Attn / T);
 }
 
 } // namespace sp

@@ -17,6 +17,7 @@
 #ifndef SP_PASSES_MEMORYREPORT_H
 #define SP_PASSES_MEMORYREPORT_H
 
+#include "passes/Pass.h"
 #include "runtime/Program.h"
 #include <map>
 #include <nlohmann/json.hpp>
@@ -68,6 +69,18 @@ struct FlopFacts {
 };
 nlohmann::json flopReportToJson(const ActivationReport &R, int Ranks,
                                 const FlopFacts &F);
+
+/// The six configurations of the paper's Table 2, and its formula for the
+/// activation bytes of one layer (fp16 activations, 1-byte masks, LayerNorm
+/// statistics ignored).
+struct PaperConfig {
+  const char *Name;
+  bool TensorParallel, SequenceParallel;
+  RecomputeMode Recompute;
+};
+llvm::ArrayRef<PaperConfig> paperConfigs();
+double table2Bytes(const PaperConfig &C, double A, double S, double B,
+                   double H, double T);
 
 } // namespace sp
 

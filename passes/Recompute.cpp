@@ -244,9 +244,9 @@ Error runAuto(Graph &G, const PassContext &Ctx,
       Smallest = std::min(Smallest, P);
     return createStringError(
         inconvertibleErrorCode(),
-        "recompute auto: no plan fits --memory-budget %lld bytes; even full "
-        "recomputation of every layer needs %lld bytes per rank (the smallest "
-        "budget that fits)",
+        "no plan fits --memory-budget %lld bytes: the smallest, full "
+        "recomputation of every layer, needs %lld bytes per rank; raise the "
+        "budget to at least that",
         (long long)Budget, (long long)Smallest);
   }
   // The fewest moves that fit: binary search, then step forward in case the

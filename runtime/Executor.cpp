@@ -158,17 +158,29 @@ Expected<double> Executor::evalLoss(ArrayRef<int64_t> Idx,
 
 Error Executor::run(Phase Last, int64_t Step, bool Training) {
   int64_t Live = 0;
-  std::vector<int64_t> FreeAt(Prog.Instrs.size() + 1, 0);
-  for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
+  size_t NumInstrs = Prog.Instrs.size();
+  std::vector<int64_t> FreeAt(NumInstrs + 1, 0);
+  // What the instructions write and read, for the stored-activation count.
+  std::vector<int> WrittenAt(Prog.Buffers.size(), -1),
+      LastRead(Prog.Buffers.size(), -1), FirstBackRead(Prog.Buffers.size(), -1);
+  for (size_t I = 0; I < NumInstrs; ++I) {
     const Instruction &In = Prog.Instrs[I];
     if (In.Ph > Last)
       break;
     for (int B : In.Out) {
       const ProgramBuffer &PB = Prog.Buffers[B];
       Live += PB.Bytes;
-      FreeAt[std::min<size_t>(PB.LastUse, Prog.Instrs.size())] += PB.Bytes;
+      FreeAt[std::min<size_t>(PB.LastUse, NumInstrs)] += PB.Bytes;
       Stats.HighWaterBytes =
           std::max(Stats.HighWaterBytes, PB.Offset + PB.Bytes);
+      WrittenAt[B] = I;
+    }
+    bool BackSide = In.Ph == Phase::Backward || In.Ph == Phase::Recompute;
+    for (int B : In.In) {
+      LastRead[B] = I;
+      if (BackSide && FirstBackRead[B] < 0 && WrittenAt[B] >= 0 &&
+          Prog.Instrs[WrittenAt[B]].Ph == Phase::Forward)
+        FirstBackRead[B] = I;
     }
     if (Training)
       Stats.PeakLiveTempBytes = std::max(Stats.PeakLiveTempBytes, Live);
@@ -177,6 +189,23 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
                                describe(In, I).c_str(),
                                toString(std::move(E)).c_str());
     Live -= FreeAt[I];
+  }
+  if (Training) {
+    std::vector<int64_t> Delta(NumInstrs + 2, 0);
+    Stats.StoredActivationBytesByLayer.clear();
+    for (size_t B = 0; B < Prog.Buffers.size(); ++B) {
+      if (FirstBackRead[B] < 0 || Prog.Buffers[B].isPersistent())
+        continue;
+      int64_t Bytes = Prog.Buffers[B].Bytes;
+      Delta[WrittenAt[B]] += Bytes;
+      Delta[LastRead[B] + 1] -= Bytes;
+      Stats.StoredActivationBytesByLayer[Prog.Instrs[FirstBackRead[B]].Layer] +=
+          Bytes;
+    }
+    int64_t Cur = 0, Peak = 0;
+    for (int64_t D : Delta)
+      Peak = std::max(Peak, Cur += D);
+    Stats.StoredActivationBytes = Peak;
   }
   return Error::success();
 }

@@ -20,6 +20,7 @@
 #include "runtime/Plan.h"
 #include "runtime/comm/Communicator.h"
 #include "llvm/Support/Error.h"
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -40,6 +41,14 @@ struct MemoryStats {
   /// touched, and the largest sum of live temporaries at one instruction.
   int64_t HighWaterBytes = 0;
   int64_t PeakLiveTempBytes = 0;
+  /// Measured in the last training step from the writes and reads the
+  /// instructions made: the high-water mark of the stored activations
+  /// (temporaries a forward instruction wrote and a backward or recompute
+  /// instruction read, live from the write to the last read), and their
+  /// bytes by the layer of their first backward-side reader (-1: outside the
+  /// layers).
+  int64_t StoredActivationBytes = 0;
+  std::map<int, int64_t> StoredActivationBytesByLayer;
 };
 
 /// A named tensor in the arena (fp32 on the CPU backend): this rank's part

@@ -19,6 +19,7 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
 #include <chrono>
 #include <map>
 #include <optional>
@@ -27,8 +28,22 @@ using namespace llvm;
 using namespace sp;
 
 static cl::OptionCategory Cat("sp-compile options");
-static cl::opt<std::string> Input(cl::Positional, cl::desc("<model.onnx>"),
-                                  cl::Required, cl::cat(Cat));
+static cl::list<std::string> Inputs(cl::Positional,
+                                    cl::desc("<model.onnx> (several with "
+                                             "--paper-table)"),
+                                    cl::OneOrMore, cl::cat(Cat));
+static cl::opt<bool> PaperTable(
+    "paper-table",
+    cl::desc("Compile the paper's six Table 2 configurations of each model "
+             "(fp16 accounting, t = --tp or 8) and compare the activation "
+             "bytes per layer with Table 2's formulas"),
+    cl::cat(Cat));
+static cl::opt<std::string> Figure7(
+    "figure7",
+    cl::desc("With --paper-table: write the paper's Figure 7 (each "
+             "configuration as a percentage of the tensor-parallel baseline, "
+             "per model) as an SVG chart"),
+    cl::value_desc("file.svg"), cl::cat(Cat));
 static cl::opt<std::string> Report("report", cl::desc("Write a JSON report"),
                                    cl::value_desc("file.json"), cl::cat(Cat));
 static cl::opt<bool> Quiet("quiet", cl::desc("Do not print the summary"),
@@ -85,6 +100,179 @@ static void printActivations(const ActivationReport &R, const Program &P,
                 Flops > 0 ? 100 * R.RecomputeFlops / Flops : 0.0);
 }
 
+static void setOptimizerOptions(PassContext &Ctx) {
+  Ctx.Optimizer.WeightDecay = WeightDecay;
+  Ctx.Optimizer.Beta1 = Beta1;
+  Ctx.Optimizer.Beta2 = Beta2;
+  Ctx.Optimizer.Eps = AdamEps;
+  Ctx.Optimizer.MaxGradNorm = MaxGradNorm;
+}
+
+/// One model of --paper-table: our bytes and Table 2's for each
+/// configuration.
+struct PaperRow {
+  const PaperConfig *Config;
+  int64_t Ours;
+  double Formula;
+};
+struct PaperModel {
+  std::string Name;
+  ModelInfo Info;
+  int T;
+  std::vector<PaperRow> Rows;
+};
+
+static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
+                                       const PassContext &Base) {
+  auto Imported = loadGraph(Path, IO);
+  if (!Imported)
+    return Imported.takeError();
+  PaperModel M;
+  M.Name = sys::path::stem(Path).str();
+  M.T = Base.TensorParallel > 1 ? Base.TensorParallel : 8;
+  for (const PaperConfig &C : paperConfigs()) {
+    std::unique_ptr<Graph> G = (*Imported)->clone();
+    PassContext Ctx = Base;
+    Ctx.TensorParallel = C.TensorParallel ? M.T : 1;
+    Ctx.SequenceParallel = C.SequenceParallel;
+    Ctx.Recompute = RecomputeOptions();
+    Ctx.Recompute.Mode = C.Recompute;
+    Ctx.ActivationDtype = DType::F16;
+    PassManager PM(PassManagerOptions{});
+    if (auto E = PM.addPipeline(DefaultPipeline))
+      return std::move(E);
+    if (auto E = PM.run(*G, Ctx))
+      return createStringError(inconvertibleErrorCode(), "%s (%s): %s",
+                               Path.str().c_str(), C.Name,
+                               toString(std::move(E)).c_str());
+    auto Info = summarizeModel(*G);
+    if (!Info)
+      return Info.takeError();
+    M.Info = *Info;
+    auto Prog = lowerGraph(*G, DType::F16);
+    if (!Prog)
+      return Prog.takeError();
+    planMemory(*Prog);
+    ActivationReport R = analyzeActivations(*Prog);
+    M.Rows.push_back({&C, R.layerBytes(R.middleLayer()),
+                      table2Bytes(C, Info->Heads, Info->Seq, Info->Batch,
+                                  Info->Hidden, M.T)});
+  }
+  return M;
+}
+
+/// The paper's Figure 7: for each model, each configuration's bytes as a
+/// percentage of the tensor-parallel baseline; ours as bars, Table 2's as a
+/// tick on each bar.
+static void writeFigure7(ArrayRef<PaperModel> Models, raw_ostream &OS) {
+  static const char *const Colors[] = {"#9e9e9e", "#4c72b0", "#55a868",
+                                       "#c44e52", "#8172b2", "#ccb974"};
+  const int Bars = paperConfigs().size() - 1; // without "no parallelism"
+  const double BarW = 16, GroupGap = 28, Left = 60, Top = 50, Height = 260;
+  double GroupW = Bars * BarW + GroupGap;
+  double Width = Left + Models.size() * GroupW + 20;
+  OS << formatv("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" "
+                "height=\"{1}\" font-family=\"sans-serif\" "
+                "font-size=\"11\">\n",
+                Width + 340, Top + Height + 60);
+  OS << formatv("<text x=\"{0}\" y=\"20\" font-size=\"14\">Activation "
+                "memory per layer, % of tensor-parallel baseline (bars: "
+                "sp-compile; ticks: Table 2)</text>\n",
+                Left);
+  auto Y = [&](double Pct) { return Top + Height * (1 - Pct / 100); };
+  for (int Pct = 0; Pct <= 100; Pct += 20) {
+    OS << formatv("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" "
+                  "stroke=\"#ddd\"/>\n",
+                  Left, Left + Models.size() * GroupW, Y(Pct));
+    OS << formatv("<text x=\"{0}\" y=\"{1}\" text-anchor=\"end\">{2}%"
+                  "</text>\n",
+                  Left - 6, Y(Pct) + 4, Pct);
+  }
+  for (size_t M = 0; M < Models.size(); ++M) {
+    const PaperModel &PM = Models[M];
+    double Base = PM.Rows[1].Ours, BaseF = PM.Rows[1].Formula;
+    double X0 = Left + M * GroupW + GroupGap / 2;
+    for (int B = 0; B < Bars; ++B) {
+      const PaperRow &R = PM.Rows[B + 1];
+      double Pct = 100 * R.Ours / Base, PctF = 100 * R.Formula / BaseF;
+      double X = X0 + B * BarW;
+      OS << formatv("<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" "
+                    "height=\"{3}\" fill=\"{4}\"><title>{5}: {6:F1}% "
+                    "(Table 2: {7:F1}%)</title></rect>\n",
+                    X, Y(Pct), BarW - 2, Y(0) - Y(Pct), Colors[B + 1],
+                    R.Config->Name, Pct, PctF);
+      OS << formatv("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" "
+                    "stroke=\"black\" stroke-width=\"2\"/>\n",
+                    X - 1, X + BarW - 1, Y(PctF));
+      OS << formatv("<text x=\"{0}\" y=\"{1}\" font-size=\"9\" "
+                    "text-anchor=\"middle\">{2:F0}</text>\n",
+                    X + BarW / 2 - 1, Y(Pct) - 3, Pct);
+    }
+    OS << formatv("<text x=\"{0}\" y=\"{1}\" text-anchor=\"middle\">"
+                  "{2}</text>\n",
+                  X0 + Bars * BarW / 2, Y(0) + 16, PM.Name);
+  }
+  double LX = Left + Models.size() * GroupW + 30;
+  for (int B = 0; B < Bars; ++B) {
+    OS << formatv("<rect x=\"{0}\" y=\"{1}\" width=\"12\" "
+                  "height=\"12\" fill=\"{2}\"/>\n",
+                  LX, Top + B * 20, Colors[B + 1]);
+    OS << formatv("<text x=\"{0}\" y=\"{1}\">{2}</text>\n", LX + 18,
+                  Top + B * 20 + 10, paperConfigs()[B + 1].Name);
+  }
+  OS << "</svg>\n";
+}
+
+static int runPaperTable(const ImportOptions &IO, const PassContext &Base) {
+  std::vector<PaperModel> Models;
+  nlohmann::json J = nlohmann::json::array();
+  for (const std::string &Path : Inputs) {
+    auto M = paperTable(Path, IO, Base);
+    if (!M)
+      return reportError("sp-compile", M.takeError());
+    const ModelInfo &I = M->Info;
+    outs() << formatv("{0}: a {1}, s {2}, b {3}, h {4}, L {5}, t {6}; "
+                      "activation bytes of layer {7} per rank, fp16 "
+                      "activations and 1-byte masks\n",
+                      M->Name, I.Heads, I.Seq, I.Batch, I.Hidden, I.Layers,
+                      M->T, I.Layers / 2);
+    outs() << formatv("  {0,-50} {1,16} {2,16} {3,9}\n", "configuration",
+                      "ours", "Table 2", "diff");
+    nlohmann::json Rows = nlohmann::json::array();
+    for (const PaperRow &R : M->Rows) {
+      double Diff = R.Ours / R.Formula - 1;
+      outs() << formatv("  {0,-50} {1,16} {2,16:F0} {3,8:F3}%\n",
+                        R.Config->Name, R.Ours, R.Formula, 100 * Diff);
+      Rows.push_back({{"configuration", R.Config->Name},
+                      {"bytes", R.Ours},
+                      {"table2_bytes", R.Formula},
+                      {"relative_difference", Diff}});
+    }
+    J.push_back({{"model", M->Name},
+                 {"heads", I.Heads},
+                 {"seq", I.Seq},
+                 {"batch", I.Batch},
+                 {"hidden", I.Hidden},
+                 {"layers", I.Layers},
+                 {"tp", M->T},
+                 {"rows", Rows}});
+    Models.push_back(std::move(*M));
+  }
+  outs() << "the residual is the LayerNorm statistics (mean and 1/std, f32, "
+            "per row), which Table 2 ignores\n";
+  if (!Figure7.empty())
+    if (auto E = writeFileAtomically(Figure7, [&](raw_ostream &OS) {
+          writeFigure7(Models, OS);
+        }))
+      return reportError("sp-compile", std::move(E));
+  if (!Report.empty())
+    if (auto E = writeFileAtomically(Report, [&](raw_ostream &OS) {
+          OS << nlohmann::json({{"paper_table", J}}).dump(2) << "\n";
+        }))
+      return reportError("sp-compile", std::move(E));
+  return 0;
+}
+
 int main(int Argc, char **Argv) {
   InitLLVM X(Argc, Argv);
   cl::OptionCategory &PMCat = registerPassManagerCLOptions();
@@ -96,21 +284,36 @@ int main(int Argc, char **Argv) {
   auto IO = importOptionsFromCL();
   if (!IO)
     return reportError("sp-compile", IO.takeError());
+  PassContext Ctx;
+  if (auto E = passOptionsFromCL(Ctx))
+    return reportError("sp-compile", std::move(E));
+  setOptimizerOptions(Ctx);
+  Ctx.ActivationDtype = ActDtype;
+  if (!Figure7.empty() && !PaperTable)
+    return reportError("sp-compile",
+                       createStringError(inconvertibleErrorCode(),
+                                         "--figure7 needs --paper-table"));
+  if (PaperTable) {
+    if (!Output.empty())
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--paper-table writes no plan; "
+                                           "drop -o"));
+    return runPaperTable(*IO, Ctx);
+  }
+  if (Inputs.size() != 1)
+    return reportError("sp-compile",
+                       createStringError(inconvertibleErrorCode(),
+                                         "expected one model, got %zu (only "
+                                         "--paper-table takes several)",
+                                         Inputs.size()));
+  const std::string &Input = Inputs[0];
   auto G = loadGraph(Input, *IO);
   if (!G)
     return reportError("sp-compile", G.takeError());
   PassManager PM(passManagerOptionsFromCL());
   if (auto E = PM.addPipeline(pipelineFromCL(DefaultPipeline)))
     return reportError("sp-compile", std::move(E));
-  PassContext Ctx;
-  if (auto E = passOptionsFromCL(Ctx))
-    return reportError("sp-compile", std::move(E));
-  Ctx.Optimizer.WeightDecay = WeightDecay;
-  Ctx.Optimizer.Beta1 = Beta1;
-  Ctx.Optimizer.Beta2 = Beta2;
-  Ctx.Optimizer.Eps = AdamEps;
-  Ctx.Optimizer.MaxGradNorm = MaxGradNorm;
-  Ctx.ActivationDtype = ActDtype;
   if (auto E = PM.run(**G, Ctx))
     return reportError("sp-compile", createStringError(
                                          inconvertibleErrorCode(), "%s: %s",
@@ -188,7 +391,7 @@ int main(int Argc, char **Argv) {
   }
   if (!Output.empty()) {
     P->Manifest = Facts;
-    P->Manifest["source"] = Input.getValue();
+    P->Manifest["source"] = Input;
     P->Manifest["dtype"] = dtypeName(ActDtype).str();
     P->Manifest["tp"] = Ctx.TensorParallel;
     P->Manifest["sp"] = Ctx.SequenceParallel;

@@ -316,6 +316,25 @@ Error Run::writeMemory(StringRef Dir) {
                       {"peak_live_temp_bytes", M.PeakLiveTempBytes},
                       {"planned_arena_bytes",
                        P.Manifest.value("arena_bytes", P.Prog.ArenaBytes)}};
+  // Stored activations, measured, beside what the plan says.
+  nlohmann::json Planned = P.Manifest.value("memory", nlohmann::json::object());
+  int Layer = Planned.value("activation_layer", 0);
+  auto It = M.StoredActivationBytesByLayer.find(Layer);
+  J["stored_activation_bytes"] = M.StoredActivationBytes;
+  J["activation_layer"] = Layer;
+  J["activation_bytes_per_layer"] =
+      It == M.StoredActivationBytesByLayer.end() ? 0 : It->second;
+  nlohmann::json ByLayer = nlohmann::json::array();
+  for (auto &[L, Bytes] : M.StoredActivationBytesByLayer)
+    ByLayer.push_back({{"layer", L}, {"bytes", Bytes}});
+  J["stored_bytes_by_layer"] = ByLayer;
+  J["planned"] = {
+      {"stored_activation_bytes",
+       Planned.value("stored_activation_peak_bytes", int64_t(-1))},
+      {"activation_bytes_per_layer",
+       Planned.value("activation_bytes_per_layer", int64_t(-1))},
+      {"stored_bytes_by_layer",
+       Planned.value("stored_bytes_by_layer", nlohmann::json::array())}};
   std::string Text = J.dump(1) + "\n";
   return writeFileAtomically((Dir + "/memory.json").str(),
                          [&](raw_ostream &OS) { OS << Text; });

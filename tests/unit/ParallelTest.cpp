@@ -7,102 +7,23 @@
 // layout).
 //
 //===----------------------------------------------------------------------===//
-#include "frontend/OnnxImporter.h"
-#include "passes/MemoryPlan.h"
-#include "passes/PassManager.h"
-#include "passes/Passes.h"
-#include "runtime/Executor.h"
+#include "TrainHarness.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Program.h"
 #include "gtest/gtest.h"
-#include <cmath>
-#include <map>
-#include <mutex>
-#include <random>
 
 using namespace sp;
+using namespace sp::test;
 using namespace llvm;
 
 namespace {
 
-constexpr const char *TinyModel = SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx";
-
-Plan compile(StringRef Model, int TP, bool SP) {
-  registerOnnxDataLoader();
-  auto G = cantFail(importOnnx(Model, ImportOptions()));
-  PassManager PM(PassManagerOptions{});
-  cantFail(PM.addPipeline(DefaultPipeline));
+RunResult train(int TP, bool SP, double Dropout, int Steps,
+                StringRef Model = TinyModel) {
   PassContext Ctx;
   Ctx.TensorParallel = TP;
   Ctx.SequenceParallel = SP;
-  cantFail(PM.run(*G, Ctx));
-  Plan P;
-  P.Prog = cantFail(lowerGraph(*G, DType::F32));
-  planMemory(P.Prog);
-  P.Manifest = {{"dtype", "f32"}, {"tp", TP}};
-  return P;
-}
-
-struct RunResult {
-  std::vector<double> Losses;
-  std::map<std::string, std::vector<float>> Grads; // after step 1, gathered
-};
-
-RunResult train(int TP, bool SP, double Dropout, int Steps,
-                StringRef Model = TinyModel) {
-  Plan P = compile(Model, TP, SP);
-  std::mt19937 Rng(7);
-  // Token ids within the model's vocabulary, sized from the plan.
-  int64_t Vocab = 0, Tokens = 0;
-  for (const Instruction &I : P.Prog.Instrs)
-    if (I.Role == "embed" && I.Op == OpKind::Embedding) {
-      const ProgramBuffer &T = P.Prog.Buffers[I.In[0]];
-      Vocab = T.Data->type().Shape[0];
-      Tokens = P.Prog.Buffers[I.In[1]].Type.numElements();
-    }
-  std::vector<int64_t> Idx(Tokens), Targets(Tokens);
-  for (size_t I = 0; I < Idx.size(); ++I) {
-    Idx[I] = Rng() % Vocab;
-    Targets[I] = Rng() % Vocab;
-  }
-  RunResult R;
-  std::mutex M;
-  cantFail(runOnThreadRanks(TP, [&](Communicator &C) -> Error {
-    RunOptions O;
-    O.Comm = &C;
-    O.Dropout = Dropout;
-    auto E = Executor::create(P, O);
-    if (!E)
-      return E.takeError();
-    for (int S = 1; S <= Steps; ++S) {
-      auto L = (*E)->trainStep(Idx, Targets, 1e-3, S);
-      if (!L)
-        return L.takeError();
-      if (C.rank() == 0)
-        R.Losses.push_back(*L);
-      if (S > 1)
-        continue;
-      for (const TensorView &Param : (*E)->parameters()) {
-        auto Full = (*E)->gather(*(*E)->gradient(Param.Name));
-        if (!Full)
-          return Full.takeError();
-        std::lock_guard<std::mutex> Lock(M);
-        if (C.rank() == 0)
-          R.Grads[Param.Name] = std::move(*Full);
-      }
-    }
-    return Error::success();
-  }));
-  return R;
-}
-
-double relErr(const std::vector<float> &A, const std::vector<float> &B) {
-  double Diff = 0, Ref = 0;
-  for (size_t I = 0; I < A.size(); ++I) {
-    Diff = std::max(Diff, std::abs(double(A[I]) - B[I]));
-    Ref = std::max(Ref, std::abs(double(B[I])));
-  }
-  return Diff / std::max(Ref, 1e-30);
+  return sp::test::train(compile(Model, Ctx), Dropout, Steps);
 }
 
 struct Config {

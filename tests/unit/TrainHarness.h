@@ -1,0 +1,41 @@
+//===- TrainHarness.h - Compile and train a model in-process ----*- C++ -*-===//
+//
+// Shared by the tests that compare runs: compile a model with the default
+// pipeline and some options, train it for a few steps on thread ranks with
+// fixed random tokens, and keep the losses and the first step's gathered
+// gradients.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_TESTS_UNIT_TRAINHARNESS_H
+#define SP_TESTS_UNIT_TRAINHARNESS_H
+
+#include "passes/Pass.h"
+#include "runtime/Executor.h"
+#include <map>
+#include <string>
+#include <vector>
+
+namespace sp::test {
+
+constexpr const char *TinyModel = SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx";
+
+/// Compiles Model with the default pipeline; Ctx carries --tp, --sp,
+/// --recompute.
+llvm::Expected<Plan> tryCompile(llvm::StringRef Model, const PassContext &Ctx);
+/// The same, for a compile that must succeed.
+Plan compile(llvm::StringRef Model, const PassContext &Ctx);
+
+struct RunResult {
+  std::vector<double> Losses;
+  std::map<std::string, std::vector<float>> Grads; // after step 1, gathered
+  MemoryStats Memory;                              // rank 0's, after the run
+};
+
+RunResult train(const Plan &P, double Dropout, int Steps);
+
+/// Largest |a - b| over largest |b|.
+double relErr(const std::vector<float> &A, const std::vector<float> &B);
+
+} // namespace sp::test
+
+#endif // SP_TESTS_UNIT_TRAINHARNESS_H

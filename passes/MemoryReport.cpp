@@ -113,13 +113,16 @@ json memoryReportToJson(const ActivationReport &R, const Program &P,
   json Layers = json::array();
   for (auto &[Layer, Roles] : R.Stored)
     Layers.push_back({{"layer", Layer}, {"bytes", R.layerBytes(Layer)}});
-  int64_t Params = 0, State = 0;
+  int64_t Params = 0, State = 0, Grads = 0;
   for (const ProgramBuffer &B : P.Buffers) {
     if (B.K == ProgramBuffer::Param)
       Params += B.Bytes;
     if (B.K == ProgramBuffer::State)
       State += B.Bytes;
   }
+  for (auto &[Name, Id] : P.Outputs)
+    if (StringRef(Name).startswith("grad:"))
+      Grads += P.Buffers[Id].Bytes;
   return {
       {"activation_bytes_per_layer", R.layerBytes(Mid)},
       {"activation_layer", Mid},
@@ -133,6 +136,7 @@ json memoryReportToJson(const ActivationReport &R, const Program &P,
       {"first_stage_activation_bytes", R.StoredBytes * InFlight},
       {"parameter_bytes", Params},
       {"optimizer_state_bytes", State},
+      {"gradient_bytes", Grads},
       {"peak_bytes_per_rank", P.ArenaBytes},
   };
 }

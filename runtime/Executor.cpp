@@ -3,6 +3,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MathExtras.h"
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -184,13 +185,20 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
     }
     if (Training)
       Stats.PeakLiveTempBytes = std::max(Stats.PeakLiveTempBytes, Live);
+    auto Start = std::chrono::steady_clock::now();
     if (auto E = runInstruction(In, Step, Training))
       return createStringError(inconvertibleErrorCode(), "%s: %s",
                                describe(In, I).c_str(),
                                toString(std::move(E)).c_str());
+    if (Training)
+      Times.PhaseSeconds[int(In.Ph)] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                        Start)
+              .count();
     Live -= FreeAt[I];
   }
   if (Training) {
+    ++Times.Steps;
     std::vector<int64_t> Delta(NumInstrs + 2, 0);
     Stats.StoredActivationBytesByLayer.clear();
     for (size_t B = 0; B < Prog.Buffers.size(); ++B) {

@@ -51,6 +51,13 @@ struct MemoryStats {
   std::map<int, int64_t> StoredActivationBytesByLayer;
 };
 
+/// Wall time spent in each phase's instructions (forward, backward,
+/// recompute, optimizer), summed over every training step so far.
+struct TimeStats {
+  double PhaseSeconds[4] = {0, 0, 0, 0};
+  int64_t Steps = 0;
+};
+
 /// A named tensor in the arena (fp32 on the CPU backend): this rank's part
 /// of it when Shard splits it.
 struct TensorView {
@@ -100,6 +107,7 @@ public:
   int rank() const { return Comm->rank(); }
   int groupSize() const { return Comm->size(); }
   MemoryStats memory() const { return Stats; }
+  TimeStats timing() const { return Times; }
 
 private:
   Executor() = default;
@@ -126,6 +134,7 @@ private:
 
   Program Prog;
   RunOptions Opts;
+  TimeStats Times;
   std::unique_ptr<Communicator> OwnComm;
   Communicator *Comm = nullptr;
   int64_t Batch = 0, Seq = 0, Vocab = 0;

@@ -350,6 +350,24 @@ static void printMemory(raw_ostream &OS, const Plan &P, const MemoryStats &M) {
       humanBytes(M.PeakLiveTempBytes));
 }
 
+/// Milliseconds per step in each phase's instructions, without the first
+/// step when there are others.
+static void printTiming(raw_ostream &OS, TimeStats T, const TimeStats &First) {
+  if (T.Steps > First.Steps) {
+    for (int P = 0; P < 4; ++P)
+      T.PhaseSeconds[P] -= First.PhaseSeconds[P];
+    T.Steps -= First.Steps;
+  }
+  if (!T.Steps)
+    return;
+  auto Ms = [&](Phase P) { return 1000 * T.PhaseSeconds[int(P)] / T.Steps; };
+  OS << formatv("time per step: forward {0:F2} ms, backward {1:F2} ms, "
+                "recompute {2:F2} ms, optimizer {3:F2} ms (mean of {4} "
+                "steps)\n",
+                Ms(Phase::Forward), Ms(Phase::Backward), Ms(Phase::Recompute),
+                Ms(Phase::Optimizer), T.Steps);
+}
+
 int main(int Argc, char **Argv) {
   InitLLVM X(Argc, Argv);
   cl::HideUnrelatedOptions(Cat);
@@ -533,6 +551,7 @@ int main(int Argc, char **Argv) {
     Out.flush();
     ProgressBar Progress(Lead ? errs() : nulls(), Lead && errs().is_displayed());
     double TrainSeconds = 0;
+    TimeStats FirstStepTime;
     auto LastLogWrite = std::chrono::steady_clock::now();
     auto FailAfterLogs = [&](Error Err) {
       Progress.finish();
@@ -555,6 +574,8 @@ int main(int Argc, char **Argv) {
             formatv("step {0}: the loss is {1}; try a lower --lr (now {2})", Step,
                     *L, LR.getValue())));
       R.Rows.push_back(LossRow{Step, *L, StepLR});
+      if (Step == FirstStep)
+        FirstStepTime = E.timing(); // page faults and warm caches
       Progress.update(Step, Steps, *L, StepLR,
                       double(TokensPerStep * (Step - FirstStep + 1)) /
                           std::max(TrainSeconds, 1e-9));
@@ -622,6 +643,7 @@ int main(int Argc, char **Argv) {
                                             std::max(TrainSeconds, 1e-9)))),
         groupThousands(TokensPerStep * Trained), TrainSeconds);
     printMemory(Out, *P, E.memory());
+    printTiming(Out, E.timing(), FirstStepTime);
     Out << "wrote " << LogPath << "/loss.csv and loss.svg\n";
     if (CheckpointEvery)
       Out << "wrote checkpoint " << CkptPath << " (step " << Steps << ")\n";

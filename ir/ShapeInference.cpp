@@ -285,6 +285,7 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
   case OpKind::TpCopy:
   case OpKind::TpReduce:
   case OpKind::AllReduce:
+  case OpKind::PipeAllReduce:
     return Same(1, 1);
   case OpKind::SpGather:
   case OpKind::AllGather:

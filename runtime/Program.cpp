@@ -1,5 +1,6 @@
 //===- Program.cpp - Lowering a graph to a program, and its JSON form -----===//
 #include "runtime/Program.h"
+#include "runtime/ProgramBuilder.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -43,74 +44,141 @@ static bool keepsF32(const Value *V) {
   });
 }
 
-Expected<Program> lowerGraph(const Graph &G, DType ActDtype) {
-  Program P;
-  DenseMap<const Value *, int> Ids;
-  auto AddLeaf = [&](const Value *V, ProgramBuffer::Kind K) {
-    ProgramBuffer B;
-    B.Name = V->name();
-    B.Type = V->type();
-    B.K = K;
-    B.Bytes = V->type().numBytes();
-    B.Data = V->data();
-    B.Shard = V->sharding();
-    Ids[V] = P.Buffers.size();
-    P.Buffers.push_back(std::move(B));
-  };
-  for (const auto &V : G.inputs())
-    AddLeaf(V.get(), ProgramBuffer::Input);
-  for (const auto &V : G.params())
-    AddLeaf(V.get(), ProgramBuffer::Param);
-  for (const auto &V : G.states())
-    AddLeaf(V.get(), ProgramBuffer::State);
-  for (const auto &V : G.consts())
-    AddLeaf(V.get(), ProgramBuffer::Const);
+int64_t plannedBytes(const Value *V, DType ActDtype) {
+  DType Planned = isFloat(V->type().Dtype) && !keepsF32(V) ? ActDtype
+                                                           : V->type().Dtype;
+  return V->type().numElements() * dtypeSize(Planned);
+}
 
-  int Index = 0;
+int ProgramBuilder::addBuffer(std::string Name, TensorType T,
+                              ProgramBuffer::Kind K,
+                              std::shared_ptr<TensorData> Data) {
+  ProgramBuffer B;
+  B.Name = std::move(Name);
+  B.Bytes = T.numBytes();
+  B.Type = std::move(T);
+  B.K = K;
+  B.Data = std::move(Data);
+  P.Buffers.push_back(std::move(B));
+  return P.Buffers.size() - 1;
+}
+
+int ProgramBuilder::leaf(const Value *V, std::string Name) {
+  auto It = Leaves.find(V);
+  if (It != Leaves.end())
+    return It->second;
+  ProgramBuffer::Kind K = V->isInput()   ? ProgramBuffer::Input
+                          : V->isParam() ? ProgramBuffer::Param
+                          : V->isState() ? ProgramBuffer::State
+                                         : ProgramBuffer::Const;
+  int Id = addBuffer(Name.empty() ? V->name() : std::move(Name), V->type(), K,
+                     V->data());
+  P.Buffers[Id].Shard = V->sharding();
+  Leaves[V] = Id;
+  return Id;
+}
+
+int ProgramBuilder::addResult(const TensorType &T, int64_t Bytes,
+                              const Tags &Tg, const Sharding &S) {
+  ProgramBuffer B;
+  B.Name = "%" + std::to_string(P.Buffers.size());
+  B.Type = T;
+  B.Bytes = Bytes;
+  B.Def = B.LastUse = P.Instrs.size();
+  B.Shard = S;
+  B.Layer = Tg.Layer;
+  B.Role = Tg.Role;
+  P.Buffers.push_back(std::move(B));
+  return P.Buffers.size() - 1;
+}
+
+SmallVector<int, 3> ProgramBuilder::emit(const Node &N, ArrayRef<int> In,
+                                         const AttrList *ExtraAttrs) {
+  Instruction I;
+  I.Op = N.op();
+  I.Attrs = N.attrs();
+  if (ExtraAttrs)
+    for (const auto &[Name, V] : ExtraAttrs->entries())
+      I.Attrs.set(Name, V);
+  I.Layer = N.tags().Layer;
+  I.Role = N.tags().Role;
+  I.Ph = N.tags().Ph;
+  I.Name = N.name();
+  I.In.assign(In.begin(), In.end());
+  SmallVector<int, 3> Out;
+  for (Value *R : N.results())
+    Out.push_back(addResult(R->type(), plannedBytes(R, ActDtype), N.tags(),
+                            R->sharding()));
+  I.Out.assign(Out.begin(), Out.end());
+  P.Instrs.push_back(std::move(I));
+  return Out;
+}
+
+SmallVector<int, 1> ProgramBuilder::emitRaw(OpKind Op, ArrayRef<int> In,
+                                            ArrayRef<TensorType> OutTypes,
+                                            AttrList Attrs, const Tags &T,
+                                            StringRef Name,
+                                            ArrayRef<int64_t> OutBytes) {
+  Instruction I;
+  I.Op = Op;
+  I.Attrs = std::move(Attrs);
+  I.Layer = T.Layer;
+  I.Role = T.Role;
+  I.Ph = T.Ph;
+  I.Name = Name.str();
+  I.In.assign(In.begin(), In.end());
+  SmallVector<int, 1> Out;
+  for (size_t K = 0; K < OutTypes.size(); ++K) {
+    // A result like an operand keeps its planned size and layout.
+    const ProgramBuffer *Like =
+        K < In.size() && P.Buffers[In[K]].Type == OutTypes[K]
+            ? &P.Buffers[In[K]]
+            : nullptr;
+    int64_t Bytes = K < OutBytes.size() ? OutBytes[K]
+                    : Like               ? Like->Bytes
+                                         : OutTypes[K].numBytes();
+    Out.push_back(addResult(OutTypes[K], Bytes, T,
+                            Like ? Like->Shard : Sharding()));
+  }
+  I.Out.assign(Out.begin(), Out.end());
+  P.Instrs.push_back(std::move(I));
+  return Out;
+}
+
+Program ProgramBuilder::take() {
+  int End = P.Instrs.size();
+  for (int I = 0; I < End; ++I)
+    for (int B : P.Instrs[I].In)
+      if (P.Buffers[B].K == ProgramBuffer::Temp)
+        P.Buffers[B].LastUse = std::max(P.Buffers[B].LastUse, I);
+  for (auto &[Name, Id] : P.Outputs)
+    if (P.Buffers[Id].K == ProgramBuffer::Temp)
+      P.Buffers[Id].LastUse = End; // read after the last instruction
+  return std::move(P);
+}
+
+Expected<Program> lowerGraph(const Graph &G, DType ActDtype) {
+  ProgramBuilder B(ActDtype);
+  for (auto List : {G.inputs(), G.params(), G.states(), G.consts()})
+    for (const auto &V : List)
+      B.leaf(V.get());
+  DenseMap<const Value *, int> Ids;
+  SmallVector<int, 4> In;
   for (const Node &N : G.nodes()) {
-    Instruction I;
-    I.Op = N.op();
     if (isOnnxOp(N.op()))
       return createStringError(inconvertibleErrorCode(),
                                "%s: cannot lower an ONNX op; run canonicalize",
                                N.describe().c_str());
-    I.Attrs = N.attrs();
-    I.Layer = N.tags().Layer;
-    I.Role = N.tags().Role;
-    I.Ph = N.tags().Ph;
-    I.Name = N.name();
-    for (Value *V : N.operands()) {
-      int Id = Ids.lookup(V);
-      I.In.push_back(Id);
-      if (P.Buffers[Id].K == ProgramBuffer::Temp)
-        P.Buffers[Id].LastUse = Index;
-    }
-    for (Value *R : N.results()) {
-      ProgramBuffer B;
-      B.Name = "%" + std::to_string(P.Buffers.size());
-      B.Type = R->type();
-      DType Planned = isFloat(R->type().Dtype) && !keepsF32(R)
-                          ? ActDtype
-                          : R->type().Dtype;
-      B.Bytes = R->type().numElements() * dtypeSize(Planned);
-      B.Def = B.LastUse = Index;
-      B.Shard = R->sharding();
-      B.Layer = N.tags().Layer;
-      B.Role = N.tags().Role;
-      Ids[R] = P.Buffers.size();
-      I.Out.push_back(P.Buffers.size());
-      P.Buffers.push_back(std::move(B));
-    }
-    P.Instrs.push_back(std::move(I));
-    ++Index;
+    In.clear();
+    for (Value *V : N.operands())
+      In.push_back(V->isResult() ? Ids.lookup(V) : B.leaf(V));
+    auto Out = B.emit(N, In);
+    for (unsigned K = 0; K < Out.size(); ++K)
+      Ids[N.result(K)] = Out[K];
   }
-  for (const Graph::Output &O : G.outputs()) {
-    int Id = Ids.lookup(O.V);
-    P.Outputs.push_back({O.Name, Id});
-    if (P.Buffers[Id].K == ProgramBuffer::Temp)
-      P.Buffers[Id].LastUse = Index; // read after the last instruction
-  }
-  return P;
+  for (const Graph::Output &O : G.outputs())
+    B.output(O.Name, O.V->isResult() ? Ids.lookup(O.V) : B.leaf(O.V));
+  return B.take();
 }
 
 //===----------------------------------------------------------------------===//

@@ -1,0 +1,61 @@
+//===- ProgramBuilder.h - Emitting a program from graph nodes ---*- C++ -*-===//
+//
+// What lowering needs, shared by the one-program lowering (lowerGraph) and
+// the unrolling of a pipeline schedule (lowerPipeline): buffers for leaves
+// and node results sized with the plan's activation dtype, instructions
+// carrying the node's op, attributes and tags, and live ranges computed once
+// at the end.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_PROGRAMBUILDER_H
+#define SP_RUNTIME_PROGRAMBUILDER_H
+
+#include "runtime/Program.h"
+#include "llvm/ADT/DenseMap.h"
+
+namespace sp {
+
+class ProgramBuilder {
+public:
+  explicit ProgramBuilder(DType ActDtype) : ActDtype(ActDtype) {}
+
+  /// The buffer of a leaf (input, parameter, state, constant), created on
+  /// first use under Name (default: the leaf's name).
+  int leaf(const Value *V, std::string Name = "");
+  /// A new persistent buffer that no graph value backs (per-microbatch
+  /// inputs, constants of the unrolling).
+  int addBuffer(std::string Name, TensorType T, ProgramBuffer::Kind K,
+                std::shared_ptr<TensorData> Data = nullptr);
+  /// One instruction for N reading In; returns the buffers of its results.
+  llvm::SmallVector<int, 3> emit(const Node &N, llvm::ArrayRef<int> In,
+                                 const AttrList *ExtraAttrs = nullptr);
+  /// An instruction the graph has no node for (send, recv, accumulation).
+  llvm::SmallVector<int, 1> emitRaw(OpKind Op, llvm::ArrayRef<int> In,
+                                    llvm::ArrayRef<TensorType> OutTypes,
+                                    AttrList Attrs, const Tags &T,
+                                    llvm::StringRef Name,
+                                    llvm::ArrayRef<int64_t> OutBytes = {});
+  void output(std::string Name, int Buffer) {
+    P.Outputs.push_back({std::move(Name), Buffer});
+  }
+  const ProgramBuffer &buffer(int Id) const { return P.Buffers[Id]; }
+  /// Sets every temporary's live range and returns the program.
+  Program take();
+
+private:
+  int addResult(const TensorType &T, int64_t Bytes, const Tags &Tg,
+                const Sharding &S);
+
+  DType ActDtype;
+  Program P;
+  llvm::DenseMap<const Value *, int> Leaves;
+};
+
+/// The planned size of a node result: activations of a floating-point type
+/// take the plan's activation dtype, except layer_norm statistics, logits
+/// and the loss, which stay f32 (as the paper counts them).
+int64_t plannedBytes(const Value *V, DType ActDtype);
+
+} // namespace sp
+
+#endif // SP_RUNTIME_PROGRAMBUILDER_H

@@ -247,12 +247,18 @@ Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
     text(OS, X, AxisY + 17, "middle", number(Tick, Step));
   }
   text(OS, Left + PW / 2, AxisY + 34, "middle", Unit("time"));
-  legend(OS, Left, AxisY + 58,
-         {{ForwardColour, "forward"},
-          {BackwardColour, "backward"},
-          {RecomputeColour, "recompute"},
-          {CommColour, "communication"},
-          {IdleColour, "idle (bubble)"}});
+  std::vector<std::pair<std::string, std::string>> Entries = {
+      {ForwardColour, "forward"},
+      {BackwardColour, "backward"},
+      {RecomputeColour, "recompute"},
+      {CommColour, "communication"},
+      {IdleColour, "idle (bubble)"}};
+  if (S.Chunks > 1)
+    Entries.push_back({lighten(ForwardColour, 0.5),
+                       formatv("lighter: later chunks (up to {0})",
+                               S.Chunks - 1)
+                           .str()});
+  legend(OS, Left, AxisY + 58, Entries);
   OS << "</svg>\n";
   return Error::success();
 }

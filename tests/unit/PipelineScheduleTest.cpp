@@ -453,6 +453,29 @@ TEST(PipelineSchedule, BubbleFractions) {
         }
 }
 
+TEST(PipelineSchedule, PaperSizes) {
+  // The paper's pipelines (Section 4.4): 175B p 8 m 3, 530B p 35 m 3, 1T
+  // p 64; strict verification, the bubble formula and the first stage's
+  // in-flight count at full size.
+  struct Case {
+    ScheduleKind Kind;
+    int P, M, N, InFlight;
+  } Cases[] = {{ScheduleKind::Interleaved, 8, 3, 64, 8 * 3 + 7},
+               {ScheduleKind::Interleaved, 35, 3, 280, 35 * 3 + 34},
+               {ScheduleKind::OneFOneB, 64, 1, 512, 64}};
+  for (const Case &C : Cases) {
+    Schedule S = build(C.Kind, C.P, C.M, C.N);
+    EXPECT_EQ(errorText(verifySchedule(S)), "") << "P=" << C.P;
+    EXPECT_EQ(maxInFlight(S, 0), C.InFlight) << "P=" << C.P;
+    StepCosts Costs;
+    Costs.Forward = {1.0 / C.M};
+    Costs.Backward = {2.0 / C.M};
+    ScheduleTimes T = times(S, Costs);
+    EXPECT_NEAR(T.bubbleFraction(), double(C.P - 1) / (C.N * C.M), 1e-9)
+        << "P=" << C.P;
+  }
+}
+
 TEST(PipelineSchedule, TimingDetails) {
   // P = 2, N = 1, 1F1B, forward 1, backward 2, recompute 0.5, comm 0.25.
   Schedule S = build(ScheduleKind::OneFOneB, 2, 1, 1);
@@ -680,6 +703,7 @@ TEST(Charts, Gantt) {
        {"interleaved 1F1B &lt;P=4, M=2&gt; &amp; recompute", "rank 0",
         "rank 3", ">forward<", ">backward<", ">recompute<",
         ">communication<", ">idle (bubble)<", "time (ms)",
+        ">lighter: later chunks (up to 1)<",
         "interleaved: P = 4, M = 2, N = 8; bubble",
         "forward of microbatch 7 chunk 1 (stage 7)", ">7</text>"})
     EXPECT_NE(StringRef(Out).find(Want), std::string::npos) << Want.str();

@@ -5,10 +5,11 @@
 //
 //  - Building: first each rank's compute order (forwards and backwards) from
 //    Megatron's formulas (warm-up count, then one forward and one backward,
-//    then cool-down), then the communication: the receive of a tensor just
-//    before the step that consumes it, the send just after the step that
-//    makes it. Between two compute steps a rank thus posts what Megatron's
-//    combined send_*_recv_* call posts there.
+//    then cool-down), cut into slots (one compute step; with interleaving,
+//    a steady-state forward and its backward), then the communication:
+//    before the first slot the receives it needs, after each slot one batch
+//    of the sends of what it made and the receives of the next slot. This
+//    is where Megatron's combined send_*_recv_* calls post them.
 //  - Verifying: a static pass (ranges, peers, exactly-once compute, every
 //    send paired with exactly one receive on its peer), then a simulation
 //    in rounds: each rank runs until it blocks; a round in which no rank

@@ -109,10 +109,15 @@ std::string describeStep(const Schedule &S, int Rank, const ScheduleStep &St);
 ///    N = P; then N M - W forward/backward pairs, then W backwards
 ///    (forward_backward_pipelining_with_interleaving).
 ///
-/// Sends are placed right after the step that makes their tensor, receives
-/// right before the step that needs it, so between two compute steps a rank
-/// posts the batch Megatron posts there (send_forward_recv_backward and
-/// friends).
+/// Communication goes where Megatron's goes: GPipe and 1F1B send right
+/// after the step that makes a tensor and receive right before the step
+/// that needs it (send_forward_recv_backward and friends); interleaved
+/// treats a steady-state forward and the backward after it as one slot and
+/// posts, after each slot, one batch with the slot's sends and the next
+/// slot's receives (send_forward_backward_recv_forward_backward). Placing
+/// the interleaved communication step by step instead deadlocks under
+/// rendezvous: every rank ends up sending a gradient to a neighbour that is
+/// itself sending.
 llvm::Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
                                        int Microbatches);
 

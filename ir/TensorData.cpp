@@ -1,5 +1,6 @@
 //===- TensorData.cpp -----------------------------------------------------===//
 #include "ir/TensorData.h"
+#include <mutex>
 #include "llvm/Support/MemoryBuffer.h"
 #include <cstring>
 
@@ -33,6 +34,10 @@ std::shared_ptr<TensorData> TensorData::makeRef(TensorType T, DataRef Ref) {
 }
 
 Expected<ArrayRef<char>> TensorData::load() const {
+  // Ranks running as threads load the same parameters at once: one loads,
+  // the others wait and share its bytes.
+  static std::mutex LoadMutex;
+  std::lock_guard<std::mutex> Lock(LoadMutex);
   if (!Bytes) {
     int64_t Want = Type.numBytes();
     switch (Ref.K) {

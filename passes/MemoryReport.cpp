@@ -104,7 +104,11 @@ ActivationReport analyzeActivations(const Program &P) {
 }
 
 json memoryReportToJson(const ActivationReport &R, const Program &P,
-                        int InFlight) {
+                        StageMemory SM) {
+  if (SM.FirstStageStored < 0)
+    SM.FirstStageStored = R.StoredPeakBytes;
+  if (SM.PeakBytes < 0)
+    SM.PeakBytes = P.ArenaBytes;
   int Mid = R.middleLayer();
   json ByRole = json::object();
   if (auto It = R.Stored.find(Mid); It != R.Stored.end())
@@ -132,19 +136,20 @@ json memoryReportToJson(const ActivationReport &R, const Program &P,
       {"stored_activation_peak_bytes", R.StoredPeakBytes},
       {"recompute_transient_bytes", R.RecomputeTransientBytes},
       {"layer_recompute", R.LayerRecompute},
-      {"microbatches_in_flight", InFlight},
-      {"first_stage_activation_bytes", R.StoredBytes * InFlight},
+      {"microbatches_in_flight", SM.InFlight},
+      {"first_stage_activation_bytes", SM.FirstStageStored},
       {"parameter_bytes", Params},
       {"optimizer_state_bytes", State},
       {"gradient_bytes", Grads},
-      {"peak_bytes_per_rank", P.ArenaBytes},
+      {"peak_bytes_per_rank", SM.PeakBytes},
   };
 }
 
 json flopReportToJson(const ActivationReport &R, int Ranks,
-                      const FlopFacts &F) {
-  double Model = (R.ForwardFlops + R.BackwardFlops) * Ranks;
-  double Hardware = Model + R.RecomputeFlops * Ranks;
+                      const FlopFacts &F, int Microbatches) {
+  double Model = (R.ForwardFlops + R.BackwardFlops) * Ranks * Microbatches;
+  double Recompute = R.RecomputeFlops * Ranks * Microbatches;
+  double Hardware = Model + Recompute;
   double B = F.Batch, L = F.Layers, S = F.Seq, H = F.Hidden, V = F.Vocab;
   double Paper = 72 * B * L * S * H * H * (1 + S / (6 * H) + V / (12 * H * L));
   return {
@@ -153,7 +158,7 @@ json flopReportToJson(const ActivationReport &R, int Ranks,
                   "tensor-parallel ranks"},
       {"model_flops_per_iteration", Model},
       {"hardware_flops_per_iteration", Hardware},
-      {"recompute_flops_per_iteration", R.RecomputeFlops * Ranks},
+      {"recompute_flops_per_iteration", Recompute},
       {"recompute_overhead", Model > 0 ? Hardware / Model - 1 : 0.0},
       {"paper_model_flops_per_iteration", Paper},
       {"model_vs_paper", Paper > 0 ? Model / Paper - 1 : 0.0},
@@ -163,14 +168,14 @@ json flopReportToJson(const ActivationReport &R, int Ranks,
 
 ArrayRef<PaperConfig> paperConfigs() {
   static const PaperConfig Configs[] = {
-      {"no parallelism", false, false, RecomputeMode::None},
-      {"tensor parallel (baseline)", true, false, RecomputeMode::None},
-      {"tensor + sequence parallel", true, true, RecomputeMode::None},
-      {"tensor parallel + selective recompute", true, false,
+      {"no parallelism", "none", false, false, RecomputeMode::None},
+      {"tensor parallel (baseline)", "TP", true, false, RecomputeMode::None},
+      {"tensor + sequence parallel", "TP+SP", true, true, RecomputeMode::None},
+      {"tensor parallel + selective recompute", "TP+selective", true, false,
        RecomputeMode::Selective},
-      {"tensor + sequence parallel + selective recompute", true, true,
-       RecomputeMode::Selective},
-      {"full recompute", true, false, RecomputeMode::Full},
+      {"tensor + sequence parallel + selective recompute", "TP+SP+selective",
+       true, true, RecomputeMode::Selective},
+      {"full recompute", "full recompute", true, false, RecomputeMode::Full},
   };
   return Configs;
 }

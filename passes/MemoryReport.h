@@ -55,10 +55,19 @@ ActivationReport analyzeActivations(const Program &P);
 /// attention over V): what selective recomputation drops.
 bool isAttentionCoreRole(llvm::StringRef Role);
 
-/// The "memory" object of the JSON report. InFlight: microbatches the
-/// first stage keeps in flight (1 without pipelining).
+/// What the first pipeline stage's program stores over a whole step
+/// (every microbatch it keeps in flight), and the largest planned arena of
+/// any stage. Without stages: the one program's stored peak and arena.
+struct StageMemory {
+  int64_t FirstStageStored = -1;
+  int InFlight = 1;
+  int64_t PeakBytes = -1;
+};
+
+/// The "memory" object of the JSON report: R is one microbatch through the
+/// whole model (the per-layer numbers), P the first stage's program.
 nlohmann::json memoryReportToJson(const ActivationReport &R, const Program &P,
-                                  int InFlight = 1);
+                                  StageMemory SM = {});
 
 /// The "flops" object: per rank and per iteration (times Ranks, the
 /// tensor-parallel group), model FLOPs (forward and backward) and hardware
@@ -68,13 +77,14 @@ struct FlopFacts {
   int64_t Batch, Layers, Seq, Hidden, Vocab;
 };
 nlohmann::json flopReportToJson(const ActivationReport &R, int Ranks,
-                                const FlopFacts &F);
+                                const FlopFacts &F, int Microbatches = 1);
 
 /// The six configurations of the paper's Table 2, and its formula for the
 /// activation bytes of one layer (fp16 activations, 1-byte masks, LayerNorm
 /// statistics ignored).
 struct PaperConfig {
   const char *Name;
+  const char *Short; // for charts
   bool TensorParallel, SequenceParallel;
   RecomputeMode Recompute;
 };

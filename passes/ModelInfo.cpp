@@ -40,7 +40,13 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   M.Seq = Ids.Shape[1];
   M.PositionEmbedding = findRole(G, "pos_embed") != nullptr;
   M.FinalNorm = findRole(G, "final_norm") != nullptr;
-  M.Tied = Head->operand(1) == Embed->operand(0);
+  // A pipeline stage's copy of a weight is named "<weight>@<stage>".
+  auto Original = [](const Value *V) {
+    return StringRef(V->name()).split('@').first;
+  };
+  M.Tied = Head->operand(1) == Embed->operand(0) ||
+           (Head->operand(1)->isParam() && Embed->operand(0)->isParam() &&
+            Original(Head->operand(1)) == Original(Embed->operand(0)));
   for (const Node &N : G.nodes()) {
     int L = N.tags().Layer;
     if (L < 0 || N.tags().Ph != Phase::Forward)
@@ -58,7 +64,8 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   }
   M.Layers = M.LayerRoles.size();
   for (const auto &P : G.params())
-    M.Params += Global(P.get()).numElements();
+    if (!StringRef(P->name()).contains('@'))
+      M.Params += Global(P.get()).numElements();
   return M;
 }
 

@@ -40,6 +40,18 @@ struct RecomputeOptions {
   int64_t MemoryBudget = 0;
 };
 
+/// How a training step is pipelined (pipeline pass, and the unrolling of
+/// the schedule into per-stage programs).
+enum class PipelineSchedule { GPipe, OneFOneB, Interleaved };
+struct PipelineOptions {
+  int Stages = 1;       // --pp P: pipeline ranks
+  int Interleave = 1;   // --interleave M: model chunks (virtual stages) per rank
+  int Microbatches = 1; // --microbatches N per step (gradients accumulate)
+  PipelineSchedule Schedule = PipelineSchedule::OneFOneB;
+  bool Uniform = false; // --pp-partition uniform: equal layer counts
+  bool enabled() const { return Stages > 1 || Microbatches > 1; }
+};
+
 /// What passes may read besides the graph: user options and a stream for
 /// remarks. Options are plain values set by the tools.
 struct PassContext {
@@ -51,6 +63,7 @@ struct PassContext {
   int TensorParallel = 1;
   bool SequenceParallel = false;
   RecomputeOptions Recompute;
+  PipelineOptions Pipeline;
   /// The activation dtype the program will be planned with (passes that
   /// plan memory, such as recompute auto, size buffers with it).
   DType ActivationDtype = DType::F32;

@@ -62,6 +62,33 @@ struct CLOptions {
       cl::desc("With --recompute auto: the largest planned peak per rank, in "
                "bytes (suffixes K, M, G, T, KiB, MiB, GiB, TiB)"),
       cl::value_desc("bytes"), cl::cat(Cat)};
+  cl::opt<int> PP{"pp", cl::desc("Pipeline-parallel stages P (pipeline pass)"),
+                  cl::value_desc("P"), cl::init(1), cl::cat(Cat)};
+  cl::opt<int> Interleave{
+      "interleave",
+      cl::desc("Model chunks (virtual stages) per pipeline rank M; M > 1 uses "
+               "the interleaved 1F1B schedule"),
+      cl::value_desc("M"), cl::init(1), cl::cat(Cat)};
+  cl::opt<int> Microbatches{
+      "microbatches",
+      cl::desc("Microbatches per step N (the model's batch is the microbatch; "
+               "gradients accumulate over N)"),
+      cl::value_desc("N"), cl::init(1), cl::cat(Cat)};
+  cl::opt<PipelineSchedule> Schedule{
+      "schedule", cl::desc("Pipeline schedule"),
+      cl::values(clEnumValN(PipelineSchedule::GPipe, "gpipe",
+                            "all forwards, then all backwards (reference)"),
+                 clEnumValN(PipelineSchedule::OneFOneB, "1f1b",
+                            "one forward, one backward (default)"),
+                 clEnumValN(PipelineSchedule::Interleaved, "interleaved",
+                            "interleaved 1F1B over --interleave chunks "
+                            "(default when M > 1)")),
+      cl::init(PipelineSchedule::OneFOneB), cl::cat(Cat)};
+  cl::opt<std::string> Partition{
+      "pp-partition",
+      cl::desc("How layers are split over the stages: balanced (a cost "
+               "model, default) or uniform"),
+      cl::value_desc("balanced|uniform"), cl::init("balanced"), cl::cat(Cat)};
 };
 CLOptions *CL = nullptr;
 
@@ -150,6 +177,46 @@ Error passOptionsFromCL(PassContext &Ctx) {
           "512MiB or 80GB)",
           CL->MemoryBudget.c_str());
     R.MemoryBudget = *B;
+  }
+  PipelineOptions &PO = Ctx.Pipeline;
+  for (auto [Flag, Value] : {std::pair<const char *, int>{"--pp", CL->PP},
+                             {"--interleave", CL->Interleave},
+                             {"--microbatches", CL->Microbatches}})
+    if (Value < 1)
+      return createStringError(inconvertibleErrorCode(),
+                               "%s must be a positive integer, got %d", Flag,
+                               Value);
+  PO.Stages = CL->PP;
+  PO.Interleave = CL->Interleave;
+  PO.Microbatches = CL->Microbatches;
+  PO.Schedule = CL->Schedule.getNumOccurrences()
+                    ? CL->Schedule.getValue()
+                    : (PO.Interleave > 1 ? PipelineSchedule::Interleaved
+                                         : PipelineSchedule::OneFOneB);
+  if (CL->Partition != "balanced" && CL->Partition != "uniform")
+    return createStringError(inconvertibleErrorCode(),
+                             "--pp-partition must be balanced or uniform, got "
+                             "'%s'",
+                             CL->Partition.c_str());
+  PO.Uniform = CL->Partition == "uniform";
+  if (PO.Interleave > 1 && PO.Schedule != PipelineSchedule::Interleaved)
+    return createStringError(inconvertibleErrorCode(),
+                             "--interleave %d needs --schedule interleaved",
+                             PO.Interleave);
+  if (PO.Schedule == PipelineSchedule::Interleaved) {
+    if (PO.Interleave < 2 || PO.Stages < 2)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "--schedule interleaved needs --pp P > 1 and --interleave M > 1 "
+          "(got P %d, M %d)",
+          PO.Stages, PO.Interleave);
+    if (PO.Microbatches % PO.Stages)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "the interleaved schedule needs --microbatches to be a multiple of "
+          "--pp %d, got %d; use %d, for example",
+          PO.Stages, PO.Microbatches,
+          (PO.Microbatches / PO.Stages + 1) * PO.Stages);
   }
   return Error::success();
 }

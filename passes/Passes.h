@@ -14,7 +14,8 @@ namespace sp {
 /// the training graph.
 constexpr const char *DefaultPipeline =
     "constant-fold,canonicalize,dce,detect-transformer,tensor-parallel,"
-    "sequence-parallel,autodiff,lower-collectives,optimizer,recompute";
+    "sequence-parallel,autodiff,lower-collectives,optimizer,recompute,"
+    "pipeline";
 
 } // namespace sp
 

@@ -51,7 +51,6 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                      " activations; the CPU backend runs fp32 plans "
                      "(recompile with --dtype fp32)");
   std::unique_ptr<Executor> E(new Executor());
-  E->Prog = P.Prog;
   E->Opts = Opts;
   E->Comm = Opts.Comm;
   if (!E->Comm) {
@@ -63,12 +62,22 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     return planError(formatv("the plan was compiled for a tensor-parallel "
                              "group of {0} ranks (--tp {0}); it runs on {1}",
                              TP, E->Comm->size()));
+  int PP = P.numStages();
+  int Stages = Opts.PipeComm ? Opts.PipeComm->size() : 1;
+  if (PP != Stages)
+    return planError(formatv("the plan was compiled for {0} pipeline stages "
+                             "(--pp {0}); it runs on {1}",
+                             PP, Stages));
+  E->PipeComm = PP > 1 ? Opts.PipeComm : nullptr;
+  E->Prog = P.stage(E->stage());
+  E->Microbatches = P.Manifest.value("microbatches", int64_t(1));
   const Program &Prog = E->Prog;
   for (const ProgramBuffer &B : Prog.Buffers)
     if (B.Offset < 0 || B.Offset + B.Bytes > Prog.ArenaBytes)
       return planError("buffer '" + B.Name +
                        "' lies outside the arena; the plan is corrupt");
-  // The model's interface: the embedding's ids, the targets, the vocabulary.
+  // The model's interface: the token ids, the targets, the vocabulary.
+  const nlohmann::json &Model = P.Manifest.value("model", nlohmann::json());
   for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
     const Instruction &In = Prog.Instrs[I];
     if (In.Op == OpKind::Embedding && In.Role == "embed") {
@@ -83,9 +92,15 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     if (In.Role == "lm_head" && In.Ph == Phase::Forward)
       E->LogitsBuffer = In.Out[0];
   }
-  if (!E->Vocab || Prog.findBuffer("targets") < 0 || Prog.output("loss") < 0)
+  if (!E->Vocab && Model.is_object()) // a later pipeline stage
+    for (auto [Field, Slot] : {std::pair{"vocab", &E->Vocab},
+                               {"batch", &E->Batch},
+                               {"seq", &E->Seq}})
+      *Slot = Model.value(Field, int64_t(0));
+  E->Batch *= E->Microbatches;
+  if (!E->Vocab || !E->Batch || Prog.output("loss") < 0)
     return planError("the plan is not a training program of a detected "
-                     "Transformer (no token embedding, targets or loss)");
+                     "Transformer (no token embedding or loss)");
 
   size_t Size = alignTo(std::max<int64_t>(Prog.ArenaBytes, 64), 64);
   E->Arena = static_cast<char *>(std::aligned_alloc(64, Size));
@@ -108,11 +123,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
 }
 
 Error Executor::setTokens(StringRef Input, ArrayRef<int64_t> Ids) {
-  int B = -1;
-  for (const Instruction &I : Prog.Instrs)
-    if (I.Op == OpKind::Embedding && I.Role == "embed")
-      B = Input == "targets" ? Prog.findBuffer("targets") : I.In[1];
-  if (B < 0 || int64_t(Ids.size()) != Batch * Seq)
+  if (int64_t(Ids.size()) != Batch * Seq)
     return planError(formatv("expected {0} x {1} token ids for '{2}', got {3}",
                              Batch, Seq, Input, Ids.size()));
   for (size_t I = 0; I < Ids.size(); ++I)
@@ -120,8 +131,21 @@ Error Executor::setTokens(StringRef Input, ArrayRef<int64_t> Ids) {
       return planError(formatv("token id {0} at position {1} of '{2}' is "
                                "outside the vocabulary [0, {3})",
                                Ids[I], I, Input, Vocab));
-  std::memcpy(Arena + Prog.Buffers[B].Offset, Ids.data(),
-              Ids.size() * sizeof(int64_t));
+  // The whole batch, or one buffer per microbatch (rows K b .. (K + 1) b)
+  // on the stages that read them.
+  int B = Prog.findBuffer(Input);
+  if (B >= 0) {
+    std::memcpy(Arena + Prog.Buffers[B].Offset, Ids.data(),
+                Ids.size() * sizeof(int64_t));
+    return Error::success();
+  }
+  int64_t Per = Ids.size() / Microbatches;
+  for (int64_t K = 0; K < Microbatches; ++K) {
+    int MB = Prog.findBuffer((Input + "." + Twine(K)).str());
+    if (MB >= 0)
+      std::memcpy(Arena + Prog.Buffers[MB].Offset, Ids.data() + K * Per,
+                  Per * sizeof(int64_t));
+  }
   return Error::success();
 }
 
@@ -148,6 +172,10 @@ Expected<double> Executor::trainStep(ArrayRef<int64_t> Idx,
 
 Expected<double> Executor::evalLoss(ArrayRef<int64_t> Idx,
                                     ArrayRef<int64_t> Targets) {
+  if (PipeComm || Microbatches > 1)
+    return planError("evaluating a pipelined plan is not supported yet; "
+                     "compile the model without --pp and --microbatches to "
+                     "evaluate it");
   if (auto E = setTokens("idx", Idx))
     return std::move(E);
   if (auto E = setTokens("targets", Targets))
@@ -424,15 +452,22 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
         I.Out.size() > 1 ? reinterpret_cast<uint8_t *>(Out(1)) : nullptr;
     // The mask of an element depends on its index in the whole tensor, so it
     // is the same on any layout.
+    // A microbatch is rows [K b, (K + 1) b) of the whole batch.
     const TensorType &Local = InT(0);
     const Sharding &S = Bufs[I.In[0]].Shard;
-    if (S.K != Sharding::Split)
+    int64_t Mb = I.Attrs.getInt("microbatch", 0),
+            NumMb = I.Attrs.getInt("microbatches", 1);
+    if (S.K != Sharding::Split && NumMb == 1)
       return Check(cpu::dropout(Out(0), Mask, In(0), Ratio, K,
                                 cpu::GlobalIndex::whole(ShapeOf(Local))));
     SmallVector<int64_t, 4> Full(Local.Shape.begin(), Local.Shape.end()),
         Offset(Local.rank(), 0);
-    Full[S.Dim] *= S.Parts;
-    Offset[S.Dim] = rank() * Local.Shape[S.Dim];
+    if (S.K == Sharding::Split) {
+      Full[S.Dim] *= S.Parts;
+      Offset[S.Dim] = rank() * Local.Shape[S.Dim];
+    }
+    Full[0] *= NumMb;
+    Offset[0] += Mb * Local.Shape[0];
     return Check(cpu::dropout(
         Out(0), Mask, In(0), Ratio, K,
         cpu::GlobalIndex::block(cpu::Shape(Full.data(), Full.size()),
@@ -471,7 +506,15 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
         return E;
       Split = S;
     }
-    *Out(0) = float(std::sqrt(Split + Whole));
+    // Each stage's gradients: sum the squares over the pipeline.
+    double Total = Split + Whole;
+    if (I.Attrs.getInt("pipeline", 0) && PipeComm) {
+      float T = float(Total);
+      if (auto E = PipeComm->allReduceSum(&T, 1))
+        return E;
+      Total = T;
+    }
+    *Out(0) = float(std::sqrt(Total));
     return Error::success();
   }
   case OpKind::AdamW: {
@@ -485,8 +528,66 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
                int64_t(*In(6)));
     return Error::success();
   }
+  // Pipeline: point to point between the stages of one tensor-parallel
+  // rank, through the pipeline group.
+  case OpKind::Send:
+  case OpKind::Recv:
+  case OpKind::PipeAllReduce:
+  case OpKind::PipeBroadcast:
+    return pipelineOp(I);
   default:
     return planError("the CPU backend has no kernel for this op");
+  }
+}
+
+Error Executor::pipelineOp(const Instruction &I) {
+  if (!PipeComm)
+    return planError("a pipeline instruction in a plan run without pipeline "
+                     "stages");
+  const auto &Bufs = Prog.Buffers;
+  int Tag = I.Attrs.getInt("tag", 0), Peer = I.Attrs.getInt("peer", -1);
+  switch (I.Op) {
+  case OpKind::Send:
+    return PipeComm->send(ptr(I.In[0]), Bufs[I.In[0]].Type.numBytes(), Peer,
+                          Tag);
+  case OpKind::Recv:
+    return PipeComm->recv(ptr(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(), Peer,
+                          Tag);
+  case OpKind::PipeBroadcast: {
+    int Root = I.Attrs.getInt("root", 0);
+    if (stage() == Root)
+      std::memcpy(ptr(I.Out[0]), ptr(I.In[0]), Bufs[I.Out[0]].Type.numBytes());
+    return PipeComm->broadcast(ptr(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(),
+                               Root);
+  }
+  case OpKind::PipeAllReduce: {
+    // The first listed rank sums the parts in list order and sends the sum
+    // back: every rank gets the same bits.
+    auto Ranks = I.Attrs.getInts("ranks");
+    float *Y = ptr(I.Out[0]);
+    int64_t N = Bufs[I.Out[0]].Type.numElements(), Bytes = N * 4;
+    std::memcpy(Y, ptr(I.In[0]), Bytes);
+    if (Ranks.empty() || !is_contained(Ranks, int64_t(stage())))
+      return planError("pipe_all_reduce does not list this stage");
+    if (stage() != Ranks[0]) {
+      if (auto E = PipeComm->send(Y, Bytes, Ranks[0], Tag))
+        return E;
+      return PipeComm->recv(Y, Bytes, Ranks[0], Tag);
+    }
+    std::vector<float> Part(N);
+    for (size_t K = 1; K < Ranks.size(); ++K) {
+      if (auto E = PipeComm->recv(Part.data(), Bytes, Ranks[K], Tag))
+        return E;
+      for (int64_t J = 0; J < N; ++J)
+        Y[J] += Part[J];
+    }
+    for (size_t K = 1; K < Ranks.size(); ++K)
+      if (auto E = PipeComm->send(Y, Bytes, Ranks[K], Tag))
+        return E;
+    return Error::success();
+  }
+  default:
+    llvm_unreachable("not a pipeline op");
   }
 }
 

@@ -32,6 +32,9 @@ struct RunOptions {
   std::optional<double> Dropout;
   /// This rank's tensor-parallel group (not owned); null runs one rank.
   Communicator *Comm = nullptr;
+  /// This rank's pipeline group (the same tensor-parallel rank of every
+  /// stage; its rank is the stage); null for a plan without stages.
+  Communicator *PipeComm = nullptr;
 };
 
 struct MemoryStats {
@@ -106,6 +109,11 @@ public:
   llvm::Expected<std::vector<float>> gather(const TensorView &V) const;
   int rank() const { return Comm->rank(); }
   int groupSize() const { return Comm->size(); }
+  /// This rank's pipeline stage, and the number of stages.
+  int stage() const { return PipeComm ? PipeComm->rank() : 0; }
+  int numStages() const { return PipeComm ? PipeComm->size() : 1; }
+  /// Microbatches per step (the batch is their concatenation).
+  int64_t microbatches() const { return Microbatches; }
   MemoryStats memory() const { return Stats; }
   TimeStats timing() const { return Times; }
 
@@ -115,6 +123,7 @@ private:
   llvm::Error runInstruction(const Instruction &I, int64_t Step,
                              bool Training);
   llvm::Error setTokens(llvm::StringRef Input, llvm::ArrayRef<int64_t> Ids);
+  llvm::Error pipelineOp(const Instruction &I);
   float *ptr(int Buffer) const;
 
   llvm::Error loadParameter(const ProgramBuffer &B);
@@ -135,6 +144,8 @@ private:
   Program Prog;
   RunOptions Opts;
   TimeStats Times;
+  Communicator *PipeComm = nullptr;
+  int64_t Microbatches = 1;
   std::unique_ptr<Communicator> OwnComm;
   Communicator *Comm = nullptr;
   int64_t Batch = 0, Seq = 0, Vocab = 0;

@@ -30,9 +30,18 @@ Error writePlan(StringRef Dir, const Plan &P) {
   Manifest["format_version"] = PlanFormatVersion;
   Manifest["program"] = "program.json";
   Manifest["arena_bytes"] = P.Prog.ArenaBytes;
+  json Stages = json::array();
+  for (int K = 1; K < int(P.Stages.size()); ++K)
+    Stages.push_back("program-" + std::to_string(K) + ".json");
+  if (!P.Stages.empty())
+    Manifest["stage_programs"] = Stages;
   return writeDirectoryAtomically(Dir, [&](StringRef Tmp) -> Error {
     if (auto E = writeJson(Tmp + "/manifest.json", Manifest))
       return E;
+    for (int K = 1; K < int(P.Stages.size()); ++K)
+      if (auto E = writeJson(Tmp + "/program-" + Twine(K) + ".json",
+                             programToJson(P.Stages[K])))
+        return E;
     return writeJson(Tmp + "/program.json", programToJson(P.Prog));
   });
 }
@@ -69,15 +78,30 @@ Expected<Plan> readPlan(StringRef Dir) {
                              "reads version %d; recompile the model with this "
                              "sp-compile",
                              Dir.str().c_str(), Version, PlanFormatVersion);
-  auto J = readJson(Dir + "/" + P.Manifest.value("program", "program.json"));
-  if (!J)
-    return J.takeError();
-  auto Prog = programFromJson(*J);
+  auto ReadProgram = [&](const std::string &Name) -> Expected<Program> {
+    auto J = readJson(Dir + "/" + Name);
+    if (!J)
+      return J.takeError();
+    auto Prog = programFromJson(*J);
+    if (!Prog)
+      return createStringError(inconvertibleErrorCode(), "plan '%s': %s",
+                               Dir.str().c_str(),
+                               toString(Prog.takeError()).c_str());
+    return Prog;
+  };
+  auto Prog = ReadProgram(P.Manifest.value("program", "program.json"));
   if (!Prog)
-    return createStringError(inconvertibleErrorCode(), "plan '%s': %s",
-                             Dir.str().c_str(),
-                             toString(Prog.takeError()).c_str());
+    return Prog.takeError();
   P.Prog = std::move(*Prog);
+  if (P.Manifest.contains("stage_programs")) {
+    P.Stages.push_back(P.Prog);
+    for (const json &Name : P.Manifest["stage_programs"]) {
+      auto S = ReadProgram(Name.get<std::string>());
+      if (!S)
+        return S.takeError();
+      P.Stages.push_back(std::move(*S));
+    }
+  }
   return P;
 }
 

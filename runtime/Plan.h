@@ -21,7 +21,13 @@ struct Plan {
   /// manifest.json: "format_version", "model" {layers, hidden, ...},
   /// "dtype", "source", "arena_bytes", ... Extra keys are kept as is.
   nlohmann::json Manifest;
+  /// The program (program.json); with pipeline stages, stage 0's.
   Program Prog;
+  /// With --pp or --microbatches: one program per pipeline rank
+  /// (program-K.json); Stages[0] is Prog.
+  std::vector<Program> Stages;
+  int numStages() const { return Stages.empty() ? 1 : int(Stages.size()); }
+  const Program &stage(int K) const { return Stages.empty() ? Prog : Stages[K]; }
 };
 
 llvm::Error writePlan(llvm::StringRef Dir, const Plan &P);

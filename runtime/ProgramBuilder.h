@@ -39,6 +39,8 @@ public:
     P.Outputs.push_back({std::move(Name), Buffer});
   }
   const ProgramBuffer &buffer(int Id) const { return P.Buffers[Id]; }
+  void setSharding(int Id, const Sharding &S) { P.Buffers[Id].Shard = S; }
+  DType activationDtype() const { return ActDtype; }
   /// Sets every temporary's live range and returns the program.
   Program take();
 

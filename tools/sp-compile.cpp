@@ -8,12 +8,15 @@
 // program, plans its memory and writes the plan directory.
 //
 //===----------------------------------------------------------------------===//
+#include "passes/Charts.h"
 #include "passes/CollectiveReport.h"
 #include "passes/MemoryPlan.h"
 #include "passes/MemoryReport.h"
 #include "passes/ModelInfo.h"
 #include "passes/PassManager.h"
 #include "passes/Passes.h"
+#include "passes/LowerTraining.h"
+#include "runtime/Pipeline.h"
 #include "runtime/Plan.h"
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"
@@ -164,63 +167,29 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
 /// The paper's Figure 7: for each model, each configuration's bytes as a
 /// percentage of the tensor-parallel baseline; ours as bars, Table 2's as a
 /// tick on each bar.
-static void writeFigure7(ArrayRef<PaperModel> Models, raw_ostream &OS) {
-  static const char *const Colors[] = {"#9e9e9e", "#4c72b0", "#55a868",
-                                       "#c44e52", "#8172b2", "#ccb974"};
-  const int Bars = paperConfigs().size() - 1; // without "no parallelism"
-  const double BarW = 16, GroupGap = 28, Left = 60, Top = 50, Height = 260;
-  double GroupW = Bars * BarW + GroupGap;
-  double Width = Left + Models.size() * GroupW + 20;
-  OS << formatv("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" "
-                "height=\"{1}\" font-family=\"sans-serif\" "
-                "font-size=\"11\">\n",
-                Width + 340, Top + Height + 60);
-  OS << formatv("<text x=\"{0}\" y=\"20\" font-size=\"14\">Activation "
-                "memory per layer, % of tensor-parallel baseline (bars: "
-                "sp-compile; ticks: Table 2)</text>\n",
-                Left);
-  auto Y = [&](double Pct) { return Top + Height * (1 - Pct / 100); };
-  for (int Pct = 0; Pct <= 100; Pct += 20) {
-    OS << formatv("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" "
-                  "stroke=\"#ddd\"/>\n",
-                  Left, Left + Models.size() * GroupW, Y(Pct));
-    OS << formatv("<text x=\"{0}\" y=\"{1}\" text-anchor=\"end\">{2}%"
-                  "</text>\n",
-                  Left - 6, Y(Pct) + 4, Pct);
-  }
-  for (size_t M = 0; M < Models.size(); ++M) {
-    const PaperModel &PM = Models[M];
-    double Base = PM.Rows[1].Ours, BaseF = PM.Rows[1].Formula;
-    double X0 = Left + M * GroupW + GroupGap / 2;
-    for (int B = 0; B < Bars; ++B) {
-      const PaperRow &R = PM.Rows[B + 1];
-      double Pct = 100 * R.Ours / Base, PctF = 100 * R.Formula / BaseF;
-      double X = X0 + B * BarW;
-      OS << formatv("<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" "
-                    "height=\"{3}\" fill=\"{4}\"><title>{5}: {6:F1}% "
-                    "(Table 2: {7:F1}%)</title></rect>\n",
-                    X, Y(Pct), BarW - 2, Y(0) - Y(Pct), Colors[B + 1],
-                    R.Config->Name, Pct, PctF);
-      OS << formatv("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" "
-                    "stroke=\"black\" stroke-width=\"2\"/>\n",
-                    X - 1, X + BarW - 1, Y(PctF));
-      OS << formatv("<text x=\"{0}\" y=\"{1}\" font-size=\"9\" "
-                    "text-anchor=\"middle\">{2:F0}</text>\n",
-                    X + BarW / 2 - 1, Y(Pct) - 3, Pct);
+static Error writeFigure7(ArrayRef<PaperModel> Models, raw_ostream &OS) {
+  BarChart C;
+  C.Title = "Activation memory per layer, as a percentage of the "
+            "tensor-parallel baseline";
+  C.YLabel = "% of tensor parallel (t = " +
+             std::to_string(Models.empty() ? 8 : Models[0].T) + ")";
+  C.MarkerLabel = "Table 2";
+  C.YMax = 100;
+  C.Width = 900;
+  for (size_t K = 1; K < paperConfigs().size(); ++K)
+    C.Series.push_back(paperConfigs()[K].Short);
+  for (const PaperModel &M : Models) {
+    C.Groups.push_back(M.Name);
+    std::vector<double> Ours, Paper;
+    double Base = M.Rows[1].Ours, BaseF = M.Rows[1].Formula;
+    for (size_t K = 1; K < M.Rows.size(); ++K) {
+      Ours.push_back(100 * double(M.Rows[K].Ours) / Base);
+      Paper.push_back(100 * M.Rows[K].Formula / BaseF);
     }
-    OS << formatv("<text x=\"{0}\" y=\"{1}\" text-anchor=\"middle\">"
-                  "{2}</text>\n",
-                  X0 + Bars * BarW / 2, Y(0) + 16, PM.Name);
+    C.Values.push_back(std::move(Ours));
+    C.Markers.push_back(std::move(Paper));
   }
-  double LX = Left + Models.size() * GroupW + 30;
-  for (int B = 0; B < Bars; ++B) {
-    OS << formatv("<rect x=\"{0}\" y=\"{1}\" width=\"12\" "
-                  "height=\"12\" fill=\"{2}\"/>\n",
-                  LX, Top + B * 20, Colors[B + 1]);
-    OS << formatv("<text x=\"{0}\" y=\"{1}\">{2}</text>\n", LX + 18,
-                  Top + B * 20 + 10, paperConfigs()[B + 1].Name);
-  }
-  OS << "</svg>\n";
+  return writeBarChartSvg(OS, C);
 }
 
 static int runPaperTable(const ImportOptions &IO, const PassContext &Base) {
@@ -260,11 +229,16 @@ static int runPaperTable(const ImportOptions &IO, const PassContext &Base) {
   }
   outs() << "the residual is the LayerNorm statistics (mean and 1/std, f32, "
             "per row), which Table 2 ignores\n";
-  if (!Figure7.empty())
+  if (!Figure7.empty()) {
+    std::string Svg;
+    raw_string_ostream SvgOS(Svg);
+    if (auto E = writeFigure7(Models, SvgOS))
+      return reportError("sp-compile", std::move(E));
     if (auto E = writeFileAtomically(Figure7, [&](raw_ostream &OS) {
-          writeFigure7(Models, OS);
+          OS << SvgOS.str();
         }))
       return reportError("sp-compile", std::move(E));
+  }
   if (!Report.empty())
     if (auto E = writeFileAtomically(Report, [&](raw_ostream &OS) {
           OS << nlohmann::json({{"paper_table", J}}).dump(2) << "\n";
@@ -324,17 +298,20 @@ int main(int Argc, char **Argv) {
     return reportError("sp-compile", Info.takeError());
   // Lower and plan the training graph.
   std::optional<Plan> P;
+  std::optional<LoweredPlan> Lowered;
   if (!Output.empty() || Report.getNumOccurrences()) {
     bool Training = any_of((*G)->outputs(), [](const Graph::Output &O) {
       return O.Name == "loss";
     });
     if (Training) {
-      auto Prog = lowerGraph(**G, ActDtype);
-      if (!Prog)
-        return reportError("sp-compile", Prog.takeError());
-      planMemory(*Prog);
+      auto L = lowerTrainingGraph(**G, Ctx);
+      if (!L)
+        return reportError("sp-compile", L.takeError());
+      Lowered = std::move(*L);
       P.emplace();
-      P->Prog = std::move(*Prog);
+      P->Prog = Lowered->Stages[0];
+      if (Ctx.Pipeline.enabled())
+        P->Stages = Lowered->Stages;
     } else if (!Output.empty()) {
       return reportError("sp-compile",
                          createStringError(inconvertibleErrorCode(),
@@ -348,8 +325,10 @@ int main(int Argc, char **Argv) {
           .count();
   nlohmann::json Facts = modelInfoToJson(*Info);
   std::optional<ActivationReport> Activations;
+  std::optional<ActivationReport> FirstStage;
   if (P) {
     const Program &Prog = P->Prog;
+    const Program &OneMicrobatch = Lowered->OneMicrobatch;
     int64_t Live = peakLiveTempBytes(Prog);
     Facts["plan"] = {{"instructions", Prog.Instrs.size()},
                      {"buffers", Prog.Buffers.size()},
@@ -358,14 +337,25 @@ int main(int Argc, char **Argv) {
                      {"arena_bytes", Prog.ArenaBytes},
                      {"peak_live_temp_bytes", Live}};
     Facts["parallel"] = {{"tp", Ctx.TensorParallel},
-                         {"sp", Ctx.SequenceParallel}};
+                         {"sp", Ctx.SequenceParallel},
+                         {"pp", Ctx.Pipeline.Stages},
+                         {"interleave", Ctx.Pipeline.Interleave},
+                         {"microbatches", Ctx.Pipeline.Microbatches}};
     Facts["collectives"] =
-        collectivesToJson(collectiveReport(Prog, Ctx.TensorParallel));
-    Activations = analyzeActivations(Prog);
-    Facts["memory"] = memoryReportToJson(*Activations, Prog);
+        collectivesToJson(collectiveReport(OneMicrobatch, Ctx.TensorParallel));
+    Activations = analyzeActivations(OneMicrobatch);
+    StageMemory SM;
+    FirstStage = analyzeActivations(Prog);
+    SM.FirstStageStored = FirstStage->StoredPeakBytes;
+    SM.InFlight = maxInFlight(Lowered->Sched, 0);
+    for (int K = 0; K < P->numStages(); ++K)
+      SM.PeakBytes = std::max(SM.PeakBytes, P->stage(K).ArenaBytes);
+    Facts["memory"] = memoryReportToJson(*Activations, Prog, SM);
     Facts["flops"] = flopReportToJson(
         *Activations, Ctx.TensorParallel,
-        {Info->Batch, Info->Layers, Info->Seq, Info->Hidden, Info->Vocab});
+        {Info->Batch * Ctx.Pipeline.Microbatches, Info->Layers, Info->Seq,
+         Info->Hidden, Info->Vocab},
+        Ctx.Pipeline.Microbatches);
   }
   if (!Quiet) {
     printModelSummary(*Info, **G, outs());
@@ -395,6 +385,13 @@ int main(int Argc, char **Argv) {
     P->Manifest["dtype"] = dtypeName(ActDtype).str();
     P->Manifest["tp"] = Ctx.TensorParallel;
     P->Manifest["sp"] = Ctx.SequenceParallel;
+    if (Ctx.Pipeline.enabled()) {
+      const PipelineOptions &PO = Ctx.Pipeline;
+      P->Manifest["pp"] = PO.Stages;
+      P->Manifest["interleave"] = PO.Interleave;
+      P->Manifest["microbatches"] = PO.Microbatches;
+      P->Manifest["schedule"] = scheduleKindName(scheduleKind(PO.Schedule)).str();
+    }
     if (auto E = writePlan(Output, *P))
       return reportError("sp-compile", std::move(E));
     if (!Quiet)

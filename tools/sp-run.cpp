@@ -220,7 +220,10 @@ namespace {
 struct Run {
   /// Rank 0 of the group prints and writes files; every rank takes part in
   /// the collectives (training steps, gathers for dumps and the export).
+  /// With pipeline stages, the first tensor-parallel rank of each stage
+  /// writes the dumps of that stage's parameters (StageLead).
   bool Lead;
+  bool StageLead;
   const Plan &P;
   Executor &E;
   const DataLoader &Data;
@@ -266,15 +269,19 @@ Error Run::dumpLogits(StringRef Dir) {
 }
 
 Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
-  if (Lead)
+  if (StageLead)
     if (auto Err = makeDir(Dir, "--dump"))
       return Err;
   for (const TensorView &T : Tensors) {
+    // A copy of a weight another stage owns (a tied embedding) is dumped
+    // by its owner.
+    if (StringRef(T.Name).contains('@'))
+      continue;
     // Full shape, unsharded: the source parameter's.
     auto Full = E.gather(T);
     if (!Full)
       return Full.takeError();
-    if (!Lead)
+    if (!StageLead)
       continue;
     if (auto Err = writeNpy((Dir + "/" + fileNameFor(T.Name) + ".npy").str(),
                             T.FullType.Shape, *Full))
@@ -449,25 +456,51 @@ int main(int Argc, char **Argv) {
 
   registerOnnxDataLoader();
   int TP = P->Manifest.value("tp", 1);
+  int PP = P->numStages();
   if (TP > 1 && (CheckpointEvery || LoadCheckpoint))
     return Fail(usageError(formatv(
         "checkpoints of tensor-parallel plans (--tp {0}) are not supported "
         "yet; train without --checkpoint-every/--resume",
         TP)));
+  bool Pipelined = PP > 1 || P->Manifest.value("microbatches", 1) > 1;
+  if (Pipelined && (CheckpointEvery || LoadCheckpoint || Eval ||
+                    !ExportOnnx.empty()))
+    return Fail(usageError(
+        "checkpoints, --eval and --export-onnx of pipelined plans (--pp, "
+        "--microbatches) are not supported yet; compile without them for "
+        "those"));
   if (CommKind != "threads" && CommKind != "mpi")
     return Fail(usageError("--comm must be threads or mpi, got '" + CommKind +
                            "'"));
-  if (TP > 1)
-    NumThreads = std::max(1, NumThreads / TP); // BLAS threads per rank
+  int Ranks = TP * PP;
+  if (Ranks > 1)
+    NumThreads = std::max(1, NumThreads / Ranks); // BLAS threads per rank
   openblas_set_num_threads(NumThreads);
   cpu::setKernelThreads(NumThreads); // elementwise kernels
 
-  // One rank of the plan's tensor-parallel group; rank 0 writes the files.
-  auto Body = [&](Communicator *C) -> Error {
-    bool Lead = !C || C->rank() == 0;
+  // One rank of the grid of tensor-parallel groups times pipeline stages
+  // (world rank = stage * t + tensor-parallel rank); rank 0 writes the
+  // files.
+  auto Body = [&](Communicator *World) -> Error {
+    bool Lead = !World || World->rank() == 0;
     raw_ostream &Out = Lead ? outs() : nulls();
+    std::unique_ptr<Communicator> TPComm, PipeComm;
+    Communicator *C = World;
+    if (World && PP > 1) {
+      int Stage = World->rank() / TP, TPRank = World->rank() % TP;
+      auto T = World->split(Stage, TPRank);
+      if (!T)
+        return T.takeError();
+      auto Pp = World->split(TPRank, Stage);
+      if (!Pp)
+        return Pp.takeError();
+      TPComm = std::move(*T);
+      PipeComm = std::move(*Pp);
+      C = TPComm.get();
+    }
     RunOptions RO;
     RO.Comm = C;
+    RO.PipeComm = PipeComm.get();
     RO.Seed = RunSeed;
     if (Dropout.getNumOccurrences())
       RO.Dropout = Dropout.getValue();
@@ -489,8 +522,9 @@ int main(int Argc, char **Argv) {
 
     std::string ModelName =
         sys::path::stem(P->Manifest.value("source", std::string("model"))).str();
-    Run R{Lead,        *P,      E,  *Data, ModelName, LogPath, CkptPath,
-          Fingerprint, RunSeed, {}, {},    {}};
+    bool StageLead = !C || C->rank() == 0;
+    Run R{Lead,      StageLead, *P,      E,  *Data, ModelName, LogPath,
+          CkptPath,  Fingerprint, RunSeed, {}, {},    {}};
     int64_t FirstStep = 1;
     if (Resumed) {
       std::vector<TensorView> Tensors = R.checkpointTensors();
@@ -510,8 +544,11 @@ int main(int Argc, char **Argv) {
       if (Lead)
         if (auto Err = makeDir(DumpDir, "--dump"))
           return Err;
-      if (auto Err = R.dumpLogits(DumpDir))
-        return Err;
+      // The logits come from a forward-only evaluation, which pipelined
+      // plans do not have.
+      if (!Pipelined)
+        if (auto Err = R.dumpLogits(DumpDir))
+          return Err;
     }
 
     int64_t TokensPerStep = E.batch() * E.seq();
@@ -582,6 +619,8 @@ int main(int Argc, char **Argv) {
       if (!DumpDir.empty() && Step == FirstStep) {
         std::vector<TensorView> Grads;
         for (const TensorView &Param : E.parameters()) {
+          if (StringRef(Param.Name).contains('@'))
+            continue; // a copy of another stage's weight
           auto G = E.gradient(Param.Name);
           if (!G)
             return FailAfterLogs(
@@ -660,11 +699,12 @@ int main(int Argc, char **Argv) {
     if (!C)
       return Fail(C.takeError());
     // Every rank sees the mismatch: report it once and exit cleanly.
-    if ((*C)->size() != TP) {
+    if ((*C)->size() != Ranks) {
       if ((*C)->rank() == 0)
-        Fail(usageError(formatv("the plan was compiled for --tp {0}; run it "
-                                "with mpirun -np {0} (got {1} processes)",
-                                TP, (*C)->size())));
+        Fail(usageError(formatv("the plan was compiled for --tp {0} and --pp "
+                                "{1}; run it with mpirun -np {2} (got {3} "
+                                "processes)",
+                                TP, PP, Ranks, (*C)->size())));
       return 1;
     }
     if (auto Err = Body(C->get())) {
@@ -673,12 +713,13 @@ int main(int Argc, char **Argv) {
     }
     return 0;
   }
-  if (TP == 1) {
+  if (Ranks == 1) {
     if (auto Err = Body(nullptr))
       return Fail(std::move(Err));
     return 0;
   }
-  if (auto Err = runOnThreadRanks(TP, [&](Communicator &C) { return Body(&C); }))
+  if (auto Err =
+          runOnThreadRanks(Ranks, [&](Communicator &C) { return Body(&C); }))
     return Fail(std::move(Err));
   return 0;
 }

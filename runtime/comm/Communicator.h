@@ -69,10 +69,9 @@ public:
   /// Copies Root's Bytes bytes at Data into Data on every other rank.
   virtual llvm::Error broadcast(void *Data, int64_t Bytes, int Root) = 0;
   /// Point to point. Messages between the same (sender, receiver, Tag) arrive
-  /// in order; recv must ask for exactly the size that was sent. The thread
-  /// version buffers sends (send never blocks); MPI's may block until the
-  /// matching recv is posted, so portable code never sends to a rank that is
-  /// itself blocked sending to it.
+  /// in order; recv must ask for exactly the size that was sent. Sends are
+  /// buffered (send never blocks: threads queue a copy, MPI posts MPI_Isend
+  /// on a copy), so only a recv whose message is never sent can hang.
   virtual llvm::Error send(const void *Data, int64_t Bytes, int Peer,
                            int Tag) = 0;
   virtual llvm::Error recv(void *Data, int64_t Bytes, int Peer, int Tag) = 0;

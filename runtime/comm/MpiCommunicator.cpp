@@ -10,6 +10,11 @@
 // at most 2^30 elements (bytes), the same on every rank. allGather and
 // reduceScatterSum need each rank's count to fit an int.
 //
+// Sends are buffered, as with threads: send copies the bytes and posts
+// MPI_Isend, so it never waits for the receiver (pipeline stages send to
+// each other in both directions at once). Completed sends are released at
+// the next point-to-point call; the destructor waits for the rest.
+//
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/CommSupport.h"
@@ -21,7 +26,9 @@
 #include <climits>
 #include <cstdlib>
 #include <mpi.h>
+#include <list>
 #include <mutex>
+#include <vector>
 #endif
 
 using namespace llvm;
@@ -59,8 +66,11 @@ public:
   ~MpiCommunicator() override {
     int Finalized = 0;
     MPI_Finalized(&Finalized);
-    if (!Finalized)
-      MPI_Comm_free(&Comm);
+    if (Finalized)
+      return;
+    for (PendingSend &S : Pending)
+      MPI_Wait(&S.Request, MPI_STATUS_IGNORE);
+    MPI_Comm_free(&Comm);
   }
 
   /// Takes a new communicator handle, sets its error handler to return
@@ -148,14 +158,22 @@ public:
     StringRef Op = "send";
     if (Error E = check(Op, pointToPointProblem(Data, Bytes, Peer, Tag)))
       return E;
+    if (Error E = releaseCompletedSends(Op))
+      return E;
     const char *P = static_cast<const char *>(Data);
     // A zero-byte message is still one message.
     int64_t Offset = 0;
     do {
       int N = static_cast<int>(std::min(MaxChunk, Bytes - Offset));
-      if (Error E = call(Op, "MPI_Send",
-                         MPI_Send(P + Offset, N, MPI_BYTE, Peer, Tag, Comm)))
+      Pending.emplace_back();
+      PendingSend &S = Pending.back();
+      S.Bytes.assign(P + Offset, P + Offset + N);
+      if (Error E = call(Op, "MPI_Isend",
+                         MPI_Isend(S.Bytes.data(), N, MPI_BYTE, Peer, Tag,
+                                   Comm, &S.Request))) {
+        Pending.pop_back();
         return E;
+      }
       Offset += N;
     } while (Offset < Bytes);
     return Error::success();
@@ -164,6 +182,8 @@ public:
   Error recv(void *Data, int64_t Bytes, int Peer, int Tag) override {
     StringRef Op = "recv";
     if (Error E = check(Op, pointToPointProblem(Data, Bytes, Peer, Tag)))
+      return E;
+    if (Error E = releaseCompletedSends(Op))
       return E;
     char *P = static_cast<char *>(Data);
     int64_t Offset = 0;
@@ -215,6 +235,23 @@ public:
   }
 
 private:
+  /// A posted MPI_Isend and the copy of the bytes it sends.
+  struct PendingSend {
+    MPI_Request Request = MPI_REQUEST_NULL;
+    std::vector<char> Bytes;
+  };
+
+  Error releaseCompletedSends(StringRef Op) {
+    for (auto It = Pending.begin(); It != Pending.end();) {
+      int Done = 0;
+      if (Error E = call(Op, "MPI_Test",
+                         MPI_Test(&It->Request, &Done, MPI_STATUS_IGNORE)))
+        return E;
+      It = Done ? Pending.erase(It) : std::next(It);
+    }
+    return Error::success();
+  }
+
   Error check(StringRef Op, const std::string &Problem) const {
     if (!Problem.empty())
       return comm::makeError(*this, Op, Problem);
@@ -271,6 +308,7 @@ private:
   MPI_Comm Comm;
   int Rank;
   int Size;
+  std::list<PendingSend> Pending;
 };
 
 void finalizeMpiAtExit() {

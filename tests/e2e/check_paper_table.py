@@ -54,7 +54,7 @@ def main():
     svg = open(figure).read()
     for model in table:
         assert model["model"] in svg, f"{model['model']} missing from Figure 7"
-    for config in ["tensor + sequence parallel + selective recompute", "full recompute"]:
+    for config in ["TP+SP+selective", "full recompute"]:
         assert config in svg, f"{config} missing from Figure 7"
 
     # The FLOP report at 175B, t = 8, SP and selective recompute.

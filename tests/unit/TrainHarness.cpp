@@ -3,7 +3,9 @@
 #include "frontend/OnnxImporter.h"
 #include "passes/MemoryPlan.h"
 #include "passes/PassManager.h"
+#include "passes/ModelInfo.h"
 #include "passes/Passes.h"
+#include "passes/LowerTraining.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <mutex>
@@ -11,11 +13,17 @@
 
 using namespace llvm;
 
+extern "C" void openblas_set_num_threads(int NumThreads);
+
 namespace sp::test {
 
-Expected<Plan> tryCompile(StringRef Model, const PassContext &Ctx) {
+Expected<Plan> tryCompile(StringRef Model, const PassContext &Ctx,
+                          int64_t Batch, int64_t Seq) {
   registerOnnxDataLoader();
-  auto G = importOnnx(Model, ImportOptions());
+  ImportOptions IO;
+  IO.Batch = Batch;
+  IO.Seq = Seq;
+  auto G = importOnnx(Model, IO);
   if (!G)
     return G.takeError();
   PassManager PM(PassManagerOptions{});
@@ -24,18 +32,26 @@ Expected<Plan> tryCompile(StringRef Model, const PassContext &Ctx) {
   PassContext C = Ctx;
   if (auto E = PM.run(**G, C))
     return std::move(E);
+  auto Info = summarizeModel(**G);
+  if (!Info)
+    return Info.takeError();
+  auto L = lowerTrainingGraph(**G, C);
+  if (!L)
+    return L.takeError();
   Plan P;
-  auto Prog = lowerGraph(**G, DType::F32);
-  if (!Prog)
-    return Prog.takeError();
-  P.Prog = std::move(*Prog);
-  planMemory(P.Prog);
-  P.Manifest = {{"dtype", "f32"}, {"tp", Ctx.TensorParallel}};
+  P.Prog = L->Stages[0];
+  if (Ctx.Pipeline.enabled())
+    P.Stages = std::move(L->Stages);
+  P.Manifest = {{"dtype", "f32"},
+                {"tp", Ctx.TensorParallel},
+                {"microbatches", Ctx.Pipeline.Microbatches},
+                {"model", modelInfoToJson(*Info)["model"]}};
   return P;
 }
 
-Plan compile(StringRef Model, const PassContext &Ctx) {
-  auto P = tryCompile(Model, Ctx);
+Plan compile(StringRef Model, const PassContext &Ctx, int64_t Batch,
+             int64_t Seq) {
+  auto P = tryCompile(Model, Ctx, Batch, Seq);
   if (!P)
     report_fatal_error(Twine("test compile failed: ") +
                        toString(P.takeError()));
@@ -43,48 +59,60 @@ Plan compile(StringRef Model, const PassContext &Ctx) {
 }
 
 RunResult train(const Plan &P, double Dropout, int Steps) {
-  std::mt19937 Rng(7);
-  // Token ids within the model's vocabulary, sized from the plan.
-  int64_t Vocab = 0, Tokens = 0;
-  for (const Instruction &I : P.Prog.Instrs)
-    if (I.Role == "embed" && I.Op == OpKind::Embedding) {
-      const ProgramBuffer &T = P.Prog.Buffers[I.In[0]];
-      Vocab = T.Data->type().Shape[0];
-      Tokens = P.Prog.Buffers[I.In[1]].Type.numElements();
-    }
-  std::vector<int64_t> Idx(Tokens), Targets(Tokens);
-  for (size_t I = 0; I < Idx.size(); ++I) {
-    Idx[I] = Rng() % Vocab;
-    Targets[I] = Rng() % Vocab;
-  }
-  int TP = P.Manifest.value("tp", 1);
+  int TP = P.Manifest.value("tp", 1), PP = P.numStages();
   RunResult R;
   std::mutex M;
-  Error E = runOnThreadRanks(TP, [&](Communicator &C) -> Error {
+  // Ranks as threads call OpenBLAS at the same time: one BLAS thread each
+  // (OpenBLAS's own threads are not safe under concurrent callers).
+  openblas_set_num_threads(TP * PP > 1 ? 1 : 2);
+  Error E = runOnThreadRanks(TP * PP, [&](Communicator &World) -> Error {
+    // world rank = stage * t + tensor-parallel rank, as sp-run lays it out
+    int Stage = World.rank() / TP, TPRank = World.rank() % TP;
+    auto TPComm = World.split(Stage, TPRank);
+    if (!TPComm)
+      return TPComm.takeError();
+    auto PipeComm = World.split(TPRank, Stage);
+    if (!PipeComm)
+      return PipeComm.takeError();
     RunOptions O;
-    O.Comm = &C;
+    O.Comm = TPComm->get();
+    O.PipeComm = PP > 1 ? PipeComm->get() : nullptr;
     O.Dropout = Dropout;
     auto E = Executor::create(P, O);
     if (!E)
       return E.takeError();
+    // The same random tokens on every rank.
+    std::mt19937 Rng(7);
+    std::vector<int64_t> Idx((*E)->batch() * (*E)->seq()), Targets(Idx.size());
+    for (size_t I = 0; I < Idx.size(); ++I) {
+      Idx[I] = Rng() % (*E)->vocab();
+      Targets[I] = Rng() % (*E)->vocab();
+    }
     for (int S = 1; S <= Steps; ++S) {
       auto L = (*E)->trainStep(Idx, Targets, 1e-3, S);
       if (!L)
         return L.takeError();
-      if (C.rank() == 0)
+      if (World.rank() == 0)
         R.Losses.push_back(*L);
       if (S > 1)
         continue;
+      // Every stage's own parameters (not the copies of another stage's).
       for (const TensorView &Param : (*E)->parameters()) {
-        auto Full = (*E)->gather(*(*E)->gradient(Param.Name));
+        if (StringRef(Param.Name).contains('@'))
+          continue;
+        auto G = (*E)->gradient(Param.Name);
+        if (!G)
+          return createStringError(inconvertibleErrorCode(),
+                                   "no gradient of " + Param.Name);
+        auto Full = (*E)->gather(*G);
         if (!Full)
           return Full.takeError();
         std::lock_guard<std::mutex> Lock(M);
-        if (C.rank() == 0)
+        if (TPRank == 0)
           R.Grads[Param.Name] = std::move(*Full);
       }
     }
-    if (C.rank() == 0)
+    if (World.rank() == 0)
       R.Memory = (*E)->memory();
     return Error::success();
   });

@@ -21,9 +21,12 @@ constexpr const char *TinyModel = SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx";
 
 /// Compiles Model with the default pipeline; Ctx carries --tp, --sp,
 /// --recompute.
-llvm::Expected<Plan> tryCompile(llvm::StringRef Model, const PassContext &Ctx);
+/// Batch and Seq bind symbolic dimensions (0: the model's own).
+llvm::Expected<Plan> tryCompile(llvm::StringRef Model, const PassContext &Ctx,
+                                int64_t Batch = 0, int64_t Seq = 0);
 /// The same, for a compile that must succeed.
-Plan compile(llvm::StringRef Model, const PassContext &Ctx);
+Plan compile(llvm::StringRef Model, const PassContext &Ctx, int64_t Batch = 0,
+             int64_t Seq = 0);
 
 struct RunResult {
   std::vector<double> Losses;
@@ -31,6 +34,8 @@ struct RunResult {
   MemoryStats Memory;                              // rank 0's, after the run
 };
 
+/// Trains on t x p thread ranks (sp-run's layout); the tokens are the same
+/// random ones for any layout of the same batch.
 RunResult train(const Plan &P, double Dropout, int Steps);
 
 /// Largest |a - b| over largest |b|.

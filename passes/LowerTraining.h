@@ -1,0 +1,40 @@
+//===- LowerTraining.h - A compiled training graph to programs --*- C++ -*-===//
+//
+// The last step of sp-compile: the training graph becomes the programs a
+// plan holds. Without pipeline options that is one program; with them, the
+// schedule (PipelineSchedule.h) is unrolled into one program per pipeline
+// rank (runtime/Pipeline.h). Every program's memory is planned.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_PASSES_LOWERTRAINING_H
+#define SP_PASSES_LOWERTRAINING_H
+
+#include "passes/Pass.h"
+#include "passes/PipelineSchedule.h"
+#include "runtime/Pipeline.h"
+
+namespace sp {
+
+struct LoweredPlan {
+  /// One program per pipeline rank (one without pipeline options).
+  std::vector<Program> Stages;
+  /// One microbatch through the whole model, for the per-layer reports.
+  Program OneMicrobatch;
+  /// The schedule the stage programs unroll (one rank, one microbatch
+  /// without pipeline options).
+  Schedule Sched;
+};
+
+/// Lowers G. With pipeline options the programs are checked to be free of
+/// deadlocks (verifyPipelinePrograms).
+llvm::Expected<LoweredPlan> lowerTrainingGraph(const Graph &G,
+                                               const PassContext &Ctx);
+
+ScheduleKind scheduleKind(PipelineSchedule S);
+
+/// The compute steps of a schedule, as the unrolling takes them.
+PipelineLayout computeSteps(const Schedule &S);
+
+} // namespace sp
+
+#endif // SP_PASSES_LOWERTRAINING_H

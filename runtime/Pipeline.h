@@ -1,0 +1,62 @@
+//===- Pipeline.h - Unrolling a pipeline schedule into programs -*- C++ -*-===//
+//
+// A pipelined training step is one program per pipeline rank: the
+// schedule's forwards and backwards of every microbatch written out in
+// order, with the sends and receives at the stage cuts, the accumulation of
+// gradients over the microbatches, and the optimizer step once at the end.
+// Because every microbatch instance gets buffers of its own, the memory
+// planner sees the true liveness: a stage's activations live from its
+// forward of a microbatch to its backward of it.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_PIPELINE_H
+#define SP_RUNTIME_PIPELINE_H
+
+#include "runtime/Program.h"
+#include <vector>
+
+namespace sp {
+
+/// One compute step of a rank: the forward or backward of model chunk Chunk
+/// (virtual stage Chunk * P + rank) on one microbatch.
+struct PipelineStep {
+  bool Backward = false;
+  int Microbatch = 0;
+  int Chunk = 0;
+};
+
+struct PipelineLayout {
+  int Stages = 1;       // P pipeline ranks
+  int Chunks = 1;       // M model chunks per rank
+  int Microbatches = 1; // N
+  /// The compute steps of every rank, in schedule order.
+  std::vector<std::vector<PipelineStep>> Steps;
+};
+
+/// Lowers a training graph whose nodes carry their virtual stage (the
+/// pipeline pass's tags) into one program per pipeline rank.
+///
+/// - The model's batch is the microbatch: the inputs idx and targets become
+///   idx.K and targets.K per microbatch K, and dropouts learn their
+///   microbatch, so that their masks are those of the whole batch.
+/// - A value used on another stage than its producer's is sent right after
+///   the step that makes it and received right before the step that needs
+///   it (tag: microbatch and value), carrying its sharded shape.
+/// - Values the optimizer reads (gradients) and the loss are summed over the
+///   microbatches; the loss gradient is seeded with 1/N, so the gradients
+///   and the loss are the means over the whole batch.
+/// - Optimizer nodes run once after the last step on the rank of their
+///   stage; grad_norm (stage -1) runs on every rank over that rank's
+///   gradients and sums over the pipeline; the loss is broadcast from the
+///   last stage.
+llvm::Expected<std::vector<Program>>
+lowerPipeline(const Graph &G, DType ActivationDtype, const PipelineLayout &L);
+
+/// Simulates the programs with buffered sends and collectives that wait for
+/// all their participants: fails when a rank would wait forever (naming the
+/// ranks and instructions that are stuck) or a message is never received.
+llvm::Error verifyPipelinePrograms(llvm::ArrayRef<Program> Programs);
+
+} // namespace sp
+
+#endif // SP_RUNTIME_PIPELINE_H

@@ -1,0 +1,147 @@
+//===- PipelineTest.cpp - Pipelined runs equal one device -----------------===//
+//
+// A torch export with a symbolic batch (8 layers) is compiled once for one
+// device over the whole batch of 8, and for p in {1, 2, 4} pipeline stages,
+// M in {1, 2} model chunks, t in {1, 2} with sequence parallelism, recompute
+// none and selective, over 4 microbatches of 2. Every run must give the
+// one-device losses (3 steps, dropout on) and first-step gradients, within
+// 1e-6 relative: the microbatches sum their gradients in another order than
+// one GEMM over the whole batch, and nothing else differs (the dropout masks
+// are keyed by the element's index in the whole batch).
+//
+// AdamW's epsilon is 1e-6 here instead of 1e-8: the gradient of the key
+// bias is zero in exact arithmetic (softmax ignores a shift of a score row),
+// so in floating point it is rounding noise of about 1e-9, which AdamW with
+// a tiny epsilon turns into lr-sized steps of random sign. Any change of
+// summation order (here: microbatches) then moves those biases by about
+// 0.5% per step and the loss by about 1e-5 after two updates, in torch as
+// much as here. With epsilon 1e-6 the noise moves them by 1e-3 of a step.
+//
+//===----------------------------------------------------------------------===//
+#include "TrainHarness.h"
+#include "passes/MemoryReport.h"
+#include "passes/LowerTraining.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Program.h"
+#include "gtest/gtest.h"
+
+using namespace sp;
+using namespace sp::test;
+using namespace llvm;
+
+namespace {
+
+constexpr int Microbatches = 4, MicroBatchSize = 2, Seq = 16, Steps = 20;
+constexpr double Dropout = 0.1;
+
+/// The exported model, shared by the tests of this file.
+const std::string &model() {
+  static std::string Path = [] {
+    SmallString<128> Dir;
+    if (sys::fs::createUniqueDirectory("sp-pipeline", Dir))
+      report_fatal_error("cannot create a temporary directory");
+    std::string Model = (Dir + "/gpt8.onnx").str();
+    std::string Script = SP_SOURCE_DIR "/models/export_gpt.py";
+    std::vector<StringRef> Args = {
+        SP_PYTHON, Script,   "-o",      Model, "--layers", "8",
+        "--hidden", "32",    "--heads", "4",   "--seq",    "16",
+        "--vocab",  "64",    "--batch", "2",   "--dynamic", "--dropout",
+        "0.1"};
+    Optional<StringRef> Quiet[] = {None, StringRef(""), StringRef("")};
+    if (sys::ExecuteAndWait(SP_PYTHON, Args, None, Quiet) != 0)
+      report_fatal_error("the torch export failed (is python3-torch "
+                         "installed?)");
+    return Model;
+  }();
+  return Path;
+}
+
+PassContext baseContext() {
+  PassContext Ctx;
+  Ctx.Optimizer.Eps = 1e-6;
+  return Ctx;
+}
+
+const RunResult &reference() {
+  static RunResult R = train(compile(model(), baseContext(),
+                                     Microbatches * MicroBatchSize, Seq),
+                             Dropout, Steps);
+  return R;
+}
+
+struct Config {
+  int P, M, T;
+  RecomputeMode Recompute;
+};
+
+PassContext context(const Config &C) {
+  PassContext Ctx = baseContext();
+  Ctx.TensorParallel = C.T;
+  Ctx.SequenceParallel = C.T > 1;
+  Ctx.Recompute.Mode = C.Recompute;
+  Ctx.Pipeline.Stages = C.P;
+  Ctx.Pipeline.Interleave = C.M;
+  Ctx.Pipeline.Microbatches = Microbatches;
+  Ctx.Pipeline.Schedule = C.M > 1 ? PipelineSchedule::Interleaved
+                                  : PipelineSchedule::OneFOneB;
+  return Ctx;
+}
+
+class PipelineEqualsOneDevice : public ::testing::TestWithParam<Config> {};
+
+TEST_P(PipelineEqualsOneDevice, LossAndGradients) {
+  const RunResult &Ref = reference();
+  Plan P = compile(model(), context(GetParam()), MicroBatchSize, Seq);
+  RunResult R = train(P, Dropout, Steps);
+  ASSERT_EQ(R.Losses.size(), Ref.Losses.size());
+  for (size_t S = 0; S < Ref.Losses.size(); ++S)
+    EXPECT_NEAR(R.Losses[S], Ref.Losses[S], 1e-6 * std::abs(Ref.Losses[S]))
+        << "step " << S + 1;
+  ASSERT_EQ(R.Grads.size(), Ref.Grads.size());
+  for (auto &[Name, G] : Ref.Grads) {
+    auto It = R.Grads.find(Name);
+    ASSERT_NE(It, R.Grads.end()) << Name;
+    ASSERT_EQ(It->second.size(), G.size()) << Name;
+    EXPECT_LT(relErr(It->second, G), 1e-6) << Name;
+  }
+}
+
+std::vector<Config> configs() {
+  std::vector<Config> C;
+  for (int P : {1, 2, 4})
+    for (int M : {1, 2})
+      for (int T : {1, 2})
+        for (RecomputeMode R : {RecomputeMode::None, RecomputeMode::Selective})
+          if (M == 1 || P > 1) // interleaving needs stages
+            C.push_back({P, M, T, R});
+  return C;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, PipelineEqualsOneDevice, ::testing::ValuesIn(configs()),
+    [](const auto &Info) {
+      const Config &C = Info.param;
+      return "p" + std::to_string(C.P) + "_m" + std::to_string(C.M) + "_t" +
+             std::to_string(C.T) +
+             (C.Recompute == RecomputeMode::Selective ? "_selective" : "");
+    });
+
+/// The first stage keeps P microbatches in flight under 1F1B, so its
+/// stored activations are P microbatches' worth of its layers.
+TEST(Pipeline, FirstStageHoldsPMicrobatches) {
+  Config C{4, 1, 1, RecomputeMode::None};
+  PassContext Ctx = context(C);
+  Plan P = compile(model(), Ctx, MicroBatchSize, Seq);
+  ASSERT_EQ(P.numStages(), 4);
+  auto L = buildSchedule(ScheduleKind::OneFOneB, 4, 1, Microbatches);
+  ASSERT_TRUE(bool(L));
+  EXPECT_EQ(maxInFlight(*L, 0), 4);
+  EXPECT_EQ(maxInFlight(*L, 3), 1);
+  // Measured equals planned on every stage.
+  RunResult R = train(P, Dropout, 1);
+  EXPECT_EQ(R.Memory.HighWaterBytes, P.Prog.ArenaBytes);
+  EXPECT_EQ(R.Memory.StoredActivationBytes,
+            analyzeActivations(P.Prog).StoredPeakBytes);
+}
+
+} // namespace

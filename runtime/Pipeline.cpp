@@ -29,7 +29,10 @@ struct StageGraph {
   /// Values read on another stage than their producer's, numbered (the
   /// message tag is microbatch * size() + number).
   SetVector<const Value *> Cross;
-  DenseMap<const Value *, int> CrossIndex;
+  /// Message tags: microbatch * TagStride + the value's number among those
+  /// going from its producer's rank to one receiving rank.
+  std::map<std::pair<const Value *, int>, int> TagIndex;
+  int TagStride = 1;
   /// Per stage: the crossing values it receives, and those it sends with
   /// their destination stages, each split by the phase of the producer.
   std::vector<SetVector<const Value *>> FwdImports, BwdImports;
@@ -88,8 +91,7 @@ Expected<StageGraph> cutStages(const Graph &G, int NumStages) {
       }
       if (From == S)
         continue;
-      if (SG.Cross.insert(V))
-        SG.CrossIndex[V] = SG.Cross.size() - 1;
+      SG.Cross.insert(V);
       bool FromForward = P->tags().Ph == Phase::Forward;
       (FromForward ? SG.FwdImports : SG.BwdImports)[S].insert(V);
       auto &Dest = (FromForward ? SG.FwdExports : SG.BwdExports)[From][V];
@@ -129,8 +131,10 @@ public:
 private:
   int rankOf(int Stage) const { return Stage % L.Stages; }
 
-  int tag(const Value *V, int Mb) const {
-    return Mb * int(SG.Cross.size()) + SG.CrossIndex.lookup(V);
+  /// The tag of V's message to or from rank Other in microbatch Mb: the
+  /// same on both sides.
+  int tag(const Value *V, int Mb, int ToRank) const {
+    return Mb * SG.TagStride + SG.TagIndex.at({V, ToRank});
   }
 
   void setUpLeaves() {
@@ -199,7 +203,7 @@ private:
       int From = V->producer()->tags().Stage;
       AttrList A;
       A.set("peer", int64_t(rankOf(From)));
-      A.set("tag", int64_t(tag(V, Mb)));
+      A.set("tag", int64_t(tag(V, Mb, Rank)));
       Tags T = V->producer()->tags();
       T.Ph = Ph;
       T.Stage = Stage;
@@ -216,7 +220,7 @@ private:
       for (int To : Dests) {
         AttrList A;
         A.set("peer", int64_t(rankOf(To)));
-        A.set("tag", int64_t(tag(V, Mb)));
+        A.set("tag", int64_t(tag(V, Mb, rankOf(To))));
         Tags T = V->producer()->tags();
         T.Ph = Ph;
         B.emitRaw(OpKind::Send, {Instances.at({Mb, V})}, {}, A, T, "send");
@@ -346,18 +350,39 @@ private:
 
 } // namespace
 
-Expected<std::vector<Program>> lowerPipeline(const Graph &G, DType Dt,
-                                             const PipelineLayout &L) {
+static Expected<StageGraph> checkedCut(const Graph &G,
+                                       const PipelineLayout &L) {
   if (L.Stages < 1 || L.Chunks < 1 || L.Microbatches < 1 ||
       int(L.Steps.size()) != L.Stages)
     return lowerError("malformed layout");
   auto SG = cutStages(G, L.Stages * L.Chunks);
   if (!SG)
     return SG.takeError();
-  if (int64_t(SG->Cross.size()) * L.Microbatches >= (1 << 14))
-    return lowerError(formatv("{0} values cross stages in each of {1} "
-                              "microbatches: too many for message tags",
-                              SG->Cross.size(), L.Microbatches));
+  // Number the values each pair of ranks exchanges.
+  std::map<std::pair<int, int>, int> PerPair;
+  for (const auto *Exports : {&SG->FwdExports, &SG->BwdExports})
+    for (const auto &StageExports : *Exports)
+      for (auto &[V, Dests] : StageExports)
+        for (int D : Dests) {
+          int From = V->producer()->tags().Stage % L.Stages,
+              To = D % L.Stages;
+          if (!SG->TagIndex.count({V, To}))
+            SG->TagIndex[{V, To}] = PerPair[{From, To}]++;
+        }
+  for (auto &[Pair, Count] : PerPair)
+    SG->TagStride = std::max(SG->TagStride, Count);
+  if (int64_t(SG->TagStride) * L.Microbatches >= (1 << 14))
+    return lowerError(formatv("{0} values cross between two ranks in each of "
+                              "{1} microbatches: too many for message tags",
+                              SG->TagStride, L.Microbatches));
+  return SG;
+}
+
+Expected<std::vector<Program>> lowerPipeline(const Graph &G, DType Dt,
+                                             const PipelineLayout &L) {
+  auto SG = checkedCut(G, L);
+  if (!SG)
+    return SG.takeError();
   std::vector<Program> Programs;
   for (int R = 0; R < L.Stages; ++R) {
     auto P = RankLowering(G, *SG, L, R, Dt).run();
@@ -366,6 +391,14 @@ Expected<std::vector<Program>> lowerPipeline(const Graph &G, DType Dt,
     Programs.push_back(std::move(*P));
   }
   return Programs;
+}
+
+Expected<Program> lowerPipelineRank(const Graph &G, DType Dt,
+                                    const PipelineLayout &L, int Rank) {
+  auto SG = checkedCut(G, L);
+  if (!SG)
+    return SG.takeError();
+  return RankLowering(G, *SG, L, Rank, Dt).run();
 }
 
 //===----------------------------------------------------------------------===//

@@ -52,6 +52,12 @@ struct PipelineLayout {
 llvm::Expected<std::vector<Program>>
 lowerPipeline(const Graph &G, DType ActivationDtype, const PipelineLayout &L);
 
+/// The program of one pipeline rank alone (for reports on schedules too
+/// large to unroll for every rank).
+llvm::Expected<Program> lowerPipelineRank(const Graph &G,
+                                          DType ActivationDtype,
+                                          const PipelineLayout &L, int Rank);
+
 /// Simulates the programs with buffered sends and collectives that wait for
 /// all their participants: fails when a rank would wait forever (naming the
 /// ranks and instructions that are stuck) or a message is never received.

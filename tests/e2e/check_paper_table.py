@@ -5,8 +5,10 @@ Writes the four models of models/paper/models.csv (Table 3) without weights,
 runs `sp-compile --paper-table` on them (fp16 accounting, t = 8) and checks
 all 24 cells (four sizes times six configurations): our bytes per layer,
 read off the compiled program, within 0.5% of Table 2's formula; the Figure 7
-chart names every model and configuration; and the FLOP report of the
-175B model equals the paper's 72 B L s h^2 (1 + s/6h + v/12hL).
+chart names every model and configuration; the first pipeline stage of the
+175B, 530B and 1T pipelines against Eq. 5 and 6 (times 1 + (p-1)/(pm) when
+interleaved); and the FLOP report of the 175B model equals the paper's
+72 B L s h^2 (1 + s/6h + v/12hL).
 
     /usr/bin/python3 tests/e2e/check_paper_table.py --sp-compile build/bin/sp-compile --workdir /tmp/pt
 """
@@ -22,6 +24,12 @@ sys.path.insert(0, os.path.join(REPO, "models"))
 import gen_paper_graph  # noqa: E402
 
 TOLERANCE = 0.005
+# The paper's pipelines (Table 3): p, m and the global batch as microbatches of b.
+PIPELINES = {
+    "175B": ["--pp", "8", "--interleave", "3", "--microbatches", "64"],
+    "530B": ["--pp", "35", "--interleave", "3", "--microbatches", "280"],
+    "1T": ["--pp", "64", "--microbatches", "512"],
+}
 
 
 def main():
@@ -50,12 +58,26 @@ def main():
             if abs(row["relative_difference"]) > TOLERANCE:
                 failures.append(f"{model['model']} / {row['configuration']}: {row['bytes']} vs "
                                 f"{row['table2_bytes']:.0f} ({100 * row['relative_difference']:+.3f}%)")
-    assert cells == 24, f"expected 24 cells, got {cells}"
+    assert cells == 24, f"expected 24 Table 2 cells, got {cells}"
     svg = open(figure).read()
     for model in table:
         assert model["model"] in svg, f"{model['model']} missing from Figure 7"
     for config in ["TP+SP+selective", "full recompute"]:
         assert config in svg, f"{config} missing from Figure 7"
+
+    # The whole first pipeline stage (Eq. 5 and 6, interleaving factor
+    # included) at the paper's pipeline sizes, from rank 0's unrolled program.
+    for name, flags in PIPELINES.items():
+        report = os.path.join(args.workdir, f"pipeline-{name}.json")
+        out = subprocess.run([args.sp_compile, "--paper-table", os.path.join(args.workdir, f"gpt-{name}.onnx"),
+                              "--report", report] + flags, check=True, capture_output=True, text=True).stdout
+        print("\n".join(line for line in out.splitlines() if "first stage" in line))
+        rows = [r for r in json.load(open(report))["paper_table"][0]["rows"] if "Eq." in r["configuration"]]
+        assert len(rows) == 2, rows
+        for row in rows:
+            cells += 1
+            if abs(row["relative_difference"]) > TOLERANCE:
+                failures.append(f"{name} / {row['configuration']}: {row['bytes']} vs {row['table2_bytes']:.0f}")
 
     # The FLOP report at 175B, t = 8, SP and selective recompute.
     flops_json = os.path.join(args.workdir, "175B.json")
@@ -74,7 +96,7 @@ def main():
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1
-    print(f"all {cells} cells within {100 * TOLERANCE}% of Table 2; FLOPs equal the paper's formula")
+    print(f"all {cells} cells within {100 * TOLERANCE}% of Table 2 and Eq. 5/6; FLOPs equal the paper's formula")
     return 0
 
 

@@ -218,11 +218,19 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
       return createStringError(inconvertibleErrorCode(), "%s: %s",
                                describe(In, I).c_str(),
                                toString(std::move(E)).c_str());
-    if (Training)
+    if (Training) {
+      auto End = std::chrono::steady_clock::now();
       Times.PhaseSeconds[int(In.Ph)] +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                        Start)
+          std::chrono::duration<double>(End - Start).count();
+      if (Opts.Trace) {
+        auto Us = [](std::chrono::steady_clock::time_point T) {
+          return std::chrono::duration<double, std::micro>(
+                     T.time_since_epoch())
               .count();
+        };
+        Events.push_back({int(I), Us(Start), Us(End) - Us(Start), Step});
+      }
+    }
     Live -= FreeAt[I];
   }
   if (Training) {

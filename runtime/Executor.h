@@ -35,6 +35,15 @@ struct RunOptions {
   /// This rank's pipeline group (the same tensor-parallel rank of every
   /// stage; its rank is the stage); null for a plan without stages.
   Communicator *PipeComm = nullptr;
+  /// Record when every instruction of a training step starts and ends.
+  bool Trace = false;
+};
+
+/// One instruction's run, for a timeline (Chrome's trace format).
+struct TraceEvent {
+  int Instruction;
+  double StartUs, DurationUs; // steady clock, shared by the processes of a host
+  int64_t Step;
 };
 
 struct MemoryStats {
@@ -116,6 +125,9 @@ public:
   int64_t microbatches() const { return Microbatches; }
   MemoryStats memory() const { return Stats; }
   TimeStats timing() const { return Times; }
+  /// With RunOptions::Trace: every instruction run so far.
+  llvm::ArrayRef<TraceEvent> trace() const { return Events; }
+  const Program &program() const { return Prog; }
 
 private:
   Executor() = default;
@@ -144,6 +156,7 @@ private:
   Program Prog;
   RunOptions Opts;
   TimeStats Times;
+  std::vector<TraceEvent> Events;
   Communicator *PipeComm = nullptr;
   int64_t Microbatches = 1;
   std::unique_ptr<Communicator> OwnComm;

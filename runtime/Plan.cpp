@@ -42,6 +42,10 @@ Error writePlan(StringRef Dir, const Plan &P) {
       if (auto E = writeJson(Tmp + "/program-" + Twine(K) + ".json",
                              programToJson(P.Stages[K])))
         return E;
+    for (auto &[Name, Text] : P.Files)
+      if (auto E = writeFileAtomically((Tmp + "/" + Name).str(),
+                                       [&](raw_ostream &OS) { OS << Text; }))
+        return E;
     return writeJson(Tmp + "/program.json", programToJson(P.Prog));
   });
 }

@@ -26,6 +26,9 @@ struct Plan {
   /// With --pp or --microbatches: one program per pipeline rank
   /// (program-K.json); Stages[0] is Prog.
   std::vector<Program> Stages;
+  /// Other files of the plan directory (name, contents), e.g. the
+  /// schedule's Gantt chart.
+  std::vector<std::pair<std::string, std::string>> Files;
   int numStages() const { return Stages.empty() ? 1 : int(Stages.size()); }
   const Program &stage(int K) const { return Stages.empty() ? Prog : Stages[K]; }
 };

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 #include "passes/Charts.h"
 #include "passes/CollectiveReport.h"
+#include "passes/Cost.h"
 #include "passes/MemoryPlan.h"
 #include "passes/MemoryReport.h"
 #include "passes/ModelInfo.h"
@@ -35,6 +36,11 @@ static cl::list<std::string> Inputs(cl::Positional,
                                     cl::desc("<model.onnx> (several with "
                                              "--paper-table)"),
                                     cl::OneOrMore, cl::cat(Cat));
+static cl::opt<std::string> Gantt(
+    "gantt",
+    cl::desc("With --pp or --microbatches: write the schedule as an SVG Gantt "
+             "chart (also PLAN/schedule.svg with -o)"),
+    cl::value_desc("file.svg"), cl::cat(Cat));
 static cl::opt<bool> PaperTable(
     "paper-table",
     cl::desc("Compile the paper's six Table 2 configurations of each model "
@@ -128,6 +134,43 @@ static void printPipeline(const Graph &G, const PipelineOptions &PO,
   for (size_t K = 0; K < L.Stages.size(); ++K)
     OS << " " << humanBytes(L.Stages[K].ArenaBytes);
   OS << "\n";
+}
+
+/// The schedule timed by each stage's GEMM work (GFLOP per microbatch,
+/// forward, backward and recompute), as an SVG Gantt chart.
+static Error writeScheduleSvg(const Graph &G, const LoweredPlan &L,
+                              StringRef Title, raw_ostream &OS) {
+  int V = L.Sched.numStages();
+  StepCosts C;
+  C.Forward.assign(V, 0.0);
+  C.Backward.assign(V, 0.0);
+  C.Recompute.assign(V, 0.0);
+  for (const Node &N : G.nodes()) {
+    int S = std::max(N.tags().Stage, 0);
+    if (S >= V)
+      continue;
+    double F = gemmFlops(N) / 1e9;
+    switch (N.tags().Ph) {
+    case Phase::Forward:
+      C.Forward[S] += F;
+      break;
+    case Phase::Backward:
+      C.Backward[S] += F;
+      break;
+    case Phase::Recompute:
+      C.Recompute[S] += F;
+      break;
+    case Phase::Optimizer:
+      break;
+    }
+  }
+  auto Times = simulateTimes(L.Sched, C);
+  if (!Times)
+    return Times.takeError();
+  GanttOptions O;
+  O.Title = Title.str();
+  O.TimeUnit = "GFLOP";
+  return writeGanttSvg(OS, L.Sched, *Times, O);
 }
 
 static void setOptimizerOptions(PassContext &Ctx) {
@@ -378,7 +421,7 @@ int main(int Argc, char **Argv) {
   // Lower and plan the training graph.
   std::optional<Plan> P;
   std::optional<LoweredPlan> Lowered;
-  if (!Output.empty() || Report.getNumOccurrences()) {
+  if (!Output.empty() || Report.getNumOccurrences() || !Gantt.empty()) {
     bool Training = any_of((*G)->outputs(), [](const Graph::Output &O) {
       return O.Name == "loss";
     });
@@ -473,10 +516,32 @@ int main(int Argc, char **Argv) {
       P->Manifest["microbatches"] = PO.Microbatches;
       P->Manifest["schedule"] = scheduleKindName(scheduleKind(PO.Schedule)).str();
     }
+    if (Ctx.Pipeline.enabled()) {
+      std::string Svg;
+      raw_string_ostream OS(Svg);
+      if (auto E = writeScheduleSvg(**G, *Lowered, sys::path::stem(Input), OS))
+        return reportError("sp-compile", std::move(E));
+      P->Files.push_back({"schedule.svg", OS.str()});
+    }
     if (auto E = writePlan(Output, *P))
       return reportError("sp-compile", std::move(E));
     if (!Quiet)
       outs() << "wrote plan " << Output << "\n";
+  }
+  if (!Gantt.empty()) {
+    if (!Lowered || !Ctx.Pipeline.enabled())
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--gantt needs a pipelined training "
+                                           "plan (--pp P or --microbatches N)"));
+    std::string Svg;
+    raw_string_ostream OS(Svg);
+    if (auto E = writeScheduleSvg(**G, *Lowered, sys::path::stem(Input), OS))
+      return reportError("sp-compile", std::move(E));
+    if (auto E = writeFileAtomically(Gantt, [&](raw_ostream &F) {
+          F << OS.str();
+        }))
+      return reportError("sp-compile", std::move(E));
   }
   if (!Report.empty()) {
     nlohmann::json J = Facts;

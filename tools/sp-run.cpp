@@ -105,6 +105,11 @@ static cl::opt<bool>
            cl::desc("Continue from the checkpoint in --checkpoint DIR"),
            cl::cat(Cat));
 static cl::opt<std::string>
+    TraceFile("trace",
+              cl::desc("Write a Chrome trace (chrome://tracing, Perfetto) of "
+                       "the training steps: every instruction of every rank"),
+              cl::value_desc("file.json"), cl::cat(Cat));
+static cl::opt<std::string>
     DumpDir("dump",
             cl::desc("Debugging dumps: logits.npy, loss.csv, grads/*.npy "
                      "after the first step, weights/*.npy at the end, "
@@ -357,6 +362,80 @@ static void printMemory(raw_ostream &OS, const Plan &P, const MemoryStats &M) {
       humanBytes(M.PeakLiveTempBytes));
 }
 
+/// This rank's instructions as Chrome trace events (complete events, one
+/// process per rank).
+static nlohmann::json traceEvents(const Executor &E, int Rank, int TP) {
+  nlohmann::json Events = nlohmann::json::array();
+  std::string Name = formatv("rank {0} (stage {1}, tensor-parallel rank {2})",
+                             Rank, Rank / TP, Rank % TP)
+                         .str();
+  Events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", Rank},
+                    {"args", {{"name", Name}}}});
+  Events.push_back({{"name", "process_sort_index"},
+                    {"ph", "M"},
+                    {"pid", Rank},
+                    {"args", {{"sort_index", Rank}}}});
+  const Program &P = E.program();
+  for (const TraceEvent &T : E.trace()) {
+    const Instruction &I = P.Instrs[T.Instruction];
+    bool Comm = I.Op == OpKind::Send || I.Op == OpKind::Recv ||
+                I.Op == OpKind::AllReduce || I.Op == OpKind::AllGather ||
+                I.Op == OpKind::ReduceScatter ||
+                I.Op == OpKind::PipeAllReduce ||
+                I.Op == OpKind::PipeBroadcast;
+    std::string Label = opName(I.Op).str();
+    if (!I.Role.empty())
+      Label += " " + I.Role;
+    nlohmann::json Args = {{"instruction", T.Instruction},
+                           {"step", T.Step},
+                           {"phase", phaseName(I.Ph).str()}};
+    if (I.Layer >= 0)
+      Args["layer"] = I.Layer;
+    if (I.Attrs.has("microbatch"))
+      Args["microbatch"] = I.Attrs.getInt("microbatch", 0);
+    Events.push_back({{"name", Label},
+                      {"cat", Comm ? "communication" : phaseName(I.Ph).str()},
+                      {"ph", "X"},
+                      {"ts", T.StartUs},
+                      {"dur", T.DurationUs},
+                      {"pid", Rank},
+                      {"tid", Comm ? 1 : 0},
+                      {"args", Args}});
+  }
+  return Events;
+}
+
+/// Gathers every rank's events on rank 0 (point to point over the world
+/// group, so it works on threads and on MPI) and writes the trace there.
+static Error writeTrace(Communicator *World, const Executor &E, int TP) {
+  int Rank = World ? World->rank() : 0, Size = World ? World->size() : 1;
+  std::string Mine = traceEvents(E, Rank, TP).dump();
+  constexpr int Tag = 32000;
+  if (Rank != 0) {
+    int64_t Bytes = Mine.size();
+    if (auto Err = World->send(&Bytes, sizeof Bytes, 0, Tag))
+      return Err;
+    return World->send(Mine.data(), Bytes, 0, Tag);
+  }
+  nlohmann::json All = nlohmann::json::parse(Mine);
+  for (int R = 1; R < Size; ++R) {
+    int64_t Bytes = 0;
+    if (auto Err = World->recv(&Bytes, sizeof Bytes, R, Tag))
+      return Err;
+    std::string Text(Bytes, '\0');
+    if (auto Err = World->recv(Text.data(), Bytes, R, Tag))
+      return Err;
+    for (auto &Ev : nlohmann::json::parse(Text))
+      All.push_back(std::move(Ev));
+  }
+  nlohmann::json Trace = {{"traceEvents", All}, {"displayTimeUnit", "ms"}};
+  std::string Text = Trace.dump() + "\n";
+  return writeFileAtomically(TraceFile.getValue(),
+                             [&](raw_ostream &OS) { OS << Text; });
+}
+
 /// Milliseconds per step in each phase's instructions, without the first
 /// step when there are others.
 static void printTiming(raw_ostream &OS, TimeStats T, const TimeStats &First) {
@@ -501,6 +580,7 @@ int main(int Argc, char **Argv) {
     RunOptions RO;
     RO.Comm = C;
     RO.PipeComm = PipeComm.get();
+    RO.Trace = !TraceFile.empty();
     RO.Seed = RunSeed;
     if (Dropout.getNumOccurrences())
       RO.Dropout = Dropout.getValue();
@@ -656,6 +736,9 @@ int main(int Argc, char **Argv) {
       if (auto Err = R.writeMemory(DumpDir))
         return Err;
     }
+    if (!TraceFile.empty())
+      if (auto Err = writeTrace(World, E, TP))
+        return Err;
     if (!ExportOnnx.empty()) {
       std::vector<TensorView> Params = E.parameters();
       std::vector<std::vector<float>> Full;

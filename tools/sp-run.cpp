@@ -328,21 +328,30 @@ Error Run::writeMemory(StringRef Dir) {
                       {"peak_live_temp_bytes", M.PeakLiveTempBytes},
                       {"planned_arena_bytes",
                        P.Manifest.value("arena_bytes", P.Prog.ArenaBytes)}};
-  // Stored activations, measured, beside what the plan says.
+  // Stored activations, measured on this rank (the first pipeline stage),
+  // beside what the plan says. Per layer: the bytes of one microbatch.
   nlohmann::json Planned = P.Manifest.value("memory", nlohmann::json::object());
+  int64_t Microbatches = E.microbatches();
   int Layer = Planned.value("activation_layer", 0);
+  if (!M.StoredActivationBytesByLayer.count(Layer))
+    for (auto &[L, Bytes] : M.StoredActivationBytesByLayer)
+      if (L >= 0) {
+        Layer = L; // the middle layer is on another stage: this one's first
+        break;
+      }
   auto It = M.StoredActivationBytesByLayer.find(Layer);
   J["stored_activation_bytes"] = M.StoredActivationBytes;
   J["activation_layer"] = Layer;
   J["activation_bytes_per_layer"] =
-      It == M.StoredActivationBytesByLayer.end() ? 0 : It->second;
+      It == M.StoredActivationBytesByLayer.end() ? 0
+                                                 : It->second / Microbatches;
   nlohmann::json ByLayer = nlohmann::json::array();
   for (auto &[L, Bytes] : M.StoredActivationBytesByLayer)
-    ByLayer.push_back({{"layer", L}, {"bytes", Bytes}});
+    ByLayer.push_back({{"layer", L}, {"bytes", Bytes / Microbatches}});
   J["stored_bytes_by_layer"] = ByLayer;
   J["planned"] = {
       {"stored_activation_bytes",
-       Planned.value("stored_activation_peak_bytes", int64_t(-1))},
+       Planned.value("first_stage_activation_bytes", int64_t(-1))},
       {"activation_bytes_per_layer",
        Planned.value("activation_bytes_per_layer", int64_t(-1))},
       {"stored_bytes_by_layer",

@@ -1,5 +1,6 @@
 //===- MemoryPlan.cpp - Arena offsets from liveness -----------------------===//
 #include "passes/MemoryPlan.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/MathExtras.h"
 #include <algorithm>
 #include <numeric>
@@ -34,7 +35,13 @@ void planMemory(Program &P) {
     return X.Def < Y.Def;
   });
 
-  std::vector<int> Placed; // kept sorted by offset
+  // The placed temporaries, indexed by the stretches of instructions they
+  // live over, so that finding the ones a new buffer's live range meets
+  // costs what they are, not every placed buffer.
+  constexpr int Stretch = 256;
+  int NumInstrs = std::max<int>(P.Instrs.size(), 1) + 1;
+  std::vector<std::vector<int>> Index((NumInstrs + Stretch - 1) / Stretch + 1);
+  std::vector<int> Seen(P.Buffers.size(), -1);
   // The peak is the highest byte a buffer uses (alignment padding after the
   // topmost buffer is not counted).
   int64_t Peak = Top;
@@ -43,11 +50,17 @@ void planMemory(Program &P) {
     ProgramBuffer &B = P.Buffers[Id];
     int64_t Size = alignedSize(B);
     Live.clear();
-    for (int O : Placed) {
-      const ProgramBuffer &Q = P.Buffers[O];
-      if (Q.Def <= B.LastUse && B.Def <= Q.LastUse)
+    for (int K = B.Def / Stretch; K <= B.LastUse / Stretch; ++K)
+      for (int O : Index[K]) {
+        const ProgramBuffer &Q = P.Buffers[O];
+        if (Seen[O] == Id || Q.Def > B.LastUse || B.Def > Q.LastUse)
+          continue;
+        Seen[O] = Id;
         Live.push_back(&Q);
-    }
+      }
+    llvm::sort(Live, [](const ProgramBuffer *X, const ProgramBuffer *Y) {
+      return X->Offset < Y->Offset;
+    });
     // First fit between the live placed buffers (sorted by offset).
     int64_t Offset = Top;
     for (const ProgramBuffer *Q : Live) {
@@ -57,11 +70,8 @@ void planMemory(Program &P) {
     }
     B.Offset = Offset;
     Peak = std::max(Peak, Offset + B.Bytes);
-    auto Pos = std::lower_bound(Placed.begin(), Placed.end(), Offset,
-                                [&](int O, int64_t Off) {
-                                  return P.Buffers[O].Offset < Off;
-                                });
-    Placed.insert(Pos, Id);
+    for (int K = B.Def / Stretch; K <= B.LastUse / Stretch; ++K)
+      Index[K].push_back(Id);
   }
   P.ArenaBytes = Peak;
 }

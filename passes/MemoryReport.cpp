@@ -142,6 +142,12 @@ json memoryReportToJson(const ActivationReport &R, const Program &P,
       {"optimizer_state_bytes", State},
       {"gradient_bytes", Grads},
       {"peak_bytes_per_rank", SM.PeakBytes},
+      {"stage_activation_bytes",
+       SM.StageStored.empty() ? std::vector<int64_t>{SM.FirstStageStored}
+                              : SM.StageStored},
+      {"stage_arena_bytes",
+       SM.StageArena.empty() ? std::vector<int64_t>{SM.PeakBytes}
+                             : SM.StageArena},
   };
 }
 

@@ -62,6 +62,8 @@ struct StageMemory {
   int64_t FirstStageStored = -1;
   int InFlight = 1;
   int64_t PeakBytes = -1;
+  /// Every pipeline rank's stored activations and planned arena.
+  std::vector<int64_t> StageStored, StageArena;
 };
 
 /// The "memory" object of the JSON report: R is one microbatch through the

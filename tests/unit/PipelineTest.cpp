@@ -145,3 +145,39 @@ TEST(Pipeline, FirstStageHoldsPMicrobatches) {
 }
 
 } // namespace
+
+namespace {
+
+/// The programs' own check: reordering two receives of a rank, or dropping
+/// one, is caught before anything runs.
+TEST(Pipeline, VerifierCatchesDeadlocksAndLostMessages) {
+  Config C{2, 1, 1, RecomputeMode::None};
+  Plan P = compile(model(), context(C), MicroBatchSize, Seq);
+  ASSERT_EQ(P.numStages(), 2);
+  EXPECT_FALSE(bool(verifyPipelinePrograms(P.Stages)));
+
+  // Rank 0 waits for the last microbatch's gradient before the first's;
+  // rank 1 makes it only after rank 0 sends an activation that comes after
+  // that wait: neither can move.
+  std::vector<Program> Swapped = P.Stages;
+  std::vector<int> Recvs;
+  for (size_t I = 0; I < Swapped[0].Instrs.size(); ++I)
+    if (Swapped[0].Instrs[I].Op == OpKind::Recv)
+      Recvs.push_back(I);
+  ASSERT_EQ(Recvs.size(), size_t(Microbatches));
+  std::swap(Swapped[0].Instrs[Recvs.front()].Attrs,
+            Swapped[0].Instrs[Recvs.back()].Attrs);
+  std::string Msg = toString(verifyPipelinePrograms(Swapped));
+  EXPECT_NE(Msg.find("deadlocks"), std::string::npos) << Msg;
+  EXPECT_NE(Msg.find("rank 0 at instruction"), std::string::npos) << Msg;
+  EXPECT_NE(Msg.find("rank 1 at instruction"), std::string::npos) << Msg;
+
+  // A send nobody receives.
+  std::vector<Program> Lost = P.Stages;
+  auto &I0 = Lost[0].Instrs;
+  I0.erase(I0.begin() + Recvs.back());
+  Msg = toString(verifyPipelinePrograms(Lost));
+  EXPECT_NE(Msg.find("never receives it"), std::string::npos) << Msg;
+}
+
+} // namespace

@@ -76,10 +76,11 @@ void planMemory(Program &P) {
   P.ArenaBytes = Peak;
 }
 
-int64_t peakLiveTempBytes(const Program &P) {
+int64_t peakLiveBytes(const Program &P,
+                      function_ref<bool(const ProgramBuffer &)> Pick) {
   std::vector<int64_t> Delta(P.Instrs.size() + 2, 0);
   for (const ProgramBuffer &B : P.Buffers)
-    if (!B.isPersistent()) {
+    if (!B.isPersistent() && Pick(B)) {
       Delta[B.Def] += B.Bytes;
       Delta[B.LastUse + 1] -= B.Bytes;
     }
@@ -87,6 +88,10 @@ int64_t peakLiveTempBytes(const Program &P) {
   for (int64_t D : Delta)
     Peak = std::max(Peak, Cur += D);
   return Peak;
+}
+
+int64_t peakLiveTempBytes(const Program &P) {
+  return peakLiveBytes(P, [](const ProgramBuffer &) { return true; });
 }
 
 } // namespace sp

@@ -3,6 +3,7 @@
 #define SP_PASSES_MEMORYPLAN_H
 
 #include "runtime/Program.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 
 namespace sp {
 
@@ -25,6 +26,9 @@ void planMemory(Program &P);
 /// The largest total size of temporaries live at the same instruction: a
 /// lower bound for any placement, reported beside the arena peak.
 int64_t peakLiveTempBytes(const Program &P);
+/// The same over the temporaries Pick selects.
+int64_t peakLiveBytes(const Program &P,
+                      llvm::function_ref<bool(const ProgramBuffer &)> Pick);
 
 } // namespace sp
 

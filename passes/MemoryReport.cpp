@@ -1,6 +1,7 @@
 //===- MemoryReport.cpp - Activation memory and FLOPs of a program --------===//
 #include "passes/MemoryReport.h"
 #include "passes/Cost.h"
+#include "passes/MemoryPlan.h"
 #include "llvm/ADT/STLExtras.h"
 #include <algorithm>
 
@@ -21,22 +22,6 @@ int64_t ActivationReport::layerBytes(int Layer) const {
 
 static bool isBackwardSide(Phase P) {
   return P == Phase::Backward || P == Phase::Recompute;
-}
-
-/// The largest sum of Bytes over buffers live at one instruction, for the
-/// buffers Pick selects.
-template <typename Pred>
-static int64_t peakLive(const Program &P, Pred Pick) {
-  std::vector<int64_t> Delta(P.Instrs.size() + 2, 0);
-  for (const ProgramBuffer &B : P.Buffers)
-    if (!B.isPersistent() && Pick(B)) {
-      Delta[B.Def] += B.Bytes;
-      Delta[B.LastUse + 1] -= B.Bytes;
-    }
-  int64_t Cur = 0, Peak = 0;
-  for (int64_t D : Delta)
-    Peak = std::max(Peak, Cur += D);
-  return Peak;
 }
 
 bool isAttentionCoreRole(StringRef Role) {
@@ -94,10 +79,10 @@ ActivationReport analyzeActivations(const Program &P) {
       else if (Kind == "none")
         Kind = "selective";
     }
-  R.StoredPeakBytes = peakLive(P, [&](const ProgramBuffer &B) {
+  R.StoredPeakBytes = peakLiveBytes(P, [&](const ProgramBuffer &B) {
     return FirstReader[&B - P.Buffers.data()] >= 0;
   });
-  R.RecomputeTransientBytes = peakLive(P, [&](const ProgramBuffer &B) {
+  R.RecomputeTransientBytes = peakLiveBytes(P, [&](const ProgramBuffer &B) {
     return P.Instrs[B.Def].Ph == Phase::Recompute;
   });
   return R;

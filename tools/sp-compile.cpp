@@ -213,27 +213,38 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
   PaperModel M;
   M.Name = sys::path::stem(Path).str();
   M.T = Base.TensorParallel > 1 ? Base.TensorParallel : 8;
-  for (const PaperConfig &C : paperConfigs()) {
+  // The imported graph compiled with Base's options but these parallel ones
+  // and fp16 accounting.
+  auto Compile = [&](int T, bool SP, RecomputeMode R, bool Pipelined,
+                     StringRef What) -> Expected<std::unique_ptr<Graph>> {
     std::unique_ptr<Graph> G = (*Imported)->clone();
     PassContext Ctx = Base;
-    Ctx.Pipeline = PipelineOptions(); // one layer, one microbatch
-    Ctx.TensorParallel = C.TensorParallel ? M.T : 1;
-    Ctx.SequenceParallel = C.SequenceParallel;
+    if (!Pipelined)
+      Ctx.Pipeline = PipelineOptions(); // one layer, one microbatch
+    Ctx.TensorParallel = T;
+    Ctx.SequenceParallel = SP;
     Ctx.Recompute = RecomputeOptions();
-    Ctx.Recompute.Mode = C.Recompute;
+    Ctx.Recompute.Mode = R;
     Ctx.ActivationDtype = DType::F16;
     PassManager PM(PassManagerOptions{});
     if (auto E = PM.addPipeline(DefaultPipeline))
       return std::move(E);
     if (auto E = PM.run(*G, Ctx))
       return createStringError(inconvertibleErrorCode(), "%s (%s): %s",
-                               Path.str().c_str(), C.Name,
+                               Path.str().c_str(), What.str().c_str(),
                                toString(std::move(E)).c_str());
-    auto Info = summarizeModel(*G);
+    return std::move(G);
+  };
+  for (const PaperConfig &C : paperConfigs()) {
+    auto G = Compile(C.TensorParallel ? M.T : 1, C.SequenceParallel,
+                     C.Recompute, /*Pipelined=*/false, C.Name);
+    if (!G)
+      return G.takeError();
+    auto Info = summarizeModel(**G);
     if (!Info)
       return Info.takeError();
     M.Info = *Info;
-    auto Prog = lowerGraph(*G, DType::F16);
+    auto Prog = lowerGraph(**G, DType::F16);
     if (!Prog)
       return Prog.takeError();
     planMemory(*Prog);
@@ -248,26 +259,16 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
   if (PO.Stages < 2)
     return M;
   for (bool Selective : {false, true}) {
-    std::unique_ptr<Graph> G = (*Imported)->clone();
-    PassContext Ctx = Base;
-    Ctx.TensorParallel = M.T;
-    Ctx.SequenceParallel = true;
-    Ctx.Recompute = RecomputeOptions();
-    Ctx.Recompute.Mode =
-        Selective ? RecomputeMode::Selective : RecomputeMode::None;
-    Ctx.ActivationDtype = DType::F16;
-    PassManager PM(PassManagerOptions{});
-    if (auto E = PM.addPipeline(DefaultPipeline))
-      return std::move(E);
-    if (auto E = PM.run(*G, Ctx))
-      return createStringError(inconvertibleErrorCode(), "%s (pipeline): %s",
-                               Path.str().c_str(),
-                               toString(std::move(E)).c_str());
+    auto G = Compile(M.T, /*SP=*/true,
+                     Selective ? RecomputeMode::Selective : RecomputeMode::None,
+                     /*Pipelined=*/true, "pipeline");
+    if (!G)
+      return G.takeError();
     auto S = buildSchedule(scheduleKind(PO.Schedule), PO.Stages,
                            PO.Interleave, PO.Microbatches);
     if (!S)
       return S.takeError();
-    auto Prog = lowerPipelineRank(*G, DType::F16, computeSteps(*S), 0);
+    auto Prog = lowerPipelineRank(**G, DType::F16, computeSteps(*S), 0);
     if (!Prog)
       return Prog.takeError();
     ActivationReport R = analyzeActivations(*Prog);

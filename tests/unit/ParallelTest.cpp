@@ -32,20 +32,6 @@ struct Config {
   double Dropout;
 };
 
-void expectEqualRuns(const RunResult &Par, const RunResult &Ref) {
-  ASSERT_EQ(Par.Losses.size(), Ref.Losses.size());
-  for (size_t S = 0; S < Ref.Losses.size(); ++S)
-    EXPECT_NEAR(Par.Losses[S], Ref.Losses[S], 1e-6 * std::abs(Ref.Losses[S]))
-        << "step " << S + 1;
-  ASSERT_EQ(Par.Grads.size(), Ref.Grads.size());
-  for (auto &[Name, G] : Ref.Grads) {
-    auto It = Par.Grads.find(Name);
-    ASSERT_NE(It, Par.Grads.end()) << Name;
-    ASSERT_EQ(It->second.size(), G.size()) << Name;
-    EXPECT_LT(relErr(It->second, G), 1e-6) << Name;
-  }
-}
-
 class ParallelEqualsOneDevice : public ::testing::TestWithParam<Config> {};
 
 TEST_P(ParallelEqualsOneDevice, LossAndGradients) {

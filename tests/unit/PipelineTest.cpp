@@ -92,18 +92,7 @@ class PipelineEqualsOneDevice : public ::testing::TestWithParam<Config> {};
 TEST_P(PipelineEqualsOneDevice, LossAndGradients) {
   const RunResult &Ref = reference();
   Plan P = compile(model(), context(GetParam()), MicroBatchSize, Seq);
-  RunResult R = train(P, Dropout, Steps);
-  ASSERT_EQ(R.Losses.size(), Ref.Losses.size());
-  for (size_t S = 0; S < Ref.Losses.size(); ++S)
-    EXPECT_NEAR(R.Losses[S], Ref.Losses[S], 1e-6 * std::abs(Ref.Losses[S]))
-        << "step " << S + 1;
-  ASSERT_EQ(R.Grads.size(), Ref.Grads.size());
-  for (auto &[Name, G] : Ref.Grads) {
-    auto It = R.Grads.find(Name);
-    ASSERT_NE(It, R.Grads.end()) << Name;
-    ASSERT_EQ(It->second.size(), G.size()) << Name;
-    EXPECT_LT(relErr(It->second, G), 1e-6) << Name;
-  }
+  expectEqualRuns(train(P, Dropout, Steps), Ref);
 }
 
 std::vector<Config> configs() {

@@ -120,6 +120,20 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
   return R;
 }
 
+void expectEqualRuns(const RunResult &Run, const RunResult &Ref) {
+  ASSERT_EQ(Run.Losses.size(), Ref.Losses.size());
+  for (size_t S = 0; S < Ref.Losses.size(); ++S)
+    EXPECT_NEAR(Run.Losses[S], Ref.Losses[S], 1e-6 * std::abs(Ref.Losses[S]))
+        << "step " << S + 1;
+  ASSERT_EQ(Run.Grads.size(), Ref.Grads.size());
+  for (auto &[Name, G] : Ref.Grads) {
+    auto It = Run.Grads.find(Name);
+    ASSERT_NE(It, Run.Grads.end()) << Name;
+    ASSERT_EQ(It->second.size(), G.size()) << Name;
+    EXPECT_LT(relErr(It->second, G), 1e-6) << Name;
+  }
+}
+
 double relErr(const std::vector<float> &A, const std::vector<float> &B) {
   double Diff = 0, Ref = 0;
   for (size_t I = 0; I < A.size(); ++I) {

@@ -38,6 +38,10 @@ struct RunResult {
 /// random ones for any layout of the same batch.
 RunResult train(const Plan &P, double Dropout, int Steps);
 
+/// Every loss within 1e-6 relative and every gradient within 1e-6 (largest
+/// difference over largest value) of the reference run.
+void expectEqualRuns(const RunResult &Run, const RunResult &Ref);
+
 /// Largest |a - b| over largest |b|.
 double relErr(const std::vector<float> &A, const std::vector<float> &B);
 

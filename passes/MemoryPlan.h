@@ -20,8 +20,15 @@ constexpr int64_t ArenaAlignment = 64;
 /// overlap a placed temporary whose live range intersects its own (greedy
 /// by size, as in TFLite's arena planner). An instruction's outputs never
 /// share memory with its inputs, because their live ranges touch at that
-/// instruction.
+/// instruction. Programs of more than 20,000 temporaries (unrolled pipeline
+/// schedules) are placed in program order instead, best fit into the holes
+/// freed so far, which is about ten times faster there for a peak about 1%
+/// higher.
 void planMemory(Program &P);
+/// The same with the placement chosen: largest first, in program order, or
+/// by the program's size as above.
+enum class PlanOrder { Auto, BySize, Program };
+void planMemory(Program &P, PlanOrder Order);
 
 /// The largest total size of temporaries live at the same instruction: a
 /// lower bound for any placement, reported beside the arena peak.

@@ -130,3 +130,49 @@ TEST(Executor, KernelThreadsDoNotChangeResults) {
 }
 
 } // namespace
+
+namespace {
+
+/// No two temporaries that are live at the same instruction share a byte.
+void expectDisjointLiveBuffers(const Program &P) {
+  std::vector<const ProgramBuffer *> T;
+  for (const ProgramBuffer &B : P.Buffers)
+    if (!B.isPersistent()) {
+      EXPECT_GE(B.Offset, P.PersistentBytes) << B.Name;
+      EXPECT_LE(B.Offset + B.Bytes, P.ArenaBytes) << B.Name;
+      T.push_back(&B);
+    }
+  for (size_t I = 0; I < T.size(); ++I)
+    for (size_t J = I + 1; J < T.size(); ++J) {
+      const ProgramBuffer &A = *T[I], &B = *T[J];
+      bool LiveTogether = A.Def <= B.LastUse && B.Def <= A.LastUse;
+      bool Overlap = A.Offset < B.Offset + std::max<int64_t>(B.Bytes, 1) &&
+                     B.Offset < A.Offset + std::max<int64_t>(A.Bytes, 1);
+      ASSERT_FALSE(LiveTogether && Overlap) << A.Name << " and " << B.Name;
+    }
+}
+
+/// Both placements are valid and give the same training (the layout does
+/// not change a result); program order is what large pipelined programs
+/// use.
+TEST(MemoryPlan, BothPlacementsAreValidAndEquivalent) {
+  Plan BySize = compileTiny();
+  Plan InOrder = BySize;
+  planMemory(BySize.Prog, PlanOrder::BySize);
+  planMemory(InOrder.Prog, PlanOrder::Program);
+  expectDisjointLiveBuffers(BySize.Prog);
+  expectDisjointLiveBuffers(InOrder.Prog);
+  EXPECT_GE(InOrder.Prog.ArenaBytes, peakLiveTempBytes(InOrder.Prog));
+  auto Idx = randomTokens(4 * 64, 256, 1);
+  auto Targets = randomTokens(4 * 64, 256, 2);
+  RunOptions O;
+  O.Dropout = 0.1;
+  auto A = cantFail(Executor::create(BySize, O));
+  auto B = cantFail(Executor::create(InOrder, O));
+  for (int Step = 1; Step <= 3; ++Step)
+    EXPECT_EQ(cantFail(A->trainStep(Idx, Targets, 1e-3, Step)),
+              cantFail(B->trainStep(Idx, Targets, 1e-3, Step)));
+  EXPECT_EQ(B->memory().HighWaterBytes, InOrder.Prog.ArenaBytes);
+}
+
+} // namespace

@@ -1,11 +1,16 @@
 //===- sp-compile.cpp - Compile an exported Transformer -------------------===//
 //
-//   sp-compile MODEL.onnx [-o PLAN] [--batch B --seq S] [--dtype fp32]
-//              [--report FILE.json] [--print-after-all] [--dump-dir DIR]
+//   sp-compile MODEL.onnx [-o PLAN] [--tp T --sp] [--recompute MODE]
+//              [--pp P --interleave M --microbatches N] [--dtype fp32]
+//              [--report FILE.json] [--gantt FILE.svg] [--print-after-all]
+//   sp-compile --paper-table MODEL.onnx... [--figure7 FILE.svg] [--pp ...]
 //
 // Imports the model, runs the pipeline (passes/Passes.h: DefaultPipeline),
-// prints what it recognised and, with -o, lowers the training graph to a
-// program, plans its memory and writes the plan directory.
+// lowers the training graph to one program per pipeline rank and plans
+// their memory, prints what it recognised with the memory, FLOP and
+// collective reports and, with -o, writes the plan directory. --paper-table
+// compiles the paper's configurations of each model and compares them with
+// Table 2 (and Eq. 5/6).
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Charts.h"
@@ -429,29 +434,28 @@ int main(int Argc, char **Argv) {
   auto Info = summarizeModel(**G);
   if (!Info)
     return reportError("sp-compile", Info.takeError());
-  // Lower and plan the training graph.
+  // Lower and plan the training graph (a graph the pipeline stopped short
+  // of training is only summarised).
   std::optional<Plan> P;
   std::optional<LoweredPlan> Lowered;
-  if (!Output.empty() || Report.getNumOccurrences() || !Gantt.empty()) {
-    bool Training = any_of((*G)->outputs(), [](const Graph::Output &O) {
-      return O.Name == "loss";
-    });
-    if (Training) {
-      auto L = lowerTrainingGraph(**G, Ctx);
-      if (!L)
-        return reportError("sp-compile", L.takeError());
-      Lowered = std::move(*L);
-      P.emplace();
-      P->Prog = Lowered->Stages[0];
-      if (Ctx.Pipeline.enabled())
-        P->Stages = Lowered->Stages;
-    } else if (!Output.empty()) {
-      return reportError("sp-compile",
-                         createStringError(inconvertibleErrorCode(),
-                                           "-o needs a training graph; the "
-                                           "pipeline must include autodiff "
-                                           "and optimizer"));
-    }
+  bool Training = any_of((*G)->outputs(), [](const Graph::Output &O) {
+    return O.Name == "loss";
+  });
+  if (Training) {
+    auto L = lowerTrainingGraph(**G, Ctx);
+    if (!L)
+      return reportError("sp-compile", L.takeError());
+    Lowered = std::move(*L);
+    P.emplace();
+    P->Prog = Lowered->Stages[0];
+    if (Ctx.Pipeline.enabled())
+      P->Stages = Lowered->Stages;
+  } else if (!Output.empty()) {
+    return reportError("sp-compile",
+                       createStringError(inconvertibleErrorCode(),
+                                         "-o needs a training graph; the "
+                                         "pipeline must include autodiff "
+                                         "and optimizer"));
   }
   double Seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)

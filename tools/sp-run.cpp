@@ -121,7 +121,7 @@ static cl::opt<std::string>
                         "model"),
                cl::value_desc("out.onnx"), cl::cat(Cat));
 static cl::opt<int> Threads("threads",
-                            cl::desc("OpenBLAS threads (default: all cores)"),
+                            cl::desc("Kernel threads, GEMMs included (default: all cores, shared by the ranks of one process)"),
                             cl::init(0), cl::value_desc("n"), cl::cat(Cat));
 
 static cl::opt<std::string>
@@ -562,9 +562,12 @@ int main(int Argc, char **Argv) {
                            "'"));
   int Ranks = TP * PP;
   if (Ranks > 1)
-    NumThreads = std::max(1, NumThreads / Ranks); // BLAS threads per rank
-  openblas_set_num_threads(NumThreads);
-  cpu::setKernelThreads(NumThreads); // elementwise kernels
+    NumThreads = std::max(1, NumThreads / Ranks); // threads per rank
+  // The kernel threads run everything, GEMMs included (split by rows of C,
+  // each block a one-thread BLAS call): OpenBLAS's own workers would spin
+  // between GEMMs against the elementwise kernels.
+  openblas_set_num_threads(1);
+  cpu::setKernelThreads(NumThreads);
 
   // One rank of the grid of tensor-parallel groups times pipeline stages
   // (world rank = stage * t + tensor-parallel rank); rank 0 writes the

@@ -150,6 +150,31 @@ void gemm(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K, T Alpha,
                    fitsInt(Ldb) && fitsInt(Ldc),
                "gemm dimension above INT_MAX (split the product, or build "
                "against a 64-bit-integer BLAS)");
+  // Large products run as blocks of Block rows (or, when C is short and
+  // wide, columns) of C over the kernel threads, each a single-threaded BLAS
+  // call, so OpenBLAS keeps no worker threads of its own spinning between
+  // GEMMs against the elementwise kernels. The blocks do not depend on the
+  // thread count, so neither do the results; products smaller than 4 blocks
+  // stay whole.
+  constexpr int64_t Block = 128, MinWork = int64_t(1) << 18;
+  bool ByRows = M >= 4 * Block, ByColumns = !ByRows && N >= 4 * Block;
+  if ((ByRows || ByColumns) && M * N * K >= MinWork) {
+    int64_t Extent = ByRows ? M : N;
+    parallelFor((Extent + Block - 1) / Block, 1, [&](int64_t B0, int64_t B1) {
+      for (int64_t Blk = B0; Blk < B1; ++Blk) {
+        int64_t X0 = Blk * Block, Size = std::min(Block, Extent - X0);
+        if (ByRows)
+          blasGemm(TransA, TransB, int(Size), int(N), int(K), Alpha,
+                   TransA ? A + X0 : A + X0 * Lda, int(Lda), B, int(Ldb),
+                   Beta, C + X0 * Ldc, int(Ldc));
+        else
+          blasGemm(TransA, TransB, int(M), int(Size), int(K), Alpha, A,
+                   int(Lda), TransB ? B + X0 * Ldb : B + X0, int(Ldb), Beta,
+                   C + X0, int(Ldc));
+      }
+    });
+    return;
+  }
   blasGemm(TransA, TransB, int(M), int(N), int(K), Alpha, A, int(Lda), B,
            int(Ldb), Beta, C, int(Ldc));
 }
@@ -494,9 +519,12 @@ template <typename T>
 void batchMatMul(T *C, const T *A, const T *B, int64_t Batch, int64_t M,
                  int64_t N, int64_t K, bool TransA, bool TransB) {
   checkSizes({Batch, M, N, K});
-  for (int64_t P = 0; P < Batch; ++P)
-    gemm<T>(TransA, TransB, M, N, K, T(1), A + P * M * K, TransA ? M : K,
-            B + P * K * N, TransB ? K : N, T(0), C + P * M * N, N);
+  // The batch (heads) over the kernel threads; each product whole.
+  parallelFor(Batch, 1, [&](int64_t P0, int64_t P1) {
+    for (int64_t P = P0; P < P1; ++P)
+      gemm<T>(TransA, TransB, M, N, K, T(1), A + P * M * K, TransA ? M : K,
+              B + P * K * N, TransB ? K : N, T(0), C + P * M * N, N);
+  });
 }
 
 //===----------------------------------------------------------------------===//
@@ -506,8 +534,10 @@ void batchMatMul(T *C, const T *A, const T *B, int64_t Batch, int64_t M,
 template <typename T> void scale(T *Y, const T *X, int64_t N, double Alpha) {
   checkSizes({N});
   const T A = T(Alpha);
-  for (int64_t I = 0; I < N; ++I)
-    Y[I] = A * X[I];
+  parallelFor(N, 1 << 14, [&](int64_t I0, int64_t I1) {
+    for (int64_t I = I0; I < I1; ++I)
+      Y[I] = A * X[I];
+  });
 }
 
 //===----------------------------------------------------------------------===//

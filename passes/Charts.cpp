@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Charts.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include <algorithm>
@@ -133,29 +134,9 @@ void legend(raw_ostream &OS, double X, double Y,
 
 std::string escapeXml(StringRef S) {
   std::string R;
-  R.reserve(S.size());
-  for (char C : S) {
-    switch (C) {
-    case '<':
-      R += "&lt;";
-      break;
-    case '>':
-      R += "&gt;";
-      break;
-    case '&':
-      R += "&amp;";
-      break;
-    case '"':
-      R += "&quot;";
-      break;
-    case '\'':
-      R += "&apos;";
-      break;
-    default:
-      R += C;
-    }
-  }
-  return R;
+  raw_string_ostream OS(R);
+  printHTMLEscaped(S, OS); // &, <, >, " and '
+  return OS.str();
 }
 
 Error writeGanttSvg(raw_ostream &OS, const Schedule &S,

@@ -1,5 +1,7 @@
 //===- LossLog.cpp - Learning-rate schedule, loss log, progress -----------===//
 #include "runtime/LossLog.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/raw_ostream.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
 #include <cmath>
@@ -87,28 +89,9 @@ namespace {
 
 std::string xmlEscape(StringRef S) {
   std::string R;
-  for (char C : S) {
-    switch (C) {
-    case '<':
-      R += "&lt;";
-      break;
-    case '>':
-      R += "&gt;";
-      break;
-    case '&':
-      R += "&amp;";
-      break;
-    case '"':
-      R += "&quot;";
-      break;
-    case '\'':
-      R += "&apos;";
-      break;
-    default:
-      R += C;
-    }
-  }
-  return R;
+  raw_string_ostream OS(R);
+  printHTMLEscaped(S, OS); // &, <, >, " and '
+  return OS.str();
 }
 
 /// Tick positions over [Lo, Hi]: a step of 1, 2 or 5 times a power of ten

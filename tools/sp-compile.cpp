@@ -320,7 +320,7 @@ static Error writeFigure7(ArrayRef<PaperModel> Models, raw_ostream &OS) {
     C.Groups.push_back(M.Name);
     std::vector<double> Ours, Paper;
     double Base = M.Rows[1].Ours, BaseF = M.Rows[1].Formula;
-    for (size_t K = 1; K < M.Rows.size(); ++K) {
+    for (size_t K = 1; K < paperConfigs().size(); ++K) {
       Ours.push_back(100 * double(M.Rows[K].Ours) / Base);
       Paper.push_back(100 * M.Rows[K].Formula / BaseF);
     }

@@ -70,7 +70,8 @@ def main():
     for name, flags in PIPELINES.items():
         report = os.path.join(args.workdir, f"pipeline-{name}.json")
         out = subprocess.run([args.sp_compile, "--paper-table", os.path.join(args.workdir, f"gpt-{name}.onnx"),
-                              "--report", report] + flags, check=True, capture_output=True, text=True).stdout
+                              "--report", report, "--figure7", os.path.join(args.workdir, f"figure7-{name}.svg")]
+                             + flags, check=True, capture_output=True, text=True).stdout
         print("\n".join(line for line in out.splitlines() if "first stage" in line))
         rows = [r for r in json.load(open(report))["paper_table"][0]["rows"] if "Eq." in r["configuration"]]
         assert len(rows) == 2, rows

@@ -1,6 +1,8 @@
-//===- Parallel.cpp - A parallel-for for the elementwise kernels ----------===//
+//===- Parallel.cpp - A parallel-for for the kernels ----------------------===//
 #include "runtime/cpu/Parallel.h"
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -9,8 +11,48 @@
 namespace sp::cpu {
 namespace {
 
-/// Workers wait for a generation number to change, run their range of the
-/// current job, and count down; the caller waits for the count to reach 0.
+/// How long a worker waits by spinning for the next job, and the caller for
+/// the workers' parts, before sleeping on a condition variable. A training
+/// step runs hundreds of kernels a few microseconds to a millisecond apart;
+/// a futex sleep and wake-up costs tens of microseconds each time, so
+/// spinning through the short gaps is what keeps small kernels worth
+/// splitting.
+constexpr std::chrono::microseconds SpinTime(200);
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+/// Spins until Ready() holds (true) or SpinTime has passed (false).
+template <typename F> bool spinUntil(F &&Ready) {
+  auto Start = std::chrono::steady_clock::now();
+  while (true) {
+    for (int I = 0; I < 64; ++I) {
+      if (Ready())
+        return true;
+      cpuRelax();
+    }
+    if (std::chrono::steady_clock::now() - Start > SpinTime)
+      return Ready();
+  }
+}
+
+/// Each job gets a new generation number. Workers spin, then sleep, until
+/// the generation changes, run their range of the job and count down
+/// Pending; the caller runs the first range and waits for Pending to reach
+/// 0 the same way.
+///
+/// A worker reads the job's part count, then checks that the generation is
+/// still the one it saw (a seqlock): a worker not taking part in a job is
+/// not waited for, so the caller may already have published the next one.
+/// Workers that take part are waited for, so the job stays put while they
+/// read it. Sleeping and waking use the Dekker pattern on seq_cst atomics:
+/// a sleeper registers (Sleepers, CallerWaiting) and then re-checks under
+/// the mutex; the other side changes the state and then looks for sleepers.
 class Pool {
 public:
   ~Pool() { resize(1); }
@@ -18,19 +60,19 @@ public:
   void resize(int N) {
     {
       std::lock_guard<std::mutex> L(M);
-      Stop = true;
-      ++Generation;
+      Stop.store(true);
+      Generation.fetch_add(1);
     }
     Wake.notify_all();
     for (std::thread &T : Workers)
       T.join();
     Workers.clear();
-    Stop = false;
-    JobParts = 0;
+    Stop.store(false);
     Threads = std::max(1, N);
     // New workers start at the current generation: no earlier job is theirs.
+    uint64_t G = Generation.load();
     for (int I = 1; I < Threads; ++I)
-      Workers.emplace_back([this, I, G = Generation] { work(I, G); });
+      Workers.emplace_back([this, I, G] { work(I, G); });
   }
 
   int threads() const { return Threads; }
@@ -43,38 +85,54 @@ public:
       Body(0, N);
       return;
     }
-    {
-      std::lock_guard<std::mutex> L(M);
-      Job = Body;
-      JobN = N;
-      JobParts = T;
-      Pending = T - 1;
-      ++Generation;
+    Job = Body;
+    JobN.store(N, std::memory_order_relaxed);
+    JobParts.store(T, std::memory_order_relaxed);
+    Pending.store(T - 1, std::memory_order_relaxed);
+    Generation.fetch_add(1); // seq_cst: publishes the job
+    if (Sleepers.load() > 0) {
+      { std::lock_guard<std::mutex> L(M); }
+      Wake.notify_all();
     }
-    Wake.notify_all();
     Body(0, N / T);
+    if (spinUntil([&] { return Pending.load(std::memory_order_acquire) == 0; }))
+      return;
     std::unique_lock<std::mutex> L(M);
-    Done.wait(L, [&] { return Pending == 0; });
+    CallerWaiting.store(true);
+    Done.wait(L, [&] { return Pending.load() == 0; });
+    CallerWaiting.store(false);
   }
 
 private:
   void work(int Index, uint64_t Seen) {
     while (true) {
-      std::unique_lock<std::mutex> L(M);
-      Wake.wait(L, [&] { return Generation != Seen; });
-      Seen = Generation;
-      if (Stop)
-        return;
-      if (Index >= JobParts)
+      uint64_t G = Generation.load(std::memory_order_acquire);
+      if (G == Seen) {
+        if (spinUntil([&] {
+              return Generation.load(std::memory_order_acquire) != Seen;
+            }))
+          continue;
+        std::unique_lock<std::mutex> L(M);
+        Sleepers.fetch_add(1);
+        Wake.wait(L, [&] { return Generation.load() != Seen; });
+        Sleepers.fetch_sub(1);
         continue;
-      auto Body = Job;
-      int64_t Begin = JobN * Index / JobParts,
-              End = JobN * (Index + 1) / JobParts;
-      L.unlock();
-      Body(Begin, End);
-      L.lock();
-      if (--Pending == 0)
+      }
+      if (Stop.load())
+        return;
+      int Parts = JobParts.load(std::memory_order_relaxed);
+      int64_t N = JobN.load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (Generation.load(std::memory_order_relaxed) != G)
+        continue; // job G is over (not ours); read the newer one
+      Seen = G;
+      if (Index >= Parts)
+        continue;
+      Job(N * Index / Parts, N * (Index + 1) / Parts);
+      if (Pending.fetch_sub(1) == 1 && CallerWaiting.load()) {
+        { std::lock_guard<std::mutex> L(M); }
         Done.notify_one();
+      }
     }
   }
 
@@ -82,11 +140,11 @@ private:
   std::condition_variable Wake, Done;
   std::vector<std::thread> Workers;
   int Threads = 1;
-  bool Stop = false;
-  uint64_t Generation = 0;
+  std::atomic<bool> Stop{false}, CallerWaiting{false};
+  std::atomic<uint64_t> Generation{0};
+  std::atomic<int> Sleepers{0}, Pending{0}, JobParts{0};
+  std::atomic<int64_t> JobN{0};
   llvm::function_ref<void(int64_t, int64_t)> Job;
-  int64_t JobN = 0;
-  int JobParts = 0, Pending = 0;
 };
 
 Pool &pool() {

@@ -1,9 +1,12 @@
-//===- Parallel.h - A parallel-for for the elementwise kernels -*- C++ -*-===//
+//===- Parallel.h - A parallel-for for the kernels --------------*- C++ -*-===//
 //
-// GEMMs get their threads from OpenBLAS; the elementwise and row-wise kernels
-// (GELU, dropout, softmax, LayerNorm, AdamW) split their index range over a
-// small persistent pool. Each element or row is computed by exactly one
-// thread with the same code, so results do not depend on the thread count.
+// The kernels (GEMM blocks, GELU, dropout, softmax, LayerNorm, AdamW, ...)
+// split their index range over a small persistent pool; OpenBLAS runs one
+// thread. Each element, row or block is computed by exactly one thread with
+// the same code, and no kernel's split changes what is summed in which
+// order, so results do not depend on the thread count. Idle workers spin for
+// a short while (Parallel.cpp, SpinTime) before sleeping, so that the next
+// kernel starts without a futex wake-up.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CPU_PARALLEL_H

@@ -2,6 +2,9 @@
 //
 // Plain loops, one op after the other, its backward right below it. The math
 // of each kernel is stated in Kernels.h; comments here only explain the how.
+// The hot loops are written to vectorise (see "Vectorisable building
+// blocks"): exp, erf and Philox are computed inline rather than by libm
+// calls, and the loops run over the kernel thread pool (Parallel.h).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
@@ -18,6 +21,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 
 /// A check on the caller's use of a kernel (a bug, not bad data): prints
 /// file:line, the condition and a hint, then aborts.
@@ -128,6 +132,135 @@ void blasGemm(bool TA, bool TB, int M, int N, int K, double Alpha,
 
 bool fitsInt(int64_t V) { return V >= 0 && V <= INT_MAX; }
 
+//===----------------------------------------------------------------------===//
+// Vectorisable building blocks
+//===----------------------------------------------------------------------===//
+//
+// The hot elementwise loops are written so that the compiler vectorises them:
+// no calls into libm, no branches (selects only), no reductions whose order
+// would depend on the vector width (sums use a fixed number of partial sums,
+// Lanes, combined in a fixed order). On x86-64 Linux the loops marked
+// SP_SIMD are also compiled for AVX2 and picked at load time (GCC's
+// target_clones); the build stays portable. FMA is not enabled in the clones
+// and the library is compiled with -ffp-contract=off, so every clone rounds
+// exactly the same IEEE operations: results do not depend on the machine's
+// vector width, the thread count, or the clone picked.
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) &&          \
+    defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define SP_SIMD __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef SP_SIMD
+#define SP_SIMD
+#endif
+#define SP_INLINE inline __attribute__((always_inline))
+
+/// Partial sums of the reductions that are vectorised.
+constexpr int Lanes = 8;
+
+/// The sum of Lanes partial sums, in a fixed order.
+SP_INLINE Acc sumLanes(const Acc *S) {
+  return ((S[0] + S[1]) + (S[2] + S[3])) + ((S[4] + S[5]) + (S[6] + S[7]));
+}
+
+template <typename To, typename From> SP_INLINE To bitCast(From V) {
+  static_assert(sizeof(To) == sizeof(From));
+  To R;
+  std::memcpy(&R, &V, sizeof(R));
+  return R;
+}
+
+/// exp(X) in double, branch-free: X = n ln2 + r with |r| <= ln2 / 2
+/// (Cody-Waite), a Taylor polynomial of the given degree for e^r, and 2^n
+/// built in the exponent bits. Degree 13 is within about 2 ulp. For X < -708 it
+/// returns 0 (exp is subnormal there) and X > 709 is clamped to 709; the
+/// callers only need X <= 0 (softmax, cross entropy, the GELU's Gaussian).
+template <int Degree = 13> SP_INLINE double expD(double X) {
+  constexpr double Log2e = 1.4426950408889634074;
+  constexpr double Ln2Hi = 6.93147180369123816490e-01; // ln2's top 32 bits
+  constexpr double Ln2Lo = 1.90821492927058770002e-10; // ln2 - Ln2Hi
+  constexpr double Shifter = 6755399441055744.0;       // 1.5 * 2^52
+  double C = X > 709.0 ? 709.0 : X;
+  C = C < -708.0 ? -708.0 : C;
+  // Adding 1.5 * 2^52 rounds C * log2(e) to an integer n held in the low
+  // bits of the double's mantissa.
+  double Kd = C * Log2e + Shifter;
+  uint64_t Ki = bitCast<uint64_t>(Kd);
+  Kd -= Shifter;
+  double R = (C - Kd * Ln2Hi) - Kd * Ln2Lo;
+  double InvFact[Degree + 1];
+  InvFact[0] = 1.0;
+  for (int K = 1; K <= Degree; ++K)
+    InvFact[K] = InvFact[K - 1] / K;
+  double P = InvFact[Degree];
+  for (int K = Degree - 1; K >= 0; --K)
+    P = P * R + InvFact[K];
+  double Scale = bitCast<double>((Ki + 1023) << 52); // 2^n
+  double E = P * Scale;
+  return X < -708.0 ? 0.0 : E;
+}
+
+/// The standard normal CDF Phi(x) = 0.5 erfc(-x / sqrt 2) in double, within
+/// about 1e-11 relative (also in the lower tail, unlike 0.5 (1 + erf)).
+/// Gauss is set to exp(-x^2 / 2), which the GELU's derivative needs too.
+/// With a = |x| / sqrt 2 and t = 1 / (1 + 0.3 a): erfc(a) = t Q(t) exp(-a^2),
+/// Q a degree-12 polynomial fitted (weighted least squares, relative error)
+/// on a in [0, 10]; a is clamped to 10, where erfc is far below float's
+/// range.
+SP_INLINE double normalCdf(double X, double &Gauss) {
+  constexpr double InvSqrt2D = 0.70710678118654752440;
+  double Z = X * InvSqrt2D;
+  double A = Z < 0.0 ? -Z : Z;
+  A = A > 10.0 ? 10.0 : A;
+  double T = 1.0 / (1.0 + 0.3 * A);
+  double Q = -0.024791171375631214;
+  Q = Q * T + 0.18965657743677838;
+  Q = Q * T - 0.5979185471623412;
+  Q = Q * T + 1.0080039024326917;
+  Q = Q * T - 1.077466910704484;
+  Q = Q * T + 0.8853258797015948;
+  Q = Q * T - 0.39418524669208055;
+  Q = Q * T + 0.2845972437538755;
+  Q = Q * T + 0.07058738544308457;
+  Q = Q * T + 0.15741777629678796;
+  Q = Q * T + 0.16014172331997442;
+  Q = Q * T + 0.16937901772487515;
+  Q = Q * T + 0.16925236982847486;
+  Gauss = expD(-(Z * Z));
+  double HalfErfc = 0.5 * (T * Q * Gauss); // 0.5 erfc(|z|)
+  return Z < 0.0 ? HalfErfc : 1.0 - HalfErfc;
+}
+
+/// 1 + tanh(U) in double from E = exp(-2 |U|), branch-free: 2 / (1 + E) for
+/// U >= 0 and 2 E / (1 + E) for U < 0, so that it stays accurate relatively
+/// where it is small (the tanh GELU's lower tail).
+SP_INLINE double onePlusTanh(double U) {
+  double A = U < 0.0 ? -U : U;
+  double E = expD(-2.0 * A);
+  double Inv = 2.0 / (1.0 + E);
+  return U < 0.0 ? E * Inv : Inv;
+}
+
+/// sum_{J < N} Fn(J) in double as Lanes partial sums (J mod Lanes) combined
+/// in a fixed order, so that the loop vectorises; the result depends only
+/// on N and the values.
+template <typename F> SP_INLINE Acc laneSum(int64_t N, F &&Fn) {
+  Acc S[Lanes] = {};
+  int64_t J = 0;
+  for (; J + Lanes <= N; J += Lanes)
+    for (int K = 0; K < Lanes; ++K)
+      S[K] += Fn(J + K);
+  for (int K = 0; J + K < N; ++K)
+    S[K] += Fn(J + K);
+  return sumLanes(S);
+}
+
+/// Columns per block of the column sums (layerNormBackward, biasBackward):
+/// a block's double accumulators stay in L1.
+constexpr int64_t ColumnBlock = 256;
+
 } // namespace
 
 template <typename T>
@@ -224,8 +357,10 @@ Status embeddingBackward(T *DTable, const T *DY, const int64_t *Ids, int64_t N,
 
 template <typename T> void add(T *Y, const T *A, const T *B, int64_t N) {
   checkSizes({N});
-  for (int64_t I = 0; I < N; ++I)
-    Y[I] = A[I] + B[I];
+  parallelFor(N, 1 << 14, [&](int64_t I0, int64_t I1) {
+    for (int64_t I = I0; I < I1; ++I)
+      Y[I] = A[I] + B[I];
+  });
 }
 
 template <typename T>
@@ -290,32 +425,36 @@ void layerNorm(T *Y, T *Mean, T *Rstd, const T *X, const T *Gamma,
                const T *Beta, int64_t Rows, int64_t H, double Eps) {
   checkSizes({Rows, H});
   SP_CPU_CHECK(H > 0, "layer norm over an empty axis");
-  parallelFor(Rows, std::max<int64_t>(1, (1 << 14) / H), [&](int64_t RBegin, int64_t REnd) {
-for (int64_t R = RBegin; R < REnd; ++R) {
-    const T *XR = X + R * H;
-    Acc Sum = 0;
-    for (int64_t J = 0; J < H; ++J)
-      Sum += XR[J];
-    Acc Mu = Sum / Acc(H);
-    Acc Var = 0; // two passes: no cancellation
-    for (int64_t J = 0; J < H; ++J)
-      Var += (XR[J] - Mu) * (XR[J] - Mu);
-    Var /= Acc(H);
-    Acc S = 1.0 / std::sqrt(Var + Eps);
-    T *YR = Y + R * H;
-    for (int64_t J = 0; J < H; ++J) {
-      Acc V = (XR[J] - Mu) * S;
-      if (Gamma)
-        V *= Gamma[J];
-      if (Beta)
-        V += Beta[J];
-      YR[J] = T(V);
+  parallelFor(Rows, std::max<int64_t>(1, (1 << 13) / H), [&](int64_t R0,
+                                                             int64_t R1) {
+    for (int64_t R = R0; R < R1; ++R) {
+      const T *XR = X + R * H;
+      Acc Mu = laneSum(H, [&](int64_t J) { return Acc(XR[J]); }) / Acc(H);
+      // Two passes: no cancellation.
+      Acc Var = laneSum(H, [&](int64_t J) {
+                  Acc D = XR[J] - Mu;
+                  return D * D;
+                }) /
+                Acc(H);
+      Acc S = 1.0 / std::sqrt(Var + Eps);
+      T *YR = Y + R * H;
+      if (Gamma && Beta)
+        for (int64_t J = 0; J < H; ++J)
+          YR[J] = T((XR[J] - Mu) * S * Gamma[J] + Beta[J]);
+      else
+        for (int64_t J = 0; J < H; ++J) {
+          Acc V = (XR[J] - Mu) * S;
+          if (Gamma)
+            V *= Gamma[J];
+          if (Beta)
+            V += Beta[J];
+          YR[J] = T(V);
+        }
+      if (Mean)
+        Mean[R] = T(Mu);
+      if (Rstd)
+        Rstd[R] = T(S);
     }
-    if (Mean)
-      Mean[R] = T(Mu);
-    if (Rstd)
-      Rstd[R] = T(S);
-  }
   });
 }
 
@@ -324,30 +463,52 @@ void layerNormBackward(T *DX, T *DGamma, T *DBeta, const T *DY, const T *X,
                        const T *Gamma, const T *Mean, const T *Rstd,
                        int64_t Rows, int64_t H) {
   checkSizes({Rows, H});
-  for (int64_t R = 0; R < Rows; ++R) {
-    const T *XR = X + R * H, *DYR = DY + R * H;
-    Acc Mu = Mean[R], S = Rstd[R];
-    Acc SumG = 0, SumGX = 0; // sum of g and of g * xhat
-    for (int64_t J = 0; J < H; ++J) {
-      Acc XHat = (XR[J] - Mu) * S;
-      Acc G = Gamma ? Acc(DYR[J]) * Gamma[J] : Acc(DYR[J]);
-      SumG += G;
-      SumGX += G * XHat;
-      if (DGamma)
-        DGamma[J] += T(DYR[J] * XHat);
-      if (DBeta)
-        DBeta[J] += DYR[J];
+  // DX: rows over the threads, each row's sums in double.
+  if (DX)
+    parallelFor(Rows, std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(H, 1)),
+                [&](int64_t R0, int64_t R1) {
+      for (int64_t R = R0; R < R1; ++R) {
+        const T *XR = X + R * H, *DYR = DY + R * H;
+        Acc Mu = Mean[R], S = Rstd[R];
+        auto G = [&](int64_t J) {
+          return Gamma ? Acc(DYR[J]) * Gamma[J] : Acc(DYR[J]);
+        };
+        Acc MeanG = laneSum(H, G) / Acc(H);
+        Acc MeanGX = laneSum(H, [&](int64_t J) {
+                       return G(J) * ((XR[J] - Mu) * S);
+                     }) /
+                     Acc(H);
+        T *DXR = DX + R * H;
+        for (int64_t J = 0; J < H; ++J) {
+          Acc XHat = (XR[J] - Mu) * S;
+          DXR[J] = T(S * (G(J) - MeanG - XHat * MeanGX));
+        }
+      }
+    });
+  if (!DGamma && !DBeta)
+    return;
+  // DGamma, DBeta: columns over the threads, each column summed over the
+  // rows in order in double and added once.
+  parallelFor(H, 64, [&](int64_t J0, int64_t J1) {
+    for (int64_t JB = J0; JB < J1; JB += ColumnBlock) {
+      int64_t JE = std::min(J1, JB + ColumnBlock);
+      Acc SG[ColumnBlock] = {}, SB[ColumnBlock] = {};
+      for (int64_t R = 0; R < Rows; ++R) {
+        const T *XR = X + R * H, *DYR = DY + R * H;
+        Acc Mu = Mean[R], S = Rstd[R];
+        for (int64_t J = JB; J < JE; ++J) {
+          SG[J - JB] += DYR[J] * ((XR[J] - Mu) * S);
+          SB[J - JB] += DYR[J];
+        }
+      }
+      for (int64_t J = JB; J < JE; ++J) {
+        if (DGamma)
+          DGamma[J] += T(SG[J - JB]);
+        if (DBeta)
+          DBeta[J] += T(SB[J - JB]);
+      }
     }
-    if (!DX)
-      continue;
-    Acc MeanG = SumG / Acc(H), MeanGX = SumGX / Acc(H);
-    T *DXR = DX + R * H;
-    for (int64_t J = 0; J < H; ++J) {
-      Acc XHat = (XR[J] - Mu) * S;
-      Acc G = Gamma ? Acc(DYR[J]) * Gamma[J] : Acc(DYR[J]);
-      DXR[J] = T(S * (G - MeanG - XHat * MeanGX));
-    }
-  }
+  });
 }
 
 //===----------------------------------------------------------------------===//
@@ -388,9 +549,18 @@ void linearBackwardWeight(T *DW, const T *X, const T *DY, int64_t Rows,
 template <typename T>
 void biasBackward(T *DBias, const T *DY, int64_t Rows, int64_t Out) {
   checkSizes({Rows, Out});
-  for (int64_t R = 0; R < Rows; ++R)
-    for (int64_t J = 0; J < Out; ++J)
-      DBias[J] += DY[R * Out + J];
+  // Columns over the threads, each summed over the rows in double.
+  parallelFor(Out, 64, [&](int64_t J0, int64_t J1) {
+    for (int64_t JB = J0; JB < J1; JB += ColumnBlock) {
+      int64_t JE = std::min(J1, JB + ColumnBlock);
+      Acc Sum[ColumnBlock] = {};
+      for (int64_t R = 0; R < Rows; ++R)
+        for (int64_t J = JB; J < JE; ++J)
+          Sum[J - JB] += DY[R * Out + J];
+      for (int64_t J = JB; J < JE; ++J)
+        DBias[J] += T(Sum[J - JB]);
+    }
+  });
 }
 
 //===----------------------------------------------------------------------===//
@@ -404,26 +574,83 @@ constexpr double Sqrt2OverPi = 0.79788456080286535588;
 constexpr double GeluCoef = 0.044715;
 } // namespace
 
+namespace {
+
+// float GELUs: computed in double from normalCdf / onePlusTanh and rounded
+// once.
+// double (the finite-difference tests) keeps libm's erf and tanh below.
+
+SP_INLINE double geluErfD(double X) {
+  double Gauss;
+  return X * normalCdf(X, Gauss);
+}
+
+SP_INLINE double geluErfGradD(double X) {
+  double Gauss;
+  double Cdf = normalCdf(X, Gauss);
+  return Cdf + X * (InvSqrt2Pi * Gauss);
+}
+
+SP_INLINE double geluTanhD(double X) {
+  double U = Sqrt2OverPi * (X + GeluCoef * X * X * X);
+  return 0.5 * X * onePlusTanh(U);
+}
+
+SP_INLINE double geluTanhGradD(double X) {
+  double U = Sqrt2OverPi * (X + GeluCoef * X * X * X);
+  double P = onePlusTanh(U);                 // 1 + tanh u
+  double Sech2 = P * (2.0 - P);              // 1 - tanh^2 u
+  double DU = Sqrt2OverPi * (1.0 + 3 * GeluCoef * X * X);
+  return 0.5 * P + 0.5 * X * Sech2 * DU;
+}
+
+SP_SIMD void geluErfF(float *Y, const float *X, int64_t N) {
+  for (int64_t I = 0; I < N; ++I)
+    Y[I] = float(geluErfD(X[I]));
+}
+
+SP_SIMD void geluTanhF(float *Y, const float *X, int64_t N) {
+  for (int64_t I = 0; I < N; ++I)
+    Y[I] = float(geluTanhD(X[I]));
+}
+
+SP_SIMD void geluErfBackwardF(float *DX, const float *X, const float *DY,
+                              int64_t N) {
+  for (int64_t I = 0; I < N; ++I)
+    DX[I] = float(double(DY[I]) * geluErfGradD(X[I]));
+}
+
+SP_SIMD void geluTanhBackwardF(float *DX, const float *X, const float *DY,
+                               int64_t N) {
+  for (int64_t I = 0; I < N; ++I)
+    DX[I] = float(double(DY[I]) * geluTanhGradD(X[I]));
+}
+
+} // namespace
+
 template <typename T>
 void gelu(T *Y, const T *X, int64_t N, GeluApprox Approx) {
   checkSizes({N});
   const T Half = T(0.5), One = T(1);
-  if (Approx == GeluApprox::None) {
-    parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
-for (int64_t I = IBegin; I < IEnd; ++I) {
-      T X0 = X[I];
-      Y[I] = Half * X0 * (One + std::erf(X0 * T(InvSqrt2)));
+  parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (Approx == GeluApprox::None)
+        geluErfF(Y + I0, X + I0, I1 - I0);
+      else
+        geluTanhF(Y + I0, X + I0, I1 - I0);
+    } else if (Approx == GeluApprox::None) {
+      for (int64_t I = I0; I < I1; ++I) {
+        T X0 = X[I];
+        Y[I] = Half * X0 * (One + std::erf(X0 * T(InvSqrt2)));
+      }
+    } else {
+      for (int64_t I = I0; I < I1; ++I) {
+        T X0 = X[I];
+        T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
+        Y[I] = Half * X0 * (One + std::tanh(U));
+      }
     }
   });
-  } else {
-    parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
-for (int64_t I = IBegin; I < IEnd; ++I) {
-      T X0 = X[I];
-      T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
-      Y[I] = Half * X0 * (One + std::tanh(U));
-    }
-  });
-  }
 }
 
 template <typename T>
@@ -431,26 +658,29 @@ void geluBackward(T *DX, const T *X, const T *DY, int64_t N,
                   GeluApprox Approx) {
   checkSizes({N});
   const T Half = T(0.5), One = T(1);
-  if (Approx == GeluApprox::None) {
-    parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
-for (int64_t I = IBegin; I < IEnd; ++I) {
-      T X0 = X[I];
-      T Cdf = Half * (One + std::erf(X0 * T(InvSqrt2)));
-      T Pdf = T(InvSqrt2Pi) * std::exp(-Half * X0 * X0);
-      DX[I] = DY[I] * (Cdf + X0 * Pdf);
+  parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (Approx == GeluApprox::None)
+        geluErfBackwardF(DX + I0, X + I0, DY + I0, I1 - I0);
+      else
+        geluTanhBackwardF(DX + I0, X + I0, DY + I0, I1 - I0);
+    } else if (Approx == GeluApprox::None) {
+      for (int64_t I = I0; I < I1; ++I) {
+        T X0 = X[I];
+        T Cdf = Half * (One + std::erf(X0 * T(InvSqrt2)));
+        T Pdf = T(InvSqrt2Pi) * std::exp(-Half * X0 * X0);
+        DX[I] = DY[I] * (Cdf + X0 * Pdf);
+      }
+    } else {
+      for (int64_t I = I0; I < I1; ++I) {
+        T X0 = X[I];
+        T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
+        T Th = std::tanh(U);
+        T DU = T(Sqrt2OverPi) * (One + T(3 * GeluCoef) * X0 * X0);
+        DX[I] = DY[I] * (Half * (One + Th) + Half * X0 * (One - Th * Th) * DU);
+      }
     }
   });
-  } else {
-    parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
-for (int64_t I = IBegin; I < IEnd; ++I) {
-      T X0 = X[I];
-      T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
-      T Th = std::tanh(U);
-      T DU = T(Sqrt2OverPi) * (One + T(3 * GeluCoef) * X0 * X0);
-      DX[I] = DY[I] * (Half * (One + Th) + Half * X0 * (One - Th * Th) * DU);
-    }
-  });
-  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -549,57 +779,89 @@ void causalMask(T *Y, const T *X, int64_t Batch, int64_t Sq, int64_t Sk,
                 double Fill, int64_t Q0, int64_t K0) {
   checkSizes({Batch, Sq, Sk});
   const T F = T(Fill);
-  for (int64_t P = 0; P < Batch; ++P)
-    for (int64_t I = 0; I < Sq; ++I) {
-      int64_t Row = (P * Sq + I) * Sk;
-      for (int64_t J = 0; J < Sk; ++J)
-        Y[Row + J] = K0 + J > Q0 + I ? F : X[Row + J];
+  // Row i keeps its columns j <= Q0 + i - K0 and fills the rest.
+  parallelFor(Batch * Sq, std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(Sk, 1)),
+              [&](int64_t R0, int64_t R1) {
+    for (int64_t R = R0; R < R1; ++R) {
+      int64_t I = R % std::max<int64_t>(Sq, 1);
+      int64_t Keep = std::clamp<int64_t>(Q0 + I - K0 + 1, 0, Sk);
+      T *YR = Y + R * Sk;
+      if (YR != X + R * Sk)
+        std::copy(X + R * Sk, X + R * Sk + Keep, YR);
+      std::fill(YR + Keep, YR + Sk, F);
     }
+  });
 }
 
 //===----------------------------------------------------------------------===//
 // 10. Softmax
 //===----------------------------------------------------------------------===//
 
+namespace {
+
+/// Row max, as Lanes partial maxima (max is exact in any order).
+template <typename T> SP_INLINE T rowMax(const T *XR, int64_t N) {
+  T M[Lanes];
+  for (int K = 0; K < Lanes; ++K)
+    M[K] = -std::numeric_limits<T>::infinity();
+  int64_t J = 0;
+  for (; J + Lanes <= N; J += Lanes)
+    for (int K = 0; K < Lanes; ++K)
+      M[K] = M[K] < XR[J + K] ? XR[J + K] : M[K];
+  for (int K = 0; J + K < N; ++K)
+    M[K] = M[K] < XR[J + K] ? XR[J + K] : M[K];
+  T Max = M[0];
+  for (int K = 1; K < Lanes; ++K)
+    Max = Max < M[K] ? M[K] : Max;
+  return Max;
+}
+
+template <typename T> SP_INLINE void softmaxRowBody(T *YR, const T *XR, int64_t N) {
+  T Max = rowMax(XR, N);
+  if (Max == -std::numeric_limits<T>::infinity()) { // all masked
+    std::fill(YR, YR + N, T(0));
+    return;
+  }
+  Acc Sum = laneSum(N, [&](int64_t J) {
+    Acc E = expD(Acc(XR[J]) - Acc(Max));
+    YR[J] = T(E);
+    return E;
+  });
+  Acc Inv = 1.0 / Sum; // X is no longer read: Y may alias it
+  for (int64_t J = 0; J < N; ++J)
+    YR[J] = T(Acc(YR[J]) * Inv);
+}
+SP_SIMD void softmaxRows(float *Y, const float *X, int64_t Rows, int64_t N) {
+  for (int64_t R = 0; R < Rows; ++R)
+    softmaxRowBody(Y + R * N, X + R * N, N);
+}
+SP_SIMD void softmaxRows(double *Y, const double *X, int64_t Rows, int64_t N) {
+  for (int64_t R = 0; R < Rows; ++R)
+    softmaxRowBody(Y + R * N, X + R * N, N);
+}
+
+} // namespace
+
 template <typename T> void softmax(T *Y, const T *X, int64_t Rows, int64_t N) {
   checkSizes({Rows, N});
-  parallelFor(Rows, std::max<int64_t>(1, (1 << 14) / N), [&](int64_t RBegin, int64_t REnd) {
-for (int64_t R = RBegin; R < REnd; ++R) {
-    const T *XR = X + R * N;
-    T *YR = Y + R * N;
-    T Max = -std::numeric_limits<T>::infinity();
-    for (int64_t J = 0; J < N; ++J)
-      Max = std::max(Max, XR[J]);
-    if (Max == -std::numeric_limits<T>::infinity()) { // all masked
-      std::fill(YR, YR + N, T(0));
-      continue;
-    }
-    Acc Sum = 0;
-    for (int64_t J = 0; J < N; ++J) {
-      Acc E = std::exp(Acc(XR[J]) - Acc(Max));
-      YR[J] = T(E);
-      Sum += E;
-    }
-    Acc Inv = 1.0 / Sum; // X is no longer read: Y may alias it
-    for (int64_t J = 0; J < N; ++J)
-      YR[J] = T(Acc(YR[J]) * Inv);
-  }
+  parallelFor(Rows, std::max<int64_t>(1, (1 << 12) / std::max<int64_t>(N, 1)),
+              [&](int64_t R0, int64_t R1) {
+    softmaxRows(Y + R0 * N, X + R0 * N, R1 - R0, N);
   });
 }
 
 template <typename T>
 void softmaxBackward(T *DX, const T *Y, const T *DY, int64_t Rows, int64_t N) {
   checkSizes({Rows, N});
-  parallelFor(Rows, std::max<int64_t>(1, (1 << 14) / N), [&](int64_t RBegin, int64_t REnd) {
-for (int64_t R = RBegin; R < REnd; ++R) {
-    const T *YR = Y + R * N, *DYR = DY + R * N;
-    Acc Dot = 0;
-    for (int64_t J = 0; J < N; ++J)
-      Dot += Acc(DYR[J]) * YR[J];
-    T *DXR = DX + R * N;
-    for (int64_t J = 0; J < N; ++J)
-      DXR[J] = T(YR[J] * (DYR[J] - Dot));
-  }
+  parallelFor(Rows, std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(N, 1)),
+              [&](int64_t R0, int64_t R1) {
+    for (int64_t R = R0; R < R1; ++R) {
+      const T *YR = Y + R * N, *DYR = DY + R * N;
+      Acc Dot = laneSum(N, [&](int64_t J) { return Acc(DYR[J]) * YR[J]; });
+      T *DXR = DX + R * N;
+      for (int64_t J = 0; J < N; ++J)
+        DXR[J] = T(YR[J] * (DYR[J] - Dot));
+    }
   });
 }
 
@@ -649,29 +911,6 @@ Status GlobalIndex::check() const {
 
 namespace {
 
-/// Calls Fn(LocalIndex, GlobalIndex) for every element of the block, in local
-/// row-major order.
-template <typename F> void forEachGlobal(const GlobalIndex &G, F &&Fn) {
-  int R = G.Rank;
-  if (R == 0) {
-    Fn(int64_t(0), uint64_t(0));
-    return;
-  }
-  int64_t GS[MaxRank];
-  rowMajorStrides(R, G.Global, GS);
-  int64_t Inner = G.Local[R - 1];
-  int64_t Local = 0;
-  // Rows of the block along the last axis are contiguous in the global
-  // tensor too: one base index per row.
-  forEachIndex(R - 1, G.Local, [&](const int64_t *Idx) {
-    int64_t Base = G.Offset[R - 1];
-    for (int D = 0; D < R - 1; ++D)
-      Base += (G.Offset[D] + Idx[D]) * GS[D];
-    for (int64_t J = 0; J < Inner; ++J)
-      Fn(Local++, uint64_t(Base + J));
-  });
-}
-
 Status checkDropout(double Ratio, const DropoutKey &K, const GlobalIndex &G) {
   if (!(Ratio >= 0.0 && Ratio <= 1.0))
     return Status::error("dropout ratio outside [0, 1]");
@@ -682,24 +921,134 @@ Status checkDropout(double Ratio, const DropoutKey &K, const GlobalIndex &G) {
   return G.check();
 }
 
-/// Calls Fn(LocalIndex, Keep) for every element of the block, Keep being
-/// whether dropout keeps it. One Philox call serves a block of four global
-/// elements; consecutive elements of a row share it.
-template <typename F>
-void forEachKeep(double Ratio, const DropoutKey &K, const GlobalIndex &G,
-                 F &&Fn) {
-  const uint64_t Threshold = philox::dropoutThreshold(Ratio);
-  uint64_t CachedBlock = ~uint64_t(0);
-  philox::Words4 Words{};
-  forEachGlobal(G, [&](int64_t L, uint64_t Index) {
-    uint64_t Block = Index >> 2;
-    if (Block != CachedBlock) {
-      Words = philox::philox4x32_10(
-          philox::dropoutCounter(K.Layer, K.Site, K.Stream, Index),
-          uint32_t(K.Seed), uint32_t(K.Seed >> 32));
-      CachedBlock = Block;
+/// Philox blocks generated per call of philoxBlocks (4 words each).
+constexpr int64_t PhiloxBatch = 64;
+
+/// Words[4 i + k] = word k of Philox4x32_10 of the dropout counter of block
+/// First + i (Philox.h), i < Count <= PhiloxBatch: the same function as
+/// philox::philox4x32_10, computed for Count blocks side by side so that the
+/// rounds vectorise (integer arithmetic: exact on every clone).
+SP_SIMD void philoxBlocks(uint32_t *__restrict Words, uint64_t First,
+                          int64_t Count, uint32_t C2, uint32_t C3,
+                          uint32_t K0, uint32_t K1) {
+  uint32_t A[PhiloxBatch], B[PhiloxBatch], C[PhiloxBatch], D[PhiloxBatch];
+  for (int64_t I = 0; I < Count; ++I) {
+    uint64_t Block = First + uint64_t(I);
+    A[I] = uint32_t(Block);
+    B[I] = uint32_t(Block >> 32);
+    C[I] = C2;
+    D[I] = C3;
+  }
+  for (int R = 0; R < 10; ++R) {
+    if (R) {
+      K0 += philox::W0;
+      K1 += philox::W1;
     }
-    Fn(L, Words.V[Index & 3] >= Threshold);
+    for (int64_t I = 0; I < Count; ++I) {
+      uint64_t P0 = uint64_t(philox::M0) * A[I];
+      uint64_t P1 = uint64_t(philox::M1) * C[I];
+      uint32_t NA = uint32_t(P1 >> 32) ^ B[I] ^ K0;
+      uint32_t NC = uint32_t(P0 >> 32) ^ D[I] ^ K1;
+      B[I] = uint32_t(P1);
+      D[I] = uint32_t(P0);
+      A[I] = NA;
+      C[I] = NC;
+    }
+  }
+  for (int64_t I = 0; I < Count; ++I) {
+    Words[4 * I] = A[I];
+    Words[4 * I + 1] = B[I];
+    Words[4 * I + 2] = C[I];
+    Words[4 * I + 3] = D[I];
+  }
+}
+
+SP_SIMD void wordsToKeep(uint8_t *__restrict Keep,
+                         const uint32_t *__restrict Words, int64_t N,
+                         uint32_t Threshold) {
+  for (int64_t I = 0; I < N; ++I)
+    Keep[I] = Words[I] >= Threshold;
+}
+
+/// Keep[j] = whether dropout keeps global element G0 + j, j < Len.
+void keepRun(uint8_t *Keep, uint64_t G0, int64_t Len, const DropoutKey &K,
+             uint64_t Threshold) {
+  if (Threshold > 0xFFFFFFFFu) { // ratio 1: nothing is kept
+    std::memset(Keep, 0, size_t(Len));
+    return;
+  }
+  const uint32_t C2 = (K.Layer & 0xFFFFu) | (K.Site << 16);
+  uint32_t Words[4 * PhiloxBatch];
+  uint64_t Block = G0 >> 2;
+  int64_t Skip = int64_t(G0 & 3);
+  for (int64_t J = 0; J < Len;) {
+    int64_t N = std::min(4 * PhiloxBatch - Skip, Len - J);
+    philoxBlocks(Words, Block, (Skip + N + 3) / 4, C2, K.Stream,
+                 uint32_t(K.Seed), uint32_t(K.Seed >> 32));
+    wordsToKeep(Keep + J, Words + Skip, N, uint32_t(Threshold));
+    J += N;
+    Block += PhiloxBatch;
+    Skip = 0;
+  }
+}
+
+/// Y = Keep ? X * Scale : 0 (Y may alias X).
+template <typename T>
+SP_INLINE void applyKeepBody(T *Y, const T *X, const uint8_t *__restrict Keep,
+                             int64_t N, T Scale) {
+  for (int64_t I = 0; I < N; ++I)
+    Y[I] = Keep[I] ? X[I] * Scale : T(0);
+}
+SP_SIMD void applyKeep(float *Y, const float *X, const uint8_t *Keep,
+                       int64_t N, float Scale) {
+  applyKeepBody(Y, X, Keep, N, Scale);
+}
+SP_SIMD void applyKeep(double *Y, const double *X, const uint8_t *Keep,
+                       int64_t N, double Scale) {
+  applyKeepBody(Y, X, Keep, N, Scale);
+}
+
+/// Elements per piece of work of the dropout kernels.
+constexpr int64_t DropoutPiece = 1024;
+
+/// Calls Fn(Local0, Global0, Len) over pieces of the block that are
+/// contiguous both locally and globally (local elements [Local0, Local0 +
+/// Len) are global elements [Global0, Global0 + Len)), in parallel. Trailing
+/// dimensions the block spans whole merge into one run, so the unsharded
+/// tensor is a single run.
+template <typename F> void forEachRun(const GlobalIndex &G, F &&Fn) {
+  int R = G.Rank;
+  int64_t N = G.numLocal();
+  if (N == 0)
+    return;
+  if (R == 0) {
+    Fn(int64_t(0), uint64_t(0), int64_t(1));
+    return;
+  }
+  int64_t GS[MaxRank];
+  rowMajorStrides(R, G.Global, GS);
+  // Dimensions [D, R) form one contiguous run.
+  int D = R - 1;
+  while (D > 0 && G.Local[D] == G.Global[D])
+    --D;
+  int64_t Run = 1;
+  for (int E = D; E < R; ++E)
+    Run *= G.Local[E];
+  int64_t Runs = N / Run, PerRun = (Run + DropoutPiece - 1) / DropoutPiece;
+  parallelFor(Runs * PerRun, 8, [&](int64_t P0, int64_t P1) {
+    for (int64_t P = P0; P < P1; ++P) {
+      int64_t RunIdx = P / PerRun, Piece = P % PerRun;
+      // The global index of the run's first element: outer dims [0, D)
+      // from RunIdx (row-major over Local), dim D at its offset.
+      int64_t Base = G.Offset[D] * GS[D];
+      for (int64_t E = D - 1, Rest = RunIdx; E >= 0; --E) {
+        Base += (G.Offset[E] + Rest % G.Local[E]) * GS[E];
+        Rest /= G.Local[E];
+      }
+      int64_t Off = Piece * DropoutPiece;
+      Fn(RunIdx * Run + Off, uint64_t(Base + Off),
+         std::min(DropoutPiece, Run - Off));
+    }
   });
 }
 
@@ -709,16 +1058,11 @@ Status dropoutMask(uint8_t *Mask, double Ratio, const DropoutKey &K,
                    const GlobalIndex &G) {
   if (Status S = checkDropout(Ratio, K, G); !S.ok())
     return S;
-  forEachKeep(Ratio, K, G, [&](int64_t L, bool Keep) { Mask[L] = Keep; });
+  const uint64_t Threshold = philox::dropoutThreshold(Ratio);
+  forEachRun(G, [&](int64_t L0, uint64_t G0, int64_t Len) {
+    keepRun(Mask + L0, G0, Len, K, Threshold);
+  });
   return Status::success();
-}
-
-/// Whether the block is the whole tensor: local and global indices agree.
-static bool isWhole(const GlobalIndex &G) {
-  for (int D = 0; D < G.Rank; ++D)
-    if (G.Offset[D] != 0 || G.Local[D] != G.Global[D])
-      return false;
-  return true;
 }
 
 template <typename T>
@@ -727,31 +1071,12 @@ Status dropout(T *Y, uint8_t *Mask, const T *X, double Ratio,
   if (Status S = checkDropout(Ratio, K, G); !S.ok())
     return S;
   const T Scale = Ratio >= 1.0 ? T(0) : T(1.0 / (1.0 - Ratio));
-  if (isWhole(G)) {
-    // Element i's mask comes from the Philox block i / 4: split the range
-    // into whole blocks over the kernel threads.
-    const uint64_t Threshold = philox::dropoutThreshold(Ratio);
-    int64_t N = G.numLocal(), Blocks = (N + 3) / 4;
-    parallelFor(Blocks, 1 << 12, [&](int64_t BBegin, int64_t BEnd) {
-      for (int64_t B = BBegin; B < BEnd; ++B) {
-        uint64_t Index = uint64_t(B) * 4;
-        philox::Words4 Words = philox::philox4x32_10(
-            philox::dropoutCounter(K.Layer, K.Site, K.Stream, Index),
-            uint32_t(K.Seed), uint32_t(K.Seed >> 32));
-        for (int64_t L = B * 4, E = std::min(N, L + 4); L < E; ++L) {
-          bool Keep = Words.V[L & 3] >= Threshold;
-          if (Mask)
-            Mask[L] = Keep;
-          Y[L] = Keep ? X[L] * Scale : T(0);
-        }
-      }
-    });
-    return Status::success();
-  }
-  forEachKeep(Ratio, K, G, [&](int64_t L, bool Keep) {
-    if (Mask)
-      Mask[L] = Keep;
-    Y[L] = Keep ? X[L] * Scale : T(0);
+  const uint64_t Threshold = philox::dropoutThreshold(Ratio);
+  forEachRun(G, [&](int64_t L0, uint64_t G0, int64_t Len) {
+    uint8_t Local[DropoutPiece];
+    uint8_t *Keep = Mask ? Mask + L0 : Local;
+    keepRun(Keep, G0, Len, K, Threshold);
+    applyKeep(Y + L0, X + L0, Keep, Len, Scale);
   });
   return Status::success();
 }
@@ -761,8 +1086,9 @@ void dropoutBackward(T *DX, const T *DY, const uint8_t *Mask, int64_t N,
                      double Ratio) {
   checkSizes({N});
   const T Scale = Ratio >= 1.0 ? T(0) : T(1.0 / (1.0 - Ratio));
-  for (int64_t I = 0; I < N; ++I)
-    DX[I] = Mask[I] ? DY[I] * Scale : T(0);
+  parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
+    applyKeep(DX + I0, DY + I0, Mask + I0, I1 - I0, Scale);
+  });
 }
 
 //===----------------------------------------------------------------------===//
@@ -786,14 +1112,35 @@ Status checkCrossEntropy(const int64_t *Targets, int64_t N, int64_t V,
 
 /// The row's max and log-sum-exp over its first ValidV entries.
 template <typename T>
-void rowLogSumExp(const T *Row, int64_t ValidV, Acc &Max, Acc &Lse) {
-  Max = -std::numeric_limits<Acc>::infinity();
-  for (int64_t J = 0; J < ValidV; ++J)
-    Max = std::max(Max, Acc(Row[J]));
-  Acc Sum = 0;
-  for (int64_t J = 0; J < ValidV; ++J)
-    Sum += std::exp(Acc(Row[J]) - Max);
+SP_INLINE void rowLogSumExpBody(const T *Row, int64_t ValidV, Acc &Max,
+                                Acc &Lse) {
+  Max = Acc(rowMax(Row, ValidV));
+  Acc Sum = laneSum(ValidV, [&](int64_t J) { return expD(Acc(Row[J]) - Max); });
   Lse = Max + std::log(Sum);
+}
+SP_SIMD void rowLogSumExp(const float *Row, int64_t ValidV, Acc &Max,
+                          Acc &Lse) {
+  rowLogSumExpBody(Row, ValidV, Max, Lse);
+}
+SP_SIMD void rowLogSumExp(const double *Row, int64_t ValidV, Acc &Max,
+                          Acc &Lse) {
+  rowLogSumExpBody(Row, ValidV, Max, Lse);
+}
+
+/// DRow[j] = Factor * exp(Row[j] - Lse), j < ValidV.
+template <typename T>
+SP_INLINE void softmaxScaledBody(T *DRow, const T *Row, int64_t ValidV,
+                                 Acc Lse, Acc Factor) {
+  for (int64_t J = 0; J < ValidV; ++J)
+    DRow[J] = T(Factor * expD(Acc(Row[J]) - Lse));
+}
+SP_SIMD void softmaxScaled(float *DRow, const float *Row, int64_t ValidV,
+                           Acc Lse, Acc Factor) {
+  softmaxScaledBody(DRow, Row, ValidV, Lse, Factor);
+}
+SP_SIMD void softmaxScaled(double *DRow, const double *Row, int64_t ValidV,
+                           Acc Lse, Acc Factor) {
+  softmaxScaledBody(DRow, Row, ValidV, Lse, Factor);
 }
 
 } // namespace
@@ -821,17 +1168,19 @@ Status crossEntropyBackward(T *DLogits, const T *Logits, const int64_t *Targets,
   if (Status S = checkCrossEntropy(Targets, N, V, ValidV); !S.ok())
     return S;
   const Acc Factor = DLoss / Acc(N);
-  for (int64_t R = 0; R < N; ++R) {
-    const T *Row = Logits + R * V;
-    T *DRow = DLogits + R * V;
-    Acc Max, Lse;
-    rowLogSumExp(Row, ValidV, Max, Lse);
-    for (int64_t J = 0; J < ValidV; ++J) {
-      Acc P = std::exp(Acc(Row[J]) - Lse);
-      DRow[J] = T(Factor * (P - (J == Targets[R] ? 1.0 : 0.0)));
+  parallelFor(N, std::max<int64_t>(1, (1 << 12) / V), [&](int64_t R0,
+                                                          int64_t R1) {
+    for (int64_t R = R0; R < R1; ++R) {
+      const T *Row = Logits + R * V;
+      T *DRow = DLogits + R * V;
+      Acc Max, Lse;
+      rowLogSumExp(Row, ValidV, Max, Lse);
+      softmaxScaled(DRow, Row, ValidV, Lse, Factor);
+      int64_t Tgt = Targets[R];
+      DRow[Tgt] = T(Factor * (expD(Acc(Row[Tgt]) - Lse) - 1.0));
+      std::fill(DRow + ValidV, DRow + V, T(0));
     }
-    std::fill(DRow + ValidV, DRow + V, T(0));
-  }
+  });
   return Status::success();
 }
 
@@ -841,10 +1190,7 @@ Status crossEntropyBackward(T *DLogits, const T *Logits, const int64_t *Targets,
 
 template <typename T> double sumSquares(const T *G, int64_t N) {
   checkSizes({N});
-  Acc Sum = 0;
-  for (int64_t I = 0; I < N; ++I)
-    Sum += Acc(G[I]) * G[I];
-  return Sum;
+  return laneSum(N, [&](int64_t I) { return Acc(G[I]) * G[I]; });
 }
 
 template <typename T> T clipCoefficient(T TotalNorm, T MaxNorm) {
@@ -854,6 +1200,39 @@ template <typename T> T clipCoefficient(T TotalNorm, T MaxNorm) {
   return Coef < T(1) ? Coef : T(1);
 }
 
+namespace {
+
+/// The scalars of one AdamW step, in T (computed in double, as torch does).
+template <typename T> struct AdamScalars {
+  T Decay, B1, OneMinusB1, B2, OneMinusB2, StepSize, Bc2Sqrt, E, Scale;
+};
+
+template <typename T>
+SP_INLINE void adamwBody(T *__restrict P, const T *__restrict G,
+                         T *__restrict M, T *__restrict V, int64_t N,
+                         const AdamScalars<T> &C) {
+  for (int64_t I = 0; I < N; ++I) {
+    T Grad = G[I] * C.Scale;
+    T PI = P[I] * C.Decay;
+    T MI = C.B1 * M[I] + C.OneMinusB1 * Grad;
+    T VI = C.B2 * V[I] + C.OneMinusB2 * Grad * Grad;
+    T Denom = std::sqrt(VI) / C.Bc2Sqrt + C.E;
+    P[I] = PI - C.StepSize * (MI / Denom);
+    M[I] = MI;
+    V[I] = VI;
+  }
+}
+SP_SIMD void adamwRange(float *P, const float *G, float *M, float *V,
+                        int64_t N, const AdamScalars<float> &C) {
+  adamwBody(P, G, M, V, N, C);
+}
+SP_SIMD void adamwRange(double *P, const double *G, double *M, double *V,
+                        int64_t N, const AdamScalars<double> &C) {
+  adamwBody(P, G, M, V, N, C);
+}
+
+} // namespace
+
 template <typename T>
 void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
            double Beta2, double Eps, double WeightDecay, double GradScale,
@@ -861,23 +1240,15 @@ void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
   checkSizes({N});
   SP_CPU_CHECK(Step >= 1, "adam steps count from 1");
   // The scalars, in double, as torch computes them in Python.
-  const T Decay = T(1.0 - Lr * WeightDecay);
-  const T B1 = T(Beta1), OneMinusB1 = T(1.0 - Beta1);
-  const T B2 = T(Beta2), OneMinusB2 = T(1.0 - Beta2);
   const double Bc1 = 1.0 - std::pow(Beta1, double(Step));
   const double Bc2 = 1.0 - std::pow(Beta2, double(Step));
-  const T StepSize = T(Lr / Bc1);
-  const T Bc2Sqrt = T(std::sqrt(Bc2));
-  const T E = T(Eps), Scale = T(GradScale);
-  parallelFor(N, 1 << 14, [&](int64_t IBegin, int64_t IEnd) {
-for (int64_t I = IBegin; I < IEnd; ++I) {
-    T Grad = G[I] * Scale;
-    P[I] *= Decay;
-    M[I] = B1 * M[I] + OneMinusB1 * Grad;
-    V[I] = B2 * V[I] + OneMinusB2 * Grad * Grad;
-    T Denom = std::sqrt(V[I]) / Bc2Sqrt + E;
-    P[I] -= StepSize * (M[I] / Denom);
-  }
+  const AdamScalars<T> C{T(1.0 - Lr * WeightDecay), T(Beta1),
+                         T(1.0 - Beta1),            T(Beta2),
+                         T(1.0 - Beta2),            T(Lr / Bc1),
+                         T(std::sqrt(Bc2)),         T(Eps),
+                         T(GradScale)};
+  parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
+    adamwRange(P + I0, G + I0, M + I0, V + I0, I1 - I0, C);
   });
 }
 

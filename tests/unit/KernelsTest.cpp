@@ -3,15 +3,18 @@
 // Every backward kernel is checked against central finite differences in
 // double precision on a random projection loss L = sum(W * Y), so that every
 // output element matters. Then: the Philox known-answer vectors, the layout
-// invariance of the dropout masks, AdamW against a hand computation, and the
-// float instantiation against the double one.
+// invariance of the dropout masks, AdamW against a hand computation, the
+// float instantiation against the double one, and the results of the split
+// kernels against the thread count.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Parallel.h"
 #include "runtime/cpu/Philox.h"
 #include "gtest/gtest.h"
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -656,6 +659,35 @@ TEST(CpuDropoutTest, LayoutInvariance) {
   EXPECT_EQ(M, maskOf(Ratio, K, G));
 }
 
+TEST(CpuDropoutTest, BatchedPhiloxIsTheScalarDefinition) {
+  // The kernels generate many Philox blocks side by side; every element must
+  // still be philox::dropoutWord of its global index. Blocks of a huge
+  // global tensor (never allocated) reach indices whose block number crosses
+  // 2^32, at offsets that do not align with blocks of four, with rows longer
+  // and shorter than the kernels' batches.
+  const DropoutKey K{0xfedcba9876543210ull, 513, 2, 77};
+  const double Ratio = 0.3;
+  const uint64_t Threshold = sp::philox::dropoutThreshold(Ratio);
+  std::vector<int64_t> GS = {int64_t(1) << 20, int64_t(1) << 15};
+  struct Case {
+    int64_t Rows, Cols, Row0, Col0;
+  };
+  for (Case C : {Case{3, 2500, (int64_t(1) << 19) - 1, 5},
+                 Case{5, 7, (int64_t(1) << 19) - 2, (int64_t(1) << 15) - 9},
+                 Case{2, int64_t(1) << 15, 0, 0}}) {
+    std::vector<int64_t> LS = {C.Rows, C.Cols}, Off = {C.Row0, C.Col0};
+    GlobalIndex G = GlobalIndex::block(GS, LS, Off);
+    auto M = maskOf(Ratio, K, G);
+    for (int64_t R = 0; R < C.Rows; ++R)
+      for (int64_t J = 0; J < C.Cols; ++J) {
+        uint64_t E = uint64_t(C.Row0 + R) * uint64_t(GS[1]) + uint64_t(C.Col0 + J);
+        uint32_t W = sp::philox::dropoutWord(K.Seed, K.Layer, K.Site, K.Stream, E);
+        ASSERT_EQ(M[R * C.Cols + J], W >= Threshold ? 1 : 0)
+            << "row " << R << " col " << J << " of the block at " << C.Row0;
+      }
+  }
+}
+
 TEST(CpuDropoutTest, RateAndReproducibility) {
   const int64_t N = 1000000;
   std::vector<int64_t> Sh = {N};
@@ -905,6 +937,130 @@ TEST(CpuFloatTest, MatchesDouble) {
     expectOk(crossEntropy(&FL, FX.data(), Targets.data(), Rows, H, 16));
     EXPECT_NEAR(FL, L, 1e-6 * std::max(1.0, L));
   }
+}
+
+TEST(CpuFloatTest, GeluIsAccurateIncludingTheTails) {
+  // The float GELUs are computed in double and rounded once: within a few
+  // float ulps *relative* of a double reference written so that it does not
+  // cancel (erfc, and 1 + tanh u = 2 / (1 + exp(-2u))), also far in the
+  // lower tail, where 0.5 x (1 + erf) in float would lose every digit.
+  std::vector<float> FX;
+  for (double X = -12.0; X <= 12.0; X += 1.0 / 64)
+    FX.push_back(float(X) + 1e-3f);
+  FX.insert(FX.end(), {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, -1e-8f});
+  const int64_t N = int64_t(FX.size());
+  std::vector<float> FDY(N, 1.0f), FY(N);
+  const double Pi = 3.14159265358979323846;
+  for (GeluApprox A : {GeluApprox::None, GeluApprox::Tanh})
+    for (bool Backward : {false, true}) {
+      if (Backward)
+        geluBackward(FY.data(), FX.data(), FDY.data(), N, A);
+      else
+        gelu(FY.data(), FX.data(), N, A);
+      for (int64_t I = 0; I < N; ++I) {
+        double X = FX[I], Ref;
+        if (A == GeluApprox::None) {
+          double Cdf = 0.5 * std::erfc(-X / std::sqrt(2.0));
+          Ref = Backward ? Cdf + X * std::exp(-0.5 * X * X) / std::sqrt(2 * Pi)
+                         : X * Cdf;
+        } else {
+          double C = std::sqrt(2 / Pi), U = C * (X + 0.044715 * X * X * X);
+          double P = 2 / (1 + std::exp(-2 * U)), Q = 2 / (1 + std::exp(2 * U));
+          double DU = C * (1 + 3 * 0.044715 * X * X);
+          Ref = Backward ? 0.5 * P + 0.5 * X * P * Q * DU : 0.5 * X * P;
+        }
+        EXPECT_NEAR(FY[I], Ref, 4e-7 * std::fabs(Ref) + 1e-40)
+            << (A == GeluApprox::None ? "erf" : "tanh")
+            << (Backward ? " backward" : " forward") << " at x = " << X;
+      }
+    }
+}
+
+/// Runs Fn once with one kernel thread and once with three; Fn returns the
+/// bytes of its results.
+void expectSameOnThreads(const char *What,
+                         const std::function<std::vector<char>()> &Fn) {
+  setKernelThreads(1);
+  std::vector<char> One = Fn();
+  setKernelThreads(3);
+  std::vector<char> Three = Fn();
+  setKernelThreads(1);
+  EXPECT_TRUE(One == Three) << What << " depends on the thread count";
+}
+
+template <typename... V> std::vector<char> bytesOf(const V &...Vs) {
+  std::vector<char> B;
+  (
+      [&](const auto &X) {
+        const char *P = reinterpret_cast<const char *>(X.data());
+        B.insert(B.end(), P, P + X.size() * sizeof(X[0]));
+      }(Vs),
+      ...);
+  return B;
+}
+
+TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
+  // Sizes well above the kernels' grains, so that three threads split them.
+  const int64_t Rows = 301, H = 257, N = Rows * H;
+  Vec XD = randVec(N, 50, -4, 4), DYD = randVec(N, 51);
+  std::vector<float> X = toFloat(XD), DY = toFloat(DYD),
+                     Gamma = toFloat(randVec(H, 52)),
+                     Beta = toFloat(randVec(H, 53));
+  expectSameOnThreads("gelu", [&] {
+    std::vector<float> Y(N), DX(N), Y2(N), DX2(N);
+    gelu(Y.data(), X.data(), N, GeluApprox::None);
+    geluBackward(DX.data(), X.data(), DY.data(), N, GeluApprox::None);
+    gelu(Y2.data(), X.data(), N, GeluApprox::Tanh);
+    geluBackward(DX2.data(), X.data(), DY.data(), N, GeluApprox::Tanh);
+    return bytesOf(Y, DX, Y2, DX2);
+  });
+  expectSameOnThreads("dropout", [&] {
+    const DropoutKey K{99, 4, 1, 3};
+    std::vector<int64_t> GS = {3, Rows, H}, LS = {2, Rows - 100, H},
+                         Off = {1, 37, 0};
+    std::vector<float> Y(N), DX(N), YB(2 * (Rows - 100) * H);
+    std::vector<uint8_t> M(N), MB(YB.size());
+    expectOk(dropout(Y.data(), M.data(), X.data(), 0.1, K,
+                     GlobalIndex::whole(std::vector<int64_t>{Rows, H})));
+    dropoutBackward(DX.data(), DY.data(), M.data(), N, 0.1);
+    expectOk(dropout(YB.data(), MB.data(), X.data(), 0.1, K,
+                     GlobalIndex::block(GS, LS, Off)));
+    return bytesOf(Y, M, DX, YB, MB);
+  });
+  expectSameOnThreads("softmax and causal mask", [&] {
+    std::vector<float> S(N), P(N), DS(N);
+    causalMask(S.data(), X.data(), 1, Rows, H, -1e9, 3, 0);
+    softmax(P.data(), S.data(), Rows, H);
+    softmaxBackward(DS.data(), P.data(), DY.data(), Rows, H);
+    return bytesOf(S, P, DS);
+  });
+  expectSameOnThreads("layer norm", [&] {
+    std::vector<float> Y(N), Mean(Rows), Rstd(Rows), DX(N), DG(H, 0.5f),
+        DB(H, -0.25f), DBias(H, 1.0f);
+    layerNorm(Y.data(), Mean.data(), Rstd.data(), X.data(), Gamma.data(),
+              Beta.data(), Rows, H, 1e-5);
+    layerNormBackward(DX.data(), DG.data(), DB.data(), DY.data(), X.data(),
+                      Gamma.data(), Mean.data(), Rstd.data(), Rows, H);
+    biasBackward(DBias.data(), DY.data(), Rows, H);
+    return bytesOf(Y, Mean, Rstd, DX, DG, DB, DBias);
+  });
+  expectSameOnThreads("cross entropy", [&] {
+    std::vector<int64_t> Targets(Rows);
+    for (int64_t R = 0; R < Rows; ++R)
+      Targets[R] = (R * 37) % 250;
+    std::vector<float> Loss(1), DL(N);
+    expectOk(crossEntropy(Loss.data(), X.data(), Targets.data(), Rows, H, 250));
+    expectOk(crossEntropyBackward(DL.data(), X.data(), Targets.data(), 1.0,
+                                  Rows, H, 250));
+    return bytesOf(Loss, DL);
+  });
+  expectSameOnThreads("adamw", [&] {
+    std::vector<float> P = X, M(N, 0.01f), V(N, 0.02f), Sum(1);
+    adamw(P.data(), DY.data(), M.data(), V.data(), N, 1e-3, 0.9, 0.999, 1e-8,
+          0.01, 0.5, 3);
+    Sum[0] = float(sumSquares(P.data(), N));
+    return bytesOf(P, M, V, Sum);
+  });
 }
 
 } // namespace

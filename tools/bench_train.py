@@ -6,7 +6,9 @@ measures, in this one run, side by side:
   - sp-run: `sp-run PLAN --data DATA --dropout 0.1 --threads T` with --steps W and with
     --steps W+N; the difference of the two wall times over N is the time of a step with the
     process startup, plan loading and the first W (warm-up) steps taken out. Each is the
-    fastest of --repeat runs.
+    fastest of --repeat runs. N is 200 for tiny (its steps take milliseconds: fewer would
+    leave the difference to the noise of process startup) and 20 for medium unless --steps
+    says otherwise.
   - torch: models/gpt.py's GPT with the same config and the same weights (loaded from the ONNX
     file), dropout 0.1, the same batches (the sp-run data formula), AdamW (two param groups) with
     clip_grad_norm_(1.0) and the spec's LR schedule, T intra-op threads and T OpenBLAS threads
@@ -20,7 +22,7 @@ Models: "tiny" is the committed models/tiny/gpt-tiny.onnx (L 2, h 64, 4 heads, s
 batch 4); "medium" is exported with models/export_gpt.py (L 4, h 256, 8 heads, s 128, v 512,
 batch 8, opset 17, tied).
 
-    /usr/bin/python3 tools/bench_train.py --sp-bin build/bin [--threads 2] [--steps 20] [--models tiny medium]
+    /usr/bin/python3 tools/bench_train.py --sp-bin build/bin [--threads 2] [--steps N] [--models tiny medium]
 """
 import argparse
 import ctypes
@@ -122,15 +124,18 @@ def torch_ms_per_step(onnx_path, facts, tokens, warmup, steps):
     return 1000.0 * (stamps[warmup + steps] - stamps[warmup]) / steps
 
 
-def measure(sp_run, plan, data, onnx_path, facts, tokens, args, workdir):
+DEFAULT_STEPS = {"tiny": 200, "medium": 20}
+
+
+def measure(sp_run, plan, data, onnx_path, facts, tokens, args, steps, workdir):
     """(sp-run ms/step, seconds of a warm-up-only sp-run, torch ms/step): the fastest of --repeat
     rounds, each round timing both sides one after the other so that load from elsewhere hits both."""
     short, long, torch_ms = [], [], []
     for _ in range(args.repeat):
         short.append(time_sp_run(sp_run, plan, data, args.warmup, args.threads, workdir))
-        long.append(time_sp_run(sp_run, plan, data, args.warmup + args.steps, args.threads, workdir))
-        torch_ms.append(torch_ms_per_step(onnx_path, facts, tokens, args.warmup, args.steps))
-    return 1000.0 * (min(long) - min(short)) / args.steps, min(short), min(torch_ms)
+        long.append(time_sp_run(sp_run, plan, data, args.warmup + steps, args.threads, workdir))
+        torch_ms.append(torch_ms_per_step(onnx_path, facts, tokens, args.warmup, steps))
+    return 1000.0 * (min(long) - min(short)) / steps, min(short), min(torch_ms)
 
 
 def main():
@@ -139,7 +144,7 @@ def main():
                     help="directory holding sp-compile and sp-run (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2,
                     help="sp-run --threads; torch intra-op and BLAS threads (default 2)")
-    ap.add_argument("--steps", type=int, default=20, help="timed steps N (default 20)")
+    ap.add_argument("--steps", type=int, help="timed steps N (default: 200 for tiny, 20 for medium)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps W (default 3)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the fastest of each side counts (default 3)")
     ap.add_argument("--models", nargs="+", default=["tiny", "medium"], help="tiny and/or medium")
@@ -156,7 +161,7 @@ def main():
     workdir = args.workdir or tmp.name
     os.makedirs(workdir, exist_ok=True)
     print(f"training step time, float32, dropout {DROPOUT}, AdamW + clipping, {args.threads} thread(s), "
-          f"{args.steps} steps timed after {args.warmup} (fastest of {args.repeat})\n"
+          f"N steps timed after {args.warmup} (fastest of {args.repeat})\n"
           f"sp-run --threads {args.threads}; {torch_threads}", flush=True)
     header = (f"{'model':>7} {'params':>9} {'batch x seq':>11} {'sp-run ms/step':>15} {'torch ms/step':>14} "
               f"{'torch/sp':>9} {'threads':>8}")
@@ -170,11 +175,12 @@ def main():
             tokens = ref.write_tokens(data, TOKENS, facts["vocab"], DATA_SEED)
             plan = os.path.join(workdir, f"{name}-plan")
             compile_plan(sp_compile, onnx_path, plan)
-            sp_ms, startup, torch_ms = measure(sp_run, plan, data, onnx_path, facts, tokens, args, workdir)
+            steps = args.steps or DEFAULT_STEPS.get(name, 20)
+            sp_ms, startup, torch_ms = measure(sp_run, plan, data, onnx_path, facts, tokens, args, steps, workdir)
             rows.append(f"{name:>7} {facts['params']:>9} {facts['batch']:>5} x {facts['seq']:<3} {sp_ms:>15.2f} "
                         f"{torch_ms:>14.2f} {torch_ms / sp_ms:>9.2f} {args.threads:>8}")
-            print(f"  {name}: sp-run {sp_ms:.2f} ms/step (a {args.warmup}-step run takes {startup:.2f} s), "
-                  f"torch {torch_ms:.2f} ms/step", flush=True)
+            print(f"  {name}: N = {steps}: sp-run {sp_ms:.2f} ms/step (a {args.warmup}-step run takes "
+                  f"{startup:.2f} s), torch {torch_ms:.2f} ms/step", flush=True)
     finally:
         if tmp:
             tmp.cleanup()

@@ -48,6 +48,25 @@ std::optional<Phase> parsePhase(StringRef Name) {
   return std::nullopt;
 }
 
+static const char *const InputRoleNames[] = {
+    "none", "tokens", "targets", "positions", "mask", "token_types", "lr",
+    "step"};
+
+StringRef inputRoleName(InputRole R) { return InputRoleNames[unsigned(R)]; }
+
+std::optional<InputRole> parseInputRole(StringRef Name) {
+  for (unsigned I = 0; I < std::size(InputRoleNames); ++I)
+    if (Name == InputRoleNames[I])
+      return InputRole(I);
+  return std::nullopt;
+}
+
+bool isBatchedRole(InputRole R) {
+  return R == InputRole::Tokens || R == InputRole::Targets ||
+         R == InputRole::Positions || R == InputRole::Mask ||
+         R == InputRole::TokenTypes;
+}
+
 //===----------------------------------------------------------------------===//
 // Value
 //===----------------------------------------------------------------------===//
@@ -130,9 +149,18 @@ Value *Graph::addLeaf(std::vector<std::unique_ptr<Value>> &List,
   return V;
 }
 
-Value *Graph::addInput(std::string N, TensorType T) {
-  return addLeaf(Inputs, Value::Kind::Input, std::move(N), std::move(T),
-                 nullptr);
+Value *Graph::addInput(std::string N, TensorType T, InputRole Role) {
+  Value *V = addLeaf(Inputs, Value::Kind::Input, std::move(N), std::move(T),
+                     nullptr);
+  V->setInputRole(Role);
+  return V;
+}
+
+Value *Graph::inputWithRole(InputRole R) const {
+  for (const auto &V : Inputs)
+    if (V->inputRole() == R)
+      return V.get();
+  return nullptr;
 }
 
 Value *Graph::addParam(std::string N, TensorType T,
@@ -253,6 +281,7 @@ std::unique_ptr<Graph> Graph::clone() const {
     for (const auto &V : From) {
       Value *N = C->addLeaf(To, V->kind(), V->name(), V->type(), V->data());
       N->setSharding(V->sharding());
+      N->setInputRole(V->inputRole());
       Map[V.get()] = N;
     }
   };

@@ -45,6 +45,25 @@ enum class Phase : uint8_t { Forward, Backward, Recompute, Optimizer };
 llvm::StringRef phaseName(Phase P);
 std::optional<Phase> parsePhase(llvm::StringRef Name);
 
+/// What the runtime feeds a graph input with at every step. The role is found
+/// from the graph's structure (the ids of the token embedding are the
+/// tokens, ...), never from the input's name; an input without a role cannot
+/// be fed, and the runtime refuses to run it.
+enum class InputRole : uint8_t {
+  None,
+  Tokens,     // token ids [batch, seq]
+  Targets,    // the loss's target ids [batch, seq] (added by autodiff)
+  Positions,  // position ids [batch or 1, seq]: 0, 1, ..., seq - 1
+  Mask,       // attention (padding) mask [batch, seq]: 1 = attend
+  TokenTypes, // segment ids [batch, seq]: 0
+  LearningRate, // f32 scalar (added by the optimizer pass)
+  Step,         // f32 scalar, 1-based (added by the optimizer pass)
+};
+llvm::StringRef inputRoleName(InputRole R);
+std::optional<InputRole> parseInputRole(llvm::StringRef Name);
+/// Roles whose tensor has the batch as its first axis (split per microbatch).
+bool isBatchedRole(InputRole R);
+
 class Node;
 class Graph;
 
@@ -74,6 +93,9 @@ public:
   void setType(TensorType T) { Type = std::move(T); }
   const Sharding &sharding() const { return Shard; }
   void setSharding(Sharding S) { Shard = S; }
+  /// What the runtime feeds an input with (None for other values).
+  InputRole inputRole() const { return Role; }
+  void setInputRole(InputRole R) { Role = R; }
 
   /// Name of an input, parameter or constant (the ONNX name); empty for
   /// node results, which print as %0, %1, ... in program order.
@@ -100,6 +122,7 @@ private:
   Kind K;
   TensorType Type;
   Sharding Shard;
+  InputRole Role = InputRole::None;
   std::string Name;
   Node *Producer = nullptr;
   unsigned ResultNo = 0;
@@ -176,7 +199,8 @@ public:
   void setName(std::string N) { Name = std::move(N); }
 
   // Values without producers.
-  Value *addInput(std::string Name, TensorType T);
+  Value *addInput(std::string Name, TensorType T,
+                  InputRole Role = InputRole::None);
   Value *addParam(std::string Name, TensorType T,
                   std::shared_ptr<TensorData> Data);
   Value *addConst(std::string Name, TensorType T,
@@ -191,6 +215,8 @@ public:
   llvm::ArrayRef<std::unique_ptr<Value>> states() const { return States; }
   /// Finds an input, parameter or constant by name.
   Value *lookup(llvm::StringRef Name) const;
+  /// The first input with this role, or null.
+  Value *inputWithRole(InputRole R) const;
   /// Removes parameters and constants that have no users.
   unsigned removeUnusedConstants();
   /// Erases a parameter or constant with no users.

@@ -428,7 +428,19 @@ private:
       return S.takeError();
     Value *V;
     if (Kind == "input") {
-      V = G->addInput(Name.Text, *T);
+      InputRole Role = InputRole::None;
+      if (isKeyword("as")) { // input %ids : i64[4,64] as tokens
+        if (auto E = consume())
+          return E;
+        auto R = parseInputRole(Tok.Text);
+        if (Tok.K != Token::Ident || !R)
+          return fail("expected an input role (tokens, targets, positions, "
+                      "mask, token_types, lr or step) after 'as'");
+        Role = *R;
+        if (auto E = consume())
+          return E;
+      }
+      V = G->addInput(Name.Text, *T, Role);
     } else if (Kind == "state") {
       V = G->addState(Name.Text, *T);
     } else {

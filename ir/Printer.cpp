@@ -111,6 +111,8 @@ private:
   void printLeafDecl(const Value &V) {
     printRef(&V);
     printType(V);
+    if (V.inputRole() != InputRole::None)
+      OS << " as " << inputRoleName(V.inputRole());
   }
 
   void printPayload(const Value &V) {

@@ -136,8 +136,9 @@ private:
                                "got %s",
                                LT.str().c_str());
     Value *Targets = G.addInput(
-        "targets",
-        TensorType(DType::I64, ArrayRef<int64_t>(LT.Shape).drop_back()));
+        G.uniqueLeafName("targets"),
+        TensorType(DType::I64, ArrayRef<int64_t>(LT.Shape).drop_back()),
+        InputRole::Targets);
     // Vocabulary-parallel logits: the loss reduces over the group, and
     // masks the padding columns.
     AttrList A;

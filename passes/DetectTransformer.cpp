@@ -112,25 +112,55 @@ private:
   }
 
   Error embedding(Value *&X) {
-    Node *Tok = nullptr;
+    // The token embedding is an embedding of a graph input. Several (a
+    // position table indexed by a position-ids input) are told apart by the
+    // head: its weight is the token table (tied), or it has as many output
+    // columns as the token table has rows (the vocabulary).
+    SmallVector<Node *, 2> Candidates;
     for (Node &N : G.nodes())
-      if (N.op() == OpKind::Embedding && N.operand(1)->isInput()) {
-        if (Tok)
-          return fail(-1, "embedding", nullptr,
-                      "found two token embeddings: " + Tok->describe() +
-                          " and " + N.describe());
-        Tok = &N;
-      }
-    if (!Tok)
+      if (N.op() == OpKind::Embedding && N.operand(1)->isInput() &&
+          N.operand(0)->isParam())
+        Candidates.push_back(&N);
+    if (Candidates.empty())
       return fail(-1, "embedding", nullptr,
                   "no token embedding: expected an embedding (Gather from a "
                   "parameter table) of a graph input");
+    Node *Tok = Candidates.size() == 1 ? Candidates[0] : nullptr;
+    if (!Tok && G.outputs().size() == 1) {
+      Value *Logits = G.outputs()[0].V;
+      Node *Head = Logits->producer();
+      auto Pick = [&](auto Pred) -> Node * {
+        Node *Found = nullptr;
+        for (Node *C : Candidates)
+          if (Pred(C)) {
+            if (Found)
+              return nullptr;
+            Found = C;
+          }
+        return Found;
+      };
+      if (Head && Head->op() == OpKind::Linear)
+        Tok = Pick([&](Node *C) { return Head->operand(1) == C->operand(0); });
+      if (!Tok && Logits->type().rank())
+        Tok = Pick([&](Node *C) {
+          return C->operand(0)->type().Shape[0] == Logits->type().dim(-1);
+        });
+    }
+    if (!Tok)
+      return fail(-1, "embedding", nullptr,
+                  "cannot tell the token embedding among " +
+                      Twine(Candidates.size()) + " embeddings of inputs (" +
+                      Candidates[0]->describe() + ", " +
+                      Candidates[1]->describe() +
+                      "): none is tied to the head or as wide as the "
+                      "vocabulary");
     tag(Tok, -1, "embed");
     X = Tok->result();
     if (Node *Add = onlyUser(X, OpKind::Add)) {
       Value *P = Add->operand(0) == X ? Add->operand(1) : Add->operand(0);
       Node *Pos = P->producer();
-      if (Pos && Pos->op() == OpKind::Embedding && Pos->operand(1)->isConst()) {
+      if (Pos && Pos->op() == OpKind::Embedding &&
+          (Pos->operand(1)->isConst() || Pos->operand(1)->isInput())) {
         tag(Pos, -1, "pos_embed");
         tag(Add, -1, "embed_add");
         X = Add->result();

@@ -31,7 +31,8 @@ public:
 
   Error run(Graph &G, PassContext &Ctx) override {
     const OptimizerOptions &O = Ctx.Optimizer;
-    if (G.lookup("lr") || G.lookup("step"))
+    if (G.inputWithRole(InputRole::LearningRate) ||
+        G.inputWithRole(InputRole::Step))
       return createStringError(inconvertibleErrorCode(),
                                "the graph already has an optimizer step");
     SmallVector<std::pair<Value *, Value *>, 32> ParamGrads;
@@ -55,8 +56,9 @@ public:
                                "no gradients to apply: run autodiff first");
 
     TensorType Scalar(DType::F32, {});
-    Value *LR = G.addInput("lr", Scalar);
-    Value *Step = G.addInput("step", Scalar);
+    Value *LR =
+        G.addInput(G.uniqueLeafName("lr"), Scalar, InputRole::LearningRate);
+    Value *Step = G.addInput(G.uniqueLeafName("step"), Scalar, InputRole::Step);
     SmallVector<Value *, 32> Grads;
     for (auto &PG : ParamGrads)
       Grads.push_back(PG.second);

@@ -13,6 +13,9 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace sp {
 
@@ -67,6 +70,9 @@ struct PassContext {
   /// The activation dtype the program will be planned with (passes that
   /// plan memory, such as recompute auto, size buffers with it).
   DType ActivationDtype = DType::F32;
+  /// --input NAME=ROLE: what an input is, where the structure cannot tell
+  /// (bind-inputs).
+  std::vector<std::pair<std::string, InputRole>> InputBindings;
 };
 
 class Pass {

@@ -34,6 +34,12 @@ struct CLOptions {
   cl::opt<bool> TimePasses{"time-passes",
                            cl::desc("Report the time taken by each pass"),
                            cl::cat(Cat)};
+  cl::list<std::string> InputBindings{
+      "input",
+      cl::desc("What a graph input is, where the model's structure cannot "
+               "tell (bind-inputs): ROLE is tokens, positions, mask or "
+               "token_types"),
+      cl::value_desc("NAME=ROLE"), cl::cat(Cat)};
   cl::opt<int> TP{"tp", cl::desc("Tensor-parallel size T (tensor-parallel pass)"),
                   cl::value_desc("T"), cl::init(1), cl::cat(Cat)};
   cl::opt<bool> SP{"sp",
@@ -149,6 +155,18 @@ Error passOptionsFromCL(PassContext &Ctx) {
                              "T with T > 1");
   Ctx.TensorParallel = CL->TP;
   Ctx.SequenceParallel = CL->SP;
+  for (StringRef B : CL->InputBindings) {
+    auto [Name, RoleName] = B.split('=');
+    auto Role = parseInputRole(RoleName);
+    if (Name.empty() || !Role || *Role == InputRole::None ||
+        *Role == InputRole::Targets || *Role == InputRole::LearningRate ||
+        *Role == InputRole::Step)
+      return createStringError(inconvertibleErrorCode(),
+                               "--input '%s': expected NAME=ROLE with ROLE "
+                               "tokens, positions, mask or token_types",
+                               B.str().c_str());
+    Ctx.InputBindings.push_back({Name.str(), *Role});
+  }
   RecomputeOptions &R = Ctx.Recompute;
   R.Mode = CL->Recompute;
   if (CL->RecomputeLayers < 1)

@@ -13,7 +13,8 @@ namespace sp {
 /// and detection, the parallel passes (no-ops without --tp and --sp), then
 /// the training graph.
 constexpr const char *DefaultPipeline =
-    "constant-fold,canonicalize,dce,detect-transformer,tensor-parallel,"
+    "constant-fold,canonicalize,dce,detect-transformer,bind-inputs,"
+    "tensor-parallel,"
     "sequence-parallel,autodiff,lower-collectives,optimizer,recompute,"
     "pipeline";
 

@@ -101,6 +101,9 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   if (!E->Vocab || !E->Batch || Prog.output("loss") < 0)
     return planError("the plan is not a training program of a detected "
                      "Transformer (no token embedding or loss)");
+  // Every input must be one the runtime knows how to feed.
+  if (auto Err = E->checkInputs())
+    return std::move(Err);
 
   size_t Size = alignTo(std::max<int64_t>(Prog.ArenaBytes, 64), 64);
   E->Arena = static_cast<char *>(std::aligned_alloc(64, Size));
@@ -122,29 +125,120 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   return E;
 }
 
-Error Executor::setTokens(StringRef Input, ArrayRef<int64_t> Ids) {
+/// Checks ids against [0, Vocab) and their count against the batch.
+static Error checkIds(StringRef What, ArrayRef<int64_t> Ids, int64_t Batch,
+                      int64_t Seq, int64_t Vocab) {
   if (int64_t(Ids.size()) != Batch * Seq)
-    return planError(formatv("expected {0} x {1} token ids for '{2}', got {3}",
-                             Batch, Seq, Input, Ids.size()));
+    return planError(formatv("expected {0} x {1} {2}s, got {3}", Batch, Seq,
+                             What, Ids.size()));
   for (size_t I = 0; I < Ids.size(); ++I)
     if (Ids[I] < 0 || Ids[I] >= Vocab)
-      return planError(formatv("token id {0} at position {1} of '{2}' is "
-                               "outside the vocabulary [0, {3})",
-                               Ids[I], I, Input, Vocab));
-  // The whole batch, or one buffer per microbatch (rows K b .. (K + 1) b)
-  // on the stages that read them.
-  int B = Prog.findBuffer(Input);
-  if (B >= 0) {
-    std::memcpy(Arena + Prog.Buffers[B].Offset, Ids.data(),
-                Ids.size() * sizeof(int64_t));
-    return Error::success();
+      return planError(formatv("{0} {1} at position {2} is outside the "
+                               "vocabulary [0, {3})",
+                               What, Ids[I], I, Vocab));
+  return Error::success();
+}
+
+Error Executor::checkInputs() const {
+  for (const ProgramBuffer &B : Prog.Buffers) {
+    if (B.K != ProgramBuffer::Input)
+      continue;
+    auto Bad = [&](const Twine &Why) {
+      return planError("input '" + B.Name + "' (" + B.Type.str() + ", fed as " +
+                       inputRoleName(B.Feed) + ") " + Why);
+    };
+    const TensorType &T = B.Type;
+    switch (B.Feed) {
+    case InputRole::None:
+      return planError("input '" + B.Name + "' (" + T.str() +
+                       ") has no role, so nothing would feed it; recompile "
+                       "the plan with this sp-compile (it binds every input "
+                       "or refuses the model)");
+    case InputRole::Tokens:
+    case InputRole::Targets:
+    case InputRole::Positions:
+    case InputRole::TokenTypes:
+      if (T.Dtype != DType::I64)
+        return Bad("must be i64");
+      [[fallthrough]];
+    case InputRole::Mask:
+      if (T.rank() != 2 || T.Shape[1] != Seq ||
+          (T.Shape[0] != Batch / Microbatches &&
+           !(B.Feed == InputRole::Positions && T.Shape[0] == 1)))
+        return Bad(formatv("must be [{0}, {1}]", Batch / Microbatches, Seq));
+      if (B.Feed == InputRole::Mask && !isFloat(T.Dtype) &&
+          T.Dtype != DType::I64 && T.Dtype != DType::I32 &&
+          T.Dtype != DType::Bool)
+        return Bad("has an element type the runtime cannot fill");
+      break;
+    case InputRole::LearningRate:
+    case InputRole::Step:
+      if (T != TensorType(DType::F32, {}))
+        return Bad("must be an f32 scalar");
+      break;
+    }
   }
-  int64_t Per = Ids.size() / Microbatches;
-  for (int64_t K = 0; K < Microbatches; ++K) {
-    int MB = Prog.findBuffer((Input + "." + Twine(K)).str());
-    if (MB >= 0)
-      std::memcpy(Arena + Prog.Buffers[MB].Offset, Ids.data() + K * Per,
-                  Per * sizeof(int64_t));
+  return Error::success();
+}
+
+Error Executor::feedInputs(ArrayRef<int64_t> Tokens, ArrayRef<int64_t> Targets,
+                           double LR, int64_t Step) {
+  if (auto E = checkIds("token id", Tokens, Batch, Seq, Vocab))
+    return E;
+  if (auto E = checkIds("target", Targets, Batch, Seq, Vocab))
+    return E;
+  for (size_t Id = 0; Id < Prog.Buffers.size(); ++Id) {
+    const ProgramBuffer &B = Prog.Buffers[Id];
+    if (B.K != ProgramBuffer::Input)
+      continue;
+    char *Dst = Arena + B.Offset;
+    int64_t Rows = B.Type.rank() ? B.Type.Shape[0] : 1;
+    // A microbatch's buffer holds rows [K b, (K + 1) b) of the batch.
+    int64_t Row0 = B.Microbatch >= 0 ? B.Microbatch * Rows : 0;
+    switch (B.Feed) {
+    case InputRole::Tokens:
+    case InputRole::Targets: {
+      const int64_t *Src =
+          (B.Feed == InputRole::Tokens ? Tokens : Targets).data();
+      std::memcpy(Dst, Src + Row0 * Seq, Rows * Seq * sizeof(int64_t));
+      break;
+    }
+    case InputRole::Positions: {
+      auto *P = reinterpret_cast<int64_t *>(Dst);
+      for (int64_t R = 0; R < Rows; ++R)
+        for (int64_t S = 0; S < Seq; ++S)
+          P[R * Seq + S] = S;
+      break;
+    }
+    case InputRole::TokenTypes:
+      std::memset(Dst, 0, B.Type.numBytes());
+      break;
+    case InputRole::Mask: // every token is real: attend everywhere
+      for (int64_t I = 0, N = B.Type.numElements(); I < N; ++I)
+        switch (B.Type.Dtype) {
+        case DType::I64:
+          reinterpret_cast<int64_t *>(Dst)[I] = 1;
+          break;
+        case DType::I32:
+          reinterpret_cast<int32_t *>(Dst)[I] = 1;
+          break;
+        case DType::Bool:
+          Dst[I] = 1;
+          break;
+        default:
+          reinterpret_cast<float *>(Dst)[I] = 1.0f;
+          break;
+        }
+      break;
+    case InputRole::LearningRate:
+      *reinterpret_cast<float *>(Dst) = float(LR);
+      break;
+    case InputRole::Step:
+      *reinterpret_cast<float *>(Dst) = float(Step);
+      break;
+    case InputRole::None:
+      llvm_unreachable("checked when the executor was created");
+    }
   }
   return Error::success();
 }
@@ -154,17 +248,14 @@ Expected<double> Executor::trainStep(ArrayRef<int64_t> Idx,
                                      int64_t Step) {
   if (Step < 1)
     return planError("steps are 1-based");
-  if (auto E = setTokens("idx", Idx))
-    return std::move(E);
-  if (auto E = setTokens("targets", Targets))
-    return std::move(E);
-  for (auto [Name, V] : {std::pair{"lr", LR}, {"step", double(Step)}}) {
-    int B = Prog.findBuffer(Name);
-    if (B < 0)
+  for (InputRole R : {InputRole::LearningRate, InputRole::Step})
+    if (none_of(Prog.Buffers, [&](const ProgramBuffer &B) {
+          return B.K == ProgramBuffer::Input && B.Feed == R;
+        }))
       return planError("the plan has no optimizer step (no '" +
-                       std::string(Name) + "' input)");
-    *ptr(B) = float(V);
-  }
+                       inputRoleName(R) + "' input)");
+  if (auto E = feedInputs(Idx, Targets, LR, Step))
+    return std::move(E);
   if (auto E = run(Phase::Optimizer, Step, /*Training=*/true))
     return std::move(E);
   return *ptr(Prog.output("loss"));
@@ -176,9 +267,7 @@ Expected<double> Executor::evalLoss(ArrayRef<int64_t> Idx,
     return planError("evaluating a pipelined plan is not supported yet; "
                      "compile the model without --pp and --microbatches to "
                      "evaluate it");
-  if (auto E = setTokens("idx", Idx))
-    return std::move(E);
-  if (auto E = setTokens("targets", Targets))
+  if (auto E = feedInputs(Idx, Targets, /*LR=*/0, /*Step=*/0))
     return std::move(E);
   if (auto E = run(Phase::Forward, /*Step=*/0, /*Training=*/false))
     return std::move(E);

@@ -134,7 +134,14 @@ private:
   llvm::Error run(Phase Last, int64_t Step, bool Training);
   llvm::Error runInstruction(const Instruction &I, int64_t Step,
                              bool Training);
-  llvm::Error setTokens(llvm::StringRef Input, llvm::ArrayRef<int64_t> Ids);
+  /// Refuses a plan with an input the runtime cannot feed (no role, or a
+  /// type its role does not allow).
+  llvm::Error checkInputs() const;
+  /// Writes every input by its role: tokens and targets from the batch,
+  /// positions 0..seq-1, an all-ones mask, zero token types, lr and step.
+  llvm::Error feedInputs(llvm::ArrayRef<int64_t> Tokens,
+                         llvm::ArrayRef<int64_t> Targets, double LR,
+                         int64_t Step);
   llvm::Error pipelineOp(const Instruction &I);
   float *ptr(int Buffer) const;
 

@@ -157,13 +157,14 @@ private:
   Expected<int> operand(const Value *V, int Mb) {
     if (auto It = Overrides.find(V); It != Overrides.end())
       return It->second;
-    if (V->isInput() && (V->name() == "idx" || V->name() == "targets")) {
+    if (V->isInput() && isBatchedRole(V->inputRole())) {
       auto Key = std::make_pair(Mb, V);
       auto It = Instances.find(Key);
       if (It != Instances.end())
         return It->second;
       int Id = B.addBuffer(V->name() + "." + std::to_string(Mb), V->type(),
                            ProgramBuffer::Input);
+      B.setFeed(Id, V->inputRole(), Mb);
       Instances[Key] = Id;
       return Id;
     }

@@ -36,8 +36,9 @@ struct PipelineLayout {
 /// Lowers a training graph whose nodes carry their virtual stage (the
 /// pipeline pass's tags) into one program per pipeline rank.
 ///
-/// - The model's batch is the microbatch: the inputs idx and targets become
-///   idx.K and targets.K per microbatch K, and dropouts learn their
+/// - The model's batch is the microbatch: every batched input (tokens,
+///   targets, positions, mask, token types) gets a buffer per microbatch K
+///   ("<name>.K", feed microbatch K), and dropouts learn their
 ///   microbatch, so that their masks are those of the whole batch.
 /// - A value used on another stage than its producer's is sent right after
 ///   the step that makes it and received right before the step that needs

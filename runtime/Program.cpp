@@ -74,6 +74,7 @@ int ProgramBuilder::leaf(const Value *V, std::string Name) {
   int Id = addBuffer(Name.empty() ? V->name() : std::move(Name), V->type(), K,
                      V->data());
   P.Buffers[Id].Shard = V->sharding();
+  P.Buffers[Id].Feed = V->inputRole();
   Leaves[V] = Id;
   return Id;
 }
@@ -332,6 +333,11 @@ json programToJson(const Program &P) {
       J["layer"] = B.Layer;
       J["role"] = B.Role;
     }
+    if (B.K == ProgramBuffer::Input) {
+      J["feed"] = inputRoleName(B.Feed).str();
+      if (B.Microbatch >= 0)
+        J["microbatch"] = B.Microbatch;
+    }
     if (B.Shard.K != Sharding::None)
       J["sharding"] = shardingToJson(B.Shard);
     if (B.Data)
@@ -393,6 +399,13 @@ Expected<Program> programFromJson(const json &J) {
         B.LastUse = JB.at("last_use").get<int>();
         B.Layer = JB.at("layer").get<int>();
         B.Role = JB.at("role").get<std::string>();
+      }
+      if (B.K == ProgramBuffer::Input) {
+        auto R = parseInputRole(JB.at("feed").get<std::string>());
+        if (!R)
+          return formatError("input '" + B.Name + "' has an unknown feed");
+        B.Feed = *R;
+        B.Microbatch = JB.value("microbatch", -1);
       }
       if (JB.contains("sharding")) {
         auto S = shardingFromJson(JB["sharding"]);

@@ -22,7 +22,7 @@
 namespace sp {
 
 /// Bumped whenever the plan format changes; sp-run refuses other versions.
-constexpr int PlanFormatVersion = 1;
+constexpr int PlanFormatVersion = 2;
 
 struct ProgramBuffer {
   enum Kind : uint8_t { Input, Param, State, Const, Temp };
@@ -41,6 +41,10 @@ struct ProgramBuffer {
   /// Layer and role of the producing node (memory accounting by role).
   int Layer = -1;
   std::string Role;
+  /// Input: what the runtime feeds it with, and for a pipelined plan the
+  /// microbatch whose rows it holds (-1: the whole batch, or not batched).
+  InputRole Feed = InputRole::None;
+  int Microbatch = -1;
   bool isPersistent() const { return K != Temp; }
 };
 

@@ -40,6 +40,12 @@ public:
   }
   const ProgramBuffer &buffer(int Id) const { return P.Buffers[Id]; }
   void setSharding(int Id, const Sharding &S) { P.Buffers[Id].Shard = S; }
+  /// Marks a per-microbatch input buffer: what it is fed with, and which
+  /// microbatch's rows.
+  void setFeed(int Id, InputRole R, int Microbatch) {
+    P.Buffers[Id].Feed = R;
+    P.Buffers[Id].Microbatch = Microbatch;
+  }
   DType activationDtype() const { return ActDtype; }
   /// Sets every temporary's live range and returns the program.
   Program take();

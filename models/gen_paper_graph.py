@@ -39,6 +39,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODELS_CSV = os.path.join(REPO_ROOT, "models", "paper", "models.csv")
 
 DTYPE_BYTES = {TensorProto.FLOAT: 4, TensorProto.BOOL: 1}
+SHARED_MASK = "causal_mask"
+MASK_FORMS = ("buffer", "shared")
 
 
 @dataclasses.dataclass
@@ -51,6 +53,7 @@ class GPTSize:
     batch: int
     tied: bool = True
     dropout: float = 0.1
+    mask: str = "buffer"
 
     @property
     def head_dim(self):
@@ -192,8 +195,11 @@ def attention(b, size, scope, x, prefix):
 
     scores = b.node(scope, "MatMul", [q, k_t])
     scores = b.node(scope, "Div", [scores, b.constant(scope, math.sqrt(size.head_dim), np.float32)])
-    visible = slice_last_dims(b, scope, f"{prefix}.bias", size.seq)
-    hidden_keys = b.node(scope, "Cast", [b.node(scope, "Not", [visible])], to=TensorProto.BOOL)
+    if size.mask == "shared":
+        hidden_keys = SHARED_MASK
+    else:
+        visible = slice_last_dims(b, scope, f"{prefix}.bias", size.seq)
+        hidden_keys = b.node(scope, "Cast", [b.node(scope, "Not", [visible])], to=TensorProto.BOOL)
     scores = b.node(scope, "Where", [hidden_keys, b.constant(scope, -np.inf, np.float32), scores])
     probs = dropout(b, f"{scope}/attn_dropout", b.node(scope, "Softmax", [scores], axis=-1), size.dropout)
 
@@ -229,7 +235,14 @@ def build_model(size, weights_location, doc=""):
     """The ModelProto of the GPT of `size`, its weights declared in `weights_location`."""
     b = GraphBuilder()
     for name, dtype, shape in state_dict_layout(size):
+        if size.mask == "shared" and name.endswith(".attn.bias"):
+            continue
         b.external_initializer(name, dtype, shape, weights_location)
+    if size.mask == "shared":
+        # One [s, s] bool initializer with its data, True above the diagonal
+        # (the keys a query must not see), used by every layer's Where.
+        hidden = np.triu(np.ones((size.seq, size.seq), dtype=np.bool_), k=1)
+        b.initializers.append(numpy_helper.from_array(hidden, SHARED_MASK))
     positions = b.constant("", np.arange(size.seq), np.int64)
     tokens = b.node("/wte", "Gather", ["transformer.wte.weight", "idx"])
     x = b.node("", "Add", [tokens, b.node("/wpe", "Gather", ["transformer.wpe.weight", positions])])
@@ -274,6 +287,9 @@ def parse_args(argv=None):
         sizes.add_argument(f"--{flag}", type=int, help=what)
     p.add_argument("--untied", action="store_true", help="give the output layer its own weight (default: tied)")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout probability (default %(default)s)")
+    p.add_argument("--mask", choices=MASK_FORMS, default="buffer",
+                   help="buffer: each layer slices its own weight-free tril buffer (torch's export, default); "
+                        "shared: one [s, s] bool initializer with data, used by every layer's Where")
     args = p.parse_args(argv)
     given = [f for f in ("layers", "hidden", "heads", "seq", "vocab", "batch") if getattr(args, f) is not None]
     if (args.model or args.all) and given:
@@ -300,7 +316,7 @@ def graphs_to_write(args):
 def main(argv=None):
     args = parse_args(argv)
     for label, size, path in graphs_to_write(args):
-        size = dataclasses.replace(size, tied=not args.untied, dropout=args.dropout)
+        size = dataclasses.replace(size, tied=not args.untied, dropout=args.dropout, mask=args.mask)
         if size.hidden % size.heads:
             sys.exit(f"error: hidden {size.hidden} is not divisible by heads {size.heads}")
         start = time.perf_counter()

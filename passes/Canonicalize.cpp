@@ -39,6 +39,8 @@
 #include "ir/ShapeInference.h"
 #include "passes/Passes.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/ADT/DenseMap.h"
+#include <any>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -142,6 +144,21 @@ public:
     G.replaceAllUsesWith(Old, New);
   }
 
+  /// What a pattern learned about a constant, computed once per constant
+  /// and question: a [s, s] mask shared by every layer is read once, not
+  /// once per layer (Kind tells the questions apart).
+  template <typename F>
+  auto memo(const Value *C, int Kind, F &&Compute) -> decltype(Compute()) {
+    using R = decltype(Compute());
+    auto Key = std::make_pair(C, Kind);
+    auto It = Memo.find(Key);
+    if (It != Memo.end())
+      return std::any_cast<R>(It->second);
+    R Result = Compute();
+    Memo.try_emplace(Key, Result);
+    return Result;
+  }
+
   Value *constant(StringRef Hint, DType T, ArrayRef<int64_t> Shape,
                   double Value) {
     assert(T == DType::F32 && "only f32 fill constants are built");
@@ -154,6 +171,11 @@ public:
   }
 
   Graph &G;
+
+private:
+  // Constants stay alive for the whole phase (unused ones are removed only
+  // after it), so their addresses are stable keys.
+  DenseMap<std::pair<const Value *, int>, std::any> Memo;
 };
 
 using Pattern = std::function<bool(Rewriter &, Node &)>;
@@ -681,6 +703,32 @@ bool isNotTriluOfOnes(Value *Cond) {
   return isTriluOfOnes(In);
 }
 
+/// Questions canonicalize asks about a constant (Rewriter::memo keys).
+enum MaskQuestion { MaskUpper, MaskLower, AdditiveCausal };
+
+/// For an additive causal mask (0 on and below the diagonal, one fill value
+/// above it), the fill; nullopt otherwise.
+std::optional<double> additiveFill(const Value *M) {
+  if (auto D = M->data()->load(); !D) {
+    consumeError(D.takeError());
+    return std::nullopt;
+  }
+  const TensorType &T = M->type();
+  int64_t Cols = T.dim(-1), Rows = T.dim(-2);
+  if (Rows != Cols)
+    return std::nullopt;
+  double F = 0;
+  for (int64_t E = 0; E < T.numElements(); ++E) {
+    int64_t Col = E % Cols, Row = (E / Cols) % Rows;
+    double V = M->data()->getDouble(E);
+    if (Col <= Row ? V != 0 : (F != 0 && V != F))
+      return std::nullopt;
+    if (Col > Row)
+      F = V;
+  }
+  return F;
+}
+
 bool causalMask(Rewriter &R, Node &N) {
   Value *X = nullptr;
   double Fill = 0;
@@ -693,7 +741,8 @@ bool causalMask(Rewriter &R, Node &N) {
         continue;
       // Where(masked, fill, x): masked is the strict upper triangle.
       bool Upper = I == 1;
-      if (isTriangle(C, Upper) ||
+      if (R.memo(C, Upper ? MaskUpper : MaskLower,
+                 [&] { return isTriangle(C, Upper); }) ||
           (Upper && (isUnreadableTrilBufferTest(C) || isNotTriluOfOnes(C)))) {
         X = Other;
         Fill = *F;
@@ -704,29 +753,10 @@ bool causalMask(Rewriter &R, Node &N) {
       Value *M = N.operand(I);
       if (!M->isConst() || M->type().rank() < 2 || N.operand(1 - I)->isConst())
         continue;
-      if (auto D = M->data()->load(); !D) {
-        consumeError(D.takeError());
-        continue;
-      }
-      // Additive mask: 0 on and below the diagonal, one large negative fill
-      // above it.
-      const TensorType &T = M->type();
-      int64_t Cols = T.dim(-1), Rows = T.dim(-2);
-      bool Ok = Rows == Cols;
-      double F = 0;
-      for (int64_t E = 0; Ok && E < T.numElements(); ++E) {
-        int64_t Col = E % Cols, Row = (E / Cols) % Rows;
-        double V = M->data()->getDouble(E);
-        if (Col <= Row)
-          Ok = V == 0;
-        else if (F == 0)
-          F = V;
-        else
-          Ok = V == F;
-      }
-      if (Ok && F <= -1e4) {
+      if (auto F = R.memo(M, AdditiveCausal, [&] { return additiveFill(M); });
+          F && *F <= -1e4) {
         X = N.operand(1 - I);
-        Fill = F;
+        Fill = *F;
       }
     }
   }

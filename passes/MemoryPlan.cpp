@@ -114,43 +114,38 @@ void planMemory(Program &P, PlanOrder Order) {
     return;
   }
 
-  // The placed temporaries, indexed by the stretches of instructions they
-  // live over, so that finding the ones a new buffer's live range meets
-  // costs what they are, not every placed buffer.
-  constexpr int Stretch = 256;
-  int NumInstrs = std::max<int>(P.Instrs.size(), 1) + 1;
-  std::vector<std::vector<int>> Index((NumInstrs + Stretch - 1) / Stretch + 1);
-  std::vector<int> Seen(P.Buffers.size(), -1);
+  // The placed temporaries sorted by offset, compact so that one scan per
+  // new buffer is cheap: first fit walks them upwards and skips those whose
+  // live range misses the new buffer's. (Collecting the live ones and
+  // sorting them per buffer cost 0.2 s on the 175B model.)
+  struct Placed {
+    int64_t Start, End;
+    int Def, LastUse;
+  };
+  std::vector<Placed> ByOffset;
+  ByOffset.reserve(Temps.size());
   // The peak is the highest byte a buffer uses (alignment padding after the
   // topmost buffer is not counted).
   int64_t Peak = Top;
-  std::vector<const ProgramBuffer *> Live;
   for (int Id : Temps) {
     ProgramBuffer &B = P.Buffers[Id];
     int64_t Size = alignedSize(B);
-    Live.clear();
-    for (int K = B.Def / Stretch; K <= B.LastUse / Stretch; ++K)
-      for (int O : Index[K]) {
-        const ProgramBuffer &Q = P.Buffers[O];
-        if (Seen[O] == Id || Q.Def > B.LastUse || B.Def > Q.LastUse)
-          continue;
-        Seen[O] = Id;
-        Live.push_back(&Q);
-      }
-    llvm::sort(Live, [](const ProgramBuffer *X, const ProgramBuffer *Y) {
-      return X->Offset < Y->Offset;
-    });
-    // First fit between the live placed buffers (sorted by offset).
     int64_t Offset = Top;
-    for (const ProgramBuffer *Q : Live) {
-      if (Q->Offset >= Offset + Size)
+    for (const Placed &Q : ByOffset) {
+      if (Q.Start >= Offset + Size)
         break;
-      Offset = std::max(Offset, Q->Offset + alignedSize(*Q));
+      if (Q.Def > B.LastUse || B.Def > Q.LastUse)
+        continue;
+      Offset = std::max(Offset, Q.End);
     }
     B.Offset = Offset;
     Peak = std::max(Peak, Offset + B.Bytes);
-    for (int K = B.Def / Stretch; K <= B.LastUse / Stretch; ++K)
-      Index[K].push_back(Id);
+    Placed New{Offset, Offset + Size, B.Def, B.LastUse};
+    ByOffset.insert(llvm::upper_bound(ByOffset, New,
+                                      [](const Placed &A, const Placed &B) {
+                                        return A.Start < B.Start;
+                                      }),
+                    New);
   }
   P.ArenaBytes = Peak;
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Benchmark: compile time of the weight-free paper-size graphs.
 
-For each model it generates the weight-free ONNX graph (models/gen_paper_graph.py),
-then times, on the same file:
+For each model and each export form of its causal mask (models/gen_paper_graph.py --mask:
+`buffer`, a weight-free tril buffer sliced in every layer as torch exports it, and `shared`,
+one [s, s] bool initializer with data that every layer's Where uses), it generates the
+weight-free ONNX graph, then times, on the same file:
   - sp-compile: import, constant folding, canonicalization, dce and detection
     (the in-process time sp-compile reports, and the wall time of the process);
   - Python onnx: onnx.load + onnx.shape_inference.infer_shapes (the peer).
@@ -51,19 +53,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sp-compile", default=os.path.join(ROOT, "build", "bin", "sp-compile"))
     ap.add_argument("--models", nargs="+", default=["22B", "175B", "530B", "1T"])
+    ap.add_argument("--masks", nargs="+", default=["buffer", "shared"])
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    print(f"{'model':>6} {'onnx nodes':>10} {'sp-compile (s)':>15} {'process (s)':>12} "
+    print(f"{'model':>6} {'mask':>7} {'onnx nodes':>10} {'sp-compile (s)':>15} {'process (s)':>12} "
           f"{'onnx load+infer (s)':>20} {'ratio':>6}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            path = os.path.join(tmp, f"gpt-{name}.onnx")
-            subprocess.run([sys.executable, os.path.join(ROOT, "models", "gen_paper_graph.py"),
-                            "--model", name, "-o", path], check=True, stdout=subprocess.DEVNULL)
-            sp_inner, sp_wall = time_sp_compile(args.sp_compile, path, args.repeat)
-            py, nodes = time_onnx(path, args.repeat)
-            print(f"{name:>6} {nodes:>10} {sp_inner:>15.3f} {sp_wall:>12.3f} {py:>20.3f} "
-                  f"{py / sp_inner:>5.1f}x")
+            for mask in args.masks:
+                path = os.path.join(tmp, f"gpt-{name}-{mask}.onnx")
+                subprocess.run([sys.executable, os.path.join(ROOT, "models", "gen_paper_graph.py"),
+                                "--model", name, "--mask", mask, "-o", path], check=True,
+                               stdout=subprocess.DEVNULL)
+                sp_inner, sp_wall = time_sp_compile(args.sp_compile, path, args.repeat)
+                py, nodes = time_onnx(path, args.repeat)
+                print(f"{name:>6} {mask:>7} {nodes:>10} {sp_inner:>15.3f} {sp_wall:>12.3f} {py:>20.3f} "
+                      f"{py / sp_inner:>5.1f}x")
 
 
 if __name__ == "__main__":

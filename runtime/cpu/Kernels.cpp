@@ -1097,16 +1097,24 @@ void dropoutBackward(T *DX, const T *DY, const uint8_t *Mask, int64_t N,
 
 namespace {
 
+/// Checks the sizes and targets; Counted is set to the number of rows whose
+/// target is not IgnoreIndex.
 Status checkCrossEntropy(const int64_t *Targets, int64_t N, int64_t V,
-                         int64_t ValidV) {
+                         int64_t ValidV, std::optional<int64_t> IgnoreIndex,
+                         int64_t &Counted) {
   if (N <= 0)
     return Status::error("cross entropy over no rows", -1, N);
   if (ValidV < 1 || ValidV > V)
     return Status::error("cross entropy valid vocabulary not in [1, V]", -1,
                          ValidV);
-  for (int64_t I = 0; I < N; ++I)
+  Counted = 0;
+  for (int64_t I = 0; I < N; ++I) {
+    if (IgnoreIndex && Targets[I] == *IgnoreIndex)
+      continue;
     if (Targets[I] < 0 || Targets[I] >= ValidV)
       return Status::error("cross entropy target out of range", I, Targets[I]);
+    ++Counted;
+  }
   return Status::success();
 }
 
@@ -1147,32 +1155,44 @@ SP_SIMD void softmaxScaled(double *DRow, const double *Row, int64_t ValidV,
 
 template <typename T>
 Status crossEntropy(T *Loss, const T *Logits, const int64_t *Targets, int64_t N,
-                    int64_t V, int64_t ValidV) {
-  if (Status S = checkCrossEntropy(Targets, N, V, ValidV); !S.ok())
+                    int64_t V, int64_t ValidV,
+                    std::optional<int64_t> IgnoreIndex) {
+  int64_t Counted;
+  if (Status S = checkCrossEntropy(Targets, N, V, ValidV, IgnoreIndex, Counted);
+      !S.ok())
     return S;
   Acc Total = 0;
   for (int64_t R = 0; R < N; ++R) {
+    if (IgnoreIndex && Targets[R] == *IgnoreIndex)
+      continue;
     const T *Row = Logits + R * V;
     Acc Max, Lse;
     rowLogSumExp(Row, ValidV, Max, Lse);
     Total += Lse - Acc(Row[Targets[R]]);
   }
-  *Loss = T(Total / Acc(N));
+  // No counted target: 0 rather than torch's NaN (0 / 0).
+  *Loss = Counted ? T(Total / Acc(Counted)) : T(0);
   return Status::success();
 }
 
 template <typename T>
 Status crossEntropyBackward(T *DLogits, const T *Logits, const int64_t *Targets,
-                            double DLoss, int64_t N, int64_t V,
-                            int64_t ValidV) {
-  if (Status S = checkCrossEntropy(Targets, N, V, ValidV); !S.ok())
+                            double DLoss, int64_t N, int64_t V, int64_t ValidV,
+                            std::optional<int64_t> IgnoreIndex) {
+  int64_t Counted;
+  if (Status S = checkCrossEntropy(Targets, N, V, ValidV, IgnoreIndex, Counted);
+      !S.ok())
     return S;
-  const Acc Factor = DLoss / Acc(N);
+  const Acc Factor = Counted ? DLoss / Acc(Counted) : 0.0;
   parallelFor(N, std::max<int64_t>(1, (1 << 12) / V), [&](int64_t R0,
                                                           int64_t R1) {
     for (int64_t R = R0; R < R1; ++R) {
       const T *Row = Logits + R * V;
       T *DRow = DLogits + R * V;
+      if (IgnoreIndex && Targets[R] == *IgnoreIndex) {
+        std::fill(DRow, DRow + V, T(0));
+        continue;
+      }
       Acc Max, Lse;
       rowLogSumExp(Row, ValidV, Max, Lse);
       softmaxScaled(DRow, Row, ValidV, Lse, Factor);
@@ -1303,9 +1323,10 @@ void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
   template void dropoutBackward<T>(T *, const T *, const uint8_t *, int64_t,   \
                                    double);                                    \
   template Status crossEntropy<T>(T *, const T *, const int64_t *, int64_t,    \
-                                  int64_t, int64_t);                           \
+                                  int64_t, int64_t, std::optional<int64_t>);   \
   template Status crossEntropyBackward<T>(T *, const T *, const int64_t *,     \
-                                          double, int64_t, int64_t, int64_t);  \
+                                          double, int64_t, int64_t, int64_t,   \
+                                          std::optional<int64_t>);             \
   template double sumSquares<T>(const T *, int64_t);                           \
   template T clipCoefficient<T>(T, T);                                         \
   template void adamw<T>(T *, const T *, T *, T *, int64_t, double, double,    \

@@ -27,6 +27,7 @@
 #define SP_RUNTIME_CPU_KERNELS_H
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 namespace sp::cpu {
@@ -301,19 +302,30 @@ void dropoutBackward(T *DX, const T *DY, const uint8_t *Mask, int64_t N,
 //===----------------------------------------------------------------------===//
 
 /// Logits[N, V] of which the first ValidV columns are the vocabulary and the
-/// rest padding (treated as -inf). With lse_n = log sum_{j<ValidV} exp(l[n,j]):
-///   Loss = (1/N) sum_n (lse_n - Logits[n, Targets[n]])   (double accumulation)
+/// rest padding (treated as -inf). With lse_n = log sum_{j<ValidV} exp(l[n,j])
+/// and the counted rows C = {n : Targets[n] != IgnoreIndex} (all rows when
+/// IgnoreIndex is empty):
+///   Loss = (1/|C|) sum_{n in C} (lse_n - Logits[n, Targets[n]])
+/// (double accumulation), and Loss = 0 when C is empty (torch's
+/// F.cross_entropy(ignore_index=..., reduction="mean") gives NaN there, 0/0,
+/// and zero gradients). Only the targets are ignored: the ignored class stays
+/// in every row's softmax, as in torch. IgnoreIndex may be any value, inside
+/// [0, ValidV) or not.
 /// Error "cross entropy target out of range" (Index = n, Value = target) if a
-/// target is not in [0, ValidV); errors on N <= 0 or ValidV not in [1, V].
+/// target that is not IgnoreIndex is not in [0, ValidV); errors on N <= 0 or
+/// ValidV not in [1, V].
 template <typename T>
 Status crossEntropy(T *Loss, const T *Logits, const int64_t *Targets, int64_t N,
-                    int64_t V, int64_t ValidV);
+                    int64_t V, int64_t ValidV,
+                    std::optional<int64_t> IgnoreIndex = std::nullopt);
 
-/// DLogits[n, j] = DLoss * (softmax_j(Logits[n, :ValidV]) - [j == t_n]) / N
-/// for j < ValidV, 0 for the padding columns (overwrites). Same errors.
+/// DLogits[n, j] = DLoss * (softmax_j(Logits[n, :ValidV]) - [j == t_n]) / |C|
+/// for n in C and j < ValidV; 0 for the padding columns, the ignored rows,
+/// and everything when C is empty (overwrites). Same errors.
 template <typename T>
 Status crossEntropyBackward(T *DLogits, const T *Logits, const int64_t *Targets,
-                            double DLoss, int64_t N, int64_t V, int64_t ValidV);
+                            double DLoss, int64_t N, int64_t V, int64_t ValidV,
+                            std::optional<int64_t> IgnoreIndex = std::nullopt);
 
 //===----------------------------------------------------------------------===//
 // 13. Optimizer

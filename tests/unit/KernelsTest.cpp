@@ -819,6 +819,89 @@ TEST(CpuKernelsTest, CrossEntropyRejectsBadTargets) {
   EXPECT_FALSE(crossEntropy(&L, Logits.data(), Targets.data(), 0, 5, 5).ok());
 }
 
+TEST(CpuKernelsTest, CrossEntropyIgnoreIndex) {
+  const int64_t N = 6, V = 9, ValidV = 7, Ignore = -100;
+  Vec Logits = randVec(N * V, 70, -3, 3);
+  std::vector<int64_t> Targets = {2, Ignore, 6, Ignore, 0, 3};
+  const double DLoss = 1.3;
+  auto Loss = [&] {
+    double L;
+    EXPECT_TRUE(crossEntropy(&L, Logits.data(), Targets.data(), N, V, ValidV,
+                             Ignore)
+                    .ok());
+    return DLoss * L;
+  };
+  Vec DLogits(N * V, std::numeric_limits<double>::quiet_NaN());
+  expectOk(crossEntropyBackward(DLogits.data(), Logits.data(), Targets.data(),
+                                DLoss, N, V, ValidV, Ignore));
+  for (int64_t R : {1, 3})
+    for (int64_t J = 0; J < V; ++J)
+      EXPECT_EQ(DLogits[R * V + J], 0.0) << "an ignored row gets no gradient";
+  expectGradient("cross entropy ignore index", Logits, DLogits, Loss);
+
+  // The mean is over the counted rows: the same as the loss and gradient of
+  // only those rows.
+  Vec Kept, DKept(4 * V);
+  std::vector<int64_t> KeptTargets;
+  for (int64_t R = 0; R < N; ++R)
+    if (Targets[R] != Ignore) {
+      Kept.insert(Kept.end(), Logits.begin() + R * V,
+                  Logits.begin() + (R + 1) * V);
+      KeptTargets.push_back(Targets[R]);
+    }
+  double L1, L2;
+  expectOk(crossEntropy(&L1, Logits.data(), Targets.data(), N, V, ValidV,
+                        Ignore));
+  expectOk(crossEntropy(&L2, Kept.data(), KeptTargets.data(), 4, V, ValidV));
+  EXPECT_NEAR(L1, L2, 1e-15);
+  expectOk(crossEntropyBackward(DKept.data(), Kept.data(), KeptTargets.data(),
+                                DLoss, 4, V, ValidV));
+  for (int64_t R = 0, K = 0; R < N; ++R)
+    if (Targets[R] != Ignore) {
+      for (int64_t J = 0; J < V; ++J)
+        EXPECT_NEAR(DLogits[R * V + J], DKept[K * V + J], 1e-16);
+      ++K;
+    }
+
+  // An ignore index inside the vocabulary (e.g. a padding token): only the
+  // targets equal to it are dropped; the class stays in the softmax.
+  std::vector<int64_t> PadTargets = {2, 3, 6, 3, 0, 3};
+  expectOk(crossEntropy(&L1, Logits.data(), PadTargets.data(), N, V, ValidV,
+                        int64_t(3)));
+  Vec Rows024;
+  for (int64_t R : {0, 2, 4})
+    Rows024.insert(Rows024.end(), Logits.begin() + R * V,
+                   Logits.begin() + (R + 1) * V);
+  std::vector<int64_t> Targets024 = {2, 6, 0};
+  expectOk(crossEntropy(&L2, Rows024.data(), Targets024.data(), 3, V, ValidV));
+  EXPECT_NEAR(L1, L2, 1e-15);
+
+  // Everything ignored: loss 0 (torch gives NaN, 0 / 0) and zero gradients
+  // (as torch).
+  std::vector<int64_t> None(N, Ignore);
+  double L0 = -1;
+  expectOk(
+      crossEntropy(&L0, Logits.data(), None.data(), N, V, ValidV, Ignore));
+  EXPECT_EQ(L0, 0.0);
+  Vec D0(N * V, std::numeric_limits<double>::quiet_NaN());
+  expectOk(crossEntropyBackward(D0.data(), Logits.data(), None.data(), DLoss,
+                                N, V, ValidV, Ignore));
+  EXPECT_EQ(D0, Vec(N * V, 0.0));
+
+  // Targets out of range that are not the ignore index are still errors.
+  std::vector<int64_t> Bad = {Ignore, 7, 1, 1, 1, 1};
+  Status S = crossEntropy(&L0, Logits.data(), Bad.data(), N, V, ValidV, Ignore);
+  ASSERT_FALSE(S.ok());
+  EXPECT_STREQ(S.Message, "cross entropy target out of range");
+  EXPECT_EQ(S.Index, 1);
+  EXPECT_EQ(S.Value, 7);
+  S = crossEntropyBackward(D0.data(), Logits.data(), Bad.data(), DLoss, N, V,
+                           ValidV, int64_t(-1));
+  ASSERT_FALSE(S.ok());
+  EXPECT_EQ(S.Index, 0);
+  EXPECT_EQ(S.Value, Ignore);
+}
+
 //===----------------------------------------------------------------------===//
 // 13. Optimizer
 //===----------------------------------------------------------------------===//
@@ -1060,6 +1143,17 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
           0.01, 0.5, 3);
     Sum[0] = float(sumSquares(P.data(), N));
     return bytesOf(P, M, V, Sum);
+  });
+  expectSameOnThreads("cross entropy with ignored targets", [&] {
+    std::vector<int64_t> Targets(Rows);
+    for (int64_t R = 0; R < Rows; ++R)
+      Targets[R] = R % 3 == 0 ? -100 : (R * 37) % 250;
+    std::vector<float> Loss(1), DL(N);
+    expectOk(crossEntropy(Loss.data(), X.data(), Targets.data(), Rows, H, 250,
+                          int64_t(-100)));
+    expectOk(crossEntropyBackward(DL.data(), X.data(), Targets.data(), 1.0,
+                                  Rows, H, 250, int64_t(-100)));
+    return bytesOf(Loss, DL);
   });
 }
 

@@ -1273,6 +1273,72 @@ void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
 }
 
 //===----------------------------------------------------------------------===//
+// 14. RMSNorm
+//===----------------------------------------------------------------------===//
+
+template <typename T>
+void rmsNorm(T *Y, T *Rstd, const T *X, const T *Gamma, int64_t Rows,
+             int64_t H, double Eps) {
+  checkSizes({Rows, H});
+  SP_CPU_CHECK(H > 0, "rms norm over an empty axis");
+  // Rows over the threads, as layerNorm.
+  parallelFor(Rows, std::max<int64_t>(1, (1 << 13) / H), [&](int64_t R0,
+                                                             int64_t R1) {
+    for (int64_t R = R0; R < R1; ++R) {
+      const T *XR = X + R * H;
+      Acc MeanSq = laneSum(H, [&](int64_t J) { return Acc(XR[J]) * XR[J]; }) /
+                   Acc(H);
+      Acc S = 1.0 / std::sqrt(MeanSq + Eps);
+      T *YR = Y + R * H;
+      for (int64_t J = 0; J < H; ++J)
+        YR[J] = T(XR[J] * S * Gamma[J]);
+      if (Rstd)
+        Rstd[R] = T(S);
+    }
+  });
+}
+
+template <typename T>
+void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
+                     const T *Rstd, int64_t Rows, int64_t H) {
+  checkSizes({Rows, H});
+  // DX: rows over the threads, each row's sum in double.
+  if (DX)
+    parallelFor(Rows, std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(H, 1)),
+                [&](int64_t R0, int64_t R1) {
+      for (int64_t R = R0; R < R1; ++R) {
+        const T *XR = X + R * H, *DYR = DY + R * H;
+        Acc S = Rstd[R];
+        Acc MeanGX = laneSum(H, [&](int64_t J) {
+                       return (Acc(DYR[J]) * Gamma[J]) * (XR[J] * S);
+                     }) /
+                     Acc(H);
+        T *DXR = DX + R * H;
+        for (int64_t J = 0; J < H; ++J)
+          DXR[J] = T(S * (Acc(DYR[J]) * Gamma[J] - (XR[J] * S) * MeanGX));
+      }
+    });
+  if (!DGamma)
+    return;
+  // DGamma: columns over the threads, each summed over the rows in order in
+  // double and added once (as layerNormBackward).
+  parallelFor(H, 64, [&](int64_t J0, int64_t J1) {
+    for (int64_t JB = J0; JB < J1; JB += ColumnBlock) {
+      int64_t JE = std::min(J1, JB + ColumnBlock);
+      Acc SG[ColumnBlock] = {};
+      for (int64_t R = 0; R < Rows; ++R) {
+        const T *XR = X + R * H, *DYR = DY + R * H;
+        Acc S = Rstd[R];
+        for (int64_t J = JB; J < JE; ++J)
+          SG[J - JB] += DYR[J] * (XR[J] * S);
+      }
+      for (int64_t J = JB; J < JE; ++J)
+        DGamma[J] += T(SG[J - JB]);
+    }
+  });
+}
+
+//===----------------------------------------------------------------------===//
 // Instantiations
 //===----------------------------------------------------------------------===//
 
@@ -1330,7 +1396,11 @@ void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
   template double sumSquares<T>(const T *, int64_t);                           \
   template T clipCoefficient<T>(T, T);                                         \
   template void adamw<T>(T *, const T *, T *, T *, int64_t, double, double,    \
-                         double, double, double, double, int64_t);
+                         double, double, double, double, int64_t);             \
+  template void rmsNorm<T>(T *, T *, const T *, const T *, int64_t, int64_t,   \
+                           double);                                            \
+  template void rmsNormBackward<T>(T *, T *, const T *, const T *, const T *,  \
+                                   const T *, int64_t, int64_t);
 
 SP_INSTANTIATE(float)
 SP_INSTANTIATE(double)

@@ -353,6 +353,27 @@ void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
            double Beta2, double Eps, double WeightDecay, double GradScale,
            int64_t Step);
 
+//===----------------------------------------------------------------------===//
+// 14. RMSNorm over the last axis
+//===----------------------------------------------------------------------===//
+
+/// Llama's LlamaRMSNorm. For each row r of X[Rows, H]:
+///   Rstd[r] = 1 / sqrt(sum_j X[r,j]^2 / H + Eps)   (double accumulation)
+///   Y[r,j]  = X[r,j] * Rstd[r] * Gamma[j]
+/// Gamma is required. Rstd may be nullptr when not needed; it is stored in T
+/// like layerNorm's statistics.
+template <typename T>
+void rmsNorm(T *Y, T *Rstd, const T *X, const T *Gamma, int64_t Rows,
+             int64_t H, double Eps);
+
+/// With xhat = X * Rstd and g = DY * Gamma (per row):
+///   DX     = Rstd * (g - xhat * mean_j(g * xhat))   (overwrites)
+///   DGamma += sum_rows DY * xhat                     (accumulates)
+/// DX and DGamma may each be nullptr (not computed).
+template <typename T>
+void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
+                     const T *Rstd, int64_t Rows, int64_t H);
+
 } // namespace sp::cpu
 
 #endif // SP_RUNTIME_CPU_KERNELS_H

@@ -962,6 +962,48 @@ TEST(CpuOptimizerTest, ClipCoefficientAndSumSquares) {
 }
 
 //===----------------------------------------------------------------------===//
+// 14. RMSNorm
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, RmsNormGradient) {
+  const int64_t Rows = 4, H = 6;
+  const double Eps = 1e-6;
+  Vec X = randVec(Rows * H, 60, -2, 2), Gamma = randVec(H, 61),
+      W = randVec(Rows * H, 62);
+  auto Loss = [&] {
+    Vec Y(Rows * H);
+    rmsNorm(Y.data(), (double *)nullptr, X.data(), Gamma.data(), Rows, H, Eps);
+    return dotv(W, Y);
+  };
+  Vec Y(Rows * H), Rstd(Rows);
+  rmsNorm(Y.data(), Rstd.data(), X.data(), Gamma.data(), Rows, H, Eps);
+  // Against the definition.
+  for (int64_t R = 0; R < Rows; ++R) {
+    double MeanSq = 0;
+    for (int64_t J = 0; J < H; ++J)
+      MeanSq += X[R * H + J] * X[R * H + J] / H;
+    double Ref = 1 / std::sqrt(MeanSq + Eps);
+    EXPECT_NEAR(Rstd[R], Ref, 1e-14);
+    for (int64_t J = 0; J < H; ++J)
+      EXPECT_NEAR(Y[R * H + J], X[R * H + J] * Ref * Gamma[J], 1e-14);
+  }
+  Vec DX(Rows * H), DGamma(H, 0.0);
+  rmsNormBackward(DX.data(), DGamma.data(), W.data(), X.data(), Gamma.data(),
+                  Rstd.data(), Rows, H);
+  expectGradient("rms norm x", X, DX, Loss);
+  expectGradient("rms norm gamma", Gamma, DGamma, Loss);
+  // Each output alone gives the same values; DGamma accumulates.
+  Vec DXOnly(Rows * H), Twice = DGamma;
+  rmsNormBackward(DXOnly.data(), (double *)nullptr, W.data(), X.data(),
+                  Gamma.data(), Rstd.data(), Rows, H);
+  EXPECT_EQ(DXOnly, DX);
+  rmsNormBackward((double *)nullptr, Twice.data(), W.data(), X.data(),
+                  Gamma.data(), Rstd.data(), Rows, H);
+  for (int64_t J = 0; J < H; ++J)
+    EXPECT_DOUBLE_EQ(Twice[J], 2 * DGamma[J]);
+}
+
+//===----------------------------------------------------------------------===//
 // float against double
 //===----------------------------------------------------------------------===//
 
@@ -1059,6 +1101,82 @@ TEST(CpuFloatTest, GeluIsAccurateIncludingTheTails) {
     }
 }
 
+/// Float's unit roundoff: rounding a real number to float moves it by at
+/// most FloatU times its magnitude.
+constexpr double FloatU = 0x1p-24;
+
+/// Inputs that float represents exactly, so that the float and the double
+/// kernels see the same values and differ only by their own roundings.
+Vec floatValues(Vec V) {
+  for (double &X : V)
+    X = double(float(X));
+  return V;
+}
+
+/// F (the float kernel) against D (the double kernel on the same inputs)
+/// within K float roundings of Scale[i], a bound on the magnitudes of the
+/// terms element i is computed from (so that a cancellation between them is
+/// allowed for). The double kernel's own error (2^-53 relative) is far
+/// below and ignored. denorm_min covers results in float's subnormal range.
+void expectWithinRoundings(const std::vector<float> &F, const Vec &D,
+                           const Vec &Scale, double K, const char *What) {
+  ASSERT_EQ(F.size(), D.size());
+  ASSERT_EQ(Scale.size(), D.size());
+  for (size_t I = 0; I < D.size(); ++I)
+    EXPECT_NEAR(F[I], D[I],
+                K * FloatU * Scale[I] +
+                    std::numeric_limits<float>::denorm_min())
+        << What << " at " << I;
+}
+
+Vec absOf(const Vec &V) {
+  Vec A(V.size());
+  for (size_t I = 0; I < V.size(); ++I)
+    A[I] = std::fabs(V[I]);
+  return A;
+}
+
+TEST(CpuFloatTest, MatchesDoubleWithinRoundings) {
+  const int64_t Rows = 5, H = 16, N = Rows * H;
+  Vec X = floatValues(randVec(N, 100, -3, 3)),
+      Gamma = floatValues(randVec(H, 101)), DY = floatValues(randVec(N, 102));
+  auto FX = toFloat(X), FGamma = toFloat(Gamma), FDY = toFloat(DY);
+  {
+    // Both kernels evaluate the same double expressions; the float one rounds
+    // Y and Rstd once: 1 rounding of |Y|, |Rstd|.
+    Vec Y(N), Rstd(Rows), DX(N), DG(H, 0.0);
+    std::vector<float> FY(N), FRstd(Rows), FDX(N), FDG(H, 0.0f);
+    rmsNorm(Y.data(), Rstd.data(), X.data(), Gamma.data(), Rows, H, 1e-6);
+    rmsNorm(FY.data(), FRstd.data(), FX.data(), FGamma.data(), Rows, H, 1e-6);
+    expectWithinRoundings(FY, Y, absOf(Y), 1, "rms norm");
+    expectWithinRoundings(FRstd, Rstd, absOf(Rstd), 1, "rms norm rstd");
+    rmsNormBackward(DX.data(), DG.data(), DY.data(), X.data(), Gamma.data(),
+                    Rstd.data(), Rows, H);
+    rmsNormBackward(FDX.data(), FDG.data(), FDY.data(), FX.data(),
+                    FGamma.data(), FRstd.data(), Rows, H);
+    // The float backward reads Rstd rounded, r (1 + d) with |d| <= u, so
+    // xhat and m = mean(g xhat) carry (1 + d) each: DX = r (g - xhat m) is
+    // off by u r |g - xhat m| + 2u r |xhat m|, then rounded once: at most
+    // 4u r (|g| + |xhat m|); K = 8 leaves a factor 2. DGamma = sum DY xhat:
+    // u sum |DY xhat| plus one rounding, K = 4.
+    Vec ScaleDX(N), ScaleDG(H, 0.0);
+    for (int64_t R = 0; R < Rows; ++R) {
+      double M = 0;
+      for (int64_t J = 0; J < H; ++J)
+        M += DY[R * H + J] * Gamma[J] * X[R * H + J] * Rstd[R] / H;
+      for (int64_t J = 0; J < H; ++J) {
+        double XHat = X[R * H + J] * Rstd[R];
+        ScaleDX[R * H + J] =
+            Rstd[R] * (std::fabs(DY[R * H + J] * Gamma[J]) +
+                       std::fabs(XHat * M));
+        ScaleDG[J] += std::fabs(DY[R * H + J] * XHat);
+      }
+    }
+    expectWithinRoundings(FDX, DX, ScaleDX, 8, "rms norm backward");
+    expectWithinRoundings(FDG, DG, ScaleDG, 4, "rms norm dgamma");
+  }
+}
+
 /// Runs Fn once with one kernel thread and once with three; Fn returns the
 /// bytes of its results.
 void expectSameOnThreads(const char *What,
@@ -1143,6 +1261,13 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
           0.01, 0.5, 3);
     Sum[0] = float(sumSquares(P.data(), N));
     return bytesOf(P, M, V, Sum);
+  });
+  expectSameOnThreads("rms norm", [&] {
+    std::vector<float> Y(N), Rstd(Rows), DX(N), DG(H, 0.5f);
+    rmsNorm(Y.data(), Rstd.data(), X.data(), Gamma.data(), Rows, H, 1e-6);
+    rmsNormBackward(DX.data(), DG.data(), DY.data(), X.data(), Gamma.data(),
+                    Rstd.data(), Rows, H);
+    return bytesOf(Y, Rstd, DX, DG);
   });
   expectSameOnThreads("cross entropy with ignored targets", [&] {
     std::vector<int64_t> Targets(Rows);

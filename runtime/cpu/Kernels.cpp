@@ -1339,6 +1339,74 @@ void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
 }
 
 //===----------------------------------------------------------------------===//
+// 15. SiLU
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// sigmoid(X) and 1 - sigmoid(X) in double, branch-free and without
+/// cancellation: with E = exp(-|X|) (never overflows), they are 1 / (1 + E)
+/// and E / (1 + E), swapped for X < 0.
+SP_INLINE void sigmoidPair(double X, double &Sig, double &OneMinusSig) {
+  double E = expD(X < 0.0 ? X : -X);
+  double Inv = 1.0 / (1.0 + E);
+  double Big = Inv, Small = E * Inv;
+  Sig = X < 0.0 ? Small : Big;
+  OneMinusSig = X < 0.0 ? Big : Small;
+}
+
+// Both instantiations compute in double and round once.
+
+template <typename T>
+SP_INLINE void siluBody(T *Y, const T *X, int64_t N) {
+  for (int64_t I = 0; I < N; ++I) {
+    double X0 = X[I], Sig, OneMinus;
+    sigmoidPair(X0, Sig, OneMinus);
+    Y[I] = T(X0 * Sig);
+  }
+}
+SP_SIMD void siluRange(float *Y, const float *X, int64_t N) {
+  siluBody(Y, X, N);
+}
+SP_SIMD void siluRange(double *Y, const double *X, int64_t N) {
+  siluBody(Y, X, N);
+}
+
+template <typename T>
+SP_INLINE void siluBackwardBody(T *DX, const T *X, const T *DY, int64_t N) {
+  for (int64_t I = 0; I < N; ++I) {
+    double X0 = X[I], Sig, OneMinus;
+    sigmoidPair(X0, Sig, OneMinus);
+    DX[I] = T(double(DY[I]) * (Sig * (1.0 + X0 * OneMinus)));
+  }
+}
+SP_SIMD void siluBackwardRange(float *DX, const float *X, const float *DY,
+                               int64_t N) {
+  siluBackwardBody(DX, X, DY, N);
+}
+SP_SIMD void siluBackwardRange(double *DX, const double *X, const double *DY,
+                               int64_t N) {
+  siluBackwardBody(DX, X, DY, N);
+}
+
+} // namespace
+
+template <typename T> void silu(T *Y, const T *X, int64_t N) {
+  checkSizes({N});
+  parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
+    siluRange(Y + I0, X + I0, I1 - I0);
+  });
+}
+
+template <typename T>
+void siluBackward(T *DX, const T *X, const T *DY, int64_t N) {
+  checkSizes({N});
+  parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
+    siluBackwardRange(DX + I0, X + I0, DY + I0, I1 - I0);
+  });
+}
+
+//===----------------------------------------------------------------------===//
 // Instantiations
 //===----------------------------------------------------------------------===//
 
@@ -1400,7 +1468,9 @@ void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
   template void rmsNorm<T>(T *, T *, const T *, const T *, int64_t, int64_t,   \
                            double);                                            \
   template void rmsNormBackward<T>(T *, T *, const T *, const T *, const T *,  \
-                                   const T *, int64_t, int64_t);
+                                   const T *, int64_t, int64_t);               \
+  template void silu<T>(T *, const T *, int64_t);                              \
+  template void siluBackward<T>(T *, const T *, const T *, int64_t);
 
 SP_INSTANTIATE(float)
 SP_INSTANTIATE(double)

@@ -374,6 +374,20 @@ template <typename T>
 void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
                      const T *Rstd, int64_t Rows, int64_t H);
 
+//===----------------------------------------------------------------------===//
+// 15. SiLU
+//===----------------------------------------------------------------------===//
+
+/// Y = x * sigmoid(x), sigmoid(x) = 1 / (1 + exp(-x)), evaluated in double
+/// from exp(-|x|) without overflow or cancellation for any finite x (x = -1e4
+/// gives -0, 1e4 gives 1e4; exp(-|x|) is flushed to 0 below e^-708, so the
+/// double instantiation returns -0 for x < -708). Y may alias X.
+template <typename T> void silu(T *Y, const T *X, int64_t N);
+
+/// DX = DY * s * (1 + x (1 - s)), s = sigmoid(x). DX may alias DY.
+template <typename T>
+void siluBackward(T *DX, const T *X, const T *DY, int64_t N);
+
 } // namespace sp::cpu
 
 #endif // SP_RUNTIME_CPU_KERNELS_H

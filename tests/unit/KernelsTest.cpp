@@ -1004,6 +1004,51 @@ TEST(CpuKernelsTest, RmsNormGradient) {
 }
 
 //===----------------------------------------------------------------------===//
+// 15. SiLU
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, SiluValuesAndGradient) {
+  double One = 1.0, Y;
+  silu(&Y, &One, 1);
+  EXPECT_NEAR(Y, 0.7310585786300049, 1e-15); // 1 / (1 + e^-1)
+  // Far out, no overflow and no NaN: silu(x) = x and silu'(x) = 1 above,
+  // both 0 below.
+  for (bool Float : {false, true}) {
+    Vec X = {1e4, -1e4, 800, -800}, DY(4, 1.0), Y(4), DX(4);
+    if (Float) {
+      std::vector<float> FX = toFloat(X), FDY = toFloat(DY), FY(4), FDX(4);
+      silu(FY.data(), FX.data(), 4);
+      siluBackward(FDX.data(), FX.data(), FDY.data(), 4);
+      Y.assign(FY.begin(), FY.end());
+      DX.assign(FDX.begin(), FDX.end());
+    } else {
+      silu(Y.data(), X.data(), 4);
+      siluBackward(DX.data(), X.data(), DY.data(), 4);
+    }
+    EXPECT_EQ(Y, (Vec{1e4, 0.0, 800, 0.0})) << (Float ? "float" : "double");
+    EXPECT_EQ(DX, (Vec{1.0, 0.0, 1.0, 0.0})) << (Float ? "float" : "double");
+  }
+
+  const int64_t N = 40;
+  Vec X = randVec(N, 63, -6, 6), W = randVec(N, 64);
+  auto Loss = [&] {
+    Vec Y(N);
+    silu(Y.data(), X.data(), N);
+    return dotv(W, Y);
+  };
+  Vec DX(N);
+  siluBackward(DX.data(), X.data(), W.data(), N);
+  expectGradient("silu", X, DX, Loss);
+  // In place.
+  Vec Ref(N), InPlace = X, DInPlace = W;
+  silu(Ref.data(), X.data(), N);
+  silu(InPlace.data(), InPlace.data(), N);
+  EXPECT_EQ(InPlace, Ref);
+  siluBackward(DInPlace.data(), X.data(), DInPlace.data(), N);
+  EXPECT_EQ(DInPlace, DX);
+}
+
+//===----------------------------------------------------------------------===//
 // float against double
 //===----------------------------------------------------------------------===//
 
@@ -1101,6 +1146,35 @@ TEST(CpuFloatTest, GeluIsAccurateIncludingTheTails) {
     }
 }
 
+TEST(CpuFloatTest, SiluIsAccurateIncludingTheTails) {
+  // Computed in double and rounded once: within a float ulp relative
+  // (2^-23; one rounding is at most half of it) of a double reference, also
+  // where sigmoid is tiny (x << 0) or 1 - sigmoid is (x >> 0, the backward's
+  // x (1 - s)), and finite at +-1e4 and +-3e38. 1e-44 absolute covers
+  // float's subnormal results (silu(x) for x below about -88).
+  std::vector<float> FX;
+  for (double X = -90.0; X <= 90.0; X += 1.0 / 16)
+    FX.push_back(float(X) + 1e-3f);
+  FX.insert(FX.end(), {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, -1e-8f, 1e4f,
+                       -1e4f, 3e38f, -3e38f});
+  const int64_t N = int64_t(FX.size());
+  std::vector<float> FDY(N, 1.0f), FY(N);
+  for (bool Backward : {false, true}) {
+    if (Backward)
+      siluBackward(FY.data(), FX.data(), FDY.data(), N);
+    else
+      silu(FY.data(), FX.data(), N);
+    for (int64_t I = 0; I < N; ++I) {
+      double X = FX[I];
+      double Sig = 1 / (1 + std::exp(-X)), OneMinus = 1 / (1 + std::exp(X));
+      double Ref = Backward ? Sig * (1 + X * OneMinus) : X * Sig;
+      ASSERT_TRUE(std::isfinite(FY[I])) << "at x = " << X;
+      EXPECT_NEAR(FY[I], Ref, 0x1p-23 * std::fabs(Ref) + 1e-44)
+          << (Backward ? "backward" : "forward") << " at x = " << X;
+    }
+  }
+}
+
 /// Float's unit roundoff: rounding a real number to float moves it by at
 /// most FloatU times its magnitude.
 constexpr double FloatU = 0x1p-24;
@@ -1174,6 +1248,17 @@ TEST(CpuFloatTest, MatchesDoubleWithinRoundings) {
     }
     expectWithinRoundings(FDX, DX, ScaleDX, 8, "rms norm backward");
     expectWithinRoundings(FDG, DG, ScaleDG, 4, "rms norm dgamma");
+  }
+  {
+    // SiLU: the same double expression, rounded once.
+    Vec Y(N), DX(N);
+    std::vector<float> FY(N), FDX(N);
+    silu(Y.data(), X.data(), N);
+    silu(FY.data(), FX.data(), N);
+    expectWithinRoundings(FY, Y, absOf(Y), 1, "silu");
+    siluBackward(DX.data(), X.data(), DY.data(), N);
+    siluBackward(FDX.data(), FX.data(), FDY.data(), N);
+    expectWithinRoundings(FDX, DX, absOf(DX), 1, "silu backward");
   }
 }
 
@@ -1268,6 +1353,12 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
     rmsNormBackward(DX.data(), DG.data(), DY.data(), X.data(), Gamma.data(),
                     Rstd.data(), Rows, H);
     return bytesOf(Y, Rstd, DX, DG);
+  });
+  expectSameOnThreads("silu", [&] {
+    std::vector<float> Y(N), DX(N);
+    silu(Y.data(), X.data(), N);
+    siluBackward(DX.data(), X.data(), DY.data(), N);
+    return bytesOf(Y, DX);
   });
   expectSameOnThreads("cross entropy with ignored targets", [&] {
     std::vector<int64_t> Targets(Rows);

@@ -363,9 +363,12 @@ template <typename T> void add(T *Y, const T *A, const T *B, int64_t N) {
   });
 }
 
-template <typename T>
-Status addBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
-                    Shape BShape) {
+namespace {
+/// Y[YShape] = Fn(A[AShape], B[BShape]) under numpy broadcasting: the shared
+/// body of addBroadcast and mulBroadcast.
+template <typename T, typename F>
+Status broadcastBinary(T *Y, Shape YShape, const T *A, Shape AShape,
+                       const T *B, Shape BShape, F &&Fn) {
   int64_t SA[MaxRank], SB[MaxRank], SY[MaxRank];
   if (Status S = broadcastStrides(AShape, YShape, SA); !S.ok())
     return S;
@@ -374,9 +377,17 @@ Status addBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
   int R = int(YShape.size());
   rowMajorStrides(R, YShape.data(), SY);
   forEachIndex(R, YShape.data(), [&](const int64_t *Idx) {
-    Y[dot(R, Idx, SY)] = A[dot(R, Idx, SA)] + B[dot(R, Idx, SB)];
+    Y[dot(R, Idx, SY)] = Fn(A[dot(R, Idx, SA)], B[dot(R, Idx, SB)]);
   });
   return Status::success();
+}
+} // namespace
+
+template <typename T>
+Status addBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
+                    Shape BShape) {
+  return broadcastBinary(Y, YShape, A, AShape, B, BShape,
+                         [](T X0, T X1) { return X0 + X1; });
 }
 
 template <typename T>
@@ -1407,6 +1418,25 @@ void siluBackward(T *DX, const T *X, const T *DY, int64_t N) {
 }
 
 //===----------------------------------------------------------------------===//
+// 16. Elementwise product
+//===----------------------------------------------------------------------===//
+
+template <typename T> void mul(T *Y, const T *A, const T *B, int64_t N) {
+  checkSizes({N});
+  parallelFor(N, 1 << 14, [&](int64_t I0, int64_t I1) {
+    for (int64_t I = I0; I < I1; ++I)
+      Y[I] = A[I] * B[I];
+  });
+}
+
+template <typename T>
+Status mulBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
+                    Shape BShape) {
+  return broadcastBinary(Y, YShape, A, AShape, B, BShape,
+                         [](T X0, T X1) { return X0 * X1; });
+}
+
+//===----------------------------------------------------------------------===//
 // Instantiations
 //===----------------------------------------------------------------------===//
 
@@ -1470,7 +1500,10 @@ void siluBackward(T *DX, const T *X, const T *DY, int64_t N) {
   template void rmsNormBackward<T>(T *, T *, const T *, const T *, const T *,  \
                                    const T *, int64_t, int64_t);               \
   template void silu<T>(T *, const T *, int64_t);                              \
-  template void siluBackward<T>(T *, const T *, const T *, int64_t);
+  template void siluBackward<T>(T *, const T *, const T *, int64_t);           \
+  template void mul<T>(T *, const T *, const T *, int64_t);                    \
+  template Status mulBroadcast<T>(T *, Shape, const T *, Shape, const T *,     \
+                                  Shape);
 
 SP_INSTANTIATE(float)
 SP_INSTANTIATE(double)

@@ -48,7 +48,7 @@ struct [[nodiscard]] Status {
 };
 
 /// The highest rank of the shape-generic kernels (reduceToShape,
-/// addBroadcast, GlobalIndex).
+/// addBroadcast, mulBroadcast, GlobalIndex).
 constexpr int MaxRank = 6;
 
 /// Shapes are spans of dimension sizes.
@@ -387,6 +387,21 @@ template <typename T> void silu(T *Y, const T *X, int64_t N);
 /// DX = DY * s * (1 + x (1 - s)), s = sigmoid(x). DX may alias DY.
 template <typename T>
 void siluBackward(T *DX, const T *X, const T *DY, int64_t N);
+
+//===----------------------------------------------------------------------===//
+// 16. Elementwise product
+//===----------------------------------------------------------------------===//
+
+/// Y[i] = A[i] * B[i], i < N. Y may alias A or B. Its backward is mul again:
+/// DA = DY * B, DB = DY * A.
+template <typename T> void mul(T *Y, const T *A, const T *B, int64_t N);
+
+/// Y[YShape] = A[AShape] * B[BShape] with addBroadcast's broadcasting rules
+/// and errors. No aliasing. The backward is mulBroadcast then reduceToShape:
+/// DA = reduceToShape(AShape, DY * B broadcast to YShape), likewise DB.
+template <typename T>
+Status mulBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
+                    Shape BShape);
 
 } // namespace sp::cpu
 

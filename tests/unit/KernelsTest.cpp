@@ -1049,6 +1049,56 @@ TEST(CpuKernelsTest, SiluValuesAndGradient) {
 }
 
 //===----------------------------------------------------------------------===//
+// 16. Elementwise product
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, MulBroadcastGradient) {
+  std::vector<int64_t> YS = {2, 3, 4}, AS = {3, 1}, BS = {2, 1, 4};
+  Vec A = randVec(3, 65), B = randVec(8, 66), W = randVec(24, 67);
+  auto Loss = [&] {
+    Vec Y(24);
+    EXPECT_TRUE(mulBroadcast(Y.data(), YS, A.data(), AS, B.data(), BS).ok());
+    return dotv(W, Y);
+  };
+  Vec Y(24);
+  expectOk(mulBroadcast(Y.data(), YS, A.data(), AS, B.data(), BS));
+  EXPECT_DOUBLE_EQ(Y[1 * 12 + 2 * 4 + 3], A[2] * B[1 * 4 + 3]);
+  // The backward, composed: DA = reduceToShape(AShape, DY * B), likewise DB.
+  Vec WB(24), WA(24), DA(3), DB(8);
+  expectOk(mulBroadcast(WB.data(), YS, W.data(), YS, B.data(), BS));
+  expectOk(mulBroadcast(WA.data(), YS, W.data(), YS, A.data(), AS));
+  expectOk(reduceToShape(DA.data(), AS, WB.data(), YS));
+  expectOk(reduceToShape(DB.data(), BS, WA.data(), YS));
+  expectGradient("mul broadcast a", A, DA, Loss);
+  expectGradient("mul broadcast b", B, DB, Loss);
+
+  // Shape errors are addBroadcast's.
+  Vec Out(24);
+  std::vector<int64_t> Bad = {3}, TooLong = {1, 2, 3, 4}, Rank7(7, 1);
+  for (const std::vector<int64_t> &In : {Bad, TooLong}) {
+    Status SA = addBroadcast(Out.data(), YS, A.data(), In, B.data(), BS);
+    Status SM = mulBroadcast(Out.data(), YS, A.data(), In, B.data(), BS);
+    ASSERT_FALSE(SM.ok());
+    EXPECT_STREQ(SM.Message, SA.Message);
+    EXPECT_EQ(SM.Index, SA.Index);
+  }
+  Status SM = mulBroadcast(Out.data(), Rank7, A.data(), AS, B.data(), BS);
+  ASSERT_FALSE(SM.ok());
+  EXPECT_STREQ(SM.Message, "broadcast: rank above MaxRank");
+}
+
+TEST(CpuKernelsTest, MulSameShapeAndInPlace) {
+  Vec A = {1, 2, 3}, B = {10, -20, 0.5}, Y(3);
+  mul(Y.data(), A.data(), B.data(), 3);
+  EXPECT_EQ(Y, (Vec{10, -40, 1.5}));
+  Vec A2 = A, B2 = B;
+  mul(A2.data(), A2.data(), B.data(), 3);
+  mul(B2.data(), A.data(), B2.data(), 3);
+  EXPECT_EQ(A2, Y);
+  EXPECT_EQ(B2, Y);
+}
+
+//===----------------------------------------------------------------------===//
 // float against double
 //===----------------------------------------------------------------------===//
 
@@ -1260,6 +1310,18 @@ TEST(CpuFloatTest, MatchesDoubleWithinRoundings) {
     siluBackward(FDX.data(), FX.data(), FDY.data(), N);
     expectWithinRoundings(FDX, DX, absOf(DX), 1, "silu backward");
   }
+  {
+    // A product of two floats is exact in double: one rounding.
+    Vec Y(N);
+    std::vector<float> FY(N);
+    mul(Y.data(), X.data(), DY.data(), N);
+    mul(FY.data(), FX.data(), FDY.data(), N);
+    expectWithinRoundings(FY, Y, absOf(Y), 1, "mul");
+    std::vector<int64_t> YS = {Rows, H}, GS = {H};
+    expectOk(mulBroadcast(Y.data(), YS, X.data(), YS, Gamma.data(), GS));
+    expectOk(mulBroadcast(FY.data(), YS, FX.data(), YS, FGamma.data(), GS));
+    expectWithinRoundings(FY, Y, absOf(Y), 1, "mul broadcast");
+  }
 }
 
 /// Runs Fn once with one kernel thread and once with three; Fn returns the
@@ -1354,11 +1416,12 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
                     Rstd.data(), Rows, H);
     return bytesOf(Y, Rstd, DX, DG);
   });
-  expectSameOnThreads("silu", [&] {
-    std::vector<float> Y(N), DX(N);
+  expectSameOnThreads("silu and mul", [&] {
+    std::vector<float> Y(N), DX(N), P(N);
     silu(Y.data(), X.data(), N);
     siluBackward(DX.data(), X.data(), DY.data(), N);
-    return bytesOf(Y, DX);
+    mul(P.data(), X.data(), DY.data(), N);
+    return bytesOf(Y, DX, P);
   });
   expectSameOnThreads("cross entropy with ignored targets", [&] {
     std::vector<int64_t> Targets(Rows);

@@ -1437,6 +1437,78 @@ Status mulBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
 }
 
 //===----------------------------------------------------------------------===//
+// 17. Rotary position embedding
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+void checkRope(int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB) {
+  checkSizes({B, A, S, D, CB});
+  SP_CPU_CHECK(D % 2 == 0, "rope needs an even head dimension");
+  SP_CPU_CHECK(CB == 1 || CB == B,
+               "rope tables must have batch dimension 1 or B");
+}
+
+/// Calls Fn(Out, In, C, N) for every (b, a, s) row of [B, A, S, D], rows over
+/// the threads, with the row's Cos and Sin rows.
+template <typename T, typename F>
+void forEachRopeRow(T *Out, const T *In, const T *Cos, const T *Sin, int64_t B,
+                    int64_t A, int64_t S, int64_t D, int64_t CB, F &&Fn) {
+  const int64_t Grain =
+      std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(D, 1));
+  parallelFor(B * A * S, Grain, [&](int64_t R0, int64_t R1) {
+    for (int64_t R = R0; R < R1; ++R) {
+      int64_t Si = R % S, Bi = R / (A * S);
+      int64_t Table = ((CB == 1 ? 0 : Bi) * S + Si) * D;
+      Fn(Out + R * D, In + R * D, Cos + Table, Sin + Table);
+    }
+  });
+}
+
+} // namespace
+
+template <typename T>
+void rope(T *Y, const T *X, const T *Cos, const T *Sin, int64_t B, int64_t A,
+          int64_t S, int64_t D, int64_t CB, bool Interleaved) {
+  checkRope(B, A, S, D, CB);
+  const int64_t Half = D / 2;
+  forEachRopeRow(Y, X, Cos, Sin, B, A, S, D, CB,
+                 [&](T *YR, const T *XR, const T *C, const T *N) {
+    if (Interleaved)
+      for (int64_t J = 0; J < D; J += 2) {
+        YR[J] = XR[J] * C[J] - XR[J + 1] * N[J];
+        YR[J + 1] = XR[J + 1] * C[J + 1] + XR[J] * N[J + 1];
+      }
+    else
+      for (int64_t I = 0; I < Half; ++I) {
+        YR[I] = XR[I] * C[I] - XR[I + Half] * N[I];
+        YR[I + Half] = XR[I + Half] * C[I + Half] + XR[I] * N[I + Half];
+      }
+  });
+}
+
+template <typename T>
+void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
+                  int64_t A, int64_t S, int64_t D, int64_t CB,
+                  bool Interleaved) {
+  checkRope(B, A, S, D, CB);
+  const int64_t Half = D / 2;
+  forEachRopeRow(DX, DY, Cos, Sin, B, A, S, D, CB,
+                 [&](T *DXR, const T *DYR, const T *C, const T *N) {
+    if (Interleaved)
+      for (int64_t J = 0; J < D; J += 2) {
+        DXR[J] = DYR[J] * C[J] + DYR[J + 1] * N[J + 1];
+        DXR[J + 1] = DYR[J + 1] * C[J + 1] - DYR[J] * N[J];
+      }
+    else
+      for (int64_t I = 0; I < Half; ++I) {
+        DXR[I] = DYR[I] * C[I] + DYR[I + Half] * N[I + Half];
+        DXR[I + Half] = DYR[I + Half] * C[I + Half] - DYR[I] * N[I];
+      }
+  });
+}
+
+//===----------------------------------------------------------------------===//
 // Instantiations
 //===----------------------------------------------------------------------===//
 
@@ -1503,7 +1575,11 @@ Status mulBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
   template void siluBackward<T>(T *, const T *, const T *, int64_t);           \
   template void mul<T>(T *, const T *, const T *, int64_t);                    \
   template Status mulBroadcast<T>(T *, Shape, const T *, Shape, const T *,     \
-                                  Shape);
+                                  Shape);                                      \
+  template void rope<T>(T *, const T *, const T *, const T *, int64_t,         \
+                        int64_t, int64_t, int64_t, int64_t, bool);             \
+  template void ropeBackward<T>(T *, const T *, const T *, const T *, int64_t, \
+                                int64_t, int64_t, int64_t, int64_t, bool);
 
 SP_INSTANTIATE(float)
 SP_INSTANTIATE(double)

@@ -403,6 +403,38 @@ template <typename T>
 Status mulBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
                     Shape BShape);
 
+//===----------------------------------------------------------------------===//
+// 17. Rotary position embedding
+//===----------------------------------------------------------------------===//
+
+/// X, Y [B, A, S, D] (D even), tables Cos, Sin [CB, S, D] with CB == 1
+/// (shared by the batch) or CB == B; every head uses its batch row's table.
+/// With c = Cos[cb, s, :], n = Sin[cb, s, :], cb = (CB == 1 ? 0 : b), and
+/// x = X[b, a, s, :], h = D / 2:
+///  - half form (HF rotate_half, rot(x) = cat(-x[h:], x[:h])):
+///      Y[i] = x[i] c[i] - x[i+h] n[i]   for i < h
+///      Y[i] = x[i] c[i] + x[i-h] n[i]   for i >= h
+///  - Interleaved (GPT-J rotate_every_two, (x[2j], x[2j+1]) ->
+///    (-x[2j+1], x[2j])):
+///      Y[2j]   = x[2j] c[2j]     - x[2j+1] n[2j]
+///      Y[2j+1] = x[2j+1] c[2j+1] + x[2j] n[2j+1]
+/// i.e. Y = x * c + rot(x) * n, evaluated in T in that order (torch's order).
+/// Y may not alias X.
+template <typename T>
+void rope(T *Y, const T *X, const T *Cos, const T *Sin, int64_t B, int64_t A,
+          int64_t S, int64_t D, int64_t CB, bool Interleaved);
+
+/// The transpose: DX = DY * c + rot^T(DY * n) (overwrites), i.e.
+///  - half form:  DX[i] = dy[i] c[i] + dy[i+h] n[i+h]   for i < h
+///                DX[i] = dy[i] c[i] - dy[i-h] n[i-h]   for i >= h
+///  - Interleaved: DX[2j]   = dy[2j] c[2j]     + dy[2j+1] n[2j+1]
+///                 DX[2j+1] = dy[2j+1] c[2j+1] - dy[2j] n[2j]
+/// The tables get no gradient. DX may not alias DY.
+template <typename T>
+void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
+                  int64_t A, int64_t S, int64_t D, int64_t CB,
+                  bool Interleaved);
+
 } // namespace sp::cpu
 
 #endif // SP_RUNTIME_CPU_KERNELS_H

@@ -1099,6 +1099,112 @@ TEST(CpuKernelsTest, MulSameShapeAndInPlace) {
 }
 
 //===----------------------------------------------------------------------===//
+// 17. Rotary position embedding
+//===----------------------------------------------------------------------===//
+
+/// rope written as the reference implementations write it: rot(x) built as
+/// a vector (HF rotate_half, or GPT-J rotate_every_two), then x * c +
+/// rot(x) * s.
+Vec ropeReference(const Vec &X, const Vec &Cos, const Vec &Sin, int64_t B,
+                  int64_t A, int64_t S, int64_t D, int64_t CB,
+                  bool Interleaved) {
+  Vec Y(X.size()), Rot(D);
+  const int64_t Half = D / 2;
+  for (int64_t Bi = 0; Bi < B; ++Bi)
+    for (int64_t Ai = 0; Ai < A; ++Ai)
+      for (int64_t Si = 0; Si < S; ++Si) {
+        const double *XR = &X[((Bi * A + Ai) * S + Si) * D];
+        const double *C = &Cos[((CB == 1 ? 0 : Bi) * S + Si) * D];
+        const double *N = &Sin[((CB == 1 ? 0 : Bi) * S + Si) * D];
+        for (int64_t I = 0; I < Half; ++I) {
+          if (Interleaved) {
+            Rot[2 * I] = -XR[2 * I + 1];
+            Rot[2 * I + 1] = XR[2 * I];
+          } else {
+            Rot[I] = -XR[I + Half];
+            Rot[I + Half] = XR[I];
+          }
+        }
+        double *YR = &Y[((Bi * A + Ai) * S + Si) * D];
+        for (int64_t I = 0; I < D; ++I)
+          YR[I] = XR[I] * C[I] + Rot[I] * N[I];
+      }
+  return Y;
+}
+
+/// HF's tables for positions Pos0[b] + s: angle(s, k) = (Pos0[b] + s) *
+/// Base^(-2k / D), laid out as cat(freqs, freqs) (half form) or each
+/// frequency twice in a row (interleaved).
+void ropeTables(Vec &Cos, Vec &Sin, const std::vector<int64_t> &Pos0,
+                int64_t S, int64_t D, bool Interleaved) {
+  const double Base = 10000.0;
+  int64_t CB = int64_t(Pos0.size());
+  Cos.assign(CB * S * D, 0.0);
+  Sin.assign(CB * S * D, 0.0);
+  for (int64_t Bi = 0; Bi < CB; ++Bi)
+    for (int64_t Si = 0; Si < S; ++Si)
+      for (int64_t I = 0; I < D; ++I) {
+        int64_t K = Interleaved ? I / 2 : I % (D / 2);
+        double Angle = double(Pos0[Bi] + Si) * std::pow(Base, -2.0 * K / D);
+        Cos[(Bi * S + Si) * D + I] = std::cos(Angle);
+        Sin[(Bi * S + Si) * D + I] = std::sin(Angle);
+      }
+}
+
+TEST(CpuKernelsTest, RopeValuesAndGradient) {
+  const int64_t B = 2, A = 3, S = 4, D = 6, N = B * A * S * D;
+  for (bool Interleaved : {false, true})
+    for (int64_t CB : {int64_t(1), B}) {
+      SCOPED_TRACE(testing::Message()
+                   << (Interleaved ? "interleaved" : "half") << " CB " << CB);
+      // Random tables (no symmetry between the halves or the pairs, so that
+      // a wrong index in the transpose shows).
+      Vec X = randVec(N, 80), W = randVec(N, 81),
+          Cos = randVec(CB * S * D, 82), Sin = randVec(CB * S * D, 83);
+      auto Forward = [&] {
+        Vec Y(N);
+        rope(Y.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, CB,
+             Interleaved);
+        return Y;
+      };
+      Vec Y = Forward(),
+          Ref = ropeReference(X, Cos, Sin, B, A, S, D, CB, Interleaved);
+      for (int64_t I = 0; I < N; ++I)
+        EXPECT_NEAR(Y[I], Ref[I], 1e-15) << I;
+      Vec DX(N);
+      ropeBackward(DX.data(), W.data(), Cos.data(), Sin.data(), B, A, S, D, CB,
+                   Interleaved);
+      expectGradient("rope", X, DX, [&] { return dotv(W, Forward()); });
+
+      // HF's tables for positions that differ per batch row (CB = B) or are
+      // shared: a rotation of each pair, so every row keeps its norm.
+      std::vector<int64_t> Pos0 =
+          CB == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 5};
+      ropeTables(Cos, Sin, Pos0, S, D, Interleaved);
+      Y = Forward();
+      Ref = ropeReference(X, Cos, Sin, B, A, S, D, CB, Interleaved);
+      for (int64_t R = 0; R < N / D; ++R) {
+        double NX = 0, NY = 0;
+        for (int64_t I = 0; I < D; ++I) {
+          NX += X[R * D + I] * X[R * D + I];
+          NY += Y[R * D + I] * Y[R * D + I];
+          EXPECT_NEAR(Y[R * D + I], Ref[R * D + I], 1e-15);
+        }
+        EXPECT_NEAR(NY, NX, 1e-14);
+      }
+    }
+  // A table shared by the batch is the same as that table repeated.
+  Vec X = randVec(N, 84), Cos1 = randVec(S * D, 85), Sin1 = randVec(S * D, 86);
+  Vec CosB = Cos1, SinB = Sin1;
+  CosB.insert(CosB.end(), Cos1.begin(), Cos1.end());
+  SinB.insert(SinB.end(), Sin1.begin(), Sin1.end());
+  Vec Y1(N), YB(N);
+  rope(Y1.data(), X.data(), Cos1.data(), Sin1.data(), B, A, S, D, 1, false);
+  rope(YB.data(), X.data(), CosB.data(), SinB.data(), B, A, S, D, B, false);
+  EXPECT_EQ(Y1, YB);
+}
+
+//===----------------------------------------------------------------------===//
 // float against double
 //===----------------------------------------------------------------------===//
 
@@ -1260,6 +1366,25 @@ Vec absOf(const Vec &V) {
   return A;
 }
 
+/// |first term| + |second term| of every element of rope (Backward: of
+/// ropeBackward) on X: |x[i] c[i]| + |x[p] n[i]| (backward: n[p]), p the
+/// element i is paired with. The scale of the float kernel's rounding errors.
+Vec ropeTermScale(const Vec &X, const Vec &Cos, const Vec &Sin, int64_t B,
+                  int64_t A, int64_t S, int64_t D, int64_t CB,
+                  bool Interleaved, bool Backward) {
+  Vec Scale(X.size());
+  for (int64_t Row = 0; Row < B * A * S; ++Row) {
+    int64_t Table = ((CB == 1 ? 0 : Row / (A * S)) * S + Row % S) * D;
+    for (int64_t I = 0; I < D; ++I) {
+      int64_t P = Interleaved ? (I ^ 1) : (I < D / 2 ? I + D / 2 : I - D / 2);
+      double N = Sin[Table + (Backward ? P : I)];
+      Scale[Row * D + I] = std::fabs(X[Row * D + I] * Cos[Table + I]) +
+                           std::fabs(X[Row * D + P] * N);
+    }
+  }
+  return Scale;
+}
+
 TEST(CpuFloatTest, MatchesDoubleWithinRoundings) {
   const int64_t Rows = 5, H = 16, N = Rows * H;
   Vec X = floatValues(randVec(N, 100, -3, 3)),
@@ -1321,6 +1446,39 @@ TEST(CpuFloatTest, MatchesDoubleWithinRoundings) {
     expectOk(mulBroadcast(Y.data(), YS, X.data(), YS, Gamma.data(), GS));
     expectOk(mulBroadcast(FY.data(), YS, FX.data(), YS, FGamma.data(), GS));
     expectWithinRoundings(FY, Y, absOf(Y), 1, "mul broadcast");
+  }
+  {
+    // rope in float rounds x c, x' n and their sum: at most
+    // u |x c| + u |x' n| + u (|x c| + |x' n|) (1 + u), so K = 3 of
+    // |x c| + |x' n| (and likewise for the backward's terms).
+    const int64_t B = 2, A = 2, S = 5, D = 8, NR = B * A * S * D;
+    for (bool Interleaved : {false, true}) {
+      Vec RX = floatValues(randVec(NR, 103)),
+          RDY = floatValues(randVec(NR, 104));
+      Vec Cos, Sin;
+      ropeTables(Cos, Sin, {3, 11}, S, D, Interleaved);
+      Cos = floatValues(Cos);
+      Sin = floatValues(Sin);
+      auto FRX = toFloat(RX), FRDY = toFloat(RDY), FCos = toFloat(Cos),
+           FSin = toFloat(Sin);
+      Vec Y(NR), DX(NR);
+      std::vector<float> FY(NR), FDX(NR);
+      rope(Y.data(), RX.data(), Cos.data(), Sin.data(), B, A, S, D, B,
+           Interleaved);
+      rope(FY.data(), FRX.data(), FCos.data(), FSin.data(), B, A, S, D, B,
+           Interleaved);
+      ropeBackward(DX.data(), RDY.data(), Cos.data(), Sin.data(), B, A, S, D,
+                   B, Interleaved);
+      ropeBackward(FDX.data(), FRDY.data(), FCos.data(), FSin.data(), B, A, S,
+                   D, B, Interleaved);
+      expectWithinRoundings(
+          FY, Y, ropeTermScale(RX, Cos, Sin, B, A, S, D, B, Interleaved, false),
+          3, "rope");
+      expectWithinRoundings(
+          FDX, DX,
+          ropeTermScale(RDY, Cos, Sin, B, A, S, D, B, Interleaved, true), 3,
+          "rope backward");
+    }
   }
 }
 
@@ -1422,6 +1580,24 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
     siluBackward(DX.data(), X.data(), DY.data(), N);
     mul(P.data(), X.data(), DY.data(), N);
     return bytesOf(Y, DX, P);
+  });
+  expectSameOnThreads("rope", [&] {
+    // [B, A, S, D] = [3, 7, 43, 64]: 903 rows of 64, tables per batch row
+    // and shared, both forms.
+    const int64_t B = 3, A = 7, S = 43, D = 64, NR = B * A * S * D;
+    std::vector<float> Cos(X.begin(), X.begin() + B * S * D),
+        Sin(DY.begin(), DY.begin() + B * S * D), Out;
+    for (bool Interleaved : {false, true})
+      for (int64_t CB : {int64_t(1), B}) {
+        std::vector<float> Y(NR), DX(NR);
+        rope(Y.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, CB,
+             Interleaved);
+        ropeBackward(DX.data(), DY.data(), Cos.data(), Sin.data(), B, A, S, D,
+                     CB, Interleaved);
+        Out.insert(Out.end(), Y.begin(), Y.end());
+        Out.insert(Out.end(), DX.begin(), DX.end());
+      }
+    return bytesOf(Out);
   });
   expectSameOnThreads("cross entropy with ignored targets", [&] {
     std::vector<int64_t> Targets(Rows);

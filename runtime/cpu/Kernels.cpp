@@ -1509,6 +1509,38 @@ void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
 }
 
 //===----------------------------------------------------------------------===//
+// 18. Grouped-query attention's head repeat
+//===----------------------------------------------------------------------===//
+
+template <typename T>
+void repeatHeads(T *Y, const T *X, int64_t B, int64_t G, int64_t R, int64_t S,
+                 int64_t D) {
+  checkSizes({B, G, R, S, D});
+  // Each [S, D] head block copied R times, as mergeHeads copies.
+  const int64_t Block = S * D;
+  for (int64_t P = 0; P < B * G; ++P)
+    for (int64_t Ri = 0; Ri < R; ++Ri)
+      std::memcpy(Y + (P * R + Ri) * Block, X + P * Block, sizeof(T) * Block);
+}
+
+template <typename T>
+void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
+                         int64_t S, int64_t D) {
+  checkSizes({B, G, R, S, D});
+  const int64_t Block = S * D;
+  for (int64_t P = 0; P < B * G; ++P) {
+    const T *Src = DY + P * R * Block;
+    T *Dst = DX + P * Block;
+    for (int64_t E = 0; E < Block; ++E) {
+      Acc Sum = 0;
+      for (int64_t Ri = 0; Ri < R; ++Ri)
+        Sum += Src[Ri * Block + E];
+      Dst[E] = T(Sum);
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
 // Instantiations
 //===----------------------------------------------------------------------===//
 
@@ -1579,7 +1611,11 @@ void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
   template void rope<T>(T *, const T *, const T *, const T *, int64_t,         \
                         int64_t, int64_t, int64_t, int64_t, bool);             \
   template void ropeBackward<T>(T *, const T *, const T *, const T *, int64_t, \
-                                int64_t, int64_t, int64_t, int64_t, bool);
+                                int64_t, int64_t, int64_t, int64_t, bool);     \
+  template void repeatHeads<T>(T *, const T *, int64_t, int64_t, int64_t,      \
+                               int64_t, int64_t);                              \
+  template void repeatHeadsBackward<T>(T *, const T *, int64_t, int64_t,       \
+                                       int64_t, int64_t, int64_t);
 
 SP_INSTANTIATE(float)
 SP_INSTANTIATE(double)

@@ -435,6 +435,22 @@ void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
                   int64_t A, int64_t S, int64_t D, int64_t CB,
                   bool Interleaved);
 
+//===----------------------------------------------------------------------===//
+// 18. Grouped-query attention's head repeat
+//===----------------------------------------------------------------------===//
+
+/// HF repeat_kv: X[B, G, S, D] -> Y[B, G * R, S, D],
+///   Y[b, g R + r, s, :] = X[b, g, s, :]   for r < R.
+template <typename T>
+void repeatHeads(T *Y, const T *X, int64_t B, int64_t G, int64_t R, int64_t S,
+                 int64_t D);
+
+/// DX[b, g, s, :] = sum_{r < R} DY[b, g R + r, s, :]  (overwrites; summed in
+/// double in the order r = 0, 1, ..).
+template <typename T>
+void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
+                         int64_t S, int64_t D);
+
 } // namespace sp::cpu
 
 #endif // SP_RUNTIME_CPU_KERNELS_H

@@ -1205,6 +1205,43 @@ TEST(CpuKernelsTest, RopeValuesAndGradient) {
 }
 
 //===----------------------------------------------------------------------===//
+// 18. Grouped-query attention's head repeat
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, RepeatHeadsLayoutAndGradient) {
+  const int64_t B = 2, G = 3, R = 2, S = 3, D = 4;
+  const int64_t NX = B * G * S * D, NY = NX * R;
+  Vec X = randVec(NX, 90), W = randVec(NY, 91), Y(NY);
+  repeatHeads(Y.data(), X.data(), B, G, R, S, D);
+  for (int64_t Bi = 0; Bi < B; ++Bi)
+    for (int64_t Gi = 0; Gi < G; ++Gi)
+      for (int64_t Ri = 0; Ri < R; ++Ri)
+        for (int64_t Si = 0; Si < S; ++Si)
+          for (int64_t T = 0; T < D; ++T)
+            ASSERT_EQ(Y[((Bi * G * R + Gi * R + Ri) * S + Si) * D + T],
+                      X[((Bi * G + Gi) * S + Si) * D + T]);
+  auto Loss = [&] {
+    Vec Y(NY);
+    repeatHeads(Y.data(), X.data(), B, G, R, S, D);
+    return dotv(W, Y);
+  };
+  Vec DX(NX);
+  repeatHeadsBackward(DX.data(), W.data(), B, G, R, S, D);
+  expectGradient("repeat heads", X, DX, Loss);
+  // It is the broadcast reduction [B, G, R, S, D] -> [B, G, 1, S, D].
+  Vec Reduced(NX);
+  expectOk(reduceToShape(Reduced.data(), std::vector<int64_t>{B, G, 1, S, D},
+                         W.data(), std::vector<int64_t>{B, G, R, S, D}));
+  EXPECT_EQ(Reduced, DX);
+  // R = 1 is a copy both ways.
+  Vec Copy(NX), Back(NX);
+  repeatHeads(Copy.data(), X.data(), B, G, 1, S, D);
+  repeatHeadsBackward(Back.data(), Copy.data(), B, G, 1, S, D);
+  EXPECT_EQ(Copy, X);
+  EXPECT_EQ(Back, X);
+}
+
+//===----------------------------------------------------------------------===//
 // float against double
 //===----------------------------------------------------------------------===//
 
@@ -1479,6 +1516,24 @@ TEST(CpuFloatTest, MatchesDoubleWithinRoundings) {
           ropeTermScale(RDY, Cos, Sin, B, A, S, D, B, Interleaved, true), 3,
           "rope backward");
     }
+  }
+  {
+    // repeatHeads copies; its backward sums R floats in double (error
+    // R 2^-53 relative to sum |DY|) and rounds once: K = 2 of sum_r |DY|.
+    const int64_t B = 1, G = 2, R = 3, S = 2, D = 4, NX = B * G * S * D;
+    Vec RDY = floatValues(randVec(NX * R, 105)), DX(NX), Scale(NX, 0.0);
+    auto FRDY = toFloat(RDY);
+    std::vector<float> FDX(NX), FY(NX * R);
+    repeatHeads(FY.data(), FX.data(), B, G, R, S, D);
+    for (int64_t P = 0; P < B * G; ++P)
+      for (int64_t Ri = 0; Ri < R; ++Ri)
+        for (int64_t E = 0; E < S * D; ++E) {
+          ASSERT_EQ(FY[(P * R + Ri) * S * D + E], FX[P * S * D + E]);
+          Scale[P * S * D + E] += std::fabs(RDY[(P * R + Ri) * S * D + E]);
+        }
+    repeatHeadsBackward(DX.data(), RDY.data(), B, G, R, S, D);
+    repeatHeadsBackward(FDX.data(), FRDY.data(), B, G, R, S, D);
+    expectWithinRoundings(FDX, DX, Scale, 2, "repeat heads backward");
   }
 }
 

@@ -1535,6 +1535,26 @@ TEST(CpuFloatTest, MatchesDoubleWithinRoundings) {
     repeatHeadsBackward(FDX.data(), FRDY.data(), B, G, R, S, D);
     expectWithinRoundings(FDX, DX, Scale, 2, "repeat heads backward");
   }
+  {
+    // Cross entropy with ignored targets: the same double sums, the loss and
+    // each gradient entry rounded once.
+    std::vector<int64_t> Targets = {1, -100, 0, 13, -100};
+    const int64_t Ignore = -100, ValidV = 14;
+    double L;
+    float FL;
+    expectOk(crossEntropy(&L, X.data(), Targets.data(), Rows, H, ValidV,
+                          Ignore));
+    expectOk(crossEntropy(&FL, FX.data(), Targets.data(), Rows, H, ValidV,
+                          Ignore));
+    expectWithinRoundings({FL}, {L}, {std::fabs(L)}, 1, "cross entropy");
+    Vec DL(N);
+    std::vector<float> FDL(N);
+    expectOk(crossEntropyBackward(DL.data(), X.data(), Targets.data(), 0.7,
+                                  Rows, H, ValidV, Ignore));
+    expectOk(crossEntropyBackward(FDL.data(), FX.data(), Targets.data(), 0.7,
+                                  Rows, H, ValidV, Ignore));
+    expectWithinRoundings(FDL, DL, absOf(DL), 1, "cross entropy backward");
+  }
 }
 
 /// Runs Fn once with one kernel thread and once with three; Fn returns the

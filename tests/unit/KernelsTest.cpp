@@ -1600,11 +1600,13 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
     std::vector<int64_t> GS = {3, Rows, H}, LS = {2, Rows - 100, H},
                          Off = {1, 37, 0};
     std::vector<float> Y(N), DX(N), YB(2 * (Rows - 100) * H);
+    // The block has more elements than X: its own input.
+    std::vector<float> XB = toFloat(randVec(YB.size(), 54, -4, 4));
     std::vector<uint8_t> M(N), MB(YB.size());
     expectOk(dropout(Y.data(), M.data(), X.data(), 0.1, K,
                      GlobalIndex::whole(std::vector<int64_t>{Rows, H})));
     dropoutBackward(DX.data(), DY.data(), M.data(), N, 0.1);
-    expectOk(dropout(YB.data(), MB.data(), X.data(), 0.1, K,
+    expectOk(dropout(YB.data(), MB.data(), XB.data(), 0.1, K,
                      GlobalIndex::block(GS, LS, Off)));
     return bytesOf(Y, M, DX, YB, MB);
   });

@@ -363,9 +363,12 @@ template <typename T> void add(T *Y, const T *A, const T *B, int64_t N) {
   });
 }
 
-template <typename T>
-Status addBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
-                    Shape BShape) {
+namespace {
+/// Y[YShape] = Fn(A[AShape], B[BShape]) under numpy broadcasting: the shared
+/// body of addBroadcast and mulBroadcast.
+template <typename T, typename F>
+Status broadcastBinary(T *Y, Shape YShape, const T *A, Shape AShape,
+                       const T *B, Shape BShape, F &&Fn) {
   int64_t SA[MaxRank], SB[MaxRank], SY[MaxRank];
   if (Status S = broadcastStrides(AShape, YShape, SA); !S.ok())
     return S;
@@ -374,9 +377,17 @@ Status addBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
   int R = int(YShape.size());
   rowMajorStrides(R, YShape.data(), SY);
   forEachIndex(R, YShape.data(), [&](const int64_t *Idx) {
-    Y[dot(R, Idx, SY)] = A[dot(R, Idx, SA)] + B[dot(R, Idx, SB)];
+    Y[dot(R, Idx, SY)] = Fn(A[dot(R, Idx, SA)], B[dot(R, Idx, SB)]);
   });
   return Status::success();
+}
+} // namespace
+
+template <typename T>
+Status addBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
+                    Shape BShape) {
+  return broadcastBinary(Y, YShape, A, AShape, B, BShape,
+                         [](T X0, T X1) { return X0 + X1; });
 }
 
 template <typename T>
@@ -1097,16 +1108,24 @@ void dropoutBackward(T *DX, const T *DY, const uint8_t *Mask, int64_t N,
 
 namespace {
 
+/// Checks the sizes and targets; Counted is set to the number of rows whose
+/// target is not IgnoreIndex.
 Status checkCrossEntropy(const int64_t *Targets, int64_t N, int64_t V,
-                         int64_t ValidV) {
+                         int64_t ValidV, std::optional<int64_t> IgnoreIndex,
+                         int64_t &Counted) {
   if (N <= 0)
     return Status::error("cross entropy over no rows", -1, N);
   if (ValidV < 1 || ValidV > V)
     return Status::error("cross entropy valid vocabulary not in [1, V]", -1,
                          ValidV);
-  for (int64_t I = 0; I < N; ++I)
+  Counted = 0;
+  for (int64_t I = 0; I < N; ++I) {
+    if (IgnoreIndex && Targets[I] == *IgnoreIndex)
+      continue;
     if (Targets[I] < 0 || Targets[I] >= ValidV)
       return Status::error("cross entropy target out of range", I, Targets[I]);
+    ++Counted;
+  }
   return Status::success();
 }
 
@@ -1147,32 +1166,44 @@ SP_SIMD void softmaxScaled(double *DRow, const double *Row, int64_t ValidV,
 
 template <typename T>
 Status crossEntropy(T *Loss, const T *Logits, const int64_t *Targets, int64_t N,
-                    int64_t V, int64_t ValidV) {
-  if (Status S = checkCrossEntropy(Targets, N, V, ValidV); !S.ok())
+                    int64_t V, int64_t ValidV,
+                    std::optional<int64_t> IgnoreIndex) {
+  int64_t Counted;
+  if (Status S = checkCrossEntropy(Targets, N, V, ValidV, IgnoreIndex, Counted);
+      !S.ok())
     return S;
   Acc Total = 0;
   for (int64_t R = 0; R < N; ++R) {
+    if (IgnoreIndex && Targets[R] == *IgnoreIndex)
+      continue;
     const T *Row = Logits + R * V;
     Acc Max, Lse;
     rowLogSumExp(Row, ValidV, Max, Lse);
     Total += Lse - Acc(Row[Targets[R]]);
   }
-  *Loss = T(Total / Acc(N));
+  // No counted target: 0 rather than torch's NaN (0 / 0).
+  *Loss = Counted ? T(Total / Acc(Counted)) : T(0);
   return Status::success();
 }
 
 template <typename T>
 Status crossEntropyBackward(T *DLogits, const T *Logits, const int64_t *Targets,
-                            double DLoss, int64_t N, int64_t V,
-                            int64_t ValidV) {
-  if (Status S = checkCrossEntropy(Targets, N, V, ValidV); !S.ok())
+                            double DLoss, int64_t N, int64_t V, int64_t ValidV,
+                            std::optional<int64_t> IgnoreIndex) {
+  int64_t Counted;
+  if (Status S = checkCrossEntropy(Targets, N, V, ValidV, IgnoreIndex, Counted);
+      !S.ok())
     return S;
-  const Acc Factor = DLoss / Acc(N);
+  const Acc Factor = Counted ? DLoss / Acc(Counted) : 0.0;
   parallelFor(N, std::max<int64_t>(1, (1 << 12) / V), [&](int64_t R0,
                                                           int64_t R1) {
     for (int64_t R = R0; R < R1; ++R) {
       const T *Row = Logits + R * V;
       T *DRow = DLogits + R * V;
+      if (IgnoreIndex && Targets[R] == *IgnoreIndex) {
+        std::fill(DRow, DRow + V, T(0));
+        continue;
+      }
       Acc Max, Lse;
       rowLogSumExp(Row, ValidV, Max, Lse);
       softmaxScaled(DRow, Row, ValidV, Lse, Factor);
@@ -1253,6 +1284,263 @@ void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
 }
 
 //===----------------------------------------------------------------------===//
+// 14. RMSNorm
+//===----------------------------------------------------------------------===//
+
+template <typename T>
+void rmsNorm(T *Y, T *Rstd, const T *X, const T *Gamma, int64_t Rows,
+             int64_t H, double Eps) {
+  checkSizes({Rows, H});
+  SP_CPU_CHECK(H > 0, "rms norm over an empty axis");
+  // Rows over the threads, as layerNorm.
+  parallelFor(Rows, std::max<int64_t>(1, (1 << 13) / H), [&](int64_t R0,
+                                                             int64_t R1) {
+    for (int64_t R = R0; R < R1; ++R) {
+      const T *XR = X + R * H;
+      Acc MeanSq = laneSum(H, [&](int64_t J) { return Acc(XR[J]) * XR[J]; }) /
+                   Acc(H);
+      Acc S = 1.0 / std::sqrt(MeanSq + Eps);
+      T *YR = Y + R * H;
+      for (int64_t J = 0; J < H; ++J)
+        YR[J] = T(XR[J] * S * Gamma[J]);
+      if (Rstd)
+        Rstd[R] = T(S);
+    }
+  });
+}
+
+template <typename T>
+void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
+                     const T *Rstd, int64_t Rows, int64_t H) {
+  checkSizes({Rows, H});
+  // DX: rows over the threads, each row's sum in double.
+  if (DX)
+    parallelFor(Rows, std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(H, 1)),
+                [&](int64_t R0, int64_t R1) {
+      for (int64_t R = R0; R < R1; ++R) {
+        const T *XR = X + R * H, *DYR = DY + R * H;
+        Acc S = Rstd[R];
+        Acc MeanGX = laneSum(H, [&](int64_t J) {
+                       return (Acc(DYR[J]) * Gamma[J]) * (XR[J] * S);
+                     }) /
+                     Acc(H);
+        T *DXR = DX + R * H;
+        for (int64_t J = 0; J < H; ++J)
+          DXR[J] = T(S * (Acc(DYR[J]) * Gamma[J] - (XR[J] * S) * MeanGX));
+      }
+    });
+  if (!DGamma)
+    return;
+  // DGamma: columns over the threads, each summed over the rows in order in
+  // double and added once (as layerNormBackward).
+  parallelFor(H, 64, [&](int64_t J0, int64_t J1) {
+    for (int64_t JB = J0; JB < J1; JB += ColumnBlock) {
+      int64_t JE = std::min(J1, JB + ColumnBlock);
+      Acc SG[ColumnBlock] = {};
+      for (int64_t R = 0; R < Rows; ++R) {
+        const T *XR = X + R * H, *DYR = DY + R * H;
+        Acc S = Rstd[R];
+        for (int64_t J = JB; J < JE; ++J)
+          SG[J - JB] += DYR[J] * (XR[J] * S);
+      }
+      for (int64_t J = JB; J < JE; ++J)
+        DGamma[J] += T(SG[J - JB]);
+    }
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// 15. SiLU
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// sigmoid(X) and 1 - sigmoid(X) in double, branch-free and without
+/// cancellation: with E = exp(-|X|) (never overflows), they are 1 / (1 + E)
+/// and E / (1 + E), swapped for X < 0.
+SP_INLINE void sigmoidPair(double X, double &Sig, double &OneMinusSig) {
+  double E = expD(X < 0.0 ? X : -X);
+  double Inv = 1.0 / (1.0 + E);
+  double Big = Inv, Small = E * Inv;
+  Sig = X < 0.0 ? Small : Big;
+  OneMinusSig = X < 0.0 ? Big : Small;
+}
+
+// Both instantiations compute in double and round once.
+
+template <typename T>
+SP_INLINE void siluBody(T *Y, const T *X, int64_t N) {
+  for (int64_t I = 0; I < N; ++I) {
+    double X0 = X[I], Sig, OneMinus;
+    sigmoidPair(X0, Sig, OneMinus);
+    Y[I] = T(X0 * Sig);
+  }
+}
+SP_SIMD void siluRange(float *Y, const float *X, int64_t N) {
+  siluBody(Y, X, N);
+}
+SP_SIMD void siluRange(double *Y, const double *X, int64_t N) {
+  siluBody(Y, X, N);
+}
+
+template <typename T>
+SP_INLINE void siluBackwardBody(T *DX, const T *X, const T *DY, int64_t N) {
+  for (int64_t I = 0; I < N; ++I) {
+    double X0 = X[I], Sig, OneMinus;
+    sigmoidPair(X0, Sig, OneMinus);
+    DX[I] = T(double(DY[I]) * (Sig * (1.0 + X0 * OneMinus)));
+  }
+}
+SP_SIMD void siluBackwardRange(float *DX, const float *X, const float *DY,
+                               int64_t N) {
+  siluBackwardBody(DX, X, DY, N);
+}
+SP_SIMD void siluBackwardRange(double *DX, const double *X, const double *DY,
+                               int64_t N) {
+  siluBackwardBody(DX, X, DY, N);
+}
+
+} // namespace
+
+template <typename T> void silu(T *Y, const T *X, int64_t N) {
+  checkSizes({N});
+  parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
+    siluRange(Y + I0, X + I0, I1 - I0);
+  });
+}
+
+template <typename T>
+void siluBackward(T *DX, const T *X, const T *DY, int64_t N) {
+  checkSizes({N});
+  parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
+    siluBackwardRange(DX + I0, X + I0, DY + I0, I1 - I0);
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// 16. Elementwise product
+//===----------------------------------------------------------------------===//
+
+template <typename T> void mul(T *Y, const T *A, const T *B, int64_t N) {
+  checkSizes({N});
+  parallelFor(N, 1 << 14, [&](int64_t I0, int64_t I1) {
+    for (int64_t I = I0; I < I1; ++I)
+      Y[I] = A[I] * B[I];
+  });
+}
+
+template <typename T>
+Status mulBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
+                    Shape BShape) {
+  return broadcastBinary(Y, YShape, A, AShape, B, BShape,
+                         [](T X0, T X1) { return X0 * X1; });
+}
+
+//===----------------------------------------------------------------------===//
+// 17. Rotary position embedding
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+void checkRope(int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB) {
+  checkSizes({B, A, S, D, CB});
+  SP_CPU_CHECK(D % 2 == 0, "rope needs an even head dimension");
+  SP_CPU_CHECK(CB == 1 || CB == B,
+               "rope tables must have batch dimension 1 or B");
+}
+
+/// Calls Fn(Out, In, C, N) for every (b, a, s) row of [B, A, S, D], rows over
+/// the threads, with the row's Cos and Sin rows.
+template <typename T, typename F>
+void forEachRopeRow(T *Out, const T *In, const T *Cos, const T *Sin, int64_t B,
+                    int64_t A, int64_t S, int64_t D, int64_t CB, F &&Fn) {
+  const int64_t Grain =
+      std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(D, 1));
+  parallelFor(B * A * S, Grain, [&](int64_t R0, int64_t R1) {
+    for (int64_t R = R0; R < R1; ++R) {
+      int64_t Si = R % S, Bi = R / (A * S);
+      int64_t Table = ((CB == 1 ? 0 : Bi) * S + Si) * D;
+      Fn(Out + R * D, In + R * D, Cos + Table, Sin + Table);
+    }
+  });
+}
+
+} // namespace
+
+template <typename T>
+void rope(T *Y, const T *X, const T *Cos, const T *Sin, int64_t B, int64_t A,
+          int64_t S, int64_t D, int64_t CB, bool Interleaved) {
+  checkRope(B, A, S, D, CB);
+  const int64_t Half = D / 2;
+  forEachRopeRow(Y, X, Cos, Sin, B, A, S, D, CB,
+                 [&](T *YR, const T *XR, const T *C, const T *N) {
+    if (Interleaved)
+      for (int64_t J = 0; J < D; J += 2) {
+        YR[J] = XR[J] * C[J] - XR[J + 1] * N[J];
+        YR[J + 1] = XR[J + 1] * C[J + 1] + XR[J] * N[J + 1];
+      }
+    else
+      for (int64_t I = 0; I < Half; ++I) {
+        YR[I] = XR[I] * C[I] - XR[I + Half] * N[I];
+        YR[I + Half] = XR[I + Half] * C[I + Half] + XR[I] * N[I + Half];
+      }
+  });
+}
+
+template <typename T>
+void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
+                  int64_t A, int64_t S, int64_t D, int64_t CB,
+                  bool Interleaved) {
+  checkRope(B, A, S, D, CB);
+  const int64_t Half = D / 2;
+  forEachRopeRow(DX, DY, Cos, Sin, B, A, S, D, CB,
+                 [&](T *DXR, const T *DYR, const T *C, const T *N) {
+    if (Interleaved)
+      for (int64_t J = 0; J < D; J += 2) {
+        DXR[J] = DYR[J] * C[J] + DYR[J + 1] * N[J + 1];
+        DXR[J + 1] = DYR[J + 1] * C[J + 1] - DYR[J] * N[J];
+      }
+    else
+      for (int64_t I = 0; I < Half; ++I) {
+        DXR[I] = DYR[I] * C[I] + DYR[I + Half] * N[I + Half];
+        DXR[I + Half] = DYR[I + Half] * C[I + Half] - DYR[I] * N[I];
+      }
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// 18. Grouped-query attention's head repeat
+//===----------------------------------------------------------------------===//
+
+template <typename T>
+void repeatHeads(T *Y, const T *X, int64_t B, int64_t G, int64_t R, int64_t S,
+                 int64_t D) {
+  checkSizes({B, G, R, S, D});
+  // Each [S, D] head block copied R times, as mergeHeads copies.
+  const int64_t Block = S * D;
+  for (int64_t P = 0; P < B * G; ++P)
+    for (int64_t Ri = 0; Ri < R; ++Ri)
+      std::memcpy(Y + (P * R + Ri) * Block, X + P * Block, sizeof(T) * Block);
+}
+
+template <typename T>
+void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
+                         int64_t S, int64_t D) {
+  checkSizes({B, G, R, S, D});
+  const int64_t Block = S * D;
+  for (int64_t P = 0; P < B * G; ++P) {
+    const T *Src = DY + P * R * Block;
+    T *Dst = DX + P * Block;
+    for (int64_t E = 0; E < Block; ++E) {
+      Acc Sum = 0;
+      for (int64_t Ri = 0; Ri < R; ++Ri)
+        Sum += Src[Ri * Block + E];
+      Dst[E] = T(Sum);
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
 // Instantiations
 //===----------------------------------------------------------------------===//
 
@@ -1303,13 +1591,31 @@ void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
   template void dropoutBackward<T>(T *, const T *, const uint8_t *, int64_t,   \
                                    double);                                    \
   template Status crossEntropy<T>(T *, const T *, const int64_t *, int64_t,    \
-                                  int64_t, int64_t);                           \
+                                  int64_t, int64_t, std::optional<int64_t>);   \
   template Status crossEntropyBackward<T>(T *, const T *, const int64_t *,     \
-                                          double, int64_t, int64_t, int64_t);  \
+                                          double, int64_t, int64_t, int64_t,   \
+                                          std::optional<int64_t>);             \
   template double sumSquares<T>(const T *, int64_t);                           \
   template T clipCoefficient<T>(T, T);                                         \
   template void adamw<T>(T *, const T *, T *, T *, int64_t, double, double,    \
-                         double, double, double, double, int64_t);
+                         double, double, double, double, int64_t);             \
+  template void rmsNorm<T>(T *, T *, const T *, const T *, int64_t, int64_t,   \
+                           double);                                            \
+  template void rmsNormBackward<T>(T *, T *, const T *, const T *, const T *,  \
+                                   const T *, int64_t, int64_t);               \
+  template void silu<T>(T *, const T *, int64_t);                              \
+  template void siluBackward<T>(T *, const T *, const T *, int64_t);           \
+  template void mul<T>(T *, const T *, const T *, int64_t);                    \
+  template Status mulBroadcast<T>(T *, Shape, const T *, Shape, const T *,     \
+                                  Shape);                                      \
+  template void rope<T>(T *, const T *, const T *, const T *, int64_t,         \
+                        int64_t, int64_t, int64_t, int64_t, bool);             \
+  template void ropeBackward<T>(T *, const T *, const T *, const T *, int64_t, \
+                                int64_t, int64_t, int64_t, int64_t, bool);     \
+  template void repeatHeads<T>(T *, const T *, int64_t, int64_t, int64_t,      \
+                               int64_t, int64_t);                              \
+  template void repeatHeadsBackward<T>(T *, const T *, int64_t, int64_t,       \
+                                       int64_t, int64_t, int64_t);
 
 SP_INSTANTIATE(float)
 SP_INSTANTIATE(double)

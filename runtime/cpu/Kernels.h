@@ -27,6 +27,7 @@
 #define SP_RUNTIME_CPU_KERNELS_H
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 namespace sp::cpu {
@@ -47,7 +48,7 @@ struct [[nodiscard]] Status {
 };
 
 /// The highest rank of the shape-generic kernels (reduceToShape,
-/// addBroadcast, GlobalIndex).
+/// addBroadcast, mulBroadcast, GlobalIndex).
 constexpr int MaxRank = 6;
 
 /// Shapes are spans of dimension sizes.
@@ -301,19 +302,30 @@ void dropoutBackward(T *DX, const T *DY, const uint8_t *Mask, int64_t N,
 //===----------------------------------------------------------------------===//
 
 /// Logits[N, V] of which the first ValidV columns are the vocabulary and the
-/// rest padding (treated as -inf). With lse_n = log sum_{j<ValidV} exp(l[n,j]):
-///   Loss = (1/N) sum_n (lse_n - Logits[n, Targets[n]])   (double accumulation)
+/// rest padding (treated as -inf). With lse_n = log sum_{j<ValidV} exp(l[n,j])
+/// and the counted rows C = {n : Targets[n] != IgnoreIndex} (all rows when
+/// IgnoreIndex is empty):
+///   Loss = (1/|C|) sum_{n in C} (lse_n - Logits[n, Targets[n]])
+/// (double accumulation), and Loss = 0 when C is empty (torch's
+/// F.cross_entropy(ignore_index=..., reduction="mean") gives NaN there, 0/0,
+/// and zero gradients). Only the targets are ignored: the ignored class stays
+/// in every row's softmax, as in torch. IgnoreIndex may be any value, inside
+/// [0, ValidV) or not.
 /// Error "cross entropy target out of range" (Index = n, Value = target) if a
-/// target is not in [0, ValidV); errors on N <= 0 or ValidV not in [1, V].
+/// target that is not IgnoreIndex is not in [0, ValidV); errors on N <= 0 or
+/// ValidV not in [1, V].
 template <typename T>
 Status crossEntropy(T *Loss, const T *Logits, const int64_t *Targets, int64_t N,
-                    int64_t V, int64_t ValidV);
+                    int64_t V, int64_t ValidV,
+                    std::optional<int64_t> IgnoreIndex = std::nullopt);
 
-/// DLogits[n, j] = DLoss * (softmax_j(Logits[n, :ValidV]) - [j == t_n]) / N
-/// for j < ValidV, 0 for the padding columns (overwrites). Same errors.
+/// DLogits[n, j] = DLoss * (softmax_j(Logits[n, :ValidV]) - [j == t_n]) / |C|
+/// for n in C and j < ValidV; 0 for the padding columns, the ignored rows,
+/// and everything when C is empty (overwrites). Same errors.
 template <typename T>
 Status crossEntropyBackward(T *DLogits, const T *Logits, const int64_t *Targets,
-                            double DLoss, int64_t N, int64_t V, int64_t ValidV);
+                            double DLoss, int64_t N, int64_t V, int64_t ValidV,
+                            std::optional<int64_t> IgnoreIndex = std::nullopt);
 
 //===----------------------------------------------------------------------===//
 // 13. Optimizer
@@ -340,6 +352,104 @@ template <typename T>
 void adamw(T *P, const T *G, T *M, T *V, int64_t N, double Lr, double Beta1,
            double Beta2, double Eps, double WeightDecay, double GradScale,
            int64_t Step);
+
+//===----------------------------------------------------------------------===//
+// 14. RMSNorm over the last axis
+//===----------------------------------------------------------------------===//
+
+/// Llama's LlamaRMSNorm. For each row r of X[Rows, H]:
+///   Rstd[r] = 1 / sqrt(sum_j X[r,j]^2 / H + Eps)   (double accumulation)
+///   Y[r,j]  = X[r,j] * Rstd[r] * Gamma[j]
+/// Gamma is required. Rstd may be nullptr when not needed; it is stored in T
+/// like layerNorm's statistics.
+template <typename T>
+void rmsNorm(T *Y, T *Rstd, const T *X, const T *Gamma, int64_t Rows,
+             int64_t H, double Eps);
+
+/// With xhat = X * Rstd and g = DY * Gamma (per row):
+///   DX     = Rstd * (g - xhat * mean_j(g * xhat))   (overwrites)
+///   DGamma += sum_rows DY * xhat                     (accumulates)
+/// DX and DGamma may each be nullptr (not computed).
+template <typename T>
+void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
+                     const T *Rstd, int64_t Rows, int64_t H);
+
+//===----------------------------------------------------------------------===//
+// 15. SiLU
+//===----------------------------------------------------------------------===//
+
+/// Y = x * sigmoid(x), sigmoid(x) = 1 / (1 + exp(-x)), evaluated in double
+/// from exp(-|x|) without overflow or cancellation for any finite x (x = -1e4
+/// gives -0, 1e4 gives 1e4; exp(-|x|) is flushed to 0 below e^-708, so the
+/// double instantiation returns -0 for x < -708). Y may alias X.
+template <typename T> void silu(T *Y, const T *X, int64_t N);
+
+/// DX = DY * s * (1 + x (1 - s)), s = sigmoid(x). DX may alias DY.
+template <typename T>
+void siluBackward(T *DX, const T *X, const T *DY, int64_t N);
+
+//===----------------------------------------------------------------------===//
+// 16. Elementwise product
+//===----------------------------------------------------------------------===//
+
+/// Y[i] = A[i] * B[i], i < N. Y may alias A or B. Its backward is mul again:
+/// DA = DY * B, DB = DY * A.
+template <typename T> void mul(T *Y, const T *A, const T *B, int64_t N);
+
+/// Y[YShape] = A[AShape] * B[BShape] with addBroadcast's broadcasting rules
+/// and errors. No aliasing. The backward is mulBroadcast then reduceToShape:
+/// DA = reduceToShape(AShape, DY * B broadcast to YShape), likewise DB.
+template <typename T>
+Status mulBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
+                    Shape BShape);
+
+//===----------------------------------------------------------------------===//
+// 17. Rotary position embedding
+//===----------------------------------------------------------------------===//
+
+/// X, Y [B, A, S, D] (D even), tables Cos, Sin [CB, S, D] with CB == 1
+/// (shared by the batch) or CB == B; every head uses its batch row's table.
+/// With c = Cos[cb, s, :], n = Sin[cb, s, :], cb = (CB == 1 ? 0 : b), and
+/// x = X[b, a, s, :], h = D / 2:
+///  - half form (HF rotate_half, rot(x) = cat(-x[h:], x[:h])):
+///      Y[i] = x[i] c[i] - x[i+h] n[i]   for i < h
+///      Y[i] = x[i] c[i] + x[i-h] n[i]   for i >= h
+///  - Interleaved (GPT-J rotate_every_two, (x[2j], x[2j+1]) ->
+///    (-x[2j+1], x[2j])):
+///      Y[2j]   = x[2j] c[2j]     - x[2j+1] n[2j]
+///      Y[2j+1] = x[2j+1] c[2j+1] + x[2j] n[2j+1]
+/// i.e. Y = x * c + rot(x) * n, evaluated in T in that order (torch's order).
+/// Y may not alias X.
+template <typename T>
+void rope(T *Y, const T *X, const T *Cos, const T *Sin, int64_t B, int64_t A,
+          int64_t S, int64_t D, int64_t CB, bool Interleaved);
+
+/// The transpose: DX = DY * c + rot^T(DY * n) (overwrites), i.e.
+///  - half form:  DX[i] = dy[i] c[i] + dy[i+h] n[i+h]   for i < h
+///                DX[i] = dy[i] c[i] - dy[i-h] n[i-h]   for i >= h
+///  - Interleaved: DX[2j]   = dy[2j] c[2j]     + dy[2j+1] n[2j+1]
+///                 DX[2j+1] = dy[2j+1] c[2j+1] - dy[2j] n[2j]
+/// The tables get no gradient. DX may not alias DY.
+template <typename T>
+void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
+                  int64_t A, int64_t S, int64_t D, int64_t CB,
+                  bool Interleaved);
+
+//===----------------------------------------------------------------------===//
+// 18. Grouped-query attention's head repeat
+//===----------------------------------------------------------------------===//
+
+/// HF repeat_kv: X[B, G, S, D] -> Y[B, G * R, S, D],
+///   Y[b, g R + r, s, :] = X[b, g, s, :]   for r < R.
+template <typename T>
+void repeatHeads(T *Y, const T *X, int64_t B, int64_t G, int64_t R, int64_t S,
+                 int64_t D);
+
+/// DX[b, g, s, :] = sum_{r < R} DY[b, g R + r, s, :]  (overwrites; summed in
+/// double in the order r = 0, 1, ..).
+template <typename T>
+void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
+                         int64_t S, int64_t D);
 
 } // namespace sp::cpu
 

@@ -819,6 +819,89 @@ TEST(CpuKernelsTest, CrossEntropyRejectsBadTargets) {
   EXPECT_FALSE(crossEntropy(&L, Logits.data(), Targets.data(), 0, 5, 5).ok());
 }
 
+TEST(CpuKernelsTest, CrossEntropyIgnoreIndex) {
+  const int64_t N = 6, V = 9, ValidV = 7, Ignore = -100;
+  Vec Logits = randVec(N * V, 70, -3, 3);
+  std::vector<int64_t> Targets = {2, Ignore, 6, Ignore, 0, 3};
+  const double DLoss = 1.3;
+  auto Loss = [&] {
+    double L;
+    EXPECT_TRUE(crossEntropy(&L, Logits.data(), Targets.data(), N, V, ValidV,
+                             Ignore)
+                    .ok());
+    return DLoss * L;
+  };
+  Vec DLogits(N * V, std::numeric_limits<double>::quiet_NaN());
+  expectOk(crossEntropyBackward(DLogits.data(), Logits.data(), Targets.data(),
+                                DLoss, N, V, ValidV, Ignore));
+  for (int64_t R : {1, 3})
+    for (int64_t J = 0; J < V; ++J)
+      EXPECT_EQ(DLogits[R * V + J], 0.0) << "an ignored row gets no gradient";
+  expectGradient("cross entropy ignore index", Logits, DLogits, Loss);
+
+  // The mean is over the counted rows: the same as the loss and gradient of
+  // only those rows.
+  Vec Kept, DKept(4 * V);
+  std::vector<int64_t> KeptTargets;
+  for (int64_t R = 0; R < N; ++R)
+    if (Targets[R] != Ignore) {
+      Kept.insert(Kept.end(), Logits.begin() + R * V,
+                  Logits.begin() + (R + 1) * V);
+      KeptTargets.push_back(Targets[R]);
+    }
+  double L1, L2;
+  expectOk(crossEntropy(&L1, Logits.data(), Targets.data(), N, V, ValidV,
+                        Ignore));
+  expectOk(crossEntropy(&L2, Kept.data(), KeptTargets.data(), 4, V, ValidV));
+  EXPECT_NEAR(L1, L2, 1e-15);
+  expectOk(crossEntropyBackward(DKept.data(), Kept.data(), KeptTargets.data(),
+                                DLoss, 4, V, ValidV));
+  for (int64_t R = 0, K = 0; R < N; ++R)
+    if (Targets[R] != Ignore) {
+      for (int64_t J = 0; J < V; ++J)
+        EXPECT_NEAR(DLogits[R * V + J], DKept[K * V + J], 1e-16);
+      ++K;
+    }
+
+  // An ignore index inside the vocabulary (e.g. a padding token): only the
+  // targets equal to it are dropped; the class stays in the softmax.
+  std::vector<int64_t> PadTargets = {2, 3, 6, 3, 0, 3};
+  expectOk(crossEntropy(&L1, Logits.data(), PadTargets.data(), N, V, ValidV,
+                        int64_t(3)));
+  Vec Rows024;
+  for (int64_t R : {0, 2, 4})
+    Rows024.insert(Rows024.end(), Logits.begin() + R * V,
+                   Logits.begin() + (R + 1) * V);
+  std::vector<int64_t> Targets024 = {2, 6, 0};
+  expectOk(crossEntropy(&L2, Rows024.data(), Targets024.data(), 3, V, ValidV));
+  EXPECT_NEAR(L1, L2, 1e-15);
+
+  // Everything ignored: loss 0 (torch gives NaN, 0 / 0) and zero gradients
+  // (as torch).
+  std::vector<int64_t> None(N, Ignore);
+  double L0 = -1;
+  expectOk(
+      crossEntropy(&L0, Logits.data(), None.data(), N, V, ValidV, Ignore));
+  EXPECT_EQ(L0, 0.0);
+  Vec D0(N * V, std::numeric_limits<double>::quiet_NaN());
+  expectOk(crossEntropyBackward(D0.data(), Logits.data(), None.data(), DLoss,
+                                N, V, ValidV, Ignore));
+  EXPECT_EQ(D0, Vec(N * V, 0.0));
+
+  // Targets out of range that are not the ignore index are still errors.
+  std::vector<int64_t> Bad = {Ignore, 7, 1, 1, 1, 1};
+  Status S = crossEntropy(&L0, Logits.data(), Bad.data(), N, V, ValidV, Ignore);
+  ASSERT_FALSE(S.ok());
+  EXPECT_STREQ(S.Message, "cross entropy target out of range");
+  EXPECT_EQ(S.Index, 1);
+  EXPECT_EQ(S.Value, 7);
+  S = crossEntropyBackward(D0.data(), Logits.data(), Bad.data(), DLoss, N, V,
+                           ValidV, int64_t(-1));
+  ASSERT_FALSE(S.ok());
+  EXPECT_EQ(S.Index, 0);
+  EXPECT_EQ(S.Value, Ignore);
+}
+
 //===----------------------------------------------------------------------===//
 // 13. Optimizer
 //===----------------------------------------------------------------------===//
@@ -876,6 +959,286 @@ TEST(CpuOptimizerTest, ClipCoefficientAndSumSquares) {
   EXPECT_LT(clipCoefficient(1.0f, 1.0f), 1.0f);
   std::vector<float> G = {3.0f, -4.0f, 0.5f};
   EXPECT_DOUBLE_EQ(sumSquares(G.data(), 3), 25.25);
+}
+
+//===----------------------------------------------------------------------===//
+// 14. RMSNorm
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, RmsNormGradient) {
+  const int64_t Rows = 4, H = 6;
+  const double Eps = 1e-6;
+  Vec X = randVec(Rows * H, 60, -2, 2), Gamma = randVec(H, 61),
+      W = randVec(Rows * H, 62);
+  auto Loss = [&] {
+    Vec Y(Rows * H);
+    rmsNorm(Y.data(), (double *)nullptr, X.data(), Gamma.data(), Rows, H, Eps);
+    return dotv(W, Y);
+  };
+  Vec Y(Rows * H), Rstd(Rows);
+  rmsNorm(Y.data(), Rstd.data(), X.data(), Gamma.data(), Rows, H, Eps);
+  // Against the definition.
+  for (int64_t R = 0; R < Rows; ++R) {
+    double MeanSq = 0;
+    for (int64_t J = 0; J < H; ++J)
+      MeanSq += X[R * H + J] * X[R * H + J] / H;
+    double Ref = 1 / std::sqrt(MeanSq + Eps);
+    EXPECT_NEAR(Rstd[R], Ref, 1e-14);
+    for (int64_t J = 0; J < H; ++J)
+      EXPECT_NEAR(Y[R * H + J], X[R * H + J] * Ref * Gamma[J], 1e-14);
+  }
+  Vec DX(Rows * H), DGamma(H, 0.0);
+  rmsNormBackward(DX.data(), DGamma.data(), W.data(), X.data(), Gamma.data(),
+                  Rstd.data(), Rows, H);
+  expectGradient("rms norm x", X, DX, Loss);
+  expectGradient("rms norm gamma", Gamma, DGamma, Loss);
+  // Each output alone gives the same values; DGamma accumulates.
+  Vec DXOnly(Rows * H), Twice = DGamma;
+  rmsNormBackward(DXOnly.data(), (double *)nullptr, W.data(), X.data(),
+                  Gamma.data(), Rstd.data(), Rows, H);
+  EXPECT_EQ(DXOnly, DX);
+  rmsNormBackward((double *)nullptr, Twice.data(), W.data(), X.data(),
+                  Gamma.data(), Rstd.data(), Rows, H);
+  for (int64_t J = 0; J < H; ++J)
+    EXPECT_DOUBLE_EQ(Twice[J], 2 * DGamma[J]);
+}
+
+//===----------------------------------------------------------------------===//
+// 15. SiLU
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, SiluValuesAndGradient) {
+  double One = 1.0, Y;
+  silu(&Y, &One, 1);
+  EXPECT_NEAR(Y, 0.7310585786300049, 1e-15); // 1 / (1 + e^-1)
+  // Far out, no overflow and no NaN: silu(x) = x and silu'(x) = 1 above,
+  // both 0 below.
+  for (bool Float : {false, true}) {
+    Vec X = {1e4, -1e4, 800, -800}, DY(4, 1.0), Y(4), DX(4);
+    if (Float) {
+      std::vector<float> FX = toFloat(X), FDY = toFloat(DY), FY(4), FDX(4);
+      silu(FY.data(), FX.data(), 4);
+      siluBackward(FDX.data(), FX.data(), FDY.data(), 4);
+      Y.assign(FY.begin(), FY.end());
+      DX.assign(FDX.begin(), FDX.end());
+    } else {
+      silu(Y.data(), X.data(), 4);
+      siluBackward(DX.data(), X.data(), DY.data(), 4);
+    }
+    EXPECT_EQ(Y, (Vec{1e4, 0.0, 800, 0.0})) << (Float ? "float" : "double");
+    EXPECT_EQ(DX, (Vec{1.0, 0.0, 1.0, 0.0})) << (Float ? "float" : "double");
+  }
+
+  const int64_t N = 40;
+  Vec X = randVec(N, 63, -6, 6), W = randVec(N, 64);
+  auto Loss = [&] {
+    Vec Y(N);
+    silu(Y.data(), X.data(), N);
+    return dotv(W, Y);
+  };
+  Vec DX(N);
+  siluBackward(DX.data(), X.data(), W.data(), N);
+  expectGradient("silu", X, DX, Loss);
+  // In place.
+  Vec Ref(N), InPlace = X, DInPlace = W;
+  silu(Ref.data(), X.data(), N);
+  silu(InPlace.data(), InPlace.data(), N);
+  EXPECT_EQ(InPlace, Ref);
+  siluBackward(DInPlace.data(), X.data(), DInPlace.data(), N);
+  EXPECT_EQ(DInPlace, DX);
+}
+
+//===----------------------------------------------------------------------===//
+// 16. Elementwise product
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, MulBroadcastGradient) {
+  std::vector<int64_t> YS = {2, 3, 4}, AS = {3, 1}, BS = {2, 1, 4};
+  Vec A = randVec(3, 65), B = randVec(8, 66), W = randVec(24, 67);
+  auto Loss = [&] {
+    Vec Y(24);
+    EXPECT_TRUE(mulBroadcast(Y.data(), YS, A.data(), AS, B.data(), BS).ok());
+    return dotv(W, Y);
+  };
+  Vec Y(24);
+  expectOk(mulBroadcast(Y.data(), YS, A.data(), AS, B.data(), BS));
+  EXPECT_DOUBLE_EQ(Y[1 * 12 + 2 * 4 + 3], A[2] * B[1 * 4 + 3]);
+  // The backward, composed: DA = reduceToShape(AShape, DY * B), likewise DB.
+  Vec WB(24), WA(24), DA(3), DB(8);
+  expectOk(mulBroadcast(WB.data(), YS, W.data(), YS, B.data(), BS));
+  expectOk(mulBroadcast(WA.data(), YS, W.data(), YS, A.data(), AS));
+  expectOk(reduceToShape(DA.data(), AS, WB.data(), YS));
+  expectOk(reduceToShape(DB.data(), BS, WA.data(), YS));
+  expectGradient("mul broadcast a", A, DA, Loss);
+  expectGradient("mul broadcast b", B, DB, Loss);
+
+  // Shape errors are addBroadcast's.
+  Vec Out(24);
+  std::vector<int64_t> Bad = {3}, TooLong = {1, 2, 3, 4}, Rank7(7, 1);
+  for (const std::vector<int64_t> &In : {Bad, TooLong}) {
+    Status SA = addBroadcast(Out.data(), YS, A.data(), In, B.data(), BS);
+    Status SM = mulBroadcast(Out.data(), YS, A.data(), In, B.data(), BS);
+    ASSERT_FALSE(SM.ok());
+    EXPECT_STREQ(SM.Message, SA.Message);
+    EXPECT_EQ(SM.Index, SA.Index);
+  }
+  Status SM = mulBroadcast(Out.data(), Rank7, A.data(), AS, B.data(), BS);
+  ASSERT_FALSE(SM.ok());
+  EXPECT_STREQ(SM.Message, "broadcast: rank above MaxRank");
+}
+
+TEST(CpuKernelsTest, MulSameShapeAndInPlace) {
+  Vec A = {1, 2, 3}, B = {10, -20, 0.5}, Y(3);
+  mul(Y.data(), A.data(), B.data(), 3);
+  EXPECT_EQ(Y, (Vec{10, -40, 1.5}));
+  Vec A2 = A, B2 = B;
+  mul(A2.data(), A2.data(), B.data(), 3);
+  mul(B2.data(), A.data(), B2.data(), 3);
+  EXPECT_EQ(A2, Y);
+  EXPECT_EQ(B2, Y);
+}
+
+//===----------------------------------------------------------------------===//
+// 17. Rotary position embedding
+//===----------------------------------------------------------------------===//
+
+/// rope written as the reference implementations write it: rot(x) built as
+/// a vector (HF rotate_half, or GPT-J rotate_every_two), then x * c +
+/// rot(x) * s.
+Vec ropeReference(const Vec &X, const Vec &Cos, const Vec &Sin, int64_t B,
+                  int64_t A, int64_t S, int64_t D, int64_t CB,
+                  bool Interleaved) {
+  Vec Y(X.size()), Rot(D);
+  const int64_t Half = D / 2;
+  for (int64_t Bi = 0; Bi < B; ++Bi)
+    for (int64_t Ai = 0; Ai < A; ++Ai)
+      for (int64_t Si = 0; Si < S; ++Si) {
+        const double *XR = &X[((Bi * A + Ai) * S + Si) * D];
+        const double *C = &Cos[((CB == 1 ? 0 : Bi) * S + Si) * D];
+        const double *N = &Sin[((CB == 1 ? 0 : Bi) * S + Si) * D];
+        for (int64_t I = 0; I < Half; ++I) {
+          if (Interleaved) {
+            Rot[2 * I] = -XR[2 * I + 1];
+            Rot[2 * I + 1] = XR[2 * I];
+          } else {
+            Rot[I] = -XR[I + Half];
+            Rot[I + Half] = XR[I];
+          }
+        }
+        double *YR = &Y[((Bi * A + Ai) * S + Si) * D];
+        for (int64_t I = 0; I < D; ++I)
+          YR[I] = XR[I] * C[I] + Rot[I] * N[I];
+      }
+  return Y;
+}
+
+/// HF's tables for positions Pos0[b] + s: angle(s, k) = (Pos0[b] + s) *
+/// Base^(-2k / D), laid out as cat(freqs, freqs) (half form) or each
+/// frequency twice in a row (interleaved).
+void ropeTables(Vec &Cos, Vec &Sin, const std::vector<int64_t> &Pos0,
+                int64_t S, int64_t D, bool Interleaved) {
+  const double Base = 10000.0;
+  int64_t CB = int64_t(Pos0.size());
+  Cos.assign(CB * S * D, 0.0);
+  Sin.assign(CB * S * D, 0.0);
+  for (int64_t Bi = 0; Bi < CB; ++Bi)
+    for (int64_t Si = 0; Si < S; ++Si)
+      for (int64_t I = 0; I < D; ++I) {
+        int64_t K = Interleaved ? I / 2 : I % (D / 2);
+        double Angle = double(Pos0[Bi] + Si) * std::pow(Base, -2.0 * K / D);
+        Cos[(Bi * S + Si) * D + I] = std::cos(Angle);
+        Sin[(Bi * S + Si) * D + I] = std::sin(Angle);
+      }
+}
+
+TEST(CpuKernelsTest, RopeValuesAndGradient) {
+  const int64_t B = 2, A = 3, S = 4, D = 6, N = B * A * S * D;
+  for (bool Interleaved : {false, true})
+    for (int64_t CB : {int64_t(1), B}) {
+      SCOPED_TRACE(testing::Message()
+                   << (Interleaved ? "interleaved" : "half") << " CB " << CB);
+      // Random tables (no symmetry between the halves or the pairs, so that
+      // a wrong index in the transpose shows).
+      Vec X = randVec(N, 80), W = randVec(N, 81),
+          Cos = randVec(CB * S * D, 82), Sin = randVec(CB * S * D, 83);
+      auto Forward = [&] {
+        Vec Y(N);
+        rope(Y.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, CB,
+             Interleaved);
+        return Y;
+      };
+      Vec Y = Forward(),
+          Ref = ropeReference(X, Cos, Sin, B, A, S, D, CB, Interleaved);
+      for (int64_t I = 0; I < N; ++I)
+        EXPECT_NEAR(Y[I], Ref[I], 1e-15) << I;
+      Vec DX(N);
+      ropeBackward(DX.data(), W.data(), Cos.data(), Sin.data(), B, A, S, D, CB,
+                   Interleaved);
+      expectGradient("rope", X, DX, [&] { return dotv(W, Forward()); });
+
+      // HF's tables for positions that differ per batch row (CB = B) or are
+      // shared: a rotation of each pair, so every row keeps its norm.
+      std::vector<int64_t> Pos0 =
+          CB == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, 5};
+      ropeTables(Cos, Sin, Pos0, S, D, Interleaved);
+      Y = Forward();
+      Ref = ropeReference(X, Cos, Sin, B, A, S, D, CB, Interleaved);
+      for (int64_t R = 0; R < N / D; ++R) {
+        double NX = 0, NY = 0;
+        for (int64_t I = 0; I < D; ++I) {
+          NX += X[R * D + I] * X[R * D + I];
+          NY += Y[R * D + I] * Y[R * D + I];
+          EXPECT_NEAR(Y[R * D + I], Ref[R * D + I], 1e-15);
+        }
+        EXPECT_NEAR(NY, NX, 1e-14);
+      }
+    }
+  // A table shared by the batch is the same as that table repeated.
+  Vec X = randVec(N, 84), Cos1 = randVec(S * D, 85), Sin1 = randVec(S * D, 86);
+  Vec CosB = Cos1, SinB = Sin1;
+  CosB.insert(CosB.end(), Cos1.begin(), Cos1.end());
+  SinB.insert(SinB.end(), Sin1.begin(), Sin1.end());
+  Vec Y1(N), YB(N);
+  rope(Y1.data(), X.data(), Cos1.data(), Sin1.data(), B, A, S, D, 1, false);
+  rope(YB.data(), X.data(), CosB.data(), SinB.data(), B, A, S, D, B, false);
+  EXPECT_EQ(Y1, YB);
+}
+
+//===----------------------------------------------------------------------===//
+// 18. Grouped-query attention's head repeat
+//===----------------------------------------------------------------------===//
+
+TEST(CpuKernelsTest, RepeatHeadsLayoutAndGradient) {
+  const int64_t B = 2, G = 3, R = 2, S = 3, D = 4;
+  const int64_t NX = B * G * S * D, NY = NX * R;
+  Vec X = randVec(NX, 90), W = randVec(NY, 91), Y(NY);
+  repeatHeads(Y.data(), X.data(), B, G, R, S, D);
+  for (int64_t Bi = 0; Bi < B; ++Bi)
+    for (int64_t Gi = 0; Gi < G; ++Gi)
+      for (int64_t Ri = 0; Ri < R; ++Ri)
+        for (int64_t Si = 0; Si < S; ++Si)
+          for (int64_t T = 0; T < D; ++T)
+            ASSERT_EQ(Y[((Bi * G * R + Gi * R + Ri) * S + Si) * D + T],
+                      X[((Bi * G + Gi) * S + Si) * D + T]);
+  auto Loss = [&] {
+    Vec Y(NY);
+    repeatHeads(Y.data(), X.data(), B, G, R, S, D);
+    return dotv(W, Y);
+  };
+  Vec DX(NX);
+  repeatHeadsBackward(DX.data(), W.data(), B, G, R, S, D);
+  expectGradient("repeat heads", X, DX, Loss);
+  // It is the broadcast reduction [B, G, R, S, D] -> [B, G, 1, S, D].
+  Vec Reduced(NX);
+  expectOk(reduceToShape(Reduced.data(), std::vector<int64_t>{B, G, 1, S, D},
+                         W.data(), std::vector<int64_t>{B, G, R, S, D}));
+  EXPECT_EQ(Reduced, DX);
+  // R = 1 is a copy both ways.
+  Vec Copy(NX), Back(NX);
+  repeatHeads(Copy.data(), X.data(), B, G, 1, S, D);
+  repeatHeadsBackward(Back.data(), Copy.data(), B, G, 1, S, D);
+  EXPECT_EQ(Copy, X);
+  EXPECT_EQ(Back, X);
 }
 
 //===----------------------------------------------------------------------===//
@@ -976,6 +1339,224 @@ TEST(CpuFloatTest, GeluIsAccurateIncludingTheTails) {
     }
 }
 
+TEST(CpuFloatTest, SiluIsAccurateIncludingTheTails) {
+  // Computed in double and rounded once: within a float ulp relative
+  // (2^-23; one rounding is at most half of it) of a double reference, also
+  // where sigmoid is tiny (x << 0) or 1 - sigmoid is (x >> 0, the backward's
+  // x (1 - s)), and finite at +-1e4 and +-3e38. 1e-44 absolute covers
+  // float's subnormal results (silu(x) for x below about -88).
+  std::vector<float> FX;
+  for (double X = -90.0; X <= 90.0; X += 1.0 / 16)
+    FX.push_back(float(X) + 1e-3f);
+  FX.insert(FX.end(), {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, -1e-8f, 1e4f,
+                       -1e4f, 3e38f, -3e38f});
+  const int64_t N = int64_t(FX.size());
+  std::vector<float> FDY(N, 1.0f), FY(N);
+  for (bool Backward : {false, true}) {
+    if (Backward)
+      siluBackward(FY.data(), FX.data(), FDY.data(), N);
+    else
+      silu(FY.data(), FX.data(), N);
+    for (int64_t I = 0; I < N; ++I) {
+      double X = FX[I];
+      double Sig = 1 / (1 + std::exp(-X)), OneMinus = 1 / (1 + std::exp(X));
+      double Ref = Backward ? Sig * (1 + X * OneMinus) : X * Sig;
+      ASSERT_TRUE(std::isfinite(FY[I])) << "at x = " << X;
+      EXPECT_NEAR(FY[I], Ref, 0x1p-23 * std::fabs(Ref) + 1e-44)
+          << (Backward ? "backward" : "forward") << " at x = " << X;
+    }
+  }
+}
+
+/// Float's unit roundoff: rounding a real number to float moves it by at
+/// most FloatU times its magnitude.
+constexpr double FloatU = 0x1p-24;
+
+/// Inputs that float represents exactly, so that the float and the double
+/// kernels see the same values and differ only by their own roundings.
+Vec floatValues(Vec V) {
+  for (double &X : V)
+    X = double(float(X));
+  return V;
+}
+
+/// F (the float kernel) against D (the double kernel on the same inputs)
+/// within K float roundings of Scale[i], a bound on the magnitudes of the
+/// terms element i is computed from (so that a cancellation between them is
+/// allowed for). The double kernel's own error (2^-53 relative) is far
+/// below and ignored. denorm_min covers results in float's subnormal range.
+void expectWithinRoundings(const std::vector<float> &F, const Vec &D,
+                           const Vec &Scale, double K, const char *What) {
+  ASSERT_EQ(F.size(), D.size());
+  ASSERT_EQ(Scale.size(), D.size());
+  for (size_t I = 0; I < D.size(); ++I)
+    EXPECT_NEAR(F[I], D[I],
+                K * FloatU * Scale[I] +
+                    std::numeric_limits<float>::denorm_min())
+        << What << " at " << I;
+}
+
+Vec absOf(const Vec &V) {
+  Vec A(V.size());
+  for (size_t I = 0; I < V.size(); ++I)
+    A[I] = std::fabs(V[I]);
+  return A;
+}
+
+/// |first term| + |second term| of every element of rope (Backward: of
+/// ropeBackward) on X: |x[i] c[i]| + |x[p] n[i]| (backward: n[p]), p the
+/// element i is paired with. The scale of the float kernel's rounding errors.
+Vec ropeTermScale(const Vec &X, const Vec &Cos, const Vec &Sin, int64_t B,
+                  int64_t A, int64_t S, int64_t D, int64_t CB,
+                  bool Interleaved, bool Backward) {
+  Vec Scale(X.size());
+  for (int64_t Row = 0; Row < B * A * S; ++Row) {
+    int64_t Table = ((CB == 1 ? 0 : Row / (A * S)) * S + Row % S) * D;
+    for (int64_t I = 0; I < D; ++I) {
+      int64_t P = Interleaved ? (I ^ 1) : (I < D / 2 ? I + D / 2 : I - D / 2);
+      double N = Sin[Table + (Backward ? P : I)];
+      Scale[Row * D + I] = std::fabs(X[Row * D + I] * Cos[Table + I]) +
+                           std::fabs(X[Row * D + P] * N);
+    }
+  }
+  return Scale;
+}
+
+TEST(CpuFloatTest, MatchesDoubleWithinRoundings) {
+  const int64_t Rows = 5, H = 16, N = Rows * H;
+  Vec X = floatValues(randVec(N, 100, -3, 3)),
+      Gamma = floatValues(randVec(H, 101)), DY = floatValues(randVec(N, 102));
+  auto FX = toFloat(X), FGamma = toFloat(Gamma), FDY = toFloat(DY);
+  {
+    // Both kernels evaluate the same double expressions; the float one rounds
+    // Y and Rstd once: 1 rounding of |Y|, |Rstd|.
+    Vec Y(N), Rstd(Rows), DX(N), DG(H, 0.0);
+    std::vector<float> FY(N), FRstd(Rows), FDX(N), FDG(H, 0.0f);
+    rmsNorm(Y.data(), Rstd.data(), X.data(), Gamma.data(), Rows, H, 1e-6);
+    rmsNorm(FY.data(), FRstd.data(), FX.data(), FGamma.data(), Rows, H, 1e-6);
+    expectWithinRoundings(FY, Y, absOf(Y), 1, "rms norm");
+    expectWithinRoundings(FRstd, Rstd, absOf(Rstd), 1, "rms norm rstd");
+    rmsNormBackward(DX.data(), DG.data(), DY.data(), X.data(), Gamma.data(),
+                    Rstd.data(), Rows, H);
+    rmsNormBackward(FDX.data(), FDG.data(), FDY.data(), FX.data(),
+                    FGamma.data(), FRstd.data(), Rows, H);
+    // The float backward reads Rstd rounded, r (1 + d) with |d| <= u, so
+    // xhat and m = mean(g xhat) carry (1 + d) each: DX = r (g - xhat m) is
+    // off by u r |g - xhat m| + 2u r |xhat m|, then rounded once: at most
+    // 4u r (|g| + |xhat m|); K = 8 leaves a factor 2. DGamma = sum DY xhat:
+    // u sum |DY xhat| plus one rounding, K = 4.
+    Vec ScaleDX(N), ScaleDG(H, 0.0);
+    for (int64_t R = 0; R < Rows; ++R) {
+      double M = 0;
+      for (int64_t J = 0; J < H; ++J)
+        M += DY[R * H + J] * Gamma[J] * X[R * H + J] * Rstd[R] / H;
+      for (int64_t J = 0; J < H; ++J) {
+        double XHat = X[R * H + J] * Rstd[R];
+        ScaleDX[R * H + J] =
+            Rstd[R] * (std::fabs(DY[R * H + J] * Gamma[J]) +
+                       std::fabs(XHat * M));
+        ScaleDG[J] += std::fabs(DY[R * H + J] * XHat);
+      }
+    }
+    expectWithinRoundings(FDX, DX, ScaleDX, 8, "rms norm backward");
+    expectWithinRoundings(FDG, DG, ScaleDG, 4, "rms norm dgamma");
+  }
+  {
+    // SiLU: the same double expression, rounded once.
+    Vec Y(N), DX(N);
+    std::vector<float> FY(N), FDX(N);
+    silu(Y.data(), X.data(), N);
+    silu(FY.data(), FX.data(), N);
+    expectWithinRoundings(FY, Y, absOf(Y), 1, "silu");
+    siluBackward(DX.data(), X.data(), DY.data(), N);
+    siluBackward(FDX.data(), FX.data(), FDY.data(), N);
+    expectWithinRoundings(FDX, DX, absOf(DX), 1, "silu backward");
+  }
+  {
+    // A product of two floats is exact in double: one rounding.
+    Vec Y(N);
+    std::vector<float> FY(N);
+    mul(Y.data(), X.data(), DY.data(), N);
+    mul(FY.data(), FX.data(), FDY.data(), N);
+    expectWithinRoundings(FY, Y, absOf(Y), 1, "mul");
+    std::vector<int64_t> YS = {Rows, H}, GS = {H};
+    expectOk(mulBroadcast(Y.data(), YS, X.data(), YS, Gamma.data(), GS));
+    expectOk(mulBroadcast(FY.data(), YS, FX.data(), YS, FGamma.data(), GS));
+    expectWithinRoundings(FY, Y, absOf(Y), 1, "mul broadcast");
+  }
+  {
+    // rope in float rounds x c, x' n and their sum: at most
+    // u |x c| + u |x' n| + u (|x c| + |x' n|) (1 + u), so K = 3 of
+    // |x c| + |x' n| (and likewise for the backward's terms).
+    const int64_t B = 2, A = 2, S = 5, D = 8, NR = B * A * S * D;
+    for (bool Interleaved : {false, true}) {
+      Vec RX = floatValues(randVec(NR, 103)),
+          RDY = floatValues(randVec(NR, 104));
+      Vec Cos, Sin;
+      ropeTables(Cos, Sin, {3, 11}, S, D, Interleaved);
+      Cos = floatValues(Cos);
+      Sin = floatValues(Sin);
+      auto FRX = toFloat(RX), FRDY = toFloat(RDY), FCos = toFloat(Cos),
+           FSin = toFloat(Sin);
+      Vec Y(NR), DX(NR);
+      std::vector<float> FY(NR), FDX(NR);
+      rope(Y.data(), RX.data(), Cos.data(), Sin.data(), B, A, S, D, B,
+           Interleaved);
+      rope(FY.data(), FRX.data(), FCos.data(), FSin.data(), B, A, S, D, B,
+           Interleaved);
+      ropeBackward(DX.data(), RDY.data(), Cos.data(), Sin.data(), B, A, S, D,
+                   B, Interleaved);
+      ropeBackward(FDX.data(), FRDY.data(), FCos.data(), FSin.data(), B, A, S,
+                   D, B, Interleaved);
+      expectWithinRoundings(
+          FY, Y, ropeTermScale(RX, Cos, Sin, B, A, S, D, B, Interleaved, false),
+          3, "rope");
+      expectWithinRoundings(
+          FDX, DX,
+          ropeTermScale(RDY, Cos, Sin, B, A, S, D, B, Interleaved, true), 3,
+          "rope backward");
+    }
+  }
+  {
+    // repeatHeads copies; its backward sums R floats in double (error
+    // R 2^-53 relative to sum |DY|) and rounds once: K = 2 of sum_r |DY|.
+    const int64_t B = 1, G = 2, R = 3, S = 2, D = 4, NX = B * G * S * D;
+    Vec RDY = floatValues(randVec(NX * R, 105)), DX(NX), Scale(NX, 0.0);
+    auto FRDY = toFloat(RDY);
+    std::vector<float> FDX(NX), FY(NX * R);
+    repeatHeads(FY.data(), FX.data(), B, G, R, S, D);
+    for (int64_t P = 0; P < B * G; ++P)
+      for (int64_t Ri = 0; Ri < R; ++Ri)
+        for (int64_t E = 0; E < S * D; ++E) {
+          ASSERT_EQ(FY[(P * R + Ri) * S * D + E], FX[P * S * D + E]);
+          Scale[P * S * D + E] += std::fabs(RDY[(P * R + Ri) * S * D + E]);
+        }
+    repeatHeadsBackward(DX.data(), RDY.data(), B, G, R, S, D);
+    repeatHeadsBackward(FDX.data(), FRDY.data(), B, G, R, S, D);
+    expectWithinRoundings(FDX, DX, Scale, 2, "repeat heads backward");
+  }
+  {
+    // Cross entropy with ignored targets: the same double sums, the loss and
+    // each gradient entry rounded once.
+    std::vector<int64_t> Targets = {1, -100, 0, 13, -100};
+    const int64_t Ignore = -100, ValidV = 14;
+    double L;
+    float FL;
+    expectOk(crossEntropy(&L, X.data(), Targets.data(), Rows, H, ValidV,
+                          Ignore));
+    expectOk(crossEntropy(&FL, FX.data(), Targets.data(), Rows, H, ValidV,
+                          Ignore));
+    expectWithinRoundings({FL}, {L}, {std::fabs(L)}, 1, "cross entropy");
+    Vec DL(N);
+    std::vector<float> FDL(N);
+    expectOk(crossEntropyBackward(DL.data(), X.data(), Targets.data(), 0.7,
+                                  Rows, H, ValidV, Ignore));
+    expectOk(crossEntropyBackward(FDL.data(), FX.data(), Targets.data(), 0.7,
+                                  Rows, H, ValidV, Ignore));
+    expectWithinRoundings(FDL, DL, absOf(DL), 1, "cross entropy backward");
+  }
+}
+
 /// Runs Fn once with one kernel thread and once with three; Fn returns the
 /// bytes of its results.
 void expectSameOnThreads(const char *What,
@@ -1019,11 +1600,13 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
     std::vector<int64_t> GS = {3, Rows, H}, LS = {2, Rows - 100, H},
                          Off = {1, 37, 0};
     std::vector<float> Y(N), DX(N), YB(2 * (Rows - 100) * H);
+    // The block has more elements than X: its own input.
+    std::vector<float> XB = toFloat(randVec(YB.size(), 54, -4, 4));
     std::vector<uint8_t> M(N), MB(YB.size());
     expectOk(dropout(Y.data(), M.data(), X.data(), 0.1, K,
                      GlobalIndex::whole(std::vector<int64_t>{Rows, H})));
     dropoutBackward(DX.data(), DY.data(), M.data(), N, 0.1);
-    expectOk(dropout(YB.data(), MB.data(), X.data(), 0.1, K,
+    expectOk(dropout(YB.data(), MB.data(), XB.data(), 0.1, K,
                      GlobalIndex::block(GS, LS, Off)));
     return bytesOf(Y, M, DX, YB, MB);
   });
@@ -1060,6 +1643,49 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
           0.01, 0.5, 3);
     Sum[0] = float(sumSquares(P.data(), N));
     return bytesOf(P, M, V, Sum);
+  });
+  expectSameOnThreads("rms norm", [&] {
+    std::vector<float> Y(N), Rstd(Rows), DX(N), DG(H, 0.5f);
+    rmsNorm(Y.data(), Rstd.data(), X.data(), Gamma.data(), Rows, H, 1e-6);
+    rmsNormBackward(DX.data(), DG.data(), DY.data(), X.data(), Gamma.data(),
+                    Rstd.data(), Rows, H);
+    return bytesOf(Y, Rstd, DX, DG);
+  });
+  expectSameOnThreads("silu and mul", [&] {
+    std::vector<float> Y(N), DX(N), P(N);
+    silu(Y.data(), X.data(), N);
+    siluBackward(DX.data(), X.data(), DY.data(), N);
+    mul(P.data(), X.data(), DY.data(), N);
+    return bytesOf(Y, DX, P);
+  });
+  expectSameOnThreads("rope", [&] {
+    // [B, A, S, D] = [3, 7, 43, 64]: 903 rows of 64, tables per batch row
+    // and shared, both forms.
+    const int64_t B = 3, A = 7, S = 43, D = 64, NR = B * A * S * D;
+    std::vector<float> Cos(X.begin(), X.begin() + B * S * D),
+        Sin(DY.begin(), DY.begin() + B * S * D), Out;
+    for (bool Interleaved : {false, true})
+      for (int64_t CB : {int64_t(1), B}) {
+        std::vector<float> Y(NR), DX(NR);
+        rope(Y.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, CB,
+             Interleaved);
+        ropeBackward(DX.data(), DY.data(), Cos.data(), Sin.data(), B, A, S, D,
+                     CB, Interleaved);
+        Out.insert(Out.end(), Y.begin(), Y.end());
+        Out.insert(Out.end(), DX.begin(), DX.end());
+      }
+    return bytesOf(Out);
+  });
+  expectSameOnThreads("cross entropy with ignored targets", [&] {
+    std::vector<int64_t> Targets(Rows);
+    for (int64_t R = 0; R < Rows; ++R)
+      Targets[R] = R % 3 == 0 ? -100 : (R * 37) % 250;
+    std::vector<float> Loss(1), DL(N);
+    expectOk(crossEntropy(Loss.data(), X.data(), Targets.data(), Rows, H, 250,
+                          int64_t(-100)));
+    expectOk(crossEntropyBackward(DL.data(), X.data(), Targets.data(), 1.0,
+                                  Rows, H, 250, int64_t(-100)));
+    return bytesOf(Loss, DL);
   });
 }
 

@@ -243,7 +243,7 @@ int64_t intPow(int64_t Base, int64_t Exp) {
   return R;
 }
 
-/// Add, Sub, Mul, Div, Pow, Equal, And with broadcasting. Integer math
+/// Add, Sub, Mul, Div, Pow, Equal, Less, Greater, And with broadcasting. Integer math
 /// stays in int64 (wrapping; Div truncates toward zero); anything involving
 /// a floating-point operand or result is computed in double.
 Expected<Dense> foldBinary(OpKind Op, const Dense &A, const Dense &B,
@@ -256,6 +256,14 @@ Expected<Dense> foldBinary(OpKind Op, const Dense &A, const Dense &B,
     if (Op == OpKind::OnnxEqual) {
       R.Ints[I] = IntMath ? A.Ints[IA[I]] == B.Ints[IB[I]]
                           : A.getF(IA[I]) == B.getF(IB[I]);
+      continue;
+    }
+    if (Op == OpKind::OnnxLess || Op == OpKind::OnnxGreater) {
+      bool Less = Op == OpKind::OnnxLess;
+      R.Ints[I] = IntMath ? (Less ? A.Ints[IA[I]] < B.Ints[IB[I]]
+                                  : A.Ints[IA[I]] > B.Ints[IB[I]])
+                          : (Less ? A.getF(IA[I]) < B.getF(IB[I])
+                                  : A.getF(IA[I]) > B.getF(IB[I]));
       continue;
     }
     if (IntMath) {
@@ -341,6 +349,12 @@ Dense foldUnary(OpKind Op, const Dense &X, const TensorType &ResultType) {
       break;
     case OpKind::OnnxTanh:
       V = std::tanh(V);
+      break;
+    case OpKind::OnnxSigmoid:
+      V = 1 / (1 + std::exp(-V));
+      break;
+    case OpKind::OnnxReciprocal:
+      V = 1 / V;
       break;
     default: // Identity
       break;
@@ -601,6 +615,8 @@ bool isFoldable(OpKind Op) {
   case OpKind::OnnxTranspose:
   case OpKind::OnnxIdentity:
   case OpKind::OnnxEqual:
+  case OpKind::OnnxLess:
+  case OpKind::OnnxGreater:
   case OpKind::OnnxNot:
   case OpKind::OnnxAnd:
   case OpKind::OnnxWhere:
@@ -614,6 +630,8 @@ bool isFoldable(OpKind Op) {
   case OpKind::OnnxNeg:
   case OpKind::OnnxErf:
   case OpKind::OnnxTanh:
+  case OpKind::OnnxSigmoid:
+  case OpKind::OnnxReciprocal:
   case OpKind::OnnxSplit:
     return true;
   default:
@@ -668,7 +686,9 @@ Expected<FoldResult> foldOp(OpKind Op, ArrayRef<Value *> Operands,
   case OpKind::OnnxDiv:
   case OpKind::OnnxPow:
   case OpKind::OnnxEqual:
-  case OpKind::OnnxAnd: {
+  case OpKind::OnnxAnd:
+  case OpKind::OnnxLess:
+  case OpKind::OnnxGreater: {
     auto R = foldBinary(Op, X[0], X[1], RT);
     if (!R)
       return R.takeError();
@@ -679,6 +699,8 @@ Expected<FoldResult> foldOp(OpKind Op, ArrayRef<Value *> Operands,
   case OpKind::OnnxSqrt:
   case OpKind::OnnxErf:
   case OpKind::OnnxTanh:
+  case OpKind::OnnxSigmoid:
+  case OpKind::OnnxReciprocal:
   case OpKind::OnnxIdentity:
     return Single(foldUnary(Op, X[0], RT));
   case OpKind::OnnxWhere:

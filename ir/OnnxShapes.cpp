@@ -189,13 +189,14 @@ Expected<TypeList> inferBinary(OpKind Op, ArrayRef<Value *> Ops) {
   auto S = broadcastShapes(Ops[0]->type().Shape, Ops[1]->type().Shape);
   if (!S)
     return S.takeError();
-  DType D = (Op == OpKind::OnnxEqual || Op == OpKind::OnnxAnd)
+  DType D = (Op == OpKind::OnnxEqual || Op == OpKind::OnnxAnd ||
+              Op == OpKind::OnnxLess || Op == OpKind::OnnxGreater)
                 ? DType::Bool
                 : Ops[0]->type().Dtype;
   return TypeList{TensorType(D, *S)};
 }
 
-/// Identity, Neg, Not, Sqrt, Erf, Tanh.
+/// Identity, Neg, Not, Sqrt, Erf, Tanh, Sigmoid, Reciprocal.
 Expected<TypeList> inferUnary(OpKind Op, ArrayRef<Value *> Ops) {
   if (auto E = expectOperands(Ops, 1, 1))
     return E;
@@ -207,6 +208,8 @@ Expected<TypeList> inferUnary(OpKind Op, ArrayRef<Value *> Ops) {
   case OpKind::OnnxSqrt:
   case OpKind::OnnxErf:
   case OpKind::OnnxTanh:
+  case OpKind::OnnxSigmoid:
+  case OpKind::OnnxReciprocal:
     if (auto E = expectFloat(Ops[0], 0))
       return E;
     break;
@@ -840,6 +843,8 @@ Expected<TypeList> inferOnnxTypes(OpKind Op, ArrayRef<Value *> Ops,
   case OpKind::OnnxPow:
   case OpKind::OnnxEqual:
   case OpKind::OnnxAnd:
+  case OpKind::OnnxLess:
+  case OpKind::OnnxGreater:
     return inferBinary(Op, Ops);
   case OpKind::OnnxIdentity:
   case OpKind::OnnxNeg:
@@ -847,6 +852,8 @@ Expected<TypeList> inferOnnxTypes(OpKind Op, ArrayRef<Value *> Ops,
   case OpKind::OnnxSqrt:
   case OpKind::OnnxErf:
   case OpKind::OnnxTanh:
+  case OpKind::OnnxSigmoid:
+  case OpKind::OnnxReciprocal:
     return inferUnary(Op, Ops);
   case OpKind::OnnxWhere:
     return inferWhere(Ops);

@@ -122,6 +122,84 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
     T.Shape.back() = Out;
     return TypeList{T};
   }
+  case OpKind::RmsNorm: {
+    if (auto E = expectOperands(Ops, 2, 2))
+      return std::move(E);
+    if (auto E = expectRank(Ops[0], 0, 1))
+      return std::move(E);
+    int64_t H = Ops[0]->type().dim(-1);
+    if (!Ops[1]->type().hasShape({H}))
+      return typeError(formatv("operand 1 must have shape [{0}]", H));
+    // y, and 1/rms per row (f32) for the backward.
+    TensorType Stat(DType::F32,
+                    ArrayRef<int64_t>(Ops[0]->type().Shape).drop_back());
+    return TypeList{Ops[0]->type(), Stat};
+  }
+  case OpKind::RmsNormGrad: {
+    if (auto E = expectOperands(Ops, 4, 4))
+      return std::move(E);
+    const TensorType &X = Ops[1]->type();
+    return TypeList{X, TensorType(X.Dtype, {X.dim(-1)})};
+  }
+  case OpKind::Mul: {
+    if (auto E = expectOperands(Ops, 2, 2))
+      return std::move(E);
+    if (Ops[0]->type().Dtype != Ops[1]->type().Dtype)
+      return typeError("operands have different element types");
+    auto S = broadcastShapes(Ops[0]->type().Shape, Ops[1]->type().Shape);
+    if (!S)
+      return S.takeError();
+    return TypeList{TensorType(Ops[0]->type().Dtype, *S)};
+  }
+  case OpKind::ToHeads: {
+    if (auto E = expectOperands(Ops, 1, 1))
+      return std::move(E);
+    const TensorType &X = Ops[0]->type();
+    int64_t Heads = Attrs.getInt("heads", 0);
+    if (X.rank() != 3 || Heads <= 0 || X.Shape[2] % Heads)
+      return typeError("to_heads expects [batch, seq, heads * head size] and "
+                       "a positive 'heads' dividing the last axis");
+    return TypeList{TensorType(
+        X.Dtype, {X.Shape[0], Heads, X.Shape[1], X.Shape[2] / Heads})};
+  }
+  case OpKind::Rope:
+  case OpKind::RopeGrad: {
+    if (auto E = expectOperands(Ops, 3, 3))
+      return std::move(E);
+    const TensorType &X = Ops[0]->type();
+    if (X.rank() != 4 || X.Shape[3] % 2)
+      return typeError("rope expects [batch, heads, seq, head size] with an "
+                       "even head size");
+    for (unsigned I : {1u, 2u}) {
+      const TensorType &T = Ops[I]->type();
+      if (T.rank() != 3 || (T.Shape[0] != 1 && T.Shape[0] != X.Shape[0]) ||
+          T.Shape[1] != X.Shape[2] || T.Shape[2] != X.Shape[3] ||
+          T.Dtype != X.Dtype)
+        return typeError(formatv("rope table {0} must be [1 or {1}, {2}, {3}], "
+                                 "got {4}",
+                                 I, X.Shape[0], X.Shape[2], X.Shape[3],
+                                 T.str()));
+    }
+    return TypeList{X};
+  }
+  case OpKind::RepeatHeads:
+  case OpKind::RepeatHeadsGrad: {
+    if (auto E = expectOperands(Ops, 1, 1))
+      return std::move(E);
+    TensorType T = Ops[0]->type();
+    int64_t R = Attrs.getInt("repeats", 0);
+    if (T.rank() != 4 || R < 1)
+      return typeError("repeat_heads expects [batch, heads, seq, head size] "
+                       "and 'repeats' >= 1");
+    if (Op == OpKind::RepeatHeads) {
+      T.Shape[1] *= R;
+    } else {
+      if (T.Shape[1] % R)
+        return typeError("repeat_heads_grad: heads not divisible by repeats");
+      T.Shape[1] /= R;
+    }
+    return TypeList{T};
+  }
   case OpKind::SplitHeads: {
     if (auto E = expectOperands(Ops, 1, 1))
       return std::move(E);
@@ -181,6 +259,7 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
   case OpKind::Gelu:
   case OpKind::Scale:
   case OpKind::Softmax:
+  case OpKind::Silu:
     return Same(1, 1);
   case OpKind::Dropout: {
     auto T = Same(1, 1);
@@ -244,6 +323,7 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
   case OpKind::GeluGrad:
   case OpKind::SoftmaxGrad:
   case OpKind::DropoutGrad:
+  case OpKind::SiluGrad:
     return Same(2, 2);
   case OpKind::SplitHeadsGrad: {
     if (auto E = expectOperands(Ops, 3, 3))

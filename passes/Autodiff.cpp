@@ -55,8 +55,15 @@ SmallVector<Value *, 4> savedForBackward(const Node &N) {
     if (const Node *G = regatheredInput(N))
       return {G->operand(0), Op(1)};
     return {Op(0), Op(1)}; // input, weight
+  case OpKind::RmsNorm:
+    return {Op(0), Op(1), Res(1)}; // input, gamma, 1/rms
   case OpKind::Gelu:
+  case OpKind::Silu:
     return {Op(0)};
+  case OpKind::Mul:
+    return {Op(0), Op(1)}; // each operand's gradient reads the other
+  case OpKind::Rope:
+    return {Op(1), Op(2)}; // the cos and sin tables
   case OpKind::BatchMatMul:
     return {Op(0), Op(1)};
   case OpKind::Softmax:
@@ -66,7 +73,7 @@ SmallVector<Value *, 4> savedForBackward(const Node &N) {
   case OpKind::CrossEntropy:
     return {Op(0), Op(1)}; // logits, targets
   default:
-    return {}; // add, scale, causal_mask, split/merge heads
+    return {}; // add, scale, causal_mask, split/merge/to/repeat heads
   }
 }
 
@@ -157,14 +164,15 @@ private:
     return (*CE)->result();
   }
 
-  /// Rebuilds layer_norm and dropout with all their results, and keys the
-  /// dropouts.
+  /// Rebuilds layer_norm, rms_norm and dropout with all their results, and
+  /// keys the dropouts.
   void upgradeForwardNodes() {
     DenseMap<int, int64_t> Sites;
     for (auto It = G.nodes().begin(); It != G.nodes().end();) {
       Node &N = *It++;
       bool IsDropout = N.op() == OpKind::Dropout;
-      if (!IsDropout && N.op() != OpKind::LayerNorm)
+      if (!IsDropout && N.op() != OpKind::LayerNorm &&
+          N.op() != OpKind::RmsNorm)
         continue;
       AttrList A = N.attrs();
       if (IsDropout) {
@@ -329,6 +337,39 @@ private:
       accumulate(N, N.operand(0),
                  emit(N, OpKind::GeluGrad, {N.operand(0), DY}, N.attrs())
                      ->result());
+      return Error::success();
+    case OpKind::RmsNorm: {
+      Node *B = emit(N, OpKind::RmsNormGrad,
+                     {DY, N.operand(0), N.operand(1), N.result(1)});
+      accumulate(N, N.operand(0), B->result(0));
+      accumulate(N, N.operand(1), B->result(1));
+      return Error::success();
+    }
+    case OpKind::Silu:
+      accumulate(N, N.operand(0),
+                 emit(N, OpKind::SiluGrad, {N.operand(0), DY})->result());
+      return Error::success();
+    case OpKind::Mul: // d(a b) = b da + a db; accumulate reduces broadcasts
+      for (unsigned I : {0u, 1u})
+        if (RequiresGrad.count(N.operand(I)))
+          accumulate(N, N.operand(I),
+                     emit(N, OpKind::Mul, {DY, N.operand(1 - I)})->result());
+      return Error::success();
+    case OpKind::Rope:
+      if (RequiresGrad.count(N.operand(1)) || RequiresGrad.count(N.operand(2)))
+        return diffError(N, "its cos/sin tables depend on a parameter; only "
+                            "fixed rotary tables are supported");
+      accumulate(N, N.operand(0),
+                 emit(N, OpKind::RopeGrad, {DY, N.operand(1), N.operand(2)},
+                      N.attrs())
+                     ->result());
+      return Error::success();
+    case OpKind::ToHeads:
+      accumulate(N, N.operand(0), emit(N, OpKind::MergeHeads, {DY})->result());
+      return Error::success();
+    case OpKind::RepeatHeads:
+      accumulate(N, N.operand(0),
+                 emit(N, OpKind::RepeatHeadsGrad, {DY}, N.attrs())->result());
       return Error::success();
     case OpKind::SplitHeads: {
       if (auto E = NeedAll())

@@ -129,7 +129,10 @@ public:
   Node *build(Node *Anchor, OpKind Op, ArrayRef<Value *> Operands,
               AttrList Attrs = {}) {
     unsigned MaxResults =
-        Op == OpKind::LayerNorm || Op == OpKind::Dropout ? 1 : ~0u;
+        Op == OpKind::LayerNorm || Op == OpKind::RmsNorm ||
+                Op == OpKind::Dropout
+            ? 1
+            : ~0u;
     auto N = buildNode(G, Anchor->getIterator(), Op, Operands,
                        std::move(Attrs), Anchor->name(), MaxResults);
     if (!N) {

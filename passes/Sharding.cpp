@@ -50,6 +50,7 @@ static Sharding resultSharding(const Node &N, unsigned Result) {
     return Sharding::partial();
   }
   case OpKind::SplitHeads:
+  case OpKind::ToHeads:
     if (In(0).K == Sharding::Split)
       return Sharding::split(1, In(0).Parts);
     return In(0);
@@ -68,7 +69,8 @@ static Sharding resultSharding(const Node &N, unsigned Result) {
     // split and a replicated value (the position embedding) is split.
     Sharding S = In(0);
     if (S.K != Sharding::Split && N.numOperands() > 1 &&
-        In(1).K == Sharding::Split && N.op() == OpKind::Add)
+        In(1).K == Sharding::Split &&
+        (N.op() == OpKind::Add || N.op() == OpKind::Mul))
       S = In(1);
     S.SumGrad = false;
     S.Blocks = 1;

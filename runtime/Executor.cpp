@@ -481,6 +481,63 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
     cpu::geluBackward(Out(0), In(0), In(1), InT(0).numElements(),
                       geluApprox(I.Attrs));
     return Error::success();
+  case OpKind::RmsNorm: {
+    int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
+    cpu::rmsNorm(Out(0), I.Out.size() > 1 ? Out(1) : nullptr, In(0), In(1),
+                 Rows, H, I.Attrs.getFloat("epsilon", 1e-6));
+    return Error::success();
+  }
+  case OpKind::RmsNormGrad: {
+    int64_t H = InT(1).dim(-1), Rows = InT(1).numElements() / H;
+    Zero(1);
+    cpu::rmsNormBackward(Out(0), Out(1), In(0), In(1), In(2), In(3), Rows, H);
+    return Error::success();
+  }
+  case OpKind::Silu:
+    cpu::silu(Out(0), In(0), InT(0).numElements());
+    return Error::success();
+  case OpKind::SiluGrad:
+    cpu::siluBackward(Out(0), In(0), In(1), InT(0).numElements());
+    return Error::success();
+  case OpKind::Mul:
+    if (InT(0).Shape == InT(1).Shape) {
+      cpu::mul(Out(0), In(0), In(1), OutT(0).numElements());
+      return Error::success();
+    }
+    return Check(cpu::mulBroadcast(Out(0), ShapeOf(OutT(0)), In(0),
+                                   ShapeOf(InT(0)), In(1), ShapeOf(InT(1))));
+  case OpKind::Rope:
+  case OpKind::RopeGrad: {
+    const TensorType &X = InT(0);
+    int64_t B = X.Shape[0], A = X.Shape[1], S = X.Shape[2], D = X.Shape[3];
+    int64_t CB = InT(1).Shape[0];
+    bool Interleaved = I.Attrs.getInt("interleaved", 0);
+    if (I.Op == OpKind::Rope)
+      cpu::rope(Out(0), In(0), In(1), In(2), B, A, S, D, CB, Interleaved);
+    else
+      cpu::ropeBackward(Out(0), In(0), In(1), In(2), B, A, S, D, CB,
+                        Interleaved);
+    return Error::success();
+  }
+  case OpKind::RepeatHeads: {
+    const TensorType &X = InT(0);
+    cpu::repeatHeads(Out(0), In(0), X.Shape[0], X.Shape[1],
+                     I.Attrs.getInt("repeats", 1), X.Shape[2], X.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::RepeatHeadsGrad: {
+    const TensorType &X = OutT(0);
+    cpu::repeatHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[1],
+                             I.Attrs.getInt("repeats", 1), X.Shape[2],
+                             X.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::ToHeads: { // merge_heads' inverse
+    const TensorType &X = OutT(0);
+    cpu::mergeHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+                            X.Shape[3]);
+    return Error::success();
+  }
   case OpKind::SplitHeads: {
     const TensorType &Q = OutT(0);
     cpu::splitHeads(Out(0), Out(1), Out(2), In(0), Q.Shape[0], Q.Shape[2],

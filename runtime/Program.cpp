@@ -29,13 +29,14 @@ int Program::output(StringRef Name) const {
 // Lowering
 //===----------------------------------------------------------------------===//
 
-/// Values that keep f32 whatever the activation dtype: layer_norm statistics
+/// Values that keep f32 whatever the activation dtype: norm statistics
 /// and everything the loss computes on (the logits and the loss).
 static bool keepsF32(const Value *V) {
   const Node *P = V->producer();
   if (!P)
     return false;
-  if (P->op() == OpKind::LayerNorm && V->resultIndex() > 0)
+  if ((P->op() == OpKind::LayerNorm || P->op() == OpKind::RmsNorm) &&
+      V->resultIndex() > 0)
     return true;
   if (P->op() == OpKind::CrossEntropy || P->op() == OpKind::CrossEntropyGrad)
     return true;

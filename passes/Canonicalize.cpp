@@ -6,7 +6,9 @@
 //
 //  1. composites   LayerNormalization or its decomposition
 //                  (ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add)
-//                  -> layer_norm; erf GELU (Div/Erf/Add/Mul/Mul) and tanh
+//                  -> layer_norm; RMSNorm (Pow or Mul/ReduceMean/Add/Sqrt,
+//                  then Div(1, .), Reciprocal or Div(x, .), Mul weight)
+//                  -> rms_norm; x * Sigmoid(x) -> silu; erf GELU (Div/Erf/Add/Mul/Mul) and tanh
 //                  GELU (Pow/Mul/Add/Mul/Tanh/Add/Mul/Mul) -> gelu;
 //                  Identity and no-op Casts disappear.
 //  2. layers       MatMul by a parameter (or its Transpose) plus a bias Add,
@@ -188,9 +190,12 @@ using Pattern = std::function<bool(Rewriter &, Node &)>;
 //===----------------------------------------------------------------------===//
 
 bool foldIdentity(Rewriter &R, Node &N) {
-  bool NoOpCast = N.op() == OpKind::OnnxCast &&
-                  N.operand(0)->type() == N.result()->type();
-  if (N.op() != OpKind::OnnxIdentity && !NoOpCast)
+  // A Cast to the same type, or a Reshape to the same shape (Llama's
+  // position_ids.view(-1, s)), changes nothing.
+  bool NoOp = (N.op() == OpKind::OnnxCast || N.op() == OpKind::OnnxReshape) &&
+              N.numOperands() >= 1 &&
+              N.operand(0)->type() == N.result()->type();
+  if (N.op() != OpKind::OnnxIdentity && !NoOp)
     return false;
   R.replace(N.result(), N.operand(0));
   return true;
@@ -276,6 +281,84 @@ bool decomposedLayerNorm(Rewriter &R, Node &N) {
   A.set("epsilon", *scalar(Eps));
   Node *LN = R.build(Out->producer(), OpKind::LayerNorm, {X, Gamma, Beta}, A);
   R.replace(Out, LN->result());
+  return true;
+}
+
+/// RMSNorm as Llama exporters write it: mean(x^2) over the last axis
+/// (Pow(x, 2) or Mul(x, x)), + eps, Sqrt, then x times its reciprocal
+/// (Div(1, s) or Reciprocal(s)) or x divided by it, then an optional Mul by
+/// the weight [h].
+bool rmsNorm(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxReduceMean || N.numOperands() != 1)
+    return false;
+  Value *Sq = N.operand(0);
+  unsigned Rank = Sq->type().rank();
+  if (!Rank || !isLastAxis(&N, Rank) || !N.attrs().getInt("keepdims", 1))
+    return false;
+  Value *X = nullptr;
+  if (Node *Pow = def(Sq, OpKind::OnnxPow); Pow && isScalar(Pow->operand(1), 2))
+    X = Pow->operand(0);
+  else if (Node *M = def(Sq, OpKind::OnnxMul);
+           M && M->operand(0) == M->operand(1))
+    X = M->operand(0);
+  if (!X || Sq->users().size() != 1 || X->type() != Sq->type() ||
+      !isFloat(X->type().Dtype))
+    return false;
+  Node *AddEps = singleUser(N.result(), OpKind::OnnxAdd);
+  Value *Eps = AddEps ? other(AddEps, N.result()) : nullptr;
+  if (!Eps || !scalar(Eps))
+    return false;
+  Node *Sqrt = singleUser(AddEps->result(), OpKind::OnnxSqrt);
+  if (!Sqrt || Sqrt->result()->users().size() != 1)
+    return false;
+  Node *Use = Sqrt->result()->users()[0].User;
+  Value *Out = nullptr;
+  if (Use->op() == OpKind::OnnxDiv && Use->operand(1) == Sqrt->result() &&
+      Use->operand(0) == X) { // x / sqrt(..)
+    Out = Use->result();
+  } else {
+    Value *Inv = nullptr; // 1 / sqrt(..)
+    if (Use->op() == OpKind::OnnxDiv && Use->operand(1) == Sqrt->result() &&
+        isScalar(Use->operand(0), 1.0))
+      Inv = Use->result();
+    else if (Use->op() == OpKind::OnnxReciprocal)
+      Inv = Use->result();
+    Node *Mul = Inv ? singleUser(Inv, OpKind::OnnxMul) : nullptr;
+    if (!Mul || other(Mul, Inv) != X)
+      return false;
+    Out = Mul->result();
+  }
+  if (Out->type() != X->type())
+    return false;
+  int64_t H = X->type().dim(-1);
+  Value *Gamma = nullptr;
+  if (Node *Mul = singleUser(Out, OpKind::OnnxMul)) {
+    Value *W = other(Mul, Out);
+    if (W && W->type().hasShape({H}) && Mul->result()->type() == X->type()) {
+      Gamma = W;
+      Out = Mul->result();
+    }
+  }
+  if (!Gamma)
+    Gamma = R.constant("rms_one_scale", X->type().Dtype, {H}, 1.0);
+  AttrList A;
+  A.set("epsilon", *scalar(Eps));
+  Node *RN = R.build(Out->producer(), OpKind::RmsNorm, {X, Gamma}, A);
+  R.replace(Out, RN->result());
+  return true;
+}
+
+/// SiLU: x * Sigmoid(x), in either operand order.
+bool silu(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxSigmoid)
+    return false;
+  Value *X = N.operand(0);
+  Node *Mul = singleUser(N.result(), OpKind::OnnxMul);
+  if (!Mul || other(Mul, N.result()) != X ||
+      Mul->result()->type() != X->type())
+    return false;
+  Node *S = R.build(Mul, OpKind::Silu, {X});
+  R.replace(Mul->result(), S->result());
   return true;
 }
 
@@ -812,6 +895,19 @@ bool dropout(Rewriter &R, Node &N) {
   return true;
 }
 
+/// Elementwise product of two activations (SwiGLU's silu(gate) * up);
+/// runs after scaleOp has taken the products by a scalar constant.
+bool mulOp(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxMul ||
+      N.operand(0)->type().Dtype != N.operand(1)->type().Dtype ||
+      !isFloat(N.result()->type().Dtype) || N.operand(0)->isConst() ||
+      N.operand(1)->isConst())
+    return false;
+  Node *M = R.build(&N, OpKind::Mul, {N.operand(0), N.operand(1)});
+  R.replace(N.result(), M->result());
+  return true;
+}
+
 bool addOp(Rewriter &R, Node &N) {
   if (N.op() != OpKind::OnnxAdd ||
       N.operand(0)->type().Dtype != N.operand(1)->type().Dtype ||
@@ -855,15 +951,19 @@ public:
   StringRef name() const override { return "canonicalize"; }
 
   Error run(Graph &G, PassContext &Ctx) override {
-    unsigned N1 = runPhase(G, {foldIdentity, fusedLayerNorm,
-                               decomposedLayerNorm, erfGelu, tanhGelu});
+    // No-op Casts and Reshapes go first: composites look through them
+    // (HF's RMSNorm casts to f32 and back around its weight).
+    unsigned N0 = runPhase(G, {foldIdentity});
+    unsigned N1 =
+        runPhase(G, {foldIdentity, fusedLayerNorm, decomposedLayerNorm,
+                     rmsNorm, erfGelu, tanhGelu, silu});
     unsigned N2 = runPhase(G, {matmulLinear, gemmLinear, unflattenLinear,
                                splitHeads, mergeHeads, batchMatMul, embedding});
     unsigned N3 =
-        runPhase(G, {scaleOp, causalMask, softmax, dropout, addOp});
+        runPhase(G, {scaleOp, causalMask, softmax, dropout, addOp, mulOp});
     *Ctx.Remarks << formatv("canonicalize: {0} composite, {1} layer and {2} "
                             "pointwise rewrites\n",
-                            N1, N2, N3);
+                            N0 + N1, N2, N3);
     return Error::success();
   }
 };

@@ -639,6 +639,132 @@ bool mergeHeads(Rewriter &R, Node &N) {
   return true;
 }
 
+/// Reshape [b, s, n*d] -> [b, s, n, d] then Transpose [0, 2, 1, 3]: one
+/// projection's heads (Llama's separate q, k and v).
+bool toHeads(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxTranspose ||
+      N.attrs().getInts("perm") != std::vector<int64_t>{0, 2, 1, 3})
+    return false;
+  Node *Re = def(N.operand(0), OpKind::OnnxReshape);
+  if (!Re || Re->result()->users().size() != 1)
+    return false;
+  const TensorType &In = Re->operand(0)->type(), &Mid = Re->result()->type();
+  if (In.rank() != 3 || Mid.rank() != 4 || Mid.Shape[0] != In.Shape[0] ||
+      Mid.Shape[1] != In.Shape[1] || Mid.Shape[2] * Mid.Shape[3] != In.Shape[2])
+    return false;
+  AttrList A;
+  A.set("heads", Mid.Shape[2]);
+  Node *H = R.build(&N, OpKind::ToHeads, {Re->operand(0)}, A);
+  R.replace(N.result(), H->result());
+  return true;
+}
+
+/// GQA's repeat_kv: Reshape(Expand(Unsqueeze(x [b,g,s,d], 2), [b,g,r,s,d]),
+/// [b, g*r, s, d]) -> repeat_heads {repeats = r}.
+bool repeatHeads(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxReshape)
+    return false;
+  Node *Ex = def(N.operand(0), OpKind::OnnxExpand);
+  Node *Un = Ex ? def(Ex->operand(0), OpKind::OnnxUnsqueeze) : nullptr;
+  if (!Un || Ex->result()->users().size() != 1 ||
+      Un->result()->users().size() != 1)
+    return false;
+  const TensorType &X = Un->operand(0)->type(), &E = Ex->result()->type(),
+                   &Y = N.result()->type();
+  if (X.rank() != 4 || E.rank() != 5 || Y.rank() != 4 ||
+      Un->result()->type().Shape[2] != 1 || E.Shape[0] != X.Shape[0] ||
+      E.Shape[1] != X.Shape[1] || E.Shape[3] != X.Shape[2] ||
+      E.Shape[4] != X.Shape[3] || Y.Shape[0] != X.Shape[0] ||
+      Y.Shape[1] != X.Shape[1] * E.Shape[2] || Y.Shape[2] != X.Shape[2] ||
+      Y.Shape[3] != X.Shape[3])
+    return false;
+  AttrList A;
+  A.set("repeats", E.Shape[2]);
+  Node *H = R.build(&N, OpKind::RepeatHeads, {Un->operand(0)}, A);
+  R.replace(N.result(), H->result());
+  return true;
+}
+
+/// A rotary table as rope takes it, [1 or b, s, d]: the [b, s, d] lookup
+/// under an Unsqueeze(., 1), or a constant [c, 1, s, d] or [s, d].
+Value *ropeTable(Rewriter &R, Value *V, const TensorType &X) {
+  if (Node *Un = def(V, OpKind::OnnxUnsqueeze)) {
+    const TensorType &T = Un->operand(0)->type();
+    if (T.rank() == 3 && V->type().rank() == 4 && V->type().Shape[1] == 1)
+      return Un->operand(0);
+    return nullptr;
+  }
+  const TensorType &T = V->type();
+  if (!V->isConst() || !V->data() || T.dim(-1) != X.dim(-1) ||
+      T.dim(-2) != X.dim(-2))
+    return nullptr;
+  int64_t Lead = T.numElements() / (X.dim(-1) * X.dim(-2));
+  if ((T.rank() == 4 && T.Shape[1] != 1) || T.rank() < 2 || T.rank() > 4)
+    return nullptr;
+  auto D = V->data()->load();
+  if (!D) {
+    consumeError(D.takeError());
+    return nullptr;
+  }
+  TensorType Table(T.Dtype, {Lead, X.dim(-2), X.dim(-1)});
+  std::vector<char> Bytes(D->begin(), D->end());
+  return R.G.addInlineConst("rope_table", Table, std::move(Bytes));
+}
+
+/// rotate_half(x) = Concat(Neg(x[..., d/2:]), x[..., :d/2]) on the last axis.
+bool isRotateHalf(Value *Rot, Value *X) {
+  Node *Cat = def(Rot, OpKind::OnnxConcat);
+  if (!Cat || Cat->numOperands() != 2 ||
+      normAxis(Cat->attrs().getInt("axis", 0), Rot->type().rank()) !=
+          int64_t(Rot->type().rank()) - 1)
+    return false;
+  Node *Neg = def(Cat->operand(0), OpKind::OnnxNeg);
+  Node *Hi = Neg ? def(Neg->operand(0), OpKind::OnnxSlice) : nullptr;
+  Node *Lo = def(Cat->operand(1), OpKind::OnnxSlice);
+  if (!Hi || !Lo || Hi->operand(0) != X || Lo->operand(0) != X)
+    return false;
+  auto HiStart = constInts(Hi->operand(1)), LoStart = constInts(Lo->operand(1));
+  if (!HiStart || !LoStart) {
+    consumeError(HiStart.takeError());
+    consumeError(LoStart.takeError());
+    return false;
+  }
+  int64_t D = X->type().dim(-1);
+  return HiStart->size() == 1 && LoStart->size() == 1 &&
+         (*HiStart)[0] == D / 2 && (*LoStart)[0] == 0 &&
+         Hi->result()->type().dim(-1) == D / 2 &&
+         Lo->result()->type().dim(-1) == D / 2;
+}
+
+/// Rotary embedding, HF's rotate_half form: x * cos + rotate_half(x) * sin.
+bool rope(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxAdd)
+    return false;
+  for (unsigned I : {0u, 1u}) {
+    Node *MC = def(N.operand(I), OpKind::OnnxMul);
+    Node *MS = def(N.operand(1 - I), OpKind::OnnxMul);
+    if (!MC || !MS)
+      continue;
+    for (unsigned J : {0u, 1u})
+      for (unsigned K : {0u, 1u}) {
+        Value *X = MC->operand(J), *Cos = MC->operand(1 - J);
+        Value *Rot = MS->operand(K), *Sin = MS->operand(1 - K);
+        if (X->type().rank() != 4 || X->type() != N.result()->type() ||
+            !isRotateHalf(Rot, X))
+          continue;
+        Value *C = ropeTable(R, Cos, X->type()), *S = ropeTable(R, Sin, X->type());
+        if (!C || !S || C->type() != S->type())
+          continue;
+        AttrList A;
+        A.set("interleaved", int64_t(0));
+        Node *Ro = R.build(&N, OpKind::Rope, {X, C, S}, A);
+        R.replace(N.result(), Ro->result());
+        return true;
+      }
+  }
+  return false;
+}
+
 bool batchMatMul(Rewriter &R, Node &N) {
   if (N.op() != OpKind::OnnxMatMul || N.operand(0)->type().rank() < 3 ||
       N.operand(1)->type().rank() < 3)
@@ -666,8 +792,13 @@ bool batchMatMul(Rewriter &R, Node &N) {
 }
 
 bool embedding(Rewriter &R, Node &N) {
+  // A parameter table, or a constant float table looked up by ids that are
+  // not constant (rotary tables indexed by position ids).
+  Value *Table = N.operand(0);
+  bool ConstTable = Table->isConst() && Table->type().rank() == 2 &&
+                    isFloat(Table->type().Dtype) && !N.operand(1)->isConst();
   if (N.op() != OpKind::OnnxGather || N.attrs().getInt("axis", 0) != 0 ||
-      !isWeight(N.operand(0), 2))
+      (!isWeight(Table, 2) && !ConstTable))
     return false;
   Node *E = R.build(&N, OpKind::Embedding, {N.operand(0), N.operand(1)});
   R.replace(N.result(), E->result());
@@ -957,8 +1088,10 @@ public:
     unsigned N1 =
         runPhase(G, {foldIdentity, fusedLayerNorm, decomposedLayerNorm,
                      rmsNorm, erfGelu, tanhGelu, silu});
-    unsigned N2 = runPhase(G, {matmulLinear, gemmLinear, unflattenLinear,
-                               splitHeads, mergeHeads, batchMatMul, embedding});
+    unsigned N2 =
+        runPhase(G, {matmulLinear, gemmLinear, unflattenLinear, splitHeads,
+                     toHeads, repeatHeads, mergeHeads, batchMatMul, embedding,
+                     rope});
     unsigned N3 =
         runPhase(G, {scaleOp, causalMask, softmax, dropout, addOp, mulOp});
     *Ctx.Remarks << formatv("canonicalize: {0} composite, {1} layer and {2} "

@@ -1,0 +1,419 @@
+#!/usr/bin/python3
+"""End-to-end test: sp-run trains HuggingFace-style GPT-2, Llama and BERT exports exactly like PyTorch.
+
+tests/e2e/check_training.py does this for our nanoGPT (models/gpt.py); this file does it for the
+models a user would export from transformers: models/export_family.py's GPT2LMHeadModel (hf_gpt2),
+LlamaForCausalLM (llama: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, an additive
+causal mask) and BertForMaskedLM (bert: a post-LN bidirectional encoder with an attention-mask input).
+Each case exports a tiny model with some variant switches and token input name, builds the torch
+reference (tests/e2e/family_reference.py: the family's model from OUT.json, weights loaded from the
+ONNX initializers by name, the other graph inputs fed by role: positions arange(S), an all-ones
+attention mask, zero token types), writes a random uint16 token file (torch_reference.write_tokens),
+runs `sp-compile MODEL -o PLAN` and `sp-run PLAN --data DATA --dump D ...` and compares, in float32
+with dropout 0, exactly as check_training.py does:
+
+  compile     sp-compile succeeds and the plan's manifest has the export's batch, seq, vocab, tied
+  logits      D/logits.npy = eval-mode logits of batch 0          max|a-b| / max|b| <= 1e-5
+  loss        step-1 loss of D/loss.csv = torch's cross entropy   |a-b| / |b|       <= 1e-5
+  grads       D/grads/<name>.npy for exactly the torch parameters = torch's .grad after step 1
+                                         max|a-b| / max(max|b|, 1e-5 G) <= 1e-5 each
+              (G the largest gradient of the model: a floor for gradients that are analytically zero,
+              such as BERT's key biases, which are pure rounding noise)
+  trajectory  (some cases) 20 losses of `--steps 20 --lr 1e-3 --warmup 5` = torch AdamW
+                                                                 max_t |a-b| / |b| <= 1e-4
+  lr          the lr column of that loss.csv = the schedule       |a-b| / |b|       <= 1e-5
+  weights     D20/weights/<name>.npy after 20 steps = torch's     ||sp-torch|| / ||torch|| <= 1e-5
+
+Every line also shows torch float32 against torch float64 on the same check (the noise floor).
+The loss is next-token cross entropy for every family (BERT too: sp-run's objective), so a
+bidirectional BERT can read its targets and its loss falls fast; the numbers must agree all the same.
+
+Expectations (see --list): hf_gpt2 exported with the token input named idx, input_ids or tokens
+passes (sp finds the tokens by role and looks through HF's no-op Reshape(input_ids, [-1, S])); the
+hf_gpt2 case with attention_mask and position_ids inputs, and every llama and bert case, fail at
+compile with a one-line error until the compiler supports them.
+
+Prints one PASS/FAIL line per check and a final `N passed, M failed`; exits 1 if any check failed,
+2 if sp-compile or sp-run is missing from --sp-bin (after waiting --wait-bin seconds for a build).
+
+    /usr/bin/python3 tests/e2e/check_families.py --sp-bin build/bin --workdir /tmp/e2e-families
+    /usr/bin/python3 tests/e2e/check_families.py --sp-bin build/bin --workdir /tmp/e2e-families --family gpt2
+    /usr/bin/python3 tests/e2e/check_families.py --list
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_training as ct  # noqa: E402  (its Results, run, load_dumped, ... helpers)
+import family_reference as fref  # noqa: E402
+
+import export_family  # noqa: E402  (on sys.path through family_reference)
+
+TOL_LOGITS = ct.TOL_LOGITS
+TOL_LOSS = ct.TOL_LOSS
+TOL_GRADS = ct.TOL_GRADS
+TOL_TRAJECTORY = ct.TOL_TRAJECTORY
+TOL_LR = ct.TOL_LR
+TOL_WEIGHTS = ct.TOL_WEIGHTS
+TOKENS = ct.TOKENS
+DATA_SEED = ct.DATA_SEED
+STEP1_LR = ct.STEP1_LR
+TRAJ_STEPS, TRAJ_LR, TRAJ_WARMUP = ct.TRAJ_STEPS, ct.TRAJ_LR, ct.TRAJ_WARMUP
+OPSETS = (13, 14, 17)
+BIN_WAIT_S = 300
+# A gradient that is analytically zero (BERT's attention key biases: softmax ignores a per-row
+# constant) is pure rounding noise (~1e-12 of the largest gradient in float32, ~1e-21 in float64), so
+# max|a-b| / max|b| is meaningless there: each gradient's error is divided by at least this fraction
+# of the largest gradient of the model.
+GRAD_FLOOR = 1e-5
+
+
+def grad_err(actual, expected, scale):
+    """max|a-b| / max(max|b|, GRAD_FLOOR * scale): check_training's measure, with a floor."""
+    diff = float(np.max(np.abs(np.asarray(actual, np.float64) - np.asarray(expected, np.float64))))
+    return diff / max(float(np.max(np.abs(expected))), GRAD_FLOOR * scale)
+
+
+@dataclass
+class Case:
+    """An export of models/export_family.py to check: family, sizes, switches, token input name."""
+    name: str
+    family: str
+    opset: int
+    input_name: str
+    variants: dict = field(default_factory=dict)
+    sizes: dict = field(default_factory=dict)
+    tied: bool = None
+    trajectory: bool = False
+    expect: str = ""
+
+    def export_argv(self, path):
+        argv = ["-o", path, "--family", self.family, "--opset", str(self.opset), "--input-name", self.input_name]
+        sizes = dict(layers=2, hidden=32, heads=4, seq=16, vocab=64, batch=2)
+        sizes.update(self.sizes)
+        for flag, value in sizes.items():
+            argv += [f"--{flag.replace('_', '-')}", str(value)]
+        for switch, value in self.variants.items():
+            argv += [f"--{switch.replace('_', '-')}", str(value)]
+        if self.tied is not None:
+            argv.append("--tied" if self.tied else "--untied")
+        return argv
+
+
+GPT2_EXPECT = "pass"
+LLAMA_EXPECT = "compile error until sp supports RMSNorm, rotary embeddings, GQA, SwiGLU and additive masks"
+BERT_EXPECT = "compile error until sp supports token types, post-LN encoders and an attention-mask input"
+
+CASES = [
+    # hf_gpt2: the same weights (seed) under the three usual token input names, then the other forms.
+    Case("hf_gpt2-o17-idx", "gpt2", 17, "idx", trajectory=True, expect=GPT2_EXPECT),
+    Case("hf_gpt2-o17-input_ids", "gpt2", 17, "input_ids", trajectory=True,
+         expect=GPT2_EXPECT + " (wrong numbers if sp-run feeds only an input named idx)"),
+    Case("hf_gpt2-o17-tokens", "gpt2", 17, "tokens", expect=GPT2_EXPECT),
+    Case("hf_gpt2-o13-idx-nonpersistent-untied-maxpos", "gpt2", 13, "idx", {"buffers": "nonpersistent"},
+         tied=False, sizes=dict(heads=2, seq=24, max_positions=32, vocab=96), trajectory=True, expect=GPT2_EXPECT),
+    Case("hf_gpt2-o14-input_ids-mask-positions", "gpt2", 14, "input_ids",
+         {"attention_mask": "input", "position_ids": "input"}, sizes=dict(hidden=48, heads=3),
+         expect="pass once detect-transformer accepts the padding-mask Add between the causal Where and "
+                "the Softmax, and binds attention_mask and position_ids by role"),
+    # llama: HF's defaults first, then every switch value at least once across the opsets.
+    Case("llama-o17-input_ids-hf", "llama", 17, "input_ids", trajectory=True, expect=LLAMA_EXPECT),
+    Case("llama-o14-idx-div-manual-interleaved-sliced-triu-mask", "llama", 14, "idx",
+         {"rmsnorm": "div", "silu": "manual", "rope": "interleaved", "rope_tables": "sliced", "mask": "triu",
+          "attention_mask": "input"}, expect=LLAMA_EXPECT),
+    Case("llama-o13-input_ids-hf-sliced-ones-mha-maxpos", "llama", 13, "input_ids",
+         {"rope_tables": "sliced", "attention_mask": "ones"}, sizes=dict(kv_heads=4, max_positions=24),
+         expect=LLAMA_EXPECT),
+    Case("llama-o17-tokens-interleaved-triu-tied-mqa", "llama", 17, "tokens",
+         {"rope": "interleaved", "mask": "triu"}, sizes=dict(heads=4, kv_heads=1), tied=True, expect=LLAMA_EXPECT),
+    # bert
+    Case("bert-o17-input_ids-10000-types", "bert", 17, "input_ids", trajectory=True, expect=BERT_EXPECT),
+    Case("bert-o14-input_ids-finfo-buffer-maxpos", "bert", 14, "input_ids", {"mask": "finfo", "token_types": "buffer"},
+         sizes=dict(max_positions=24), expect=BERT_EXPECT),
+    Case("bert-o13-idx-10000-buffer", "bert", 13, "idx", {"token_types": "buffer"}, sizes=dict(heads=2),
+         expect=BERT_EXPECT),
+]
+
+FAMILY_ALIASES = {"gpt2": "gpt2", "hf_gpt2": "gpt2", "llama": "llama", "bert": "bert"}
+
+
+def uncovered(cases):
+    """(family, switch, value) and (family, opset) pairs that no case has."""
+    have = set()
+    for c in cases:
+        variants = {name: default for name, (_, default) in export_family.VARIANTS[c.family].items()}
+        variants.update(c.variants)
+        have |= {(c.family, k, v) for k, v in variants.items()}
+        have.add((c.family, "opset", c.opset))
+    want = {(f, k, v) for f, switches in export_family.VARIANTS.items() for k, (choices, _) in switches.items()
+            for v in choices}
+    want |= {(f, "opset", o) for f in export_family.FAMILIES for o in OPSETS}
+    return sorted(want - have, key=str)
+
+
+class FamilyCheck(ct.ModelCheck):
+    """All the checks of one export; check_training.ModelCheck's, with the family's reference."""
+
+    def __init__(self, case, args, results):
+        self.case, self.args, self.results = case, args, results
+        self.dir = ct.fresh_dir(os.path.join(args.workdir, case.name))
+        self.name = case.name
+
+    def prepare(self):
+        self.onnx_path = os.path.join(self.dir, "model.onnx")
+        export_family.main(self.case.export_argv(self.onnx_path))
+        self.facts = fref.read_facts(self.onnx_path)
+        self.batch, self.seq, self.vocab = self.facts["batch"], self.facts["seq"], self.facts["vocab"]
+        self.data = os.path.join(self.dir, "tokens.bin")
+        self.tokens = fref.write_tokens(self.data, TOKENS, self.vocab, DATA_SEED)
+        self.plan = os.path.join(self.dir, "plan")
+        shutil.rmtree(self.plan, ignore_errors=True)
+        cmd = [self.args.sp_compile, self.onnx_path, "-o", self.plan, "--quiet"]
+        if self.args.bind_inputs:
+            cmd += [f"--input={spec['name']}={spec['role']}" for spec in self.facts["inputs"][1:]]
+        _, error = ct.run(cmd)
+        if error:
+            return error
+        with open(os.path.join(self.plan, "manifest.json")) as f:
+            model = json.load(f).get("model", {})
+        wrong = [f"{k} {model.get(k)!r} != {self.facts[k]!r}" for k in ("batch", "seq", "vocab", "tied")
+                 if model.get(k) != self.facts[k]]
+        return f"plan manifest: {'; '.join(wrong)}" if wrong else None
+
+    def reference(self, dtype):
+        return fref.reference_model(self.onnx_path, dropout=0.0, dtype=dtype, facts=self.facts)
+
+    def check_step1(self):
+        dump = os.path.join(self.dir, "step1")
+        error, seconds = self.sp_run(dump, steps=1, lr=STEP1_LR)
+        if error:
+            for what in ("logits", "loss", "grads"):
+                self.fail(what, error)
+            return
+        x, y = fref.get_batch(self.tokens, 0, self.batch, self.seq)
+        m32, m64 = self.reference(torch.float32), self.reference(torch.float64)
+        names = [n for n, _ in m32.named_parameters()]
+        shapes = {n: tuple(p.shape) for n, p in m32.named_parameters()}
+        logits32, logits64 = fref.eval_logits(m32, self.facts, x), fref.eval_logits(m64, self.facts, x)
+        loss32, grads32 = fref.loss_and_grads(m32, self.facts, x, y)
+        loss64, grads64 = fref.loss_and_grads(m64, self.facts, x, y)
+
+        try:
+            logits = ct.load_dumped(os.path.join(dump, "logits.npy"), logits32.shape)
+            err = fref.rel_err(logits, logits32)
+            self.check("logits", err <= TOL_LOGITS,
+                       f"max|sp-torch|/max|torch| = {err:.2e} (tol {TOL_LOGITS:g}; torch f32 vs f64 "
+                       f"{fref.rel_err(logits32, logits64):.2e}; shape {list(logits32.shape)})")
+        except (ValueError, OSError) as e:
+            self.fail("logits", str(e))
+
+        try:
+            rows = fref.read_loss_csv(os.path.join(dump, "loss.csv"))
+            if len(rows) != 1 or rows[0][0] != 1:
+                raise ValueError(f"loss.csv has steps {[r[0] for r in rows]}, want [1]")
+            err = abs(rows[0][1] - loss32) / abs(loss32)
+            self.check("loss", err <= TOL_LOSS,
+                       f"sp {rows[0][1]:.8f} torch {loss32:.8f}: |sp-torch|/|torch| = {err:.2e} "
+                       f"(tol {TOL_LOSS:g}; torch f32 vs f64 {abs(loss32 - loss64) / abs(loss64):.2e})")
+        except (ValueError, OSError) as e:
+            self.fail("loss", str(e))
+
+        grad_dir = os.path.join(dump, "grads")
+        have = ct.npy_names(grad_dir)
+        problems = []
+        if have != set(names):
+            problems.append(ct.name_differences("grad", have, set(names)))
+        errs = {}
+        scale = max(float(np.max(np.abs(g))) for g in grads64.values())
+        floored = [n for n in names if float(np.max(np.abs(grads64[n]))) < GRAD_FLOOR * scale]
+        for n in names:
+            if n not in have:
+                continue
+            try:
+                errs[n] = grad_err(ct.load_dumped(os.path.join(grad_dir, n + ".npy"), shapes[n]), grads32[n], scale)
+            except (ValueError, OSError) as e:
+                problems.append(str(e))
+        bad = {n: e for n, e in errs.items() if e > TOL_GRADS}
+        if bad:
+            ranked = sorted(bad.items(), key=lambda kv: -kv[1])
+            problems.append(f"{len(bad)} over tolerance: " + ", ".join(f"{n} {e:.2e}" for n, e in ranked[:6])
+                            + (", ..." if len(ranked) > 6 else ""))
+        worst = max(errs, key=errs.get) if errs else None
+        noise = max(grad_err(grads32[n], grads64[n], scale) for n in names)
+        summary = (f"{len(errs)}/{len(names)} params, worst max|sp-torch|/max|torch| = "
+                   f"{errs[worst]:.2e} ({worst})" if worst else "no gradients compared")
+        self.check("grads", not problems,
+                   f"{summary} (tol {TOL_GRADS:g} each; torch f32 vs f64 worst {noise:.2e}"
+                   f"{'; tied: the embedding includes the head' if self.facts['tied'] else ''}"
+                   + (f"; {len(floored)} ~0 analytically, e.g. {floored[0]}, measured against "
+                      f"{GRAD_FLOOR:g} x the largest gradient" if floored else "") + ")"
+                   + (f"; {'; '.join(problems)}" if problems else ""))
+        self.step1_seconds = seconds
+
+    def check_trajectory(self):
+        dump = os.path.join(self.dir, "steps20")
+        error, seconds = self.sp_run(dump, steps=TRAJ_STEPS, lr=TRAJ_LR, warmup=TRAJ_WARMUP)
+        if error:
+            for what in ("trajectory", "lr", "weights"):
+                self.fail(what, error)
+            return
+        histories, finals = {}, {}
+        for dtype in (torch.float32, torch.float64):
+            model = self.reference(dtype)
+            histories[dtype] = fref.train(model, self.facts, self.tokens, TRAJ_STEPS, TRAJ_LR, warmup=TRAJ_WARMUP)
+            finals[dtype] = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+        torch_losses = np.array([h[0] for h in histories[torch.float32]])
+        torch64_losses = np.array([h[0] for h in histories[torch.float64]])
+        schedule = np.array([h[1] for h in histories[torch.float32]])
+        try:
+            rows = fref.read_loss_csv(os.path.join(dump, "loss.csv"))
+        except (ValueError, OSError) as e:
+            self.fail("trajectory", str(e))
+            self.fail("lr", str(e))
+            rows = None
+        if rows is not None and [r[0] for r in rows] != list(range(1, TRAJ_STEPS + 1)):
+            msg = f"loss.csv has steps {[r[0] for r in rows]}, want 1..{TRAJ_STEPS}"
+            self.fail("trajectory", msg)
+            self.fail("lr", msg)
+            rows = None
+        if rows is not None:
+            sp_losses = np.array([r[1] for r in rows])
+            rel = np.abs(sp_losses - torch_losses) / np.abs(torch_losses)
+            t = int(np.argmax(rel))
+            noise = float(np.max(np.abs(torch_losses - torch64_losses) / np.abs(torch64_losses)))
+            self.check("trajectory", float(rel.max()) <= TOL_TRAJECTORY,
+                       f"{TRAJ_STEPS} steps lr {TRAJ_LR:g} warmup {TRAJ_WARMUP}: max_t |sp-torch|/|torch| = "
+                       f"{rel.max():.2e} at step {t + 1} (max abs {np.abs(sp_losses - torch_losses).max():.2e}; "
+                       f"tol {TOL_TRAJECTORY:g} relative; torch f32 vs f64 {noise:.2e}; "
+                       f"loss {torch_losses[0]:.4f} -> {torch_losses[-1]:.4f}; sp-run {seconds:.2f} s)")
+            sp_lrs = np.array([r[2] for r in rows])
+            lr_rel = np.abs(sp_lrs - schedule) / schedule
+            self.check("lr", float(lr_rel.max()) <= TOL_LR,
+                       f"loss.csv lr column vs the schedule: max rel {lr_rel.max():.2e} (tol {TOL_LR:g})")
+        weight_dir = os.path.join(dump, "weights")
+        f32, f64 = finals[torch.float32], finals[torch.float64]
+        names = list(f32)
+        have = ct.npy_names(weight_dir)
+        problems = []
+        if have != set(names):
+            problems.append(ct.name_differences("weight", have, set(names)))
+        weights = {}
+        for n in names:
+            if n in have:
+                try:
+                    weights[n] = ct.load_dumped(os.path.join(weight_dir, n + ".npy"), f32[n].shape)
+                except (ValueError, OSError) as e:
+                    problems.append(str(e))
+        err = float("inf")
+        if weights and not problems:
+            err = fref.global_rel_l2(weights, f32)
+            detail = (f"after {TRAJ_STEPS} steps, all {len(names)} params: ||sp-torch||/||torch|| = {err:.2e} "
+                      f"(tol {TOL_WEIGHTS:g}; torch f32 vs f64 {fref.global_rel_l2(f32, f64):.2e})")
+        else:
+            detail = f"{len(weights)}/{len(names)} weight files read"
+        self.check("weights", not problems and err <= TOL_WEIGHTS,
+                   detail + (f"; {'; '.join(problems)}" if problems else ""))
+
+    def run_all(self):
+        try:
+            error = self.prepare()
+        except SystemExit as e:  # the exporter refuses with sys.exit / argparse
+            error = f"export refused: {e.code}"
+        except Exception:  # noqa: BLE001  an export failure is a test failure, not a crash
+            error = f"setup failed: {traceback.format_exc(limit=2).strip().splitlines()[-1]}"
+        if error:
+            self.fail("compile", error)
+            return
+        f = self.facts
+        inputs = ", ".join(f"{i['name']}={i['role']}" for i in f["inputs"])
+        self.check("compile", True,
+                   f"{f['family']} -> plan (L {f['layers']} h {f['hidden']} heads {f['heads']}"
+                   f"{'/' + str(f['kv_heads']) if f['family'] == 'llama' else ''} s {self.seq} v {self.vocab} "
+                   f"b {self.batch}, {'tied' if f['tied'] else 'untied'}, opset {f['opset']}; inputs {inputs})")
+        stages = [("step1", self.check_step1)]
+        if self.case.trajectory:
+            stages.append(("trajectory", self.check_trajectory))
+        for name, stage in stages:
+            try:
+                stage()
+            except Exception:  # noqa: BLE001  report and go on with the other checks
+                self.fail(name, f"the check crashed: {traceback.format_exc(limit=3).strip().splitlines()[-1]}")
+
+
+def wait_for(paths, seconds):
+    """The C++ tools are rebuilt from time to time: wait up to `seconds` for them to (re)appear."""
+    deadline = time.time() + seconds
+    while True:
+        missing = [p for p in paths if not ct.executable(p)]
+        if not missing or time.time() >= deadline:
+            return missing
+        time.sleep(5)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sp-bin", help="directory holding sp-compile and sp-run")
+    p.add_argument("--workdir", help="directory for models, plans and dumps (created if missing)")
+    p.add_argument("--family", help="run only this family's cases: gpt2 (or hf_gpt2), llama, bert")
+    p.add_argument("--only", help="run only the cases whose name contains this string")
+    p.add_argument("--list", action="store_true", help="list the cases and what is expected of them, then exit")
+    p.add_argument("--threads", type=int, default=2, help="sp-run --threads and torch threads (default 2)")
+    p.add_argument("--bind-inputs", action="store_true",
+                   help="pass sp-compile --input NAME=ROLE for every input but the tokens (default: let sp find them)")
+    p.add_argument("--wait-bin", type=float, default=BIN_WAIT_S,
+                   help=f"seconds to wait for a missing sp-compile/sp-run (a rebuild; default {BIN_WAIT_S})")
+    args = p.parse_args(argv)
+    if args.family:
+        if args.family not in FAMILY_ALIASES:
+            p.error(f"--family must be one of {', '.join(FAMILY_ALIASES)}")
+        args.family = FAMILY_ALIASES[args.family]
+    if args.list:
+        return args
+    if not args.sp_bin or not args.workdir:
+        p.error("--sp-bin and --workdir are required (except with --list)")
+    args.sp_compile = os.path.abspath(os.path.join(args.sp_bin, "sp-compile"))
+    args.sp_run = os.path.abspath(os.path.join(args.sp_bin, "sp-run"))
+    missing = wait_for([args.sp_compile, args.sp_run], args.wait_bin)
+    if missing:
+        p.exit(2, f"error: {missing[0]} not found or not executable: build it first, or pass the build's bin/ "
+                  "directory as --sp-bin\n")
+    return args
+
+
+def selected(cases, args):
+    return [c for c in cases if (not args.family or c.family == args.family) and (not args.only or args.only in c.name)]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if uncovered(CASES):
+        sys.exit(f"error: the test matrix misses {uncovered(CASES)}")
+    cases = selected(CASES, args)
+    if args.list:
+        for c in cases:
+            print(f"{c.name:58s} {'+20 steps' if c.trajectory else '         '}  expect: {c.expect}")
+            print(f"{'':58s} export_family.py {' '.join(c.export_argv('OUT.onnx'))}")
+        return
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.workdir, exist_ok=True)
+    results = ct.Results()
+    start = time.perf_counter()
+    for case in cases:
+        FamilyCheck(case, args, results).run_all()
+    print(f"({time.perf_counter() - start:.1f} s)", flush=True)
+    print(f"{results.passed} passed, {results.failed} failed")
+    sys.exit(1 if results.failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""The torch side of sp-run's contract for the HF-style families of models/export_family.py.
+
+tests/e2e/torch_reference.py is the contract for models/gpt.py; this file applies the same contract
+to an export of models/export_family.py (OUT.onnx + OUT.json, family gpt2, llama or bert):
+
+  - the reference model is the family's torch model (models/hf_gpt2.py, llama.py, bert.py) built from
+    the sizes and variant switches of OUT.json, its parameters loaded from the ONNX initializers by
+    name, and so are the buffers the export kept as initializers (a non-persistent buffer is inlined
+    by torch into the graph, and an unused one dropped: the model computes those itself, from the
+    same code, so they are bitwise the ones the export saw);
+  - the graph inputs are fed by role (OUT.json "inputs"): tokens and next-token targets from the
+    token file exactly as torch_reference.get_batch does; position ids arange(S) in every row; the
+    attention mask all ones; token types all zeros;
+  - batches, the LR schedule, AdamW with its two parameter groups, clipping and the mean cross
+    entropy over all B * S tokens are torch_reference's (its functions are used, not copied).
+
+float64 models are supported (for noise floors): llama's float32 "upcasts" (RMSNorm, softmax,
+logits.float()) then upcast to float64 instead, so that nothing rounds to float32 on the way.
+
+BERT's usual objective, masked-LM, is here too (mlm_batch, mlm_loss_of), seeded; the tests use
+next-token targets for every family for now, as sp-run computes them.
+
+Needs torch, onnx and numpy (/usr/bin/python3).
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_reference as ref  # noqa: E402
+
+sys.path.insert(0, os.path.join(ref.REPO_ROOT, "models"))
+import export_family  # noqa: E402
+
+# Role -> the keyword of the families' forward that takes it (the token input is positional).
+ROLE_KEYWORDS = {export_family.POSITIONS: "position_ids", export_family.MASK: "attention_mask",
+                 export_family.TOKEN_TYPES: "token_type_ids"}
+IGNORE_INDEX = -100
+
+facts_path = ref.facts_path
+get_batch = ref.get_batch
+lr_at = ref.lr_at
+make_optimizer = ref.make_optimizer
+rel_err = ref.rel_err
+global_rel_l2 = ref.global_rel_l2
+read_loss_csv = ref.read_loss_csv
+write_tokens = ref.write_tokens
+read_tokens = ref.read_tokens
+
+
+def read_facts(onnx_path):
+    with open(facts_path(onnx_path)) as f:
+        facts = json.load(f)
+    if facts.get("family") not in export_family.FAMILIES:
+        raise ValueError(f"{facts_path(onnx_path)} is not a models/export_family.py export (family "
+                         f"{facts.get('family')!r}); tests/e2e/torch_reference.py handles models/export_gpt.py's")
+    return facts
+
+
+def sizes_of(facts):
+    sizes = {k: facts[k] for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "batch")}
+    sizes["max_positions"] = facts.get("max_positions", facts["seq"])
+    return sizes
+
+
+def build_model(facts, dropout=0.0):
+    """The family's torch model with the export's sizes and variants, every dropout set to `dropout`."""
+    return export_family.build_model(facts["family"], sizes_of(facts), facts["variants"], dropout,
+                                     facts["tied"], facts.get("pad_token_id"))
+
+
+def load_onnx_weights(model, onnx_path, dtype=torch.float32, facts=None):
+    """Copy every parameter, and every buffer the export kept, from the ONNX initializer of its name.
+
+    torch_reference.load_onnx_weights generalised: parameters must all be initializers (name and
+    shape); buffers may be initializers (loaded, any dtype), or absent when torch inlined them
+    (non-persistent) or dropped them (unused), and then keep the values the model computed; a float
+    initializer that is neither a parameter nor a buffer is an error. Returns the model in `dtype`
+    (float64 also makes llama's upcasts float64).
+    """
+    inits = ref.onnx_initializers(onnx_path)
+    params = dict(model.named_parameters())  # tied weights are deduplicated away
+    buffers = dict(model.named_buffers())
+    missing = sorted(set(params) - set(inits))
+    if missing:
+        raise ValueError(f"{onnx_path} has no initializer for the torch parameters {missing}")
+    extra = sorted(n for n, a in inits.items()
+                   if a.dtype in (np.float32, np.float64) and n not in params and n not in buffers)
+    if extra:
+        raise ValueError(f"{onnx_path} has float initializers that are not torch parameters or buffers: {extra}")
+    fates = (facts or {}).get("buffers", {})
+    with torch.no_grad():
+        for name, tensor in list(params.items()) + list(buffers.items()):
+            if name not in inits:
+                if name in params or fates.get(name) == "initializer":
+                    raise ValueError(f"{onnx_path} has no initializer for {name}")
+                continue  # inlined or unused: the model's own value is the export's
+            value = torch.from_numpy(np.array(inits[name]))
+            if tuple(value.shape) != tuple(tensor.shape):
+                raise ValueError(f"{name}: ONNX shape {tuple(value.shape)} != torch {tuple(tensor.shape)}")
+            tensor.copy_(value.to(tensor.dtype))
+    model = model.to(dtype)
+    if hasattr(model, "set_upcast_dtype"):
+        model.set_upcast_dtype(torch.float64 if dtype == torch.float64 else torch.float32)
+    return model
+
+
+def reference_model(onnx_path, dropout=0.0, dtype=torch.float32, facts=None):
+    """The family's model with the export's config and the export's weights."""
+    facts = facts or read_facts(onnx_path)
+    return load_onnx_weights(build_model(facts, dropout), onnx_path, dtype, facts)
+
+
+def role_inputs(facts, x):
+    """The forward's keyword inputs for tokens x [B, S], by the roles of OUT.json's inputs."""
+    batch, seq = x.shape
+    kwargs = {}
+    for spec in facts["inputs"][1:]:
+        kwargs[ROLE_KEYWORDS[spec["role"]]] = export_family.role_value(spec["role"], batch, seq)
+    return kwargs
+
+
+def graph_feeds(facts, x):
+    """name -> int64 numpy array for every graph input (what an ONNX runtime is given)."""
+    batch, seq = x.shape
+    return {spec["name"]: (x if spec["role"] == export_family.TOKENS
+                           else export_family.role_value(spec["role"], batch, seq)).numpy()
+            for spec in facts["inputs"]}
+
+
+def forward(model, facts, x):
+    return model(x, **role_inputs(facts, x))
+
+
+def loss_of(model, facts, x, y):
+    """Mean cross entropy of the logits against targets y (next tokens, or -100 where ignored)."""
+    logits = forward(model, facts, x)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def eval_logits(model, facts, x):
+    """Logits of a forward pass without dropout, as a float numpy array."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits = forward(model, facts, x).numpy()
+    model.train(was_training)
+    return logits
+
+
+def loss_and_grads(model, facts, x, y):
+    """Training-mode loss of one batch and every parameter's gradient (before clipping), by name."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = loss_of(model, facts, x, y)
+    loss.backward()
+    grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy().copy()
+             for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return float(loss.item()), grads
+
+
+def train(model, facts, tokens, steps, lr, warmup=0, min_lr=None, callback=None, batch_fn=None):
+    """Train `steps` steps as sp-run does; returns [(loss, lr)] per step (the loss before the update).
+
+    torch_reference.train with the role inputs fed; `batch_fn(k) -> (x, y)` replaces next-token
+    batches (e.g. with masked-LM ones).
+    """
+    batch, seq = facts["batch"], facts["seq"]
+    min_lr = lr / 10 if min_lr is None else min_lr
+    model.train()
+    optimizer = make_optimizer(model, lr)
+    history = []
+    for t in range(1, steps + 1):
+        x, y = batch_fn(t - 1) if batch_fn else get_batch(tokens, t - 1, batch, seq)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(model, facts, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), ref.MAX_GRAD_NORM)
+        step_lr = lr_at(t, steps, warmup, lr, min_lr)
+        for group in optimizer.param_groups:
+            group["lr"] = step_lr
+        optimizer.step()
+        history.append((float(loss.item()), step_lr))
+        if callback:
+            callback(t)
+    return history
+
+
+# -- masked-LM (BERT's own objective; optional) -----------------------------------------------------
+
+def mlm_batch(x, vocab, seed, mask_prob=0.15, mask_token_id=None, replace_prob=0.8, random_prob=0.1):
+    """(inputs, targets) of a masked-LM batch from tokens x [B, S], as HF's DataCollatorForLanguageModeling.
+
+    Each position is chosen with probability `mask_prob` (at least one per batch) from a numpy
+    generator seeded with `seed`; targets are the original ids there and -100 elsewhere. A chosen
+    position's input becomes `mask_token_id` (default vocab - 1) with probability `replace_prob`, a
+    uniform random id with probability `random_prob`, and stays as it is otherwise.
+    """
+    rng = np.random.default_rng(seed)
+    ids = x.numpy().astype(np.int64)
+    mask_token_id = vocab - 1 if mask_token_id is None else mask_token_id
+    chosen = rng.random(ids.shape) < mask_prob
+    if not chosen.any():
+        chosen.flat[rng.integers(0, chosen.size)] = True
+    targets = np.where(chosen, ids, IGNORE_INDEX)
+    action = rng.random(ids.shape)
+    random_ids = rng.integers(0, vocab, size=ids.shape)
+    inputs = ids.copy()
+    replace = chosen & (action < replace_prob)
+    randomize = chosen & (action >= replace_prob) & (action < replace_prob + random_prob)
+    inputs[replace] = mask_token_id
+    inputs[randomize] = random_ids[randomize]
+    return torch.from_numpy(inputs), torch.from_numpy(targets)
+
+
+def mlm_batch_fn(tokens, facts, seed):
+    """batch_fn for train(): batch k's rows as get_batch reads them, masked with seed `seed + k`."""
+    def batch_fn(k):
+        x, _ = get_batch(tokens, k, facts["batch"], facts["seq"])
+        return mlm_batch(x, facts["vocab"], seed + k)
+    return batch_fn
+
+
+def mlm_loss_of(model, facts, x, seed):
+    """Masked-LM loss of tokens x: the mean cross entropy over the masked positions only."""
+    inputs, targets = mlm_batch(x, facts["vocab"], seed)
+    return loss_of(model, facts, inputs, targets)

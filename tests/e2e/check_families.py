@@ -365,7 +365,7 @@ def parse_args(argv=None):
     p.add_argument("--sp-bin", help="directory holding sp-compile and sp-run")
     p.add_argument("--workdir", help="directory for models, plans and dumps (created if missing)")
     p.add_argument("--family", help="run only this family's cases: gpt2 (or hf_gpt2), llama, bert")
-    p.add_argument("--only", help="run only the cases whose name contains this string")
+    p.add_argument("--only", help="run only the cases whose name contains one of these comma-separated strings")
     p.add_argument("--list", action="store_true", help="list the cases and what is expected of them, then exit")
     p.add_argument("--threads", type=int, default=2, help="sp-run --threads and torch threads (default 2)")
     p.add_argument("--bind-inputs", action="store_true",
@@ -391,7 +391,7 @@ def parse_args(argv=None):
 
 
 def selected(cases, args):
-    return [c for c in cases if (not args.family or c.family == args.family) and (not args.only or args.only in c.name)]
+    return [c for c in cases if (not args.family or c.family == args.family) and (not args.only or any(o in c.name for o in args.only.split(",")))]
 
 
 def main(argv=None):

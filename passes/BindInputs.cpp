@@ -7,8 +7,9 @@
 // off the structure:
 //
 //   tokens       the ids of the token embedding (role embed)
-//   positions    the ids of the position embedding (role pos_embed) when
-//                they are an input rather than a folded arange
+//   positions    the ids of the position embedding (role pos_embed) or of
+//                the rotary tables (rope_cos, rope_sin) when they are an
+//                input rather than a folded arange
 //
 // --input NAME=ROLE binds an input the structure does not explain, and must
 // agree with the structure when it does. An input nothing uses is dropped
@@ -52,6 +53,9 @@ DenseMap<Value *, Found> structuralRoles(Graph &G) {
     else if (Role == "pos_embed")
       Mark(N.operand(1), InputRole::Positions,
            "the ids of the position embedding");
+    else if (Role == "rope_cos" || Role == "rope_sin")
+      Mark(N.operand(1), InputRole::Positions,
+           "the positions the rotary tables are looked up by");
   }
   return R;
 }

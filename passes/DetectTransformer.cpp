@@ -1,12 +1,16 @@
 //===- DetectTransformer.cpp - Find the embedding, layers and head --------===//
 //
-// Walks the residual stream of a canonicalized GPT-style (pre-LayerNorm)
-// decoder and tags every node with its layer and role:
+// Walks the residual stream of a canonicalized pre-norm decoder and tags
+// every node with its layer and role. Two layer templates share the walk:
 //
 //   embed [pos_embed embed_add] [embed_dropout]
-//   per layer: ln1 qkv split_heads qk scale mask softmax attn_core_dropout av
-//              merge_heads proj attn_dropout residual1
-//              ln2 fc1 act fc2 mlp_dropout residual2
+//   GPT:   ln1 qkv split_heads qk scale mask softmax attn_core_dropout av
+//          merge_heads proj attn_dropout residual1
+//          ln2 fc1 act fc2 mlp_dropout residual2
+//   Llama: ln1 (rms_norm) q k v q_heads k_heads v_heads [rope_cos rope_sin
+//          q_rope k_rope] [k_repeat v_repeat] qk scale mask softmax av
+//          merge_heads proj residual1
+//          ln2 (rms_norm) gate up act (silu) glu (mul) fc2 residual2
 //   final_norm lm_head
 //
 // Dropouts and the scaling are optional (an inference export has no
@@ -36,7 +40,7 @@ public:
       return E;
     for (int L = 0;; ++L) {
       auto Users = X->users();
-      Node *LN = findUser(X, OpKind::LayerNorm);
+      Node *LN = findNorm(X);
       Node *Res = findUser(X, OpKind::Add);
       if (Users.size() == 2 && LN && Res) {
         if (auto E = layer(L, X))
@@ -45,8 +49,8 @@ public:
       }
       if (L == 0)
         return fail(-1, "layer 0", X,
-                    "expected the residual stream to feed a layer_norm (ln1) "
-                    "and a residual add");
+                    "expected the residual stream to feed a layer_norm or "
+                    "rms_norm (ln1) and a residual add");
       return head(X);
     }
   }
@@ -77,6 +81,13 @@ private:
       if (U.User->op() == K)
         return U.User;
     return nullptr;
+  }
+
+  /// A pre-norm: layer_norm (GPT) or rms_norm (Llama).
+  static Node *findNorm(Value *V) {
+    if (Node *N = findUser(V, OpKind::LayerNorm))
+      return N;
+    return findUser(V, OpKind::RmsNorm);
   }
 
   static Node *onlyUser(Value *V, OpKind K) {
@@ -170,25 +181,112 @@ private:
     return Error::success();
   }
 
+  /// Separate q, k and v projections (Llama): each linear's heads, through
+  /// an optional rope and an optional repeat (GQA), reach the scores (q as
+  /// operand 0, k as operand 1) or the values (operand 1 of av). Tags them
+  /// and returns the qk product and the value operand.
+  Error separateQKV(int L, Value *Normed, Node *&QK, Value *&V) {
+    struct Path {
+      Node *Lin, *Heads, *Rope = nullptr, *Repeat = nullptr, *Reader;
+      unsigned OperandNo;
+    };
+    SmallVector<Path, 3> Paths;
+    for (const Use &U : Normed->users()) {
+      Node *Lin = U.User;
+      Node *H = Lin->op() == OpKind::Linear
+                    ? onlyUser(Lin->result(), OpKind::ToHeads)
+                    : nullptr;
+      if (!H)
+        return fail(L, "attention", Normed,
+                    "expected q, k and v linears, each followed by to_heads; "
+                    "found " + Lin->describe());
+      Path P{Lin, H};
+      Value *Cur = H->result();
+      if (Node *R = onlyUser(Cur, OpKind::Rope)) {
+        P.Rope = R;
+        Cur = R->result();
+      }
+      if (Node *R = onlyUser(Cur, OpKind::RepeatHeads)) {
+        P.Repeat = R;
+        Cur = R->result();
+      }
+      if (Cur->users().size() != 1 ||
+          Cur->users()[0].User->op() != OpKind::BatchMatMul)
+        return fail(L, "attention", Cur,
+                    "expected the heads to reach a batch_matmul; " + found(Cur));
+      P.Reader = Cur->users()[0].User;
+      P.OperandNo = Cur->users()[0].OperandNo;
+      Paths.push_back(P);
+    }
+    Path *Q = nullptr, *K = nullptr, *Vp = nullptr;
+    for (Path &P : Paths) {
+      bool Scores = P.Reader->attrs().getInt("trans_b", 0);
+      Path *&Slot = Scores ? (P.OperandNo == 0 ? Q : K)
+                           : (P.OperandNo == 1 ? Vp : Q);
+      if (Slot || (!Scores && P.OperandNo != 1))
+        return fail(L, "attention", P.Lin->result(),
+                    "cannot tell the q, k and v projections apart");
+      Slot = &P;
+    }
+    if (!Q || !K || !Vp || Q->Reader != K->Reader)
+      return fail(L, "attention", Normed,
+                  "expected three projections: q and k multiplied as q k^T, "
+                  "and v multiplied by the attention probabilities");
+    if (Q->Repeat || Vp->Rope || bool(K->Repeat) != bool(Vp->Repeat) ||
+        bool(Q->Rope) != bool(K->Rope))
+      return fail(L, "attention", Normed,
+                  "unsupported rotary/repeat layout: rope on q and k, the "
+                  "kv-head repeat on k and v");
+    for (auto [P, Name] : {std::pair{Q, "q"}, {K, "k"}, {Vp, "v"}}) {
+      tag(P->Lin, L, Name);
+      tag(P->Heads, L, std::string(Name) + "_heads");
+      if (P->Rope)
+        tag(P->Rope, L, std::string(Name) + "_rope");
+      if (P->Repeat)
+        tag(P->Repeat, L, std::string(Name) + "_repeat");
+    }
+    // The rotary tables: lookups of fixed tables by position ids.
+    for (Node *R : {Q->Rope, K->Rope})
+      for (unsigned I : {1u, 2u})
+        if (R)
+          if (Node *T = R->operand(I)->producer();
+              T && T->op() == OpKind::Embedding && T->tags().Role.empty())
+            tag(T, L, I == 1 ? "rope_cos" : "rope_sin");
+    tag(Q->Reader, L, "qk");
+    QK = Q->Reader;
+    V = Vp->Repeat ? Vp->Repeat->result() : Vp->Heads->result();
+    return Error::success();
+  }
+
   Error layer(int L, Value *&X) {
-    Node *LN1 = findUser(X, OpKind::LayerNorm);
+    Node *LN1 = findNorm(X);
     tag(LN1, L, "ln1");
-    // Attention block.
-    auto QKV = expect(L, "attention", LN1->result(), OpKind::Linear, "qkv");
-    if (!QKV)
-      return QKV.takeError();
-    auto SH = expect(L, "attention", (*QKV)->result(), OpKind::SplitHeads,
-                     "split_heads");
-    if (!SH)
-      return SH.takeError();
-    Value *Q = (*SH)->result(0), *K = (*SH)->result(1), *V = (*SH)->result(2);
-    auto QK = expect(L, "attention core", Q, OpKind::BatchMatMul, "qk");
-    if (!QK)
-      return QK.takeError();
-    if ((*QK)->operand(1) != K || !(*QK)->attrs().getInt("trans_b", 0))
-      return fail(L, "attention core", Q,
-                  "qk must multiply the queries by the transposed keys");
-    Value *Cur = (*QK)->result();
+    // Attention block: a fused QKV linear and split_heads (GPT), or
+    // separate q, k, v projections (Llama).
+    Node *QKNode = nullptr;
+    Value *V = nullptr;
+    if (LN1->result()->users().size() == 3) {
+      if (auto E = separateQKV(L, LN1->result(), QKNode, V))
+        return E;
+    } else {
+      auto QKV = expect(L, "attention", LN1->result(), OpKind::Linear, "qkv");
+      if (!QKV)
+        return QKV.takeError();
+      auto SH = expect(L, "attention", (*QKV)->result(), OpKind::SplitHeads,
+                       "split_heads");
+      if (!SH)
+        return SH.takeError();
+      Value *Q = (*SH)->result(0), *K = (*SH)->result(1);
+      V = (*SH)->result(2);
+      auto QK = expect(L, "attention core", Q, OpKind::BatchMatMul, "qk");
+      if (!QK)
+        return QK.takeError();
+      if ((*QK)->operand(1) != K || !(*QK)->attrs().getInt("trans_b", 0))
+        return fail(L, "attention core", Q,
+                    "qk must multiply the queries by the transposed keys");
+      QKNode = *QK;
+    }
+    Value *Cur = QKNode->result();
     bool Scaled = false, Masked = false;
     while (true) {
       if (Node *S = onlyUser(Cur, OpKind::Scale); S && !Scaled) {
@@ -233,24 +331,54 @@ private:
                   "the residual add must add the layer input");
     X = (*Res1)->result();
     // MLP block.
-    Node *LN2 = findUser(X, OpKind::LayerNorm);
+    Node *LN2 = findNorm(X);
     Node *Res2 = findUser(X, OpKind::Add);
     if (X->users().size() != 2 || !LN2 || !Res2)
       return fail(L, "mlp", X,
-                  "expected the residual stream to feed a layer_norm (ln2) "
-                  "and a residual add; " +
+                  "expected the residual stream to feed a layer_norm or "
+                  "rms_norm (ln2) and a residual add; " +
                       found(X));
     tag(LN2, L, "ln2");
-    auto FC1 = expect(L, "mlp", LN2->result(), OpKind::Linear, "fc1");
-    if (!FC1)
-      return FC1.takeError();
-    auto Act = expect(L, "mlp", (*FC1)->result(), OpKind::Gelu, "act");
-    if (!Act)
-      return Act.takeError();
-    auto FC2 = expect(L, "mlp", (*Act)->result(), OpKind::Linear, "fc2");
-    if (!FC2)
-      return FC2.takeError();
-    Cur = optionalDropout((*FC2)->result(), L, "mlp_dropout");
+    Node *Down = nullptr;
+    if (LN2->result()->users().size() == 2) {
+      // SwiGLU: down(silu(gate(x)) * up(x)).
+      Node *Gate = nullptr, *Up = nullptr;
+      for (const Use &U : LN2->result()->users()) {
+        Node *Lin = U.User;
+        if (Lin->op() != OpKind::Linear)
+          return fail(L, "mlp", LN2->result(),
+                      "expected gate and up linears; found " + Lin->describe());
+        (onlyUser(Lin->result(), OpKind::Silu) ? Gate : Up) = Lin;
+      }
+      if (!Gate || !Up)
+        return fail(L, "mlp", LN2->result(),
+                    "expected silu(gate(x)) * up(x)");
+      Node *Act = onlyUser(Gate->result(), OpKind::Silu);
+      Node *Glu = onlyUser(Act->result(), OpKind::Mul);
+      if (!Glu || onlyUser(Up->result(), OpKind::Mul) != Glu)
+        return fail(L, "mlp", Act->result(),
+                    "expected silu(gate(x)) * up(x); " + found(Act->result()));
+      tag(Gate, L, "gate");
+      tag(Up, L, "up");
+      tag(Act, L, "act");
+      tag(Glu, L, "glu");
+      auto FC2 = expect(L, "mlp", Glu->result(), OpKind::Linear, "fc2");
+      if (!FC2)
+        return FC2.takeError();
+      Down = *FC2;
+    } else {
+      auto FC1 = expect(L, "mlp", LN2->result(), OpKind::Linear, "fc1");
+      if (!FC1)
+        return FC1.takeError();
+      auto Act = expect(L, "mlp", (*FC1)->result(), OpKind::Gelu, "act");
+      if (!Act)
+        return Act.takeError();
+      auto FC2 = expect(L, "mlp", (*Act)->result(), OpKind::Linear, "fc2");
+      if (!FC2)
+        return FC2.takeError();
+      Down = *FC2;
+    }
+    Cur = optionalDropout(Down->result(), L, "mlp_dropout");
     auto R2 = expect(L, "mlp", Cur, OpKind::Add, "residual2");
     if (!R2)
       return R2.takeError();
@@ -262,7 +390,10 @@ private:
 
   Error head(Value *X) {
     Value *Cur = X;
-    if (Node *LN = onlyUser(Cur, OpKind::LayerNorm)) {
+    Node *LN = onlyUser(Cur, OpKind::LayerNorm);
+    if (!LN)
+      LN = onlyUser(Cur, OpKind::RmsNorm);
+    if (LN) {
       tag(LN, -1, "final_norm");
       Cur = LN->result();
     }

@@ -25,9 +25,11 @@ static bool isBackwardSide(Phase P) {
 }
 
 bool isAttentionCoreRole(StringRef Role) {
-  static const char *const Roles[] = {"qk",      "scale",
-                                      "mask",    "softmax",
-                                      "attn_core_dropout", "av"};
+  // The kv-head repeat of grouped-query attention is a copy feeding qk and
+  // av: recomputing it stores the kv heads instead of their repeats.
+  static const char *const Roles[] = {"qk",       "scale",    "mask",
+                                      "softmax",  "attn_core_dropout",
+                                      "av",       "k_repeat", "v_repeat"};
   return is_contained(Roles, Role);
 }
 

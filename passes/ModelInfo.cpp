@@ -54,11 +54,20 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
     if (size_t(L) >= M.LayerRoles.size())
       M.LayerRoles.resize(L + 1);
     M.LayerRoles[L].push_back(N.tags().Role);
-    if (N.op() == OpKind::SplitHeads && !M.Heads) {
-      const Sharding &S = N.operand(0)->sharding();
-      M.Heads = N.attrs().getInt("heads", 0) *
-                (S.K == Sharding::Split ? S.Parts : 1);
-    }
+    // Head counts of the whole model: a split input holds 1/Parts of them.
+    auto Whole = [](const Node &H) {
+      const Sharding &S = H.operand(0)->sharding();
+      return H.attrs().getInt("heads", 0) *
+             (S.K == Sharding::Split ? S.Parts : 1);
+    };
+    if (N.op() == OpKind::SplitHeads && !M.Heads)
+      M.Heads = M.KvHeads = Whole(N);
+    if (N.op() == OpKind::ToHeads && N.tags().Role == "q_heads" && !M.Heads)
+      M.Heads = Whole(N);
+    if (N.op() == OpKind::ToHeads && N.tags().Role == "k_heads" && !M.KvHeads)
+      M.KvHeads = Whole(N);
+    if (N.op() == OpKind::RmsNorm || N.op() == OpKind::Silu)
+      M.Family = "llama";
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = N.attrs().getString("approximate", "none");
   }
@@ -78,6 +87,8 @@ nlohmann::json modelInfoToJson(const ModelInfo &M) {
        {{"layers", M.Layers},
         {"hidden", M.Hidden},
         {"heads", M.Heads},
+        {"kv_heads", M.KvHeads},
+        {"family", M.Family},
         {"seq", M.Seq},
         {"vocab", M.Vocab},
         {"batch", M.Batch},
@@ -94,8 +105,16 @@ nlohmann::json modelInfoToJson(const ModelInfo &M) {
 }
 
 void printModelSummary(const ModelInfo &M, const Graph &G, raw_ostream &OS) {
-  OS << formatv("model '{0}': GPT-style decoder, {1} layers, gelu {2}\n",
-                G.name(), M.Layers, M.Gelu == "tanh" ? "tanh" : "erf");
+  if (M.Family == "llama")
+    OS << formatv("model '{0}': Llama-style decoder, {1} layers, RMSNorm, "
+                  "SwiGLU{2}\n",
+                  G.name(), M.Layers,
+                  M.KvHeads && M.KvHeads != M.Heads
+                      ? formatv(", {0} kv heads", M.KvHeads).str()
+                      : std::string());
+  else
+    OS << formatv("model '{0}': GPT-style decoder, {1} layers, gelu {2}\n",
+                  G.name(), M.Layers, M.Gelu == "tanh" ? "tanh" : "erf");
   OS << formatv("  hidden {0}, heads {1} (head size {2}), seq {3}, vocab {4}, "
                 "batch {5}\n",
                 M.Hidden, M.Heads, M.Heads ? M.Hidden / M.Heads : 0, M.Seq,

@@ -19,6 +19,11 @@ namespace sp {
 
 struct ModelInfo {
   int64_t Layers = 0, Hidden = 0, Heads = 0, Seq = 0, Vocab = 0, Batch = 0;
+  /// Key/value heads (fewer than Heads under grouped-query attention).
+  int64_t KvHeads = 0;
+  /// "gpt" (LayerNorm, fused QKV, GELU) or "llama" (RMSNorm, separate q/k/v,
+  /// rotary, SwiGLU), from the roles detection gave.
+  std::string Family = "gpt";
   /// Trainable parameter elements; a tied weight counts once, buffers never.
   int64_t Params = 0;
   bool Tied = false;

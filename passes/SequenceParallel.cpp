@@ -69,8 +69,8 @@ public:
       } else if (Role == "pos_embed") {
         splitAfter(G, *N, T);
       } else if (Role == "ln1" || Role == "ln2" || Role == "final_norm") {
-        sumGrad(N->operand(1));
-        sumGrad(N->operand(2));
+        for (unsigned I = 1; I < N->numOperands(); ++I) // scale [and bias]
+          sumGrad(N->operand(I));
       } else if (Role == "proj_bias" || Role == "fc2_bias") {
         sumGrad(N->operand(1));
       }

@@ -29,6 +29,7 @@
 #include "passes/ModelInfo.h"
 #include "passes/Passes.h"
 #include "passes/Sharding.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
@@ -56,13 +57,15 @@ public:
       const std::string &Role = N->tags().Role;
       if (Role == "qkv")
         column(*N, /*Blocks=*/3, "attn_f");
-      else if (Role == "fc1")
+      else if (Role == "q" || Role == "k" || Role == "v")
+        column(*N, 1, "attn_f"); // one f shared by the three
+      else if (Role == "fc1" || Role == "gate" || Role == "up")
         column(*N, 1, "mlp_f");
       else if (Role == "proj")
         row(*N, "attn_fbar", "proj_bias");
       else if (Role == "fc2")
         row(*N, "mlp_fbar", "fc2_bias");
-      else if (Role == "split_heads")
+      else if (Role == "split_heads" || N->op() == OpKind::ToHeads)
         N->attrs().set("heads", N->attrs().getInt("heads", 0) / T);
       else if (Role == "embed")
         embedding(*N, Info->Vocab);
@@ -85,8 +88,13 @@ private:
       return err(formatv("--tp {0}: the {1} attention heads must be divisible "
                          "by t (and t at most the head count); t can be {2}",
                          T, M.Heads, divisorsOf(M.Heads)));
+    if (M.KvHeads && (T > M.KvHeads || M.KvHeads % T))
+      return err(formatv("--tp {0}: the {1} key/value heads must be divisible "
+                         "by t (each rank keeps whole kv heads); t can be {2}",
+                         T, M.KvHeads, divisorsOf(M.KvHeads)));
     for (const Node &N : G.nodes())
-      if (N.tags().Role == "fc1") {
+      if (N.tags().Role == "fc1" || N.tags().Role == "gate" ||
+          N.tags().Role == "up") {
         int64_t Ffn = N.result()->type().dim(-1);
         if (Ffn % T)
           return err(formatv("--tp {0}: the MLP width {1} (layer {2}) is not "
@@ -132,7 +140,14 @@ private:
     splitParam(N.operand(1), TransW ? 0 : 1, Blocks);
     if (N.numOperands() > 2)
       splitParam(N.operand(2), 0, Blocks);
-    insertBefore(N, 0, OpKind::TpCopy, FRole);
+    // Linears reading the same input (Llama's q, k and v; gate and up)
+    // share one f, so the backward all-reduces their summed gradient once.
+    if (Node *F = SharedF.lookup(N.operand(0))) {
+      N.setOperand(0, F->result());
+      return;
+    }
+    Value *In = N.operand(0);
+    SharedF[In] = insertBefore(N, 0, OpKind::TpCopy, FRole);
   }
 
   void row(Node &N, StringRef FBarRole, StringRef BiasRole) {
@@ -172,6 +187,7 @@ private:
 
   Graph &G;
   int T;
+  llvm::DenseMap<Value *, Node *> SharedF;
 };
 
 class TensorParallelPass : public Pass {

@@ -78,7 +78,8 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
     T.Shape.push_back(Table.Shape[1]);
     return TypeList{T};
   }
-  case OpKind::Add: {
+  case OpKind::Add:
+  case OpKind::Mul: {
     if (auto E = expectOperands(Ops, 2, 2))
       return std::move(E);
     if (Ops[0]->type().Dtype != Ops[1]->type().Dtype)
@@ -140,16 +141,6 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
       return std::move(E);
     const TensorType &X = Ops[1]->type();
     return TypeList{X, TensorType(X.Dtype, {X.dim(-1)})};
-  }
-  case OpKind::Mul: {
-    if (auto E = expectOperands(Ops, 2, 2))
-      return std::move(E);
-    if (Ops[0]->type().Dtype != Ops[1]->type().Dtype)
-      return typeError("operands have different element types");
-    auto S = broadcastShapes(Ops[0]->type().Shape, Ops[1]->type().Shape);
-    if (!S)
-      return S.takeError();
-    return TypeList{TensorType(Ops[0]->type().Dtype, *S)};
   }
   case OpKind::ToHeads: {
     if (auto E = expectOperands(Ops, 1, 1))

@@ -42,9 +42,7 @@ Prints one PASS/FAIL line per check and a final `N passed, M failed`; exits 1 if
 """
 
 import argparse
-import json
 import os
-import shutil
 import sys
 import time
 import traceback
@@ -164,31 +162,15 @@ def uncovered(cases):
 class FamilyCheck(ct.ModelCheck):
     """All the checks of one export; check_training.ModelCheck's, with the family's reference."""
 
-    def __init__(self, case, args, results):
-        self.case, self.args, self.results = case, args, results
-        self.dir = ct.fresh_dir(os.path.join(args.workdir, case.name))
-        self.name = case.name
+    def export_model(self):
+        path = os.path.join(self.dir, "model.onnx")
+        export_family.main(self.case.export_argv(path))
+        return path, fref.read_facts(path)
 
-    def prepare(self):
-        self.onnx_path = os.path.join(self.dir, "model.onnx")
-        export_family.main(self.case.export_argv(self.onnx_path))
-        self.facts = fref.read_facts(self.onnx_path)
-        self.batch, self.seq, self.vocab = self.facts["batch"], self.facts["seq"], self.facts["vocab"]
-        self.data = os.path.join(self.dir, "tokens.bin")
-        self.tokens = fref.write_tokens(self.data, TOKENS, self.vocab, DATA_SEED)
-        self.plan = os.path.join(self.dir, "plan")
-        shutil.rmtree(self.plan, ignore_errors=True)
-        cmd = [self.args.sp_compile, self.onnx_path, "-o", self.plan, "--quiet"]
-        if self.args.bind_inputs:
-            cmd += [f"--input={spec['name']}={spec['role']}" for spec in self.facts["inputs"][1:]]
-        _, error = ct.run(cmd)
-        if error:
-            return error
-        with open(os.path.join(self.plan, "manifest.json")) as f:
-            model = json.load(f).get("model", {})
-        wrong = [f"{k} {model.get(k)!r} != {self.facts[k]!r}" for k in ("batch", "seq", "vocab", "tied")
-                 if model.get(k) != self.facts[k]]
-        return f"plan manifest: {'; '.join(wrong)}" if wrong else None
+    def compile_flags(self):
+        if not self.args.bind_inputs:
+            return []
+        return [f"--input={spec['name']}={spec['role']}" for spec in self.facts["inputs"][1:]]
 
     def reference(self, dtype):
         return fref.reference_model(self.onnx_path, dropout=0.0, dtype=dtype, facts=self.facts)
@@ -260,69 +242,8 @@ class FamilyCheck(ct.ModelCheck):
                    + (f"; {'; '.join(problems)}" if problems else ""))
         self.step1_seconds = seconds
 
-    def check_trajectory(self):
-        dump = os.path.join(self.dir, "steps20")
-        error, seconds = self.sp_run(dump, steps=TRAJ_STEPS, lr=TRAJ_LR, warmup=TRAJ_WARMUP)
-        if error:
-            for what in ("trajectory", "lr", "weights"):
-                self.fail(what, error)
-            return
-        histories, finals = {}, {}
-        for dtype in (torch.float32, torch.float64):
-            model = self.reference(dtype)
-            histories[dtype] = fref.train(model, self.facts, self.tokens, TRAJ_STEPS, TRAJ_LR, warmup=TRAJ_WARMUP)
-            finals[dtype] = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
-        torch_losses = np.array([h[0] for h in histories[torch.float32]])
-        torch64_losses = np.array([h[0] for h in histories[torch.float64]])
-        schedule = np.array([h[1] for h in histories[torch.float32]])
-        try:
-            rows = fref.read_loss_csv(os.path.join(dump, "loss.csv"))
-        except (ValueError, OSError) as e:
-            self.fail("trajectory", str(e))
-            self.fail("lr", str(e))
-            rows = None
-        if rows is not None and [r[0] for r in rows] != list(range(1, TRAJ_STEPS + 1)):
-            msg = f"loss.csv has steps {[r[0] for r in rows]}, want 1..{TRAJ_STEPS}"
-            self.fail("trajectory", msg)
-            self.fail("lr", msg)
-            rows = None
-        if rows is not None:
-            sp_losses = np.array([r[1] for r in rows])
-            rel = np.abs(sp_losses - torch_losses) / np.abs(torch_losses)
-            t = int(np.argmax(rel))
-            noise = float(np.max(np.abs(torch_losses - torch64_losses) / np.abs(torch64_losses)))
-            self.check("trajectory", float(rel.max()) <= TOL_TRAJECTORY,
-                       f"{TRAJ_STEPS} steps lr {TRAJ_LR:g} warmup {TRAJ_WARMUP}: max_t |sp-torch|/|torch| = "
-                       f"{rel.max():.2e} at step {t + 1} (max abs {np.abs(sp_losses - torch_losses).max():.2e}; "
-                       f"tol {TOL_TRAJECTORY:g} relative; torch f32 vs f64 {noise:.2e}; "
-                       f"loss {torch_losses[0]:.4f} -> {torch_losses[-1]:.4f}; sp-run {seconds:.2f} s)")
-            sp_lrs = np.array([r[2] for r in rows])
-            lr_rel = np.abs(sp_lrs - schedule) / schedule
-            self.check("lr", float(lr_rel.max()) <= TOL_LR,
-                       f"loss.csv lr column vs the schedule: max rel {lr_rel.max():.2e} (tol {TOL_LR:g})")
-        weight_dir = os.path.join(dump, "weights")
-        f32, f64 = finals[torch.float32], finals[torch.float64]
-        names = list(f32)
-        have = ct.npy_names(weight_dir)
-        problems = []
-        if have != set(names):
-            problems.append(ct.name_differences("weight", have, set(names)))
-        weights = {}
-        for n in names:
-            if n in have:
-                try:
-                    weights[n] = ct.load_dumped(os.path.join(weight_dir, n + ".npy"), f32[n].shape)
-                except (ValueError, OSError) as e:
-                    problems.append(str(e))
-        err = float("inf")
-        if weights and not problems:
-            err = fref.global_rel_l2(weights, f32)
-            detail = (f"after {TRAJ_STEPS} steps, all {len(names)} params: ||sp-torch||/||torch|| = {err:.2e} "
-                      f"(tol {TOL_WEIGHTS:g}; torch f32 vs f64 {fref.global_rel_l2(f32, f64):.2e})")
-        else:
-            detail = f"{len(weights)}/{len(names)} weight files read"
-        self.check("weights", not problems and err <= TOL_WEIGHTS,
-                   detail + (f"; {'; '.join(problems)}" if problems else ""))
+    def train_reference(self, model):
+        return fref.train(model, self.facts, self.tokens, TRAJ_STEPS, TRAJ_LR, warmup=TRAJ_WARMUP)
 
     def run_all(self):
         try:

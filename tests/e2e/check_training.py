@@ -205,20 +205,28 @@ class ModelCheck:
 
     # -- setup -------------------------------------------------------------------------------------
 
+    def export_model(self):
+        """The model to check and its facts: the committed one, or an export into self.dir."""
+        if self.case.export is None:
+            return COMMITTED_MODEL, ref.read_facts(COMMITTED_MODEL)
+        path = os.path.join(self.dir, "model.onnx")
+        export_gpt.main(self.case.export_argv(path))
+        return path, ref.read_facts(path)
+
+    def compile_flags(self):
+        """sp-compile flags beyond the model and -o."""
+        return []
+
     def prepare(self):
         """Export (or take the committed model), write tokens, compile. Returns an error or None."""
-        if self.case.export is None:
-            self.onnx_path = COMMITTED_MODEL
-        else:
-            self.onnx_path = os.path.join(self.dir, "model.onnx")
-            export_gpt.main(self.case.export_argv(self.onnx_path))
-        self.facts = ref.read_facts(self.onnx_path)
+        self.onnx_path, self.facts = self.export_model()
         self.batch, self.seq, self.vocab = self.facts["batch"], self.facts["seq"], self.facts["vocab"]
         self.data = os.path.join(self.dir, "tokens.bin")
         self.tokens = ref.write_tokens(self.data, TOKENS, self.vocab, DATA_SEED)
         self.plan = os.path.join(self.dir, "plan")
         shutil.rmtree(self.plan, ignore_errors=True)
-        _, error = run([self.args.sp_compile, self.onnx_path, "-o", self.plan, "--quiet"])
+        _, error = run([self.args.sp_compile, self.onnx_path, "-o", self.plan, "--quiet",
+                        *self.compile_flags()])
         if error:
             return error
         with open(os.path.join(self.plan, "manifest.json")) as f:
@@ -238,6 +246,10 @@ class ModelCheck:
 
     def reference(self, dtype):
         return ref.reference_model(self.onnx_path, dropout=0.0, dtype=dtype, facts=self.facts)
+
+    def train_reference(self, model):
+        """The torch side of the 20-step trajectory: [(loss, lr)] per step."""
+        return ref.train(model, self.tokens, self.batch, self.seq, TRAJ_STEPS, TRAJ_LR, warmup=TRAJ_WARMUP)
 
     # -- step 1: logits, loss, gradients --------------------------------------------------------------
 
@@ -319,8 +331,7 @@ class ModelCheck:
         histories, finals = {}, {}
         for dtype in (torch.float32, torch.float64):
             model = self.reference(dtype)
-            histories[dtype] = ref.train(model, self.tokens, self.batch, self.seq, TRAJ_STEPS, TRAJ_LR,
-                                         warmup=TRAJ_WARMUP)
+            histories[dtype] = self.train_reference(model)
             finals[dtype] = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
         torch_losses = np.array([h[0] for h in histories[torch.float32]])
         torch64_losses = np.array([h[0] for h in histories[torch.float64]])

@@ -44,8 +44,6 @@ IGNORE_INDEX = -100
 
 facts_path = ref.facts_path
 get_batch = ref.get_batch
-lr_at = ref.lr_at
-make_optimizer = ref.make_optimizer
 rel_err = ref.rel_err
 global_rel_l2 = ref.global_rel_l2
 read_loss_csv = ref.read_loss_csv
@@ -166,30 +164,10 @@ def loss_and_grads(model, facts, x, y):
 
 
 def train(model, facts, tokens, steps, lr, warmup=0, min_lr=None, callback=None, batch_fn=None):
-    """Train `steps` steps as sp-run does; returns [(loss, lr)] per step (the loss before the update).
-
-    torch_reference.train with the role inputs fed; `batch_fn(k) -> (x, y)` replaces next-token
-    batches (e.g. with masked-LM ones).
-    """
-    batch, seq = facts["batch"], facts["seq"]
-    min_lr = lr / 10 if min_lr is None else min_lr
-    model.train()
-    optimizer = make_optimizer(model, lr)
-    history = []
-    for t in range(1, steps + 1):
-        x, y = batch_fn(t - 1) if batch_fn else get_batch(tokens, t - 1, batch, seq)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_of(model, facts, x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), ref.MAX_GRAD_NORM)
-        step_lr = lr_at(t, steps, warmup, lr, min_lr)
-        for group in optimizer.param_groups:
-            group["lr"] = step_lr
-        optimizer.step()
-        history.append((float(loss.item()), step_lr))
-        if callback:
-            callback(t)
-    return history
+    """torch_reference.train with the role inputs fed; `batch_fn(k) -> (x, y)` replaces next-token
+    batches (e.g. with masked-LM ones). Returns [(loss, lr)] per step."""
+    return ref.train(model, tokens, facts["batch"], facts["seq"], steps, lr, warmup, min_lr, callback,
+                     loss_fn=lambda m, x, y: loss_of(m, facts, x, y), batch_fn=batch_fn)
 
 
 # -- masked-LM (BERT's own objective; optional) -----------------------------------------------------

@@ -319,13 +319,18 @@ private:
       if (RequiresGrad.count(N.operand(0)))
         accumulate(N, N.operand(0),
                    emit(N, OpKind::Linear, {DY, N.operand(1)}, AX)->result());
-      // The full input for dW: saved, or gathered again from the shard.
+      // The full input for dW: saved, or gathered again from the shard,
+      // once for every linear that reads the same g (Llama's q, k, v).
       Value *X = N.operand(0);
       if (const Node *G = regatheredInput(N)) {
-        Node *Again = emit(*G, OpKind::AllGather, {G->operand(0)},
-                           collectiveAttrs(*G));
-        Again->tags().Role = G->tags().Role + "_regather";
-        X = Again->result();
+        Value *&Again = Regathered[G];
+        if (!Again) {
+          Node *AG = emit(*G, OpKind::AllGather, {G->operand(0)},
+                          collectiveAttrs(*G));
+          AG->tags().Role = G->tags().Role + "_regather";
+          Again = AG->result();
+        }
+        X = Again;
       }
       accumulate(N, N.operand(1),
                  emit(N, OpKind::LinearGradW, {X, DY}, AW)->result());
@@ -454,6 +459,8 @@ private:
 
   Graph &G;
   DenseMap<Value *, Value *> Grads;
+  /// The backward all-gather of each regathered g, shared by its linears.
+  DenseMap<const Node *, Value *> Regathered;
   llvm::DenseSet<Value *> RequiresGrad;
   SmallVector<Node *, 8> Emitted;
   Value *Seed = nullptr;

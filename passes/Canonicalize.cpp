@@ -185,6 +185,9 @@ private:
 
 using Pattern = std::function<bool(Rewriter &, Node &)>;
 
+/// Questions patterns ask about a constant (Rewriter::memo keys).
+enum ConstQuestion { MaskUpper, MaskLower, AdditiveCausal, RopeTable };
+
 //===----------------------------------------------------------------------===//
 // Phase 1: composites
 //===----------------------------------------------------------------------===//
@@ -640,22 +643,20 @@ bool mergeHeads(Rewriter &R, Node &N) {
 }
 
 /// Reshape [b, s, n*d] -> [b, s, n, d] then Transpose [0, 2, 1, 3]: one
-/// projection's heads (Llama's separate q, k and v).
+/// projection's heads (Llama's separate q, k and v), the layout headLayout
+/// checks for split_heads.
 bool toHeads(Rewriter &R, Node &N) {
-  if (N.op() != OpKind::OnnxTranspose ||
-      N.attrs().getInts("perm") != std::vector<int64_t>{0, 2, 1, 3})
+  if (N.op() != OpKind::OnnxReshape)
     return false;
-  Node *Re = def(N.operand(0), OpKind::OnnxReshape);
-  if (!Re || Re->result()->users().size() != 1)
-    return false;
-  const TensorType &In = Re->operand(0)->type(), &Mid = Re->result()->type();
-  if (In.rank() != 3 || Mid.rank() != 4 || Mid.Shape[0] != In.Shape[0] ||
-      Mid.Shape[1] != In.Shape[1] || Mid.Shape[2] * Mid.Shape[3] != In.Shape[2])
+  int64_t Heads;
+  bool KeyLayout;
+  Node *Tr = headLayout(N.operand(0), Heads, KeyLayout);
+  if (!Tr || KeyLayout)
     return false;
   AttrList A;
-  A.set("heads", Mid.Shape[2]);
-  Node *H = R.build(&N, OpKind::ToHeads, {Re->operand(0)}, A);
-  R.replace(N.result(), H->result());
+  A.set("heads", Heads);
+  Node *H = R.build(Tr, OpKind::ToHeads, {N.operand(0)}, A);
+  R.replace(Tr->result(), H->result());
   return true;
 }
 
@@ -685,30 +686,39 @@ bool repeatHeads(Rewriter &R, Node &N) {
   return true;
 }
 
-/// A rotary table as rope takes it, [1 or b, s, d]: the [b, s, d] lookup
-/// under an Unsqueeze(., 1), or a constant [c, 1, s, d] or [s, d].
+/// A rotary table as rope takes it, [1 or b, s, d] for X [b, a, s, d]: the
+/// [b, s, d] lookup under an Unsqueeze(., 1), or a constant [1, 1, s, d],
+/// [1, s, d] or [s, d] (made once per constant), or nullptr.
 Value *ropeTable(Rewriter &R, Value *V, const TensorType &X) {
+  Value *Table = nullptr;
   if (Node *Un = def(V, OpKind::OnnxUnsqueeze)) {
-    const TensorType &T = Un->operand(0)->type();
-    if (T.rank() == 3 && V->type().rank() == 4 && V->type().Shape[1] == 1)
-      return Un->operand(0);
-    return nullptr;
+    if (V->type().rank() == 4 && V->type().Shape[1] == 1)
+      Table = Un->operand(0);
+  } else if (V->isConst() && V->data()) {
+    Table = R.memo(V, RopeTable, [&]() -> Value * {
+      const TensorType &T = V->type();
+      if (T.rank() < 2 || T.rank() > 4 || (T.rank() == 4 && T.Shape[1] != 1) ||
+          T.numElements() != T.dim(-1) * T.dim(-2) * (T.rank() > 2 ? T.Shape[0] : 1))
+        return nullptr;
+      auto D = V->data()->load();
+      if (!D) {
+        consumeError(D.takeError());
+        return nullptr;
+      }
+      TensorType Tab(T.Dtype, {T.rank() > 2 ? T.Shape[0] : 1, T.dim(-2),
+                               T.dim(-1)});
+      return R.G.addInlineConst("rope_table", Tab,
+                                std::vector<char>(D->begin(), D->end()));
+    });
   }
-  const TensorType &T = V->type();
-  if (!V->isConst() || !V->data() || T.dim(-1) != X.dim(-1) ||
-      T.dim(-2) != X.dim(-2))
+  // What rope's shape rule accepts; anything else is not this pattern.
+  if (!Table)
     return nullptr;
-  int64_t Lead = T.numElements() / (X.dim(-1) * X.dim(-2));
-  if ((T.rank() == 4 && T.Shape[1] != 1) || T.rank() < 2 || T.rank() > 4)
-    return nullptr;
-  auto D = V->data()->load();
-  if (!D) {
-    consumeError(D.takeError());
-    return nullptr;
-  }
-  TensorType Table(T.Dtype, {Lead, X.dim(-2), X.dim(-1)});
-  std::vector<char> Bytes(D->begin(), D->end());
-  return R.G.addInlineConst("rope_table", Table, std::move(Bytes));
+  const TensorType &T = Table->type();
+  bool Fits = T.rank() == 3 && (T.Shape[0] == 1 || T.Shape[0] == X.Shape[0]) &&
+              T.Shape[1] == X.Shape[2] && T.Shape[2] == X.Shape[3] &&
+              T.Dtype == X.Dtype;
+  return Fits ? Table : nullptr;
 }
 
 /// rotate_half(x) = Concat(Neg(x[..., d/2:]), x[..., :d/2]) on the last axis.
@@ -919,9 +929,6 @@ bool isNotTriluOfOnes(Value *Cond) {
     In = Cast->operand(0);
   return isTriluOfOnes(In);
 }
-
-/// Questions canonicalize asks about a constant (Rewriter::memo keys).
-enum MaskQuestion { MaskUpper, MaskLower, AdditiveCausal };
 
 /// For an additive causal mask (0 on and below the diagonal, one fill value
 /// above it), the fill; nullopt otherwise.

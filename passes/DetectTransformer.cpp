@@ -219,10 +219,10 @@ private:
       Paths.push_back(P);
     }
     Path *Q = nullptr, *K = nullptr, *Vp = nullptr;
+    // q and k meet in the scores (q k^T), v is operand 1 of av.
     for (Path &P : Paths) {
       bool Scores = P.Reader->attrs().getInt("trans_b", 0);
-      Path *&Slot = Scores ? (P.OperandNo == 0 ? Q : K)
-                           : (P.OperandNo == 1 ? Vp : Q);
+      Path *&Slot = !Scores ? Vp : P.OperandNo == 0 ? Q : K;
       if (Slot || (!Scores && P.OperandNo != 1))
         return fail(L, "attention", P.Lin->result(),
                     "cannot tell the q, k and v projections apart");

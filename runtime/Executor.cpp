@@ -34,6 +34,16 @@ cpu::GeluApprox geluApprox(const AttrList &A) {
                                                       : cpu::GeluApprox::None;
 }
 
+/// The first of lr and step the program has no input for ("" if both).
+std::string missingOptimizerInput(const Program &Prog) {
+  for (InputRole R : {InputRole::LearningRate, InputRole::Step})
+    if (none_of(Prog.Buffers, [&](const ProgramBuffer &B) {
+          return B.K == ProgramBuffer::Input && B.Feed == R;
+        }))
+      return inputRoleName(R).str();
+  return "";
+}
+
 } // namespace
 
 Executor::~Executor() { std::free(Arena); }
@@ -104,6 +114,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   // Every input must be one the runtime knows how to feed.
   if (auto Err = E->checkInputs())
     return std::move(Err);
+  E->MissingOptimizerInput = missingOptimizerInput(Prog);
 
   size_t Size = alignTo(std::max<int64_t>(Prog.ArenaBytes, 64), 64);
   E->Arena = static_cast<char *>(std::aligned_alloc(64, Size));
@@ -166,10 +177,10 @@ Error Executor::checkInputs() const {
           (T.Shape[0] != Batch / Microbatches &&
            !(B.Feed == InputRole::Positions && T.Shape[0] == 1)))
         return Bad(formatv("must be [{0}, {1}]", Batch / Microbatches, Seq));
-      if (B.Feed == InputRole::Mask && !isFloat(T.Dtype) &&
+      if (B.Feed == InputRole::Mask && T.Dtype != DType::F32 &&
           T.Dtype != DType::I64 && T.Dtype != DType::I32 &&
           T.Dtype != DType::Bool)
-        return Bad("has an element type the runtime cannot fill");
+        return Bad("must be f32, i64, i32 or bool");
       break;
     case InputRole::LearningRate:
     case InputRole::Step:
@@ -180,6 +191,8 @@ Error Executor::checkInputs() const {
   }
   return Error::success();
 }
+
+
 
 Error Executor::feedInputs(ArrayRef<int64_t> Tokens, ArrayRef<int64_t> Targets,
                            double LR, int64_t Step) {
@@ -225,7 +238,7 @@ Error Executor::feedInputs(ArrayRef<int64_t> Tokens, ArrayRef<int64_t> Targets,
         case DType::Bool:
           Dst[I] = 1;
           break;
-        default:
+        default: // f32, checked when the executor was created
           reinterpret_cast<float *>(Dst)[I] = 1.0f;
           break;
         }
@@ -248,12 +261,9 @@ Expected<double> Executor::trainStep(ArrayRef<int64_t> Idx,
                                      int64_t Step) {
   if (Step < 1)
     return planError("steps are 1-based");
-  for (InputRole R : {InputRole::LearningRate, InputRole::Step})
-    if (none_of(Prog.Buffers, [&](const ProgramBuffer &B) {
-          return B.K == ProgramBuffer::Input && B.Feed == R;
-        }))
-      return planError("the plan has no optimizer step (no '" +
-                       inputRoleName(R) + "' input)");
+  if (!MissingOptimizerInput.empty())
+    return planError("the plan has no optimizer step (no '" +
+                     MissingOptimizerInput + "' input)");
   if (auto E = feedInputs(Idx, Targets, LR, Step))
     return std::move(E);
   if (auto E = run(Phase::Optimizer, Step, /*Training=*/true))

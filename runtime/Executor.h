@@ -172,6 +172,8 @@ private:
   char *Arena = nullptr;
   MemoryStats Stats;
   int LogitsBuffer = -1;
+  /// Set when the plan cannot train: the optimizer input it lacks.
+  std::string MissingOptimizerInput;
 };
 
 } // namespace sp

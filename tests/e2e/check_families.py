@@ -76,6 +76,11 @@ BIN_WAIT_S = 300
 GRAD_FLOOR = 1e-5
 
 
+def grad_scale(grads64):
+    """The largest |gradient| of the model, the floor grad_err measures against."""
+    return max(float(np.max(np.abs(g))) for g in grads64.values())
+
+
 def grad_err(actual, expected, scale):
     """max|a-b| / max(max|b|, GRAD_FLOOR * scale): check_training's measure, with a floor."""
     diff = float(np.max(np.abs(np.asarray(actual, np.float64) - np.asarray(expected, np.float64))))
@@ -175,72 +180,20 @@ class FamilyCheck(ct.ModelCheck):
     def reference(self, dtype):
         return fref.reference_model(self.onnx_path, dropout=0.0, dtype=dtype, facts=self.facts)
 
-    def check_step1(self):
-        dump = os.path.join(self.dir, "step1")
-        error, seconds = self.sp_run(dump, steps=1, lr=STEP1_LR)
-        if error:
-            for what in ("logits", "loss", "grads"):
-                self.fail(what, error)
-            return
-        x, y = fref.get_batch(self.tokens, 0, self.batch, self.seq)
-        m32, m64 = self.reference(torch.float32), self.reference(torch.float64)
-        names = [n for n, _ in m32.named_parameters()]
-        shapes = {n: tuple(p.shape) for n, p in m32.named_parameters()}
-        logits32, logits64 = fref.eval_logits(m32, self.facts, x), fref.eval_logits(m64, self.facts, x)
-        loss32, grads32 = fref.loss_and_grads(m32, self.facts, x, y)
-        loss64, grads64 = fref.loss_and_grads(m64, self.facts, x, y)
+    def eval_logits(self, model, x):
+        return fref.eval_logits(model, self.facts, x)
 
-        try:
-            logits = ct.load_dumped(os.path.join(dump, "logits.npy"), logits32.shape)
-            err = fref.rel_err(logits, logits32)
-            self.check("logits", err <= TOL_LOGITS,
-                       f"max|sp-torch|/max|torch| = {err:.2e} (tol {TOL_LOGITS:g}; torch f32 vs f64 "
-                       f"{fref.rel_err(logits32, logits64):.2e}; shape {list(logits32.shape)})")
-        except (ValueError, OSError) as e:
-            self.fail("logits", str(e))
+    def loss_and_grads(self, model, x, y):
+        return fref.loss_and_grads(model, self.facts, x, y)
 
-        try:
-            rows = fref.read_loss_csv(os.path.join(dump, "loss.csv"))
-            if len(rows) != 1 or rows[0][0] != 1:
-                raise ValueError(f"loss.csv has steps {[r[0] for r in rows]}, want [1]")
-            err = abs(rows[0][1] - loss32) / abs(loss32)
-            self.check("loss", err <= TOL_LOSS,
-                       f"sp {rows[0][1]:.8f} torch {loss32:.8f}: |sp-torch|/|torch| = {err:.2e} "
-                       f"(tol {TOL_LOSS:g}; torch f32 vs f64 {abs(loss32 - loss64) / abs(loss64):.2e})")
-        except (ValueError, OSError) as e:
-            self.fail("loss", str(e))
+    def grad_error(self, actual, expected, grads64):
+        return grad_err(actual, expected, grad_scale(grads64))
 
-        grad_dir = os.path.join(dump, "grads")
-        have = ct.npy_names(grad_dir)
-        problems = []
-        if have != set(names):
-            problems.append(ct.name_differences("grad", have, set(names)))
-        errs = {}
-        scale = max(float(np.max(np.abs(g))) for g in grads64.values())
+    def grad_note(self, names, grads64):
+        scale = grad_scale(grads64)
         floored = [n for n in names if float(np.max(np.abs(grads64[n]))) < GRAD_FLOOR * scale]
-        for n in names:
-            if n not in have:
-                continue
-            try:
-                errs[n] = grad_err(ct.load_dumped(os.path.join(grad_dir, n + ".npy"), shapes[n]), grads32[n], scale)
-            except (ValueError, OSError) as e:
-                problems.append(str(e))
-        bad = {n: e for n, e in errs.items() if e > TOL_GRADS}
-        if bad:
-            ranked = sorted(bad.items(), key=lambda kv: -kv[1])
-            problems.append(f"{len(bad)} over tolerance: " + ", ".join(f"{n} {e:.2e}" for n, e in ranked[:6])
-                            + (", ..." if len(ranked) > 6 else ""))
-        worst = max(errs, key=errs.get) if errs else None
-        noise = max(grad_err(grads32[n], grads64[n], scale) for n in names)
-        summary = (f"{len(errs)}/{len(names)} params, worst max|sp-torch|/max|torch| = "
-                   f"{errs[worst]:.2e} ({worst})" if worst else "no gradients compared")
-        self.check("grads", not problems,
-                   f"{summary} (tol {TOL_GRADS:g} each; torch f32 vs f64 worst {noise:.2e}"
-                   f"{'; tied: the embedding includes the head' if self.facts['tied'] else ''}"
-                   + (f"; {len(floored)} ~0 analytically, e.g. {floored[0]}, measured against "
-                      f"{GRAD_FLOOR:g} x the largest gradient" if floored else "") + ")"
-                   + (f"; {'; '.join(problems)}" if problems else ""))
-        self.step1_seconds = seconds
+        return (f"; {len(floored)} ~0 analytically, e.g. {floored[0]}, measured against "
+                f"{GRAD_FLOOR:g} x the largest gradient" if floored else "")
 
     def train_reference(self, model):
         return fref.train(model, self.facts, self.tokens, TRAJ_STEPS, TRAJ_LR, warmup=TRAJ_WARMUP)

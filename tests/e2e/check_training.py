@@ -247,6 +247,20 @@ class ModelCheck:
     def reference(self, dtype):
         return ref.reference_model(self.onnx_path, dropout=0.0, dtype=dtype, facts=self.facts)
 
+    def eval_logits(self, model, x):
+        return ref.eval_logits(model, x)
+
+    def loss_and_grads(self, model, x, y):
+        return ref.loss_and_grads(model, x, y)
+
+    def grad_error(self, actual, expected, grads64):
+        """The error of one gradient (grads64: every float64 gradient, for scales)."""
+        return ref.rel_err(actual, expected)
+
+    def grad_note(self, names, grads64):
+        """What the grads line adds about how errors were measured."""
+        return ""
+
     def train_reference(self, model):
         """The torch side of the 20-step trajectory: [(loss, lr)] per step."""
         return ref.train(model, self.tokens, self.batch, self.seq, TRAJ_STEPS, TRAJ_LR, warmup=TRAJ_WARMUP)
@@ -264,9 +278,9 @@ class ModelCheck:
         m32, m64 = self.reference(torch.float32), self.reference(torch.float64)
         names = [n for n, _ in m32.named_parameters()]
         shapes = {n: tuple(p.shape) for n, p in m32.named_parameters()}
-        logits32, logits64 = ref.eval_logits(m32, x), ref.eval_logits(m64, x)
-        loss32, grads32 = ref.loss_and_grads(m32, x, y)
-        loss64, grads64 = ref.loss_and_grads(m64, x, y)
+        logits32, logits64 = self.eval_logits(m32, x), self.eval_logits(m64, x)
+        loss32, grads32 = self.loss_and_grads(m32, x, y)
+        loss64, grads64 = self.loss_and_grads(m64, x, y)
 
         # logits
         try:
@@ -301,7 +315,8 @@ class ModelCheck:
             if n not in have:
                 continue
             try:
-                errs[n] = ref.rel_err(load_dumped(os.path.join(grad_dir, n + ".npy"), shapes[n]), grads32[n])
+                errs[n] = self.grad_error(load_dumped(os.path.join(grad_dir, n + ".npy"), shapes[n]),
+                                          grads32[n], grads64)
             except (ValueError, OSError) as e:
                 problems.append(str(e))
         bad = {n: e for n, e in errs.items() if e > TOL_GRADS}
@@ -310,12 +325,13 @@ class ModelCheck:
             problems.append(f"{len(bad)} over tolerance: " + ", ".join(f"{n} {e:.2e}" for n, e in ranked[:6])
                             + (", ..." if len(ranked) > 6 else ""))
         worst = max(errs, key=errs.get) if errs else None
-        noise = max(ref.rel_err(grads32[n], grads64[n]) for n in names)
+        noise = max(self.grad_error(grads32[n], grads64[n], grads64) for n in names)
         summary = (f"{len(errs)}/{len(names)} params, worst max|sp-torch|/max|torch| = "
                    f"{errs[worst]:.2e} ({worst})" if worst else "no gradients compared")
         self.check("grads", not problems,
                    f"{summary} (tol {TOL_GRADS:g} each; torch f32 vs f64 worst {noise:.2e}"
-                   f"{'; tied: wte includes lm_head' if self.facts['tied'] else ''})"
+                   f"{'; tied: the embedding includes the head' if self.facts['tied'] else ''}"
+                   f"{self.grad_note(names, grads64)})"
                    + (f"; {'; '.join(problems)}" if problems else ""))
         self.step1_seconds = seconds
 

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bert as bert_lib  # noqa: E402
 import hf_gpt2 as gpt2_lib  # noqa: E402
 import llama as llama_lib  # noqa: E402
+from export_gpt import add_output_args, facts_path, save_onnx  # noqa: E402  (shared with the GPT exporter)
 
 MIN_OPSET, MAX_OPSET = 13, 17
 MIN_TRILU_OPSET = 14
@@ -96,12 +97,7 @@ def parse_args(argv=None):
                      help="give the output layer its own weight (llama default; not bert)")
     p.add_argument("--input-name", default=None,
                    help="name of the token input in the graph (default input_ids); e.g. idx, tokens")
-    p.add_argument("--seed", type=int, default=1234, help="torch seed for the weights")
-    p.add_argument("--dynamic", action="store_true",
-                   help='make batch and sequence symbolic dims "batch" and "seq" (default static)')
-    p.add_argument("--external-data", action="store_true",
-                   help="store every initializer in OUT.onnx.data next to the model")
-    p.add_argument("--save-torch", metavar="OUT.pt", help="also save the torch state dict here")
+    add_output_args(p)
     for name, uses in all_switches().items():
         forms = sorted({c for _, choices in uses for c in choices})
         where = "; ".join(f"{family}: {'|'.join(choices)}" for family, choices in uses)
@@ -309,14 +305,6 @@ def buffer_fates(model, proto):
     return fates
 
 
-def save_onnx(proto, path, external_data):
-    if external_data:
-        onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=os.path.basename(path) + ".data", size_threshold=0)
-    else:
-        onnx.save_model(proto, path)
-
-
 def sizes_of(args):
     return {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
             "kv_heads": args.kv_heads if args.family == "llama" else args.heads,
@@ -339,10 +327,6 @@ def expected_facts(model, proto, args):
              "input_name": args.input_name, "outputs": [{"name": "logits", "shape": shape + [args.vocab]}],
              "buffers": buffer_fates(model, proto)}
     return facts
-
-
-def facts_path(onnx_path):
-    return os.path.splitext(onnx_path)[0] + ".json"
 
 
 def main(argv=None):

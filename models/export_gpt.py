@@ -26,6 +26,16 @@ MIN_OPSET, MAX_OPSET = 13, 17
 MIN_TRILU_OPSET = 14
 
 
+def add_output_args(p):
+    """The flags every exporter here shares: seed, static or dynamic dims, where the data goes."""
+    p.add_argument("--seed", type=int, default=1234, help="torch seed for the weights")
+    p.add_argument("--dynamic", action="store_true",
+                   help='make batch and sequence symbolic dims "batch" and "seq" (default static)')
+    p.add_argument("--external-data", action="store_true",
+                   help="store every initializer in OUT.onnx.data next to the model")
+    p.add_argument("--save-torch", metavar="OUT.pt", help="also save the torch state dict here")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--output", required=True, help="the .onnx file to write (OUT.json goes next to it)")
@@ -46,12 +56,7 @@ def parse_args(argv=None):
     tie.add_argument("--tied", dest="tied", action="store_true", default=True,
                      help="share the output layer weight with the token embedding (default)")
     tie.add_argument("--untied", dest="tied", action="store_false", help="give the output layer its own weight")
-    p.add_argument("--seed", type=int, default=1234, help="torch seed for the weights")
-    p.add_argument("--dynamic", action="store_true",
-                   help='make batch and sequence symbolic dims "batch" and "seq" (default static)')
-    p.add_argument("--external-data", action="store_true",
-                   help="store every initializer in OUT.onnx.data next to the model")
-    p.add_argument("--save-torch", metavar="OUT.pt", help="also save the torch state dict here")
+    add_output_args(p)
     args = p.parse_args(argv)
     if not MIN_OPSET <= args.opset <= MAX_OPSET:
         p.error(f"--opset must be in {MIN_OPSET}..{MAX_OPSET}")

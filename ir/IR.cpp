@@ -37,15 +37,22 @@ bool isOnnxOp(OpKind K) { return opName(K).startswith("onnx."); }
 
 bool hasSideEffects(OpKind K) { return K == OpKind::AdamW; }
 
+/// The enumerator whose name (its index in Names) is Name.
+template <typename E, size_t N>
+static std::optional<E> parseEnumName(const char *const (&Names)[N],
+                                      StringRef Name) {
+  for (unsigned I = 0; I < N; ++I)
+    if (Name == Names[I])
+      return E(I);
+  return std::nullopt;
+}
+
 static const char *const PhaseNames[] = {"fwd", "bwd", "recompute", "opt"};
 
 StringRef phaseName(Phase P) { return PhaseNames[unsigned(P)]; }
 
 std::optional<Phase> parsePhase(StringRef Name) {
-  for (unsigned I = 0; I < std::size(PhaseNames); ++I)
-    if (Name == PhaseNames[I])
-      return Phase(I);
-  return std::nullopt;
+  return parseEnumName<Phase>(PhaseNames, Name);
 }
 
 static const char *const InputRoleNames[] = {
@@ -55,10 +62,7 @@ static const char *const InputRoleNames[] = {
 StringRef inputRoleName(InputRole R) { return InputRoleNames[unsigned(R)]; }
 
 std::optional<InputRole> parseInputRole(StringRef Name) {
-  for (unsigned I = 0; I < std::size(InputRoleNames); ++I)
-    if (Name == InputRoleNames[I])
-      return InputRole(I);
-  return std::nullopt;
+  return parseEnumName<InputRole>(InputRoleNames, Name);
 }
 
 bool isBatchedRole(InputRole R) {

@@ -247,6 +247,19 @@ Expected<TypeList> inferCoreTypes(OpKind Op, ArrayRef<Value *> Ops,
       return typeError("causal_mask expects rank >= 2 scores");
     return T;
   }
+  case OpKind::PaddingMask: {
+    // The attention mask of padded batches: keep[b, k] (any numeric or bool
+    // type; 1 attends, 0 is padding) broadcast over heads and queries.
+    if (auto E = expectOperands(Ops, 2, 2))
+      return std::move(E);
+    const TensorType &X = Ops[0]->type(), &M = Ops[1]->type();
+    if (X.rank() < 2 || !isFloat(X.Dtype) || M.rank() != 2 ||
+        M.Shape[0] != X.Shape[0] || M.Shape[1] != X.dim(-1))
+      return typeError(formatv("padding_mask expects scores [b, .., k] and a "
+                               "mask [b, k]; got {0} and {1}",
+                               X.str(), M.str()));
+    return TypeList{X};
+  }
   case OpKind::Gelu:
   case OpKind::Scale:
   case OpKind::Softmax:

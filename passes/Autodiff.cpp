@@ -73,7 +73,7 @@ SmallVector<Value *, 4> savedForBackward(const Node &N) {
   case OpKind::CrossEntropy:
     return {Op(0), Op(1)}; // logits, targets
   default:
-    return {}; // add, scale, causal_mask, split/merge/to/repeat heads
+    return {}; // add, scale, causal/padding mask, split/merge/to/repeat heads
   }
 }
 
@@ -414,6 +414,9 @@ private:
     case OpKind::Scale:
       accumulate(N, N.operand(0),
                  emit(N, OpKind::Scale, {DY}, N.attrs())->result());
+      return Error::success();
+    case OpKind::PaddingMask: // x + bias: the gradient passes unchanged
+      accumulate(N, N.operand(0), DY);
       return Error::success();
     case OpKind::CausalMask: {
       AttrList A;

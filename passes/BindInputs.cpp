@@ -10,9 +10,16 @@
 //   positions    the ids of the position embedding (role pos_embed) or of
 //                the rotary tables (rope_cos, rope_sin) when they are an
 //                input rather than a folded arange
+//   token_types  the ids of the token-type embedding (role type_embed)
+//   mask         the attention mask of the padding masks (role pad_mask)
 //
 // --input NAME=ROLE binds an input the structure does not explain, and must
-// agree with the structure when it does. An input nothing uses is dropped
+// agree with the structure when it does. The one guess the structure makes
+// may be overruled: an input-indexed table added to the token embedding is
+// taken for positions when it has a row per position (token types when it
+// has fewer rows), so --input NAME=token_types (or =positions) settles it
+// and retags the embedding. Each bound input's type is checked here, so a
+// plan never holds an input sp-run would refuse. An input nothing uses is dropped
 // (it cannot change a result); any other input left without a role is an
 // error naming it, so a plan can never hold an input the runtime would not
 // fill. Inputs that later passes add (targets, lr, step) carry their roles
@@ -36,13 +43,16 @@ Error bindError(const Twine &Msg) {
 struct Found {
   InputRole Role = InputRole::None;
   std::string Why;
+  /// The embedding whose positions/token-types guess a flag may overrule.
+  Node *Guess = nullptr;
 };
 
 DenseMap<Value *, Found> structuralRoles(Graph &G) {
   DenseMap<Value *, Found> R;
-  auto Mark = [&](Value *V, InputRole Role, StringRef Why) {
+  auto Mark = [&](Value *V, InputRole Role, StringRef Why,
+                  Node *Guess = nullptr) {
     if (V->isInput() && !R.count(V))
-      R[V] = {Role, Why.str()};
+      R[V] = {Role, Why.str(), Guess};
   };
   for (Node &N : G.nodes()) {
     const std::string &Role = N.tags().Role;
@@ -52,12 +62,51 @@ DenseMap<Value *, Found> structuralRoles(Graph &G) {
       Mark(N.operand(1), InputRole::Tokens, "the ids of the token embedding");
     else if (Role == "pos_embed")
       Mark(N.operand(1), InputRole::Positions,
-           "the ids of the position embedding");
+           "the ids of a table with a row per position added to the tokens",
+           &N);
+    else if (Role == "type_embed")
+      Mark(N.operand(1), InputRole::TokenTypes,
+           "the ids of a table with fewer rows than positions added to the "
+           "tokens",
+           &N);
+    else if (Role == "pad_mask")
+      Mark(N.operand(1), InputRole::Mask,
+           "the attention mask added to the scores as (1 - m) * fill");
     else if (Role == "rope_cos" || Role == "rope_sin")
       Mark(N.operand(1), InputRole::Positions,
            "the positions the rotary tables are looked up by");
   }
   return R;
+}
+
+/// What sp-run can fill: ids are i64 [b, s] (positions also [1, s]); a
+/// mask is [b, s] of f32, i64, i32 or bool.
+Error checkTypes(Graph &G) {
+  const Value *Tokens = G.inputWithRole(InputRole::Tokens);
+  if (!Tokens || Tokens->type().rank() != 2)
+    return Error::success(); // detect-transformer reports the token shape
+  int64_t B = Tokens->type().Shape[0], S = Tokens->type().Shape[1];
+  for (const auto &I : G.inputs()) {
+    const TensorType &T = I->type();
+    InputRole R = I->inputRole();
+    if (R == InputRole::None || R == InputRole::Targets ||
+        R == InputRole::LearningRate || R == InputRole::Step)
+      continue;
+    bool Shape = T.rank() == 2 && T.Shape[1] == S &&
+                 (T.Shape[0] == B || (R == InputRole::Positions && T.Shape[0] == 1));
+    bool Dtype = R == InputRole::Mask
+                     ? T.Dtype == DType::F32 || T.Dtype == DType::I64 ||
+                           T.Dtype == DType::I32 || T.Dtype == DType::Bool
+                     : T.Dtype == DType::I64;
+    if (!Shape || !Dtype)
+      return bindError(formatv(
+          "input '{0}' is bound as {1} but is {2}; sp-run feeds {1} as {3}",
+          I->name(), inputRoleName(R), T.str(),
+          R == InputRole::Mask
+              ? formatv("[{0}, {1}] of f32, i64, i32 or bool", B, S).str()
+              : formatv("i64[{0}, {1}]", B, S).str()));
+  }
+  return Error::success();
 }
 
 class BindInputsPass : public Pass {
@@ -85,6 +134,18 @@ public:
                                  Name, inputRoleName(Role), Names));
       }
       auto It = Structural.find(V);
+      bool Overrule = It != Structural.end() && It->second.Guess &&
+                      (Role == InputRole::Positions ||
+                       Role == InputRole::TokenTypes);
+      if (Overrule) {
+        It->second.Guess->tags().Role =
+            Role == InputRole::Positions ? "pos_embed" : "type_embed";
+        if (Node *Add = It->second.Guess->result()->users()[0].User;
+            Add->tags().Role == "embed_add" || Add->tags().Role == "type_add")
+          Add->tags().Role =
+              Role == InputRole::Positions ? "embed_add" : "type_add";
+        It->second.Role = Role;
+      }
       if (It != Structural.end() && It->second.Role != Role)
         return bindError(formatv("--input {0}={1}: input '{0}' is {2}, so "
                                  "sp feeds it as {3}; drop the flag or bind "
@@ -131,6 +192,8 @@ public:
           First = I.get();
         }
     }
+    if (auto E = checkTypes(G))
+      return E;
     for (const auto &I : G.inputs())
       *Ctx.Remarks << "bind-inputs: '" << I->name() << "' is "
                    << inputRoleName(I->inputRole()) << "\n";

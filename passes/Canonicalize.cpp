@@ -19,7 +19,8 @@
 //                  Transpose of the last two axes); Gather from a parameter
 //                  table -> embedding.
 //  3. pointwise    Div/Mul by a scalar constant -> scale; Where or Add with a
-//                  constant causal mask -> causal_mask; Softmax -> softmax;
+//                  constant causal mask -> causal_mask; Add of
+//                  (1 - attention_mask) * fill -> padding_mask; Softmax -> softmax;
 //                  Dropout -> dropout (or nothing, in inference mode);
 //                  Add -> add.
 //
@@ -90,9 +91,11 @@ bool isScalar(const Value *V, double Want, double RelTol = 1e-4) {
 
 /// The single user of V, if it has exactly one and V is not a graph output.
 Node *singleUser(Value *V, OpKind K) {
-  if (V->users().size() != 1 || V->producer()->parent()->isOutput(V))
+  if (V->users().size() != 1)
     return nullptr;
   Node *U = V->users()[0].User;
+  if (U->parent()->isOutput(V)) // V may be a graph input: ask its user
+    return nullptr;
   return U->op() == K ? U : nullptr;
 }
 
@@ -651,12 +654,17 @@ bool toHeads(Rewriter &R, Node &N) {
   int64_t Heads;
   bool KeyLayout;
   Node *Tr = headLayout(N.operand(0), Heads, KeyLayout);
-  if (!Tr || KeyLayout)
+  if (!Tr)
     return false;
   AttrList A;
   A.set("heads", Heads);
-  Node *H = R.build(Tr, OpKind::ToHeads, {N.operand(0)}, A);
-  R.replace(Tr->result(), H->result());
+  Value *V = R.build(Tr, OpKind::ToHeads, {N.operand(0)}, A)->result();
+  if (KeyLayout) { // BERT's keys, transposed for QK^T: batchMatMul absorbs it
+    AttrList P;
+    P.set("perm", std::vector<int64_t>{0, 1, 3, 2});
+    V = R.build(Tr, OpKind::OnnxTranspose, {V}, P)->result();
+  }
+  R.replace(Tr->result(), V);
   return true;
 }
 
@@ -993,6 +1001,57 @@ bool causalMask(Rewriter &R, Node &N) {
   return true;
 }
 
+/// The padding mask of BERT and HF GPT-2, computed once from an attention
+/// mask input m [b, k] and added to every layer's scores [b, .., k]:
+/// Add(x, Mul(Sub(1, Cast(Unsqueeze(m))), fill)) -> padding_mask(x, m)
+/// {fill}. Between m and the Sub only Casts to the scores' type, Unsqueezes
+/// and Reshapes that keep the [b, 1, .., 1, k] layout are allowed.
+bool paddingMask(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxAdd)
+    return false;
+  for (unsigned I : {0u, 1u}) {
+    Value *X = N.operand(1 - I), *Bias = N.operand(I);
+    const TensorType &XT = X->type(), &BT = Bias->type();
+    if (XT != N.result()->type() || XT.rank() < 2 || BT.rank() != XT.rank() ||
+        BT.Shape[0] != XT.Shape[0] || BT.dim(-1) != XT.dim(-1) ||
+        BT.numElements() != BT.Shape[0] * BT.dim(-1))
+      continue;
+    std::optional<double> Fill;
+    Value *Y = nullptr;
+    if (Node *Sc = def(Bias, OpKind::Scale)) {
+      Fill = Sc->attrs().getFloat("alpha", 1.0);
+      Y = Sc->operand(0);
+    } else if (Node *M = def(Bias, OpKind::OnnxMul)) {
+      for (unsigned J : {0u, 1u})
+        if (auto F = scalar(M->operand(J)); F && !M->operand(1 - J)->isConst()) {
+          Fill = F;
+          Y = M->operand(1 - J);
+        }
+    }
+    Node *Sub = Y ? def(Y, OpKind::OnnxSub) : nullptr;
+    if (!Sub || !isScalar(Sub->operand(0), 1.0, 0.0))
+      continue;
+    Value *M = Sub->operand(1);
+    while (Node *P = M->producer()) {
+      bool Layout = P->op() == OpKind::OnnxUnsqueeze ||
+                    P->op() == OpKind::OnnxReshape;
+      if (!Layout && !(P->op() == OpKind::OnnxCast && M->type().Dtype == XT.Dtype))
+        break;
+      M = P->operand(0);
+    }
+    const TensorType &MT = M->type();
+    if (!M->isInput() || MT.rank() != 2 || MT.Shape[0] != XT.Shape[0] ||
+        MT.Shape[1] != XT.dim(-1) || Sub->operand(1)->type().Dtype != XT.Dtype)
+      continue;
+    AttrList A;
+    A.set("fill", *Fill);
+    Node *P = R.build(&N, OpKind::PaddingMask, {X, M}, A);
+    R.replace(N.result(), P->result());
+    return true;
+  }
+  return false;
+}
+
 bool softmax(Rewriter &R, Node &N) {
   if (N.op() != OpKind::OnnxSoftmax)
     return false;
@@ -1100,7 +1159,8 @@ public:
                      toHeads, repeatHeads, mergeHeads, batchMatMul, embedding,
                      rope});
     unsigned N3 =
-        runPhase(G, {scaleOp, causalMask, softmax, dropout, addOp, mulOp});
+        runPhase(G, {scaleOp, causalMask, paddingMask, softmax, dropout,
+                     addOp, mulOp});
     *Ctx.Remarks << formatv("canonicalize: {0} composite, {1} layer and {2} "
                             "pointwise rewrites\n",
                             N0 + N1, N2, N3);

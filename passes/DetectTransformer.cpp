@@ -1,23 +1,29 @@
 //===- DetectTransformer.cpp - Find the embedding, layers and head --------===//
 //
-// Walks the residual stream of a canonicalized pre-norm decoder and tags
-// every node with its layer and role. Two layer templates share the walk:
+// Walks the residual stream of a canonicalized Transformer and tags every
+// node with its layer and role. Three layer templates share the walk:
 //
-//   embed [pos_embed embed_add] [embed_dropout]
-//   GPT:   ln1 qkv split_heads qk scale mask softmax attn_core_dropout av
-//          merge_heads proj attn_dropout residual1
-//          ln2 fc1 act fc2 mlp_dropout residual2
-//   Llama: ln1 (rms_norm) q k v q_heads k_heads v_heads [rope_cos rope_sin
-//          q_rope k_rope] [k_repeat v_repeat] qk scale mask softmax av
+//   embed [pos_embed embed_add] [type_embed type_add] [embed_norm]
+//         [embed_dropout]
+//   GPT (pre-norm):   ln1 qkv split_heads qk [scale] [mask] [pad_mask]
+//          softmax [attn_core_dropout] av merge_heads proj [attn_dropout]
+//          residual1 ln2 fc1 act fc2 [mlp_dropout] residual2
+//   Llama (pre-norm): ln1 (rms_norm) q k v q_heads k_heads v_heads
+//          [rope_cos rope_sin q_rope k_rope] [k_repeat v_repeat] qk ...
 //          merge_heads proj residual1
 //          ln2 (rms_norm) gate up act (silu) glu (mul) fc2 residual2
-//   final_norm lm_head
+//   BERT (post-norm): q k v q_heads k_heads v_heads qk [scale] [pad_mask]
+//          softmax ... proj [attn_dropout] residual1 ln1
+//          fc1 act fc2 [mlp_dropout] residual2 ln2
+//   [final_norm] [head_dense head_act head_norm] lm_head
 //
-// Dropouts and the scaling are optional (an inference export has no
-// dropout); everything else is required. Scale and mask may come in either
-// order. When the structure does not match, the error says which part of
-// which layer failed and what was found instead. Every node must end up with
-// a role, so nothing the later passes do not understand slips through.
+// Dropouts, the scaling and the masks are optional (an inference export has
+// no dropout, an encoder no causal mask), but every layer must mask as layer
+// 0 does; scale and masks may come in any order. Position and token-type
+// embeddings are told apart by their ids (bind-inputs documents the rule).
+// When the structure does not match, the error says which part of which
+// layer failed and what was found instead. Every node must end up with a
+// role, so nothing the later passes do not understand slips through.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
@@ -39,18 +45,16 @@ public:
     if (auto E = embedding(X))
       return E;
     for (int L = 0;; ++L) {
-      auto Users = X->users();
-      Node *LN = findNorm(X);
-      Node *Res = findUser(X, OpKind::Add);
-      if (Users.size() == 2 && LN && Res) {
+      if (startsLayer(X)) {
         if (auto E = layer(L, X))
           return E;
         continue;
       }
       if (L == 0)
         return fail(-1, "layer 0", X,
-                    "expected the residual stream to feed a layer_norm or "
-                    "rms_norm (ln1) and a residual add");
+                    "expected the residual stream to feed a residual add and "
+                    "either a layer_norm or rms_norm (pre-norm: ln1) or the "
+                    "attention's linears (post-norm); " + found(X));
       return head(X);
     }
   }
@@ -88,6 +92,28 @@ private:
     if (Node *N = findUser(V, OpKind::LayerNorm))
       return N;
     return findUser(V, OpKind::RmsNorm);
+  }
+
+  /// A layer starts where the residual stream feeds a residual add and
+  /// either a norm (pre-norm: GPT, Llama) or only linears (post-norm: the
+  /// attention's q, k, v or fused qkv projections read the stream itself).
+  static bool startsLayer(Value *X) {
+    if (!findUser(X, OpKind::Add) || X->users().size() < 2)
+      return false;
+    if (findNorm(X))
+      return X->users().size() == 2;
+    return all_of(X->users(), [](const Use &U) {
+      return U.User->op() == OpKind::Linear || U.User->op() == OpKind::Add;
+    });
+  }
+
+  /// The users of a block's input V other than the residual add Res.
+  static SmallVector<Node *, 4> blockUsers(Value *V, Node *Res) {
+    SmallVector<Node *, 4> R;
+    for (const Use &U : V->users())
+      if (U.User != Res)
+        R.push_back(U.User);
+    return R;
   }
 
   static Node *onlyUser(Value *V, OpKind K) {
@@ -167,32 +193,77 @@ private:
                       "vocabulary");
     tag(Tok, -1, "embed");
     X = Tok->result();
-    if (Node *Add = onlyUser(X, OpKind::Add)) {
+    // Embeddings added to the tokens': positions and token types (BERT),
+    // in either order. Each add's other operand is an embedding indexed by
+    // a constant or an input.
+    Node *Pos = nullptr, *Types = nullptr;
+    while (Node *Add = onlyUser(X, OpKind::Add)) {
       Value *P = Add->operand(0) == X ? Add->operand(1) : Add->operand(0);
-      Node *Pos = P->producer();
-      if (Pos && Pos->op() == OpKind::Embedding &&
-          (Pos->operand(1)->isConst() || Pos->operand(1)->isInput())) {
-        tag(Pos, -1, "pos_embed");
-        tag(Add, -1, "embed_add");
-        X = Add->result();
-      }
+      Node *E = P->producer();
+      if (!E || E->op() != OpKind::Embedding || !E->tags().Role.empty() ||
+          !(E->operand(1)->isConst() || E->operand(1)->isInput()))
+        break;
+      bool IsPos = isPositionLookup(E, Pos != nullptr);
+      if (IsPos ? Pos : Types)
+        return fail(-1, "embedding", X,
+                    "two " + Twine(IsPos ? "position" : "token-type") +
+                        " embeddings added to the tokens (" +
+                        (IsPos ? Pos : Types)->describe() + ", " +
+                        E->describe() + ")");
+      (IsPos ? Pos : Types) = E;
+      tag(E, -1, IsPos ? "pos_embed" : "type_embed");
+      tag(Add, -1, IsPos ? "embed_add" : "type_add");
+      X = Add->result();
+    }
+    if (Node *LN = onlyUser(X, OpKind::LayerNorm)) { // BERT's embedding norm
+      tag(LN, -1, "embed_norm");
+      X = LN->result();
     }
     X = optionalDropout(X, -1, "embed_dropout");
     return Error::success();
+  }
+
+  /// Whether an embedding added to the tokens' looks up positions (else
+  /// token types). Constant ids say so by their values: 0, 1, .., s-1 along
+  /// the sequence are positions, one repeated id is a token type. Input ids
+  /// are positions when the table has a row for every position and no
+  /// position table was found yet; a table with fewer rows than the
+  /// sequence cannot be indexed by positions. (bind-inputs lets
+  /// --input NAME=token_types overrule the guess for an input.)
+  static bool isPositionLookup(Node *E, bool HavePositions) {
+    Value *Ids = E->operand(1);
+    const TensorType &T = Ids->type();
+    int64_t Seq = T.rank() ? T.dim(-1) : 1;
+    if (Ids->isConst() && Ids->data()) {
+      if (auto D = Ids->data()->load(); !D) {
+        consumeError(D.takeError());
+      } else {
+        bool Arange = true, Same = true;
+        double First = Ids->data()->getDouble(0);
+        for (int64_t I = 0; I < T.numElements(); ++I) {
+          double V = Ids->data()->getDouble(I);
+          Arange &= V == double(I % Seq);
+          Same &= V == First;
+        }
+        if (Arange != Same) // a 1-long sequence is both
+          return Arange;
+      }
+    }
+    return !HavePositions && E->operand(0)->type().Shape[0] >= Seq;
   }
 
   /// Separate q, k and v projections (Llama): each linear's heads, through
   /// an optional rope and an optional repeat (GQA), reach the scores (q as
   /// operand 0, k as operand 1) or the values (operand 1 of av). Tags them
   /// and returns the qk product and the value operand.
-  Error separateQKV(int L, Value *Normed, Node *&QK, Value *&V) {
+  Error separateQKV(int L, Value *Normed, ArrayRef<Node *> Users, Node *&QK,
+                    Value *&V) {
     struct Path {
       Node *Lin, *Heads, *Rope = nullptr, *Repeat = nullptr, *Reader;
       unsigned OperandNo;
     };
     SmallVector<Path, 3> Paths;
-    for (const Use &U : Normed->users()) {
-      Node *Lin = U.User;
+    for (Node *Lin : Users) {
       Node *H = Lin->op() == OpKind::Linear
                     ? onlyUser(Lin->result(), OpKind::ToHeads)
                     : nullptr;
@@ -259,20 +330,41 @@ private:
   }
 
   Error layer(int L, Value *&X) {
+    // Pre-norm (GPT, Llama): x + attn(ln1(x)), then h + mlp(ln2(h)).
+    // Post-norm (BERT): h = ln1(x + attn(x)), then ln2(h + mlp(h)).
+    Node *Res1 = findUser(X, OpKind::Add);
     Node *LN1 = findNorm(X);
-    tag(LN1, L, "ln1");
+    bool PostNorm = !LN1;
+    if (L == 0)
+      PostNormModel = PostNorm;
+    else if (PostNorm != PostNormModel)
+      return fail(L, "layer", X,
+                  Twine("the layer is ") + (PostNorm ? "post" : "pre") +
+                      "-norm but layer 0 is " + (PostNorm ? "pre" : "post") +
+                      "-norm");
+    Value *AttnIn = X;
+    if (LN1) {
+      tag(LN1, L, "ln1");
+      AttnIn = LN1->result();
+    }
     // Attention block: a fused QKV linear and split_heads (GPT), or
-    // separate q, k, v projections (Llama).
+    // separate q, k, v projections (Llama, BERT).
+    auto AttnUsers = blockUsers(AttnIn, PostNorm ? Res1 : nullptr);
     Node *QKNode = nullptr;
     Value *V = nullptr;
-    if (LN1->result()->users().size() == 3) {
-      if (auto E = separateQKV(L, LN1->result(), QKNode, V))
+    if (AttnUsers.size() == 3) {
+      if (auto E = separateQKV(L, AttnIn, AttnUsers, QKNode, V))
         return E;
     } else {
-      auto QKV = expect(L, "attention", LN1->result(), OpKind::Linear, "qkv");
+      Node *QKV = AttnUsers.size() == 1 && AttnUsers[0]->op() == OpKind::Linear
+                      ? AttnUsers[0]
+                      : nullptr;
       if (!QKV)
-        return QKV.takeError();
-      auto SH = expect(L, "attention", (*QKV)->result(), OpKind::SplitHeads,
+        return fail(L, "attention", AttnIn,
+                    "expected a fused qkv linear or q, k and v linears; " +
+                        found(AttnIn));
+      tag(QKV, L, "qkv");
+      auto SH = expect(L, "attention", QKV->result(), OpKind::SplitHeads,
                        "split_heads");
       if (!SH)
         return SH.takeError();
@@ -286,73 +378,51 @@ private:
                     "qk must multiply the queries by the transposed keys");
       QKNode = *QK;
     }
-    Value *Cur = QKNode->result();
-    bool Scaled = false, Masked = false;
-    while (true) {
-      if (Node *S = onlyUser(Cur, OpKind::Scale); S && !Scaled) {
-        tag(S, L, "scale");
-        Scaled = true;
-        Cur = S->result();
-      } else if (Node *M = onlyUser(Cur, OpKind::CausalMask); M && !Masked) {
-        tag(M, L, "mask");
-        Masked = true;
-        Cur = M->result();
-      } else {
-        break;
-      }
-    }
-    if (!Masked)
-      return fail(L, "attention core", Cur,
-                  "expected a causal mask before the softmax; " + found(Cur));
-    auto SM = expect(L, "attention core", Cur, OpKind::Softmax, "softmax");
-    if (!SM)
-      return SM.takeError();
-    Cur = optionalDropout((*SM)->result(), L, "attn_core_dropout");
-    auto AV = expect(L, "attention core", Cur, OpKind::BatchMatMul, "av");
-    if (!AV)
-      return AV.takeError();
-    if ((*AV)->operand(1) != V || (*AV)->attrs().getInt("trans_b", 0))
-      return fail(L, "attention core", Cur,
-                  "av must multiply the attention probabilities by the values");
-    auto MH = expect(L, "attention", (*AV)->result(), OpKind::MergeHeads,
-                     "merge_heads");
-    if (!MH)
-      return MH.takeError();
-    auto Proj =
-        expect(L, "attention", (*MH)->result(), OpKind::Linear, "proj");
-    if (!Proj)
-      return Proj.takeError();
-    Cur = optionalDropout((*Proj)->result(), L, "attn_dropout");
-    auto Res1 = expect(L, "attention", Cur, OpKind::Add, "residual1");
-    if (!Res1)
-      return Res1.takeError();
-    if (findUser(X, OpKind::Add) != *Res1)
+    if (auto E = attentionCore(L, QKNode, V))
+      return E;
+    Node *Proj = Projection;
+    Value *Cur = optionalDropout(Proj->result(), L, "attn_dropout");
+    auto R1 = expect(L, "attention", Cur, OpKind::Add, "residual1");
+    if (!R1)
+      return R1.takeError();
+    if (*R1 != Res1)
       return fail(L, "attention", Cur,
                   "the residual add must add the layer input");
-    X = (*Res1)->result();
+    X = Res1->result();
+    if (PostNorm) {
+      auto N = expect(L, "attention", X, OpKind::LayerNorm, "ln1");
+      if (!N)
+        return N.takeError();
+      X = (*N)->result();
+    }
     // MLP block.
-    Node *LN2 = findNorm(X);
     Node *Res2 = findUser(X, OpKind::Add);
-    if (X->users().size() != 2 || !LN2 || !Res2)
+    Node *LN2 = PostNorm ? nullptr : findNorm(X);
+    if (X->users().size() < 2 || !Res2 || (!PostNorm && !LN2))
       return fail(L, "mlp", X,
-                  "expected the residual stream to feed a layer_norm or "
-                  "rms_norm (ln2) and a residual add; " +
-                      found(X));
-    tag(LN2, L, "ln2");
+                  PostNorm ? "expected the normed stream to feed the mlp and "
+                             "a residual add; " + found(X)
+                           : "expected the residual stream to feed a "
+                             "layer_norm or rms_norm (ln2) and a residual "
+                             "add; " + found(X));
+    Value *MlpIn = X;
+    if (LN2) {
+      tag(LN2, L, "ln2");
+      MlpIn = LN2->result();
+    }
+    auto MlpUsers = blockUsers(MlpIn, PostNorm ? Res2 : nullptr);
     Node *Down = nullptr;
-    if (LN2->result()->users().size() == 2) {
+    if (MlpUsers.size() == 2) {
       // SwiGLU: down(silu(gate(x)) * up(x)).
       Node *Gate = nullptr, *Up = nullptr;
-      for (const Use &U : LN2->result()->users()) {
-        Node *Lin = U.User;
+      for (Node *Lin : MlpUsers) {
         if (Lin->op() != OpKind::Linear)
-          return fail(L, "mlp", LN2->result(),
+          return fail(L, "mlp", MlpIn,
                       "expected gate and up linears; found " + Lin->describe());
         (onlyUser(Lin->result(), OpKind::Silu) ? Gate : Up) = Lin;
       }
       if (!Gate || !Up)
-        return fail(L, "mlp", LN2->result(),
-                    "expected silu(gate(x)) * up(x)");
+        return fail(L, "mlp", MlpIn, "expected silu(gate(x)) * up(x)");
       Node *Act = onlyUser(Gate->result(), OpKind::Silu);
       Node *Glu = onlyUser(Act->result(), OpKind::Mul);
       if (!Glu || onlyUser(Up->result(), OpKind::Mul) != Glu)
@@ -367,10 +437,13 @@ private:
         return FC2.takeError();
       Down = *FC2;
     } else {
-      auto FC1 = expect(L, "mlp", LN2->result(), OpKind::Linear, "fc1");
-      if (!FC1)
-        return FC1.takeError();
-      auto Act = expect(L, "mlp", (*FC1)->result(), OpKind::Gelu, "act");
+      if (MlpUsers.size() != 1 || MlpUsers[0]->op() != OpKind::Linear)
+        return fail(L, "mlp", MlpIn,
+                    "expected an fc1 linear or gate and up linears; " +
+                        found(MlpIn));
+      Node *FC1 = MlpUsers[0];
+      tag(FC1, L, "fc1");
+      auto Act = expect(L, "mlp", FC1->result(), OpKind::Gelu, "act");
       if (!Act)
         return Act.takeError();
       auto FC2 = expect(L, "mlp", (*Act)->result(), OpKind::Linear, "fc2");
@@ -385,7 +458,95 @@ private:
     if (*R2 != Res2)
       return fail(L, "mlp", Cur, "the residual add must add the block input");
     X = (*R2)->result();
+    if (PostNorm) {
+      auto N = expect(L, "mlp", X, OpKind::LayerNorm, "ln2");
+      if (!N)
+        return N.takeError();
+      X = (*N)->result();
+    }
     return Error::success();
+  }
+
+  /// From the scores q k^T to the attention output projection: an optional
+  /// scaling, causal mask and padding mask in any order, the softmax, an
+  /// optional dropout, the product with the values, merge_heads and proj.
+  /// Every layer must mask as layer 0 does. Sets Projection.
+  Error attentionCore(int L, Node *QK, Value *V) {
+    Value *Cur = QK->result();
+    Node *Scale = nullptr, *Causal = nullptr, *Padding = nullptr;
+    while (true) {
+      if (Node *S = onlyUser(Cur, OpKind::Scale); S && !Scale) {
+        tag(S, L, "scale");
+        Scale = S;
+      } else if (Node *M = onlyUser(Cur, OpKind::CausalMask); M && !Causal) {
+        tag(M, L, "mask");
+        Causal = M;
+      } else if (Node *P = onlyUser(Cur, OpKind::PaddingMask); P && !Padding) {
+        tag(P, L, "pad_mask");
+        Padding = P;
+      } else {
+        break;
+      }
+      Cur = Cur->users()[0].User->result();
+    }
+    if (L == 0) {
+      CausalModel = Causal;
+      PaddingModel = Padding;
+    } else if (bool(Causal) != CausalModel || bool(Padding) != PaddingModel) {
+      return fail(L, "attention core", Cur,
+                  "the layer masks its scores differently from layer 0 (causal "
+                  "mask, padding mask)");
+    }
+    if (!onlyUser(Cur, OpKind::Softmax))
+      return fail(L, "attention core", Cur,
+                  "expected softmax after the scores, their scaling and the "
+                  "masks; " + found(Cur) + unsupportedMaskHint(Cur));
+    Node *SM = onlyUser(Cur, OpKind::Softmax);
+    tag(SM, L, "softmax");
+    Cur = optionalDropout(SM->result(), L, "attn_core_dropout");
+    auto AV = expect(L, "attention core", Cur, OpKind::BatchMatMul, "av");
+    if (!AV)
+      return AV.takeError();
+    if ((*AV)->operand(1) != V || (*AV)->attrs().getInt("trans_b", 0))
+      return fail(L, "attention core", Cur,
+                  "av must multiply the attention probabilities by the values");
+    auto MH = expect(L, "attention", (*AV)->result(), OpKind::MergeHeads,
+                     "merge_heads");
+    if (!MH)
+      return MH.takeError();
+    auto Proj =
+        expect(L, "attention", (*MH)->result(), OpKind::Linear, "proj");
+    if (!Proj)
+      return Proj.takeError();
+    Projection = *Proj;
+    return Error::success();
+  }
+
+  /// When the scores meet an add of something computed from a graph input,
+  /// says which attention masks sp understands.
+  static std::string unsupportedMaskHint(Value *Scores) {
+    if (Scores->users().size() != 1)
+      return "";
+    Node *U = Scores->users()[0].User;
+    for (Value *Op : U->operands()) {
+      if (Op == Scores)
+        continue;
+      SmallVector<Value *, 8> Work{Op};
+      for (unsigned Steps = 0; !Work.empty() && Steps < 16; ++Steps) {
+        Value *W = Work.pop_back_val();
+        if (W->isInput())
+          return formatv(". The scores are combined with a value computed "
+                         "from input '{0}' ({1}): sp supports an attention "
+                         "mask input m of shape [batch, seq] added as "
+                         "(1 - m) * fill, and constant causal masks",
+                         W->name(), W->type().str())
+              .str();
+        if (W->producer())
+          for (Value *In : W->producer()->operands())
+            Work.push_back(In);
+      }
+    }
+    return "";
   }
 
   Error head(Value *X) {
@@ -396,6 +557,17 @@ private:
     if (LN) {
       tag(LN, -1, "final_norm");
       Cur = LN->result();
+    }
+    // BERT's prediction head transform: linear, gelu, layer_norm.
+    if (Node *D = onlyUser(Cur, OpKind::Linear)) {
+      Node *Act = onlyUser(D->result(), OpKind::Gelu);
+      Node *N = Act ? onlyUser(Act->result(), OpKind::LayerNorm) : nullptr;
+      if (N) {
+        tag(D, -1, "head_dense");
+        tag(Act, -1, "head_act");
+        tag(N, -1, "head_norm");
+        Cur = N->result();
+      }
     }
     auto Head = expect(-1, "lm head", Cur, OpKind::Linear, "lm_head");
     if (!Head)
@@ -430,6 +602,8 @@ private:
   }
 
   Graph &G;
+  bool PostNormModel = false, CausalModel = false, PaddingModel = false;
+  Node *Projection = nullptr;
 };
 
 class DetectTransformerPass : public Pass {

@@ -40,6 +40,14 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   M.Seq = Ids.Shape[1];
   M.PositionEmbedding = findRole(G, "pos_embed") != nullptr;
   M.FinalNorm = findRole(G, "final_norm") != nullptr;
+  M.TokenTypes = findRole(G, "type_embed") != nullptr;
+  M.EmbedNorm = findRole(G, "embed_norm") != nullptr;
+  M.HeadTransform = findRole(G, "head_dense") != nullptr;
+  M.Causal = findRole(G, "mask") != nullptr;
+  M.PaddingMask = findRole(G, "pad_mask") != nullptr;
+  if (const Node *LN1 = findRole(G, "ln1"))
+    if (const Node *In = LN1->operand(0)->producer())
+      M.PostNorm = In->tags().Role == "residual1";
   // A pipeline stage's copy of a weight is named "<weight>@<stage>".
   auto Original = [](const Value *V) {
     return StringRef(V->name()).split('@').first;
@@ -71,6 +79,8 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = N.attrs().getString("approximate", "none");
   }
+  if (M.PostNorm && M.Family == "gpt")
+    M.Family = "bert";
   M.Layers = M.LayerRoles.size();
   for (const auto &P : G.params())
     if (!StringRef(P->name()).contains('@'))
@@ -94,11 +104,17 @@ nlohmann::json modelInfoToJson(const ModelInfo &M) {
         {"batch", M.Batch},
         {"params", M.Params},
         {"tied", M.Tied},
-        {"gelu", M.Gelu}}},
+        {"gelu", M.Gelu},
+        {"post_norm", M.PostNorm},
+        {"causal", M.Causal},
+        {"padding_mask", M.PaddingMask}}},
       {"structure",
        {{"embedding", true},
         {"position_embedding", M.PositionEmbedding},
+        {"token_type_embedding", M.TokenTypes},
+        {"embedding_norm", M.EmbedNorm},
         {"final_norm", M.FinalNorm},
+        {"head_transform", M.HeadTransform},
         {"lm_head", true},
         {"layers", Layers}}},
   };
@@ -112,6 +128,11 @@ void printModelSummary(const ModelInfo &M, const Graph &G, raw_ostream &OS) {
                   M.KvHeads && M.KvHeads != M.Heads
                       ? formatv(", {0} kv heads", M.KvHeads).str()
                       : std::string());
+  else if (M.Family == "bert")
+    OS << formatv("model '{0}': BERT-style post-norm {1}, {2} layers, gelu "
+                  "{3}\n",
+                  G.name(), M.Causal ? "decoder" : "encoder", M.Layers,
+                  M.Gelu == "tanh" ? "tanh" : "erf");
   else
     OS << formatv("model '{0}': GPT-style decoder, {1} layers, gelu {2}\n",
                   G.name(), M.Layers, M.Gelu == "tanh" ? "tanh" : "erf");
@@ -123,7 +144,10 @@ void printModelSummary(const ModelInfo &M, const Graph &G, raw_ostream &OS) {
                 M.Tied ? ", input and output embeddings tied" : "");
   OS << "structure:\n";
   OS << "  embedding       token" << (M.PositionEmbedding ? " + position" : "")
-     << "\n";
+     << (M.TokenTypes ? " + token type" : "")
+     << (M.EmbedNorm ? ", layer_norm" : "") << "\n";
+  OS << "  attention       " << (M.Causal ? "causal" : "bidirectional")
+     << (M.PaddingMask ? ", padding mask from an input" : "") << "\n";
   // Print each distinct role sequence once with the layer range it covers.
   size_t L = 0;
   while (L < M.LayerRoles.size()) {
@@ -142,6 +166,8 @@ void printModelSummary(const ModelInfo &M, const Graph &G, raw_ostream &OS) {
   }
   if (M.FinalNorm)
     OS << "  final norm\n";
+  if (M.HeadTransform)
+    OS << "  head transform  linear, gelu, layer_norm\n";
   OS << "  lm head         "
      << (M.Tied ? "tied to the token embedding" : "own weight") << "\n";
 }

@@ -21,9 +21,16 @@ struct ModelInfo {
   int64_t Layers = 0, Hidden = 0, Heads = 0, Seq = 0, Vocab = 0, Batch = 0;
   /// Key/value heads (fewer than Heads under grouped-query attention).
   int64_t KvHeads = 0;
-  /// "gpt" (LayerNorm, fused QKV, GELU) or "llama" (RMSNorm, separate q/k/v,
-  /// rotary, SwiGLU), from the roles detection gave.
+  /// "gpt" (pre-norm LayerNorm, fused QKV, GELU), "llama" (RMSNorm,
+  /// separate q/k/v, rotary, SwiGLU) or "bert" (post-norm encoder), from the
+  /// roles detection gave.
   std::string Family = "gpt";
+  /// Post-norm layers (the norm after each residual add).
+  bool PostNorm = false;
+  /// The scores are causally masked / masked by an attention-mask input.
+  bool Causal = false, PaddingMask = false;
+  /// BERT's token-type embedding, embedding norm and head transform.
+  bool TokenTypes = false, EmbedNorm = false, HeadTransform = false;
   /// Trainable parameter elements; a tied weight counts once, buffers never.
   int64_t Params = 0;
   bool Tied = false;

@@ -596,6 +596,37 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
                     I.Attrs.getFloat("fill", 0.0));
     return Error::success();
   }
+  case OpKind::PaddingMask: {
+    // bias = (1 - keep) * fill in float, as the exported graph computes it.
+    const TensorType &X = InT(0), &M = InT(1);
+    int64_t B = X.Shape[0], K = X.dim(-1);
+    const float Fill = float(I.Attrs.getFloat("fill", 0.0));
+    const char *Keep = reinterpret_cast<const char *>(In(1));
+    std::vector<float> Bias(B * K);
+    for (int64_t E = 0; E < B * K; ++E) {
+      float V;
+      switch (M.Dtype) {
+      case DType::I64:
+        V = float(reinterpret_cast<const int64_t *>(Keep)[E]);
+        break;
+      case DType::I32:
+        V = float(reinterpret_cast<const int32_t *>(Keep)[E]);
+        break;
+      case DType::Bool:
+        V = Keep[E] ? 1.0f : 0.0f;
+        break;
+      case DType::F32:
+        V = reinterpret_cast<const float *>(Keep)[E];
+        break;
+      default:
+        return planError("padding_mask: unsupported mask type " + M.str());
+      }
+      Bias[E] = (1.0f - V) * Fill;
+    }
+    cpu::addKeyBias(Out(0), In(0), Bias.data(), B, X.numElements() / (B * K),
+                    K);
+    return Error::success();
+  }
   case OpKind::Softmax: {
     int64_t N = InT(0).dim(-1);
     cpu::softmax(Out(0), In(0), InT(0).numElements() / N, N);

@@ -804,6 +804,22 @@ void causalMask(T *Y, const T *X, int64_t Batch, int64_t Sq, int64_t Sk,
   });
 }
 
+template <typename T>
+void addKeyBias(T *Y, const T *X, const T *Bias, int64_t Batch, int64_t Inner,
+                int64_t K) {
+  checkSizes({Batch, Inner, K});
+  parallelFor(Batch * Inner, std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(K, 1)),
+              [&](int64_t R0, int64_t R1) {
+    for (int64_t R = R0; R < R1; ++R) {
+      const T *B = Bias + (R / std::max<int64_t>(Inner, 1)) * K;
+      const T *XR = X + R * K;
+      T *YR = Y + R * K;
+      for (int64_t J = 0; J < K; ++J)
+        YR[J] = XR[J] + B[J];
+    }
+  });
+}
+
 //===----------------------------------------------------------------------===//
 // 10. Softmax
 //===----------------------------------------------------------------------===//
@@ -1583,6 +1599,8 @@ void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
   template void scale<T>(T *, const T *, int64_t, double);                     \
   template void causalMask<T>(T *, const T *, int64_t, int64_t, int64_t,       \
                               double, int64_t, int64_t);                       \
+  template void addKeyBias<T>(T *, const T *, const T *, int64_t, int64_t,     \
+                              int64_t);                                        \
   template void softmax<T>(T *, const T *, int64_t, int64_t);                  \
   template void softmaxBackward<T>(T *, const T *, const T *, int64_t,         \
                                    int64_t);                                   \

@@ -234,6 +234,14 @@ template <typename T>
 void causalMask(T *Y, const T *X, int64_t Batch, int64_t Sq, int64_t Sk,
                 double Fill, int64_t Q0 = 0, int64_t K0 = 0);
 
+/// The additive padding mask: Y[p, i, j] = X[p, i, j] + Bias[p, j] for
+/// X[Batch, Inner, K] (Inner = heads * queries), Bias[Batch, K] the
+/// (1 - keep) * fill the caller computed in T, as torch does. The backward
+/// is the identity. Y may alias X.
+template <typename T>
+void addKeyBias(T *Y, const T *X, const T *Bias, int64_t Batch, int64_t Inner,
+                int64_t K);
+
 //===----------------------------------------------------------------------===//
 // 10. Softmax over the last axis
 //===----------------------------------------------------------------------===//

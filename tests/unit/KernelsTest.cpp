@@ -481,6 +481,32 @@ TEST(CpuKernelsTest, ScaleGradient) {
   expectGradient("scale", X, DX, Loss);
 }
 
+TEST(CpuKernelsTest, AddKeyBiasBroadcastsOverHeadsAndQueries) {
+  // X[b, a * q, k] + Bias[b, k]; the backward is the identity (checked by
+  // finite differences of the sum with weights W).
+  const int64_t B = 2, Inner = 6, K = 5;
+  Vec X = randVec(B * Inner * K, 40), Bias = randVec(B * K, 41),
+      W = randVec(B * Inner * K, 42);
+  Vec Y(B * Inner * K);
+  addKeyBias(Y.data(), X.data(), Bias.data(), B, Inner, K);
+  for (int64_t Bi = 0; Bi < B; ++Bi)
+    for (int64_t I = 0; I < Inner; ++I)
+      for (int64_t J = 0; J < K; ++J) {
+        int64_t E = (Bi * Inner + I) * K + J;
+        EXPECT_EQ(Y[E], X[E] + Bias[Bi * K + J]);
+      }
+  auto Loss = [&] {
+    Vec Y(B * Inner * K);
+    addKeyBias(Y.data(), X.data(), Bias.data(), B, Inner, K);
+    return dotv(W, Y);
+  };
+  expectGradient("padding mask", X, W, Loss);
+  // In place.
+  Vec Z = X;
+  addKeyBias(Z.data(), Z.data(), Bias.data(), B, Inner, K);
+  EXPECT_EQ(Z, Y);
+}
+
 TEST(CpuKernelsTest, CausalMaskGradientAndOffsets) {
   const int64_t P = 2, S = 5;
   Vec X = randVec(P * S * S, 28), W = randVec(P * S * S, 29);

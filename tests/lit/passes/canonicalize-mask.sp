@@ -35,3 +35,4 @@ graph @masks {
   %9 : f32[1, 1, 3, 3] = onnx.Add(%8, %add) loc("additive")
   output "y" = %9
 }
+

@@ -2,6 +2,7 @@
 #include "passes/MemoryReport.h"
 #include "passes/Cost.h"
 #include "passes/MemoryPlan.h"
+#include "passes/Roles.h"
 #include "llvm/ADT/STLExtras.h"
 #include <algorithm>
 
@@ -25,12 +26,7 @@ static bool isBackwardSide(Phase P) {
 }
 
 bool isAttentionCoreRole(StringRef Role) {
-  // The kv-head repeat of grouped-query attention is a copy feeding qk and
-  // av: recomputing it stores the kv heads instead of their repeats.
-  static const char *const Roles[] = {"qk",       "scale",    "mask",
-                                      "softmax",  "attn_core_dropout",
-                                      "av",       "k_repeat", "v_repeat"};
-  return is_contained(Roles, Role);
+  return roleProps(Role).AttentionCore;
 }
 
 ActivationReport analyzeActivations(const Program &P) {

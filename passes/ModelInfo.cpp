@@ -1,5 +1,6 @@
 //===- ModelInfo.cpp ------------------------------------------------------===//
 #include "passes/ModelInfo.h"
+#include "passes/Roles.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <set>
 
@@ -74,14 +75,21 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
       M.Heads = Whole(N);
     if (N.op() == OpKind::ToHeads && N.tags().Role == "k_heads" && !M.KvHeads)
       M.KvHeads = Whole(N);
-    if (N.op() == OpKind::RmsNorm || N.op() == OpKind::Silu)
-      M.Family = "llama";
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = N.attrs().getString("approximate", "none");
   }
-  if (M.PostNorm && M.Family == "gpt")
-    M.Family = "bert";
   M.Layers = M.LayerRoles.size();
+  // The family is the template every layer fits (passes/Roles.h).
+  for (size_t L = 0; L < M.LayerRoles.size(); ++L) {
+    const FamilyTemplate *T = matchFamily(M.LayerRoles[L]);
+    if (!T)
+      return infoError(formatv("layer {0}'s roles fit no family template", L));
+    if (L == 0)
+      M.Family = T->Family;
+    else if (M.Family != T->Family)
+      return infoError(formatv("layer {0} is a {1} layer but layer 0 is {2}",
+                               L, T->Family, M.Family));
+  }
   for (const auto &P : G.params())
     if (!StringRef(P->name()).contains('@'))
       M.Params += Global(P.get()).numElements();

@@ -9,12 +9,13 @@
 //   f-bar  (after proj, fc2, embedding) becomes g-bar: reduce-scatter
 //                                                  forward, all-gather backward
 //
-// so every rank holds 1/T of every activation. The position embedding is
-// split to this rank's positions (sp_split: its chunk forward, all-gather
-// backward). Parameters used on sequence-sharded data (LayerNorm scales and
-// biases, row-parallel biases) get partial gradients on each rank: they are
-// marked #replicated(sum_grad) and autodiff sums their gradients over the
-// group.
+// so every rank holds 1/T of every activation. The position and token-type
+// embeddings are split to this rank's positions (sp_split: its chunk
+// forward, all-gather backward). Parameters used on sequence-sharded data
+// (norm scales and biases, row-parallel biases, BERT's head transform) get
+// partial gradients on each rank: they are marked #replicated(sum_grad) and
+// autodiff sums their gradients over the group. Which nodes these are comes
+// from their roles' properties (passes/Roles.h).
 //
 // Each g before a column-parallel linear is marked regather: the linear's
 // backward needs the full input, but autodiff saves the sequence shard and
@@ -25,6 +26,7 @@
 #include "ir/ShapeInference.h"
 #include "passes/ModelInfo.h"
 #include "passes/Passes.h"
+#include "passes/Roles.h"
 #include "passes/Sharding.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -60,19 +62,17 @@ public:
     for (Node &N : G.nodes())
       Work.push_back(&N);
     for (Node *N : Work) {
-      const std::string &Role = N->tags().Role;
+      const RoleProps &P = roleProps(N->tags().Role);
       if (N->op() == OpKind::TpCopy) {
         replace(G, *N, OpKind::SpGather, T, /*Regather=*/true);
         Found = true;
       } else if (N->op() == OpKind::TpReduce) {
         replace(G, *N, OpKind::SpScatter, T, false);
-      } else if (Role == "pos_embed") {
+      } else if (P.SplitBySequence) {
         splitAfter(G, *N, T);
-      } else if (Role == "ln1" || Role == "ln2" || Role == "final_norm") {
-        for (unsigned I = 1; I < N->numOperands(); ++I) // scale [and bias]
-          sumGrad(N->operand(I));
-      } else if (Role == "proj_bias" || Role == "fc2_bias") {
-        sumGrad(N->operand(1));
+      } else if (P.SeqShardedParams) {
+        for (Value *Op : N->operands()) // norm scales and biases, linears
+          sumGrad(Op);
       }
     }
     if (!Found)
@@ -111,13 +111,13 @@ private:
     G.erase(&N);
   }
 
-  /// Splits the position embedding ([1, s, h] or [s, h]: the sequence is the
-  /// second-to-last axis) to this rank's positions.
+  /// Splits a position or token-type embedding ([b or 1, s, h] or [s, h]:
+  /// the sequence is the second-to-last axis) to this rank's positions.
   static void splitAfter(Graph &G, Node &N, int T) {
     Node *C = G.create(std::next(N.getIterator()), OpKind::SpSplit,
                        {N.result()}, {N.result()->type()}, N.name());
     C->attrs() = seqAttrs(T, N.result()->type().rank() - 2);
-    C->tags().Role = "pos_split";
+    C->tags().Role = N.tags().Role == "pos_embed" ? "pos_split" : "type_split";
     G.replaceAllUsesWith(N.result(), C->result(), C);
   }
 };

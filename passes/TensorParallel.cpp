@@ -9,7 +9,7 @@
 //   mlp        f -> fc1 (column-parallel) -> gelu -> fc2 (row-parallel)
 //              -> f-bar -> + bias
 //   embedding  vocabulary-parallel (rows [r V/T, (r+1) V/T)) -> f-bar
-//   lm head    f -> vocabulary-parallel logits; the cross entropy that
+//   lm head    f -> vocabulary-parallel logits (and bias); the cross entropy that
 //              autodiff adds reduces max, sum-exp and the target logit over
 //              the group, so no rank holds the full logits
 //
@@ -20,6 +20,10 @@
 // with zero rows, and the padding logits are masked out of the loss
 // (valid_vocab), as Megatron does.
 //
+// Which node is which comes from its role's properties (passes/Roles.h):
+// column, row, heads, vocabulary embedding or head; everything else is
+// replicated.
+//
 // Parameters keep referencing the whole source tensor; their sharding
 // (#split(dim, parts, blocks, padded)) tells the runtime which slice a rank
 // reads, lazily.
@@ -28,6 +32,7 @@
 #include "ir/ShapeInference.h"
 #include "passes/ModelInfo.h"
 #include "passes/Passes.h"
+#include "passes/Roles.h"
 #include "passes/Sharding.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -54,23 +59,26 @@ public:
     for (Node &N : G.nodes())
       Work.push_back(&N);
     for (Node *N : Work) {
-      const std::string &Role = N->tags().Role;
-      if (Role == "qkv")
-        column(*N, /*Blocks=*/3, "attn_f");
-      else if (Role == "q" || Role == "k" || Role == "v")
-        column(*N, 1, "attn_f"); // one f shared by the three
-      else if (Role == "fc1" || Role == "gate" || Role == "up")
-        column(*N, 1, "mlp_f");
-      else if (Role == "proj")
-        row(*N, "attn_fbar", "proj_bias");
-      else if (Role == "fc2")
-        row(*N, "mlp_fbar", "fc2_bias");
-      else if (Role == "split_heads" || N->op() == OpKind::ToHeads)
+      const RoleProps &P = roleProps(N->tags().Role);
+      switch (P.Parallel) {
+      case RoleProps::Tp::Column:
+        column(*N, P.Blocks, P.F);
+        break;
+      case RoleProps::Tp::Row:
+        row(*N, P.F, P.Bias);
+        break;
+      case RoleProps::Tp::Heads:
         N->attrs().set("heads", N->attrs().getInt("heads", 0) / T);
-      else if (Role == "embed")
+        break;
+      case RoleProps::Tp::VocabEmbedding:
         embedding(*N, Info->Vocab);
-      else if (Role == "lm_head")
+        break;
+      case RoleProps::Tp::VocabHead:
         head(*N, Info->Vocab);
+        break;
+      case RoleProps::Tp::Replicated:
+        break;
+      }
     }
     if (auto E = retypeGraph(G))
       return E;
@@ -92,15 +100,18 @@ private:
       return err(formatv("--tp {0}: the {1} key/value heads must be divisible "
                          "by t (each rank keeps whole kv heads); t can be {2}",
                          T, M.KvHeads, divisorsOf(M.KvHeads)));
-    for (const Node &N : G.nodes())
-      if (N.tags().Role == "fc1" || N.tags().Role == "gate" ||
-          N.tags().Role == "up") {
-        int64_t Ffn = N.result()->type().dim(-1);
-        if (Ffn % T)
-          return err(formatv("--tp {0}: the MLP width {1} (layer {2}) is not "
-                             "divisible by t; t can be {3}",
-                             T, Ffn, N.tags().Layer, divisorsOf(Ffn)));
-      }
+    // Every column-parallel linear's output (each block of a fused qkv).
+    for (const Node &N : G.nodes()) {
+      const RoleProps &P = roleProps(N.tags().Role);
+      if (P.Parallel != RoleProps::Tp::Column)
+        continue;
+      int64_t Width = N.result()->type().dim(-1) / P.Blocks;
+      if (Width % T)
+        return err(formatv("--tp {0}: the output width {1} of {2} (layer "
+                           "{3}) is not divisible by t; t can be {4}",
+                           T, Width, N.tags().Role, N.tags().Layer,
+                           divisorsOf(Width)));
+    }
     return Error::success();
   }
 
@@ -181,6 +192,8 @@ private:
   void head(Node &N, int64_t Vocab) {
     bool TransW = N.attrs().getInt("trans_w", 0);
     splitParam(N.operand(1), TransW ? 0 : 1, 1, /*Pad=*/true);
+    if (N.numOperands() > 2) // BERT's decoder bias: one per vocabulary row
+      splitParam(N.operand(2), 0, 1, /*Pad=*/true);
     N.attrs().set("valid_vocab", Vocab);
     insertBefore(N, 0, OpKind::TpCopy, "head_f");
   }

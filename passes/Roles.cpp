@@ -1,0 +1,162 @@
+//===- Roles.cpp - The role table and the family templates ----------------===//
+#include "passes/Roles.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringMap.h"
+#include <string>
+
+using namespace llvm;
+
+namespace sp {
+
+namespace {
+using Tp = RoleProps::Tp;
+
+RoleProps column(const char *F, int Blocks = 1) {
+  RoleProps P;
+  P.Parallel = Tp::Column;
+  P.F = F;
+  P.Blocks = Blocks;
+  return P;
+}
+
+RoleProps row(const char *FBar, const char *Bias) {
+  RoleProps P;
+  P.Parallel = Tp::Row;
+  P.F = FBar;
+  P.Bias = Bias;
+  return P;
+}
+
+RoleProps with(Tp T) {
+  RoleProps P;
+  P.Parallel = T;
+  return P;
+}
+
+RoleProps core() {
+  RoleProps P;
+  P.AttentionCore = true;
+  return P;
+}
+
+RoleProps norm() {
+  RoleProps P;
+  P.Norm = true;
+  P.SeqShardedParams = true;
+  return P;
+}
+
+RoleProps seqSharded() {
+  RoleProps P;
+  P.SeqShardedParams = true;
+  return P;
+}
+
+RoleProps splitBySequence() {
+  RoleProps P;
+  P.SplitBySequence = true;
+  return P;
+}
+
+const StringMap<RoleProps> &table() {
+  static const StringMap<RoleProps> T = {
+      // Embeddings (layer -1).
+      {"embed", with(Tp::VocabEmbedding)},
+      {"pos_embed", splitBySequence()},
+      {"type_embed", splitBySequence()},
+      {"embed_norm", norm()},
+      // Attention.
+      {"ln1", norm()},
+      {"qkv", column("attn_f", 3)},
+      {"q", column("attn_f")},
+      {"k", column("attn_f")},
+      {"v", column("attn_f")},
+      {"split_heads", with(Tp::Heads)},
+      {"q_heads", with(Tp::Heads)},
+      {"k_heads", with(Tp::Heads)},
+      {"v_heads", with(Tp::Heads)},
+      // The kv-head repeat of grouped-query attention is a copy feeding qk
+      // and av: recomputing it stores the kv heads instead of their repeats.
+      {"k_repeat", core()},
+      {"v_repeat", core()},
+      {"qk", core()},
+      {"scale", core()},
+      {"mask", core()},
+      {"pad_mask", core()},
+      {"softmax", core()},
+      {"attn_core_dropout", core()},
+      {"av", core()},
+      {"proj", row("attn_fbar", "proj_bias")},
+      {"proj_bias", seqSharded()},
+      // MLP.
+      {"ln2", norm()},
+      {"fc1", column("mlp_f")},
+      {"gate", column("mlp_f")},
+      {"up", column("mlp_f")},
+      {"fc2", row("mlp_fbar", "fc2_bias")},
+      {"fc2_bias", seqSharded()},
+      // Head.
+      {"final_norm", norm()},
+      {"head_dense", seqSharded()},
+      {"head_norm", norm()},
+      {"lm_head", with(Tp::VocabHead)},
+  };
+  return T;
+}
+
+// Layer templates. Required roles first, then the optional ones.
+const char *const GptRequired[] = {"ln1", "qkv", "split_heads", "qk",
+                                   "softmax", "av", "merge_heads", "proj",
+                                   "residual1", "ln2", "fc1", "act", "fc2",
+                                   "residual2"};
+const char *const LlamaRequired[] = {
+    "ln1",     "q",   "k",           "v",    "q_heads", "k_heads",
+    "v_heads", "qk",  "softmax",     "av",   "merge_heads", "proj",
+    "residual1", "ln2", "gate", "up", "act", "glu", "fc2", "residual2"};
+const char *const BertRequired[] = {
+    "q",           "k",    "v",         "q_heads", "k_heads", "v_heads",
+    "qk",          "softmax", "av",     "merge_heads", "proj", "residual1",
+    "ln1",         "fc1",  "act",       "fc2",     "residual2", "ln2"};
+const char *const Optional[] = {
+    "scale",    "mask",     "pad_mask", "attn_core_dropout", "attn_dropout",
+    "mlp_dropout", "rope_cos", "rope_sin", "q_rope", "k_rope", "k_repeat",
+    "v_repeat",
+    // What tensor parallelism inserts (f, f-bar, row-parallel bias adds).
+    "attn_f", "mlp_f", "attn_fbar", "mlp_fbar", "proj_bias", "fc2_bias"};
+
+const FamilyTemplate Templates[] = {
+    {"gpt", "GPT-style pre-norm decoder (LayerNorm, fused qkv, GELU MLP)",
+     GptRequired, Optional},
+    {"llama",
+     "Llama-style pre-norm decoder (RMSNorm, q/k/v with rotary and "
+     "grouped-query attention, SwiGLU MLP)",
+     LlamaRequired, Optional},
+    {"bert",
+     "BERT-style post-norm encoder (q/k/v, LayerNorm after each residual, "
+     "GELU MLP)",
+     BertRequired, Optional},
+};
+} // namespace
+
+const RoleProps &roleProps(StringRef Role) {
+  static const RoleProps None;
+  auto It = table().find(Role);
+  return It == table().end() ? None : It->second;
+}
+
+ArrayRef<FamilyTemplate> familyTemplates() { return Templates; }
+
+const FamilyTemplate *matchFamily(ArrayRef<std::string> LayerRoles) {
+  for (const FamilyTemplate &T : Templates) {
+    bool Fits = all_of(T.Required, [&](const char *R) {
+      return is_contained(LayerRoles, R);
+    });
+    for (const std::string &R : LayerRoles)
+      Fits &= is_contained(T.Required, R) || is_contained(T.Optional, R);
+    if (Fits)
+      return &T;
+  }
+  return nullptr;
+}
+
+} // namespace sp

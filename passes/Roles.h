@@ -1,0 +1,70 @@
+//===- Roles.h - What each detected role means to the passes ----*- C++ -*-===//
+//
+// detect-transformer tags every node with a role; the passes after it ask
+// the role's properties, never its name: tensor parallelism how to shard a
+// node, sequence parallelism which parameters see sequence shards and which
+// full-sequence values to split, recomputation which nodes form the
+// attention core. A family is a layer template of roles (familyTemplates):
+// adding a family means one template, the detector's walk for it, and the
+// properties of any new role.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_PASSES_ROLES_H
+#define SP_PASSES_ROLES_H
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
+#include <cstdint>
+
+namespace sp {
+
+struct RoleProps {
+  /// How tensor parallelism shards the node.
+  enum class Tp : uint8_t {
+    Replicated, ///< computed whole on every rank
+    Column,     ///< linear split by output columns; an f before it
+    Row,        ///< linear split by input rows; an f-bar after it
+    VocabEmbedding, ///< embedding table split by vocabulary rows
+    VocabHead,  ///< lm head split by vocabulary columns
+    Heads,      ///< a head reshaping whose head count is divided by t
+  };
+  Tp Parallel = Tp::Replicated;
+  /// Column: the fused blocks of the weight (3 for a fused qkv), each split.
+  int Blocks = 1;
+  /// Column: the role of the f inserted before it (shared by the linears
+  /// that read one input). Row: the roles of the f-bar and of the bias add.
+  const char *F = "", *Bias = "";
+  /// Recomputed by --recompute selective (Section 5 of the paper: the
+  /// softmax-sized activations of the attention).
+  bool AttentionCore = false;
+  /// A normalisation (layer_norm, rms_norm): the memory report's norm rows.
+  bool Norm = false;
+  /// Under sequence parallelism its parameters are applied to sequence
+  /// shards, so each rank's gradient is partial: summed over the group.
+  bool SeqShardedParams = false;
+  /// A full-sequence value added to the residual stream (position and
+  /// token-type embeddings): sequence parallelism keeps this rank's rows.
+  bool SplitBySequence = false;
+};
+
+/// The properties of a role; an unknown role (or none) is replicated
+/// without other properties.
+const RoleProps &roleProps(llvm::StringRef Role);
+
+/// A family's layer template: the roles of one layer, required and
+/// optional, in the order the detector finds them.
+struct FamilyTemplate {
+  const char *Family;   ///< "gpt", "llama", "bert"
+  const char *Describe; ///< one line for reports
+  llvm::ArrayRef<const char *> Required, Optional;
+};
+
+llvm::ArrayRef<FamilyTemplate> familyTemplates();
+
+/// The family whose template a layer's roles fit (every required role
+/// present, no role outside the template), or nullptr.
+const FamilyTemplate *matchFamily(llvm::ArrayRef<std::string> LayerRoles);
+
+} // namespace sp
+
+#endif // SP_PASSES_ROLES_H

@@ -189,7 +189,7 @@ private:
 using Pattern = std::function<bool(Rewriter &, Node &)>;
 
 /// Questions patterns ask about a constant (Rewriter::memo keys).
-enum ConstQuestion { MaskUpper, MaskLower, AdditiveCausal, RopeTable };
+enum ConstQuestion { MaskUpper, MaskLower, AdditiveCausal, RopeTable, PairsTable };
 
 //===----------------------------------------------------------------------===//
 // Phase 1: composites
@@ -694,12 +694,122 @@ bool repeatHeads(Rewriter &R, Node &N) {
   return true;
 }
 
+/// Whether V is a constant holding the integers Want.
+bool isInts(const Value *V, ArrayRef<int64_t> Want) {
+  if (!V->isConst())
+    return false;
+  auto I = constInts(V);
+  if (!I) {
+    consumeError(I.takeError());
+    return false;
+  }
+  return ArrayRef<int64_t>(*I) == Want;
+}
+
+/// A Slice of the last axis of X from Start with step 2 (x[..., Start::2]).
+bool isEverySecond(Node *Sl, Value *X, int64_t Start) {
+  if (!Sl || Sl->op() != OpKind::OnnxSlice || Sl->operand(0) != X ||
+      Sl->numOperands() < 5)
+    return false;
+  int64_t Rank = X->type().rank();
+  return isInts(Sl->operand(1), {Start}) &&
+         (isInts(Sl->operand(3), {-1}) || isInts(Sl->operand(3), {Rank - 1})) &&
+         isInts(Sl->operand(4), {2}) &&
+         Sl->result()->type().dim(-1) == X->type().dim(-1) / 2;
+}
+
+/// Unsqueeze(V, last axis): V as [.., k, 1].
+Value *unsqueezedLast(Value *U) {
+  Node *Un = def(U, OpKind::OnnxUnsqueeze);
+  if (!Un || U->type().rank() != Un->operand(0)->type().rank() + 1 ||
+      U->type().dim(-1) != 1)
+    return nullptr;
+  return Un->operand(0);
+}
+
+/// GPT-J's rotate_every_two(x) = stack(-x[..., 1::2], x[..., ::2],
+/// -1).flatten(-2): Reshape(Concat(Unsqueeze(Neg(Slice)), Unsqueeze(Slice))).
+bool isRotateEveryTwo(Value *Rot, Value *X) {
+  Node *Re = def(Rot, OpKind::OnnxReshape);
+  Node *Cat = Re ? def(Re->operand(0), OpKind::OnnxConcat) : nullptr;
+  if (!Cat || Cat->numOperands() != 2 || Rot->type() != X->type() ||
+      normAxis(Cat->attrs().getInt("axis", 0), Cat->result()->type().rank()) !=
+          int64_t(Cat->result()->type().rank()) - 1)
+    return false;
+  Value *A = unsqueezedLast(Cat->operand(0)), *B = unsqueezedLast(Cat->operand(1));
+  Node *Neg = A ? def(A, OpKind::OnnxNeg) : nullptr;
+  return Neg && B && isEverySecond(Neg->operand(0)->producer(), X, 1) &&
+         isEverySecond(B->producer(), X, 0);
+}
+
+/// The [.., k] value whose every element V repeats twice in a row
+/// (repeat_interleave(t, 2, dim=-1), which torch 1.13 exports as a Split
+/// into k columns, each Unsqueezed, Expanded to 2 and Reshaped, then a
+/// Concat), or nullptr.
+Value *repeatedPairs(Value *V) {
+  Node *Cat = def(V, OpKind::OnnxConcat);
+  unsigned Rank = V->type().rank();
+  if (!Cat || Rank < 1 ||
+      normAxis(Cat->attrs().getInt("axis", 0), Rank) != int64_t(Rank) - 1)
+    return nullptr;
+  Node *Split = nullptr;
+  for (unsigned I = 0; I < Cat->numOperands(); ++I) {
+    Value *Piece = Cat->operand(I);
+    Node *Re = def(Piece, OpKind::OnnxReshape);
+    Node *Ex = Re ? def(Re->operand(0), OpKind::OnnxExpand) : nullptr;
+    Value *Col = Ex ? unsqueezedLast(Ex->operand(0)) : nullptr;
+    Node *Sp = Col ? Col->producer() : nullptr;
+    if (!Sp || Sp->op() != OpKind::OnnxSplit || (Split && Sp != Split) ||
+        Sp->numResults() != Cat->numOperands() || Sp->result(I) != Col ||
+        Col->type().dim(-1) != 1 || Piece->type().dim(-1) != 2 ||
+        normAxis(Sp->attrs().getInt("axis", 0), Rank) != int64_t(Rank) - 1)
+      return nullptr;
+    Split = Sp;
+  }
+  return Split ? Split->operand(0) : nullptr;
+}
+
 /// A rotary table as rope takes it, [1 or b, s, d] for X [b, a, s, d]: the
 /// [b, s, d] lookup under an Unsqueeze(., 1), or a constant [1, 1, s, d],
 /// [1, s, d] or [s, d] (made once per constant), or nullptr.
 Value *ropeTable(Rewriter &R, Value *V, const TensorType &X) {
   Value *Table = nullptr;
-  if (Node *Un = def(V, OpKind::OnnxUnsqueeze)) {
+  if (Value *Half = repeatedPairs(V)) {
+    // GPT-J's tables, repeat_interleave'd from [.., d/2] in the graph: a
+    // lookup of a constant half table becomes a lookup of its pairs table.
+    Node *Un = def(Half, OpKind::OnnxUnsqueeze);
+    Node *E = Un ? def(Un->operand(0), OpKind::Embedding) : nullptr;
+    if (!E || Half->type().rank() != 4 || Half->type().Shape[1] != 1 ||
+        !E->operand(0)->isConst() || !E->operand(0)->data())
+      return nullptr;
+    Value *Pairs = R.memo(E->operand(0), PairsTable, [&]() -> Value * {
+      Value *T = E->operand(0);
+      auto D = T->data()->load();
+      if (!D || T->type().Dtype != DType::F32 || T->type().rank() != 2) {
+        if (!D)
+          consumeError(D.takeError());
+        return nullptr;
+      }
+      int64_t Rows = T->type().Shape[0], K = T->type().Shape[1];
+      std::vector<char> Bytes(Rows * K * 2 * 4);
+      const char *Src = D->data();
+      for (int64_t I = 0; I < Rows * K; ++I)
+        for (int64_t C : {0, 1})
+          std::memcpy(Bytes.data() + (2 * I + C) * 4, Src + I * 4, 4);
+      return R.G.addInlineConst("rope_pairs_table",
+                                TensorType(DType::F32, {Rows, 2 * K}),
+                                std::move(Bytes));
+    });
+    if (!Pairs)
+      return nullptr;
+    // One lookup per table and ids, shared by q's and k's rope.
+    for (const Use &U : Pairs->users())
+      if (U.User->op() == OpKind::Embedding && !U.User->isDead() &&
+          U.User->operand(1) == E->operand(1))
+        Table = U.User->result();
+    if (!Table)
+      Table = R.build(E, OpKind::Embedding, {Pairs, E->operand(1)})->result();
+  } else if (Node *Un = def(V, OpKind::OnnxUnsqueeze)) {
     if (V->type().rank() == 4 && V->type().Shape[1] == 1)
       Table = Un->operand(0);
   } else if (V->isConst() && V->data()) {
@@ -754,7 +864,8 @@ bool isRotateHalf(Value *Rot, Value *X) {
          Lo->result()->type().dim(-1) == D / 2;
 }
 
-/// Rotary embedding, HF's rotate_half form: x * cos + rotate_half(x) * sin.
+/// Rotary embedding, x * cos + rot(x) * sin with rot HF's rotate_half or
+/// GPT-J's rotate_every_two (interleaved).
 bool rope(Rewriter &R, Node &N) {
   if (N.op() != OpKind::OnnxAdd)
     return false;
@@ -767,14 +878,16 @@ bool rope(Rewriter &R, Node &N) {
       for (unsigned K : {0u, 1u}) {
         Value *X = MC->operand(J), *Cos = MC->operand(1 - J);
         Value *Rot = MS->operand(K), *Sin = MS->operand(1 - K);
-        if (X->type().rank() != 4 || X->type() != N.result()->type() ||
-            !isRotateHalf(Rot, X))
+        if (X->type().rank() != 4 || X->type() != N.result()->type())
+          continue;
+        bool Interleaved = isRotateEveryTwo(Rot, X);
+        if (!Interleaved && !isRotateHalf(Rot, X))
           continue;
         Value *C = ropeTable(R, Cos, X->type()), *S = ropeTable(R, Sin, X->type());
         if (!C || !S || C->type() != S->type())
           continue;
         AttrList A;
-        A.set("interleaved", int64_t(0));
+        A.set("interleaved", int64_t(Interleaved));
         Node *Ro = R.build(&N, OpKind::Rope, {X, C, S}, A);
         R.replace(N.result(), Ro->result());
         return true;
@@ -1001,52 +1114,106 @@ bool causalMask(Rewriter &R, Node &N) {
   return true;
 }
 
-/// The padding mask of BERT and HF GPT-2, computed once from an attention
-/// mask input m [b, k] and added to every layer's scores [b, .., k]:
-/// Add(x, Mul(Sub(1, Cast(Unsqueeze(m))), fill)) -> padding_mask(x, m)
-/// {fill}. Between m and the Sub only Casts to the scores' type, Unsqueezes
-/// and Reshapes that keep the [b, 1, .., 1, k] layout are allowed.
+/// A padding bias built from an attention-mask input m [b, k] for scores
+/// of type X [b, .., k]: the bias broadcasts over heads and queries.
+struct PaddingBias {
+  Value *Mask = nullptr;
+  double Fill = 0;
+  bool Where = false; // (1 - m) != 0 ? fill : 0, else (1 - m) * fill
+};
+
+/// Sub(1, m') where m' is m through Casts to X's type, Unsqueezes,
+/// Reshapes and Expands that keep m's [b, 1, .., 1, k] layout (an Expand
+/// may broadcast over the query axis): the m.
+Value *oneMinusMask(Value *V, const TensorType &X) {
+  Node *Sub = def(V, OpKind::OnnxSub);
+  if (!Sub || !isScalar(Sub->operand(0), 1.0, 0.0) ||
+      Sub->operand(1)->type().Dtype != X.Dtype)
+    return nullptr;
+  Value *M = Sub->operand(1);
+  while (Node *P = M->producer()) {
+    const TensorType &T = M->type();
+    bool Layout = P->op() == OpKind::OnnxUnsqueeze ||
+                  P->op() == OpKind::OnnxReshape ||
+                  P->op() == OpKind::OnnxExpand;
+    bool Cast = P->op() == OpKind::OnnxCast && T.Dtype == X.Dtype;
+    if ((!Layout && !Cast) || T.rank() < 2 || T.Shape[0] != X.Shape[0] ||
+        T.dim(-1) != X.dim(-1))
+      return nullptr;
+    M = P->operand(0);
+  }
+  const TensorType &MT = M->type();
+  if (!M->isInput() || MT.rank() != 2 || MT.Shape[0] != X.Shape[0] ||
+      MT.Shape[1] != X.dim(-1))
+    return nullptr;
+  return M;
+}
+
+/// The two forms exporters write:
+///  - HF BERT, GPT-2: Mul(Sub(1, m'), fill) (or its scale);
+///  - HF Llama's _expand_mask: Where(Cast(Sub(1, m'), bool), fill,
+///    Sub(1, m')).
+std::optional<PaddingBias> paddingBias(Value *Bias, const TensorType &X) {
+  const TensorType &BT = Bias->type();
+  if (BT.rank() != X.rank() || BT.Shape[0] != X.Shape[0] ||
+      BT.dim(-1) != X.dim(-1))
+    return std::nullopt;
+  for (unsigned D = 1; D + 1 < BT.rank(); ++D)
+    if (BT.Shape[D] != 1 && BT.Shape[D] != X.Shape[D])
+      return std::nullopt;
+  PaddingBias P;
+  Value *Y = nullptr;
+  if (Node *Sc = def(Bias, OpKind::Scale)) {
+    P.Fill = Sc->attrs().getFloat("alpha", 1.0);
+    Y = Sc->operand(0);
+  } else if (Node *M = def(Bias, OpKind::OnnxMul)) {
+    for (unsigned J : {0u, 1u})
+      if (auto F = scalar(M->operand(J)); F && !M->operand(1 - J)->isConst()) {
+        P.Fill = *F;
+        Y = M->operand(1 - J);
+      }
+  } else if (Node *W = def(Bias, OpKind::OnnxWhere)) {
+    Node *C = def(W->operand(0), OpKind::OnnxCast);
+    auto F = scalar(W->operand(1));
+    if (C && F && C->result()->type().Dtype == DType::Bool &&
+        C->operand(0) == W->operand(2)) {
+      P.Fill = *F;
+      P.Where = true;
+      Y = W->operand(2);
+    }
+  }
+  if (!Y || !(P.Mask = oneMinusMask(Y, X)))
+    return std::nullopt;
+  return P;
+}
+
+/// The padding mask of BERT, HF GPT-2 and HF Llama, computed once from an
+/// attention-mask input m [b, k] and added to every layer's scores [b, .., k]:
+/// Add(x, bias) -> padding_mask(x, m) {fill[, where]}. HF Llama adds the
+/// padding bias and the causal mask first (canonicalized to
+/// causal_mask(bias)); Add(x, causal_mask(bias)) becomes
+/// causal_mask(padding_mask(x, m)), equal wherever a row keeps an entry
+/// (a masked entry is -inf or the fill either way, which softmax zeroes).
 bool paddingMask(Rewriter &R, Node &N) {
   if (N.op() != OpKind::OnnxAdd)
     return false;
   for (unsigned I : {0u, 1u}) {
     Value *X = N.operand(1 - I), *Bias = N.operand(I);
-    const TensorType &XT = X->type(), &BT = Bias->type();
-    if (XT != N.result()->type() || XT.rank() < 2 || BT.rank() != XT.rank() ||
-        BT.Shape[0] != XT.Shape[0] || BT.dim(-1) != XT.dim(-1) ||
-        BT.numElements() != BT.Shape[0] * BT.dim(-1))
+    const TensorType &XT = X->type();
+    if (XT != N.result()->type() || XT.rank() < 2)
       continue;
-    std::optional<double> Fill;
-    Value *Y = nullptr;
-    if (Node *Sc = def(Bias, OpKind::Scale)) {
-      Fill = Sc->attrs().getFloat("alpha", 1.0);
-      Y = Sc->operand(0);
-    } else if (Node *M = def(Bias, OpKind::OnnxMul)) {
-      for (unsigned J : {0u, 1u})
-        if (auto F = scalar(M->operand(J)); F && !M->operand(1 - J)->isConst()) {
-          Fill = F;
-          Y = M->operand(1 - J);
-        }
-    }
-    Node *Sub = Y ? def(Y, OpKind::OnnxSub) : nullptr;
-    if (!Sub || !isScalar(Sub->operand(0), 1.0, 0.0))
-      continue;
-    Value *M = Sub->operand(1);
-    while (Node *P = M->producer()) {
-      bool Layout = P->op() == OpKind::OnnxUnsqueeze ||
-                    P->op() == OpKind::OnnxReshape;
-      if (!Layout && !(P->op() == OpKind::OnnxCast && M->type().Dtype == XT.Dtype))
-        break;
-      M = P->operand(0);
-    }
-    const TensorType &MT = M->type();
-    if (!M->isInput() || MT.rank() != 2 || MT.Shape[0] != XT.Shape[0] ||
-        MT.Shape[1] != XT.dim(-1) || Sub->operand(1)->type().Dtype != XT.Dtype)
+    Node *Causal = def(Bias, OpKind::CausalMask);
+    auto P = paddingBias(Causal ? Causal->operand(0) : Bias, XT);
+    if (!P)
       continue;
     AttrList A;
-    A.set("fill", *Fill);
-    Node *P = R.build(&N, OpKind::PaddingMask, {X, M}, A);
-    R.replace(N.result(), P->result());
+    A.set("fill", P->Fill);
+    if (P->Where)
+      A.set("where", int64_t(1));
+    Value *Out = R.build(&N, OpKind::PaddingMask, {X, P->Mask}, A)->result();
+    if (Causal)
+      Out = R.build(&N, OpKind::CausalMask, {Out}, Causal->attrs())->result();
+    R.replace(N.result(), Out);
     return true;
   }
   return false;

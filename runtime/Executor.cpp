@@ -597,10 +597,12 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
     return Error::success();
   }
   case OpKind::PaddingMask: {
-    // bias = (1 - keep) * fill in float, as the exported graph computes it.
+    // bias = (1 - keep) * fill in float, as the exported graph computes it
+    // (HF Llama's form: fill where 1 - keep is not 0).
     const TensorType &X = InT(0), &M = InT(1);
     int64_t B = X.Shape[0], K = X.dim(-1);
     const float Fill = float(I.Attrs.getFloat("fill", 0.0));
+    const bool Where = I.Attrs.getInt("where", 0);
     const char *Keep = reinterpret_cast<const char *>(In(1));
     std::vector<float> Bias(B * K);
     for (int64_t E = 0; E < B * K; ++E) {
@@ -621,7 +623,8 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
       default:
         return planError("padding_mask: unsupported mask type " + M.str());
       }
-      Bias[E] = (1.0f - V) * Fill;
+      float Inv = 1.0f - V;
+      Bias[E] = Where ? (Inv != 0.0f ? Fill : 0.0f) : Inv * Fill;
     }
     cpu::addKeyBias(Out(0), In(0), Bias.data(), B, X.numElements() / (B * K),
                     K);

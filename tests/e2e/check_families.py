@@ -28,9 +28,8 @@ Every line also shows torch float32 against torch float64 on the same check (the
 The loss is next-token cross entropy for every family (BERT too: sp-run's objective), so a
 bidirectional BERT can read its targets and its loss falls fast; the numbers must agree all the same.
 
-Expectations (see --list): every case passes except the interleaved-rotary llama cases, which fail
-at compile with a one-line error until the compiler recognises the interleaved (GPT-J) rotary form.
-sp-run feeds an all-ones attention mask (its data has no padding), and the reference does the same.
+Expectations (see --list): every case passes. sp-run feeds an all-ones attention mask (its data has
+no padding), and the reference does the same.
 
 Prints one PASS/FAIL line per check and a final `N passed, M failed`; exits 1 if any check failed,
 2 if sp-compile or sp-run is missing from --sp-bin (after waiting --wait-bin seconds for a build).
@@ -114,7 +113,6 @@ class Case:
 
 GPT2_EXPECT = "pass"
 LLAMA_EXPECT = "pass"
-INTERLEAVED_EXPECT = "compile error until canonicalize recognises the interleaved (GPT-J) rotary form"
 BERT_EXPECT = "pass"
 
 CASES = [
@@ -132,13 +130,13 @@ CASES = [
     Case("llama-o17-input_ids-hf", "llama", 17, "input_ids", trajectory=True, expect=LLAMA_EXPECT),
     Case("llama-o14-idx-div-manual-interleaved-sliced-triu-mask", "llama", 14, "idx",
          {"rmsnorm": "div", "silu": "manual", "rope": "interleaved", "rope_tables": "sliced", "mask": "triu",
-          "attention_mask": "input"}, expect=INTERLEAVED_EXPECT),
+          "attention_mask": "input"}, expect=LLAMA_EXPECT),
     Case("llama-o13-input_ids-hf-sliced-ones-mha-maxpos", "llama", 13, "input_ids",
          {"rope_tables": "sliced", "attention_mask": "ones"}, sizes=dict(kv_heads=4, max_positions=24),
          expect=LLAMA_EXPECT),
     Case("llama-o17-tokens-interleaved-triu-tied-mqa", "llama", 17, "tokens",
          {"rope": "interleaved", "mask": "triu"}, sizes=dict(heads=4, kv_heads=1), tied=True,
-         expect=INTERLEAVED_EXPECT),
+         expect=LLAMA_EXPECT),
     # bert
     Case("bert-o17-input_ids-10000-types", "bert", 17, "input_ids", trajectory=True, expect=BERT_EXPECT),
     Case("bert-o14-input_ids-finfo-buffer-maxpos", "bert", 14, "input_ids", {"mask": "finfo", "token_types": "buffer"},

@@ -169,6 +169,71 @@ ArrayRef<PaperConfig> paperConfigs() {
   return Configs;
 }
 
+LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
+                          RecomputeMode R, double E) {
+  // Per token (s b of them), the values each layer stores, as the paper
+  // counts them: the two norm inputs, the attention and MLP inputs (read
+  // by the first linears), q and k (and v) for the attention products, the
+  // projection input, the MLP's inner activations, 1-byte dropout masks,
+  // the rotary tables when looked up per layer; per head and query pair
+  // (a s^2 b), the attention core: the softmax output, and with dropout its
+  // mask and output. Tensor parallelism splits what lies between f and
+  // f-bar; sequence parallelism also the rest, except the rotary tables
+  // (the attention sees whole sequences).
+  double H = M.Hidden, F = M.Ffn ? M.Ffn : 4 * M.Hidden, A = M.Heads,
+         S = M.Seq, SB = S * M.Batch, D = M.Heads ? H / A : H,
+         G = M.KvHeads ? M.KvHeads : A;
+  bool Llama = M.Family == "llama", Selective = R == RecomputeMode::Selective;
+  bool Repeat = Llama && G != A;
+  double Masks = M.Dropout ? 2 * H : 0;
+  double Rope = M.RopeLookup ? 2 * E * D : 0;
+  // Norm inputs, attention and mlp inputs, masks, and the norms' f32
+  // statistics (mean and 1/std per row; 1/rms for RMSNorm), which the paper
+  // leaves out.
+  double Stats = 2 * (Llama ? 4 : 8);
+  double Replicated = E * (2 * H + 2 * H) + Masks + Stats;
+  // q, k, v at the query heads (a GQA repeat is stored by the products),
+  // or, when selective recomputation recomputes the repeat, at kv heads.
+  double KV = 2 * E * H * (Selective && Repeat ? G / A : 1);
+  double Sharded = E * H + KV + E * H + (Llama ? 4 : 2) * E * F;
+  double Core = Selective ? 0 : (M.Dropout ? 2 * E + 1 : E);
+  LayerFormula L;
+  std::string Div = T > 1 ? "/t" : "";
+  std::string InnerTerm = Llama ? "4eF (silu input, its output, up, down input)"
+                                : "2eF (gelu input, fc2 input)";
+  std::string KVTerm = Selective && Repeat ? "2eh g/a (k, v at kv heads)"
+                                           : "2eh (k, v)";
+  std::string Rep = std::string("4eh (norm, attention and mlp inputs)") +
+                    (M.Dropout ? " + 2h (dropout masks)" : "") +
+                    (Llama ? " + 8 (norm statistics)"
+                           : " + 16 (norm statistics)");
+  std::string Shd = "eh (q) + " + KVTerm + " + eh (proj input) + " + InnerTerm;
+  std::string CoreText =
+      Core == 0 ? "" : M.Dropout ? " + (2e + 1) a s^2 b" : " + e a s^2 b";
+  std::string RopeText = M.RopeLookup ? " + 2e sb h/a (rotary tables)" : "";
+  if (R == RecomputeMode::Full) {
+    // A post-norm layer ends in a norm whose output is the next checkpoint:
+    // it is not recomputed, so its statistics stay stored.
+    L.Bytes = SB * (E * H + (M.PostNorm ? 8 : 0)) / (SP ? T : 1);
+    L.Text = std::string("sb[eh (the layer input)") +
+             (M.PostNorm ? " + 8 (its last norm's statistics)" : "") + "]" +
+             (SP && T > 1 ? "/t" : "");
+    return L;
+  }
+  if (SP) {
+    L.Bytes = SB * (Replicated + Sharded) / T + Core * A * S * SB / T +
+              SB * Rope;
+    L.Text = "sb[" + Rep + " + " + Shd + "]" + Div + CoreText +
+             (Core ? Div : "") + RopeText;
+  } else {
+    L.Bytes = SB * Replicated + SB * Sharded / T + Core * A * S * SB / T +
+              SB * Rope;
+    L.Text = "sb[" + Rep + "] + sb[" + Shd + "]" + Div + CoreText +
+             (Core ? Div : "") + RopeText;
+  }
+  return L;
+}
+
 double table2Bytes(const PaperConfig &C, double A, double S, double B,
                    double H, double T) {
   double SBH = S * B * H, Attn = 5 * A * S / H;

@@ -17,6 +17,7 @@
 #ifndef SP_PASSES_MEMORYREPORT_H
 #define SP_PASSES_MEMORYREPORT_H
 
+#include "passes/ModelInfo.h"
 #include "passes/Pass.h"
 #include "runtime/Program.h"
 #include <map>
@@ -80,6 +81,18 @@ struct FlopFacts {
 };
 nlohmann::json flopReportToJson(const ActivationReport &R, int Ranks,
                                 const FlopFacts &F, int Microbatches = 1);
+
+/// The activation bytes of one layer by the family's formula: the paper's
+/// Section 4 count (Eq. 1-4) extended to GQA, SwiGLU, RMSNorm, rotary
+/// tables and models without dropout. E is the activation element size
+/// (masks are 1 byte; norm statistics are ignored, as in the paper). Text
+/// is the formula with the model's sizes left symbolic.
+struct LayerFormula {
+  std::string Text;
+  double Bytes = 0;
+};
+LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
+                          RecomputeMode R, double E);
 
 /// The six configurations of the paper's Table 2, and its formula for the
 /// activation bytes of one layer (fp16 activations, 1-byte masks, LayerNorm

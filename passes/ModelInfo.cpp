@@ -75,6 +75,13 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
       M.Heads = Whole(N);
     if (N.op() == OpKind::ToHeads && N.tags().Role == "k_heads" && !M.KvHeads)
       M.KvHeads = Whole(N);
+    const std::string &Role = N.tags().Role;
+    if ((Role == "fc1" || Role == "gate") && !M.Ffn) {
+      const TensorType &W = Global(N.operand(1));
+      M.Ffn = N.attrs().getInt("trans_w", 0) ? W.Shape[0] : W.Shape[1];
+    }
+    M.Dropout |= N.op() == OpKind::Dropout;
+    M.RopeLookup |= Role == "rope_cos";
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = N.attrs().getString("approximate", "none");
   }
@@ -106,6 +113,7 @@ nlohmann::json modelInfoToJson(const ModelInfo &M) {
         {"hidden", M.Hidden},
         {"heads", M.Heads},
         {"kv_heads", M.KvHeads},
+        {"ffn", M.Ffn},
         {"family", M.Family},
         {"seq", M.Seq},
         {"vocab", M.Vocab},

@@ -29,6 +29,11 @@ struct ModelInfo {
   bool PostNorm = false;
   /// The scores are causally masked / masked by an attention-mask input.
   bool Causal = false, PaddingMask = false;
+  /// The MLP's inner width (fc1's, or gate's and up's).
+  int64_t Ffn = 0;
+  /// The layers have dropout; the rotary tables are looked up per layer by
+  /// position ids (activations, not constants).
+  bool Dropout = false, RopeLookup = false;
   /// BERT's token-type embedding, embedding norm and head transform.
   bool TokenTypes = false, EmbedNorm = false, HeadTransform = false;
   /// Trainable parameter elements; a tied weight counts once, buffers never.

@@ -86,7 +86,8 @@ static cl::opt<double> MaxGradNorm("max-grad-norm",
 
 /// The memory and FLOP lines of the summary.
 static void printActivations(const ActivationReport &R, const Program &P,
-                             raw_ostream &OS) {
+                             const std::optional<LayerFormula> &F,
+                             StringRef Family, raw_ostream &OS) {
   int Mid = R.middleLayer();
   OS << formatv("activations per rank: {0} stored per layer (layer {1}), "
                 "{2} in all, {3} transient recomputation\n",
@@ -98,6 +99,13 @@ static void printActivations(const ActivationReport &R, const Program &P,
     for (auto &[Role, Bytes] : It->second)
       OS << LS << " " << Role << " " << humanBytes(Bytes);
     OS << "\n";
+  }
+  if (F) {
+    double Got = R.layerBytes(Mid);
+    OS << formatv("  {0} formula: {1} = {2} ({3:F2}% from the "
+                  "plan)\n",
+                  Family, F->Text, humanBytes(int64_t(F->Bytes)),
+                  F->Bytes > 0 ? 100 * (Got - F->Bytes) / F->Bytes : 0.0);
   }
   std::map<std::string, int> Kinds;
   for (const std::string &K : R.LayerRecompute)
@@ -463,6 +471,7 @@ int main(int Argc, char **Argv) {
   nlohmann::json Facts = modelInfoToJson(*Info);
   std::optional<ActivationReport> Activations;
   std::optional<ActivationReport> FirstStage;
+  std::optional<LayerFormula> Formula;
   if (P) {
     const Program &Prog = P->Prog;
     const Program &OneMicrobatch = Lowered->OneMicrobatch;
@@ -493,6 +502,20 @@ int main(int Argc, char **Argv) {
                  : analyzeActivations(P->stage(K)).StoredPeakBytes);
     }
     Facts["memory"] = memoryReportToJson(*Activations, Prog, SM);
+    // The family's formula for the middle layer, under the recomputation
+    // that layer got.
+    if (!Activations->LayerRecompute.empty()) {
+      StringRef Kind =
+          Activations->LayerRecompute[Activations->middleLayer()];
+      RecomputeMode Mode = Kind == "full"        ? RecomputeMode::Full
+                           : Kind == "selective" ? RecomputeMode::Selective
+                                                 : RecomputeMode::None;
+      Formula = layerFormula(*Info, Ctx.TensorParallel, Ctx.SequenceParallel,
+                             Mode, dtypeSize(ActDtype));
+      Facts["memory"]["formula"] = {{"family", Info->Family},
+                                    {"text", Formula->Text},
+                                    {"bytes_per_layer", Formula->Bytes}};
+    }
     Facts["flops"] = flopReportToJson(
         *Activations, Ctx.TensorParallel,
         {Info->Batch * Ctx.Pipeline.Microbatches, Info->Layers, Info->Seq,
@@ -516,7 +539,7 @@ int main(int Argc, char **Argv) {
                         humanBytes(peakLiveTempBytes(Prog)));
       printCollectives(collectiveReport(Prog, Ctx.TensorParallel),
                        Ctx.TensorParallel, outs());
-      printActivations(*Activations, Prog, outs());
+      printActivations(*Activations, Prog, Formula, Info->Family, outs());
       if (Ctx.Pipeline.enabled())
         printPipeline(**G, Ctx.Pipeline, *Lowered, *FirstStage, outs());
     }

@@ -137,6 +137,16 @@ public:
       bool Overrule = It != Structural.end() && It->second.Guess &&
                       (Role == InputRole::Positions ||
                        Role == InputRole::TokenTypes);
+      if (Overrule && Role == InputRole::Positions) {
+        const TensorType &Table = It->second.Guess->operand(0)->type();
+        int64_t Seq = V->type().rank() ? V->type().dim(-1) : 1;
+        if (Table.Shape[0] < Seq)
+          return bindError(formatv(
+              "--input {0}=positions: '{0}' indexes a table of {1} rows, "
+              "fewer than the {2} positions sp-run would feed; it is the "
+              "token types",
+              Name, Table.Shape[0], Seq));
+      }
       if (Overrule) {
         It->second.Guess->tags().Role =
             Role == InputRole::Positions ? "pos_embed" : "type_embed";

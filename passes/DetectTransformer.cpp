@@ -613,7 +613,7 @@ public:
   Error run(Graph &G, PassContext &Ctx) override {
     if (auto E = Detector(G).run())
       return createStringError(inconvertibleErrorCode(),
-                               "not a supported GPT-style Transformer: %s",
+                               "not a supported Transformer (GPT, Llama or BERT family): %s",
                                toString(std::move(E)).c_str());
     return Error::success();
   }

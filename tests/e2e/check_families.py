@@ -55,16 +55,6 @@ import family_reference as fref  # noqa: E402
 
 import export_family  # noqa: E402  (on sys.path through family_reference)
 
-TOL_LOGITS = ct.TOL_LOGITS
-TOL_LOSS = ct.TOL_LOSS
-TOL_GRADS = ct.TOL_GRADS
-TOL_TRAJECTORY = ct.TOL_TRAJECTORY
-TOL_LR = ct.TOL_LR
-TOL_WEIGHTS = ct.TOL_WEIGHTS
-TOKENS = ct.TOKENS
-DATA_SEED = ct.DATA_SEED
-STEP1_LR = ct.STEP1_LR
-TRAJ_STEPS, TRAJ_LR, TRAJ_WARMUP = ct.TRAJ_STEPS, ct.TRAJ_LR, ct.TRAJ_WARMUP
 OPSETS = (13, 14, 17)
 BIN_WAIT_S = 300
 # A gradient that is analytically zero (BERT's attention key biases: softmax ignores a per-row
@@ -194,7 +184,7 @@ class FamilyCheck(ct.ModelCheck):
                 f"{GRAD_FLOOR:g} x the largest gradient" if floored else "")
 
     def train_reference(self, model):
-        return fref.train(model, self.facts, self.tokens, TRAJ_STEPS, TRAJ_LR, warmup=TRAJ_WARMUP)
+        return fref.train(model, self.facts, self.tokens, ct.TRAJ_STEPS, ct.TRAJ_LR, warmup=ct.TRAJ_WARMUP)
 
     def run_all(self):
         try:

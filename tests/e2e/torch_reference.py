@@ -179,12 +179,10 @@ def loss_and_grads(model, x, y):
     return float(loss.item()), grads
 
 
-def train(model, tokens, batch, seq, steps, lr, warmup=0, min_lr=None, callback=None, loss_fn=None,
-          batch_fn=None):
+def train(model, tokens, batch, seq, steps, lr, warmup=0, min_lr=None, callback=None, loss_fn=None):
     """Train `steps` steps as sp-run does; returns [(loss, lr)] per step (the loss before the update).
 
-    `loss_fn(model, x, y)` replaces loss_of (a model fed other inputs too), `batch_fn(k) -> (x, y)`
-    replaces the next-token batches.
+    `loss_fn(model, x, y)` replaces loss_of (a model fed other inputs too).
     """
     min_lr = lr / 10 if min_lr is None else min_lr
     loss_fn = loss_fn or loss_of
@@ -192,7 +190,7 @@ def train(model, tokens, batch, seq, steps, lr, warmup=0, min_lr=None, callback=
     optimizer = make_optimizer(model, lr)
     history = []
     for t in range(1, steps + 1):
-        x, y = batch_fn(t - 1) if batch_fn else get_batch(tokens, t - 1, batch, seq)
+        x, y = get_batch(tokens, t - 1, batch, seq)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model, x, y)
         loss.backward()

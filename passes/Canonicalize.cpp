@@ -706,16 +706,29 @@ bool isInts(const Value *V, ArrayRef<int64_t> Want) {
   return ArrayRef<int64_t>(*I) == Want;
 }
 
-/// A Slice of the last axis of X from Start with step 2 (x[..., Start::2]).
-bool isEverySecond(Node *Sl, Value *X, int64_t Start) {
-  if (!Sl || Sl->op() != OpKind::OnnxSlice || Sl->operand(0) != X ||
-      Sl->numOperands() < 5)
+/// A Slice of half the last axis of X from Start (x[..., Start::Step]; a
+/// step other than 1 must be spelled on the last axis).
+bool isHalfSlice(Value *V, Value *X, int64_t Start, int64_t Step) {
+  Node *Sl = def(V, OpKind::OnnxSlice);
+  if (!Sl || Sl->operand(0) != X || !isInts(Sl->operand(1), {Start}) ||
+      V->type().dim(-1) != X->type().dim(-1) / 2)
     return false;
+  if (Step == 1)
+    return true;
   int64_t Rank = X->type().rank();
-  return isInts(Sl->operand(1), {Start}) &&
+  return Sl->numOperands() >= 5 &&
          (isInts(Sl->operand(3), {-1}) || isInts(Sl->operand(3), {Rank - 1})) &&
-         isInts(Sl->operand(4), {2}) &&
-         Sl->result()->type().dim(-1) == X->type().dim(-1) / 2;
+         isInts(Sl->operand(4), {Step});
+}
+
+/// A Concat along V's last axis.
+Node *lastAxisConcat(Value *V) {
+  Node *Cat = def(V, OpKind::OnnxConcat);
+  unsigned Rank = V->type().rank();
+  if (!Cat || Rank < 1 ||
+      normAxis(Cat->attrs().getInt("axis", 0), Rank) != int64_t(Rank) - 1)
+    return nullptr;
+  return Cat;
 }
 
 /// Unsqueeze(V, last axis): V as [.., k, 1].
@@ -731,15 +744,13 @@ Value *unsqueezedLast(Value *U) {
 /// -1).flatten(-2): Reshape(Concat(Unsqueeze(Neg(Slice)), Unsqueeze(Slice))).
 bool isRotateEveryTwo(Value *Rot, Value *X) {
   Node *Re = def(Rot, OpKind::OnnxReshape);
-  Node *Cat = Re ? def(Re->operand(0), OpKind::OnnxConcat) : nullptr;
-  if (!Cat || Cat->numOperands() != 2 || Rot->type() != X->type() ||
-      normAxis(Cat->attrs().getInt("axis", 0), Cat->result()->type().rank()) !=
-          int64_t(Cat->result()->type().rank()) - 1)
+  Node *Cat = Re ? lastAxisConcat(Re->operand(0)) : nullptr;
+  if (!Cat || Cat->numOperands() != 2 || Rot->type() != X->type())
     return false;
   Value *A = unsqueezedLast(Cat->operand(0)), *B = unsqueezedLast(Cat->operand(1));
   Node *Neg = A ? def(A, OpKind::OnnxNeg) : nullptr;
-  return Neg && B && isEverySecond(Neg->operand(0)->producer(), X, 1) &&
-         isEverySecond(B->producer(), X, 0);
+  return Neg && B && isHalfSlice(Neg->operand(0), X, 1, 2) &&
+         isHalfSlice(B, X, 0, 2);
 }
 
 /// The [.., k] value whose every element V repeats twice in a row
@@ -747,11 +758,10 @@ bool isRotateEveryTwo(Value *Rot, Value *X) {
 /// into k columns, each Unsqueezed, Expanded to 2 and Reshaped, then a
 /// Concat), or nullptr.
 Value *repeatedPairs(Value *V) {
-  Node *Cat = def(V, OpKind::OnnxConcat);
-  unsigned Rank = V->type().rank();
-  if (!Cat || Rank < 1 ||
-      normAxis(Cat->attrs().getInt("axis", 0), Rank) != int64_t(Rank) - 1)
+  Node *Cat = lastAxisConcat(V);
+  if (!Cat)
     return nullptr;
+  unsigned Rank = V->type().rank();
   Node *Split = nullptr;
   for (unsigned I = 0; I < Cat->numOperands(); ++I) {
     Value *Piece = Cat->operand(I);
@@ -841,27 +851,13 @@ Value *ropeTable(Rewriter &R, Value *V, const TensorType &X) {
 
 /// rotate_half(x) = Concat(Neg(x[..., d/2:]), x[..., :d/2]) on the last axis.
 bool isRotateHalf(Value *Rot, Value *X) {
-  Node *Cat = def(Rot, OpKind::OnnxConcat);
-  if (!Cat || Cat->numOperands() != 2 ||
-      normAxis(Cat->attrs().getInt("axis", 0), Rot->type().rank()) !=
-          int64_t(Rot->type().rank()) - 1)
+  Node *Cat = lastAxisConcat(Rot);
+  if (!Cat || Cat->numOperands() != 2)
     return false;
   Node *Neg = def(Cat->operand(0), OpKind::OnnxNeg);
-  Node *Hi = Neg ? def(Neg->operand(0), OpKind::OnnxSlice) : nullptr;
-  Node *Lo = def(Cat->operand(1), OpKind::OnnxSlice);
-  if (!Hi || !Lo || Hi->operand(0) != X || Lo->operand(0) != X)
-    return false;
-  auto HiStart = constInts(Hi->operand(1)), LoStart = constInts(Lo->operand(1));
-  if (!HiStart || !LoStart) {
-    consumeError(HiStart.takeError());
-    consumeError(LoStart.takeError());
-    return false;
-  }
   int64_t D = X->type().dim(-1);
-  return HiStart->size() == 1 && LoStart->size() == 1 &&
-         (*HiStart)[0] == D / 2 && (*LoStart)[0] == 0 &&
-         Hi->result()->type().dim(-1) == D / 2 &&
-         Lo->result()->type().dim(-1) == D / 2;
+  return Neg && isHalfSlice(Neg->operand(0), X, D / 2, 1) &&
+         isHalfSlice(Cat->operand(1), X, 0, 1);
 }
 
 /// Rotary embedding, x * cos + rot(x) * sin with rot HF's rotate_half or

@@ -3,7 +3,7 @@
 // Walks the residual stream of a canonicalized Transformer and tags every
 // node with its layer and role. Three layer templates share the walk:
 //
-//   embed [pos_embed embed_add] [type_embed type_add] [embed_norm]
+//   embed [pos_embed embed_add] [type_embed embed_add] [embed_norm]
 //         [embed_dropout]
 //   GPT (pre-norm):   ln1 qkv split_heads qk [scale] [mask] [pad_mask]
 //          softmax [attn_core_dropout] av merge_heads proj [attn_dropout]
@@ -212,7 +212,7 @@ private:
                         E->describe() + ")");
       (IsPos ? Pos : Types) = E;
       tag(E, -1, IsPos ? "pos_embed" : "type_embed");
-      tag(Add, -1, IsPos ? "embed_add" : "type_add");
+      tag(Add, -1, "embed_add");
       X = Add->result();
     }
     if (Node *LN = onlyUser(X, OpKind::LayerNorm)) { // BERT's embedding norm
@@ -378,23 +378,14 @@ private:
                     "qk must multiply the queries by the transposed keys");
       QKNode = *QK;
     }
-    if (auto E = attentionCore(L, QKNode, V))
-      return E;
-    Node *Proj = Projection;
-    Value *Cur = optionalDropout(Proj->result(), L, "attn_dropout");
-    auto R1 = expect(L, "attention", Cur, OpKind::Add, "residual1");
-    if (!R1)
-      return R1.takeError();
-    if (*R1 != Res1)
-      return fail(L, "attention", Cur,
-                  "the residual add must add the layer input");
-    X = Res1->result();
-    if (PostNorm) {
-      auto N = expect(L, "attention", X, OpKind::LayerNorm, "ln1");
-      if (!N)
-        return N.takeError();
-      X = (*N)->result();
-    }
+    auto Proj = attentionCore(L, QKNode, V);
+    if (!Proj)
+      return Proj.takeError();
+    auto X1 = closeBlock(L, "attention", (*Proj)->result(), Res1, PostNorm,
+                         {"attn_dropout", "residual1", "ln1", "layer"});
+    if (!X1)
+      return X1.takeError();
+    X = *X1;
     // MLP block.
     Node *Res2 = findUser(X, OpKind::Add);
     Node *LN2 = PostNorm ? nullptr : findNorm(X);
@@ -451,57 +442,77 @@ private:
         return FC2.takeError();
       Down = *FC2;
     }
-    Cur = optionalDropout(Down->result(), L, "mlp_dropout");
-    auto R2 = expect(L, "mlp", Cur, OpKind::Add, "residual2");
-    if (!R2)
-      return R2.takeError();
-    if (*R2 != Res2)
-      return fail(L, "mlp", Cur, "the residual add must add the block input");
-    X = (*R2)->result();
-    if (PostNorm) {
-      auto N = expect(L, "mlp", X, OpKind::LayerNorm, "ln2");
-      if (!N)
-        return N.takeError();
-      X = (*N)->result();
-    }
+    auto X2 = closeBlock(L, "mlp", Down->result(), Res2, PostNorm,
+                         {"mlp_dropout", "residual2", "ln2", "block"});
+    if (!X2)
+      return X2.takeError();
+    X = *X2;
     return Error::success();
+  }
+
+  /// The roles at a block's end, and what its residual adds (for errors).
+  struct BlockEnd {
+    const char *Dropout, *Residual, *PostNorm, *Input;
+  };
+
+  /// The end of a block: an optional dropout, the residual add Res found at
+  /// the block's input and, post-norm, a LayerNorm. Returns the residual
+  /// stream after it.
+  Expected<Value *> closeBlock(int L, StringRef Part, Value *Out, Node *Res,
+                               bool PostNorm, BlockEnd Roles) {
+    Value *Cur = optionalDropout(Out, L, Roles.Dropout);
+    auto R = expect(L, Part, Cur, OpKind::Add, Roles.Residual);
+    if (!R)
+      return R.takeError();
+    if (*R != Res)
+      return fail(L, Part, Cur,
+                  Twine("the residual add must add the ") + Roles.Input +
+                      " input");
+    Value *X = Res->result();
+    if (!PostNorm)
+      return X;
+    auto N = expect(L, Part, X, OpKind::LayerNorm, Roles.PostNorm);
+    if (!N)
+      return N.takeError();
+    return (*N)->result();
   }
 
   /// From the scores q k^T to the attention output projection: an optional
   /// scaling, causal mask and padding mask in any order, the softmax, an
   /// optional dropout, the product with the values, merge_heads and proj.
-  /// Every layer must mask as layer 0 does. Sets Projection.
-  Error attentionCore(int L, Node *QK, Value *V) {
+  /// Every layer must mask as layer 0 does. Returns proj.
+  Expected<Node *> attentionCore(int L, Node *QK, Value *V) {
     Value *Cur = QK->result();
-    Node *Scale = nullptr, *Causal = nullptr, *Padding = nullptr;
-    while (true) {
-      if (Node *S = onlyUser(Cur, OpKind::Scale); S && !Scale) {
-        tag(S, L, "scale");
-        Scale = S;
-      } else if (Node *M = onlyUser(Cur, OpKind::CausalMask); M && !Causal) {
-        tag(M, L, "mask");
-        Causal = M;
-      } else if (Node *P = onlyUser(Cur, OpKind::PaddingMask); P && !Padding) {
-        tag(P, L, "pad_mask");
-        Padding = P;
-      } else {
-        break;
-      }
-      Cur = Cur->users()[0].User->result();
+    struct Optional {
+      OpKind Op;
+      const char *Role;
+      bool Found = false;
+    } Steps[] = {{OpKind::Scale, "scale"},
+                 {OpKind::CausalMask, "mask"},
+                 {OpKind::PaddingMask, "pad_mask"}};
+    for (bool More = true; More;) {
+      More = false;
+      for (Optional &S : Steps)
+        if (Node *N = onlyUser(Cur, S.Op); N && !S.Found) {
+          tag(N, L, S.Role);
+          S.Found = More = true;
+          Cur = N->result();
+        }
     }
+    bool Causal = Steps[1].Found, Padding = Steps[2].Found;
     if (L == 0) {
       CausalModel = Causal;
       PaddingModel = Padding;
-    } else if (bool(Causal) != CausalModel || bool(Padding) != PaddingModel) {
+    } else if (Causal != CausalModel || Padding != PaddingModel) {
       return fail(L, "attention core", Cur,
                   "the layer masks its scores differently from layer 0 (causal "
                   "mask, padding mask)");
     }
-    if (!onlyUser(Cur, OpKind::Softmax))
+    Node *SM = onlyUser(Cur, OpKind::Softmax);
+    if (!SM)
       return fail(L, "attention core", Cur,
                   "expected softmax after the scores, their scaling and the "
                   "masks; " + found(Cur) + unsupportedMaskHint(Cur));
-    Node *SM = onlyUser(Cur, OpKind::Softmax);
     tag(SM, L, "softmax");
     Cur = optionalDropout(SM->result(), L, "attn_core_dropout");
     auto AV = expect(L, "attention core", Cur, OpKind::BatchMatMul, "av");
@@ -518,8 +529,7 @@ private:
         expect(L, "attention", (*MH)->result(), OpKind::Linear, "proj");
     if (!Proj)
       return Proj.takeError();
-    Projection = *Proj;
-    return Error::success();
+    return *Proj;
   }
 
   /// When the scores meet an add of something computed from a graph input,
@@ -603,7 +613,6 @@ private:
 
   Graph &G;
   bool PostNormModel = false, CausalModel = false, PaddingModel = false;
-  Node *Projection = nullptr;
 };
 
 class DetectTransformerPass : public Pass {

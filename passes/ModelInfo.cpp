@@ -1,6 +1,7 @@
 //===- ModelInfo.cpp ------------------------------------------------------===//
 #include "passes/ModelInfo.h"
 #include "passes/Roles.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <set>
 
@@ -12,17 +13,16 @@ static Error infoError(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), Msg);
 }
 
-static const Node *findRole(const Graph &G, StringRef Role) {
-  for (const Node &N : G.nodes())
-    if (N.tags().Role == Role)
-      return &N;
-  return nullptr;
-}
-
 Expected<ModelInfo> summarizeModel(const Graph &G) {
   ModelInfo M;
-  const Node *Embed = findRole(G, "embed");
-  const Node *Head = findRole(G, "lm_head");
+  // The first node of every role, in one sweep.
+  StringMap<const Node *> First;
+  for (const Node &N : G.nodes())
+    if (!N.tags().Role.empty())
+      First.try_emplace(N.tags().Role, &N);
+  auto findRole = [&](StringRef Role) { return First.lookup(Role); };
+  const Node *Embed = findRole("embed");
+  const Node *Head = findRole("lm_head");
   if (!Embed || !Head)
     return infoError("the graph has no detected Transformer structure; run "
                      "detect-transformer first");
@@ -39,14 +39,14 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
                      Ids.str());
   M.Batch = Ids.Shape[0];
   M.Seq = Ids.Shape[1];
-  M.PositionEmbedding = findRole(G, "pos_embed") != nullptr;
-  M.FinalNorm = findRole(G, "final_norm") != nullptr;
-  M.TokenTypes = findRole(G, "type_embed") != nullptr;
-  M.EmbedNorm = findRole(G, "embed_norm") != nullptr;
-  M.HeadTransform = findRole(G, "head_dense") != nullptr;
-  M.Causal = findRole(G, "mask") != nullptr;
-  M.PaddingMask = findRole(G, "pad_mask") != nullptr;
-  if (const Node *LN1 = findRole(G, "ln1"))
+  M.PositionEmbedding = findRole("pos_embed") != nullptr;
+  M.FinalNorm = findRole("final_norm") != nullptr;
+  M.TokenTypes = findRole("type_embed") != nullptr;
+  M.EmbedNorm = findRole("embed_norm") != nullptr;
+  M.HeadTransform = findRole("head_dense") != nullptr;
+  M.Causal = findRole("mask") != nullptr;
+  M.PaddingMask = findRole("pad_mask") != nullptr;
+  if (const Node *LN1 = findRole("ln1"))
     if (const Node *In = LN1->operand(0)->producer())
       M.PostNorm = In->tags().Role == "residual1";
   // A pipeline stage's copy of a weight is named "<weight>@<stage>".

@@ -12,94 +12,58 @@ namespace {
 using Tp = RoleProps::Tp;
 
 RoleProps column(const char *F, int Blocks = 1) {
-  RoleProps P;
-  P.Parallel = Tp::Column;
-  P.F = F;
-  P.Blocks = Blocks;
-  return P;
+  return {.Parallel = Tp::Column, .Blocks = Blocks, .F = F};
 }
-
 RoleProps row(const char *FBar, const char *Bias) {
-  RoleProps P;
-  P.Parallel = Tp::Row;
-  P.F = FBar;
-  P.Bias = Bias;
-  return P;
+  return {.Parallel = Tp::Row, .F = FBar, .Bias = Bias};
 }
-
-RoleProps with(Tp T) {
-  RoleProps P;
-  P.Parallel = T;
-  return P;
-}
-
-RoleProps core() {
-  RoleProps P;
-  P.AttentionCore = true;
-  return P;
-}
-
-RoleProps norm() {
-  RoleProps P;
-  P.Norm = true;
-  P.SeqShardedParams = true;
-  return P;
-}
-
-RoleProps seqSharded() {
-  RoleProps P;
-  P.SeqShardedParams = true;
-  return P;
-}
-
-RoleProps splitBySequence() {
-  RoleProps P;
-  P.SplitBySequence = true;
-  return P;
-}
+const RoleProps Core{.AttentionCore = true};
+// Norm scales and biases, row-parallel biases, BERT's head transform.
+const RoleProps SeqSharded{.SeqShardedParams = true};
+const RoleProps SplitBySequence{.SplitBySequence = true};
 
 const StringMap<RoleProps> &table() {
   static const StringMap<RoleProps> T = {
       // Embeddings (layer -1).
-      {"embed", with(Tp::VocabEmbedding)},
-      {"pos_embed", splitBySequence()},
-      {"type_embed", splitBySequence()},
-      {"embed_norm", norm()},
+      {"embed", {.Parallel = Tp::VocabEmbedding}},
+      {"pos_embed", SplitBySequence},
+      {"type_embed", SplitBySequence},
+      {"embed_norm", SeqSharded},
       // Attention.
-      {"ln1", norm()},
+      {"ln1", SeqSharded},
       {"qkv", column("attn_f", 3)},
       {"q", column("attn_f")},
       {"k", column("attn_f")},
       {"v", column("attn_f")},
-      {"split_heads", with(Tp::Heads)},
-      {"q_heads", with(Tp::Heads)},
-      {"k_heads", with(Tp::Heads)},
-      {"v_heads", with(Tp::Heads)},
+      {"split_heads", {.Parallel = Tp::Heads}},
+      {"q_heads", {.Parallel = Tp::Heads}},
+      {"k_heads", {.Parallel = Tp::Heads}},
+      {"v_heads", {.Parallel = Tp::Heads}},
       // The kv-head repeat of grouped-query attention is a copy feeding qk
       // and av: recomputing it stores the kv heads instead of their repeats.
-      {"k_repeat", core()},
-      {"v_repeat", core()},
-      {"qk", core()},
-      {"scale", core()},
-      {"mask", core()},
-      {"pad_mask", core()},
-      {"softmax", core()},
-      {"attn_core_dropout", core()},
-      {"av", core()},
+      {"k_repeat", Core},
+      {"v_repeat", Core},
+      {"qk", Core},
+      {"scale", Core},
+      {"mask", Core},
+      {"pad_mask", Core},
+      {"softmax", Core},
+      {"attn_core_dropout", Core},
+      {"av", Core},
       {"proj", row("attn_fbar", "proj_bias")},
-      {"proj_bias", seqSharded()},
+      {"proj_bias", SeqSharded},
       // MLP.
-      {"ln2", norm()},
+      {"ln2", SeqSharded},
       {"fc1", column("mlp_f")},
       {"gate", column("mlp_f")},
       {"up", column("mlp_f")},
       {"fc2", row("mlp_fbar", "fc2_bias")},
-      {"fc2_bias", seqSharded()},
+      {"fc2_bias", SeqSharded},
       // Head.
-      {"final_norm", norm()},
-      {"head_dense", seqSharded()},
-      {"head_norm", norm()},
-      {"lm_head", with(Tp::VocabHead)},
+      {"final_norm", SeqSharded},
+      {"head_dense", SeqSharded},
+      {"head_norm", SeqSharded},
+      {"lm_head", {.Parallel = Tp::VocabHead}},
   };
   return T;
 }

@@ -3,8 +3,8 @@
 // detect-transformer tags every node with a role; the passes after it ask
 // the role's properties, never its name: tensor parallelism how to shard a
 // node, sequence parallelism which parameters see sequence shards and which
-// full-sequence values to split, recomputation which nodes form the
-// attention core. A family is a layer template of roles (familyTemplates):
+// full-sequence values to split, recomputation and the memory report which
+// nodes form the attention core. A family is a layer template of roles (familyTemplates):
 // adding a family means one template, the detector's walk for it, and the
 // properties of any new role.
 //
@@ -37,8 +37,6 @@ struct RoleProps {
   /// Recomputed by --recompute selective (Section 5 of the paper: the
   /// softmax-sized activations of the attention).
   bool AttentionCore = false;
-  /// A normalisation (layer_norm, rms_norm): the memory report's norm rows.
-  bool Norm = false;
   /// Under sequence parallelism its parameters are applied to sequence
   /// shards, so each rank's gradient is partial: summed over the group.
   bool SeqShardedParams = false;

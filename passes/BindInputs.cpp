@@ -150,10 +150,6 @@ public:
       if (Overrule) {
         It->second.Guess->tags().Role =
             Role == InputRole::Positions ? "pos_embed" : "type_embed";
-        if (Node *Add = It->second.Guess->result()->users()[0].User;
-            Add->tags().Role == "embed_add" || Add->tags().Role == "type_add")
-          Add->tags().Role =
-              Role == InputRole::Positions ? "embed_add" : "type_add";
         It->second.Role = Role;
       }
       if (It != Structural.end() && It->second.Role != Role)

@@ -57,7 +57,7 @@ std::optional<Phase> parsePhase(StringRef Name) {
 
 static const char *const InputRoleNames[] = {
     "none", "tokens", "targets", "positions", "mask", "token_types", "lr",
-    "step"};
+    "step", "loss_weight"};
 
 StringRef inputRoleName(InputRole R) { return InputRoleNames[unsigned(R)]; }
 
@@ -65,10 +65,15 @@ std::optional<InputRole> parseInputRole(StringRef Name) {
   return parseEnumName<InputRole>(InputRoleNames, Name);
 }
 
-bool isBatchedRole(InputRole R) {
+bool isPerMicrobatchRole(InputRole R) {
   return R == InputRole::Tokens || R == InputRole::Targets ||
          R == InputRole::Positions || R == InputRole::Mask ||
-         R == InputRole::TokenTypes;
+         R == InputRole::TokenTypes || R == InputRole::LossWeight;
+}
+
+bool isModelInputRole(InputRole R) {
+  return R == InputRole::Tokens || R == InputRole::Positions ||
+         R == InputRole::Mask || R == InputRole::TokenTypes;
 }
 
 //===----------------------------------------------------------------------===//

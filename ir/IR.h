@@ -58,11 +58,20 @@ enum class InputRole : uint8_t {
   TokenTypes, // segment ids [batch, seq]: 0
   LearningRate, // f32 scalar (added by the optimizer pass)
   Step,         // f32 scalar, 1-based (added by the optimizer pass)
+  LossWeight,   // f32 scalar per microbatch: its share of the step's counted
+                // targets (added by autodiff)
 };
+/// A target id that counts for nothing in the loss (torch's ignore_index
+/// default): padding, or a position masked-LM does not predict.
+constexpr int64_t IgnoreTarget = -100;
 llvm::StringRef inputRoleName(InputRole R);
 std::optional<InputRole> parseInputRole(llvm::StringRef Name);
-/// Roles whose tensor has the batch as its first axis (split per microbatch).
-bool isBatchedRole(InputRole R);
+/// Roles fed once per microbatch: a tensor whose first axis is the batch (a
+/// microbatch gets its rows), or the microbatch's loss weight.
+bool isPerMicrobatchRole(InputRole R);
+/// Roles of the exported model's own inputs (bind-inputs finds them, --input
+/// names them): tokens, positions, mask, token_types.
+bool isModelInputRole(InputRole R);
 
 class Node;
 class Graph;

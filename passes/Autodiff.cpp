@@ -2,8 +2,12 @@
 //
 // Turns the forward graph of a detected Transformer into a training graph:
 //
-//  1. The language-model loss: a `targets` input (the next token of every
-//     position) and cross_entropy(logits, targets), the mean over all tokens.
+//  1. The language-model loss: a `targets` input (the token each position
+//     predicts, or -100 for one that counts for nothing) and
+//     cross_entropy(logits, targets) {ignore_index = -100}, the mean over the
+//     counted targets, times a `loss_weight` input (the microbatch's share of
+//     the step's counted targets, so that the sum over microbatches is the
+//     step's mean).
 //  2. Forward nodes whose gradient needs more than their first result are
 //     rebuilt with all of them: layer_norm keeps its per-row mean and 1/std,
 //     dropout its 1-byte keep mask. Each dropout gets its Philox key
@@ -156,12 +160,25 @@ private:
       if (Head->attrs().has("valid_vocab"))
         A.set("valid_vocab", Head->attrs().getInt("valid_vocab", 0));
     }
+    A.set("ignore_index", IgnoreTarget);
     auto CE = buildNode(G, G.nodes().end(), OpKind::CrossEntropy,
                         {Logits, Targets}, A, "loss");
     if (!CE)
       return CE.takeError();
     (*CE)->tags().Role = "loss";
-    return (*CE)->result();
+    // The step's loss is the mean over every counted target of the step:
+    // the sum over microbatches of weight * (the microbatch's mean), where
+    // the runtime feeds weight = (the microbatch's counted targets) / (the
+    // step's).
+    Value *Weight =
+        G.addInput(G.uniqueLeafName("loss_weight"),
+                   TensorType(DType::F32, {}), InputRole::LossWeight);
+    auto Weighted = buildNode(G, G.nodes().end(), OpKind::Mul,
+                              {(*CE)->result(), Weight}, {}, "loss");
+    if (!Weighted)
+      return Weighted.takeError();
+    (*Weighted)->tags().Role = "loss";
+    return (*Weighted)->result();
   }
 
   /// Rebuilds layer_norm, rms_norm and dropout with all their results, and

@@ -89,8 +89,7 @@ Error checkTypes(Graph &G) {
   for (const auto &I : G.inputs()) {
     const TensorType &T = I->type();
     InputRole R = I->inputRole();
-    if (R == InputRole::None || R == InputRole::Targets ||
-        R == InputRole::LearningRate || R == InputRole::Step)
+    if (!isModelInputRole(R))
       continue;
     bool Shape = T.rank() == 2 && T.Shape[1] == S &&
                  (T.Shape[0] == B || (R == InputRole::Positions && T.Shape[0] == 1));

@@ -158,9 +158,8 @@ Error passOptionsFromCL(PassContext &Ctx) {
   for (StringRef B : CL->InputBindings) {
     auto [Name, RoleName] = B.split('=');
     auto Role = parseInputRole(RoleName);
-    if (Name.empty() || !Role || *Role == InputRole::None ||
-        *Role == InputRole::Targets || *Role == InputRole::LearningRate ||
-        *Role == InputRole::Step)
+    if (Name.empty() || !Role ||
+        !isModelInputRole(*Role))
       return createStringError(inconvertibleErrorCode(),
                                "--input '%s': expected NAME=ROLE with ROLE "
                                "tokens, positions, mask or token_types",

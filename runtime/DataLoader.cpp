@@ -86,18 +86,69 @@ int64_t DataLoader::token(int64_t I) const {
   return int64_t(Bytes[2 * I]) | (int64_t(Bytes[2 * I + 1]) << 8);
 }
 
-void DataLoader::getBatch(int64_t Step, std::vector<int64_t> &Idx,
-                          std::vector<int64_t> &Targets) const {
+/// A uniform double in [0, 1) from the top 53 bits of H.
+static double unitInterval(uint64_t H) { return double(H >> 11) * 0x1p-53; }
+
+void DataLoader::getBatch(int64_t Step, TokenBatch &B) const {
   assert(Step >= 1 && "steps are 1-based");
-  Idx.resize(Batch * Seq);
-  Targets.resize(Batch * Seq);
+  int64_t N = Batch * Seq;
+  B.Tokens.resize(N);
+  B.Targets.resize(N);
+  B.Real.assign(Obj.PadToken >= 0 ? N : 0, 1);
+  auto IsPad = [&](int64_t T) { return T == Obj.PadToken; };
   for (int64_t R = 0; R < Batch; ++R) {
     int64_t O = rowOffset(Step, R);
+    uint64_t RowHash = mix64(
+        mix64(mix64(Obj.Seed ^ 0x6d6c6dULL) ^ uint64_t(Step - 1)) ^ uint64_t(R));
     for (int64_t J = 0; J < Seq; ++J) {
-      Idx[R * Seq + J] = token(O + J);
-      Targets[R * Seq + J] = token(O + J + 1);
+      int64_t I = R * Seq + J, X = token(O + J);
+      bool Pad = IsPad(X);
+      if (Pad)
+        B.Real[I] = 0;
+      B.Tokens[I] = X;
+      if (Obj.Kind == Objective::NextToken) {
+        int64_t Next = token(O + J + 1);
+        B.Targets[I] = Pad || IsPad(Next) ? IgnoreTarget : Next;
+        continue;
+      }
+      uint64_t H = mix64(RowHash ^ uint64_t(J));
+      if (Pad || unitInterval(H) >= Obj.MaskRate) {
+        B.Targets[I] = IgnoreTarget;
+        continue;
+      }
+      B.Targets[I] = X;
+      uint64_t H2 = mix64(H);
+      double U = unitInterval(H2);
+      if (U < 0.8)
+        B.Tokens[I] = Obj.MaskToken;
+      else if (U < 0.9)
+        B.Tokens[I] = int64_t(mix64(H2) % uint64_t(Vocab));
     }
   }
+}
+
+Error checkObjective(const Objective &O, int64_t Vocab) {
+  auto Bad = [](const Twine &Msg) {
+    return createStringError(inconvertibleErrorCode(), Msg);
+  };
+  if (O.PadToken < -1 || O.PadToken >= Vocab)
+    return Bad(formatv("--pad-token {0} is not a token id of the model's "
+                       "vocabulary [0, {1})",
+                       O.PadToken, Vocab));
+  if (O.Kind != Objective::MaskedLM)
+    return Error::success();
+  if (O.MaskToken < 0 || O.MaskToken >= Vocab)
+    return Bad(formatv("--objective masked-lm needs --mask-token ID, the id "
+                       "of the mask token in the model's vocabulary [0, {0})",
+                       Vocab));
+  if (O.MaskToken == O.PadToken)
+    return Bad(formatv("--mask-token and --pad-token are both {0}; the mask "
+                       "token must differ from the padding",
+                       O.MaskToken));
+  if (!(O.MaskRate > 0 && O.MaskRate <= 1))
+    return createStringError(inconvertibleErrorCode(),
+                             "--mask-rate %g must be in (0, 1]", O.MaskRate);
+  return Error::success();
 }
 
 } // namespace sp

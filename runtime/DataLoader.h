@@ -17,10 +17,25 @@
 // Synthetic data (benchmarks) is a virtual stream of 2^40 tokens with
 // token(i) = mix(seed ^ mix(i)) mod vocab, batched by the same rules.
 //
+// The objective turns a row's tokens x_0 .. x_{S-1} (and x_S) into inputs,
+// targets and an attention mask. A position whose token is the pad token
+// (when there is one) is padding: mask 0, and it predicts nothing (target
+// -100, IgnoreTarget); every other position has mask 1.
+//   next-token: input x_j, target x_{j+1} (-100 if x_j or x_{j+1} is
+//     padding).
+//   masked-LM (BERT): with h = mix(mix(mix(mix(seed ^ 0x6d6c6d) ^ k) ^ r) ^ j)
+//     and u(h) = (h >> 11) / 2^53 in [0, 1), a non-padding position is
+//     chosen when u(h) < rate. A chosen position predicts x_j; its input is
+//     the mask token when u(h2) < 0.8, the token mix(h2) mod vocab when
+//     u(h2) < 0.9, and x_j otherwise (h2 = mix(h)). Other positions keep
+//     x_j and predict nothing. Like the offsets, the choice depends only on
+//     the seed, the step, the row and the position.
+//
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_DATALOADER_H
 #define SP_RUNTIME_DATALOADER_H
 
+#include "ir/IR.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -32,6 +47,31 @@ namespace sp {
 
 /// SplitMix64's output function: a bijective 64-bit mix.
 uint64_t mix64(uint64_t X);
+
+/// One step's data: Batch rows of Seq positions each, row-major.
+struct TokenBatch {
+  std::vector<int64_t> Tokens;
+  /// The token each position predicts, or IgnoreTarget (-100): none.
+  std::vector<int64_t> Targets;
+  /// The attention mask: 1 for a token, 0 for padding. Empty: all tokens.
+  std::vector<uint8_t> Real;
+};
+
+/// What the model learns to predict from a row of tokens (rules above).
+struct Objective {
+  enum KindT { NextToken, MaskedLM } Kind = NextToken;
+  /// The padding token id, or -1: the data has no padding.
+  int64_t PadToken = -1;
+  /// Masked-LM: the id that replaces a chosen token, and the share of the
+  /// non-padding positions chosen.
+  int64_t MaskToken = -1;
+  double MaskRate = 0.15;
+  uint64_t Seed = 0;
+};
+
+/// Checks an objective against the vocabulary; the error names the flag
+/// (--pad-token, --mask-token, --mask-rate) and what it needs.
+llvm::Error checkObjective(const Objective &O, int64_t Vocab);
 
 /// The first token of row Row of the 0-based batch K (formulas above).
 int64_t batchRowOffset(int64_t K, int64_t Row, int64_t Batch, int64_t Seq,
@@ -52,6 +92,8 @@ public:
     Shuffle = On;
     ShuffleSeed = Seed;
   }
+  /// The objective of every later batch (checked by checkObjective).
+  void setObjective(const Objective &O) { Obj = O; }
 
   int64_t numTokens() const { return NumTokens; }
   int64_t batch() const { return Batch; }
@@ -61,10 +103,8 @@ public:
     return batchRowOffset(Step - 1, Row, Batch, Seq, NumTokens, Shuffle,
                           ShuffleSeed);
   }
-  /// The inputs and targets ([Batch, Seq] each, row-major) of the 1-based
-  /// Step.
-  void getBatch(int64_t Step, std::vector<int64_t> &Idx,
-                std::vector<int64_t> &Targets) const;
+  /// The inputs, targets and mask of the 1-based Step.
+  void getBatch(int64_t Step, TokenBatch &B) const;
 
 private:
   DataLoader() = default;
@@ -77,6 +117,7 @@ private:
   uint64_t SyntheticSeed = 0;
   bool Shuffle = false;
   uint64_t ShuffleSeed = 0;
+  Objective Obj;
 };
 
 } // namespace sp

@@ -137,13 +137,15 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
 }
 
 /// Checks ids against [0, Vocab) and their count against the batch.
+/// Batch x Seq ids in [0, Vocab), or IgnoreTarget where Ignorable.
 static Error checkIds(StringRef What, ArrayRef<int64_t> Ids, int64_t Batch,
-                      int64_t Seq, int64_t Vocab) {
+                      int64_t Seq, int64_t Vocab, bool Ignorable = false) {
   if (int64_t(Ids.size()) != Batch * Seq)
     return planError(formatv("expected {0} x {1} {2}s, got {3}", Batch, Seq,
                              What, Ids.size()));
   for (size_t I = 0; I < Ids.size(); ++I)
-    if (Ids[I] < 0 || Ids[I] >= Vocab)
+    if ((Ids[I] < 0 || Ids[I] >= Vocab) &&
+        !(Ignorable && Ids[I] == IgnoreTarget))
       return planError(formatv("{0} {1} at position {2} is outside the "
                                "vocabulary [0, {3})",
                                What, Ids[I], I, Vocab));
@@ -184,6 +186,7 @@ Error Executor::checkInputs() const {
       break;
     case InputRole::LearningRate:
     case InputRole::Step:
+    case InputRole::LossWeight:
       if (T != TensorType(DType::F32, {}))
         return Bad("must be an f32 scalar");
       break;
@@ -194,31 +197,41 @@ Error Executor::checkInputs() const {
 
 
 
-Error Executor::feedInputs(ArrayRef<int64_t> Tokens, ArrayRef<int64_t> Targets,
-                           double LR, int64_t Step) {
-  if (auto E = checkIds("token id", Tokens, Batch, Seq, Vocab))
+Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
+  if (auto E = checkIds("token id", Data.Tokens, Batch, Seq, Vocab))
     return E;
-  if (auto E = checkIds("target", Targets, Batch, Seq, Vocab))
+  if (auto E = checkIds("target", Data.Targets, Batch, Seq, Vocab,
+                        /*Ignorable=*/true))
     return E;
+  if (!Data.Real.empty() && int64_t(Data.Real.size()) != Batch * Seq)
+    return planError(formatv("expected {0} x {1} mask values, got {2}", Batch,
+                             Seq, Data.Real.size()));
+  // The counted targets of rows [Row0, Row0 + Rows).
+  auto Counted = [&](int64_t Row0, int64_t Rows) {
+    return int64_t(count_if(
+        ArrayRef<int64_t>(Data.Targets).slice(Row0 * Seq, Rows * Seq),
+        [](int64_t T) { return T != IgnoreTarget; }));
+  };
+  int64_t StepCounted = Counted(0, Batch);
   for (size_t Id = 0; Id < Prog.Buffers.size(); ++Id) {
     const ProgramBuffer &B = Prog.Buffers[Id];
     if (B.K != ProgramBuffer::Input)
       continue;
     char *Dst = Arena + B.Offset;
-    int64_t Rows = B.Type.rank() ? B.Type.Shape[0] : 1;
     // A microbatch's buffer holds rows [K b, (K + 1) b) of the batch.
+    int64_t Rows = Batch / Microbatches;
     int64_t Row0 = B.Microbatch >= 0 ? B.Microbatch * Rows : 0;
     switch (B.Feed) {
     case InputRole::Tokens:
     case InputRole::Targets: {
       const int64_t *Src =
-          (B.Feed == InputRole::Tokens ? Tokens : Targets).data();
+          (B.Feed == InputRole::Tokens ? Data.Tokens : Data.Targets).data();
       std::memcpy(Dst, Src + Row0 * Seq, Rows * Seq * sizeof(int64_t));
       break;
     }
     case InputRole::Positions: {
       auto *P = reinterpret_cast<int64_t *>(Dst);
-      for (int64_t R = 0; R < Rows; ++R)
+      for (int64_t R = 0, PosRows = B.Type.Shape[0]; R < PosRows; ++R)
         for (int64_t S = 0; S < Seq; ++S)
           P[R * Seq + S] = S;
       break;
@@ -226,22 +239,28 @@ Error Executor::feedInputs(ArrayRef<int64_t> Tokens, ArrayRef<int64_t> Targets,
     case InputRole::TokenTypes:
       std::memset(Dst, 0, B.Type.numBytes());
       break;
-    case InputRole::Mask: // every token is real: attend everywhere
-      for (int64_t I = 0, N = B.Type.numElements(); I < N; ++I)
+    case InputRole::Mask: // 1 = attend (a token), 0 = padding
+      for (int64_t I = 0, N = Rows * Seq; I < N; ++I) {
+        int M = Data.Real.empty() ? 1 : Data.Real[Row0 * Seq + I];
         switch (B.Type.Dtype) {
         case DType::I64:
-          reinterpret_cast<int64_t *>(Dst)[I] = 1;
+          reinterpret_cast<int64_t *>(Dst)[I] = M;
           break;
         case DType::I32:
-          reinterpret_cast<int32_t *>(Dst)[I] = 1;
+          reinterpret_cast<int32_t *>(Dst)[I] = M;
           break;
         case DType::Bool:
-          Dst[I] = 1;
+          Dst[I] = char(M);
           break;
         default: // f32, checked when the executor was created
-          reinterpret_cast<float *>(Dst)[I] = 1.0f;
+          reinterpret_cast<float *>(Dst)[I] = float(M);
           break;
         }
+      }
+      break;
+    case InputRole::LossWeight: // the microbatch's share of the targets
+      *reinterpret_cast<float *>(Dst) =
+          StepCounted ? float(double(Counted(Row0, Rows)) / StepCounted) : 0.f;
       break;
     case InputRole::LearningRate:
       *reinterpret_cast<float *>(Dst) = float(LR);
@@ -256,28 +275,26 @@ Error Executor::feedInputs(ArrayRef<int64_t> Tokens, ArrayRef<int64_t> Targets,
   return Error::success();
 }
 
-Expected<double> Executor::trainStep(ArrayRef<int64_t> Idx,
-                                     ArrayRef<int64_t> Targets, double LR,
+Expected<double> Executor::trainStep(const TokenBatch &Data, double LR,
                                      int64_t Step) {
   if (Step < 1)
     return planError("steps are 1-based");
   if (!MissingOptimizerInput.empty())
     return planError("the plan has no optimizer step (no '" +
                      MissingOptimizerInput + "' input)");
-  if (auto E = feedInputs(Idx, Targets, LR, Step))
+  if (auto E = feedInputs(Data, LR, Step))
     return std::move(E);
   if (auto E = run(Phase::Optimizer, Step, /*Training=*/true))
     return std::move(E);
   return *ptr(Prog.output("loss"));
 }
 
-Expected<double> Executor::evalLoss(ArrayRef<int64_t> Idx,
-                                    ArrayRef<int64_t> Targets) {
+Expected<double> Executor::evalLoss(const TokenBatch &Data) {
   if (PipeComm || Microbatches > 1)
     return planError("evaluating a pipelined plan is not supported yet; "
                      "compile the model without --pp and --microbatches to "
                      "evaluate it");
-  if (auto E = feedInputs(Idx, Targets, /*LR=*/0, /*Step=*/0))
+  if (auto E = feedInputs(Data, /*LR=*/0, /*Step=*/0))
     return std::move(E);
   if (auto E = run(Phase::Forward, /*Step=*/0, /*Training=*/false))
     return std::move(E);
@@ -681,15 +698,19 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
   case OpKind::CrossEntropyGrad: {
     int64_t V = InT(0).dim(-1), N = InT(1).numElements();
     int64_t Valid = I.Attrs.getInt("valid_vocab", V);
+    std::optional<int64_t> Ignore;
+    if (I.Attrs.has("ignore_index"))
+      Ignore = I.Attrs.getInt("ignore_index", 0);
     bool Grad = I.Op == OpKind::CrossEntropyGrad;
     if (I.Attrs.getInt("vocab_parallel", 0))
       return vocabParallelCrossEntropy(Grad ? nullptr : Out(0),
                                        Grad ? Out(0) : nullptr, In(0), Ids(1),
-                                       N, V, Valid, Grad ? *In(2) : 0.0);
+                                       N, V, Valid, Ignore,
+                                       Grad ? *In(2) : 0.0);
     if (Grad)
-      return Check(
-          cpu::crossEntropyBackward(Out(0), In(0), Ids(1), *In(2), N, V, Valid));
-    return Check(cpu::crossEntropy(Out(0), In(0), Ids(1), N, V, Valid));
+      return Check(cpu::crossEntropyBackward(Out(0), In(0), Ids(1), *In(2), N,
+                                             V, Valid, Ignore));
+    return Check(cpu::crossEntropy(Out(0), In(0), Ids(1), N, V, Valid, Ignore));
   }
   case OpKind::GradNorm: {
     // Split gradients: every rank holds a part, sum them over the group;

@@ -17,6 +17,7 @@
 #ifndef SP_RUNTIME_EXECUTOR_H
 #define SP_RUNTIME_EXECUTOR_H
 
+#include "runtime/DataLoader.h"
 #include "runtime/Plan.h"
 #include "runtime/comm/Communicator.h"
 #include "llvm/Support/Error.h"
@@ -97,13 +98,13 @@ public:
 
   /// One training step: forward, backward and the AdamW update with learning
   /// rate LR; Step is 1-based (AdamW bias correction, dropout stream).
-  llvm::Expected<double> trainStep(llvm::ArrayRef<int64_t> Idx,
-                                   llvm::ArrayRef<int64_t> Targets, double LR,
+  /// The loss is the mean cross entropy over the counted targets (those
+  /// that are not IgnoreTarget), 0 when there are none.
+  llvm::Expected<double> trainStep(const TokenBatch &B, double LR,
                                    int64_t Step);
   /// The forward alone, without dropout and without an update: the loss.
   /// The logits stay readable (logits()) until the next call.
-  llvm::Expected<double> evalLoss(llvm::ArrayRef<int64_t> Idx,
-                                  llvm::ArrayRef<int64_t> Targets);
+  llvm::Expected<double> evalLoss(const TokenBatch &B);
 
   /// Parameters, by their ONNX initializer names, in plan order.
   std::vector<TensorView> parameters() const;
@@ -137,11 +138,10 @@ private:
   /// Refuses a plan with an input the runtime cannot feed (no role, or a
   /// type its role does not allow).
   llvm::Error checkInputs() const;
-  /// Writes every input by its role: tokens and targets from the batch,
-  /// positions 0..seq-1, an all-ones mask, zero token types, lr and step.
-  llvm::Error feedInputs(llvm::ArrayRef<int64_t> Tokens,
-                         llvm::ArrayRef<int64_t> Targets, double LR,
-                         int64_t Step);
+  /// Writes every input by its role: tokens, targets and the attention
+  /// mask from the batch, positions 0..seq-1, zero token types, each
+  /// microbatch's loss weight, lr and step.
+  llvm::Error feedInputs(const TokenBatch &B, double LR, int64_t Step);
   llvm::Error pipelineOp(const Instruction &I);
   float *ptr(int Buffer) const;
 
@@ -158,6 +158,7 @@ private:
                                         const float *Logits,
                                         const int64_t *Targets, int64_t N,
                                         int64_t V, int64_t Valid,
+                                        std::optional<int64_t> Ignore,
                                         double DLoss) const;
 
   Program Prog;

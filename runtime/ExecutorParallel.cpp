@@ -149,23 +149,27 @@ void Executor::takeChunk(float *Out, const float *In, const TensorType &Full,
 /// Each rank holds the logits of vocabulary rows [r V, (r + 1) V); columns
 /// at or past Valid (global) are padding. The row maximum, the sum of
 /// exponentials and the target logit are reduced over the group, so no rank
-/// holds the full logits. Computes the mean loss (Loss) or its gradient
-/// (DLogits), whichever is non-null.
+/// holds the full logits. Computes the mean loss over the rows whose target
+/// is not Ignore (Loss) or its gradient (DLogits), whichever is non-null.
 Error Executor::vocabParallelCrossEntropy(float *Loss, float *DLogits,
                                           const float *Logits,
                                           const int64_t *Targets, int64_t N,
                                           int64_t V, int64_t Valid,
+                                          std::optional<int64_t> Ignore,
                                           double DLoss) const {
   int64_t Start = rank() * V;
   int64_t Mine = std::clamp<int64_t>(Valid - Start, 0, V);
   std::vector<float> Max(N, -std::numeric_limits<float>::infinity()),
       Sum(N, 0.f), Target(N, 0.f);
+  auto Counted = [&](int64_t I) { return !Ignore || Targets[I] != *Ignore; };
+  int64_t NumCounted = 0;
   for (int64_t I = 0; I < N; ++I) {
-    if (Targets[I] < 0 || Targets[I] >= Valid)
+    if (Counted(I) && (Targets[I] < 0 || Targets[I] >= Valid))
       return createStringError(inconvertibleErrorCode(),
                                "target %lld of row %lld is outside the "
                                "vocabulary",
                                (long long)Targets[I], (long long)I);
+    NumCounted += Counted(I);
     for (int64_t J = 0; J < Mine; ++J)
       Max[I] = std::max(Max[I], Logits[I * V + J]);
   }
@@ -177,23 +181,30 @@ Error Executor::vocabParallelCrossEntropy(float *Loss, float *DLogits,
       S += std::exp(double(Logits[I * V + J]) - Max[I]);
     Sum[I] = float(S);
     int64_t T = Targets[I] - Start;
-    if (T >= 0 && T < Mine)
+    if (Counted(I) && T >= 0 && T < Mine)
       Target[I] = Logits[I * V + T];
   }
   if (auto E = Comm->allReduceSum(Sum.data(), N))
     return E;
+  // As the one-device kernel: the mean over the counted rows, 0 (and zero
+  // gradients) when none is counted.
   if (Loss) {
     if (auto E = Comm->allReduceSum(Target.data(), N))
       return E;
     double L = 0;
     for (int64_t I = 0; I < N; ++I)
-      L += std::log(double(Sum[I])) + Max[I] - Target[I];
-    *Loss = float(L / N);
+      if (Counted(I))
+        L += std::log(double(Sum[I])) + Max[I] - Target[I];
+    *Loss = NumCounted ? float(L / NumCounted) : 0.f;
     return Error::success();
   }
-  double Scale = DLoss / N;
+  double Scale = NumCounted ? DLoss / NumCounted : 0.0;
   for (int64_t I = 0; I < N; ++I)
     for (int64_t J = 0; J < V; ++J) {
+      if (!Counted(I)) {
+        DLogits[I * V + J] = 0.f;
+        continue;
+      }
       double P = J < Mine ? std::exp(double(Logits[I * V + J]) - Max[I]) / Sum[I]
                           : 0.0;
       if (Start + J == Targets[I])

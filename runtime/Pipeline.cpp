@@ -113,7 +113,6 @@ public:
       : G(G), SG(SG), L(L), Rank(Rank), B(Dt) {}
 
   Expected<Program> run() {
-    setUpLeaves();
     for (const PipelineStep &S : L.Steps[Rank]) {
       int V = S.Chunk * L.Stages + Rank;
       if (V >= SG.NumStages || S.Microbatch >= L.Microbatches)
@@ -137,27 +136,9 @@ private:
     return Mb * SG.TagStride + SG.TagIndex.at({V, ToRank});
   }
 
-  void setUpLeaves() {
-    // The loss gradient is seeded with 1/N: the mean over all microbatches.
-    if (L.Microbatches > 1)
-      for (const Node &N : G.nodes())
-        if (N.op() == OpKind::CrossEntropyGrad && N.operand(2)->isConst() &&
-            !Overrides.count(N.operand(2))) {
-          float Seed = 1.0f / float(L.Microbatches);
-          std::vector<char> Bytes(4);
-          std::memcpy(Bytes.data(), &Seed, 4);
-          TensorType T(DType::F32, {});
-          Overrides[N.operand(2)] = B.addBuffer(
-              N.operand(2)->name(), T, ProgramBuffer::Const,
-              TensorData::makeInline(T, std::move(Bytes)));
-        }
-  }
-
   /// The buffer of operand V in microbatch Mb.
   Expected<int> operand(const Value *V, int Mb) {
-    if (auto It = Overrides.find(V); It != Overrides.end())
-      return It->second;
-    if (V->isInput() && isBatchedRole(V->inputRole())) {
+    if (V->isInput() && isPerMicrobatchRole(V->inputRole())) {
       auto Key = std::make_pair(Mb, V);
       auto It = Instances.find(Key);
       if (It != Instances.end())
@@ -250,8 +231,6 @@ private:
   /// The once-per-step value of V: its sum over microbatches, or the result
   /// of an optimizer node.
   Expected<int> stepValue(const Value *V) {
-    if (auto It = Overrides.find(V); It != Overrides.end())
-      return It->second;
     if (!V->isResult())
       return B.leaf(V);
     if (auto It = StepValues.find(V); It != StepValues.end())
@@ -310,13 +289,7 @@ private:
           auto Id = stepValue(O.V);
           if (!Id)
             return Id.takeError();
-          Loss = *Id;
-          if (L.Microbatches > 1) {
-            AttrList A;
-            A.set("alpha", 1.0 / L.Microbatches);
-            Loss = B.emitRaw(OpKind::Scale, {Loss}, {O.V->type()}, A, T,
-                             "loss_mean")[0];
-          }
+          Loss = *Id; // summed over microbatches, each loss_weight'ed
         }
         if (L.Stages > 1) {
           AttrList A;
@@ -346,7 +319,7 @@ private:
   int Rank;
   ProgramBuilder B;
   std::map<std::pair<int, const Value *>, int> Instances;
-  DenseMap<const Value *, int> Overrides, Accumulators, StepValues;
+  DenseMap<const Value *, int> Accumulators, StepValues;
 };
 
 } // namespace

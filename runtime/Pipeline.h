@@ -36,16 +36,18 @@ struct PipelineLayout {
 /// Lowers a training graph whose nodes carry their virtual stage (the
 /// pipeline pass's tags) into one program per pipeline rank.
 ///
-/// - The model's batch is the microbatch: every batched input (tokens,
-///   targets, positions, mask, token types) gets a buffer per microbatch K
-///   ("<name>.K", feed microbatch K), and dropouts learn their
-///   microbatch, so that their masks are those of the whole batch.
+/// - The model's batch is the microbatch: every per-microbatch input
+///   (tokens, targets, positions, mask, token types, loss weight) gets a
+///   buffer per microbatch K ("<name>.K", feed microbatch K), and dropouts
+///   learn their microbatch, so that their masks are those of the whole
+///   batch.
 /// - A value used on another stage than its producer's is sent right after
 ///   the step that makes it and received right before the step that needs
 ///   it (tag: microbatch and value), carrying its sharded shape.
 /// - Values the optimizer reads (gradients) and the loss are summed over the
-///   microbatches; the loss gradient is seeded with 1/N, so the gradients
-///   and the loss are the means over the whole batch.
+///   microbatches; each microbatch's loss is weighted by its loss_weight
+///   input (its share of the step's counted targets), so the gradients and
+///   the loss are the means over the whole batch.
 /// - Optimizer nodes run once after the last step on the rank of their
 ///   stage; grad_norm (stage -1) runs on every rank over that rank's
 ///   gradients and sums over the pipeline; the loss is broadcast from the

@@ -38,7 +38,8 @@ static bool keepsF32(const Value *V) {
   if ((P->op() == OpKind::LayerNorm || P->op() == OpKind::RmsNorm) &&
       V->resultIndex() > 0)
     return true;
-  if (P->op() == OpKind::CrossEntropy || P->op() == OpKind::CrossEntropyGrad)
+  if (P->op() == OpKind::CrossEntropy || P->op() == OpKind::CrossEntropyGrad ||
+      P->tags().Role == "loss")
     return true;
   return any_of(V->users(), [](const Use &U) {
     return U.User->op() == OpKind::CrossEntropy;

@@ -22,7 +22,7 @@
 namespace sp {
 
 /// Bumped whenever the plan format changes; sp-run refuses other versions.
-constexpr int PlanFormatVersion = 2;
+constexpr int PlanFormatVersion = 3;
 
 struct ProgramBuffer {
   enum Kind : uint8_t { Input, Param, State, Const, Temp };

@@ -81,6 +81,29 @@ static cl::opt<bool> Shuffle("shuffle",
                              cl::desc("Batches at random offsets (from --seed "
                                       "and the step)"),
                              cl::cat(Cat));
+static cl::opt<Objective::KindT> ObjectiveKind(
+    "objective", cl::desc("What the model learns to predict (default next-token)"),
+    cl::values(clEnumValN(Objective::NextToken, "next-token",
+                          "each position's next token (GPT, Llama)"),
+               clEnumValN(Objective::MaskedLM, "masked-lm",
+                          "BERT's masked-LM: --mask-rate of the positions, "
+                          "chosen from --seed, predict their own token")),
+    cl::init(Objective::NextToken), cl::cat(Cat));
+static cl::opt<int64_t>
+    PadToken("pad-token",
+             cl::desc("Padding token id: its positions are masked out of "
+                      "attention (the model's attention-mask input) and "
+                      "predict nothing"),
+             cl::init(-1), cl::value_desc("id"), cl::cat(Cat));
+static cl::opt<int64_t>
+    MaskToken("mask-token",
+              cl::desc("masked-lm: the id that replaces a chosen token"),
+              cl::init(-1), cl::value_desc("id"), cl::cat(Cat));
+static cl::opt<double>
+    MaskRate("mask-rate",
+             cl::desc("masked-lm: the share of positions chosen (default "
+                      "0.15)"),
+             cl::init(0.15), cl::value_desc("x"), cl::cat(Cat));
 static cl::opt<bool>
     Eval("eval",
          cl::desc("No training: the mean loss over --steps batches, forward "
@@ -179,6 +202,12 @@ static Error checkFlags() {
   if (DataFile.empty() && !SyntheticData)
     return usageError("--data FILE is required (a token file from "
                       "sp-tokenize), or --synthetic-data for a benchmark");
+  if (ObjectiveKind != Objective::MaskedLM)
+    for (auto [Given, Flag] :
+         {std::pair{MaskToken.getNumOccurrences() > 0, "--mask-token"},
+          {MaskRate.getNumOccurrences() > 0, "--mask-rate"}})
+      if (Given)
+        return usageError(Twine(Flag) + " is for --objective masked-lm");
   if (Eval) {
     for (auto [Given, Flag] :
          {std::pair{CheckpointEvery.getNumOccurrences() > 0,
@@ -237,7 +266,7 @@ struct Run {
   std::string Fingerprint;
   uint64_t RunSeed = 0;
   std::vector<LossRow> Rows;
-  std::vector<int64_t> Idx, Targets;
+  TokenBatch Batch;
 
   Error dumpLogits(StringRef Dir);
   Error dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors);
@@ -255,8 +284,8 @@ struct Run {
 } // namespace
 
 Error Run::dumpLogits(StringRef Dir) {
-  Data.getBatch(1, Idx, Targets);
-  if (auto L = E.evalLoss(Idx, Targets); !L)
+  Data.getBatch(1, Batch);
+  if (auto L = E.evalLoss(Batch); !L)
     return L.takeError();
   auto Logits = E.logits();
   if (!Logits)
@@ -517,6 +546,21 @@ int main(int Argc, char **Argv) {
         "checkpoint '{0}' was written for another plan (fingerprint {1}, "
         "plan '{2}' has {3}); resume with the plan that wrote it",
         CkptPath, Resumed->PlanFingerprint, PlanDir, Fingerprint)));
+  Objective Obj;
+  Obj.Kind = ObjectiveKind;
+  Obj.PadToken = PadToken;
+  Obj.MaskToken = MaskToken;
+  Obj.MaskRate = MaskRate;
+  Obj.Seed = RunSeed;
+  if (Obj.PadToken >= 0 &&
+      none_of(P->Prog.Buffers, [](const ProgramBuffer &B) {
+        return B.K == ProgramBuffer::Input && B.Feed == InputRole::Mask;
+      }))
+    return Fail(usageError(
+        "--pad-token: the model has no attention-mask input, so every "
+        "token would attend to the padding; export it with its "
+        "attention_mask input (or bind one with sp-compile --input "
+        "NAME=mask)"));
   std::string Source;
   if (!ExportOnnx.empty()) {
     Source = findSourceModel(*P);
@@ -601,6 +645,8 @@ int main(int Argc, char **Argv) {
       return Exec.takeError();
     Executor &E = **Exec;
 
+    if (auto Err = checkObjective(Obj, E.vocab()))
+      return usageError(toString(std::move(Err)));
     std::unique_ptr<DataLoader> Data;
     if (SyntheticData) {
       Data = DataLoader::synthetic(RunSeed, E.batch(), E.seq(), E.vocab());
@@ -611,12 +657,13 @@ int main(int Argc, char **Argv) {
       Data = std::move(*D);
     }
     Data->setShuffle(Shuffle, RunSeed);
+    Data->setObjective(Obj);
 
     std::string ModelName =
         sys::path::stem(P->Manifest.value("source", std::string("model"))).str();
     bool StageLead = !C || C->rank() == 0;
-    Run R{Lead,      StageLead, *P,      E,  *Data, ModelName, LogPath,
-          CkptPath,  Fingerprint, RunSeed, {}, {},    {}};
+    Run R{Lead,     StageLead,   *P,      E,  *Data, ModelName, LogPath,
+          CkptPath, Fingerprint, RunSeed, {}, {}};
     int64_t FirstStep = 1;
     if (Resumed) {
       std::vector<TensorView> Tensors = R.checkpointTensors();
@@ -648,8 +695,8 @@ int main(int Argc, char **Argv) {
       double Sum = 0;
       auto Start = std::chrono::steady_clock::now();
       for (int64_t Step = 1; Step <= Steps; ++Step) {
-        Data->getBatch(Step, R.Idx, R.Targets);
-        auto L = E.evalLoss(R.Idx, R.Targets);
+        Data->getBatch(Step, R.Batch);
+        auto L = E.evalLoss(R.Batch);
         if (!L)
           return L.takeError();
         Sum += *L;
@@ -689,9 +736,9 @@ int main(int Argc, char **Argv) {
     };
     for (int64_t Step = FirstStep; Step <= Steps; ++Step) {
       double StepLR = learningRate(Step, Steps, Warmup, LR, Min);
-      Data->getBatch(Step, R.Idx, R.Targets);
+      Data->getBatch(Step, R.Batch);
       auto Start = std::chrono::steady_clock::now();
-      auto L = E.trainStep(R.Idx, R.Targets, StepLR, Step);
+      auto L = E.trainStep(R.Batch, StepLR, Step);
       TrainSeconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
               .count();

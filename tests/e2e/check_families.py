@@ -7,8 +7,9 @@ LlamaForCausalLM (llama: RMSNorm, rotary embeddings, grouped-query attention, Sw
 causal mask) and BertForMaskedLM (bert: a post-LN bidirectional encoder with an attention-mask input).
 Each case exports a tiny model with some variant switches and token input name, builds the torch
 reference (tests/e2e/family_reference.py: the family's model from OUT.json, weights loaded from the
-ONNX initializers by name, the other graph inputs fed by role: positions arange(S), an all-ones
-attention mask, zero token types), writes a random uint16 token file (torch_reference.write_tokens),
+ONNX initializers by name, the other graph inputs fed by role: positions arange(S), the attention
+mask of the batch, zero token types), writes a random uint16 token file (torch_reference.write_tokens;
+with runs of the pad id in the padded cases),
 runs `sp-compile MODEL -o PLAN` and `sp-run PLAN --data DATA --dump D ...` and compares, in float32
 with dropout 0, exactly as check_training.py does:
 
@@ -25,11 +26,12 @@ with dropout 0, exactly as check_training.py does:
   weights     D20/weights/<name>.npy after 20 steps = torch's     ||sp-torch|| / ||torch|| <= 1e-5
 
 Every line also shows torch float32 against torch float64 on the same check (the noise floor).
-The loss is next-token cross entropy for every family (BERT too: sp-run's objective), so a
-bidirectional BERT can read its targets and its loss falls fast; the numbers must agree all the same.
+The objective is next-token cross entropy unless a case names another (torch_reference.objective_batch
+writes sp-run's rules for padding, --pad-token, and BERT's masked-LM, --objective masked-lm): a
+next-token BERT can read its targets and its loss falls fast; the numbers must agree all the same.
+A padded case feeds the attention mask 0 at padding and ignores padding's targets on both sides.
 
-Expectations (see --list): every case passes. sp-run feeds an all-ones attention mask (its data has
-no padding), and the reference does the same.
+Expectations (see --list): every case passes.
 
 Prints one PASS/FAIL line per check and a final `N passed, M failed`; exits 1 if any check failed,
 2 if sp-compile or sp-run is missing from --sp-bin (after waiting --wait-bin seconds for a build).
@@ -52,6 +54,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_training as ct  # noqa: E402  (its Results, run, load_dumped, ... helpers)
 import family_reference as fref  # noqa: E402
+import torch_reference as ref  # noqa: E402
 
 import export_family  # noqa: E402  (on sys.path through family_reference)
 
@@ -87,6 +90,8 @@ class Case:
     tied: bool = None
     trajectory: bool = False
     expect: str = ""
+    # sp-run's objective (torch_reference.objective_batch): None is next-token without padding.
+    objective: dict = None
 
     def export_argv(self, path):
         argv = ["-o", path, "--family", self.family, "--opset", str(self.opset), "--input-name", self.input_name]
@@ -101,6 +106,12 @@ class Case:
         return argv
 
 
+# sp-run objectives (torch_reference.objective_batch): padding id 0 (HF BERT's) as next-token data,
+# and BERT's masked-LM over padded data with a [MASK] id of 3 and a rate above BERT's 0.15, so that
+# the tiny batches (2 x 16) predict enough positions.
+PADDED = {"kind": "next-token", "pad": 0, "seed": 1234}
+MASKED_LM_PADDED = {"kind": "masked-lm", "pad": 0, "mask_token": 3, "rate": 0.3, "seed": 1234}
+
 GPT2_EXPECT = "pass"
 LLAMA_EXPECT = "pass"
 BERT_EXPECT = "pass"
@@ -113,14 +124,14 @@ CASES = [
     Case("hf_gpt2-o17-tokens", "gpt2", 17, "tokens", expect=GPT2_EXPECT),
     Case("hf_gpt2-o13-idx-nonpersistent-untied-maxpos", "gpt2", 13, "idx", {"buffers": "nonpersistent"},
          tied=False, sizes=dict(heads=2, seq=24, max_positions=32, vocab=96), trajectory=True, expect=GPT2_EXPECT),
-    Case("hf_gpt2-o14-input_ids-mask-positions", "gpt2", 14, "input_ids",
+    Case("hf_gpt2-o14-input_ids-mask-positions-padded", "gpt2", 14, "input_ids",
          {"attention_mask": "input", "position_ids": "input"}, sizes=dict(hidden=48, heads=3),
-         expect=GPT2_EXPECT),
+         trajectory=True, objective=PADDED, expect=GPT2_EXPECT),
     # llama: HF's defaults first, then every switch value at least once across the opsets.
     Case("llama-o17-input_ids-hf", "llama", 17, "input_ids", trajectory=True, expect=LLAMA_EXPECT),
-    Case("llama-o14-idx-div-manual-interleaved-sliced-triu-mask", "llama", 14, "idx",
+    Case("llama-o14-idx-div-manual-interleaved-sliced-triu-mask-padded", "llama", 14, "idx",
          {"rmsnorm": "div", "silu": "manual", "rope": "interleaved", "rope_tables": "sliced", "mask": "triu",
-          "attention_mask": "input"}, expect=LLAMA_EXPECT),
+          "attention_mask": "input"}, objective=PADDED, expect=LLAMA_EXPECT),
     Case("llama-o13-input_ids-hf-sliced-ones-mha-maxpos", "llama", 13, "input_ids",
          {"rope_tables": "sliced", "attention_mask": "ones"}, sizes=dict(kv_heads=4, max_positions=24),
          expect=LLAMA_EXPECT),
@@ -128,9 +139,11 @@ CASES = [
          {"rope": "interleaved", "mask": "triu"}, sizes=dict(heads=4, kv_heads=1), tied=True,
          expect=LLAMA_EXPECT),
     # bert
-    Case("bert-o17-input_ids-10000-types", "bert", 17, "input_ids", trajectory=True, expect=BERT_EXPECT),
-    Case("bert-o14-input_ids-finfo-buffer-maxpos", "bert", 14, "input_ids", {"mask": "finfo", "token_types": "buffer"},
-         sizes=dict(max_positions=24), expect=BERT_EXPECT),
+    Case("bert-o17-input_ids-10000-types-mlm-padded", "bert", 17, "input_ids", trajectory=True,
+         objective=MASKED_LM_PADDED, expect=BERT_EXPECT),
+    Case("bert-o14-input_ids-finfo-buffer-maxpos-padded", "bert", 14, "input_ids",
+         {"mask": "finfo", "token_types": "buffer"}, sizes=dict(max_positions=24), objective=PADDED,
+         expect=BERT_EXPECT),
     Case("bert-o13-idx-10000-buffer", "bert", 13, "idx", {"token_types": "buffer"}, sizes=dict(heads=2),
          expect=BERT_EXPECT),
 ]
@@ -160,6 +173,20 @@ class FamilyCheck(ct.ModelCheck):
         export_family.main(self.case.export_argv(path))
         return path, fref.read_facts(path)
 
+    def write_tokens(self):
+        tokens = super().write_tokens()
+        pad = (self.case.objective or {}).get("pad")
+        if pad is not None:
+            tokens = fref.pad_tokens(tokens, pad, self.facts, ct.TRAJ_STEPS)
+            tokens.tofile(self.data)
+        return tokens
+
+    def run_flags(self):
+        return ref.sp_run_objective_flags(self.case.objective) if self.case.objective else []
+
+    def get_batch(self, k):
+        return fref.batch(self.facts, self.tokens, k, self.case.objective)
+
     def compile_flags(self):
         if not self.args.bind_inputs:
             return []
@@ -169,10 +196,10 @@ class FamilyCheck(ct.ModelCheck):
         return fref.reference_model(self.onnx_path, dropout=0.0, dtype=dtype, facts=self.facts)
 
     def eval_logits(self, model, x):
-        return fref.eval_logits(model, self.facts, x)
+        return fref.eval_logits(model, self.facts, *x)
 
     def loss_and_grads(self, model, x, y):
-        return fref.loss_and_grads(model, self.facts, x, y)
+        return fref.loss_and_grads(model, self.facts, x[0], y, x[1])
 
     def grad_error(self, actual, expected, grads64):
         return grad_err(actual, expected, grad_scale(grads64))
@@ -180,11 +207,12 @@ class FamilyCheck(ct.ModelCheck):
     def grad_note(self, names, grads64):
         scale = grad_scale(grads64)
         floored = [n for n in names if float(np.max(np.abs(grads64[n]))) < GRAD_FLOOR * scale]
-        return (f"; {len(floored)} ~0 analytically, e.g. {floored[0]}, measured against "
-                f"{GRAD_FLOOR:g} x the largest gradient" if floored else "")
+        return (f"; {len(floored)} below {GRAD_FLOOR:g} x the largest gradient (BERT's key biases are 0 "
+                f"analytically), e.g. {floored[0]}, measured against that" if floored else "")
 
     def train_reference(self, model):
-        return fref.train(model, self.facts, self.tokens, ct.TRAJ_STEPS, ct.TRAJ_LR, warmup=ct.TRAJ_WARMUP)
+        return fref.train(model, self.facts, self.tokens, ct.TRAJ_STEPS, ct.TRAJ_LR, warmup=ct.TRAJ_WARMUP,
+                          objective=self.case.objective)
 
     def run_all(self):
         try:

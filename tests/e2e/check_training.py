@@ -222,7 +222,7 @@ class ModelCheck:
         self.onnx_path, self.facts = self.export_model()
         self.batch, self.seq, self.vocab = self.facts["batch"], self.facts["seq"], self.facts["vocab"]
         self.data = os.path.join(self.dir, "tokens.bin")
-        self.tokens = ref.write_tokens(self.data, TOKENS, self.vocab, DATA_SEED)
+        self.tokens = self.write_tokens()
         self.plan = os.path.join(self.dir, "plan")
         shutil.rmtree(self.plan, ignore_errors=True)
         _, error = run([self.args.sp_compile, self.onnx_path, "-o", self.plan, "--quiet",
@@ -239,10 +239,22 @@ class ModelCheck:
         fresh_dir(dump)
         cmd = [self.args.sp_run, self.plan, "--data", self.data, "--steps", str(steps), "--dropout", "0",
                "--lr", repr(lr), "--warmup", str(warmup), "--threads", str(self.args.threads),
-               "--log-dir", os.path.join(dump, "log"), "--dump", dump, *extra]
+               "--log-dir", os.path.join(dump, "log"), "--dump", dump, *self.run_flags(), *extra]
         start = time.perf_counter()
         _, error = run(cmd)
         return error, time.perf_counter() - start
+
+    def write_tokens(self):
+        """Write self.data; returns its tokens."""
+        return ref.write_tokens(self.data, TOKENS, self.vocab, DATA_SEED)
+
+    def run_flags(self):
+        """sp-run flags beyond the data, steps, schedule and dumps."""
+        return []
+
+    def get_batch(self, k):
+        """(x, y) of 0-based batch k, x as eval_logits and loss_and_grads take it."""
+        return ref.get_batch(self.tokens, k, self.batch, self.seq)
 
     def reference(self, dtype):
         return ref.reference_model(self.onnx_path, dropout=0.0, dtype=dtype, facts=self.facts)
@@ -274,7 +286,7 @@ class ModelCheck:
             for what in ("logits", "loss", "grads"):
                 self.fail(what, error)
             return
-        x, y = ref.get_batch(self.tokens, 0, self.batch, self.seq)
+        x, y = self.get_batch(0)
         m32, m64 = self.reference(torch.float32), self.reference(torch.float64)
         names = [n for n, _ in m32.named_parameters()]
         shapes = {n: tuple(p.shape) for n, p in m32.named_parameters()}

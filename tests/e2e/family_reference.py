@@ -9,16 +9,17 @@ to an export of models/export_family.py (OUT.onnx + OUT.json, family gpt2, llama
     by torch into the graph, and an unused one dropped: the model computes those itself, from the
     same code, so they are bitwise the ones the export saw);
   - the graph inputs are fed by role (OUT.json "inputs"): tokens and next-token targets from the
-    token file exactly as torch_reference.get_batch does; position ids arange(S) in every row; the
-    attention mask all ones; token types all zeros;
+    token file exactly as torch_reference.get_batch does (or, with an objective, as
+    torch_reference.objective_batch does: padding, masked-LM); position ids arange(S) in every row;
+    the attention mask all ones (or the batch's: 0 for padding); token types all zeros;
   - batches, the LR schedule, AdamW with its two parameter groups, clipping and the mean cross
-    entropy over all B * S tokens are torch_reference's (its functions are used, not copied).
+    entropy over the counted targets (all B * S without padding or masked-LM) are torch_reference's
+    (its functions are used, not copied).
 
 float64 models are supported (for noise floors): llama's float32 "upcasts" (RMSNorm, softmax,
 logits.float()) then upcast to float64 instead, so that nothing rounds to float32 on the way.
 
-The loss is next-token cross entropy for every family, as sp-run computes it (BERT's masked-LM
-objective is not built yet).
+The loss is sp-run's: next-token cross entropy by default, masked-LM with --objective masked-lm.
 
 Needs torch, onnx and numpy (/usr/bin/python3).
 """
@@ -107,12 +108,16 @@ def reference_model(onnx_path, dropout=0.0, dtype=torch.float32, facts=None):
     return load_onnx_weights(build_model(facts, dropout), onnx_path, dtype, facts)
 
 
-def role_inputs(facts, x):
-    """The forward's keyword inputs for tokens x [B, S], by the roles of OUT.json's inputs."""
+def role_inputs(facts, x, real=None):
+    """The forward's keyword inputs for tokens x [B, S], by the roles of OUT.json's inputs (the
+    attention mask `real` [B, S], 1 = a token, 0 = padding; all ones if None)."""
     batch, seq = x.shape
     kwargs = {}
     for spec in facts["inputs"][1:]:
-        kwargs[ROLE_KEYWORDS[spec["role"]]] = export_family.role_value(spec["role"], batch, seq)
+        value = export_family.role_value(spec["role"], batch, seq)
+        if spec["role"] == export_family.MASK and real is not None:
+            value = real.to(value.dtype)
+        kwargs[ROLE_KEYWORDS[spec["role"]]] = value
     return kwargs
 
 
@@ -124,31 +129,31 @@ def graph_feeds(facts, x):
             for spec in facts["inputs"]}
 
 
-def forward(model, facts, x):
-    return model(x, **role_inputs(facts, x))
+def forward(model, facts, x, real=None):
+    return model(x, **role_inputs(facts, x, real))
 
 
-def loss_of(model, facts, x, y):
-    """Mean cross entropy of the logits against the next tokens y."""
-    logits = forward(model, facts, x)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+def loss_of(model, facts, x, y, real=None):
+    """Mean cross entropy of the logits against the targets y over those that are not ref.IGNORE."""
+    logits = forward(model, facts, x, real)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=ref.IGNORE)
 
 
-def eval_logits(model, facts, x):
+def eval_logits(model, facts, x, real=None):
     """Logits of a forward pass without dropout, as a float numpy array."""
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        logits = forward(model, facts, x).numpy()
+        logits = forward(model, facts, x, real).numpy()
     model.train(was_training)
     return logits
 
 
-def loss_and_grads(model, facts, x, y):
+def loss_and_grads(model, facts, x, y, real=None):
     """Training-mode loss of one batch and every parameter's gradient (before clipping), by name."""
     model.train()
     model.zero_grad(set_to_none=True)
-    loss = loss_of(model, facts, x, y)
+    loss = loss_of(model, facts, x, y, real)
     loss.backward()
     grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy().copy()
              for name, p in model.named_parameters()}
@@ -156,7 +161,36 @@ def loss_and_grads(model, facts, x, y):
     return float(loss.item()), grads
 
 
-def train(model, facts, tokens, steps, lr, warmup=0, min_lr=None, callback=None):
-    """torch_reference.train with the role inputs fed. Returns [(loss, lr)] per step."""
+def pad_tokens(tokens, pad, facts, steps, seed=5):
+    """A copy of `tokens` with runs of 1 to 4 pad ids over about a fifth of it, and no pad id at the
+    start of a row of batches 0 .. steps - 1: there a causal query would have no key to attend to,
+    which the exports do not agree on (HF GPT-2 attends to the first key, sp to every key alike); its
+    target is ignored and its key masked, so it changes no loss or gradient, only the logits of that
+    padding position."""
+    rng = np.random.default_rng(seed)
+    out = np.array(tokens, dtype=np.int64)
+    for start in rng.choice(len(out), size=len(out) // 12, replace=False):
+        out[start:start + rng.integers(1, 5)] = pad
+    for k in range(steps):
+        for o in ref.batch_offsets(k, facts["batch"], facts["seq"], len(out)):
+            if out[o] == pad:
+                out[o] = (pad + 1) % facts["vocab"]
+    return out.astype("<u2")
+
+
+def batch(facts, tokens, k, objective=None):
+    """((x, real), y) of 0-based batch k: torch_reference.get_batch's next-token batch with an all-ones
+    mask, or torch_reference.objective_batch's under `objective` (padding, masked-LM)."""
+    if objective is None:
+        x, y = ref.get_batch(tokens, k, facts["batch"], facts["seq"])
+        return (x, None), y
+    x, y, real = ref.objective_batch(tokens, k, facts["batch"], facts["seq"], facts["vocab"], objective)
+    return (x, real), y
+
+
+def train(model, facts, tokens, steps, lr, warmup=0, min_lr=None, callback=None, objective=None):
+    """torch_reference.train with the role inputs fed and the objective's batches. Returns [(loss, lr)]
+    per step."""
     return ref.train(model, tokens, facts["batch"], facts["seq"], steps, lr, warmup, min_lr, callback,
-                     loss_fn=lambda m, x, y: loss_of(m, facts, x, y))
+                     loss_fn=lambda m, xr, y: loss_of(m, facts, xr[0], y, xr[1]),
+                     batch_fn=lambda k: batch(facts, tokens, k, objective))

@@ -137,6 +137,71 @@ def get_batch(tokens, k, batch, seq):
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
+IGNORE = -100  # a target that counts for nothing (torch's ignore_index default; sp's IgnoreTarget)
+_M64 = (1 << 64) - 1
+
+
+def mix64(x):
+    """SplitMix64's output function (runtime/DataLoader.cpp mix64)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _unit(h):
+    return (h >> 11) * 2.0 ** -53
+
+
+def objective_batch(tokens, k, batch, seq, vocab, objective):
+    """(x, y, real) of 0-based batch k under sp-run's --objective, --pad-token, --mask-token, --mask-rate
+    and --seed, written from the rules of runtime/DataLoader.h (not from its code):
+
+      objective = {"kind": "next-token" or "masked-lm", "pad": id or None, "mask_token": id,
+                   "rate": float, "seed": int}
+
+    A position holding the pad token is padding: real 0, target IGNORE. next-token: target the next
+    token (IGNORE if it is padding). masked-LM: a non-padding position is chosen when
+    u(h) < rate, h = mix(mix(mix(mix(seed ^ 0x6d6c6d) ^ k) ^ r) ^ j); a chosen one predicts its token
+    and reads the mask token (u(h2) < 0.8), mix(h2) mod vocab (u(h2) < 0.9) or itself, h2 = mix(h).
+    """
+    offsets = batch_offsets(k, batch, seq, len(tokens))
+    pad = objective.get("pad")
+    x = np.stack([tokens[o:o + seq] for o in offsets]).astype(np.int64)
+    nxt = np.stack([tokens[o + 1:o + seq + 1] for o in offsets]).astype(np.int64)
+    real = np.ones_like(x) if pad is None else (x != pad).astype(np.int64)
+    if objective["kind"] == "next-token":
+        y = np.where((real == 1) & (nxt != (-1 if pad is None else pad)), nxt, IGNORE)
+    else:
+        y = np.full_like(x, IGNORE)
+        inputs = x.copy()
+        for r in range(batch):
+            row = mix64(mix64(mix64(objective["seed"] ^ 0x6D6C6D) ^ k) ^ r)
+            for j in range(seq):
+                h = mix64(row ^ j)
+                if not real[r, j] or _unit(h) >= objective["rate"]:
+                    continue
+                y[r, j] = x[r, j]
+                h2 = mix64(h)
+                u = _unit(h2)
+                if u < 0.8:
+                    inputs[r, j] = objective["mask_token"]
+                elif u < 0.9:
+                    inputs[r, j] = mix64(h2) % vocab
+        x = inputs
+    return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(real)
+
+
+def sp_run_objective_flags(objective):
+    """The sp-run flags of an objective_batch objective."""
+    flags = ["--objective", objective["kind"], "--seed", str(objective["seed"])]
+    if objective.get("pad") is not None:
+        flags += ["--pad-token", str(objective["pad"])]
+    if objective["kind"] == "masked-lm":
+        flags += ["--mask-token", str(objective["mask_token"]), "--mask-rate", repr(objective["rate"])]
+    return flags
+
+
 def lr_at(t, steps, warmup, peak, min_lr):
     """Learning rate of 1-based step t of `steps`."""
     if warmup > 0 and t <= warmup:
@@ -179,10 +244,12 @@ def loss_and_grads(model, x, y):
     return float(loss.item()), grads
 
 
-def train(model, tokens, batch, seq, steps, lr, warmup=0, min_lr=None, callback=None, loss_fn=None):
+def train(model, tokens, batch, seq, steps, lr, warmup=0, min_lr=None, callback=None, loss_fn=None,
+          batch_fn=None):
     """Train `steps` steps as sp-run does; returns [(loss, lr)] per step (the loss before the update).
 
-    `loss_fn(model, x, y)` replaces loss_of (a model fed other inputs too).
+    `loss_fn(model, x, y)` replaces loss_of (a model fed other inputs too), and `batch_fn(k)` replaces
+    get_batch (another objective: its x is whatever loss_fn takes).
     """
     min_lr = lr / 10 if min_lr is None else min_lr
     loss_fn = loss_fn or loss_of
@@ -190,7 +257,7 @@ def train(model, tokens, batch, seq, steps, lr, warmup=0, min_lr=None, callback=
     optimizer = make_optimizer(model, lr)
     history = []
     for t in range(1, steps + 1):
-        x, y = get_batch(tokens, t - 1, batch, seq)
+        x, y = batch_fn(t - 1) if batch_fn else get_batch(tokens, t - 1, batch, seq)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model, x, y)
         loss.backward()

@@ -49,11 +49,11 @@ TEST(Executor, TrainsAndMeasuresThePlannedMemory) {
   auto Idx = randomTokens(4 * 64, 256, 1);
   auto Targets = randomTokens(4 * 64, 256, 2);
   // Untrained: close to ln(256).
-  double First = cantFail(E->trainStep(Idx, Targets, 1e-3, 1));
+  double First = cantFail(E->trainStep({Idx, Targets, {}}, 1e-3, 1));
   EXPECT_NEAR(First, std::log(256.0), 0.3);
   double Last = First;
   for (int Step = 2; Step <= 15; ++Step)
-    Last = cantFail(E->trainStep(Idx, Targets, 1e-3, Step));
+    Last = cantFail(E->trainStep({Idx, Targets, {}}, 1e-3, Step));
   EXPECT_LT(Last, First - 0.5) << "the loss must fall on a repeated batch";
 
   MemoryStats M = E->memory();
@@ -68,13 +68,13 @@ TEST(Executor, EvalIsDeterministicAndGradientsAreExposed) {
   O.Dropout = 0.0;
   auto E = cantFail(Executor::create(P, O));
   auto Idx = randomTokens(4 * 64, 256, 3);
-  double A = cantFail(E->evalLoss(Idx, Idx));
-  double B = cantFail(E->evalLoss(Idx, Idx));
+  double A = cantFail(E->evalLoss({Idx, Idx, {}}));
+  double B = cantFail(E->evalLoss({Idx, Idx, {}}));
   EXPECT_EQ(A, B);
   ASSERT_TRUE(E->logits());
   EXPECT_EQ(E->logits()->Type, TensorType(DType::F32, {4, 64, 256}));
   // With dropout off, the training loss of step 1 equals the eval loss.
-  double L = cantFail(E->trainStep(Idx, Idx, 1e-3, 1));
+  double L = cantFail(E->trainStep({Idx, Idx, {}}, 1e-3, 1));
   EXPECT_NEAR(L, A, 1e-6);
   for (const TensorView &Param : E->parameters()) {
     auto G = E->gradient(Param.Name);
@@ -88,12 +88,51 @@ TEST(Executor, EvalIsDeterministicAndGradientsAreExposed) {
   EXPECT_EQ(E->optimizerState().size(), 2 * E->parameters().size());
 }
 
+/// Targets of IgnoreTarget count for nothing: the loss is the mean cross
+/// entropy of the logits over the others (recomputed here in double from
+/// the logits evalLoss exposes), and a batch with none gives loss 0 and
+/// zero gradients.
+TEST(Executor, IgnoredTargetsCountForNothing) {
+  Plan P = compileTiny();
+  RunOptions O;
+  O.Dropout = 0.0;
+  auto E = cantFail(Executor::create(P, O));
+  auto Idx = randomTokens(4 * 64, 256, 6);
+  auto Targets = randomTokens(4 * 64, 256, 7);
+  for (size_t I = 0; I < Targets.size(); I += 3)
+    Targets[I] = IgnoreTarget;
+  double Loss = cantFail(E->evalLoss({Idx, Targets, {}}));
+  TensorView Logits = *E->logits();
+  double Sum = 0;
+  int64_t Counted = 0;
+  for (size_t I = 0; I < Targets.size(); ++I) {
+    if (Targets[I] == IgnoreTarget)
+      continue;
+    const float *Row = Logits.Data + I * 256;
+    double Max = *std::max_element(Row, Row + 256), Exp = 0;
+    for (int J = 0; J < 256; ++J)
+      Exp += std::exp(double(Row[J]) - Max);
+    Sum += std::log(Exp) + Max - Row[Targets[I]];
+    ++Counted;
+  }
+  EXPECT_NEAR(Loss, Sum / Counted, 1e-6 * Loss);
+
+  std::vector<int64_t> None(Targets.size(), IgnoreTarget);
+  EXPECT_EQ(cantFail(E->trainStep({Idx, None, {}}, 1e-3, 1)), 0.0);
+  for (const TensorView &Param : E->parameters()) {
+    TensorView G = *E->gradient(Param.Name);
+    EXPECT_TRUE(std::all_of(G.Data, G.Data + G.size(),
+                            [](float X) { return X == 0; }))
+        << Param.Name;
+  }
+}
+
 TEST(Executor, RejectsBadTokensAndPlans) {
   Plan P = compileTiny();
   auto E = cantFail(Executor::create(P, RunOptions{}));
   auto Idx = randomTokens(4 * 64, 256, 4);
   Idx[17] = 300;
-  auto L = E->trainStep(Idx, Idx, 1e-3, 1);
+  auto L = E->trainStep({Idx, Idx, {}}, 1e-3, 1);
   ASSERT_FALSE(L);
   EXPECT_NE(toString(L.takeError()).find("token id 300 at position 17"),
             std::string::npos);
@@ -118,7 +157,7 @@ TEST(Executor, KernelThreadsDoNotChangeResults) {
     auto Idx = randomTokens(4 * 64, 256, 5);
     std::vector<double> L;
     for (int Step = 1; Step <= 3; ++Step)
-      L.push_back(cantFail(E->trainStep(Idx, Idx, 1e-3, Step)));
+      L.push_back(cantFail(E->trainStep({Idx, Idx, {}}, 1e-3, Step)));
     std::vector<float> W(E->parameters()[0].Data,
                          E->parameters()[0].Data + E->parameters()[0].size());
     cpu::setKernelThreads(1);
@@ -172,8 +211,8 @@ TEST(MemoryPlan, BothPlacementsAreValidAndEquivalent) {
   auto A = cantFail(Executor::create(BySize, O));
   auto B = cantFail(Executor::create(InOrder, O));
   for (int Step = 1; Step <= 3; ++Step)
-    EXPECT_EQ(cantFail(A->trainStep(Idx, Targets, 1e-3, Step)),
-              cantFail(B->trainStep(Idx, Targets, 1e-3, Step)));
+    EXPECT_EQ(cantFail(A->trainStep({Idx, Targets, {}}, 1e-3, Step)),
+              cantFail(B->trainStep({Idx, Targets, {}}, 1e-3, Step)));
   EXPECT_EQ(B->memory().HighWaterBytes, InOrder.Prog.ArenaBytes);
 }
 

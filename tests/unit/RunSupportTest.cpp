@@ -67,10 +67,12 @@ TEST(DataLoader, OffsetsFollowTheContractWithWrapAround) {
   const int64_t B = 3, S = 8, T = 200;
   auto L = cantFail(DataLoader::open(D.file("t.bin"), B, S, 256));
   EXPECT_EQ(L->numTokens(), T);
-  std::vector<int64_t> Idx, Targets;
+  TokenBatch Data;
+  const std::vector<int64_t> &Idx = Data.Tokens, &Targets = Data.Targets;
   // Enough steps to wrap around the file several times.
   for (int64_t Step = 1; Step <= 40; ++Step) {
-    L->getBatch(Step, Idx, Targets);
+    L->getBatch(Step, Data);
+    EXPECT_TRUE(Data.Real.empty()) << "no --pad-token: every position is real";
     ASSERT_EQ(Idx.size(), size_t(B * S));
     for (int64_t R = 0; R < B; ++R) {
       int64_t K = Step - 1;
@@ -113,10 +115,12 @@ TEST(DataLoader, SyntheticTokensAreInRangeAndSeeded) {
   auto A = DataLoader::synthetic(7, 2, 32, 100);
   auto B = DataLoader::synthetic(7, 2, 32, 100);
   auto C = DataLoader::synthetic(8, 2, 32, 100);
-  std::vector<int64_t> IA, TA, IB, TB, IC, TC;
-  A->getBatch(3, IA, TA);
-  B->getBatch(3, IB, TB);
-  C->getBatch(3, IC, TC);
+  TokenBatch BA, BB, BC;
+  A->getBatch(3, BA);
+  B->getBatch(3, BB);
+  C->getBatch(3, BC);
+  const std::vector<int64_t> &IA = BA.Tokens, &TA = BA.Targets,
+                             &IB = BB.Tokens, &IC = BC.Tokens;
   EXPECT_EQ(IA, IB);
   EXPECT_NE(IA, IC);
   for (int64_t X : IA) {
@@ -125,6 +129,103 @@ TEST(DataLoader, SyntheticTokensAreInRangeAndSeeded) {
   }
   // Targets are the inputs shifted by one.
   EXPECT_TRUE(std::equal(IA.begin() + 1, IA.begin() + 32, TA.begin()));
+}
+
+/// The padding and masked-LM rules of DataLoader.h, position by position.
+TEST(DataLoader, ObjectivesFollowTheContract) {
+  TempDir D;
+  const int64_t B = 4, S = 64, V = 50, Pad = 0, MaskId = 1;
+  std::vector<uint16_t> Ids(5000);
+  for (size_t I = 0; I < Ids.size(); ++I) // runs of padding among tokens
+    Ids[I] = (I / 7) % 5 == 0 ? Pad : uint16_t(2 + mix64(I) % (V - 2));
+  writeTokens(D.file("t.bin"), Ids);
+  auto L = cantFail(DataLoader::open(D.file("t.bin"), B, S, V));
+  L->setShuffle(true, 99);
+
+  Objective Next;
+  Next.PadToken = Pad;
+  L->setObjective(Next);
+  TokenBatch Data;
+  L->getBatch(2, Data);
+  ASSERT_EQ(Data.Real.size(), size_t(B * S));
+  for (int64_t R = 0; R < B; ++R)
+    for (int64_t J = 0, O = L->rowOffset(2, R); J < S; ++J) {
+      int64_t I = R * S + J, X = Ids[O + J], Y = Ids[O + J + 1];
+      EXPECT_EQ(Data.Tokens[I], X);
+      EXPECT_EQ(Data.Real[I], X != Pad);
+      EXPECT_EQ(Data.Targets[I], X == Pad || Y == Pad ? IgnoreTarget : Y);
+    }
+
+  Objective Mlm = Next;
+  Mlm.Kind = Objective::MaskedLM;
+  Mlm.MaskToken = MaskId;
+  Mlm.MaskRate = 0.25;
+  Mlm.Seed = 7;
+  L->setObjective(Mlm);
+  int64_t Real = 0, Chosen = 0, Masked = 0, Kept = 0;
+  for (int64_t Step = 1; Step <= 40; ++Step) {
+    L->getBatch(Step, Data);
+    for (int64_t R = 0; R < B; ++R) {
+      uint64_t RowHash =
+          mix64(mix64(mix64(7 ^ 0x6d6c6dULL) ^ uint64_t(Step - 1)) ^ R);
+      for (int64_t J = 0, O = L->rowOffset(Step, R); J < S; ++J) {
+        int64_t I = R * S + J, X = Ids[O + J];
+        uint64_t H = mix64(RowHash ^ uint64_t(J));
+        bool Choose = X != Pad && double(H >> 11) * 0x1p-53 < 0.25;
+        ASSERT_EQ(Data.Real[I], X != Pad);
+        ASSERT_EQ(Data.Targets[I], Choose ? X : IgnoreTarget);
+        Real += X != Pad;
+        if (!Choose) {
+          ASSERT_EQ(Data.Tokens[I], X);
+          continue;
+        }
+        ++Chosen;
+        uint64_t H2 = mix64(H);
+        double U = double(H2 >> 11) * 0x1p-53;
+        int64_t Want = U < 0.8   ? MaskId
+                       : U < 0.9 ? int64_t(mix64(H2) % uint64_t(V))
+                                 : X;
+        ASSERT_EQ(Data.Tokens[I], Want);
+        Masked += Want == MaskId;
+        Kept += U >= 0.9;
+      }
+    }
+  }
+  // The rule is deterministic; these show it is the one meant (about 8200
+  // real positions: each share is within 5 standard deviations).
+  EXPECT_NEAR(double(Chosen) / Real, 0.25, 0.025);
+  EXPECT_NEAR(double(Masked) / Chosen, 0.8, 0.04);
+  EXPECT_NEAR(double(Kept) / Chosen, 0.1, 0.03);
+  // Another seed chooses other positions.
+  Mlm.Seed = 8;
+  L->setObjective(Mlm);
+  TokenBatch Other;
+  L->getBatch(40, Other);
+  EXPECT_NE(Other.Targets, Data.Targets);
+}
+
+TEST(DataLoader, BadObjectivesNameTheirFlag) {
+  auto Msg = [](Objective O) {
+    Error E = checkObjective(O, 100);
+    return E ? toString(std::move(E)) : std::string();
+  };
+  Objective O;
+  EXPECT_EQ(Msg(O), "");
+  O.PadToken = 100;
+  EXPECT_EQ(Msg(O), "--pad-token 100 is not a token id of the model's "
+                    "vocabulary [0, 100)");
+  O.PadToken = 0;
+  O.Kind = Objective::MaskedLM;
+  EXPECT_NE(Msg(O).find("--objective masked-lm needs --mask-token ID"),
+            std::string::npos);
+  O.MaskToken = 0;
+  EXPECT_NE(Msg(O).find("--mask-token and --pad-token are both 0"),
+            std::string::npos);
+  O.MaskToken = 5;
+  O.MaskRate = 0;
+  EXPECT_EQ(Msg(O), "--mask-rate 0 must be in (0, 1]");
+  O.MaskRate = 1;
+  EXPECT_EQ(Msg(O), "");
 }
 
 TEST(DataLoader, BadFilesAreRefusedWithTheirProblem) {

@@ -83,13 +83,13 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
       return E.takeError();
     // The same random tokens on every rank.
     std::mt19937 Rng(7);
-    std::vector<int64_t> Idx((*E)->batch() * (*E)->seq()), Targets(Idx.size());
-    for (size_t I = 0; I < Idx.size(); ++I) {
-      Idx[I] = Rng() % (*E)->vocab();
-      Targets[I] = Rng() % (*E)->vocab();
+    TokenBatch Data;
+    for (int64_t I = 0; I < (*E)->batch() * (*E)->seq(); ++I) {
+      Data.Tokens.push_back(Rng() % (*E)->vocab());
+      Data.Targets.push_back(Rng() % (*E)->vocab());
     }
     for (int S = 1; S <= Steps; ++S) {
-      auto L = (*E)->trainStep(Idx, Targets, 1e-3, S);
+      auto L = (*E)->trainStep(Data, 1e-3, S);
       if (!L)
         return L.takeError();
       if (World.rank() == 0)

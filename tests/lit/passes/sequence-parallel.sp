@@ -23,7 +23,7 @@
 // CHECK: reduce_scatter({{.*}} [layer = 0, role = "mlp_fbar"]
 // The head gathers the sequence; the loss is vocabulary-parallel.
 // CHECK: all_gather({{.*}} [role = "head_f"]
-// CHECK: cross_entropy({{.*}}) {valid_vocab = 16, vocab_parallel = 1}
+// CHECK: cross_entropy({{.*}}) {ignore_index = -100, valid_vocab = 16, vocab_parallel = 1}
 // Backward: g-bar's conjugate is an all-gather, g's a reduce-scatter, and the
 // fc1 input is gathered again from its saved shard.
 // CHECK: all_gather({{.*}} [layer = 0, role = "mlp_fbar", phase = bwd]

@@ -23,10 +23,14 @@
 // embeddings are told apart by their ids (bind-inputs documents the rule).
 // When the structure does not match, the error says which part of which
 // layer failed and what was found instead. Every node must end up with a
-// role, so nothing the later passes do not understand slips through.
+// role, so nothing the later passes do not understand slips through, and
+// every layer's roles must fit a family template (passes/Roles.h): the walk
+// accepts any combination of the blocks above, and a family is one the
+// parallel rules and memory formulas are written for.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
+#include "passes/Roles.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
@@ -608,6 +612,25 @@ private:
                                    "Transformer" +
                         Near);
       }
+    return checkFamily();
+  }
+
+  /// Every layer's roles must fit one family template (passes/Roles.h): the
+  /// walk accepts any combination of the blocks it knows, a family is one
+  /// that the parallel rules and the memory formulas cover.
+  Error checkFamily() {
+    std::vector<std::vector<std::string>> Roles;
+    for (const Node &N : G.nodes())
+      if (N.tags().Layer >= 0) {
+        if (Roles.size() <= size_t(N.tags().Layer))
+          Roles.resize(N.tags().Layer + 1);
+        Roles[N.tags().Layer].push_back(N.tags().Role);
+      }
+    for (size_t L = 0; L < Roles.size(); ++L)
+      if (!matchFamily(Roles[L]))
+        return fail(int(L), "layer", nullptr,
+                    "its blocks form no supported family: " +
+                        explainNoFamily(Roles[L]));
     return Error::success();
   }
 

@@ -123,4 +123,23 @@ const FamilyTemplate *matchFamily(ArrayRef<std::string> LayerRoles) {
   return nullptr;
 }
 
+std::string explainNoFamily(ArrayRef<std::string> LayerRoles) {
+  std::string Out;
+  for (const FamilyTemplate &T : Templates) {
+    std::string Lacks, Extra;
+    for (const char *R : T.Required)
+      if (!is_contained(LayerRoles, R))
+        Lacks += (Lacks.empty() ? "" : " ") + std::string(R);
+    for (const std::string &R : LayerRoles)
+      if (!is_contained(T.Required, R) && !is_contained(T.Optional, R) &&
+          !StringRef(" " + Extra + " ").contains(" " + R + " "))
+        Extra += (Extra.empty() ? "" : " ") + R;
+    Out += (Out.empty() ? "" : "; ") + std::string(T.Family) +
+           (Lacks.empty() ? "" : " would need " + Lacks) +
+           (Lacks.empty() || Extra.empty() ? "" : " and") +
+           (Extra.empty() ? "" : " has no place for " + Extra);
+  }
+  return Out;
+}
+
 } // namespace sp

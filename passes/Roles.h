@@ -4,9 +4,13 @@
 // the role's properties, never its name: tensor parallelism how to shard a
 // node, sequence parallelism which parameters see sequence shards and which
 // full-sequence values to split, recomputation and the memory report which
-// nodes form the attention core. A family is a layer template of roles (familyTemplates):
-// adding a family means one template, the detector's walk for it, and the
-// properties of any new role.
+// nodes form the attention core. A family is a layer template of roles
+// (familyTemplates). detect-transformer's walk recognises blocks (pre- or
+// post-norm; a fused qkv, or q/k/v with optional rotary and kv repeat; a GELU
+// or SwiGLU MLP) and accepts a model only when every layer fits a template.
+// A new family made of these blocks is one template (and its memory formula
+// in MemoryReport.cpp); a new block is a detector rule and the properties of
+// its roles here.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_PASSES_ROLES_H
@@ -15,6 +19,7 @@
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 #include <cstdint>
+#include <string>
 
 namespace sp {
 
@@ -62,6 +67,10 @@ llvm::ArrayRef<FamilyTemplate> familyTemplates();
 /// The family whose template a layer's roles fit (every required role
 /// present, no role outside the template), or nullptr.
 const FamilyTemplate *matchFamily(llvm::ArrayRef<std::string> LayerRoles);
+
+/// Why a layer's roles fit no template: for each family, the required roles
+/// the layer lacks and the layer's roles the family has no place for.
+std::string explainNoFamily(llvm::ArrayRef<std::string> LayerRoles);
 
 } // namespace sp
 

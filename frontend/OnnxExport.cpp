@@ -1,6 +1,6 @@
 //===- OnnxExport.cpp - Trained weights back into an ONNX model -----------===//
 #include "frontend/OnnxExport.h"
-#include "runtime/AtomicFile.h"
+#include "plan/AtomicFile.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Endian.h"

@@ -11,7 +11,7 @@
 #ifndef SP_PASSES_CHARTS_H
 #define SP_PASSES_CHARTS_H
 
-#include "passes/PipelineSchedule.h"
+#include "lower/Schedule.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include <string>

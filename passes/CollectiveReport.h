@@ -18,7 +18,7 @@
 #ifndef SP_PASSES_COLLECTIVEREPORT_H
 #define SP_PASSES_COLLECTIVEREPORT_H
 
-#include "runtime/Program.h"
+#include "plan/Program.h"
 #include "llvm/Support/raw_ostream.h"
 #include <nlohmann/json.hpp>
 #include <vector>

@@ -11,7 +11,7 @@
 #define SP_PASSES_COST_H
 
 #include "ir/IR.h"
-#include "runtime/Program.h"
+#include "plan/Program.h"
 
 namespace sp {
 

@@ -1,6 +1,7 @@
 //===- LowerTraining.cpp - A compiled training graph to programs ----------===//
 #include "passes/LowerTraining.h"
-#include "passes/MemoryPlan.h"
+#include "lower/LowerGraph.h"
+#include "lower/MemoryPlan.h"
 
 using namespace llvm;
 

@@ -2,16 +2,16 @@
 //
 // The last step of sp-compile: the training graph becomes the programs a
 // plan holds. Without pipeline options that is one program; with them, the
-// schedule (PipelineSchedule.h) is unrolled into one program per pipeline
-// rank (runtime/Pipeline.h). Every program's memory is planned.
+// schedule (lower/Schedule.h) is unrolled into one program per pipeline
+// rank (lower/UnrollSchedule.h). Every program's memory is planned.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_PASSES_LOWERTRAINING_H
 #define SP_PASSES_LOWERTRAINING_H
 
 #include "passes/Pass.h"
-#include "passes/PipelineSchedule.h"
-#include "runtime/Pipeline.h"
+#include "lower/Schedule.h"
+#include "lower/UnrollSchedule.h"
 
 namespace sp {
 

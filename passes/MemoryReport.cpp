@@ -1,7 +1,7 @@
 //===- MemoryReport.cpp - Activation memory and FLOPs of a program --------===//
 #include "passes/MemoryReport.h"
 #include "passes/Cost.h"
-#include "passes/MemoryPlan.h"
+#include "lower/MemoryPlan.h"
 #include "passes/Roles.h"
 #include "llvm/ADT/STLExtras.h"
 #include <algorithm>

@@ -19,7 +19,7 @@
 
 #include "passes/ModelInfo.h"
 #include "passes/Pass.h"
-#include "runtime/Program.h"
+#include "plan/Program.h"
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>

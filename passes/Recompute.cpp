@@ -34,7 +34,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Cost.h"
-#include "passes/MemoryPlan.h"
+#include "lower/LowerGraph.h"
+#include "lower/MemoryPlan.h"
 #include "passes/MemoryReport.h"
 #include "passes/Passes.h"
 #include "llvm/ADT/DenseMap.h"

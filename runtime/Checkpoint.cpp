@@ -1,6 +1,6 @@
 //===- Checkpoint.cpp - Training checkpoints ------------------------------===//
 #include "runtime/Checkpoint.h"
-#include "runtime/AtomicFile.h"
+#include "plan/AtomicFile.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/CRC.h"
 #include "llvm/Support/FileSystem.h"

@@ -24,7 +24,7 @@
 
 #include "runtime/Executor.h"
 #include "runtime/LossLog.h"
-#include "runtime/Program.h"
+#include "plan/Program.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
 #include <string>

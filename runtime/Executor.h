@@ -18,7 +18,7 @@
 #define SP_RUNTIME_EXECUTOR_H
 
 #include "runtime/DataLoader.h"
-#include "runtime/Plan.h"
+#include "plan/Plan.h"
 #include "runtime/comm/Communicator.h"
 #include "llvm/Support/Error.h"
 #include <map>

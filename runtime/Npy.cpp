@@ -1,6 +1,6 @@
 //===- Npy.cpp - NumPy .npy files and atomic file writes ------------------===//
 #include "runtime/Npy.h"
-#include "runtime/AtomicFile.h"
+#include "plan/AtomicFile.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/Endian.h"
 #include "llvm/Support/FileSystem.h"

@@ -8,7 +8,7 @@
 #ifndef SP_RUNTIME_NPY_H
 #define SP_RUNTIME_NPY_H
 
-#include "runtime/AtomicFile.h"
+#include "plan/AtomicFile.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"

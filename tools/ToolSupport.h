@@ -4,7 +4,7 @@
 
 #include "frontend/OnnxImporter.h"
 #include "ir/IR.h"
-#include "runtime/AtomicFile.h"
+#include "plan/AtomicFile.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"

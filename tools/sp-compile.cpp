@@ -13,17 +13,18 @@
 // Table 2 (and Eq. 5/6).
 //
 //===----------------------------------------------------------------------===//
+#include "lower/LowerGraph.h"
 #include "passes/Charts.h"
 #include "passes/CollectiveReport.h"
 #include "passes/Cost.h"
-#include "passes/MemoryPlan.h"
+#include "lower/MemoryPlan.h"
 #include "passes/MemoryReport.h"
 #include "passes/ModelInfo.h"
 #include "passes/PassManager.h"
 #include "passes/Passes.h"
 #include "passes/LowerTraining.h"
-#include "runtime/Pipeline.h"
-#include "runtime/Plan.h"
+#include "lower/UnrollSchedule.h"
+#include "plan/Plan.h"
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -27,7 +27,7 @@
 #include "runtime/Executor.h"
 #include "runtime/LossLog.h"
 #include "runtime/Npy.h"
-#include "runtime/Plan.h"
+#include "plan/Plan.h"
 #include "tools/ToolSupport.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/CommandLine.h"

@@ -1,6 +1,7 @@
 //===- ExecutorTest.cpp - The CPU executor on the default model -----------===//
 #include "frontend/OnnxImporter.h"
-#include "passes/MemoryPlan.h"
+#include "lower/LowerGraph.h"
+#include "lower/MemoryPlan.h"
 #include "passes/PassManager.h"
 #include "passes/Passes.h"
 #include "runtime/Executor.h"

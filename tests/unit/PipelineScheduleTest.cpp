@@ -17,7 +17,7 @@
 //===----------------------------------------------------------------------===//
 #include "passes/Charts.h"
 #include "passes/Partition.h"
-#include "passes/PipelineSchedule.h"
+#include "lower/Schedule.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include "gtest/gtest.h"

@@ -1,7 +1,7 @@
 //===- TrainHarness.cpp - Compile and train a model in-process ------------===//
 #include "TrainHarness.h"
 #include "frontend/OnnxImporter.h"
-#include "passes/MemoryPlan.h"
+#include "lower/MemoryPlan.h"
 #include "passes/PassManager.h"
 #include "passes/ModelInfo.h"
 #include "passes/Passes.h"

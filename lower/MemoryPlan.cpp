@@ -1,5 +1,5 @@
 //===- MemoryPlan.cpp - Arena offsets from liveness -----------------------===//
-#include "passes/MemoryPlan.h"
+#include "lower/MemoryPlan.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/MathExtras.h"
 #include <algorithm>

@@ -1,6 +1,6 @@
-//===- PipelineSchedule.cpp - Pipeline schedules, verified and timed ------===//
+//===- Schedule.cpp - Pipeline schedules, verified and timed --------------===//
 //
-// Builds the GPipe, 1F1B and interleaved 1F1B schedules of PipelineSchedule.h,
+// Builds the GPipe, 1F1B and interleaved 1F1B schedules of Schedule.h,
 // checks them by running every rank step by step, and times them.
 //
 //  - Building: first each rank's compute order (forwards and backwards) from
@@ -20,7 +20,7 @@
 //  - Timing: the same rounds with clocks; sends are asynchronous.
 //
 //===----------------------------------------------------------------------===//
-#include "passes/PipelineSchedule.h"
+#include "lower/Schedule.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"

@@ -1,6 +1,6 @@
-//===- Pipeline.cpp - Unrolling a pipeline schedule into programs ---------===//
-#include "runtime/Pipeline.h"
-#include "runtime/ProgramBuilder.h"
+//===- UnrollSchedule.cpp - A pipeline schedule into programs ------------===//
+#include "lower/UnrollSchedule.h"
+#include "lower/ProgramBuilder.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SetVector.h"

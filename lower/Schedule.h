@@ -1,4 +1,4 @@
-//===- PipelineSchedule.h - Pipeline schedules, verified and timed -*- C++ -*-===//
+//===- Schedule.h - Pipeline schedules, verified and timed -----*- C++ -*-===//
 //
 // The order in which each pipeline rank runs the forwards and backwards of
 // its model chunks over the microbatches of one training step, with the
@@ -22,8 +22,8 @@
 // communication steps.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_PASSES_PIPELINESCHEDULE_H
-#define SP_PASSES_PIPELINESCHEDULE_H
+#ifndef SP_LOWER_SCHEDULE_H
+#define SP_LOWER_SCHEDULE_H
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/SmallVector.h"
@@ -202,4 +202,4 @@ void printSchedule(const Schedule &S, llvm::raw_ostream &OS);
 
 } // namespace sp
 
-#endif // SP_PASSES_PIPELINESCHEDULE_H
+#endif // SP_LOWER_SCHEDULE_H

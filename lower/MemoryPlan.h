@@ -1,8 +1,8 @@
 //===- MemoryPlan.h - Arena offsets from liveness --------------*- C++ -*-===//
-#ifndef SP_PASSES_MEMORYPLAN_H
-#define SP_PASSES_MEMORYPLAN_H
+#ifndef SP_LOWER_MEMORYPLAN_H
+#define SP_LOWER_MEMORYPLAN_H
 
-#include "runtime/Program.h"
+#include "plan/Program.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 
 namespace sp {
@@ -39,4 +39,4 @@ int64_t peakLiveBytes(const Program &P,
 
 } // namespace sp
 
-#endif // SP_PASSES_MEMORYPLAN_H
+#endif // SP_LOWER_MEMORYPLAN_H

@@ -2,7 +2,7 @@
 //
 // What sp-compile hands to sp-run: an ordered list of instructions over
 // numbered buffers, and for every buffer its place in one arena. The memory
-// planner (passes/MemoryPlan.cpp) fills in the offsets; the runtime allocates
+// planner (lower/MemoryPlan.cpp) fills in the offsets; the runtime allocates
 // exactly ArenaBytes and never allocates again.
 //
 // A plan directory holds manifest.json (format version, model facts, options)
@@ -10,8 +10,8 @@
 // (ONNX initializers or external data) rather than copying it.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_RUNTIME_PROGRAM_H
-#define SP_RUNTIME_PROGRAM_H
+#ifndef SP_PLAN_PROGRAM_H
+#define SP_PLAN_PROGRAM_H
 
 #include "ir/IR.h"
 #include "llvm/Support/Error.h"
@@ -71,16 +71,10 @@ struct Program {
   int output(llvm::StringRef Name) const;
 };
 
-/// Lowers a training graph: one instruction per node in program order, one
-/// buffer per value. Activation buffers of a floating-point type are sized
-/// with ActivationDtype (layer_norm statistics, logits and the loss stay
-/// f32, as the paper counts them); kernels compute in the IR's type.
-llvm::Expected<Program> lowerGraph(const Graph &G, DType ActivationDtype);
-
 nlohmann::json programToJson(const Program &P);
 /// Errors name the field that is malformed.
 llvm::Expected<Program> programFromJson(const nlohmann::json &J);
 
 } // namespace sp
 
-#endif // SP_RUNTIME_PROGRAM_H
+#endif // SP_PLAN_PROGRAM_H

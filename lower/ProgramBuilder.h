@@ -7,10 +7,10 @@
 // at the end.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_RUNTIME_PROGRAMBUILDER_H
-#define SP_RUNTIME_PROGRAMBUILDER_H
+#ifndef SP_LOWER_PROGRAMBUILDER_H
+#define SP_LOWER_PROGRAMBUILDER_H
 
-#include "runtime/Program.h"
+#include "plan/Program.h"
 #include "llvm/ADT/DenseMap.h"
 
 namespace sp {
@@ -66,4 +66,4 @@ int64_t plannedBytes(const Value *V, DType ActDtype);
 
 } // namespace sp
 
-#endif // SP_RUNTIME_PROGRAMBUILDER_H
+#endif // SP_LOWER_PROGRAMBUILDER_H

@@ -1,6 +1,6 @@
 //===- Plan.cpp - Reading and writing plan directories --------------------===//
-#include "runtime/Plan.h"
-#include "runtime/AtomicFile.h"
+#include "plan/Plan.h"
+#include "plan/AtomicFile.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"

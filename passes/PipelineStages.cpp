@@ -1,9 +1,9 @@
-//===- Pipeline.cpp - Pipeline stages of a training graph -----------------===//
+//===- PipelineStages.cpp - Pipeline stages of a training graph -----------===//
 //
 // With --pp P (and --interleave M model chunks per rank), splits the layers
 // into P * M contiguous virtual stages and tags every node with its stage;
 // the schedule is unrolled into per-rank programs at lowering
-// (runtime/Pipeline.h). Runs last, on the whole training graph, so that the
+// (lower/UnrollSchedule.h). Runs last, on the whole training graph, so that the
 // cost model sees the backward and the recomputation.
 //
 //  - Cost of a layer: its GEMM FLOPs (forward, backward, recompute) plus
@@ -28,7 +28,7 @@
 #include "passes/Cost.h"
 #include "passes/Partition.h"
 #include "passes/Passes.h"
-#include "runtime/ProgramBuilder.h"
+#include "lower/ProgramBuilder.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringMap.h"

@@ -1,4 +1,4 @@
-//===- Pipeline.h - Unrolling a pipeline schedule into programs -*- C++ -*-===//
+//===- UnrollSchedule.h - A pipeline schedule into programs ----*- C++ -*-===//
 //
 // A pipelined training step is one program per pipeline rank: the
 // schedule's forwards and backwards of every microbatch written out in
@@ -9,10 +9,10 @@
 // forward of a microbatch to its backward of it.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_RUNTIME_PIPELINE_H
-#define SP_RUNTIME_PIPELINE_H
+#ifndef SP_LOWER_UNROLLSCHEDULE_H
+#define SP_LOWER_UNROLLSCHEDULE_H
 
-#include "runtime/Program.h"
+#include "plan/Program.h"
 #include <vector>
 
 namespace sp {
@@ -68,4 +68,4 @@ llvm::Error verifyPipelinePrograms(llvm::ArrayRef<Program> Programs);
 
 } // namespace sp
 
-#endif // SP_RUNTIME_PIPELINE_H
+#endif // SP_LOWER_UNROLLSCHEDULE_H

@@ -1,17 +1,17 @@
 //===- Plan.h - The plan directory ------------------------------*- C++ -*-===//
 //
 //   PLAN/manifest.json   format version, model facts, options, arena size
-//   PLAN/program.json    the program (runtime/Program.h)
+//   PLAN/program.json    the program (plan/Program.h)
 //
 // The directory is written atomically: into a temporary directory beside it,
 // then renamed into place, so a failed compile leaves nothing behind and an
 // existing plan is replaced whole.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_RUNTIME_PLAN_H
-#define SP_RUNTIME_PLAN_H
+#ifndef SP_PLAN_PLAN_H
+#define SP_PLAN_PLAN_H
 
-#include "runtime/Program.h"
+#include "plan/Program.h"
 #include "llvm/Support/Error.h"
 #include <nlohmann/json.hpp>
 
@@ -41,4 +41,4 @@ llvm::Expected<Plan> readPlan(llvm::StringRef Dir);
 
 } // namespace sp
 
-#endif // SP_RUNTIME_PLAN_H
+#endif // SP_PLAN_PLAN_H

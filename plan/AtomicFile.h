@@ -5,8 +5,8 @@
 // or folder behind and an existing one is replaced whole.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_RUNTIME_ATOMICFILE_H
-#define SP_RUNTIME_ATOMICFILE_H
+#ifndef SP_PLAN_ATOMICFILE_H
+#define SP_PLAN_ATOMICFILE_H
 
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
@@ -29,4 +29,4 @@ writeDirectoryAtomically(llvm::StringRef Dir,
 
 } // namespace sp
 
-#endif // SP_RUNTIME_ATOMICFILE_H
+#endif // SP_PLAN_ATOMICFILE_H

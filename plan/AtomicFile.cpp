@@ -1,5 +1,5 @@
 //===- AtomicFile.cpp -----------------------------------------------------===//
-#include "runtime/AtomicFile.h"
+#include "plan/AtomicFile.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"

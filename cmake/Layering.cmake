@@ -1,0 +1,65 @@
+# The layering of the libraries (README "Layout"), checked on the target
+# graph at configure time: a link that breaks it fails the configure with the
+# chain that breaks it.
+#
+#   sp_ir  <-  sp_plan  <-  sp_lower  <-  sp_passes   (the compiler)
+#                       <-  sp_runtime                (the runtime: executor,
+#                                                      kernels, communicators)
+#
+# sp-run is built from the runtime, the plan library and the ONNX frontend
+# (weights are read from the model, and written back by --export-onnx), never
+# from the compiler.
+
+# Every target T links, directly or not, as "T -> A -> B" chains in OUT.
+function(sp_link_closure Target Out)
+  set(Seen "")
+  set(Queue "${Target}")
+  set(Chains "")
+  set(Chain_${Target} "${Target}")
+  while(Queue)
+    list(POP_FRONT Queue T)
+    if(NOT TARGET ${T})
+      continue()
+    endif()
+    get_target_property(Imported ${T} IMPORTED)
+    if(Imported)
+      continue()
+    endif()
+    get_target_property(Links ${T} LINK_LIBRARIES)
+    get_target_property(ILinks ${T} INTERFACE_LINK_LIBRARIES)
+    foreach(L IN LISTS Links ILinks)
+      string(REGEX REPLACE "^\\$<LINK_ONLY:(.*)>$" "\\1" L "${L}")
+      if(L MATCHES "-NOTFOUND$" OR L STREQUAL "" OR L IN_LIST Seen)
+        continue()
+      endif()
+      list(APPEND Seen ${L})
+      set(Chain_${L} "${Chain_${T}} -> ${L}")
+      list(APPEND Chains "${Chain_${L}}")
+      list(APPEND Queue ${L})
+    endforeach()
+  endwhile()
+  set(${Out} "${Chains}" PARENT_SCOPE)
+endfunction()
+
+# Fails when Target reaches any of the Forbidden targets.
+function(sp_forbid_links Target)
+  sp_link_closure(${Target} Chains)
+  foreach(Chain IN LISTS Chains)
+    foreach(F IN LISTS ARGN)
+      if(Chain MATCHES "-> ${F}$")
+        message(FATAL_ERROR "layering: ${Chain}, but ${Target} must not "
+                            "depend on ${F} (cmake/Layering.cmake)")
+      endif()
+    endforeach()
+  endforeach()
+endfunction()
+
+function(sp_check_layering)
+  set(Compiler sp_lower sp_passes)
+  set(Runtime sp_runtime sp_runtime_cpu sp_comm)
+  sp_forbid_links(sp_plan ${Compiler} ${Runtime} sp_frontend)
+  sp_forbid_links(sp_lower ${Runtime} sp_passes sp_frontend)
+  sp_forbid_links(sp_passes ${Runtime})
+  sp_forbid_links(sp_runtime ${Compiler})
+  sp_forbid_links(sp-run ${Compiler})
+endfunction()

@@ -136,7 +136,7 @@ PassManagerOptions passManagerOptionsFromCL() {
   return O;
 }
 
-std::string pipelineFromCL(StringRef Default) {
+std::string passesFromCL(StringRef Default) {
   assert(CL && "call registerPassManagerCLOptions first");
   return CL->Passes.getNumOccurrences() ? CL->Passes.getValue()
                                         : Default.str();
@@ -238,7 +238,7 @@ Error passOptionsFromCL(PassContext &Ctx) {
   return Error::success();
 }
 
-Error PassManager::addPipeline(StringRef Pipeline) {
+Error PassManager::addPasses(StringRef Pipeline) {
   SmallVector<StringRef, 8> Names;
   Pipeline.split(Names, ',', -1, /*KeepEmpty=*/false);
   for (StringRef Name : Names) {

@@ -1,7 +1,7 @@
-//===- PassManager.h - Runs a pipeline of passes ---------------*- C++ -*-===//
+//===- PassManager.h - Runs a list of passes -------------------*- C++ -*-===//
 //
 // The pass manager, not the passes, owns the cross-cutting flags:
-//   --passes=a,b,c       the pipeline (tools give a default)
+//   --passes=a,b,c       the passes to run (tools give a default)
 //   --print-after-all    print the IR after every pass (to stderr)
 //   --print-after=NAME   print the IR after the named pass(es)
 //   --dump-dir=DIR       write DIR/NN-name.sp after every pass (00-input.sp
@@ -36,7 +36,7 @@ llvm::cl::OptionCategory &registerPassManagerCLOptions();
 /// Reads the flags into options (after ParseCommandLine).
 PassManagerOptions passManagerOptionsFromCL();
 /// The --passes value, or Default if the flag was not given.
-std::string pipelineFromCL(llvm::StringRef Default);
+std::string passesFromCL(llvm::StringRef Default);
 /// Fills the pass options (--tp, --sp) into Ctx; fails on bad values.
 llvm::Error passOptionsFromCL(PassContext &Ctx);
 
@@ -46,7 +46,7 @@ public:
 
   void addPass(std::unique_ptr<Pass> P) { Passes.push_back(std::move(P)); }
   /// Adds "a,b,c". Fails on an unknown name, listing the known ones.
-  llvm::Error addPipeline(llvm::StringRef Pipeline);
+  llvm::Error addPasses(llvm::StringRef Passes);
 
   /// Runs every pass in order. Stops at the first failure; the error names
   /// the pass.

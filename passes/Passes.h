@@ -9,14 +9,14 @@ namespace sp {
 #define SP_PASS(Name, Factory, Summary) std::unique_ptr<Pass> Factory();
 #include "passes/Passes.def"
 
-/// The default pipeline of sp-compile, as a --passes list: import clean-up
+/// The default pass list of sp-compile, as a --passes value: import clean-up
 /// and detection, the parallel passes (no-ops without --tp and --sp), then
 /// the training graph.
-constexpr const char *DefaultPipeline =
+constexpr const char *DefaultPasses =
     "constant-fold,canonicalize,dce,detect-transformer,bind-inputs,"
     "tensor-parallel,"
     "sequence-parallel,autodiff,lower-collectives,optimizer,recompute,"
-    "pipeline";
+    "pipeline-stages";
 
 } // namespace sp
 

@@ -50,7 +50,7 @@ Error pipelineError(const Twine &Msg) {
 
 class PipelinePass : public Pass {
 public:
-  StringRef name() const override { return "pipeline"; }
+  StringRef name() const override { return "pipeline-stages"; }
 
   Error run(Graph &G, PassContext &Ctx) override {
     const PipelineOptions &O = Ctx.Pipeline;
@@ -59,7 +59,7 @@ public:
     if (!any_of(G.nodes(), [](const Node &N) {
           return N.op() == OpKind::AdamW;
         }))
-      return pipelineError("pipeline needs a training graph with its "
+      return pipelineError("pipeline-stages needs a training graph with its "
                            "optimizer (run autodiff and optimizer first)");
     int L = 0;
     for (const Node &N : G.nodes())
@@ -302,7 +302,7 @@ private:
 
 } // namespace
 
-std::unique_ptr<Pass> createPipelinePass() {
+std::unique_ptr<Pass> createPipelineStagesPass() {
   return std::make_unique<PipelinePass>();
 }
 

@@ -5,7 +5,7 @@
 //              [--report FILE.json] [--gantt FILE.svg] [--print-after-all]
 //   sp-compile --paper-table MODEL.onnx... [--figure7 FILE.svg] [--pp ...]
 //
-// Imports the model, runs the pipeline (passes/Passes.h: DefaultPipeline),
+// Imports the model, runs the pipeline (passes/Passes.h: DefaultPasses),
 // lowers the training graph to one program per pipeline rank and plans
 // their memory, prints what it recognised with the memory, FLOP and
 // collective reports and, with -o, writes the plan directory. --paper-table
@@ -241,7 +241,7 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
     Ctx.Recompute.Mode = R;
     Ctx.ActivationDtype = DType::F16;
     PassManager PM(PassManagerOptions{});
-    if (auto E = PM.addPipeline(DefaultPipeline))
+    if (auto E = PM.addPasses(DefaultPasses))
       return std::move(E);
     if (auto E = PM.run(*G, Ctx))
       return createStringError(inconvertibleErrorCode(), "%s (%s): %s",
@@ -433,7 +433,7 @@ int main(int Argc, char **Argv) {
   if (!G)
     return reportError("sp-compile", G.takeError());
   PassManager PM(passManagerOptionsFromCL());
-  if (auto E = PM.addPipeline(pipelineFromCL(DefaultPipeline)))
+  if (auto E = PM.addPasses(passesFromCL(DefaultPasses)))
     return reportError("sp-compile", std::move(E));
   if (auto E = PM.run(**G, Ctx))
     return reportError("sp-compile", createStringError(

@@ -43,7 +43,7 @@ int main(int Argc, char **Argv) {
   if (!G)
     return reportError("sp-opt", G.takeError());
   PassManager PM(passManagerOptionsFromCL());
-  if (auto E = PM.addPipeline(pipelineFromCL("")))
+  if (auto E = PM.addPasses(passesFromCL("")))
     return reportError("sp-opt", std::move(E));
   PassContext Ctx;
   if (auto E = passOptionsFromCL(Ctx))

@@ -21,7 +21,7 @@ Plan compileTiny() {
   auto G = cantFail(
       importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
   PassManager PM(PassManagerOptions{});
-  cantFail(PM.addPipeline(DefaultPipeline));
+  cantFail(PM.addPasses(DefaultPasses));
   PassContext Ctx;
   cantFail(PM.run(*G, Ctx));
   Plan P;

@@ -27,7 +27,7 @@ Expected<Plan> tryCompile(StringRef Model, const PassContext &Ctx,
   if (!G)
     return G.takeError();
   PassManager PM(PassManagerOptions{});
-  if (auto E = PM.addPipeline(DefaultPipeline))
+  if (auto E = PM.addPasses(DefaultPasses))
     return std::move(E);
   PassContext C = Ctx;
   if (auto E = PM.run(**G, C))

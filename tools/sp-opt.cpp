@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/AsmFormat.h"
-#include "passes/PassManager.h"
+#include "passes/Compile.h"
 #include "passes/Passes.h"
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"
@@ -42,13 +42,13 @@ int main(int Argc, char **Argv) {
   auto G = loadGraph(Input, *IO);
   if (!G)
     return reportError("sp-opt", G.takeError());
-  PassManager PM(passManagerOptionsFromCL());
-  if (auto E = PM.addPasses(passesFromCL("")))
-    return reportError("sp-opt", std::move(E));
   PassContext Ctx;
   if (auto E = passOptionsFromCL(Ctx))
     return reportError("sp-opt", std::move(E));
-  if (auto E = PM.run(**G, Ctx))
+  CompileOptions CO;
+  CO.Passes = passesFromCL("");
+  CO.PassManager = passManagerOptionsFromCL();
+  if (auto E = runPasses(**G, Ctx, CO))
     return reportError("sp-opt", std::move(E));
   if (auto E = writeFileAtomically(Output, [&](raw_ostream &OS) {
         printGraph(**G, OS);

@@ -1,9 +1,7 @@
 //===- ExecutorTest.cpp - The CPU executor on the default model -----------===//
 #include "frontend/OnnxImporter.h"
-#include "lower/LowerGraph.h"
 #include "lower/MemoryPlan.h"
-#include "passes/PassManager.h"
-#include "passes/Passes.h"
+#include "passes/Compile.h"
 #include "runtime/Executor.h"
 #include "runtime/cpu/Parallel.h"
 #include "gtest/gtest.h"
@@ -20,15 +18,8 @@ Plan compileTiny() {
   registerOnnxDataLoader();
   auto G = cantFail(
       importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
-  PassManager PM(PassManagerOptions{});
-  cantFail(PM.addPasses(DefaultPasses));
   PassContext Ctx;
-  cantFail(PM.run(*G, Ctx));
-  Plan P;
-  P.Prog = cantFail(lowerGraph(*G, DType::F32));
-  planMemory(P.Prog);
-  P.Manifest = {{"dtype", "f32"}};
-  return P;
+  return std::move(*cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
 }
 
 std::vector<int64_t> randomTokens(size_t N, int64_t Vocab, unsigned Seed) {

@@ -1,11 +1,7 @@
 //===- TrainHarness.cpp - Compile and train a model in-process ------------===//
 #include "TrainHarness.h"
 #include "frontend/OnnxImporter.h"
-#include "lower/MemoryPlan.h"
-#include "passes/PassManager.h"
-#include "passes/ModelInfo.h"
-#include "passes/Passes.h"
-#include "passes/LowerTraining.h"
+#include "passes/Compile.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <mutex>
@@ -26,27 +22,13 @@ Expected<Plan> tryCompile(StringRef Model, const PassContext &Ctx,
   auto G = importOnnx(Model, IO);
   if (!G)
     return G.takeError();
-  PassManager PM(PassManagerOptions{});
-  if (auto E = PM.addPasses(DefaultPasses))
-    return std::move(E);
   PassContext C = Ctx;
-  if (auto E = PM.run(**G, C))
-    return std::move(E);
-  auto Info = summarizeModel(**G);
-  if (!Info)
-    return Info.takeError();
-  auto L = lowerTrainingGraph(**G, C);
-  if (!L)
-    return L.takeError();
-  Plan P;
-  P.Prog = L->Stages[0];
-  if (Ctx.Pipeline.enabled())
-    P.Stages = std::move(L->Stages);
-  P.Manifest = {{"dtype", "f32"},
-                {"tp", Ctx.TensorParallel},
-                {"microbatches", Ctx.Pipeline.Microbatches},
-                {"model", modelInfoToJson(*Info)["model"]}};
-  return P;
+  CompileOptions O;
+  O.Source = Model.str();
+  auto Compiled = compileToPlan(**G, C, O);
+  if (!Compiled)
+    return Compiled.takeError();
+  return std::move(*Compiled->P);
 }
 
 Plan compile(StringRef Model, const PassContext &Ctx, int64_t Batch,

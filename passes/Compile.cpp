@@ -1,0 +1,172 @@
+//===- Compile.cpp - The compile driver -----------------------------------===//
+#include "passes/Compile.h"
+#include "lower/MemoryPlan.h"
+#include "passes/Charts.h"
+#include "passes/CollectiveReport.h"
+#include "passes/Cost.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
+
+using namespace llvm;
+
+namespace sp {
+
+Error runPasses(Graph &G, PassContext &Ctx, const CompileOptions &O) {
+  PassManager PM(O.PassManager);
+  if (auto E = PM.addPasses(O.Passes))
+    return E;
+  return PM.run(G, Ctx);
+}
+
+/// The schedule timed by each stage's GEMM work (GFLOP per microbatch,
+/// forward, backward and recompute), as an SVG Gantt chart. A message takes
+/// the work an A100 does while NVLink (300 GB/s) moves it: 1040 FLOP per
+/// byte.
+Error writeScheduleSvg(const Graph &G, const LoweredPlan &L, StringRef Title,
+                       raw_ostream &OS) {
+  int V = L.Sched.numStages();
+  StepCosts C;
+  C.Forward.assign(V, 0.0);
+  C.Backward.assign(V, 0.0);
+  C.Recompute.assign(V, 0.0);
+  for (const Node &N : G.nodes()) {
+    int S = std::max(N.tags().Stage, 0);
+    if (S >= V)
+      continue;
+    double F = gemmFlops(N) / 1e9;
+    switch (N.tags().Ph) {
+    case Phase::Forward:
+      C.Forward[S] += F;
+      break;
+    case Phase::Backward:
+      C.Backward[S] += F;
+      break;
+    case Phase::Recompute:
+      C.Recompute[S] += F;
+      break;
+    case Phase::Optimizer:
+      break;
+    }
+  }
+  int64_t Bytes = 0, Messages = 0;
+  for (const Instruction &I : L.Stages[0].Instrs)
+    if (I.Op == OpKind::Send) {
+      Bytes += L.Stages[0].Buffers[I.In[0]].Bytes;
+      ++Messages;
+    }
+  if (Messages)
+    C.Comm = 1040.0 * double(Bytes) / double(Messages) / 1e9;
+  auto Times = simulateTimes(L.Sched, C);
+  if (!Times)
+    return Times.takeError();
+  GanttOptions O;
+  O.Title = Title.str();
+  O.TimeUnit = "GFLOP";
+  return writeGanttSvg(OS, L.Sched, *Times, O);
+}
+
+/// The report of a lowered plan, and the manifest beside it.
+static void reportPlan(const Graph &G, const PassContext &Ctx,
+                       const CompileOptions &O, Compilation &C) {
+  const Program &Prog = C.P->Prog;
+  const Program &OneMicrobatch = C.Lowered->OneMicrobatch;
+  nlohmann::json &Facts = C.Facts;
+  Facts["plan"] = {{"instructions", Prog.Instrs.size()},
+                   {"buffers", Prog.Buffers.size()},
+                   {"dtype", dtypeName(Ctx.ActivationDtype).str()},
+                   {"persistent_bytes", Prog.PersistentBytes},
+                   {"arena_bytes", Prog.ArenaBytes},
+                   {"peak_live_temp_bytes", peakLiveTempBytes(Prog)}};
+  Facts["parallel"] = {{"tp", Ctx.TensorParallel},
+                       {"sp", Ctx.SequenceParallel},
+                       {"pp", Ctx.Pipeline.Stages},
+                       {"interleave", Ctx.Pipeline.Interleave},
+                       {"microbatches", Ctx.Pipeline.Microbatches}};
+  Facts["collectives"] =
+      collectivesToJson(collectiveReport(OneMicrobatch, Ctx.TensorParallel));
+  C.Activations = analyzeActivations(OneMicrobatch);
+  C.FirstStage = analyzeActivations(Prog);
+  StageMemory SM;
+  SM.FirstStageStored = C.FirstStage->StoredPeakBytes;
+  SM.InFlight = maxInFlight(C.Lowered->Sched, 0);
+  for (int K = 0; K < C.P->numStages(); ++K) {
+    SM.PeakBytes = std::max(SM.PeakBytes, C.P->stage(K).ArenaBytes);
+    SM.StageArena.push_back(C.P->stage(K).ArenaBytes);
+    SM.StageStored.push_back(
+        K == 0 ? C.FirstStage->StoredPeakBytes
+               : analyzeActivations(C.P->stage(K)).StoredPeakBytes);
+  }
+  Facts["memory"] = memoryReportToJson(*C.Activations, Prog, SM);
+  const ModelInfo &Info = C.Info;
+  if (!C.Activations->LayerRecompute.empty()) {
+    StringRef Kind = C.Activations->LayerRecompute[C.Activations->middleLayer()];
+    RecomputeMode Mode = Kind == "full"        ? RecomputeMode::Full
+                         : Kind == "selective" ? RecomputeMode::Selective
+                                               : RecomputeMode::None;
+    C.Formula = layerFormula(Info, Ctx.TensorParallel, Ctx.SequenceParallel,
+                             Mode, dtypeSize(Ctx.ActivationDtype));
+    Facts["memory"]["formula"] = {{"family", Info.Family},
+                                  {"text", C.Formula->Text},
+                                  {"bytes_per_layer", C.Formula->Bytes}};
+  }
+  Facts["flops"] = flopReportToJson(
+      *C.Activations, Ctx.TensorParallel,
+      {Info.Batch * Ctx.Pipeline.Microbatches, Info.Layers, Info.Seq,
+       Info.Hidden, Info.Vocab},
+      Ctx.Pipeline.Microbatches);
+
+  nlohmann::json &M = C.P->Manifest;
+  M = Facts;
+  M["source"] = O.Source;
+  M["dtype"] = dtypeName(Ctx.ActivationDtype).str();
+  M["tp"] = Ctx.TensorParallel;
+  M["sp"] = Ctx.SequenceParallel;
+  if (Ctx.Pipeline.enabled()) {
+    const PipelineOptions &PO = Ctx.Pipeline;
+    M["pp"] = PO.Stages;
+    M["interleave"] = PO.Interleave;
+    M["microbatches"] = PO.Microbatches;
+    M["schedule"] = scheduleKindName(scheduleKind(PO.Schedule)).str();
+  }
+}
+
+Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
+                                    const CompileOptions &O) {
+  PassManager PM(O.PassManager);
+  if (auto E = PM.addPasses(O.Passes))
+    return std::move(E);
+  if (auto E = PM.run(G, Ctx))
+    return createStringError(inconvertibleErrorCode(), "%s: %s",
+                             O.Source.c_str(), toString(std::move(E)).c_str());
+  Compilation C;
+  auto Info = summarizeModel(G);
+  if (!Info)
+    return Info.takeError();
+  C.Info = std::move(*Info);
+  C.Facts = modelInfoToJson(C.Info);
+  // A graph the passes stopped short of training is only summarised.
+  bool Training = any_of(G.outputs(), [](const Graph::Output &Out) {
+    return Out.Name == "loss";
+  });
+  if (!Training)
+    return std::move(C);
+  auto L = lowerTrainingGraph(G, Ctx);
+  if (!L)
+    return L.takeError();
+  C.Lowered = std::move(*L);
+  C.P.emplace();
+  C.P->Prog = C.Lowered->Stages[0];
+  if (Ctx.Pipeline.enabled())
+    C.P->Stages = C.Lowered->Stages;
+  reportPlan(G, Ctx, O, C);
+  if (Ctx.Pipeline.enabled()) {
+    std::string Svg;
+    raw_string_ostream OS(Svg);
+    if (auto E = writeScheduleSvg(G, *C.Lowered, sys::path::stem(O.Source), OS))
+      return std::move(E);
+    C.P->Files.push_back({"schedule.svg", OS.str()});
+  }
+  return std::move(C);
+}
+
+} // namespace sp

@@ -1,0 +1,63 @@
+//===- Compile.h - The compile driver ---------------------------*- C++ -*-===//
+//
+// What sp-compile does between reading a model and printing or writing it,
+// for sp-compile, the paper table and the tests alike: run the passes, find
+// the model's facts and, for a training graph, lower it to the per-rank
+// programs (planned), build the plan with its manifest and schedule chart,
+// and the reports (memory with the family's formula, FLOPs, collectives).
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_PASSES_COMPILE_H
+#define SP_PASSES_COMPILE_H
+
+#include "passes/LowerTraining.h"
+#include "passes/MemoryReport.h"
+#include "passes/ModelInfo.h"
+#include "passes/PassManager.h"
+#include "passes/Passes.h"
+#include "plan/Plan.h"
+#include <optional>
+
+namespace sp {
+
+struct CompileOptions {
+  /// The passes to run (a --passes value).
+  std::string Passes = DefaultPasses;
+  PassManagerOptions PassManager;
+  /// The model file: the manifest's "source" and the chart's title.
+  std::string Source;
+};
+
+struct Compilation {
+  ModelInfo Info;
+  /// The report (sp-compile --report): the model facts and, for a training
+  /// graph, "plan", "parallel", "collectives", "memory" (with the family's
+  /// "formula") and "flops".
+  nlohmann::json Facts;
+  /// Only when the passes made a training graph (a "loss" output):
+  std::optional<LoweredPlan> Lowered;
+  /// The plan: programs, manifest (the facts and the options), files.
+  std::optional<Plan> P;
+  /// One microbatch through the whole model, and the first pipeline rank.
+  std::optional<ActivationReport> Activations, FirstStage;
+  /// The family's per-layer formula for the middle layer, under that
+  /// layer's recomputation.
+  std::optional<LayerFormula> Formula;
+};
+
+/// Runs O.Passes on G (Ctx holds the pass options) and no more.
+llvm::Error runPasses(Graph &G, PassContext &Ctx, const CompileOptions &O);
+
+/// Runs the passes on G, then summarises, lowers and reports. A failing
+/// pass's error names the source file.
+llvm::Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
+                                          const CompileOptions &O);
+
+/// The pipeline schedule of a lowered plan timed by each stage's GEMM work,
+/// as an SVG Gantt chart.
+llvm::Error writeScheduleSvg(const Graph &G, const LoweredPlan &L,
+                             llvm::StringRef Title, llvm::raw_ostream &OS);
+
+} // namespace sp
+
+#endif // SP_PASSES_COMPILE_H

@@ -94,15 +94,26 @@ public:
   }
   /// The objective of every later batch (checked by checkObjective).
   void setObjective(const Objective &O) { Obj = O; }
+  /// Data parallelism: the step's batch is Size replicas' batches, and this
+  /// loader gives replica Rank its rows, [Rank B, (Rank + 1) B) of the
+  /// Size B rows the formulas above number (the global row r' = Rank B + r
+  /// in place of r), so that Size replicas read what one loader of the
+  /// whole batch reads.
+  void setDataParallel(int Rank, int Size) {
+    DpRank = Rank;
+    DpSize = Size;
+  }
 
   int64_t numTokens() const { return NumTokens; }
   int64_t batch() const { return Batch; }
   int64_t seq() const { return Seq; }
 
+  /// The first token of this replica's row Row of the 1-based Step.
   int64_t rowOffset(int64_t Step, int64_t Row) const {
-    return batchRowOffset(Step - 1, Row, Batch, Seq, NumTokens, Shuffle,
-                          ShuffleSeed);
+    return batchRowOffset(Step - 1, globalRow(Row), Batch * DpSize, Seq,
+                          NumTokens, Shuffle, ShuffleSeed);
   }
+  int64_t globalRow(int64_t Row) const { return DpRank * Batch + Row; }
   /// The inputs, targets and mask of the 1-based Step.
   void getBatch(int64_t Step, TokenBatch &B) const;
 
@@ -118,6 +129,7 @@ private:
   bool Shuffle = false;
   uint64_t ShuffleSeed = 0;
   Objective Obj;
+  int DpRank = 0, DpSize = 1;
 };
 
 } // namespace sp

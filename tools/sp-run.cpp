@@ -22,6 +22,7 @@
 #include "frontend/OnnxImporter.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/comm/Communicator.h"
+#include "runtime/comm/ProcessGrid.h"
 #include "runtime/cpu/Parallel.h"
 #include "runtime/DataLoader.h"
 #include "runtime/Executor.h"
@@ -613,29 +614,25 @@ int main(int Argc, char **Argv) {
   openblas_set_num_threads(1);
   cpu::setKernelThreads(NumThreads);
 
-  // One rank of the grid of tensor-parallel groups times pipeline stages
-  // (world rank = stage * t + tensor-parallel rank); rank 0 writes the
-  // files.
+  // One rank of the pipeline x tensor grid (runtime/comm/ProcessGrid.h);
+  // rank 0 writes the files.
+  ProcessGrid Grid;
+  Grid.Pipeline = PP;
+  Grid.Tensor = TP;
   auto Body = [&](Communicator *World) -> Error {
     bool Lead = !World || World->rank() == 0;
     raw_ostream &Out = Lead ? outs() : nulls();
-    std::unique_ptr<Communicator> TPComm, PipeComm;
-    Communicator *C = World;
-    if (World && PP > 1) {
-      int Stage = World->rank() / TP, TPRank = World->rank() % TP;
-      auto T = World->split(Stage, TPRank);
-      if (!T)
-        return T.takeError();
-      auto Pp = World->split(TPRank, Stage);
-      if (!Pp)
-        return Pp.takeError();
-      TPComm = std::move(*T);
-      PipeComm = std::move(*Pp);
-      C = TPComm.get();
+    RankGroups Groups;
+    if (World) {
+      auto G = splitGroups(*World, Grid);
+      if (!G)
+        return G.takeError();
+      Groups = std::move(*G);
     }
+    Communicator *C = Groups.Tensor.get();
     RunOptions RO;
     RO.Comm = C;
-    RO.PipeComm = PipeComm.get();
+    RO.PipeComm = Groups.Pipeline.get();
     RO.Trace = !TraceFile.empty();
     RO.Seed = RunSeed;
     if (Dropout.getNumOccurrences())
@@ -658,6 +655,7 @@ int main(int Argc, char **Argv) {
     }
     Data->setShuffle(Shuffle, RunSeed);
     Data->setObjective(Obj);
+    Data->setDataParallel(Groups.At.Data, Grid.Data);
 
     std::string ModelName =
         sys::path::stem(P->Manifest.value("source", std::string("model"))).str();

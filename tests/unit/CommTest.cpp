@@ -568,3 +568,87 @@ TEST(CommTest, MpiCommunicatorWithoutMpiNamesTheCause) {
 }
 
 } // namespace
+
+//===----------------------------------------------------------------------===//
+// ProcessGrid
+//===----------------------------------------------------------------------===//
+
+#include "runtime/comm/ProcessGrid.h"
+
+namespace {
+
+TEST(ProcessGrid, CoordinatesAreMegatronsLayout) {
+  ProcessGrid G{/*Data=*/2, /*Pipeline=*/3, /*Tensor=*/4};
+  ASSERT_EQ(G.size(), 24);
+  for (int R = 0; R < G.size(); ++R) {
+    GridCoord C = G.coord(R);
+    EXPECT_EQ(R, (C.Data * 3 + C.Pipeline) * 4 + C.Tensor);
+    EXPECT_EQ(G.worldRank(C), R);
+  }
+  EXPECT_EQ(G.coord(5), (GridCoord{0, 1, 1}));
+  EXPECT_EQ(G.coord(13), (GridCoord{1, 0, 1}));
+}
+
+/// Each group holds exactly the ranks that share the other two coordinates,
+/// ordered by its own: the sum of the members' world ranks over a group is
+/// the one computed from the layout.
+TEST(ProcessGrid, GroupsHoldTheRanksThatShareTheOtherCoordinates) {
+  ProcessGrid G{2, 2, 2};
+  auto Body = [&](Communicator &World) -> Error {
+    auto Groups = splitGroups(World, G);
+    if (!Groups)
+      return Groups.takeError();
+    GridCoord C = Groups->At;
+    if (!(C == G.coord(World.rank())))
+      return createStringError(inconvertibleErrorCode(), "wrong coordinate");
+    struct {
+      Communicator *Comm;
+      int Own;
+      GridCoord Step;
+    } Checks[] = {{Groups->Tensor.get(), C.Tensor, {0, 0, 1}},
+                  {Groups->Pipeline.get(), C.Pipeline, {0, 1, 0}},
+                  {Groups->Data.get(), C.Data, {1, 0, 0}}};
+    for (auto &K : Checks) {
+      if (!K.Comm || K.Comm->size() != 2 || K.Comm->rank() != K.Own)
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: a group of the wrong size or rank",
+                                 World.rank());
+      GridCoord First = C, Second = C;
+      int *F = K.Step.Data ? &First.Data : K.Step.Pipeline ? &First.Pipeline
+                                                          : &First.Tensor;
+      int *S = K.Step.Data ? &Second.Data : K.Step.Pipeline ? &Second.Pipeline
+                                                           : &Second.Tensor;
+      *F = 0;
+      *S = 1;
+      int64_t Sum = World.rank();
+      if (auto E = K.Comm->allReduceSum(&Sum, 1))
+        return E;
+      if (Sum != G.worldRank(First) + G.worldRank(Second))
+        return createStringError(inconvertibleErrorCode(),
+                                 "rank %d: group sum %lld", World.rank(),
+                                 (long long)Sum);
+    }
+    return Error::success();
+  };
+  EXPECT_EQ(errorText(runOnThreadRanks(8, Body)), "");
+  // One rank: no groups to talk to.
+  auto One = [&](Communicator &World) -> Error {
+    auto Groups = splitGroups(World, ProcessGrid{});
+    if (!Groups)
+      return Groups.takeError();
+    if (Groups->Tensor || Groups->Pipeline || Groups->Data)
+      return createStringError(inconvertibleErrorCode(), "a group of one");
+    return Error::success();
+  };
+  EXPECT_EQ(errorText(runOnThreadRanks(1, One)), "");
+  // A grid that is not the world's size.
+  auto Wrong = [&](Communicator &World) -> Error {
+    return splitGroups(World, G).takeError();
+  };
+  EXPECT_EQ(errorText(runOnThreadRanks(2, Wrong)),
+            "rank 0: the run has 2 ranks but the plan's grid needs d x p x t "
+            "= 2 x 2 x 2 = 8\nrank 1: the run has 2 ranks but the plan's "
+            "grid needs d x p x t = 2 x 2 x 2 = 8");
+}
+
+} // namespace

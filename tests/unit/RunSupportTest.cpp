@@ -204,6 +204,44 @@ TEST(DataLoader, ObjectivesFollowTheContract) {
   EXPECT_NE(Other.Targets, Data.Targets);
 }
 
+/// Two data-parallel replicas read, between them, exactly the batch one
+/// loader of twice the rows reads: offsets, masked-LM choices and padding.
+TEST(DataLoader, DataParallelReplicasSplitTheGlobalBatch) {
+  TempDir D;
+  std::vector<uint16_t> Ids(3000);
+  for (size_t I = 0; I < Ids.size(); ++I)
+    Ids[I] = uint16_t(mix64(I) % 40);
+  writeTokens(D.file("t.bin"), Ids);
+  Objective Mlm;
+  Mlm.Kind = Objective::MaskedLM;
+  Mlm.PadToken = 0;
+  Mlm.MaskToken = 1;
+  Mlm.Seed = 3;
+  for (bool Shuffle : {false, true}) {
+    auto Whole = cantFail(DataLoader::open(D.file("t.bin"), 4, 16, 40));
+    Whole->setShuffle(Shuffle, 11);
+    Whole->setObjective(Mlm);
+    TokenBatch All;
+    Whole->getBatch(5, All);
+    for (int Rank = 0; Rank < 2; ++Rank) {
+      auto Half = cantFail(DataLoader::open(D.file("t.bin"), 2, 16, 40));
+      Half->setShuffle(Shuffle, 11);
+      Half->setObjective(Mlm);
+      Half->setDataParallel(Rank, 2);
+      TokenBatch Mine;
+      Half->getBatch(5, Mine);
+      size_t From = size_t(Rank) * 2 * 16, N = 2 * 16;
+      EXPECT_EQ(Mine.Tokens, std::vector<int64_t>(All.Tokens.begin() + From,
+                                                  All.Tokens.begin() + From + N));
+      EXPECT_EQ(Mine.Targets,
+                std::vector<int64_t>(All.Targets.begin() + From,
+                                     All.Targets.begin() + From + N));
+      EXPECT_EQ(Mine.Real, std::vector<uint8_t>(All.Real.begin() + From,
+                                                All.Real.begin() + From + N));
+    }
+  }
+}
+
 TEST(DataLoader, BadObjectivesNameTheirFlag) {
   auto Msg = [](Objective O) {
     Error E = checkObjective(O, 100);

@@ -2,6 +2,7 @@
 #include "TrainHarness.h"
 #include "frontend/OnnxImporter.h"
 #include "passes/Compile.h"
+#include "runtime/comm/ProcessGrid.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <mutex>
@@ -48,17 +49,16 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
   // (OpenBLAS's own threads are not safe under concurrent callers).
   openblas_set_num_threads(TP * PP > 1 ? 1 : 2);
   Error E = runOnThreadRanks(TP * PP, [&](Communicator &World) -> Error {
-    // world rank = stage * t + tensor-parallel rank, as sp-run lays it out
-    int Stage = World.rank() / TP, TPRank = World.rank() % TP;
-    auto TPComm = World.split(Stage, TPRank);
-    if (!TPComm)
-      return TPComm.takeError();
-    auto PipeComm = World.split(TPRank, Stage);
-    if (!PipeComm)
-      return PipeComm.takeError();
+    ProcessGrid Grid;
+    Grid.Pipeline = PP;
+    Grid.Tensor = TP;
+    auto Groups = splitGroups(World, Grid);
+    if (!Groups)
+      return Groups.takeError();
+    int TPRank = Groups->At.Tensor;
     RunOptions O;
-    O.Comm = TPComm->get();
-    O.PipeComm = PP > 1 ? PipeComm->get() : nullptr;
+    O.Comm = Groups->Tensor.get();
+    O.PipeComm = Groups->Pipeline.get();
     O.Dropout = Dropout;
     auto E = Executor::create(P, O);
     if (!E)

@@ -1,8 +1,10 @@
-//===- Executor.h - Runs a plan on the CPU ---------------------*- C++ -*-===//
+//===- Executor.h - Runs a plan's program on a backend ---------*- C++ -*-===//
 //
-// Allocates the plan's arena once (exactly ArenaBytes), loads the parameters
-// into it, zeroes the optimizer state, and runs the program's instructions in
-// order, each through its CPU kernel (runtime/cpu/Kernels.h).
+// Has its backend (runtime/Backend.h; the CPU one by default) allocate the
+// plan's arena once (exactly ArenaBytes), loads the parameters into it,
+// zeroes the optimizer state, feeds the inputs by role, and runs the
+// program's instructions in order: each is a backend call, except the
+// pipeline messages, which the executor sends through the pipeline group.
 //
 // Gradient rule: every instruction fully writes its outputs. Kernels that
 // accumulate (weight, bias, embedding and LayerNorm-parameter gradients) get
@@ -17,10 +19,12 @@
 #ifndef SP_RUNTIME_EXECUTOR_H
 #define SP_RUNTIME_EXECUTOR_H
 
+#include "runtime/Backend.h"
 #include "runtime/DataLoader.h"
 #include "plan/Plan.h"
 #include "runtime/comm/Communicator.h"
 #include "llvm/Support/Error.h"
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,6 +42,8 @@ struct RunOptions {
   Communicator *PipeComm = nullptr;
   /// Record when every instruction of a training step starts and ends.
   bool Trace = false;
+  /// Makes the backend the plan runs on; unset: the CPU backend.
+  std::function<std::unique_ptr<Backend>()> MakeBackend;
 };
 
 /// One instruction's run, for a timeline (Chrome's trace format).
@@ -142,25 +148,13 @@ private:
   /// mask from the batch, positions 0..seq-1, zero token types, each
   /// microbatch's loss weight, lr and step.
   llvm::Error feedInputs(const TokenBatch &B, double LR, int64_t Step);
+  /// The loss of the last step, read back from the backend.
+  llvm::Expected<double> loss() const;
   llvm::Error pipelineOp(const Instruction &I);
   float *ptr(int Buffer) const;
 
   llvm::Error loadParameter(const ProgramBuffer &B);
   TensorView view(int Buffer, std::string Name) const;
-  // Collectives and vocabulary-parallel kernels (ExecutorParallel.cpp).
-  llvm::Error allGather(float *Out, const float *In, const TensorType &Local,
-                        int Dim, int Parts) const;
-  llvm::Error reduceScatter(float *Out, const float *In,
-                            const TensorType &Full, int Dim, int Parts) const;
-  void takeChunk(float *Out, const float *In, const TensorType &Full, int Dim,
-                 int Parts) const;
-  llvm::Error vocabParallelCrossEntropy(float *Loss, float *DLogits,
-                                        const float *Logits,
-                                        const int64_t *Targets, int64_t N,
-                                        int64_t V, int64_t Valid,
-                                        std::optional<int64_t> Ignore,
-                                        double DLoss) const;
-
   Program Prog;
   RunOptions Opts;
   TimeStats Times;
@@ -170,7 +164,9 @@ private:
   std::unique_ptr<Communicator> OwnComm;
   Communicator *Comm = nullptr;
   int64_t Batch = 0, Seq = 0, Vocab = 0;
-  char *Arena = nullptr;
+  std::unique_ptr<Backend> Back;
+  char *Arena = nullptr; // the backend's memory
+  std::vector<char> Staging; // host bytes of one input on its way in
   MemoryStats Stats;
   int LogitsBuffer = -1;
   /// Set when the plan cannot train: the optimizer input it lacks.

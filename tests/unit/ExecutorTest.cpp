@@ -3,9 +3,11 @@
 #include "lower/MemoryPlan.h"
 #include "passes/Compile.h"
 #include "runtime/Executor.h"
+#include "runtime/cpu/CpuBackend.h"
 #include "runtime/cpu/Parallel.h"
 #include "gtest/gtest.h"
 #include <cmath>
+#include <map>
 #include <random>
 
 using namespace sp;
@@ -117,6 +119,60 @@ TEST(Executor, IgnoredTargetsCountForNothing) {
                             [](float X) { return X == 0; }))
         << Param.Name;
   }
+}
+
+/// A backend that forwards to the CPU one and counts what it is asked: the
+/// executor reaches memory and kernels only through the interface, so the
+/// same run through it gives the same bits.
+class CountingBackend : public CpuBackend {
+public:
+  explicit CountingBackend(std::map<std::string, int> &Counts)
+      : Counts(Counts) {}
+  Error copyToBackend(char *Dst, const void *Src, size_t Bytes) override {
+    ++Counts["copy_in"];
+    return CpuBackend::copyToBackend(Dst, Src, Bytes);
+  }
+  Error copyToHost(void *Dst, const char *Src, size_t Bytes) override {
+    ++Counts["copy_out"];
+    return CpuBackend::copyToHost(Dst, Src, Bytes);
+  }
+  Error run(const KernelCall &C) override {
+    ++Counts[opName(C.I.Op).str()];
+    return CpuBackend::run(C);
+  }
+
+private:
+  std::map<std::string, int> &Counts;
+};
+
+TEST(Executor, RunsThroughAnyBackend) {
+  Plan P = compileTiny();
+  std::map<std::string, int> Counts;
+  RunOptions O;
+  O.MakeBackend = [&] { return std::make_unique<CountingBackend>(Counts); };
+  auto Counted = cantFail(Executor::create(P, O));
+  auto Plain = cantFail(Executor::create(P, RunOptions{}));
+  int Params = int(Counted->parameters().size());
+  int WithData = int(count_if(P.Prog.Buffers,
+                              [](const ProgramBuffer &B) { return bool(B.Data); }));
+  EXPECT_EQ(Counts["copy_in"], WithData)
+      << "one upload per parameter and constant";
+  auto Idx = randomTokens(4 * 64, 256, 8);
+  for (int Step = 1; Step <= 2; ++Step)
+    EXPECT_EQ(cantFail(Counted->trainStep({Idx, Idx, {}}, 1e-3, Step)),
+              cantFail(Plain->trainStep({Idx, Idx, {}}, 1e-3, Step)));
+  size_t Instrs = P.Prog.Instrs.size();
+  int Runs = 0;
+  for (auto &[Op, N] : Counts)
+    if (Op != "copy_in" && Op != "copy_out")
+      Runs += N;
+  EXPECT_EQ(size_t(Runs), 2 * Instrs) << "every instruction is a backend call";
+  EXPECT_EQ(Counts["copy_out"], 2) << "the loss of each step";
+  int Inputs = int(count_if(P.Prog.Buffers, [](const ProgramBuffer &B) {
+    return B.K == ProgramBuffer::Input;
+  }));
+  EXPECT_EQ(Counts["copy_in"], WithData + 2 * Inputs) << "and the inputs";
+  EXPECT_EQ(Counts["adamw"], 2 * Params);
 }
 
 TEST(Executor, RejectsBadTokensAndPlans) {

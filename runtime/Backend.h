@@ -1,0 +1,81 @@
+//===- Backend.h - Where a plan's instructions run ---------------*- C++ -*-===//
+//
+// The executor keeps the instruction loop, the feeding of inputs, the
+// statistics, the measured memory and tracing; a backend owns the rest:
+//
+//   - memory: the arena (one allocation of the plan's ArenaBytes; its
+//     pointers are the backend's, host or device), and the copies between
+//     it and the host (parameters in, inputs in, results and dumps out);
+//   - the kernels: one call per instruction, including the tensor-parallel
+//     collectives and the vocabulary-parallel loss, which reduce over the
+//     call's tensor group;
+//   - ordering: calls run in program order on the backend's stream;
+//     synchronize() waits for all of them.
+//
+// The CPU backend (runtime/cpu/CpuBackend.h) runs each call to completion on
+// the calling thread. Pipeline messages (send, recv, pipe_all_reduce,
+// pipe_broadcast) stay with the executor: they move whole buffers between
+// stages through the pipeline group.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_BACKEND_H
+#define SP_RUNTIME_BACKEND_H
+
+#include "plan/Program.h"
+#include "runtime/comm/Communicator.h"
+#include "llvm/Support/Error.h"
+#include <cstdint>
+#include <optional>
+
+namespace sp {
+
+/// One instruction to run, and everything it may read besides its buffers.
+struct KernelCall {
+  const Instruction &I;
+  /// The buffers' types, shardings and arena offsets.
+  const Program &Prog;
+  /// The arena the offsets are into (the backend's memory).
+  char *Arena;
+  /// 1-based training step (dropout streams); 0 when evaluating.
+  int64_t Step;
+  /// Training: dropout is on (at the plan's ratio, or Dropout when set).
+  bool Training;
+  std::optional<double> Dropout;
+  /// The run's seed (dropout masks).
+  uint64_t Seed;
+  /// The tensor-parallel group (one rank when the plan has no tensor
+  /// parallelism), and the pipeline group (null without stages).
+  Communicator &Tensor;
+  Communicator *Pipeline;
+
+  char *buffer(int Id) const { return Arena + Prog.Buffers[Id].Offset; }
+};
+
+class Backend {
+public:
+  virtual ~Backend();
+  virtual llvm::StringRef name() const = 0;
+
+  /// Bytes of zeroed backend memory for the arena; release() frees it.
+  virtual llvm::Expected<char *> allocate(size_t Bytes) = 0;
+  virtual void release(char *Arena) = 0;
+  /// Copies between the host and backend memory.
+  virtual llvm::Error copyToBackend(char *Dst, const void *Src,
+                                    size_t Bytes) = 0;
+  virtual llvm::Error copyToHost(void *Dst, const char *Src, size_t Bytes) = 0;
+  /// Whether backend memory is host memory. The executor loads parameters,
+  /// feeds inputs and reads the loss through the copies above; its tensor
+  /// views (parameters(), gradient(), logits()) and the pipeline messages
+  /// still point into the arena, so they need host memory for now.
+  virtual bool hostMemory() const = 0;
+
+  /// Runs (or enqueues) the kernel of one instruction. The error says what
+  /// is wrong with the instruction, without naming it (the executor does).
+  virtual llvm::Error run(const KernelCall &C) = 0;
+  /// Waits for every call made so far.
+  virtual llvm::Error synchronize() = 0;
+};
+
+} // namespace sp
+
+#endif // SP_RUNTIME_BACKEND_H

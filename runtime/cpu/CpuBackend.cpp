@@ -1,0 +1,560 @@
+//===- CpuBackend.cpp - The CPU backend ------------------------------------===//
+//
+// Every instruction's kernel on the host: runtime/cpu/Kernels.h for the
+// computation, OpenBLAS for the GEMMs, and the communicator of the call's
+// tensor group for the collectives. Activations are [batch, seq, hidden], so
+// a sequence chunk is not contiguous: gathers and scatters along an inner
+// axis reorder through a rank-major scratch buffer. The vocabulary-parallel
+// loss reduces the row max, the sum of exponentials and the target logit
+// over the group, so no rank holds the full logits.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/CpuBackend.h"
+#include "runtime/TensorLayout.h"
+#include "runtime/cpu/Kernels.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MathExtras.h"
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+using namespace llvm;
+
+namespace sp {
+
+namespace {
+
+Error planError(const Twine &Msg) {
+  return createStringError(inconvertibleErrorCode(), Msg);
+}
+
+cpu::GeluApprox geluApprox(const AttrList &A) {
+  return A.getString("approximate", "none") == "tanh" ? cpu::GeluApprox::Tanh
+                                                      : cpu::GeluApprox::None;
+}
+
+} // namespace
+
+static Error allGather(Communicator &Comm, float *Out, const float *In,
+                       const TensorType &Local, int Dim, int Parts) {
+  int64_t N = Local.numElements();
+  AxisView A = around(Local, Dim);
+  if (A.Outer == 1)
+    return Comm.allGather(Out, In, N);
+  std::vector<float> Scratch(N * Parts); // [rank][outer][local][inner]
+  if (auto E = Comm.allGather(Scratch.data(), In, N))
+    return E;
+  int64_t Chunk = Local.Shape[Dim] * A.Inner;
+  for (int R = 0; R < Parts; ++R)
+    for (int64_t O = 0; O < A.Outer; ++O)
+      std::memcpy(Out + (O * Parts + R) * Chunk, &Scratch[R * N + O * Chunk],
+                  Chunk * sizeof(float));
+  return Error::success();
+}
+
+static Error reduceScatter(Communicator &Comm, float *Out, const float *In,
+                           const TensorType &Full, int Dim, int Parts) {
+  int64_t N = Full.numElements() / Parts;
+  AxisView A = around(Full, Dim);
+  if (A.Outer == 1)
+    return Comm.reduceScatterSum(Out, In, N);
+  std::vector<float> Scratch(N * Parts); // rank-major
+  int64_t Chunk = Full.Shape[Dim] / Parts * A.Inner;
+  for (int R = 0; R < Parts; ++R)
+    for (int64_t O = 0; O < A.Outer; ++O)
+      std::memcpy(&Scratch[R * N + O * Chunk], In + (O * Parts + R) * Chunk,
+                  Chunk * sizeof(float));
+  return Comm.reduceScatterSum(Out, Scratch.data(), N);
+}
+
+static void takeChunk(int Rank, float *Out, const float *In,
+                      const TensorType &Full, int Dim, int Parts) {
+  AxisView A = around(Full, Dim);
+  int64_t Chunk = Full.Shape[Dim] / Parts * A.Inner;
+  for (int64_t O = 0; O < A.Outer; ++O)
+    std::memcpy(Out + O * Chunk, In + (O * Parts + Rank) * Chunk,
+                Chunk * sizeof(float));
+}
+
+/// Each rank holds the logits of vocabulary rows [r V, (r + 1) V); columns
+/// at or past Valid (global) are padding. The row maximum, the sum of
+/// exponentials and the target logit are reduced over the group, so no rank
+/// holds the full logits. Computes the mean loss over the rows whose target
+/// is not Ignore (Loss) or its gradient (DLogits), whichever is non-null.
+static Error vocabParallelCrossEntropy(Communicator &Comm, float *Loss,
+                                       float *DLogits, const float *Logits,
+                                       const int64_t *Targets, int64_t N,
+                                       int64_t V, int64_t Valid,
+                                       std::optional<int64_t> Ignore,
+                                       double DLoss) {
+  int64_t Start = Comm.rank() * V;
+  int64_t Mine = std::clamp<int64_t>(Valid - Start, 0, V);
+  std::vector<float> Max(N, -std::numeric_limits<float>::infinity()),
+      Sum(N, 0.f), Target(N, 0.f);
+  auto Counted = [&](int64_t I) { return !Ignore || Targets[I] != *Ignore; };
+  int64_t NumCounted = 0;
+  for (int64_t I = 0; I < N; ++I) {
+    if (Counted(I) && (Targets[I] < 0 || Targets[I] >= Valid))
+      return createStringError(inconvertibleErrorCode(),
+                               "target %lld of row %lld is outside the "
+                               "vocabulary",
+                               (long long)Targets[I], (long long)I);
+    NumCounted += Counted(I);
+    for (int64_t J = 0; J < Mine; ++J)
+      Max[I] = std::max(Max[I], Logits[I * V + J]);
+  }
+  if (auto E = Comm.allReduceMax(Max.data(), N))
+    return E;
+  for (int64_t I = 0; I < N; ++I) {
+    double S = 0;
+    for (int64_t J = 0; J < Mine; ++J)
+      S += std::exp(double(Logits[I * V + J]) - Max[I]);
+    Sum[I] = float(S);
+    int64_t T = Targets[I] - Start;
+    if (Counted(I) && T >= 0 && T < Mine)
+      Target[I] = Logits[I * V + T];
+  }
+  if (auto E = Comm.allReduceSum(Sum.data(), N))
+    return E;
+  // As the one-device kernel: the mean over the counted rows, 0 (and zero
+  // gradients) when none is counted.
+  if (Loss) {
+    if (auto E = Comm.allReduceSum(Target.data(), N))
+      return E;
+    double L = 0;
+    for (int64_t I = 0; I < N; ++I)
+      if (Counted(I))
+        L += std::log(double(Sum[I])) + Max[I] - Target[I];
+    *Loss = NumCounted ? float(L / NumCounted) : 0.f;
+    return Error::success();
+  }
+  double Scale = NumCounted ? DLoss / NumCounted : 0.0;
+  for (int64_t I = 0; I < N; ++I)
+    for (int64_t J = 0; J < V; ++J) {
+      if (!Counted(I)) {
+        DLogits[I * V + J] = 0.f;
+        continue;
+      }
+      double P = J < Mine ? std::exp(double(Logits[I * V + J]) - Max[I]) / Sum[I]
+                          : 0.0;
+      if (Start + J == Targets[I])
+        P -= 1;
+      DLogits[I * V + J] = float(P * Scale);
+    }
+  return Error::success();
+}
+
+Backend::~Backend() = default;
+
+Expected<char *> CpuBackend::allocate(size_t Bytes) {
+  size_t Size = alignTo(std::max<size_t>(Bytes, 64), 64);
+  char *A = static_cast<char *>(std::aligned_alloc(64, Size));
+  if (!A)
+    return createStringError(inconvertibleErrorCode(),
+                             "cannot allocate the %zu-byte arena", Size);
+  std::memset(A, 0, Size);
+  return A;
+}
+
+void CpuBackend::release(char *Arena) { std::free(Arena); }
+
+Error CpuBackend::copyToBackend(char *Dst, const void *Src, size_t Bytes) {
+  std::memcpy(Dst, Src, Bytes);
+  return Error::success();
+}
+
+Error CpuBackend::copyToHost(void *Dst, const char *Src, size_t Bytes) {
+  std::memcpy(Dst, Src, Bytes);
+  return Error::success();
+}
+
+Error CpuBackend::run(const KernelCall &C) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  auto In = [&](unsigned K) {
+    return reinterpret_cast<float *>(C.buffer(I.In[K]));
+  };
+  auto Out = [&](unsigned K) {
+    return reinterpret_cast<float *>(C.buffer(I.Out[K]));
+  };
+  auto InT = [&](unsigned K) -> const TensorType & {
+    return Bufs[I.In[K]].Type;
+  };
+  auto OutT = [&](unsigned K) -> const TensorType & {
+    return Bufs[I.Out[K]].Type;
+  };
+  auto Ids = [&](unsigned K) {
+    return reinterpret_cast<const int64_t *>(In(K));
+  };
+  auto Zero = [&](unsigned K) {
+    std::memset(Out(K), 0, OutT(K).numBytes());
+  };
+  auto Check = [](cpu::Status S) -> Error {
+    if (S.ok())
+      return Error::success();
+    std::string Msg = S.Message;
+    if (S.Index >= 0)
+      Msg += formatv(" (element {0}, value {1})", S.Index, S.Value).str();
+    return planError(Msg);
+  };
+  auto ShapeOf = [](const TensorType &T) {
+    return cpu::Shape(T.Shape.data(), T.Shape.size());
+  };
+  double Ratio = C.Dropout.value_or(I.Attrs.getFloat("ratio", 0.0));
+  if (!C.Training)
+    Ratio = 0;
+  int Rank = C.Tensor.rank();
+
+  switch (I.Op) {
+  case OpKind::Embedding: {
+    const TensorType &T = InT(0);
+    int64_t N = InT(1).numElements(), V = T.Shape[0], H = T.Shape[1];
+    if (!I.Attrs.getInt("vocab_parallel", 0))
+      return Check(cpu::embedding(Out(0), In(0), Ids(1), N, V, H));
+    // This rank's rows [r V, (r + 1) V); other ids contribute zeros.
+    float *Y = Out(0);
+    for (int64_t R = 0; R < N; ++R) {
+      int64_t Id = Ids(1)[R] - Rank * V;
+      if (Id >= 0 && Id < V)
+        std::memcpy(Y + R * H, In(0) + Id * H, H * sizeof(float));
+      else
+        std::memset(Y + R * H, 0, H * sizeof(float));
+    }
+    return Error::success();
+  }
+  case OpKind::EmbeddingGrad: {
+    Zero(0);
+    const TensorType &T = OutT(0);
+    int64_t N = InT(0).numElements(), V = T.Shape[0], H = T.Shape[1];
+    if (!I.Attrs.getInt("vocab_parallel", 0))
+      return Check(cpu::embeddingBackward(Out(0), In(1), Ids(0), N, V, H));
+    for (int64_t R = 0; R < N; ++R) {
+      int64_t Id = Ids(0)[R] - Rank * V;
+      if (Id >= 0 && Id < V)
+        for (int64_t J = 0; J < H; ++J)
+          Out(0)[Id * H + J] += In(1)[R * H + J];
+    }
+    return Error::success();
+  }
+  case OpKind::AllReduce:
+    std::memcpy(Out(0), In(0), InT(0).numBytes());
+    return C.Tensor.allReduceSum(Out(0), OutT(0).numElements());
+  case OpKind::AllGather:
+    return allGather(C.Tensor, Out(0), In(0), InT(0), I.Attrs.getInt("dim", 0),
+                     I.Attrs.getInt("parts", 1));
+  case OpKind::ReduceScatter:
+    return reduceScatter(C.Tensor, Out(0), In(0), InT(0), I.Attrs.getInt("dim", 0),
+                         I.Attrs.getInt("parts", 1));
+  case OpKind::SpSplit:
+    takeChunk(Rank, Out(0), In(0), InT(0), I.Attrs.getInt("dim", 0),
+              I.Attrs.getInt("parts", 1));
+    return Error::success();
+  case OpKind::Add:
+    if (InT(0).Shape == InT(1).Shape) {
+      cpu::add(Out(0), In(0), In(1), OutT(0).numElements());
+      return Error::success();
+    }
+    return Check(cpu::addBroadcast(Out(0), ShapeOf(OutT(0)), In(0),
+                                   ShapeOf(InT(0)), In(1), ShapeOf(InT(1))));
+  case OpKind::ReduceTo:
+    return Check(cpu::reduceToShape(Out(0), ShapeOf(OutT(0)), In(0),
+                                    ShapeOf(InT(0))));
+  case OpKind::LayerNorm: {
+    int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
+    std::vector<float> Scratch;
+    float *Mean, *Rstd;
+    if (I.Out.size() == 3) {
+      Mean = Out(1);
+      Rstd = Out(2);
+    } else {
+      Scratch.resize(2 * Rows);
+      Mean = Scratch.data();
+      Rstd = Scratch.data() + Rows;
+    }
+    cpu::layerNorm(Out(0), Mean, Rstd, In(0), In(1), In(2), Rows, H,
+                   I.Attrs.getFloat("epsilon", 1e-5));
+    return Error::success();
+  }
+  case OpKind::LayerNormGrad: {
+    int64_t H = InT(1).dim(-1), Rows = InT(1).numElements() / H;
+    Zero(1);
+    Zero(2);
+    cpu::layerNormBackward(Out(0), Out(1), Out(2), In(0), In(1), In(2), In(3),
+                           In(4), Rows, H);
+    return Error::success();
+  }
+  case OpKind::Linear: {
+    int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    cpu::linear(Out(0), In(0), In(1), I.In.size() > 2 ? In(2) : nullptr, Rows,
+                InF, OutF, I.Attrs.getInt("trans_w", 0));
+    return Error::success();
+  }
+  case OpKind::LinearGradW: {
+    int64_t InF = InT(0).dim(-1), OutF = InT(1).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    Zero(0);
+    cpu::linearBackwardWeight(Out(0), In(0), In(1), Rows, InF, OutF,
+                              I.Attrs.getInt("trans_w", 0));
+    return Error::success();
+  }
+  case OpKind::BiasGrad: {
+    int64_t OutF = InT(0).dim(-1);
+    Zero(0);
+    cpu::biasBackward(Out(0), In(0), InT(0).numElements() / OutF, OutF);
+    return Error::success();
+  }
+  case OpKind::Gelu:
+    cpu::gelu(Out(0), In(0), InT(0).numElements(), geluApprox(I.Attrs));
+    return Error::success();
+  case OpKind::GeluGrad:
+    cpu::geluBackward(Out(0), In(0), In(1), InT(0).numElements(),
+                      geluApprox(I.Attrs));
+    return Error::success();
+  case OpKind::RmsNorm: {
+    int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
+    cpu::rmsNorm(Out(0), I.Out.size() > 1 ? Out(1) : nullptr, In(0), In(1),
+                 Rows, H, I.Attrs.getFloat("epsilon", 1e-6));
+    return Error::success();
+  }
+  case OpKind::RmsNormGrad: {
+    int64_t H = InT(1).dim(-1), Rows = InT(1).numElements() / H;
+    Zero(1);
+    cpu::rmsNormBackward(Out(0), Out(1), In(0), In(1), In(2), In(3), Rows, H);
+    return Error::success();
+  }
+  case OpKind::Silu:
+    cpu::silu(Out(0), In(0), InT(0).numElements());
+    return Error::success();
+  case OpKind::SiluGrad:
+    cpu::siluBackward(Out(0), In(0), In(1), InT(0).numElements());
+    return Error::success();
+  case OpKind::Mul:
+    if (InT(0).Shape == InT(1).Shape) {
+      cpu::mul(Out(0), In(0), In(1), OutT(0).numElements());
+      return Error::success();
+    }
+    return Check(cpu::mulBroadcast(Out(0), ShapeOf(OutT(0)), In(0),
+                                   ShapeOf(InT(0)), In(1), ShapeOf(InT(1))));
+  case OpKind::Rope:
+  case OpKind::RopeGrad: {
+    const TensorType &X = InT(0);
+    int64_t B = X.Shape[0], A = X.Shape[1], S = X.Shape[2], D = X.Shape[3];
+    int64_t CB = InT(1).Shape[0];
+    bool Interleaved = I.Attrs.getInt("interleaved", 0);
+    if (I.Op == OpKind::Rope)
+      cpu::rope(Out(0), In(0), In(1), In(2), B, A, S, D, CB, Interleaved);
+    else
+      cpu::ropeBackward(Out(0), In(0), In(1), In(2), B, A, S, D, CB,
+                        Interleaved);
+    return Error::success();
+  }
+  case OpKind::RepeatHeads: {
+    const TensorType &X = InT(0);
+    cpu::repeatHeads(Out(0), In(0), X.Shape[0], X.Shape[1],
+                     I.Attrs.getInt("repeats", 1), X.Shape[2], X.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::RepeatHeadsGrad: {
+    const TensorType &X = OutT(0);
+    cpu::repeatHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[1],
+                             I.Attrs.getInt("repeats", 1), X.Shape[2],
+                             X.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::ToHeads: { // merge_heads' inverse
+    const TensorType &X = OutT(0);
+    cpu::mergeHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+                            X.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::SplitHeads: {
+    const TensorType &Q = OutT(0);
+    cpu::splitHeads(Out(0), Out(1), Out(2), In(0), Q.Shape[0], Q.Shape[2],
+                    Q.Shape[1], Q.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::SplitHeadsGrad: {
+    const TensorType &Q = InT(0);
+    cpu::splitHeadsBackward(Out(0), In(0), In(1), In(2), Q.Shape[0],
+                            Q.Shape[2], Q.Shape[1], Q.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::MergeHeads: {
+    const TensorType &X = InT(0);
+    cpu::mergeHeads(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+                    X.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::MergeHeadsGrad: {
+    const TensorType &X = OutT(0);
+    cpu::mergeHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+                            X.Shape[3]);
+    return Error::success();
+  }
+  case OpKind::BatchMatMul: {
+    bool TA = I.Attrs.getInt("trans_a", 0), TB = I.Attrs.getInt("trans_b", 0);
+    const TensorType &C = OutT(0);
+    int64_t M = C.dim(-2), N = C.dim(-1);
+    int64_t K = TA ? InT(0).dim(-2) : InT(0).dim(-1);
+    int64_t Batch = C.numElements() / (M * N);
+    if (InT(0).numElements() != Batch * M * K ||
+        InT(1).numElements() != Batch * K * N)
+      return planError("batch_matmul with broadcast batch dimensions is not "
+                       "supported by the CPU backend");
+    cpu::batchMatMul(Out(0), In(0), In(1), Batch, M, N, K, TA, TB);
+    return Error::success();
+  }
+  case OpKind::Scale:
+    cpu::scale(Out(0), In(0), InT(0).numElements(),
+               I.Attrs.getFloat("alpha", 1.0));
+    return Error::success();
+  case OpKind::CausalMask: {
+    const TensorType &X = InT(0);
+    int64_t Sq = X.dim(-2), Sk = X.dim(-1);
+    cpu::causalMask(Out(0), In(0), X.numElements() / (Sq * Sk), Sq, Sk,
+                    I.Attrs.getFloat("fill", 0.0));
+    return Error::success();
+  }
+  case OpKind::PaddingMask: {
+    // bias = (1 - keep) * fill in float, as the exported graph computes it
+    // (HF Llama's form: fill where 1 - keep is not 0).
+    const TensorType &X = InT(0), &M = InT(1);
+    int64_t B = X.Shape[0], K = X.dim(-1);
+    const float Fill = float(I.Attrs.getFloat("fill", 0.0));
+    const bool Where = I.Attrs.getInt("where", 0);
+    const char *Keep = reinterpret_cast<const char *>(In(1));
+    std::vector<float> Bias(B * K);
+    for (int64_t E = 0; E < B * K; ++E) {
+      float V;
+      switch (M.Dtype) {
+      case DType::I64:
+        V = float(reinterpret_cast<const int64_t *>(Keep)[E]);
+        break;
+      case DType::I32:
+        V = float(reinterpret_cast<const int32_t *>(Keep)[E]);
+        break;
+      case DType::Bool:
+        V = Keep[E] ? 1.0f : 0.0f;
+        break;
+      case DType::F32:
+        V = reinterpret_cast<const float *>(Keep)[E];
+        break;
+      default:
+        return planError("padding_mask: unsupported mask type " + M.str());
+      }
+      float Inv = 1.0f - V;
+      Bias[E] = Where ? (Inv != 0.0f ? Fill : 0.0f) : Inv * Fill;
+    }
+    cpu::addKeyBias(Out(0), In(0), Bias.data(), B, X.numElements() / (B * K),
+                    K);
+    return Error::success();
+  }
+  case OpKind::Softmax: {
+    int64_t N = InT(0).dim(-1);
+    cpu::softmax(Out(0), In(0), InT(0).numElements() / N, N);
+    return Error::success();
+  }
+  case OpKind::SoftmaxGrad: {
+    int64_t N = InT(0).dim(-1);
+    cpu::softmaxBackward(Out(0), In(0), In(1), InT(0).numElements() / N, N);
+    return Error::success();
+  }
+  case OpKind::Dropout: {
+    auto Key = I.Attrs.getInts("key");
+    if (Key.size() != 2)
+      return planError("dropout has no Philox key; recompile the plan");
+    cpu::DropoutKey K{C.Seed, uint32_t(Key[0]), uint32_t(Key[1]),
+                      uint32_t(C.Step)};
+    uint8_t *Mask =
+        I.Out.size() > 1 ? reinterpret_cast<uint8_t *>(Out(1)) : nullptr;
+    // The mask of an element depends on its index in the whole tensor, so it
+    // is the same on any layout.
+    // A microbatch is rows [K b, (K + 1) b) of the whole batch.
+    const TensorType &Local = InT(0);
+    const Sharding &S = Bufs[I.In[0]].Shard;
+    int64_t Mb = I.Attrs.getInt("microbatch", 0),
+            NumMb = I.Attrs.getInt("microbatches", 1);
+    if (S.K != Sharding::Split && NumMb == 1)
+      return Check(cpu::dropout(Out(0), Mask, In(0), Ratio, K,
+                                cpu::GlobalIndex::whole(ShapeOf(Local))));
+    SmallVector<int64_t, 4> Full(Local.Shape.begin(), Local.Shape.end()),
+        Offset(Local.rank(), 0);
+    if (S.K == Sharding::Split) {
+      Full[S.Dim] *= S.Parts;
+      Offset[S.Dim] = Rank * Local.Shape[S.Dim];
+    }
+    Full[0] *= NumMb;
+    Offset[0] += Mb * Local.Shape[0];
+    return Check(cpu::dropout(
+        Out(0), Mask, In(0), Ratio, K,
+        cpu::GlobalIndex::block(cpu::Shape(Full.data(), Full.size()),
+                                ShapeOf(Local),
+                                cpu::Shape(Offset.data(), Offset.size()))));
+  }
+  case OpKind::DropoutGrad:
+    cpu::dropoutBackward(Out(0), In(0),
+                         reinterpret_cast<const uint8_t *>(In(1)),
+                         InT(0).numElements(), Ratio);
+    return Error::success();
+  case OpKind::CrossEntropy:
+  case OpKind::CrossEntropyGrad: {
+    int64_t V = InT(0).dim(-1), N = InT(1).numElements();
+    int64_t Valid = I.Attrs.getInt("valid_vocab", V);
+    std::optional<int64_t> Ignore;
+    if (I.Attrs.has("ignore_index"))
+      Ignore = I.Attrs.getInt("ignore_index", 0);
+    bool Grad = I.Op == OpKind::CrossEntropyGrad;
+    if (I.Attrs.getInt("vocab_parallel", 0))
+      return vocabParallelCrossEntropy(C.Tensor, Grad ? nullptr : Out(0),
+                                       Grad ? Out(0) : nullptr, In(0), Ids(1),
+                                       N, V, Valid, Ignore,
+                                       Grad ? *In(2) : 0.0);
+    if (Grad)
+      return Check(cpu::crossEntropyBackward(Out(0), In(0), Ids(1), *In(2), N,
+                                             V, Valid, Ignore));
+    return Check(cpu::crossEntropy(Out(0), In(0), Ids(1), N, V, Valid, Ignore));
+  }
+  case OpKind::GradNorm: {
+    // Split gradients: every rank holds a part, sum them over the group;
+    // replicated ones are the same on every rank, count them once.
+    double Split = 0, Whole = 0;
+    for (unsigned K = 0; K < I.In.size(); ++K)
+      (Bufs[I.In[K]].Shard.K == Sharding::Split ? Split : Whole) +=
+          cpu::sumSquares(In(K), InT(K).numElements());
+    if (C.Tensor.size() > 1) {
+      float S = float(Split);
+      if (auto E = C.Tensor.allReduceSum(&S, 1))
+        return E;
+      Split = S;
+    }
+    // Each stage's gradients: sum the squares over the pipeline.
+    double Total = Split + Whole;
+    if (I.Attrs.getInt("pipeline", 0) && C.Pipeline) {
+      float T = float(Total);
+      if (auto E = C.Pipeline->allReduceSum(&T, 1))
+        return E;
+      Total = T;
+    }
+    *Out(0) = float(std::sqrt(Total));
+    return Error::success();
+  }
+  case OpKind::AdamW: {
+    double MaxNorm = I.Attrs.getFloat("max_norm", 0.0);
+    float Scale =
+        MaxNorm > 0 ? cpu::clipCoefficient(*In(4), float(MaxNorm)) : 1.0f;
+    cpu::adamw(In(0), In(1), In(2), In(3), InT(0).numElements(), *In(5),
+               I.Attrs.getFloat("beta1", 0.9), I.Attrs.getFloat("beta2", 0.999),
+               I.Attrs.getFloat("eps", 1e-8),
+               I.Attrs.getFloat("weight_decay", 0.0), Scale,
+               int64_t(*In(6)));
+    return Error::success();
+  }
+  default:
+    return planError("the CPU backend has no kernel for this op");
+  }
+}
+
+
+} // namespace sp

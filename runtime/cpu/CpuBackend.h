@@ -1,0 +1,28 @@
+//===- CpuBackend.h - The CPU backend ----------------------------*- C++ -*-===//
+//
+// Host memory and the kernels of runtime/cpu/Kernels.h (OpenBLAS GEMMs, the
+// kernel thread pool): every call runs to completion before run() returns.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_CPU_CPUBACKEND_H
+#define SP_RUNTIME_CPU_CPUBACKEND_H
+
+#include "runtime/Backend.h"
+
+namespace sp {
+
+class CpuBackend : public Backend {
+public:
+  llvm::StringRef name() const override { return "cpu"; }
+  llvm::Expected<char *> allocate(size_t Bytes) override;
+  void release(char *Arena) override;
+  llvm::Error copyToBackend(char *Dst, const void *Src, size_t Bytes) override;
+  llvm::Error copyToHost(void *Dst, const char *Src, size_t Bytes) override;
+  bool hostMemory() const override { return true; }
+  llvm::Error run(const KernelCall &C) override;
+  llvm::Error synchronize() override { return llvm::Error::success(); }
+};
+
+} // namespace sp
+
+#endif // SP_RUNTIME_CPU_CPUBACKEND_H

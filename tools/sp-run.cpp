@@ -4,8 +4,11 @@
 //          [--warmup N] [--min-lr X] [--seed S] [--dropout RATE] [--shuffle]
 //          [--eval] [--log-dir DIR] [--checkpoint DIR] [--checkpoint-every N]
 //          [--resume] [--dump DIR] [--export-onnx OUT] [--threads N]
+//          [--objective next-token|masked-lm] [--pad-token ID] [--comm ...]
 //
-// Drives sp::Executor (runtime/Executor.h) through a training run: batches
+// Checks the flags, the plan and the files, then runs a Trainer
+// (tools/Trainer.h) on every rank. The run drives sp::Executor
+// (runtime/Executor.h): batches
 // from a memory-mapped token file (runtime/DataLoader.h), the learning-rate
 // schedule, the loss log and plot and a progress line (runtime/LossLog.h),
 // atomic checkpoints and resume (runtime/Checkpoint.h), debugging dumps as
@@ -18,19 +21,14 @@
 // existing files alone.
 //
 //===----------------------------------------------------------------------===//
-#include "frontend/OnnxExport.h"
 #include "frontend/OnnxImporter.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/comm/Communicator.h"
-#include "runtime/comm/ProcessGrid.h"
 #include "runtime/cpu/Parallel.h"
 #include "runtime/DataLoader.h"
-#include "runtime/Executor.h"
-#include "runtime/LossLog.h"
-#include "runtime/Npy.h"
 #include "plan/Plan.h"
 #include "tools/ToolSupport.h"
-#include "llvm/ADT/StringMap.h"
+#include "tools/Trainer.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -157,28 +155,6 @@ static cl::opt<std::string>
 
 static const char *Tool = "sp-run";
 
-static Error usageError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
-
-/// "5.28 MiB".
-
-/// "1.0e-03".
-static std::string sci(double X) {
-  char Text[32];
-  std::snprintf(Text, sizeof(Text), "%.1e", X);
-  return Text;
-}
-
-/// A parameter name as a file name: '/' (and '\') would make directories.
-static std::string fileNameFor(StringRef Name) {
-  std::string R = Name.str();
-  for (char &C : R)
-    if (C == '/' || C == '\\')
-      C = '_';
-  return R;
-}
-
 /// Flags that are wrong whatever the plan and the files.
 static Error checkFlags() {
   if (Steps <= 0)
@@ -237,260 +213,6 @@ static std::string findSourceModel(const Plan &P) {
         sys::fs::exists(B.Data->ref().Path))
       return B.Data->ref().Path;
   return "";
-}
-
-/// An output directory: created if missing, refused if it is a file.
-static Error makeDir(StringRef Dir, StringRef Flag) {
-  if (sys::fs::exists(Dir) && !sys::fs::is_directory(Dir))
-    return usageError(Flag + " '" + Dir + "' exists and is not a directory");
-  if (std::error_code EC = sys::fs::create_directories(Dir))
-    return createStringError(EC, "cannot create '%s': %s", Dir.str().c_str(),
-                             EC.message().c_str());
-  return Error::success();
-}
-
-namespace {
-
-/// One run: everything main() set up, and what it writes.
-struct Run {
-  /// Rank 0 of the group prints and writes files; every rank takes part in
-  /// the collectives (training steps, gathers for dumps and the export).
-  /// With pipeline stages, the first tensor-parallel rank of each stage
-  /// writes the dumps of that stage's parameters (StageLead).
-  bool Lead;
-  bool StageLead;
-  const Plan &P;
-  Executor &E;
-  const DataLoader &Data;
-  std::string ModelName;
-  std::string LogDirPath, CheckpointPath;
-  std::string Fingerprint;
-  uint64_t RunSeed = 0;
-  std::vector<LossRow> Rows;
-  TokenBatch Batch;
-
-  Error dumpLogits(StringRef Dir);
-  Error dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors);
-  Error writeLogs();
-  Error writeCheckpointAt(int64_t Step);
-  Error writeMemory(StringRef Dir);
-  std::vector<TensorView> checkpointTensors() const {
-    std::vector<TensorView> T = E.parameters();
-    for (TensorView &S : E.optimizerState())
-      T.push_back(std::move(S));
-    return T;
-  }
-};
-
-} // namespace
-
-Error Run::dumpLogits(StringRef Dir) {
-  Data.getBatch(1, Batch);
-  if (auto L = E.evalLoss(Batch); !L)
-    return L.takeError();
-  auto Logits = E.logits();
-  if (!Logits)
-    return usageError("the plan exposes no logits to dump");
-  auto Full = E.gather(*Logits); // the whole vocabulary
-  if (!Full)
-    return Full.takeError();
-  if (!Lead)
-    return Error::success();
-  SmallVector<int64_t, 4> Shape(Logits->FullType.Shape.begin(),
-                                Logits->FullType.Shape.end());
-  if (Shape.size() == 2 && Shape[0] == E.batch() * E.seq())
-    Shape = {E.batch(), E.seq(), Shape[1]};
-  return writeNpy((Dir + "/logits.npy").str(), Shape, *Full);
-}
-
-Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
-  if (StageLead)
-    if (auto Err = makeDir(Dir, "--dump"))
-      return Err;
-  for (const TensorView &T : Tensors) {
-    // A copy of a weight another stage owns (a tied embedding) is dumped
-    // by its owner.
-    if (StringRef(T.Name).contains('@'))
-      continue;
-    // Full shape, unsharded: the source parameter's.
-    auto Full = E.gather(T);
-    if (!Full)
-      return Full.takeError();
-    if (!StageLead)
-      continue;
-    if (auto Err = writeNpy((Dir + "/" + fileNameFor(T.Name) + ".npy").str(),
-                            T.FullType.Shape, *Full))
-      return Err;
-  }
-  return Error::success();
-}
-
-Error Run::writeLogs() {
-  if (!Lead)
-    return Error::success();
-  if (auto Err = makeDir(LogDirPath, "--log-dir"))
-    return Err;
-  std::string Csv = lossCsv(Rows);
-  if (auto Err = writeFileAtomically(LogDirPath + "/loss.csv",
-                                 [&](raw_ostream &OS) { OS << Csv; }))
-    return Err;
-  std::string Svg = lossSvg(Rows, ModelName + ": training loss");
-  return writeFileAtomically(LogDirPath + "/loss.svg",
-                         [&](raw_ostream &OS) { OS << Svg; });
-}
-
-Error Run::writeCheckpointAt(int64_t Step) {
-  CheckpointMeta M;
-  M.Step = Step;
-  M.Seed = RunSeed;
-  M.PlanFingerprint = Fingerprint;
-  M.Losses = Rows;
-  return writeCheckpoint(CheckpointPath, M, checkpointTensors());
-}
-
-Error Run::writeMemory(StringRef Dir) {
-  if (!Lead)
-    return Error::success();
-  MemoryStats M = E.memory();
-  nlohmann::json J = {{"arena_bytes", M.ArenaBytes},
-                      {"persistent_bytes", M.PersistentBytes},
-                      {"high_water_bytes", M.HighWaterBytes},
-                      {"peak_live_temp_bytes", M.PeakLiveTempBytes},
-                      {"planned_arena_bytes",
-                       P.Manifest.value("arena_bytes", P.Prog.ArenaBytes)}};
-  // Stored activations, measured on this rank (the first pipeline stage),
-  // beside what the plan says. Per layer: the bytes of one microbatch.
-  nlohmann::json Planned = P.Manifest.value("memory", nlohmann::json::object());
-  int64_t Microbatches = E.microbatches();
-  int Layer = Planned.value("activation_layer", 0);
-  if (!M.StoredActivationBytesByLayer.count(Layer))
-    for (auto &[L, Bytes] : M.StoredActivationBytesByLayer)
-      if (L >= 0) {
-        Layer = L; // the middle layer is on another stage: this one's first
-        break;
-      }
-  auto It = M.StoredActivationBytesByLayer.find(Layer);
-  J["stored_activation_bytes"] = M.StoredActivationBytes;
-  J["activation_layer"] = Layer;
-  J["activation_bytes_per_layer"] =
-      It == M.StoredActivationBytesByLayer.end() ? 0
-                                                 : It->second / Microbatches;
-  nlohmann::json ByLayer = nlohmann::json::array();
-  for (auto &[L, Bytes] : M.StoredActivationBytesByLayer)
-    ByLayer.push_back({{"layer", L}, {"bytes", Bytes / Microbatches}});
-  J["stored_bytes_by_layer"] = ByLayer;
-  J["planned"] = {
-      {"stored_activation_bytes",
-       Planned.value("first_stage_activation_bytes", int64_t(-1))},
-      {"activation_bytes_per_layer",
-       Planned.value("activation_bytes_per_layer", int64_t(-1))},
-      {"stored_bytes_by_layer",
-       Planned.value("stored_bytes_by_layer", nlohmann::json::array())}};
-  std::string Text = J.dump(1) + "\n";
-  return writeFileAtomically((Dir + "/memory.json").str(),
-                         [&](raw_ostream &OS) { OS << Text; });
-}
-
-static void printMemory(raw_ostream &OS, const Plan &P, const MemoryStats &M) {
-  OS << formatv(
-      "memory: arena {0} (planned {1}), persistent {2}, "
-      "high-water {3}, peak live temporaries {4}\n",
-      humanBytes(M.ArenaBytes),
-      humanBytes(P.Manifest.value("arena_bytes", P.Prog.ArenaBytes)),
-      humanBytes(M.PersistentBytes), humanBytes(M.HighWaterBytes),
-      humanBytes(M.PeakLiveTempBytes));
-}
-
-/// This rank's instructions as Chrome trace events (complete events, one
-/// process per rank).
-static nlohmann::json traceEvents(const Executor &E, int Rank, int TP) {
-  nlohmann::json Events = nlohmann::json::array();
-  std::string Name = formatv("rank {0} (stage {1}, tensor-parallel rank {2})",
-                             Rank, Rank / TP, Rank % TP)
-                         .str();
-  Events.push_back({{"name", "process_name"},
-                    {"ph", "M"},
-                    {"pid", Rank},
-                    {"args", {{"name", Name}}}});
-  Events.push_back({{"name", "process_sort_index"},
-                    {"ph", "M"},
-                    {"pid", Rank},
-                    {"args", {{"sort_index", Rank}}}});
-  const Program &P = E.program();
-  for (const TraceEvent &T : E.trace()) {
-    const Instruction &I = P.Instrs[T.Instruction];
-    bool Comm = I.Op == OpKind::Send || I.Op == OpKind::Recv ||
-                I.Op == OpKind::AllReduce || I.Op == OpKind::AllGather ||
-                I.Op == OpKind::ReduceScatter ||
-                I.Op == OpKind::PipeAllReduce ||
-                I.Op == OpKind::PipeBroadcast;
-    std::string Label = opName(I.Op).str();
-    if (!I.Role.empty())
-      Label += " " + I.Role;
-    nlohmann::json Args = {{"instruction", T.Instruction},
-                           {"step", T.Step},
-                           {"phase", phaseName(I.Ph).str()}};
-    if (I.Layer >= 0)
-      Args["layer"] = I.Layer;
-    if (I.Attrs.has("microbatch"))
-      Args["microbatch"] = I.Attrs.getInt("microbatch", 0);
-    Events.push_back({{"name", Label},
-                      {"cat", Comm ? "communication" : phaseName(I.Ph).str()},
-                      {"ph", "X"},
-                      {"ts", T.StartUs},
-                      {"dur", T.DurationUs},
-                      {"pid", Rank},
-                      {"tid", Comm ? 1 : 0},
-                      {"args", Args}});
-  }
-  return Events;
-}
-
-/// Gathers every rank's events on rank 0 (point to point over the world
-/// group, so it works on threads and on MPI) and writes the trace there.
-static Error writeTrace(Communicator *World, const Executor &E, int TP) {
-  int Rank = World ? World->rank() : 0, Size = World ? World->size() : 1;
-  std::string Mine = traceEvents(E, Rank, TP).dump();
-  constexpr int Tag = 32000;
-  if (Rank != 0) {
-    int64_t Bytes = Mine.size();
-    if (auto Err = World->send(&Bytes, sizeof Bytes, 0, Tag))
-      return Err;
-    return World->send(Mine.data(), Bytes, 0, Tag);
-  }
-  nlohmann::json All = nlohmann::json::parse(Mine);
-  for (int R = 1; R < Size; ++R) {
-    int64_t Bytes = 0;
-    if (auto Err = World->recv(&Bytes, sizeof Bytes, R, Tag))
-      return Err;
-    std::string Text(Bytes, '\0');
-    if (auto Err = World->recv(Text.data(), Bytes, R, Tag))
-      return Err;
-    for (auto &Ev : nlohmann::json::parse(Text))
-      All.push_back(std::move(Ev));
-  }
-  nlohmann::json Trace = {{"traceEvents", All}, {"displayTimeUnit", "ms"}};
-  std::string Text = Trace.dump() + "\n";
-  return writeFileAtomically(TraceFile.getValue(),
-                             [&](raw_ostream &OS) { OS << Text; });
-}
-
-/// Milliseconds per step in each phase's instructions, without the first
-/// step when there are others.
-static void printTiming(raw_ostream &OS, TimeStats T, const TimeStats &First) {
-  if (T.Steps > First.Steps) {
-    for (int P = 0; P < 4; ++P)
-      T.PhaseSeconds[P] -= First.PhaseSeconds[P];
-    T.Steps -= First.Steps;
-  }
-  if (!T.Steps)
-    return;
-  auto Ms = [&](Phase P) { return 1000 * T.PhaseSeconds[int(P)] / T.Steps; };
-  OS << formatv("time per step: forward {0:F2} ms, backward {1:F2} ms, "
-                "recompute {2:F2} ms, optimizer {3:F2} ms (mean of {4} "
-                "steps)\n",
-                Ms(Phase::Forward), Ms(Phase::Backward), Ms(Phase::Recompute),
-                Ms(Phase::Optimizer), T.Steps);
 }
 
 int main(int Argc, char **Argv) {
@@ -614,225 +336,33 @@ int main(int Argc, char **Argv) {
   openblas_set_num_threads(1);
   cpu::setKernelThreads(NumThreads);
 
-  // One rank of the pipeline x tensor grid (runtime/comm/ProcessGrid.h);
-  // rank 0 writes the files.
-  ProcessGrid Grid;
-  Grid.Pipeline = PP;
-  Grid.Tensor = TP;
-  auto Body = [&](Communicator *World) -> Error {
-    bool Lead = !World || World->rank() == 0;
-    raw_ostream &Out = Lead ? outs() : nulls();
-    RankGroups Groups;
-    if (World) {
-      auto G = splitGroups(*World, Grid);
-      if (!G)
-        return G.takeError();
-      Groups = std::move(*G);
-    }
-    Communicator *C = Groups.Tensor.get();
-    RunOptions RO;
-    RO.Comm = C;
-    RO.PipeComm = Groups.Pipeline.get();
-    RO.Trace = !TraceFile.empty();
-    RO.Seed = RunSeed;
-    if (Dropout.getNumOccurrences())
-      RO.Dropout = Dropout.getValue();
-    auto Exec = Executor::create(*P, RO);
-    if (!Exec)
-      return Exec.takeError();
-    Executor &E = **Exec;
-
-    if (auto Err = checkObjective(Obj, E.vocab()))
-      return usageError(toString(std::move(Err)));
-    std::unique_ptr<DataLoader> Data;
-    if (SyntheticData) {
-      Data = DataLoader::synthetic(RunSeed, E.batch(), E.seq(), E.vocab());
-    } else {
-      auto D = DataLoader::open(DataFile, E.batch(), E.seq(), E.vocab());
-      if (!D)
-        return D.takeError();
-      Data = std::move(*D);
-    }
-    Data->setShuffle(Shuffle, RunSeed);
-    Data->setObjective(Obj);
-    Data->setDataParallel(Groups.At.Data, Grid.Data);
-
-    std::string ModelName =
-        sys::path::stem(P->Manifest.value("source", std::string("model"))).str();
-    bool StageLead = !C || C->rank() == 0;
-    Run R{Lead,     StageLead,   *P,      E,  *Data, ModelName, LogPath,
-          CkptPath, Fingerprint, RunSeed, {}, {}};
-    int64_t FirstStep = 1;
-    if (Resumed) {
-      std::vector<TensorView> Tensors = R.checkpointTensors();
-      auto M = readCheckpoint(CkptPath, Fingerprint, Tensors);
-      if (!M)
-        return M.takeError();
-      if (Resume) {
-        FirstStep = M->Step + 1;
-        for (const LossRow &Row : M->Losses)
-          if (Row.Step <= M->Step)
-            R.Rows.push_back(Row);
-      }
-    }
-
-    // From here on, files are written.
-    if (!DumpDir.empty()) {
-      if (Lead)
-        if (auto Err = makeDir(DumpDir, "--dump"))
-          return Err;
-      // The logits come from a forward-only evaluation, which pipelined
-      // plans do not have.
-      if (!Pipelined)
-        if (auto Err = R.dumpLogits(DumpDir))
-          return Err;
-    }
-
-    int64_t TokensPerStep = E.batch() * E.seq();
-    if (Eval) {
-      double Sum = 0;
-      auto Start = std::chrono::steady_clock::now();
-      for (int64_t Step = 1; Step <= Steps; ++Step) {
-        Data->getBatch(Step, R.Batch);
-        auto L = E.evalLoss(R.Batch);
-        if (!L)
-          return L.takeError();
-        Sum += *L;
-      }
-      double Seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
-              .count();
-      Out << formatv(
-          "eval: mean loss {0:F4} over {1} batches of {2} x {3} "
-          "tokens ({4} tok/s)\n",
-          Sum / double(Steps), Steps.getValue(), E.batch(), E.seq(),
-          groupThousands(int64_t(std::llround(double(TokensPerStep * Steps) /
-                                              std::max(Seconds, 1e-9)))));
-      printMemory(Out, *P, E.memory());
-      if (!DumpDir.empty())
-        if (auto Err = R.writeMemory(DumpDir))
-          return Err;
-      return Error::success();
-    }
-
-    double Min = MinLR.getNumOccurrences() ? MinLR.getValue() : LR / 10;
-    Out << formatv("sp-run: training {0} (plan '{1}'): steps {2}-{3}, batch "
-                      "{4} x {5} tokens, lr {6} (warmup {7}, cosine to "
-                      "{8}), {9} threads\n",
-                      ModelName, PlanDir.getValue(), FirstStep, Steps.getValue(),
-                      E.batch(), E.seq(), sci(LR), Warmup.getValue(), sci(Min),
-                      NumThreads);
-    Out.flush();
-    ProgressBar Progress(Lead ? errs() : nulls(), Lead && errs().is_displayed());
-    double TrainSeconds = 0;
-    TimeStats FirstStepTime;
-    auto LastLogWrite = std::chrono::steady_clock::now();
-    auto FailAfterLogs = [&](Error Err) {
-      Progress.finish();
-      consumeError(R.writeLogs()); // keep what the run got to
-      return Err;
-    };
-    for (int64_t Step = FirstStep; Step <= Steps; ++Step) {
-      double StepLR = learningRate(Step, Steps, Warmup, LR, Min);
-      Data->getBatch(Step, R.Batch);
-      auto Start = std::chrono::steady_clock::now();
-      auto L = E.trainStep(R.Batch, StepLR, Step);
-      TrainSeconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
-              .count();
-      if (!L)
-        return FailAfterLogs(
-            usageError(formatv("step {0}: {1}", Step, toString(L.takeError()))));
-      if (!std::isfinite(*L))
-        return FailAfterLogs(usageError(
-            formatv("step {0}: the loss is {1}; try a lower --lr (now {2})", Step,
-                    *L, LR.getValue())));
-      R.Rows.push_back(LossRow{Step, *L, StepLR});
-      if (Step == FirstStep)
-        FirstStepTime = E.timing(); // page faults and warm caches
-      Progress.update(Step, Steps, *L, StepLR,
-                      double(TokensPerStep * (Step - FirstStep + 1)) /
-                          std::max(TrainSeconds, 1e-9));
-      if (!DumpDir.empty() && Step == FirstStep) {
-        std::vector<TensorView> Grads;
-        for (const TensorView &Param : E.parameters()) {
-          if (StringRef(Param.Name).contains('@'))
-            continue; // a copy of another stage's weight
-          auto G = E.gradient(Param.Name);
-          if (!G)
-            return FailAfterLogs(
-                usageError("the plan exposes no gradient of parameter '" +
-                           Param.Name + "'"));
-          G->Name = Param.Name;
-          Grads.push_back(*G);
-        }
-        if (auto Err = R.dumpTensors(DumpDir + "/grads", Grads))
-          return FailAfterLogs(std::move(Err));
-      }
-      if (CheckpointEvery && (Step % CheckpointEvery == 0 || Step == Steps))
-        if (auto Err = R.writeCheckpointAt(Step))
-          return FailAfterLogs(std::move(Err));
-      auto Now = std::chrono::steady_clock::now();
-      if (Step == Steps || (CheckpointEvery && Step % CheckpointEvery == 0) ||
-          Now - LastLogWrite > std::chrono::seconds(30)) {
-        if (auto Err = R.writeLogs())
-          return FailAfterLogs(std::move(Err));
-        LastLogWrite = Now;
-      }
-    }
-    Progress.finish();
-
-    if (!DumpDir.empty()) {
-      std::string Csv = lossCsv(R.Rows);
-      if (Lead)
-        if (auto Err = writeFileAtomically(DumpDir + "/loss.csv",
-                                       [&](raw_ostream &OS) { OS << Csv; }))
-          return Err;
-      if (auto Err = R.dumpTensors(DumpDir + "/weights", E.parameters()))
-        return Err;
-      if (auto Err = R.writeMemory(DumpDir))
-        return Err;
-    }
-    if (!TraceFile.empty())
-      if (auto Err = writeTrace(World, E, TP))
-        return Err;
-    if (!ExportOnnx.empty()) {
-      std::vector<TensorView> Params = E.parameters();
-      std::vector<std::vector<float>> Full;
-      Full.reserve(Params.size());
-      StringMap<ArrayRef<float>> Weights;
-      for (const TensorView &T : Params) {
-        auto W = E.gather(T);
-        if (!W)
-          return W.takeError();
-        Full.push_back(std::move(*W));
-        Weights[T.Name] = Full.back();
-      }
-      if (Lead)
-        if (auto Err = exportOnnxWeights(Source, ExportOnnx, Weights))
-          return Err;
-    }
-
-    int64_t Trained = Steps - FirstStep + 1;
-    Out << formatv(
-        "trained steps {0}-{1}: final loss {2:F4}, {3} tok/s "
-        "({4} tokens in {5:F2} s)\n",
-        FirstStep, Steps.getValue(), R.Rows.back().Loss,
-        groupThousands(int64_t(std::llround(double(TokensPerStep * Trained) /
-                                            std::max(TrainSeconds, 1e-9)))),
-        groupThousands(TokensPerStep * Trained), TrainSeconds);
-    printMemory(Out, *P, E.memory());
-    printTiming(Out, E.timing(), FirstStepTime);
-    Out << "wrote " << LogPath << "/loss.csv and loss.svg\n";
-    if (CheckpointEvery)
-      Out << "wrote checkpoint " << CkptPath << " (step " << Steps << ")\n";
-    if (!DumpDir.empty())
-      Out << "wrote dumps to " << DumpDir << "\n";
-    if (!ExportOnnx.empty())
-      Out << "exported the trained weights to " << ExportOnnx << "\n";
-
-    return Error::success();
-  };
+  TrainerOptions O;
+  O.PlanDir = PlanDir;
+  O.Steps = Steps;
+  O.LR = LR;
+  O.MinLR = MinLR.getNumOccurrences() ? MinLR.getValue() : LR / 10;
+  O.Warmup = Warmup;
+  O.Seed = RunSeed;
+  if (Dropout.getNumOccurrences())
+    O.Dropout = Dropout.getValue();
+  O.Shuffle = Shuffle;
+  O.Obj = Obj;
+  O.DataFile = DataFile;
+  O.Synthetic = SyntheticData;
+  O.Eval = Eval;
+  O.LogPath = LogPath;
+  O.CheckpointPath = CkptPath;
+  O.CheckpointEvery = CheckpointEvery;
+  O.Resumed = std::move(Resumed);
+  O.Resume = Resume;
+  O.Fingerprint = Fingerprint;
+  O.TraceFile = TraceFile;
+  O.DumpDir = DumpDir;
+  O.ExportOnnx = ExportOnnx;
+  O.Source = Source;
+  O.ThreadsPerRank = NumThreads;
+  Trainer T(*P, std::move(O));
+  auto Body = [&](Communicator *World) { return T.runRank(World); };
 
   if (CommKind == "mpi") {
     auto C = createMpiCommunicator(&Argc, &Argv);

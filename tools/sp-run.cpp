@@ -24,7 +24,7 @@
 #include "frontend/OnnxImporter.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/comm/Communicator.h"
-#include "runtime/cpu/Parallel.h"
+#include "runtime/cpu/CpuBackend.h"
 #include "runtime/DataLoader.h"
 #include "plan/Plan.h"
 #include "tools/ToolSupport.h"
@@ -41,7 +41,6 @@
 
 // OpenBLAS's thread control (cblas.h declares it too; declared here so that
 // sp-run does not depend on where a distribution puts that header).
-extern "C" void openblas_set_num_threads(int NumThreads);
 
 using namespace llvm;
 using namespace sp;
@@ -330,11 +329,7 @@ int main(int Argc, char **Argv) {
   int Ranks = TP * PP;
   if (Ranks > 1)
     NumThreads = std::max(1, NumThreads / Ranks); // threads per rank
-  // The kernel threads run everything, GEMMs included (split by rows of C,
-  // each block a one-thread BLAS call): OpenBLAS's own workers would spin
-  // between GEMMs against the elementwise kernels.
-  openblas_set_num_threads(1);
-  cpu::setKernelThreads(NumThreads);
+  CpuBackend::setThreads(NumThreads);
 
   TrainerOptions O;
   O.PlanDir = PlanDir;

@@ -12,6 +12,7 @@
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Parallel.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MathExtras.h"
 #include <cmath>
@@ -146,6 +147,13 @@ static Error vocabParallelCrossEntropy(Communicator &Comm, float *Loss,
 }
 
 Backend::~Backend() = default;
+
+extern "C" void openblas_set_num_threads(int NumThreads);
+
+void CpuBackend::setThreads(int Threads) {
+  openblas_set_num_threads(1);
+  cpu::setKernelThreads(Threads);
+}
 
 Expected<char *> CpuBackend::allocate(size_t Bytes) {
   size_t Size = alignTo(std::max<size_t>(Bytes, 64), 64);

@@ -13,6 +13,12 @@ namespace sp {
 
 class CpuBackend : public Backend {
 public:
+  /// The kernel threads of this process (shared by the ranks it runs):
+  /// they run everything, GEMMs included (split by rows of C, each block a
+  /// one-thread BLAS call), so OpenBLAS's own workers are turned off; they
+  /// would spin between GEMMs against the elementwise kernels.
+  static void setThreads(int Threads);
+
   llvm::StringRef name() const override { return "cpu"; }
   llvm::Expected<char *> allocate(size_t Bytes) override;
   void release(char *Arena) override;

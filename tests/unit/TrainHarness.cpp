@@ -3,6 +3,7 @@
 #include "frontend/OnnxImporter.h"
 #include "passes/Compile.h"
 #include "runtime/comm/ProcessGrid.h"
+#include "runtime/cpu/CpuBackend.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <mutex>
@@ -10,7 +11,6 @@
 
 using namespace llvm;
 
-extern "C" void openblas_set_num_threads(int NumThreads);
 
 namespace sp::test {
 
@@ -45,9 +45,8 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
   int TP = P.Manifest.value("tp", 1), PP = P.numStages();
   RunResult R;
   std::mutex M;
-  // Ranks as threads call OpenBLAS at the same time: one BLAS thread each
-  // (OpenBLAS's own threads are not safe under concurrent callers).
-  openblas_set_num_threads(TP * PP > 1 ? 1 : 2);
+  // As sp-run does: the process's kernel threads shared by its ranks.
+  CpuBackend::setThreads(TP * PP > 1 ? 1 : 2);
   Error E = runOnThreadRanks(TP * PP, [&](Communicator &World) -> Error {
     ProcessGrid Grid;
     Grid.Pipeline = PP;

@@ -37,6 +37,31 @@ bool isOnnxOp(OpKind K) { return opName(K).startswith("onnx."); }
 
 bool hasSideEffects(OpKind K) { return K == OpKind::AdamW; }
 
+StringRef defaultGroup(OpKind K) {
+  switch (K) {
+  case OpKind::TpCopy:
+  case OpKind::TpReduce:
+  case OpKind::SpGather:
+  case OpKind::SpScatter:
+  case OpKind::SpSplit:
+  case OpKind::AllReduce:
+  case OpKind::AllGather:
+  case OpKind::ReduceScatter:
+    return "tp";
+  case OpKind::PipeAllReduce:
+  case OpKind::Send:
+  case OpKind::Recv:
+  case OpKind::PipeBroadcast:
+    return "pp";
+  default:
+    return "";
+  }
+}
+
+std::string collectiveGroup(OpKind K, const AttrList &Attrs) {
+  return Attrs.getString("group", defaultGroup(K));
+}
+
 /// The enumerator whose name (its index in Names) is Name.
 template <typename E, size_t N>
 static std::optional<E> parseEnumName(const char *const (&Names)[N],

@@ -40,6 +40,15 @@ bool isOnnxOp(OpKind K);
 /// Ops that write to their operands (the optimizer update). They have no
 /// results and are never dead.
 bool hasSideEffects(OpKind K);
+/// The process group a collective op communicates over when its node has no
+/// "group" attribute: "tp" (the tensor-parallel group: f, f-bar, g, g-bar,
+/// sp_split and the concrete collectives), "pp" (the pipeline group: send,
+/// recv, pipe_all_reduce, pipe_broadcast); "" for ops that do not
+/// communicate. A "group" attribute names another: "tp", "pp", "dp" (the
+/// data-parallel group) or a named subgroup.
+llvm::StringRef defaultGroup(OpKind K);
+/// The group a collective node or instruction communicates over.
+std::string collectiveGroup(OpKind K, const AttrList &Attrs);
 
 enum class Phase : uint8_t { Forward, Backward, Recompute, Optimizer };
 llvm::StringRef phaseName(Phase P);

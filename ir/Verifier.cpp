@@ -95,6 +95,15 @@ Error verifyGraph(const Graph &G) {
                                      N.describe(), I));
       Defined.insert(R);
     }
+    if (const Attribute *G = N.attrs().find("group")) {
+      auto *Name = std::get_if<std::string>(G);
+      if (defaultGroup(N.op()).empty())
+        return verifyError(N.describe() + ": has a group but does not "
+                                          "communicate");
+      if (!Name || Name->empty())
+        return verifyError(N.describe() + ": its group must be a name (tp, "
+                                          "pp, dp or a named subgroup)");
+    }
     auto Types =
         inferTypes(N.op(), N.operands(), N.attrs());
     if (!Types)

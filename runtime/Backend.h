@@ -44,11 +44,21 @@ struct KernelCall {
   /// The run's seed (dropout masks).
   uint64_t Seed;
   /// The tensor-parallel group (one rank when the plan has no tensor
-  /// parallelism), and the pipeline group (null without stages).
+  /// parallelism), the pipeline group (null without stages) and the
+  /// data-parallel group (null without replicas).
   Communicator &Tensor;
   Communicator *Pipeline;
+  Communicator *Data;
 
   char *buffer(int Id) const { return Arena + Prog.Buffers[Id].Offset; }
+  /// The communicator of a group named in the IR ("tp", "pp", "dp"), or
+  /// null when this run has none by that name.
+  Communicator *group(llvm::StringRef Name) const {
+    return Name == "tp" ? &Tensor
+           : Name == "pp" ? Pipeline
+           : Name == "dp" ? Data
+                          : nullptr;
+  }
 };
 
 class Backend {

@@ -107,9 +107,24 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   if (!E->Vocab || !E->Batch || Prog.output("loss") < 0)
     return planError("the plan is not a training program of a detected "
                      "Transformer (no token embedding or loss)");
-  // Every input must be one the runtime knows how to feed.
+  // Every input must be one the runtime knows how to feed, and every
+  // collective's group one this run has.
   if (auto Err = E->checkInputs())
     return std::move(Err);
+  for (size_t K = 0; K < Prog.Instrs.size(); ++K) {
+    const Instruction &In = Prog.Instrs[K];
+    if (defaultGroup(In.Op).empty())
+      continue;
+    std::string Group = collectiveGroup(In.Op, In.Attrs);
+    bool Have = Group == "tp" || (Group == "pp" && E->PipeComm) ||
+                (Group == "dp" && Opts.DataComm);
+    if (!Have)
+      return planError(formatv("{0} communicates over group '{1}', which "
+                               "this run does not have (it has tp{2}{3})",
+                               describe(In, K), Group,
+                               E->PipeComm ? ", pp" : "",
+                               Opts.DataComm ? ", dp" : ""));
+  }
   E->MissingOptimizerInput = missingOptimizerInput(Prog);
 
   E->Back = Opts.MakeBackend ? Opts.MakeBackend()
@@ -397,7 +412,7 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
     return pipelineOp(I);
   default:
     return Back->run(KernelCall{I, Prog, Arena, Step, Training, Opts.Dropout,
-                                Opts.Seed, *Comm, PipeComm});
+                                Opts.Seed, *Comm, PipeComm, Opts.DataComm});
   }
 }
 
@@ -405,6 +420,8 @@ Error Executor::pipelineOp(const Instruction &I) {
   if (!PipeComm)
     return planError("a pipeline instruction in a plan run without pipeline "
                      "stages");
+  if (collectiveGroup(I.Op, I.Attrs) != "pp")
+    return planError("stage-to-stage messages go over the pp group");
   const auto &Bufs = Prog.Buffers;
   int Tag = I.Attrs.getInt("tag", 0), Peer = I.Attrs.getInt("peer", -1);
   switch (I.Op) {

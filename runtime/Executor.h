@@ -40,6 +40,9 @@ struct RunOptions {
   /// This rank's pipeline group (the same tensor-parallel rank of every
   /// stage; its rank is the stage); null for a plan without stages.
   Communicator *PipeComm = nullptr;
+  /// This rank's data-parallel group (the replicas of its stage and
+  /// tensor-parallel rank); null without data parallelism.
+  Communicator *DataComm = nullptr;
   /// Record when every instruction of a training step starts and ends.
   bool Trace = false;
   /// Makes the backend the plan runs on; unset: the CPU backend.

@@ -246,18 +246,27 @@ Error CpuBackend::run(const KernelCall &C) {
     return Error::success();
   }
   case OpKind::AllReduce:
-    std::memcpy(Out(0), In(0), InT(0).numBytes());
-    return C.Tensor.allReduceSum(Out(0), OutT(0).numElements());
   case OpKind::AllGather:
-    return allGather(C.Tensor, Out(0), In(0), InT(0), I.Attrs.getInt("dim", 0),
-                     I.Attrs.getInt("parts", 1));
   case OpKind::ReduceScatter:
-    return reduceScatter(C.Tensor, Out(0), In(0), InT(0), I.Attrs.getInt("dim", 0),
-                         I.Attrs.getInt("parts", 1));
-  case OpKind::SpSplit:
-    takeChunk(Rank, Out(0), In(0), InT(0), I.Attrs.getInt("dim", 0),
-              I.Attrs.getInt("parts", 1));
-    return Error::success();
+  case OpKind::SpSplit: {
+    std::string Name = collectiveGroup(I.Op, I.Attrs);
+    Communicator *G = C.group(Name);
+    if (!G)
+      return planError("no communicator for group '" + Name + "'");
+    int Dim = I.Attrs.getInt("dim", 0), Parts = I.Attrs.getInt("parts", 1);
+    switch (I.Op) {
+    case OpKind::AllReduce:
+      std::memcpy(Out(0), In(0), InT(0).numBytes());
+      return G->allReduceSum(Out(0), OutT(0).numElements());
+    case OpKind::AllGather:
+      return allGather(*G, Out(0), In(0), InT(0), Dim, Parts);
+    case OpKind::ReduceScatter:
+      return reduceScatter(*G, Out(0), In(0), InT(0), Dim, Parts);
+    default:
+      takeChunk(G->rank(), Out(0), In(0), InT(0), Dim, Parts);
+      return Error::success();
+    }
+  }
   case OpKind::Add:
     if (InT(0).Shape == InT(1).Shape) {
       cpu::add(Out(0), In(0), In(1), OutT(0).numElements());

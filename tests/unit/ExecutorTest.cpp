@@ -265,3 +265,47 @@ TEST(MemoryPlan, BothPlacementsAreValidAndEquivalent) {
 }
 
 } // namespace
+
+namespace {
+
+/// Collectives communicate over the group they name (the op's default when
+/// they name none): the CPU backend resolves "tp", "pp" and "dp" through the
+/// call's communicators and refuses a group the run does not have.
+TEST(CpuBackend, CollectivesUseTheGroupTheyName) {
+  Program P;
+  TensorType T(DType::F32, {4});
+  for (int K = 0; K < 2; ++K) {
+    ProgramBuffer B;
+    B.Name = K ? "y" : "x";
+    B.Type = T;
+    B.Bytes = T.numBytes();
+    B.Offset = K * 64;
+    P.Buffers.push_back(B);
+  }
+  P.ArenaBytes = 128;
+  Instruction I;
+  I.Op = OpKind::AllReduce;
+  I.In = {0};
+  I.Out = {1};
+  EXPECT_EQ(collectiveGroup(I.Op, I.Attrs), "tp");
+  CpuBackend B;
+  char *Arena = cantFail(B.allocate(P.ArenaBytes));
+  float X[4] = {1, 2, 3, 4};
+  cantFail(B.copyToBackend(Arena, X, sizeof X));
+  auto One = createSingleRankCommunicator();
+  auto Call = [&](Communicator *Data) {
+    return B.run(KernelCall{I, P, Arena, 1, true, std::nullopt, 0, *One,
+                            nullptr, Data});
+  };
+  EXPECT_FALSE(bool(Call(nullptr))) << "the default group, tp";
+  I.Attrs.set("group", std::string("dp"));
+  EXPECT_EQ(toString(Call(nullptr)), "no communicator for group 'dp'");
+  auto Replicas = createSingleRankCommunicator();
+  EXPECT_FALSE(bool(Call(Replicas.get())));
+  float Y[4];
+  cantFail(B.copyToHost(Y, Arena + 64, sizeof Y));
+  EXPECT_EQ(std::vector<float>(Y, Y + 4), std::vector<float>(X, X + 4));
+  B.release(Arena);
+}
+
+} // namespace

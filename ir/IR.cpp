@@ -62,6 +62,104 @@ std::string collectiveGroup(OpKind K, const AttrList &Attrs) {
   return Attrs.getString("group", defaultGroup(K));
 }
 
+namespace {
+struct OpAttr {
+  OpKind Op;
+  const char *Name;
+  AttrDecl Decl;
+};
+
+/// A declaration's default from the .def's literal, whatever its kind.
+template <typename T> AttrDecl declare(AttrDecl::KindT K, T Default) {
+  AttrDecl D{K, false};
+  if constexpr (std::is_convertible_v<T, const char *>)
+    D.StringDefault = Default;
+  else if constexpr (std::is_arithmetic_v<T>) {
+    D.IntDefault = int64_t(Default);
+    D.FloatDefault = double(Default);
+  }
+  return D;
+}
+inline AttrDecl declare(AttrDecl::KindT K, std::initializer_list<int>) {
+  return AttrDecl{K, false};
+}
+
+const OpAttr OpAttrs[] = {
+#define SP_ATTR(Op, Name, Kind, ...)                                           \
+  {OpKind::Op, Name, declare(AttrDecl::Kind, __VA_ARGS__)},
+#define SP_ATTR_REQUIRED(Op, Name, Kind)                                       \
+  {OpKind::Op, Name, AttrDecl{AttrDecl::Kind, true}},
+#include "ir/OpAttrs.def"
+};
+} // namespace
+
+const AttrDecl *findAttrDecl(OpKind Op, StringRef Name) {
+  for (const OpAttr &A : OpAttrs)
+    if (A.Op == Op && Name == A.Name)
+      return &A.Decl;
+  return nullptr;
+}
+
+std::string checkAttrs(OpKind Op, const AttrList &Attrs) {
+  if (isOnnxOp(Op))
+    return "";
+  for (const auto &[Name, V] : Attrs.entries()) {
+    if (Name == "group" && !defaultGroup(Op).empty())
+      continue; // the verifier checks it
+    const AttrDecl *D = findAttrDecl(Op, Name);
+    if (!D)
+      return "has no attribute '" + Name + "' (ir/OpAttrs.def)";
+    bool Fits = false;
+    switch (D->Kind) {
+    case AttrDecl::Int:
+      Fits = std::holds_alternative<int64_t>(V);
+      break;
+    case AttrDecl::Float:
+      Fits = std::holds_alternative<double>(V) ||
+             std::holds_alternative<int64_t>(V);
+      break;
+    case AttrDecl::String:
+      Fits = std::holds_alternative<std::string>(V);
+      break;
+    case AttrDecl::Ints:
+      Fits = std::holds_alternative<std::vector<int64_t>>(V);
+      break;
+    }
+    if (!Fits)
+      return "attribute '" + Name + "' has the wrong kind (ir/OpAttrs.def)";
+  }
+  for (const OpAttr &A : OpAttrs)
+    if (A.Op == Op && A.Decl.Required && !Attrs.has(A.Name))
+      return std::string("needs attribute '") + A.Name + "'";
+  return "";
+}
+
+static const AttrDecl &declOf(OpKind Op, StringRef Name) {
+  const AttrDecl *D = findAttrDecl(Op, Name);
+  assert(D && "reading an attribute the op does not declare");
+  if (!D)
+    report_fatal_error(Twine(opName(Op)) + " declares no attribute " + Name);
+  return *D;
+}
+
+int64_t attrInt(OpKind Op, const AttrList &Attrs, StringRef Name) {
+  return Attrs.getInt(Name, declOf(Op, Name).IntDefault);
+}
+
+double attrFloat(OpKind Op, const AttrList &Attrs, StringRef Name) {
+  return Attrs.getFloat(Name, declOf(Op, Name).FloatDefault);
+}
+
+std::string attrString(OpKind Op, const AttrList &Attrs, StringRef Name) {
+  return Attrs.getString(Name, declOf(Op, Name).StringDefault);
+}
+
+std::vector<int64_t> attrInts(OpKind Op, const AttrList &Attrs,
+                              StringRef Name) {
+  declOf(Op, Name);
+  return Attrs.getInts(Name);
+}
+
 /// The enumerator whose name (its index in Names) is Name.
 template <typename E, size_t N>
 static std::optional<E> parseEnumName(const char *const (&Names)[N],

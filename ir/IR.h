@@ -50,6 +50,28 @@ llvm::StringRef defaultGroup(OpKind K);
 /// The group a collective node or instruction communicates over.
 std::string collectiveGroup(OpKind K, const AttrList &Attrs);
 
+/// A core op's attribute as ir/OpAttrs.def declares it.
+struct AttrDecl {
+  enum KindT : uint8_t { Int, Float, String, Ints } Kind;
+  bool Required;
+  /// The default (of Kind) when not Required.
+  int64_t IntDefault = 0;
+  double FloatDefault = 0;
+  const char *StringDefault = "";
+};
+/// The declaration of Op's attribute Name, or null if it has none.
+const AttrDecl *findAttrDecl(OpKind Op, llvm::StringRef Name);
+/// Why Attrs do not fit Op's declarations (an undeclared name, another kind,
+/// a required one missing), or "" when they do. ONNX ops always fit.
+std::string checkAttrs(OpKind Op, const AttrList &Attrs);
+/// An attribute of a core op, or its declared default. Asking for an
+/// attribute the op does not declare is a programming error (asserts).
+int64_t attrInt(OpKind Op, const AttrList &Attrs, llvm::StringRef Name);
+double attrFloat(OpKind Op, const AttrList &Attrs, llvm::StringRef Name);
+std::string attrString(OpKind Op, const AttrList &Attrs, llvm::StringRef Name);
+std::vector<int64_t> attrInts(OpKind Op, const AttrList &Attrs,
+                              llvm::StringRef Name);
+
 enum class Phase : uint8_t { Forward, Backward, Recompute, Optimizer };
 llvm::StringRef phaseName(Phase P);
 std::optional<Phase> parsePhase(llvm::StringRef Name);

@@ -104,6 +104,8 @@ Error verifyGraph(const Graph &G) {
         return verifyError(N.describe() + ": its group must be a name (tp, "
                                           "pp, dp or a named subgroup)");
     }
+    if (std::string Why = checkAttrs(N.op(), N.attrs()); !Why.empty())
+      return verifyError(N.describe() + ": " + Why);
     auto Types =
         inferTypes(N.op(), N.operands(), N.attrs());
     if (!Types)

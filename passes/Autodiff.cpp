@@ -287,8 +287,8 @@ private:
 
   static AttrList collectiveAttrs(const Node &N) {
     AttrList A;
-    A.set("dim", N.attrs().getInt("dim", 1));
-    A.set("parts", N.attrs().getInt("parts", 1));
+    A.set("dim", attrInt(N.op(), N.attrs(), "dim"));
+    A.set("parts", attrInt(N.op(), N.attrs(), "parts"));
     return A;
   }
 
@@ -448,7 +448,7 @@ private:
       return Error::success();
     case OpKind::Dropout: {
       AttrList A;
-      A.set("ratio", N.attrs().getFloat("ratio", 0.5));
+      A.set("ratio", attrFloat(N.op(), N.attrs(), "ratio"));
       accumulate(N, N.operand(0),
                  emit(N, OpKind::DropoutGrad, {DY, N.result(1)}, A)->result());
       return Error::success();

@@ -35,7 +35,7 @@ static Sharding resultSharding(const Node &N, unsigned Result) {
   case OpKind::SpScatter:
   case OpKind::SpSplit:
   case OpKind::ReduceScatter:
-    return Sharding::split(N.attrs().getInt("dim", 0), Parts);
+    return Sharding::split(attrInt(N.op(), N.attrs(), "dim"), Parts);
   case OpKind::Embedding:
     return N.attrs().getInt("vocab_parallel", 0) ? Sharding::partial()
                                                  : Sharding::replicated();

@@ -213,12 +213,15 @@ Error CpuBackend::run(const KernelCall &C) {
   if (!C.Training)
     Ratio = 0;
   int Rank = C.Tensor.rank();
+  // Attributes with their declared defaults (ir/OpAttrs.def).
+  auto AInt = [&](StringRef Name) { return attrInt(I.Op, I.Attrs, Name); };
+  auto AFloat = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
 
   switch (I.Op) {
   case OpKind::Embedding: {
     const TensorType &T = InT(0);
     int64_t N = InT(1).numElements(), V = T.Shape[0], H = T.Shape[1];
-    if (!I.Attrs.getInt("vocab_parallel", 0))
+    if (!AInt("vocab_parallel"))
       return Check(cpu::embedding(Out(0), In(0), Ids(1), N, V, H));
     // This rank's rows [r V, (r + 1) V); other ids contribute zeros.
     float *Y = Out(0);
@@ -235,7 +238,7 @@ Error CpuBackend::run(const KernelCall &C) {
     Zero(0);
     const TensorType &T = OutT(0);
     int64_t N = InT(0).numElements(), V = T.Shape[0], H = T.Shape[1];
-    if (!I.Attrs.getInt("vocab_parallel", 0))
+    if (!AInt("vocab_parallel"))
       return Check(cpu::embeddingBackward(Out(0), In(1), Ids(0), N, V, H));
     for (int64_t R = 0; R < N; ++R) {
       int64_t Id = Ids(0)[R] - Rank * V;
@@ -253,11 +256,12 @@ Error CpuBackend::run(const KernelCall &C) {
     Communicator *G = C.group(Name);
     if (!G)
       return planError("no communicator for group '" + Name + "'");
-    int Dim = I.Attrs.getInt("dim", 0), Parts = I.Attrs.getInt("parts", 1);
-    switch (I.Op) {
-    case OpKind::AllReduce:
+    if (I.Op == OpKind::AllReduce) {
       std::memcpy(Out(0), In(0), InT(0).numBytes());
       return G->allReduceSum(Out(0), OutT(0).numElements());
+    }
+    int Dim = AInt("dim"), Parts = AInt("parts");
+    switch (I.Op) {
     case OpKind::AllGather:
       return allGather(*G, Out(0), In(0), InT(0), Dim, Parts);
     case OpKind::ReduceScatter:
@@ -290,7 +294,7 @@ Error CpuBackend::run(const KernelCall &C) {
       Rstd = Scratch.data() + Rows;
     }
     cpu::layerNorm(Out(0), Mean, Rstd, In(0), In(1), In(2), Rows, H,
-                   I.Attrs.getFloat("epsilon", 1e-5));
+                   AFloat("epsilon"));
     return Error::success();
   }
   case OpKind::LayerNormGrad: {
@@ -305,7 +309,7 @@ Error CpuBackend::run(const KernelCall &C) {
     int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;
     cpu::linear(Out(0), In(0), In(1), I.In.size() > 2 ? In(2) : nullptr, Rows,
-                InF, OutF, I.Attrs.getInt("trans_w", 0));
+                InF, OutF, AInt("trans_w"));
     return Error::success();
   }
   case OpKind::LinearGradW: {
@@ -313,7 +317,7 @@ Error CpuBackend::run(const KernelCall &C) {
     int64_t Rows = InT(0).numElements() / InF;
     Zero(0);
     cpu::linearBackwardWeight(Out(0), In(0), In(1), Rows, InF, OutF,
-                              I.Attrs.getInt("trans_w", 0));
+                              AInt("trans_w"));
     return Error::success();
   }
   case OpKind::BiasGrad: {
@@ -332,7 +336,7 @@ Error CpuBackend::run(const KernelCall &C) {
   case OpKind::RmsNorm: {
     int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
     cpu::rmsNorm(Out(0), I.Out.size() > 1 ? Out(1) : nullptr, In(0), In(1),
-                 Rows, H, I.Attrs.getFloat("epsilon", 1e-6));
+                 Rows, H, AFloat("epsilon"));
     return Error::success();
   }
   case OpKind::RmsNormGrad: {
@@ -359,7 +363,7 @@ Error CpuBackend::run(const KernelCall &C) {
     const TensorType &X = InT(0);
     int64_t B = X.Shape[0], A = X.Shape[1], S = X.Shape[2], D = X.Shape[3];
     int64_t CB = InT(1).Shape[0];
-    bool Interleaved = I.Attrs.getInt("interleaved", 0);
+    bool Interleaved = AInt("interleaved");
     if (I.Op == OpKind::Rope)
       cpu::rope(Out(0), In(0), In(1), In(2), B, A, S, D, CB, Interleaved);
     else
@@ -370,13 +374,13 @@ Error CpuBackend::run(const KernelCall &C) {
   case OpKind::RepeatHeads: {
     const TensorType &X = InT(0);
     cpu::repeatHeads(Out(0), In(0), X.Shape[0], X.Shape[1],
-                     I.Attrs.getInt("repeats", 1), X.Shape[2], X.Shape[3]);
+                     AInt("repeats"), X.Shape[2], X.Shape[3]);
     return Error::success();
   }
   case OpKind::RepeatHeadsGrad: {
     const TensorType &X = OutT(0);
     cpu::repeatHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[1],
-                             I.Attrs.getInt("repeats", 1), X.Shape[2],
+                             AInt("repeats"), X.Shape[2],
                              X.Shape[3]);
     return Error::success();
   }
@@ -411,7 +415,7 @@ Error CpuBackend::run(const KernelCall &C) {
     return Error::success();
   }
   case OpKind::BatchMatMul: {
-    bool TA = I.Attrs.getInt("trans_a", 0), TB = I.Attrs.getInt("trans_b", 0);
+    bool TA = AInt("trans_a"), TB = AInt("trans_b");
     const TensorType &C = OutT(0);
     int64_t M = C.dim(-2), N = C.dim(-1);
     int64_t K = TA ? InT(0).dim(-2) : InT(0).dim(-1);
@@ -425,13 +429,13 @@ Error CpuBackend::run(const KernelCall &C) {
   }
   case OpKind::Scale:
     cpu::scale(Out(0), In(0), InT(0).numElements(),
-               I.Attrs.getFloat("alpha", 1.0));
+               AFloat("alpha"));
     return Error::success();
   case OpKind::CausalMask: {
     const TensorType &X = InT(0);
     int64_t Sq = X.dim(-2), Sk = X.dim(-1);
     cpu::causalMask(Out(0), In(0), X.numElements() / (Sq * Sk), Sq, Sk,
-                    I.Attrs.getFloat("fill", 0.0));
+                    AFloat("fill"));
     return Error::success();
   }
   case OpKind::PaddingMask: {
@@ -439,8 +443,8 @@ Error CpuBackend::run(const KernelCall &C) {
     // (HF Llama's form: fill where 1 - keep is not 0).
     const TensorType &X = InT(0), &M = InT(1);
     int64_t B = X.Shape[0], K = X.dim(-1);
-    const float Fill = float(I.Attrs.getFloat("fill", 0.0));
-    const bool Where = I.Attrs.getInt("where", 0);
+    const float Fill = float(AFloat("fill"));
+    const bool Where = AInt("where");
     const char *Keep = reinterpret_cast<const char *>(In(1));
     std::vector<float> Bias(B * K);
     for (int64_t E = 0; E < B * K; ++E) {
@@ -479,7 +483,7 @@ Error CpuBackend::run(const KernelCall &C) {
     return Error::success();
   }
   case OpKind::Dropout: {
-    auto Key = I.Attrs.getInts("key");
+    auto Key = attrInts(I.Op, I.Attrs, "key");
     if (Key.size() != 2)
       return planError("dropout has no Philox key; recompile the plan");
     cpu::DropoutKey K{C.Seed, uint32_t(Key[0]), uint32_t(Key[1]),
@@ -491,8 +495,8 @@ Error CpuBackend::run(const KernelCall &C) {
     // A microbatch is rows [K b, (K + 1) b) of the whole batch.
     const TensorType &Local = InT(0);
     const Sharding &S = Bufs[I.In[0]].Shard;
-    int64_t Mb = I.Attrs.getInt("microbatch", 0),
-            NumMb = I.Attrs.getInt("microbatches", 1);
+    int64_t Mb = AInt("microbatch"),
+            NumMb = AInt("microbatches");
     if (S.K != Sharding::Split && NumMb == 1)
       return Check(cpu::dropout(Out(0), Mask, In(0), Ratio, K,
                                 cpu::GlobalIndex::whole(ShapeOf(Local))));
@@ -518,12 +522,14 @@ Error CpuBackend::run(const KernelCall &C) {
   case OpKind::CrossEntropy:
   case OpKind::CrossEntropyGrad: {
     int64_t V = InT(0).dim(-1), N = InT(1).numElements();
-    int64_t Valid = I.Attrs.getInt("valid_vocab", V);
+    int64_t Valid = AInt("valid_vocab");
+    if (!Valid)
+      Valid = V; // every column
     std::optional<int64_t> Ignore;
     if (I.Attrs.has("ignore_index"))
-      Ignore = I.Attrs.getInt("ignore_index", 0);
+      Ignore = AInt("ignore_index");
     bool Grad = I.Op == OpKind::CrossEntropyGrad;
-    if (I.Attrs.getInt("vocab_parallel", 0))
+    if (AInt("vocab_parallel"))
       return vocabParallelCrossEntropy(C.Tensor, Grad ? nullptr : Out(0),
                                        Grad ? Out(0) : nullptr, In(0), Ids(1),
                                        N, V, Valid, Ignore,
@@ -548,7 +554,7 @@ Error CpuBackend::run(const KernelCall &C) {
     }
     // Each stage's gradients: sum the squares over the pipeline.
     double Total = Split + Whole;
-    if (I.Attrs.getInt("pipeline", 0) && C.Pipeline) {
+    if (AInt("pipeline") && C.Pipeline) {
       float T = float(Total);
       if (auto E = C.Pipeline->allReduceSum(&T, 1))
         return E;
@@ -558,13 +564,13 @@ Error CpuBackend::run(const KernelCall &C) {
     return Error::success();
   }
   case OpKind::AdamW: {
-    double MaxNorm = I.Attrs.getFloat("max_norm", 0.0);
+    double MaxNorm = AFloat("max_norm");
     float Scale =
         MaxNorm > 0 ? cpu::clipCoefficient(*In(4), float(MaxNorm)) : 1.0f;
     cpu::adamw(In(0), In(1), In(2), In(3), InT(0).numElements(), *In(5),
-               I.Attrs.getFloat("beta1", 0.9), I.Attrs.getFloat("beta2", 0.999),
-               I.Attrs.getFloat("eps", 1e-8),
-               I.Attrs.getFloat("weight_decay", 0.0), Scale,
+               AFloat("beta1"), AFloat("beta2"),
+               AFloat("eps"),
+               AFloat("weight_decay"), Scale,
                int64_t(*In(6)));
     return Error::success();
   }

@@ -270,7 +270,7 @@ private:
         Extra.set("pipeline", int64_t(1));
       if (N.op() == OpKind::PipeAllReduce) {
         SmallVector<int64_t, 4> Ranks;
-        for (int64_t S2 : N.attrs().getInts("stages"))
+        for (int64_t S2 : attrInts(N.op(), N.attrs(), "stages"))
           Ranks.push_back(rankOf(S2));
         Extra.set("ranks", std::vector<int64_t>(Ranks.begin(), Ranks.end()));
       }
@@ -386,12 +386,12 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
   std::map<std::tuple<int, int, int64_t>, int> Inbox;
   auto IsCollective = [](const Instruction &I) {
     return I.Op == OpKind::PipeBroadcast || I.Op == OpKind::PipeAllReduce ||
-           (I.Op == OpKind::GradNorm && I.Attrs.getInt("pipeline", 0));
+           (I.Op == OpKind::GradNorm && attrInt(I.Op, I.Attrs, "pipeline"));
   };
   auto Participants = [&](const Instruction &I) {
     SmallVector<int, 8> R;
     if (I.Op == OpKind::PipeAllReduce)
-      for (int64_t X : I.Attrs.getInts("ranks"))
+      for (int64_t X : attrInts(I.Op, I.Attrs, "ranks"))
         R.push_back(X);
     else
       for (int X = 0; X < P; ++X)
@@ -405,10 +405,10 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
       while (PC[R] < Instrs.size()) {
         const Instruction &I = Instrs[PC[R]];
         if (I.Op == OpKind::Send) {
-          ++Inbox[{R, int(I.Attrs.getInt("peer", -1)), I.Attrs.getInt("tag", 0)}];
+          ++Inbox[{R, int(attrInt(I.Op, I.Attrs, "peer")), attrInt(I.Op, I.Attrs, "tag")}];
         } else if (I.Op == OpKind::Recv) {
           auto It = Inbox.find(
-              {int(I.Attrs.getInt("peer", -1)), R, I.Attrs.getInt("tag", 0)});
+              {int(attrInt(I.Op, I.Attrs, "peer")), R, attrInt(I.Op, I.Attrs, "tag")});
           if (It == Inbox.end() || It->second == 0)
             break;
           --It->second;
@@ -420,6 +420,7 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
             if (PC[Q] >= Programs[Q].Instrs.size())
               return false;
             const Instruction &J = Programs[Q].Instrs[PC[Q]];
+            // Any collective kind: -1 stands for "no tag" on both sides.
             return J.Op == I.Op &&
                    J.Attrs.getInt("tag", -1) == I.Attrs.getInt("tag", -1);
           });
@@ -447,8 +448,8 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
         OS << LS << "rank " << R << " at instruction " << PC[R] << " ("
            << opName(I.Op);
         if (I.Op == OpKind::Recv)
-          OS << " from rank " << I.Attrs.getInt("peer", -1) << ", tag "
-             << I.Attrs.getInt("tag", 0);
+          OS << " from rank " << attrInt(I.Op, I.Attrs, "peer") << ", tag "
+             << attrInt(I.Op, I.Attrs, "tag");
         OS << ")";
       }
       return createStringError(inconvertibleErrorCode(),

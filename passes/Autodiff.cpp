@@ -40,7 +40,7 @@ namespace sp {
 const Node *regatheredInput(const Node &N) {
   const Node *G = N.numOperands() ? N.operand(0)->producer() : nullptr;
   if (N.op() == OpKind::Linear && G && G->op() == OpKind::SpGather &&
-      G->attrs().getInt("regather", 0))
+      attrInt(G->op(), G->attrs(), "regather"))
     return G;
   return nullptr;
 }
@@ -158,7 +158,7 @@ private:
           Logits->sharding().Dim == int(LT.rank()) - 1)
         A.set("vocab_parallel", int64_t(1));
       if (Head->attrs().has("valid_vocab"))
-        A.set("valid_vocab", Head->attrs().getInt("valid_vocab", 0));
+        A.set("valid_vocab", attrInt(Head->op(), Head->attrs(), "valid_vocab"));
     }
     A.set("ignore_index", IgnoreTarget);
     auto CE = buildNode(G, G.nodes().end(), OpKind::CrossEntropy,
@@ -310,7 +310,7 @@ private:
     case OpKind::Embedding: {
       AttrList A;
       A.set("vocab", N.operand(0)->type().Shape[0]);
-      if (N.attrs().getInt("vocab_parallel", 0))
+      if (attrInt(N.op(), N.attrs(), "vocab_parallel"))
         A.set("vocab_parallel", int64_t(1));
       accumulate(N, N.operand(0),
                  emit(N, OpKind::EmbeddingGrad, {N.operand(1), DY}, A)->result());
@@ -329,7 +329,7 @@ private:
       return Error::success();
     }
     case OpKind::Linear: {
-      int64_t TransW = N.attrs().getInt("trans_w", 0);
+      int64_t TransW = attrInt(N.op(), N.attrs(), "trans_w");
       AttrList AX, AW;
       AX.set("trans_w", int64_t(!TransW));
       AW.set("trans_w", TransW);
@@ -409,10 +409,10 @@ private:
       return Error::success();
     }
     case OpKind::BatchMatMul: {
-      if (N.attrs().getInt("trans_a", 0))
+      if (attrInt(N.op(), N.attrs(), "trans_a"))
         return diffError(N, "batch_matmul with trans_a is not differentiable "
                             "yet");
-      int64_t TransB = N.attrs().getInt("trans_b", 0);
+      int64_t TransB = attrInt(N.op(), N.attrs(), "trans_b");
       Value *A = N.operand(0), *B = N.operand(1);
       AttrList DA, DB;
       DA.set("trans_b", int64_t(!TransB));

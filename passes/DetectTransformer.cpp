@@ -296,7 +296,7 @@ private:
     Path *Q = nullptr, *K = nullptr, *Vp = nullptr;
     // q and k meet in the scores (q k^T), v is operand 1 of av.
     for (Path &P : Paths) {
-      bool Scores = P.Reader->attrs().getInt("trans_b", 0);
+      bool Scores = attrInt(P.Reader->op(), P.Reader->attrs(), "trans_b");
       Path *&Slot = !Scores ? Vp : P.OperandNo == 0 ? Q : K;
       if (Slot || (!Scores && P.OperandNo != 1))
         return fail(L, "attention", P.Lin->result(),
@@ -377,7 +377,7 @@ private:
       auto QK = expect(L, "attention core", Q, OpKind::BatchMatMul, "qk");
       if (!QK)
         return QK.takeError();
-      if ((*QK)->operand(1) != K || !(*QK)->attrs().getInt("trans_b", 0))
+      if ((*QK)->operand(1) != K || !attrInt((*QK)->op(), (*QK)->attrs(), "trans_b"))
         return fail(L, "attention core", Q,
                     "qk must multiply the queries by the transposed keys");
       QKNode = *QK;
@@ -522,7 +522,7 @@ private:
     auto AV = expect(L, "attention core", Cur, OpKind::BatchMatMul, "av");
     if (!AV)
       return AV.takeError();
-    if ((*AV)->operand(1) != V || (*AV)->attrs().getInt("trans_b", 0))
+    if ((*AV)->operand(1) != V || attrInt((*AV)->op(), (*AV)->attrs(), "trans_b"))
       return fail(L, "attention core", Cur,
                   "av must multiply the attention probabilities by the values");
     auto MH = expect(L, "attention", (*AV)->result(), OpKind::MergeHeads,
@@ -591,7 +591,7 @@ private:
       return fail(-1, "lm head", H->result(),
                   "the lm head's logits must be a graph output");
     const TensorType &W = H->operand(1)->type();
-    int64_t Vocab = H->attrs().getInt("trans_w", 0) ? W.Shape[0] : W.Shape[1];
+    int64_t Vocab = attrInt(H->op(), H->attrs(), "trans_w") ? W.Shape[0] : W.Shape[1];
     if (H->result()->type().dim(-1) != Vocab)
       return fail(-1, "lm head", Cur, "unexpected logits shape");
     // Everything must be accounted for.

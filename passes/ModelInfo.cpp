@@ -66,7 +66,7 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
     // Head counts of the whole model: a split input holds 1/Parts of them.
     auto Whole = [](const Node &H) {
       const Sharding &S = H.operand(0)->sharding();
-      return H.attrs().getInt("heads", 0) *
+      return attrInt(H.op(), H.attrs(), "heads") *
              (S.K == Sharding::Split ? S.Parts : 1);
     };
     if (N.op() == OpKind::SplitHeads && !M.Heads)
@@ -78,12 +78,12 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
     const std::string &Role = N.tags().Role;
     if ((Role == "fc1" || Role == "gate") && !M.Ffn) {
       const TensorType &W = Global(N.operand(1));
-      M.Ffn = N.attrs().getInt("trans_w", 0) ? W.Shape[0] : W.Shape[1];
+      M.Ffn = attrInt(N.op(), N.attrs(), "trans_w") ? W.Shape[0] : W.Shape[1];
     }
     M.Dropout |= N.op() == OpKind::Dropout;
     M.RopeLookup |= Role == "rope_cos";
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
-      M.Gelu = N.attrs().getString("approximate", "none");
+      M.Gelu = attrString(N.op(), N.attrs(), "approximate");
   }
   M.Layers = M.LayerRoles.size();
   // The family is the template every layer fits (passes/Roles.h).

@@ -24,7 +24,7 @@ static Sharding resultSharding(const Node &N, unsigned Result) {
   auto IsSplit = [](const Sharding &S, int Dim) {
     return S.K == Sharding::Split && S.Dim == Dim;
   };
-  int64_t Parts = N.attrs().getInt("parts", 1);
+  int64_t Parts = N.attrs().getInt("parts", 1); // any op: 1 when none
   switch (N.op()) {
   case OpKind::TpCopy:
   case OpKind::TpReduce:
@@ -37,13 +37,13 @@ static Sharding resultSharding(const Node &N, unsigned Result) {
   case OpKind::ReduceScatter:
     return Sharding::split(attrInt(N.op(), N.attrs(), "dim"), Parts);
   case OpKind::Embedding:
-    return N.attrs().getInt("vocab_parallel", 0) ? Sharding::partial()
+    return attrInt(N.op(), N.attrs(), "vocab_parallel") ? Sharding::partial()
                                                  : Sharding::replicated();
   case OpKind::Linear: {
     const Sharding &W = In(1);
     if (W.K != Sharding::Split)
       return In(0);
-    bool TransW = N.attrs().getInt("trans_w", 0);
+    bool TransW = attrInt(N.op(), N.attrs(), "trans_w");
     int OutDim = TransW ? 0 : 1;
     if (W.Dim == OutDim)
       return Sharding::split(N.result()->type().rank() - 1, W.Parts);

@@ -68,7 +68,7 @@ public:
         row(*N, P.F, P.Bias);
         break;
       case RoleProps::Tp::Heads:
-        N->attrs().set("heads", N->attrs().getInt("heads", 0) / T);
+        N->attrs().set("heads", attrInt(N->op(), N->attrs(), "heads") / T);
         break;
       case RoleProps::Tp::VocabEmbedding:
         embedding(*N, Info->Vocab);
@@ -147,7 +147,7 @@ private:
   }
 
   void column(Node &N, int Blocks, StringRef FRole) {
-    bool TransW = N.attrs().getInt("trans_w", 0);
+    bool TransW = attrInt(N.op(), N.attrs(), "trans_w");
     splitParam(N.operand(1), TransW ? 0 : 1, Blocks);
     if (N.numOperands() > 2)
       splitParam(N.operand(2), 0, Blocks);
@@ -162,7 +162,7 @@ private:
   }
 
   void row(Node &N, StringRef FBarRole, StringRef BiasRole) {
-    bool TransW = N.attrs().getInt("trans_w", 0);
+    bool TransW = attrInt(N.op(), N.attrs(), "trans_w");
     splitParam(N.operand(1), TransW ? 1 : 0, 1);
     // Types are placeholders until retypeGraph: the input is not yet sharded.
     Node *L = G.create(N.getIterator(), OpKind::Linear,
@@ -190,7 +190,7 @@ private:
   }
 
   void head(Node &N, int64_t Vocab) {
-    bool TransW = N.attrs().getInt("trans_w", 0);
+    bool TransW = attrInt(N.op(), N.attrs(), "trans_w");
     splitParam(N.operand(1), TransW ? 0 : 1, 1, /*Pad=*/true);
     if (N.numOperands() > 2) // BERT's decoder bias: one per vocabulary row
       splitParam(N.operand(2), 0, 1, /*Pad=*/true);

@@ -228,7 +228,10 @@ public:
   }
 
   void abort(StringRef Reason) override {
-    errs() << name() << ": aborting the job: " << Reason << "\n";
+    // One write of the whole line: a pipe keeps it whole, where separate
+    // writes could be cut by the abort banner mpirun prints at the same time.
+    std::string Line = name() + ": aborting the job: " + Reason.str() + "\n";
+    errs() << Line;
     errs().flush();
     MPI_Abort(Comm, 1);
     std::abort(); // MPI_Abort does not return; if it does, still stop

@@ -15,15 +15,19 @@ Error runPasses(Graph &G, PassContext &Ctx, const CompileOptions &O) {
   PassManager PM(O.PassManager);
   if (auto E = PM.addPasses(O.Passes))
     return E;
-  return PM.run(G, Ctx);
+  Error E = PM.run(G, Ctx);
+  if (!E || O.Source.empty())
+    return E;
+  return createStringError(inconvertibleErrorCode(), "%s: %s",
+                           O.Source.c_str(), toString(std::move(E)).c_str());
 }
 
 /// The schedule timed by each stage's GEMM work (GFLOP per microbatch,
 /// forward, backward and recompute), as an SVG Gantt chart. A message takes
 /// the work an A100 does while NVLink (300 GB/s) moves it: 1040 FLOP per
 /// byte.
-Error writeScheduleSvg(const Graph &G, const LoweredPlan &L, StringRef Title,
-                       raw_ostream &OS) {
+static Error writeScheduleSvg(const Graph &G, const LoweredPlan &L,
+                              StringRef Title, raw_ostream &OS) {
   int V = L.Sched.numStages();
   StepCosts C;
   C.Forward.assign(V, 0.0);
@@ -132,12 +136,8 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
 
 Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
                                     const CompileOptions &O) {
-  PassManager PM(O.PassManager);
-  if (auto E = PM.addPasses(O.Passes))
+  if (auto E = runPasses(G, Ctx, O))
     return std::move(E);
-  if (auto E = PM.run(G, Ctx))
-    return createStringError(inconvertibleErrorCode(), "%s: %s",
-                             O.Source.c_str(), toString(std::move(E)).c_str());
   Compilation C;
   auto Info = summarizeModel(G);
   if (!Info)

@@ -45,18 +45,13 @@ struct Compilation {
   std::optional<LayerFormula> Formula;
 };
 
-/// Runs O.Passes on G (Ctx holds the pass options) and no more.
+/// Runs O.Passes on G (Ctx holds the pass options) and no more. A failing
+/// pass's error names O.Source when it is set.
 llvm::Error runPasses(Graph &G, PassContext &Ctx, const CompileOptions &O);
 
-/// Runs the passes on G, then summarises, lowers and reports. A failing
-/// pass's error names the source file.
+/// Runs the passes on G, then summarises, lowers and reports.
 llvm::Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
                                           const CompileOptions &O);
-
-/// The pipeline schedule of a lowered plan timed by each stage's GEMM work,
-/// as an SVG Gantt chart.
-llvm::Error writeScheduleSvg(const Graph &G, const LoweredPlan &L,
-                             llvm::StringRef Title, llvm::raw_ostream &OS);
 
 } // namespace sp
 

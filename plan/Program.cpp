@@ -1,6 +1,5 @@
 //===- Program.cpp - The program's buffers, and its JSON form -------------===//
 #include "plan/Program.h"
-#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <cmath>

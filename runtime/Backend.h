@@ -29,6 +29,17 @@
 
 namespace sp {
 
+/// The communicator of a group named in the IR ("tp", "pp", "dp") among a
+/// rank's tensor, pipeline and data-parallel groups, or null when the rank
+/// has none by that name.
+inline Communicator *resolveGroup(llvm::StringRef Name, Communicator *Tensor,
+                                  Communicator *Pipeline, Communicator *Data) {
+  return Name == "tp"   ? Tensor
+         : Name == "pp" ? Pipeline
+         : Name == "dp" ? Data
+                        : nullptr;
+}
+
 /// One instruction to run, and everything it may read besides its buffers.
 struct KernelCall {
   const Instruction &I;
@@ -54,10 +65,7 @@ struct KernelCall {
   /// The communicator of a group named in the IR ("tp", "pp", "dp"), or
   /// null when this run has none by that name.
   Communicator *group(llvm::StringRef Name) const {
-    return Name == "tp" ? &Tensor
-           : Name == "pp" ? Pipeline
-           : Name == "dp" ? Data
-                          : nullptr;
+    return resolveGroup(Name, &Tensor, Pipeline, Data);
   }
 };
 

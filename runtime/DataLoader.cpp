@@ -99,8 +99,10 @@ void DataLoader::getBatch(int64_t Step, TokenBatch &B) const {
   for (int64_t R = 0; R < Batch; ++R) {
     int64_t O = rowOffset(Step, R);
     uint64_t RowHash =
-        mix64(mix64(mix64(Obj.Seed ^ 0x6d6c6dULL) ^ uint64_t(Step - 1)) ^
-              uint64_t(globalRow(R)));
+        Obj.Kind == Objective::MaskedLM
+            ? mix64(mix64(mix64(Obj.Seed ^ 0x6d6c6dULL) ^ uint64_t(Step - 1)) ^
+                    uint64_t(globalRow(R)))
+            : 0;
     for (int64_t J = 0; J < Seq; ++J) {
       int64_t I = R * Seq + J, X = token(O + J);
       bool Pad = IsPad(X);

@@ -2,10 +2,7 @@
 #include "runtime/Executor.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/MathExtras.h"
 #include <chrono>
-#include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 using namespace llvm;
@@ -111,19 +108,29 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   // collective's group one this run has.
   if (auto Err = E->checkInputs())
     return std::move(Err);
+  size_t MaxInputBytes = 0;
+  for (const ProgramBuffer &B : Prog.Buffers)
+    if (B.K == ProgramBuffer::Input)
+      MaxInputBytes = std::max<size_t>(MaxInputBytes, B.Type.numBytes());
+  E->Staging.resize(MaxInputBytes);
   for (size_t K = 0; K < Prog.Instrs.size(); ++K) {
     const Instruction &In = Prog.Instrs[K];
     if (defaultGroup(In.Op).empty())
       continue;
     std::string Group = collectiveGroup(In.Op, In.Attrs);
-    bool Have = Group == "tp" || (Group == "pp" && E->PipeComm) ||
-                (Group == "dp" && Opts.DataComm);
-    if (!Have)
+    if (!resolveGroup(Group, E->Comm, E->PipeComm, Opts.DataComm))
       return planError(formatv("{0} communicates over group '{1}', which "
                                "this run does not have (it has tp{2}{3})",
                                describe(In, K), Group,
                                E->PipeComm ? ", pp" : "",
                                Opts.DataComm ? ", dp" : ""));
+    // The executor sends stage-to-stage messages through the pipeline group.
+    bool Message = In.Op == OpKind::Send || In.Op == OpKind::Recv ||
+                   In.Op == OpKind::PipeAllReduce ||
+                   In.Op == OpKind::PipeBroadcast;
+    if (Message && Group != "pp")
+      return planError(describe(In, K) +
+                       ": stage-to-stage messages go over the pp group");
   }
   E->MissingOptimizerInput = missingOptimizerInput(Prog);
 
@@ -233,8 +240,8 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
     const ProgramBuffer &B = Prog.Buffers[Id];
     if (B.K != ProgramBuffer::Input)
       continue;
-    // Written on the host, then copied into the backend's arena.
-    Staging.resize(B.Type.numBytes());
+    // Written on the host (Staging holds the largest input), then copied
+    // into the backend's arena.
     char *Dst = Staging.data();
     // A microbatch's buffer holds rows [K b, (K + 1) b) of the batch.
     int64_t Rows = Batch / Microbatches;
@@ -289,7 +296,7 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
     case InputRole::None:
       llvm_unreachable("checked when the executor was created");
     }
-    if (auto E = Back->copyToBackend(Arena + B.Offset, Dst, Staging.size()))
+    if (auto E = Back->copyToBackend(Arena + B.Offset, Dst, B.Type.numBytes()))
       return E;
   }
   return Error::success();
@@ -420,8 +427,6 @@ Error Executor::pipelineOp(const Instruction &I) {
   if (!PipeComm)
     return planError("a pipeline instruction in a plan run without pipeline "
                      "stages");
-  if (collectiveGroup(I.Op, I.Attrs) != "pp")
-    return planError("stage-to-stage messages go over the pp group");
   const auto &Bufs = Prog.Buffers;
   int Tag = I.Attrs.getInt("tag", 0), Peer = I.Attrs.getInt("peer", -1);
   switch (I.Op) {

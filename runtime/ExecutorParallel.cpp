@@ -7,10 +7,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/Executor.h"
 #include "runtime/TensorLayout.h"
-#include "llvm/Support/FormatVariadic.h"
-#include <cmath>
 #include <cstring>
-#include <limits>
 
 using namespace llvm;
 

@@ -293,14 +293,19 @@ static void printTiming(raw_ostream &OS, TimeStats T, const TimeStats &First) {
                 Ms(Phase::Optimizer), T.Steps);
 }
 
-Trainer::Trainer(const Plan &P, TrainerOptions O) : P(P), O(std::move(O)) {
-  Grid.Pipeline = P.numStages();
-  Grid.Tensor = P.Manifest.value("tp", 1);
+ProcessGrid planGrid(const Plan &P) {
+  ProcessGrid G;
+  G.Pipeline = P.numStages();
+  G.Tensor = P.Manifest.value("tp", 1);
+  return G;
 }
 
-bool Trainer::pipelined() const {
+bool isPipelined(const Plan &P) {
   return P.numStages() > 1 || P.Manifest.value("microbatches", 1) > 1;
 }
+
+Trainer::Trainer(const Plan &P, TrainerOptions O)
+    : P(P), O(std::move(O)), Grid(planGrid(P)) {}
 
 Error Trainer::runRank(Communicator *World) {
   bool Lead = !World || World->rank() == 0;
@@ -316,6 +321,7 @@ Error Trainer::runRank(Communicator *World) {
   RunOptions RO;
   RO.Comm = C;
   RO.PipeComm = Groups.Pipeline.get();
+  RO.DataComm = Groups.Data.get();
   RO.Trace = !O.TraceFile.empty();
   RO.Seed = O.Seed;
   RO.Dropout = O.Dropout;
@@ -365,7 +371,7 @@ Error Trainer::runRank(Communicator *World) {
         return Err;
     // The logits come from a forward-only evaluation, which pipelined
     // plans do not have.
-    if (!pipelined())
+    if (!isPipelined(P))
       if (auto Err = R.dumpLogits(O.DumpDir))
         return Err;
   }
@@ -397,12 +403,11 @@ Error Trainer::runRank(Communicator *World) {
     return Error::success();
   }
 
-    Out << formatv("sp-run: training {0} (plan '{1}'): steps {2}-{3}, batch "
-                    "{4} x {5} tokens, lr {6} (warmup {7}, cosine to "
-                    "{8}), {9} threads\n",
-                    ModelName, O.PlanDir, FirstStep, O.Steps,
-                    E.batch(), E.seq(), sci(O.LR), O.Warmup, sci(O.MinLR),
-                    O.ThreadsPerRank);
+  Out << formatv("sp-run: training {0} (plan '{1}'): steps {2}-{3}, batch "
+                 "{4} x {5} tokens, lr {6} (warmup {7}, cosine to {8}), {9} "
+                 "threads\n",
+                 ModelName, O.PlanDir, FirstStep, O.Steps, E.batch(), E.seq(),
+                 sci(O.LR), O.Warmup, sci(O.MinLR), O.ThreadsPerRank);
   Out.flush();
   ProgressBar Progress(Lead ? errs() : nulls(), Lead && errs().is_displayed());
   double TrainSeconds = 0;
@@ -475,7 +480,7 @@ Error Trainer::runRank(Communicator *World) {
       return Err;
   }
   if (!O.TraceFile.empty())
-    if (auto Err = writeTrace(O.TraceFile, World, E, P.Manifest.value("tp", 1)))
+    if (auto Err = writeTrace(O.TraceFile, World, E, Grid.Tensor))
       return Err;
   if (!O.ExportOnnx.empty()) {
     std::vector<TensorView> Params = E.parameters();

@@ -48,19 +48,21 @@ struct TrainerOptions {
   int ThreadsPerRank = 1;
 };
 
+/// The grid of ranks a plan runs on (pipeline stages x tensor-parallel
+/// ranks).
+ProcessGrid planGrid(const Plan &P);
+/// Whether the plan unrolls a pipeline schedule (stages or microbatches).
+bool isPipelined(const Plan &P);
+
 class Trainer {
 public:
   Trainer(const Plan &P, TrainerOptions O);
 
-  /// The plan's grid of ranks (pipeline x tensor).
-  const ProcessGrid &grid() const { return Grid; }
   /// One rank's run; World is null for a one-rank run. A collective: every
   /// rank of World calls it. World's rank 0 prints and writes the files.
   llvm::Error runRank(Communicator *World);
 
 private:
-  bool pipelined() const;
-
   const Plan &P;
   TrainerOptions O;
   ProcessGrid Grid;

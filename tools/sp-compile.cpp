@@ -24,7 +24,6 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
-#include "llvm/Support/Path.h"
 #include <chrono>
 #include <map>
 #include <optional>
@@ -246,12 +245,13 @@ int main(int Argc, char **Argv) {
                          createStringError(inconvertibleErrorCode(),
                                            "--gantt needs a pipelined training "
                                            "plan (--pp P or --microbatches N)"));
-    std::string Svg;
-    raw_string_ostream OS(Svg);
-    if (auto E = writeScheduleSvg(**G, *C->Lowered, sys::path::stem(Input), OS))
-      return reportError("sp-compile", std::move(E));
+    // The chart the plan holds (compileToPlan drew it).
+    auto Chart = find_if(C->P->Files, [](const auto &F) {
+      return F.first == "schedule.svg";
+    });
+    assert(Chart != C->P->Files.end() && "a pipelined plan has its chart");
     if (auto E = writeFileAtomically(Gantt, [&](raw_ostream &F) {
-          F << OS.str();
+          F << Chart->second;
         }))
       return reportError("sp-compile", std::move(E));
   }

@@ -33,14 +33,8 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
-#include "llvm/Support/Path.h"
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <thread>
-
-// OpenBLAS's thread control (cblas.h declares it too; declared here so that
-// sp-run does not depend on where a distribution puts that header).
 
 using namespace llvm;
 using namespace sp;
@@ -309,14 +303,14 @@ int main(int Argc, char **Argv) {
                        : int(std::max(1u, std::thread::hardware_concurrency()));
 
   registerOnnxDataLoader();
-  int TP = P->Manifest.value("tp", 1);
-  int PP = P->numStages();
+  ProcessGrid Grid = planGrid(*P);
+  int TP = Grid.Tensor, PP = Grid.Pipeline;
   if (TP > 1 && (CheckpointEvery || LoadCheckpoint))
     return Fail(usageError(formatv(
         "checkpoints of tensor-parallel plans (--tp {0}) are not supported "
         "yet; train without --checkpoint-every/--resume",
         TP)));
-  bool Pipelined = PP > 1 || P->Manifest.value("microbatches", 1) > 1;
+  bool Pipelined = isPipelined(*P);
   if (Pipelined && (CheckpointEvery || LoadCheckpoint || Eval ||
                     !ExportOnnx.empty()))
     return Fail(usageError(
@@ -326,7 +320,7 @@ int main(int Argc, char **Argv) {
   if (CommKind != "threads" && CommKind != "mpi")
     return Fail(usageError("--comm must be threads or mpi, got '" + CommKind +
                            "'"));
-  int Ranks = TP * PP;
+  int Ranks = Grid.size();
   if (Ranks > 1)
     NumThreads = std::max(1, NumThreads / Ranks); // threads per rank
   CpuBackend::setThreads(NumThreads);

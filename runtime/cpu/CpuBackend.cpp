@@ -30,9 +30,10 @@ Error planError(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), Msg);
 }
 
-cpu::GeluApprox geluApprox(const AttrList &A) {
-  return A.getString("approximate", "none") == "tanh" ? cpu::GeluApprox::Tanh
-                                                      : cpu::GeluApprox::None;
+cpu::GeluApprox geluApprox(const Instruction &I) {
+  return attrString(I.Op, I.Attrs, "approximate") == "tanh"
+             ? cpu::GeluApprox::Tanh
+             : cpu::GeluApprox::None;
 }
 
 } // namespace
@@ -209,13 +210,14 @@ Error CpuBackend::run(const KernelCall &C) {
   auto ShapeOf = [](const TensorType &T) {
     return cpu::Shape(T.Shape.data(), T.Shape.size());
   };
-  double Ratio = C.Dropout.value_or(I.Attrs.getFloat("ratio", 0.0));
-  if (!C.Training)
-    Ratio = 0;
   int Rank = C.Tensor.rank();
   // Attributes with their declared defaults (ir/OpAttrs.def).
   auto AInt = [&](StringRef Name) { return attrInt(I.Op, I.Attrs, Name); };
   auto AFloat = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
+  // Dropout's ratio: the run's override or the plan's; off when evaluating.
+  auto Ratio = [&] {
+    return C.Training ? C.Dropout.value_or(AFloat("ratio")) : 0.0;
+  };
 
   switch (I.Op) {
   case OpKind::Embedding: {
@@ -327,11 +329,11 @@ Error CpuBackend::run(const KernelCall &C) {
     return Error::success();
   }
   case OpKind::Gelu:
-    cpu::gelu(Out(0), In(0), InT(0).numElements(), geluApprox(I.Attrs));
+    cpu::gelu(Out(0), In(0), InT(0).numElements(), geluApprox(I));
     return Error::success();
   case OpKind::GeluGrad:
     cpu::geluBackward(Out(0), In(0), In(1), InT(0).numElements(),
-                      geluApprox(I.Attrs));
+                      geluApprox(I));
     return Error::success();
   case OpKind::RmsNorm: {
     int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
@@ -498,7 +500,7 @@ Error CpuBackend::run(const KernelCall &C) {
     int64_t Mb = AInt("microbatch"),
             NumMb = AInt("microbatches");
     if (S.K != Sharding::Split && NumMb == 1)
-      return Check(cpu::dropout(Out(0), Mask, In(0), Ratio, K,
+      return Check(cpu::dropout(Out(0), Mask, In(0), Ratio(), K,
                                 cpu::GlobalIndex::whole(ShapeOf(Local))));
     SmallVector<int64_t, 4> Full(Local.Shape.begin(), Local.Shape.end()),
         Offset(Local.rank(), 0);
@@ -509,7 +511,7 @@ Error CpuBackend::run(const KernelCall &C) {
     Full[0] *= NumMb;
     Offset[0] += Mb * Local.Shape[0];
     return Check(cpu::dropout(
-        Out(0), Mask, In(0), Ratio, K,
+        Out(0), Mask, In(0), Ratio(), K,
         cpu::GlobalIndex::block(cpu::Shape(Full.data(), Full.size()),
                                 ShapeOf(Local),
                                 cpu::Shape(Offset.data(), Offset.size()))));
@@ -517,7 +519,7 @@ Error CpuBackend::run(const KernelCall &C) {
   case OpKind::DropoutGrad:
     cpu::dropoutBackward(Out(0), In(0),
                          reinterpret_cast<const uint8_t *>(In(1)),
-                         InT(0).numElements(), Ratio);
+                         InT(0).numElements(), Ratio());
     return Error::success();
   case OpKind::CrossEntropy:
   case OpKind::CrossEntropyGrad: {
@@ -525,9 +527,7 @@ Error CpuBackend::run(const KernelCall &C) {
     int64_t Valid = AInt("valid_vocab");
     if (!Valid)
       Valid = V; // every column
-    std::optional<int64_t> Ignore;
-    if (I.Attrs.has("ignore_index"))
-      Ignore = AInt("ignore_index");
+    std::optional<int64_t> Ignore = AInt("ignore_index");
     bool Grad = I.Op == OpKind::CrossEntropyGrad;
     if (AInt("vocab_parallel"))
       return vocabParallelCrossEntropy(C.Tensor, Grad ? nullptr : Out(0),

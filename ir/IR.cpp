@@ -69,94 +69,107 @@ struct OpAttr {
   AttrDecl Decl;
 };
 
-/// A declaration's default from the .def's literal, whatever its kind.
-template <typename T> AttrDecl declare(AttrDecl::KindT K, T Default) {
-  AttrDecl D{K, false};
-  if constexpr (std::is_convertible_v<T, const char *>)
-    D.StringDefault = Default;
-  else if constexpr (std::is_arithmetic_v<T>) {
-    D.IntDefault = int64_t(Default);
-    D.FloatDefault = double(Default);
-  }
-  return D;
-}
-inline AttrDecl declare(AttrDecl::KindT K, std::initializer_list<int>) {
-  return AttrDecl{K, false};
-}
-
 const OpAttr OpAttrs[] = {
-#define SP_ATTR(Op, Name, Kind, ...)                                           \
-  {OpKind::Op, Name, declare(AttrDecl::Kind, __VA_ARGS__)},
+#define SP_ATTR(Op, Name, Kind, Default)                                       \
+  {OpKind::Op, Name, AttrDecl{AttrDecl::Kind, false, Default}},
 #define SP_ATTR_REQUIRED(Op, Name, Kind)                                       \
-  {OpKind::Op, Name, AttrDecl{AttrDecl::Kind, true}},
+  {OpKind::Op, Name, AttrDecl{AttrDecl::Kind, true, {}}},
 #include "ir/OpAttrs.def"
 };
+
+/// Each op's declarations, in .def order (built once).
+const std::vector<std::vector<const OpAttr *>> &attrsByOp() {
+  static const auto ByOp = [] {
+    std::vector<std::vector<const OpAttr *>> V;
+    for (const OpAttr &A : OpAttrs) {
+      if (V.size() <= size_t(A.Op))
+        V.resize(size_t(A.Op) + 1);
+      V[size_t(A.Op)].push_back(&A);
+    }
+    return V;
+  }();
+  return ByOp;
+}
+
+ArrayRef<const OpAttr *> declsOf(OpKind Op) {
+  const auto &ByOp = attrsByOp();
+  return size_t(Op) < ByOp.size() ? ArrayRef<const OpAttr *>(ByOp[size_t(Op)])
+                                  : ArrayRef<const OpAttr *>();
+}
+
+bool fits(AttrDecl::KindT K, const Attribute &V) {
+  switch (K) {
+  case AttrDecl::Int:
+    return std::holds_alternative<int64_t>(V);
+  case AttrDecl::Float: // an integer literal is a float too
+    return std::holds_alternative<double>(V) ||
+           std::holds_alternative<int64_t>(V);
+  case AttrDecl::String:
+    return std::holds_alternative<std::string>(V);
+  case AttrDecl::Ints:
+    return std::holds_alternative<std::vector<int64_t>>(V);
+  }
+  return false;
+}
 } // namespace
 
 const AttrDecl *findAttrDecl(OpKind Op, StringRef Name) {
-  for (const OpAttr &A : OpAttrs)
-    if (A.Op == Op && Name == A.Name)
-      return &A.Decl;
+  for (const OpAttr *A : declsOf(Op))
+    if (Name == A->Name)
+      return &A->Decl;
   return nullptr;
 }
 
 std::string checkAttrs(OpKind Op, const AttrList &Attrs) {
+  if (const Attribute *G = Attrs.find("group")) {
+    if (defaultGroup(Op).empty())
+      return "has a group but does not communicate";
+    auto *Name = std::get_if<std::string>(G);
+    if (!Name || Name->empty())
+      return "its group must be a name (tp, pp, dp or a named subgroup)";
+  }
   if (isOnnxOp(Op))
     return "";
   for (const auto &[Name, V] : Attrs.entries()) {
-    if (Name == "group" && !defaultGroup(Op).empty())
-      continue; // the verifier checks it
+    if (Name == "group")
+      continue; // checked above
     const AttrDecl *D = findAttrDecl(Op, Name);
     if (!D)
       return "has no attribute '" + Name + "' (ir/OpAttrs.def)";
-    bool Fits = false;
-    switch (D->Kind) {
-    case AttrDecl::Int:
-      Fits = std::holds_alternative<int64_t>(V);
-      break;
-    case AttrDecl::Float:
-      Fits = std::holds_alternative<double>(V) ||
-             std::holds_alternative<int64_t>(V);
-      break;
-    case AttrDecl::String:
-      Fits = std::holds_alternative<std::string>(V);
-      break;
-    case AttrDecl::Ints:
-      Fits = std::holds_alternative<std::vector<int64_t>>(V);
-      break;
-    }
-    if (!Fits)
+    if (!fits(D->Kind, V))
       return "attribute '" + Name + "' has the wrong kind (ir/OpAttrs.def)";
   }
-  for (const OpAttr &A : OpAttrs)
-    if (A.Op == Op && A.Decl.Required && !Attrs.has(A.Name))
-      return std::string("needs attribute '") + A.Name + "'";
+  for (const OpAttr *A : declsOf(Op))
+    if (A->Decl.Required && !Attrs.has(A->Name))
+      return std::string("needs attribute '") + A->Name + "'";
   return "";
 }
 
-static const AttrDecl &declOf(OpKind Op, StringRef Name) {
+/// The declaration of an attribute a caller reads as Kind; reading one the op
+/// does not declare, or as another kind, is a programming error.
+static const AttrDecl &declOf(OpKind Op, StringRef Name, AttrDecl::KindT Kind) {
   const AttrDecl *D = findAttrDecl(Op, Name);
-  assert(D && "reading an attribute the op does not declare");
-  if (!D)
-    report_fatal_error(Twine(opName(Op)) + " declares no attribute " + Name);
+  if (!D || D->Kind != Kind)
+    report_fatal_error(Twine(opName(Op)) + " declares no attribute '" + Name +
+                       "' of that kind (ir/OpAttrs.def)");
   return *D;
 }
 
 int64_t attrInt(OpKind Op, const AttrList &Attrs, StringRef Name) {
-  return Attrs.getInt(Name, declOf(Op, Name).IntDefault);
+  return Attrs.getInt(Name, int64_t(declOf(Op, Name, AttrDecl::Int).Value.Number));
 }
 
 double attrFloat(OpKind Op, const AttrList &Attrs, StringRef Name) {
-  return Attrs.getFloat(Name, declOf(Op, Name).FloatDefault);
+  return Attrs.getFloat(Name, declOf(Op, Name, AttrDecl::Float).Value.Number);
 }
 
 std::string attrString(OpKind Op, const AttrList &Attrs, StringRef Name) {
-  return Attrs.getString(Name, declOf(Op, Name).StringDefault);
+  return Attrs.getString(Name, declOf(Op, Name, AttrDecl::String).Value.String);
 }
 
 std::vector<int64_t> attrInts(OpKind Op, const AttrList &Attrs,
                               StringRef Name) {
-  declOf(Op, Name);
+  declOf(Op, Name, AttrDecl::Ints);
   return Attrs.getInts(Name);
 }
 

@@ -54,10 +54,17 @@ std::string collectiveGroup(OpKind K, const AttrList &Attrs);
 struct AttrDecl {
   enum KindT : uint8_t { Int, Float, String, Ints } Kind;
   bool Required;
-  /// The default (of Kind) when not Required.
-  int64_t IntDefault = 0;
-  double FloatDefault = 0;
-  const char *StringDefault = "";
+  /// The default when not Required: Number for Int and Float, String for
+  /// String (Ints default to the empty list).
+  struct Default {
+    double Number = 0;
+    const char *String = "";
+    Default() = default; // Ints' {}
+    Default(int N) : Number(N) {}
+    Default(int64_t N) : Number(double(N)) {}
+    Default(double N) : Number(N) {}
+    Default(const char *S) : String(S) {}
+  } Value;
 };
 /// The declaration of Op's attribute Name, or null if it has none.
 const AttrDecl *findAttrDecl(OpKind Op, llvm::StringRef Name);

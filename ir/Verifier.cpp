@@ -95,15 +95,6 @@ Error verifyGraph(const Graph &G) {
                                      N.describe(), I));
       Defined.insert(R);
     }
-    if (const Attribute *G = N.attrs().find("group")) {
-      auto *Name = std::get_if<std::string>(G);
-      if (defaultGroup(N.op()).empty())
-        return verifyError(N.describe() + ": has a group but does not "
-                                          "communicate");
-      if (!Name || Name->empty())
-        return verifyError(N.describe() + ": its group must be a name (tp, "
-                                          "pp, dp or a named subgroup)");
-    }
     if (std::string Why = checkAttrs(N.op(), N.attrs()); !Why.empty())
       return verifyError(N.describe() + ": " + Why);
     auto Types =

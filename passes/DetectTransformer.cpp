@@ -615,9 +615,10 @@ private:
     return checkFamily();
   }
 
-  /// Every layer's roles must fit one family template (passes/Roles.h): the
-  /// walk accepts any combination of the blocks it knows, a family is one
-  /// that the parallel rules and the memory formulas cover.
+  /// Every layer's roles must fit the same family template
+  /// (passes/Roles.h): the walk accepts any combination of the blocks it
+  /// knows, a family is one that the parallel rules and the memory formulas
+  /// cover.
   Error checkFamily() {
     std::vector<std::vector<std::string>> Roles;
     for (const Node &N : G.nodes())
@@ -626,11 +627,9 @@ private:
           Roles.resize(N.tags().Layer + 1);
         Roles[N.tags().Layer].push_back(N.tags().Role);
       }
-    for (size_t L = 0; L < Roles.size(); ++L)
-      if (!matchFamily(Roles[L]))
-        return fail(int(L), "layer", nullptr,
-                    "its blocks form no supported family: " +
-                        explainNoFamily(Roles[L]));
+    FamilyFit Fit = fitFamily(Roles);
+    if (!Fit.Family)
+      return fail(Fit.Layer, "layer", nullptr, Fit.Why);
     return Error::success();
   }
 

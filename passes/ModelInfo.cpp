@@ -87,16 +87,10 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   }
   M.Layers = M.LayerRoles.size();
   // The family is the template every layer fits (passes/Roles.h).
-  for (size_t L = 0; L < M.LayerRoles.size(); ++L) {
-    const FamilyTemplate *T = matchFamily(M.LayerRoles[L]);
-    if (!T)
-      return infoError(formatv("layer {0}'s roles fit no family template", L));
-    if (L == 0)
-      M.Family = T->Family;
-    else if (M.Family != T->Family)
-      return infoError(formatv("layer {0} is a {1} layer but layer 0 is {2}",
-                               L, T->Family, M.Family));
-  }
+  FamilyFit Fit = fitFamily(M.LayerRoles);
+  if (!Fit.Family)
+    return infoError(formatv("layer {0}: {1}", Fit.Layer, Fit.Why));
+  M.Family = Fit.Family;
   for (const auto &P : G.params())
     if (!StringRef(P->name()).contains('@'))
       M.Params += Global(P.get()).numElements();

@@ -88,17 +88,20 @@ const char *const Optional[] = {
     // What tensor parallelism inserts (f, f-bar, row-parallel bias adds).
     "attn_f", "mlp_f", "attn_fbar", "mlp_fbar", "proj_bias", "fc2_bias"};
 
+/// A family's layer template: the roles of one layer, required and
+/// optional.
+struct FamilyTemplate {
+  const char *Family;
+  ArrayRef<const char *> Required, Optional;
+};
+
+// GPT: pre-norm LayerNorm, fused qkv, GELU MLP. Llama: pre-norm RMSNorm,
+// q/k/v with rotary and grouped-query attention, SwiGLU MLP. BERT: post-norm
+// (LayerNorm after each residual), q/k/v, GELU MLP.
 const FamilyTemplate Templates[] = {
-    {"gpt", "GPT-style pre-norm decoder (LayerNorm, fused qkv, GELU MLP)",
-     GptRequired, Optional},
-    {"llama",
-     "Llama-style pre-norm decoder (RMSNorm, q/k/v with rotary and "
-     "grouped-query attention, SwiGLU MLP)",
-     LlamaRequired, Optional},
-    {"bert",
-     "BERT-style post-norm encoder (q/k/v, LayerNorm after each residual, "
-     "GELU MLP)",
-     BertRequired, Optional},
+    {"gpt", GptRequired, Optional},
+    {"llama", LlamaRequired, Optional},
+    {"bert", BertRequired, Optional},
 };
 } // namespace
 
@@ -108,38 +111,50 @@ const RoleProps &roleProps(StringRef Role) {
   return It == table().end() ? None : It->second;
 }
 
-ArrayRef<FamilyTemplate> familyTemplates() { return Templates; }
-
-const FamilyTemplate *matchFamily(ArrayRef<std::string> LayerRoles) {
-  for (const FamilyTemplate &T : Templates) {
-    bool Fits = all_of(T.Required, [&](const char *R) {
-      return is_contained(LayerRoles, R);
-    });
-    for (const std::string &R : LayerRoles)
-      Fits &= is_contained(T.Required, R) || is_contained(T.Optional, R);
-    if (Fits)
-      return &T;
-  }
-  return nullptr;
+/// What a layer lacks of T's required roles, and the roles T has no place
+/// for (each once); both empty when the layer fits T.
+static std::pair<std::string, std::string>
+misfit(const FamilyTemplate &T, ArrayRef<std::string> LayerRoles) {
+  std::string Lacks, Extra;
+  for (const char *R : T.Required)
+    if (!is_contained(LayerRoles, R))
+      Lacks += (Lacks.empty() ? "" : " ") + std::string(R);
+  SmallVector<StringRef, 4> Seen;
+  for (const std::string &R : LayerRoles)
+    if (!is_contained(T.Required, R) && !is_contained(T.Optional, R) &&
+        !is_contained(Seen, R)) {
+      Seen.push_back(R);
+      Extra += (Extra.empty() ? "" : " ") + R;
+    }
+  return {Lacks, Extra};
 }
 
-std::string explainNoFamily(ArrayRef<std::string> LayerRoles) {
-  std::string Out;
-  for (const FamilyTemplate &T : Templates) {
-    std::string Lacks, Extra;
-    for (const char *R : T.Required)
-      if (!is_contained(LayerRoles, R))
-        Lacks += (Lacks.empty() ? "" : " ") + std::string(R);
-    for (const std::string &R : LayerRoles)
-      if (!is_contained(T.Required, R) && !is_contained(T.Optional, R) &&
-          !StringRef(" " + Extra + " ").contains(" " + R + " "))
-        Extra += (Extra.empty() ? "" : " ") + R;
-    Out += (Out.empty() ? "" : "; ") + std::string(T.Family) +
-           (Lacks.empty() ? "" : " would need " + Lacks) +
-           (Lacks.empty() || Extra.empty() ? "" : " and") +
-           (Extra.empty() ? "" : " has no place for " + Extra);
+FamilyFit fitFamily(ArrayRef<std::vector<std::string>> LayerRoles) {
+  FamilyFit Fit;
+  for (size_t L = 0; L < LayerRoles.size(); ++L) {
+    const FamilyTemplate *Match = nullptr;
+    std::string Why;
+    for (const FamilyTemplate &T : Templates) {
+      auto [Lacks, Extra] = misfit(T, LayerRoles[L]);
+      if (Lacks.empty() && Extra.empty()) {
+        Match = &T;
+        break;
+      }
+      Why += (Why.empty() ? "" : "; ") + std::string(T.Family) +
+             (Lacks.empty() ? "" : " would need " + Lacks) +
+             (Lacks.empty() || Extra.empty() ? "" : " and") +
+             (Extra.empty() ? "" : " has no place for " + Extra);
+    }
+    if (!Match)
+      return {nullptr, int(L), "its blocks form no supported family: " + Why};
+    if (L == 0)
+      Fit.Family = Match->Family;
+    else if (StringRef(Match->Family) != Fit.Family)
+      return {nullptr, int(L),
+              std::string("it is a ") + Match->Family + " layer but layer 0 is " +
+                  Fit.Family};
   }
-  return Out;
+  return Fit;
 }
 
 } // namespace sp

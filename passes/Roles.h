@@ -5,7 +5,7 @@
 // node, sequence parallelism which parameters see sequence shards and which
 // full-sequence values to split, recomputation and the memory report which
 // nodes form the attention core. A family is a layer template of roles
-// (familyTemplates). detect-transformer's walk recognises blocks (pre- or
+// (Roles.cpp: Templates). detect-transformer's walk recognises blocks (pre- or
 // post-norm; a fused qkv, or q/k/v with optional rotary and kv repeat; a GELU
 // or SwiGLU MLP) and accepts a model only when every layer fits a template.
 // A new family made of these blocks is one template (and its memory formula
@@ -20,6 +20,7 @@
 #include "llvm/ADT/StringRef.h"
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace sp {
 
@@ -54,23 +55,15 @@ struct RoleProps {
 /// without other properties.
 const RoleProps &roleProps(llvm::StringRef Role);
 
-/// A family's layer template: the roles of one layer, required and
-/// optional, in the order the detector finds them.
-struct FamilyTemplate {
-  const char *Family;   ///< "gpt", "llama", "bert"
-  const char *Describe; ///< one line for reports
-  llvm::ArrayRef<const char *> Required, Optional;
+/// The family whose template every layer's roles fit (every required role
+/// present, no role outside the template): Family, or the first Layer that
+/// fits none or another family than layer 0, and Why.
+struct FamilyFit {
+  const char *Family = nullptr; ///< "gpt", "llama", "bert"
+  int Layer = -1;
+  std::string Why;
 };
-
-llvm::ArrayRef<FamilyTemplate> familyTemplates();
-
-/// The family whose template a layer's roles fit (every required role
-/// present, no role outside the template), or nullptr.
-const FamilyTemplate *matchFamily(llvm::ArrayRef<std::string> LayerRoles);
-
-/// Why a layer's roles fit no template: for each family, the required roles
-/// the layer lacks and the layer's roles the family has no place for.
-std::string explainNoFamily(llvm::ArrayRef<std::string> LayerRoles);
+FamilyFit fitFamily(llvm::ArrayRef<std::vector<std::string>> LayerRoles);
 
 } // namespace sp
 

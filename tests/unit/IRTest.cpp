@@ -89,6 +89,37 @@ TEST(IR, PrintParseRoundTrip) {
   EXPECT_EQ(graphToString(**P), Text);
 }
 
+/// The verifier holds every core op to its declared attributes
+/// (ir/OpAttrs.def): no unknown one, none of another kind, none required
+/// missing, and a group only on an op that communicates.
+TEST(IR, CoreOpsHaveTheirDeclaredAttributes) {
+  auto Verify = [](StringRef Node) {
+    std::string Text = ("graph @g {\n  input %x : f32[1, 4, 8]\n"
+                        "  param %w : f32[8, 8] = dense<splat 1.0>\n  " +
+                        Node + "\n  output \"y\" = %0\n}\n")
+                           .str();
+    auto G = parseGraph(Text, "t");
+    if (!G)
+      return "parse: " + toString(G.takeError());
+    return toString(verifyGraph(**G));
+  };
+  EXPECT_EQ(Verify("%0 : f32[1, 4, 8] = linear(%x, %w) {trans_w = 1}"), "");
+  EXPECT_EQ(Verify("%0 : f32[1, 4, 8] = linear(%x, %w) {trans_w = \"yes\"}"),
+            "verifier: node <unnamed> (linear): attribute 'trans_w' has the "
+            "wrong kind (ir/OpAttrs.def)");
+  EXPECT_EQ(Verify("%0 : f32[1, 2, 4, 4] = to_heads(%x)"),
+            "verifier: node <unnamed> (to_heads): needs attribute 'heads'");
+  EXPECT_EQ(Verify("%0 : f32[1, 4, 8] = scale(%x) {alpha = 2}"), "")
+      << "an integer literal is a float";
+  EXPECT_EQ(Verify("%0 : f32[1, 4, 8] = all_reduce(%x) {group = \"\"}"),
+            "verifier: node <unnamed> (all_reduce): its group must be a name "
+            "(tp, pp, dp or a named subgroup)");
+  EXPECT_EQ(attrFloat(OpKind::LayerNorm, AttrList(), "epsilon"), 1e-5);
+  EXPECT_EQ(attrInt(OpKind::CrossEntropy, AttrList(), "ignore_index"),
+            IgnoreTarget);
+  EXPECT_EQ(attrString(OpKind::Gelu, AttrList(), "approximate"), "none");
+}
+
 TEST(IR, RoundTripConstantsAndAttributes) {
   const char *Text = R"(graph @"odd name" {
   input %"0ids" : i64[2, 3]

@@ -12,6 +12,10 @@ config.excludes = ["Inputs", "lit.cfg.py", "lit.site.cfg.py.in"]
 path = os.pathsep.join([config.sp_bin_dir, config.llvm_tools_dir,
                         config.environment.get("PATH", os.environ.get("PATH", ""))])
 config.environment["PATH"] = path
+# OpenBLAS's kernel choice, so that the numerical tests can be rerun with
+# another one (OPENBLAS_CORETYPE=Haswell, SkylakeX, Sandybridge, ...).
+if "OPENBLAS_CORETYPE" in os.environ:
+    config.environment["OPENBLAS_CORETYPE"] = os.environ["OPENBLAS_CORETYPE"]
 config.substitutions.append(("%python", config.python))
 config.substitutions.append(("%models", os.path.join(config.sp_source_dir, "models")))
 config.substitutions.append(("%inputs", os.path.join(config.sp_source_dir, "tests", "lit", "Inputs")))

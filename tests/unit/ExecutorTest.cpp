@@ -5,6 +5,7 @@
 #include "runtime/Executor.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cpu/Parallel.h"
+#include "llvm/ADT/ScopeExit.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <map>
@@ -283,29 +284,48 @@ TEST(CpuBackend, CollectivesUseTheGroupTheyName) {
     P.Buffers.push_back(B);
   }
   P.ArenaBytes = 128;
-  Instruction I;
-  I.Op = OpKind::AllReduce;
-  I.In = {0};
-  I.Out = {1};
-  EXPECT_EQ(collectiveGroup(I.Op, I.Attrs), "tp");
-  CpuBackend B;
-  char *Arena = cantFail(B.allocate(P.ArenaBytes));
-  float X[4] = {1, 2, 3, 4};
-  cantFail(B.copyToBackend(Arena, X, sizeof X));
-  auto One = createSingleRankCommunicator();
-  auto Call = [&](Communicator *Data) {
-    return B.run(KernelCall{I, P, Arena, 1, true, std::nullopt, 0, *One,
-                            nullptr, Data});
+  // Two ranks, each its own tensor group of one and both in one data
+  // group: an all_reduce sums over the ranks only when it names dp.
+  auto Body = [&](Communicator &Replicas) -> Error {
+    Instruction I;
+    I.Op = OpKind::AllReduce;
+    I.In = {0};
+    I.Out = {1};
+    if (collectiveGroup(I.Op, I.Attrs) != "tp")
+      return createStringError(inconvertibleErrorCode(), "default not tp");
+    CpuBackend B;
+    char *Arena = cantFail(B.allocate(P.ArenaBytes));
+    auto Free = make_scope_exit([&] { B.release(Arena); });
+    float X[4] = {1, 2, 3, 4};
+    cantFail(B.copyToBackend(Arena, X, sizeof X));
+    auto One = createSingleRankCommunicator();
+    auto Sum = [&](Communicator *Data) -> Expected<std::vector<float>> {
+      if (auto E = B.run(KernelCall{I, P, Arena, 1, true, std::nullopt, 0,
+                                    *One, nullptr, Data}))
+        return std::move(E);
+      std::vector<float> Y(4);
+      cantFail(B.copyToHost(Y.data(), Arena + 64, 16));
+      return Y;
+    };
+    auto Tp = Sum(&Replicas);
+    if (!Tp || *Tp != std::vector<float>{1, 2, 3, 4})
+      return createStringError(inconvertibleErrorCode(),
+                               "tp: not this rank's values");
+    I.Attrs.set("group", std::string("dp"));
+    auto Missing = Sum(nullptr);
+    if (Missing || toString(Missing.takeError()) !=
+                       "no communicator for group 'dp'")
+      return createStringError(inconvertibleErrorCode(),
+                               "dp without a data group: not refused");
+    auto Dp = Sum(&Replicas);
+    if (!Dp)
+      return Dp.takeError();
+    if (*Dp != std::vector<float>{2, 4, 6, 8})
+      return createStringError(inconvertibleErrorCode(),
+                               "dp: not summed over the replicas");
+    return Error::success();
   };
-  EXPECT_FALSE(bool(Call(nullptr))) << "the default group, tp";
-  I.Attrs.set("group", std::string("dp"));
-  EXPECT_EQ(toString(Call(nullptr)), "no communicator for group 'dp'");
-  auto Replicas = createSingleRankCommunicator();
-  EXPECT_FALSE(bool(Call(Replicas.get())));
-  float Y[4];
-  cantFail(B.copyToHost(Y, Arena + 64, sizeof Y));
-  EXPECT_EQ(std::vector<float>(Y, Y + 4), std::vector<float>(X, X + 4));
-  B.release(Arena);
+  EXPECT_EQ(toString(runOnThreadRanks(2, Body)), "");
 }
 
 } // namespace

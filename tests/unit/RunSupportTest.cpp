@@ -94,6 +94,13 @@ TEST(DataLoader, OffsetsFollowTheContractWithWrapAround) {
   EXPECT_EQ(batchRowOffset(0, 0, 1, 199, 200, false, 0), 0);
 }
 
+TEST(DataLoader, MixIsSplitMix64sOutputFunction) {
+  // Reference values of SplitMix64's output function (golden-ratio step,
+  // then the finalizer), computed independently.
+  EXPECT_EQ(mix64(0), 0xe220a8397b1dcdafULL);
+  EXPECT_EQ(mix64(1), 0x910a2dec89025cc1ULL);
+}
+
 TEST(DataLoader, ShuffledOffsetsDependOnSeedStepAndRowOnly) {
   int64_t T = 10000, S = 16;
   std::set<int64_t> Seen;

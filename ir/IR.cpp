@@ -207,6 +207,26 @@ bool isPerMicrobatchRole(InputRole R) {
          R == InputRole::TokenTypes || R == InputRole::LossWeight;
 }
 
+bool roleDtypeOk(InputRole R, DType T) {
+  switch (R) {
+  case InputRole::Mask:
+    return T == DType::F32 || T == DType::I64 || T == DType::I32 ||
+           T == DType::Bool;
+  case InputRole::LearningRate:
+  case InputRole::Step:
+  case InputRole::LossWeight:
+    return T == DType::F32;
+  default:
+    return T == DType::I64;
+  }
+}
+
+bool roleShapeOk(InputRole R, const TensorType &T, int64_t Batch,
+                 int64_t Seq) {
+  return T.rank() == 2 && T.Shape[1] == Seq &&
+         (T.Shape[0] == Batch || (R == InputRole::Positions && T.Shape[0] == 1));
+}
+
 bool isModelInputRole(InputRole R) {
   return R == InputRole::Tokens || R == InputRole::Positions ||
          R == InputRole::Mask || R == InputRole::TokenTypes;

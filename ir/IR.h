@@ -110,6 +110,13 @@ bool isPerMicrobatchRole(InputRole R);
 /// Roles of the exported model's own inputs (bind-inputs finds them, --input
 /// names them): tokens, positions, mask, token_types.
 bool isModelInputRole(InputRole R);
+/// What the runtime feeds a role with, for bind-inputs and the executor:
+/// ids (tokens, targets, positions, token types) are i64; a mask f32, i64,
+/// i32 or bool; lr, step and the loss weight f32 scalars.
+bool roleDtypeOk(InputRole R, DType T);
+/// A per-row role is [Batch, Seq] (positions may be [1, Seq]).
+bool roleShapeOk(InputRole R, const TensorType &T, int64_t Batch,
+                 int64_t Seq);
 
 class Node;
 class Graph;

@@ -79,8 +79,8 @@ DenseMap<Value *, Found> structuralRoles(Graph &G) {
   return R;
 }
 
-/// What sp-run can fill: ids are i64 [b, s] (positions also [1, s]); a
-/// mask is [b, s] of f32, i64, i32 or bool.
+/// What sp-run can fill (ir/IR.h: roleShapeOk, roleDtypeOk): ids are i64
+/// [b, s] (positions also [1, s]); a mask is [b, s] of f32, i64, i32 or bool.
 Error checkTypes(Graph &G) {
   const Value *Tokens = G.inputWithRole(InputRole::Tokens);
   if (!Tokens || Tokens->type().rank() != 2)
@@ -91,13 +91,7 @@ Error checkTypes(Graph &G) {
     InputRole R = I->inputRole();
     if (!isModelInputRole(R))
       continue;
-    bool Shape = T.rank() == 2 && T.Shape[1] == S &&
-                 (T.Shape[0] == B || (R == InputRole::Positions && T.Shape[0] == 1));
-    bool Dtype = R == InputRole::Mask
-                     ? T.Dtype == DType::F32 || T.Dtype == DType::I64 ||
-                           T.Dtype == DType::I32 || T.Dtype == DType::Bool
-                     : T.Dtype == DType::I64;
-    if (!Shape || !Dtype)
+    if (!roleShapeOk(R, T, B, S) || !roleDtypeOk(R, T.Dtype))
       return bindError(formatv(
           "input '{0}' is bound as {1} but is {2}; sp-run feeds {1} as {3}",
           I->name(), inputRoleName(R), T.str(),

@@ -194,23 +194,19 @@ Error Executor::checkInputs() const {
     case InputRole::Targets:
     case InputRole::Positions:
     case InputRole::TokenTypes:
-      if (T.Dtype != DType::I64)
+      if (!roleDtypeOk(B.Feed, T.Dtype))
         return Bad("must be i64");
       [[fallthrough]];
     case InputRole::Mask:
-      if (T.rank() != 2 || T.Shape[1] != Seq ||
-          (T.Shape[0] != Batch / Microbatches &&
-           !(B.Feed == InputRole::Positions && T.Shape[0] == 1)))
+      if (!roleShapeOk(B.Feed, T, Batch / Microbatches, Seq))
         return Bad(formatv("must be [{0}, {1}]", Batch / Microbatches, Seq));
-      if (B.Feed == InputRole::Mask && T.Dtype != DType::F32 &&
-          T.Dtype != DType::I64 && T.Dtype != DType::I32 &&
-          T.Dtype != DType::Bool)
+      if (!roleDtypeOk(B.Feed, T.Dtype))
         return Bad("must be f32, i64, i32 or bool");
       break;
     case InputRole::LearningRate:
     case InputRole::Step:
     case InputRole::LossWeight:
-      if (T != TensorType(DType::F32, {}))
+      if (!roleDtypeOk(B.Feed, T.Dtype) || T.rank() != 0)
         return Bad("must be an f32 scalar");
       break;
     }

@@ -541,8 +541,14 @@ Expected<std::vector<char>> loadInitializer(StringRef Path, StringRef Name) {
 // Op table and attributes
 //===----------------------------------------------------------------------===//
 
-/// The onnx.* op of an ONNX op type in the default domain.
+/// The op an ONNX op type in the default domain imports as: its onnx.* op,
+/// or the core activation of the SP_UNARY_OP line that names it (ir/Ops.def).
 std::optional<OpKind> onnxOpKind(StringRef OpType) {
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName)                                      \
+  if (!StringRef(OnnxName).empty() && OpType == OnnxName)                      \
+    return OpKind::Enum;
+#include "ir/Ops.def"
   auto K = parseOpName(("onnx." + OpType).str());
   if (!K || !isOnnxOp(*K))
     return std::nullopt;
@@ -554,6 +560,9 @@ std::string supportedOps() {
 #define SP_OP(Enum, Name)                                                      \
   if (StringRef(Name).startswith("onnx."))                                     \
     Names.push_back(StringRef(Name).drop_front(5).str());
+#define SP_UNARY_OP(Enum, Name, OnnxName)                                      \
+  if (!StringRef(OnnxName).empty())                                            \
+    Names.push_back(OnnxName);
 #include "ir/Ops.def"
   llvm::sort(Names);
   return join(Names, ", ");

@@ -1,5 +1,6 @@
 //===- IR.cpp - Values, nodes and graphs ----------------------------------===//
 #include "ir/IR.h"
+#include "ir/OpDef.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/ErrorHandling.h"
@@ -35,68 +36,15 @@ std::optional<OpKind> parseOpName(StringRef Name) {
 
 bool isOnnxOp(OpKind K) { return opName(K).startswith("onnx."); }
 
-bool hasSideEffects(OpKind K) { return K == OpKind::AdamW; }
+bool hasSideEffects(OpKind K) { return opDef(K).SideEffects; }
 
-StringRef defaultGroup(OpKind K) {
-  switch (K) {
-  case OpKind::TpCopy:
-  case OpKind::TpReduce:
-  case OpKind::SpGather:
-  case OpKind::SpScatter:
-  case OpKind::SpSplit:
-  case OpKind::AllReduce:
-  case OpKind::AllGather:
-  case OpKind::ReduceScatter:
-    return "tp";
-  case OpKind::PipeAllReduce:
-  case OpKind::Send:
-  case OpKind::Recv:
-  case OpKind::PipeBroadcast:
-    return "pp";
-  default:
-    return "";
-  }
-}
+StringRef defaultGroup(OpKind K) { return opDef(K).Group; }
 
 std::string collectiveGroup(OpKind K, const AttrList &Attrs) {
   return Attrs.getString("group", defaultGroup(K));
 }
 
 namespace {
-struct OpAttr {
-  OpKind Op;
-  const char *Name;
-  AttrDecl Decl;
-};
-
-const OpAttr OpAttrs[] = {
-#define SP_ATTR(Op, Name, Kind, Default)                                       \
-  {OpKind::Op, Name, AttrDecl{AttrDecl::Kind, false, Default}},
-#define SP_ATTR_REQUIRED(Op, Name, Kind)                                       \
-  {OpKind::Op, Name, AttrDecl{AttrDecl::Kind, true, {}}},
-#include "ir/OpAttrs.def"
-};
-
-/// Each op's declarations, in .def order (built once).
-const std::vector<std::vector<const OpAttr *>> &attrsByOp() {
-  static const auto ByOp = [] {
-    std::vector<std::vector<const OpAttr *>> V;
-    for (const OpAttr &A : OpAttrs) {
-      if (V.size() <= size_t(A.Op))
-        V.resize(size_t(A.Op) + 1);
-      V[size_t(A.Op)].push_back(&A);
-    }
-    return V;
-  }();
-  return ByOp;
-}
-
-ArrayRef<const OpAttr *> declsOf(OpKind Op) {
-  const auto &ByOp = attrsByOp();
-  return size_t(Op) < ByOp.size() ? ArrayRef<const OpAttr *>(ByOp[size_t(Op)])
-                                  : ArrayRef<const OpAttr *>();
-}
-
 bool fits(AttrDecl::KindT K, const Attribute &V) {
   switch (K) {
   case AttrDecl::Int:
@@ -114,9 +62,9 @@ bool fits(AttrDecl::KindT K, const Attribute &V) {
 } // namespace
 
 const AttrDecl *findAttrDecl(OpKind Op, StringRef Name) {
-  for (const OpAttr *A : declsOf(Op))
-    if (Name == A->Name)
-      return &A->Decl;
+  for (const OpAttrDecl &A : opDef(Op).Attrs)
+    if (Name == A.Name)
+      return &A.Decl;
   return nullptr;
 }
 
@@ -135,13 +83,13 @@ std::string checkAttrs(OpKind Op, const AttrList &Attrs) {
       continue; // checked above
     const AttrDecl *D = findAttrDecl(Op, Name);
     if (!D)
-      return "has no attribute '" + Name + "' (ir/OpAttrs.def)";
+      return "has no attribute '" + Name + "' (ir/ops/)";
     if (!fits(D->Kind, V))
-      return "attribute '" + Name + "' has the wrong kind (ir/OpAttrs.def)";
+      return "attribute '" + Name + "' has the wrong kind (ir/ops/)";
   }
-  for (const OpAttr *A : declsOf(Op))
-    if (A->Decl.Required && !Attrs.has(A->Name))
-      return std::string("needs attribute '") + A->Name + "'";
+  for (const OpAttrDecl &A : opDef(Op).Attrs)
+    if (A.Decl.Required && !Attrs.has(A.Name))
+      return std::string("needs attribute '") + A.Name + "'";
   return "";
 }
 
@@ -151,7 +99,7 @@ static const AttrDecl &declOf(OpKind Op, StringRef Name, AttrDecl::KindT Kind) {
   const AttrDecl *D = findAttrDecl(Op, Name);
   if (!D || D->Kind != Kind)
     report_fatal_error(Twine(opName(Op)) + " declares no attribute '" + Name +
-                       "' of that kind (ir/OpAttrs.def)");
+                       "' of that kind (ir/ops/)");
   return *D;
 }
 

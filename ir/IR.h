@@ -50,7 +50,7 @@ llvm::StringRef defaultGroup(OpKind K);
 /// The group a collective node or instruction communicates over.
 std::string collectiveGroup(OpKind K, const AttrList &Attrs);
 
-/// A core op's attribute as ir/OpAttrs.def declares it.
+/// A core op's attribute as its definition declares it (ir/OpDef.h).
 struct AttrDecl {
   enum KindT : uint8_t { Int, Float, String, Ints } Kind;
   bool Required;

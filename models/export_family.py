@@ -17,6 +17,7 @@ any name); the other inputs keep HF's names attention_mask, position_ids and tok
 
 Variant switches (each family accepts only its own; see the model files for the exact forms):
     gpt2   --buffers hf430|nonpersistent   --attention-mask none|input   --position-ids internal|input
+           --activation gelu_new|gelu|relu|silu (GPT2Config.activation_function)
     llama  --rmsnorm hf|div  --silu module|manual  --rope half|interleaved
            --rope-tables position_ids|sliced  --mask finfo|triu  --attention-mask none|input|ones
     bert   --mask 10000|finfo  --token-types input|buffer  --pad-token-id N
@@ -47,6 +48,7 @@ TOKENS, POSITIONS, MASK, TOKEN_TYPES = "tokens", "positions", "mask", "token_typ
 # Family -> switch -> (choices, default). `--mask` is shared by name, with different forms.
 VARIANTS = {
     "gpt2": {"buffers": (gpt2_lib.BUFFER_FORMS, "hf430"),
+             "activation": (gpt2_lib.ACTIVATIONS, "gelu_new"),
              "attention_mask": (("none", "input"), "none"),
              "position_ids": (("internal", "input"), "internal")},
     "llama": {"rmsnorm": (llama_lib.RMSNORM_FORMS, "hf"),
@@ -190,7 +192,8 @@ def build_model(family, sizes, variants, dropout, tied, pad_token_id=None):
         config = gpt2_lib.GPT2Config(vocab_size=s["vocab"], n_positions=max_positions, n_embd=s["hidden"],
                                      n_layer=s["layers"], n_head=s["heads"], n_inner=s["ffn"],
                                      resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-                                     tie_word_embeddings=tied, buffers=variants["buffers"])
+                                     tie_word_embeddings=tied, buffers=variants["buffers"],
+                                     activation_function=variants["activation"])
         return gpt2_lib.GPT2LMHeadModel(config)
     if family == "llama":
         config = llama_lib.LlamaConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"],

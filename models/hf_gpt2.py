@@ -16,7 +16,9 @@ operations of every forward are HF's, as of transformers 4.30:
   - scores divided by `torch.full([], value.size(-1) ** 0.5)`;
   - `position_ids = torch.arange(past_length, T + past_length)` built inside forward when not given
     (the usual case), or a forward input;
-  - NewGELUActivation (the tanh form with torch.pow(x, 3.0)), ln_f, a bias-free lm_head tied to wte;
+  - NewGELUActivation (the tanh form with torch.pow(x, 3.0)), or the other `activation_function`s
+    of HF's ACT2FN: "gelu" (nn.GELU, erf), "relu" (nn.ReLU), "silu" (nn.SiLU);
+    ln_f, a bias-free lm_head tied to wte;
   - dropouts attn_pdrop (on the attention probabilities), resid_pdrop (after c_proj, twice per
     layer) and embd_pdrop (after the embeddings);
   - optionally an attention_mask input [B, T] (1 = keep), turned into the additive
@@ -37,6 +39,7 @@ import torch
 import torch.nn as nn
 
 BUFFER_FORMS = ("hf430", "nonpersistent")
+ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")  # GPT2Config.activation_function (ACT2FN keys)
 
 
 @dataclass
@@ -55,10 +58,13 @@ class GPT2Config:
     scale_attn_weights: bool = True
     tie_word_embeddings: bool = True
     buffers: str = "hf430"
+    activation_function: str = "gelu_new"
 
     def __post_init__(self):
         if self.buffers not in BUFFER_FORMS:
             raise ValueError(f"buffers must be one of {BUFFER_FORMS}, got {self.buffers!r}")
+        if self.activation_function not in ACTIVATIONS:
+            raise ValueError(f"activation_function must be one of {ACTIVATIONS}, got {self.activation_function!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
 
@@ -186,7 +192,8 @@ class GPT2MLP(nn.Module):
         embed_dim = config.hidden_size
         self.c_fc = Conv1D(intermediate_size, embed_dim)
         self.c_proj = Conv1D(embed_dim, intermediate_size)
-        self.act = NewGELUActivation()
+        self.act = {"gelu_new": NewGELUActivation, "gelu": nn.GELU, "relu": nn.ReLU,
+                    "silu": nn.SiLU}[config.activation_function]()
         self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, hidden_states):

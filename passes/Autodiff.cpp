@@ -13,7 +13,8 @@
 //     dropout its 1-byte keep mask. Each dropout gets its Philox key
 //     [layer + 1, site] (site: ordinal within the layer, embedding = layer 0),
 //     so the mask of an element never depends on how tensors are split.
-//  3. A reverse sweep over the forward nodes applies one gradient rule per op.
+//  3. A reverse sweep over the forward nodes applies each op's gradient rule
+//     (its definition in ir/ops/, through the GradBuilder of ir/OpDef.h).
 //     Gradients reaching a value twice (a residual stream, a tied embedding)
 //     are summed with add. Only values that depend on a parameter get
 //     gradients.
@@ -25,7 +26,7 @@
 // their forward node and are tagged phase = bwd.
 //
 //===----------------------------------------------------------------------===//
-#include "passes/Autodiff.h"
+#include "ir/OpDef.h"
 #include "ir/ShapeInference.h"
 #include "passes/Passes.h"
 #include "llvm/ADT/DenseMap.h"
@@ -36,50 +37,6 @@
 using namespace llvm;
 
 namespace sp {
-
-const Node *regatheredInput(const Node &N) {
-  const Node *G = N.numOperands() ? N.operand(0)->producer() : nullptr;
-  if (N.op() == OpKind::Linear && G && G->op() == OpKind::SpGather &&
-      attrInt(G->op(), G->attrs(), "regather"))
-    return G;
-  return nullptr;
-}
-
-SmallVector<Value *, 4> savedForBackward(const Node &N) {
-  auto Op = [&](unsigned I) { return N.operand(I); };
-  auto Res = [&](unsigned I) { return N.result(I); };
-  switch (N.op()) {
-  case OpKind::Embedding:
-    return {Op(1)}; // the ids
-  case OpKind::LayerNorm:
-    return {Op(0), Op(1), Res(1), Res(2)}; // input, gamma, mean, 1/std
-  case OpKind::Linear:
-    // Under sequence parallelism the input of a column-parallel linear is
-    // all-gathered (g); the backward gathers it again from the saved shard.
-    if (const Node *G = regatheredInput(N))
-      return {G->operand(0), Op(1)};
-    return {Op(0), Op(1)}; // input, weight
-  case OpKind::RmsNorm:
-    return {Op(0), Op(1), Res(1)}; // input, gamma, 1/rms
-  case OpKind::Gelu:
-  case OpKind::Silu:
-    return {Op(0)};
-  case OpKind::Mul:
-    return {Op(0), Op(1)}; // each operand's gradient reads the other
-  case OpKind::Rope:
-    return {Op(1), Op(2)}; // the cos and sin tables
-  case OpKind::BatchMatMul:
-    return {Op(0), Op(1)};
-  case OpKind::Softmax:
-    return {Res(0)};
-  case OpKind::Dropout:
-    return {Res(1)}; // the mask
-  case OpKind::CrossEntropy:
-    return {Op(0), Op(1)}; // logits, targets
-  default:
-    return {}; // add, scale, causal/padding mask, split/merge/to/repeat heads
-  }
-}
 
 namespace {
 
@@ -285,197 +242,53 @@ private:
     return Error::success();
   }
 
-  static AttrList collectiveAttrs(const Node &N) {
-    AttrList A;
-    A.set("dim", attrInt(N.op(), N.attrs(), "dim"));
-    A.set("parts", attrInt(N.op(), N.attrs(), "parts"));
-    return A;
-  }
-
+  /// The gradient rule of N's op (ir/ops/), building through this pass.
   Error applyRule(Node &N, ArrayRef<Value *> DR) {
-    Value *DY = DR[0];
-    auto NeedAll = [&]() -> Error {
-      for (unsigned I = 0; I < DR.size(); ++I)
-        if (!DR[I])
-          return diffError(N, formatv("result {0} has no gradient", I));
-      return Error::success();
-    };
-    switch (N.op()) {
-    case OpKind::CrossEntropy:
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::CrossEntropyGrad,
-                      {N.operand(0), N.operand(1), DY}, N.attrs())
-                     ->result());
-      return Error::success();
-    case OpKind::Embedding: {
-      AttrList A;
-      A.set("vocab", N.operand(0)->type().Shape[0]);
-      if (attrInt(N.op(), N.attrs(), "vocab_parallel"))
-        A.set("vocab_parallel", int64_t(1));
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::EmbeddingGrad, {N.operand(1), DY}, A)->result());
-      return Error::success();
-    }
-    case OpKind::Add:
-      accumulate(N, N.operand(0), DY);
-      accumulate(N, N.operand(1), DY);
-      return Error::success();
-    case OpKind::LayerNorm: {
-      Node *B = emit(N, OpKind::LayerNormGrad,
-                     {DY, N.operand(0), N.operand(1), N.result(1), N.result(2)});
-      accumulate(N, N.operand(0), B->result(0));
-      accumulate(N, N.operand(1), B->result(1));
-      accumulate(N, N.operand(2), B->result(2));
-      return Error::success();
-    }
-    case OpKind::Linear: {
-      int64_t TransW = attrInt(N.op(), N.attrs(), "trans_w");
-      AttrList AX, AW;
-      AX.set("trans_w", int64_t(!TransW));
-      AW.set("trans_w", TransW);
-      if (RequiresGrad.count(N.operand(0)))
-        accumulate(N, N.operand(0),
-                   emit(N, OpKind::Linear, {DY, N.operand(1)}, AX)->result());
-      // The full input for dW: saved, or gathered again from the shard,
-      // once for every linear that reads the same g (Llama's q, k, v).
-      Value *X = N.operand(0);
-      if (const Node *G = regatheredInput(N)) {
-        Value *&Again = Regathered[G];
-        if (!Again) {
-          Node *AG = emit(*G, OpKind::AllGather, {G->operand(0)},
-                          collectiveAttrs(*G));
-          AG->tags().Role = G->tags().Role + "_regather";
-          Again = AG->result();
-        }
-        X = Again;
-      }
-      accumulate(N, N.operand(1),
-                 emit(N, OpKind::LinearGradW, {X, DY}, AW)->result());
-      if (N.numOperands() == 3)
-        accumulate(N, N.operand(2), emit(N, OpKind::BiasGrad, {DY})->result());
-      return Error::success();
-    }
-    case OpKind::Gelu:
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::GeluGrad, {N.operand(0), DY}, N.attrs())
-                     ->result());
-      return Error::success();
-    case OpKind::RmsNorm: {
-      Node *B = emit(N, OpKind::RmsNormGrad,
-                     {DY, N.operand(0), N.operand(1), N.result(1)});
-      accumulate(N, N.operand(0), B->result(0));
-      accumulate(N, N.operand(1), B->result(1));
-      return Error::success();
-    }
-    case OpKind::Silu:
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::SiluGrad, {N.operand(0), DY})->result());
-      return Error::success();
-    case OpKind::Mul: // d(a b) = b da + a db; accumulate reduces broadcasts
-      for (unsigned I : {0u, 1u})
-        if (RequiresGrad.count(N.operand(I)))
-          accumulate(N, N.operand(I),
-                     emit(N, OpKind::Mul, {DY, N.operand(1 - I)})->result());
-      return Error::success();
-    case OpKind::Rope:
-      if (RequiresGrad.count(N.operand(1)) || RequiresGrad.count(N.operand(2)))
-        return diffError(N, "its cos/sin tables depend on a parameter; only "
-                            "fixed rotary tables are supported");
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::RopeGrad, {DY, N.operand(1), N.operand(2)},
-                      N.attrs())
-                     ->result());
-      return Error::success();
-    case OpKind::ToHeads:
-      accumulate(N, N.operand(0), emit(N, OpKind::MergeHeads, {DY})->result());
-      return Error::success();
-    case OpKind::RepeatHeads:
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::RepeatHeadsGrad, {DY}, N.attrs())->result());
-      return Error::success();
-    case OpKind::SplitHeads: {
-      if (auto E = NeedAll())
-        return E;
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::SplitHeadsGrad, {DR[0], DR[1], DR[2]})
-                     ->result());
-      return Error::success();
-    }
-    case OpKind::MergeHeads: {
-      AttrList A;
-      A.set("heads", N.operand(0)->type().Shape[1]);
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::MergeHeadsGrad, {DY}, A)->result());
-      return Error::success();
-    }
-    case OpKind::BatchMatMul: {
-      if (attrInt(N.op(), N.attrs(), "trans_a"))
-        return diffError(N, "batch_matmul with trans_a is not differentiable "
-                            "yet");
-      int64_t TransB = attrInt(N.op(), N.attrs(), "trans_b");
-      Value *A = N.operand(0), *B = N.operand(1);
-      AttrList DA, DB;
-      DA.set("trans_b", int64_t(!TransB));
-      DB.set("trans_a", int64_t(1));
-      // C = A op(B): dA = dC op(B)^T; dB = A^T dC, or dC^T A when B is
-      // stored transposed.
-      if (RequiresGrad.count(A))
-        accumulate(N, A, emit(N, OpKind::BatchMatMul, {DY, B}, DA)->result());
-      if (RequiresGrad.count(B)) {
-        Value *DBv = TransB ? emit(N, OpKind::BatchMatMul, {DY, A}, DB)->result()
-                            : emit(N, OpKind::BatchMatMul, {A, DY}, DB)->result();
-        accumulate(N, B, DBv);
-      }
-      return Error::success();
-    }
-    case OpKind::Scale:
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::Scale, {DY}, N.attrs())->result());
-      return Error::success();
-    case OpKind::PaddingMask: // x + bias: the gradient passes unchanged
-      accumulate(N, N.operand(0), DY);
-      return Error::success();
-    case OpKind::CausalMask: {
-      AttrList A;
-      A.set("fill", 0.0);
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::CausalMask, {DY}, A)->result());
-      return Error::success();
-    }
-    case OpKind::Softmax:
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::SoftmaxGrad, {N.result(), DY})->result());
-      return Error::success();
-    case OpKind::Dropout: {
-      AttrList A;
-      A.set("ratio", attrFloat(N.op(), N.attrs(), "ratio"));
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::DropoutGrad, {DY, N.result(1)}, A)->result());
-      return Error::success();
-    }
-    // The conjugate collectives.
-    case OpKind::TpCopy: // f: all-reduce backward
-      accumulate(N, N.operand(0), emit(N, OpKind::AllReduce, {DY})->result());
-      return Error::success();
-    case OpKind::TpReduce: // f-bar: identity backward
-      accumulate(N, N.operand(0), DY);
-      return Error::success();
-    case OpKind::SpGather: // g: reduce-scatter backward
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::ReduceScatter, {DY}, collectiveAttrs(N))
-                     ->result());
-      return Error::success();
-    case OpKind::SpScatter: // g-bar: all-gather backward
-    case OpKind::SpSplit:
-      accumulate(N, N.operand(0),
-                 emit(N, OpKind::AllGather, {DY}, collectiveAttrs(N))->result());
-      return Error::success();
-    default:
+    GradRule Rule = opDef(N.op()).Grad;
+    if (!Rule)
       return diffError(N, "no gradient rule for this op (run canonicalize "
                           "first, or the model uses an op the training graph "
                           "does not support)");
-    }
+    Builder B(*this, N, DR);
+    return Rule(B);
   }
+
+  /// What a rule sees of the pass: the gradients of N's results and the
+  /// pass's emit and accumulate.
+  class Builder : public GradBuilder {
+  public:
+    Builder(Differentiator &D, const Node &N, ArrayRef<Value *> DR)
+        : GradBuilder(N), D(D), DR(DR) {}
+    Value *grad(unsigned I) const override {
+      return I < DR.size() ? DR[I] : nullptr;
+    }
+    bool requiresGrad(const Value *V) const override {
+      return D.RequiresGrad.count(const_cast<Value *>(V));
+    }
+    Node *emit(OpKind Op, ArrayRef<Value *> Operands,
+               AttrList Attrs) override {
+      return D.emit(N, Op, Operands, std::move(Attrs));
+    }
+    void accumulate(Value *V, Value *Grad) override {
+      D.accumulate(N, V, Grad);
+    }
+    Value *regathered(const Node &G) override {
+      Value *&Again = D.Regathered[&G];
+      if (!Again) {
+        AttrList A;
+        A.set("dim", attrInt(G.op(), G.attrs(), "dim"));
+        A.set("parts", attrInt(G.op(), G.attrs(), "parts"));
+        Node *AG = D.emit(G, OpKind::AllGather, {G.operand(0)}, A);
+        AG->tags().Role = G.tags().Role + "_regather";
+        Again = AG->result();
+      }
+      return Again;
+    }
+
+  private:
+    Differentiator &D;
+    ArrayRef<Value *> DR;
+  };
 
   Graph &G;
   DenseMap<Value *, Value *> Grads;

@@ -29,6 +29,7 @@
 // parallel rules and memory formulas are written for.
 //
 //===----------------------------------------------------------------------===//
+#include "ir/OpDef.h"
 #include "passes/Passes.h"
 #include "passes/Roles.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -125,6 +126,25 @@ private:
       return nullptr;
     Node *U = V->users()[0].User;
     return U->op() == K ? U : nullptr;
+  }
+
+  /// "gelu, silu or relu": the ops isActivation accepts.
+  static std::string activationNames() {
+    SmallVector<StringRef, 4> Names;
+    for (OpKind Op : activationOps())
+      Names.push_back(opName(Op));
+    std::string S;
+    for (size_t I = 0; I < Names.size(); ++I)
+      S += (I ? I + 1 == Names.size() ? " or " : ", " : "") + Names[I].str();
+    return S;
+  }
+
+  /// V's only user if it is an activation (gelu, silu, relu: isActivation).
+  static Node *activationUser(Value *V) {
+    if (V->users().size() != 1)
+      return nullptr;
+    Node *U = V->users()[0].User;
+    return isActivation(U->op()) ? U : nullptr;
   }
 
   void tag(Node *N, int Layer, StringRef Role) {
@@ -408,17 +428,17 @@ private:
     auto MlpUsers = blockUsers(MlpIn, PostNorm ? Res2 : nullptr);
     Node *Down = nullptr;
     if (MlpUsers.size() == 2) {
-      // SwiGLU: down(silu(gate(x)) * up(x)).
+      // SwiGLU: down(silu(gate(x)) * up(x)), or another activation (GeGLU).
       Node *Gate = nullptr, *Up = nullptr;
       for (Node *Lin : MlpUsers) {
         if (Lin->op() != OpKind::Linear)
           return fail(L, "mlp", MlpIn,
                       "expected gate and up linears; found " + Lin->describe());
-        (onlyUser(Lin->result(), OpKind::Silu) ? Gate : Up) = Lin;
+        (activationUser(Lin->result()) ? Gate : Up) = Lin;
       }
       if (!Gate || !Up)
         return fail(L, "mlp", MlpIn, "expected silu(gate(x)) * up(x)");
-      Node *Act = onlyUser(Gate->result(), OpKind::Silu);
+      Node *Act = activationUser(Gate->result());
       Node *Glu = onlyUser(Act->result(), OpKind::Mul);
       if (!Glu || onlyUser(Up->result(), OpKind::Mul) != Glu)
         return fail(L, "mlp", Act->result(),
@@ -438,10 +458,13 @@ private:
                         found(MlpIn));
       Node *FC1 = MlpUsers[0];
       tag(FC1, L, "fc1");
-      auto Act = expect(L, "mlp", FC1->result(), OpKind::Gelu, "act");
+      Node *Act = activationUser(FC1->result());
       if (!Act)
-        return Act.takeError();
-      auto FC2 = expect(L, "mlp", (*Act)->result(), OpKind::Linear, "fc2");
+        return fail(L, "mlp", FC1->result(),
+                    "expected an activation: " + activationNames() +
+                        " (act); " + found(FC1->result()));
+      tag(Act, L, "act");
+      auto FC2 = expect(L, "mlp", Act->result(), OpKind::Linear, "fc2");
       if (!FC2)
         return FC2.takeError();
       Down = *FC2;
@@ -574,7 +597,7 @@ private:
     }
     // BERT's prediction head transform: linear, gelu, layer_norm.
     if (Node *D = onlyUser(Cur, OpKind::Linear)) {
-      Node *Act = onlyUser(D->result(), OpKind::Gelu);
+      Node *Act = activationUser(D->result());
       Node *N = Act ? onlyUser(Act->result(), OpKind::LayerNorm) : nullptr;
       if (N) {
         tag(D, -1, "head_dense");

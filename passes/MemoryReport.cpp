@@ -199,8 +199,11 @@ LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
   double Core = Selective ? 0 : (M.Dropout ? 2 * E + 1 : E);
   LayerFormula L;
   std::string Div = T > 1 ? "/t" : "";
-  std::string InnerTerm = Llama ? "4eF (silu input, its output, up, down input)"
-                                : "2eF (gelu input, fc2 input)";
+  std::string Act = StringRef(M.Activation).take_until(
+      [](char C) { return C == ' '; }).str(); // "gelu erf" -> "gelu"
+  std::string InnerTerm =
+      Llama ? "4eF (" + Act + " input, its output, up, down input)"
+            : "2eF (" + Act + " input, fc2 input)";
   std::string KVTerm = Selective && Repeat ? "2eh g/a (k, v at kv heads)"
                                            : "2eh (k, v)";
   std::string Rep = std::string("4eh (norm, attention and mlp inputs)") +

@@ -44,6 +44,8 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   M.TokenTypes = findRole("type_embed") != nullptr;
   M.EmbedNorm = findRole("embed_norm") != nullptr;
   M.HeadTransform = findRole("head_dense") != nullptr;
+  if (const Node *Act = findRole("head_act"))
+    M.HeadActivation = opName(Act->op()).str();
   M.Causal = findRole("mask") != nullptr;
   M.PaddingMask = findRole("pad_mask") != nullptr;
   if (const Node *LN1 = findRole("ln1"))
@@ -84,6 +86,13 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
     M.RopeLookup |= Role == "rope_cos";
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = attrString(N.op(), N.attrs(), "approximate");
+    if (Role == "act" && M.Activation.empty())
+      M.Activation =
+          N.op() == OpKind::Gelu
+              ? attrString(N.op(), N.attrs(), "approximate") == "tanh"
+                    ? "gelu tanh"
+                    : "gelu erf"
+              : opName(N.op()).str();
   }
   M.Layers = M.LayerRoles.size();
   // The family is the template every layer fits (passes/Roles.h).
@@ -115,6 +124,7 @@ nlohmann::json modelInfoToJson(const ModelInfo &M) {
         {"params", M.Params},
         {"tied", M.Tied},
         {"gelu", M.Gelu},
+        {"activation", M.Activation},
         {"post_norm", M.PostNorm},
         {"causal", M.Causal},
         {"padding_mask", M.PaddingMask}}},
@@ -133,19 +143,20 @@ nlohmann::json modelInfoToJson(const ModelInfo &M) {
 void printModelSummary(const ModelInfo &M, const Graph &G, raw_ostream &OS) {
   if (M.Family == "llama")
     OS << formatv("model '{0}': Llama-style decoder, {1} layers, RMSNorm, "
-                  "SwiGLU{2}\n",
+                  "{2}{3}\n",
                   G.name(), M.Layers,
+                  M.Activation == "silu" ? "SwiGLU"
+                                         : "gated MLP (" + M.Activation + ")",
                   M.KvHeads && M.KvHeads != M.Heads
                       ? formatv(", {0} kv heads", M.KvHeads).str()
                       : std::string());
   else if (M.Family == "bert")
-    OS << formatv("model '{0}': BERT-style post-norm {1}, {2} layers, gelu "
-                  "{3}\n",
+    OS << formatv("model '{0}': BERT-style post-norm {1}, {2} layers, {3}\n",
                   G.name(), M.Causal ? "decoder" : "encoder", M.Layers,
-                  M.Gelu == "tanh" ? "tanh" : "erf");
+                  M.Activation);
   else
-    OS << formatv("model '{0}': GPT-style decoder, {1} layers, gelu {2}\n",
-                  G.name(), M.Layers, M.Gelu == "tanh" ? "tanh" : "erf");
+    OS << formatv("model '{0}': GPT-style decoder, {1} layers, {2}\n",
+                  G.name(), M.Layers, M.Activation);
   OS << formatv("  hidden {0}, heads {1} (head size {2}), seq {3}, vocab {4}, "
                 "batch {5}\n",
                 M.Hidden, M.Heads, M.Heads ? M.Hidden / M.Heads : 0, M.Seq,
@@ -177,7 +188,7 @@ void printModelSummary(const ModelInfo &M, const Graph &G, raw_ostream &OS) {
   if (M.FinalNorm)
     OS << "  final norm\n";
   if (M.HeadTransform)
-    OS << "  head transform  linear, gelu, layer_norm\n";
+    OS << "  head transform  linear, " << M.HeadActivation << ", layer_norm\n";
   OS << "  lm head         "
      << (M.Tied ? "tied to the token embedding" : "own weight") << "\n";
 }

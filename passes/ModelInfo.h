@@ -41,7 +41,12 @@ struct ModelInfo {
   bool Tied = false;
   bool PositionEmbedding = false;
   bool FinalNorm = false;
-  std::string Gelu; // "none" (erf) or "tanh"
+  std::string Gelu; // "none" (erf) or "tanh"; empty without a gelu
+  /// The MLP's activation as the summary writes it: "gelu erf", "gelu tanh",
+  /// "silu", "relu".
+  std::string Activation;
+  /// The head transform's activation (BERT's: gelu).
+  std::string HeadActivation;
   /// Roles of each layer's nodes, in program order.
   std::vector<std::vector<std::string>> LayerRoles;
 };

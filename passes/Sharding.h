@@ -14,9 +14,10 @@ namespace sp {
 llvm::Error retypeGraph(Graph &G);
 
 /// Annotates every node result with how it is laid out over the group,
-/// from the parameters' and collectives' shardings and per-op rules
-/// (column-parallel linear: split on the last axis; row-parallel: partial;
-/// split_heads: split on the heads axis; elementwise ops keep their input's).
+/// from the parameters' and collectives' shardings and each op's layout
+/// rule (ir/ops/: a column-parallel linear splits the last axis, a
+/// row-parallel one gives partial sums, split_heads splits the heads axis,
+/// elementwise ops keep their input's).
 /// The runtime reads it to index dropout masks globally.
 void propagateSharding(Graph &G);
 

@@ -347,12 +347,18 @@ Error CpuBackend::run(const KernelCall &C) {
     cpu::rmsNormBackward(Out(0), Out(1), In(0), In(1), In(2), In(3), Rows, H);
     return Error::success();
   }
-  case OpKind::Silu:
-    cpu::silu(Out(0), In(0), InT(0).numElements());
+    // The activations of ir/Ops.def's SP_UNARY_OP lines.
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName)                                      \
+  case OpKind::Enum:                                                           \
+    cpu::activation(cpu::Activation::Enum, Out(0), In(0),                      \
+                    InT(0).numElements());                                     \
+    return Error::success();                                                   \
+  case OpKind::Enum##Grad:                                                     \
+    cpu::activationBackward(cpu::Activation::Enum, Out(0), In(0), In(1),       \
+                            InT(0).numElements());                             \
     return Error::success();
-  case OpKind::SiluGrad:
-    cpu::siluBackward(Out(0), In(0), In(1), InT(0).numElements());
-    return Error::success();
+#include "ir/Ops.def"
   case OpKind::Mul:
     if (InT(0).Shape == InT(1).Shape) {
       cpu::mul(Out(0), In(0), In(1), OutT(0).numElements());

@@ -1366,8 +1366,12 @@ void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
 }
 
 //===----------------------------------------------------------------------===//
-// 15. SiLU
+// 15. Activations
 //===----------------------------------------------------------------------===//
+//
+// One struct per SP_UNARY_OP of ir/Ops.def, named as its enumerator: value
+// and grad (the derivative) of one element, in double. The loops, the
+// threading and the AVX2 clones are shared (activationRange below).
 
 namespace {
 
@@ -1382,54 +1386,68 @@ SP_INLINE void sigmoidPair(double X, double &Sig, double &OneMinusSig) {
   OneMinusSig = X < 0.0 ? Big : Small;
 }
 
+/// silu(x) = x sigmoid(x); silu'(x) = s (1 + x (1 - s)).
+struct Silu {
+  SP_INLINE static double value(double X) {
+    double Sig, OneMinus;
+    sigmoidPair(X, Sig, OneMinus);
+    return X * Sig;
+  }
+  SP_INLINE static double grad(double X) {
+    double Sig, OneMinus;
+    sigmoidPair(X, Sig, OneMinus);
+    return Sig * (1.0 + X * OneMinus);
+  }
+};
+
+/// relu(x) = max(x, 0); relu'(x) = 1 for x > 0, else 0 (torch's choice at 0).
+struct Relu {
+  SP_INLINE static double value(double X) { return X > 0.0 ? X : 0.0; }
+  SP_INLINE static double grad(double X) { return X > 0.0 ? 1.0 : 0.0; }
+};
+
 // Both instantiations compute in double and round once.
-
-template <typename T>
-SP_INLINE void siluBody(T *Y, const T *X, int64_t N) {
-  for (int64_t I = 0; I < N; ++I) {
-    double X0 = X[I], Sig, OneMinus;
-    sigmoidPair(X0, Sig, OneMinus);
-    Y[I] = T(X0 * Sig);
-  }
-}
-SP_SIMD void siluRange(float *Y, const float *X, int64_t N) {
-  siluBody(Y, X, N);
-}
-SP_SIMD void siluRange(double *Y, const double *X, int64_t N) {
-  siluBody(Y, X, N);
+template <typename F, typename T>
+SP_SIMD void activationRange(T *Y, const T *X, int64_t N) {
+  for (int64_t I = 0; I < N; ++I)
+    Y[I] = T(F::value(X[I]));
 }
 
-template <typename T>
-SP_INLINE void siluBackwardBody(T *DX, const T *X, const T *DY, int64_t N) {
-  for (int64_t I = 0; I < N; ++I) {
-    double X0 = X[I], Sig, OneMinus;
-    sigmoidPair(X0, Sig, OneMinus);
-    DX[I] = T(double(DY[I]) * (Sig * (1.0 + X0 * OneMinus)));
-  }
-}
-SP_SIMD void siluBackwardRange(float *DX, const float *X, const float *DY,
-                               int64_t N) {
-  siluBackwardBody(DX, X, DY, N);
-}
-SP_SIMD void siluBackwardRange(double *DX, const double *X, const double *DY,
-                               int64_t N) {
-  siluBackwardBody(DX, X, DY, N);
+template <typename F, typename T>
+SP_SIMD void activationBackwardRange(T *DX, const T *X, const T *DY,
+                                     int64_t N) {
+  for (int64_t I = 0; I < N; ++I)
+    DX[I] = T(double(DY[I]) * F::grad(X[I]));
 }
 
 } // namespace
 
-template <typename T> void silu(T *Y, const T *X, int64_t N) {
+template <typename T>
+void activation(Activation F, T *Y, const T *X, int64_t N) {
   checkSizes({N});
   parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
-    siluRange(Y + I0, X + I0, I1 - I0);
+    switch (F) {
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName)                                      \
+  case Activation::Enum:                                                       \
+    return activationRange<Enum>(Y + I0, X + I0, I1 - I0);
+#include "ir/Ops.def"
+    }
   });
 }
 
 template <typename T>
-void siluBackward(T *DX, const T *X, const T *DY, int64_t N) {
+void activationBackward(Activation F, T *DX, const T *X, const T *DY,
+                        int64_t N) {
   checkSizes({N});
   parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
-    siluBackwardRange(DX + I0, X + I0, DY + I0, I1 - I0);
+    switch (F) {
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName)                                      \
+  case Activation::Enum:                                                       \
+    return activationBackwardRange<Enum>(DX + I0, X + I0, DY + I0, I1 - I0);
+#include "ir/Ops.def"
+    }
   });
 }
 
@@ -1621,8 +1639,9 @@ void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
                            double);                                            \
   template void rmsNormBackward<T>(T *, T *, const T *, const T *, const T *,  \
                                    const T *, int64_t, int64_t);               \
-  template void silu<T>(T *, const T *, int64_t);                              \
-  template void siluBackward<T>(T *, const T *, const T *, int64_t);           \
+  template void activation<T>(Activation, T *, const T *, int64_t);           \
+  template void activationBackward<T>(Activation, T *, const T *, const T *,   \
+                                      int64_t);                                \
   template void mul<T>(T *, const T *, const T *, int64_t);                    \
   template Status mulBroadcast<T>(T *, Shape, const T *, Shape, const T *,     \
                                   Shape);                                      \

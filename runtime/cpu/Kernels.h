@@ -383,18 +383,34 @@ void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
                      const T *Rstd, int64_t Rows, int64_t H);
 
 //===----------------------------------------------------------------------===//
-// 15. SiLU
+// 15. Activations: the SP_UNARY_OP ops of ir/Ops.def
 //===----------------------------------------------------------------------===//
 
-/// Y = x * sigmoid(x), sigmoid(x) = 1 / (1 + exp(-x)), evaluated in double
-/// from exp(-|x|) without overflow or cancellation for any finite x (x = -1e4
-/// gives -0, 1e4 gives 1e4; exp(-|x|) is flushed to 0 below e^-708, so the
-/// double instantiation returns -0 for x < -708). Y may alias X.
-template <typename T> void silu(T *Y, const T *X, int64_t N);
+/// One enumerator per SP_UNARY_OP line of ir/Ops.def. Its kernel is the
+/// struct of the same name in Kernels.cpp ("15. Activations"): the value f(x)
+/// and the derivative f'(x), both in double (float rounds once), finite for
+/// every finite x.
+enum class Activation : uint8_t {
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName) Enum,
+#include "ir/Ops.def"
+};
 
-/// DX = DY * s * (1 + x (1 - s)), s = sigmoid(x). DX may alias DY.
+/// Y = f(X). Y may alias X.
+///  - Silu: x * sigmoid(x), sigmoid(x) = 1 / (1 + exp(-x)), from exp(-|x|)
+///    without overflow or cancellation (x = -1e4 gives -0, 1e4 gives 1e4;
+///    exp(-|x|) is flushed to 0 below e^-708, so double returns -0 for
+///    x < -708).
+///  - Relu: max(x, 0).
 template <typename T>
-void siluBackward(T *DX, const T *X, const T *DY, int64_t N);
+void activation(Activation F, T *Y, const T *X, int64_t N);
+
+/// DX = DY * f'(X). DX may alias DY.
+///  - Silu: s (1 + x (1 - s)), s = sigmoid(x).
+///  - Relu: 1 for x > 0, else 0 (torch's choice at 0).
+template <typename T>
+void activationBackward(Activation F, T *DX, const T *X, const T *DY,
+                        int64_t N);
 
 //===----------------------------------------------------------------------===//
 // 16. Elementwise product

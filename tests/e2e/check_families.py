@@ -127,6 +127,11 @@ CASES = [
     Case("hf_gpt2-o14-input_ids-mask-positions-padded", "gpt2", 14, "input_ids",
          {"attention_mask": "input", "position_ids": "input"}, sizes=dict(hidden=48, heads=3),
          trajectory=True, objective=PADDED, expect=GPT2_EXPECT),
+    # HF's other activation_functions: relu (OPT's), silu and exact gelu in a GPT-2 MLP.
+    Case("hf_gpt2-o17-idx-relu", "gpt2", 17, "idx", {"activation": "relu"}, trajectory=True,
+         expect=GPT2_EXPECT),
+    Case("hf_gpt2-o14-input_ids-silu", "gpt2", 14, "input_ids", {"activation": "silu"}, expect=GPT2_EXPECT),
+    Case("hf_gpt2-o13-tokens-gelu", "gpt2", 13, "tokens", {"activation": "gelu"}, expect=GPT2_EXPECT),
     # llama: HF's defaults first, then every switch value at least once across the opsets.
     Case("llama-o17-input_ids-hf", "llama", 17, "input_ids", trajectory=True, expect=LLAMA_EXPECT),
     Case("llama-o14-idx-div-manual-interleaved-sliced-triu-mask-padded", "llama", 14, "idx",

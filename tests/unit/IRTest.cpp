@@ -1,5 +1,6 @@
 //===- IRTest.cpp - IR construction, printing, parsing, verification ------===//
 #include "ir/AsmFormat.h"
+#include "ir/OpDef.h"
 #include "ir/ShapeInference.h"
 #include "ir/Verifier.h"
 #include "gtest/gtest.h"
@@ -90,7 +91,7 @@ TEST(IR, PrintParseRoundTrip) {
 }
 
 /// The verifier holds every core op to its declared attributes
-/// (ir/OpAttrs.def): no unknown one, none of another kind, none required
+/// (ir/ops/): no unknown one, none of another kind, none required
 /// missing, and a group only on an op that communicates.
 TEST(IR, CoreOpsHaveTheirDeclaredAttributes) {
   auto Verify = [](StringRef Node) {
@@ -106,7 +107,7 @@ TEST(IR, CoreOpsHaveTheirDeclaredAttributes) {
   EXPECT_EQ(Verify("%0 : f32[1, 4, 8] = linear(%x, %w) {trans_w = 1}"), "");
   EXPECT_EQ(Verify("%0 : f32[1, 4, 8] = linear(%x, %w) {trans_w = \"yes\"}"),
             "verifier: node <unnamed> (linear): attribute 'trans_w' has the "
-            "wrong kind (ir/OpAttrs.def)");
+            "wrong kind (ir/ops/)");
   EXPECT_EQ(Verify("%0 : f32[1, 2, 4, 4] = to_heads(%x)"),
             "verifier: node <unnamed> (to_heads): needs attribute 'heads'");
   EXPECT_EQ(Verify("%0 : f32[1, 4, 8] = scale(%x) {alpha = 2}"), "")
@@ -118,6 +119,44 @@ TEST(IR, CoreOpsHaveTheirDeclaredAttributes) {
   EXPECT_EQ(attrInt(OpKind::CrossEntropy, AttrList(), "ignore_index"),
             IgnoreTarget);
   EXPECT_EQ(attrString(OpKind::Gelu, AttrList(), "approximate"), "none");
+}
+
+/// Every core op has its definition (ir/ops/), and each activation its
+/// gradient op, derived from one line of ir/Ops.def for the SP_UNARY_OPs:
+/// relu's shape, saved values, gradient and layout come from the generic
+/// unary rules.
+TEST(IR, EveryCoreOpIsDefined) {
+  unsigned Core = 0;
+  for (unsigned I = 0; I < unsigned(OpKind::PipeBroadcast) + 1; ++I) {
+    OpKind K = OpKind(I);
+    if (isOnnxOp(K))
+      continue;
+    ++Core;
+    const OpDef &D = opDef(K);
+    EXPECT_TRUE(D.Shape || !D.Group.empty()) << opName(K).str();
+    EXPECT_LE(D.MinOperands, D.MaxOperands) << opName(K).str();
+  }
+  EXPECT_GT(Core, 50u);
+  for (OpKind K : activationOps()) {
+    const OpDef &D = opDef(K);
+    EXPECT_EQ(D.MinOperands, 1u) << opName(K).str();
+    EXPECT_TRUE(D.Saved && D.Grad) << opName(K).str();
+  }
+  EXPECT_TRUE(isActivation(OpKind::Relu));
+  EXPECT_FALSE(isActivation(OpKind::Softmax));
+
+  // relu, built and differentiated through its definition.
+  auto G = parseGraph("graph @g {\n  input %x : f32[2, 3]\n"
+                      "  %0 : f32[2, 3] = relu(%x)\n"
+                      "  %1 : f32[2, 3] = relu_grad(%x, %0)\n"
+                      "  output \"y\" = %1\n}\n",
+                      "t");
+  ASSERT_TRUE(bool(G)) << toString(G.takeError());
+  EXPECT_EQ(toString(verifyGraph(**G)), "");
+  Value *X = (*G)->inputs()[0].get();
+  EXPECT_EQ(toString(inferTypes(OpKind::ReluGrad, {X}, AttrList())
+                         .takeError()),
+            "expected 2 operands, got 1");
 }
 
 TEST(IR, RoundTripConstantsAndAttributes) {
@@ -138,10 +177,10 @@ TEST(IR, RoundTripConstantsAndAttributes) {
   auto G = parseGraph(Text, "t");
   ASSERT_TRUE(bool(G)) << toString(G.takeError());
   // Every kind of attribute prints and parses back; the verifier then
-  // refuses the ones scale does not declare (ir/OpAttrs.def).
+  // refuses the ones scale does not declare (ir/ops/).
   EXPECT_EQ(toString(verifyGraph(**G)),
             "verifier: node <unnamed> (scale): has no attribute 'list' "
-            "(ir/OpAttrs.def)");
+            "(ir/ops/)");
   EXPECT_EQ(graphToString(**G), Text);
   auto Shape = constInts((*G)->lookup("shape"));
   ASSERT_TRUE(bool(Shape));

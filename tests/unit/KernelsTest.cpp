@@ -1028,7 +1028,7 @@ TEST(CpuKernelsTest, RmsNormGradient) {
 
 TEST(CpuKernelsTest, SiluValuesAndGradient) {
   double One = 1.0, Y;
-  silu(&Y, &One, 1);
+  activation(Activation::Silu, &Y, &One, 1);
   EXPECT_NEAR(Y, 0.7310585786300049, 1e-15); // 1 / (1 + e^-1)
   // Far out, no overflow and no NaN: silu(x) = x and silu'(x) = 1 above,
   // both 0 below.
@@ -1036,13 +1036,13 @@ TEST(CpuKernelsTest, SiluValuesAndGradient) {
     Vec X = {1e4, -1e4, 800, -800}, DY(4, 1.0), Y(4), DX(4);
     if (Float) {
       std::vector<float> FX = toFloat(X), FDY = toFloat(DY), FY(4), FDX(4);
-      silu(FY.data(), FX.data(), 4);
-      siluBackward(FDX.data(), FX.data(), FDY.data(), 4);
+      activation(Activation::Silu, FY.data(), FX.data(), 4);
+      activationBackward(Activation::Silu, FDX.data(), FX.data(), FDY.data(), 4);
       Y.assign(FY.begin(), FY.end());
       DX.assign(FDX.begin(), FDX.end());
     } else {
-      silu(Y.data(), X.data(), 4);
-      siluBackward(DX.data(), X.data(), DY.data(), 4);
+      activation(Activation::Silu, Y.data(), X.data(), 4);
+      activationBackward(Activation::Silu, DX.data(), X.data(), DY.data(), 4);
     }
     EXPECT_EQ(Y, (Vec{1e4, 0.0, 800, 0.0})) << (Float ? "float" : "double");
     EXPECT_EQ(DX, (Vec{1.0, 0.0, 1.0, 0.0})) << (Float ? "float" : "double");
@@ -1052,19 +1052,74 @@ TEST(CpuKernelsTest, SiluValuesAndGradient) {
   Vec X = randVec(N, 63, -6, 6), W = randVec(N, 64);
   auto Loss = [&] {
     Vec Y(N);
-    silu(Y.data(), X.data(), N);
+    activation(Activation::Silu, Y.data(), X.data(), N);
     return dotv(W, Y);
   };
   Vec DX(N);
-  siluBackward(DX.data(), X.data(), W.data(), N);
+  activationBackward(Activation::Silu, DX.data(), X.data(), W.data(), N);
   expectGradient("silu", X, DX, Loss);
   // In place.
   Vec Ref(N), InPlace = X, DInPlace = W;
-  silu(Ref.data(), X.data(), N);
-  silu(InPlace.data(), InPlace.data(), N);
+  activation(Activation::Silu, Ref.data(), X.data(), N);
+  activation(Activation::Silu, InPlace.data(), InPlace.data(), N);
   EXPECT_EQ(InPlace, Ref);
-  siluBackward(DInPlace.data(), X.data(), DInPlace.data(), N);
+  activationBackward(Activation::Silu, DInPlace.data(), X.data(), DInPlace.data(), N);
   EXPECT_EQ(DInPlace, DX);
+}
+
+/// Every activation of ir/Ops.def (SP_UNARY_OP): its derivative matches
+/// finite differences of its value, it runs in place, float rounds the double
+/// result once, and far-out inputs stay finite.
+TEST(CpuKernelsTest, EveryActivationHasItsDerivative) {
+  struct Named {
+    Activation F;
+    const char *Name;
+  };
+  const Named All[] = {
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName) {Activation::Enum, Name},
+#include "ir/Ops.def"
+  };
+  const int64_t N = 64;
+  for (const Named &A : All) {
+    Vec X = randVec(N, 71, -6, 6), W = randVec(N, 72);
+    auto Loss = [&] {
+      Vec Y(N);
+      activation(A.F, Y.data(), X.data(), N);
+      return dotv(W, Y);
+    };
+    Vec DX(N);
+    activationBackward(A.F, DX.data(), X.data(), W.data(), N);
+    expectGradient(A.Name, X, DX, Loss);
+
+    Vec Y(N), InPlace = X, DInPlace = W;
+    activation(A.F, Y.data(), X.data(), N);
+    activation(A.F, InPlace.data(), InPlace.data(), N);
+    EXPECT_EQ(InPlace, Y) << A.Name;
+    activationBackward(A.F, DInPlace.data(), X.data(), DInPlace.data(), N);
+    EXPECT_EQ(DInPlace, DX) << A.Name;
+
+    // float: the double value rounded once (half an ulp, 2^-24 relative).
+    std::vector<float> FX = toFloat(X), FW = toFloat(W), FY(N), FDX(N);
+    Vec XR(FX.begin(), FX.end()), WR(FW.begin(), FW.end()), YR(N), DXR(N);
+    activation(A.F, FY.data(), FX.data(), N);
+    activation(A.F, YR.data(), XR.data(), N);
+    activationBackward(A.F, FDX.data(), FX.data(), FW.data(), N);
+    activationBackward(A.F, DXR.data(), XR.data(), WR.data(), N);
+    for (int64_t I = 0; I < N; ++I) {
+      EXPECT_EQ(FY[I], float(YR[I])) << A.Name << " at " << I;
+      EXPECT_EQ(FDX[I], float(DXR[I])) << A.Name << " at " << I;
+    }
+
+    Vec Far = {1e4, -1e4, 800, -800, 0}, Ones(Far.size(), 1.0);
+    Vec FarY(Far.size()), FarDX(Far.size());
+    activation(A.F, FarY.data(), Far.data(), int64_t(Far.size()));
+    activationBackward(A.F, FarDX.data(), Far.data(), Ones.data(),
+                       int64_t(Far.size()));
+    for (size_t I = 0; I < Far.size(); ++I)
+      EXPECT_TRUE(std::isfinite(FarY[I]) && std::isfinite(FarDX[I]))
+          << A.Name << " at " << Far[I];
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -1363,7 +1418,7 @@ TEST(CpuFloatTest, SiluIsAccurateIncludingTheTails) {
   // (2^-23; one rounding is at most half of it) of a double reference, also
   // where sigmoid is tiny (x << 0) or 1 - sigmoid is (x >> 0, the backward's
   // x (1 - s)), and finite at +-1e4 and +-3e38. 1e-44 absolute covers
-  // float's subnormal results (silu(x) for x below about -88).
+  // float's subnormal results (activation(Activation::Silu, x) for x below about -88).
   std::vector<float> FX;
   for (double X = -90.0; X <= 90.0; X += 1.0 / 16)
     FX.push_back(float(X) + 1e-3f);
@@ -1373,9 +1428,9 @@ TEST(CpuFloatTest, SiluIsAccurateIncludingTheTails) {
   std::vector<float> FDY(N, 1.0f), FY(N);
   for (bool Backward : {false, true}) {
     if (Backward)
-      siluBackward(FY.data(), FX.data(), FDY.data(), N);
+      activationBackward(Activation::Silu, FY.data(), FX.data(), FDY.data(), N);
     else
-      silu(FY.data(), FX.data(), N);
+      activation(Activation::Silu, FY.data(), FX.data(), N);
     for (int64_t I = 0; I < N; ++I) {
       double X = FX[I];
       double Sig = 1 / (1 + std::exp(-X)), OneMinus = 1 / (1 + std::exp(X));
@@ -1484,11 +1539,11 @@ TEST(CpuFloatTest, MatchesDoubleWithinRoundings) {
     // SiLU: the same double expression, rounded once.
     Vec Y(N), DX(N);
     std::vector<float> FY(N), FDX(N);
-    silu(Y.data(), X.data(), N);
-    silu(FY.data(), FX.data(), N);
+    activation(Activation::Silu, Y.data(), X.data(), N);
+    activation(Activation::Silu, FY.data(), FX.data(), N);
     expectWithinRoundings(FY, Y, absOf(Y), 1, "silu");
-    siluBackward(DX.data(), X.data(), DY.data(), N);
-    siluBackward(FDX.data(), FX.data(), FDY.data(), N);
+    activationBackward(Activation::Silu, DX.data(), X.data(), DY.data(), N);
+    activationBackward(Activation::Silu, FDX.data(), FX.data(), FDY.data(), N);
     expectWithinRoundings(FDX, DX, absOf(DX), 1, "silu backward");
   }
   {
@@ -1672,8 +1727,8 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
   });
   expectSameOnThreads("silu and mul", [&] {
     std::vector<float> Y(N), DX(N), P(N);
-    silu(Y.data(), X.data(), N);
-    siluBackward(DX.data(), X.data(), DY.data(), N);
+    activation(Activation::Silu, Y.data(), X.data(), N);
+    activationBackward(Activation::Silu, DX.data(), X.data(), DY.data(), N);
     mul(P.data(), X.data(), DY.data(), N);
     return bytesOf(Y, DX, P);
   });

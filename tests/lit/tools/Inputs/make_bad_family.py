@@ -5,7 +5,7 @@
 
   mask4d.onnx  the attention_mask input is already [b, 1, 1, s] (the two Unsqueezes removed): a
                mask shape sp does not take (it takes [batch, seq])
-  relu.onnx    the MLP's GELU has its Erf replaced by a Relu: an activation no family has
+  relu.onnx    the MLP's GELU has its Erf replaced by a Relu: a form no activation has
 """
 import os
 import sys

@@ -1,0 +1,151 @@
+//===- ParallelOps.cpp - Collectives and pipeline messages ----------------===//
+//
+// The abstract pairs f / f-bar (tp_copy, tp_reduce) and g / g-bar
+// (sp_gather, sp_scatter), inserted by the parallel passes, carry their
+// gradient conjugates; lower-collectives turns what remains after autodiff
+// into the concrete collectives (all_reduce, all_gather, reduce_scatter).
+// Pipeline messages appear when the schedule is unrolled. Definitions as in
+// ir/OpDef.h.
+//
+//===----------------------------------------------------------------------===//
+#include "ir/ops/OpTable.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace llvm;
+
+namespace sp {
+
+using namespace ops;
+
+namespace {
+
+/// all_gather multiplies axis dim by parts; reduce_scatter and the splits
+/// divide it.
+Expected<TypeList> chunkShape(const ShapeArgs &A) {
+  TensorType T = A.type(0);
+  int64_t Dim = A.attrInt("dim"), Parts = A.attrInt("parts");
+  if (Dim < 0 || Dim >= int64_t(T.rank()) || Parts < 1)
+    return typeError(
+        formatv("needs 'dim' in [0, {0}) and 'parts' >= 1", T.rank()));
+  if (A.Op == OpKind::SpGather || A.Op == OpKind::AllGather) {
+    T.Shape[Dim] *= Parts;
+  } else {
+    if (T.Shape[Dim] % Parts)
+      return typeError(formatv("dimension {0} of size {1} is not divisible "
+                               "by {2}",
+                               Dim, T.Shape[Dim], Parts));
+    T.Shape[Dim] /= Parts;
+  }
+  return TypeList{T};
+}
+
+/// The attributes of the collective that undoes N along the same axis.
+AttrList chunkAttrs(const Node &N) {
+  AttrList A;
+  A.set("dim", attrInt(N.op(), N.attrs(), "dim"));
+  A.set("parts", attrInt(N.op(), N.attrs(), "parts"));
+  return A;
+}
+
+/// The backward of N is the collective Op along N's axis.
+template <OpKind Op> Error conjugateGrad(GradBuilder &B) {
+  B.accumulate(B.N.operand(0),
+               B.emit(Op, {B.grad(0)}, chunkAttrs(B.N))->result());
+  return Error::success();
+}
+
+Sharding replicatedLayout(const Node &) { return Sharding::replicated(); }
+
+Sharding splitLayout(const Node &N) {
+  return Sharding::split(attrInt(N.op(), N.attrs(), "dim"),
+                         attrInt(N.op(), N.attrs(), "parts"));
+}
+
+std::vector<OpAttrDecl> chunkAttrDecls() {
+  return {{"dim", attr::RequiredInt}, {"parts", attr::RequiredInt}};
+}
+
+/// A one-operand collective of the tensor-parallel group.
+OpDef collective(ShapeRule Shape, LayoutRule Layout, GradRule Grad = nullptr,
+                 std::vector<OpAttrDecl> Attrs = {}) {
+  return {.MinOperands = 1,
+          .MaxOperands = 1,
+          .Attrs = std::move(Attrs),
+          .Shape = Shape,
+          .Grad = Grad,
+          .Layout = Layout,
+          .Group = "tp"};
+}
+
+} // namespace
+
+void addParallelOps(OpTable &T) {
+  // f: identity forward, all-reduce backward.
+  T[size_t(OpKind::TpCopy)] =
+      collective(sameAsOperand0, replicatedLayout, [](GradBuilder &B) -> Error {
+        B.accumulate(B.N.operand(0),
+                     B.emit(OpKind::AllReduce, {B.grad(0)})->result());
+        return Error::success();
+      });
+  // f-bar: all-reduce forward, identity backward.
+  T[size_t(OpKind::TpReduce)] =
+      collective(sameAsOperand0, replicatedLayout, [](GradBuilder &B) -> Error {
+        B.accumulate(B.N.operand(0), B.grad(0));
+        return Error::success();
+      });
+  // g: all-gather forward, reduce-scatter backward. With regather = 1 the
+  // backward of the linears reading it gathers the saved shard again.
+  std::vector<OpAttrDecl> GatherAttrs = chunkAttrDecls();
+  GatherAttrs.push_back({"regather", attr::Int(0)});
+  T[size_t(OpKind::SpGather)] =
+      collective(chunkShape, replicatedLayout,
+                 conjugateGrad<OpKind::ReduceScatter>, GatherAttrs);
+  // g-bar: reduce-scatter forward, all-gather backward.
+  T[size_t(OpKind::SpScatter)] =
+      collective(chunkShape, splitLayout, conjugateGrad<OpKind::AllGather>,
+                 chunkAttrDecls());
+  // This rank's chunk forward, all-gather backward.
+  T[size_t(OpKind::SpSplit)] =
+      collective(chunkShape, splitLayout, conjugateGrad<OpKind::AllGather>,
+                 chunkAttrDecls());
+
+  // The concrete collectives: sum over the group; concatenate the ranks'
+  // chunks along dim; sum and keep this rank's chunk.
+  T[size_t(OpKind::AllReduce)] = collective(sameAsOperand0, replicatedLayout);
+  T[size_t(OpKind::AllGather)] =
+      collective(chunkShape, replicatedLayout, nullptr, chunkAttrDecls());
+  T[size_t(OpKind::ReduceScatter)] =
+      collective(chunkShape, splitLayout, nullptr, chunkAttrDecls());
+
+  // Pipeline parallelism. Peers and roots are pipeline ranks (stages of the
+  // same tensor-parallel rank). pipe_all_reduce sums the gradients of a
+  // weight used on several stages; send, recv and pipe_broadcast exist only
+  // in unrolled programs and have no shape rule.
+  T[size_t(OpKind::PipeAllReduce)] = {
+      .MinOperands = 1,
+      .MaxOperands = 1,
+      .Attrs = {{"stages", attr::RequiredInts}, // the virtual stages using it
+                {"ranks", attr::Ints()},        // their pipeline ranks
+                {"tag", attr::Int(0)}},
+      .Shape = sameAsOperand0,
+      .Group = "pp",
+  };
+  T[size_t(OpKind::Send)] = {
+      .MinOperands = 1, // (x) to another stage
+      .MaxOperands = 1,
+      .Attrs = {{"peer", attr::RequiredInt}, {"tag", attr::RequiredInt}},
+      .Group = "pp",
+  };
+  T[size_t(OpKind::Recv)] = {
+      .Attrs = {{"peer", attr::RequiredInt}, {"tag", attr::RequiredInt}},
+      .Group = "pp",
+  };
+  T[size_t(OpKind::PipeBroadcast)] = {
+      .MinOperands = 1, // (x on root) -> x on every stage
+      .MaxOperands = 1,
+      .Attrs = {{"root", attr::RequiredInt}},
+      .Group = "pp",
+  };
+}
+
+} // namespace sp

@@ -1,0 +1,90 @@
+//===- TrainingOps.cpp - The loss and the optimizer -----------------------===//
+//
+// Added by autodiff (the loss) and the optimizer pass; definitions as in
+// ir/OpDef.h.
+//
+//===----------------------------------------------------------------------===//
+#include "ir/ops/OpTable.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace llvm;
+
+namespace sp {
+
+using namespace ops;
+
+void addTrainingOps(OpTable &T) {
+  // The loss's attributes: vocabulary-parallel logits, padding columns past
+  // valid_vocab (0: every column), targets that count for nothing.
+  std::vector<OpAttrDecl> LossAttrs = {
+      {"valid_vocab", attr::Int(0)},
+      {"vocab_parallel", attr::Int(0)},
+      {"ignore_index", attr::Int(IgnoreTarget)}};
+  T[size_t(OpKind::CrossEntropy)] = {
+      .MinOperands = 2, // (logits[.., V], targets[..]) -> f32[], the mean
+      .MaxOperands = 2,
+      .Attrs = LossAttrs,
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        const TensorType &L = A.type(0), &T = A.type(1);
+        if (L.rank() < 1 ||
+            ArrayRef<int64_t>(L.Shape).drop_back() !=
+                ArrayRef<int64_t>(T.Shape) ||
+            isFloat(T.Dtype))
+          return typeError(formatv("targets {0} must be integers shaped like "
+                                   "the logits {1} without the vocabulary "
+                                   "axis",
+                                   T.str(), L.str()));
+        return TypeList{TensorType(DType::F32, {})};
+      },
+      .Saved = [](const Node &N) -> SmallVector<Value *, 4> {
+        return {N.operand(0), N.operand(1)}; // logits, targets
+      },
+      .Grad = [](GradBuilder &B) -> Error {
+        const Node &N = B.N;
+        B.accumulate(N.operand(0),
+                     B.emit(OpKind::CrossEntropyGrad,
+                            {N.operand(0), N.operand(1), B.grad(0)}, N.attrs())
+                         ->result());
+        return Error::success();
+      },
+      .Layout = [](const Node &) { return Sharding::replicated(); },
+  };
+  T[size_t(OpKind::CrossEntropyGrad)] = {
+      .MinOperands = 3, // (logits, targets, dloss) -> dlogits
+      .MaxOperands = 3,
+      .Attrs = LossAttrs,
+      .Shape = sameAsOperand0,
+  };
+
+  T[size_t(OpKind::GradNorm)] = {
+      .MinOperands = 1, // (g1, ..., gn) -> f32[], the global L2 norm
+      .MaxOperands = OpDef::Variadic,
+      .Attrs = {{"pipeline", attr::Int(0)}}, // sum the squares over the stages
+      .Shape = [](const ShapeArgs &) -> Expected<TypeList> {
+        return TypeList{TensorType(DType::F32, {})};
+      },
+  };
+  T[size_t(OpKind::AdamW)] = {
+      .MinOperands = 7, // (p, g, m, v, norm, lr, step): p, m, v in place
+      .MaxOperands = 7,
+      .Attrs = {{"beta1", attr::Float(0.9)},
+                {"beta2", attr::Float(0.999)},
+                {"eps", attr::Float(1e-8)},
+                {"weight_decay", attr::Float(0.0)},
+                {"max_norm", attr::Float(0.0)}}, // 0: no clipping
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        for (unsigned I = 1; I < 4; ++I)
+          if (A.type(I) != A.type(0))
+            return typeError(formatv("operand {0} must have the parameter's "
+                                     "type {1}",
+                                     I, A.type(0).str()));
+        for (unsigned I = 4; I < 7; ++I)
+          if (A.type(I) != TensorType(DType::F32, {}))
+            return typeError(formatv("operand {0} must be an f32 scalar", I));
+        return TypeList{};
+      },
+      .SideEffects = true,
+  };
+}
+
+} // namespace sp

@@ -14,6 +14,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/Fold.h"
+#include "ir/Float16.h"
 #include "ir/ShapeInference.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
@@ -98,41 +99,6 @@ std::optional<Dense> readConst(const Value *V) {
   return T;
 }
 
-/// IEEE half-precision bits of F, rounded to nearest even.
-uint16_t toHalf(float F) {
-  uint32_t X;
-  std::memcpy(&X, &F, 4);
-  uint32_t Sign = (X >> 16) & 0x8000u;
-  uint32_t Abs = X & 0x7fffffffu;
-  if (Abs >= 0x7f800000u) // inf or nan
-    return Sign | 0x7c00u | (Abs > 0x7f800000u ? 0x200u : 0u);
-  if (Abs >= 0x477ff000u) // rounds to a value beyond the largest half
-    return Sign | 0x7c00u;
-  if (Abs < 0x38800000u) { // subnormal half (or zero)
-    float A;
-    std::memcpy(&A, &Abs, 4);
-    // Adding 0.5 aligns the subnormal half's bits with the float's mantissa
-    // and rounds to nearest even in the process.
-    float Sum = A + 0.5f;
-    uint32_t B;
-    std::memcpy(&B, &Sum, 4);
-    return Sign | uint16_t(B - 0x3f000000u);
-  }
-  uint32_t Odd = (Abs >> 13) & 1;
-  Abs += 0xc8000fffu + Odd; // rebias the exponent and round
-  return Sign | uint16_t(Abs >> 13);
-}
-
-/// bfloat16 bits of F, rounded to nearest even.
-uint16_t toBFloat16(float F) {
-  uint32_t X;
-  std::memcpy(&X, &F, 4);
-  if ((X & 0x7fffffffu) > 0x7f800000u)
-    return uint16_t((X >> 16) | 0x40u); // quiet nan
-  X += 0x7fffu + ((X >> 16) & 1);
-  return uint16_t(X >> 16);
-}
-
 template <typename T> void put(std::vector<char> &B, int64_t I, T V) {
   std::memcpy(B.data() + I * sizeof(T), &V, sizeof(T));
 }
@@ -149,10 +115,10 @@ std::shared_ptr<TensorData> toData(const Dense &D) {
       put<double>(B, I, D.Floats[I]);
       break;
     case DType::F16:
-      put<uint16_t>(B, I, toHalf(float(D.Floats[I])));
+      put<uint16_t>(B, I, floatToHalf(float(D.Floats[I])));
       break;
     case DType::BF16:
-      put<uint16_t>(B, I, toBFloat16(float(D.Floats[I])));
+      put<uint16_t>(B, I, floatToBFloat16(float(D.Floats[I])));
       break;
     case DType::I64:
       put<int64_t>(B, I, D.Ints[I]);

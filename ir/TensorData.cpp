@@ -1,8 +1,11 @@
 //===- TensorData.cpp -----------------------------------------------------===//
 #include "ir/TensorData.h"
+#include "ir/Float16.h"
 #include <mutex>
 #include "llvm/Support/MemoryBuffer.h"
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 using namespace llvm;
 
@@ -114,32 +117,9 @@ double TensorData::getDouble(int64_t I) const {
   case DType::Bool:
     return read<uint8_t>(B, I);
   case DType::F16:
-  case DType::BF16: {
-    uint16_t H = read<uint16_t>(B, I);
-    uint32_t Bits;
-    if (Type.Dtype == DType::BF16) {
-      Bits = uint32_t(H) << 16;
-    } else {
-      uint32_t Sign = (H & 0x8000u) << 16, Exp = (H >> 10) & 0x1f,
-               Man = H & 0x3ff;
-      if (Exp == 0 && Man == 0)
-        Bits = Sign;
-      else if (Exp == 0) { // subnormal
-        int E = -1;
-        do {
-          ++E;
-          Man <<= 1;
-        } while (!(Man & 0x400));
-        Bits = Sign | uint32_t(127 - 15 - E) << 23 | (Man & 0x3ff) << 13;
-      } else if (Exp == 31)
-        Bits = Sign | 0x7f800000u | Man << 13;
-      else
-        Bits = Sign | (Exp + 112) << 23 | Man << 13;
-    }
-    float F;
-    std::memcpy(&F, &Bits, 4);
-    return F;
-  }
+    return halfToFloat(read<uint16_t>(B, I));
+  case DType::BF16:
+    return bfloat16ToFloat(read<uint16_t>(B, I));
   }
   return 0;
 }
@@ -151,8 +131,18 @@ int64_t TensorData::getInt(int64_t I) const {
     return read<int64_t>(*Bytes, I);
   case DType::I32:
     return read<int32_t>(*Bytes, I);
-  default:
-    return int64_t(getDouble(I));
+  default: {
+    // Truncated as a C cast would, saturating where the cast is undefined
+    // (NaN, out of range): shape operands come from the input file.
+    double D = getDouble(I);
+    if (std::isnan(D))
+      return 0;
+    if (D >= 0x1p63)
+      return std::numeric_limits<int64_t>::max();
+    if (D < -0x1p63)
+      return std::numeric_limits<int64_t>::min();
+    return int64_t(D);
+  }
   }
 }
 

@@ -11,6 +11,7 @@
 #define SP_RUNTIME_COMM_COMMSUPPORT_H
 
 #include "runtime/comm/Communicator.h"
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/Twine.h"
 #include <cmath>
 #include <cstdint>
@@ -83,12 +84,12 @@ inline std::string firstProblem(std::initializer_list<std::string> Causes) {
   return "";
 }
 
-/// Acc[i] = Acc[i] + In[i]: the next rank's term of a rank-order sum.
-template <typename T>
-inline void accumulateSum(T *Acc, const T *In, int64_t Count) {
-  for (int64_t I = 0; I < Count; ++I)
-    Acc[I] = Acc[I] + In[I];
-}
+/// Out = In[0] + In[1] + ... in rank order, element-wise over Count
+/// elements of type T: the sum allReduceSum and reduceScatterSum define
+/// (16-bit floats widened, summed in float, rounded once). Out may be In[0]
+/// but no other input.
+void sumInRankOrder(CommType T, void *Out, llvm::ArrayRef<const void *> In,
+                    int64_t Count);
 
 /// Acc[i] = max(Acc[i], In[i]), NaN when either is NaN.
 inline void accumulateMax(float *Acc, const float *In, int64_t Count) {

@@ -41,6 +41,15 @@
 
 namespace sp {
 
+/// The element types collectives move and sum. The 16-bit floats sum in
+/// float and round to nearest even: with threads (and one rank) the whole
+/// rank-order sum is rounded once; MPI, which has no 16-bit float type,
+/// rounds after each pairwise step of its own order.
+enum class CommType : uint8_t { F32, BF16, F16, I64 };
+/// Its size in bytes and its name ("f32", "bf16", "f16", "i64").
+int64_t commTypeBytes(CommType T);
+const char *commTypeName(CommType T);
+
 class Communicator {
 public:
   virtual ~Communicator();
@@ -50,22 +59,36 @@ public:
   /// A short name for logs and diagnostics, e.g. "thread 1/4", "mpi 0/2".
   virtual std::string name() const = 0;
 
-  /// Element-wise, in place, over float32 buffers of Count elements. With
+  /// Element-wise sum, in place, over Count elements of type T. With
   /// threads the sum is computed in rank order starting from rank 0's value
   /// (the same bits on every rank, and the same as a sequential sum over
-  /// ranks 0..N-1); MPI's order is not specified. Max propagates NaN.
-  virtual llvm::Error allReduceSum(float *Data, int64_t Count) = 0;
+  /// ranks 0..N-1); MPI's order is not specified. int64 sums are exact in any
+  /// order.
+  virtual llvm::Error allReduceSum(void *Data, int64_t Count, CommType T) = 0;
+  /// Element-wise maximum over float32, in place; NaN propagates.
   virtual llvm::Error allReduceMax(float *Data, int64_t Count) = 0;
-  /// The same over int64 counters (exact in any order).
-  virtual llvm::Error allReduceSum(int64_t *Data, int64_t Count) = 0;
   /// Out[r * Count .. (r+1) * Count) = In of rank r (rank-major
-  /// concatenation). Out holds size() * Count elements.
-  virtual llvm::Error allGather(float *Out, const float *In,
-                                int64_t Count) = 0;
-  /// In holds size() chunks of Count elements; Out (Count elements) = sum
-  /// over ranks of chunk rank(), in rank order with threads.
-  virtual llvm::Error reduceScatterSum(float *Out, const float *In,
-                                       int64_t Count) = 0;
+  /// concatenation), Count elements of type T each. Out holds size() * Count.
+  virtual llvm::Error allGather(void *Out, const void *In, int64_t Count,
+                                CommType T) = 0;
+  /// In holds size() chunks of Count elements of type T; Out (Count
+  /// elements) = sum over ranks of chunk rank(), as allReduceSum sums.
+  virtual llvm::Error reduceScatterSum(void *Out, const void *In,
+                                       int64_t Count, CommType T) = 0;
+
+  /// The float32 and int64 forms.
+  llvm::Error allReduceSum(float *Data, int64_t Count) {
+    return allReduceSum(Data, Count, CommType::F32);
+  }
+  llvm::Error allReduceSum(int64_t *Data, int64_t Count) {
+    return allReduceSum(Data, Count, CommType::I64);
+  }
+  llvm::Error allGather(float *Out, const float *In, int64_t Count) {
+    return allGather(Out, In, Count, CommType::F32);
+  }
+  llvm::Error reduceScatterSum(float *Out, const float *In, int64_t Count) {
+    return reduceScatterSum(Out, In, Count, CommType::F32);
+  }
   /// Copies Root's Bytes bytes at Data into Data on every other rank.
   virtual llvm::Error broadcast(void *Data, int64_t Bytes, int Root) = 0;
   /// Point to point. Messages between the same (sender, receiver, Tag) arrive

@@ -20,6 +20,7 @@
 #include "runtime/comm/CommSupport.h"
 
 #ifdef SP_HAVE_MPI
+#include "ir/Float16.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include <algorithm>
@@ -54,6 +55,39 @@ std::string mpiErrorString(int Code) {
 Error mpiCallError(StringRef Call, int Code) {
   return createStringError(inconvertibleErrorCode(), "mpi: %s failed: %s",
                            Call.str().c_str(), mpiErrorString(Code).c_str());
+}
+
+/// The 16-bit float sums: MPI has no such types, so they travel as
+/// MPI_UINT16_T and reduce with a user operation that widens, adds in float
+/// and rounds (once per pairwise step: MPI's tree or ring decides the order,
+/// as for float).
+template <float (*Widen)(uint16_t), uint16_t (*Narrow)(float)>
+void sum16(void *In, void *InOut, int *Len, MPI_Datatype *) {
+  const uint16_t *X = static_cast<const uint16_t *>(In);
+  uint16_t *Y = static_cast<uint16_t *>(InOut);
+  for (int I = 0; I < *Len; ++I)
+    Y[I] = Narrow(Widen(X[I]) + Widen(Y[I]));
+}
+
+/// The MPI type and sum operation of T (the 16-bit ones created once, at the
+/// first use, after MPI_Init; never freed: MPI_Finalize releases them).
+std::pair<MPI_Datatype, MPI_Op> sumOf(CommType T) {
+  static MPI_Op SumBF16 = MPI_OP_NULL, SumF16 = MPI_OP_NULL;
+  static std::once_flag Once;
+  switch (T) {
+  case CommType::F32:
+    return {MPI_FLOAT, MPI_SUM};
+  case CommType::I64:
+    return {MPI_INT64_T, MPI_SUM};
+  case CommType::BF16:
+  case CommType::F16:
+    std::call_once(Once, [] {
+      MPI_Op_create(sum16<bfloat16ToFloat, floatToBFloat16>, 1, &SumBF16);
+      MPI_Op_create(sum16<halfToFloat, floatToHalf>, 1, &SumF16);
+    });
+    return {MPI_UINT16_T, T == CommType::BF16 ? SumBF16 : SumF16};
+  }
+  llvm_unreachable("unknown element type");
 }
 
 class MpiCommunicator final : public Communicator {
@@ -98,44 +132,54 @@ public:
     return formatv("mpi {0}/{1}", Rank, Size).str();
   }
 
-  Error allReduceSum(float *Data, int64_t Count) override {
-    return allReduce("allReduceSum", Data, Count, MPI_FLOAT, MPI_SUM);
+  using Communicator::allGather;
+  using Communicator::allReduceSum;
+  using Communicator::reduceScatterSum;
+
+  Error allReduceSum(void *Data, int64_t Count, CommType T) override {
+    auto [Type, Sum] = sumOf(T);
+    return allReduce("allReduceSum", static_cast<char *>(Data), Count,
+                     commTypeBytes(T), Type, Sum);
   }
   Error allReduceMax(float *Data, int64_t Count) override {
-    return allReduce("allReduceMax", Data, Count, MPI_FLOAT, MPI_MAX);
-  }
-  Error allReduceSum(int64_t *Data, int64_t Count) override {
-    return allReduce("allReduceSum", Data, Count, MPI_INT64_T, MPI_SUM);
+    return allReduce("allReduceMax", reinterpret_cast<char *>(Data), Count, 4,
+                     MPI_FLOAT, MPI_MAX);
   }
 
-  Error allGather(float *Out, const float *In, int64_t Count) override {
+  Error allGather(void *Out, const void *In, int64_t Count,
+                  CommType T) override {
     StringRef Op = "allGather";
+    int64_t B = commTypeBytes(T);
     if (Error E = check(Op, comm::firstProblem(
-                                {comm::checkBuffer("input", In, Count, 4),
+                                {comm::checkBuffer("input", In, Count, B),
                                  comm::checkBuffer("output", Out,
-                                                   Count * Size, 4),
-                                 comm::checkDisjoint(Out, Count * Size * 4,
-                                                     In, Count * 4),
+                                                   Count * Size, B),
+                                 comm::checkDisjoint(Out, Count * Size * B,
+                                                     In, Count * B),
                                  fitsInt(Count)})))
       return E;
+    MPI_Datatype Type = sumOf(T).first;
     return call(Op, "MPI_Allgather",
-                MPI_Allgather(In, static_cast<int>(Count), MPI_FLOAT, Out,
-                              static_cast<int>(Count), MPI_FLOAT, Comm));
+                MPI_Allgather(In, static_cast<int>(Count), Type, Out,
+                              static_cast<int>(Count), Type, Comm));
   }
 
-  Error reduceScatterSum(float *Out, const float *In, int64_t Count) override {
+  Error reduceScatterSum(void *Out, const void *In, int64_t Count,
+                         CommType T) override {
     StringRef Op = "reduceScatterSum";
+    int64_t B = commTypeBytes(T);
     if (Error E = check(Op, comm::firstProblem(
                                 {comm::checkBuffer("input", In, Count * Size,
-                                                   4),
-                                 comm::checkBuffer("output", Out, Count, 4),
-                                 comm::checkDisjoint(Out, Count * 4, In,
-                                                     Count * Size * 4),
+                                                   B),
+                                 comm::checkBuffer("output", Out, Count, B),
+                                 comm::checkDisjoint(Out, Count * B, In,
+                                                     Count * Size * B),
                                  fitsInt(Count)})))
       return E;
+    auto [Type, Sum] = sumOf(T);
     return call(Op, "MPI_Reduce_scatter_block",
                 MPI_Reduce_scatter_block(In, Out, static_cast<int>(Count),
-                                         MPI_FLOAT, MPI_SUM, Comm));
+                                         Type, Sum, Comm));
   }
 
   Error broadcast(void *Data, int64_t Bytes, int Root) override {
@@ -293,16 +337,15 @@ private:
     return "";
   }
 
-  template <typename T>
-  Error allReduce(StringRef Op, T *Data, int64_t Count, MPI_Datatype Type,
-                  MPI_Op Reduction) {
-    if (Error E = check(Op, comm::checkBuffer("data", Data, Count, sizeof(T))))
+  Error allReduce(StringRef Op, char *Data, int64_t Count, int64_t ElemBytes,
+                  MPI_Datatype Type, MPI_Op Reduction) {
+    if (Error E = check(Op, comm::checkBuffer("data", Data, Count, ElemBytes)))
       return E;
     for (int64_t Offset = 0; Offset < Count; Offset += MaxChunk) {
       int N = static_cast<int>(std::min(MaxChunk, Count - Offset));
       if (Error E = call(Op, "MPI_Allreduce",
-                         MPI_Allreduce(MPI_IN_PLACE, Data + Offset, N, Type,
-                                       Reduction, Comm)))
+                         MPI_Allreduce(MPI_IN_PLACE, Data + Offset * ElemBytes,
+                                       N, Type, Reduction, Comm)))
         return E;
     }
     return Error::success();

@@ -73,9 +73,8 @@ struct Domain {
 };
 
 enum class OpKind {
-  AllReduceSumF32,
-  AllReduceMaxF32,
-  AllReduceSumI64,
+  AllReduceSum,
+  AllReduceMax,
   AllGather,
   ReduceScatterSum,
   Broadcast,
@@ -85,12 +84,10 @@ enum class OpKind {
 
 StringRef opName(OpKind K) {
   switch (K) {
-  case OpKind::AllReduceSumF32:
-    return "allReduceSum(float)";
-  case OpKind::AllReduceMaxF32:
-    return "allReduceMax(float)";
-  case OpKind::AllReduceSumI64:
-    return "allReduceSum(int64)";
+  case OpKind::AllReduceSum:
+    return "allReduceSum";
+  case OpKind::AllReduceMax:
+    return "allReduceMax";
   case OpKind::AllGather:
     return "allGather";
   case OpKind::ReduceScatterSum:
@@ -109,6 +106,7 @@ StringRef opName(OpKind K) {
 struct OpDesc {
   OpKind Kind = OpKind::Barrier;
   int64_t Count = 0; // elements, or bytes for broadcast
+  CommType Type = CommType::F32; // the element type of the collectives
   int Root = 0;      // broadcast
   int Color = 0, Key = 0; // split
   const void *In = nullptr;
@@ -122,7 +120,9 @@ struct OpDesc {
     case OpKind::Broadcast:
       return formatv("broadcast({0} bytes, root {1})", Count, Root).str();
     default:
-      return formatv("{0} of {1} elements", opName(Kind), Count).str();
+      return formatv("{0}({1}) of {2} elements", opName(Kind),
+                     commTypeName(Type), Count)
+          .str();
     }
   }
 };
@@ -183,7 +183,7 @@ std::string checkPosted(const std::vector<OpDesc> &Posted) {
   for (size_t R = 1; R < Posted.size(); ++R) {
     const OpDesc &D = Posted[R];
     if (D.Kind != First.Kind || D.Count != First.Count ||
-        D.Root != First.Root)
+        D.Type != First.Type || D.Root != First.Root)
       return formatv("collective mismatch: rank 0 called {0} but rank {1} "
                      "called {2}",
                      First.describe(), R, D.describe())
@@ -203,49 +203,80 @@ public:
     return formatv("thread {0}/{1}", Rank, G->Size).str();
   }
 
-  Error allReduceSum(float *Data, int64_t Count) override {
-    return allReduce("allReduceSum", OpKind::AllReduceSumF32, Data, Count,
-                     FloatScratch, comm::accumulateSum<float>);
-  }
-  Error allReduceMax(float *Data, int64_t Count) override {
-    return allReduce("allReduceMax", OpKind::AllReduceMaxF32, Data, Count,
-                     FloatScratch, comm::accumulateMax);
-  }
-  Error allReduceSum(int64_t *Data, int64_t Count) override {
-    return allReduce("allReduceSum", OpKind::AllReduceSumI64, Data, Count,
-                     IntScratch, comm::accumulateSum<int64_t>);
-  }
+  using Communicator::allGather;
+  using Communicator::allReduceSum;
+  using Communicator::reduceScatterSum;
 
-  Error allGather(float *Out, const float *In, int64_t Count) override {
-    StringRef Op = "allGather";
-    OpDesc D = desc(OpKind::AllGather, Count, In);
-    D.Problem = comm::firstProblem(
-        {comm::checkBuffer("input", In, Count, 4),
-         comm::checkBuffer("output", Out, Count * G->Size, 4),
-         comm::checkDisjoint(Out, Count * G->Size * 4, In, Count * 4)});
+  Error allReduceSum(void *Data, int64_t Count, CommType T) override {
+    StringRef Op = "allReduceSum";
+    int64_t B = commTypeBytes(T);
+    OpDesc D = desc(OpKind::AllReduceSum, Count, Data, T);
+    D.Problem = comm::checkBuffer("data", Data, Count, B);
     if (Error E = arrive(Op, &D))
       return E;
-    for (int R = 0; R < G->Size; ++R)
-      copyFloats(Out + R * Count, G->Posted[R].In, Count);
+    // Every rank reduces all inputs in rank order into its own scratch, and
+    // writes its buffer only after everyone has read it.
+    Scratch.resize(std::max<int64_t>(Count, 0) * B);
+    comm::sumInRankOrder(T, Scratch.data(), posted(0), Count);
+    if (Error E = arrive(Op, nullptr))
+      return E;
+    if (Count > 0)
+      std::memcpy(Data, Scratch.data(), Count * B);
+    return Error::success();
+  }
+
+  Error allReduceMax(float *Data, int64_t Count) override {
+    StringRef Op = "allReduceMax";
+    OpDesc D = desc(OpKind::AllReduceMax, Count, Data, CommType::F32);
+    D.Problem = comm::checkBuffer("data", Data, Count, 4);
+    if (Error E = arrive(Op, &D))
+      return E;
+    Scratch.resize(std::max<int64_t>(Count, 0) * 4);
+    float *Max = reinterpret_cast<float *>(Scratch.data());
+    if (Count > 0) {
+      std::memcpy(Max, G->Posted[0].In, Count * 4);
+      for (int R = 1; R < G->Size; ++R)
+        comm::accumulateMax(Max, static_cast<const float *>(G->Posted[R].In),
+                            Count);
+    }
+    if (Error E = arrive(Op, nullptr))
+      return E;
+    if (Count > 0)
+      std::memcpy(Data, Max, Count * 4);
+    return Error::success();
+  }
+
+  Error allGather(void *Out, const void *In, int64_t Count,
+                  CommType T) override {
+    StringRef Op = "allGather";
+    int64_t B = commTypeBytes(T);
+    OpDesc D = desc(OpKind::AllGather, Count, In, T);
+    D.Problem = comm::firstProblem(
+        {comm::checkBuffer("input", In, Count, B),
+         comm::checkBuffer("output", Out, Count * G->Size, B),
+         comm::checkDisjoint(Out, Count * G->Size * B, In, Count * B)});
+    if (Error E = arrive(Op, &D))
+      return E;
+    if (Count > 0)
+      for (int R = 0; R < G->Size; ++R)
+        std::memcpy(static_cast<char *>(Out) + R * Count * B,
+                    G->Posted[R].In, Count * B);
     return arrive(Op, nullptr);
   }
 
-  Error reduceScatterSum(float *Out, const float *In, int64_t Count) override {
+  Error reduceScatterSum(void *Out, const void *In, int64_t Count,
+                         CommType T) override {
     StringRef Op = "reduceScatterSum";
-    OpDesc D = desc(OpKind::ReduceScatterSum, Count, In);
+    int64_t B = commTypeBytes(T);
+    OpDesc D = desc(OpKind::ReduceScatterSum, Count, In, T);
     D.Problem = comm::firstProblem(
-        {comm::checkBuffer("input", In, Count * G->Size, 4),
-         comm::checkBuffer("output", Out, Count, 4),
-         comm::checkDisjoint(Out, Count * 4, In, Count * G->Size * 4)});
+        {comm::checkBuffer("input", In, Count * G->Size, B),
+         comm::checkBuffer("output", Out, Count, B),
+         comm::checkDisjoint(Out, Count * B, In, Count * G->Size * B)});
     if (Error E = arrive(Op, &D))
       return E;
     // Out is this rank's own and nobody else reads it: sum into it directly.
-    int64_t Offset = Rank * Count;
-    copyFloats(Out, static_cast<const float *>(G->Posted[0].In) + Offset,
-               Count);
-    for (int R = 1; R < G->Size; ++R)
-      comm::accumulateSum(
-          Out, static_cast<const float *>(G->Posted[R].In) + Offset, Count);
+    comm::sumInRankOrder(T, Out, posted(Rank * Count * B), Count);
     return arrive(Op, nullptr);
   }
 
@@ -333,12 +364,22 @@ public:
   void abort(StringRef Reason) override { G->Dom->abort(RootRank, Reason); }
 
 private:
-  OpDesc desc(OpKind Kind, int64_t Count, const void *In) const {
+  OpDesc desc(OpKind Kind, int64_t Count, const void *In,
+              CommType Type = CommType::F32) const {
     OpDesc D;
     D.Kind = Kind;
     D.Count = Count;
+    D.Type = Type;
     D.In = In;
     return D;
+  }
+
+  /// Every rank's posted input, Offset bytes in.
+  SmallVector<const void *, 8> posted(int64_t Offset) const {
+    SmallVector<const void *, 8> In;
+    for (const OpDesc &D : G->Posted)
+      In.push_back(static_cast<const char *>(D.In) + Offset);
+    return In;
   }
 
   /// The checks of a call that involves no other rank.
@@ -384,34 +425,6 @@ private:
     return Error::success();
   }
 
-  template <typename T, typename Combine>
-  Error allReduce(StringRef Op, OpKind Kind, T *Data, int64_t Count,
-                  std::vector<T> &Scratch, Combine Accumulate) {
-    OpDesc D = desc(Kind, Count, Data);
-    D.Problem = comm::checkBuffer("data", Data, Count, sizeof(T));
-    if (Error E = arrive(Op, &D))
-      return E;
-    // Every rank reduces all inputs in rank order into its own scratch, and
-    // writes its buffer only after everyone has read it.
-    Scratch.resize(Count);
-    if (Count > 0) {
-      std::memcpy(Scratch.data(), G->Posted[0].In, Count * sizeof(T));
-      for (int R = 1; R < G->Size; ++R)
-        Accumulate(Scratch.data(), static_cast<const T *>(G->Posted[R].In),
-                   Count);
-    }
-    if (Error E = arrive(Op, nullptr))
-      return E;
-    if (Count > 0)
-      std::memcpy(Data, Scratch.data(), Count * sizeof(T));
-    return Error::success();
-  }
-
-  static void copyFloats(float *Out, const void *In, int64_t Count) {
-    if (Count > 0)
-      std::memcpy(Out, In, Count * sizeof(float));
-  }
-
   /// split's completion, run by the last rank under the group's lock: one
   /// new group per color, ranks ordered by (key, rank here).
   void formGroups() {
@@ -432,8 +445,8 @@ private:
   std::shared_ptr<Group> G;
   int Rank;
   int RootRank; // rank in the communicators of createThreadCommunicators
-  std::vector<float> FloatScratch;
-  std::vector<int64_t> IntScratch;
+  /// The all-reduces' result, written back after every rank has read.
+  std::vector<char> Scratch;
 };
 
 } // namespace

@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/Communicator.h"
+#include "ir/Float16.h"
 #include "llvm/ADT/Twine.h"
 #include "llvm/Support/raw_ostream.h"
 #include <chrono>
@@ -121,6 +122,44 @@ void testAllGatherAndReduceScatter(Communicator &C, Checker &T) {
   }
   T.fails(C.allGather(All.data(), All.data(), 1), "allGather overlap",
           "output and input buffers overlap");
+}
+
+/// bf16 sums travel as 16-bit words and add in float: small integers are
+/// exact in bf16, so every order gives the same bits.
+void testSixteenBit(Communicator &C, Checker &T) {
+  int N = C.size(), R = C.rank();
+  const int64_t Count = 100;
+  for (CommType Type : {CommType::BF16, CommType::F16}) {
+    auto Narrow = Type == CommType::BF16 ? floatToBFloat16 : floatToHalf;
+    std::vector<uint16_t> Sum(Count), Mine(Count), All(N * Count);
+    for (int64_t I = 0; I < Count; ++I)
+      Sum[I] = Mine[I] = Narrow(float((R + 1) * (I % 7)));
+    if (T.ok(C.allReduceSum(Sum.data(), Count, Type), "allReduceSum(16-bit)")) {
+      bool Ok = true;
+      for (int64_t I = 0; I < Count; ++I)
+        Ok &= Sum[I] == Narrow(float(N * (N + 1) / 2 * (I % 7)));
+      T.check(Ok, "allReduceSum(16-bit) values", commTypeName(Type));
+    }
+    if (T.ok(C.allGather(All.data(), Mine.data(), Count, Type),
+             "allGather(16-bit)")) {
+      bool Ok = true;
+      for (int S = 0; S < N; ++S)
+        for (int64_t I = 0; I < Count; ++I)
+          Ok &= All[S * Count + I] == Narrow(float((S + 1) * (I % 7)));
+      T.check(Ok, "allGather(16-bit) values", commTypeName(Type));
+    }
+    std::vector<uint16_t> Out(10);
+    std::vector<uint16_t> Chunks(N * 10);
+    for (int64_t I = 0; I < N * 10; ++I)
+      Chunks[I] = Narrow(float(R + I));
+    if (T.ok(C.reduceScatterSum(Out.data(), Chunks.data(), 10, Type),
+             "reduceScatterSum(16-bit)")) {
+      bool Ok = true;
+      for (int64_t I = 0; I < 10; ++I)
+        Ok &= Out[I] == Narrow(float(N * (N - 1) / 2 + N * (R * 10 + I)));
+      T.check(Ok, "reduceScatterSum(16-bit) values", commTypeName(Type));
+    }
+  }
 }
 
 void testBroadcastAndBarrier(Communicator &C, Checker &T) {
@@ -297,6 +336,7 @@ int main(int Argc, char **Argv) {
 
   testAllReduce(C, T);
   testAllGatherAndReduceScatter(C, T);
+  testSixteenBit(C, T);
   testBroadcastAndBarrier(C, T);
   testPointToPoint(C, T);
   testSplit(C, T);

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/Communicator.h"
+#include "ir/Float16.h"
 #include "gtest/gtest.h"
 #include <array>
 #include <atomic>
@@ -165,6 +166,71 @@ TEST_P(CommRanks, ReduceScatterSumIsTheSequentialSumOfEachChunk) {
   });
   for (int R = 0; R < N; ++R)
     EXPECT_TRUE(sameBits(Out[R], referenceSum(In, Count, R))) << "rank " << R;
+}
+
+/// bf16 and f16 collectives: a gather moves the bits; a sum widens every
+/// rank's term, adds in float in rank order and rounds once, bitwise.
+TEST_P(CommRanks, SixteenBitCollectivesSumInFloatAndRoundOnce) {
+  int N = GetParam();
+  const int64_t Count = 257;
+  struct Format {
+    CommType T;
+    uint16_t (*Narrow)(float);
+    float (*Widen)(uint16_t);
+  };
+  for (Format F : {Format{CommType::BF16, floatToBFloat16, bfloat16ToFloat},
+                   Format{CommType::F16, floatToHalf, halfToFloat}}) {
+    // Rank r's element i, as 16-bit values (mixed magnitudes: each add of a
+    // rounded sum would lose bits).
+    std::vector<std::vector<uint16_t>> In(N);
+    for (int R = 0; R < N; ++R) {
+      std::vector<float> V = rankData(R, Count * N, 3);
+      for (float X : V)
+        In[R].push_back(F.Narrow(X));
+    }
+    auto RoundedSum = [&](int64_t Chunk, int64_t I) {
+      float Acc = 0;
+      for (int R = 0; R < N; ++R)
+        Acc = R ? Acc + F.Widen(In[R][Chunk * Count + I])
+                : F.Widen(In[R][Chunk * Count + I]);
+      return F.Narrow(Acc);
+    };
+    std::vector<std::vector<uint16_t>> Sum(N), Gathered(N), Scattered(N);
+    runRanks(N, [&](Communicator &C) -> Error {
+      int R = C.rank();
+      Sum[R].assign(In[R].begin(), In[R].begin() + Count);
+      if (Error E = C.allReduceSum(Sum[R].data(), Count, F.T))
+        return E;
+      Gathered[R].assign(N * Count, 0);
+      if (Error E = C.allGather(Gathered[R].data(), In[R].data(), Count, F.T))
+        return E;
+      Scattered[R].assign(Count, 0);
+      return C.reduceScatterSum(Scattered[R].data(), In[R].data(), Count,
+                                F.T);
+    });
+    for (int R = 0; R < N; ++R)
+      for (int64_t I = 0; I < Count; ++I) {
+        ASSERT_EQ(Sum[R][I], RoundedSum(0, I))
+            << commTypeName(F.T) << " sum, rank " << R << " element " << I;
+        ASSERT_EQ(Scattered[R][I], RoundedSum(R, I))
+            << commTypeName(F.T) << " reduce-scatter, rank " << R;
+        for (int S = 0; S < N; ++S)
+          ASSERT_EQ(Gathered[R][S * Count + I], In[S][I])
+              << commTypeName(F.T) << " gather, rank " << R;
+      }
+  }
+  // A type mismatch between ranks is a mismatch like any other.
+  if (N > 1) {
+    Error E = runOnThreadRanks(N, [&](Communicator &C) -> Error {
+      std::vector<uint16_t> V(4);
+      return C.allReduceSum(V.data(), 4,
+                            C.rank() ? CommType::F16 : CommType::BF16);
+    });
+    EXPECT_NE(errorText(std::move(E))
+                  .find("called allReduceSum(bf16) of 4 elements but rank 1 "
+                        "called allReduceSum(f16) of 4 elements"),
+              std::string::npos);
+  }
 }
 
 TEST_P(CommRanks, BroadcastFromEveryRoot) {

@@ -1,9 +1,11 @@
 //===- IRTest.cpp - IR construction, printing, parsing, verification ------===//
 #include "ir/AsmFormat.h"
+#include "ir/Float16.h"
 #include "ir/OpDef.h"
 #include "ir/ShapeInference.h"
 #include "ir/Verifier.h"
 #include "gtest/gtest.h"
+#include <cmath>
 #include <cstring>
 
 using namespace sp;
@@ -157,6 +159,27 @@ TEST(IR, EveryCoreOpIsDefined) {
   EXPECT_EQ(toString(inferTypes(OpKind::ReluGrad, {X}, AttrList())
                          .takeError()),
             "expected 2 operands, got 1");
+}
+
+/// Every half and bfloat16 bit pattern widens to float exactly and rounds
+/// back to itself (NaNs stay NaNs); halfway cases round to even.
+TEST(IR, SixteenBitFloatsRoundTrip) {
+  for (uint32_t H = 0; H < 0x10000; ++H) {
+    float F = halfToFloat(uint16_t(H)), B = bfloat16ToFloat(uint16_t(H));
+    if (std::isnan(F))
+      EXPECT_TRUE(std::isnan(halfToFloat(floatToHalf(F)))) << H;
+    else
+      ASSERT_EQ(floatToHalf(F), H) << H;
+    if (std::isnan(B))
+      EXPECT_TRUE(std::isnan(bfloat16ToFloat(floatToBFloat16(B)))) << H;
+    else
+      ASSERT_EQ(floatToBFloat16(B), H) << H;
+  }
+  EXPECT_EQ(halfToFloat(0x3c00), 1.0f);
+  EXPECT_EQ(floatToHalf(1.0f + 0x1p-11f), 0x3c00);     // tie: to even
+  EXPECT_EQ(floatToHalf(1.0f + 3 * 0x1p-11f), 0x3c02); // tie: to even
+  EXPECT_EQ(floatToBFloat16(1.0f + 0x1p-8f), 0x3f80);
+  EXPECT_EQ(floatToHalf(70000.0f), 0x7c00); // past the largest half: inf
 }
 
 TEST(IR, RoundTripConstantsAndAttributes) {

@@ -8,14 +8,15 @@
 //     it and the host (parameters in, inputs in, results and dumps out);
 //   - the kernels: one call per instruction, including the tensor-parallel
 //     collectives and the vocabulary-parallel loss, which reduce over the
-//     call's tensor group;
+//     call's tensor group, and the pipeline messages (send, recv,
+//     pipe_all_reduce, pipe_broadcast) over its pipeline group;
 //   - ordering: calls run in program order on the backend's stream;
 //     synchronize() waits for all of them.
 //
 // The CPU backend (runtime/cpu/CpuBackend.h) runs each call to completion on
-// the calling thread. Pipeline messages (send, recv, pipe_all_reduce,
-// pipe_broadcast) stay with the executor: they move whole buffers between
-// stages through the pipeline group.
+// the calling thread. The executor touches backend memory only through the
+// copies: its tensor views read a host mirror of a device arena
+// (Executor::download and upload).
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_BACKEND_H
@@ -83,8 +84,8 @@ public:
   virtual llvm::Error copyToHost(void *Dst, const char *Src, size_t Bytes) = 0;
   /// Whether backend memory is host memory. The executor loads parameters,
   /// feeds inputs and reads the loss through the copies above; its tensor
-  /// views (parameters(), gradient(), logits()) and the pipeline messages
-  /// still point into the arena, so they need host memory for now.
+  /// views (parameters(), gradient(), logits()) point into the arena when
+  /// it is host memory, else into a host mirror.
   virtual bool hostMemory() const = 0;
 
   /// Runs (or enqueues) the kernel of one instruction. The error says what

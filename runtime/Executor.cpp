@@ -43,7 +43,26 @@ Executor::~Executor() {
 
 float *Executor::ptr(int Buffer) const {
   assert(Buffer >= 0 && size_t(Buffer) < Prog.Buffers.size());
-  return reinterpret_cast<float *>(Arena + Prog.Buffers[Buffer].Offset);
+  char *Base = Mirror.empty() ? Arena : const_cast<char *>(Mirror.data());
+  return reinterpret_cast<float *>(Base + Prog.Buffers[Buffer].Offset);
+}
+
+Error Executor::download() {
+  if (Mirror.empty())
+    return Error::success();
+  return Back->copyToHost(Mirror.data(), Arena, Mirror.size());
+}
+
+Error Executor::upload() {
+  if (Mirror.empty())
+    return Error::success();
+  for (const ProgramBuffer &B : Prog.Buffers)
+    if (B.K == ProgramBuffer::Param || B.K == ProgramBuffer::State)
+      if (auto E = Back->copyToBackend(Arena + B.Offset,
+                                       Mirror.data() + B.Offset,
+                                       B.Type.numBytes()))
+        return E;
+  return Error::success();
 }
 
 Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
@@ -104,8 +123,15 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   if (!E->Vocab || !E->Batch || Prog.output("loss") < 0)
     return planError("the plan is not a training program of a detected "
                      "Transformer (no token embedding or loss)");
-  // Every input must be one the runtime knows how to feed, and every
-  // collective's group one this run has.
+  // Every instruction's attributes must be its op's (a required one
+  // missing would read as its default), every input one the runtime knows
+  // how to feed, and every collective's group one this run has.
+  for (size_t K = 0; K < Prog.Instrs.size(); ++K) {
+    const Instruction &In = Prog.Instrs[K];
+    std::string Why = checkAttrs(In.Op, In.Attrs);
+    if (!Why.empty())
+      return planError(describe(In, K) + ": " + Why);
+  }
   if (auto Err = E->checkInputs())
     return std::move(Err);
   size_t MaxInputBytes = 0;
@@ -124,7 +150,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                                describe(In, K), Group,
                                E->PipeComm ? ", pp" : "",
                                Opts.DataComm ? ", dp" : ""));
-    // The executor sends stage-to-stage messages through the pipeline group.
+    // Stage-to-stage messages go through the pipeline group.
     bool Message = In.Op == OpKind::Send || In.Op == OpKind::Recv ||
                    In.Op == OpKind::PipeAllReduce ||
                    In.Op == OpKind::PipeBroadcast;
@@ -136,14 +162,12 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
 
   E->Back = Opts.MakeBackend ? Opts.MakeBackend()
                              : std::make_unique<CpuBackend>();
-  if (!E->Back->hostMemory())
-    return planError("backend '" + E->Back->name() +
-                     "' has device memory, which the executor's tensor views "
-                     "and pipeline messages cannot read yet");
   auto Arena = E->Back->allocate(Prog.ArenaBytes);
   if (!Arena)
     return Arena.takeError();
   E->Arena = *Arena;
+  if (!E->Back->hostMemory())
+    E->Mirror.assign(Prog.ArenaBytes, 0);
   E->Stats.ArenaBytes = Prog.ArenaBytes;
   E->Stats.PersistentBytes = Prog.PersistentBytes;
 
@@ -405,69 +429,8 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
 
 Error Executor::runInstruction(const Instruction &I, int64_t Step,
                                bool Training) {
-  switch (I.Op) {
-  // Pipeline: point to point between the stages of one tensor-parallel
-  // rank, through the pipeline group.
-  case OpKind::Send:
-  case OpKind::Recv:
-  case OpKind::PipeAllReduce:
-  case OpKind::PipeBroadcast:
-    return pipelineOp(I);
-  default:
-    return Back->run(KernelCall{I, Prog, Arena, Step, Training, Opts.Dropout,
-                                Opts.Seed, *Comm, PipeComm, Opts.DataComm});
-  }
-}
-
-Error Executor::pipelineOp(const Instruction &I) {
-  if (!PipeComm)
-    return planError("a pipeline instruction in a plan run without pipeline "
-                     "stages");
-  const auto &Bufs = Prog.Buffers;
-  int Tag = I.Attrs.getInt("tag", 0), Peer = I.Attrs.getInt("peer", -1);
-  switch (I.Op) {
-  case OpKind::Send:
-    return PipeComm->send(ptr(I.In[0]), Bufs[I.In[0]].Type.numBytes(), Peer,
-                          Tag);
-  case OpKind::Recv:
-    return PipeComm->recv(ptr(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(), Peer,
-                          Tag);
-  case OpKind::PipeBroadcast: {
-    int Root = I.Attrs.getInt("root", 0);
-    if (stage() == Root)
-      std::memcpy(ptr(I.Out[0]), ptr(I.In[0]), Bufs[I.Out[0]].Type.numBytes());
-    return PipeComm->broadcast(ptr(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(),
-                               Root);
-  }
-  case OpKind::PipeAllReduce: {
-    // The first listed rank sums the parts in list order and sends the sum
-    // back: every rank gets the same bits.
-    auto Ranks = I.Attrs.getInts("ranks");
-    float *Y = ptr(I.Out[0]);
-    int64_t N = Bufs[I.Out[0]].Type.numElements(), Bytes = N * 4;
-    std::memcpy(Y, ptr(I.In[0]), Bytes);
-    if (Ranks.empty() || !is_contained(Ranks, int64_t(stage())))
-      return planError("pipe_all_reduce does not list this stage");
-    if (stage() != Ranks[0]) {
-      if (auto E = PipeComm->send(Y, Bytes, Ranks[0], Tag))
-        return E;
-      return PipeComm->recv(Y, Bytes, Ranks[0], Tag);
-    }
-    std::vector<float> Part(N);
-    for (size_t K = 1; K < Ranks.size(); ++K) {
-      if (auto E = PipeComm->recv(Part.data(), Bytes, Ranks[K], Tag))
-        return E;
-      for (int64_t J = 0; J < N; ++J)
-        Y[J] += Part[J];
-    }
-    for (size_t K = 1; K < Ranks.size(); ++K)
-      if (auto E = PipeComm->send(Y, Bytes, Ranks[K], Tag))
-        return E;
-    return Error::success();
-  }
-  default:
-    llvm_unreachable("not a pipeline op");
-  }
+  return Back->run(KernelCall{I, Prog, Arena, Step, Training, Opts.Dropout,
+                              Opts.Seed, *Comm, PipeComm, Opts.DataComm});
 }
 
 TensorView Executor::view(int B, std::string Name) const {

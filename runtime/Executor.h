@@ -115,6 +115,14 @@ public:
   /// The logits stay readable (logits()) until the next call.
   llvm::Expected<double> evalLoss(const TokenBatch &B);
 
+  /// The tensor views below point to host memory: into the arena when the
+  /// backend's memory is the host's, else into a host mirror of it that
+  /// download() refreshes (after a step, before reading views) and upload()
+  /// writes back (parameters and optimizer state, after writing views, as a
+  /// checkpoint restore does). Both are no-ops on a host-memory backend.
+  llvm::Error download();
+  llvm::Error upload();
+
   /// Parameters, by their ONNX initializer names, in plan order.
   std::vector<TensorView> parameters() const;
   /// The gradient of a parameter from the last trainStep (before clipping).
@@ -153,7 +161,7 @@ private:
   llvm::Error feedInputs(const TokenBatch &B, double LR, int64_t Step);
   /// The loss of the last step, read back from the backend.
   llvm::Expected<double> loss() const;
-  llvm::Error pipelineOp(const Instruction &I);
+  /// Buffer's host memory: in the arena, or in the mirror.
   float *ptr(int Buffer) const;
 
   llvm::Error loadParameter(const ProgramBuffer &B);
@@ -169,6 +177,8 @@ private:
   int64_t Batch = 0, Seq = 0, Vocab = 0;
   std::unique_ptr<Backend> Back;
   char *Arena = nullptr; // the backend's memory
+  /// The host mirror of a device arena (empty on a host-memory backend).
+  std::vector<char> Mirror;
   std::vector<char> Staging; // host bytes of one input on its way in
   MemoryStats Stats;
   int LogitsBuffer = -1;

@@ -87,6 +87,8 @@ Error Run::dumpLogits(StringRef Dir) {
   Data.getBatch(1, Batch);
   if (auto L = E.evalLoss(Batch); !L)
     return L.takeError();
+  if (auto Err = E.download())
+    return Err;
   auto Logits = E.logits();
   if (!Logits)
     return usageError("the plan exposes no logits to dump");
@@ -144,6 +146,8 @@ Error Run::writeCheckpointAt(int64_t Step) {
   M.Seed = RunSeed;
   M.PlanFingerprint = Fingerprint;
   M.Losses = Rows;
+  if (auto Err = E.download())
+    return Err;
   return writeCheckpoint(CheckpointPath, M, checkpointTensors());
 }
 
@@ -356,6 +360,8 @@ Error Trainer::runRank(Communicator *World) {
     auto M = readCheckpoint(O.CheckpointPath, O.Fingerprint, Tensors);
     if (!M)
       return M.takeError();
+    if (auto Err = E.upload()) // the restored views, to the backend
+      return Err;
     if (O.Resume) {
       FirstStep = M->Step + 1;
       for (const LossRow &Row : M->Losses)
@@ -440,6 +446,8 @@ Error Trainer::runRank(Communicator *World) {
                     double(TokensPerStep * (Step - FirstStep + 1)) /
                         std::max(TrainSeconds, 1e-9));
     if (!O.DumpDir.empty() && Step == FirstStep) {
+      if (auto Err = E.download())
+        return FailAfterLogs(std::move(Err));
       std::vector<TensorView> Grads;
       for (const TensorView &Param : E.parameters()) {
         if (StringRef(Param.Name).contains('@'))
@@ -467,6 +475,8 @@ Error Trainer::runRank(Communicator *World) {
     }
   }
   Progress.finish();
+  if (auto Err = E.download()) // the trained weights, for dumps and export
+    return Err;
 
   if (!O.DumpDir.empty()) {
     std::string Csv = lossCsv(R.Rows);

@@ -147,6 +147,63 @@ static Error vocabParallelCrossEntropy(Communicator &Comm, float *Loss,
   return Error::success();
 }
 
+/// The pipeline messages, between the stages of one tensor-parallel rank
+/// through the pipeline group: whole buffers sent, received or broadcast,
+/// and the sum of a weight's gradient parts over the stages that hold it.
+static Error pipelineMessage(const KernelCall &C) {
+  const Instruction &I = C.I;
+  Communicator *Pipe = C.Pipeline;
+  if (!Pipe)
+    return planError("a pipeline instruction in a plan run without pipeline "
+                     "stages");
+  const auto &Bufs = C.Prog.Buffers;
+  int Stage = Pipe->rank();
+  auto Tag = [&] { return int(attrInt(I.Op, I.Attrs, "tag")); };
+  switch (I.Op) {
+  case OpKind::Send:
+    return Pipe->send(C.buffer(I.In[0]), Bufs[I.In[0]].Type.numBytes(),
+                      attrInt(I.Op, I.Attrs, "peer"), Tag());
+  case OpKind::Recv:
+    return Pipe->recv(C.buffer(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(),
+                      attrInt(I.Op, I.Attrs, "peer"), Tag());
+  case OpKind::PipeBroadcast: {
+    int Root = attrInt(I.Op, I.Attrs, "root");
+    int64_t Bytes = Bufs[I.Out[0]].Type.numBytes();
+    if (Stage == Root)
+      std::memcpy(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes);
+    return Pipe->broadcast(C.buffer(I.Out[0]), Bytes, Root);
+  }
+  case OpKind::PipeAllReduce: {
+    // The first listed rank sums the parts in list order and sends the sum
+    // back: every rank gets the same bits.
+    auto Ranks = attrInts(I.Op, I.Attrs, "ranks");
+    float *Y = reinterpret_cast<float *>(C.buffer(I.Out[0]));
+    int64_t N = Bufs[I.Out[0]].Type.numElements(), Bytes = N * 4;
+    std::memcpy(Y, C.buffer(I.In[0]), Bytes);
+    if (Ranks.empty() || !is_contained(Ranks, int64_t(Stage)))
+      return planError("pipe_all_reduce does not list this stage");
+    if (Stage != Ranks[0]) {
+      if (auto E = Pipe->send(Y, Bytes, Ranks[0], Tag()))
+        return E;
+      return Pipe->recv(Y, Bytes, Ranks[0], Tag());
+    }
+    std::vector<float> Part(N);
+    for (size_t K = 1; K < Ranks.size(); ++K) {
+      if (auto E = Pipe->recv(Part.data(), Bytes, Ranks[K], Tag()))
+        return E;
+      for (int64_t J = 0; J < N; ++J)
+        Y[J] += Part[J];
+    }
+    for (size_t K = 1; K < Ranks.size(); ++K)
+      if (auto E = Pipe->send(Y, Bytes, Ranks[K], Tag()))
+        return E;
+    return Error::success();
+  }
+  default:
+    llvm_unreachable("not a pipeline message");
+  }
+}
+
 Backend::~Backend() = default;
 
 extern "C" void openblas_set_num_threads(int NumThreads);
@@ -250,6 +307,11 @@ Error CpuBackend::run(const KernelCall &C) {
     }
     return Error::success();
   }
+  case OpKind::Send:
+  case OpKind::Recv:
+  case OpKind::PipeBroadcast:
+  case OpKind::PipeAllReduce:
+    return pipelineMessage(C);
   case OpKind::AllReduce:
   case OpKind::AllGather:
   case OpKind::ReduceScatter:

@@ -176,6 +176,45 @@ TEST(Executor, RunsThroughAnyBackend) {
   EXPECT_EQ(Counts["adamw"], 2 * Params);
 }
 
+/// A backend whose memory the executor must treat as a device's: it reaches
+/// it only through the copies, and its views are a host mirror.
+class DeviceMemoryBackend : public CpuBackend {
+public:
+  bool hostMemory() const override { return false; }
+};
+
+/// With device memory, views show the arena after download(), and writes
+/// to them reach the backend after upload(); the training itself is
+/// bitwise that of the host backend.
+TEST(Executor, DeviceMemoryViewsSyncThroughTheCopies) {
+  Plan P = compileTiny();
+  RunOptions O;
+  O.MakeBackend = [] { return std::make_unique<DeviceMemoryBackend>(); };
+  auto Dev = cantFail(Executor::create(P, O));
+  auto Host = cantFail(Executor::create(P, RunOptions{}));
+  auto Idx = randomTokens(4 * 64, 256, 9);
+  EXPECT_EQ(cantFail(Dev->trainStep({Idx, Idx, {}}, 1e-3, 1)),
+            cantFail(Host->trainStep({Idx, Idx, {}}, 1e-3, 1)));
+  std::string Name = Host->parameters()[0].Name;
+  auto Values = [](const TensorView &V) {
+    return std::vector<float>(V.Data, V.Data + V.size());
+  };
+  auto HostGrad = Values(*Host->gradient(Name));
+  EXPECT_NE(Values(*Dev->gradient(Name)), HostGrad)
+      << "the mirror is stale before download()";
+  ASSERT_FALSE(bool(Dev->download()));
+  EXPECT_EQ(Values(*Dev->gradient(Name)), HostGrad);
+  auto DevParams = Dev->parameters(), HostParams = Host->parameters();
+  for (size_t K = 0; K < DevParams.size(); ++K) {
+    EXPECT_EQ(Values(DevParams[K]), Values(HostParams[K]));
+    for (int64_t J = 0; J < DevParams[K].size(); ++J)
+      DevParams[K].Data[J] = HostParams[K].Data[J] *= 0.5f;
+  }
+  ASSERT_FALSE(bool(Dev->upload()));
+  EXPECT_EQ(cantFail(Dev->evalLoss({Idx, Idx, {}})),
+            cantFail(Host->evalLoss({Idx, Idx, {}})));
+}
+
 TEST(Executor, RejectsBadTokensAndPlans) {
   Plan P = compileTiny();
   auto E = cantFail(Executor::create(P, RunOptions{}));

@@ -10,8 +10,11 @@
 //     collectives and the vocabulary-parallel loss, which reduce over the
 //     call's tensor group, and the pipeline messages (send, recv,
 //     pipe_all_reduce, pipe_broadcast) over its pipeline group;
-//   - ordering: calls run in program order on the backend's stream;
-//     synchronize() waits for all of them.
+//   - ordering: calls take effect in program order, as on one queue;
+//     synchronize() waits for all of them. Streams and events are the
+//     backend's own: a device backend may run collectives on a second stream
+//     and order it with events (overlapping communication with compute), as
+//     long as each call sees the effects of the calls before it.
 //
 // The CPU backend (runtime/cpu/CpuBackend.h) runs each call to completion on
 // the calling thread. The executor touches backend memory only through the

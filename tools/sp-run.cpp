@@ -146,6 +146,13 @@ static cl::opt<std::string>
                       "under mpirun)"),
              cl::init("threads"), cl::value_desc("threads|mpi"), cl::cat(Cat));
 
+static cl::opt<double> CommTimeout(
+    "comm-timeout",
+    cl::desc("Seconds a rank waits in a collective or a receive for the other "
+             "ranks before it ends the job, naming the call (default 300)"),
+    cl::init(Communicator::DefaultTimeout.count() / 1000.0),
+    cl::value_desc("s"), cl::cat(Cat));
+
 static const char *Tool = "sp-run";
 
 /// Flags that are wrong whatever the plan and the files.
@@ -165,6 +172,9 @@ static Error checkFlags() {
     return usageError("--dropout must be in [0, 1)");
   if (Threads.getNumOccurrences() && Threads <= 0)
     return usageError("--threads must be a positive integer");
+  if (!(CommTimeout > 0) || CommTimeout > 1e6)
+    return usageError("--comm-timeout must be a number of seconds in (0, "
+                      "1000000]");
   if (CheckpointEvery.getNumOccurrences() && CheckpointEvery <= 0)
     return usageError("--checkpoint-every must be a positive integer");
   if (!DataFile.empty() && SyntheticData)
@@ -351,7 +361,13 @@ int main(int Argc, char **Argv) {
   O.Source = Source;
   O.ThreadsPerRank = NumThreads;
   Trainer T(*P, std::move(O));
-  auto Body = [&](Communicator *World) { return T.runRank(World); };
+  auto Timeout = std::chrono::milliseconds(
+      std::max<int64_t>(1, int64_t(CommTimeout * 1000)));
+  auto Body = [&](Communicator *World) {
+    if (World) // the groups split from it inherit it
+      World->setTimeout(Timeout);
+    return T.runRank(World);
+  };
 
   if (CommKind == "mpi") {
     auto C = createMpiCommunicator(&Argc, &Argv);

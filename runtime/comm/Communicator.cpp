@@ -7,6 +7,7 @@
 #include "runtime/comm/Communicator.h"
 #include "runtime/comm/CommSupport.h"
 #include "ir/Float16.h"
+#include "llvm/Support/FormatVariadic.h"
 #include <cstring>
 #include <vector>
 
@@ -15,6 +16,14 @@ using namespace llvm;
 namespace sp {
 
 Communicator::~Communicator() = default;
+
+std::string Communicator::timeoutCause(StringRef Op, StringRef Waiting) const {
+  return ("timed out after " +
+          Twine(formatv("{0:F1}", Timeout.count() / 1000.0).str()) +
+          " s in " + Op + " waiting for " + Waiting +
+          " (raise it with --comm-timeout)")
+      .str();
+}
 
 int64_t commTypeBytes(CommType T) {
   switch (T) {
@@ -134,7 +143,9 @@ public:
   Expected<std::unique_ptr<Communicator>> split(int Color, int Key) override {
     if (Error E = check("split", comm::checkColor(Color)))
       return E;
-    return createSingleRankCommunicator();
+    std::unique_ptr<Communicator> C = createSingleRankCommunicator();
+    C->setTimeout(Timeout);
+    return C;
   }
 
   void abort(StringRef Reason) override {

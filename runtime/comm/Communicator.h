@@ -34,6 +34,7 @@
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -109,6 +110,23 @@ public:
   /// return an error. MPI: prints Reason and terminates the job. Single rank:
   /// later calls return an error.
   virtual void abort(llvm::StringRef Reason) = 0;
+
+  /// How long a call may wait for the other ranks (a collective for all of
+  /// them, recv for its message). Past it the rank gives up: it aborts the
+  /// job with the call and the ranks it waited for, so that a hung or dead
+  /// rank never hangs the others (threads: every rank's call fails with that
+  /// reason; MPI: the job ends, MPI_Abort). split() passes it on.
+  void setTimeout(std::chrono::milliseconds T) { Timeout = T; }
+  std::chrono::milliseconds timeout() const { return Timeout; }
+  /// sp-run's default (--comm-timeout): five minutes.
+  static constexpr std::chrono::milliseconds DefaultTimeout{300000};
+
+protected:
+  /// "timed out after 1.5 s in allReduceSum waiting for rank 1 (of 4) (raise
+  /// it with --comm-timeout)": the cause a timed-out rank aborts with.
+  std::string timeoutCause(llvm::StringRef Op, llvm::StringRef Waiting) const;
+
+  std::chrono::milliseconds Timeout = DefaultTimeout;
 };
 
 /// A communicator of one rank: collectives are copies, send/recv are errors.

@@ -10,6 +10,10 @@
 // at most 2^30 elements (bytes), the same on every rank. allGather and
 // reduceScatterSum need each rank's count to fit an int.
 //
+// Every wait polls a nonblocking call (MPI_Iallreduce, MPI_Irecv, ...) so
+// that the communicator's timeout holds: a rank that waits past it aborts the
+// job, naming the call.
+//
 // Sends are buffered, as with threads: send copies the bytes and posts
 // MPI_Isend, so it never waits for the receiver (pipeline stages send to
 // each other in both directions at once). Completed sends are released at
@@ -24,7 +28,9 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <thread>
 #include <cstdlib>
 #include <mpi.h>
 #include <list>
@@ -159,9 +165,11 @@ public:
                                  fitsInt(Count)})))
       return E;
     MPI_Datatype Type = sumOf(T).first;
-    return call(Op, "MPI_Allgather",
-                MPI_Allgather(In, static_cast<int>(Count), Type, Out,
-                              static_cast<int>(Count), Type, Comm));
+    MPI_Request R;
+    return complete(Op, "MPI_Iallgather",
+                    MPI_Iallgather(In, static_cast<int>(Count), Type, Out,
+                                   static_cast<int>(Count), Type, Comm, &R),
+                    R);
   }
 
   Error reduceScatterSum(void *Out, const void *In, int64_t Count,
@@ -177,9 +185,11 @@ public:
                                  fitsInt(Count)})))
       return E;
     auto [Type, Sum] = sumOf(T);
-    return call(Op, "MPI_Reduce_scatter_block",
-                MPI_Reduce_scatter_block(In, Out, static_cast<int>(Count),
-                                         Type, Sum, Comm));
+    MPI_Request R;
+    return complete(Op, "MPI_Ireduce_scatter_block",
+                    MPI_Ireduce_scatter_block(In, Out, static_cast<int>(Count),
+                                              Type, Sum, Comm, &R),
+                    R);
   }
 
   Error broadcast(void *Data, int64_t Bytes, int Root) override {
@@ -191,8 +201,11 @@ public:
     char *P = static_cast<char *>(Data);
     for (int64_t Offset = 0; Offset < Bytes; Offset += MaxChunk) {
       int N = static_cast<int>(std::min(MaxChunk, Bytes - Offset));
-      if (Error E = call(Op, "MPI_Bcast",
-                         MPI_Bcast(P + Offset, N, MPI_BYTE, Root, Comm)))
+      MPI_Request R;
+      if (Error E = complete(Op, "MPI_Ibcast",
+                             MPI_Ibcast(P + Offset, N, MPI_BYTE, Root, Comm,
+                                        &R),
+                             R))
         return E;
     }
     return Error::success();
@@ -234,9 +247,14 @@ public:
     do {
       int N = static_cast<int>(std::min(MaxChunk, Bytes - Offset));
       MPI_Status Status;
-      if (Error E =
-              call(Op, "MPI_Recv",
-                   MPI_Recv(P + Offset, N, MPI_BYTE, Peer, Tag, Comm, &Status)))
+      MPI_Request R;
+      if (Error E = complete(Op, "MPI_Irecv",
+                             MPI_Irecv(P + Offset, N, MPI_BYTE, Peer, Tag,
+                                       Comm, &R),
+                             R, &Status,
+                             formatv("a message from rank {0} with tag {1}",
+                                     Peer, Tag)
+                                 .str()))
         return E;
       int Got = 0;
       if (Error E = call(Op, "MPI_Get_count",
@@ -254,7 +272,8 @@ public:
   }
 
   Error barrier() override {
-    return call("barrier", "MPI_Barrier", MPI_Barrier(Comm));
+    MPI_Request R;
+    return complete("barrier", "MPI_Ibarrier", MPI_Ibarrier(Comm, &R), R);
   }
 
   Expected<std::unique_ptr<Communicator>> split(int Color, int Key) override {
@@ -268,6 +287,7 @@ public:
     auto Wrapped = wrap(New);
     if (!Wrapped)
       return comm::makeError(*this, Op, toString(Wrapped.takeError()));
+    (*Wrapped)->setTimeout(Timeout);
     return Wrapped;
   }
 
@@ -313,6 +333,38 @@ private:
                            Call + " failed: " + mpiErrorString(Code));
   }
 
+  /// Completes the nonblocking Call (its start returned Code) made for Op.
+  /// It polls rather than blocks, so that the timeout holds: past it, the
+  /// rank aborts the job naming Op and what it waited for (Waiting; the
+  /// other ranks, for a collective). Polls spin briefly, then sleep up to
+  /// a millisecond between tests, so a rank left waiting does not burn a
+  /// core.
+  Error complete(StringRef Op, StringRef Call, int Code, MPI_Request &Request,
+                 MPI_Status *Status = MPI_STATUS_IGNORE,
+                 std::string Waiting = "") {
+    if (Error E = call(Op, Call, Code))
+      return E;
+    auto Deadline = std::chrono::steady_clock::now() + Timeout;
+    std::chrono::microseconds Pause(0);
+    for (int Polls = 0;; ++Polls) {
+      int Done = 0;
+      if (Error E = call(Op, Call, MPI_Test(&Request, &Done, Status)))
+        return E;
+      if (Done)
+        return Error::success();
+      if (Polls < 1000)
+        continue;
+      if (std::chrono::steady_clock::now() > Deadline)
+        abort(timeoutCause(Op, Waiting.empty()
+                                   ? formatv("the other ranks (of {0})", Size)
+                                         .str()
+                                   : Waiting));
+      Pause = std::min(std::chrono::microseconds(1000),
+                       std::max(std::chrono::microseconds(1), Pause * 2));
+      std::this_thread::sleep_for(Pause);
+    }
+  }
+
   static std::string fitsInt(int64_t Count) {
     if (Count > INT_MAX)
       return formatv("count {0} exceeds MPI's int counts", Count).str();
@@ -343,9 +395,12 @@ private:
       return E;
     for (int64_t Offset = 0; Offset < Count; Offset += MaxChunk) {
       int N = static_cast<int>(std::min(MaxChunk, Count - Offset));
-      if (Error E = call(Op, "MPI_Allreduce",
-                         MPI_Allreduce(MPI_IN_PLACE, Data + Offset * ElemBytes,
-                                       N, Type, Reduction, Comm)))
+      MPI_Request R;
+      if (Error E = complete(Op, "MPI_Iallreduce",
+                             MPI_Iallreduce(MPI_IN_PLACE,
+                                            Data + Offset * ElemBytes, N, Type,
+                                            Reduction, Comm, &R),
+                             R))
         return E;
     }
     return Error::success();

@@ -130,8 +130,8 @@ struct OpDesc {
 /// The shared state of one communicator's ranks.
 struct Group {
   Group(std::shared_ptr<Domain> Dom, int Size)
-      : Dom(std::move(Dom)), Size(Size), Posted(Size), SplitGroups(Size),
-        SplitRanks(Size) {}
+      : Dom(std::move(Dom)), Size(Size), Here(Size), Posted(Size),
+        SplitGroups(Size), SplitRanks(Size) {}
 
   const std::shared_ptr<Domain> Dom;
   const int Size;
@@ -139,6 +139,8 @@ struct Group {
   std::mutex M;
   std::condition_variable BarrierCV;
   int Arrived = 0;
+  /// Which ranks have arrived at the pending barrier (for timeouts).
+  std::vector<char> Here;
   uint64_t Generation = 0;
   std::vector<OpDesc> Posted;
   /// The outcome of the last checked barrier: empty, or the cause of the
@@ -318,12 +320,19 @@ public:
       return E;
     std::unique_lock<std::mutex> L(G->M);
     auto Key = std::make_tuple(Peer, Rank, Tag);
-    G->MailCV.wait(L, [&] {
+    bool Woken = G->MailCV.wait_for(L, Timeout, [&] {
       if (G->Dom->Aborted.load())
         return true;
       auto It = G->Mail.find(Key);
       return It != G->Mail.end() && !It->second.empty();
     });
+    if (!Woken) {
+      std::string Cause = timeoutCause(
+          Op, formatv("a message from rank {0} with tag {1}", Peer, Tag).str());
+      L.unlock();
+      G->Dom->abort(RootRank, Cause);
+      return comm::makeError(*this, Op, G->Dom->reason());
+    }
     if (G->Dom->Aborted.load())
       return comm::makeError(*this, Op, G->Dom->reason());
     auto It = G->Mail.find(Key);
@@ -357,8 +366,10 @@ public:
     if (Error E = arrive(Op, &D, [this] { formGroups(); }))
       return E;
     std::lock_guard<std::mutex> L(G->M);
-    return std::make_unique<ThreadCommunicator>(G->SplitGroups[Rank],
-                                                G->SplitRanks[Rank], RootRank);
+    auto C = std::make_unique<ThreadCommunicator>(G->SplitGroups[Rank],
+                                                  G->SplitRanks[Rank], RootRank);
+    C->setTimeout(Timeout);
+    return C;
   }
 
   void abort(StringRef Reason) override { G->Dom->abort(RootRank, Reason); }
@@ -404,8 +415,10 @@ private:
     if (D)
       G->Posted[Rank] = *D;
     uint64_t Generation = G->Generation;
+    G->Here[Rank] = 1;
     if (++G->Arrived == G->Size) {
       G->Arrived = 0;
+      std::fill(G->Here.begin(), G->Here.end(), 0);
       if (D) {
         G->Problem = checkPosted(G->Posted);
         if (G->Problem.empty() && OnComplete)
@@ -414,9 +427,25 @@ private:
       ++G->Generation;
       G->BarrierCV.notify_all();
     } else {
-      G->BarrierCV.wait(L, [&] {
+      bool Woken = G->BarrierCV.wait_for(L, Timeout, [&] {
         return G->Generation != Generation || G->Dom->Aborted.load();
       });
+      if (!Woken) {
+        // The ranks that never came: give up on the job for all.
+        std::string Missing;
+        int Count = 0;
+        for (int R = 0; R < G->Size; ++R)
+          if (!G->Here[R]) {
+            Missing += (Count++ ? ", " : "") + std::to_string(R);
+          }
+        std::string Cause = timeoutCause(
+            Op, formatv("rank{0} {1} (of {2})", Count > 1 ? "s" : "", Missing,
+                        G->Size)
+                    .str());
+        L.unlock();
+        G->Dom->abort(RootRank, Cause);
+        return comm::makeError(*this, Op, G->Dom->reason());
+      }
       if (G->Generation == Generation)
         return comm::makeError(*this, Op, G->Dom->reason());
     }

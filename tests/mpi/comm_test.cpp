@@ -6,7 +6,8 @@
 // where MPI's sum order could matter, so the comparisons are exact. Failed
 // checks are printed by the rank that saw them; rank 0 prints
 // "N passed, M failed" over all ranks, and every rank exits non-zero on a
-// failure. With --abort it checks that abort() ends the job instead.
+// failure. With --abort it checks that abort() ends the job instead, and with
+// --stall that a rank that stops answering ends it after the timeout.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/comm/Communicator.h"
@@ -222,7 +223,7 @@ void testPointToPoint(Communicator &C, Checker &T) {
       T.ok(C.send(&Small, sizeof(Small), 1, 9), "send 4 bytes");
     } else {
       T.fails(C.recv(&Small, sizeof(Small), 0, 8), "recv truncated",
-              "recv: MPI_Recv failed:");
+              "recv: MPI_Irecv failed:");
       T.fails(C.recv(&Big, sizeof(Big), 0, 9), "recv short",
               "the message from rank 0 with tag 9 has 4 bytes, expected 8");
     }
@@ -323,6 +324,26 @@ int main(int Argc, char **Argv) {
     }
     Error E = C.barrier();
     errs() << "rank " << C.rank() << ": barrier returned after an abort: "
+           << (E ? toString(std::move(E)) : "success") << "\n";
+    return 0;
+  }
+
+  // --stall: the last rank stops answering (it sleeps far past the 1 s
+  // timeout) while the others all-reduce over a split-off group, which
+  // inherits the timeout; they must give up after about a second, naming the
+  // call, and end the job. run_mpi_tests.sh checks the line and the time.
+  if (Argc > 1 && StringRef(Argv[1]) == "--stall") {
+    C.setTimeout(std::chrono::milliseconds(1000));
+    auto Sub = C.split(0, C.rank());
+    if (!Sub) {
+      errs() << toString(Sub.takeError()) << "\n";
+      return 1;
+    }
+    if (C.rank() == C.size() - 1)
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    float X = 1;
+    Error E = (*Sub)->allReduceSum(&X, 1);
+    errs() << "rank " << C.rank() << ": the all-reduce returned: "
            << (E ? toString(std::move(E)) : "success") << "\n";
     return 0;
   }

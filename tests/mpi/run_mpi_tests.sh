@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs an MPI test program (tests/mpi/comm_test.cpp) under mpirun with 1, 2
 # and 4 processes, then once with --abort (which must end the job with an
-# error), and fails if any run fails or hangs.
+# error) and once with --stall (a rank stops answering: the others must end
+# the job after their 1 s timeout), and fails if any run fails or hangs.
 #
 #   tests/mpi/run_mpi_tests.sh BINARY [MPIEXEC]
 #
@@ -71,8 +72,33 @@ else
 fi
 rm -f "$log"
 
+# A stalled rank: the last of 4 sleeps while the others all-reduce with a
+# 1 s timeout; they must end the job within a few seconds, naming the call.
+echo "== $MPIEXEC -np 4 $BINARY --stall (expected to fail after ~1 s)"
+log=$(mktemp)
+start=$(date +%s%N)
+timeout "$TIMEOUT" "$MPIEXEC" "${FLAGS[@]}" -np 4 "$BINARY" --stall >"$log" 2>&1
+rc=$?
+elapsed_ms=$((($(date +%s%N) - start) / 1000000))
+if [ $rc -eq 124 ]; then
+  echo "-- stall: timed out after ${TIMEOUT}s (the others hung)" >&2
+  failed+=("4 (stall)")
+elif [ $rc -eq 0 ] || ! grep -q "timed out after 1.0 s in allReduceSum waiting for the other ranks (of 4)" "$log"; then
+  cat "$log" >&2
+  echo "-- stall: exit code $rc, expected a failure naming the call" >&2
+  failed+=("4 (stall)")
+elif [ "$elapsed_ms" -gt 30000 ]; then
+  cat "$log" >&2
+  echo "-- stall: the job took ${elapsed_ms} ms to end, expected ~1 s + start-up" >&2
+  failed+=("4 (stall)")
+else
+  grep -m1 "timed out" "$log"
+  echo "-- stall ended the job in ${elapsed_ms} ms (exit code $rc)"
+fi
+rm -f "$log"
+
 if [ ${#failed[@]} -ne 0 ]; then
   echo "MPI tests failed with ${failed[*]} processes" >&2
   exit 1
 fi
-echo "MPI tests passed with $SIZES processes, and abort"
+echo "MPI tests passed with $SIZES processes, abort and a stalled rank"

@@ -521,6 +521,56 @@ TEST(CommTest, AbortReachesSubgroupsAndReceivers) {
   EXPECT_EQ(Errors[2], "thread 0/2: recv: aborted by rank 3: bad batch");
 }
 
+/// A rank that never comes: the others give up after their timeout, naming
+/// the call and the missing rank, and every rank's call fails (no hang). A
+/// recv whose message never comes fails the same way; split() passes the
+/// timeout on.
+TEST(CommTest, TimeoutNamesTheCallAndTheMissingRank) {
+  using namespace std::chrono;
+  auto Start = steady_clock::now();
+  std::vector<std::string> Errors(3);
+  Error E = runOnThreadRanks(3, [&](Communicator &C) -> Error {
+    C.setTimeout(milliseconds(200));
+    auto Sub = C.split(0, C.rank());
+    if (!Sub)
+      return Sub.takeError();
+    EXPECT_EQ((*Sub)->timeout(), milliseconds(200));
+    if (C.rank() == 2)
+      return Error::success(); // never joins the all-reduce
+    float X = 1;
+    Errors[C.rank()] = errorText((*Sub)->allReduceSum(&X, 1));
+    return Error::success();
+  });
+  EXPECT_EQ(errorText(std::move(E)), "");
+  EXPECT_LT(duration_cast<milliseconds>(steady_clock::now() - Start).count(),
+            5000);
+  for (int R : {0, 1}) {
+    EXPECT_NE(Errors[R].find("allReduceSum: aborted by rank "),
+              std::string::npos)
+        << Errors[R];
+    EXPECT_NE(Errors[R].find("timed out after 0.2 s in allReduceSum waiting "
+                             "for rank 2 (of 3) (raise it with "
+                             "--comm-timeout)"),
+              std::string::npos)
+        << Errors[R];
+  }
+
+  std::string RecvError;
+  E = runOnThreadRanks(2, [&](Communicator &C) -> Error {
+    C.setTimeout(milliseconds(100));
+    if (C.rank() == 0) {
+      int64_t X;
+      RecvError = errorText(C.recv(&X, 8, 1, 7));
+    }
+    return Error::success();
+  });
+  EXPECT_EQ(errorText(std::move(E)), "");
+  EXPECT_NE(RecvError.find("timed out after 0.1 s in recv waiting for a "
+                           "message from rank 1 with tag 7"),
+            std::string::npos)
+      << RecvError;
+}
+
 TEST(CommTest, RunOnThreadRanksAbortsWhenARankFails) {
   Error E = runOnThreadRanks(3, [](Communicator &C) -> Error {
     if (C.rank() == 1)

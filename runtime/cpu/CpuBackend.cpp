@@ -268,7 +268,7 @@ Error CpuBackend::run(const KernelCall &C) {
     return cpu::Shape(T.Shape.data(), T.Shape.size());
   };
   int Rank = C.Tensor.rank();
-  // Attributes with their declared defaults (ir/OpAttrs.def).
+  // Attributes with their declared defaults (ir/ops/).
   auto AInt = [&](StringRef Name) { return attrInt(I.Op, I.Attrs, Name); };
   auto AFloat = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
   // Dropout's ratio: the run's override or the plan's; off when evaluating.

@@ -4,7 +4,9 @@
 //
 //  1. Read the file and parse the ModelProto. A short wire-format walk over
 //     the top-level fields first tells a truncated file (a field runs past
-//     the end) from a file that is not an ONNX model at all.
+//     the end) from a file that is not an ONNX model at all. Every string
+//     must be UTF-8, as onnx.proto says: names end up in the plan's JSON,
+//     which cannot hold anything else.
 //  2. Check the opset (default domain, 13 to 17) and the nodes: each one a
 //     supported op of the default domain, without an empty optional input
 //     in the middle, using only values defined before it (ONNX graphs are
@@ -14,8 +16,9 @@
 //     flag that binds it.
 //  4. Turn initializers into parameters and constants (rules below). No data
 //     is read here except the bytes of small embedded constants.
-//  5. Run ONNX's own shape inference (strict, with data propagation) on the
-//     bound model. External initializers are declared to it as typed graph
+//  5. Run ONNX's own shape inference (strict; without data propagation,
+//     whose propagators crash on bad input in ONNX 1.12) on the bound
+//     model. External initializers are declared to it as typed graph
 //     inputs, since it cannot read their data.
 //  6. Map the nodes in graph order: Constant nodes become constants; every
 //     other node gets its onnx.* op, its attributes (ONNX names, see
@@ -65,6 +68,7 @@
 //   PATH: external data location '../x' of initializer 'W' escapes the
 //         model folder '/dir'
 //   PATH: node 'NAME' (OpType): unsupported op; supported ops are ...
+//   PATH: node 3 (MatMul): name 'h.0\xFF' is not valid UTF-8 (...)
 //   PATH: node 'NAME' (OpType): <type error from inferTypes>
 //   PATH: onnx shape inference failed: <message>
 //
@@ -76,6 +80,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/ConvertUTF.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -85,6 +90,7 @@
 #include "onnx/defs/schema.h"
 #include "onnx/onnx_pb.h"
 #include "onnx/shape_inference/implementation.h"
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/coded_stream.h>
 
 #include <algorithm>
@@ -114,6 +120,71 @@ Error fileError(StringRef Path, const Twine &Msg) {
   std::string S = Msg.str();
   std::replace(S.begin(), S.end(), '\n', ' ');
   return makeError(Path + ": " + StringRef(S).trim());
+}
+
+bool isUtf8(StringRef S) {
+  const auto *P = reinterpret_cast<const UTF8 *>(S.begin());
+  return isLegalUTF8String(&P, reinterpret_cast<const UTF8 *>(S.end()));
+}
+
+/// S for a message: bytes that are not part of a valid UTF-8 sequence, and
+/// control characters, as \xNN.
+std::string escapeForMessage(StringRef S) {
+  std::string R;
+  const auto *P = reinterpret_cast<const UTF8 *>(S.begin());
+  const auto *End = reinterpret_cast<const UTF8 *>(S.end());
+  while (P < End) {
+    unsigned N = getNumBytesForUTF8(*P);
+    if (*P >= 0x20 && *P != 0x7f && N <= unsigned(End - P) &&
+        isLegalUTF8Sequence(P, P + N)) {
+      R.append(reinterpret_cast<const char *>(P), N);
+      P += N;
+      continue;
+    }
+    R += formatv("\\x{0:X-2}", unsigned(*P)).str();
+    ++P;
+  }
+  return R;
+}
+
+/// The first string field of M, recursively, that is not valid UTF-8: its
+/// path below M ("input[1]", "attribute[0].name") and its value; nullopt if
+/// there is none. Doc strings, which sp never reads, are not checked;
+/// attribute values are bytes in onnx.proto and are checked where they are
+/// converted (convertAttribute).
+std::optional<std::pair<std::string, std::string>>
+findInvalidUtf8(const google::protobuf::Message &M) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection *R = M.GetReflection();
+  std::vector<const FieldDescriptor *> Fields;
+  R->ListFields(M, &Fields);
+  for (const FieldDescriptor *F : Fields) {
+    bool IsString = F->type() == FieldDescriptor::TYPE_STRING;
+    if (F->name() == "doc_string" ||
+        (!IsString && F->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE))
+      continue; // numbers and bytes (raw_data) need no look
+    bool Repeated = F->is_repeated();
+    int N = Repeated ? R->FieldSize(M, F) : 1;
+    auto Where = [&](int I) {
+      return Repeated ? formatv("{0}[{1}]", F->name(), I).str() : F->name();
+    };
+    for (int I = 0; I < N; ++I) {
+      if (IsString) {
+        std::string Scratch;
+        const std::string &S =
+            Repeated ? R->GetRepeatedStringReference(M, F, I, &Scratch)
+                     : R->GetStringReference(M, F, &Scratch);
+        if (!isUtf8(S))
+          return std::pair{Where(I), S};
+      } else {
+        const google::protobuf::Message &Sub =
+            Repeated ? R->GetRepeatedMessage(M, F, I) : R->GetMessage(M, F);
+        if (auto Bad = findInvalidUtf8(Sub))
+          return std::pair{Where(I) + "." + Bad->first, Bad->second};
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 //===----------------------------------------------------------------------===//
@@ -368,6 +439,8 @@ Expected<std::vector<char>> embeddedBytes(const onnx::TensorProto &T,
     return std::vector<char>(T.raw_data().begin(), T.raw_data().end());
   int64_t N = Ty.numElements();
   std::vector<char> B(Ty.numBytes());
+  if (B.empty()) // memcpy from and to the null data of empty fields is UB
+    return B;
   switch (Ty.Dtype) {
   case DType::F32:
     std::memcpy(B.data(), T.float_data().data(), B.size());
@@ -500,6 +573,11 @@ public:
     return E;
   }
 
+  void clear() {
+    std::lock_guard<std::mutex> Lock(Mutex);
+    Entries.clear();
+  }
+
 private:
   std::mutex Mutex;
   StringMap<std::shared_ptr<const Entry>> Entries;
@@ -575,6 +653,12 @@ Expected<Attribute> convertAttribute(const onnx::AttributeProto &A) {
   case onnx::AttributeProto::FLOAT:
     return Attribute(double(A.f()));
   case onnx::AttributeProto::STRING:
+    // Bytes in onnx.proto, but a UTF-8 string by its comment; attributes
+    // reach the plan's JSON.
+    if (!isUtf8(A.s()))
+      return makeError(formatv("attribute '{0}' has the value '{1}', which "
+                               "is not valid UTF-8",
+                               A.name(), escapeForMessage(A.s())));
     return Attribute(A.s());
   case onnx::AttributeProto::INTS:
     return Attribute(std::vector<int64_t>(A.ints().begin(), A.ints().end()));
@@ -645,6 +729,7 @@ private:
   Error error(const Twine &Msg) { return fileError(DisplayPath, Msg); }
 
   Error checkOpset();
+  Error checkUtf8();
   Error checkNodes();
   Error bindInputs();
   Error unboundDimension(StringRef Name, StringRef Param, int I, bool IsFirst);
@@ -672,6 +757,8 @@ private:
   StringSet<> NodeOutputs;
   /// Types from ONNX's shape inference, by value name.
   StringMap<const onnx::TypeProto *> OnnxTypes;
+  /// The default-domain opset the model imports.
+  int64_t Opset = 0;
 };
 
 Expected<std::unique_ptr<Graph>> Importer::run() {
@@ -679,6 +766,8 @@ Expected<std::unique_ptr<Graph>> Importer::run() {
   if (!M)
     return M.takeError();
   Model = std::move(*M);
+  if (auto E = checkUtf8())
+    return E;
   if (auto E = checkOpset())
     return E;
 
@@ -719,6 +808,36 @@ Expected<std::unique_ptr<Graph>> Importer::run() {
   return std::move(G);
 }
 
+/// Every string the model holds, and the model's own path (the plan records
+/// it to read the weights), must be UTF-8: they reach the plan's JSON.
+Error Importer::checkUtf8() {
+  if (!isUtf8(Path))
+    return error("the model's path is not valid UTF-8, which a plan cannot "
+                 "record; rename the file or its folder");
+  auto Refuse = [&](const Twine &Where, StringRef Value) {
+    return error(formatv("{0} '{1}' is not valid UTF-8 (ONNX strings are "
+                         "UTF-8; fix the exporter or the file)",
+                         Where.str(), escapeForMessage(Value)));
+  };
+  // Nodes first, to name the node and its op.
+  const onnx::GraphProto &GP = Model->graph();
+  for (int I = 0; I < GP.node_size(); ++I)
+    if (auto Bad = findInvalidUtf8(GP.node(I)))
+      return Refuse(formatv("node {0} ({1}): {2}", I,
+                            escapeForMessage(GP.node(I).op_type()),
+                            Bad->first),
+                    Bad->second);
+  // The rest of the model without copying the nodes: swap them out and back.
+  onnx::GraphProto &Mutable = *Model->mutable_graph();
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> Nodes;
+  Nodes.Swap(Mutable.mutable_node());
+  auto Bad = findInvalidUtf8(*Model);
+  Nodes.Swap(Mutable.mutable_node());
+  if (Bad)
+    return Refuse(Bad->first, Bad->second);
+  return Error::success();
+}
+
 Error Importer::checkOpset() {
   std::optional<int64_t> Version;
   for (const onnx::OperatorSetIdProto &O : Model->opset_import())
@@ -729,6 +848,7 @@ Error Importer::checkOpset() {
   if (*Version < MinOpset || *Version > MaxOpset)
     return error(formatv("model uses opset {0}; sp supports opsets {1} to {2}",
                          *Version, MinOpset, MaxOpset));
+  Opset = *Version;
   return Error::success();
 }
 
@@ -918,6 +1038,23 @@ Error Importer::checkNodes() {
     if (N.op_type() != "Constant" && !onnxOpKind(N.op_type()))
       return error(Desc + ": unsupported op; supported ops are " +
                    supportedOps());
+    // ONNX's shape inference assumes what its checker checks, and crashes
+    // on a node that does not fit its op's schema (a Constant whose
+    // attribute has another name dereferences null in ONNX 1.12): check
+    // the node against the schema first, as the checker would.
+    const onnx::OpSchema *Schema =
+        onnx::OpSchemaRegistry::Schema(N.op_type(), int(Opset));
+    if (!Schema)
+      return error(formatv("{0}: the op is not defined at opset {1}", Desc,
+                           Opset));
+    try {
+      Schema->Verify(N);
+    } catch (const std::exception &E) {
+      // The first line says what is wrong; ONNX adds context lines.
+      return error(Desc + ": " + StringRef(E.what()).split('\n').first.trim() +
+                   " (the node does not fit the ONNX schema of " +
+                   N.op_type() + ")");
+    }
     int NumInputs = N.input_size();
     while (NumInputs > 0 && N.input(NumInputs - 1).empty())
       --NumInputs;
@@ -970,9 +1107,14 @@ Error Importer::runOnnxShapeInference() {
   Inits->DeleteSubrange(Keep, Inits->size() - Keep);
 
   try {
+    // No data propagation: ONNX 1.12's propagators trust their inputs (an
+    // Unsqueeze whose constant axes are out of range dereferences null).
+    // It only let ONNX type more value-dependent shapes statically, which
+    // our own inference and folding compute anyway (checkAgainstOnnx
+    // compares what ONNX does type).
     onnx::ShapeInferenceOptions Options(/*check_type=*/false,
                                         /*error_mode=*/1,
-                                        /*enable_data_propagation=*/true);
+                                        /*enable_data_propagation=*/false);
     onnx::shape_inference::InferShapes(
         *Model, onnx::OpSchemaRegistry::Instance(), Options);
   } catch (const std::exception &E) {
@@ -1203,6 +1345,8 @@ void registerOnnxDataLoader() {
   std::call_once(Once,
                  [] { TensorData::setOnnxInitializerLoader(loadInitializer); });
 }
+
+void forgetOnnxModels() { ModelCache::get().clear(); }
 
 Expected<std::unique_ptr<Graph>> importOnnx(StringRef Path,
                                             const ImportOptions &Opts) {

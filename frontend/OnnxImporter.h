@@ -38,6 +38,13 @@ llvm::Expected<std::unique_ptr<Graph>> importOnnx(llvm::StringRef Path,
 /// lazily (TensorData::setOnnxInitializerLoader). importOnnx calls it.
 void registerOnnxDataLoader();
 
+/// Drops the models that loader has parsed, so that the next load reads its
+/// file again. It tells a rewritten file by its size and modification time,
+/// which a file rewritten within one tick of the file system's clock can
+/// keep: a process that rewrites a model under the same path (the fuzzer)
+/// calls this in between.
+void forgetOnnxModels();
+
 } // namespace sp
 
 #endif // SP_FRONTEND_ONNXIMPORTER_H

@@ -1,6 +1,8 @@
 //===- Attribute.cpp ------------------------------------------------------===//
 #include "ir/Attribute.h"
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 using namespace llvm;
 
@@ -33,8 +35,17 @@ int64_t AttrList::getInt(StringRef Name, int64_t Default) const {
   if (const Attribute *A = find(Name)) {
     if (auto *I = std::get_if<int64_t>(A))
       return *I;
-    if (auto *F = std::get_if<double>(A))
+    if (auto *F = std::get_if<double>(A)) {
+      // Truncated as a C cast would, saturating where the cast is undefined
+      // (NaN, out of range): the attribute comes from the input file.
+      if (std::isnan(*F))
+        return 0;
+      if (*F >= 0x1p63)
+        return std::numeric_limits<int64_t>::max();
+      if (*F < -0x1p63)
+        return std::numeric_limits<int64_t>::min();
       return int64_t(*F);
+    }
   }
   return Default;
 }

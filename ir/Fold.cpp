@@ -16,6 +16,7 @@
 #include "ir/Fold.h"
 #include "ir/Float16.h"
 #include "ir/ShapeInference.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
 #include <cmath>
@@ -643,6 +644,17 @@ Expected<FoldResult> foldOp(OpKind Op, ArrayRef<Value *> Operands,
     if (!D)
       return std::nullopt;
     X.push_back(std::move(*D));
+  }
+
+  // Results without elements need no evaluation, and the evaluators' stride
+  // arithmetic would overflow on the unbounded dimensions that a tensor
+  // with a 0 dimension may have.
+  if (all_of(ResultTypes,
+             [](const TensorType &T) { return T.numElements() == 0; })) {
+    std::vector<std::shared_ptr<TensorData>> Out;
+    for (const TensorType &T : ResultTypes)
+      Out.push_back(toData(Dense(T)));
+    return FoldResult(std::move(Out));
   }
 
   switch (Op) {

@@ -43,6 +43,9 @@ Error typeError(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), Msg);
 }
 
+/// The most results a Split may have (its `num_outputs`).
+constexpr int64_t MaxSplitOutputs = 1 << 16;
+
 std::string shapeStr(ArrayRef<int64_t> S) {
   std::string R = "[";
   for (size_t I = 0; I < S.size(); ++I)
@@ -627,7 +630,13 @@ Expected<TypeList> inferConcat(ArrayRef<Value *> Ops, const AttrList &Attrs) {
       return typeError(formatv("operand {0} {1} does not fit operand 0 {2} "
                                "along axis {3}",
                                I, O.str(), Ops[0]->type().str(), *Axis));
-    T.Shape[*Axis] += O.Shape[*Axis];
+    // Dimensions are bounded only by the element count, which a 0 dimension
+    // makes 0: the sum can overflow.
+    if (__builtin_add_overflow(T.Shape[*Axis], O.Shape[*Axis],
+                               &T.Shape[*Axis]))
+      return typeError(formatv("the concatenation along axis {0} is too "
+                               "large",
+                               *Axis));
   }
   return TypeList{T};
 }
@@ -653,7 +662,9 @@ Expected<TypeList> inferSplit(ArrayRef<Value *> Ops, const AttrList &Attrs) {
       if (P < 0)
         return typeError(
             formatv("split sizes {0} have a negative size", shapeStr(Sizes)));
-      Sum += P;
+      if (__builtin_add_overflow(Sum, P, &Sum))
+        return typeError(
+            formatv("split sizes {0} are too large", shapeStr(Sizes)));
     }
     if (Sum != Dim)
       return typeError(formatv("split sizes {0} do not add up to dimension "
@@ -667,9 +678,17 @@ Expected<TypeList> inferSplit(ArrayRef<Value *> Ops, const AttrList &Attrs) {
       return typeError(formatv("cannot split dimension {0} of size {1} into "
                                "{2} pieces",
                                *Axis, Dim, N));
-    int64_t Piece = (Dim + N - 1) / N;
-    for (int64_t I = 0; I < N; ++I)
-      Sizes.push_back(std::min(Piece, Dim - I * Piece));
+    // A tensor with a 0 dimension may have any other dimension, so Dim
+    // alone does not bound the number of results.
+    if (N > MaxSplitOutputs)
+      return typeError(formatv("split into {0} pieces; at most {1} are "
+                               "supported",
+                               N, MaxSplitOutputs));
+    int64_t Piece = Dim / N + (Dim % N != 0), Left = Dim;
+    for (int64_t I = 0; I < N; ++I) {
+      Sizes.push_back(std::min(Piece, Left));
+      Left -= Sizes.back();
+    }
   }
   TypeList Out;
   for (int64_t P : Sizes) {
@@ -831,10 +850,8 @@ Expected<TypeList> inferTrilu(ArrayRef<Value *> Ops) {
   return TypeList{Ops[0]->type()};
 }
 
-} // namespace
-
-Expected<TypeList> inferOnnxTypes(OpKind Op, ArrayRef<Value *> Ops,
-                                  const AttrList &Attrs) {
+Expected<TypeList> inferOnnxTypesOf(OpKind Op, ArrayRef<Value *> Ops,
+                                    const AttrList &Attrs) {
   switch (Op) {
   case OpKind::OnnxAdd:
   case OpKind::OnnxSub:
@@ -901,6 +918,22 @@ Expected<TypeList> inferOnnxTypes(OpKind Op, ArrayRef<Value *> Ops,
     break;
   }
   llvm_unreachable("not an onnx op");
+}
+
+} // namespace
+
+Expected<TypeList> inferOnnxTypes(OpKind Op, ArrayRef<Value *> Ops,
+                                  const AttrList &Attrs) {
+  auto Types = inferOnnxTypesOf(Op, Ops, Attrs);
+  if (!Types)
+    return Types.takeError();
+  // A dimension of a tensor with a 0 dimension is bounded by nothing, and
+  // results combine them (Gather, Unsqueeze, ...): every result must have a
+  // size that the rest of the compiler can count.
+  for (const TensorType &T : *Types)
+    if (auto E = expectSaneSize(T.Shape))
+      return E;
+  return Types;
 }
 
 } // namespace sp

@@ -7,8 +7,11 @@
 //===----------------------------------------------------------------------===//
 #include "ir/AsmFormat.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/Support/ConvertUTF.h"
 #include "llvm/Support/FormatVariadic.h"
+#include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -17,6 +20,16 @@ using namespace llvm;
 namespace sp {
 
 namespace {
+
+/// At most 2^48 elements in a type, as the ONNX importer allows, so that
+/// element and byte counts never overflow.
+constexpr int64_t MaxElements = int64_t(1) << 48;
+/// A splat expands to this many bytes at most, so that a few characters
+/// cannot ask for gigabytes; every other payload is as long as its text.
+/// The inline data the compiler writes is far smaller (folded constants
+/// have at most MaxFoldElements = 2^20 elements), and a larger constant
+/// belongs in an external file.
+constexpr int64_t MaxSplatBytes = int64_t(1) << 26;
 
 struct Token {
   enum Kind { Eof, Ident, ValueRef, GraphRef, String, Number, Punct };
@@ -160,6 +173,10 @@ private:
     if (Pos >= Buf.size() || Buf[Pos] != '"')
       return error(At, "unterminated string");
     advance();
+    // Names and strings end up in the plan's JSON, which holds UTF-8 only.
+    const auto *P = reinterpret_cast<const UTF8 *>(Out.data());
+    if (!isLegalUTF8String(&P, P + Out.size()))
+      return error(At, "the string is not valid UTF-8");
     return Error::success();
   }
 
@@ -257,8 +274,10 @@ private:
       V = HUGE_VAL;
     else if (S == "-inf")
       V = -HUGE_VAL;
-    else if (S == "nan" || S == "-nan")
+    else if (S == "nan" || S == "+nan")
       V = std::nan("");
+    else if (S == "-nan") // the printer writes the sign of a NaN
+      V = -std::nan("");
     else {
       const char *B = S.data() + (S[0] == '+');
       auto R = std::from_chars(B, S.data() + S.size(), V);
@@ -295,6 +314,7 @@ private:
       return E;
     TensorType T;
     T.Dtype = *D;
+    int64_t Elements = 1;
     while (!isPunct(']')) {
       if (!T.Shape.empty())
         if (auto E = expectPunct(','))
@@ -304,6 +324,9 @@ private:
         return Dim.takeError();
       if (*Dim < 0)
         return fail("dimensions must be non-negative");
+      if (__builtin_mul_overflow(Elements, *Dim, &Elements) ||
+          Elements > MaxElements)
+        return fail("the type has more than 2^48 elements");
       T.Shape.push_back(*Dim);
     }
     if (auto E = consume())
@@ -355,6 +378,8 @@ private:
         auto V = expectInt();
         if (!V)
           return V.takeError();
+        if (Key != "padded" && (*V < INT_MIN || *V > INT_MAX))
+          return fail("'" + Key + "' is out of range");
         if (Key == "dim")
           S.Dim = *V;
         else if (Key == "parts")
@@ -541,7 +566,8 @@ private:
         return V.takeError();
       if (T.Dtype == DType::F32) {
         // Parse as float directly so the shortest spelling reads back exactly.
-        float F = float(*V);
+        float F = std::isnan(*V) ? std::copysign(std::nanf(""), float(*V))
+                                 : float(*V);
         if (std::isfinite(*V))
           std::from_chars(S.data() + (S[0] == '+'), S.data() + S.size(), F);
         Put(F);
@@ -550,9 +576,30 @@ private:
       }
       return Error::success();
     }
+    Token At = Tok;
     auto I = expectInt();
     if (!I)
       return I.takeError();
+    // f16 and bf16 elements are their raw bits.
+    auto [Min, Max] = [&]() -> std::pair<int64_t, int64_t> {
+      switch (T.Dtype) {
+      case DType::I32:
+        return {INT32_MIN, INT32_MAX};
+      case DType::I8:
+        return {INT8_MIN, INT8_MAX};
+      case DType::U8:
+      case DType::Bool:
+        return {0, UINT8_MAX};
+      case DType::F16:
+      case DType::BF16:
+        return {0, UINT16_MAX};
+      default:
+        return {INT64_MIN, INT64_MAX};
+      }
+    }();
+    if (*I < Min || *I > Max)
+      return withBuf(Lex.error(At, formatv("{0} does not fit {1}", *I,
+                                           dtypeName(T.Dtype))));
     switch (T.Dtype) {
     case DType::I64:
       Put(int64_t(*I));
@@ -586,11 +633,16 @@ private:
         return E;
       if (auto E = appendElement(T, Bytes))
         return E;
-      std::vector<char> One = Bytes;
-      Bytes.clear();
-      Bytes.reserve(One.size() * N);
-      for (int64_t I = 0; I < N; ++I)
-        Bytes.insert(Bytes.end(), One.begin(), One.end());
+      if (int64_t(Bytes.size()) * N > MaxSplatBytes)
+        return fail(formatv("a splat of {0} is more than 64 MiB; store it as "
+                            "external data",
+                            T.str()));
+      // Element 0 holds the value: double the filled prefix until full.
+      size_t Size = Bytes.size();
+      Bytes.resize(Size * N);
+      for (size_t Done = Size; Done < Bytes.size(); Done *= 2)
+        std::memcpy(Bytes.data() + Done, Bytes.data(),
+                    std::min(Done, Bytes.size() - Done));
     } else if (isPunct('[')) {
       if (auto E = consume())
         return E;
@@ -805,6 +857,8 @@ private:
           auto V = expectInt();
           if (!V)
             return V.takeError();
+          if (*V < -1 || *V > INT_MAX)
+            return fail("'" + Key + "' is out of range");
           (Key == "layer" ? T.Layer : T.Stage) = int(*V);
         } else if (Key == "role") {
           auto S = expectString();

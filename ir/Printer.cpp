@@ -1,6 +1,7 @@
 //===- Printer.cpp - Textual IR printer -----------------------------------===//
 #include "ir/AsmFormat.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringExtras.h"
 #include <charconv>
 #include <cstring>
 
@@ -18,9 +19,24 @@ bool isIdentifier(StringRef S) {
   });
 }
 
+/// A string in the escapes the parser reads: \\, \", \n, \t, and \HH (two
+/// hex digits) for other control characters. Bytes from 0x80 up are written
+/// as they are, so UTF-8 names stay readable (raw_ostream::write_escaped
+/// writes octal escapes, which the parser does not read).
 void printQuoted(raw_ostream &OS, StringRef S) {
   OS << '"';
-  OS.write_escaped(S);
+  for (unsigned char C : S) {
+    if (C == '\\' || C == '"')
+      OS << '\\' << C;
+    else if (C == '\n')
+      OS << "\\n";
+    else if (C == '\t')
+      OS << "\\t";
+    else if (C < 0x20 || C == 0x7f)
+      OS << '\\' << hexdigit(C >> 4) << hexdigit(C & 15);
+    else
+      OS << C;
+  }
   OS << '"';
 }
 

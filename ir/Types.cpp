@@ -1,5 +1,6 @@
 //===- Types.cpp ----------------------------------------------------------===//
 #include "ir/Types.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/ErrorHandling.h"
 
 using namespace llvm;
@@ -35,9 +36,16 @@ bool isFloat(DType T) {
 }
 
 int64_t TensorType::numElements() const {
+  // The readers (importer, parser, plan reader) accept at most 2^48
+  // elements, and the ONNX shape rules refuse larger results, but a type
+  // can still be built with a larger count: it saturates at 2^59, so that
+  // neither this nor numBytes() (at most 8 bytes an element) overflows, and
+  // any size check refuses it.
+  constexpr int64_t Saturated = int64_t(1) << 59;
   int64_t N = 1;
   for (int64_t D : Shape)
-    N *= D;
+    if (__builtin_mul_overflow(N, D, &N) || N > Saturated)
+      return is_contained(Shape, 0) ? 0 : Saturated;
   return N;
 }
 

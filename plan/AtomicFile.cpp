@@ -8,6 +8,11 @@ using namespace llvm;
 
 namespace sp {
 
+// An exception out of a writer (nlohmann::json's dump throws on a string
+// that is not UTF-8, any allocation can throw) becomes an Error here, after
+// the temporary is removed: an exception that no caller catches ends the
+// process without unwinding, and would leave the temporary behind.
+
 static Error writeError(std::error_code EC, StringRef Path) {
   return createStringError(EC, "cannot write '%s': %s", Path.str().c_str(),
                            EC.message().c_str());
@@ -43,7 +48,16 @@ Error writeFileAtomically(StringRef Path,
     return writeError(EC, Path);
   {
     raw_fd_ostream OS(FD, /*shouldClose=*/true);
-    Write(OS);
+    try {
+      Write(OS);
+    } catch (const std::exception &E) {
+      OS.close();
+      OS.clear_error();
+      sys::fs::remove(Tmp);
+      return createStringError(inconvertibleErrorCode(),
+                               "cannot write '%s': %s", Path.str().c_str(),
+                               E.what());
+    }
     OS.close();
     if (OS.has_error()) {
       std::error_code EC = OS.error();
@@ -68,7 +82,16 @@ Error writeDirectoryAtomically(StringRef Dir,
   sys::path::append(Model, "." + sys::path::filename(Dir) + ".tmp-%%%%%%");
   if (std::error_code EC = sys::fs::createUniqueDirectory(Model, Tmp))
     return writeError(EC, Dir);
-  if (Error E = Fill(Tmp)) {
+  auto FillCatching = [&]() -> Error {
+    try {
+      return Fill(Tmp);
+    } catch (const std::exception &E) {
+      return createStringError(inconvertibleErrorCode(),
+                               "cannot write '%s': %s", Dir.str().c_str(),
+                               E.what());
+    }
+  };
+  if (Error E = FillCatching()) {
     sys::fs::remove_directories(Tmp);
     return E;
   }

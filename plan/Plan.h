@@ -12,6 +12,7 @@
 #define SP_PLAN_PLAN_H
 
 #include "plan/Program.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
 #include <nlohmann/json.hpp>
 
@@ -36,8 +37,16 @@ struct Plan {
 llvm::Error writePlan(llvm::StringRef Dir, const Plan &P);
 
 /// Reads and checks a plan: the directory, the format version (a plan from
-/// another version is refused with the versions named), the program.
+/// another version is refused with the versions named), the types of the
+/// manifest's entries that sp-run reads, the programs.
 llvm::Expected<Plan> readPlan(llvm::StringRef Dir);
+
+/// The contents of the plan file Name (manifest.json, program.json, ...).
+using PlanFileReader =
+    llvm::function_ref<llvm::Expected<std::string>(llvm::StringRef Name)>;
+/// readPlan over files that ReadFile supplies (the fuzzer reads plans from
+/// memory); Dir names the plan in messages.
+llvm::Expected<Plan> readPlan(llvm::StringRef Dir, PlanFileReader ReadFile);
 
 } // namespace sp
 

@@ -3,6 +3,7 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <cmath>
+#include <limits>
 
 using namespace llvm;
 using json = nlohmann::json;
@@ -40,25 +41,6 @@ static json shardingToJson(const Sharding &S) {
   if (S.SumGrad)
     J["sum_grad"] = true;
   return J;
-}
-
-static Expected<Sharding> shardingFromJson(const json &J) {
-  Sharding S;
-  std::string Kind = J.at("kind").get<std::string>();
-  auto It = find(ShardNames, Kind);
-  if (It == std::end(ShardNames))
-    return createStringError(inconvertibleErrorCode(),
-                             "malformed program: unknown sharding '%s'",
-                             Kind.c_str());
-  S.K = Sharding::Kind(It - std::begin(ShardNames));
-  if (S.K == Sharding::Split) {
-    S.Dim = J.at("dim").get<int>();
-    S.Parts = J.at("parts").get<int>();
-    S.Blocks = J.at("blocks").get<int>();
-    S.Padded = J.at("padded").get<int64_t>();
-  }
-  S.SumGrad = J.value("sum_grad", false);
-  return S;
 }
 
 static json floatToJson(double D) {
@@ -102,37 +84,6 @@ static json attrsToJson(const AttrList &A) {
     }
   }
   return J;
-}
-
-static Expected<AttrList> attrsFromJson(const json &J) {
-  AttrList A;
-  for (auto &[Name, V] : J.items()) {
-    if (V.is_number_integer())
-      A.set(Name, V.get<int64_t>());
-    else if (V.is_string())
-      A.set(Name, V.get<std::string>());
-    else if (V.is_array())
-      A.set(Name, V.get<std::vector<int64_t>>());
-    else if (V.is_object() && V.contains("f")) {
-      auto F = floatFromJson(V["f"]);
-      if (!F)
-        return F.takeError();
-      A.set(Name, *F);
-    } else if (V.is_object() && V.contains("fl")) {
-      std::vector<double> L;
-      for (const json &E : V["fl"]) {
-        auto F = floatFromJson(E);
-        if (!F)
-          return F.takeError();
-        L.push_back(*F);
-      }
-      A.set(Name, L);
-    } else {
-      return createStringError(inconvertibleErrorCode(),
-                               "malformed attribute '%s'", Name.c_str());
-    }
-  }
-  return A;
 }
 
 /// A reference also records the source tensor's type: a split parameter's
@@ -211,124 +162,353 @@ json programToJson(const Program &P) {
           {"outputs", Outputs}};
 }
 
+bool isIntegerIn(const json &J, int64_t Min, int64_t Max) {
+  if (J.is_number_unsigned()) {
+    // Non-negative integers parse as unsigned, and may exceed int64_t.
+    uint64_t U = J.get<uint64_t>();
+    return Max >= 0 && U <= uint64_t(Max) && (Min <= 0 || U >= uint64_t(Min));
+  }
+  if (J.is_number_integer())
+    return J.get<int64_t>() >= Min && J.get<int64_t>() <= Max;
+  return false;
+}
+
 static Error formatError(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(),
                            "malformed program: " + Msg);
 }
 
-Expected<Program> programFromJson(const json &J) {
+namespace {
+
+/// Reading a program is a walk over nested JSON; a malformed field anywhere
+/// ends it with this, caught once in programFromJson.
+struct MalformedProgram {
+  std::string Msg;
+};
+
+[[noreturn]] void malformed(const Twine &Msg) {
+  throw MalformedProgram{Msg.str()};
+}
+
+/// Typed access to the fields of one JSON object, with messages that name
+/// the object (Where) and the field. json::get would convert a float to an
+/// integer (undefined when out of range) and wrap large integers; these
+/// refuse anything but the exact type and range.
+class Fields {
+public:
+  Fields(const json &J, std::string Where) : J(J), Where(std::move(Where)) {
+    if (!J.is_object())
+      malformed(this->Where + " is not an object");
+  }
+  bool has(const char *Key) const { return J.contains(Key); }
+  const json &at(const char *Key) const {
+    auto It = J.find(Key);
+    if (It == J.end())
+      malformed(Where + " has no '" + Key + "'");
+    return *It;
+  }
+  int64_t integer(const char *Key, int64_t Min, int64_t Max) const {
+    return integerOf(at(Key), "'" + Twine(Key) + "'", Min, Max);
+  }
+  int64_t integer(const char *Key, int64_t Min, int64_t Max,
+                  int64_t Default) const {
+    return has(Key) ? integer(Key, Min, Max) : Default;
+  }
+  std::string string(const char *Key) const {
+    const json &V = at(Key);
+    if (!V.is_string())
+      malformed(Where + ": '" + Key + "' must be a string");
+    return V.get<std::string>();
+  }
+  std::string string(const char *Key, StringRef Default) const {
+    return has(Key) ? string(Key) : Default.str();
+  }
+  bool boolean(const char *Key, bool Default) const {
+    if (!has(Key))
+      return Default;
+    if (!J[Key].is_boolean())
+      malformed(Where + ": '" + Key + "' must be true or false");
+    return J[Key].get<bool>();
+  }
+  const json &array(const char *Key) const {
+    const json &V = at(Key);
+    if (!V.is_array())
+      malformed(Where + ": '" + Key + "' must be a list");
+    return V;
+  }
+  std::vector<int64_t> integers(const char *Key, int64_t Min,
+                                int64_t Max) const {
+    std::vector<int64_t> R;
+    for (const json &V : array(Key))
+      R.push_back(integerOf(V, "every element of '" + Twine(Key) + "'", Min,
+                            Max));
+    return R;
+  }
+  const std::string &where() const { return Where; }
+
+private:
+  int64_t integerOf(const json &V, const Twine &What, int64_t Min,
+                    int64_t Max) const {
+    if (!isIntegerIn(V, Min, Max))
+      malformed(Where + ": " + What +
+                formatv(" must be an integer in [{0}, {1}]", Min, Max));
+    return V.get<int64_t>();
+  }
+
+  const json &J;
+  std::string Where;
+};
+
+constexpr int64_t IntMax = std::numeric_limits<int>::max();
+constexpr int64_t Int64Max = std::numeric_limits<int64_t>::max();
+
+/// At most 2^48 elements, as the importer allows: byte counts never
+/// overflow.
+constexpr int64_t MaxElements = int64_t(1) << 48;
+
+TensorType typeFromJson(const Fields &F, const char *DtypeKey,
+                        const char *ShapeKey) {
+  std::string Name = F.string(DtypeKey);
+  auto D = parseDType(Name);
+  if (!D)
+    malformed(F.where() + " has an unknown dtype '" + Name + "'");
+  TensorType T(*D, F.integers(ShapeKey, 0, Int64Max));
+  int64_t N = 1;
+  for (int64_t Dim : T.Shape)
+    if (__builtin_mul_overflow(N, Dim, &N) || N > MaxElements)
+      malformed(F.where() + " has more than 2^48 elements");
+  return T;
+}
+
+Sharding shardingFromJson(const json &J, const TensorType &T,
+                          const std::string &Where) {
+  Fields F(J, Where + ": sharding");
+  Sharding S;
+  std::string Kind = F.string("kind");
+  auto It = find(ShardNames, Kind);
+  if (It == std::end(ShardNames))
+    malformed(F.where() + " has an unknown kind '" + Kind + "'");
+  S.K = Sharding::Kind(It - std::begin(ShardNames));
+  if (S.K == Sharding::Split) {
+    // The executor slices the split axis of the value.
+    if (T.rank() == 0)
+      malformed(F.where() + " splits a scalar");
+    S.Dim = F.integer("dim", 0, T.rank() - 1);
+    S.Parts = F.integer("parts", 1, IntMax);
+    S.Blocks = F.integer("blocks", 1, IntMax);
+    S.Padded = F.integer("padded", 0, MaxElements);
+    // Each rank holds part r of every block (runtime/ExecutorParallel.cpp).
+    if (T.Shape[S.Dim] % S.Blocks)
+      malformed(formatv("{0}: {1} blocks do not divide axis {2} of {3}",
+                        F.where(), S.Blocks, S.Dim, T.str()));
+  }
+  S.SumGrad = F.boolean("sum_grad", false);
+  return S;
+}
+
+std::shared_ptr<TensorData> dataFromJson(const json &J, const TensorType &T,
+                                         const std::string &Where) {
+  Fields F(J, Where + ": data");
+  std::string Kind = F.string("kind");
+  if (Kind == "inline") {
+    std::string Bytes;
+    if (!tryGetFromHex(F.string("hex"), Bytes) ||
+        int64_t(Bytes.size()) != T.numBytes())
+      malformed(Where + " has bad inline data");
+    return TensorData::makeInline(T,
+                                  std::vector<char>(Bytes.begin(), Bytes.end()));
+  }
+  // A reference records the type of its whole source tensor.
+  TensorType SourceType = T;
+  if (F.has("source"))
+    SourceType = typeFromJson(Fields(F.at("source"), Where + ": data source"),
+                              "dtype", "shape");
+  DataRef R;
+  R.Path = F.string("path");
+  if (Kind == "external") {
+    R.K = DataRef::External;
+    R.Offset = F.integer("offset", 0, Int64Max);
+    R.Length = F.integer("length", 0, Int64Max);
+  } else if (Kind == "onnx") {
+    R.K = DataRef::OnnxInitializer;
+    R.Key = F.string("key");
+  } else {
+    malformed(Where + " has an unknown data kind '" + Kind + "'");
+  }
+  return TensorData::makeRef(SourceType, R);
+}
+
+/// A reference's data is the buffer's whole source tensor
+/// (runtime/ExecutorParallel.cpp reads it): the buffer's own type, or for a
+/// split buffer the same dtype and rank with the split axis Parts times as
+/// long (padded: at most that long, the rest zeros), its Blocks blocks each
+/// split evenly over the ranks (shardingFromJson checked the blocks).
+void checkSource(const ProgramBuffer &B, const std::string &Where) {
+  const TensorType &T = B.Type, &Src = B.Data->type();
+  const Sharding &S = B.Shard;
+  auto Bad = [&]() {
+    std::string Type = T.str();
+    if (S.K != Sharding::None) {
+      Type += ' ';
+      Type += S.str();
+    }
+    malformed(Where + " has type " + Type + " but its data is " + Src.str());
+  };
+  if (S.K != Sharding::Split) {
+    if (Src != T)
+      Bad();
+    return;
+  }
+  if (Src.Dtype != T.Dtype || Src.rank() != T.rank())
+    Bad();
+  for (unsigned I = 0; I < T.rank(); ++I)
+    if (int(I) != S.Dim && Src.Shape[I] != T.Shape[I])
+      Bad();
+  int64_t Local = T.Shape[S.Dim], Global;
+  if (__builtin_mul_overflow(Local, S.Parts, &Global) ||
+      (S.Padded ? S.Padded != Global || Src.Shape[S.Dim] > Global
+                : Src.Shape[S.Dim] != Global))
+    Bad();
+}
+
+AttrList attrsFromJson(const json &J, const std::string &Where) {
+  if (!J.is_object())
+    malformed(Where + ": 'attrs' is not an object");
+  AttrList A;
+  auto Float = [&](const json &V, const std::string &Name) {
+    auto F = floatFromJson(V);
+    if (!F) {
+      consumeError(F.takeError());
+      malformed(Where + ": attribute '" + Name + "' has a malformed float");
+    }
+    return *F;
+  };
+  for (auto &[Name, V] : J.items()) {
+    if (V.is_number_integer()) {
+      if (!isIntegerIn(V, std::numeric_limits<int64_t>::min(), Int64Max))
+        malformed(Where + ": attribute '" + Name + "' is out of range");
+      A.set(Name, V.get<int64_t>());
+    } else if (V.is_string()) {
+      A.set(Name, V.get<std::string>());
+    } else if (V.is_array()) {
+      std::vector<int64_t> L;
+      for (const json &E : V) {
+        if (!isIntegerIn(E, std::numeric_limits<int64_t>::min(), Int64Max))
+          malformed(Where + ": attribute '" + Name +
+                    "' must be a list of integers");
+        L.push_back(E.get<int64_t>());
+      }
+      A.set(Name, L);
+    } else if (V.is_object() && V.size() == 1 && V.contains("f")) {
+      A.set(Name, Float(V["f"], Name));
+    } else if (V.is_object() && V.size() == 1 && V.contains("fl") &&
+               V["fl"].is_array()) {
+      std::vector<double> L;
+      for (const json &E : V["fl"])
+        L.push_back(Float(E, Name));
+      A.set(Name, L);
+    } else {
+      malformed(Where + ": malformed attribute '" + Name + "'");
+    }
+  }
+  return A;
+}
+
+Program programFromJsonOrThrow(const json &J) {
   Program P;
+  Fields Top(J, "the program");
+  P.PersistentBytes = Top.integer("persistent_bytes", 0, Int64Max);
+  P.ArenaBytes = Top.integer("arena_bytes", P.PersistentBytes, Int64Max);
+  for (const json &JB : Top.array("buffers")) {
+    ProgramBuffer B;
+    std::string Where = formatv("buffer {0}", P.Buffers.size()).str();
+    B.Name = Fields(JB, Where).string("name");
+    Where += " ('" + B.Name + "')";
+    Fields F(JB, Where);
+    B.Type = typeFromJson(F, "dtype", "shape");
+    std::string Kind = F.string("kind");
+    auto It = find(KindNames, Kind);
+    if (It == std::end(KindNames))
+      malformed(Where + " has an unknown kind '" + Kind + "'");
+    B.K = ProgramBuffer::Kind(It - std::begin(KindNames));
+    // Every buffer lies inside the arena the runtime allocates.
+    B.Bytes = F.integer("bytes", 0, P.ArenaBytes);
+    B.Offset = F.integer("offset", 0, P.ArenaBytes - B.Bytes);
+    if (B.K == ProgramBuffer::Temp) {
+      B.Def = F.integer("def", 0, IntMax);
+      B.LastUse = F.integer("last_use", B.Def, IntMax);
+      B.Layer = F.integer("layer", -1, IntMax);
+      B.Role = F.string("role");
+    }
+    if (B.K == ProgramBuffer::Input) {
+      std::string Feed = F.string("feed");
+      auto R = parseInputRole(Feed);
+      if (!R)
+        malformed(Where + " has an unknown feed '" + Feed + "'");
+      B.Feed = *R;
+      B.Microbatch = F.integer("microbatch", -1, IntMax, -1);
+    }
+    if (F.has("sharding"))
+      B.Shard = shardingFromJson(F.at("sharding"), B.Type, Where);
+    if (F.has("data")) {
+      B.Data = dataFromJson(F.at("data"), B.Type, Where);
+      if (!B.Data->isInline())
+        checkSource(B, Where);
+    }
+    P.Buffers.push_back(std::move(B));
+  }
+  int64_t NumBuffers = P.Buffers.size();
+  for (const json &JI : Top.array("instructions")) {
+    Instruction I;
+    std::string Where = formatv("instruction {0}", P.Instrs.size()).str();
+    std::string Op = Fields(JI, Where).string("op");
+    auto K = parseOpName(Op);
+    if (!K)
+      malformed("unknown op '" + Op + "'");
+    I.Op = *K;
+    Where += " (" + Op + ")";
+    Fields F(JI, Where);
+    for (int64_t Id : F.integers("in", 0, NumBuffers - 1))
+      I.In.push_back(Id);
+    for (int64_t Id : F.integers("out", 0, NumBuffers - 1))
+      I.Out.push_back(Id);
+    std::string Phase = F.string("phase");
+    auto Ph = parsePhase(Phase);
+    if (!Ph)
+      malformed(Where + " has an unknown phase '" + Phase + "'");
+    I.Ph = *Ph;
+    if (F.has("attrs"))
+      I.Attrs = attrsFromJson(F.at("attrs"), Where);
+    I.Layer = F.integer("layer", -1, IntMax, -1);
+    I.Role = F.string("role", "");
+    I.Name = F.string("name", "");
+    P.Instrs.push_back(std::move(I));
+  }
+  // A temporary lives within the program (an output's temporary until just
+  // after its end).
+  for (const ProgramBuffer &B : P.Buffers)
+    if (B.K == ProgramBuffer::Temp && B.LastUse > int64_t(P.Instrs.size()))
+      malformed(formatv("buffer '{0}' is live until instruction {1}, after "
+                        "the last one ({2})",
+                        B.Name, B.LastUse, P.Instrs.size()));
+  for (const json &JO : Top.array("outputs")) {
+    Fields F(JO, formatv("output {0}", P.Outputs.size()).str());
+    std::string Name = F.string("name");
+    P.Outputs.push_back({Name, int(F.integer("buffer", 0, NumBuffers - 1))});
+  }
+  return P;
+}
+
+} // namespace
+
+Expected<Program> programFromJson(const json &J) {
   try {
-    P.PersistentBytes = J.at("persistent_bytes").get<int64_t>();
-    P.ArenaBytes = J.at("arena_bytes").get<int64_t>();
-    for (const json &JB : J.at("buffers")) {
-      ProgramBuffer B;
-      B.Name = JB.at("name").get<std::string>();
-      auto D = parseDType(JB.at("dtype").get<std::string>());
-      if (!D)
-        return formatError("buffer '" + B.Name + "' has an unknown dtype");
-      B.Type = TensorType(*D, JB.at("shape").get<std::vector<int64_t>>());
-      std::string Kind = JB.at("kind").get<std::string>();
-      auto It = find(KindNames, Kind);
-      if (It == std::end(KindNames))
-        return formatError("buffer '" + B.Name + "' has an unknown kind");
-      B.K = ProgramBuffer::Kind(It - std::begin(KindNames));
-      B.Bytes = JB.at("bytes").get<int64_t>();
-      B.Offset = JB.at("offset").get<int64_t>();
-      if (B.K == ProgramBuffer::Temp) {
-        B.Def = JB.at("def").get<int>();
-        B.LastUse = JB.at("last_use").get<int>();
-        B.Layer = JB.at("layer").get<int>();
-        B.Role = JB.at("role").get<std::string>();
-      }
-      if (B.K == ProgramBuffer::Input) {
-        auto R = parseInputRole(JB.at("feed").get<std::string>());
-        if (!R)
-          return formatError("input '" + B.Name + "' has an unknown feed");
-        B.Feed = *R;
-        B.Microbatch = JB.value("microbatch", -1);
-      }
-      if (JB.contains("sharding")) {
-        auto S = shardingFromJson(JB["sharding"]);
-        if (!S)
-          return S.takeError();
-        B.Shard = *S;
-      }
-      if (JB.contains("data")) {
-        const json &JD = JB["data"];
-        std::string DK = JD.at("kind").get<std::string>();
-        DataRef R;
-        TensorType SourceType = B.Type;
-        if (JD.contains("source")) {
-          auto SD = parseDType(JD["source"].at("dtype").get<std::string>());
-          if (!SD)
-            return formatError("buffer '" + B.Name +
-                               "' has an unknown source dtype");
-          SourceType = TensorType(
-              *SD, JD["source"].at("shape").get<std::vector<int64_t>>());
-        }
-        if (DK == "inline") {
-          std::string Bytes;
-          if (!tryGetFromHex(JD.at("hex").get<std::string>(), Bytes) ||
-              int64_t(Bytes.size()) != B.Type.numBytes())
-            return formatError("buffer '" + B.Name + "' has bad inline data");
-          B.Data = TensorData::makeInline(
-              B.Type, std::vector<char>(Bytes.begin(), Bytes.end()));
-        } else if (DK == "external") {
-          R.K = DataRef::External;
-          R.Path = JD.at("path").get<std::string>();
-          R.Offset = JD.at("offset").get<int64_t>();
-          R.Length = JD.at("length").get<int64_t>();
-          B.Data = TensorData::makeRef(SourceType, R);
-        } else if (DK == "onnx") {
-          R.K = DataRef::OnnxInitializer;
-          R.Path = JD.at("path").get<std::string>();
-          R.Key = JD.at("key").get<std::string>();
-          B.Data = TensorData::makeRef(SourceType, R);
-        } else {
-          return formatError("buffer '" + B.Name + "' has unknown data kind");
-        }
-      }
-      P.Buffers.push_back(std::move(B));
-    }
-    int NumBuffers = P.Buffers.size();
-    for (const json &JI : J.at("instructions")) {
-      Instruction I;
-      std::string Op = JI.at("op").get<std::string>();
-      auto K = parseOpName(Op);
-      if (!K)
-        return formatError("unknown op '" + Op + "'");
-      I.Op = *K;
-      for (int Id : JI.at("in").get<std::vector<int>>())
-        I.In.push_back(Id);
-      for (int Id : JI.at("out").get<std::vector<int>>())
-        I.Out.push_back(Id);
-      for (int Id : concat<int>(I.In, I.Out))
-        if (Id < 0 || Id >= NumBuffers)
-          return formatError("instruction '" + Op + "' uses buffer " +
-                             Twine(Id) + " out of range");
-      auto Ph = parsePhase(JI.at("phase").get<std::string>());
-      if (!Ph)
-        return formatError("instruction '" + Op + "' has an unknown phase");
-      I.Ph = *Ph;
-      if (JI.contains("attrs")) {
-        auto A = attrsFromJson(JI["attrs"]);
-        if (!A)
-          return A.takeError();
-        I.Attrs = std::move(*A);
-      }
-      I.Layer = JI.value("layer", -1);
-      I.Role = JI.value("role", "");
-      I.Name = JI.value("name", "");
-      P.Instrs.push_back(std::move(I));
-    }
-    for (const json &JO : J.at("outputs"))
-      P.Outputs.push_back(
-          {JO.at("name").get<std::string>(), JO.at("buffer").get<int>()});
+    return programFromJsonOrThrow(J);
+  } catch (const MalformedProgram &E) {
+    return formatError(E.Msg);
   } catch (const json::exception &E) {
     return formatError(E.what());
   }
-  return P;
 }
 
 } // namespace sp

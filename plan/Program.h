@@ -72,6 +72,9 @@ struct Program {
 };
 
 nlohmann::json programToJson(const Program &P);
+/// True if J is a JSON integer in [Min, Max] (json::get converts floats and
+/// wraps large integers instead).
+bool isIntegerIn(const nlohmann::json &J, int64_t Min, int64_t Max);
 /// Errors name the field that is malformed.
 llvm::Expected<Program> programFromJson(const nlohmann::json &J);
 

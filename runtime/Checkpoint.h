@@ -26,6 +26,7 @@
 #include "runtime/LossLog.h"
 #include "plan/Program.h"
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
 #include <string>
 #include <vector>
@@ -69,6 +70,16 @@ llvm::Expected<CheckpointMeta> readCheckpointMeta(llvm::StringRef Dir);
 /// for another plan ...", "checkpoint 'DIR' does not match the plan: ...".
 llvm::Expected<CheckpointMeta>
 readCheckpoint(llvm::StringRef Dir, llvm::StringRef PlanFingerprint,
+               llvm::ArrayRef<TensorView> Tensors);
+
+/// readCheckpoint on contents read elsewhere (the fuzzer reads checkpoints
+/// from memory): Index is the text of checkpoint.json, and ReadData gives
+/// the bytes of tensors.bin, asked for only once the index checks out. Dir
+/// names the checkpoint in messages.
+llvm::Expected<CheckpointMeta>
+readCheckpoint(llvm::StringRef Dir, llvm::StringRef Index,
+               llvm::function_ref<llvm::Expected<llvm::StringRef>()> ReadData,
+               llvm::StringRef PlanFingerprint,
                llvm::ArrayRef<TensorView> Tensors);
 
 } // namespace sp

@@ -36,7 +36,29 @@ DataLoader::open(StringRef Path, int64_t Batch, int64_t Seq, int64_t Vocab) {
     return createStringError(Buf.getError(), "cannot read data file '%s': %s",
                              Path.str().c_str(),
                              Buf.getError().message().c_str());
-  size_t Size = (*Buf)->getBufferSize();
+  return create(std::move(*Buf), Batch, Seq, Vocab);
+}
+
+Error checkBatchShape(int64_t Batch, int64_t Seq, int64_t Vocab) {
+  int64_t Tokens;
+  if (Batch < 1 || Seq < 1 || Vocab < 1 ||
+      __builtin_mul_overflow(Batch, Seq, &Tokens) || Tokens > MaxBatchTokens)
+    return createStringError(
+        inconvertibleErrorCode(),
+        formatv("batches of {0} x {1} tokens with a vocabulary of {2}: the "
+                "batch, the sequence and the vocabulary must be positive, and "
+                "a batch at most {3} tokens",
+                Batch, Seq, Vocab, MaxBatchTokens));
+  return Error::success();
+}
+
+Expected<std::unique_ptr<DataLoader>>
+DataLoader::create(std::unique_ptr<MemoryBuffer> Buf, int64_t Batch,
+                   int64_t Seq, int64_t Vocab) {
+  if (auto E = checkBatchShape(Batch, Seq, Vocab))
+    return E;
+  StringRef Path = Buf->getBufferIdentifier();
+  size_t Size = Buf->getBufferSize();
   if (Size % 2)
     return createStringError(
         inconvertibleErrorCode(),
@@ -44,13 +66,13 @@ DataLoader::open(StringRef Path, int64_t Batch, int64_t Seq, int64_t Vocab) {
                 "holds little-endian uint16 ids (make one with sp-tokenize)",
                 Path, Size));
   int64_t N = int64_t(Size / 2);
-  if (N < Seq + 1)
+  if (N <= Seq)
     return createStringError(
         inconvertibleErrorCode(),
         formatv("data file '{0}' has {1} tokens; a batch row needs S + 1 = {2}",
                 Path, N, Seq + 1));
   std::unique_ptr<DataLoader> D(new DataLoader());
-  D->Buffer = std::move(*Buf);
+  D->Buffer = std::move(Buf);
   D->Bytes = reinterpret_cast<const uint8_t *>(D->Buffer->getBufferStart());
   D->NumTokens = N;
   D->Batch = Batch;

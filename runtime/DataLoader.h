@@ -77,12 +77,24 @@ llvm::Error checkObjective(const Objective &O, int64_t Vocab);
 int64_t batchRowOffset(int64_t K, int64_t Row, int64_t Batch, int64_t Seq,
                        int64_t NumTokens, bool Shuffle, uint64_t Seed);
 
+/// The most tokens a batch may hold (a batch holds 16 bytes per token).
+constexpr int64_t MaxBatchTokens = int64_t(1) << 32;
+
+/// Fails unless Batch, Seq and Vocab are positive and a batch of Batch x
+/// Seq tokens holds at most MaxBatchTokens.
+llvm::Error checkBatchShape(int64_t Batch, int64_t Seq, int64_t Vocab);
+
 class DataLoader {
 public:
   /// Opens and checks a token file for batches of Batch x Seq tokens with
-  /// ids below Vocab. Errors name the file.
+  /// ids below Vocab (checkBatchShape). Errors name the file.
   static llvm::Expected<std::unique_ptr<DataLoader>>
   open(llvm::StringRef Path, int64_t Batch, int64_t Seq, int64_t Vocab);
+  /// The same on a token file already read; errors name the buffer's
+  /// identifier.
+  static llvm::Expected<std::unique_ptr<DataLoader>>
+  create(std::unique_ptr<llvm::MemoryBuffer> Buffer, int64_t Batch,
+         int64_t Seq, int64_t Vocab);
   /// Random tokens from Seed (benchmarks without a data file).
   static std::unique_ptr<DataLoader> synthetic(uint64_t Seed, int64_t Batch,
                                                int64_t Seq, int64_t Vocab);

@@ -88,7 +88,10 @@ Expected<NpyArray> parseNpy(StringRef Bytes, StringRef What) {
     if (P.getAsInteger(10, D) || D < 0)
       return Bad("bad dimension '" + P + "'");
     A.Shape.push_back(D);
-    N *= D;
+    // The data must hold N floats, so N cannot exceed what the file holds;
+    // checking that as we go keeps N from overflowing.
+    if (__builtin_mul_overflow(N, D, &N) || N > int64_t(Bytes.size() / 4))
+      return Bad("the shape needs more data than the file holds");
   }
   StringRef Data = Bytes.substr(10 + HeaderLen);
   if (int64_t(Data.size()) != N * 4)

@@ -1,0 +1,4 @@
+graph @g {
+  input %"a\ff" : f32[1]
+  output "o" = %"a\ff"
+}

@@ -117,8 +117,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *Data, size_t Size) {
   IO.DimValues["seq"] = 8;
   auto G = importOnnx(Path, IO);
   if (!G) {
+    // Only the prefix is ours: the rest of a message quotes the model.
     std::string Msg = messageOf(G.takeError());
-    if (StringRef(Msg).contains("internal error"))
+    if (StringRef(Msg).startswith((Path + ": internal error: ").str()))
       invariantFailed("the importer made an invalid graph: " + Msg);
     return 0;
   }

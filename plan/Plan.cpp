@@ -232,4 +232,26 @@ Expected<Plan> readPlan(StringRef Dir, PlanFileReader ReadFile) {
   return P;
 }
 
+Plan widenToFloat64(const Plan &P) {
+  Plan W = P;
+  auto Widen = [](Program &Prog) {
+    for (ProgramBuffer &B : Prog.Buffers) {
+      if (B.Type.Dtype == DType::F32)
+        B.Type.Dtype = DType::F64;
+      B.Offset *= 2;
+      B.Bytes *= 2;
+    }
+    Prog.ArenaBytes *= 2;
+    Prog.PersistentBytes *= 2;
+  };
+  Widen(W.Prog);
+  for (Program &S : W.Stages)
+    Widen(S);
+  W.Manifest["dtype"] = "f64";
+  if (W.Manifest.contains("arena_bytes") &&
+      W.Manifest["arena_bytes"].is_number_integer())
+    W.Manifest["arena_bytes"] = W.Manifest["arena_bytes"].get<int64_t>() * 2;
+  return W;
+}
+
 } // namespace sp

@@ -36,6 +36,14 @@ struct Plan {
 
 llvm::Error writePlan(llvm::StringRef Dir, const Plan &P);
 
+/// The same plan computing in float64: every f32 buffer becomes f64 and
+/// every offset and size doubles, so the memory plan stays valid (buffers
+/// that did not overlap still do not, and none outgrows its doubled slot);
+/// parameters still load from their f32 sources. The CPU executor runs it
+/// with RunOptions::AllowFloat64: the tests measure float32's rounding
+/// against it.
+Plan widenToFloat64(const Plan &P);
+
 /// Reads and checks a plan: the directory, the format version (a plan from
 /// another version is refused with the versions named), the types of the
 /// manifest's entries that sp-run reads, the programs.

@@ -41,10 +41,18 @@ Executor::~Executor() {
     Back->release(Arena);
 }
 
-float *Executor::ptr(int Buffer) const {
+char *Executor::ptr(int Buffer) const {
   assert(Buffer >= 0 && size_t(Buffer) < Prog.Buffers.size());
   char *Base = Mirror.empty() ? Arena : const_cast<char *>(Mirror.data());
-  return reinterpret_cast<float *>(Base + Prog.Buffers[Buffer].Offset);
+  return Base + Prog.Buffers[Buffer].Offset;
+}
+
+/// Writes V into a real-valued scalar or element of type T (f32 or f64).
+static void writeReal(char *Dst, DType T, double V) {
+  if (T == DType::F64)
+    *reinterpret_cast<double *>(Dst) = V;
+  else
+    *reinterpret_cast<float *>(Dst) = float(V);
 }
 
 Error Executor::download() {
@@ -68,11 +76,13 @@ Error Executor::upload() {
 Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                                                      RunOptions Opts) {
   std::string Dtype = P.Manifest.value("dtype", "f32");
-  if (Dtype != "f32")
+  bool Wide = Dtype == "f64" && Opts.AllowFloat64;
+  if (Dtype != "f32" && !Wide)
     return planError("the plan has " + Dtype +
                      " activations; the CPU backend runs fp32 plans "
                      "(recompile with --dtype fp32)");
   std::unique_ptr<Executor> E(new Executor());
+  E->Wide = Wide;
   E->Opts = Opts;
   E->Comm = Opts.Comm;
   if (!E->Comm) {
@@ -94,10 +104,18 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   E->Prog = P.stage(E->stage());
   E->Microbatches = P.Manifest.value("microbatches", int64_t(1));
   const Program &Prog = E->Prog;
-  for (const ProgramBuffer &B : Prog.Buffers)
+  // One real type throughout: f32, or f64 in a float64 plan.
+  DType Real = Wide ? DType::F64 : DType::F32, Other = Wide ? DType::F32
+                                                            : DType::F64;
+  for (const ProgramBuffer &B : Prog.Buffers) {
     if (B.Offset < 0 || B.Offset + B.Bytes > Prog.ArenaBytes)
       return planError("buffer '" + B.Name +
                        "' lies outside the arena; the plan is corrupt");
+    if (B.Type.Dtype == Other)
+      return planError("buffer '" + B.Name + "' is " + B.Type.str() +
+                       " in a plan of " + Dtype +
+                       " activations; the plan is corrupt");
+  }
   // The model's interface: the token ids, the targets, the vocabulary.
   const nlohmann::json &Model = P.Manifest.value("model", nlohmann::json());
   for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
@@ -174,7 +192,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   for (const ProgramBuffer &B : Prog.Buffers) {
     if (!B.Data)
       continue;
-    if (B.K == ProgramBuffer::Param && B.Type.Dtype != DType::F32)
+    if (B.K == ProgramBuffer::Param && B.Type.Dtype != Real)
       return planError("parameter '" + B.Name + "' is " + B.Type.str() +
                        "; the CPU backend trains f32 parameters");
     if (auto Err = E->loadParameter(B))
@@ -208,6 +226,8 @@ Error Executor::checkInputs() const {
                        inputRoleName(B.Feed) + ") " + Why);
     };
     const TensorType &T = B.Type;
+    // A float64 plan's real inputs are f64 where the plan's are f32.
+    DType D = Wide && T.Dtype == DType::F64 ? DType::F32 : T.Dtype;
     switch (B.Feed) {
     case InputRole::None:
       return planError("input '" + B.Name + "' (" + T.str() +
@@ -218,19 +238,19 @@ Error Executor::checkInputs() const {
     case InputRole::Targets:
     case InputRole::Positions:
     case InputRole::TokenTypes:
-      if (!roleDtypeOk(B.Feed, T.Dtype))
+      if (!roleDtypeOk(B.Feed, D))
         return Bad("must be i64");
       [[fallthrough]];
     case InputRole::Mask:
       if (!roleShapeOk(B.Feed, T, Batch / Microbatches, Seq))
         return Bad(formatv("must be [{0}, {1}]", Batch / Microbatches, Seq));
-      if (!roleDtypeOk(B.Feed, T.Dtype))
+      if (!roleDtypeOk(B.Feed, D))
         return Bad("must be f32, i64, i32 or bool");
       break;
     case InputRole::LearningRate:
     case InputRole::Step:
     case InputRole::LossWeight:
-      if (!roleDtypeOk(B.Feed, T.Dtype) || T.rank() != 0)
+      if (!roleDtypeOk(B.Feed, D) || T.rank() != 0)
         return Bad("must be an f32 scalar");
       break;
     }
@@ -297,21 +317,21 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
         case DType::Bool:
           Dst[I] = char(M);
           break;
-        default: // f32, checked when the executor was created
-          reinterpret_cast<float *>(Dst)[I] = float(M);
+        default: // f32 (f64), checked when the executor was created
+          writeReal(Dst + I * dtypeSize(B.Type.Dtype), B.Type.Dtype, M);
           break;
         }
       }
       break;
     case InputRole::LossWeight: // the microbatch's share of the targets
-      *reinterpret_cast<float *>(Dst) =
-          StepCounted ? float(double(Counted(Row0, Rows)) / StepCounted) : 0.f;
+      writeReal(Dst, B.Type.Dtype,
+                StepCounted ? double(Counted(Row0, Rows)) / StepCounted : 0.0);
       break;
     case InputRole::LearningRate:
-      *reinterpret_cast<float *>(Dst) = float(LR);
+      writeReal(Dst, B.Type.Dtype, LR);
       break;
     case InputRole::Step:
-      *reinterpret_cast<float *>(Dst) = float(Step);
+      writeReal(Dst, B.Type.Dtype, double(Step));
       break;
     case InputRole::None:
       llvm_unreachable("checked when the executor was created");
@@ -323,11 +343,17 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
 }
 
 Expected<double> Executor::loss() const {
-  float L = 0;
   if (auto E = Back->synchronize())
     return std::move(E);
-  if (auto E = Back->copyToHost(&L, Arena + Prog.Buffers[Prog.output("loss")].Offset,
-                                sizeof L))
+  const char *Src = Arena + Prog.Buffers[Prog.output("loss")].Offset;
+  if (Wide) {
+    double L = 0;
+    if (auto E = Back->copyToHost(&L, Src, sizeof L))
+      return std::move(E);
+    return L;
+  }
+  float L = 0;
+  if (auto E = Back->copyToHost(&L, Src, sizeof L))
     return std::move(E);
   return L;
 }
@@ -433,10 +459,17 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
                               Opts.Seed, *Comm, PipeComm, Opts.DataComm});
 }
 
+void Executor::setData(TensorView &V, int B) const {
+  V.Data = Wide ? nullptr : reinterpret_cast<float *>(ptr(B));
+  V.Data64 = Wide ? reinterpret_cast<double *>(ptr(B)) : nullptr;
+}
+
 TensorView Executor::view(int B, std::string Name) const {
   const ProgramBuffer &PB = Prog.Buffers[B];
-  return {std::move(Name), PB.Type, ptr(B), PB.Shard,
-          PB.Data ? PB.Data->type() : PB.Type};
+  TensorView V{std::move(Name), PB.Type, nullptr, PB.Shard,
+               PB.Data ? PB.Data->type() : PB.Type};
+  setData(V, B);
+  return V;
 }
 
 std::vector<TensorView> Executor::parameters() const {
@@ -462,7 +495,7 @@ std::optional<TensorView> Executor::gradient(StringRef Param) const {
     return std::nullopt;
   // A gradient is laid out like its parameter (summed ones are whole).
   TensorView V = view(P, Param.str());
-  V.Data = ptr(B);
+  setData(V, B);
   if (V.Shard.K != Sharding::Split)
     V.Shard = Sharding::replicated();
   return V;

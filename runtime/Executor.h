@@ -47,6 +47,10 @@ struct RunOptions {
   bool Trace = false;
   /// Makes the backend the plan runs on; unset: the CPU backend.
   std::function<std::unique_ptr<Backend>()> MakeBackend;
+  /// Accept a float64 plan (widenToFloat64): the tests' measure of float32
+  /// rounding. Its views have Data64, not Data; checkpoints and exports,
+  /// which hold float32, do not take them.
+  bool AllowFloat64 = false;
 };
 
 /// One instruction's run, for a timeline (Chrome's trace format).
@@ -85,10 +89,12 @@ struct TimeStats {
 struct TensorView {
   std::string Name;
   TensorType Type;
-  float *Data;
+  float *Data; // null in a float64 run: Data64 holds it
   Sharding Shard;
   /// Shape of the whole tensor (the source parameter's shape).
   TensorType FullType;
+  /// A float64 run's data (RunOptions::AllowFloat64); null in a float32 run.
+  double *Data64 = nullptr;
   int64_t size() const { return Type.numElements(); }
 };
 
@@ -134,6 +140,10 @@ public:
   /// The whole tensor of a view, assembled from every rank's part (a
   /// collective: every rank of the group must call it, in the same order).
   llvm::Expected<std::vector<float>> gather(const TensorView &V) const;
+  /// The same in float64, from a run of either precision.
+  llvm::Expected<std::vector<double>> gather64(const TensorView &V) const;
+  /// Whether the plan computes in float64.
+  bool float64() const { return Wide; }
   int rank() const { return Comm->rank(); }
   int groupSize() const { return Comm->size(); }
   /// This rank's pipeline stage, and the number of stages.
@@ -162,10 +172,14 @@ private:
   /// The loss of the last step, read back from the backend.
   llvm::Expected<double> loss() const;
   /// Buffer's host memory: in the arena, or in the mirror.
-  float *ptr(int Buffer) const;
+  char *ptr(int Buffer) const;
+  template <typename T>
+  llvm::Expected<std::vector<T>> gatherAs(const TensorView &V) const;
 
   llvm::Error loadParameter(const ProgramBuffer &B);
   TensorView view(int Buffer, std::string Name) const;
+  /// Points V at buffer B's data (Data or Data64, by the plan's precision).
+  void setData(TensorView &V, int B) const;
   Program Prog;
   RunOptions Opts;
   TimeStats Times;
@@ -182,6 +196,7 @@ private:
   std::vector<char> Staging; // host bytes of one input on its way in
   MemoryStats Stats;
   int LogitsBuffer = -1;
+  bool Wide = false; // a float64 plan
   /// Set when the plan cannot train: the optimizer input it lacks.
   std::string MissingOptimizerInput;
 };

@@ -39,8 +39,19 @@ Error Executor::loadParameter(const ProgramBuffer &B) {
   if (int64_t(Bytes->size()) != Src.numBytes())
     return createStringError(inconvertibleErrorCode(),
                              "'%s' has the wrong size", B.Name.c_str());
+  ArrayRef<char> Raw = *Bytes;
+  std::vector<char> Wide;
+  if (B.Type.Dtype == DType::F64 && Src.Dtype == DType::F32) {
+    // A float64 plan (widenToFloat64) loads the float32 source exactly.
+    Wide.resize(Src.numElements() * sizeof(double));
+    const float *From = reinterpret_cast<const float *>(Raw.data());
+    double *To = reinterpret_cast<double *>(Wide.data());
+    for (int64_t I = 0, N = Src.numElements(); I < N; ++I)
+      To[I] = From[I];
+    Raw = Wide;
+  }
   if (B.Shard.K != Sharding::Split)
-    return Back->copyToBackend(Arena + B.Offset, Bytes->data(), Bytes->size());
+    return Back->copyToBackend(Arena + B.Offset, Raw.data(), Raw.size());
   // This rank's slice, read from the whole source.
   std::vector<char> Slice(B.Type.numBytes());
   char *Dst = Slice.data();
@@ -55,21 +66,44 @@ Error Executor::loadParameter(const ProgramBuffer &B) {
       if (G < 0)
         std::memset(To, 0, Row); // vocabulary padding
       else
-        std::memcpy(To, Bytes->data() + (O * Source + G) * Row, Row);
+        std::memcpy(To, Raw.data() + (O * Source + G) * Row, Row);
     }
   return Back->copyToBackend(Arena + B.Offset, Slice.data(), Slice.size());
 }
 
 Expected<std::vector<float>> Executor::gather(const TensorView &V) const {
-  std::vector<float> Full(V.FullType.numElements());
+  if (!V.Data)
+    return createStringError(inconvertibleErrorCode(),
+                             "'%s' is float64; gather64 reads it",
+                             V.Name.c_str());
+  return gatherAs<float>(V);
+}
+
+Expected<std::vector<double>> Executor::gather64(const TensorView &V) const {
+  if (V.Data64)
+    return gatherAs<double>(V);
+  auto F = gatherAs<float>(V);
+  if (!F)
+    return F.takeError();
+  return std::vector<double>(F->begin(), F->end());
+}
+
+template <typename T>
+Expected<std::vector<T>> Executor::gatherAs(const TensorView &V) const {
+  const T *Data;
+  if constexpr (std::is_same_v<T, double>)
+    Data = V.Data64;
+  else
+    Data = V.Data;
+  std::vector<T> Full(V.FullType.numElements());
   if (V.Shard.K != Sharding::Split) {
-    std::memcpy(Full.data(), V.Data, Full.size() * sizeof(float));
+    std::memcpy(Full.data(), Data, Full.size() * sizeof(T));
     return Full;
   }
   const Sharding &S = V.Shard;
   int Parts = groupSize();
-  std::vector<float> All(V.size() * Parts);
-  if (auto E = Comm->allGather(All.data(), V.Data, V.size()))
+  std::vector<T> All(V.size() * Parts);
+  if (auto E = Comm->allGather(All.data(), Data, V.size()))
     return std::move(E);
   AxisView A = around(V.Type, S.Dim);
   int64_t Local = V.Type.Shape[S.Dim], Source = V.FullType.Shape[S.Dim];
@@ -80,7 +114,7 @@ Expected<std::vector<float>> Executor::gather(const TensorView &V) const {
         if (G >= 0)
           std::memcpy(&Full[(O * Source + G) * A.Inner],
                       &All[R * V.size() + (O * Local + J) * A.Inner],
-                      A.Inner * sizeof(float));
+                      A.Inner * sizeof(T));
       }
   return Full;
 }

@@ -33,6 +33,7 @@ int64_t commTypeBytes(CommType T) {
   case CommType::F16:
     return 2;
   case CommType::I64:
+  case CommType::F64:
     return 8;
   }
   llvm_unreachable("unknown element type");
@@ -48,6 +49,8 @@ const char *commTypeName(CommType T) {
     return "f16";
   case CommType::I64:
     return "int64";
+  case CommType::F64:
+    return "double";
   }
   llvm_unreachable("unknown element type");
 }
@@ -87,6 +90,8 @@ void sumInRankOrder(CommType T, void *Out, ArrayRef<const void *> In,
     return sumInOrder(static_cast<float *>(Out), In, Count);
   case CommType::I64:
     return sumInOrder(static_cast<int64_t *>(Out), In, Count);
+  case CommType::F64:
+    return sumInOrder(static_cast<double *>(Out), In, Count);
   case CommType::BF16:
     return sum16InOrder<bfloat16ToFloat, floatToBFloat16>(Out, In, Count);
   case CommType::F16:

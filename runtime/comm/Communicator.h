@@ -45,9 +45,11 @@ namespace sp {
 /// The element types collectives move and sum. The 16-bit floats sum in
 /// float and round to nearest even: with threads (and one rank) the whole
 /// rank-order sum is rounded once; MPI, which has no 16-bit float type,
-/// rounds after each pairwise step of its own order.
-enum class CommType : uint8_t { F32, BF16, F16, I64 };
-/// Its size in bytes and its name ("f32", "bf16", "f16", "i64").
+/// rounds after each pairwise step of its own order. F64 serves the
+/// float64 runs that measure float32's rounding (Plan widenToFloat64).
+enum class CommType : uint8_t { F32, BF16, F16, I64, F64 };
+/// Its size in bytes and its name ("float", "bf16", "f16", "int64",
+/// "double").
 int64_t commTypeBytes(CommType T);
 const char *commTypeName(CommType T);
 
@@ -77,9 +79,12 @@ public:
   virtual llvm::Error reduceScatterSum(void *Out, const void *In,
                                        int64_t Count, CommType T) = 0;
 
-  /// The float32 and int64 forms.
+  /// The float32, float64 and int64 forms.
   llvm::Error allReduceSum(float *Data, int64_t Count) {
     return allReduceSum(Data, Count, CommType::F32);
+  }
+  llvm::Error allReduceSum(double *Data, int64_t Count) {
+    return allReduceSum(Data, Count, CommType::F64);
   }
   llvm::Error allReduceSum(int64_t *Data, int64_t Count) {
     return allReduceSum(Data, Count, CommType::I64);
@@ -87,8 +92,14 @@ public:
   llvm::Error allGather(float *Out, const float *In, int64_t Count) {
     return allGather(Out, In, Count, CommType::F32);
   }
+  llvm::Error allGather(double *Out, const double *In, int64_t Count) {
+    return allGather(Out, In, Count, CommType::F64);
+  }
   llvm::Error reduceScatterSum(float *Out, const float *In, int64_t Count) {
     return reduceScatterSum(Out, In, Count, CommType::F32);
+  }
+  llvm::Error reduceScatterSum(double *Out, const double *In, int64_t Count) {
+    return reduceScatterSum(Out, In, Count, CommType::F64);
   }
   /// Copies Root's Bytes bytes at Data into Data on every other rank.
   virtual llvm::Error broadcast(void *Data, int64_t Bytes, int Root) = 0;

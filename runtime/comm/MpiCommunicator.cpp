@@ -85,6 +85,8 @@ std::pair<MPI_Datatype, MPI_Op> sumOf(CommType T) {
     return {MPI_FLOAT, MPI_SUM};
   case CommType::I64:
     return {MPI_INT64_T, MPI_SUM};
+  case CommType::F64:
+    return {MPI_DOUBLE, MPI_SUM};
   case CommType::BF16:
   case CommType::F16:
     std::call_once(Once, [] {

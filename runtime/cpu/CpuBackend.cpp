@@ -38,45 +38,48 @@ cpu::GeluApprox geluApprox(const Instruction &I) {
 
 } // namespace
 
-static Error allGather(Communicator &Comm, float *Out, const float *In,
+template <typename T>
+static Error allGather(Communicator &Comm, T *Out, const T *In,
                        const TensorType &Local, int Dim, int Parts) {
   int64_t N = Local.numElements();
   AxisView A = around(Local, Dim);
   if (A.Outer == 1)
     return Comm.allGather(Out, In, N);
-  std::vector<float> Scratch(N * Parts); // [rank][outer][local][inner]
+  std::vector<T> Scratch(N * Parts); // [rank][outer][local][inner]
   if (auto E = Comm.allGather(Scratch.data(), In, N))
     return E;
   int64_t Chunk = Local.Shape[Dim] * A.Inner;
   for (int R = 0; R < Parts; ++R)
     for (int64_t O = 0; O < A.Outer; ++O)
       std::memcpy(Out + (O * Parts + R) * Chunk, &Scratch[R * N + O * Chunk],
-                  Chunk * sizeof(float));
+                  Chunk * sizeof(T));
   return Error::success();
 }
 
-static Error reduceScatter(Communicator &Comm, float *Out, const float *In,
+template <typename T>
+static Error reduceScatter(Communicator &Comm, T *Out, const T *In,
                            const TensorType &Full, int Dim, int Parts) {
   int64_t N = Full.numElements() / Parts;
   AxisView A = around(Full, Dim);
   if (A.Outer == 1)
     return Comm.reduceScatterSum(Out, In, N);
-  std::vector<float> Scratch(N * Parts); // rank-major
+  std::vector<T> Scratch(N * Parts); // rank-major
   int64_t Chunk = Full.Shape[Dim] / Parts * A.Inner;
   for (int R = 0; R < Parts; ++R)
     for (int64_t O = 0; O < A.Outer; ++O)
       std::memcpy(&Scratch[R * N + O * Chunk], In + (O * Parts + R) * Chunk,
-                  Chunk * sizeof(float));
+                  Chunk * sizeof(T));
   return Comm.reduceScatterSum(Out, Scratch.data(), N);
 }
 
-static void takeChunk(int Rank, float *Out, const float *In,
-                      const TensorType &Full, int Dim, int Parts) {
+template <typename T>
+static void takeChunk(int Rank, T *Out, const T *In, const TensorType &Full,
+                      int Dim, int Parts) {
   AxisView A = around(Full, Dim);
   int64_t Chunk = Full.Shape[Dim] / Parts * A.Inner;
   for (int64_t O = 0; O < A.Outer; ++O)
     std::memcpy(Out + O * Chunk, In + (O * Parts + Rank) * Chunk,
-                Chunk * sizeof(float));
+                Chunk * sizeof(T));
 }
 
 /// Each rank holds the logits of vocabulary rows [r V, (r + 1) V); columns
@@ -84,16 +87,19 @@ static void takeChunk(int Rank, float *Out, const float *In,
 /// exponentials and the target logit are reduced over the group, so no rank
 /// holds the full logits. Computes the mean loss over the rows whose target
 /// is not Ignore (Loss) or its gradient (DLogits), whichever is non-null.
-static Error vocabParallelCrossEntropy(Communicator &Comm, float *Loss,
-                                       float *DLogits, const float *Logits,
+/// The maximum is only a shift (any value near it gives the same loss), so
+/// it is reduced in float32 whatever T is.
+template <typename T>
+static Error vocabParallelCrossEntropy(Communicator &Comm, T *Loss,
+                                       T *DLogits, const T *Logits,
                                        const int64_t *Targets, int64_t N,
                                        int64_t V, int64_t Valid,
                                        std::optional<int64_t> Ignore,
                                        double DLoss) {
   int64_t Start = Comm.rank() * V;
   int64_t Mine = std::clamp<int64_t>(Valid - Start, 0, V);
-  std::vector<float> Max(N, -std::numeric_limits<float>::infinity()),
-      Sum(N, 0.f), Target(N, 0.f);
+  std::vector<float> Max(N, -std::numeric_limits<float>::infinity());
+  std::vector<T> Sum(N, T(0)), Target(N, T(0));
   auto Counted = [&](int64_t I) { return !Ignore || Targets[I] != *Ignore; };
   int64_t NumCounted = 0;
   for (int64_t I = 0; I < N; ++I) {
@@ -104,7 +110,7 @@ static Error vocabParallelCrossEntropy(Communicator &Comm, float *Loss,
                                (long long)Targets[I], (long long)I);
     NumCounted += Counted(I);
     for (int64_t J = 0; J < Mine; ++J)
-      Max[I] = std::max(Max[I], Logits[I * V + J]);
+      Max[I] = std::max(Max[I], float(Logits[I * V + J]));
   }
   if (auto E = Comm.allReduceMax(Max.data(), N))
     return E;
@@ -112,10 +118,10 @@ static Error vocabParallelCrossEntropy(Communicator &Comm, float *Loss,
     double S = 0;
     for (int64_t J = 0; J < Mine; ++J)
       S += std::exp(double(Logits[I * V + J]) - Max[I]);
-    Sum[I] = float(S);
-    int64_t T = Targets[I] - Start;
-    if (Counted(I) && T >= 0 && T < Mine)
-      Target[I] = Logits[I * V + T];
+    Sum[I] = T(S);
+    int64_t Col = Targets[I] - Start;
+    if (Counted(I) && Col >= 0 && Col < Mine)
+      Target[I] = Logits[I * V + Col];
   }
   if (auto E = Comm.allReduceSum(Sum.data(), N))
     return E;
@@ -128,21 +134,21 @@ static Error vocabParallelCrossEntropy(Communicator &Comm, float *Loss,
     for (int64_t I = 0; I < N; ++I)
       if (Counted(I))
         L += std::log(double(Sum[I])) + Max[I] - Target[I];
-    *Loss = NumCounted ? float(L / NumCounted) : 0.f;
+    *Loss = NumCounted ? T(L / NumCounted) : T(0);
     return Error::success();
   }
   double Scale = NumCounted ? DLoss / NumCounted : 0.0;
   for (int64_t I = 0; I < N; ++I)
     for (int64_t J = 0; J < V; ++J) {
       if (!Counted(I)) {
-        DLogits[I * V + J] = 0.f;
+        DLogits[I * V + J] = T(0);
         continue;
       }
       double P = J < Mine ? std::exp(double(Logits[I * V + J]) - Max[I]) / Sum[I]
                           : 0.0;
       if (Start + J == Targets[I])
         P -= 1;
-      DLogits[I * V + J] = float(P * Scale);
+      DLogits[I * V + J] = T(P * Scale);
     }
   return Error::success();
 }
@@ -150,7 +156,7 @@ static Error vocabParallelCrossEntropy(Communicator &Comm, float *Loss,
 /// The pipeline messages, between the stages of one tensor-parallel rank
 /// through the pipeline group: whole buffers sent, received or broadcast,
 /// and the sum of a weight's gradient parts over the stages that hold it.
-static Error pipelineMessage(const KernelCall &C) {
+template <typename T> static Error pipelineMessage(const KernelCall &C) {
   const Instruction &I = C.I;
   Communicator *Pipe = C.Pipeline;
   if (!Pipe)
@@ -177,8 +183,8 @@ static Error pipelineMessage(const KernelCall &C) {
     // The first listed rank sums the parts in list order and sends the sum
     // back: every rank gets the same bits.
     auto Ranks = attrInts(I.Op, I.Attrs, "ranks");
-    float *Y = reinterpret_cast<float *>(C.buffer(I.Out[0]));
-    int64_t N = Bufs[I.Out[0]].Type.numElements(), Bytes = N * 4;
+    T *Y = reinterpret_cast<T *>(C.buffer(I.Out[0]));
+    int64_t N = Bufs[I.Out[0]].Type.numElements(), Bytes = N * sizeof(T);
     std::memcpy(Y, C.buffer(I.In[0]), Bytes);
     if (Ranks.empty() || !is_contained(Ranks, int64_t(Stage)))
       return planError("pipe_all_reduce does not list this stage");
@@ -187,7 +193,7 @@ static Error pipelineMessage(const KernelCall &C) {
         return E;
       return Pipe->recv(Y, Bytes, Ranks[0], Tag());
     }
-    std::vector<float> Part(N);
+    std::vector<T> Part(N);
     for (size_t K = 1; K < Ranks.size(); ++K) {
       if (auto E = Pipe->recv(Part.data(), Bytes, Ranks[K], Tag()))
         return E;
@@ -235,14 +241,24 @@ Error CpuBackend::copyToHost(void *Dst, const char *Src, size_t Bytes) {
   return Error::success();
 }
 
-Error CpuBackend::run(const KernelCall &C) {
+/// Whether an instruction computes in float64 (a plan from widenToFloat64):
+/// its float buffers are f64. Plain plans compute in float32.
+static bool isFloat64(const KernelCall &C) {
+  for (const auto *List : {&C.I.Out, &C.I.In})
+    for (int B : *List)
+      if (C.Prog.Buffers[B].Type.Dtype == DType::F64)
+        return true;
+  return false;
+}
+
+template <typename T> static Error runKernel(const KernelCall &C) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
   auto In = [&](unsigned K) {
-    return reinterpret_cast<float *>(C.buffer(I.In[K]));
+    return reinterpret_cast<T *>(C.buffer(I.In[K]));
   };
   auto Out = [&](unsigned K) {
-    return reinterpret_cast<float *>(C.buffer(I.Out[K]));
+    return reinterpret_cast<T *>(C.buffer(I.Out[K]));
   };
   auto InT = [&](unsigned K) -> const TensorType & {
     return Bufs[I.In[K]].Type;
@@ -264,8 +280,8 @@ Error CpuBackend::run(const KernelCall &C) {
       Msg += formatv(" (element {0}, value {1})", S.Index, S.Value).str();
     return planError(Msg);
   };
-  auto ShapeOf = [](const TensorType &T) {
-    return cpu::Shape(T.Shape.data(), T.Shape.size());
+  auto ShapeOf = [](const TensorType &Ty) {
+    return cpu::Shape(Ty.Shape.data(), Ty.Shape.size());
   };
   int Rank = C.Tensor.rank();
   // Attributes with their declared defaults (ir/ops/).
@@ -278,25 +294,25 @@ Error CpuBackend::run(const KernelCall &C) {
 
   switch (I.Op) {
   case OpKind::Embedding: {
-    const TensorType &T = InT(0);
-    int64_t N = InT(1).numElements(), V = T.Shape[0], H = T.Shape[1];
+    const TensorType &Table = InT(0);
+    int64_t N = InT(1).numElements(), V = Table.Shape[0], H = Table.Shape[1];
     if (!AInt("vocab_parallel"))
       return Check(cpu::embedding(Out(0), In(0), Ids(1), N, V, H));
     // This rank's rows [r V, (r + 1) V); other ids contribute zeros.
-    float *Y = Out(0);
+    T *Y = Out(0);
     for (int64_t R = 0; R < N; ++R) {
       int64_t Id = Ids(1)[R] - Rank * V;
       if (Id >= 0 && Id < V)
-        std::memcpy(Y + R * H, In(0) + Id * H, H * sizeof(float));
+        std::memcpy(Y + R * H, In(0) + Id * H, H * sizeof(T));
       else
-        std::memset(Y + R * H, 0, H * sizeof(float));
+        std::memset(Y + R * H, 0, H * sizeof(T));
     }
     return Error::success();
   }
   case OpKind::EmbeddingGrad: {
     Zero(0);
-    const TensorType &T = OutT(0);
-    int64_t N = InT(0).numElements(), V = T.Shape[0], H = T.Shape[1];
+    const TensorType &Table = OutT(0);
+    int64_t N = InT(0).numElements(), V = Table.Shape[0], H = Table.Shape[1];
     if (!AInt("vocab_parallel"))
       return Check(cpu::embeddingBackward(Out(0), In(1), Ids(0), N, V, H));
     for (int64_t R = 0; R < N; ++R) {
@@ -311,7 +327,7 @@ Error CpuBackend::run(const KernelCall &C) {
   case OpKind::Recv:
   case OpKind::PipeBroadcast:
   case OpKind::PipeAllReduce:
-    return pipelineMessage(C);
+    return pipelineMessage<T>(C);
   case OpKind::AllReduce:
   case OpKind::AllGather:
   case OpKind::ReduceScatter:
@@ -347,8 +363,8 @@ Error CpuBackend::run(const KernelCall &C) {
                                     ShapeOf(InT(0))));
   case OpKind::LayerNorm: {
     int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
-    std::vector<float> Scratch;
-    float *Mean, *Rstd;
+    std::vector<T> Scratch;
+    T *Mean, *Rstd;
     if (I.Out.size() == 3) {
       Mean = Out(1);
       Rstd = Out(2);
@@ -513,30 +529,33 @@ Error CpuBackend::run(const KernelCall &C) {
     // (HF Llama's form: fill where 1 - keep is not 0).
     const TensorType &X = InT(0), &M = InT(1);
     int64_t B = X.Shape[0], K = X.dim(-1);
-    const float Fill = float(AFloat("fill"));
+    const T Fill = T(AFloat("fill"));
     const bool Where = AInt("where");
     const char *Keep = reinterpret_cast<const char *>(In(1));
-    std::vector<float> Bias(B * K);
+    std::vector<T> Bias(B * K);
     for (int64_t E = 0; E < B * K; ++E) {
-      float V;
+      T V;
       switch (M.Dtype) {
       case DType::I64:
-        V = float(reinterpret_cast<const int64_t *>(Keep)[E]);
+        V = T(reinterpret_cast<const int64_t *>(Keep)[E]);
         break;
       case DType::I32:
-        V = float(reinterpret_cast<const int32_t *>(Keep)[E]);
+        V = T(reinterpret_cast<const int32_t *>(Keep)[E]);
         break;
       case DType::Bool:
-        V = Keep[E] ? 1.0f : 0.0f;
+        V = Keep[E] ? T(1) : T(0);
         break;
       case DType::F32:
-        V = reinterpret_cast<const float *>(Keep)[E];
+        V = T(reinterpret_cast<const float *>(Keep)[E]);
+        break;
+      case DType::F64:
+        V = T(reinterpret_cast<const double *>(Keep)[E]);
         break;
       default:
         return planError("padding_mask: unsupported mask type " + M.str());
       }
-      float Inv = 1.0f - V;
-      Bias[E] = Where ? (Inv != 0.0f ? Fill : 0.0f) : Inv * Fill;
+      T Inv = T(1) - V;
+      Bias[E] = Where ? (Inv != T(0) ? Fill : T(0)) : Inv * Fill;
     }
     cpu::addKeyBias(Out(0), In(0), Bias.data(), B, X.numElements() / (B * K),
                     K);
@@ -615,7 +634,7 @@ Error CpuBackend::run(const KernelCall &C) {
       (Bufs[I.In[K]].Shard.K == Sharding::Split ? Split : Whole) +=
           cpu::sumSquares(In(K), InT(K).numElements());
     if (C.Tensor.size() > 1) {
-      float S = float(Split);
+      T S = T(Split);
       if (auto E = C.Tensor.allReduceSum(&S, 1))
         return E;
       Split = S;
@@ -623,18 +642,17 @@ Error CpuBackend::run(const KernelCall &C) {
     // Each stage's gradients: sum the squares over the pipeline.
     double Total = Split + Whole;
     if (AInt("pipeline") && C.Pipeline) {
-      float T = float(Total);
-      if (auto E = C.Pipeline->allReduceSum(&T, 1))
+      T Sum = T(Total);
+      if (auto E = C.Pipeline->allReduceSum(&Sum, 1))
         return E;
-      Total = T;
+      Total = Sum;
     }
-    *Out(0) = float(std::sqrt(Total));
+    *Out(0) = T(std::sqrt(Total));
     return Error::success();
   }
   case OpKind::AdamW: {
     double MaxNorm = AFloat("max_norm");
-    float Scale =
-        MaxNorm > 0 ? cpu::clipCoefficient(*In(4), float(MaxNorm)) : 1.0f;
+    T Scale = MaxNorm > 0 ? cpu::clipCoefficient(*In(4), T(MaxNorm)) : T(1);
     cpu::adamw(In(0), In(1), In(2), In(3), InT(0).numElements(), *In(5),
                AFloat("beta1"), AFloat("beta2"),
                AFloat("eps"),
@@ -647,5 +665,8 @@ Error CpuBackend::run(const KernelCall &C) {
   }
 }
 
+Error CpuBackend::run(const KernelCall &C) {
+  return isFloat64(C) ? runKernel<double>(C) : runKernel<float>(C);
+}
 
 } // namespace sp

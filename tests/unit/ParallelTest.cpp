@@ -4,12 +4,14 @@
 // off and on, runs each on thread ranks, and checks that the loss and every
 // gathered gradient equal the one-device run, with dropout off and on (the
 // masks are keyed by global element index, so they are the same on any
-// layout).
+// layout). The bounds are the harness's (TrainHarness.h): a multiple of the
+// one-device run's float32 rounding, measured against its float64 run.
 //
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Program.h"
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 
 using namespace sp;
@@ -18,12 +20,12 @@ using namespace llvm;
 
 namespace {
 
-RunResult train(int TP, bool SP, double Dropout, int Steps,
-                StringRef Model = TinyModel) {
+RunPair train(int TP, bool SP, double Dropout, int Steps,
+              StringRef Model = TinyModel) {
   PassContext Ctx;
   Ctx.TensorParallel = TP;
   Ctx.SequenceParallel = SP;
-  return sp::test::train(compile(Model, Ctx), Dropout, Steps);
+  return trainBoth(compile(Model, Ctx), Dropout, Steps);
 }
 
 struct Config {
@@ -56,10 +58,30 @@ TEST(ParallelVocabulary, PaddedVocabularyEqualsOneDevice) {
   Optional<StringRef> Quiet[] = {None, StringRef(""), StringRef("")};
   ASSERT_EQ(sys::ExecuteAndWait(SP_PYTHON, Args, None, Quiet), 0)
       << "the torch export failed (is python3-torch installed?)";
-  RunResult Ref = train(1, false, 0.1, 2, Model);
-  RunResult Par = train(4, true, 0.1, 2, Model);
+  RunPair Ref = train(1, false, 0.1, 2, Model);
+  RunPair Par = train(4, true, 0.1, 2, Model);
   expectEqualRuns(Par, Ref);
   sys::fs::remove_directories(Dir);
+}
+
+/// The comparison rule can fail: a run equal to the reference passes, and
+/// one float32 gradient element moved by 1e-4 of the tensor's largest, or
+/// one float64 element moved by 1e-11, fails.
+TEST(ToleranceRule, CatchesSmallDifferences) {
+  RunPair Ref = train(1, false, 0.0, 1);
+  expectEqualRuns(Ref, Ref);
+  auto Perturbed = [&](bool F64, double By) {
+    RunPair Run = Ref;
+    auto &G = (F64 ? Run.F64 : Run.F32).Grads.begin()->second;
+    double Max = 0;
+    for (double V : G)
+      Max = std::max(Max, std::abs(V));
+    G[G.size() / 2] += By * Max;
+    return Run;
+  };
+  RunPair Bad32 = Perturbed(false, 1e-4), Bad64 = Perturbed(true, 1e-11);
+  EXPECT_NONFATAL_FAILURE(expectEqualRuns(Bad32, Ref), "float32 runs differ");
+  EXPECT_NONFATAL_FAILURE(expectEqualRuns(Bad64, Ref), "float64 runs differ");
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -62,10 +62,10 @@ PassContext baseContext() {
   return Ctx;
 }
 
-const RunResult &reference() {
-  static RunResult R = train(compile(model(), baseContext(),
-                                     Microbatches * MicroBatchSize, Seq),
-                             Dropout, Steps);
+const RunPair &reference() {
+  static RunPair R = trainBoth(compile(model(), baseContext(),
+                                       Microbatches * MicroBatchSize, Seq),
+                               Dropout, Steps);
   return R;
 }
 
@@ -90,9 +90,9 @@ PassContext context(const Config &C) {
 class PipelineEqualsOneDevice : public ::testing::TestWithParam<Config> {};
 
 TEST_P(PipelineEqualsOneDevice, LossAndGradients) {
-  const RunResult &Ref = reference();
+  const RunPair &Ref = reference();
   Plan P = compile(model(), context(GetParam()), MicroBatchSize, Seq);
-  expectEqualRuns(train(P, Dropout, Steps), Ref);
+  expectEqualRuns(trainBoth(P, Dropout, Steps), Ref);
 }
 
 std::vector<Config> configs() {

@@ -43,7 +43,9 @@ void expectBitwiseEqual(const RunResult &A, const RunResult &Ref) {
     auto It = A.Grads.find(Name);
     ASSERT_NE(It, A.Grads.end()) << Name;
     ASSERT_EQ(It->second.size(), G.size()) << Name;
-    EXPECT_EQ(std::memcmp(It->second.data(), G.data(), G.size() * 4), 0)
+    EXPECT_EQ(std::memcmp(It->second.data(), G.data(),
+                          G.size() * sizeof(double)),
+              0)
         << Name << " differs (relative " << relErr(It->second, G) << ")";
   }
 }

@@ -6,6 +6,8 @@
 #include "runtime/cpu/CpuBackend.h"
 #include "gtest/gtest.h"
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <random>
 
@@ -59,6 +61,7 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
     O.Comm = Groups->Tensor.get();
     O.PipeComm = Groups->Pipeline.get();
     O.Dropout = Dropout;
+    O.AllowFloat64 = true;
     auto E = Executor::create(P, O);
     if (!E)
       return E.takeError();
@@ -85,7 +88,7 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
         if (!G)
           return createStringError(inconvertibleErrorCode(),
                                    "no gradient of " + Param.Name);
-        auto Full = (*E)->gather(*G);
+        auto Full = (*E)->gather64(*G);
         if (!Full)
           return Full.takeError();
         std::lock_guard<std::mutex> Lock(M);
@@ -101,25 +104,84 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
   return R;
 }
 
-void expectEqualRuns(const RunResult &Run, const RunResult &Ref) {
-  ASSERT_EQ(Run.Losses.size(), Ref.Losses.size());
-  for (size_t S = 0; S < Ref.Losses.size(); ++S)
-    EXPECT_NEAR(Run.Losses[S], Ref.Losses[S], 1e-6 * std::abs(Ref.Losses[S]))
-        << "step " << S + 1;
-  ASSERT_EQ(Run.Grads.size(), Ref.Grads.size());
-  for (auto &[Name, G] : Ref.Grads) {
-    auto It = Run.Grads.find(Name);
-    ASSERT_NE(It, Run.Grads.end()) << Name;
-    ASSERT_EQ(It->second.size(), G.size()) << Name;
-    EXPECT_LT(relErr(It->second, G), 1e-6) << Name;
+RunPair trainBoth(const Plan &P, double Dropout, int Steps) {
+  return {train(P, Dropout, Steps), train(widenToFloat64(P), Dropout, Steps)};
+}
+
+namespace {
+
+/// float32's unit roundoff, and the ratio of float64's to it.
+constexpr double U32 = 0x1p-24, To64 = 0x1p-29;
+
+/// One quantity (a step's loss or a gradient) under the rule of
+/// expectEqualRuns.
+void expectWithinScale(const std::string &What, double Err32, double Err64,
+                       double Rounding32, double Rounding64) {
+  double Scale = std::max(Rounding32, U32), Scale64 = std::max(Rounding64, U32);
+  double Bound32 = ToleranceFactor * Scale,
+         Bound64 = ToleranceFactor * Scale64 * To64;
+  EXPECT_LE(Err32, Bound32) << What << ": float32 runs differ by " << Err32
+                            << ", over " << ToleranceFactor
+                            << " x the reference's float32 rounding "
+                            << Scale;
+  EXPECT_LE(Err64, Bound64) << What << ": float64 runs differ by " << Err64
+                            << " (bound " << Bound64
+                            << "): the layouts compute different values";
+  if (std::getenv("SP_TOLERANCE_REPORT")) {
+    const auto *T = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::fprintf(stderr, "tolerance %s.%s %s f32 %.3g f64 %.3g\n",
+                 T ? T->test_suite_name() : "?", T ? T->name() : "?",
+                 What.c_str(), Err32 / Scale, Err64 / (Scale64 * To64));
   }
 }
 
-double relErr(const std::vector<float> &A, const std::vector<float> &B) {
+double relDiff(double A, double B) {
+  return std::abs(A - B) / std::max(std::abs(B), 1e-30);
+}
+
+} // namespace
+
+void expectEqualRuns(const RunPair &Run, const RunPair &Ref) {
+  for (const RunResult *R : {&Run.F32, &Run.F64, &Ref.F64}) {
+    ASSERT_EQ(R->Losses.size(), Ref.F32.Losses.size());
+    ASSERT_EQ(R->Grads.size(), Ref.F32.Grads.size());
+  }
+  double GradRounding = 0;
+  for (auto &[Name, G] : Ref.F32.Grads) {
+    const std::vector<double> *Other[3];
+    int K = 0;
+    for (const RunResult *R : {&Run.F32, &Run.F64, &Ref.F64}) {
+      auto It = R->Grads.find(Name);
+      ASSERT_NE(It, R->Grads.end()) << Name;
+      ASSERT_EQ(It->second.size(), G.size()) << Name;
+      Other[K++] = &It->second;
+    }
+    double Rounding = relErr(G, *Other[2]);
+    GradRounding = std::max(GradRounding, Rounding);
+    expectWithinScale("gradient of " + Name, relErr(*Other[0], G),
+                      relErr(*Other[1], *Other[2]), Rounding, Rounding);
+  }
+  // Every step's loss is the same computation: its float32 rounding is the
+  // largest the reference shows over the steps (one step's can cancel by
+  // chance). The float32 loss is a float64 sum rounded once, which hides
+  // the rounding upstream of it; its float64 check takes that of the
+  // gradients, which the same forward pass produced.
+  double LossRounding = 0;
+  for (size_t S = 0; S < Ref.F32.Losses.size(); ++S)
+    LossRounding = std::max(
+        LossRounding, relDiff(Ref.F32.Losses[S], Ref.F64.Losses[S]));
+  for (size_t S = 0; S < Ref.F32.Losses.size(); ++S)
+    expectWithinScale("loss of step " + std::to_string(S + 1),
+                      relDiff(Run.F32.Losses[S], Ref.F32.Losses[S]),
+                      relDiff(Run.F64.Losses[S], Ref.F64.Losses[S]),
+                      LossRounding, std::max(LossRounding, GradRounding));
+}
+
+double relErr(const std::vector<double> &A, const std::vector<double> &B) {
   double Diff = 0, Ref = 0;
   for (size_t I = 0; I < A.size(); ++I) {
-    Diff = std::max(Diff, std::abs(double(A[I]) - B[I]));
-    Ref = std::max(Ref, std::abs(double(B[I])));
+    Diff = std::max(Diff, std::abs(A[I] - B[I]));
+    Ref = std::max(Ref, std::abs(B[I]));
   }
   return Diff / std::max(Ref, 1e-30);
 }

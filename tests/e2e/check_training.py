@@ -7,17 +7,20 @@ linears, buffer/trilu masks and div/mul scaling), it builds the torch reference 
 with the export's config, weights loaded from the ONNX initializers by name), writes a random uint16
 token file (10k ids < vocab from a fixed seed: a random Markov chain, so that the loss falls), runs
 `sp-compile MODEL -o PLAN` and `sp-run PLAN --data DATA ... --dump D`, and checks against torch
-(float32, dropout 0):
+(float32, dropout 0), each measure m(sp, torch32) within 8 max(m(torch32, torch64), 2^-24): 8 times
+torch's own float32 rounding on the same measure (torch_reference.rounding_bound; no bound is tuned
+on one machine):
 
-  logits      D/logits.npy = eval-mode logits of batch 0          max|a-b| / max|b| <= 1e-5
-  loss        step-1 loss of D/loss.csv = torch's cross entropy   |a-b| / |b|       <= 1e-5
+  logits      D/logits.npy = eval-mode logits of batch 0          max|a-b| / max|b|
+  loss        step-1 loss of D/loss.csv = torch's cross entropy   |a-b| / |b|
   grads       D/grads/<name>.npy for exactly the torch parameters, each
-              = torch's .grad after step 1 (before clipping)      max|a-b| / max|b| <= 1e-5 each
+              = torch's .grad after step 1 (before clipping)      max|a-b| / max|b| each
   trajectory  the 20 losses of `--steps 20 --lr 1e-3 --warmup 5` = torch AdamW (two param groups,
-              clip_grad_norm_(1.0), the spec's LR schedule)       max_t |a-b| / |b| <= 1e-4
-  lr          the lr column of that loss.csv = the spec's schedule  |a-b| / |b|     <= 1e-5
+              clip_grad_norm_(1.0), the spec's LR schedule)       max_t |a-b| / |b|
+  lr          the lr column of that loss.csv = the spec's schedule  |a-b| / |b| <= 1e-8 (float64
+              on both sides; loss.csv prints 9 significant digits)
   weights     D20/weights/<name>.npy for exactly the parameters after those 20 steps, all of
-              them together = torch's                     ||sp-torch||_2 / ||torch||_2 <= 1e-5
+              them together = torch's                     ||sp-torch||_2 / ||torch||_2
               (one norm over every element of every parameter: Adam turns rounding into
               lr-sized steps where a gradient is ~0, so a per-tensor max is noise at ~1e-4,
               while the whole-model norm sits at ~1e-6 and moves to >= 3e-4 if weight decay,
@@ -54,12 +57,9 @@ import export_gpt  # noqa: E402
 from gpt import GELU_FORMS, LAYERNORM_FORMS, LINEAR_FORMS, MASK_FORMS, SCALE_FORMS  # noqa: E402
 
 COMMITTED_MODEL = os.path.join(ref.REPO_ROOT, "models", "tiny", "gpt-tiny.onnx")
-TOL_LOGITS = 1e-5
-TOL_LOSS = 1e-5
-TOL_GRADS = 1e-5
-TOL_TRAJECTORY = 1e-4
-TOL_LR = 1e-5
-TOL_WEIGHTS = 1e-5
+# The lr column: float64 on both sides, printed with 9 significant digits (half a unit in the
+# last: 5e-9 relative). Every other check is bounded by torch_reference.rounding_bound.
+TOL_LR = 1e-8
 TOKENS = 10_000
 DATA_SEED = 20240
 STEP1_LR = 1e-3
@@ -298,9 +298,10 @@ class ModelCheck:
         try:
             logits = load_dumped(os.path.join(dump, "logits.npy"), logits32.shape)
             err = ref.rel_err(logits, logits32)
-            self.check("logits", err <= TOL_LOGITS,
-                       f"max|sp-torch|/max|torch| = {err:.2e} (tol {TOL_LOGITS:g}; torch f32 vs f64 "
-                       f"{ref.rel_err(logits32, logits64):.2e}; shape {list(logits32.shape)})")
+            noise = ref.rel_err(logits32, logits64)
+            self.check("logits", err <= ref.rounding_bound(noise),
+                       f"max|sp-torch|/max|torch| = {err:.2e} (tol {ref.rounding_bound(noise):.2g}; "
+                       f"torch f32 vs f64 {noise:.2e}; shape {list(logits32.shape)})")
         except (ValueError, OSError) as e:
             self.fail("logits", str(e))
 
@@ -310,9 +311,10 @@ class ModelCheck:
             if len(rows) != 1 or rows[0][0] != 1:
                 raise ValueError(f"loss.csv has steps {[r[0] for r in rows]}, want [1]")
             err = abs(rows[0][1] - loss32) / abs(loss32)
-            self.check("loss", err <= TOL_LOSS,
+            noise = abs(loss32 - loss64) / abs(loss64)
+            self.check("loss", err <= ref.rounding_bound(noise),
                        f"sp {rows[0][1]:.8f} torch {loss32:.8f}: |sp-torch|/|torch| = {err:.2e} "
-                       f"(tol {TOL_LOSS:g}; torch f32 vs f64 {abs(loss32 - loss64) / abs(loss64):.2e})")
+                       f"(tol {ref.rounding_bound(noise):.2g}; torch f32 vs f64 {noise:.2e})")
         except (ValueError, OSError) as e:
             self.fail("loss", str(e))
 
@@ -322,8 +324,9 @@ class ModelCheck:
         problems = []
         if have != set(names):
             problems.append(name_differences("grad", have, set(names)))
-        errs = {}
+        errs, noises = {}, {}
         for n in names:
+            noises[n] = self.grad_error(grads32[n], grads64[n], grads64)
             if n not in have:
                 continue
             try:
@@ -331,17 +334,20 @@ class ModelCheck:
                                           grads32[n], grads64)
             except (ValueError, OSError) as e:
                 problems.append(str(e))
-        bad = {n: e for n, e in errs.items() if e > TOL_GRADS}
+        # Each gradient against its own float32 rounding: the share of its bound it uses.
+        used = {n: e / ref.rounding_bound(noises[n]) for n, e in errs.items()}
+        bad = [n for n in errs if used[n] > 1]
         if bad:
-            ranked = sorted(bad.items(), key=lambda kv: -kv[1])
-            problems.append(f"{len(bad)} over tolerance: " + ", ".join(f"{n} {e:.2e}" for n, e in ranked[:6])
+            ranked = sorted(bad, key=lambda n: -used[n])
+            problems.append(f"{len(bad)} over tolerance: " + ", ".join(
+                f"{n} {errs[n]:.2e} (tol {ref.rounding_bound(noises[n]):.2g})" for n in ranked[:6])
                             + (", ..." if len(ranked) > 6 else ""))
-        worst = max(errs, key=errs.get) if errs else None
-        noise = max(self.grad_error(grads32[n], grads64[n], grads64) for n in names)
-        summary = (f"{len(errs)}/{len(names)} params, worst max|sp-torch|/max|torch| = "
-                   f"{errs[worst]:.2e} ({worst})" if worst else "no gradients compared")
+        worst = max(used, key=used.get) if used else None
+        summary = (f"{len(errs)}/{len(names)} params, closest to its tol: {worst} max|sp-torch|/max|torch| = "
+                   f"{errs[worst]:.2e} (tol {ref.rounding_bound(noises[worst]):.2g})" if worst
+                   else "no gradients compared")
         self.check("grads", not problems,
-                   f"{summary} (tol {TOL_GRADS:g} each; torch f32 vs f64 worst {noise:.2e}"
+                   f"{summary} (each within 8 x its torch f32 vs f64, worst {max(noises.values()):.2e}"
                    f"{'; tied: the embedding includes the head' if self.facts['tied'] else ''}"
                    f"{self.grad_note(names, grads64)})"
                    + (f"; {'; '.join(problems)}" if problems else ""))
@@ -380,10 +386,10 @@ class ModelCheck:
             rel = np.abs(sp_losses - torch_losses) / np.abs(torch_losses)
             t = int(np.argmax(rel))
             noise = float(np.max(np.abs(torch_losses - torch64_losses) / np.abs(torch64_losses)))
-            self.check("trajectory", float(rel.max()) <= TOL_TRAJECTORY,
+            self.check("trajectory", float(rel.max()) <= ref.rounding_bound(noise),
                        f"{TRAJ_STEPS} steps lr {TRAJ_LR:g} warmup {TRAJ_WARMUP}: max_t |sp-torch|/|torch| = "
                        f"{rel.max():.2e} at step {t + 1} (max abs {np.abs(sp_losses - torch_losses).max():.2e}; "
-                       f"tol {TOL_TRAJECTORY:g} relative; torch f32 vs f64 {noise:.2e}; "
+                       f"tol {ref.rounding_bound(noise):.2g} relative; torch f32 vs f64 {noise:.2e}; "
                        f"loss {torch_losses[0]:.4f} -> {torch_losses[-1]:.4f}; sp-run {seconds:.2f} s)")
             sp_lrs = np.array([r[2] for r in rows])
             lr_rel = np.abs(sp_lrs - schedule) / schedule
@@ -405,17 +411,18 @@ class ModelCheck:
                     weights[n] = load_dumped(os.path.join(weight_dir, n + ".npy"), f32[n].shape)
                 except (ValueError, OSError) as e:
                     problems.append(str(e))
-        err = float("inf")
+        err, tol = float("inf"), 0.0
         if weights and not problems:
             err = ref.global_rel_l2(weights, f32)
+            tol = ref.rounding_bound(ref.global_rel_l2(f32, f64))
             worst = max(weights, key=lambda n: ref.rel_err(weights[n], f32[n]))
             detail = (f"after {TRAJ_STEPS} steps, all {len(names)} params: ||sp-torch||/||torch|| = {err:.2e} "
-                      f"(tol {TOL_WEIGHTS:g}; torch f32 vs f64 {ref.global_rel_l2(f32, f64):.2e}; worst single "
+                      f"(tol {tol:.2g}; torch f32 vs f64 {ref.global_rel_l2(f32, f64):.2e}; worst single "
                       f"max|sp-torch|/max|torch| {ref.rel_err(weights[worst], f32[worst]):.1e} ({worst}), "
                       f"not checked: Adam amplifies rounding where a gradient is ~0)")
         else:
             detail = f"{len(weights)}/{len(names)} weight files read"
-        self.check("weights", not problems and err <= TOL_WEIGHTS,
+        self.check("weights", not problems and err <= tol,
                    detail + (f"; {'; '.join(problems)}" if problems else ""))
 
     # -- bad data (committed model only) --------------------------------------------------------------

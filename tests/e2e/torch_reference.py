@@ -30,6 +30,22 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 sys.path.insert(0, os.path.join(REPO_ROOT, "models"))
 from gpt import GPT, GPTConfig  # noqa: E402
 
+# The comparison rule of sp against torch (and of sp's layouts against one device,
+# tests/unit/TrainHarness.h): two float32 computations of the same mathematics may differ by
+# TOLERANCE_FACTOR times the float32 rounding of the computation, measured on the same check as
+# torch float32 against torch float64, and never less than float32's unit roundoff U32 (a check
+# can round exactly by chance). Each float32 result deviates from the exact one by about that
+# rounding, so two of them differ by up to about twice it; 8 leaves a factor of 4 for the spread of
+# the estimate. No bound is tuned on one machine: the rounding is measured in every run.
+TOLERANCE_FACTOR = 8
+U32 = 2.0 ** -24
+
+
+def rounding_bound(noise):
+    """The largest allowed float32 difference on a check whose float32 rounding is `noise`."""
+    return TOLERANCE_FACTOR * max(noise, U32)
+
+
 BETAS = (0.9, 0.95)
 ADAM_EPS = 1e-8
 WEIGHT_DECAY = 0.1

@@ -48,7 +48,11 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
   RunResult R;
   std::mutex M;
   // As sp-run does: the process's kernel threads shared by its ranks.
-  CpuBackend::setThreads(TP * PP > 1 ? 1 : 2);
+  // SP_TEST_THREADS sets them (tests/tolerance_matrix.sh varies it).
+  int Threads = TP * PP > 1 ? 1 : 2;
+  if (const char *T = std::getenv("SP_TEST_THREADS"))
+    Threads = std::max(1, std::atoi(T));
+  CpuBackend::setThreads(Threads);
   Error E = runOnThreadRanks(TP * PP, [&](Communicator &World) -> Error {
     ProcessGrid Grid;
     Grid.Pipeline = PP;

@@ -334,10 +334,12 @@ private:
     return T;
   }
 
-  Expected<Sharding> parseOptionalSharding() {
+  /// A sharding after a value's type T: a split names one of T's axes.
+  Expected<Sharding> parseOptionalSharding(const TensorType &T) {
     Sharding S;
     if (!isPunct('#'))
       return S;
+    Token At = Tok;
     if (auto E = consume())
       return E;
     if (isKeyword("replicated"))
@@ -395,6 +397,10 @@ private:
         return E;
       if (S.Dim < 0 || S.Parts < 1 || S.Blocks < 1)
         return fail("a split needs dim >= 0, parts >= 1 and blocks >= 1");
+      if (S.Dim >= int64_t(T.rank()))
+        return withBuf(Lex.error(
+            At, "a split of dim " + Twine(S.Dim) + " needs a value of rank " +
+                    Twine(S.Dim + 1) + " or more; the type is " + T.str()));
     }
     return S;
   }
@@ -448,7 +454,7 @@ private:
     auto T = parseType();
     if (!T)
       return T.takeError();
-    auto S = parseOptionalSharding();
+    auto S = parseOptionalSharding(*T);
     if (!S)
       return S.takeError();
     Value *V;
@@ -751,7 +757,7 @@ private:
       auto T = parseType();
       if (!T)
         return T.takeError();
-      auto S = parseOptionalSharding();
+      auto S = parseOptionalSharding(*T);
       if (!S)
         return S.takeError();
       Types.push_back(*T);

@@ -1,5 +1,6 @@
 //===- Program.cpp - The program's buffers, and its JSON form -------------===//
 #include "plan/Program.h"
+#include "ir/OpDef.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <cmath>
@@ -414,6 +415,61 @@ AttrList attrsFromJson(const json &J, const std::string &Where) {
   return A;
 }
 
+/// Every instruction computes its buffers' types: its results have the
+/// types the op's shape rule gives its operands, as the verifier checks a
+/// graph (the executor checks the attributes at load; the shape rules read
+/// them with total getters). The kernels size what they read and write by
+/// the operands, so an edited program with a missing operand or result, or a
+/// result buffer of another type, would be read or written out of bounds.
+/// Optional trailing results (a dropout mask) may be absent.
+void checkInstructionTypes(const Program &P) {
+  Graph Scratch("program");
+  std::vector<Value *> Values;
+  for (const ProgramBuffer &B : P.Buffers)
+    Values.push_back(
+        Scratch.addInput("b" + std::to_string(Values.size()), B.Type));
+  for (size_t K = 0; K < P.Instrs.size(); ++K) {
+    const Instruction &I = P.Instrs[K];
+    std::string Where =
+        formatv("instruction {0} ({1})", K, opName(I.Op)).str();
+    if (isOnnxOp(I.Op))
+      malformed(Where + " is not a runtime op");
+    SmallVector<Value *, 4> Operands;
+    for (int Id : I.In)
+      Operands.push_back(Values[Id]);
+    // The stage-to-stage messages have no shape rule: send (x), recv () -> x
+    // and pipe_broadcast (x on the root stage, nothing elsewhere) -> x.
+    TypeList Types;
+    if (I.Op == OpKind::Send || I.Op == OpKind::Recv ||
+        I.Op == OpKind::PipeBroadcast) {
+      size_t Ins = I.Op == OpKind::Send ? 1 : 0;
+      if (I.In.size() != Ins &&
+          !(I.Op == OpKind::PipeBroadcast && I.In.size() == 1))
+        malformed(formatv("{0}: expected {1} operands, got {2}", Where, Ins,
+                          I.In.size()));
+      if (I.Op != OpKind::Send)
+        Types.push_back(!I.In.empty()    ? P.Buffers[I.In[0]].Type
+                        : !I.Out.empty() ? P.Buffers[I.Out[0]].Type
+                                         : TensorType());
+    } else {
+      auto Inferred = inferTypes(I.Op, Operands, I.Attrs);
+      if (!Inferred)
+        malformed(Where + ": " + toString(Inferred.takeError()));
+      Types = std::move(*Inferred);
+    }
+    if (I.Out.size() > Types.size() || (I.Out.empty() && !Types.empty()))
+      malformed(formatv("{0} has {1} results, expected {2}", Where,
+                        I.Out.size(), Types.size()));
+    for (size_t R = 0; R < I.Out.size(); ++R) {
+      const ProgramBuffer &B = P.Buffers[I.Out[R]];
+      if (B.Type != Types[R])
+        malformed(formatv("{0}: result {1} (buffer '{2}') is {3}, the op "
+                          "computes {4}",
+                          Where, R, B.Name, B.Type.str(), Types[R].str()));
+    }
+  }
+}
+
 Program programFromJsonOrThrow(const json &J) {
   Program P;
   Fields Top(J, "the program");
@@ -484,6 +540,7 @@ Program programFromJsonOrThrow(const json &J) {
     I.Name = F.string("name", "");
     P.Instrs.push_back(std::move(I));
   }
+  checkInstructionTypes(P);
   // A temporary lives within the program (an output's temporary until just
   // after its end).
   for (const ProgramBuffer &B : P.Buffers)

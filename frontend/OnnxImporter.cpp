@@ -927,6 +927,7 @@ Error Importer::bindInputs() {
     if (KV.second > 0)
       DimValues[KV.first()] = KV.second;
   const int64_t Positional[2] = {Opts.Batch, Opts.Seq};
+  StringSet<> Symbolic; // the inputs' dimension names, for --dim
 
   bool First = true;
   for (onnx::ValueInfoProto &In : *GP.mutable_input()) {
@@ -963,6 +964,8 @@ Error Importer::bindInputs() {
         continue;
       }
       std::string Param = Dim.has_dim_param() ? Dim.dim_param() : "";
+      if (!Param.empty())
+        Symbolic.insert(Param);
       int64_t V = 0;
       if (!Param.empty() && DimValues.count(Param))
         V = DimValues.lookup(Param);
@@ -980,6 +983,26 @@ Error Importer::bindInputs() {
     if (Values.count(Name))
       return error("input '" + Name + "' is listed twice");
     Values[Name] = G->addInput(Name, Ty);
+  }
+  // A --dim that binds nothing is a typo or a flag meant for another model.
+  std::vector<std::string> Unused, Known;
+  for (const auto &KV : Opts.DimValues)
+    if (!Symbolic.count(KV.first()))
+      Unused.push_back(KV.first().str());
+  if (!Unused.empty()) {
+    for (const auto &KV : Symbolic)
+      Known.push_back(KV.first().str());
+    llvm::sort(Unused);
+    llvm::sort(Known);
+    std::string Names;
+    for (const std::string &K : Known)
+      Names += (Names.empty() ? "'" : ", '") + K + "'";
+    return error(formatv("--dim {0}={1}: no input has a symbolic dimension "
+                         "'{0}'; {2}",
+                         Unused[0], Opts.DimValues.lookup(Unused[0]),
+                         Known.empty() ? "the inputs' shapes are static"
+                                       : "their symbolic dimensions are " +
+                                             Names));
   }
   return Error::success();
 }

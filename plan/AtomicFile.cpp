@@ -31,6 +31,22 @@ static Expected<SmallString<128>> parentOf(StringRef Path) {
   return Dir;
 }
 
+Error checkWritableFile(StringRef Path) {
+  if (Path == "-")
+    return Error::success();
+  if (sys::fs::is_directory(Path))
+    return writeError(std::make_error_code(std::errc::is_a_directory), Path);
+  auto Dir = parentOf(Path);
+  if (!Dir)
+    return Dir.takeError();
+  sys::fs::file_status Status;
+  if (std::error_code EC = sys::fs::status(*Dir, Status))
+    return writeError(EC, Path);
+  if (!sys::fs::is_directory(Status))
+    return writeError(std::make_error_code(std::errc::not_a_directory), Path);
+  return Error::success();
+}
+
 Error writeFileAtomically(StringRef Path,
                           function_ref<void(raw_ostream &)> Write) {
   if (Path == "-") {
@@ -38,6 +54,10 @@ Error writeFileAtomically(StringRef Path,
     outs().flush();
     return Error::success();
   }
+  // A folder is never replaced by a file; checked first, since renaming
+  // onto "." or ".." fails with a puzzling "Device or resource busy".
+  if (sys::fs::is_directory(Path))
+    return writeError(std::make_error_code(std::errc::is_a_directory), Path);
   auto Dir = parentOf(Path);
   if (!Dir)
     return Dir.takeError();

@@ -20,6 +20,12 @@ llvm::Error
 writeFileAtomically(llvm::StringRef Path,
                     llvm::function_ref<void(llvm::raw_ostream &)> Write);
 
+/// Whether writeFileAtomically(Path) can write Path: it is not a folder and
+/// the folder it goes in exists. A tool with several outputs checks each
+/// first, so that a bad one fails before any is written. The error reads as
+/// writeFileAtomically's would ("cannot write 'x/r.json': Not a directory").
+llvm::Error checkWritableFile(llvm::StringRef Path);
+
 /// Builds the folder Dir: Fill writes into a temporary folder beside it,
 /// which is then renamed into place (an existing Dir is moved aside first and
 /// removed after). On failure nothing changes and the temporary is removed.

@@ -25,6 +25,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -144,6 +145,25 @@ static void printPipeline(const Graph &G, const PipelineOptions &PO,
   OS << "\n";
 }
 
+/// AdamW's settings: a decay rate outside [0, 1), a non-positive epsilon
+/// or a negative weight decay or clipping norm trains nonsense (or NaN).
+static Error checkOptimizerFlags() {
+  auto Bad = [](const char *Flag, double V, const char *Want) {
+    return createStringError(inconvertibleErrorCode(),
+                             "%s must be %s, got %g", Flag, Want, V);
+  };
+  for (auto [Flag, Opt] : {std::pair{"--beta1", &Beta1}, {"--beta2", &Beta2}})
+    if (!(*Opt >= 0 && *Opt < 1))
+      return Bad(Flag, *Opt, "in [0, 1)");
+  if (!(AdamEps > 0) || !std::isfinite(AdamEps))
+    return Bad("--adam-eps", AdamEps, "a positive number");
+  for (auto [Flag, Opt] : {std::pair{"--weight-decay", &WeightDecay},
+                           {"--max-grad-norm", &MaxGradNorm}})
+    if (!(*Opt >= 0) || !std::isfinite(*Opt))
+      return Bad(Flag, *Opt, "a non-negative number (0: off)");
+  return Error::success();
+}
+
 static void setOptimizerOptions(PassContext &Ctx) {
   Ctx.Optimizer.WeightDecay = WeightDecay;
   Ctx.Optimizer.Beta1 = Beta1;
@@ -166,12 +186,30 @@ int main(int Argc, char **Argv) {
   PassContext Ctx;
   if (auto E = passOptionsFromCL(Ctx))
     return reportError("sp-compile", std::move(E));
+  if (auto E = checkOptimizerFlags())
+    return reportError("sp-compile", std::move(E));
   setOptimizerOptions(Ctx);
   Ctx.ActivationDtype = ActDtype;
   if (!Figure7.empty() && !PaperTable)
     return reportError("sp-compile",
                        createStringError(inconvertibleErrorCode(),
                                          "--figure7 needs --paper-table"));
+  if (!Gantt.empty() && !Ctx.Pipeline.enabled())
+    return reportError("sp-compile",
+                       createStringError(inconvertibleErrorCode(),
+                                         "--gantt needs a pipelined training "
+                                         "plan (--pp P or --microbatches N)"));
+  // Every output file can be written, checked before any is: a bad --report
+  // must not fail after the plan is written.
+  for (auto [Path, Flag] : {std::pair{&Report, "--report"},
+                            {&Gantt, "--gantt"},
+                            {&Figure7, "--figure7"}})
+    if (!Path->empty())
+      if (auto E = checkWritableFile(*Path))
+        return reportError("sp-compile",
+                           createStringError(inconvertibleErrorCode(), "%s: %s",
+                                             Flag,
+                                             toString(std::move(E)).c_str()));
   if (PaperTable) {
     if (!Output.empty())
       return reportError("sp-compile",

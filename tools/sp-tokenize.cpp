@@ -5,11 +5,13 @@
 // A byte-level tokenizer: every byte of the input is one token whose id is
 // the byte's value (vocabulary 256). The output is nanoGPT's .bin format,
 // which sp-run --data reads: little-endian uint16 ids, nothing else. The
-// output is written atomically; an empty input is refused.
+// output is written atomically; an empty input, and an output that is the
+// input, are refused.
 //
 //===----------------------------------------------------------------------===//
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -33,6 +35,15 @@ int main(int Argc, char **Argv) {
       Argc, Argv,
       "sp-tokenize: byte-level tokenizer (token id = byte value, vocabulary "
       "256) writing little-endian uint16 ids\n");
+  // Writing the tokens over the text would destroy it.
+  bool Same = false;
+  if (Input != "-" && Output != "-" &&
+      !sys::fs::equivalent(Input, Output, Same) && Same)
+    return reportError("sp-tokenize",
+                       createStringError(inconvertibleErrorCode(),
+                                         "-o '%s' is the input file; name "
+                                         "another file for the tokens",
+                                         Output.c_str()));
   auto Buf = MemoryBuffer::getFileOrSTDIN(Input, /*IsText=*/false,
                                           /*RequiresNullTerminator=*/false);
   if (!Buf)

@@ -1,6 +1,5 @@
 //===- Checkpoint.cpp - Training checkpoints ------------------------------===//
 #include "runtime/Checkpoint.h"
-#include "plan/AtomicFile.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
@@ -10,11 +9,18 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
-#include <optional>
+#include <fcntl.h>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <thread>
+#include <unistd.h>
 
 using namespace llvm;
 using json = nlohmann::json;
@@ -24,7 +30,9 @@ namespace sp {
 static_assert(sizeof(float) == 4, "checkpoints hold float32");
 
 static const char *IndexName = "checkpoint.json";
-static const char *DataName = "tensors.bin";
+static const char *V1DataName = "tensors.bin";
+static const char *LockName = ".sp-run.lock";
+static const char *IndexTmpPrefix = ".checkpoint.json.tmp-";
 
 static Error fail(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), Msg);
@@ -58,6 +66,15 @@ std::string planFingerprint(const Program &P) {
   return formatv("{0:x16}", fnv1a64(Key.dump())).str();
 }
 
+std::string planFingerprint(const Plan &P) {
+  if (P.numStages() == 1)
+    return planFingerprint(P.Prog);
+  std::string All;
+  for (int K = 0; K < P.numStages(); ++K)
+    All += planFingerprint(P.stage(K)) + ";";
+  return formatv("{0:x16}", fnv1a64(All)).str();
+}
+
 bool checkpointExists(StringRef Dir) {
   return sys::fs::exists(Dir + "/" + IndexName);
 }
@@ -69,73 +86,302 @@ static uint32_t indexChecksum(json J) {
   return crcOf(S.data(), S.size());
 }
 
+//===----------------------------------------------------------------------===//
+// Files: written whole and synced, with errno in the message
+//===----------------------------------------------------------------------===//
+
+/// "tensors-12.bin", "tensors-12-rank3.bin", "tensors-12.g1.bin": a data
+/// file's name as the writer makes it and the reader accepts it (a plain
+/// name in the directory, no path).
+static bool isDataFileName(StringRef Name) {
+  if (!Name.startswith("tensors") || !Name.endswith(".bin") ||
+      Name.size() > 200)
+    return false;
+  return all_of(Name,
+                [](char C) {
+                  return isAlnum(C) || C == '-' || C == '_' || C == '.';
+                }) &&
+         !Name.contains("..");
+}
+
+/// A leftover of a killed write, or the lock: what may be in a checkpoint
+/// directory besides the index and what it names.
+static bool isWriterFile(StringRef Name) {
+  return Name == LockName || Name.startswith(IndexTmpPrefix) ||
+         isDataFileName(Name);
+}
+
+/// The test hook (see Checkpoint.h): a third of SP_TEST_CHECKPOINT_DELAY_MS.
+static void testDelay() {
+  static const long Ms = [] {
+    const char *V = std::getenv("SP_TEST_CHECKPOINT_DELAY_MS");
+    return V ? std::max(0L, std::strtol(V, nullptr, 10)) : 0L;
+  }();
+  if (Ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(Ms / 3));
+}
+
+namespace {
+/// A file opened for writing; closed (not synced) if not finished.
+struct OutFile {
+  int FD = -1;
+  ~OutFile() {
+    if (FD >= 0)
+      ::close(FD);
+  }
+};
+} // namespace
+
+/// errno as text: "No space left on device".
+static std::string errnoText(int E) {
+  return std::error_code(E, std::generic_category()).message();
+}
+
+/// Writes all of Bytes to FD, retrying short writes and EINTR.
+static int writeAll(int FD, const char *Bytes, size_t Size) {
+  while (Size) {
+    ssize_t N = ::write(FD, Bytes, std::min<size_t>(Size, size_t(1) << 30));
+    if (N < 0) {
+      if (errno == EINTR)
+        continue;
+      return errno;
+    }
+    if (N == 0)
+      return EIO;
+    Bytes += N;
+    Size -= size_t(N);
+  }
+  return 0;
+}
+
+/// fsync of a directory, so that the names created or renamed in it last.
+static int syncDirectory(StringRef Dir) {
+  int FD = ::open(Dir.str().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (FD < 0)
+    return errno;
+  int E = ::fsync(FD) ? errno : 0;
+  ::close(FD);
+  // Some file systems cannot sync a directory; the data is synced anyway.
+  return E == EINVAL || E == EROFS ? 0 : E;
+}
+
+/// Creates Dir/Name exclusively (EEXIST is for the caller), writes the
+/// pieces Write produces, fsyncs and closes it. Returns errno (0 on
+/// success); on failure the file is removed.
+static int writeSyncedFile(
+    StringRef Dir, StringRef Name,
+    function_ref<int(function_ref<int(const void *, size_t)> Put)> Write) {
+  std::string Path = (Dir + "/" + Name).str();
+  OutFile F;
+  F.FD = ::open(Path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (F.FD < 0)
+    return errno;
+  auto Put = [&](const void *Data, size_t Size) {
+    return writeAll(F.FD, static_cast<const char *>(Data), Size);
+  };
+  int E = Write(Put);
+  if (!E && ::fsync(F.FD))
+    E = errno;
+  int FD = F.FD;
+  F.FD = -1;
+  if (::close(FD) && !E)
+    E = errno; // NFS reports write errors at close
+  if (E)
+    ::unlink(Path.c_str());
+  return E;
+}
+
+//===----------------------------------------------------------------------===//
+// Writing
+//===----------------------------------------------------------------------===//
+
 Error checkCheckpointTarget(StringRef Dir) {
   if (!sys::fs::exists(Dir))
     return Error::success();
-  std::error_code EC;
-  bool Empty =
-      sys::fs::is_directory(Dir) &&
-      sys::fs::directory_iterator(Dir, EC) == sys::fs::directory_iterator();
-  if (!sys::fs::is_directory(Dir) || (!Empty && !checkpointExists(Dir)))
+  auto Refuse = [&] {
     return fail("refusing to overwrite '" + Dir +
                 "': it exists and is not a checkpoint directory");
+  };
+  if (!sys::fs::is_directory(Dir))
+    return Refuse();
+  if (checkpointExists(Dir))
+    return Error::success();
+  std::error_code EC;
+  for (sys::fs::directory_iterator I(Dir, EC), E; I != E && !EC;
+       I.increment(EC))
+    if (!isWriterFile(sys::path::filename(I->path())))
+      return Refuse();
+  if (EC)
+    return createStringError(EC, "cannot read '%s': %s", Dir.str().c_str(),
+                             EC.message().c_str());
+  return Error::success();
+}
+
+static Expected<std::pair<json, CheckpointMeta>> readIndex(StringRef Dir);
+
+Expected<int> cleanCheckpointDir(StringRef Dir) {
+  if (!sys::fs::is_directory(Dir))
+    return 0;
+  StringSet<> Named;
+  if (checkpointExists(Dir)) {
+    // Remove nothing beside an index this reader cannot read: it may name
+    // the files.
+    auto R = readIndex(Dir);
+    if (!R)
+      return R.takeError();
+    for (const json &S : R->first["shards"])
+      Named.insert(S["data"].get<std::string>());
+  }
+  std::vector<std::string> Doomed;
+  std::error_code EC;
+  for (sys::fs::directory_iterator I(Dir, EC), E; I != E && !EC;
+       I.increment(EC)) {
+    StringRef Name = sys::path::filename(I->path());
+    if ((isDataFileName(Name) && !Named.count(Name)) ||
+        Name.startswith(IndexTmpPrefix))
+      Doomed.push_back(I->path());
+  }
+  if (EC)
+    return createStringError(EC, "cannot read '%s': %s", Dir.str().c_str(),
+                             EC.message().c_str());
+  int Removed = 0;
+  for (const std::string &Path : Doomed)
+    if (!sys::fs::remove(Path))
+      ++Removed;
+  return Removed;
+}
+
+Expected<std::string> writeCheckpointShard(StringRef Dir, int64_t Step,
+                                           int Rank, int Ranks,
+                                           ArrayRef<TensorView> Tensors) {
+  auto Failed = [&](const Twine &What, int E) {
+    return fail(formatv("cannot write checkpoint '{0}' (step {1}): {2}: {3}",
+                        Dir, Step, What.str(), errnoText(E)));
+  };
+  if (auto E = checkCheckpointTarget(Dir))
+    return std::move(E);
+  if (std::error_code EC = sys::fs::create_directories(Dir))
+    return Failed("cannot create the directory", EC.value());
+  std::string Base = Ranks > 1
+                         ? formatv("tensors-{0}-rank{1}", Step, Rank).str()
+                         : formatv("tensors-{0}", Step).str();
+  int64_t Total = 0;
+  for (const TensorView &T : Tensors)
+    Total += T.size() * int64_t(sizeof(float));
+  json Entries;
+  std::string Name;
+  int E = EEXIST;
+  // Never touch a file that exists: the index may name it (a rewrite of the
+  // step the checkpoint holds).
+  for (int G = 0; E == EEXIST && G < 1000; ++G) {
+    Name = Base + (G ? formatv(".g{0}", G).str() : "") + ".bin";
+    E = writeSyncedFile(Dir, Name, [&](auto Put) {
+      Entries = json::array();
+      int64_t Offset = 0;
+      bool Paused = false;
+      for (const TensorView &T : Tensors) {
+        int64_t Bytes = T.size() * int64_t(sizeof(float));
+        if (int Err = Bytes ? Put(T.Data, size_t(Bytes)) : 0)
+          return Err;
+        Entries.push_back({{"name", T.Name},
+                           {"shape", std::vector<int64_t>(T.Type.Shape.begin(),
+                                                          T.Type.Shape.end())},
+                           {"offset", Offset},
+                           {"bytes", Bytes},
+                           {"crc32", crcOf(T.Data, size_t(Bytes))}});
+        Offset += Bytes;
+        if (!Paused && 2 * Offset >= Total) {
+          Paused = true;
+          testDelay(); // halfway through the data
+        }
+      }
+      return 0;
+    });
+  }
+  if (E)
+    return Failed(Name, E);
+  if (int SyncErr = syncDirectory(Dir))
+    return Failed("syncing the directory", SyncErr);
+  testDelay(); // the data is written, the commit still to come
+  json Shard = {{"rank", Rank},
+                {"data", Name},
+                {"data_bytes", Total},
+                {"tensors", std::move(Entries)}};
+  return Shard.dump();
+}
+
+Error commitCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
+                       ArrayRef<std::string> Shards) {
+  if (auto E = checkCheckpointTarget(Dir))
+    return E;
+  if (Meta.Ranks < 1 || size_t(Meta.Ranks) != Shards.size())
+    return fail(formatv("checkpoint '{0}': {1} shards for {2} ranks", Dir,
+                        Shards.size(), Meta.Ranks));
+  json Index;
+  Index["format"] = "sp-checkpoint";
+  Index["version"] = CheckpointFormatVersion;
+  Index["step"] = Meta.Step;
+  Index["seed"] = Meta.Seed;
+  Index["plan_fingerprint"] = Meta.PlanFingerprint;
+  Index["ranks"] = Meta.Ranks;
+  json Losses = json::array();
+  for (const LossRow &R : Meta.Losses)
+    Losses.push_back({R.Step, R.Loss, R.LR});
+  Index["losses"] = std::move(Losses);
+  json List = json::array();
+  for (const std::string &S : Shards)
+    List.push_back(json::parse(S));
+  Index["shards"] = std::move(List);
+  Index["checksum"] = indexChecksum(Index);
+  std::string Text = Index.dump(1) + "\n";
+
+  auto Failed = [&](const Twine &What, int E) {
+    return fail(formatv("cannot write checkpoint '{0}' (step {1}): {2}: {3}",
+                        Dir, Meta.Step, What.str(), errnoText(E)));
+  };
+  std::random_device Random;
+  std::string Tmp;
+  int E = EEXIST;
+  for (int Try = 0; E == EEXIST && Try < 100; ++Try) {
+    Tmp = IndexTmpPrefix + formatv("{0:x8}", uint32_t(Random())).str();
+    E = writeSyncedFile(
+        Dir, Tmp, [&](auto Put) { return Put(Text.data(), Text.size()); });
+  }
+  if (E)
+    return Failed(IndexName, E);
+  std::string TmpPath = (Dir + "/" + Tmp).str();
+  std::string IndexPath = (Dir + "/" + IndexName).str();
+  if (::rename(TmpPath.c_str(), IndexPath.c_str())) {
+    int RenameErr = errno;
+    ::unlink(TmpPath.c_str());
+    return Failed(IndexName, RenameErr);
+  }
+  // The commit: from here on the new checkpoint is the one in Dir.
+  if (int SyncErr = syncDirectory(Dir))
+    return Failed("syncing the directory", SyncErr);
+  testDelay(); // committed, the old data files not yet removed
+  if (auto Removed = cleanCheckpointDir(Dir); !Removed)
+    consumeError(Removed.takeError()); // leftovers are harmless
   return Error::success();
 }
 
 Error writeCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
                       ArrayRef<TensorView> Tensors) {
-  if (auto E = checkCheckpointTarget(Dir))
-    return E;
-  SmallString<128> Parent(Dir);
-  sys::path::remove_filename(Parent);
-  if (Parent.empty())
-    Parent = ".";
-  if (std::error_code EC = sys::fs::create_directories(Parent))
-    return createStringError(EC, "cannot create '%s': %s",
-                             Parent.str().str().c_str(), EC.message().c_str());
-  // createUniqueDirectory puts a relative model under the system's temporary
-  // folder; the temporary must be beside Dir for the rename.
-  return writeDirectoryAtomically(Dir, [&](StringRef Tmp) -> Error {
-    json Index;
-    Index["format"] = "sp-checkpoint";
-    Index["version"] = CheckpointFormatVersion;
-    Index["step"] = Meta.Step;
-    Index["seed"] = Meta.Seed;
-    Index["plan_fingerprint"] = Meta.PlanFingerprint;
-    Index["data"] = DataName;
-    json Losses = json::array();
-    for (const LossRow &R : Meta.Losses)
-      Losses.push_back({R.Step, R.Loss, R.LR});
-    Index["losses"] = std::move(Losses);
-    json Entries = json::array();
-    int64_t Offset = 0;
-    Error Data = writeFileAtomically(
-        (Tmp + "/" + DataName).str(), [&](raw_ostream &OS) {
-          for (const TensorView &T : Tensors) {
-            size_t Bytes = size_t(T.size()) * sizeof(float);
-            OS.write(reinterpret_cast<const char *>(T.Data), Bytes);
-            Entries.push_back(
-                {{"name", T.Name},
-                 {"shape", std::vector<int64_t>(T.Type.Shape.begin(),
-                                                T.Type.Shape.end())},
-                 {"offset", Offset},
-                 {"bytes", Bytes},
-                 {"crc32", crcOf(T.Data, Bytes)}});
-            Offset += Bytes;
-          }
-        });
-    if (Data)
-      return Data;
-    Index["data_bytes"] = Offset;
-    Index["tensors"] = std::move(Entries);
-    Index["checksum"] = indexChecksum(Index);
-    std::string Text = Index.dump(1) + "\n";
-    return writeFileAtomically((Tmp + "/" + IndexName).str(),
-                               [&](raw_ostream &OS) { OS << Text; });
-  });
+  auto Shard = writeCheckpointShard(Dir, Meta.Step, 0, 1, Tensors);
+  if (!Shard)
+    return Shard.takeError();
+  CheckpointMeta One = Meta;
+  One.Ranks = 1;
+  return commitCheckpoint(Dir, One, {*Shard});
 }
 
-/// Parses and checks the text of checkpoint.json.
+//===----------------------------------------------------------------------===//
+// Reading
+//===----------------------------------------------------------------------===//
+
+/// Parses and checks the text of checkpoint.json. The result's "shards"
+/// lists every rank's {rank, data, ...} (a version 1 index becomes one
+/// shard of its top-level data), each naming a data file.
 static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
                                                             StringRef Text) {
   auto Corrupt = [&](const Twine &Why) {
@@ -155,9 +401,9 @@ static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
   const json Version = Index.value("version", json(-1));
   if (!Version.is_number_integer())
     return Corrupt(Twine(IndexName) + ": 'version' is not an integer");
-  if (Version != CheckpointFormatVersion)
+  if (Version != 1 && Version != CheckpointFormatVersion)
     return fail(formatv("checkpoint '{0}' has format version {1}, this sp-run "
-                        "reads version {2}",
+                        "reads versions 1 to {2}",
                         Dir, Version.dump(), CheckpointFormatVersion));
   auto Field = [&](const json &J, const char *Key) -> const json * {
     auto It = J.find(Key);
@@ -200,6 +446,33 @@ static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
       return Bad("every entry of 'losses'", "[step, loss, learning rate]");
     Meta.Losses.push_back(LossRow{R[0].get<int64_t>(), *Loss, *LR});
   }
+  if (Version == 1) {
+    // One rank; its data in tensors.bin, described at the top level.
+    Meta.Ranks = 1;
+    json Shard = {{"rank", 0},
+                  {"data", V1DataName},
+                  {"data_bytes", Index.value("data_bytes", json())},
+                  {"tensors", Index.value("tensors", json())}};
+    Index["shards"] = json::array({std::move(Shard)});
+    return std::pair{std::move(Index), std::move(Meta)};
+  }
+  const json *Ranks = Field(Index, "ranks");
+  if (!Ranks || !isIntegerIn(*Ranks, 1, 1 << 20))
+    return Bad("'ranks'", "a positive integer");
+  Meta.Ranks = Ranks->get<int>();
+  const json *Shards = Field(Index, "shards");
+  if (!Shards || !Shards->is_array() || Shards->size() != size_t(Meta.Ranks))
+    return Bad("'shards'", "a list of one entry per rank");
+  for (size_t R = 0; R < Shards->size(); ++R) {
+    const json &S = (*Shards)[R];
+    const json *Rank = S.is_object() ? Field(S, "rank") : nullptr;
+    const json *Data = S.is_object() ? Field(S, "data") : nullptr;
+    if (!Rank || !isIntegerIn(*Rank, R, R) || !Data || !Data->is_string() ||
+        !isDataFileName(Data->get<std::string>()))
+      return Bad("every entry of 'shards'",
+                 "{rank, data (a data file of the checkpoint), data_bytes, "
+                 "tensors}, in rank order");
+  }
   return std::pair{std::move(Index), std::move(Meta)};
 }
 
@@ -224,12 +497,13 @@ Expected<CheckpointMeta> readCheckpointMeta(StringRef Dir) {
   return std::move(R->second);
 }
 
-/// Checks a parsed index against the plan's tensors and the data, and only
-/// then copies the data into the tensors.
+/// Checks a parsed index against the plan's tensors and rank Rank's data,
+/// and only then copies the data into the tensors.
 static Expected<CheckpointMeta>
 restore(StringRef Dir, json &Index, CheckpointMeta &Meta,
-        function_ref<Expected<StringRef>()> ReadData,
-        StringRef PlanFingerprint, ArrayRef<TensorView> Tensors) {
+        function_ref<Expected<StringRef>(StringRef DataName)> ReadData,
+        StringRef PlanFingerprint, ArrayRef<TensorView> Tensors, int Rank,
+        int Ranks) {
   auto Corrupt = [&](const Twine &Why) {
     return fail("checkpoint '" + Dir + "' is corrupt: " + Why);
   };
@@ -238,6 +512,12 @@ restore(StringRef Dir, json &Index, CheckpointMeta &Meta,
                         "(fingerprint {1}, this plan has {2}); resume with the "
                         "plan that wrote it",
                         Dir, Meta.PlanFingerprint, PlanFingerprint));
+  if (Meta.Ranks != Ranks)
+    return fail(formatv("checkpoint '{0}' holds {1} ranks, this run has {2}; "
+                        "resume with the plan that wrote it",
+                        Dir, Meta.Ranks, Ranks));
+  const json &Shard = Index["shards"][size_t(Rank)];
+  std::string DataName = Shard["data"].get<std::string>();
 
   // Names and shapes: the checkpoint and the executor hold the same tensors.
   struct Entry {
@@ -253,10 +533,10 @@ restore(StringRef Dir, json &Index, CheckpointMeta &Meta,
   auto Bad = [&](const Twine &What, StringRef Want) {
     return Corrupt(Twine(IndexName) + ": " + What + " must be " + Want);
   };
-  const json &DataBytes = Index.value("data_bytes", json());
+  const json &DataBytes = Shard.value("data_bytes", json());
   if (!isIntegerIn(DataBytes, 0, INT64_MAX))
     return Bad("'data_bytes'", "a non-negative integer");
-  const json &List = Index.value("tensors", json());
+  const json &List = Shard.value("tensors", json());
   if (!List.is_array())
     return Bad("'tensors'", "a list");
   for (const json &E : List) {
@@ -299,7 +579,7 @@ restore(StringRef Dir, json &Index, CheckpointMeta &Meta,
                   "no tensor '" +
                   T.Name + "'");
 
-  auto Data = ReadData();
+  auto Data = ReadData(DataName);
   if (!Data)
     return Corrupt(formatv("cannot read {0}: {1}", DataName,
                            toString(Data.takeError())));
@@ -326,20 +606,35 @@ restore(StringRef Dir, json &Index, CheckpointMeta &Meta,
 
 Expected<CheckpointMeta> readCheckpoint(StringRef Dir,
                                         StringRef PlanFingerprint,
-                                        ArrayRef<TensorView> Tensors) {
-  auto R = readIndex(Dir);
-  if (!R)
-    return R.takeError();
-  std::unique_ptr<MemoryBuffer> Data;
-  auto ReadData = [&]() -> Expected<StringRef> {
-    auto Buf = MemoryBuffer::getFile(Dir + "/" + DataName, /*IsText=*/false,
-                                     /*RequiresNullTerminator=*/false);
-    if (!Buf)
-      return errorCodeToError(Buf.getError());
-    Data = std::move(*Buf);
-    return Data->getBuffer();
-  };
-  return restore(Dir, R->first, R->second, ReadData, PlanFingerprint, Tensors);
+                                        ArrayRef<TensorView> Tensors, int Rank,
+                                        int Ranks) {
+  if (Rank < 0 || Rank >= Ranks)
+    return fail(
+        formatv("checkpoint '{0}': no rank {1} of {2}", Dir, Rank, Ranks));
+  // A writer that commits a newer checkpoint meanwhile removes the data
+  // files of the one read here: then read the new index once more.
+  for (int Attempt = 0;; ++Attempt) {
+    auto R = readIndex(Dir);
+    if (!R)
+      return R.takeError();
+    std::unique_ptr<MemoryBuffer> Data;
+    bool Vanished = false;
+    auto ReadData = [&](StringRef DataName) -> Expected<StringRef> {
+      auto Buf = MemoryBuffer::getFile(Dir + "/" + DataName, /*IsText=*/false,
+                                       /*RequiresNullTerminator=*/false);
+      if (!Buf) {
+        Vanished = Buf.getError() == std::errc::no_such_file_or_directory;
+        return errorCodeToError(Buf.getError());
+      }
+      Data = std::move(*Buf);
+      return Data->getBuffer();
+    };
+    auto M = restore(Dir, R->first, R->second, ReadData, PlanFingerprint,
+                     Tensors, Rank, Ranks);
+    if (M || !Vanished || Attempt > 0)
+      return M;
+    consumeError(M.takeError());
+  }
 }
 
 Expected<CheckpointMeta>
@@ -349,7 +644,9 @@ readCheckpoint(StringRef Dir, StringRef Index,
   auto R = parseIndex(Dir, Index);
   if (!R)
     return R.takeError();
-  return restore(Dir, R->first, R->second, ReadData, PlanFingerprint, Tensors);
+  return restore(
+      Dir, R->first, R->second, [&](StringRef) { return ReadData(); },
+      PlanFingerprint, Tensors, 0, 1);
 }
 
 } // namespace sp

@@ -11,10 +11,13 @@
 #include "runtime/DataLoader.h"
 #include "runtime/LossLog.h"
 #include "runtime/Npy.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/CRC.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "gtest/gtest.h"
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -435,13 +438,13 @@ TEST(Checkpoint, DetectsCorruptionAndChangesNothing) {
   std::string Dir = D.file("ckpt");
   ASSERT_FALSE(errorText(writeCheckpoint(Dir, someMeta(), A.Views)).size());
   auto Buf = cantFail(errorOrToExpected(
-      MemoryBuffer::getFile(Dir + "/tensors.bin", false, false)));
+      MemoryBuffer::getFile(Dir + "/tensors-7.bin", false, false)));
   std::string Bytes = Buf->getBuffer().str();
 
   // A flipped byte in the second tensor ("b" starts at 48).
   std::string Flipped = Bytes;
   Flipped[50] ^= 0x10;
-  writeBytes(Dir + "/tensors.bin", Flipped);
+  writeBytes(Dir + "/tensors-7.bin", Flipped);
   A.scramble();
   auto Snapshot = A.Storage;
   auto R = readCheckpoint(Dir, "0x0123456789abcdef", A.Views);
@@ -452,13 +455,14 @@ TEST(Checkpoint, DetectsCorruptionAndChangesNothing) {
   EXPECT_EQ(A.Storage, Snapshot) << "a corrupt checkpoint must change nothing";
 
   // Truncated.
-  writeBytes(Dir + "/tensors.bin", StringRef(Bytes).drop_back(4));
+  writeBytes(Dir + "/tensors-7.bin", StringRef(Bytes).drop_back(4));
   R = readCheckpoint(Dir, "0x0123456789abcdef", A.Views);
   ASSERT_FALSE(R);
-  EXPECT_EQ(errorText(R.takeError()),
-            "checkpoint '" + Dir +
-                "' is corrupt: tensors.bin has 108 bytes, the index needs 112");
-  writeBytes(Dir + "/tensors.bin", Bytes);
+  EXPECT_EQ(
+      errorText(R.takeError()),
+      "checkpoint '" + Dir +
+          "' is corrupt: tensors-7.bin has 108 bytes, the index needs 112");
+  writeBytes(Dir + "/tensors-7.bin", Bytes);
   EXPECT_TRUE(bool(readCheckpoint(Dir, "0x0123456789abcdef", A.Views)));
 
   // An edited index.
@@ -508,6 +512,156 @@ TEST(Checkpoint, RefusesAnotherPlanAndOtherTensors) {
   EXPECT_NE(errorText(std::move(E)).find("refusing to overwrite"),
             std::string::npos);
   EXPECT_TRUE(sys::fs::exists(Other + "/precious"));
+}
+
+/// The names in Dir, sorted.
+std::vector<std::string> listDir(StringRef Dir) {
+  std::vector<std::string> Names;
+  std::error_code EC;
+  for (sys::fs::directory_iterator I(Dir, EC), E; I != E && !EC;
+       I.increment(EC))
+    Names.push_back(sys::path::filename(I->path()).str());
+  std::sort(Names.begin(), Names.end());
+  return Names;
+}
+
+TEST(Checkpoint, ShardsOfSeveralRanks) {
+  TempDir D;
+  std::string Dir = D.file("ckpt");
+  FakeState R0, R1; // two ranks: the same names, other values
+  for (auto &S : R1.Storage)
+    for (float &X : S)
+      X = -X;
+  auto S0 = writeCheckpointShard(Dir, 7, 0, 2, R0.Views);
+  auto S1 = writeCheckpointShard(Dir, 7, 1, 2, R1.Views);
+  ASSERT_TRUE(bool(S0) && bool(S1));
+  EXPECT_FALSE(checkpointExists(Dir)) << "nothing is committed yet";
+  CheckpointMeta M = someMeta();
+  M.Ranks = 2;
+  ASSERT_FALSE(errorText(commitCheckpoint(Dir, M, {*S0, *S1})).size());
+  EXPECT_EQ(listDir(Dir),
+            (std::vector<std::string>{"checkpoint.json", "tensors-7-rank0.bin",
+                                      "tensors-7-rank1.bin"}));
+  EXPECT_EQ(cantFail(readCheckpointMeta(Dir)).Ranks, 2);
+  auto Want0 = R0.Storage, Want1 = R1.Storage;
+  R0.scramble();
+  R1.scramble();
+  cantFail(readCheckpoint(Dir, "0x0123456789abcdef", R1.Views, 1, 2));
+  cantFail(readCheckpoint(Dir, "0x0123456789abcdef", R0.Views, 0, 2));
+  EXPECT_EQ(R0.Storage, Want0);
+  EXPECT_EQ(R1.Storage, Want1);
+  // Read as one rank: refused, naming both counts.
+  auto One = readCheckpoint(Dir, "0x0123456789abcdef", R0.Views);
+  ASSERT_FALSE(One);
+  EXPECT_NE(errorText(One.takeError()).find("holds 2 ranks, this run has 1"),
+            std::string::npos);
+}
+
+TEST(Checkpoint, AKilledWriteLeavesTheCommittedOne) {
+  TempDir D;
+  FakeState A;
+  std::string Dir = D.file("ckpt");
+  ASSERT_FALSE(errorText(writeCheckpoint(Dir, someMeta(), A.Views)).size());
+  auto Want = A.Storage;
+  // A write of step 9 killed before its commit: its data file and a
+  // temporary index are there, the index still names step 7.
+  for (auto &S : A.Storage)
+    for (float &X : S)
+      X += 1;
+  ASSERT_TRUE(bool(writeCheckpointShard(Dir, 9, 0, 1, A.Views)));
+  writeBytes(Dir + "/.checkpoint.json.tmp-12345678", "{\"half");
+  EXPECT_EQ(cantFail(readCheckpointMeta(Dir)).Step, 7);
+  A.scramble();
+  cantFail(readCheckpoint(Dir, "0x0123456789abcdef", A.Views));
+  EXPECT_EQ(A.Storage, Want);
+  EXPECT_FALSE(errorText(checkCheckpointTarget(Dir)).size());
+  EXPECT_EQ(cantFail(cleanCheckpointDir(Dir)), 2);
+  EXPECT_EQ(listDir(Dir),
+            (std::vector<std::string>{"checkpoint.json", "tensors-7.bin"}));
+
+  // Killed before the first commit: only leftovers (and a lock file). It is
+  // a checkpoint directory to write, with no checkpoint to read.
+  std::string First = D.file("first");
+  ASSERT_TRUE(bool(writeCheckpointShard(First, 3, 0, 1, A.Views)));
+  writeBytes(First + "/.sp-run.lock", "pid 1\n");
+  EXPECT_FALSE(checkpointExists(First));
+  EXPECT_FALSE(errorText(checkCheckpointTarget(First)).size());
+  EXPECT_EQ(cantFail(cleanCheckpointDir(First)), 1);
+  EXPECT_EQ(listDir(First), (std::vector<std::string>{".sp-run.lock"}));
+}
+
+TEST(Checkpoint, RewritingTheSameStepNeverTouchesTheCommittedFile) {
+  TempDir D;
+  FakeState A;
+  std::string Dir = D.file("ckpt");
+  ASSERT_FALSE(errorText(writeCheckpoint(Dir, someMeta(), A.Views)).size());
+  auto Committed = cantFail(errorOrToExpected(
+      MemoryBuffer::getFile(Dir + "/tensors-7.bin", false, false)));
+  auto Shard = writeCheckpointShard(Dir, 7, 0, 1, A.Views);
+  ASSERT_TRUE(bool(Shard));
+  EXPECT_NE(Shard->find("tensors-7.g1.bin"), std::string::npos);
+  ASSERT_FALSE(errorText(commitCheckpoint(Dir, someMeta(), {*Shard})).size());
+  EXPECT_EQ(listDir(Dir),
+            (std::vector<std::string>{"checkpoint.json", "tensors-7.g1.bin"}));
+  A.scramble();
+  cantFail(readCheckpoint(Dir, "0x0123456789abcdef", A.Views));
+  EXPECT_EQ(StringRef(reinterpret_cast<const char *>(A.Storage[0].data()),
+                      A.Storage[0].size() * 4),
+            Committed->getBuffer().take_front(A.Storage[0].size() * 4));
+}
+
+TEST(Checkpoint, ReadsVersion1) {
+  // Version 1: one rank, tensors.bin, the tensors at the top of the index.
+  TempDir D;
+  FakeState A;
+  std::string Dir = D.file("v1");
+  sys::fs::create_directories(Dir);
+  nlohmann::json Tensors = nlohmann::json::array();
+  std::string Data;
+  for (const TensorView &T : A.Views) {
+    std::string Bytes(reinterpret_cast<const char *>(T.Data), T.size() * 4);
+    Tensors.push_back({{"name", T.Name},
+                       {"shape", std::vector<int64_t>(T.Type.Shape.begin(),
+                                                      T.Type.Shape.end())},
+                       {"offset", Data.size()},
+                       {"bytes", Bytes.size()},
+                       {"crc32", crc32(arrayRefFromStringRef(Bytes))}});
+    Data += Bytes;
+  }
+  nlohmann::json Index = {{"format", "sp-checkpoint"},
+                          {"version", 1},
+                          {"step", 4},
+                          {"seed", 9},
+                          {"plan_fingerprint", "0x0123456789abcdef"},
+                          {"data", "tensors.bin"},
+                          {"losses", nlohmann::json::array()},
+                          {"data_bytes", Data.size()},
+                          {"tensors", Tensors}};
+  Index["checksum"] = crc32(arrayRefFromStringRef(Index.dump()));
+  writeBytes(Dir + "/checkpoint.json", Index.dump(1));
+  writeBytes(Dir + "/tensors.bin", Data);
+  auto Want = A.Storage;
+  A.scramble();
+  auto M = readCheckpoint(Dir, "0x0123456789abcdef", A.Views);
+  ASSERT_TRUE(bool(M)) << errorText(M.takeError());
+  EXPECT_EQ(M->Step, 4);
+  EXPECT_EQ(A.Storage, Want);
+  // The next write replaces it with version 2 and removes tensors.bin.
+  CheckpointMeta Next = someMeta();
+  ASSERT_FALSE(errorText(writeCheckpoint(Dir, Next, A.Views)).size());
+  EXPECT_EQ(listDir(Dir),
+            (std::vector<std::string>{"checkpoint.json", "tensors-7.bin"}));
+}
+
+TEST(Checkpoint, AnUnwritableDirectoryIsOneLineWithTheReason) {
+  TempDir D;
+  FakeState A;
+  writeBytes(D.file("file"), "x");
+  std::string Dir = D.file("file") + "/ckpt";
+  Error E = writeCheckpoint(Dir, someMeta(), A.Views);
+  EXPECT_EQ(errorText(std::move(E)),
+            "cannot write checkpoint '" + Dir +
+                "' (step 7): cannot create the directory: Not a directory");
 }
 
 TEST(Checkpoint, FingerprintIgnoresOffsetsButNotShapes) {

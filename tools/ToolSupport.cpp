@@ -6,6 +6,10 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+#include <cerrno>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 using namespace llvm;
 
@@ -19,6 +23,54 @@ std::string humanBytes(double B) {
     ++U;
   }
   return formatv("{0:F2} {1}", B, Units[U]).str();
+}
+
+const char *const DirectoryLockName = ".sp-run.lock";
+
+DirectoryLock::~DirectoryLock() {
+  if (FD >= 0)
+    ::close(FD); // drops the lock
+}
+
+Expected<std::unique_ptr<DirectoryLock>>
+lockDirectory(StringRef Dir, StringRef What, StringRef Flag) {
+  auto Failed = [&](const Twine &Why) {
+    return createStringError(inconvertibleErrorCode(), "%s '%s': %s",
+                             What.str().c_str(), Dir.str().c_str(),
+                             Why.str().c_str());
+  };
+  if (sys::fs::exists(Dir) && !sys::fs::is_directory(Dir))
+    return Failed("it exists and is not a directory");
+  if (std::error_code EC = sys::fs::create_directories(Dir))
+    return Failed("cannot create it: " + EC.message());
+  std::string Path = (Dir + "/" + DirectoryLockName).str();
+  int FD = ::open(Path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (FD < 0)
+    return Failed(Twine("cannot create its lock file ") + DirectoryLockName +
+                  ": " +
+                  std::error_code(errno, std::generic_category()).message());
+  auto Lock = std::make_unique<DirectoryLock>(FD);
+  while (::flock(FD, LOCK_EX | LOCK_NB)) {
+    if (errno == EINTR)
+      continue;
+    if (errno != EWOULDBLOCK)
+      return Failed(Twine("cannot lock ") + DirectoryLockName + ": " +
+                    std::error_code(errno, std::generic_category()).message());
+    // The holder wrote its pid when it took the lock.
+    char Text[64] = {0};
+    ssize_t N = ::pread(FD, Text, sizeof(Text) - 1, 0);
+    std::string Holder = N > 0 ? StringRef(Text, size_t(N)).trim().str() : "";
+    if (!Holder.empty())
+      Holder = " (" + Holder + ")";
+    return Failed("another sp-run" + Holder +
+                  " is using it; wait for that run to end or give this one "
+                  "another " +
+                  Flag);
+  }
+  std::string Me = "pid " + std::to_string(::getpid()) + "\n";
+  if (::ftruncate(FD, 0) == 0)
+    (void)!::pwrite(FD, Me.data(), Me.size(), 0);
+  return std::move(Lock);
 }
 
 int reportError(StringRef Tool, Error E) {

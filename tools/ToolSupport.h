@@ -26,6 +26,31 @@ llvm::cl::OptionCategory &registerImportCLOptions();
 /// non-positive size, naming the flag.
 llvm::Expected<ImportOptions> importOptionsFromCL();
 
+/// An exclusive lock on a directory that one run writes (sp-run's
+/// checkpoint and log directories), held until it is destroyed or the
+/// process ends: flock on DIR/.sp-run.lock, which records the holder's pid.
+/// The kernel drops the lock when the process dies, kill -9 included, so a
+/// killed run leaves no stale lock (the file stays, unlocked).
+class DirectoryLock {
+public:
+  explicit DirectoryLock(int FD) : FD(FD) {}
+  DirectoryLock(const DirectoryLock &) = delete;
+  DirectoryLock &operator=(const DirectoryLock &) = delete;
+  ~DirectoryLock();
+
+private:
+  int FD;
+};
+
+/// The name of the lock file in a locked directory.
+extern const char *const DirectoryLockName;
+
+/// Creates Dir if missing and locks it. Fails if another process holds the
+/// lock: "WHAT 'DIR': another sp-run (pid N) is using it; wait for that run
+/// to end or give this one another FLAG".
+llvm::Expected<std::unique_ptr<DirectoryLock>>
+lockDirectory(llvm::StringRef Dir, llvm::StringRef What, llvm::StringRef Flag);
+
 /// Loads a model: ONNX (by the .onnx extension) or textual IR ("-" reads
 /// stdin).
 llvm::Expected<std::unique_ptr<Graph>> loadGraph(llvm::StringRef Path,

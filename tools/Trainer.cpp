@@ -12,11 +12,195 @@
 #include "llvm/Support/Path.h"
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <thread>
+#include <unistd.h>
 
 using namespace llvm;
 
 namespace sp {
+
+char AgreedError::ID = 0;
+
+//===----------------------------------------------------------------------===//
+// Stops: signals, the watchdog, and the ranks' agreement
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// What the signal handler, the ranks and the watchdog share. Atomics only
+/// (lock-free, so the handler may touch them), constant-initialized and
+/// trivially destroyed, so the watchdog may read them while the process
+/// exits.
+struct StopState {
+  std::atomic<int> Signal{0};   // the first SIGINT/SIGTERM
+  std::atomic<int> Count{0};    // how many arrived
+  std::atomic<int> Writing{0};  // ranks writing a checkpoint or the logs
+  std::atomic<int64_t> Step{0}; // the step running
+  std::atomic<int64_t> SlowestStepMs{0};
+  std::atomic<int64_t> SavedStep{-1}; // the checkpoint's step
+};
+StopState Stop;
+
+const char *signalName(int Sig) {
+  switch (Sig) {
+  case SIGINT:
+    return "SIGINT";
+  case SIGTERM:
+    return "SIGTERM";
+  default:
+    return "a signal";
+  }
+}
+
+extern "C" void onStopSignal(int Sig) {
+  if (Stop.Count.fetch_add(1) == 0) {
+    Stop.Signal.store(Sig);
+    return;
+  }
+  // The second one: at once. Checkpoints commit with one rename, so
+  // whatever is being written is either whole or not there.
+  static const char Msg[] =
+      "sp-run: second signal: exiting at once, without finishing the step "
+      "(the last checkpoint stays whole)\n";
+  (void)!::write(2, Msg, sizeof(Msg) - 1);
+  ::_exit(128 + Sig);
+}
+
+/// Counts a rank as writing files (checkpoint, logs) while it lives: the
+/// watchdog lets that finish.
+struct WritingScope {
+  WritingScope() { Stop.Writing.fetch_add(1); }
+  ~WritingScope() { Stop.Writing.fetch_sub(1); }
+};
+
+} // namespace
+
+void installStopHandlers() {
+  struct sigaction SA;
+  std::memset(&SA, 0, sizeof(SA));
+  SA.sa_handler = onStopSignal;
+  sigemptyset(&SA.sa_mask);
+  SA.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &SA, nullptr);
+  sigaction(SIGTERM, &SA, nullptr);
+}
+
+int pendingStopSignal() { return Stop.Signal.load(); }
+
+void startStopWatchdog(double MinGraceSeconds, std::string Label) {
+  std::thread([MinGraceSeconds, Label] {
+    using Clock = std::chrono::steady_clock;
+    std::optional<Clock::time_point> Deadline;
+    double Grace = MinGraceSeconds;
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      int Sig = Stop.Signal.load();
+      if (!Sig)
+        continue;
+      auto Now = Clock::now();
+      if (!Deadline || Stop.Writing.load() > 0) {
+        Grace = std::max(MinGraceSeconds,
+                         4 * double(Stop.SlowestStepMs.load()) / 1000.0);
+        Deadline = Now + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(Grace));
+      }
+      if (Now < *Deadline)
+        continue;
+      int64_t Saved = Stop.SavedStep.load();
+      std::string Line = formatv(
+          "sp-run: {0}interrupted by {1}; step {2} did not finish within "
+          "{3:F0} s of it (a rank is blocked in a collective: dead or "
+          "stopped?); exiting without it; {4}\n",
+          Label, signalName(Sig), Stop.Step.load(), Grace,
+          Saved >= 0 ? formatv("the checkpoint holds step {0}", Saved).str()
+                     : std::string("no checkpoint was written"));
+      (void)!::write(2, Line.data(), Line.size());
+      ::_exit(128 + Sig);
+    }
+  }).detach();
+}
+
+/// The first stop signal any rank has seen (0: none), the same on every
+/// rank: they stop after the same step.
+static Expected<int> agreedStop(Communicator *World) {
+  int64_t Mine = Stop.Signal.load();
+  if (!World || World->size() == 1)
+    return int(Mine);
+  std::vector<int64_t> All(World->size());
+  if (auto Err = World->allGather(All.data(), &Mine, 1, CommType::I64))
+    return std::move(Err);
+  for (int64_t S : All)
+    if (S)
+      return int(S);
+  return 0;
+}
+
+/// Local is this rank's outcome of a step every rank took (a lock, a
+/// checkpoint shard, a restore): if any rank failed, every rank returns the
+/// lowest failing rank's error as an AgreedError, so that none goes on to
+/// wait for the others.
+static Error agreeOnError(Communicator *World, Error Local) {
+  bool Failed = bool(Local);
+  if (!World || World->size() == 1) {
+    if (!Failed)
+      return Error::success();
+    return make_error<AgreedError>(toString(std::move(Local)));
+  }
+  int64_t Mine = Failed;
+  std::vector<int64_t> All(World->size());
+  if (auto Err = World->allGather(All.data(), &Mine, 1, CommType::I64)) {
+    consumeError(std::move(Local));
+    return Err;
+  }
+  int First = -1;
+  for (int R = 0; R < World->size() && First < 0; ++R)
+    if (All[R])
+      First = R;
+  if (First < 0)
+    return Error::success(); // Local is success
+  std::string Msg = Failed ? toString(std::move(Local)) : "";
+  if (!Failed)
+    consumeError(std::move(Local));
+  if (World->rank() != First)
+    Msg.clear();
+  int64_t Len = Msg.size();
+  if (auto Err = World->broadcast(&Len, sizeof(Len), First))
+    return Err;
+  Msg.resize(size_t(Len));
+  if (Len)
+    if (auto Err = World->broadcast(Msg.data(), Len, First))
+      return Err;
+  return make_error<AgreedError>(Msg);
+}
+
+/// Every rank's string on rank 0, in rank order (others get nothing).
+static Expected<std::vector<std::string>>
+gatherOnRankZero(Communicator *World, std::string Mine, int Tag) {
+  if (!World || World->size() == 1)
+    return std::vector<std::string>{std::move(Mine)};
+  if (World->rank() != 0) {
+    int64_t Bytes = Mine.size();
+    if (auto Err = World->send(&Bytes, sizeof Bytes, 0, Tag))
+      return std::move(Err);
+    if (auto Err = World->send(Mine.data(), Bytes, 0, Tag))
+      return std::move(Err);
+    return std::vector<std::string>{};
+  }
+  std::vector<std::string> All{std::move(Mine)};
+  for (int R = 1; R < World->size(); ++R) {
+    int64_t Bytes = 0;
+    if (auto Err = World->recv(&Bytes, sizeof Bytes, R, Tag))
+      return std::move(Err);
+    std::string Text(size_t(Bytes), '\0');
+    if (auto Err = World->recv(Text.data(), Bytes, R, Tag))
+      return std::move(Err);
+    All.push_back(std::move(Text));
+  }
+  return All;
+}
 
 Error usageError(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), Msg);
@@ -61,12 +245,15 @@ struct Run {
   const Plan &P;
   Executor &E;
   const DataLoader &Data;
+  Communicator *World; // null for one rank
   std::string ModelName;
   std::string LogDirPath, CheckpointPath;
   std::string Fingerprint;
   uint64_t RunSeed = 0;
   std::vector<LossRow> Rows;
   TokenBatch Batch;
+  /// The step the checkpoint in CheckpointPath holds (-1: none).
+  int64_t SavedStep = -1;
 
   Error dumpLogits(StringRef Dir);
   Error dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors);
@@ -129,6 +316,7 @@ Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
 Error Run::writeLogs() {
   if (!Lead)
     return Error::success();
+  WritingScope Writing;
   if (auto Err = makeDir(LogDirPath, "--log-dir"))
     return Err;
   std::string Csv = lossCsv(Rows);
@@ -140,15 +328,51 @@ Error Run::writeLogs() {
                          [&](raw_ostream &OS) { OS << Svg; });
 }
 
+/// Every rank writes its shard; rank 0 gathers their descriptions and
+/// commits the index. A failure anywhere is every rank's AgreedError, and
+/// the checkpoint already in the directory stays as it was.
 Error Run::writeCheckpointAt(int64_t Step) {
-  CheckpointMeta M;
-  M.Step = Step;
-  M.Seed = RunSeed;
-  M.PlanFingerprint = Fingerprint;
-  M.Losses = Rows;
-  if (auto Err = E.download())
-    return Err;
-  return writeCheckpoint(CheckpointPath, M, checkpointTensors());
+  WritingScope Writing;
+  int Rank = World ? World->rank() : 0, Ranks = World ? World->size() : 1;
+  auto Failed = [&](Error Err) -> Error {
+    std::string Msg = toString(std::move(Err));
+    Msg += SavedStep >= 0
+               ? formatv("; '{0}' still holds the checkpoint of step {1}",
+                         CheckpointPath, SavedStep)
+                     .str()
+               : "; no checkpoint was written";
+    return make_error<AgreedError>(Msg);
+  };
+  std::string Mine;
+  Error Local = E.download();
+  if (!Local) {
+    auto Shard = writeCheckpointShard(CheckpointPath, Step, Rank, Ranks,
+                                      checkpointTensors());
+    if (Shard)
+      Mine = std::move(*Shard);
+    else
+      Local = Shard.takeError();
+  }
+  if (Error Err = agreeOnError(World, std::move(Local)))
+    return Err.isA<AgreedError>() ? Failed(std::move(Err)) : std::move(Err);
+  constexpr int ShardTag = 32001;
+  auto Shards = gatherOnRankZero(World, std::move(Mine), ShardTag);
+  if (!Shards)
+    return Shards.takeError();
+  auto Commit = [&]() -> Error {
+    CheckpointMeta M;
+    M.Step = Step;
+    M.Seed = RunSeed;
+    M.PlanFingerprint = Fingerprint;
+    M.Losses = Rows;
+    M.Ranks = Ranks;
+    return commitCheckpoint(CheckpointPath, M, *Shards);
+  };
+  if (Error Err = agreeOnError(World, Rank == 0 ? Commit() : Error::success()))
+    return Err.isA<AgreedError>() ? Failed(std::move(Err)) : std::move(Err);
+  SavedStep = Step;
+  Stop.SavedStep.store(Step);
+  return Error::success();
 }
 
 Error Run::writeMemory(StringRef Dir) {
@@ -311,6 +535,50 @@ bool isPipelined(const Plan &P) {
 Trainer::Trainer(const Plan &P, TrainerOptions O)
     : P(P), O(std::move(O)), Grid(planGrid(P)) {}
 
+Trainer::~Trainer() = default;
+
+std::string Trainer::stopMessage() const {
+  int Sig = StopSignal.load();
+  if (!Sig)
+    return "";
+  if (O.Eval)
+    return formatv("interrupted by {0} after batch {1} of {2}; no mean loss",
+                   signalName(Sig), StopStep.load(), O.Steps)
+        .str();
+  int64_t Saved = SavedStep.load(), Last = StopStep.load();
+  std::string What;
+  if (Saved >= 0 && Saved == Last)
+    What = formatv("{0} checkpoint '{1}' (step {2}); continue with --resume",
+                   SavedOnExit.load() ? "wrote" : "the last step is in",
+                   O.CheckpointPath, Saved)
+               .str();
+  else if (Saved >= 0)
+    What = formatv("checkpoint '{0}' holds step {1} (--checkpoint-on-exit "
+                   "saves the last step); continue with --resume",
+                   O.CheckpointPath, Saved)
+               .str();
+  else
+    What = "no checkpoint (--checkpoint-on-exit saves one)";
+  return formatv("interrupted by {0} after step {1} of {2}; {3}",
+                 signalName(Sig), StopStep.load(), O.Steps, What)
+      .str();
+}
+
+/// Removes what a killed run left in Dir by writeFileAtomically (the logs'
+/// temporaries, ".loss.csv.tmp-XXXXXX").
+static void removeLogTemporaries(StringRef Dir) {
+  std::error_code EC;
+  std::vector<std::string> Doomed;
+  for (sys::fs::directory_iterator I(Dir, EC), End; I != End && !EC;
+       I.increment(EC)) {
+    StringRef Name = sys::path::filename(I->path());
+    if (Name.startswith(".loss.csv.tmp-") || Name.startswith(".loss.svg.tmp-"))
+      Doomed.push_back(I->path());
+  }
+  for (const std::string &Path : Doomed)
+    sys::fs::remove(Path);
+}
+
 Error Trainer::runRank(Communicator *World) {
   bool Lead = !World || World->rank() == 0;
   raw_ostream &Out = Lead ? outs() : nulls();
@@ -352,23 +620,80 @@ Error Trainer::runRank(Communicator *World) {
   std::string ModelName =
       sys::path::stem(P.Manifest.value("source", std::string("model"))).str();
   bool StageLead = !C || C->rank() == 0;
-  Run R{Lead,     StageLead,   P,      E,  *Data, ModelName, O.LogPath,
-        O.CheckpointPath, O.Fingerprint, O.Seed, {}, {}};
+  Run R{Lead,
+        StageLead,
+        P,
+        E,
+        *Data,
+        World,
+        ModelName,
+        O.LogPath,
+        O.CheckpointPath,
+        O.Fingerprint,
+        O.Seed,
+        {},
+        {}};
+
+  // The directories this run writes: rank 0 locks them for the whole run
+  // (another sp-run writing them is refused) and removes what a killed run
+  // left there.
+  bool WritesCheckpoints =
+      !O.Eval && (O.CheckpointEvery > 0 || O.CheckpointOnExit);
+  auto LockAndClean = [&]() -> Error {
+    std::vector<std::tuple<std::string, const char *, const char *>> Dirs;
+    if (WritesCheckpoints)
+      Dirs.emplace_back(O.CheckpointPath, "checkpoint directory",
+                        "--checkpoint DIR");
+    if (!O.Eval)
+      Dirs.emplace_back(O.LogPath, "log directory", "--log-dir DIR");
+    std::vector<std::string> Held; // real paths: one directory, one lock
+    for (auto &[Dir, What, Flag] : Dirs) {
+      SmallString<256> Real;
+      if (!sys::fs::real_path(Dir, Real) && is_contained(Held, Real.str()))
+        continue;
+      auto L = lockDirectory(Dir, What, Flag);
+      if (!L)
+        return L.takeError();
+      Locks.push_back(std::move(*L));
+      if (!sys::fs::real_path(Dir, Real))
+        Held.push_back(Real.str().str());
+    }
+    if (WritesCheckpoints)
+      if (auto Removed = cleanCheckpointDir(O.CheckpointPath); !Removed)
+        consumeError(Removed.takeError()); // a bad index: --resume says so
+    if (!O.Eval)
+      removeLogTemporaries(O.LogPath);
+    return Error::success();
+  };
+  if (Error Err = agreeOnError(World, Lead ? LockAndClean() : Error::success()))
+    return Err;
+
   int64_t FirstStep = 1;
   if (O.Resumed) {
-    std::vector<TensorView> Tensors = R.checkpointTensors();
-    auto M = readCheckpoint(O.CheckpointPath, O.Fingerprint, Tensors);
-    if (!M)
-      return M.takeError();
-    if (auto Err = E.upload()) // the restored views, to the backend
+    // Each rank restores its own part; a failure on one is every rank's.
+    std::optional<CheckpointMeta> M;
+    Error Restored = [&]() -> Error {
+      std::vector<TensorView> Tensors = R.checkpointTensors();
+      auto Read =
+          readCheckpoint(O.CheckpointPath, O.Fingerprint, Tensors,
+                         World ? World->rank() : 0, World ? World->size() : 1);
+      if (!Read)
+        return Read.takeError();
+      M = std::move(*Read);
+      return E.upload(); // the restored views, to the backend
+    }();
+    if (Error Err = agreeOnError(World, std::move(Restored)))
       return Err;
     if (O.Resume) {
       FirstStep = M->Step + 1;
+      R.SavedStep = M->Step;
       for (const LossRow &Row : M->Losses)
         if (Row.Step <= M->Step)
           R.Rows.push_back(Row);
     }
   }
+  SavedStep.store(R.SavedStep);
+  Stop.SavedStep.store(R.SavedStep);
 
   // From here on, files are written.
   if (!O.DumpDir.empty()) {
@@ -387,6 +712,14 @@ Error Trainer::runRank(Communicator *World) {
     double Sum = 0;
     auto Start = std::chrono::steady_clock::now();
     for (int64_t Step = 1; Step <= O.Steps; ++Step) {
+      auto Sig = agreedStop(World);
+      if (!Sig)
+        return Sig.takeError();
+      if (*Sig) {
+        StopStep.store(Step - 1);
+        StopSignal.store(*Sig);
+        return Error::success();
+      }
       Data->getBatch(Step, R.Batch);
       auto L = E.evalLoss(R.Batch);
       if (!L)
@@ -425,13 +758,41 @@ Error Trainer::runRank(Communicator *World) {
     return Err;
   };
   for (int64_t Step = FirstStep; Step <= O.Steps; ++Step) {
+    // A signal: every rank stops here, after the same step; with
+    // --checkpoint-on-exit they save it first.
+    auto Sig = agreedStop(World);
+    if (!Sig)
+      return FailAfterLogs(Sig.takeError());
+    if (*Sig) {
+      Progress.finish();
+      int64_t Last = Step - 1;
+      if (O.CheckpointOnExit && Last >= FirstStep && R.SavedStep != Last) {
+        if (auto Err = R.writeCheckpointAt(Last))
+          return FailAfterLogs(std::move(Err));
+        SavedOnExit.store(true);
+      }
+      if (Last >= FirstStep)
+        if (auto Err = R.writeLogs())
+          return Err;
+      SavedStep.store(R.SavedStep);
+      StopStep.store(Last);
+      StopSignal.store(*Sig);
+      return Error::success();
+    }
+    Stop.Step.store(Step);
     double StepLR = learningRate(Step, O.Steps, O.Warmup, O.LR, O.MinLR);
     Data->getBatch(Step, R.Batch);
     auto Start = std::chrono::steady_clock::now();
     auto L = E.trainStep(R.Batch, StepLR, Step);
-    TrainSeconds +=
+    double StepSeconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
             .count();
+    TrainSeconds += StepSeconds;
+    int64_t StepMs = int64_t(StepSeconds * 1000);
+    for (int64_t Slowest = Stop.SlowestStepMs.load();
+         StepMs > Slowest &&
+         !Stop.SlowestStepMs.compare_exchange_weak(Slowest, StepMs);)
+      ;
     if (!L)
       return FailAfterLogs(
           usageError(formatv("step {0}: {1}", Step, toString(L.takeError()))));
@@ -475,6 +836,7 @@ Error Trainer::runRank(Communicator *World) {
     }
   }
   Progress.finish();
+  WritingScope Writing;        // a stop lets the outputs below finish
   if (auto Err = E.download()) // the trained weights, for dumps and export
     return Err;
 

@@ -15,6 +15,8 @@
 #include "runtime/Checkpoint.h"
 #include "runtime/DataLoader.h"
 #include "runtime/comm/ProcessGrid.h"
+#include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -38,6 +40,9 @@ struct TrainerOptions {
   bool Eval = false;
   std::string LogPath, CheckpointPath;
   int64_t CheckpointEvery = 0;
+  /// On SIGINT or SIGTERM, save a checkpoint of the last finished step
+  /// before exiting.
+  bool CheckpointOnExit = false;
   /// The checkpoint to load (Resume: to continue training from it).
   std::optional<CheckpointMeta> Resumed;
   bool Resume = false;
@@ -54,19 +59,73 @@ ProcessGrid planGrid(const Plan &P);
 /// Whether the plan unrolls a pipeline schedule (stages or microbatches).
 bool isPipelined(const Plan &P);
 
+class DirectoryLock;
+
 class Trainer {
 public:
   Trainer(const Plan &P, TrainerOptions O);
+  ~Trainer();
 
   /// One rank's run; World is null for a one-rank run. A collective: every
-  /// rank of World calls it. World's rank 0 prints and writes the files.
+  /// rank of World calls it. World's rank 0 locks the checkpoint and log
+  /// directories, prints and writes the files; every rank writes its part of
+  /// a checkpoint. Errors every rank knows of (a checkpoint that could not
+  /// be written, a corrupt one, a locked directory) are AgreedErrors, the
+  /// same on every rank.
   llvm::Error runRank(Communicator *World);
+
+  /// After runRank returned success: the signal (SIGINT, SIGTERM) that
+  /// stopped the run early, or 0 if it ran to the end, and the one-line
+  /// message saying where it stopped and what was saved.
+  int stoppedBy() const { return StopSignal.load(); }
+  std::string stopMessage() const;
 
 private:
   const Plan &P;
   TrainerOptions O;
   ProcessGrid Grid;
+  std::vector<std::unique_ptr<DirectoryLock>> Locks; // rank 0's
+  // Where a stopped run stopped (every rank stores the same values).
+  std::atomic<int> StopSignal{0};
+  std::atomic<int64_t> StopStep{0};
+  std::atomic<int64_t> SavedStep{-1}; // the checkpoint's step, -1 for none
+  std::atomic<bool> SavedOnExit{false};
 };
+
+/// An error that every rank of a run reports the same (they agreed on it
+/// with a collective), so that none is left waiting: under MPI the ranks
+/// exit with it instead of aborting the job.
+class AgreedError : public llvm::ErrorInfo<AgreedError> {
+public:
+  static char ID;
+  explicit AgreedError(std::string Msg) : Msg(std::move(Msg)) {}
+  void log(llvm::raw_ostream &OS) const override { OS << Msg; }
+  std::error_code convertToErrorCode() const override {
+    return llvm::inconvertibleErrorCode();
+  }
+  const std::string &text() const { return Msg; }
+
+private:
+  std::string Msg;
+};
+
+/// Graceful stops. installStopHandlers makes SIGINT and SIGTERM only
+/// record the signal (async-signal-safe); a second one exits at once with
+/// 128 + the signal (whatever is being written stays whole: checkpoints
+/// commit atomically). The Trainer checks the record between steps: the
+/// ranks agree on it with a collective, so they all stop after the same
+/// step; with --checkpoint-on-exit they save that step, then the run ends
+/// and sp-run exits with 128 + the signal (130, 143) and one line.
+void installStopHandlers();
+/// The signal that asked the run to stop, or 0.
+int pendingStopSignal();
+/// Starts the thread that keeps a stop prompt when a step cannot finish (a
+/// rank is blocked in a collective on a dead or stopped peer): once a stop
+/// was asked, a step still running after max(MinGraceSeconds, 4 x the
+/// slowest step so far) is abandoned: the process prints one line (Label
+/// first: "rank 3: " under MPI) and exits with 128 + the signal. Checkpoint
+/// and log writes in progress are let finish.
+void startStopWatchdog(double MinGraceSeconds, std::string Label);
 
 /// One-line errors of sp-run's own (bad flags, files, values).
 llvm::Error usageError(const llvm::Twine &Msg);

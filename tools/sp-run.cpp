@@ -3,8 +3,9 @@
 //   sp-run PLAN [--steps N] (--data FILE | --synthetic-data) [--lr X]
 //          [--warmup N] [--min-lr X] [--seed S] [--dropout RATE] [--shuffle]
 //          [--eval] [--log-dir DIR] [--checkpoint DIR] [--checkpoint-every N]
-//          [--resume] [--dump DIR] [--export-onnx OUT] [--threads N]
-//          [--objective next-token|masked-lm] [--pad-token ID] [--comm ...]
+//          [--resume] [--checkpoint-on-exit] [--dump DIR] [--export-onnx OUT]
+//          [--threads N] [--objective next-token|masked-lm] [--pad-token ID]
+//          [--comm threads|mpi] [--comm-timeout S]
 //
 // Checks the flags, the plan and the files, then runs a Trainer
 // (tools/Trainer.h) on every rank. The run drives sp::Executor
@@ -20,13 +21,19 @@
 // is written: a bad run prints one error line, exits non-zero and leaves
 // existing files alone.
 //
+// Faults (README, "Reliability"): a run killed at any moment resumes from
+// its last complete checkpoint (they commit atomically); SIGINT and SIGTERM
+// stop it after the step in progress (exit 130, 143); the checkpoint and log
+// directories are locked against a second run; a full disk or an unwritable
+// directory is one error line that leaves the last checkpoint as it was.
+//
 //===----------------------------------------------------------------------===//
 #include "frontend/OnnxImporter.h"
+#include "plan/Plan.h"
 #include "runtime/Checkpoint.h"
+#include "runtime/DataLoader.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/cpu/CpuBackend.h"
-#include "runtime/DataLoader.h"
-#include "plan/Plan.h"
 #include "tools/ToolSupport.h"
 #include "tools/Trainer.h"
 #include "llvm/Support/CommandLine.h"
@@ -34,6 +41,8 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include <cmath>
+#include <csignal>
+#include <mutex>
 #include <thread>
 
 using namespace llvm;
@@ -119,6 +128,11 @@ static cl::opt<bool>
     Resume("resume",
            cl::desc("Continue from the checkpoint in --checkpoint DIR"),
            cl::cat(Cat));
+static cl::opt<bool> CheckpointOnExit(
+    "checkpoint-on-exit",
+    cl::desc("On SIGINT or SIGTERM, save a checkpoint of the last finished "
+             "step before exiting (130 or 143)"),
+    cl::cat(Cat));
 static cl::opt<std::string>
     TraceFile("trace",
               cl::desc("Write a Chrome trace (chrome://tracing, Perfetto) of "
@@ -152,6 +166,31 @@ static cl::opt<double> CommTimeout(
              "ranks before it ends the job, naming the call (default 300)"),
     cl::init(Communicator::DefaultTimeout.count() / 1000.0),
     cl::value_desc("s"), cl::cat(Cat));
+
+static cl::extrahelp FaultsHelp(R"(
+Faults:
+  Checkpoints commit atomically (new data files, then one rename of the
+  index, each synced), so a run killed at any moment, kill -9 and mid-write
+  included, resumes with --resume from its last complete checkpoint, bit for
+  bit as if it had not stopped. Leftovers of a killed write are removed.
+
+  SIGINT or SIGTERM: the step in progress finishes, every rank stops after
+  the same step, the loss log is written and, with --checkpoint-on-exit, a
+  checkpoint of that step; then sp-run prints one line and exits 130
+  (SIGINT) or 143 (SIGTERM). A step that cannot finish (a rank blocked on a
+  dead or stopped peer) is abandoned after max(10 s, 4 x the slowest step);
+  a second signal exits at once. Under mpirun, which forwards SIGTERM to the
+  ranks and kills them a second later, raise that delay with
+  --mca odls_base_sigkill_timeout S or signal the rank processes directly.
+
+  The checkpoint and log directories are locked (flock on DIR/.sp-run.lock)
+  while a run writes them: a second sp-run on them is refused. The kernel
+  drops the lock when the process dies, so a killed run leaves none behind.
+
+  A full disk or an unwritable directory ends the run with one error line
+  naming the file and the reason; the last checkpoint stays as it was.
+  Exit codes: 0 done, 1 error, 130/143 stopped by SIGINT/SIGTERM.
+)");
 
 static const char *Tool = "sp-run";
 
@@ -193,14 +232,16 @@ static Error checkFlags() {
          {std::pair{CheckpointEvery.getNumOccurrences() > 0,
                     "--checkpoint-every"},
           {Resume.getValue(), "--resume"},
+          {CheckpointOnExit.getValue(), "--checkpoint-on-exit"},
           {ExportOnnx.getNumOccurrences() > 0, "--export-onnx"}})
       if (Given)
         return usageError(Twine("--eval does not train; it cannot be "
                                 "combined with ") +
                           Flag);
-  } else if (CheckpointDir.getNumOccurrences() && !CheckpointEvery && !Resume) {
-    return usageError("--checkpoint DIR needs --checkpoint-every N (to "
-                      "write) or --resume (to read)");
+  } else if (CheckpointDir.getNumOccurrences() && !CheckpointEvery &&
+             !CheckpointOnExit && !Resume) {
+    return usageError("--checkpoint DIR needs --checkpoint-every N or "
+                      "--checkpoint-on-exit (to write) or --resume (to read)");
   }
   return Error::success();
 }
@@ -220,6 +261,9 @@ static std::string findSourceModel(const Plan &P) {
 
 int main(int Argc, char **Argv) {
   InitLLVM X(Argc, Argv);
+  // A file-size limit (ulimit -f) makes write() fail with EFBIG, reported
+  // with the file, instead of killing the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   cl::HideUnrelatedOptions(Cat);
   cl::ParseCommandLineOptions(
       Argc, Argv, "sp-run: train or evaluate a compiled plan on the CPU\n");
@@ -266,7 +310,7 @@ int main(int Argc, char **Argv) {
   auto P = readPlan(PlanDir);
   if (!P)
     return Fail(P.takeError());
-  std::string Fingerprint = planFingerprint(P->Prog);
+  std::string Fingerprint = planFingerprint(*P);
   if (Resumed && Resumed->PlanFingerprint != Fingerprint)
     return Fail(usageError(formatv(
         "checkpoint '{0}' was written for another plan (fingerprint {1}, "
@@ -295,7 +339,7 @@ int main(int Argc, char **Argv) {
           formatv("--export-onnx: the plan's source model '{0}' is not found",
                   P->Manifest.value("source", std::string("?")))));
   }
-  if (CheckpointEvery)
+  if (CheckpointEvery || CheckpointOnExit)
     if (auto Err = checkCheckpointTarget(CkptPath))
       return Fail(std::move(Err));
   if (!ExportOnnx.empty() && sys::fs::is_directory(ExportOnnx))
@@ -315,18 +359,11 @@ int main(int Argc, char **Argv) {
   registerOnnxDataLoader();
   ProcessGrid Grid = planGrid(*P);
   int TP = Grid.Tensor, PP = Grid.Pipeline;
-  if (TP > 1 && (CheckpointEvery || LoadCheckpoint))
-    return Fail(usageError(formatv(
-        "checkpoints of tensor-parallel plans (--tp {0}) are not supported "
-        "yet; train without --checkpoint-every/--resume",
-        TP)));
   bool Pipelined = isPipelined(*P);
-  if (Pipelined && (CheckpointEvery || LoadCheckpoint || Eval ||
-                    !ExportOnnx.empty()))
+  if (Pipelined && (Eval || !ExportOnnx.empty()))
     return Fail(usageError(
-        "checkpoints, --eval and --export-onnx of pipelined plans (--pp, "
-        "--microbatches) are not supported yet; compile without them for "
-        "those"));
+        "--eval and --export-onnx of pipelined plans (--pp, --microbatches) "
+        "are not supported yet; compile without them for those"));
   if (CommKind != "threads" && CommKind != "mpi")
     return Fail(usageError("--comm must be threads or mpi, got '" + CommKind +
                            "'"));
@@ -352,6 +389,7 @@ int main(int Argc, char **Argv) {
   O.LogPath = LogPath;
   O.CheckpointPath = CkptPath;
   O.CheckpointEvery = CheckpointEvery;
+  O.CheckpointOnExit = CheckpointOnExit;
   O.Resumed = std::move(Resumed);
   O.Resume = Resume;
   O.Fingerprint = Fingerprint;
@@ -369,6 +407,20 @@ int main(int Argc, char **Argv) {
     return T.runRank(World);
   };
 
+  // How a run that ended without an error stopped: 0, or 128 + the signal
+  // with one line.
+  auto Finished = [&](bool Print) {
+    if (!T.stoppedBy())
+      return 0;
+    if (Print) {
+      errs() << Tool << ": " << T.stopMessage() << "\n";
+      errs().flush();
+    }
+    return 128 + T.stoppedBy();
+  };
+  // A step blocked on a dead or stopped rank must not hold a stop up.
+  constexpr double MinStopGraceSeconds = 10;
+
   if (CommKind == "mpi") {
     auto C = createMpiCommunicator(&Argc, &Argv);
     if (!C)
@@ -382,19 +434,42 @@ int main(int Argc, char **Argv) {
                                 TP, PP, Ranks, (*C)->size())));
       return 1;
     }
+    installStopHandlers(); // after MPI_Init, which may set its own
+    startStopWatchdog(MinStopGraceSeconds,
+                      formatv("rank {0}: ", (*C)->rank()).str());
+    bool Lead = (*C)->rank() == 0;
     if (auto Err = Body(C->get())) {
+      // An error every rank agreed on: each exits; rank 0 says why.
+      if (Err.isA<AgreedError>()) {
+        if (Lead)
+          return Fail(std::move(Err));
+        consumeError(std::move(Err));
+        return 1;
+      }
       (*C)->abort(toString(std::move(Err)));
       return 1;
     }
-    return 0;
+    return Finished(Lead);
   }
+  installStopHandlers();
+  startStopWatchdog(MinStopGraceSeconds, "");
   if (Ranks == 1) {
     if (auto Err = Body(nullptr))
       return Fail(std::move(Err));
-    return 0;
+    return Finished(true);
   }
-  if (auto Err =
-          runOnThreadRanks(Ranks, [&](Communicator &C) { return Body(&C); }))
+  // Thread ranks: an agreed error is every rank's; report it once.
+  std::mutex AgreedMutex;
+  std::optional<std::string> Agreed;
+  if (auto Err = runOnThreadRanks(Ranks, [&](Communicator &C) -> Error {
+        Error E = Body(&C);
+        return handleErrors(std::move(E), [&](const AgreedError &A) {
+          std::lock_guard<std::mutex> Lock(AgreedMutex);
+          Agreed = A.text();
+        });
+      }))
     return Fail(std::move(Err));
-  return 0;
+  if (Agreed)
+    return Fail(usageError(*Agreed));
+  return Finished(true);
 }

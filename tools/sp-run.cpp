@@ -40,6 +40,7 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
 #include <cmath>
 #include <csignal>
 #include <mutex>
@@ -351,6 +352,20 @@ int main(int Argc, char **Argv) {
       return Fail(usageError(Twine(Flag) + " '" + Dir +
                              "' exists and is not a "
                              "directory"));
+  // The outputs written after training must be writable before it starts.
+  for (auto [Path, Flag] : {std::pair{&TraceFile, "--trace"},
+                            {&ExportOnnx, "--export-onnx"}})
+    if (!Path->empty())
+      if (auto Err = checkWritableFile(*Path))
+        return Fail(usageError(Twine(Flag) + ": " + toString(std::move(Err))));
+  if (!DumpDir.empty()) {
+    SmallString<128> Part(DumpDir); // the nearest part of it that exists
+    while (!Part.empty() && !sys::fs::exists(Part))
+      sys::path::remove_filename(Part);
+    if (!Part.empty() && !sys::fs::is_directory(Part))
+      return Fail(usageError("--dump '" + DumpDir + "': '" + Part +
+                             "' is not a directory"));
+  }
 
   int NumThreads = Threads
                        ? Threads.getValue()

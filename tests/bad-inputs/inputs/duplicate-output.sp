@@ -1,0 +1,5 @@
+graph @g {
+  input %x : f32[2, 4]
+  output "y" = %x
+  output "y" = %x
+}

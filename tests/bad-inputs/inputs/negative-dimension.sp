@@ -1,0 +1,4 @@
+graph @g {
+  input %x : f32[2, -4]
+  output "y" = %x
+}

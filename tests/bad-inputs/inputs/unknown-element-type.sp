@@ -1,0 +1,4 @@
+graph @g {
+  input %x : f99[2, 4]
+  output "y" = %x
+}

@@ -1,0 +1,5 @@
+graph @g {
+  input %x : f32[2, 4]
+  %0 : f32[2, 4] = gelu(%x) [phase = sideways]
+  output "y" = %0
+}

@@ -1,0 +1,5 @@
+graph @g {
+  input %x : f32[2, 4]
+  %0 : i64[2, 4] = gelu(%x)
+  output "y" = %0
+}

@@ -35,7 +35,7 @@ fi
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 has() { [[ " $flags " == *" $1 "* ]]; }
 default_coretypes() {
-  local c="Prescott Nehalem"
+  local c="native Prescott Nehalem"
   has avx && c+=" Sandybridge"
   has avx2 && has fma && c+=" Haswell Zen"
   has avx512f && has avx512bw && has avx512vl && c+=" SkylakeX"
@@ -43,6 +43,11 @@ default_coretypes() {
   echo "$c"
 }
 CORETYPES=${SP_MATRIX_CORETYPES:-$(default_coretypes)}
+# The environment of a kernel set; native: the kernels OpenBLAS picks for
+# this CPU by itself.
+coretype() {
+  if [ "$1" = native ]; then echo "-u OPENBLAS_CORETYPE"; else echo "OPENBLAS_CORETYPE=$1"; fi
+}
 THREADS=${SP_MATRIX_THREADS:-1 2 4}
 FILTER=${SP_MATRIX_FILTER:-*}
 
@@ -57,7 +62,8 @@ for C in $CORETYPES; do
   for T in $THREADS; do
     cells=$((cells + 1))
     out=$log/$C-$T.txt
-    if OPENBLAS_CORETYPE=$C SP_TEST_THREADS=$T SP_TOLERANCE_REPORT=1 \
+    # shellcheck disable=SC2046
+    if env $(coretype "$C") SP_TEST_THREADS=$T SP_TOLERANCE_REPORT=1 \
         "$TESTS" --gtest_brief=1 --gtest_filter="$FILTER" >"$out" 2>&1; then
       result=ok
     else
@@ -77,7 +83,8 @@ for C in $CORETYPES; do
   if [ "$FULL" = --full ]; then
     cells=$((cells + 1))
     out=$log/$C-ctest.txt
-    if (cd "$BUILD" && OPENBLAS_CORETYPE=$C ctest --output-on-failure >"$out" 2>&1); then
+    # shellcheck disable=SC2046
+    if (cd "$BUILD" && env $(coretype "$C") ctest --output-on-failure >"$out" 2>&1); then
       printf '%-12s %-8s %-6s %s\n' "$C" ctest ok "$(grep -E 'tests passed' "$out")"
     else
       failed=$((failed + 1))

@@ -4,10 +4,14 @@
 #   tools/dev.sh run    install what is missing, build, and run the main job:
 #                       compile the committed default model, train it on the
 #                       CPU on a bundled text, and show the loss falling
-#   tools/dev.sh test   install what is missing, build, and run every test
+#   tools/dev.sh test   install what is missing, build, and run every test:
+#                       ctest, then the reliability runs (the tolerance
+#                       matrix, the unit tests under ASan + UBSan and the
+#                       multi-rank ones under TSan, 60 s of each fuzzer)
 #
 # Environment: BUILD_DIR (default build), JOBS (default: number of cores),
-# STEPS (training steps of the main job, default 200).
+# STEPS (training steps of the main job, default 200), RELIABILITY=0 (test:
+# ctest alone), FUZZ_SECONDS (per fuzzer, default 60).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -23,6 +27,7 @@ PACKAGES=(
   libopenblas-dev                       # GEMMs of the CPU backend
   libopenmpi-dev openmpi-bin            # MPI communicator and tests/mpi (mpirun)
   python3-torch python3-onnx python3-numpy  # reference exports (/usr/bin/python3)
+  clang-14 libclang-rt-14-dev           # libFuzzer and sanitizers (tests/fuzz)
 )
 
 install_missing() {
@@ -66,8 +71,18 @@ case "${1:-}" in
     install_missing
     build
     echo "== running every test"
-    cd "$BUILD_DIR"
-    ctest --output-on-failure -j "$JOBS"
+    (cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS")
+    [ "${RELIABILITY:-1}" = 0 ] && exit 0
+    # The same bounds under other OpenBLAS kernels: every kernel set this CPU
+    # runs at 2 threads, and this CPU's own at 1 and 4.
+    echo "== tolerance matrix (tests/tolerance_matrix.sh)"
+    SP_MATRIX_THREADS=2 tests/tolerance_matrix.sh "$BUILD_DIR"
+    SP_MATRIX_CORETYPES=native SP_MATRIX_THREADS="1 4" tests/tolerance_matrix.sh "$BUILD_DIR"
+    echo "== sanitizers (tests/sanitize.sh)"
+    tests/sanitize.sh address
+    tests/sanitize.sh thread
+    echo "== fuzzing (tests/fuzz/run_fuzz.sh ${FUZZ_SECONDS:=60})"
+    FUZZ_ARGS="-seed=1" tests/fuzz/run_fuzz.sh "$FUZZ_SECONDS"
     ;;
   *)
     echo "usage: tools/dev.sh run|test" >&2

@@ -146,8 +146,11 @@ bool fitsInt(int64_t V) { return V >= 0 && V <= INT_MAX; }
 // exactly the same IEEE operations: results do not depend on the machine's
 // vector width, the thread count, or the clone picked.
 
+// Sanitizer builds (SP_NO_TARGET_CLONES) have one clone: an ifunc resolver
+// runs before the sanitizer's runtime is set up, and its instrumentation
+// crashes there.
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) &&          \
-    defined(__has_attribute)
+    defined(__has_attribute) && !defined(SP_NO_TARGET_CLONES)
 #if __has_attribute(target_clones)
 #define SP_SIMD __attribute__((target_clones("avx2", "default")))
 #endif

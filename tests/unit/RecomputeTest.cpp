@@ -92,8 +92,9 @@ TEST_P(RecomputeEqualsNone, BitwiseLossAndGradients) {
     ActivationReport A = analyzeActivations(P.Prog);
     EXPECT_LT(A.StoredBytes, NoneA.StoredBytes);
     EXPECT_GT(A.RecomputeFlops, 0);
-    if (M.Ctx.Recompute.Mode == RecomputeMode::Auto)
+    if (M.Ctx.Recompute.Mode == RecomputeMode::Auto) {
       EXPECT_LE(P.Prog.ArenaBytes, Budget);
+    }
     RunResult R = train(P, Dropout, Steps);
     expectBitwiseEqual(R, Ref);
     expectMeasuredEqualsPlanned(P, R);

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The unit tests under sanitizers, each in a build of its own (configured
+# once, then rebuilt incrementally):
+#
+#   tests/sanitize.sh address [FILTER]   ASan + UBSan (and LeakSanitizer):
+#                                        every unit test; build-asan/
+#   tests/sanitize.sh thread [FILTER]    TSan: the threaded communicators and
+#                                        the runtime's multi-rank tests;
+#                                        build-tsan/
+#
+# FILTER replaces the --gtest_filter. Any report fails the run: ASan and
+# UBSan abort at the first, TSan exits 66 at the end. The libraries are
+# built with -fsanitize=... (CMake's SP_SANITIZE) and assertions on; Open
+# MPI and OpenBLAS are not instrumented (OpenBLAS runs single-threaded under
+# the CPU backend, whose own kernel threads are).
+# Environment: BUILD_DIR (default build-asan or build-tsan), JOBS.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+MODE=${1:-}
+case "$MODE" in
+  address)
+    SANITIZE=address,undefined
+    DIR=build-asan
+    FILTER=${2:-*}
+    ;;
+  thread)
+    SANITIZE=thread
+    DIR=build-tsan
+    # The thread communicator, the executor and every test that trains on
+    # thread ranks (tensor-parallel, pipelined, recomputed).
+    FILTER=${2:-CommTest.*:Comm/CommRanks.*:ProcessGrid.*:CpuParallelTest.*:Executor.*:*ParallelEqualsOneDevice.*:*PipelineEqualsOneDevice.*:*RecomputeEqualsNone.*}
+    ;;
+  *)
+    echo "usage: tests/sanitize.sh address|thread [FILTER]" >&2
+    exit 2
+    ;;
+esac
+BUILD_DIR=${BUILD_DIR:-$DIR}
+JOBS=${JOBS:-$(nproc)}
+
+if ! grep -qs "^SP_SANITIZE:STRING=$SANITIZE\$" "$BUILD_DIR/CMakeCache.txt"; then
+  echo "== configuring $BUILD_DIR (-fsanitize=$SANITIZE)"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DSP_SANITIZE="$SANITIZE" >/dev/null
+fi
+echo "== building sp-unit-tests in $BUILD_DIR"
+cmake --build "$BUILD_DIR" --target sp-unit-tests -j "$JOBS"
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=0:exitcode=66:second_deadlock_stack=1}
+echo "== sp-unit-tests under -fsanitize=$SANITIZE (filter $FILTER)"
+"$BUILD_DIR/bin/sp-unit-tests" --gtest_brief=1 --gtest_filter="$FILTER"
+echo "== no sanitizer report"

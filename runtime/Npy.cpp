@@ -17,7 +17,10 @@ static Error fail(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), Msg);
 }
 
-std::string npyBytes(ArrayRef<int64_t> Shape, ArrayRef<float> Data) {
+/// The .npy bytes of Data (float or double) with dtype Descr.
+template <typename T>
+static std::string npyBytesOf(ArrayRef<int64_t> Shape, ArrayRef<T> Data,
+                              StringRef Descr) {
   std::string Dims;
   for (int64_t D : Shape)
     Dims += std::to_string(D) + ", ";
@@ -25,8 +28,8 @@ std::string npyBytes(ArrayRef<int64_t> Shape, ArrayRef<float> Data) {
     Dims.resize(Dims.size() - 2); // "(2, 3)"; a 1-D shape keeps "(3, )"
   else if (Shape.size() == 1)
     Dims.pop_back(); // "(3,)"
-  std::string Header =
-      "{'descr': '<f4', 'fortran_order': False, 'shape': (" + Dims + "), }";
+  std::string Header = "{'descr': '" + Descr.str() +
+                       "', 'fortran_order': False, 'shape': (" + Dims + "), }";
   // Magic (6) + version (2) + header length (2) + header, padded with spaces
   // and ended by a newline so that the data starts 64-byte aligned.
   size_t Total = 10 + Header.size() + 1;
@@ -37,21 +40,41 @@ std::string npyBytes(ArrayRef<int64_t> Shape, ArrayRef<float> Data) {
   R += char(Header.size() >> 8);
   R += Header;
   size_t Start = R.size();
-  R.resize(Start + Data.size() * 4);
-  for (size_t I = 0; I < Data.size(); ++I)
-    support::endian::write32le(&R[Start + 4 * I],
-                               std::bit_cast<uint32_t>(Data[I]));
+  R.resize(Start + Data.size() * sizeof(T));
+  for (size_t I = 0; I < Data.size(); ++I) {
+    if constexpr (sizeof(T) == 4)
+      support::endian::write32le(&R[Start + 4 * I],
+                                 std::bit_cast<uint32_t>(Data[I]));
+    else
+      support::endian::write64le(&R[Start + 8 * I],
+                                 std::bit_cast<uint64_t>(Data[I]));
+  }
   return R;
 }
 
-Error writeNpy(StringRef Path, ArrayRef<int64_t> Shape, ArrayRef<float> Data) {
+std::string npyBytes(ArrayRef<int64_t> Shape, ArrayRef<float> Data) {
+  return npyBytesOf(Shape, Data, "<f4");
+}
+
+template <typename T>
+static Error writeNpyOf(StringRef Path, ArrayRef<int64_t> Shape,
+                        ArrayRef<T> Data, StringRef Descr) {
   int64_t N = 1;
   for (int64_t D : Shape)
     N *= D;
   assert(N == int64_t(Data.size()) && "npy shape and data disagree");
   (void)N;
-  std::string Bytes = npyBytes(Shape, Data);
+  std::string Bytes = npyBytesOf(Shape, Data, Descr);
   return writeFileAtomically(Path, [&](raw_ostream &OS) { OS << Bytes; });
+}
+
+Error writeNpy(StringRef Path, ArrayRef<int64_t> Shape, ArrayRef<float> Data) {
+  return writeNpyOf(Path, Shape, Data, "<f4");
+}
+
+Error writeNpy(StringRef Path, ArrayRef<int64_t> Shape,
+               ArrayRef<double> Data) {
+  return writeNpyOf(Path, Shape, Data, "<f8");
 }
 
 Expected<NpyArray> parseNpy(StringRef Bytes, StringRef What) {

@@ -25,6 +25,10 @@ std::string npyBytes(llvm::ArrayRef<int64_t> Shape, llvm::ArrayRef<float> Data);
 /// Writes a .npy file atomically. Data.size() must match the shape.
 llvm::Error writeNpy(llvm::StringRef Path, llvm::ArrayRef<int64_t> Shape,
                      llvm::ArrayRef<float> Data);
+/// The same as float64 ('<f8'), for the dumps of a float64 run
+/// (sp-run --float64).
+llvm::Error writeNpy(llvm::StringRef Path, llvm::ArrayRef<int64_t> Shape,
+                     llvm::ArrayRef<double> Data);
 
 struct NpyArray {
   llvm::SmallVector<int64_t, 4> Shape;

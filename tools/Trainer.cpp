@@ -257,6 +257,9 @@ struct Run {
 
   Error dumpLogits(StringRef Dir);
   Error dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors);
+  /// Gathers T (a collective) and, when Writes, writes it to Path.
+  Error writeGathered(StringRef Path, const TensorView &T,
+                      ArrayRef<int64_t> Shape, bool Writes);
   Error writeLogs();
   Error writeCheckpointAt(int64_t Step);
   Error writeMemory(StringRef Dir);
@@ -279,16 +282,27 @@ Error Run::dumpLogits(StringRef Dir) {
   auto Logits = E.logits();
   if (!Logits)
     return usageError("the plan exposes no logits to dump");
-  auto Full = E.gather(*Logits); // the whole vocabulary
-  if (!Full)
-    return Full.takeError();
-  if (!Lead)
-    return Error::success();
   SmallVector<int64_t, 4> Shape(Logits->FullType.Shape.begin(),
                                 Logits->FullType.Shape.end());
   if (Shape.size() == 2 && Shape[0] == E.batch() * E.seq())
     Shape = {E.batch(), E.seq(), Shape[1]};
-  return writeNpy((Dir + "/logits.npy").str(), Shape, *Full);
+  return writeGathered((Dir + "/logits.npy").str(), *Logits, Shape, Lead);
+}
+
+Error Run::writeGathered(StringRef Path, const TensorView &T,
+                         ArrayRef<int64_t> Shape, bool Writes) {
+  // The whole tensor (every rank's shard; the whole vocabulary), in the
+  // run's precision: a float64 run (--float64) writes '<f8' files.
+  if (E.float64()) {
+    auto Full = E.gather64(T);
+    if (!Full)
+      return Full.takeError();
+    return Writes ? writeNpy(Path, Shape, *Full) : Error::success();
+  }
+  auto Full = E.gather(T);
+  if (!Full)
+    return Full.takeError();
+  return Writes ? writeNpy(Path, Shape, *Full) : Error::success();
 }
 
 Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
@@ -301,13 +315,9 @@ Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
     if (StringRef(T.Name).contains('@'))
       continue;
     // Full shape, unsharded: the source parameter's.
-    auto Full = E.gather(T);
-    if (!Full)
-      return Full.takeError();
-    if (!StageLead)
-      continue;
-    if (auto Err = writeNpy((Dir + "/" + fileNameFor(T.Name) + ".npy").str(),
-                            T.FullType.Shape, *Full))
+    if (auto Err =
+            writeGathered((Dir + "/" + fileNameFor(T.Name) + ".npy").str(), T,
+                          T.FullType.Shape, StageLead))
       return Err;
   }
   return Error::success();
@@ -597,6 +607,7 @@ Error Trainer::runRank(Communicator *World) {
   RO.Trace = !O.TraceFile.empty();
   RO.Seed = O.Seed;
   RO.Dropout = O.Dropout;
+  RO.AllowFloat64 = O.Float64;
   auto Exec = Executor::create(P, RO);
   if (!Exec)
     return Exec.takeError();

@@ -49,6 +49,8 @@ struct TrainerOptions {
   std::string Fingerprint; // of the plan, for checkpoints
   /// Outputs: empty for none. Source is the model --export-onnx copies.
   std::string TraceFile, DumpDir, ExportOnnx, Source;
+  /// The plan is widened to float64 (sp-run --float64, widenToFloat64).
+  bool Float64 = false;
   /// Kernel threads of each rank (for the summary line).
   int ThreadsPerRank = 1;
 };

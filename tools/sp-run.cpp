@@ -150,6 +150,13 @@ static cl::opt<std::string>
                cl::desc("Write the trained weights into a copy of the source "
                         "model"),
                cl::value_desc("out.onnx"), cl::cat(Cat));
+static cl::opt<bool> Float64(
+    "float64",
+    cl::desc("Numerical check: run the fp32 plan in float64 (every f32 "
+             "buffer widened, twice the memory; dumps are '<f8'), to "
+             "measure how far float32 rounding moves its losses, gradients "
+             "and logits"),
+    cl::cat(Cat));
 static cl::opt<int> Threads("threads",
                             cl::desc("Kernel threads, GEMMs included (default: all cores, shared by the ranks of one process)"),
                             cl::init(0), cl::value_desc("n"), cl::cat(Cat));
@@ -239,11 +246,23 @@ static Error checkFlags() {
         return usageError(Twine("--eval does not train; it cannot be "
                                 "combined with ") +
                           Flag);
-  } else if (CheckpointDir.getNumOccurrences() && !CheckpointEvery &&
-             !CheckpointOnExit && !Resume) {
+  }
+  if (Float64)
+    for (auto [Given, Flag] :
+         {std::pair{CheckpointDir.getNumOccurrences() > 0, "--checkpoint"},
+          {CheckpointEvery.getNumOccurrences() > 0, "--checkpoint-every"},
+          {Resume.getValue(), "--resume"},
+          {CheckpointOnExit.getValue(), "--checkpoint-on-exit"},
+          {ExportOnnx.getNumOccurrences() > 0, "--export-onnx"}})
+      if (Given)
+        return usageError(Twine("--float64 is a numerical check whose "
+                                "weights are float64; it cannot be "
+                                "combined with ") +
+                          Flag);
+  if (!Eval && CheckpointDir.getNumOccurrences() && !CheckpointEvery &&
+      !CheckpointOnExit && !Resume)
     return usageError("--checkpoint DIR needs --checkpoint-every N or "
                       "--checkpoint-on-exit (to write) or --resume (to read)");
-  }
   return Error::success();
 }
 
@@ -311,6 +330,14 @@ int main(int Argc, char **Argv) {
   auto P = readPlan(PlanDir);
   if (!P)
     return Fail(P.takeError());
+  if (Float64) {
+    std::string Dtype = P->Manifest.value("dtype", "f32");
+    if (Dtype != "f32")
+      return Fail(usageError("--float64: the plan computes in " + Dtype +
+                             "; widen an fp32 plan (sp-compile --dtype "
+                             "fp32)"));
+    *P = widenToFloat64(*P);
+  }
   std::string Fingerprint = planFingerprint(*P);
   if (Resumed && Resumed->PlanFingerprint != Fingerprint)
     return Fail(usageError(formatv(
@@ -413,6 +440,7 @@ int main(int Argc, char **Argv) {
   O.ExportOnnx = ExportOnnx;
   O.Source = Source;
   O.ThreadsPerRank = NumThreads;
+  O.Float64 = Float64;
   Trainer T(*P, std::move(O));
   auto Timeout = std::chrono::milliseconds(
       std::max<int64_t>(1, int64_t(CommTimeout * 1000)));

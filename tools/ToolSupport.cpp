@@ -2,6 +2,7 @@
 #include "tools/ToolSupport.h"
 #include "ir/AsmFormat.h"
 #include "ir/Verifier.h"
+#include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -32,6 +33,17 @@ DirectoryLock::~DirectoryLock() {
     ::close(FD); // drops the lock
 }
 
+void DirectoryLock::discard() {
+  if (CreatedFile)
+    sys::fs::remove(LockFile); // while still holding it: no one else has it
+  if (FD >= 0)
+    ::close(FD);
+  FD = -1;
+  for (const std::string &Dir : CreatedDirs)
+    if (sys::fs::remove(Dir)) // fails, as it should, on a non-empty one
+      break;
+}
+
 Expected<std::unique_ptr<DirectoryLock>>
 lockDirectory(StringRef Dir, StringRef What, StringRef Flag) {
   auto Failed = [&](const Twine &Why) {
@@ -41,15 +53,22 @@ lockDirectory(StringRef Dir, StringRef What, StringRef Flag) {
   };
   if (sys::fs::exists(Dir) && !sys::fs::is_directory(Dir))
     return Failed("it exists and is not a directory");
+  // The directories this creates, deepest first (discard removes them).
+  std::vector<std::string> Created;
+  for (SmallString<256> D(Dir); !D.empty() && !sys::fs::exists(D);
+       sys::path::remove_filename(D))
+    Created.push_back(D.str().str());
   if (std::error_code EC = sys::fs::create_directories(Dir))
     return Failed("cannot create it: " + EC.message());
   std::string Path = (Dir + "/" + DirectoryLockName).str();
+  bool CreatedFile = !sys::fs::exists(Path);
   int FD = ::open(Path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (FD < 0)
     return Failed(Twine("cannot create its lock file ") + DirectoryLockName +
                   ": " +
                   std::error_code(errno, std::generic_category()).message());
-  auto Lock = std::make_unique<DirectoryLock>(FD);
+  auto Lock = std::make_unique<DirectoryLock>(FD, Path, CreatedFile,
+                                              std::move(Created));
   while (::flock(FD, LOCK_EX | LOCK_NB)) {
     if (errno == EINTR)
       continue;

@@ -10,6 +10,8 @@
 #include "llvm/Support/raw_ostream.h"
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace sp {
 
@@ -33,13 +35,25 @@ llvm::Expected<ImportOptions> importOptionsFromCL();
 /// killed run leaves no stale lock (the file stays, unlocked).
 class DirectoryLock {
 public:
-  explicit DirectoryLock(int FD) : FD(FD) {}
+  DirectoryLock(int FD, std::string LockFile, bool CreatedFile,
+                std::vector<std::string> CreatedDirs)
+      : FD(FD), LockFile(std::move(LockFile)), CreatedFile(CreatedFile),
+        CreatedDirs(std::move(CreatedDirs)) {}
   DirectoryLock(const DirectoryLock &) = delete;
   DirectoryLock &operator=(const DirectoryLock &) = delete;
   ~DirectoryLock();
 
+  /// For a run refused before it wrote anything: drops the lock and
+  /// removes what taking it created (the lock file, and the directories
+  /// lockDirectory made, while they are empty), so the refusal leaves the
+  /// file system as it found it.
+  void discard();
+
 private:
   int FD;
+  std::string LockFile;
+  bool CreatedFile;
+  std::vector<std::string> CreatedDirs; // deepest first
 };
 
 /// The name of the lock file in a locked directory.

@@ -676,8 +676,19 @@ Error Trainer::runRank(Communicator *World) {
       removeLogTemporaries(O.LogPath);
     return Error::success();
   };
-  if (Error Err = agreeOnError(World, Lead ? LockAndClean() : Error::success()))
+  // A run refused before it writes anything (a locked directory, a
+  // checkpoint that cannot be restored) leaves no directory or lock file
+  // that taking the locks created.
+  auto DiscardLocks = [&] {
+    for (auto &L : Locks)
+      L->discard();
+    Locks.clear();
+  };
+  if (Error Err =
+          agreeOnError(World, Lead ? LockAndClean() : Error::success())) {
+    DiscardLocks();
     return Err;
+  }
 
   int64_t FirstStep = 1;
   if (O.Resumed) {
@@ -693,8 +704,10 @@ Error Trainer::runRank(Communicator *World) {
       M = std::move(*Read);
       return E.upload(); // the restored views, to the backend
     }();
-    if (Error Err = agreeOnError(World, std::move(Restored)))
+    if (Error Err = agreeOnError(World, std::move(Restored))) {
+      DiscardLocks();
       return Err;
+    }
     if (O.Resume) {
       FirstStep = M->Step + 1;
       R.SavedStep = M->Step;

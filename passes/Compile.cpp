@@ -81,7 +81,8 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
                    {"persistent_bytes", Prog.PersistentBytes},
                    {"arena_bytes", Prog.ArenaBytes},
                    {"peak_live_temp_bytes", peakLiveTempBytes(Prog)}};
-  Facts["parallel"] = {{"tp", Ctx.TensorParallel},
+  Facts["parallel"] = {{"dp", Ctx.DataParallel},
+                       {"tp", Ctx.TensorParallel},
                        {"sp", Ctx.SequenceParallel},
                        {"pp", Ctx.Pipeline.Stages},
                        {"interleave", Ctx.Pipeline.Interleave},
@@ -124,6 +125,8 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
   M["source"] = O.Source;
   M["dtype"] = dtypeName(Ctx.ActivationDtype).str();
   M["tp"] = Ctx.TensorParallel;
+  if (Ctx.DataParallel > 1)
+    M["dp"] = Ctx.DataParallel;
   M["sp"] = Ctx.SequenceParallel;
   if (Ctx.Pipeline.enabled()) {
     const PipelineOptions &PO = Ctx.Pipeline;

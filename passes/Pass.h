@@ -65,6 +65,9 @@ struct PassContext {
   /// (sequence-parallel pass).
   int TensorParallel = 1;
   bool SequenceParallel = false;
+  /// Data-parallel replicas (data-parallel pass): each trains on its own
+  /// rows of the step's batch, and gradients are summed over them.
+  int DataParallel = 1;
   RecomputeOptions Recompute;
   PipelineOptions Pipeline;
   /// The activation dtype the program will be planned with (passes that

@@ -42,6 +42,11 @@ struct CLOptions {
       cl::value_desc("NAME=ROLE"), cl::cat(Cat)};
   cl::opt<int> TP{"tp", cl::desc("Tensor-parallel size T (tensor-parallel pass)"),
                   cl::value_desc("T"), cl::init(1), cl::cat(Cat)};
+  cl::opt<int> DP{"dp",
+                  cl::desc("Data-parallel replicas D (data-parallel pass): "
+                           "the grid is D x P x T ranks, each replica "
+                           "training on its own rows of the step's batch"),
+                  cl::value_desc("D"), cl::init(1), cl::cat(Cat)};
   cl::opt<bool> SP{"sp",
                    cl::desc("Sequence parallelism in the LayerNorm and dropout "
                             "regions (needs --tp T > 1)"),
@@ -153,7 +158,12 @@ Error passOptionsFromCL(PassContext &Ctx) {
                              "--sp shards the LayerNorm and dropout regions "
                              "over the tensor-parallel group; it needs --tp "
                              "T with T > 1");
+  if (CL->DP < 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "--dp must be a positive integer, got %d",
+                             CL->DP.getValue());
   Ctx.TensorParallel = CL->TP;
+  Ctx.DataParallel = CL->DP;
   Ctx.SequenceParallel = CL->SP;
   for (StringRef B : CL->InputBindings) {
     auto [Name, RoleName] = B.split('=');

@@ -11,12 +11,13 @@ namespace sp {
 
 /// The default pass list of sp-compile, as a --passes value: import clean-up
 /// and detection, the parallel passes (no-ops without --tp and --sp), then
-/// the training graph.
+/// the training graph, its pipeline stages and data-parallel sums (no-ops
+/// without --pp/--microbatches and --dp).
 constexpr const char *DefaultPasses =
     "constant-fold,canonicalize,dce,detect-transformer,bind-inputs,"
     "tensor-parallel,"
     "sequence-parallel,autodiff,lower-collectives,optimizer,recompute,"
-    "pipeline-stages";
+    "pipeline-stages,data-parallel";
 
 } // namespace sp
 

@@ -102,7 +102,7 @@ static Error checkManifest(StringRef Dir, const json &M) {
   };
   constexpr int64_t IntMax = std::numeric_limits<int>::max();
   constexpr int64_t Int64Max = std::numeric_limits<int64_t>::max();
-  for (const char *Key : {"tp", "pp", "interleave", "microbatches"})
+  for (const char *Key : {"tp", "dp", "pp", "interleave", "microbatches"})
     if (auto E = CheckInt(M, "", Key, 1, IntMax))
       return E;
   if (auto E = CheckInt(M, "", "arena_bytes", 0, Int64Max))

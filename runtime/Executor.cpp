@@ -276,6 +276,11 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
         [](int64_t T) { return T != IgnoreTarget; }));
   };
   int64_t StepCounted = Counted(0, Batch);
+  // Data parallelism: the step's batch is every replica's rows, and each
+  // microbatch's loss weight its share of all of their counted targets.
+  if (Opts.DataComm)
+    if (auto E = Opts.DataComm->allReduceSum(&StepCounted, 1))
+      return E;
   for (size_t Id = 0; Id < Prog.Buffers.size(); ++Id) {
     const ProgramBuffer &B = Prog.Buffers[Id];
     if (B.K != ProgramBuffer::Input)
@@ -346,15 +351,20 @@ Expected<double> Executor::loss() const {
   if (auto E = Back->synchronize())
     return std::move(E);
   const char *Src = Arena + Prog.Buffers[Prog.output("loss")].Offset;
+  double L = 0;
   if (Wide) {
-    double L = 0;
     if (auto E = Back->copyToHost(&L, Src, sizeof L))
       return std::move(E);
-    return L;
+  } else {
+    float F = 0;
+    if (auto E = Back->copyToHost(&F, Src, sizeof F))
+      return std::move(E);
+    L = F;
   }
-  float L = 0;
-  if (auto E = Back->copyToHost(&L, Src, sizeof L))
-    return std::move(E);
+  // Each replica's loss is its rows' part of the step's mean.
+  if (Opts.DataComm)
+    if (auto E = Opts.DataComm->allReduceSum(&L, 1))
+      return std::move(E);
   return L;
 }
 

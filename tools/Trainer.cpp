@@ -246,6 +246,7 @@ struct Run {
   Executor &E;
   const DataLoader &Data;
   Communicator *World; // null for one rank
+  Communicator *DataGroup; // the replicas of this rank; null without --dp
   std::string ModelName;
   std::string LogDirPath, CheckpointPath;
   std::string Fingerprint;
@@ -259,7 +260,8 @@ struct Run {
   Error dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors);
   /// Gathers T (a collective) and, when Writes, writes it to Path.
   Error writeGathered(StringRef Path, const TensorView &T,
-                      ArrayRef<int64_t> Shape, bool Writes);
+                      ArrayRef<int64_t> Shape, bool Writes,
+                      Communicator *Across = nullptr);
   Error writeLogs();
   Error writeCheckpointAt(int64_t Step);
   Error writeMemory(StringRef Dir);
@@ -286,23 +288,37 @@ Error Run::dumpLogits(StringRef Dir) {
                                 Logits->FullType.Shape.end());
   if (Shape.size() == 2 && Shape[0] == E.batch() * E.seq())
     Shape = {E.batch(), E.seq(), Shape[1]};
+  if (DataGroup) {
+    // Every replica's rows, in replica order: the whole batch's logits.
+    Shape[0] *= DataGroup->size();
+    return writeGathered((Dir + "/logits.npy").str(), *Logits, Shape, Lead,
+                         DataGroup);
+  }
   return writeGathered((Dir + "/logits.npy").str(), *Logits, Shape, Lead);
 }
 
 Error Run::writeGathered(StringRef Path, const TensorView &T,
-                         ArrayRef<int64_t> Shape, bool Writes) {
+                         ArrayRef<int64_t> Shape, bool Writes,
+                         Communicator *Across) {
   // The whole tensor (every rank's shard; the whole vocabulary), in the
-  // run's precision: a float64 run (--float64) writes '<f8' files.
-  if (E.float64()) {
-    auto Full = E.gather64(T);
+  // run's precision: a float64 run (--float64) writes '<f8' files. With
+  // Across, the concatenation of every member's whole tensor.
+  auto Write = [&](auto Full, CommType Type) -> Error {
     if (!Full)
       return Full.takeError();
-    return Writes ? writeNpy(Path, Shape, *Full) : Error::success();
-  }
-  auto Full = E.gather(T);
-  if (!Full)
-    return Full.takeError();
-  return Writes ? writeNpy(Path, Shape, *Full) : Error::success();
+    auto Data = std::move(*Full);
+    if (Across) {
+      decltype(Data) All(Data.size() * Across->size());
+      if (auto Err = Across->allGather(All.data(), Data.data(),
+                                       int64_t(Data.size()), Type))
+        return Err;
+      Data = std::move(All);
+    }
+    return Writes ? writeNpy(Path, Shape, Data) : Error::success();
+  };
+  if (E.float64())
+    return Write(E.gather64(T), CommType::F64);
+  return Write(E.gather(T), CommType::F32);
 }
 
 Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
@@ -535,6 +551,7 @@ ProcessGrid planGrid(const Plan &P) {
   ProcessGrid G;
   G.Pipeline = P.numStages();
   G.Tensor = P.Manifest.value("tp", 1);
+  G.Data = P.Manifest.value("dp", 1);
   return G;
 }
 
@@ -630,13 +647,16 @@ Error Trainer::runRank(Communicator *World) {
 
   std::string ModelName =
       sys::path::stem(P.Manifest.value("source", std::string("model"))).str();
-  bool StageLead = !C || C->rank() == 0;
+  // The first tensor-parallel rank of each stage of the first replica
+  // (replicas hold the same parameters).
+  bool StageLead = (!C || C->rank() == 0) && Groups.At.Data == 0;
   Run R{Lead,
         StageLead,
         P,
         E,
         *Data,
         World,
+        Groups.Data.get(),
         ModelName,
         O.LogPath,
         O.CheckpointPath,
@@ -731,7 +751,7 @@ Error Trainer::runRank(Communicator *World) {
         return Err;
   }
 
-  int64_t TokensPerStep = E.batch() * E.seq();
+  int64_t TokensPerStep = E.batch() * E.seq() * Grid.Data; // every replica
   if (O.Eval) {
     double Sum = 0;
     auto Start = std::chrono::steady_clock::now();
@@ -766,11 +786,19 @@ Error Trainer::runRank(Communicator *World) {
     return Error::success();
   }
 
+  std::string Layout;
+  if (Grid.size() > 1)
+    Layout = formatv(", ranks d {0} x p {1} x t {2}", Grid.Data,
+                     Grid.Pipeline, Grid.Tensor)
+                 .str();
+  if (Grid.Data > 1)
+    Layout += formatv(" ({0} replicas of batch {1})", Grid.Data, E.batch());
   Out << formatv("sp-run: training {0} (plan '{1}'): steps {2}-{3}, batch "
-                 "{4} x {5} tokens, lr {6} (warmup {7}, cosine to {8}), {9} "
-                 "threads\n",
-                 ModelName, O.PlanDir, FirstStep, O.Steps, E.batch(), E.seq(),
-                 sci(O.LR), O.Warmup, sci(O.MinLR), O.ThreadsPerRank);
+                 "{4} x {5} tokens{10}, lr {6} (warmup {7}, cosine to {8}), "
+                 "{9} threads\n",
+                 ModelName, O.PlanDir, FirstStep, O.Steps,
+                 E.batch() * Grid.Data, E.seq(), sci(O.LR), O.Warmup,
+                 sci(O.MinLR), O.ThreadsPerRank, Layout);
   Out.flush();
   ProgressBar Progress(Lead ? errs() : nulls(), Lead && errs().is_displayed());
   double TrainSeconds = 0;

@@ -471,9 +471,10 @@ int main(int Argc, char **Argv) {
     // Every rank sees the mismatch: report it once and exit cleanly.
     if ((*C)->size() != Ranks) {
       if ((*C)->rank() == 0)
-        Fail(usageError(formatv("the plan was compiled for --tp {0} and --pp "
-                                "{1}; run it with mpirun -np {2} (got {3} "
-                                "processes)",
+        Fail(usageError(formatv("the plan was compiled for {0}--tp {1} and "
+                                "--pp {2}; run it with mpirun -np {3} (got "
+                                "{4} processes)",
+                                Grid.Data > 1 ? formatv("--dp {0}, ", Grid.Data).str() : "",
                                 TP, PP, Ranks, (*C)->size())));
       return 1;
     }

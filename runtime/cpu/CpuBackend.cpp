@@ -581,11 +581,17 @@ template <typename T> static Error runKernel(const KernelCall &C) {
         I.Out.size() > 1 ? reinterpret_cast<uint8_t *>(Out(1)) : nullptr;
     // The mask of an element depends on its index in the whole tensor, so it
     // is the same on any layout.
-    // A microbatch is rows [K b, (K + 1) b) of the whole batch.
+    // A microbatch is rows [K b, (K + 1) b) of the whole batch, and a
+    // data-parallel replica R of D holds the step's microbatches
+    // [R M, (R + 1) M) of D M (the rows its data loader reads).
     const TensorType &Local = InT(0);
     const Sharding &S = Bufs[I.In[0]].Shard;
     int64_t Mb = AInt("microbatch"),
             NumMb = AInt("microbatches");
+    if (C.Data) {
+      Mb += C.Data->rank() * NumMb;
+      NumMb *= C.Data->size();
+    }
     if (S.K != Sharding::Split && NumMb == 1)
       return Check(cpu::dropout(Out(0), Mask, In(0), Ratio(), K,
                                 cpu::GlobalIndex::whole(ShapeOf(Local))));

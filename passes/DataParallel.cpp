@@ -1,0 +1,93 @@
+//===- DataParallel.cpp - Gradient sums over the data-parallel group ------===//
+//
+// With --dp D, D replicas of the whole t x p grid each train on their own
+// rows of the step's batch (the runtime's data loader gives replica r rows
+// [r B, (r + 1) B) of the D B rows), and every replica must apply the same
+// update: the gradient of the whole batch. Each replica's gradients are
+// its rows' contributions to the global mean loss (the runtime weighs each
+// microbatch's loss by its share of the targets counted over all replicas),
+// so the global gradient is their sum:
+//
+//   g_i' = all_reduce {group = "dp"} (g_i)     for every gradient g_i
+//
+// read by grad_norm, adamw and the grad: outputs instead of g_i. The sums are
+// optimizer-phase nodes on the stage of the gradient's update: they run once
+// per step, on the gradient accumulated over the microbatches (and, for a
+// weight shared by pipeline stages, after its sum over them), in the order
+// the backward produced the gradients, so that a backend that runs
+// collectives on a stream of their own overlaps the first of them with the
+// end of the backward. One collective per gradient: fusing small gradients
+// into buckets is left to later work.
+//
+// Runs after pipeline-stages (it reads the stage of each update); a no-op
+// without --dp.
+//
+//===----------------------------------------------------------------------===//
+#include "ir/ShapeInference.h"
+#include "passes/Passes.h"
+#include "llvm/ADT/DenseMap.h"
+
+using namespace llvm;
+
+namespace sp {
+namespace {
+
+class DataParallelPass : public Pass {
+public:
+  StringRef name() const override { return "data-parallel"; }
+
+  Error run(Graph &G, PassContext &Ctx) override {
+    if (Ctx.DataParallel <= 1)
+      return Error::success();
+    Node *Norm = nullptr;
+    DenseMap<const Node *, size_t> Position;
+    for (Node &N : G.nodes()) {
+      Position[&N] = Position.size();
+      if (N.op() == OpKind::GradNorm)
+        Norm = &N;
+      if (N.op() == OpKind::AllReduce &&
+          N.attrs().getString("group", "") == "dp")
+        return createStringError(inconvertibleErrorCode(),
+                                 "data-parallel: the graph already sums its "
+                                 "gradients over the data-parallel group");
+    }
+    if (!Norm)
+      return createStringError(inconvertibleErrorCode(),
+                               "data-parallel needs a training graph with its "
+                               "optimizer (run autodiff and optimizer first)");
+    // Each update's gradient, once, in the order the backward makes them.
+    SmallVector<std::pair<Value *, Node *>, 32> Grads; // gradient, its update
+    for (Node &N : G.nodes())
+      if (N.op() == OpKind::AdamW &&
+          none_of(Grads, [&](auto &GU) { return GU.first == N.operand(1); }))
+        Grads.push_back({N.operand(1), &N});
+    auto Made = [&](Value *V) {
+      Node *P = V->producer();
+      return P ? Position.lookup(P) : 0;
+    };
+    std::stable_sort(Grads.begin(), Grads.end(), [&](auto &A, auto &B) {
+      return Made(A.first) < Made(B.first);
+    });
+    for (auto [Grad, Update] : Grads) {
+      AttrList A;
+      A.set("group", std::string("dp"));
+      Node *Sum = cantFail(buildNode(G, Norm->getIterator(),
+                                     OpKind::AllReduce, {Grad}, A,
+                                     "dp_sum." + Update->operand(0)->name()));
+      Sum->tags().Role = "dp_grad_sum";
+      Sum->tags().Ph = Phase::Optimizer;
+      Sum->tags().Stage = Update->tags().Stage;
+      Sum->result()->setSharding(Grad->sharding());
+      G.replaceAllUsesWith(Grad, Sum->result(), Sum);
+    }
+    return Error::success();
+  }
+};
+
+} // namespace
+
+std::unique_ptr<Pass> createDataParallelPass() {
+  return std::make_unique<DataParallelPass>();
+}
+
+} // namespace sp

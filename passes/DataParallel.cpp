@@ -48,13 +48,13 @@ public:
       if (N.op() == OpKind::AllReduce &&
           N.attrs().getString("group", "") == "dp")
         return createStringError(inconvertibleErrorCode(),
-                                 "data-parallel: the graph already sums its "
-                                 "gradients over the data-parallel group");
+                                 "the graph already sums its gradients over "
+                                 "the data-parallel group");
     }
     if (!Norm)
       return createStringError(inconvertibleErrorCode(),
-                               "data-parallel needs a training graph with its "
-                               "optimizer (run autodiff and optimizer first)");
+                               "needs a training graph with its optimizer "
+                               "(run autodiff and optimizer first)");
     // Each update's gradient, once, in the order the backward makes them.
     SmallVector<std::pair<Value *, Node *>, 32> Grads; // gradient, its update
     for (Node &N : G.nodes())

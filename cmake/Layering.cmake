@@ -5,6 +5,9 @@
 #   sp_ir  <-  sp_plan  <-  sp_lower  <-  sp_passes   (the compiler)
 #                       <-  sp_runtime                (the runtime: executor,
 #                                                      kernels, communicators)
+#                              <-  sp_runtime_cuda    (the CUDA backend, and
+#                                                      sp_cuda_host, its
+#                                                      host-side logic)
 #
 # sp-run is built from the runtime, the plan library and the ONNX frontend
 # (weights are read from the model, and written back by --export-onnx), never
@@ -56,10 +59,12 @@ endfunction()
 
 function(sp_check_layering)
   set(Compiler sp_lower sp_passes)
-  set(Runtime sp_runtime sp_runtime_cpu sp_comm)
+  set(Runtime sp_runtime sp_runtime_cpu sp_comm sp_cuda_host sp_runtime_cuda)
   sp_forbid_links(sp_plan ${Compiler} ${Runtime} sp_frontend)
   sp_forbid_links(sp_lower ${Runtime} sp_passes sp_frontend)
   sp_forbid_links(sp_passes ${Runtime})
-  sp_forbid_links(sp_runtime ${Compiler})
+  sp_forbid_links(sp_runtime ${Compiler} sp_runtime_cuda)
+  sp_forbid_links(sp_runtime_cuda ${Compiler} sp_frontend)
+  sp_forbid_links(sp_cuda_host ${Compiler} sp_frontend)
   sp_forbid_links(sp-run ${Compiler})
 endfunction()

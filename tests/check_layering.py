@@ -7,10 +7,10 @@ same on the link graph):
   frontend/  ir/, plan/
   lower/     ir/, plan/
   passes/    ir/, plan/, lower/
-  runtime/   ir/, plan/
+  runtime/   ir/, plan/ (runtime/cuda/ too: the CUDA backend)
   tools/, tests/  anything
 
-Every `#include "DIR/..."` of a .h, .cpp or .cu file under a layered folder must name an allowed DIR.
+Every `#include "DIR/..."` of a .h, .cpp, .cu or .cuh file under a layered folder must name an allowed DIR.
 Prints each violation (file, line, include) and exits 1 if there is any.
 
     /usr/bin/python3 tests/check_layering.py [REPO]
@@ -35,7 +35,7 @@ def violations(repo):
     for folder, allowed in ALLOWED.items():
         for root, _, files in os.walk(os.path.join(repo, folder)):
             for name in sorted(files):
-                if not name.endswith((".h", ".cpp", ".cu", ".def")):
+                if not name.endswith((".h", ".cpp", ".cu", ".cuh", ".def")):
                     continue
                 path = os.path.join(root, name)
                 with open(path, encoding="utf-8") as f:

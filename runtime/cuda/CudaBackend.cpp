@@ -1,0 +1,1157 @@
+//===- CudaBackend.cpp - The CUDA backend ----------------------------------===//
+//
+// Every instruction kind CpuBackend::run handles, on one GPU: the kernels of
+// CudaKernels.h (one family per kernels/*.cuh file), cuBLAS for the GEMMs
+// (fp32 math; TF32 only with CudaBackendOptions::AllowTF32), NCCL for the
+// collectives and pipeline messages. Instructions run on the stream
+// StreamPlan.h assigns them, waiting for the events it lists; every NCCL
+// call of the backend is issued on one stream (the communication stream, or
+// the compute stream without overlap), so the calls of a communicator are
+// in program order on every rank. Computations that reduce a few values over
+// a group (grad_norm) hop to that stream and back with a pair of events.
+//
+// Row-major GEMMs map to cuBLAS's column-major ones by computing C^T =
+// op(B)^T op(A)^T. Activations are [batch, seq, hidden]; a sequence chunk is
+// not contiguous, so gathers and scatters along an inner axis reorder
+// through a rank-major scratch buffer (chunkCopy), as the CPU backend does.
+//
+// Device memory besides the arena: the data-error word, a few scalars of
+// the gradient norm, and two scratch buffers (one per stream) that grow to
+// the largest reorder or per-row statistic needed; the arena itself is
+// exactly the plan's.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/CudaBackend.h"
+#include "runtime/TensorLayout.h"
+#include "runtime/cuda/CudaCheck.h"
+#include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/DeviceSelect.h"
+#include "runtime/cuda/LaunchGeometry.h"
+#include "runtime/cuda/NcclComm.h"
+#include "runtime/cuda/StreamPlan.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/Support/FormatVariadic.h"
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+using namespace llvm;
+
+namespace sp {
+
+namespace {
+
+Error planError(const Twine &Msg) {
+  return createStringError(inconvertibleErrorCode(), Msg);
+}
+
+Error noKernel(OpKind Op) {
+  return planError("the CUDA backend has no kernel for op " + opName(Op) +
+                   " yet; run this plan with --device cpu");
+}
+
+/// The gradient-norm scalars in device memory.
+struct NormScalars {
+  double SplitD, Whole, Total;
+  float SplitF, TotalF;
+  double Partials[cuda::SumBlocks];
+};
+
+bool fitsInt(int64_t V) { return V >= 0 && V <= INT_MAX; }
+
+/// numpy broadcasting strides of In read at Out's multi-indices (0 along
+/// broadcast axes), as Kernels.cpp's broadcastStrides, with its errors.
+Error broadcastStrides(const TensorType &In, const TensorType &Out,
+                       cuda::DevShape &Strides) {
+  int R = int(Out.rank());
+  if (R > cuda::MaxRank)
+    return planError("broadcast: rank above MaxRank");
+  if (In.rank() > Out.rank())
+    return planError("broadcast: input rank above output rank");
+  int64_t InStrides[cuda::MaxRank];
+  int64_t S = 1;
+  for (int D = int(In.rank()) - 1; D >= 0; --D) {
+    InStrides[D] = S;
+    S *= In.Shape[D];
+  }
+  int Lead = R - int(In.rank());
+  Strides.Rank = R;
+  for (int D = 0; D < R; ++D) {
+    int DI = D - Lead;
+    if (DI < 0)
+      Strides.Dim[D] = 0;
+    else if (In.Shape[DI] == Out.Shape[D])
+      Strides.Dim[D] = InStrides[DI];
+    else if (In.Shape[DI] == 1)
+      Strides.Dim[D] = 0;
+    else
+      return planError("broadcast: shapes do not broadcast");
+  }
+  return Error::success();
+}
+
+cuda::DevShape devShape(ArrayRef<int64_t> Dims) {
+  cuda::DevShape S;
+  S.Rank = int(Dims.size());
+  for (size_t D = 0; D < Dims.size() && D < size_t(cuda::MaxRank); ++D)
+    S.Dim[D] = Dims[D];
+  return S;
+}
+
+/// FNV-1a over what the stream plan depends on: the instructions' ops and
+/// buffers and the buffers' places in the arena.
+uint64_t fingerprint(const Program &P) {
+  uint64_t H = 0xcbf29ce484222325ull;
+  auto Mix = [&](uint64_t V) {
+    H ^= V;
+    H *= 0x100000001b3ull;
+  };
+  for (const Instruction &I : P.Instrs) {
+    Mix(uint64_t(I.Op));
+    for (int B : I.In)
+      Mix(uint64_t(B));
+    Mix(~0ull);
+    for (int B : I.Out)
+      Mix(uint64_t(B));
+  }
+  for (const ProgramBuffer &B : P.Buffers) {
+    Mix(uint64_t(B.Offset));
+    Mix(uint64_t(B.Type.numBytes()));
+  }
+  return H;
+}
+
+class CudaBackend final : public Backend {
+public:
+  static Expected<std::unique_ptr<CudaBackend>>
+  create(const CudaBackendOptions &O);
+  ~CudaBackend() override;
+
+  StringRef name() const override { return "cuda"; }
+  Expected<char *> allocate(size_t Bytes) override;
+  void release(char *Arena) override;
+  Error copyToBackend(char *Dst, const void *Src, size_t Bytes) override;
+  Error copyToHost(void *Dst, const char *Src, size_t Bytes) override;
+  bool hostMemory() const override { return false; }
+  Error run(const KernelCall &C) override;
+  Error synchronize() override;
+
+private:
+  CudaBackend() = default;
+  Error init(const CudaBackendOptions &O);
+  Error dispatch(const KernelCall &C, cudaStream_t S);
+  /// Waits for both streams (host copies).
+  Error drain();
+  Error gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N, int64_t K,
+             const float *A, int64_t Lda, const float *B, int64_t Ldb,
+             float Beta, float *Cm, int64_t Ldc);
+  Error batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
+                    int64_t K, const float *A, const float *B, float *Cm,
+                    int64_t Batch);
+  /// The NCCL communicator of a host group of more than one rank.
+  Expected<cuda::NcclComm *> nccl(Communicator &Host);
+  /// The stream every NCCL call goes on.
+  cudaStream_t ncclStream() const { return Overlap ? Comm : Compute; }
+  /// Orders the NCCL stream after the work so far on S, and S after the
+  /// NCCL stream's (a computation's inner collective).
+  Error hopToNccl(cudaStream_t S);
+  Error hopBack(cudaStream_t S);
+  Expected<float *> scratch(bool ForComm, int64_t Floats);
+  Error collective(const KernelCall &C, cudaStream_t S);
+  Error pipelineMessage(const KernelCall &C, cudaStream_t S);
+  Error gradNorm(const KernelCall &C, cudaStream_t S);
+  Error dropout(const KernelCall &C, cudaStream_t S);
+  Error vocabParallelLoss(const KernelCall &C, cudaStream_t S, bool Grad,
+                          int64_t N, int64_t V, int64_t Valid, int64_t Ignore);
+
+  int Device = 0;
+  bool Overlap = true;
+  cudaStream_t Compute = nullptr, Comm = nullptr;
+  cublasHandle_t Blas = nullptr;
+  cudaEvent_t ToNccl = nullptr, FromNccl = nullptr;
+  cuda::DeviceError *Err = nullptr;
+  NormScalars *Norm = nullptr;
+  float *Scratch[2] = {nullptr, nullptr};
+  int64_t ScratchFloats[2] = {0, 0};
+  char *Staging = nullptr;
+  size_t StagingBytes = 0;
+  std::map<Communicator *, std::unique_ptr<cuda::NcclComm>> Nccl;
+  // The stream plan of the program last run, and its events.
+  const Program *Planned = nullptr;
+  size_t PlannedInstrs = 0;
+  uint64_t PlannedPrint = 0;
+  cuda::StreamPlan Plan;
+  std::vector<cudaEvent_t> Events;
+};
+
+Expected<std::unique_ptr<CudaBackend>>
+CudaBackend::create(const CudaBackendOptions &O) {
+  std::unique_ptr<CudaBackend> B(new CudaBackend);
+  if (auto E = B->init(O))
+    return E;
+  return B;
+}
+
+Error CudaBackend::init(const CudaBackendOptions &O) {
+  if (auto E = checkCudaDevice())
+    return E;
+  int Count = 0;
+  SP_CUDA_TRY(cudaGetDeviceCount(&Count));
+  auto Local = cuda::findLocalRank(
+      [](const char *V) -> const char * { return std::getenv(V); }, O.World);
+  if (!Local)
+    return Local.takeError();
+  auto Dev = cuda::chooseDevice(*Local, Count, O.Device);
+  if (!Dev)
+    return Dev.takeError();
+  Device = *Dev;
+  Overlap = O.Overlap;
+  SP_CUDA_TRY(cudaSetDevice(Device));
+  SP_CUDA_TRY(cudaStreamCreateWithFlags(&Compute, cudaStreamNonBlocking));
+  SP_CUDA_TRY(cudaStreamCreateWithFlags(&Comm, cudaStreamNonBlocking));
+  SP_CUDA_TRY(cudaEventCreateWithFlags(&ToNccl, cudaEventDisableTiming));
+  SP_CUDA_TRY(cudaEventCreateWithFlags(&FromNccl, cudaEventDisableTiming));
+  SP_CUBLAS_TRY(cublasCreate(&Blas));
+  SP_CUBLAS_TRY(cublasSetMathMode(
+      Blas, O.AllowTF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+  SP_CUDA_TRY(cudaMalloc(&Err, sizeof(cuda::DeviceError)));
+  SP_CUDA_TRY(cudaMemset(Err, 0, sizeof(cuda::DeviceError)));
+  SP_CUDA_TRY(cudaMalloc(&Norm, sizeof(NormScalars)));
+  SP_CUDA_TRY(cudaMemset(Norm, 0, sizeof(NormScalars)));
+  SP_CUDA_TRY(cudaDeviceSynchronize());
+  // The groups' NCCL communicators, collectively, in a fixed order.
+  for (Communicator *G : {O.Tensor, O.Pipeline, O.Data})
+    if (G && G->size() > 1)
+      if (auto C = nccl(*G); !C)
+        return C.takeError();
+  return Error::success();
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(Device);
+  if (Compute)
+    cudaStreamSynchronize(Compute);
+  if (Comm)
+    cudaStreamSynchronize(Comm);
+  Nccl.clear();
+  for (cudaEvent_t E : Events)
+    if (E)
+      cudaEventDestroy(E);
+  if (ToNccl)
+    cudaEventDestroy(ToNccl);
+  if (FromNccl)
+    cudaEventDestroy(FromNccl);
+  if (Blas)
+    cublasDestroy(Blas);
+  cudaFree(Err);
+  cudaFree(Norm);
+  cudaFree(Scratch[0]);
+  cudaFree(Scratch[1]);
+  if (Staging)
+    cudaFreeHost(Staging);
+  if (Compute)
+    cudaStreamDestroy(Compute);
+  if (Comm)
+    cudaStreamDestroy(Comm);
+}
+
+Expected<char *> CudaBackend::allocate(size_t Bytes) {
+  SP_CUDA_TRY(cudaSetDevice(Device));
+  size_t Size = std::max<size_t>(alignTo(Bytes, 256), 256);
+  void *P = nullptr;
+  cudaError_t E = cudaMalloc(&P, Size);
+  if (E != cudaSuccess)
+    return createStringError(
+        inconvertibleErrorCode(),
+        "cannot allocate the %zu-byte arena on CUDA device %d: %s: %s", Size,
+        Device, cudaGetErrorName(E), cudaGetErrorString(E));
+  // cudaMemset runs on the legacy stream, which the backend's non-blocking
+  // streams do not wait for: finish it here.
+  SP_CUDA_TRY(cudaMemset(P, 0, Size));
+  SP_CUDA_TRY(cudaDeviceSynchronize());
+  return static_cast<char *>(P);
+}
+
+void CudaBackend::release(char *Arena) {
+  cudaSetDevice(Device);
+  cudaStreamSynchronize(Compute);
+  cudaStreamSynchronize(Comm);
+  cudaFree(Arena);
+}
+
+Error CudaBackend::drain() {
+  SP_CUDA_TRY(cudaSetDevice(Device));
+  SP_CUDA_TRY(cudaStreamSynchronize(Comm));
+  SP_CUDA_TRY(cudaStreamSynchronize(Compute));
+  return Error::success();
+}
+
+/// Pinned staging of at most this many bytes; larger copies go in pieces.
+constexpr size_t MaxStaging = size_t(64) << 20;
+
+Error CudaBackend::copyToBackend(char *Dst, const void *Src, size_t Bytes) {
+  if (auto E = drain())
+    return E;
+  size_t Want = std::min(Bytes, MaxStaging);
+  if (Want > StagingBytes) {
+    if (Staging)
+      SP_CUDA_TRY(cudaFreeHost(Staging));
+    Staging = nullptr;
+    SP_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void **>(&Staging), Want,
+                              cudaHostAllocDefault));
+    StagingBytes = Want;
+  }
+  for (size_t Off = 0; Off < Bytes; Off += StagingBytes) {
+    size_t N = std::min(StagingBytes, Bytes - Off);
+    std::memcpy(Staging, static_cast<const char *>(Src) + Off, N);
+    SP_CUDA_TRY(cudaMemcpyAsync(Dst + Off, Staging, N, cudaMemcpyHostToDevice,
+                                Compute));
+    SP_CUDA_TRY(cudaStreamSynchronize(Compute));
+  }
+  return Error::success();
+}
+
+Error CudaBackend::copyToHost(void *Dst, const char *Src, size_t Bytes) {
+  if (auto E = drain())
+    return E;
+  size_t Want = std::min(Bytes, MaxStaging);
+  if (Want > StagingBytes) {
+    if (Staging)
+      SP_CUDA_TRY(cudaFreeHost(Staging));
+    Staging = nullptr;
+    SP_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void **>(&Staging), Want,
+                              cudaHostAllocDefault));
+    StagingBytes = Want;
+  }
+  for (size_t Off = 0; Off < Bytes; Off += StagingBytes) {
+    size_t N = std::min(StagingBytes, Bytes - Off);
+    SP_CUDA_TRY(cudaMemcpyAsync(Staging, Src + Off, N, cudaMemcpyDeviceToHost,
+                                Compute));
+    SP_CUDA_TRY(cudaStreamSynchronize(Compute));
+    std::memcpy(static_cast<char *>(Dst) + Off, Staging, N);
+  }
+  return Error::success();
+}
+
+Error CudaBackend::synchronize() {
+  if (auto E = drain())
+    return E;
+  cuda::DeviceError Found;
+  SP_CUDA_TRY(cudaMemcpy(&Found, Err, sizeof Found, cudaMemcpyDeviceToHost));
+  if (!Found.Code)
+    return Error::success();
+  SP_CUDA_TRY(cudaMemset(Err, 0, sizeof(cuda::DeviceError)));
+  switch (Found.Code) {
+  case cuda::EmbeddingIdOutOfRange:
+    return createStringError(inconvertibleErrorCode(),
+                             "embedding id out of range (element %lld, value "
+                             "%lld), found on the device",
+                             Found.Index, Found.Value);
+  case cuda::CrossEntropyTargetOutOfRange:
+    return createStringError(inconvertibleErrorCode(),
+                             "cross entropy target out of range (element "
+                             "%lld, value %lld), found on the device",
+                             Found.Index, Found.Value);
+  default:
+    return createStringError(inconvertibleErrorCode(),
+                             "a CUDA kernel reported error code %d", Found.Code);
+  }
+}
+
+Expected<cuda::NcclComm *> CudaBackend::nccl(Communicator &Host) {
+  auto It = Nccl.find(&Host);
+  if (It != Nccl.end())
+    return It->second.get();
+  auto C = cuda::NcclComm::create(Host);
+  if (!C)
+    return C.takeError();
+  cuda::NcclComm *Raw = C->get();
+  Nccl[&Host] = std::move(*C);
+  return Raw;
+}
+
+Error CudaBackend::hopToNccl(cudaStream_t S) {
+  if (S == ncclStream())
+    return Error::success();
+  SP_CUDA_TRY(cudaEventRecord(ToNccl, S));
+  SP_CUDA_TRY(cudaStreamWaitEvent(ncclStream(), ToNccl, 0));
+  return Error::success();
+}
+
+Error CudaBackend::hopBack(cudaStream_t S) {
+  if (S == ncclStream())
+    return Error::success();
+  SP_CUDA_TRY(cudaEventRecord(FromNccl, ncclStream()));
+  SP_CUDA_TRY(cudaStreamWaitEvent(S, FromNccl, 0));
+  return Error::success();
+}
+
+Expected<float *> CudaBackend::scratch(bool ForComm, int64_t Floats) {
+  int K = ForComm;
+  if (Floats > ScratchFloats[K]) {
+    // The old buffer may still be in use by queued work.
+    if (auto E = drain())
+      return E;
+    SP_CUDA_TRY(cudaFree(Scratch[K]));
+    Scratch[K] = nullptr;
+    SP_CUDA_TRY(cudaMalloc(&Scratch[K], size_t(Floats) * sizeof(float)));
+    ScratchFloats[K] = Floats;
+  }
+  return Scratch[K];
+}
+
+Error CudaBackend::gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
+                        int64_t K, const float *A, int64_t Lda, const float *B,
+                        int64_t Ldb, float Beta, float *Cm, int64_t Ldc) {
+  if (M == 0 || N == 0)
+    return Error::success();
+  if (!fitsInt(M) || !fitsInt(N) || !fitsInt(K) || !fitsInt(Lda) ||
+      !fitsInt(Ldb) || !fitsInt(Ldc))
+    return planError("gemm dimension above INT_MAX");
+  float One = 1.0f;
+  SP_CUBLAS_TRY(cublasSetStream(Blas, S));
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  SP_CUBLAS_TRY(cublasSgemm(Blas, TB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            TA ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M),
+                            int(K), &One, B, int(Ldb), A, int(Lda), &Beta, Cm,
+                            int(Ldc)));
+  return Error::success();
+}
+
+Error CudaBackend::batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M,
+                               int64_t N, int64_t K, const float *A,
+                               const float *B, float *Cm, int64_t Batch) {
+  if (M == 0 || N == 0 || Batch == 0)
+    return Error::success();
+  if (!fitsInt(M) || !fitsInt(N) || !fitsInt(K) || !fitsInt(Batch))
+    return planError("batch_matmul dimension above INT_MAX");
+  float One = 1.0f, Zero = 0.0f;
+  SP_CUBLAS_TRY(cublasSetStream(Blas, S));
+  SP_CUBLAS_TRY(cublasSgemmStridedBatched(
+      Blas, TB ? CUBLAS_OP_T : CUBLAS_OP_N, TA ? CUBLAS_OP_T : CUBLAS_OP_N,
+      int(N), int(M), int(K), &One, B, int(TB ? K : N), K * N, A,
+      int(TA ? M : K), M * K, &Zero, Cm, int(N), M * N, int(Batch)));
+  return Error::success();
+}
+
+Error CudaBackend::run(const KernelCall &C) {
+  for (const auto *List : {&C.I.Out, &C.I.In})
+    for (int B : *List)
+      if (C.Prog.Buffers[B].Type.Dtype == DType::F64)
+        return planError("the CUDA backend runs float32 plans; this one "
+                         "computes in float64");
+  SP_CUDA_TRY(cudaSetDevice(Device));
+  const Instruction *First = C.Prog.Instrs.data();
+  size_t NumInstrs = C.Prog.Instrs.size();
+  bool InProgram = &C.I >= First && &C.I < First + NumInstrs;
+  if (!InProgram) {
+    // A call on an instruction outside its program (tests): in order with
+    // everything before it, on the compute stream.
+    if (auto E = drain())
+      return E;
+    if (auto E = dispatch(C, Compute))
+      return E;
+    SP_CUDA_TRY(cudaGetLastError());
+    return drain();
+  }
+  size_t J = size_t(&C.I - First);
+  // A run starts at instruction 0: check that the plan is this program's
+  // (a program at a freed one's address must not reuse its plan).
+  uint64_t Print = J == 0 ? fingerprint(C.Prog) : PlannedPrint;
+  if (Planned != &C.Prog || PlannedInstrs != NumInstrs ||
+      Print != PlannedPrint) {
+    if (auto E = drain())
+      return E;
+    for (cudaEvent_t E : Events)
+      if (E)
+        SP_CUDA_TRY(cudaEventDestroy(E));
+    Plan = cuda::planStreams(C.Prog, Overlap);
+    Events.assign(NumInstrs, nullptr);
+    for (size_t J = 0; J < NumInstrs; ++J)
+      if (Plan.Steps[J].RecordEvent)
+        SP_CUDA_TRY(
+            cudaEventCreateWithFlags(&Events[J], cudaEventDisableTiming));
+    Planned = &C.Prog;
+    PlannedInstrs = NumInstrs;
+    PlannedPrint = fingerprint(C.Prog);
+  }
+  const cuda::StreamStep &Step = Plan.Steps[J];
+  cudaStream_t S = Step.Stream == cuda::StreamKind::Comm ? Comm : Compute;
+  for (int W : Step.WaitFor)
+    SP_CUDA_TRY(cudaStreamWaitEvent(S, Events[W], 0));
+  if (auto E = dispatch(C, S))
+    return E;
+  SP_CUDA_TRY(cudaGetLastError());
+  if (Step.RecordEvent)
+    SP_CUDA_TRY(cudaEventRecord(Events[J], S));
+  return Error::success();
+}
+
+Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  std::string Name = collectiveGroup(I.Op, I.Attrs);
+  Communicator *G = C.group(Name);
+  if (!G)
+    return planError("no communicator for group '" + Name + "'");
+  float *Out = reinterpret_cast<float *>(C.buffer(I.Out[0]));
+  const float *In = reinterpret_cast<const float *>(C.buffer(I.In[0]));
+  const TensorType &InT = Bufs[I.In[0]].Type;
+  const TensorType &OutT = Bufs[I.Out[0]].Type;
+  if (I.Op == OpKind::AllReduce) {
+    if (Out != In)
+      SP_CUDA_TRY(cudaMemcpyAsync(Out, In, InT.numBytes(),
+                                  cudaMemcpyDeviceToDevice, S));
+    if (G->size() == 1)
+      return Error::success();
+    auto N = nccl(*G);
+    if (!N)
+      return N.takeError();
+    return (*N)->allReduceSum(Out, Out, OutT.numElements(), S);
+  }
+  int Dim = attrInt(I.Op, I.Attrs, "dim"), Parts = attrInt(I.Op, I.Attrs, "parts");
+  if (I.Op == OpKind::SpSplit) {
+    // This rank's chunk along Dim: a strided copy, no communication.
+    AxisView A = around(InT, Dim);
+    int64_t Chunk = InT.Shape[Dim] / Parts * A.Inner;
+    cuda::chunkCopy(Out, Chunk, In + G->rank() * Chunk, Parts * Chunk, Chunk,
+                    A.Outer, S);
+    return Error::success();
+  }
+  if (G->size() == 1) {
+    SP_CUDA_TRY(cudaMemcpyAsync(Out, In, InT.numBytes(),
+                                cudaMemcpyDeviceToDevice, S));
+    return Error::success();
+  }
+  auto N = nccl(*G);
+  if (!N)
+    return N.takeError();
+  if (I.Op == OpKind::AllGather) {
+    int64_t Count = InT.numElements();
+    AxisView A = around(InT, Dim);
+    if (A.Outer == 1)
+      return (*N)->allGather(Out, In, Count, S);
+    auto Tmp = scratch(S == Comm, Count * Parts); // [rank][outer][local][inner]
+    if (!Tmp)
+      return Tmp.takeError();
+    if (auto E = (*N)->allGather(*Tmp, In, Count, S))
+      return E;
+    int64_t Chunk = InT.Shape[Dim] * A.Inner;
+    for (int R = 0; R < Parts; ++R)
+      cuda::chunkCopy(Out + R * Chunk, Parts * Chunk, *Tmp + R * Count, Chunk,
+                      Chunk, A.Outer, S);
+    return Error::success();
+  }
+  // ReduceScatter.
+  int64_t Count = InT.numElements() / Parts;
+  AxisView A = around(InT, Dim);
+  if (A.Outer == 1)
+    return (*N)->reduceScatterSum(Out, In, Count, S);
+  auto Tmp = scratch(S == Comm, Count * Parts); // rank-major
+  if (!Tmp)
+    return Tmp.takeError();
+  int64_t Chunk = InT.Shape[Dim] / Parts * A.Inner;
+  for (int R = 0; R < Parts; ++R)
+    cuda::chunkCopy(*Tmp + R * Count, Chunk, In + R * Chunk, Parts * Chunk,
+                    Chunk, A.Outer, S);
+  return (*N)->reduceScatterSum(Out, *Tmp, Count, S);
+}
+
+Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
+  const Instruction &I = C.I;
+  Communicator *Pipe = C.Pipeline;
+  if (!Pipe)
+    return planError("a pipeline instruction in a plan run without pipeline "
+                     "stages");
+  const auto &Bufs = C.Prog.Buffers;
+  int Stage = Pipe->rank();
+  if (Pipe->size() == 1)
+    return planError("a pipeline message in a one-stage pipeline group");
+  auto N = nccl(*Pipe);
+  if (!N)
+    return N.takeError();
+  switch (I.Op) {
+  case OpKind::Send:
+    return (*N)->send(C.buffer(I.In[0]), Bufs[I.In[0]].Type.numBytes(),
+                      attrInt(I.Op, I.Attrs, "peer"), S);
+  case OpKind::Recv:
+    return (*N)->recv(C.buffer(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(),
+                      attrInt(I.Op, I.Attrs, "peer"), S);
+  case OpKind::PipeBroadcast: {
+    int Root = attrInt(I.Op, I.Attrs, "root");
+    int64_t Bytes = Bufs[I.Out[0]].Type.numBytes();
+    if (Stage == Root)
+      SP_CUDA_TRY(cudaMemcpyAsync(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes,
+                                  cudaMemcpyDeviceToDevice, S));
+    return (*N)->broadcast(C.buffer(I.Out[0]), Bytes, Root, S);
+  }
+  case OpKind::PipeAllReduce: {
+    // As the CPU: the first listed stage sums the parts in list order and
+    // sends the sum back, so every stage gets the same bits.
+    auto Ranks = attrInts(I.Op, I.Attrs, "ranks");
+    float *Y = reinterpret_cast<float *>(C.buffer(I.Out[0]));
+    int64_t Count = Bufs[I.Out[0]].Type.numElements(),
+            Bytes = Count * int64_t(sizeof(float));
+    if (Ranks.empty() || !is_contained(Ranks, int64_t(Stage)))
+      return planError("pipe_all_reduce does not list this stage");
+    SP_CUDA_TRY(cudaMemcpyAsync(Y, C.buffer(I.In[0]), Bytes,
+                                cudaMemcpyDeviceToDevice, S));
+    if (Stage != Ranks[0]) {
+      if (auto E = (*N)->send(Y, Bytes, int(Ranks[0]), S))
+        return E;
+      return (*N)->recv(Y, Bytes, int(Ranks[0]), S);
+    }
+    auto Part = scratch(S == Comm, Count);
+    if (!Part)
+      return Part.takeError();
+    for (size_t K = 1; K < Ranks.size(); ++K) {
+      if (auto E = (*N)->recv(*Part, Bytes, int(Ranks[K]), S))
+        return E;
+      cuda::add(Y, Y, *Part, Count, S);
+    }
+    for (size_t K = 1; K < Ranks.size(); ++K)
+      if (auto E = (*N)->send(Y, Bytes, int(Ranks[K]), S))
+        return E;
+    return Error::success();
+  }
+  default:
+    llvm_unreachable("not a pipeline message");
+  }
+}
+
+Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
+  // As CpuBackend: split gradients' squares summed over the tensor group (in
+  // float), replicated ones counted once, the total over the pipeline (in
+  // float) when the op says so.
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  bool AnySplit = false, AnyWhole = false;
+  for (int B : I.In) {
+    bool Split = Bufs[B].Shard.K == Sharding::Split;
+    double *Sum = Split ? &Norm->SplitD : &Norm->Whole;
+    bool &Any = Split ? AnySplit : AnyWhole;
+    cuda::sumSquares(Sum, reinterpret_cast<const float *>(C.buffer(B)),
+                     Bufs[B].Type.numElements(), Norm->Partials, Any, S);
+    Any = true;
+  }
+  if (!AnySplit)
+    SP_CUDA_TRY(cudaMemsetAsync(&Norm->SplitD, 0, sizeof(double), S));
+  if (!AnyWhole)
+    SP_CUDA_TRY(cudaMemsetAsync(&Norm->Whole, 0, sizeof(double), S));
+  const float *SplitF = nullptr;
+  if (C.Tensor.size() > 1) {
+    cuda::doubleToFloat(&Norm->SplitF, &Norm->SplitD, S);
+    auto N = nccl(C.Tensor);
+    if (!N)
+      return N.takeError();
+    if (auto E = hopToNccl(S))
+      return E;
+    if (auto E = (*N)->allReduceSum(&Norm->SplitF, &Norm->SplitF, 1,
+                                    ncclStream()))
+      return E;
+    if (auto E = hopBack(S))
+      return E;
+    SplitF = &Norm->SplitF;
+  }
+  cuda::gradNormTotal(&Norm->Total, &Norm->SplitD, SplitF, &Norm->Whole, S);
+  const float *TotalF = nullptr;
+  if (attrInt(I.Op, I.Attrs, "pipeline") && C.Pipeline) {
+    cuda::doubleToFloat(&Norm->TotalF, &Norm->Total, S);
+    if (C.Pipeline->size() > 1) {
+      auto N = nccl(*C.Pipeline);
+      if (!N)
+        return N.takeError();
+      if (auto E = hopToNccl(S))
+        return E;
+      if (auto E = (*N)->allReduceSum(&Norm->TotalF, &Norm->TotalF, 1,
+                                      ncclStream()))
+        return E;
+      if (auto E = hopBack(S))
+        return E;
+    }
+    TotalF = &Norm->TotalF;
+  }
+  cuda::gradNormFinish(reinterpret_cast<float *>(C.buffer(I.Out[0])),
+                       &Norm->Total, TotalF, S);
+  return Error::success();
+}
+
+Error CudaBackend::vocabParallelLoss(const KernelCall &C, cudaStream_t S,
+                                     bool Grad, int64_t N, int64_t V,
+                                     int64_t Valid, int64_t Ignore) {
+  // As CpuBackend: the row maximum, the sum of exponentials and the target
+  // logit reduced over the tensor group, so no rank holds the full logits.
+  const Instruction &I = C.I;
+  int64_t Start = C.Tensor.rank() * V;
+  int64_t Mine = std::clamp<int64_t>(Valid - Start, 0, V);
+  int64_t CountAt = (3 * N + 1) / 2 * 2; // 8-byte aligned
+  auto Tmp = scratch(false, CountAt + 2);
+  if (!Tmp)
+    return Tmp.takeError();
+  float *Max = *Tmp, *Sum = Max + N, *Target = Sum + N;
+  double *Count = reinterpret_cast<double *>(*Tmp + CountAt);
+  const float *Logits = reinterpret_cast<const float *>(C.buffer(I.In[0]));
+  const int64_t *Targets = reinterpret_cast<const int64_t *>(C.buffer(I.In[1]));
+  float *Out = reinterpret_cast<float *>(C.buffer(I.Out[0]));
+  cuda::vocabParallelMax(Max, Logits, Targets, N, V, Mine, Valid, true, Ignore,
+                         Err, S);
+  cuda::NcclComm *G = nullptr;
+  if (C.Tensor.size() > 1) {
+    auto NC = nccl(C.Tensor);
+    if (!NC)
+      return NC.takeError();
+    G = *NC;
+    if (auto E = hopToNccl(S))
+      return E;
+    if (auto E = G->allReduceMax(Max, Max, N, ncclStream()))
+      return E;
+    if (auto E = hopBack(S))
+      return E;
+  }
+  cuda::vocabParallelSums(Sum, Target, Logits, Max, Targets, N, V, Mine, Start,
+                          true, Ignore, S);
+  if (G) {
+    if (auto E = hopToNccl(S))
+      return E;
+    if (auto E = G->allReduceSum(Sum, Sum, N, ncclStream()))
+      return E;
+    if (!Grad)
+      if (auto E = G->allReduceSum(Target, Target, N, ncclStream()))
+        return E;
+    if (auto E = hopBack(S))
+      return E;
+  }
+  if (Grad)
+    cuda::vocabParallelGrad(Out, Logits, Max, Sum, Targets,
+                            reinterpret_cast<const float *>(C.buffer(I.In[2])),
+                            N, V, Mine, Start, true, Ignore, Count, S);
+  else
+    cuda::vocabParallelLoss(Out, Sum, Max, Target, Targets, N, true, Ignore, S);
+  return Error::success();
+}
+
+Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  auto Key = attrInts(I.Op, I.Attrs, "key");
+  if (Key.size() != 2)
+    return planError("dropout has no Philox key; recompile the plan");
+  double Ratio =
+      C.Training ? C.Dropout.value_or(attrFloat(I.Op, I.Attrs, "ratio")) : 0.0;
+  if (!(Ratio >= 0.0 && Ratio <= 1.0))
+    return planError("dropout ratio outside [0, 1]");
+  if (Key[0] < 0 || Key[0] > 0xFFFF)
+    return planError("dropout key layer above 65535");
+  if (Key[1] < 0 || Key[1] > 0xFFFF)
+    return planError("dropout key site above 65535");
+  const TensorType &Local = Bufs[I.In[0]].Type;
+  if (Local.rank() > size_t(cuda::MaxRank))
+    return planError("global index: rank above MaxRank");
+  const Sharding &Sh = Bufs[I.In[0]].Shard;
+  int64_t Mb = attrInt(I.Op, I.Attrs, "microbatch"),
+          NumMb = attrInt(I.Op, I.Attrs, "microbatches");
+  // A data-parallel replica R of D holds the step's microbatches
+  // [R M, (R + 1) M) of D M (as CpuBackend).
+  if (C.Data) {
+    Mb += C.Data->rank() * NumMb;
+    NumMb *= C.Data->size();
+  }
+  // The element's index in the whole tensor (CpuBackend's GlobalIndex).
+  SmallVector<int64_t, 4> Full(Local.Shape.begin(), Local.Shape.end()),
+      Offset(Local.rank(), 0);
+  if (Sh.K == Sharding::Split) {
+    Full[Sh.Dim] *= Sh.Parts;
+    Offset[Sh.Dim] = C.Tensor.rank() * Local.Shape[Sh.Dim];
+  }
+  if (Local.rank() > 0) {
+    Full[0] *= NumMb;
+    Offset[0] += Mb * Local.Shape[0];
+  }
+  uint8_t *Mask = I.Out.size() > 1
+                      ? reinterpret_cast<uint8_t *>(C.buffer(I.Out[1]))
+                      : nullptr;
+  cuda::dropout(reinterpret_cast<float *>(C.buffer(I.Out[0])), Mask,
+                reinterpret_cast<const float *>(C.buffer(I.In[0])), Ratio,
+                C.Seed, uint32_t(Key[0]), uint32_t(Key[1]), uint32_t(C.Step),
+                devShape(Full), devShape(Local.Shape), devShape(Offset), S);
+  return Error::success();
+}
+
+Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  auto In = [&](unsigned K) {
+    return reinterpret_cast<float *>(C.buffer(I.In[K]));
+  };
+  auto Out = [&](unsigned K) {
+    return reinterpret_cast<float *>(C.buffer(I.Out[K]));
+  };
+  auto InT = [&](unsigned K) -> const TensorType & {
+    return Bufs[I.In[K]].Type;
+  };
+  auto OutT = [&](unsigned K) -> const TensorType & {
+    return Bufs[I.Out[K]].Type;
+  };
+  auto Ids = [&](unsigned K) {
+    return reinterpret_cast<const int64_t *>(C.buffer(I.In[K]));
+  };
+  auto Zero = [&](unsigned K) -> Error {
+    SP_CUDA_TRY(cudaMemsetAsync(Out(K), 0, OutT(K).numBytes(), S));
+    return Error::success();
+  };
+  auto AInt = [&](StringRef Name) { return attrInt(I.Op, I.Attrs, Name); };
+  auto AFloat = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
+  auto Tanh = [&] {
+    return attrString(I.Op, I.Attrs, "approximate") == "tanh";
+  };
+  int Rank = C.Tensor.rank();
+
+  switch (I.Op) {
+  case OpKind::Embedding: {
+    const TensorType &Table = InT(0);
+    int64_t N = InT(1).numElements(), V = Table.Shape[0], H = Table.Shape[1];
+    bool VP = AInt("vocab_parallel");
+    cuda::embedding(Out(0), In(0), Ids(1), N, V, H, VP ? Rank * V : 0, VP, Err,
+                    S);
+    return Error::success();
+  }
+  case OpKind::EmbeddingGrad: {
+    if (auto E = Zero(0))
+      return E;
+    const TensorType &Table = OutT(0);
+    int64_t N = InT(0).numElements(), V = Table.Shape[0], H = Table.Shape[1];
+    bool VP = AInt("vocab_parallel");
+    cuda::embeddingBackward(Out(0), In(1), Ids(0), N, V, H, VP ? Rank * V : 0,
+                            VP, Err, S);
+    return Error::success();
+  }
+  case OpKind::Send:
+  case OpKind::Recv:
+  case OpKind::PipeBroadcast:
+  case OpKind::PipeAllReduce:
+    return pipelineMessage(C, S);
+  case OpKind::AllReduce:
+  case OpKind::AllGather:
+  case OpKind::ReduceScatter:
+  case OpKind::SpSplit:
+    return collective(C, S);
+  case OpKind::Add:
+  case OpKind::Mul: {
+    bool Multiply = I.Op == OpKind::Mul;
+    if (InT(0).Shape == InT(1).Shape) {
+      (Multiply ? cuda::mul : cuda::add)(Out(0), In(0), In(1),
+                                         OutT(0).numElements(), S);
+      return Error::success();
+    }
+    cuda::DevShape SA, SB;
+    if (auto E = broadcastStrides(InT(0), OutT(0), SA))
+      return E;
+    if (auto E = broadcastStrides(InT(1), OutT(0), SB))
+      return E;
+    cuda::broadcastBinary(Out(0), devShape(OutT(0).Shape), In(0), SA, In(1),
+                          SB, Multiply, S);
+    return Error::success();
+  }
+  case OpKind::ReduceTo: {
+    const TensorType &X = OutT(0), &Y = InT(0);
+    cuda::DevShape SX;
+    if (auto E = broadcastStrides(X, Y, SX))
+      return E;
+    int R = int(Y.rank());
+    int64_t SY[cuda::MaxRank];
+    int64_t Acc = 1;
+    for (int D = R - 1; D >= 0; --D) {
+      SY[D] = Acc;
+      Acc *= Y.Shape[D];
+    }
+    cuda::DevShape Kept, KeptSX, KeptSY, Red, RedSY;
+    for (int D = 0; D < R; ++D) {
+      if (SX.Dim[D] == 0 && Y.Shape[D] != 1) {
+        Red.Dim[Red.Rank] = Y.Shape[D];
+        RedSY.Dim[Red.Rank++] = SY[D];
+        RedSY.Rank = Red.Rank;
+      } else {
+        Kept.Dim[Kept.Rank] = Y.Shape[D];
+        KeptSX.Dim[Kept.Rank] = SX.Dim[D];
+        KeptSY.Dim[Kept.Rank++] = SY[D];
+        KeptSX.Rank = KeptSY.Rank = Kept.Rank;
+      }
+    }
+    cuda::reduceTo(Out(0), In(0), Kept, KeptSX, KeptSY, Red, RedSY,
+                   X.numElements(), S);
+    return Error::success();
+  }
+  case OpKind::LayerNorm: {
+    int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
+    bool Stats = I.Out.size() == 3;
+    cuda::layerNorm(Out(0), Stats ? Out(1) : nullptr, Stats ? Out(2) : nullptr,
+                    In(0), In(1), In(2), Rows, H, AFloat("epsilon"), S);
+    return Error::success();
+  }
+  case OpKind::LayerNormGrad: {
+    int64_t H = InT(1).dim(-1), Rows = InT(1).numElements() / H;
+    if (auto E = Zero(1))
+      return E;
+    if (auto E = Zero(2))
+      return E;
+    cuda::layerNormBackward(Out(0), Out(1), Out(2), In(0), In(1), In(2), In(3),
+                            In(4), Rows, H, S);
+    return Error::success();
+  }
+  case OpKind::Linear: {
+    int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    bool TransW = AInt("trans_w"), Bias = I.In.size() > 2;
+    if (Bias)
+      cuda::broadcastRows(Out(0), In(2), Rows, OutF, S);
+    return gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
+                TransW ? InF : OutF, Bias ? 1.0f : 0.0f, Out(0), OutF);
+  }
+  case OpKind::LinearGradW: {
+    int64_t InF = InT(0).dim(-1), OutF = InT(1).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    if (auto E = Zero(0))
+      return E;
+    if (AInt("trans_w")) // DW[Out, In] += DY^T X
+      return gemm(S, true, false, OutF, InF, Rows, In(1), OutF, In(0), InF,
+                  1.0f, Out(0), InF);
+    return gemm(S, true, false, InF, OutF, Rows, In(0), InF, In(1), OutF, 1.0f,
+                Out(0), OutF);
+  }
+  case OpKind::BiasGrad: {
+    int64_t OutF = InT(0).dim(-1);
+    if (auto E = Zero(0))
+      return E;
+    cuda::biasBackward(Out(0), In(0), InT(0).numElements() / OutF, OutF, S);
+    return Error::success();
+  }
+  case OpKind::Gelu:
+    cuda::gelu(Out(0), In(0), InT(0).numElements(), Tanh(), S);
+    return Error::success();
+  case OpKind::GeluGrad:
+    cuda::geluBackward(Out(0), In(0), In(1), InT(0).numElements(), Tanh(), S);
+    return Error::success();
+  case OpKind::RmsNorm: {
+    int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
+    cuda::rmsNorm(Out(0), I.Out.size() > 1 ? Out(1) : nullptr, In(0), In(1),
+                  Rows, H, AFloat("epsilon"), S);
+    return Error::success();
+  }
+  case OpKind::RmsNormGrad: {
+    int64_t H = InT(1).dim(-1), Rows = InT(1).numElements() / H;
+    if (auto E = Zero(1))
+      return E;
+    cuda::rmsNormBackward(Out(0), Out(1), In(0), In(1), In(2), In(3), Rows, H,
+                          S);
+    return Error::success();
+  }
+  case OpKind::Silu:
+  case OpKind::Relu:
+    cuda::activation(I.Op == OpKind::Silu ? 0 : 1, Out(0), In(0),
+                     InT(0).numElements(), S);
+    return Error::success();
+  case OpKind::SiluGrad:
+  case OpKind::ReluGrad:
+    cuda::activationBackward(I.Op == OpKind::SiluGrad ? 0 : 1, Out(0), In(0),
+                             In(1), InT(0).numElements(), S);
+    return Error::success();
+  case OpKind::Rope:
+  case OpKind::RopeGrad: {
+    const TensorType &X = InT(0);
+    if (X.Shape[3] % 2)
+      return planError("rope needs an even head dimension");
+    int64_t CB = InT(1).Shape[0];
+    if (CB != 1 && CB != X.Shape[0])
+      return planError("rope tables must have batch dimension 1 or B");
+    cuda::rope(Out(0), In(0), In(1), In(2), X.Shape[0], X.Shape[1], X.Shape[2],
+               X.Shape[3], CB, AInt("interleaved"), I.Op == OpKind::RopeGrad,
+               S);
+    return Error::success();
+  }
+  case OpKind::RepeatHeads: {
+    const TensorType &X = InT(0);
+    cuda::repeatHeads(Out(0), In(0), X.Shape[0], X.Shape[1], AInt("repeats"),
+                      X.Shape[2], X.Shape[3], S);
+    return Error::success();
+  }
+  case OpKind::RepeatHeadsGrad: {
+    const TensorType &X = OutT(0);
+    cuda::repeatHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[1],
+                              AInt("repeats"), X.Shape[2], X.Shape[3], S);
+    return Error::success();
+  }
+  case OpKind::ToHeads:
+  case OpKind::MergeHeadsGrad: {
+    const TensorType &X = OutT(0);
+    cuda::mergeHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+                             X.Shape[3], S);
+    return Error::success();
+  }
+  case OpKind::SplitHeads: {
+    const TensorType &Q = OutT(0);
+    cuda::splitHeads(Out(0), Out(1), Out(2), In(0), Q.Shape[0], Q.Shape[2],
+                     Q.Shape[1], Q.Shape[3], S);
+    return Error::success();
+  }
+  case OpKind::SplitHeadsGrad: {
+    const TensorType &Q = InT(0);
+    cuda::splitHeadsBackward(Out(0), In(0), In(1), In(2), Q.Shape[0],
+                             Q.Shape[2], Q.Shape[1], Q.Shape[3], S);
+    return Error::success();
+  }
+  case OpKind::MergeHeads: {
+    const TensorType &X = InT(0);
+    cuda::mergeHeads(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+                     X.Shape[3], S);
+    return Error::success();
+  }
+  case OpKind::BatchMatMul: {
+    bool TA = AInt("trans_a"), TB = AInt("trans_b");
+    const TensorType &CT = OutT(0);
+    int64_t M = CT.dim(-2), N = CT.dim(-1);
+    int64_t K = TA ? InT(0).dim(-2) : InT(0).dim(-1);
+    int64_t Batch = CT.numElements() / (M * N);
+    if (InT(0).numElements() != Batch * M * K ||
+        InT(1).numElements() != Batch * K * N)
+      return planError("batch_matmul with broadcast batch dimensions is not "
+                       "supported by the CUDA backend");
+    return batchedGemm(S, TA, TB, M, N, K, In(0), In(1), Out(0), Batch);
+  }
+  case OpKind::Scale:
+    cuda::scale(Out(0), In(0), InT(0).numElements(), AFloat("alpha"), S);
+    return Error::success();
+  case OpKind::CausalMask: {
+    const TensorType &X = InT(0);
+    int64_t Sq = X.dim(-2), Sk = X.dim(-1);
+    cuda::causalMask(Out(0), In(0), X.numElements() / (Sq * Sk), Sq, Sk,
+                     AFloat("fill"), S);
+    return Error::success();
+  }
+  case OpKind::PaddingMask: {
+    const TensorType &X = InT(0), &M = InT(1);
+    int64_t B = X.Shape[0], K = X.dim(-1);
+    int KeepType;
+    switch (M.Dtype) {
+    case DType::I64:
+      KeepType = 0;
+      break;
+    case DType::I32:
+      KeepType = 1;
+      break;
+    case DType::Bool:
+      KeepType = 2;
+      break;
+    case DType::F32:
+      KeepType = 3;
+      break;
+    default:
+      return planError("padding_mask: unsupported mask type " + M.str());
+    }
+    cuda::paddingMask(Out(0), In(0), C.buffer(I.In[1]), KeepType, B,
+                      X.numElements() / (B * K), K, AFloat("fill"),
+                      AInt("where"), S);
+    return Error::success();
+  }
+  case OpKind::Softmax: {
+    int64_t N = InT(0).dim(-1);
+    cuda::softmax(Out(0), In(0), InT(0).numElements() / N, N, 1.0, false, 1,
+                  0.0, S);
+    return Error::success();
+  }
+  case OpKind::SoftmaxGrad: {
+    int64_t N = InT(0).dim(-1);
+    cuda::softmaxBackward(Out(0), In(0), In(1), InT(0).numElements() / N, N,
+                          S);
+    return Error::success();
+  }
+  case OpKind::Dropout:
+    return dropout(C, S);
+  case OpKind::DropoutGrad: {
+    double Ratio =
+        C.Training ? C.Dropout.value_or(AFloat("ratio")) : 0.0;
+    cuda::dropoutBackward(Out(0), In(0),
+                          reinterpret_cast<const uint8_t *>(In(1)),
+                          InT(0).numElements(), Ratio, S);
+    return Error::success();
+  }
+  case OpKind::CrossEntropy:
+  case OpKind::CrossEntropyGrad: {
+    int64_t V = InT(0).dim(-1), N = InT(1).numElements();
+    int64_t Valid = AInt("valid_vocab");
+    if (!Valid)
+      Valid = V;
+    int64_t Ignore = AInt("ignore_index");
+    bool Grad = I.Op == OpKind::CrossEntropyGrad;
+    if (AInt("vocab_parallel"))
+      return vocabParallelLoss(C, S, Grad, N, V, Valid, Ignore);
+    if (N <= 0)
+      return planError("cross entropy over no rows");
+    if (Valid < 1 || Valid > V)
+      return planError("cross entropy valid vocabulary not in [1, V]");
+    // Scratch: N row losses (doubles) or the count.
+    auto Tmp = scratch(false, 2 * N + 2);
+    if (!Tmp)
+      return Tmp.takeError();
+    double *D = reinterpret_cast<double *>(*Tmp);
+    if (Grad)
+      cuda::crossEntropyBackward(Out(0), In(0), Ids(1), In(2), N, V, Valid,
+                                 true, Ignore, D, Err, S);
+    else
+      cuda::crossEntropy(Out(0), In(0), Ids(1), N, V, Valid, true, Ignore, D,
+                         Err, S);
+    return Error::success();
+  }
+  case OpKind::GradNorm:
+    return gradNorm(C, S);
+  case OpKind::AdamW:
+    cuda::adamw(In(0), In(1), In(2), In(3), InT(0).numElements(), In(4), In(5),
+                In(6), AFloat("beta1"), AFloat("beta2"), AFloat("eps"),
+                AFloat("weight_decay"), AFloat("max_norm"), S);
+    return Error::success();
+  default:
+    return noKernel(I.Op);
+  }
+}
+
+} // namespace
+
+bool cudaBackendBuilt() { return true; }
+
+int cudaDeviceCount() {
+  int Count = 0;
+  if (cudaGetDeviceCount(&Count) != cudaSuccess) {
+    cudaGetLastError(); // clear the sticky status of the failed query
+    return 0;
+  }
+  return Count;
+}
+
+Error checkCudaDevice() {
+  int Count = 0;
+  cudaError_t E = cudaGetDeviceCount(&Count);
+  if (E != cudaSuccess) {
+    cudaGetLastError();
+    return createStringError(
+        inconvertibleErrorCode(), "%s",
+        cuda::noDeviceMessage(formatv("{0}: {1}", cudaGetErrorName(E),
+                                      cudaGetErrorString(E))
+                                  .str())
+            .c_str());
+  }
+  if (Count == 0)
+    return createStringError(inconvertibleErrorCode(), "%s",
+                             cuda::noDeviceMessage("0 devices").c_str());
+  return Error::success();
+}
+
+Expected<std::unique_ptr<Backend>>
+createCudaBackend(const CudaBackendOptions &Opts) {
+  auto B = CudaBackend::create(Opts);
+  if (!B)
+    return B.takeError();
+  return std::unique_ptr<Backend>(std::move(*B));
+}
+
+} // namespace sp

@@ -1,0 +1,76 @@
+//===- CudaBackend.h - The CUDA backend's entry points -----------*- C++ -*-===//
+//
+// What sp-run (--device cuda) and the tests call; plain C++, no CUDA headers,
+// and present in every build: without the CUDA toolkit (SP_ENABLE_CUDA off)
+// the functions below report that sp was built without CUDA.
+//
+// The backend (CudaBackend.cpp) runs a plan's instructions on one GPU per
+// rank: the arena is one cudaMalloc at the plan's offsets, host copies go
+// through pinned staging, kernels and cuBLAS GEMMs (fp32; TF32 only when
+// asked) run on a compute stream, NCCL collectives and pipeline messages on
+// a communication stream ordered against it by events (StreamPlan.h). Data
+// errors a kernel finds (an id or target out of range) are reported by the
+// next synchronize().
+//
+// Typical use (one process per GPU; each rank's MakeBackend):
+//
+//   if (auto E = sp::cuda::checkCudaDevice()) -> print, exit 1
+//   RunOptions R; ...
+//   R.MakeBackend = [&] {
+//     CudaBackendOptions O; O.World = World; O.Tensor = Tp; ...
+//     return cantFail-or-report(createCudaBackend(O));
+//   };
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_CUDA_CUDABACKEND_H
+#define SP_RUNTIME_CUDA_CUDABACKEND_H
+
+#include "runtime/Backend.h"
+#include "llvm/Support/Error.h"
+#include <memory>
+#include <optional>
+
+namespace sp {
+
+struct CudaBackendOptions {
+  /// The device to use (--device cuda:N); unset: the local rank's
+  /// (DeviceSelect.h: OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID,
+  /// MPI_LOCALRANKID, else host names gathered over World).
+  std::optional<int> Device;
+  /// The job's world communicator, for the local-rank fallback; null for a
+  /// single process.
+  Communicator *World = nullptr;
+  /// The rank's groups. Their NCCL communicators are created by
+  /// createCudaBackend (collective over each group of more than one rank:
+  /// every rank must create its backend); a group met later that is not
+  /// one of these gets its communicator at its first collective.
+  Communicator *Tensor = nullptr, *Pipeline = nullptr, *Data = nullptr;
+  /// GEMMs in TF32 (tensor cores, 10-bit mantissa inputs). Off: full fp32,
+  /// the mode the comparisons with the CPU backend use.
+  bool AllowTF32 = false;
+  /// Collectives on a communication stream beside the compute stream
+  /// (ordered by events); off: everything on the compute stream.
+  bool Overlap = true;
+};
+
+/// Whether this build has the CUDA backend.
+bool cudaBackendBuilt();
+
+/// Success if a CUDA device can be used; else a one-line error, e.g.
+/// "--device cuda: no CUDA device is visible (cudaGetDeviceCount:
+/// cudaErrorInsufficientDriver: ...); run on a machine with an NVIDIA GPU or
+/// use --device cpu". Safe without a driver (libcuda.so absent).
+llvm::Error checkCudaDevice();
+
+/// Number of visible CUDA devices, 0 when none can be used (no driver, no
+/// device, or a build without CUDA).
+int cudaDeviceCount();
+
+/// The backend of this rank: picks and sets its device, creates its streams,
+/// cuBLAS handle and NCCL communicators.
+llvm::Expected<std::unique_ptr<Backend>>
+createCudaBackend(const CudaBackendOptions &Opts);
+
+} // namespace sp
+
+#endif // SP_RUNTIME_CUDA_CUDABACKEND_H

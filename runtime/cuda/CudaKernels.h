@@ -1,0 +1,210 @@
+//===- CudaKernels.h - Launchers of the CUDA backend's kernels ---*- C++ -*-===//
+//
+// Host functions that enqueue one kernel of runtime/cuda/kernels/ on a
+// stream (float32 only). Each matches the CPU kernel of the same name in
+// runtime/cpu/Kernels.h: same arguments, same accumulation rule (parameter
+// gradients accumulate, everything else is overwritten), same arithmetic in
+// the same order where the CPU's order is fixed (see LaunchGeometry.h). The
+// plain reference of each is in its kernels/*.cuh file.
+//
+// Launchers do not check for launch errors; the caller checks
+// cudaGetLastError() after each (CudaBackend.cpp, SP_CUDA_TRY). Data errors
+// the CPU returns as a Status (an id or target out of range) are written to
+// a DeviceError in device memory, first one wins, and reported by the
+// backend at its next synchronize().
+//
+// This header is plain C++ (no CUDA syntax): CudaBackend.cpp is compiled by
+// the host compiler, the kernels by nvcc.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_CUDA_CUDAKERNELS_H
+#define SP_RUNTIME_CUDA_CUDAKERNELS_H
+
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace sp::cuda {
+
+/// A data error found by a kernel (Code 0: none).
+struct DeviceError {
+  int Code = 0;
+  int Pad = 0;
+  long long Index = 0, Value = 0;
+};
+enum DeviceErrorCode : int {
+  EmbeddingIdOutOfRange = 1,
+  CrossEntropyTargetOutOfRange = 2,
+};
+
+constexpr int MaxRank = 6;
+/// A shape of rank <= MaxRank passed by value to a kernel.
+struct DevShape {
+  int Rank = 0;
+  int64_t Dim[MaxRank] = {};
+};
+
+// Embedding (kernels/Embedding.cuh). Ids are global; Offset is subtracted
+// (the vocabulary-parallel shard's first row). OutsideIsZero: an id outside
+// [0, V) after the offset gives a zero row (vocabulary-parallel) instead of
+// an error.
+void embedding(float *Y, const float *Table, const int64_t *Ids, int64_t N,
+               int64_t V, int64_t H, int64_t Offset, bool OutsideIsZero,
+               DeviceError *Err, cudaStream_t S);
+/// DTable[id - Offset] += DY rows (DTable zeroed by the caller), rows in
+/// order per column; ids outside the shard are skipped when OutsideIsZero.
+void embeddingBackward(float *DTable, const float *DY, const int64_t *Ids,
+                       int64_t N, int64_t V, int64_t H, int64_t Offset,
+                       bool OutsideIsZero, DeviceError *Err, cudaStream_t S);
+
+// Elementwise (kernels/Elementwise.cuh).
+void add(float *Y, const float *A, const float *B, int64_t N, cudaStream_t S);
+void mul(float *Y, const float *A, const float *B, int64_t N, cudaStream_t S);
+void scale(float *Y, const float *X, int64_t N, double Alpha, cudaStream_t S);
+/// Y = A + B (or A * B when Multiply) under numpy broadcasting; the shapes
+/// are checked by the caller (broadcastStrides in CudaBackend.cpp).
+void broadcastBinary(float *Y, DevShape YShape, const float *A,
+                     DevShape AStrides, const float *B, DevShape BStrides,
+                     bool Multiply, cudaStream_t S);
+/// DX = DY summed over the broadcast axes (kept and reduced dimensions
+/// prepared by the caller, as reduceToShape splits them).
+void reduceTo(float *DX, const float *DY, DevShape KeptDims,
+              DevShape KeptSX, DevShape KeptSY, DevShape RedDims,
+              DevShape RedSY, int64_t NX, cudaStream_t S);
+/// Activation 0: SiLU, 1: ReLU (the Activation enum of Kernels.h).
+void activation(int Kind, float *Y, const float *X, int64_t N,
+                cudaStream_t S);
+void activationBackward(int Kind, float *DX, const float *X, const float *DY,
+                        int64_t N, cudaStream_t S);
+/// Strided chunk copy: Outer blocks of Chunk floats from Src + o * SrcPitch
+/// to Dst + o * DstPitch (the SP split and the gather reorders).
+void chunkCopy(float *Dst, int64_t DstPitch, const float *Src,
+               int64_t SrcPitch, int64_t Chunk, int64_t Outer,
+               cudaStream_t S);
+
+// GELU (kernels/Gelu.cuh): Tanh selects the tanh form.
+void gelu(float *Y, const float *X, int64_t N, bool Tanh, cudaStream_t S);
+void geluBackward(float *DX, const float *X, const float *DY, int64_t N,
+                  bool Tanh, cudaStream_t S);
+
+// Norms (kernels/LayerNorm.cuh, kernels/RmsNorm.cuh).
+void layerNorm(float *Y, float *Mean, float *Rstd, const float *X,
+               const float *Gamma, const float *Beta, int64_t Rows, int64_t H,
+               double Eps, cudaStream_t S);
+void layerNormBackward(float *DX, float *DGamma, float *DBeta, const float *DY,
+                       const float *X, const float *Gamma, const float *Mean,
+                       const float *Rstd, int64_t Rows, int64_t H,
+                       cudaStream_t S);
+void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
+             int64_t Rows, int64_t H, double Eps, cudaStream_t S);
+void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
+                     const float *Gamma, const float *Rstd, int64_t Rows,
+                     int64_t H, cudaStream_t S);
+/// DBias[j] += sum over rows of DY[r, j], rows in order in double.
+void biasBackward(float *DBias, const float *DY, int64_t Rows, int64_t Out,
+                  cudaStream_t S);
+/// Y[r, :] = Bias (the start of a linear with bias).
+void broadcastRows(float *Y, const float *Bias, int64_t Rows, int64_t Out,
+                   cudaStream_t S);
+
+// Head layouts (kernels/Heads.cuh).
+void splitHeads(float *Q, float *K, float *V, const float *QKV, int64_t B,
+                int64_t Sq, int64_t Heads, int64_t D, cudaStream_t S);
+void splitHeadsBackward(float *DQKV, const float *DQ, const float *DK,
+                        const float *DV, int64_t B, int64_t Sq, int64_t Heads,
+                        int64_t D, cudaStream_t S);
+void mergeHeads(float *Y, const float *X, int64_t B, int64_t Sq, int64_t Heads,
+                int64_t D, cudaStream_t S);
+void mergeHeadsBackward(float *DX, const float *DY, int64_t B, int64_t Sq,
+                        int64_t Heads, int64_t D, cudaStream_t S);
+void repeatHeads(float *Y, const float *X, int64_t B, int64_t G, int64_t R,
+                 int64_t Sq, int64_t D, cudaStream_t S);
+void repeatHeadsBackward(float *DX, const float *DY, int64_t B, int64_t G,
+                         int64_t R, int64_t Sq, int64_t D, cudaStream_t S);
+void rope(float *Y, const float *X, const float *Cos, const float *Sin,
+          int64_t B, int64_t A, int64_t Sq, int64_t D, int64_t CB,
+          bool Interleaved, bool Backward, cudaStream_t S);
+
+// The attention core (kernels/AttentionSoftmax.cuh).
+void causalMask(float *Y, const float *X, int64_t Batch, int64_t Sq,
+                int64_t Sk, double Fill, cudaStream_t S);
+/// Y = X + bias(keep) per (batch, key); KeepType: 0 i64, 1 i32, 2 bool,
+/// 3 f32.
+void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,
+                 int64_t B, int64_t Inner, int64_t K, double Fill, bool Where,
+                 cudaStream_t S);
+/// Y = softmax(causal(Alpha * X)) over rows of N: Alpha = 1 and Causal =
+/// false is the plain softmax op; the fused form is scale + causal_mask +
+/// softmax in one pass (each rounding as the three CPU kernels round).
+void softmax(float *Y, const float *X, int64_t Rows, int64_t N, double Alpha,
+             bool Causal, int64_t Sq, double Fill, cudaStream_t S);
+void softmaxBackward(float *DX, const float *Y, const float *DY, int64_t Rows,
+                     int64_t N, cudaStream_t S);
+
+// Dropout (kernels/Dropout.cuh): Philox-4x32-10 of runtime/cpu/Philox.h.
+/// The local tensor is the block [Offset, Offset + Local) of Global.
+void dropout(float *Y, uint8_t *Mask, const float *X, double Ratio,
+             uint64_t Seed, uint32_t Layer, uint32_t Site, uint32_t Stream,
+             DevShape Global, DevShape Local, DevShape Offset, cudaStream_t S);
+void dropoutBackward(float *DX, const float *DY, const uint8_t *Mask,
+                     int64_t N, double Ratio, cudaStream_t S);
+
+// Cross entropy (kernels/CrossEntropy.cuh). Scratch: N doubles.
+/// Ignore < 0 with HasIgnore false: every row counts.
+void crossEntropy(float *Loss, const float *Logits, const int64_t *Targets,
+                  int64_t N, int64_t V, int64_t ValidV, bool HasIgnore,
+                  int64_t Ignore, double *Scratch, DeviceError *Err,
+                  cudaStream_t S);
+/// DLoss is read from device memory (the dloss buffer). Scratch: 1 double.
+void crossEntropyBackward(float *DLogits, const float *Logits,
+                          const int64_t *Targets, const float *DLoss,
+                          int64_t N, int64_t V, int64_t ValidV, bool HasIgnore,
+                          int64_t Ignore, double *Scratch, DeviceError *Err,
+                          cudaStream_t S);
+
+// The vocabulary-parallel loss (kernels/CrossEntropy.cuh), in the CPU's
+// three phases around the group reductions CudaBackend.cpp makes: this
+// rank holds columns [Start, Start + V) of which the first Mine are real.
+/// Max[n] = max over this rank's real columns (float); checks the targets.
+void vocabParallelMax(float *Max, const float *Logits, const int64_t *Targets,
+                      int64_t N, int64_t V, int64_t Mine, int64_t Valid,
+                      bool HasIgnore, int64_t Ignore, DeviceError *Err,
+                      cudaStream_t S);
+/// Sum[n] = float(sum_j exp(l - Max[n])) over this rank's real columns;
+/// Target[n] = the target's logit if this rank holds it, else 0.
+void vocabParallelSums(float *Sum, float *Target, const float *Logits,
+                       const float *Max, const int64_t *Targets, int64_t N,
+                       int64_t V, int64_t Mine, int64_t Start, bool HasIgnore,
+                       int64_t Ignore, cudaStream_t S);
+void vocabParallelLoss(float *Loss, const float *Sum, const float *Max,
+                       const float *Target, const int64_t *Targets, int64_t N,
+                       bool HasIgnore, int64_t Ignore, cudaStream_t S);
+/// Scratch: 1 double.
+void vocabParallelGrad(float *DLogits, const float *Logits, const float *Max,
+                       const float *Sum, const int64_t *Targets,
+                       const float *DLoss, int64_t N, int64_t V, int64_t Mine,
+                       int64_t Start, bool HasIgnore, int64_t Ignore,
+                       double *Scratch, cudaStream_t S);
+
+// Optimizer (kernels/AdamW.cuh).
+/// Partials[0..SumBlocks) = block sums of G^2 in double (fixed grid), then
+/// *Sum (double) = their sum in block order, added to *Sum when Accumulate.
+void sumSquares(double *Sum, const float *G, int64_t N, double *Partials,
+                bool Accumulate, cudaStream_t S);
+/// *Out = float(Split) for the tensor-group all-reduce.
+void doubleToFloat(float *Out, const double *In, cudaStream_t S);
+/// *Norm = float(sqrt(Total)), Total = (SplitF ? *SplitF : *SplitD) + *Whole
+/// (as CpuBackend's GradNorm: the split part reduced in float).
+void gradNormTotal(double *Total, const double *SplitD, const float *SplitF,
+                   const double *Whole, cudaStream_t S);
+void gradNormFinish(float *Norm, const double *Total, const float *TotalF,
+                    cudaStream_t S);
+/// One AdamW step, reading the grad norm, lr and step from device memory
+/// (the plan's buffers) and computing torch's scalars on the device.
+void adamw(float *P, const float *G, float *M, float *V, int64_t N,
+           const float *GradNorm, const float *Lr, const float *Step,
+           double Beta1, double Beta2, double Eps, double WeightDecay,
+           double MaxNorm, cudaStream_t S);
+
+} // namespace sp::cuda
+
+#endif // SP_RUNTIME_CUDA_CUDAKERNELS_H

@@ -1,0 +1,95 @@
+//===- NcclComm.cpp - An NCCL communicator per process group --------------===//
+//
+// See NcclComm.h.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/NcclComm.h"
+#include "runtime/cuda/CudaCheck.h"
+#include <cstring>
+
+using namespace llvm;
+
+namespace sp::cuda {
+
+namespace {
+/// What rank 0 broadcasts: the id, or why there is none.
+struct Bootstrap {
+  int32_t Ok = 0;
+  char Why[124] = {};
+  ncclUniqueId Id;
+};
+} // namespace
+
+Expected<std::unique_ptr<NcclComm>> NcclComm::create(Communicator &Host) {
+  Bootstrap B;
+  std::memset(static_cast<void *>(&B), 0, sizeof B);
+  if (Host.rank() == 0) {
+    ncclResult_t R = ncclGetUniqueId(&B.Id);
+    B.Ok = R == ncclSuccess;
+    if (!B.Ok)
+      std::snprintf(B.Why, sizeof B.Why, "%s", ncclGetErrorString(R));
+  }
+  if (auto E = Host.broadcast(&B, sizeof B, 0))
+    return E;
+  if (!B.Ok)
+    return createStringError(inconvertibleErrorCode(),
+                             "ncclGetUniqueId failed on rank 0 of %s: %s",
+                             Host.name().c_str(), (const char *)B.Why);
+  std::unique_ptr<NcclComm> C(new NcclComm);
+  C->Rank = Host.rank();
+  C->Size = Host.size();
+  SP_NCCL_TRY(ncclCommInitRank(&C->Comm, C->Size, B.Id, C->Rank));
+  return C;
+}
+
+NcclComm::~NcclComm() {
+  if (Comm)
+    ncclCommDestroy(Comm);
+}
+
+Error NcclComm::allReduceSum(float *Out, const float *In, int64_t Count,
+                             cudaStream_t S) {
+  SP_NCCL_TRY(ncclAllReduce(In, Out, size_t(Count), ncclFloat32, ncclSum, Comm,
+                            S));
+  return Error::success();
+}
+
+Error NcclComm::allReduceMax(float *Out, const float *In, int64_t Count,
+                             cudaStream_t S) {
+  SP_NCCL_TRY(ncclAllReduce(In, Out, size_t(Count), ncclFloat32, ncclMax, Comm,
+                            S));
+  return Error::success();
+}
+
+Error NcclComm::allGather(float *Out, const float *In, int64_t Count,
+                          cudaStream_t S) {
+  SP_NCCL_TRY(ncclAllGather(In, Out, size_t(Count), ncclFloat32, Comm, S));
+  return Error::success();
+}
+
+Error NcclComm::reduceScatterSum(float *Out, const float *In, int64_t Count,
+                                 cudaStream_t S) {
+  SP_NCCL_TRY(ncclReduceScatter(In, Out, size_t(Count), ncclFloat32, ncclSum,
+                                Comm, S));
+  return Error::success();
+}
+
+Error NcclComm::broadcast(void *Data, int64_t Bytes, int Root,
+                          cudaStream_t S) {
+  SP_NCCL_TRY(
+      ncclBroadcast(Data, Data, size_t(Bytes), ncclUint8, Root, Comm, S));
+  return Error::success();
+}
+
+Error NcclComm::send(const void *Data, int64_t Bytes, int Peer,
+                     cudaStream_t S) {
+  SP_NCCL_TRY(ncclSend(Data, size_t(Bytes), ncclUint8, Peer, Comm, S));
+  return Error::success();
+}
+
+Error NcclComm::recv(void *Data, int64_t Bytes, int Peer, cudaStream_t S) {
+  SP_NCCL_TRY(ncclRecv(Data, size_t(Bytes), ncclUint8, Peer, Comm, S));
+  return Error::success();
+}
+
+} // namespace sp::cuda

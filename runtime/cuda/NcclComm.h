@@ -1,0 +1,58 @@
+//===- NcclComm.h - An NCCL communicator per process group -------*- C++ -*-===//
+//
+// One NCCL communicator for one of a rank's groups (tp, pp, dp), bootstrapped
+// over the group's host communicator (runtime/comm: MPI across processes, or
+// threads): rank 0 creates the ncclUniqueId and broadcasts it, with a flag
+// saying whether it could, so that a failure on rank 0 fails every rank
+// instead of leaving them waiting; then every rank calls ncclCommInitRank on
+// its current device. Creation is collective over the group.
+//
+// The calls enqueue on the stream given and return at once; buffers are
+// device memory. Sums are NCCL's (its ring order, not the CPU's rank order).
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_CUDA_NCCLCOMM_H
+#define SP_RUNTIME_CUDA_NCCLCOMM_H
+
+#include "runtime/comm/Communicator.h"
+#include "llvm/Support/Error.h"
+#include <cuda_runtime_api.h>
+#include <memory>
+#include <nccl.h>
+
+namespace sp::cuda {
+
+class NcclComm {
+public:
+  /// Collective over Host's ranks; the current CUDA device is this rank's.
+  static llvm::Expected<std::unique_ptr<NcclComm>> create(Communicator &Host);
+  ~NcclComm();
+  NcclComm(const NcclComm &) = delete;
+  NcclComm &operator=(const NcclComm &) = delete;
+
+  int rank() const { return Rank; }
+  int size() const { return Size; }
+
+  llvm::Error allReduceSum(float *Out, const float *In, int64_t Count,
+                           cudaStream_t S);
+  llvm::Error allReduceMax(float *Out, const float *In, int64_t Count,
+                           cudaStream_t S);
+  /// Out = the ranks' In, rank-major (Count floats each).
+  llvm::Error allGather(float *Out, const float *In, int64_t Count,
+                        cudaStream_t S);
+  /// Out (Count floats) = the sum over ranks of their chunk rank() of In.
+  llvm::Error reduceScatterSum(float *Out, const float *In, int64_t Count,
+                               cudaStream_t S);
+  llvm::Error broadcast(void *Data, int64_t Bytes, int Root, cudaStream_t S);
+  llvm::Error send(const void *Data, int64_t Bytes, int Peer, cudaStream_t S);
+  llvm::Error recv(void *Data, int64_t Bytes, int Peer, cudaStream_t S);
+
+private:
+  NcclComm() = default;
+  ncclComm_t Comm = nullptr;
+  int Rank = 0, Size = 1;
+};
+
+} // namespace sp::cuda
+
+#endif // SP_RUNTIME_CUDA_NCCLCOMM_H

@@ -1,0 +1,174 @@
+//===- AttentionSoftmax.cuh - Scale, masks and softmax of attention -*- CUDA -*-===//
+//
+// Reference (runtime/cpu/Kernels.cpp, sections 8-10, CpuBackend's
+// padding_mask), rows of N = Sk keys, query i = row mod Sq:
+//   causal_mask: Y[r, j] = j < i + 1 ? X[r, j] : float(fill)
+//   padding_mask: bias[b, k] = where ? ((1 - keep) != 0 ? fill : 0)
+//                                    : (1 - keep) * fill   (in float)
+//                 Y[b, ..., k] = X[b, ..., k] + bias[b, k]
+//   softmax: m = max_j x_j; if m == -inf the row is 0; else
+//            e_j = expD(x_j - m) (double), Y_j = float(e_j),
+//            Y_j = float(double(Y_j) * (1 / sum_j e_j))
+//   softmax_grad: DX = float(Y * (DY - sum_j DY_j Y_j))
+// The fused forward evaluates x_j = causal(float(alpha) * X[r, j]) on the
+// fly: the same roundings as scale, causal_mask and softmax run one after
+// the other, without the two intermediate tensors. Sums and maxima are the
+// CPU's lane order (Common.cuh), so the results are the CPU's bits.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/kernels/Common.cuh"
+
+namespace sp::cuda {
+namespace {
+
+__global__ void causalMaskKernel(float *Y, const float *X, int64_t Rows,
+                                 int64_t Sq, int64_t Sk, float Fill) {
+  SP_GRID_LOOP(E, Rows * Sk) {
+    int64_t R = E / Sk, J = E % Sk;
+    int64_t I = R % (Sq > 0 ? Sq : 1);
+    Y[E] = J < I + 1 ? X[E] : Fill;
+  }
+}
+
+__device__ inline float keepValue(const void *Keep, int Type, int64_t E) {
+  switch (Type) {
+  case 0:
+    return float(static_cast<const int64_t *>(Keep)[E]);
+  case 1:
+    return float(static_cast<const int32_t *>(Keep)[E]);
+  case 2:
+    return static_cast<const char *>(Keep)[E] ? 1.0f : 0.0f;
+  default:
+    return static_cast<const float *>(Keep)[E];
+  }
+}
+
+__global__ void paddingMaskKernel(float *Y, const float *X, const void *Keep,
+                                  int KeepType, int64_t Inner, int64_t K,
+                                  int64_t N, float Fill, bool Where) {
+  SP_GRID_LOOP(E, N) {
+    int64_t J = E % K, Bi = E / (Inner * K);
+    float Inv = 1.0f - keepValue(Keep, KeepType, Bi * K + J);
+    float Bias = Where ? (Inv != 0.0f ? Fill : 0.0f) : Inv * Fill;
+    Y[E] = X[E] + Bias;
+  }
+}
+
+/// One row's input element j: float(alpha) * X, then the causal fill.
+struct SoftmaxInput {
+  const float *XR;
+  float Alpha;
+  bool Scaled, Causal;
+  int64_t Keep;
+  float Fill;
+  __device__ float operator()(int64_t J) const {
+    if (Causal && J >= Keep)
+      return Fill;
+    return Scaled ? Alpha * XR[J] : XR[J];
+  }
+};
+
+__global__ void softmaxKernel(float *Y, const float *X, int64_t Rows,
+                              int64_t N, float Alpha, bool Scaled,
+                              bool Causal, int64_t Sq, float Fill) {
+  int64_t Stride = laneRowStride();
+  int64_t Iters = (Rows + Stride - 1) / Stride;
+  const float NegInf = -__int_as_float(0x7f800000);
+  for (int64_t It = 0; It < Iters; ++It) {
+    int64_t R = laneRow() + It * Stride;
+    bool Active = R < Rows;
+    int64_t RR = Active ? R : 0;
+    int64_t I = RR % (Sq > 0 ? Sq : 1);
+    SoftmaxInput In{X + RR * N, Alpha, Scaled, Causal,
+                    I + 1 < N ? I + 1 : N, Fill};
+    // Lane maxima as the CPU's rowMax.
+    float M = NegInf;
+    if (Active)
+      for (int64_t J = laneOf(); J < N; J += RowLanes) {
+        float V = In(J);
+        M = M < V ? V : M;
+      }
+    float Max = __shfl_sync(0xffffffffu, M, 0, RowLanes);
+#pragma unroll
+    for (int K = 1; K < RowLanes; ++K) {
+      float P = __shfl_sync(0xffffffffu, M, K, RowLanes);
+      Max = Max < P ? P : Max;
+    }
+    float *YR = Y + RR * N;
+    bool Masked = Max == NegInf;
+    double Sum = laneSum(N, Active && !Masked, [&](int64_t J) {
+      double E = expD(double(In(J)) - double(Max));
+      YR[J] = float(E);
+      return E;
+    });
+    if (!Active)
+      continue;
+    // Each lane rescales the elements it wrote itself: no other thread
+    // touched them, so no barrier is needed (and Y may alias X).
+    if (Masked) {
+      for (int64_t J = laneOf(); J < N; J += RowLanes)
+        YR[J] = 0.0f;
+      continue;
+    }
+    double Inv = 1.0 / Sum;
+    for (int64_t J = laneOf(); J < N; J += RowLanes)
+      YR[J] = float(double(YR[J]) * Inv);
+  }
+}
+
+__global__ void softmaxBackwardKernel(float *DX, const float *Y,
+                                      const float *DY, int64_t Rows,
+                                      int64_t N) {
+  int64_t Stride = laneRowStride();
+  int64_t Iters = (Rows + Stride - 1) / Stride;
+  for (int64_t It = 0; It < Iters; ++It) {
+    int64_t R = laneRow() + It * Stride;
+    bool Active = R < Rows;
+    int64_t RR = Active ? R : 0;
+    const float *YR = Y + RR * N, *DYR = DY + RR * N;
+    double Dot = laneSum(N, Active, [&](int64_t J) {
+      return double(DYR[J]) * YR[J];
+    });
+    if (!Active)
+      continue;
+    // Each lane reads only the DY elements it overwrites (DX may alias DY),
+    // and all lanes finished reading for Dot before the shuffles returned.
+    float *DXR = DX + R * N;
+    for (int64_t J = laneOf(); J < N; J += RowLanes)
+      DXR[J] = float(YR[J] * (DYR[J] - Dot));
+  }
+}
+
+} // namespace
+
+void causalMask(float *Y, const float *X, int64_t Batch, int64_t Sq,
+                int64_t Sk, double Fill, cudaStream_t S) {
+  if (Launch L = elementwiseLaunch(Batch * Sq * Sk); L.Blocks)
+    causalMaskKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, Batch * Sq, Sq, Sk,
+                                                    float(Fill));
+}
+
+void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,
+                 int64_t B, int64_t Inner, int64_t K, double Fill, bool Where,
+                 cudaStream_t S) {
+  int64_t N = B * Inner * K;
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    paddingMaskKernel<<<L.Blocks, L.Threads, 0, S>>>(
+        Y, X, Keep, KeepType, Inner, K, N, float(Fill), Where);
+}
+
+void softmax(float *Y, const float *X, int64_t Rows, int64_t N, double Alpha,
+             bool Causal, int64_t Sq, double Fill, cudaStream_t S) {
+  if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
+    softmaxKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, Rows, N, float(Alpha),
+                                                 Alpha != 1.0, Causal, Sq,
+                                                 float(Fill));
+}
+
+void softmaxBackward(float *DX, const float *Y, const float *DY, int64_t Rows,
+                     int64_t N, cudaStream_t S) {
+  if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
+    softmaxBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(DX, Y, DY, Rows, N);
+}
+
+} // namespace sp::cuda

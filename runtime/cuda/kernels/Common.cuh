@@ -1,0 +1,150 @@
+//===- Common.cuh - Shared device helpers of the CUDA kernels ---*- CUDA -*-===//
+//
+// Grid-stride loops, the 8-lane row reduction that reproduces the CPU's
+// laneSum bit for bit (LaunchGeometry.h), and the double-precision exp,
+// normal CDF and 1 + tanh of runtime/cpu/Kernels.cpp ("Vectorisable
+// building blocks"), restated here operation for operation because they
+// live in an anonymous namespace of the CPU library (which this backend does
+// not own). With nvcc's -fmad=false (runtime/cuda/CMakeLists.txt) every
+// a * b + c rounds twice, as the CPU library's -ffp-contract=off, so these
+// give the CPU's bits; tests/gpu checks the kernels built on them against
+// the CPU kernels.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_CUDA_KERNELS_COMMON_CUH
+#define SP_RUNTIME_CUDA_KERNELS_COMMON_CUH
+
+#include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/LaunchGeometry.h"
+#include <cstdint>
+
+namespace sp::cuda {
+namespace {
+
+__device__ inline int64_t globalThread() {
+  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline int64_t gridThreads() {
+  return int64_t(gridDim.x) * blockDim.x;
+}
+
+#define SP_GRID_LOOP(I, N)                                                     \
+  for (int64_t I = globalThread(); I < (N); I += gridThreads())
+
+/// Rows handled by groups of RowLanes threads: Row is this group's first
+/// row, Lane its thread's lane; rows advance by the grid's row count.
+__device__ inline int64_t laneRow() { return globalThread() / RowLanes; }
+__device__ inline int laneOf() { return int(threadIdx.x % RowLanes); }
+__device__ inline int64_t laneRowStride() { return gridThreads() / RowLanes; }
+
+/// The CPU's laneSum: lane k holds the sum of Fn(j), j = k (mod 8), in
+/// order; the eight are combined ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)). Every
+/// thread of the warp must call it (shuffles), Active false for lanes whose
+/// row is past the end (they contribute nothing and get garbage).
+template <typename F>
+__device__ inline double laneSum(int64_t N, bool Active, F &&Fn) {
+  int Lane = laneOf();
+  double S = 0;
+  if (Active)
+    for (int64_t J = Lane; J < N; J += RowLanes)
+      S += Fn(J);
+  double P[RowLanes];
+#pragma unroll
+  for (int K = 0; K < RowLanes; ++K)
+    P[K] = __shfl_sync(0xffffffffu, S, K, RowLanes);
+  return ((P[0] + P[1]) + (P[2] + P[3])) + ((P[4] + P[5]) + (P[6] + P[7]));
+}
+
+/// The CPU's rowMax: lane partial maxima with `m < x ? x : m`, combined in
+/// lane order (the same NaN behaviour).
+__device__ inline float laneMax(const float *Row, int64_t N, bool Active) {
+  int Lane = laneOf();
+  float M = -__int_as_float(0x7f800000);
+  if (Active)
+    for (int64_t J = Lane; J < N; J += RowLanes)
+      M = M < Row[J] ? Row[J] : M;
+  float P[RowLanes];
+#pragma unroll
+  for (int K = 0; K < RowLanes; ++K)
+    P[K] = __shfl_sync(0xffffffffu, M, K, RowLanes);
+  float Max = P[0];
+#pragma unroll
+  for (int K = 1; K < RowLanes; ++K)
+    Max = Max < P[K] ? P[K] : Max;
+  return Max;
+}
+
+/// Kernels.cpp's expD<13>: Cody-Waite reduction and a degree-13 Taylor
+/// polynomial, 0 below -708, clamped at 709.
+__device__ inline double expD(double X) {
+  constexpr double Log2e = 1.4426950408889634074;
+  constexpr double Ln2Hi = 6.93147180369123816490e-01;
+  constexpr double Ln2Lo = 1.90821492927058770002e-10;
+  constexpr double Shifter = 6755399441055744.0;
+  double C = X > 709.0 ? 709.0 : X;
+  C = C < -708.0 ? -708.0 : C;
+  double Kd = C * Log2e + Shifter;
+  uint64_t Ki = uint64_t(__double_as_longlong(Kd));
+  Kd -= Shifter;
+  double R = (C - Kd * Ln2Hi) - Kd * Ln2Lo;
+  constexpr int Degree = 13;
+  double InvFact[Degree + 1];
+  InvFact[0] = 1.0;
+#pragma unroll
+  for (int K = 1; K <= Degree; ++K)
+    InvFact[K] = InvFact[K - 1] / K;
+  double P = InvFact[Degree];
+#pragma unroll
+  for (int K = Degree - 1; K >= 0; --K)
+    P = P * R + InvFact[K];
+  double Scale = __longlong_as_double((long long)((Ki + 1023) << 52));
+  double E = P * Scale;
+  return X < -708.0 ? 0.0 : E;
+}
+
+/// Kernels.cpp's normalCdf (Phi(x) and Gauss = exp(-x^2 / 2)).
+__device__ inline double normalCdf(double X, double &Gauss) {
+  constexpr double InvSqrt2D = 0.70710678118654752440;
+  double Z = X * InvSqrt2D;
+  double A = Z < 0.0 ? -Z : Z;
+  A = A > 10.0 ? 10.0 : A;
+  double T = 1.0 / (1.0 + 0.3 * A);
+  double Q = -0.024791171375631214;
+  Q = Q * T + 0.18965657743677838;
+  Q = Q * T - 0.5979185471623412;
+  Q = Q * T + 1.0080039024326917;
+  Q = Q * T - 1.077466910704484;
+  Q = Q * T + 0.8853258797015948;
+  Q = Q * T - 0.39418524669208055;
+  Q = Q * T + 0.2845972437538755;
+  Q = Q * T + 0.07058738544308457;
+  Q = Q * T + 0.15741777629678796;
+  Q = Q * T + 0.16014172331997442;
+  Q = Q * T + 0.16937901772487515;
+  Q = Q * T + 0.16925236982847486;
+  Gauss = expD(-(Z * Z));
+  double HalfErfc = 0.5 * (T * Q * Gauss);
+  return Z < 0.0 ? HalfErfc : 1.0 - HalfErfc;
+}
+
+/// Kernels.cpp's onePlusTanh.
+__device__ inline double onePlusTanh(double U) {
+  double A = U < 0.0 ? -U : U;
+  double E = expD(-2.0 * A);
+  double Inv = 2.0 / (1.0 + E);
+  return U < 0.0 ? E * Inv : Inv;
+}
+
+/// Records the first data error (later ones are dropped).
+__device__ inline void reportError(DeviceError *Err, int Code, int64_t Index,
+                                   int64_t Value) {
+  if (atomicCAS(&Err->Code, 0, Code) == 0) {
+    Err->Index = Index;
+    Err->Value = Value;
+  }
+}
+
+} // namespace
+} // namespace sp::cuda
+
+#endif // SP_RUNTIME_CUDA_KERNELS_COMMON_CUH

@@ -1,0 +1,201 @@
+//===- Elementwise.cuh - Add, mul, scale, broadcasts, activations -*- CUDA -*-===//
+//
+// Reference (runtime/cpu/Kernels.cpp, sections 2, 8, 15, 16):
+//
+//   add:    Y[i] = A[i] + B[i]          mul: Y[i] = A[i] * B[i]
+//   scale:  Y[i] = float(Alpha) * X[i]
+//   broadcast: Y[idx] = A[idx . SA] (+ or *) B[idx . SB], strides 0 along
+//           the broadcast axes (the caller computes the strides)
+//   reduce_to: DX[kept] = float(sum over the reduced multi-indices, in
+//           row-major order, of DY) in double, one thread per DX element
+//   silu:   x * sigmoid(x) in double from exp(-|x|), rounded once;
+//           grad s (1 + x (1 - s))
+//   relu:   max(x, 0); grad 1 for x > 0 else 0
+//   chunk copy: Dst[o * DstPitch + c] = Src[o * SrcPitch + c], c < Chunk
+//
+// Every element is computed by the same operations as on the CPU, so the
+// results are bitwise equal.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/kernels/Common.cuh"
+
+namespace sp::cuda {
+namespace {
+
+__global__ void addKernel(float *Y, const float *A, const float *B,
+                          int64_t N) {
+  SP_GRID_LOOP(I, N) Y[I] = A[I] + B[I];
+}
+__global__ void mulKernel(float *Y, const float *A, const float *B,
+                          int64_t N) {
+  SP_GRID_LOOP(I, N) Y[I] = A[I] * B[I];
+}
+__global__ void scaleKernel(float *Y, const float *X, int64_t N, float A) {
+  SP_GRID_LOOP(I, N) Y[I] = A * X[I];
+}
+
+__device__ inline void unravel(int64_t E, const DevShape &Shape,
+                               int64_t *Idx) {
+  for (int D = Shape.Rank - 1; D >= 0; --D) {
+    Idx[D] = E % Shape.Dim[D];
+    E /= Shape.Dim[D];
+  }
+}
+
+__global__ void broadcastKernel(float *Y, DevShape YShape, const float *A,
+                                DevShape SA, const float *B, DevShape SB,
+                                bool Multiply, int64_t N) {
+  SP_GRID_LOOP(E, N) {
+    int64_t Idx[MaxRank];
+    unravel(E, YShape, Idx);
+    int64_t OA = 0, OB = 0;
+    for (int D = 0; D < YShape.Rank; ++D) {
+      OA += Idx[D] * SA.Dim[D];
+      OB += Idx[D] * SB.Dim[D];
+    }
+    Y[E] = Multiply ? A[OA] * B[OB] : A[OA] + B[OB];
+  }
+}
+
+__global__ void reduceToKernel(float *DX, const float *DY, DevShape Kept,
+                               DevShape KeptSX, DevShape KeptSY,
+                               DevShape Red, DevShape RedSY, int64_t NKept,
+                               int64_t NRed) {
+  SP_GRID_LOOP(E, NKept) {
+    int64_t Idx[MaxRank];
+    unravel(E, Kept, Idx);
+    int64_t Base = 0, Out = 0;
+    for (int D = 0; D < Kept.Rank; ++D) {
+      Base += Idx[D] * KeptSY.Dim[D];
+      Out += Idx[D] * KeptSX.Dim[D];
+    }
+    double Sum = 0;
+    for (int64_t R = 0; R < NRed; ++R) {
+      int64_t RIdx[MaxRank];
+      unravel(R, Red, RIdx);
+      int64_t Off = 0;
+      for (int D = 0; D < Red.Rank; ++D)
+        Off += RIdx[D] * RedSY.Dim[D];
+      Sum += DY[Base + Off];
+    }
+    DX[Out] = float(Sum);
+  }
+}
+
+/// Kernels.cpp's sigmoidPair.
+__device__ inline void sigmoidPair(double X, double &Sig, double &OneMinus) {
+  double E = expD(X < 0.0 ? X : -X);
+  double Inv = 1.0 / (1.0 + E);
+  double Big = Inv, Small = E * Inv;
+  Sig = X < 0.0 ? Small : Big;
+  OneMinus = X < 0.0 ? Big : Small;
+}
+
+__global__ void activationKernel(int Kind, float *Y, const float *X,
+                                 int64_t N) {
+  SP_GRID_LOOP(I, N) {
+    double V = X[I];
+    if (Kind == 0) {
+      double Sig, OneMinus;
+      sigmoidPair(V, Sig, OneMinus);
+      Y[I] = float(V * Sig);
+    } else {
+      Y[I] = float(V > 0.0 ? V : 0.0);
+    }
+  }
+}
+
+__global__ void activationBackwardKernel(int Kind, float *DX, const float *X,
+                                         const float *DY, int64_t N) {
+  SP_GRID_LOOP(I, N) {
+    double V = X[I], G;
+    if (Kind == 0) {
+      double Sig, OneMinus;
+      sigmoidPair(V, Sig, OneMinus);
+      G = Sig * (1.0 + V * OneMinus);
+    } else {
+      G = V > 0.0 ? 1.0 : 0.0;
+    }
+    DX[I] = float(double(DY[I]) * G);
+  }
+}
+
+__global__ void chunkCopyKernel(float *Dst, int64_t DstPitch,
+                                const float *Src, int64_t SrcPitch,
+                                int64_t Chunk, int64_t Outer) {
+  SP_GRID_LOOP(E, Chunk * Outer) {
+    int64_t O = E / Chunk, C = E % Chunk;
+    Dst[O * DstPitch + C] = Src[O * SrcPitch + C];
+  }
+}
+
+__global__ void broadcastRowsKernel(float *Y, const float *Bias, int64_t Rows,
+                                    int64_t Out) {
+  SP_GRID_LOOP(E, Rows * Out) Y[E] = Bias[E % Out];
+}
+
+} // namespace
+
+void add(float *Y, const float *A, const float *B, int64_t N, cudaStream_t S) {
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    addKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, A, B, N);
+}
+void mul(float *Y, const float *A, const float *B, int64_t N, cudaStream_t S) {
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    mulKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, A, B, N);
+}
+void scale(float *Y, const float *X, int64_t N, double Alpha, cudaStream_t S) {
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    scaleKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, N, float(Alpha));
+}
+void broadcastBinary(float *Y, DevShape YShape, const float *A, DevShape SA,
+                     const float *B, DevShape SB, bool Multiply,
+                     cudaStream_t S) {
+  int64_t N = 1;
+  for (int D = 0; D < YShape.Rank; ++D)
+    N *= YShape.Dim[D];
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    broadcastKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, YShape, A, SA, B, SB,
+                                                   Multiply, N);
+}
+void reduceTo(float *DX, const float *DY, DevShape Kept, DevShape KeptSX,
+              DevShape KeptSY, DevShape Red, DevShape RedSY, int64_t NX,
+              cudaStream_t S) {
+  int64_t NKept = 1, NRed = 1;
+  for (int D = 0; D < Kept.Rank; ++D)
+    NKept *= Kept.Dim[D];
+  for (int D = 0; D < Red.Rank; ++D)
+    NRed *= Red.Dim[D];
+  // A reduction over an empty dimension (or an empty DX) leaves zeros.
+  cudaMemsetAsync(DX, 0, size_t(NX) * sizeof(float), S);
+  if (NRed == 0)
+    return;
+  if (Launch L = elementwiseLaunch(NKept); L.Blocks)
+    reduceToKernel<<<L.Blocks, L.Threads, 0, S>>>(DX, DY, Kept, KeptSX, KeptSY,
+                                                  Red, RedSY, NKept, NRed);
+}
+void activation(int Kind, float *Y, const float *X, int64_t N,
+                cudaStream_t S) {
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    activationKernel<<<L.Blocks, L.Threads, 0, S>>>(Kind, Y, X, N);
+}
+void activationBackward(int Kind, float *DX, const float *X, const float *DY,
+                        int64_t N, cudaStream_t S) {
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    activationBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(Kind, DX, X, DY,
+                                                            N);
+}
+void chunkCopy(float *Dst, int64_t DstPitch, const float *Src,
+               int64_t SrcPitch, int64_t Chunk, int64_t Outer,
+               cudaStream_t S) {
+  if (Launch L = elementwiseLaunch(Chunk * Outer); L.Blocks)
+    chunkCopyKernel<<<L.Blocks, L.Threads, 0, S>>>(Dst, DstPitch, Src,
+                                                   SrcPitch, Chunk, Outer);
+}
+void broadcastRows(float *Y, const float *Bias, int64_t Rows, int64_t Out,
+                   cudaStream_t S) {
+  if (Launch L = elementwiseLaunch(Rows * Out); L.Blocks)
+    broadcastRowsKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, Bias, Rows, Out);
+}
+
+} // namespace sp::cuda

@@ -1,0 +1,174 @@
+//===- Heads.cuh - Head layouts, GQA repeat and RoPE ------------*- CUDA -*-===//
+//
+// Reference (runtime/cpu/Kernels.cpp, sections 6, 17, 18), H = Heads * D:
+//   split_heads: Q[b,a,s,t] = QKV[b,s,0H + aD + t], K: 1H, V: 2H
+//   merge_heads: Y[b,s,aD + t] = X[b,a,s,t]; its backward (and to_heads) the
+//                inverse permutation
+//   repeat_heads: Y[b, gR + r, s, :] = X[b, g, s, :]; backward DX[b,g,s,:] =
+//                float(sum_{r<R} DY[b, gR + r, s, :]) in double, r in order
+//   rope (half form, h = D/2; c, n the cos and sin rows of (cb, s)):
+//     Y[i] = x[i] c[i] - x[i+h] n[i]     (i < h)
+//     Y[i] = x[i] c[i] + x[i-h] n[i]     (i >= h)
+//   interleaved: Y[2j] = x[2j] c[2j] - x[2j+1] n[2j],
+//                Y[2j+1] = x[2j+1] c[2j+1] + x[2j] n[2j+1]
+//   backward: DX[i] = dy[i] c[i] + dy[i+h] n[i+h] (i < h),
+//             DX[i] = dy[i] c[i] - dy[i-h] n[i-h] (i >= h); interleaved
+//             DX[2j] = dy[2j] c[2j] + dy[2j+1] n[2j+1],
+//             DX[2j+1] = dy[2j+1] c[2j+1] - dy[2j] n[2j]
+// All in float, one thread per output element: the CPU's bits.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/kernels/Common.cuh"
+
+namespace sp::cuda {
+namespace {
+
+/// Element e of Q/K/V [B, Heads, S, D] <-> its QKV [B, S, 3H] offset for
+/// part P.
+__device__ inline int64_t qkvOffset(int64_t E, int P, int64_t S,
+                                    int64_t Heads, int64_t D) {
+  int64_t T = E % D, Si = (E / D) % S, A = (E / (D * S)) % Heads,
+          Bi = E / (D * S * Heads);
+  int64_t H = Heads * D;
+  return (Bi * S + Si) * 3 * H + P * H + A * D + T;
+}
+
+__global__ void splitHeadsKernel(float *Q, float *K, float *V,
+                                 const float *QKV, int64_t N, int64_t S,
+                                 int64_t Heads, int64_t D, bool Backward) {
+  SP_GRID_LOOP(E, 3 * N) {
+    int P = int(E / N);
+    int64_t Local = E % N;
+    float *Part = P == 0 ? Q : P == 1 ? K : V;
+    int64_t Off = qkvOffset(Local, P, S, Heads, D);
+    if (Backward)
+      const_cast<float *>(QKV)[Off] = Part[Local];
+    else
+      Part[Local] = QKV[Off];
+  }
+}
+
+/// X[B, Heads, S, D] <-> Y[B, S, Heads * D].
+__global__ void mergeHeadsKernel(float *Y, const float *X, int64_t N,
+                                 int64_t S, int64_t Heads, int64_t D,
+                                 bool Backward) {
+  SP_GRID_LOOP(E, N) { // E indexes X's layout [B, Heads, S, D]
+    int64_t T = E % D, Si = (E / D) % S, A = (E / (D * S)) % Heads,
+            Bi = E / (D * S * Heads);
+    int64_t YOff = ((Bi * S + Si) * Heads + A) * D + T;
+    if (Backward) // Y is DX [B, Heads, S, D], X is DY [B, S, H]
+      Y[E] = X[YOff];
+    else
+      Y[YOff] = X[E];
+  }
+}
+
+__global__ void repeatHeadsKernel(float *Y, const float *X, int64_t NY,
+                                  int64_t R, int64_t Block) {
+  SP_GRID_LOOP(E, NY) {
+    int64_t P = E / (R * Block), In = E % Block;
+    Y[E] = X[P * Block + In];
+  }
+}
+
+__global__ void repeatHeadsBackwardKernel(float *DX, const float *DY,
+                                          int64_t NX, int64_t R,
+                                          int64_t Block) {
+  SP_GRID_LOOP(E, NX) {
+    int64_t P = E / Block, In = E % Block;
+    const float *Src = DY + P * R * Block;
+    double Sum = 0;
+    for (int64_t Ri = 0; Ri < R; ++Ri)
+      Sum += Src[Ri * Block + In];
+    DX[E] = float(Sum);
+  }
+}
+
+__global__ void ropeKernel(float *Y, const float *X, const float *Cos,
+                           const float *Sin, int64_t Rows, int64_t A,
+                           int64_t S, int64_t D, int64_t CB, bool Interleaved,
+                           bool Backward) {
+  int64_t Half = D / 2;
+  SP_GRID_LOOP(E, Rows * D) {
+    int64_t Row = E / D, I = E % D;
+    int64_t Si = Row % S, Bi = Row / (A * S);
+    const float *C = Cos + ((CB == 1 ? 0 : Bi) * S + Si) * D;
+    const float *Nn = Sin + ((CB == 1 ? 0 : Bi) * S + Si) * D;
+    const float *XR = X + Row * D;
+    float V;
+    if (Interleaved) {
+      bool Even = (I & 1) == 0;
+      if (!Backward)
+        V = Even ? XR[I] * C[I] - XR[I + 1] * Nn[I]
+                 : XR[I] * C[I] + XR[I - 1] * Nn[I];
+      else
+        V = Even ? XR[I] * C[I] + XR[I + 1] * Nn[I + 1]
+                 : XR[I] * C[I] - XR[I - 1] * Nn[I - 1];
+    } else {
+      bool Low = I < Half;
+      if (!Backward)
+        V = Low ? XR[I] * C[I] - XR[I + Half] * Nn[I]
+                : XR[I] * C[I] + XR[I - Half] * Nn[I];
+      else
+        V = Low ? XR[I] * C[I] + XR[I + Half] * Nn[I + Half]
+                : XR[I] * C[I] - XR[I - Half] * Nn[I - Half];
+    }
+    Y[E] = V;
+  }
+}
+
+} // namespace
+
+void splitHeads(float *Q, float *K, float *V, const float *QKV, int64_t B,
+                int64_t S, int64_t Heads, int64_t D, cudaStream_t St) {
+  int64_t N = B * Heads * S * D;
+  if (Launch L = elementwiseLaunch(3 * N); L.Blocks)
+    splitHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(Q, K, V, QKV, N, S, Heads,
+                                                     D, false);
+}
+void splitHeadsBackward(float *DQKV, const float *DQ, const float *DK,
+                        const float *DV, int64_t B, int64_t S, int64_t Heads,
+                        int64_t D, cudaStream_t St) {
+  int64_t N = B * Heads * S * D;
+  if (Launch L = elementwiseLaunch(3 * N); L.Blocks)
+    splitHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(
+        const_cast<float *>(DQ), const_cast<float *>(DK),
+        const_cast<float *>(DV), DQKV, N, S, Heads, D, true);
+}
+void mergeHeads(float *Y, const float *X, int64_t B, int64_t S, int64_t Heads,
+                int64_t D, cudaStream_t St) {
+  int64_t N = B * Heads * S * D;
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    mergeHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(Y, X, N, S, Heads, D,
+                                                     false);
+}
+void mergeHeadsBackward(float *DX, const float *DY, int64_t B, int64_t S,
+                        int64_t Heads, int64_t D, cudaStream_t St) {
+  int64_t N = B * Heads * S * D;
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    mergeHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(DX, DY, N, S, Heads, D,
+                                                     true);
+}
+void repeatHeads(float *Y, const float *X, int64_t B, int64_t G, int64_t R,
+                 int64_t S, int64_t D, cudaStream_t St) {
+  int64_t Block = S * D, NY = B * G * R * Block;
+  if (Launch L = elementwiseLaunch(NY); L.Blocks)
+    repeatHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(Y, X, NY, R, Block);
+}
+void repeatHeadsBackward(float *DX, const float *DY, int64_t B, int64_t G,
+                         int64_t R, int64_t S, int64_t D, cudaStream_t St) {
+  int64_t Block = S * D, NX = B * G * Block;
+  if (Launch L = elementwiseLaunch(NX); L.Blocks)
+    repeatHeadsBackwardKernel<<<L.Blocks, L.Threads, 0, St>>>(DX, DY, NX, R,
+                                                              Block);
+}
+void rope(float *Y, const float *X, const float *Cos, const float *Sin,
+          int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB,
+          bool Interleaved, bool Backward, cudaStream_t St) {
+  int64_t Rows = B * A * S;
+  if (Launch L = elementwiseLaunch(Rows * D); L.Blocks)
+    ropeKernel<<<L.Blocks, L.Threads, 0, St>>>(Y, X, Cos, Sin, Rows, A, S, D,
+                                               CB, Interleaved, Backward);
+}
+
+} // namespace sp::cuda

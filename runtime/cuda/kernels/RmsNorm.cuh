@@ -1,0 +1,100 @@
+//===- RmsNorm.cuh - RMSNorm forward and backward ---------------*- CUDA -*-===//
+//
+// Reference (runtime/cpu/Kernels.cpp, section 14), per row r of X[Rows, H]:
+//   s  = 1 / sqrt(sum_j X[r,j]^2 / H + eps)      (double, laneSum order)
+//   Y  = float(X * s * gamma), Rstd[r] = float(s)
+// backward, xhat = X * s:
+//   DX = float(s * (DY gamma - xhat * mean_j(DY gamma xhat)))
+//   DGamma[j] += float(sum_r DY xhat)   (one thread per column, rows in order)
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/kernels/Common.cuh"
+
+namespace sp::cuda {
+namespace {
+
+__global__ void rmsNormKernel(float *Y, float *Rstd, const float *X,
+                              const float *Gamma, int64_t Rows, int64_t H,
+                              double Eps) {
+  int64_t Stride = laneRowStride();
+  int64_t Iters = (Rows + Stride - 1) / Stride;
+  for (int64_t It = 0; It < Iters; ++It) {
+    int64_t R = laneRow() + It * Stride;
+    bool Active = R < Rows;
+    const float *XR = X + (Active ? R : 0) * H;
+    double MeanSq = laneSum(H, Active, [&](int64_t J) {
+                      return double(XR[J]) * XR[J];
+                    }) /
+                    double(H);
+    if (!Active)
+      continue;
+    double S = 1.0 / sqrt(MeanSq + Eps);
+    float *YR = Y + R * H;
+    for (int64_t J = laneOf(); J < H; J += RowLanes)
+      YR[J] = float(XR[J] * S * Gamma[J]);
+    if (Rstd && laneOf() == 0)
+      Rstd[R] = float(S);
+  }
+}
+
+__global__ void rmsNormBackwardDxKernel(float *DX, const float *DY,
+                                        const float *X, const float *Gamma,
+                                        const float *Rstd, int64_t Rows,
+                                        int64_t H) {
+  int64_t Stride = laneRowStride();
+  int64_t Iters = (Rows + Stride - 1) / Stride;
+  for (int64_t It = 0; It < Iters; ++It) {
+    int64_t R = laneRow() + It * Stride;
+    bool Active = R < Rows;
+    int64_t RR = Active ? R : 0;
+    const float *XR = X + RR * H, *DYR = DY + RR * H;
+    double S = Rstd[RR];
+    double MeanGX = laneSum(H, Active, [&](int64_t J) {
+                      return (double(DYR[J]) * Gamma[J]) * (XR[J] * S);
+                    }) /
+                    double(H);
+    if (!Active)
+      continue;
+    float *DXR = DX + R * H;
+    for (int64_t J = laneOf(); J < H; J += RowLanes)
+      DXR[J] = float(S * (double(DYR[J]) * Gamma[J] - (XR[J] * S) * MeanGX));
+  }
+}
+
+__global__ void rmsNormBackwardGammaKernel(float *DGamma, const float *DY,
+                                           const float *X, const float *Rstd,
+                                           int64_t Rows, int64_t H) {
+  SP_GRID_LOOP(J, H) {
+    double SG = 0;
+    for (int64_t R = 0; R < Rows; ++R) {
+      double S = Rstd[R];
+      float Dy = DY[R * H + J];
+      SG += Dy * (X[R * H + J] * S);
+    }
+    DGamma[J] += float(SG);
+  }
+}
+
+} // namespace
+
+void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
+             int64_t Rows, int64_t H, double Eps, cudaStream_t S) {
+  if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
+    rmsNormKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, Rstd, X, Gamma, Rows, H,
+                                                 Eps);
+}
+
+void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
+                     const float *Gamma, const float *Rstd, int64_t Rows,
+                     int64_t H, cudaStream_t S) {
+  if (DX)
+    if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
+      rmsNormBackwardDxKernel<<<L.Blocks, L.Threads, 0, S>>>(DX, DY, X, Gamma,
+                                                             Rstd, Rows, H);
+  if (DGamma)
+    if (Launch L = columnsLaunch(H); L.Blocks)
+      rmsNormBackwardGammaKernel<<<L.Blocks, L.Threads, 0, S>>>(DGamma, DY, X,
+                                                                Rstd, Rows, H);
+}
+
+} // namespace sp::cuda

@@ -1,0 +1,135 @@
+//===- EndToEndTest.cpp - The default model on the CPU and on the GPU -----===//
+//
+// Compiles models/tiny/gpt-tiny.onnx (one device, t = 1) and trains it three
+// steps on the same batch, seed and dropout keys three times: with the CUDA
+// backend (through RunOptions::MakeBackend), with the CPU backend, and with
+// the CPU backend on the plan widened to float64 (the reference). After each
+// step the loss and every parameter's gradient are compared.
+//
+// Bound (the rule of the repository's layout tests): the GPU's difference
+// from the float64 run must be at most 8 times the CPU's own float32
+// difference from it, floored at 2^-24, normwise (max |x - ref| / max |ref|).
+// The kernels other than the GEMMs are the CPU's bit for bit
+// (tests/gpu/KernelTest.cpp); cuBLAS sums the GEMMs in another order, which
+// moves the result by about as much as the CPU's own float32 rounding, and
+// that difference grows through the layers as the CPU's does.
+//
+// Skipped without a CUDA device.
+//
+//===----------------------------------------------------------------------===//
+#include "frontend/OnnxImporter.h"
+#include "passes/Compile.h"
+#include "plan/Plan.h"
+#include "runtime/Executor.h"
+#include "runtime/cuda/CudaBackend.h"
+#include "gtest/gtest.h"
+#include <cmath>
+#include <map>
+#include <random>
+
+using namespace sp;
+using namespace llvm;
+
+namespace {
+
+Plan compileTiny() {
+  registerOnnxDataLoader();
+  auto G = cantFail(
+      importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
+  PassContext Ctx;
+  return std::move(*cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
+}
+
+struct Run {
+  std::vector<double> Losses;
+  /// Per step, every parameter's gradient in float64.
+  std::vector<std::map<std::string, std::vector<double>>> Grads;
+};
+
+Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
+  RunOptions O;
+  O.AllowFloat64 = true;
+  // The backend is made first, so that a failure is an error here; the
+  // executor takes it through MakeBackend (as sp-run --device cuda would).
+  std::unique_ptr<Backend> Made;
+  if (Cuda) {
+    auto B = createCudaBackend(CudaBackendOptions());
+    if (!B)
+      return B.takeError();
+    Made = std::move(*B);
+    O.MakeBackend = [&] { return std::move(Made); };
+  }
+  auto E = Executor::create(P, O);
+  if (!E)
+    return E.takeError();
+  std::mt19937 Rng(7);
+  TokenBatch Data;
+  for (int64_t I = 0; I < (*E)->batch() * (*E)->seq(); ++I) {
+    Data.Tokens.push_back(Rng() % (*E)->vocab());
+    Data.Targets.push_back(Rng() % (*E)->vocab());
+  }
+  Run R;
+  for (int S = 1; S <= Steps; ++S) {
+    auto L = (*E)->trainStep(Data, 1e-3, S);
+    if (!L)
+      return L.takeError();
+    R.Losses.push_back(*L);
+    if (auto Err = (*E)->download())
+      return Err;
+    auto &Step = R.Grads.emplace_back();
+    for (const TensorView &Param : (*E)->parameters()) {
+      auto G = (*E)->gradient(Param.Name);
+      if (!G)
+        return createStringError(inconvertibleErrorCode(),
+                                 "no gradient of " + Param.Name);
+      auto Full = (*E)->gather64(*G);
+      if (!Full)
+        return Full.takeError();
+      Step[Param.Name] = std::move(*Full);
+    }
+  }
+  return R;
+}
+
+double normwise(const std::vector<double> &X, const std::vector<double> &Ref) {
+  double D = 0, S = 0;
+  for (size_t I = 0; I < X.size(); ++I) {
+    D = std::max(D, std::fabs(X[I] - Ref[I]));
+    S = std::max(S, std::fabs(Ref[I]));
+  }
+  return S == 0 ? D : D / S;
+}
+
+TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
+  if (Error E = checkCudaDevice())
+    GTEST_SKIP() << "no CUDA device is present, skipping the GPU end-to-end "
+                    "test: "
+                 << toString(std::move(E));
+  Plan P = compileTiny();
+  const int Steps = 3;
+  auto Gpu = train(P, /*Cuda=*/true, Steps);
+  ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+  auto Cpu = train(P, /*Cuda=*/false, Steps);
+  ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+  auto Ref = train(widenToFloat64(P), /*Cuda=*/false, Steps);
+  ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
+  const double K = 8, Floor = std::ldexp(1.0, -24);
+  for (int S = 0; S < Steps; ++S) {
+    double L64 = Ref->Losses[S];
+    double CpuErr = std::fabs(Cpu->Losses[S] - L64) / std::fabs(L64);
+    double GpuErr = std::fabs(Gpu->Losses[S] - L64) / std::fabs(L64);
+    EXPECT_LE(GpuErr, K * std::max(CpuErr, Floor))
+        << "loss of step " << S + 1 << ": gpu " << Gpu->Losses[S] << ", cpu "
+        << Cpu->Losses[S] << ", float64 " << L64;
+    ASSERT_EQ(Gpu->Grads[S].size(), Ref->Grads[S].size());
+    for (auto &[Name, G64] : Ref->Grads[S]) {
+      double C = normwise(Cpu->Grads[S].at(Name), G64);
+      double G = normwise(Gpu->Grads[S].at(Name), G64);
+      EXPECT_LE(G, K * std::max(C, Floor))
+          << "gradient of " << Name << " at step " << S + 1
+          << ": gpu error " << G << ", cpu error " << C;
+    }
+  }
+}
+
+} // namespace

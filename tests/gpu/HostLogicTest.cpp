@@ -1,0 +1,406 @@
+//===- HostLogicTest.cpp - The CUDA backend's host-side logic -------------===//
+//
+// What the CUDA backend decides on the host, tested on any machine (no GPU,
+// no driver, or a build without CUDA): the launch geometry of the kernels,
+// the stream and event plan of a program (on hand-made programs and on
+// random ones, checked against a happens-before simulation), the local-rank
+// and device selection, and the error a machine without a usable device
+// gives.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/CudaBackend.h"
+#include "runtime/cuda/DeviceSelect.h"
+#include "runtime/cuda/LaunchGeometry.h"
+#include "runtime/cuda/StreamPlan.h"
+#include "runtime/cpu/Kernels.h"
+#include "gtest/gtest.h"
+#include <map>
+#include <random>
+
+using namespace sp;
+using namespace sp::cuda;
+using namespace llvm;
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Launch geometry
+//===----------------------------------------------------------------------===//
+
+TEST(LaunchGeometry, ElementwiseCoversAndCaps) {
+  EXPECT_EQ(elementwiseLaunch(0).Blocks, 0) << "nothing to launch";
+  EXPECT_EQ(elementwiseLaunch(-3).Blocks, 0);
+  EXPECT_EQ(elementwiseLaunch(1).Blocks, 1);
+  EXPECT_EQ(elementwiseLaunch(256).Blocks, 1);
+  EXPECT_EQ(elementwiseLaunch(257).Blocks, 2);
+  // Capped (grid-stride loops cover the rest).
+  EXPECT_EQ(elementwiseLaunch(int64_t(1) << 40).Blocks, MaxBlocks);
+  for (int64_t N : {1, 255, 256, 1000, 1 << 20}) {
+    Launch L = elementwiseLaunch(N);
+    EXPECT_GE(L.Blocks * L.Threads, std::min<int64_t>(N, MaxBlocks * 256));
+    EXPECT_LT((L.Blocks - 1) * L.Threads, N) << "no block is wholly idle";
+  }
+}
+
+TEST(LaunchGeometry, LaneRowsGiveEightThreadsPerRow) {
+  EXPECT_EQ(RowLanes * RowsPerBlock, BlockThreads);
+  EXPECT_EQ(RowLanes % 32 == 0 || 32 % RowLanes == 0, true)
+      << "a row's lanes stay inside one warp (the shuffles)";
+  EXPECT_EQ(laneRowsLaunch(0).Blocks, 0);
+  EXPECT_EQ(laneRowsLaunch(1).Blocks, 1);
+  EXPECT_EQ(laneRowsLaunch(RowsPerBlock).Blocks, 1);
+  EXPECT_EQ(laneRowsLaunch(RowsPerBlock + 1).Blocks, 2);
+  EXPECT_EQ(laneRowsLaunch(int64_t(1) << 40).Blocks, MaxBlocks);
+}
+
+TEST(LaunchGeometry, SumSquaresGridIsFixedBySize) {
+  EXPECT_EQ(sumSquaresLaunch(0).Blocks, 0);
+  EXPECT_EQ(sumSquaresLaunch(100).Blocks, 1);
+  EXPECT_EQ(sumSquaresLaunch(int64_t(1) << 30).Blocks, SumBlocks);
+}
+
+/// The device's row reduction assigns element j to lane j mod 8 and sums
+/// each lane in order, then combines the lanes as
+/// ((0+1)+(2+3))+((4+5)+(6+7)) (kernels/Common.cuh). Emulated here, it must
+/// be the CPU's laneSum bit for bit (cpu::sumSquares is a laneSum of
+/// squares), or the "bitwise equal" claims of the kernels would not hold.
+TEST(LaunchGeometry, LaneOrderIsTheCpuOrder) {
+  std::mt19937 Rng(5);
+  std::normal_distribution<float> D(0, 3);
+  for (int64_t N : {1, 7, 8, 9, 63, 64, 1000, 4097}) {
+    std::vector<float> G(N);
+    for (float &X : G)
+      X = D(Rng);
+    double Lane[RowLanes] = {};
+    for (int K = 0; K < RowLanes; ++K)
+      for (int64_t J = K; J < N; J += RowLanes)
+        Lane[K] += double(G[J]) * G[J];
+    double Device = ((Lane[0] + Lane[1]) + (Lane[2] + Lane[3])) +
+                    ((Lane[4] + Lane[5]) + (Lane[6] + Lane[7]));
+    EXPECT_EQ(Device, cpu::sumSquares(G.data(), N)) << "N = " << N;
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Stream plan
+//===----------------------------------------------------------------------===//
+
+/// A program over buffers of Floats floats at the given offsets (floats).
+struct ProgramBuilder {
+  Program P;
+  int buffer(int64_t OffsetFloats, int64_t Floats) {
+    ProgramBuffer B;
+    B.Name = "%" + std::to_string(P.Buffers.size());
+    B.Type = TensorType(DType::F32, {Floats});
+    B.Offset = OffsetFloats * 4;
+    B.Bytes = Floats * 4;
+    P.Buffers.push_back(B);
+    return int(P.Buffers.size()) - 1;
+  }
+  int instr(OpKind Op, std::initializer_list<int> In,
+            std::initializer_list<int> Out) {
+    Instruction I;
+    I.Op = Op;
+    I.In.assign(In.begin(), In.end());
+    I.Out.assign(Out.begin(), Out.end());
+    P.Instrs.push_back(I);
+    return int(P.Instrs.size()) - 1;
+  }
+};
+
+/// Checks that every pair of conflicting instructions on different streams
+/// is ordered by the plan: simulating the streams, when j starts, the last
+/// instruction known complete on the other stream (through the events it
+/// waits for, transitively) is at or after every conflicting i before j.
+/// Returns the first violation, or "".
+std::string checkOrdered(const Program &P, const StreamPlan &Plan) {
+  size_t N = P.Instrs.size();
+  // Known[j][s]: the highest instruction of stream s complete before j
+  // starts (-1: none).
+  std::vector<std::array<int, NumStreams>> Known(N);
+  std::array<int, NumStreams> Last = {-1, -1}; // last issued per stream
+  std::vector<std::array<int, NumStreams>> Done(N); // known after j ends
+  for (size_t J = 0; J < N; ++J) {
+    int S = int(Plan.Steps[J].Stream);
+    std::array<int, NumStreams> K = {-1, -1};
+    if (Last[S] >= 0)
+      K = Done[Last[S]]; // in order on its stream
+    for (int W : Plan.Steps[J].WaitFor) {
+      if (!Plan.Steps[W].RecordEvent)
+        return "instruction " + std::to_string(J) + " waits for " +
+               std::to_string(W) + ", which records no event";
+      for (int T = 0; T < NumStreams; ++T)
+        K[T] = std::max(K[T], Done[W][T]);
+    }
+    Known[J] = K;
+    Done[J] = K;
+    Done[J][S] = int(J);
+    Last[S] = int(J);
+  }
+  std::vector<ByteRange> RI, WI, RJ, WJ;
+  auto Any = [](const std::vector<ByteRange> &A,
+                const std::vector<ByteRange> &B) {
+    for (auto &X : A)
+      for (auto &Y : B)
+        if (X.overlaps(Y))
+          return true;
+    return false;
+  };
+  for (size_t J = 0; J < N; ++J) {
+    instructionRanges(P, P.Instrs[J], RJ, WJ);
+    for (size_t I = 0; I < J; ++I) {
+      int SI = int(Plan.Steps[I].Stream);
+      if (SI == int(Plan.Steps[J].Stream))
+        continue;
+      instructionRanges(P, P.Instrs[I], RI, WI);
+      bool Conflict = Any(WI, RJ) || Any(WI, WJ) || Any(RI, WJ);
+      if (Conflict && Known[J][SI] < int(I))
+        return "instruction " + std::to_string(J) + " may run before " +
+               std::to_string(I) + ", which it conflicts with";
+    }
+  }
+  return "";
+}
+
+TEST(StreamPlan, CollectivesGoOnTheCommunicationStream) {
+  EXPECT_TRUE(isCommunication(OpKind::AllGather));
+  EXPECT_TRUE(isCommunication(OpKind::ReduceScatter));
+  EXPECT_TRUE(isCommunication(OpKind::AllReduce));
+  EXPECT_TRUE(isCommunication(OpKind::Send));
+  EXPECT_TRUE(isCommunication(OpKind::Recv));
+  EXPECT_TRUE(isCommunication(OpKind::PipeAllReduce));
+  EXPECT_FALSE(isCommunication(OpKind::SpSplit)) << "a local copy";
+  EXPECT_FALSE(isCommunication(OpKind::GradNorm));
+  EXPECT_FALSE(isCommunication(OpKind::Linear));
+}
+
+TEST(StreamPlan, WaitsOnlyWhereBytesConflict) {
+  ProgramBuilder B;
+  int X = B.buffer(0, 16), H = B.buffer(16, 16), G = B.buffer(32, 32),
+      U = B.buffer(64, 16), Y = B.buffer(80, 32);
+  int Reused = B.buffer(32, 8); // G's bytes, after G's last use
+  int L0 = B.instr(OpKind::Gelu, {X}, {H});           // compute
+  int C1 = B.instr(OpKind::AllGather, {H}, {G});      // comm: reads H
+  int L2 = B.instr(OpKind::Gelu, {X}, {U});           // compute: overlaps C1
+  int L3 = B.instr(OpKind::Add, {G, G}, {Y});         // compute: needs C1
+  int L4 = B.instr(OpKind::Gelu, {U}, {Reused});      // covered by L3's wait
+  int C5 = B.instr(OpKind::AllReduce, {U}, {H});      // WAR on H? no: H read
+  StreamPlan Plan = planStreams(B.P);
+  ASSERT_EQ(Plan.Steps.size(), 6u);
+  EXPECT_EQ(Plan.Steps[C1].Stream, StreamKind::Comm);
+  EXPECT_EQ(Plan.Steps[L2].Stream, StreamKind::Compute);
+  EXPECT_EQ(Plan.Steps[C1].WaitFor, std::vector<int>{L0}) << "RAW on H";
+  EXPECT_TRUE(Plan.Steps[L2].WaitFor.empty()) << "independent: overlaps";
+  EXPECT_EQ(Plan.Steps[L3].WaitFor, std::vector<int>{C1}) << "RAW on G";
+  EXPECT_TRUE(Plan.Steps[L4].WaitFor.empty())
+      << "WAW on G's bytes, already ordered by L3's wait";
+  // C5 reads U (written by L2, compute) and writes H, which C1 read on its
+  // own stream and L0 wrote: one wait for the latest compute conflict.
+  EXPECT_EQ(Plan.Steps[C5].WaitFor, std::vector<int>{L4 > L2 ? L2 : L4});
+  EXPECT_TRUE(Plan.Steps[L0].RecordEvent);
+  EXPECT_TRUE(Plan.Steps[C1].RecordEvent);
+  EXPECT_EQ(checkOrdered(B.P, Plan), "");
+}
+
+TEST(StreamPlan, WriteAfterReadAcrossStreams) {
+  ProgramBuilder B;
+  int A = B.buffer(0, 8), G = B.buffer(8, 16), Y = B.buffer(24, 8);
+  int C0 = B.instr(OpKind::AllGather, {A}, {G}); // comm reads A
+  int L1 = B.instr(OpKind::Gelu, {Y}, {A});      // compute overwrites A
+  StreamPlan Plan = planStreams(B.P);
+  EXPECT_EQ(Plan.Steps[L1].WaitFor, std::vector<int>{C0})
+      << "the gather must have read A before it is overwritten";
+  EXPECT_EQ(checkOrdered(B.P, Plan), "");
+}
+
+TEST(StreamPlan, AdamWWritesItsInputs) {
+  ProgramBuilder B;
+  int P = B.buffer(0, 8), G = B.buffer(8, 8), M = B.buffer(16, 8),
+      V = B.buffer(24, 8), N = B.buffer(32, 1), Lr = B.buffer(33, 1),
+      St = B.buffer(34, 1), Out = B.buffer(40, 8);
+  int C0 = B.instr(OpKind::AllGather, {P}, {Out});
+  int A1 = B.instr(OpKind::AdamW, {P, G, M, V, N, Lr, St}, {});
+  StreamPlan Plan = planStreams(B.P);
+  EXPECT_EQ(Plan.Steps[A1].WaitFor, std::vector<int>{C0})
+      << "adamw overwrites the parameter the gather reads";
+}
+
+TEST(StreamPlan, WithoutOverlapEverythingIsOneStream) {
+  ProgramBuilder B;
+  int X = B.buffer(0, 8), Y = B.buffer(8, 8);
+  B.instr(OpKind::Gelu, {X}, {Y});
+  B.instr(OpKind::AllReduce, {Y}, {X});
+  StreamPlan Plan = planStreams(B.P, /*Overlap=*/false);
+  for (const StreamStep &S : Plan.Steps) {
+    EXPECT_EQ(S.Stream, StreamKind::Compute);
+    EXPECT_TRUE(S.WaitFor.empty());
+    EXPECT_FALSE(S.RecordEvent);
+  }
+}
+
+/// Random programs with overlapping buffers: every conflict across streams
+/// is ordered, and no instruction waits twice on one stream.
+TEST(StreamPlan, RandomProgramsAreOrdered) {
+  std::mt19937 Rng(11);
+  const OpKind Ops[] = {OpKind::Gelu, OpKind::Add, OpKind::AllGather,
+                        OpKind::ReduceScatter, OpKind::AllReduce,
+                        OpKind::Send, OpKind::Linear};
+  for (int Trial = 0; Trial < 200; ++Trial) {
+    ProgramBuilder B;
+    int NumBufs = 4 + Rng() % 12;
+    for (int K = 0; K < NumBufs; ++K)
+      B.buffer(Rng() % 64, 1 + Rng() % 16);
+    int NumInstrs = 1 + Rng() % 40;
+    for (int K = 0; K < NumInstrs; ++K) {
+      Instruction I;
+      I.Op = Ops[Rng() % std::size(Ops)];
+      int NIn = Rng() % 3, NOut = Rng() % 2 + (I.Op == OpKind::Send ? 0 : 1);
+      for (int E = 0; E < NIn; ++E)
+        I.In.push_back(Rng() % NumBufs);
+      for (int E = 0; E < NOut; ++E)
+        I.Out.push_back(Rng() % NumBufs);
+      B.P.Instrs.push_back(I);
+    }
+    StreamPlan Plan = planStreams(B.P);
+    ASSERT_EQ(checkOrdered(B.P, Plan), "") << "trial " << Trial;
+    for (const StreamStep &S : Plan.Steps)
+      ASSERT_LE(S.WaitFor.size(), size_t(NumStreams - 1));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Local rank and device
+//===----------------------------------------------------------------------===//
+
+struct FakeEnv {
+  std::map<std::string, std::string> Vars;
+  const char *operator()(const char *Name) const {
+    auto It = Vars.find(Name);
+    return It == Vars.end() ? nullptr : It->second.c_str();
+  }
+};
+
+TEST(DeviceSelect, LauncherVariablesInOrder) {
+  FakeEnv Env;
+  auto None = cantFail(localRankFromEnvironment(std::ref(Env)));
+  EXPECT_FALSE(None.has_value());
+  Env.Vars["SLURM_LOCALID"] = "3";
+  auto Slurm = cantFail(localRankFromEnvironment(std::ref(Env)));
+  ASSERT_TRUE(Slurm.has_value());
+  EXPECT_EQ(Slurm->Rank, 3);
+  EXPECT_EQ(Slurm->Source, "SLURM_LOCALID");
+  Env.Vars["OMPI_COMM_WORLD_LOCAL_RANK"] = "1";
+  auto Ompi = cantFail(localRankFromEnvironment(std::ref(Env)));
+  EXPECT_EQ(Ompi->Rank, 1) << "mpirun's variable wins over Slurm's";
+  EXPECT_EQ(Ompi->Source, "OMPI_COMM_WORLD_LOCAL_RANK");
+  FakeEnv Mpich;
+  Mpich.Vars["MPI_LOCALRANKID"] = "2";
+  EXPECT_EQ(cantFail(localRankFromEnvironment(std::ref(Mpich)))->Rank, 2);
+}
+
+TEST(DeviceSelect, MalformedVariableIsAnErrorNamingIt) {
+  FakeEnv Env;
+  Env.Vars["OMPI_COMM_WORLD_LOCAL_RANK"] = "zero";
+  Env.Vars["SLURM_LOCALID"] = "0";
+  auto R = localRankFromEnvironment(std::ref(Env));
+  ASSERT_FALSE(bool(R));
+  std::string Msg = toString(R.takeError());
+  EXPECT_NE(Msg.find("OMPI_COMM_WORLD_LOCAL_RANK='zero'"), std::string::npos)
+      << Msg;
+  Env.Vars["OMPI_COMM_WORLD_LOCAL_RANK"] = "-1";
+  EXPECT_FALSE(bool(localRankFromEnvironment(std::ref(Env))));
+  consumeError(localRankFromEnvironment(std::ref(Env)).takeError());
+}
+
+TEST(DeviceSelect, LocalRankFromHostNames) {
+  std::vector<std::string> Hosts = {"a", "b", "a", "a", "b"};
+  EXPECT_EQ(localRankFromHosts(Hosts, 0), 0);
+  EXPECT_EQ(localRankFromHosts(Hosts, 1), 0);
+  EXPECT_EQ(localRankFromHosts(Hosts, 2), 1);
+  EXPECT_EQ(localRankFromHosts(Hosts, 3), 2);
+  EXPECT_EQ(localRankFromHosts(Hosts, 4), 1);
+}
+
+TEST(DeviceSelect, FallbackGathersHostNamesOverTheWorld) {
+  FakeEnv Env; // no launcher variables
+  std::vector<int> Local(4, -1);
+  std::vector<std::string> Source(4);
+  ASSERT_FALSE(bool(runOnThreadRanks(4, [&](Communicator &C) -> Error {
+    auto L = findLocalRank(std::ref(Env), &C);
+    if (!L)
+      return L.takeError();
+    Local[C.rank()] = L->Rank;
+    Source[C.rank()] = L->Source;
+    return Error::success();
+  })));
+  for (int R = 0; R < 4; ++R) {
+    EXPECT_EQ(Local[R], R) << "one host: the local rank is the rank";
+    EXPECT_EQ(Source[R], "host names");
+  }
+  EXPECT_EQ(cantFail(findLocalRank(std::ref(Env), nullptr)).Rank, 0);
+}
+
+TEST(DeviceSelect, DeviceOfALocalRank) {
+  LocalRank L{1, "SLURM_LOCALID"};
+  EXPECT_EQ(cantFail(chooseDevice(L, 2, std::nullopt)), 1);
+  EXPECT_EQ(cantFail(chooseDevice(L, 2, 0)), 0) << "an explicit device wins";
+  LocalRank Over{2, "OMPI_COMM_WORLD_LOCAL_RANK"};
+  auto E = chooseDevice(Over, 2, std::nullopt);
+  ASSERT_FALSE(bool(E));
+  std::string Msg = toString(E.takeError());
+  EXPECT_NE(Msg.find("local rank 2 (from OMPI_COMM_WORLD_LOCAL_RANK) has no "
+                     "GPU"),
+            std::string::npos)
+      << Msg;
+  EXPECT_NE(Msg.find("start at most 2 rank(s) per node"), std::string::npos);
+  auto Bad = chooseDevice(L, 2, 5);
+  ASSERT_FALSE(bool(Bad));
+  EXPECT_NE(toString(Bad.takeError()).find("--device cuda:5"),
+            std::string::npos);
+  auto NoDev = chooseDevice(L, 0, std::nullopt);
+  ASSERT_FALSE(bool(NoDev));
+  EXPECT_NE(toString(NoDev.takeError()).find("no CUDA device is visible"),
+            std::string::npos);
+}
+
+TEST(DeviceSelect, NoDeviceMessageIsOneActionableLine) {
+  std::string M = noDeviceMessage("cudaErrorNoDevice: no CUDA-capable device "
+                                  "is detected");
+  EXPECT_EQ(M, "--device cuda: no CUDA device is visible (cudaGetDeviceCount: "
+               "cudaErrorNoDevice: no CUDA-capable device is detected); run "
+               "on a machine with an NVIDIA GPU or use --device cpu");
+  EXPECT_EQ(M.find('\n'), std::string::npos);
+}
+
+/// On this machine: either a device is usable, or checkCudaDevice and
+/// createCudaBackend fail with the one-line message (no crash without a
+/// driver, and none in a build without CUDA).
+TEST(DeviceSelect, NoDeviceErrorOnThisMachine) {
+  Error E = checkCudaDevice();
+  if (!E) {
+    EXPECT_GT(cudaDeviceCount(), 0);
+    GTEST_SKIP() << "a CUDA device is present: the no-device error is not "
+                    "reachable here";
+  }
+  std::string Msg = toString(std::move(E));
+  EXPECT_EQ(cudaDeviceCount(), 0);
+  if (cudaBackendBuilt())
+    EXPECT_EQ(Msg.rfind("--device cuda: no CUDA device is visible "
+                        "(cudaGetDeviceCount: ",
+                        0),
+              0u)
+        << Msg;
+  else
+    EXPECT_EQ(Msg.rfind("--device cuda: this sp was built without the CUDA "
+                        "backend",
+                        0),
+              0u)
+        << Msg;
+  EXPECT_NE(Msg.find("use --device cpu"), std::string::npos);
+  EXPECT_EQ(Msg.find('\n'), std::string::npos);
+  auto B = createCudaBackend(CudaBackendOptions());
+  ASSERT_FALSE(bool(B));
+  EXPECT_EQ(toString(B.takeError()), Msg);
+}
+
+} // namespace

@@ -1,0 +1,623 @@
+//===- KernelTest.cpp - Every CUDA kernel against its CPU twin ------------===//
+//
+// Each test builds a one-instruction program (the op, its attributes, its
+// buffers in an arena), fills the inputs with the same random data and runs
+// the instruction through the CPU backend and through the CUDA backend
+// (same Philox seed, step and keys), then compares every output.
+//
+// Bounds:
+//  - ops computed in the CPU's fixed order (elementwise ops, the 8-lane row
+//    reductions, the column sums, dropout): relative 1e-6, normwise
+//    (max |gpu - cpu| / max |cpu|); they are in fact expected bitwise equal,
+//    and the dropout masks are required to be;
+//  - GEMMs (linear, linear_grad_w, batch_matmul): cuBLAS and OpenBLAS sum
+//    in different orders, so both are checked against a float64 product
+//    within the rigorous bound gamma_{K+1} (sum_k |a_k b_k| + |bias|),
+//    gamma_n = n u / (1 - n u), u = 2^-24 (Higham, Accuracy and Stability
+//    of Numerical Algorithms, 3.5);
+//  - grad_norm: double sums in another order (below 1e-15 relative), then
+//    one float rounding: 1e-6; cross entropy and adamw use CUDA's double
+//    log/pow (within 2 ulp of glibc's): 1e-6.
+//
+// Without a CUDA device every test is skipped with that message.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/CpuBackend.h"
+#include "runtime/cuda/CudaBackend.h"
+#include "llvm/ADT/ScopeExit.h"
+#include "gtest/gtest.h"
+#include <cmath>
+#include <cstring>
+#include <random>
+
+using namespace sp;
+using namespace llvm;
+
+namespace {
+
+/// A one-instruction program and its input data.
+struct OpCase {
+  Program P;
+  std::vector<std::vector<char>> Data; // per buffer; empty: zeros
+  std::mt19937 Rng{42};
+
+  int buffer(DType T, std::vector<int64_t> Shape) {
+    ProgramBuffer B;
+    B.Name = "%" + std::to_string(P.Buffers.size());
+    B.Type = TensorType(T, Shape);
+    B.Bytes = B.Type.numBytes();
+    B.Offset = P.ArenaBytes;
+    P.ArenaBytes += (B.Bytes + 255) / 256 * 256;
+    P.Buffers.push_back(B);
+    Data.emplace_back();
+    return int(P.Buffers.size()) - 1;
+  }
+  /// An f32 input of normal values (times Scale, plus Shift).
+  int floats(std::vector<int64_t> Shape, float Scale = 1, float Shift = 0) {
+    int B = buffer(DType::F32, Shape);
+    int64_t N = P.Buffers[B].Type.numElements();
+    std::normal_distribution<float> D(0, 1);
+    std::vector<float> V(N);
+    for (float &X : V)
+      X = D(Rng) * Scale + Shift;
+    setFloats(B, V);
+    return B;
+  }
+  void setFloats(int B, const std::vector<float> &V) {
+    Data[B].assign(reinterpret_cast<const char *>(V.data()),
+                   reinterpret_cast<const char *>(V.data() + V.size()));
+  }
+  int ids(std::vector<int64_t> Shape, int64_t Lo, int64_t Hi) {
+    int B = buffer(DType::I64, Shape);
+    int64_t N = P.Buffers[B].Type.numElements();
+    std::vector<int64_t> V(N);
+    for (int64_t &X : V)
+      X = Lo + int64_t(Rng() % uint64_t(Hi - Lo));
+    Data[B].assign(reinterpret_cast<const char *>(V.data()),
+                   reinterpret_cast<const char *>(V.data() + V.size()));
+    return B;
+  }
+  int mask(std::vector<int64_t> Shape) {
+    int B = buffer(DType::U8, Shape);
+    Data[B].resize(P.Buffers[B].Type.numElements());
+    for (char &C : Data[B])
+      C = char(Rng() % 4 != 0);
+    return B;
+  }
+  Instruction &op(OpKind Op, std::vector<int> In, std::vector<int> Out) {
+    Instruction I;
+    I.Op = Op;
+    I.In.assign(In.begin(), In.end());
+    I.Out.assign(Out.begin(), Out.end());
+    P.Instrs.push_back(I);
+    return P.Instrs.back();
+  }
+
+  /// Runs the instruction on B; returns every buffer's bytes after it.
+  Expected<std::vector<std::vector<char>>> run(Backend &B,
+                                               std::optional<double> Drop =
+                                                   std::nullopt) {
+    auto Arena = B.allocate(P.ArenaBytes);
+    if (!Arena)
+      return Arena.takeError();
+    auto Free = make_scope_exit([&] { B.release(*Arena); });
+    for (size_t K = 0; K < P.Buffers.size(); ++K)
+      if (!Data[K].empty())
+        if (auto E = B.copyToBackend(*Arena + P.Buffers[K].Offset,
+                                     Data[K].data(), Data[K].size()))
+          return E;
+    auto Tensor = createSingleRankCommunicator();
+    KernelCall C{P.Instrs[0], P,      *Arena,  /*Step=*/3, /*Training=*/true,
+                 Drop,        /*Seed=*/0x5eed1234abcdull, *Tensor, nullptr,
+                 nullptr};
+    if (auto E = B.run(C))
+      return E;
+    if (auto E = B.synchronize())
+      return E;
+    std::vector<std::vector<char>> Out(P.Buffers.size());
+    for (size_t K = 0; K < P.Buffers.size(); ++K) {
+      Out[K].resize(P.Buffers[K].Type.numBytes());
+      if (auto E = B.copyToHost(Out[K].data(), *Arena + P.Buffers[K].Offset,
+                                Out[K].size()))
+        return E;
+    }
+    return Out;
+  }
+};
+
+std::vector<float> asFloats(const std::vector<char> &B) {
+  std::vector<float> V(B.size() / 4);
+  std::memcpy(V.data(), B.data(), V.size() * 4);
+  return V;
+}
+
+/// max |a - b| / max |b| (0 when both are all zero).
+double normwiseError(const std::vector<float> &A, const std::vector<float> &B) {
+  double Diff = 0, Scale = 0;
+  for (size_t I = 0; I < A.size(); ++I) {
+    Diff = std::max(Diff, std::fabs(double(A[I]) - B[I]));
+    Scale = std::max(Scale, std::fabs(double(B[I])));
+    if (std::isnan(A[I]) != std::isnan(B[I]))
+      return INFINITY;
+  }
+  return Scale == 0 ? Diff : Diff / Scale;
+}
+
+class CudaKernels : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (Error E = checkCudaDevice())
+      GTEST_SKIP() << "no CUDA device is present, skipping the CUDA kernel "
+                      "tests: "
+                   << toString(std::move(E));
+    auto B = createCudaBackend(CudaBackendOptions());
+    ASSERT_TRUE(bool(B)) << toString(B.takeError());
+    Gpu = std::move(*B);
+  }
+  /// Runs C on both backends and checks the listed buffers within Tol
+  /// (normwise relative); Exact: bitwise.
+  void compare(OpCase &C, std::vector<int> Check, double Tol = 1e-6,
+               std::optional<double> Drop = std::nullopt) {
+    CpuBackend Cpu;
+    auto Want = C.run(Cpu, Drop);
+    ASSERT_TRUE(bool(Want)) << toString(Want.takeError());
+    auto Got = C.run(*Gpu, Drop);
+    ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
+    for (int B : Check) {
+      const ProgramBuffer &PB = C.P.Buffers[B];
+      if (PB.Type.Dtype != DType::F32) {
+        EXPECT_EQ((*Got)[B], (*Want)[B]) << "buffer " << B << " differs";
+        continue;
+      }
+      double Err = normwiseError(asFloats((*Got)[B]), asFloats((*Want)[B]));
+      EXPECT_LE(Err, Tol) << opName(C.P.Instrs[0].Op).str() << ": buffer "
+                          << B << " (" << PB.Type.str() << ")";
+    }
+  }
+  std::unique_ptr<Backend> Gpu;
+};
+
+TEST_F(CudaKernels, Embedding) {
+  for (int Grad = 0; Grad < 2; ++Grad) {
+    OpCase C;
+    int Ids = C.ids({4, 16}, 0, 50);
+    if (!Grad) {
+      int Table = C.floats({50, 24});
+      int Y = C.buffer(DType::F32, {4, 16, 24});
+      C.op(OpKind::Embedding, {Table, Ids}, {Y});
+      compare(C, {Y});
+    } else {
+      int DY = C.floats({4, 16, 24});
+      int DT = C.buffer(DType::F32, {50, 24});
+      C.op(OpKind::EmbeddingGrad, {Ids, DY}, {DT}).Attrs.set("vocab",
+                                                           int64_t(50));
+      compare(C, {DT});
+    }
+  }
+}
+
+TEST_F(CudaKernels, EmbeddingIdOutOfRangeIsReported) {
+  OpCase C;
+  int Table = C.floats({10, 8});
+  int Ids = C.ids({2, 4}, 10, 12); // all outside [0, 10)
+  int Y = C.buffer(DType::F32, {2, 4, 8});
+  C.op(OpKind::Embedding, {Table, Ids}, {Y});
+  auto R = C.run(*Gpu);
+  ASSERT_FALSE(bool(R));
+  EXPECT_NE(toString(R.takeError()).find("embedding id out of range"),
+            std::string::npos);
+}
+
+TEST_F(CudaKernels, AddMulBroadcastAndReduceTo) {
+  for (OpKind Op : {OpKind::Add, OpKind::Mul}) {
+    OpCase Same;
+    int A = Same.floats({3, 5, 7}), B = Same.floats({3, 5, 7});
+    int Y = Same.buffer(DType::F32, {3, 5, 7});
+    Same.op(Op, {A, B}, {Y});
+    compare(Same, {Y});
+    OpCase Bc;
+    int A2 = Bc.floats({3, 1, 7}), B2 = Bc.floats({5, 1});
+    int Y2 = Bc.buffer(DType::F32, {3, 5, 7});
+    Bc.op(Op, {A2, B2}, {Y2});
+    compare(Bc, {Y2});
+  }
+  OpCase R;
+  int DY = R.floats({3, 5, 7});
+  int DX = R.buffer(DType::F32, {5, 1});
+  R.op(OpKind::ReduceTo, {DY}, {DX}).Attrs.set("shape",
+                                               std::vector<int64_t>{5, 1});
+  compare(R, {DX});
+}
+
+TEST_F(CudaKernels, LayerNormForwardAndBackward) {
+  OpCase F;
+  int X = F.floats({6, 37}, 2, 0.5), G = F.floats({37}), B = F.floats({37});
+  int Y = F.buffer(DType::F32, {6, 37}), M = F.buffer(DType::F32, {6}),
+      R = F.buffer(DType::F32, {6});
+  F.op(OpKind::LayerNorm, {X, G, B}, {Y, M, R});
+  compare(F, {Y, M, R});
+  OpCase Bw;
+  int DY = Bw.floats({70, 37}), X2 = Bw.floats({70, 37}), G2 = Bw.floats({37});
+  int M2 = Bw.floats({70}, 0.1f), R2 = Bw.floats({70}, 0.1f, 1.0f);
+  int DX = Bw.buffer(DType::F32, {70, 37}), DG = Bw.buffer(DType::F32, {37}),
+      DB = Bw.buffer(DType::F32, {37});
+  Bw.op(OpKind::LayerNormGrad, {DY, X2, G2, M2, R2}, {DX, DG, DB});
+  compare(Bw, {DX, DG, DB});
+}
+
+TEST_F(CudaKernels, RmsNormForwardAndBackward) {
+  OpCase F;
+  int X = F.floats({9, 40}), G = F.floats({40});
+  int Y = F.buffer(DType::F32, {9, 40}), R = F.buffer(DType::F32, {9});
+  F.op(OpKind::RmsNorm, {X, G}, {Y, R});
+  compare(F, {Y, R});
+  OpCase Bw;
+  int DY = Bw.floats({9, 40}), X2 = Bw.floats({9, 40}), G2 = Bw.floats({40}),
+      R2 = Bw.floats({9}, 0.1f, 1.0f);
+  int DX = Bw.buffer(DType::F32, {9, 40}), DG = Bw.buffer(DType::F32, {40});
+  Bw.op(OpKind::RmsNormGrad, {DY, X2, G2, R2}, {DX, DG});
+  compare(Bw, {DX, DG});
+}
+
+/// C = A B checked against float64 within gamma_{K+1} (sum |a b| + |bias|).
+void checkProduct(const std::vector<float> &Got, const std::vector<double> &Ref,
+                  const std::vector<double> &AbsSum, int64_t K,
+                  const char *What) {
+  const double U = std::ldexp(1.0, -24);
+  double Gamma = (K + 1) * U / (1 - (K + 1) * U);
+  for (size_t I = 0; I < Got.size(); ++I)
+    ASSERT_LE(std::fabs(Got[I] - Ref[I]), Gamma * AbsSum[I] + 1e-30)
+        << What << " element " << I;
+}
+
+TEST_F(CudaKernels, LinearAndItsWeightGradient) {
+  const int64_t Rows = 33, In = 48, Out = 20;
+  for (int TransW = 0; TransW < 2; ++TransW) {
+    OpCase C;
+    int X = C.floats({Rows, In});
+    int W = TransW ? C.floats({Out, In}) : C.floats({In, Out});
+    int Bias = C.floats({Out});
+    int Y = C.buffer(DType::F32, {Rows, Out});
+    C.op(OpKind::Linear, {X, W, Bias}, {Y}).Attrs.set("trans_w",
+                                                      int64_t(TransW));
+    CpuBackend Cpu;
+    auto Want = C.run(Cpu);
+    auto Got = C.run(*Gpu);
+    ASSERT_TRUE(bool(Want) && bool(Got));
+    auto XV = asFloats(C.Data[X]), WV = asFloats(C.Data[W]),
+         BV = asFloats(C.Data[Bias]);
+    std::vector<double> Ref(Rows * Out), Abs(Rows * Out);
+    for (int64_t R = 0; R < Rows; ++R)
+      for (int64_t O = 0; O < Out; ++O) {
+        double S = BV[O], A = std::fabs(BV[O]);
+        for (int64_t I = 0; I < In; ++I) {
+          double Wv = TransW ? WV[O * In + I] : WV[I * Out + O];
+          S += double(XV[R * In + I]) * Wv;
+          A += std::fabs(double(XV[R * In + I]) * Wv);
+        }
+        Ref[R * Out + O] = S;
+        Abs[R * Out + O] = A;
+      }
+    checkProduct(asFloats((*Got)[Y]), Ref, Abs, In, "cuda linear");
+    checkProduct(asFloats((*Want)[Y]), Ref, Abs, In, "cpu linear");
+  }
+  for (int TransW = 0; TransW < 2; ++TransW) {
+    OpCase C;
+    int X = C.floats({Rows, In}), DY = C.floats({Rows, Out});
+    int DW = TransW ? C.buffer(DType::F32, {Out, In})
+                    : C.buffer(DType::F32, {In, Out});
+    C.op(OpKind::LinearGradW, {X, DY}, {DW}).Attrs.set("trans_w",
+                                                       int64_t(TransW));
+    auto Got = C.run(*Gpu);
+    ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
+    auto XV = asFloats(C.Data[X]), DV = asFloats(C.Data[DY]);
+    std::vector<double> Ref(In * Out), Abs(In * Out);
+    for (int64_t I = 0; I < In; ++I)
+      for (int64_t O = 0; O < Out; ++O) {
+        double S = 0, A = 0;
+        for (int64_t R = 0; R < Rows; ++R) {
+          S += double(XV[R * In + I]) * DV[R * Out + O];
+          A += std::fabs(double(XV[R * In + I]) * DV[R * Out + O]);
+        }
+        size_t E = TransW ? O * In + I : I * Out + O;
+        Ref[E] = S;
+        Abs[E] = A;
+      }
+    checkProduct(asFloats((*Got)[DW]), Ref, Abs, Rows, "linear_grad_w");
+  }
+}
+
+TEST_F(CudaKernels, BatchMatMul) {
+  const int64_t Batch = 6, M = 9, N = 11, K = 13;
+  for (int TA = 0; TA < 2; ++TA)
+    for (int TB = 0; TB < 2; ++TB) {
+      OpCase C;
+      int A = TA ? C.floats({2, 3, K, M}) : C.floats({2, 3, M, K});
+      int B = TB ? C.floats({2, 3, N, K}) : C.floats({2, 3, K, N});
+      int Y = C.buffer(DType::F32, {2, 3, M, N});
+      auto &I = C.op(OpKind::BatchMatMul, {A, B}, {Y});
+      I.Attrs.set("trans_a", int64_t(TA));
+      I.Attrs.set("trans_b", int64_t(TB));
+      auto Got = C.run(*Gpu);
+      ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
+      auto AV = asFloats(C.Data[A]), BV = asFloats(C.Data[B]);
+      std::vector<double> Ref(Batch * M * N), Abs(Batch * M * N);
+      for (int64_t P = 0; P < Batch; ++P)
+        for (int64_t R = 0; R < M; ++R)
+          for (int64_t Cc = 0; Cc < N; ++Cc) {
+            double S = 0, Ab = 0;
+            for (int64_t Kk = 0; Kk < K; ++Kk) {
+              double X = AV[P * M * K + (TA ? Kk * M + R : R * K + Kk)];
+              double Z = BV[P * K * N + (TB ? Cc * K + Kk : Kk * N + Cc)];
+              S += X * Z;
+              Ab += std::fabs(X * Z);
+            }
+            Ref[(P * M + R) * N + Cc] = S;
+            Abs[(P * M + R) * N + Cc] = Ab;
+          }
+      checkProduct(asFloats((*Got)[Y]), Ref, Abs, K, "batch_matmul");
+    }
+}
+
+TEST_F(CudaKernels, BiasGrad) {
+  OpCase C;
+  int DY = C.floats({4, 7, 19});
+  int DB = C.buffer(DType::F32, {19});
+  C.op(OpKind::BiasGrad, {DY}, {DB});
+  compare(C, {DB});
+}
+
+TEST_F(CudaKernels, GeluBothFormsForwardAndBackward) {
+  for (const char *Form : {"none", "tanh"}) {
+    OpCase F;
+    int X = F.floats({1000}, 4);
+    int Y = F.buffer(DType::F32, {1000});
+    F.op(OpKind::Gelu, {X}, {Y}).Attrs.set("approximate", std::string(Form));
+    compare(F, {Y});
+    OpCase B;
+    int X2 = B.floats({1000}, 4), DY = B.floats({1000});
+    int DX = B.buffer(DType::F32, {1000});
+    B.op(OpKind::GeluGrad, {X2, DY}, {DX})
+        .Attrs.set("approximate", std::string(Form));
+    compare(B, {DX});
+  }
+}
+
+TEST_F(CudaKernels, SiluAndReluForwardAndBackward) {
+  for (auto [Fwd, Bwd] : {std::pair{OpKind::Silu, OpKind::SiluGrad},
+                          std::pair{OpKind::Relu, OpKind::ReluGrad}}) {
+    OpCase F;
+    int X = F.floats({777}, 5);
+    int Y = F.buffer(DType::F32, {777});
+    F.op(Fwd, {X}, {Y});
+    compare(F, {Y});
+    OpCase B;
+    int X2 = B.floats({777}, 5), DY = B.floats({777});
+    int DX = B.buffer(DType::F32, {777});
+    B.op(Bwd, {X2, DY}, {DX});
+    compare(B, {DX});
+  }
+}
+
+TEST_F(CudaKernels, HeadLayouts) {
+  const int64_t B = 2, S = 5, Heads = 3, D = 4, H = Heads * D;
+  {
+    OpCase C;
+    int QKV = C.floats({B, S, 3 * H});
+    int Q = C.buffer(DType::F32, {B, Heads, S, D}),
+        K = C.buffer(DType::F32, {B, Heads, S, D}),
+        V = C.buffer(DType::F32, {B, Heads, S, D});
+    C.op(OpKind::SplitHeads, {QKV}, {Q, K, V}).Attrs.set("heads", Heads);
+    compare(C, {Q, K, V}, 0);
+  }
+  {
+    OpCase C;
+    int Q = C.floats({B, Heads, S, D}), K = C.floats({B, Heads, S, D}),
+        V = C.floats({B, Heads, S, D});
+    int QKV = C.buffer(DType::F32, {B, S, 3 * H});
+    C.op(OpKind::SplitHeadsGrad, {Q, K, V}, {QKV});
+    compare(C, {QKV}, 0);
+  }
+  for (OpKind Op : {OpKind::MergeHeads, OpKind::MergeHeadsGrad,
+                    OpKind::ToHeads}) {
+    OpCase C;
+    bool ToBhsd = Op != OpKind::MergeHeads;
+    int X = ToBhsd ? C.floats({B, S, H}) : C.floats({B, Heads, S, D});
+    int Y = ToBhsd ? C.buffer(DType::F32, {B, Heads, S, D})
+                   : C.buffer(DType::F32, {B, S, H});
+    C.op(Op, {X}, {Y}).Attrs.set("heads", Heads);
+    compare(C, {Y}, 0);
+  }
+  {
+    OpCase C;
+    int X = C.floats({B, 2, S, D});
+    int Y = C.buffer(DType::F32, {B, 6, S, D});
+    C.op(OpKind::RepeatHeads, {X}, {Y}).Attrs.set("repeats", int64_t(3));
+    compare(C, {Y}, 0);
+    OpCase G;
+    int DY = G.floats({B, 6, S, D});
+    int DX = G.buffer(DType::F32, {B, 2, S, D});
+    G.op(OpKind::RepeatHeadsGrad, {DY}, {DX}).Attrs.set("repeats", int64_t(3));
+    compare(G, {DX});
+  }
+}
+
+TEST_F(CudaKernels, RopeBothFormsForwardAndBackward) {
+  for (int Interleaved = 0; Interleaved < 2; ++Interleaved)
+    for (OpKind Op : {OpKind::Rope, OpKind::RopeGrad})
+      for (int64_t CB : {1, 2}) {
+        OpCase C;
+        int X = C.floats({2, 3, 5, 8}), Cos = C.floats({CB, 5, 8}),
+            Sin = C.floats({CB, 5, 8});
+        int Y = C.buffer(DType::F32, {2, 3, 5, 8});
+        C.op(Op, {X, Cos, Sin}, {Y})
+            .Attrs.set("interleaved", int64_t(Interleaved));
+        compare(C, {Y});
+      }
+}
+
+TEST_F(CudaKernels, ScaleMasksAndSoftmax) {
+  {
+    OpCase C;
+    int X = C.floats({2, 3, 7, 7});
+    int Y = C.buffer(DType::F32, {2, 3, 7, 7});
+    C.op(OpKind::Scale, {X}, {Y}).Attrs.set("alpha", 0.125);
+    compare(C, {Y});
+  }
+  {
+    OpCase C;
+    int X = C.floats({2, 3, 7, 7});
+    int Y = C.buffer(DType::F32, {2, 3, 7, 7});
+    C.op(OpKind::CausalMask, {X}, {Y}).Attrs.set("fill", -1e9);
+    compare(C, {Y});
+  }
+  for (DType Keep : {DType::I64, DType::F32}) {
+    OpCase C;
+    int X = C.floats({2, 3, 7, 7});
+    int M = Keep == DType::I64 ? C.ids({2, 7}, 0, 2) : C.buffer(Keep, {2, 7});
+    if (Keep == DType::F32)
+      C.setFloats(M, {1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0});
+    int Y = C.buffer(DType::F32, {2, 3, 7, 7});
+    C.op(OpKind::PaddingMask, {X, M}, {Y}).Attrs.set("fill", -3.4e38);
+    compare(C, {Y});
+  }
+  {
+    OpCase C;
+    int X = C.floats({2, 3, 7, 33}, 3);
+    int Y = C.buffer(DType::F32, {2, 3, 7, 33});
+    C.op(OpKind::Softmax, {X}, {Y});
+    compare(C, {Y});
+    OpCase B;
+    int Yv = B.floats({2, 3, 7, 33}, 0.1f, 0.2f), DY = B.floats({2, 3, 7, 33});
+    int DX = B.buffer(DType::F32, {2, 3, 7, 33});
+    B.op(OpKind::SoftmaxGrad, {Yv, DY}, {DX});
+    compare(B, {DX});
+  }
+}
+
+TEST_F(CudaKernels, DropoutMasksAreTheCpusBitForBit) {
+  for (double Ratio : {0.0, 0.1, 0.5, 1.0}) {
+    OpCase C;
+    int X = C.floats({3, 17, 29});
+    int Y = C.buffer(DType::F32, {3, 17, 29}),
+        M = C.buffer(DType::U8, {3, 17, 29});
+    auto &I = C.op(OpKind::Dropout, {X}, {Y, M});
+    I.Attrs.set("key", std::vector<int64_t>{2, 5});
+    I.Attrs.set("ratio", 0.1);
+    I.Attrs.set("microbatch", int64_t(1));
+    I.Attrs.set("microbatches", int64_t(2));
+    compare(C, {Y, M}, 0, Ratio);
+  }
+  {
+    // A sequence-split input: the block of the whole tensor at rank 0.
+    OpCase C;
+    int X = C.floats({2, 8, 16});
+    C.P.Buffers[X].Shard.K = Sharding::Split;
+    C.P.Buffers[X].Shard.Dim = 1;
+    C.P.Buffers[X].Shard.Parts = 2;
+    int Y = C.buffer(DType::F32, {2, 8, 16}),
+        M = C.buffer(DType::U8, {2, 8, 16});
+    auto &I = C.op(OpKind::Dropout, {X}, {Y, M});
+    I.Attrs.set("key", std::vector<int64_t>{1, 3});
+    I.Attrs.set("ratio", 0.3);
+    compare(C, {Y, M}, 0);
+  }
+  OpCase B;
+  int DY = B.floats({500});
+  int M = B.mask({500});
+  int DX = B.buffer(DType::F32, {500});
+  B.op(OpKind::DropoutGrad, {DY, M}, {DX}).Attrs.set("ratio", 0.25);
+  compare(B, {DX}, 0);
+}
+
+TEST_F(CudaKernels, CrossEntropyForwardAndBackward) {
+  for (int64_t Valid : {0, 250}) {
+    OpCase F;
+    int L = F.floats({64, 256}, 3);
+    int T = F.ids({64}, 0, 250);
+    int Loss = F.buffer(DType::F32, {});
+    F.op(OpKind::CrossEntropy, {L, T}, {Loss}).Attrs.set("valid_vocab", Valid);
+    compare(F, {Loss});
+    OpCase B;
+    int L2 = B.floats({64, 256}, 3);
+    int T2 = B.ids({64}, 0, 250);
+    // Some rows ignored.
+    auto *Tv = reinterpret_cast<int64_t *>(B.Data[T2].data());
+    Tv[3] = Tv[17] = IgnoreTarget;
+    int DL = B.buffer(DType::F32, {});
+    B.setFloats(DL, {0.75f});
+    int DX = B.buffer(DType::F32, {64, 256});
+    B.op(OpKind::CrossEntropyGrad, {L2, T2, DL}, {DX})
+        .Attrs.set("valid_vocab", Valid);
+    compare(B, {DX});
+  }
+}
+
+/// The vocabulary-parallel loss on a group of one rank (the reductions are
+/// then identities; with more GPUs the end-to-end test covers them).
+TEST_F(CudaKernels, VocabParallelCrossEntropy) {
+  for (int Grad = 0; Grad < 2; ++Grad) {
+    OpCase C;
+    int L = C.floats({40, 64}, 3);
+    int T = C.ids({40}, 0, 60);
+    reinterpret_cast<int64_t *>(C.Data[T].data())[5] = IgnoreTarget;
+    int DL = C.buffer(DType::F32, {});
+    C.setFloats(DL, {1.25f});
+    int Y = Grad ? C.buffer(DType::F32, {40, 64}) : C.buffer(DType::F32, {});
+    auto &I = Grad ? C.op(OpKind::CrossEntropyGrad, {L, T, DL}, {Y})
+                   : C.op(OpKind::CrossEntropy, {L, T}, {Y});
+    I.Attrs.set("vocab_parallel", int64_t(1));
+    I.Attrs.set("valid_vocab", int64_t(60));
+    compare(C, {Y});
+  }
+}
+
+/// An op without a GPU kernel is an error naming it, never a silent no-op.
+TEST_F(CudaKernels, OpWithoutKernelIsAClearError) {
+  OpCase C;
+  int A = C.floats({4}), B = C.floats({4});
+  int Y = C.buffer(DType::F32, {4});
+  C.op(OpKind::OnnxAdd, {A, B}, {Y});
+  auto R = C.run(*Gpu);
+  ASSERT_FALSE(bool(R));
+  EXPECT_NE(toString(R.takeError())
+                .find("the CUDA backend has no kernel for op onnx.Add yet"),
+            std::string::npos);
+}
+
+TEST_F(CudaKernels, GradNormAndAdamW) {
+  {
+    OpCase C;
+    int A = C.floats({1000}), B = C.floats({37, 11}), Cc = C.floats({70000});
+    int N = C.buffer(DType::F32, {});
+    C.op(OpKind::GradNorm, {A, B, Cc}, {N});
+    compare(C, {N});
+  }
+  for (double MaxNorm : {0.0, 1.0}) {
+    OpCase C;
+    int P = C.floats({3000}), G = C.floats({3000}), M = C.floats({3000}, 0.1f),
+        V = C.floats({3000}, 0.1f, 0.5f);
+    int N = C.buffer(DType::F32, {}), Lr = C.buffer(DType::F32, {}),
+        St = C.buffer(DType::F32, {});
+    C.setFloats(N, {3.5f});
+    C.setFloats(Lr, {1e-3f});
+    C.setFloats(St, {7.0f});
+    auto &I = C.op(OpKind::AdamW, {P, G, M, V, N, Lr, St}, {});
+    I.Attrs.set("max_norm", MaxNorm);
+    I.Attrs.set("weight_decay", 0.1);
+    I.Attrs.set("beta2", 0.95);
+    compare(C, {P, M, V});
+  }
+}
+
+TEST_F(CudaKernels, SequenceParallelSplit) {
+  OpCase C;
+  int X = C.floats({2, 8, 6});
+  int Y = C.buffer(DType::F32, {2, 4, 6});
+  auto &I = C.op(OpKind::SpSplit, {X}, {Y});
+  I.Attrs.set("dim", int64_t(1));
+  I.Attrs.set("parts", int64_t(2));
+  compare(C, {Y}, 0);
+}
+
+} // namespace

@@ -5,6 +5,7 @@
 #include "runtime/Executor.h"
 #include "runtime/LossLog.h"
 #include "runtime/Npy.h"
+#include "runtime/cuda/CudaBackend.h"
 #include "tools/ToolSupport.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FileSystem.h"
@@ -625,6 +626,28 @@ Error Trainer::runRank(Communicator *World) {
   RO.Seed = O.Seed;
   RO.Dropout = O.Dropout;
   RO.AllowFloat64 = O.Float64;
+  if (O.Cuda) {
+    // Every rank makes its backend (a collective: NCCL communicators per
+    // group), and a failure on one is every rank's.
+    CudaBackendOptions CO;
+    CO.Device = O.CudaDevice;
+    CO.World = World;
+    CO.Tensor = Groups.Tensor.get();
+    CO.Pipeline = Groups.Pipeline.get();
+    CO.Data = Groups.Data.get();
+    CO.AllowTF32 = O.AllowTF32;
+    std::unique_ptr<Backend> Made;
+    Error Err = [&]() -> Error {
+      auto B = createCudaBackend(CO);
+      if (!B)
+        return B.takeError();
+      Made = std::move(*B);
+      return Error::success();
+    }();
+    if (Error E = agreeOnError(World, std::move(Err)))
+      return E;
+    RO.MakeBackend = [&Made] { return std::move(Made); };
+  }
   auto Exec = Executor::create(P, RO);
   if (!Exec)
     return Exec.takeError();

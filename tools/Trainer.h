@@ -51,6 +51,11 @@ struct TrainerOptions {
   std::string TraceFile, DumpDir, ExportOnnx, Source;
   /// The plan is widened to float64 (sp-run --float64, widenToFloat64).
   bool Float64 = false;
+  /// --device cuda[:N]: each rank runs on a GPU (its local rank's, or
+  /// CudaDevice), with TF32 GEMMs when AllowTF32.
+  bool Cuda = false;
+  std::optional<int> CudaDevice;
+  bool AllowTF32 = false;
   /// Kernel threads of each rank (for the summary line).
   int ThreadsPerRank = 1;
 };

@@ -34,6 +34,7 @@
 #include "runtime/DataLoader.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/cpu/CpuBackend.h"
+#include "runtime/cuda/CudaBackend.h"
 #include "tools/ToolSupport.h"
 #include "tools/Trainer.h"
 #include "llvm/Support/CommandLine.h"
@@ -150,6 +151,17 @@ static cl::opt<std::string>
                cl::desc("Write the trained weights into a copy of the source "
                         "model"),
                cl::value_desc("out.onnx"), cl::cat(Cat));
+static cl::opt<std::string>
+    Device("device",
+           cl::desc("Where the plan runs: cpu (default), or cuda (one GPU "
+                    "per rank, the local rank's; cuda:N picks GPU N)"),
+           cl::init("cpu"), cl::value_desc("cpu|cuda[:N]"), cl::cat(Cat));
+static cl::opt<bool> AllowTF32(
+    "tf32",
+    cl::desc("--device cuda: fp32 GEMMs on TF32 tensor cores (10-bit "
+             "mantissa inputs; off by default, as the comparisons with the "
+             "CPU backend need)"),
+    cl::cat(Cat));
 static cl::opt<bool> Float64(
     "float64",
     cl::desc("Numerical check: run the fp32 plan in float64 (every f32 "
@@ -259,6 +271,19 @@ static Error checkFlags() {
                                 "weights are float64; it cannot be "
                                 "combined with ") +
                           Flag);
+  StringRef Dev(Device);
+  int DeviceIndex = -1;
+  if (Dev != "cpu" && Dev != "cuda" &&
+      (!Dev.consume_front("cuda:") || Dev.getAsInteger(10, DeviceIndex) ||
+       DeviceIndex < 0))
+    return usageError("--device must be cpu, cuda or cuda:N (N a GPU "
+                      "index), got '" +
+                      Device + "'");
+  if (AllowTF32 && Device == "cpu")
+    return usageError("--tf32 is for --device cuda");
+  if (Float64 && Device != "cpu")
+    return usageError("--float64 runs on --device cpu (the CUDA kernels are "
+                      "float32)");
   if (!Eval && CheckpointDir.getNumOccurrences() && !CheckpointEvery &&
       !CheckpointOnExit && !Resume)
     return usageError("--checkpoint DIR needs --checkpoint-every N or "
@@ -286,10 +311,16 @@ int main(int Argc, char **Argv) {
   std::signal(SIGXFSZ, SIG_IGN);
   cl::HideUnrelatedOptions(Cat);
   cl::ParseCommandLineOptions(
-      Argc, Argv, "sp-run: train or evaluate a compiled plan on the CPU\n");
+      Argc, Argv,
+      "sp-run: train or evaluate a compiled plan on the CPU or on GPUs\n");
   auto Fail = [](Error E) { return reportError(Tool, std::move(E)); };
   if (auto E = checkFlags())
     return Fail(std::move(E));
+  bool Cuda = Device != "cpu";
+  // Before anything is read or written: a GPU this process can use.
+  if (Cuda)
+    if (auto E = checkCudaDevice())
+      return Fail(std::move(E));
 
   std::string CkptPath = CheckpointDir.getNumOccurrences()
                              ? CheckpointDir.getValue()
@@ -441,6 +472,10 @@ int main(int Argc, char **Argv) {
   O.Source = Source;
   O.ThreadsPerRank = NumThreads;
   O.Float64 = Float64;
+  O.Cuda = Cuda;
+  if (StringRef(Device).startswith("cuda:"))
+    O.CudaDevice = std::stoi(Device.substr(5));
+  O.AllowTF32 = AllowTF32;
   Trainer T(*P, std::move(O));
   auto Timeout = std::chrono::milliseconds(
       std::max<int64_t>(1, int64_t(CommTimeout * 1000)));

@@ -26,3 +26,15 @@ if config.mpiexec:
     config.environment["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
     flags = " --oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else "")
     config.substitutions.append(("%mpirun", config.mpiexec + flags))
+
+# A GPU this machine can use (nvidia-smi lists one): the tests of what
+# sp-run --device cuda says without one are unsupported there.
+import shutil
+import subprocess
+if shutil.which("nvidia-smi"):
+    try:
+        if subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                          timeout=30).stdout.strip():
+            config.available_features.add("cuda-device")
+    except (OSError, subprocess.SubprocessError):
+        pass

@@ -15,10 +15,16 @@
 // not contiguous, so gathers and scatters along an inner axis reorder
 // through a rank-major scratch buffer (chunkCopy), as the CPU backend does.
 //
+// Pipeline sends are buffered as the CPU backend's are: the send copies its
+// data to a staging slot, and the staged sends are posted to NCCL with the
+// rank's next receive in one NCCL group (or before any other NCCL call or
+// host wait). Posted one by one, NCCL's sends would wait for their receives
+// and 1F1B would deadlock, both stages sending first.
+//
 // Device memory besides the arena: the data-error word, a few scalars of
-// the gradient norm, and two scratch buffers (one per stream) that grow to
-// the largest reorder or per-row statistic needed; the arena itself is
-// exactly the plan's.
+// the gradient norm, the send staging slots, and two scratch buffers (one
+// per stream) that grow to the largest reorder or per-row statistic needed;
+// the arena itself is exactly the plan's.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackend.h"
@@ -161,6 +167,12 @@ private:
   Expected<float *> scratch(bool ForComm, int64_t Floats);
   Error collective(const KernelCall &C, cudaStream_t S);
   Error pipelineMessage(const KernelCall &C, cudaStream_t S);
+  /// Stages a send of Bytes at Data (see Pending).
+  Error deferSend(cuda::NcclComm &N, const void *Data, int64_t Bytes, int Peer);
+  /// Posts the pending sends, with a receive when Data is non-null, as one
+  /// NCCL group on the NCCL stream.
+  Error flushSends(cuda::NcclComm *N = nullptr, void *Data = nullptr,
+                   int64_t Bytes = 0, int Peer = -1);
   Error gradNorm(const KernelCall &C, cudaStream_t S);
   Error dropout(const KernelCall &C, cudaStream_t S);
   Error vocabParallelLoss(const KernelCall &C, cudaStream_t S, bool Grad,
@@ -178,6 +190,20 @@ private:
   char *Staging = nullptr;
   size_t StagingBytes = 0;
   std::map<Communicator *, std::unique_ptr<cuda::NcclComm>> Nccl;
+  /// Pipeline sends not yet posted to NCCL: their data staged (copied when
+  /// the send instruction ran), posted with the next receive in one NCCL
+  /// group, or before any other NCCL call or host wait. The CPU backend's
+  /// sends are buffered and never block; NCCL's wait for the matching
+  /// receive, so posting them one by one deadlocks 1F1B (both stages send
+  /// first). Slot K of SendSlots holds the K-th pending send.
+  struct PendingSend {
+    cuda::NcclComm *Comm;
+    int Slot;
+    int64_t Bytes;
+    int Peer;
+  };
+  std::vector<PendingSend> Pending;
+  std::vector<std::pair<char *, int64_t>> SendSlots;
   // The stream plan of the program last run, and its events.
   const Program *Planned = nullptr;
   size_t PlannedInstrs = 0;
@@ -231,6 +257,8 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(Device);
+  // Sends still staged are posted, so that no peer waits for them forever.
+  consumeError(flushSends());
   if (Compute)
     cudaStreamSynchronize(Compute);
   if (Comm)
@@ -249,6 +277,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(Norm);
   cudaFree(Scratch[0]);
   cudaFree(Scratch[1]);
+  for (auto &Slot : SendSlots)
+    cudaFree(Slot.first);
   if (Staging)
     cudaFreeHost(Staging);
   if (Compute)
@@ -283,6 +313,8 @@ void CudaBackend::release(char *Arena) {
 
 Error CudaBackend::drain() {
   SP_CUDA_TRY(cudaSetDevice(Device));
+  if (auto E = flushSends())
+    return E;
   SP_CUDA_TRY(cudaStreamSynchronize(Comm));
   SP_CUDA_TRY(cudaStreamSynchronize(Compute));
   return Error::success();
@@ -364,6 +396,10 @@ Expected<cuda::NcclComm *> CudaBackend::nccl(Communicator &Host) {
   auto It = Nccl.find(&Host);
   if (It != Nccl.end())
     return It->second.get();
+  // Creation waits for the group's other ranks on the host: post what they
+  // may be waiting for first.
+  if (auto E = flushSends())
+    return E;
   auto C = cuda::NcclComm::create(Host);
   if (!C)
     return C.takeError();
@@ -373,6 +409,8 @@ Expected<cuda::NcclComm *> CudaBackend::nccl(Communicator &Host) {
 }
 
 Error CudaBackend::hopToNccl(cudaStream_t S) {
+  if (auto E = flushSends())
+    return E;
   if (S == ncclStream())
     return Error::success();
   SP_CUDA_TRY(cudaEventRecord(ToNccl, S));
@@ -509,6 +547,8 @@ Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
     auto N = nccl(*G);
     if (!N)
       return N.takeError();
+    if (auto E = flushSends())
+      return E;
     return (*N)->allReduceSum(Out, Out, OutT.numElements(), S);
   }
   int Dim = attrInt(I.Op, I.Attrs, "dim"), Parts = attrInt(I.Op, I.Attrs, "parts");
@@ -528,6 +568,8 @@ Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
   auto N = nccl(*G);
   if (!N)
     return N.takeError();
+  if (auto E = flushSends())
+    return E;
   if (I.Op == OpKind::AllGather) {
     int64_t Count = InT.numElements();
     AxisView A = around(InT, Dim);
@@ -572,19 +614,23 @@ Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
   auto N = nccl(*Pipe);
   if (!N)
     return N.takeError();
+  if (S != ncclStream())
+    return planError("a pipeline message off the NCCL stream");
   switch (I.Op) {
   case OpKind::Send:
-    return (*N)->send(C.buffer(I.In[0]), Bufs[I.In[0]].Type.numBytes(),
-                      attrInt(I.Op, I.Attrs, "peer"), S);
+    return deferSend(**N, C.buffer(I.In[0]), Bufs[I.In[0]].Type.numBytes(),
+                     attrInt(I.Op, I.Attrs, "peer"));
   case OpKind::Recv:
-    return (*N)->recv(C.buffer(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(),
-                      attrInt(I.Op, I.Attrs, "peer"), S);
+    return flushSends(*N, C.buffer(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(),
+                      attrInt(I.Op, I.Attrs, "peer"));
   case OpKind::PipeBroadcast: {
     int Root = attrInt(I.Op, I.Attrs, "root");
     int64_t Bytes = Bufs[I.Out[0]].Type.numBytes();
     if (Stage == Root)
       SP_CUDA_TRY(cudaMemcpyAsync(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes,
                                   cudaMemcpyDeviceToDevice, S));
+    if (auto E = flushSends())
+      return E;
     return (*N)->broadcast(C.buffer(I.Out[0]), Bytes, Root, S);
   }
   case OpKind::PipeAllReduce: {
@@ -599,26 +645,70 @@ Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
     SP_CUDA_TRY(cudaMemcpyAsync(Y, C.buffer(I.In[0]), Bytes,
                                 cudaMemcpyDeviceToDevice, S));
     if (Stage != Ranks[0]) {
-      if (auto E = (*N)->send(Y, Bytes, int(Ranks[0]), S))
+      if (auto E = deferSend(**N, Y, Bytes, int(Ranks[0])))
         return E;
-      return (*N)->recv(Y, Bytes, int(Ranks[0]), S);
+      return flushSends(*N, Y, Bytes, int(Ranks[0]));
     }
     auto Part = scratch(S == Comm, Count);
     if (!Part)
       return Part.takeError();
     for (size_t K = 1; K < Ranks.size(); ++K) {
-      if (auto E = (*N)->recv(*Part, Bytes, int(Ranks[K]), S))
+      if (auto E = flushSends(*N, *Part, Bytes, int(Ranks[K])))
         return E;
       cuda::add(Y, Y, *Part, Count, S);
     }
     for (size_t K = 1; K < Ranks.size(); ++K)
-      if (auto E = (*N)->send(Y, Bytes, int(Ranks[K]), S))
+      if (auto E = deferSend(**N, Y, Bytes, int(Ranks[K])))
         return E;
     return Error::success();
   }
   default:
     llvm_unreachable("not a pipeline message");
   }
+}
+
+Error CudaBackend::deferSend(cuda::NcclComm &N, const void *Data,
+                             int64_t Bytes, int Peer) {
+  int Slot = int(Pending.size());
+  if (Slot == int(SendSlots.size()))
+    SendSlots.push_back({nullptr, 0});
+  auto &[Ptr, Size] = SendSlots[Slot];
+  if (Size < Bytes) {
+    // A smaller slot may still be read by a posted send: wait for it.
+    if (Ptr) {
+      SP_CUDA_TRY(cudaStreamSynchronize(ncclStream()));
+      SP_CUDA_TRY(cudaFree(Ptr));
+      Ptr = nullptr;
+    }
+    SP_CUDA_TRY(cudaMalloc(&Ptr, size_t(Bytes)));
+    Size = Bytes;
+  }
+  SP_CUDA_TRY(cudaMemcpyAsync(Ptr, Data, size_t(Bytes),
+                              cudaMemcpyDeviceToDevice, ncclStream()));
+  Pending.push_back({&N, Slot, Bytes, Peer});
+  return Error::success();
+}
+
+Error CudaBackend::flushSends(cuda::NcclComm *N, void *Data, int64_t Bytes,
+                              int Peer) {
+  if (Pending.empty() && !Data)
+    return Error::success();
+  if (auto E = cuda::NcclComm::groupStart())
+    return E;
+  Error Failed = Error::success();
+  for (const PendingSend &P : Pending)
+    if (!Failed)
+      Failed = P.Comm->send(SendSlots[P.Slot].first, P.Bytes, P.Peer,
+                            ncclStream());
+  if (!Failed && Data)
+    Failed = N->recv(Data, Bytes, Peer, ncclStream());
+  Pending.clear();
+  Error Ended = cuda::NcclComm::groupEnd();
+  if (Failed) {
+    consumeError(std::move(Ended));
+    return Failed;
+  }
+  return Ended;
 }
 
 Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {

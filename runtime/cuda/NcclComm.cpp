@@ -92,4 +92,14 @@ Error NcclComm::recv(void *Data, int64_t Bytes, int Peer, cudaStream_t S) {
   return Error::success();
 }
 
+Error NcclComm::groupStart() {
+  SP_NCCL_TRY(ncclGroupStart());
+  return Error::success();
+}
+
+Error NcclComm::groupEnd() {
+  SP_NCCL_TRY(ncclGroupEnd());
+  return Error::success();
+}
+
 } // namespace sp::cuda

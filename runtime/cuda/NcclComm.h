@@ -46,6 +46,10 @@ public:
   llvm::Error broadcast(void *Data, int64_t Bytes, int Root, cudaStream_t S);
   llvm::Error send(const void *Data, int64_t Bytes, int Peer, cudaStream_t S);
   llvm::Error recv(void *Data, int64_t Bytes, int Peer, cudaStream_t S);
+  /// ncclGroupStart / ncclGroupEnd: the sends and receives between them
+  /// progress together (none waits for the others to be matched first).
+  static llvm::Error groupStart();
+  static llvm::Error groupEnd();
 
 private:
   NcclComm() = default;

@@ -21,10 +21,12 @@
 #include "passes/Compile.h"
 #include "plan/Plan.h"
 #include "runtime/Executor.h"
+#include "runtime/comm/ProcessGrid.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <random>
 
 using namespace sp;
@@ -32,11 +34,19 @@ using namespace llvm;
 
 namespace {
 
-Plan compileTiny() {
+Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
+                 int Microbatches = 1) {
   registerOnnxDataLoader();
   auto G = cantFail(
       importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
   PassContext Ctx;
+  Ctx.TensorParallel = TP;
+  Ctx.SequenceParallel = SP;
+  if (PP > 1) {
+    Ctx.Pipeline.Stages = PP;
+    Ctx.Pipeline.Microbatches = Microbatches;
+    Ctx.Pipeline.Schedule = PipelineSchedule::OneFOneB;
+  }
   return std::move(*cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
 }
 
@@ -128,6 +138,125 @@ TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
       EXPECT_LE(G, K * std::max(C, Floor))
           << "gradient of " << Name << " at step " << S + 1
           << ": gpu error " << G << ", cpu error " << C;
+    }
+  }
+}
+
+/// The same plan on TP x PP thread ranks, each on the CPU or on GPU number
+/// (its world rank): the losses and every stage's own parameters' whole
+/// gradients (gathered over the tensor group).
+Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps) {
+  Run R;
+  R.Grads.resize(Steps);
+  std::mutex M;
+  Error E = runOnThreadRanks(TP * PP, [&](Communicator &World) -> Error {
+    ProcessGrid Grid;
+    Grid.Tensor = TP;
+    Grid.Pipeline = PP;
+    auto Groups = splitGroups(World, Grid);
+    if (!Groups)
+      return Groups.takeError();
+    RunOptions O;
+    O.AllowFloat64 = true;
+    O.Comm = Groups->Tensor.get();
+    O.PipeComm = PP > 1 ? Groups->Pipeline.get() : nullptr;
+    std::unique_ptr<Backend> Made;
+    if (Cuda) {
+      CudaBackendOptions CO;
+      CO.Device = World.rank(); // thread ranks: one GPU each
+      CO.World = &World;
+      CO.Tensor = O.Comm;
+      CO.Pipeline = O.PipeComm;
+      auto B = createCudaBackend(CO);
+      if (!B)
+        return B.takeError();
+      Made = std::move(*B);
+      O.MakeBackend = [&] { return std::move(Made); };
+    }
+    auto Ex = Executor::create(P, O);
+    if (!Ex)
+      return Ex.takeError();
+    std::mt19937 Rng(7);
+    TokenBatch Data;
+    for (int64_t I = 0; I < (*Ex)->batch() * (*Ex)->seq(); ++I) {
+      Data.Tokens.push_back(Rng() % (*Ex)->vocab());
+      Data.Targets.push_back(Rng() % (*Ex)->vocab());
+    }
+    for (int S = 1; S <= Steps; ++S) {
+      auto L = (*Ex)->trainStep(Data, 1e-3, S);
+      if (!L)
+        return L.takeError();
+      if (auto Err = (*Ex)->download())
+        return Err;
+      if (World.rank() == 0) {
+        std::lock_guard<std::mutex> Lock(M);
+        R.Losses.push_back(*L);
+      }
+      for (const TensorView &Param : (*Ex)->parameters()) {
+        if (StringRef(Param.Name).contains('@')) // another stage's copy
+          continue;
+        auto G = (*Ex)->gradient(Param.Name);
+        if (!G)
+          return createStringError(inconvertibleErrorCode(),
+                                   "no gradient of " + Param.Name);
+        auto Full = (*Ex)->gather64(*G);
+        if (!Full)
+          return Full.takeError();
+        std::lock_guard<std::mutex> Lock(M);
+        if (Groups->At.Tensor == 0)
+          R.Grads[S - 1][Param.Name] = std::move(*Full);
+      }
+    }
+    return Error::success();
+  });
+  if (E)
+    return E;
+  return R;
+}
+
+/// t = 2 with sequence parallelism, and p = 2 (1F1B, 2 microbatches): the
+/// NCCL collectives, the buffered pipeline sends and the two streams, on
+/// two GPUs, against the same plan on CPU thread ranks and in float64, by
+/// the rule of DefaultModelMatchesTheCpuBackend.
+TEST(CudaEndToEnd, TensorAndPipelineParallelMatchTheCpu) {
+  if (Error E = checkCudaDevice())
+    GTEST_SKIP() << "no CUDA device is present, skipping the multi-GPU "
+                    "end-to-end test: "
+                 << toString(std::move(E));
+  if (cudaDeviceCount() < 2)
+    GTEST_SKIP() << "only " << cudaDeviceCount()
+                 << " CUDA device is visible; t = 2 and p = 2 need 2";
+  struct Layout {
+    const char *Name;
+    int TP;
+    bool SP;
+    int PP, Microbatches;
+  };
+  for (Layout L : {Layout{"t = 2 + SP", 2, true, 1, 1},
+                   Layout{"p = 2, 1F1B, 2 microbatches", 1, false, 2, 2}}) {
+    SCOPED_TRACE(L.Name);
+    Plan P = compileTiny(L.TP, L.SP, L.PP, L.Microbatches);
+    const int Steps = 2;
+    auto Gpu = trainGrid(P, L.TP, L.PP, true, Steps);
+    ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+    auto Cpu = trainGrid(P, L.TP, L.PP, false, Steps);
+    ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+    auto Ref = trainGrid(widenToFloat64(P), L.TP, L.PP, false, Steps);
+    ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
+    const double K = 8, Floor = std::ldexp(1.0, -24);
+    for (int S = 0; S < Steps; ++S) {
+      double L64 = Ref->Losses[S];
+      double CpuErr = std::fabs(Cpu->Losses[S] - L64) / std::fabs(L64);
+      double GpuErr = std::fabs(Gpu->Losses[S] - L64) / std::fabs(L64);
+      EXPECT_LE(GpuErr, K * std::max(CpuErr, Floor))
+          << "loss of step " << S + 1;
+      ASSERT_EQ(Gpu->Grads[S].size(), Ref->Grads[S].size());
+      for (auto &[Name, G64] : Ref->Grads[S]) {
+        double C = normwise(Cpu->Grads[S].at(Name), G64);
+        double G = normwise(Gpu->Grads[S].at(Name), G64);
+        EXPECT_LE(G, K * std::max(C, Floor))
+            << "gradient of " << Name << " at step " << S + 1;
+      }
     }
   }
 }

@@ -17,9 +17,11 @@
 //
 // Pipeline sends are buffered as the CPU backend's are: the send copies its
 // data to a staging slot, and the staged sends are posted to NCCL with the
-// rank's next receive in one NCCL group (or before any other NCCL call or
-// host wait). Posted one by one, NCCL's sends would wait for their receives
-// and 1F1B would deadlock, both stages sending first.
+// rank's next receive in one NCCL group (or before a collective of the
+// pipeline group or a host wait; PipelinePosting.h states the policy and
+// its tests run the compiled schedules through it). Posted one by one,
+// NCCL's sends would wait for their receives and 1F1B would deadlock, both
+// stages sending first.
 //
 // Device memory besides the arena: the data-error word, a few scalars of
 // the gradient norm, the send staging slots, and two scratch buffers (one
@@ -192,7 +194,8 @@ private:
   std::map<Communicator *, std::unique_ptr<cuda::NcclComm>> Nccl;
   /// Pipeline sends not yet posted to NCCL: their data staged (copied when
   /// the send instruction ran), posted with the next receive in one NCCL
-  /// group, or before any other NCCL call or host wait. The CPU backend's
+  /// group, or before a pipeline-group collective or a host wait
+  /// (PipelinePosting.h). The CPU backend's
   /// sends are buffered and never block; NCCL's wait for the matching
   /// receive, so posting them one by one deadlocks 1F1B (both stages send
   /// first). Slot K of SendSlots holds the K-th pending send.
@@ -409,8 +412,6 @@ Expected<cuda::NcclComm *> CudaBackend::nccl(Communicator &Host) {
 }
 
 Error CudaBackend::hopToNccl(cudaStream_t S) {
-  if (auto E = flushSends())
-    return E;
   if (S == ncclStream())
     return Error::success();
   SP_CUDA_TRY(cudaEventRecord(ToNccl, S));
@@ -547,8 +548,6 @@ Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
     auto N = nccl(*G);
     if (!N)
       return N.takeError();
-    if (auto E = flushSends())
-      return E;
     return (*N)->allReduceSum(Out, Out, OutT.numElements(), S);
   }
   int Dim = attrInt(I.Op, I.Attrs, "dim"), Parts = attrInt(I.Op, I.Attrs, "parts");
@@ -568,8 +567,6 @@ Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
   auto N = nccl(*G);
   if (!N)
     return N.takeError();
-  if (auto E = flushSends())
-    return E;
   if (I.Op == OpKind::AllGather) {
     int64_t Count = InT.numElements();
     AxisView A = around(InT, Dim);
@@ -754,6 +751,10 @@ Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
       if (!N)
         return N.takeError();
       if (auto E = hopToNccl(S))
+        return E;
+      // A collective of the pipeline group: post the held sends first
+      // (PipelinePosting.h).
+      if (auto E = flushSends())
         return E;
       if (auto E = (*N)->allReduceSum(&Norm->TotalF, &Norm->TotalF, 1,
                                       ncclStream()))

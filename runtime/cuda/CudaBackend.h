@@ -12,14 +12,17 @@
 // errors a kernel finds (an id or target out of range) are reported by the
 // next synchronize().
 //
-// Typical use (one process per GPU; each rank's MakeBackend):
+// Use (sp-run --device cuda does this): checkCudaDevice() once, before
+// anything is read or written; then on every rank, after its groups are
+// split, createCudaBackend with the rank's groups (collective over each
+// group) and hand the backend to the executor:
 //
-//   if (auto E = sp::cuda::checkCudaDevice()) -> print, exit 1
-//   RunOptions R; ...
-//   R.MakeBackend = [&] {
-//     CudaBackendOptions O; O.World = World; O.Tensor = Tp; ...
-//     return cantFail-or-report(createCudaBackend(O));
-//   };
+//   auto B = createCudaBackend(Opts);        // error: report, every rank
+//   auto Held = std::make_shared<std::unique_ptr<Backend>>(std::move(*B));
+//   RunOptions R; R.MakeBackend = [Held] { return std::move(*Held); };
+//
+// Thread ranks (several ranks in one process) must each set Device: the
+// launcher's local rank is the process's.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CUDA_CUDABACKEND_H

@@ -41,6 +41,9 @@
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
 #include <climits>
+#include <dlfcn.h>
+#include <mutex>
+#include <type_traits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -106,6 +109,67 @@ cuda::DevShape devShape(ArrayRef<int64_t> Dims) {
   for (size_t D = 0; D < Dims.size() && D < size_t(cuda::MaxRank); ++D)
     S.Dim[D] = Dims[D];
   return S;
+}
+
+/// The cuBLAS functions the backend calls, from libcublas loaded when the
+/// first backend is made: linked, its (and cuBLASLt's) static
+/// initialisation would cost every process that links the backend, sp-run
+/// on the CPU included, about half a second at startup.
+struct CublasApi {
+  decltype(&cublasCreate_v2) Create;
+  decltype(&cublasDestroy_v2) Destroy;
+  decltype(&cublasSetStream_v2) SetStream;
+  decltype(&cublasSetMathMode) SetMathMode;
+  decltype(&cublasSgemm_v2) Sgemm;
+  decltype(&cublasSgemmStridedBatched) SgemmStridedBatched;
+};
+
+Expected<const CublasApi *> loadCublas() {
+  static std::mutex M;
+  static std::optional<CublasApi> Api;
+  static std::string Failure;
+  std::lock_guard<std::mutex> Lock(M);
+  if (Api)
+    return &*Api;
+  if (!Failure.empty())
+    return planError(Failure);
+  void *H = nullptr;
+  std::string Why;
+  for (const char *Name : {"libcublas.so.13", "libcublas.so"}) {
+    H = dlopen(Name, RTLD_NOW | RTLD_LOCAL);
+    if (H)
+      break;
+    if (const char *E = dlerror())
+      Why = E;
+  }
+  if (!H) {
+    Failure = "--device cuda: cannot load cuBLAS (" + Why +
+              "); install the CUDA toolkit's libcublas or add its folder to "
+              "LD_LIBRARY_PATH";
+    return planError(Failure);
+  }
+  CublasApi A;
+  bool Ok = true;
+  auto Get = [&](auto &Fn, const char *Symbol) {
+    Fn = reinterpret_cast<std::remove_reference_t<decltype(Fn)>>(
+        dlsym(H, Symbol));
+    if (!Fn) {
+      Ok = false;
+      Why = Symbol;
+    }
+  };
+  Get(A.Create, "cublasCreate_v2");
+  Get(A.Destroy, "cublasDestroy_v2");
+  Get(A.SetStream, "cublasSetStream_v2");
+  Get(A.SetMathMode, "cublasSetMathMode");
+  Get(A.Sgemm, "cublasSgemm_v2");
+  Get(A.SgemmStridedBatched, "cublasSgemmStridedBatched");
+  if (!Ok) {
+    Failure = "--device cuda: the loaded cuBLAS has no " + Why;
+    return planError(Failure);
+  }
+  Api = A;
+  return &*Api;
 }
 
 /// FNV-1a over what the stream plan depends on: the instructions' ops and
@@ -184,6 +248,7 @@ private:
   bool Overlap = true;
   cudaStream_t Compute = nullptr, Comm = nullptr;
   cublasHandle_t Blas = nullptr;
+  const CublasApi *Cublas = nullptr;
   cudaEvent_t ToNccl = nullptr, FromNccl = nullptr;
   cuda::DeviceError *Err = nullptr;
   NormScalars *Norm = nullptr;
@@ -242,8 +307,12 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
   SP_CUDA_TRY(cudaStreamCreateWithFlags(&Comm, cudaStreamNonBlocking));
   SP_CUDA_TRY(cudaEventCreateWithFlags(&ToNccl, cudaEventDisableTiming));
   SP_CUDA_TRY(cudaEventCreateWithFlags(&FromNccl, cudaEventDisableTiming));
-  SP_CUBLAS_TRY(cublasCreate(&Blas));
-  SP_CUBLAS_TRY(cublasSetMathMode(
+  auto Api = loadCublas();
+  if (!Api)
+    return Api.takeError();
+  Cublas = *Api;
+  SP_CUBLAS_TRY(Cublas->Create(&Blas));
+  SP_CUBLAS_TRY(Cublas->SetMathMode(
       Blas, O.AllowTF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
   SP_CUDA_TRY(cudaMalloc(&Err, sizeof(cuda::DeviceError)));
   SP_CUDA_TRY(cudaMemset(Err, 0, sizeof(cuda::DeviceError)));
@@ -275,7 +344,7 @@ CudaBackend::~CudaBackend() {
   if (FromNccl)
     cudaEventDestroy(FromNccl);
   if (Blas)
-    cublasDestroy(Blas);
+    Cublas->Destroy(Blas);
   cudaFree(Err);
   cudaFree(Norm);
   cudaFree(Scratch[0]);
@@ -450,9 +519,9 @@ Error CudaBackend::gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
       !fitsInt(Ldb) || !fitsInt(Ldc))
     return planError("gemm dimension above INT_MAX");
   float One = 1.0f;
-  SP_CUBLAS_TRY(cublasSetStream(Blas, S));
+  SP_CUBLAS_TRY(Cublas->SetStream(Blas, S));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  SP_CUBLAS_TRY(cublasSgemm(Blas, TB ? CUBLAS_OP_T : CUBLAS_OP_N,
+  SP_CUBLAS_TRY(Cublas->Sgemm(Blas, TB ? CUBLAS_OP_T : CUBLAS_OP_N,
                             TA ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M),
                             int(K), &One, B, int(Ldb), A, int(Lda), &Beta, Cm,
                             int(Ldc)));
@@ -467,8 +536,8 @@ Error CudaBackend::batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M,
   if (!fitsInt(M) || !fitsInt(N) || !fitsInt(K) || !fitsInt(Batch))
     return planError("batch_matmul dimension above INT_MAX");
   float One = 1.0f, Zero = 0.0f;
-  SP_CUBLAS_TRY(cublasSetStream(Blas, S));
-  SP_CUBLAS_TRY(cublasSgemmStridedBatched(
+  SP_CUBLAS_TRY(Cublas->SetStream(Blas, S));
+  SP_CUBLAS_TRY(Cublas->SgemmStridedBatched(
       Blas, TB ? CUBLAS_OP_T : CUBLAS_OP_N, TA ? CUBLAS_OP_T : CUBLAS_OP_N,
       int(N), int(M), int(K), &One, B, int(TB ? K : N), K * N, A,
       int(TA ? M : K), M * K, &Zero, Cm, int(N), M * N, int(Batch)));
@@ -1209,6 +1278,11 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
 } // namespace
 
 bool cudaBackendBuilt() { return true; }
+
+Error loadCudaLibraries() {
+  auto Api = loadCublas();
+  return Api ? Error::success() : Api.takeError();
+}
 
 int cudaDeviceCount() {
   int Count = 0;

@@ -69,6 +69,11 @@ llvm::Error checkCudaDevice();
 /// device, or a build without CUDA).
 int cudaDeviceCount();
 
+/// Loads the libraries the backend opens only when it is made (cuBLAS,
+/// whose start-up cost every process would pay if it were linked); an error
+/// names what is missing. Needs no GPU.
+llvm::Error loadCudaLibraries();
+
 /// The backend of this rank: picks and sets its device, creates its streams,
 /// cuBLAS handle and NCCL communicators.
 llvm::Expected<std::unique_ptr<Backend>>

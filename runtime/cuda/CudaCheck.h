@@ -31,10 +31,40 @@ inline llvm::Error cudaFailure(const char *Call, cudaError_t E,
                      Line);
 }
 
+/// cuBLAS is loaded only when a backend is made (CudaBackend.cpp: its
+/// static initialisation costs every process half a second), so its status
+/// names are spelled here rather than asked of the library.
+inline const char *cublasStatusName(cublasStatus_t S) {
+  switch (S) {
+  case CUBLAS_STATUS_SUCCESS:
+    return "CUBLAS_STATUS_SUCCESS";
+  case CUBLAS_STATUS_NOT_INITIALIZED:
+    return "CUBLAS_STATUS_NOT_INITIALIZED";
+  case CUBLAS_STATUS_ALLOC_FAILED:
+    return "CUBLAS_STATUS_ALLOC_FAILED";
+  case CUBLAS_STATUS_INVALID_VALUE:
+    return "CUBLAS_STATUS_INVALID_VALUE";
+  case CUBLAS_STATUS_ARCH_MISMATCH:
+    return "CUBLAS_STATUS_ARCH_MISMATCH";
+  case CUBLAS_STATUS_MAPPING_ERROR:
+    return "CUBLAS_STATUS_MAPPING_ERROR";
+  case CUBLAS_STATUS_EXECUTION_FAILED:
+    return "CUBLAS_STATUS_EXECUTION_FAILED";
+  case CUBLAS_STATUS_INTERNAL_ERROR:
+    return "CUBLAS_STATUS_INTERNAL_ERROR";
+  case CUBLAS_STATUS_NOT_SUPPORTED:
+    return "CUBLAS_STATUS_NOT_SUPPORTED";
+  case CUBLAS_STATUS_LICENSE_ERROR:
+    return "CUBLAS_STATUS_LICENSE_ERROR";
+  default:
+    return "cublasStatus (unknown)";
+  }
+}
+
 inline llvm::Error cublasFailure(const char *Call, cublasStatus_t S,
                                  const char *File, int Line) {
-  return callFailure(Call, cublasGetStatusName(S), cublasGetStatusString(S),
-                     File, Line);
+  return callFailure(Call, cublasStatusName(S), "cuBLAS call failed", File,
+                     Line);
 }
 
 inline llvm::Error ncclFailure(const char *Call, ncclResult_t R,

@@ -19,6 +19,7 @@ static Error notBuilt() {
 }
 
 bool cudaBackendBuilt() { return false; }
+Error loadCudaLibraries() { return notBuilt(); }
 Error checkCudaDevice() { return notBuilt(); }
 int cudaDeviceCount() { return 0; }
 Expected<std::unique_ptr<Backend>>

@@ -407,6 +407,15 @@ TEST(DeviceSelect, NoDeviceErrorOnThisMachine) {
   EXPECT_EQ(toString(B.takeError()), Msg);
 }
 
+/// cuBLAS is not linked (its start-up costs half a second) but opened when
+/// a backend is made: it must be found, without a GPU too.
+TEST(DeviceSelect, CublasLoadsAtRunTime) {
+  if (!cudaBackendBuilt())
+    GTEST_SKIP() << "built without the CUDA backend";
+  Error E = loadCudaLibraries();
+  EXPECT_FALSE(bool(E)) << toString(std::move(E));
+}
+
 //===----------------------------------------------------------------------===//
 // Pipeline message posting
 //===----------------------------------------------------------------------===//

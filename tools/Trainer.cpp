@@ -631,6 +631,8 @@ Error Trainer::runRank(Communicator *World) {
     // group), and a failure on one is every rank's.
     CudaBackendOptions CO;
     CO.Device = O.CudaDevice;
+    if (O.ThreadRanks && World)
+      CO.Device = O.CudaDevice.value_or(0) + World->rank();
     CO.World = World;
     CO.Tensor = Groups.Tensor.get();
     CO.Pipeline = Groups.Pipeline.get();

@@ -56,6 +56,10 @@ struct TrainerOptions {
   bool Cuda = false;
   std::optional<int> CudaDevice;
   bool AllowTF32 = false;
+  /// The ranks are threads of this process (--comm threads): with --device
+  /// cuda, rank r takes GPU (CudaDevice or 0) + r, since the launcher's
+  /// local rank is the whole process's.
+  bool ThreadRanks = false;
   /// Kernel threads of each rank (for the summary line).
   int ThreadsPerRank = 1;
 };

@@ -154,7 +154,8 @@ static cl::opt<std::string>
 static cl::opt<std::string>
     Device("device",
            cl::desc("Where the plan runs: cpu (default), or cuda (one GPU "
-                    "per rank, the local rank's; cuda:N picks GPU N)"),
+                    "per rank: an MPI rank's local rank, a thread rank's "
+                    "index; cuda:N starts at GPU N)"),
            cl::init("cpu"), cl::value_desc("cpu|cuda[:N]"), cl::cat(Cat));
 static cl::opt<bool> AllowTF32(
     "tf32",
@@ -476,6 +477,7 @@ int main(int Argc, char **Argv) {
   if (StringRef(Device).startswith("cuda:"))
     O.CudaDevice = std::stoi(Device.substr(5));
   O.AllowTF32 = AllowTF32;
+  O.ThreadRanks = CommKind == "threads" && Ranks > 1;
   Trainer T(*P, std::move(O));
   auto Timeout = std::chrono::milliseconds(
       std::max<int64_t>(1, int64_t(CommTimeout * 1000)));

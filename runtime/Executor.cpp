@@ -180,6 +180,9 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
 
   E->Back = Opts.MakeBackend ? Opts.MakeBackend()
                              : std::make_unique<CpuBackend>();
+  if (!E->Back)
+    return planError("RunOptions::MakeBackend made no backend (a factory "
+                     "called twice, or one whose backend failed to start)");
   auto Arena = E->Back->allocate(Prog.ArenaBytes);
   if (!Arena)
     return Arena.takeError();
@@ -428,6 +431,16 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
                                describe(In, I).c_str(),
                                toString(std::move(E)).c_str());
     if (Training) {
+      // A device backend queues its calls: the trace waits for each one,
+      // the phase times for the last of each run of one phase (so a
+      // phase's total is its wall time, the in-between calls' their
+      // queueing time).
+      bool PhaseEnds = I + 1 == NumInstrs || Prog.Instrs[I + 1].Ph != In.Ph;
+      if (!Back->hostMemory() && (Opts.Trace || PhaseEnds))
+        if (auto E = Back->synchronize())
+          return createStringError(inconvertibleErrorCode(), "%s: %s",
+                                   describe(In, I).c_str(),
+                                   toString(std::move(E)).c_str());
       auto End = std::chrono::steady_clock::now();
       Times.PhaseSeconds[int(In.Ph)] +=
           std::chrono::duration<double>(End - Start).count();

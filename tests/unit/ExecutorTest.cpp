@@ -146,6 +146,16 @@ private:
   std::map<std::string, int> &Counts;
 };
 
+TEST(Executor, ABackendFactoryThatMakesNothingIsAnError) {
+  Plan P = compileTiny();
+  RunOptions O;
+  O.MakeBackend = [] { return std::unique_ptr<Backend>(); };
+  auto E = Executor::create(P, O);
+  ASSERT_FALSE(bool(E));
+  EXPECT_NE(toString(E.takeError()).find("MakeBackend made no backend"),
+            std::string::npos);
+}
+
 TEST(Executor, RunsThroughAnyBackend) {
   Plan P = compileTiny();
   std::map<std::string, int> Counts;

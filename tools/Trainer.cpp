@@ -818,10 +818,13 @@ Error Trainer::runRank(Communicator *World) {
                  .str();
   if (Grid.Data > 1)
     Layout += formatv(" ({0} replicas of batch {1})", Grid.Data, E.batch());
-  Out << formatv("sp-run: training {0} (plan '{1}'): steps {2}-{3}, batch "
-                 "{4} x {5} tokens{10}, lr {6} (warmup {7}, cosine to {8}), "
-                 "{9} threads\n",
-                 ModelName, O.PlanDir, FirstStep, O.Steps,
+  std::string StepsText =
+      FirstStep > O.Steps ? formatv("step {0} reached", O.Steps).str()
+                          : formatv("steps {0}-{1}", FirstStep, O.Steps).str();
+  Out << formatv("sp-run: training {0} (plan '{1}'): {2}, batch "
+                 "{3} x {4} tokens{9}, lr {5} (warmup {6}, cosine to {7}), "
+                 "{8} threads\n",
+                 ModelName, O.PlanDir, StepsText,
                  E.batch() * Grid.Data, E.seq(), sci(O.LR), O.Warmup,
                  sci(O.MinLR), O.ThreadsPerRank, Layout);
   Out.flush();
@@ -913,7 +916,12 @@ Error Trainer::runRank(Communicator *World) {
     }
   }
   Progress.finish();
-  WritingScope Writing;        // a stop lets the outputs below finish
+  WritingScope Writing; // a stop lets the outputs below finish
+  // Resumed from the last step (a run killed after its final checkpoint):
+  // its logs, from the checkpoint's loss history.
+  if (FirstStep > O.Steps)
+    if (auto Err = R.writeLogs())
+      return Err;
   if (auto Err = E.download()) // the trained weights, for dumps and export
     return Err;
 
@@ -949,7 +957,12 @@ Error Trainer::runRank(Communicator *World) {
   }
 
   int64_t Trained = O.Steps - FirstStep + 1;
-  Out << formatv(
+  if (Trained <= 0)
+    Out << formatv("checkpoint '{0}' is at step {1} of {1}: nothing left to "
+                   "train; final loss {2:F4}\n",
+                   O.CheckpointPath, O.Steps, R.Rows.back().Loss);
+  else
+    Out << formatv(
       "trained steps {0}-{1}: final loss {2:F4}, {3} tok/s "
       "({4} tokens in {5:F2} s)\n",
       FirstStep, O.Steps, R.Rows.back().Loss,
@@ -959,7 +972,7 @@ Error Trainer::runRank(Communicator *World) {
   printMemory(Out, P, E.memory());
   printTiming(Out, E.timing(), FirstStepTime);
   Out << "wrote " << O.LogPath << "/loss.csv and loss.svg\n";
-  if (O.CheckpointEvery)
+  if (O.CheckpointEvery && Trained > 0)
     Out << "wrote checkpoint " << O.CheckpointPath << " (step " << O.Steps
         << ")\n";
   if (!O.DumpDir.empty())

@@ -350,10 +350,12 @@ int main(int Argc, char **Argv) {
             "resumed run keeps its seed",
             Seed.getValue(), M->Seed, CkptPath)));
       RunSeed = M->Seed;
-      if (M->Step >= Steps)
+      // A checkpoint at --steps is a finished run (killed, perhaps, before
+      // it wrote its logs): resuming writes them and trains nothing.
+      if (M->Step > Steps)
         return Fail(usageError(formatv(
-            "checkpoint '{0}' is at step {1}; --steps {2} leaves nothing to "
-            "train (--steps is the total, not the steps to add)",
+            "checkpoint '{0}' is at step {1}, past --steps {2} (--steps is "
+            "the total, not the steps to add)",
             CkptPath, M->Step, Steps.getValue())));
     }
     Resumed = std::move(*M);

@@ -336,13 +336,12 @@ def kill_resume():
             log("  %s: kill %d (%s) at checkpoint step %d: %s" %
                 (layout, kills, "mid-write" if mid_write else "random", step,
                  phase))
-        # To the end.
-        if (index_of(ck) or {}).get("step") != STEPS:
-            resume = ["--resume"] if index_of(ck) else []
-            rc, out, err = run(base + ["--checkpoint", ck, "--log-dir",
-                                       logdir] + resume, timeout=300)
-            check(rc == 0, "%s: the final resume failed: %s" %
-                  (layout, err[-500:]))
+        # To the end (also when the last kill came after the final
+        # checkpoint: the resume then only writes the logs and cleans up).
+        resume = ["--resume"] if index_of(ck) else []
+        rc, out, err = run(base + ["--checkpoint", ck, "--log-dir", logdir] +
+                           resume, timeout=300)
+        check(rc == 0, "%s: the final resume failed: %s" % (layout, err[-500:]))
         same = same_checkpoint(ref + "/ck", ck, layout)
         csv_same = check(read(ref + "/log/loss.csv") == read(logdir +
                                                              "/loss.csv"),

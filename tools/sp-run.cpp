@@ -215,6 +215,17 @@ Faults:
 
 static const char *Tool = "sp-run";
 
+/// --device: std::nullopt for a malformed value; else the GPU index of
+/// cuda:N, or -1 for cpu and cuda (the local rank's GPU).
+static std::optional<int> deviceIndex(StringRef Dev) {
+  if (Dev == "cpu" || Dev == "cuda")
+    return -1;
+  int N = -1;
+  if (!Dev.consume_front("cuda:") || Dev.getAsInteger(10, N) || N < 0)
+    return std::nullopt;
+  return N;
+}
+
 /// Flags that are wrong whatever the plan and the files.
 static Error checkFlags() {
   if (Steps <= 0)
@@ -272,11 +283,7 @@ static Error checkFlags() {
                                 "weights are float64; it cannot be "
                                 "combined with ") +
                           Flag);
-  StringRef Dev(Device);
-  int DeviceIndex = -1;
-  if (Dev != "cpu" && Dev != "cuda" &&
-      (!Dev.consume_front("cuda:") || Dev.getAsInteger(10, DeviceIndex) ||
-       DeviceIndex < 0))
+  if (!deviceIndex(Device))
     return usageError("--device must be cpu, cuda or cuda:N (N a GPU "
                       "index), got '" +
                       Device + "'");
@@ -476,8 +483,8 @@ int main(int Argc, char **Argv) {
   O.ThreadsPerRank = NumThreads;
   O.Float64 = Float64;
   O.Cuda = Cuda;
-  if (StringRef(Device).startswith("cuda:"))
-    O.CudaDevice = std::stoi(Device.substr(5));
+  if (int N = *deviceIndex(Device); N >= 0) // checked by checkFlags
+    O.CudaDevice = N;
   O.AllowTF32 = AllowTF32;
   O.ThreadRanks = CommKind == "threads" && Ranks > 1;
   Trainer T(*P, std::move(O));

@@ -40,9 +40,10 @@ public:
     if (Ctx.DataParallel <= 1)
       return Error::success();
     Node *Norm = nullptr;
-    DenseMap<const Node *, size_t> Position;
+    DenseMap<const Node *, size_t> Position; // in the node list
+    size_t Next = 0;
     for (Node &N : G.nodes()) {
-      Position[&N] = Position.size();
+      Position[&N] = Next++;
       if (N.op() == OpKind::GradNorm)
         Norm = &N;
       if (N.op() == OpKind::AllReduce &&

@@ -1,5 +1,6 @@
 //===- LowerTraining.cpp - A compiled training graph to programs ----------===//
 #include "passes/LowerTraining.h"
+#include "lower/Finalize.h"
 #include "lower/LowerGraph.h"
 #include "lower/MemoryPlan.h"
 
@@ -47,7 +48,7 @@ Expected<LoweredPlan> lowerTrainingGraph(const Graph &G,
     return S.takeError();
   LP.Sched = std::move(*S);
   if (!PO.enabled()) {
-    planMemory(LP.OneMicrobatch);
+    finalizeProgram(LP.OneMicrobatch);
     LP.Stages.push_back(LP.OneMicrobatch);
     return LP;
   }
@@ -57,7 +58,7 @@ Expected<LoweredPlan> lowerTrainingGraph(const Graph &G,
   if (auto E = verifyPipelinePrograms(*Progs))
     return std::move(E);
   for (Program &P : *Progs)
-    planMemory(P);
+    finalizeProgram(P);
   LP.Stages = std::move(*Progs);
   return LP;
 }

@@ -34,6 +34,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Cost.h"
+#include "lower/Finalize.h"
 #include "lower/LowerGraph.h"
 #include "lower/MemoryPlan.h"
 #include "passes/MemoryReport.h"
@@ -171,7 +172,7 @@ int64_t plannedPeak(const Graph &G, ArrayRef<LayerPolicy> Policy,
   std::unique_ptr<Graph> C = G.clone();
   applyRecompute(*C, recomputeSet(*C, Policy, /*K=*/1));
   Program P = cantFail(lowerGraph(*C, ActDtype));
-  planMemory(P);
+  finalizeProgram(P);
   if (Report)
     *Report = analyzeActivations(P);
   return P.ArenaBytes;

@@ -1,5 +1,6 @@
 //===- PaperTable.cpp - sp-compile --paper-table and --figure7 ------------===//
 #include "tools/PaperTable.h"
+#include "lower/Finalize.h"
 #include "lower/LowerGraph.h"
 #include "lower/MemoryPlan.h"
 #include "lower/UnrollSchedule.h"
@@ -69,7 +70,7 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
     auto Prog = lowerGraph(**G, DType::F16);
     if (!Prog)
       return Prog.takeError();
-    planMemory(*Prog);
+    finalizeProgram(*Prog);
     ActivationReport R = analyzeActivations(*Prog);
     M.Rows.push_back({C.Name, R.layerBytes(R.middleLayer()),
                       table2Bytes(C, Info->Heads, Info->Seq, Info->Batch,

@@ -8,15 +8,35 @@ buffer, Dropout in training mode, Split/Reshape/Transpose heads, and the
 Constant/Unsqueeze/Concat shape subgraphs); `check_paper_graph_structure.py`
 keeps the two in step. Every initializer is declared with its dtype and shape
 as external data in STEM.weights.bin next to the graph, at consecutive
-64-byte-aligned offsets; that file is never written, so the 175B graph takes
-a fraction of a second and about 1.3 MB.
+64-byte-aligned offsets; by default that file is never written, so the 175B
+graph takes a fraction of a second and about 1.3 MB.
 
     /usr/bin/python3 models/gen_paper_graph.py --model 175B -o /tmp/gpt-175B.onnx
     /usr/bin/python3 models/gen_paper_graph.py --all -o /tmp/paper
     /usr/bin/python3 models/gen_paper_graph.py --layers 2 --hidden 64 --heads 4 --seq 32 \\
         --vocab 128 --batch 2 -o /tmp/small.onnx
 
-Needs only the onnx package (no torch).
+Two options make graphs that sp-run can train (tools/bench_gpu.py uses them):
+
+  --weights [--seed S]   also write STEM.weights.bin: every matrix and embedding
+                         normal(0, 0.02) from numpy's PCG64 seeded with S, the
+                         LayerNorm gains 1, every bias 0 and the mask buffers
+                         the lower triangle of ones. It is written tensor by
+                         tensor in chunks of 4 Mi elements, so memory stays
+                         small whatever the model's size.
+  --shard T              every layer is the layer of ONE rank of a T-way
+                         tensor-parallel group, as a model of its own: a/T
+                         heads of head size h/a, QKV weight [3h/T, h], attention
+                         projection [h, h/T], fc1 [4h/T, h], fc2 [h, 4h/T]
+                         (torch's [out, in] layout); the residual stream,
+                         LayerNorms and embeddings keep the full width h. Its
+                         GEMMs are those of a Megatron rank at t = T; the
+                         collectives that would join the ranks are absent.
+
+With --model NAME, the size flags override that model's values (e.g.
+`--model 22B --layers 1 --vocab 256 --shard 8 --weights`).
+
+Needs only the onnx package and numpy (no torch).
 """
 
 import argparse
@@ -54,10 +74,26 @@ class GPTSize:
     tied: bool = True
     dropout: float = 0.1
     mask: str = "buffer"
+    shard: int = 1  # write one rank's layer of a `shard`-way tensor-parallel group
 
     @property
     def head_dim(self):
         return self.hidden // self.heads
+
+    @property
+    def local_heads(self):
+        """The attention heads of one rank."""
+        return self.heads // self.shard
+
+    @property
+    def inner(self):
+        """The width of one rank's q, k, v and merged heads (h, or h/t for a shard)."""
+        return self.local_heads * self.head_dim
+
+    @property
+    def ffn(self):
+        """The width of one rank's MLP (4h, or 4h/t for a shard)."""
+        return 4 * self.hidden // self.shard
 
 
 def read_paper_models(path):
@@ -75,7 +111,7 @@ def paper_graph_path(directory, model_name):
 
 def state_dict_layout(size):
     """(name, dtype, shape) of every initializer, in torch's state-dict order."""
-    h = size.hidden
+    h, inner, ffn = size.hidden, size.inner, size.ffn
     layout = [("transformer.wte.weight", TensorProto.FLOAT, [size.vocab, h]),
               ("transformer.wpe.weight", TensorProto.FLOAT, [size.seq, h])]
     for i in range(size.layers):
@@ -83,15 +119,15 @@ def state_dict_layout(size):
         layout += [(f"{p}.ln_1.weight", TensorProto.FLOAT, [h]),
                    (f"{p}.ln_1.bias", TensorProto.FLOAT, [h]),
                    (f"{p}.attn.bias", TensorProto.BOOL, [1, 1, size.seq, size.seq]),
-                   (f"{p}.attn.c_attn.weight", TensorProto.FLOAT, [3 * h, h]),
-                   (f"{p}.attn.c_attn.bias", TensorProto.FLOAT, [3 * h]),
-                   (f"{p}.attn.c_proj.weight", TensorProto.FLOAT, [h, h]),
+                   (f"{p}.attn.c_attn.weight", TensorProto.FLOAT, [3 * inner, h]),
+                   (f"{p}.attn.c_attn.bias", TensorProto.FLOAT, [3 * inner]),
+                   (f"{p}.attn.c_proj.weight", TensorProto.FLOAT, [h, inner]),
                    (f"{p}.attn.c_proj.bias", TensorProto.FLOAT, [h]),
                    (f"{p}.ln_2.weight", TensorProto.FLOAT, [h]),
                    (f"{p}.ln_2.bias", TensorProto.FLOAT, [h]),
-                   (f"{p}.mlp.c_fc.weight", TensorProto.FLOAT, [4 * h, h]),
-                   (f"{p}.mlp.c_fc.bias", TensorProto.FLOAT, [4 * h]),
-                   (f"{p}.mlp.c_proj.weight", TensorProto.FLOAT, [h, 4 * h]),
+                   (f"{p}.mlp.c_fc.weight", TensorProto.FLOAT, [ffn, h]),
+                   (f"{p}.mlp.c_fc.bias", TensorProto.FLOAT, [ffn]),
+                   (f"{p}.mlp.c_proj.weight", TensorProto.FLOAT, [h, ffn]),
                    (f"{p}.mlp.c_proj.bias", TensorProto.FLOAT, [h])]
     layout += [("transformer.ln_f.weight", TensorProto.FLOAT, [h]),
                ("transformer.ln_f.bias", TensorProto.FLOAT, [h])]
@@ -180,10 +216,10 @@ def slice_last_dims(b, scope, x, end):
 def attention(b, size, scope, x, prefix):
     batch = b.constant(scope, size.batch, np.int64)
     seq = b.constant(scope, size.seq, np.int64)
-    heads = b.pooled_int(scope, size.heads)
-    hidden = b.constant(scope, size.hidden, np.int64)
+    heads = b.pooled_int(scope, size.local_heads)
+    hidden = b.constant(scope, size.inner, np.int64)
     qkv = linear(b, f"{scope}/c_attn", x, f"{prefix}.c_attn")
-    split = b.constant(scope, [size.hidden] * 3, np.int64)
+    split = b.constant(scope, [size.inner] * 3, np.int64)
     q, k, v = b.node(scope, "Split", [qkv, split], outputs=3, axis=2)
     head_dim = b.pooled_int(scope, size.head_dim)
     q_shape, k_shape, v_shape = (shape_tensor(b, scope, [batch, seq, heads, head_dim]) for _ in range(3))
@@ -264,13 +300,79 @@ def build_model(size, weights_location, doc=""):
     return model
 
 
-def write_graph(size, path, label):
-    """Write the graph of `size` to `path`; returns its node count."""
+WEIGHT_STD = 0.02
+CHUNK_ELEMENTS = 1 << 22  # elements generated and written at a time by write_weights
+
+
+def initial_value_kind(name, dtype):
+    """How write_weights fills an initializer: 'tril' (the causal mask buffer), 'ones' (LayerNorm
+    gains), 'zeros' (biases) or 'normal' (matrices and embeddings, N(0, WEIGHT_STD))."""
+    if dtype == TensorProto.BOOL:
+        return "tril"
+    if ".ln_" in name and name.endswith(".weight"):
+        return "ones"
+    if name.endswith(".bias"):
+        return "zeros"
+    return "normal"
+
+
+def write_weights(model, directory, seed):
+    """Write the external data every initializer of `model` declares, at its declared offset.
+
+    Streams: each tensor is generated and written CHUNK_ELEMENTS at a time (the random values
+    from one numpy PCG64 generator seeded with `seed`, drawn in offset order), so a large shard
+    never needs more than a chunk in memory. Returns the bytes written."""
+    tensors = []
+    for t in model.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        tensors.append((int(info["offset"]), int(info["length"]), info["location"], t))
+    tensors.sort(key=lambda item: item[0])
+    locations = {location for _, _, location, _ in tensors}
+    if len(locations) > 1:
+        raise ValueError(f"initializers spread over several files: {sorted(locations)}")
+    if not tensors:
+        return 0
+    rng = np.random.Generator(np.random.PCG64(seed))
+    with open(os.path.join(directory, tensors[0][2]), "wb") as f:
+        for offset, length, _, t in tensors:
+            f.write(bytes(offset - f.tell()))  # the alignment padding
+            kind = initial_value_kind(t.name, t.data_type)
+            count = math.prod(t.dims)
+            if kind == "tril":  # [..., s, s]: row i sees keys 0..i
+                cols = t.dims[-1]
+                rows_per_chunk = max(1, CHUNK_ELEMENTS // cols)
+                for _ in range(count // (t.dims[-2] * cols)):
+                    for r0 in range(0, t.dims[-2], rows_per_chunk):
+                        rows = np.arange(r0, min(r0 + rows_per_chunk, t.dims[-2]))[:, None]
+                        f.write((np.arange(cols)[None, :] <= rows).tobytes())
+            else:
+                for start in range(0, count, CHUNK_ELEMENTS):
+                    n = min(CHUNK_ELEMENTS, count - start)
+                    if kind == "normal":
+                        chunk = rng.standard_normal(n, dtype=np.float32) * np.float32(WEIGHT_STD)
+                    else:
+                        chunk = np.full(n, 1.0 if kind == "ones" else 0.0, dtype=np.float32)
+                    f.write(chunk.astype("<f4", copy=False).tobytes())
+            if f.tell() != offset + length:
+                raise AssertionError(f"{t.name}: wrote {f.tell() - offset} bytes, declared {length}")
+        return f.tell()
+
+
+def write_graph(size, path, label, weights=False, seed=0):
+    """Write the graph of `size` to `path` (and, with `weights`, its external data, seeded with
+    `seed`); returns its node count."""
     location = os.path.splitext(os.path.basename(path))[0] + ".weights.bin"
+    shard = f" shard=1/{size.shard} (one tensor-parallel rank's layers)" if size.shard > 1 else ""
+    data = (f"random weights in {location} (seed {seed})" if weights
+            else f"weight-free, {location} is not written")
     doc = (f"GPT {label}: L={size.layers} h={size.hidden} a={size.heads} s={size.seq} v={size.vocab} "
-           f"b={size.batch} tied={size.tied}; weight-free, {location} is not written")
+           f"b={size.batch} tied={size.tied}{shard}; {data}")
     model = build_model(size, location, doc)
     save_model(model, path)
+    if weights:
+        write_weights(model, os.path.dirname(os.path.abspath(path)), seed)
     return len(model.graph.node)
 
 
@@ -290,12 +392,20 @@ def parse_args(argv=None):
     p.add_argument("--mask", choices=MASK_FORMS, default="buffer",
                    help="buffer: each layer slices its own weight-free tril buffer (torch's export, default); "
                         "shared: one [s, s] bool initializer with data, used by every layer's Where")
+    p.add_argument("--shard", type=int, default=1, metavar="T",
+                   help="write every layer as one rank of a T-way tensor-parallel group: a/T heads, "
+                        "QKV [3h/T, h], projection [h, h/T], fc1 [4h/T, h], fc2 [h, 4h/T] (default 1: whole)")
+    p.add_argument("--weights", action="store_true",
+                   help="also write STEM.weights.bin: normal(0, 0.02) matrices, LayerNorm gains 1, biases 0")
+    p.add_argument("--seed", type=int, default=0, help="the seed of --weights (default %(default)s)")
     args = p.parse_args(argv)
     given = [f for f in ("layers", "hidden", "heads", "seq", "vocab", "batch") if getattr(args, f) is not None]
-    if (args.model or args.all) and given:
-        p.error("size flags go without --model/--all")
+    if args.all and given:
+        p.error("size flags go without --all (with --model they override its values)")
     if not (args.model or args.all) and len(given) < 6:
         p.error("give --model NAME, --all, or all of --layers --hidden --heads --seq --vocab --batch")
+    if args.shard < 1:
+        p.error("--shard must be a positive integer")
     return args
 
 
@@ -310,18 +420,35 @@ def graphs_to_write(args):
         return [(name, size, paper_graph_path(args.output, name)) for name, size in models.items()]
     if args.model not in models:
         sys.exit(f"error: no model {args.model!r} in {args.models_csv} (have {', '.join(models)})")
-    return [(args.model, models[args.model], args.output)]
+    overrides = {f: getattr(args, f) for f in ("layers", "hidden", "heads", "seq", "vocab", "batch")
+                 if getattr(args, f) is not None}
+    return [(args.model, dataclasses.replace(models[args.model], **overrides), args.output)]
+
+
+def check_size(size):
+    """None, or why `size` cannot be written."""
+    if size.hidden % size.heads:
+        return f"hidden {size.hidden} is not divisible by heads {size.heads}"
+    if size.heads % size.shard:
+        return f"--shard {size.shard} does not divide the {size.heads} heads"
+    return None
 
 
 def main(argv=None):
     args = parse_args(argv)
     for label, size, path in graphs_to_write(args):
-        size = dataclasses.replace(size, tied=not args.untied, dropout=args.dropout, mask=args.mask)
-        if size.hidden % size.heads:
-            sys.exit(f"error: hidden {size.hidden} is not divisible by heads {size.heads}")
+        size = dataclasses.replace(size, tied=not args.untied, dropout=args.dropout, mask=args.mask,
+                                   shard=args.shard)
+        problem = check_size(size)
+        if problem:
+            sys.exit(f"error: {problem}")
         start = time.perf_counter()
-        nodes = write_graph(size, path, label)
-        print(f"{path}: {label}, {nodes} nodes, {os.path.getsize(path) / 1024:.0f} KiB, "
+        nodes = write_graph(size, path, label, weights=args.weights, seed=args.seed)
+        extra = ""
+        if args.weights:
+            weights = os.path.splitext(path)[0] + ".weights.bin"
+            extra = f", weights {os.path.getsize(weights) / 2**20:.1f} MiB"
+        print(f"{path}: {label}, {nodes} nodes, {os.path.getsize(path) / 1024:.0f} KiB{extra}, "
               f"{time.perf_counter() - start:.2f} s")
 
 

@@ -35,7 +35,13 @@ std::vector<LayerCollectives> collectiveReport(const Program &P, int T) {
     }
     CollectiveUse U{I.Op, I.Role, I.Ph, StringRef(I.Role).endswith("_regather"),
                     int64_t(Full * Factor)};
+    if (I.Beside >= 0) {
+      const Instruction &G = P.Instrs[I.Beside];
+      U.Beside = (opName(G.Op) + " " + G.Role).str();
+    }
     LayerCollectives &L = R[I.Layer + 1];
+    if (!U.Beside.empty())
+      L.Overlapped += U.Bytes;
     (U.Regather ? L.Regather : I.Ph == Phase::Forward ? L.Forward
                                                       : L.Backward) += U.Bytes;
     L.Uses.push_back(std::move(U));
@@ -45,20 +51,23 @@ std::vector<LayerCollectives> collectiveReport(const Program &P, int T) {
 
 nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R) {
   nlohmann::json Layers = nlohmann::json::array();
-  int64_t F = 0, B = 0, G = 0;
+  int64_t F = 0, B = 0, G = 0, O = 0;
   for (const LayerCollectives &L : R) {
     Layers.push_back({{"layer", L.Layer},
                       {"forward_bytes", L.Forward},
                       {"backward_bytes", L.Backward},
-                      {"regather_bytes", L.Regather}});
+                      {"regather_bytes", L.Regather},
+                      {"overlapped_bytes", L.Overlapped}});
     F += L.Forward;
     B += L.Backward;
     G += L.Regather;
+    O += L.Overlapped;
   }
   return {{"per_layer", Layers},
           {"total_forward_bytes", F},
           {"total_backward_bytes", B},
-          {"total_regather_bytes", G}};
+          {"total_regather_bytes", G},
+          {"total_overlapped_bytes", O}};
 }
 
 static std::string kib(int64_t B) {
@@ -77,7 +86,8 @@ void printCollectives(const std::vector<LayerCollectives> &R, int T,
       return false;
     for (size_t I = 0; I < A.Uses.size(); ++I)
       if (A.Uses[I].Op != B.Uses[I].Op || A.Uses[I].Bytes != B.Uses[I].Bytes ||
-          A.Uses[I].Role != B.Uses[I].Role || A.Uses[I].Ph != B.Uses[I].Ph)
+          A.Uses[I].Role != B.Uses[I].Role || A.Uses[I].Ph != B.Uses[I].Ph ||
+          A.Uses[I].Beside != B.Uses[I].Beside)
         return false;
     return true;
   };
@@ -92,20 +102,28 @@ void printCollectives(const std::vector<LayerCollectives> &R, int T,
                                    : formatv("layers {0}-{1} (each)", L.Layer,
                                              R[End].Layer)
                                          .str();
-    OS << formatv("  {0}: forward {1}, backward {2}, regather {3}\n", Name,
+    OS << formatv("  {0}: forward {1}, backward {2}, regather {3}", Name,
                   kib(L.Forward), kib(L.Backward), kib(L.Regather));
+    if (L.Overlapped)
+      OS << formatv("; {0} of it beside GEMMs", kib(L.Overlapped));
+    OS << "\n";
     // Repeated collectives of one kind (the gradient sums) print once.
     for (size_t U = 0; U < L.Uses.size();) {
       const CollectiveUse &C = L.Uses[U];
       size_t Next = U;
       int64_t Bytes = 0;
       while (Next < L.Uses.size() && L.Uses[Next].Op == C.Op &&
-             L.Uses[Next].Role == C.Role && L.Uses[Next].Ph == C.Ph)
+             L.Uses[Next].Role == C.Role && L.Uses[Next].Ph == C.Ph &&
+             L.Uses[Next].Beside == C.Beside)
         Bytes += L.Uses[Next++].Bytes;
       std::string Count =
           Next - U > 1 ? formatv(" ({0} calls)", Next - U).str() : "";
-      OS << formatv("    {0,-4} {1,-15} {2,-22} {3}{4}\n", phaseName(C.Ph),
-                    opName(C.Op), C.Role, kib(Bytes), Count);
+      std::string Beside = C.Beside.empty() ? "" : "  beside " + C.Beside;
+      std::string Line =
+          formatv("    {0,-4} {1,-15} {2,-22} {3,-9}{4}{5}", phaseName(C.Ph),
+                  opName(C.Op), C.Role, kib(Bytes), Count, Beside)
+              .str();
+      OS << StringRef(Line).rtrim() << "\n";
       U = Next;
     }
     I = End + 1;

@@ -12,7 +12,8 @@
 // (the backward all-gathers that rebuild a saved sequence shard) is counted
 // apart from the forward and backward conjugates, so that TP and TP+SP can
 // be compared as the paper does: both move 8 (t - 1) / t * s*b*h*bytes per
-// layer in their conjugate collectives.
+// layer in their conjugate collectives. The collectives the plan runs
+// beside a GEMM (lower/Overlap.h) are named with it.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_PASSES_COLLECTIVEREPORT_H
@@ -31,11 +32,15 @@ struct CollectiveUse {
   Phase Ph;
   bool Regather = false;
   int64_t Bytes = 0; // sent per rank
+  /// The GEMM it runs beside (lower/Overlap.h), "op role"; empty: none.
+  std::string Beside;
 };
 
 struct LayerCollectives {
   int Layer = -1; // -1: embedding, head, gradient sums
   int64_t Forward = 0, Backward = 0, Regather = 0;
+  /// Of these, the bytes of the collectives that run beside a GEMM.
+  int64_t Overlapped = 0;
   std::vector<CollectiveUse> Uses;
 };
 

@@ -151,6 +151,8 @@ json programToJson(const Program &P) {
       J["role"] = I.Role;
     if (!I.Name.empty())
       J["name"] = I.Name;
+    if (I.Beside >= 0)
+      J["beside"] = I.Beside;
     Instrs.push_back(std::move(J));
   }
   json Outputs = json::array();
@@ -538,7 +540,29 @@ Program programFromJsonOrThrow(const json &J) {
     I.Layer = F.integer("layer", -1, IntMax, -1);
     I.Role = F.string("role", "");
     I.Name = F.string("name", "");
+    I.Beside = F.integer("beside", -1, IntMax, -1);
     P.Instrs.push_back(std::move(I));
+  }
+  // A collective runs beside a later GEMM.
+  for (size_t K = 0; K < P.Instrs.size(); ++K) {
+    const Instruction &I = P.Instrs[K];
+    if (I.Beside < 0)
+      continue;
+    std::string Where =
+        formatv("instruction {0} ({1})", K, opName(I.Op)).str();
+    if (I.Op != OpKind::AllGather && I.Op != OpKind::ReduceScatter &&
+        I.Op != OpKind::AllReduce)
+      malformed(Where + " is not a collective but runs beside another");
+    if (I.Beside <= int64_t(K) || I.Beside >= int64_t(P.Instrs.size()))
+      malformed(formatv("{0} runs beside instruction {1}, which is not a "
+                        "later one",
+                        Where, I.Beside));
+    OpKind G = P.Instrs[I.Beside].Op;
+    if (G != OpKind::Linear && G != OpKind::LinearGradW &&
+        G != OpKind::BatchMatMul)
+      malformed(formatv("{0} runs beside instruction {1} ({2}), which is not "
+                        "a GEMM",
+                        Where, I.Beside, opName(G)));
   }
   checkInstructionTypes(P);
   // A temporary lives within the program (an output's temporary until just

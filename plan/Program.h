@@ -56,6 +56,9 @@ struct Instruction {
   std::string Role;
   Phase Ph = Phase::Forward;
   std::string Name;
+  /// A collective: the index of the later GEMM it runs beside
+  /// (lower/Overlap.h); the two touch disjoint arena bytes. -1: none.
+  int Beside = -1;
 };
 
 struct Program {

@@ -488,6 +488,13 @@ static nlohmann::json traceEvents(const Executor &E, int Rank, int TP) {
       Args["layer"] = I.Layer;
     if (I.Attrs.has("microbatch"))
       Args["microbatch"] = I.Attrs.getInt("microbatch", 0);
+    if (I.Beside >= 0) {
+      // The GEMM the plan runs this collective beside (lower/Overlap.h).
+      const Instruction &G = P.Instrs[I.Beside];
+      Args["beside"] = formatv("{0} {1} (instruction {2})", opName(G.Op),
+                               G.Role, I.Beside)
+                           .str();
+    }
     Events.push_back({{"name", Label},
                       {"cat", Comm ? "communication" : phaseName(I.Ph).str()},
                       {"ph", "X"},

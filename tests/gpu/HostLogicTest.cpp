@@ -500,3 +500,69 @@ TEST(PipelinePosting, CompiledSchedulesComplete) {
 }
 
 } // namespace
+
+namespace {
+
+/// The overlaps the plan states (lower/Overlap.h) are ones the streams run:
+/// each collective is on the communication stream, its GEMM on the compute
+/// stream, and the GEMM waits for no communication issued from the
+/// collective on, so the two run at the same time. Megatron-Core's backward
+/// pattern: with sequence parallelism the re-all-gather beside the dgrad
+/// GEMM and the reduce-scatter of dX beside the wgrad GEMM, for every
+/// column-parallel linear (QKV, fc1 and the LM head); without it, the
+/// all-reduce of dX beside the wgrad GEMM.
+TEST(StreamPlan, StatedOverlapsRunWithoutEvents) {
+  struct Case {
+    int Stages, Microbatches, TP;
+    bool SP;
+  };
+  for (Case C : {Case{1, 1, 2, true}, Case{1, 1, 2, false},
+                 Case{2, 4, 2, true}}) {
+    SCOPED_TRACE(::testing::Message() << "t = " << C.TP << (C.SP ? " + SP" : "")
+                                      << ", p = " << C.Stages);
+    registerOnnxDataLoader();
+    auto G = cantFail(importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx",
+                                 ImportOptions()));
+    PassContext Ctx;
+    Ctx.TensorParallel = C.TP;
+    Ctx.SequenceParallel = C.SP;
+    Ctx.Pipeline.Stages = C.Stages;
+    Ctx.Pipeline.Microbatches = C.Microbatches;
+    Plan P = std::move(*cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
+    int Layers = 2, ColumnLinears = 0; // the default model: 2 layers
+    std::map<std::string, int> Pairs;  // "all_gather/linear" -> count
+    for (int S = 0; S < P.numStages(); ++S) {
+      const Program &Prog = P.stage(S);
+      StreamPlan Plan = planStreams(Prog);
+      EXPECT_EQ(checkOrdered(Prog, Plan), "");
+      for (size_t K = 0; K < Prog.Instrs.size(); ++K) {
+        const Instruction &I = Prog.Instrs[K];
+        if (I.Beside < 0)
+          continue;
+        ASSERT_GT(I.Beside, int(K));
+        const Instruction &Gemm = Prog.Instrs[I.Beside];
+        ++Pairs[opName(I.Op).str() + "/" + opName(Gemm.Op).str()];
+        EXPECT_EQ(I.Ph, Phase::Backward) << K;
+        EXPECT_EQ(Plan.Steps[K].Stream, StreamKind::Comm) << K;
+        EXPECT_EQ(Plan.Steps[I.Beside].Stream, StreamKind::Compute) << K;
+        for (int W : Plan.Steps[I.Beside].WaitFor)
+          EXPECT_LT(W, int(K)) << "instruction " << I.Beside << " ("
+                               << Gemm.Name << ") waits for " << W
+                               << ", issued with or after the collective "
+                               << K << " beside it";
+      }
+    }
+    // QKV and fc1 of every layer, on every microbatch, and the LM head.
+    ColumnLinears = (2 * Layers + 1) * C.Microbatches;
+    if (C.SP) {
+      EXPECT_EQ(Pairs["all_gather/linear"], ColumnLinears);
+      EXPECT_EQ(Pairs["reduce_scatter/linear_grad_w"], ColumnLinears);
+      EXPECT_EQ(Pairs.size(), 2u);
+    } else {
+      EXPECT_EQ(Pairs["all_reduce/linear_grad_w"], ColumnLinears);
+      EXPECT_EQ(Pairs.size(), 1u);
+    }
+  }
+}
+
+} // namespace

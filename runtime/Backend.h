@@ -30,6 +30,7 @@
 #include "llvm/Support/Error.h"
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace sp {
 
@@ -96,6 +97,21 @@ public:
   virtual llvm::Error run(const KernelCall &C) = 0;
   /// Waits for every call made so far.
   virtual llvm::Error synchronize() = 0;
+
+  /// Timing on the device, for a trace that shows what ran at the same time
+  /// (a collective beside a GEMM) without a host wait after every call. A
+  /// backend that times its calls where they run says so; the executor then
+  /// calls startTiming() when no call is pending, makes its calls, and
+  /// collectTimes() returns one DeviceTime per run() since, in call order.
+  struct DeviceTime {
+    double StartUs, DurationUs; // the start: after startTiming()'s moment
+    int Stream;                 // the stream it ran on (0: compute, 1: comm)
+  };
+  virtual bool timesOnDevice() const { return false; }
+  virtual llvm::Error startTiming() { return llvm::Error::success(); }
+  virtual llvm::Expected<std::vector<DeviceTime>> collectTimes() {
+    return std::vector<DeviceTime>();
+  }
 };
 
 } // namespace sp

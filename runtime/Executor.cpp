@@ -398,6 +398,23 @@ Expected<double> Executor::evalLoss(const TokenBatch &Data) {
 }
 
 Error Executor::run(Phase Last, int64_t Step, bool Training) {
+  // A backend that times its calls on the device traces without a wait per
+  // call, so that the trace shows what it ran at the same time.
+  bool DeviceTrace = Training && Opts.Trace && Back->timesOnDevice();
+  std::vector<int> Timed; // the instructions it timed, in call order
+  double TraceStartUs = 0;
+  auto NowUs = [] {
+    return std::chrono::duration<double, std::micro>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  if (DeviceTrace) {
+    if (auto E = Back->synchronize())
+      return E;
+    TraceStartUs = NowUs();
+    if (auto E = Back->startTiming())
+      return E;
+  }
   int64_t Live = 0;
   size_t NumInstrs = Prog.Instrs.size();
   std::vector<int64_t> FreeAt(NumInstrs + 1, 0);
@@ -436,7 +453,8 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
       // phase's total is its wall time, the in-between calls' their
       // queueing time).
       bool PhaseEnds = I + 1 == NumInstrs || Prog.Instrs[I + 1].Ph != In.Ph;
-      if (!Back->hostMemory() && (Opts.Trace || PhaseEnds))
+      bool HostTrace = Opts.Trace && !DeviceTrace;
+      if (!Back->hostMemory() && (HostTrace || PhaseEnds))
         if (auto E = Back->synchronize())
           return createStringError(inconvertibleErrorCode(), "%s: %s",
                                    describe(In, I).c_str(),
@@ -444,7 +462,9 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
       auto End = std::chrono::steady_clock::now();
       Times.PhaseSeconds[int(In.Ph)] +=
           std::chrono::duration<double>(End - Start).count();
-      if (Opts.Trace) {
+      if (DeviceTrace)
+        Timed.push_back(int(I));
+      else if (Opts.Trace) {
         auto Us = [](std::chrono::steady_clock::time_point T) {
           return std::chrono::duration<double, std::micro>(
                      T.time_since_epoch())
@@ -454,6 +474,21 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
       }
     }
     Live -= FreeAt[I];
+  }
+  if (DeviceTrace) {
+    auto Times = Back->collectTimes();
+    if (!Times)
+      return Times.takeError();
+    if (Times->size() != Timed.size())
+      return createStringError(inconvertibleErrorCode(),
+                               "the %s backend timed %zu calls of %zu",
+                               Back->name().str().c_str(), Times->size(),
+                               Timed.size());
+    for (size_t K = 0; K < Timed.size(); ++K) {
+      const Backend::DeviceTime &T = (*Times)[K];
+      Events.push_back({Timed[K], TraceStartUs + T.StartUs, T.DurationUs,
+                        Step, T.Stream});
+    }
   }
   if (Training) {
     ++Times.Steps;

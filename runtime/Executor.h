@@ -58,6 +58,9 @@ struct TraceEvent {
   int Instruction;
   double StartUs, DurationUs; // steady clock, shared by the processes of a host
   int64_t Step;
+  /// Timed on the device: the stream it ran on (0 compute, 1
+  /// communication); -1: timed on the host, around the call and a wait.
+  int Stream = -1;
 };
 
 struct MemoryStats {

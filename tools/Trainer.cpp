@@ -470,6 +470,14 @@ static nlohmann::json traceEvents(const Executor &E, int Rank, int TP) {
                     {"ph", "M"},
                     {"pid", Rank},
                     {"args", {{"sort_index", Rank}}}});
+  // Two rows per rank: computation, and communication (the CUDA backend's
+  // two streams; the CPU backend runs both rows' calls one after another).
+  for (int Tid : {0, 1})
+    Events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", Rank},
+                      {"tid", Tid},
+                      {"args", {{"name", Tid ? "communication" : "compute"}}}});
   const Program &P = E.program();
   for (const TraceEvent &T : E.trace()) {
     const Instruction &I = P.Instrs[T.Instruction];
@@ -501,7 +509,7 @@ static nlohmann::json traceEvents(const Executor &E, int Rank, int TP) {
                       {"ts", T.StartUs},
                       {"dur", T.DurationUs},
                       {"pid", Rank},
-                      {"tid", Comm ? 1 : 0},
+                      {"tid", T.Stream >= 0 ? T.Stream : Comm ? 1 : 0},
                       {"args", Args}});
   }
   return Events;

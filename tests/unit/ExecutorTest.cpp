@@ -225,6 +225,62 @@ TEST(Executor, DeviceMemoryViewsSyncThroughTheCopies) {
             cantFail(Host->evalLoss({Idx, Idx, {}})));
 }
 
+/// A backend that times its calls "on the device" (here: a clock of its
+/// own, one microsecond per call, collectives on stream 1).
+class DeviceTimingBackend : public DeviceMemoryBackend {
+public:
+  bool timesOnDevice() const override { return true; }
+  Error startTiming() override {
+    Times.clear();
+    ++Starts;
+    return Error::success();
+  }
+  Error run(const KernelCall &C) override {
+    bool Comm = C.I.Op == OpKind::AllReduce || C.I.Op == OpKind::AllGather ||
+                C.I.Op == OpKind::ReduceScatter;
+    Times.push_back({double(Times.size()), 1.0, Comm ? 1 : 0});
+    return CpuBackend::run(C);
+  }
+  Expected<std::vector<DeviceTime>> collectTimes() override {
+    return std::move(Times);
+  }
+  std::vector<DeviceTime> Times;
+  int Starts = 0;
+};
+
+/// With a backend that times on the device, a traced step records what the
+/// backend measured for every instruction, in order, with its stream,
+/// after the step's start on the host clock; the training is unchanged.
+TEST(Executor, TraceTakesTheDevicesTimes) {
+  Plan P = compileTiny();
+  RunOptions O;
+  O.Trace = true;
+  DeviceTimingBackend *Dev = nullptr;
+  O.MakeBackend = [&] {
+    auto B = std::make_unique<DeviceTimingBackend>();
+    Dev = B.get();
+    return B;
+  };
+  auto Timed = cantFail(Executor::create(P, O));
+  auto Host = cantFail(Executor::create(P, RunOptions{}));
+  auto Idx = randomTokens(4 * 64, 256, 10);
+  for (int Step = 1; Step <= 2; ++Step)
+    EXPECT_EQ(cantFail(Timed->trainStep({Idx, Idx, {}}, 1e-3, Step)),
+              cantFail(Host->trainStep({Idx, Idx, {}}, 1e-3, Step)));
+  EXPECT_EQ(Dev->Starts, 2) << "once per traced step";
+  size_t N = P.Prog.Instrs.size();
+  ASSERT_EQ(Timed->trace().size(), 2 * N);
+  for (size_t K = 0; K < 2 * N; ++K) {
+    const TraceEvent &T = Timed->trace()[K];
+    EXPECT_EQ(T.Instruction, int(K % N));
+    EXPECT_EQ(T.Step, int64_t(K / N + 1));
+    EXPECT_EQ(T.DurationUs, 1.0);
+    EXPECT_EQ(T.Stream, 0) << "t = 1: no collective";
+    if (K % N)
+      EXPECT_EQ(T.StartUs - Timed->trace()[K - 1].StartUs, 1.0);
+  }
+}
+
 TEST(Executor, RejectsBadTokensAndPlans) {
   Plan P = compileTiny();
   auto E = cantFail(Executor::create(P, RunOptions{}));

@@ -1,11 +1,13 @@
 //===- Finalize.cpp - The last steps of lowering a program -----------------===//
 #include "lower/Finalize.h"
+#include "lower/FuseAttention.h"
 #include "lower/MemoryPlan.h"
 #include "lower/Overlap.h"
 
 namespace sp {
 
 void finalizeProgram(Program &P) {
+  fuseAttentionSoftmax(P);
   placeCollectives(P);
   planMemory(P);
 }

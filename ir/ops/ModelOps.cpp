@@ -607,23 +607,41 @@ void addModelOps(OpTable &T) {
         return Error::success();
       },
   };
+  // The attention core's scale and causal mask fused in (lower/
+  // FuseAttention.cpp sets them on the lowered program): softmax(x) {alpha,
+  // causal, fill} is softmax(causal_mask {fill} (scale {alpha} (x))), the
+  // mask only when causal = 1; softmax_grad {alpha, causal, fill} is
+  // scale {alpha} (causal_mask {fill} (softmax_grad (y, dy))).
+  static const std::vector<OpAttrDecl> SoftmaxAttrs = {
+      {"alpha", attr::Float(1.0)},
+      {"causal", attr::Int(0)},
+      {"fill", attr::Float(0.0)}};
   T[size_t(OpKind::Softmax)] = {
       .MinOperands = 1, // along the last axis
       .MaxOperands = 1,
+      .Attrs = SoftmaxAttrs,
       .Shape = sameAsOperand0,
       .Saved = [](const Node &N) -> SmallVector<Value *, 4> {
         return {N.result(0)};
       },
       .Grad = [](GradBuilder &B) -> Error {
-        B.accumulate(
-            B.N.operand(0),
-            B.emit(OpKind::SoftmaxGrad, {B.N.result(), B.grad(0)})->result());
+        // The fused form's gradient: the mask's gradient fills with 0.
+        AttrList A;
+        for (const char *Name : {"alpha", "causal"})
+          if (const Attribute *V = B.N.attrs().find(Name))
+            A.set(Name, *V);
+        if (A.has("causal"))
+          A.set("fill", 0.0);
+        B.accumulate(B.N.operand(0),
+                     B.emit(OpKind::SoftmaxGrad, {B.N.result(), B.grad(0)}, A)
+                         ->result());
         return Error::success();
       },
   };
   T[size_t(OpKind::SoftmaxGrad)] = {
       .MinOperands = 2, // (y, dy) -> dx
       .MaxOperands = 2,
+      .Attrs = SoftmaxAttrs,
       .Shape = sameAsOperand0,
   };
   T[size_t(OpKind::Dropout)] = {

@@ -562,13 +562,42 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     return Error::success();
   }
   case OpKind::Softmax: {
-    int64_t N = InT(0).dim(-1);
-    cpu::softmax(Out(0), In(0), InT(0).numElements() / N, N);
+    // Fused (lower/FuseAttention.cpp): scale, causal_mask and softmax one
+    // after the other in place in the result, so the bits are the unfused
+    // sequence's (each kernel may run in place). A scale by 1 is the
+    // identity and is skipped.
+    const TensorType &X = InT(0);
+    int64_t N = X.dim(-1), Elems = X.numElements();
+    double Alpha = AFloat("alpha");
+    const T *Src = In(0);
+    if (Alpha != 1.0) {
+      cpu::scale(Out(0), Src, Elems, Alpha);
+      Src = Out(0);
+    }
+    if (AInt("causal")) {
+      if (X.rank() < 2)
+        return planError("softmax {causal} expects rank >= 2 scores");
+      int64_t Sq = X.dim(-2);
+      cpu::causalMask(Out(0), Src, Elems / (Sq * N), Sq, N, AFloat("fill"));
+      Src = Out(0);
+    }
+    cpu::softmax(Out(0), Src, Elems / N, N);
     return Error::success();
   }
   case OpKind::SoftmaxGrad: {
-    int64_t N = InT(0).dim(-1);
-    cpu::softmaxBackward(Out(0), In(0), In(1), InT(0).numElements() / N, N);
+    // Fused: softmax_grad, then the causal mask and the scale in place.
+    const TensorType &Y = InT(0);
+    int64_t N = Y.dim(-1), Elems = Y.numElements();
+    cpu::softmaxBackward(Out(0), In(0), In(1), Elems / N, N);
+    if (AInt("causal")) {
+      if (Y.rank() < 2)
+        return planError("softmax_grad {causal} expects rank >= 2 scores");
+      int64_t Sq = Y.dim(-2);
+      cpu::causalMask(Out(0), Out(0), Elems / (Sq * N), Sq, N, AFloat("fill"));
+    }
+    double Alpha = AFloat("alpha");
+    if (Alpha != 1.0)
+      cpu::scale(Out(0), Out(0), Elems, Alpha);
     return Error::success();
   }
   case OpKind::Dropout: {

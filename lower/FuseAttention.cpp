@@ -1,0 +1,205 @@
+//===- FuseAttention.cpp - One softmax for the attention core --------------===//
+#include "lower/FuseAttention.h"
+#include <string>
+#include <vector>
+
+namespace sp {
+
+namespace {
+
+/// Whether a softmax or softmax_grad is still the plain op.
+bool isPlain(const Instruction &I) {
+  return !I.Attrs.has("alpha") && !I.Attrs.has("causal") &&
+         !I.Attrs.has("fill");
+}
+
+struct Fuser {
+  Program &P;
+  size_t NI, NB;
+  /// The instruction defining each buffer, how many times it is read (a
+  /// program output counts as a read) and by which instruction (the last).
+  std::vector<int> Producer, Uses, User;
+  std::vector<bool> DeadInstr, DeadBuf;
+
+  explicit Fuser(Program &P)
+      : P(P), NI(P.Instrs.size()), NB(P.Buffers.size()), Producer(NB, -1),
+        Uses(NB, 0), User(NB, -1), DeadInstr(NI, false), DeadBuf(NB, false) {
+    for (size_t K = 0; K < NI; ++K) {
+      for (int B : P.Instrs[K].In) {
+        ++Uses[B];
+        User[B] = int(K);
+      }
+      for (int B : P.Instrs[K].Out)
+        if (Producer[B] < 0)
+          Producer[B] = int(K);
+    }
+    for (const auto &[Name, Id] : P.Outputs)
+      ++Uses[Id];
+  }
+
+  /// An intermediate the fusion may drop: a temporary read once.
+  bool isIntermediate(int B) const {
+    return P.Buffers[B].K == ProgramBuffer::Temp && Uses[B] == 1 &&
+           Producer[B] >= 0;
+  }
+  /// A one-operand, one-result instruction of kind Op in phase Ph, not yet
+  /// fused.
+  bool isLink(int K, OpKind Op, Phase Ph) const {
+    const Instruction &I = P.Instrs[K];
+    return I.Op == Op && I.Ph == Ph && !DeadInstr[K] && I.In.size() == 1 &&
+           I.Out.size() == 1;
+  }
+
+  /// scale? -> causal_mask? -> softmax (at instruction K).
+  bool fuseForward(int K) {
+    Instruction &S = P.Instrs[K];
+    if (S.In.size() != 1 || !isPlain(S))
+      return false;
+    int X = S.In[0];
+    bool Causal = false, Scaled = false;
+    double Fill = 0, Alpha = 1;
+    if (isIntermediate(X) && isLink(Producer[X], OpKind::CausalMask, S.Ph)) {
+      int M = Producer[X];
+      Causal = true;
+      Fill = attrFloat(OpKind::CausalMask, P.Instrs[M].Attrs, "fill");
+      DeadInstr[M] = true;
+      DeadBuf[X] = true;
+      X = P.Instrs[M].In[0];
+    }
+    if (isIntermediate(X) && isLink(Producer[X], OpKind::Scale, S.Ph)) {
+      int C = Producer[X];
+      Scaled = true;
+      Alpha = attrFloat(OpKind::Scale, P.Instrs[C].Attrs, "alpha");
+      DeadInstr[C] = true;
+      DeadBuf[X] = true;
+      X = P.Instrs[C].In[0];
+    }
+    if (!Causal && !Scaled)
+      return false;
+    S.In[0] = X;
+    setAttrs(S, Scaled, Alpha, Causal, Fill);
+    return true;
+  }
+
+  /// softmax_grad (at instruction K) -> causal_mask? -> scale?; the fused
+  /// instruction takes the place of the chain's last one.
+  bool fuseBackward(int K) {
+    const Instruction &G = P.Instrs[K];
+    if (G.Out.size() != 1 || !isPlain(G))
+      return false;
+    int D = G.Out[0], Last = K;
+    bool Causal = false, Scaled = false;
+    double Fill = 0, Alpha = 1;
+    if (isIntermediate(D) && isLink(User[D], OpKind::CausalMask, G.Ph)) {
+      int M = User[D];
+      Causal = true;
+      Fill = attrFloat(OpKind::CausalMask, P.Instrs[M].Attrs, "fill");
+      DeadBuf[D] = true;
+      D = P.Instrs[M].Out[0];
+      Last = M;
+    }
+    if (isIntermediate(D) && isLink(User[D], OpKind::Scale, G.Ph)) {
+      int C = User[D];
+      Scaled = true;
+      Alpha = attrFloat(OpKind::Scale, P.Instrs[C].Attrs, "alpha");
+      DeadBuf[D] = true;
+      D = P.Instrs[C].Out[0];
+      if (Last != K)
+        DeadInstr[Last] = true;
+      Last = C;
+    }
+    if (!Causal && !Scaled)
+      return false;
+    Instruction F = G;
+    F.Out[0] = D;
+    setAttrs(F, Scaled, Alpha, Causal, Fill);
+    DeadInstr[K] = true;
+    P.Instrs[Last] = std::move(F);
+    return true;
+  }
+
+  static void setAttrs(Instruction &I, bool Scaled, double Alpha, bool Causal,
+                       double Fill) {
+    if (Scaled)
+      I.Attrs.set("alpha", Alpha);
+    if (Causal) {
+      I.Attrs.set("causal", int64_t(1));
+      I.Attrs.set("fill", Fill);
+    }
+  }
+
+  /// Drops the dead instructions and buffers, renumbering the rest.
+  void compact() {
+    // Before[K]: kept instructions before K (the new index of a kept K).
+    std::vector<int> Before(NI + 1, 0);
+    for (size_t K = 0; K < NI; ++K)
+      Before[K + 1] = Before[K] + (DeadInstr[K] ? 0 : 1);
+    int NewNI = Before[NI];
+    // A removed instruction maps to the kept one before it.
+    auto Map = [&](int K) {
+      if (K < 0)
+        return K;
+      if (size_t(K) >= NI)
+        return NewNI + (K - int(NI));
+      return DeadInstr[K] ? std::max(Before[K] - 1, 0) : Before[K];
+    };
+    std::vector<int> NewId(NB, -1);
+    std::vector<ProgramBuffer> Buffers;
+    Buffers.reserve(NB);
+    for (size_t B = 0; B < NB; ++B) {
+      if (DeadBuf[B])
+        continue;
+      NewId[B] = int(Buffers.size());
+      ProgramBuffer PB = std::move(P.Buffers[B]);
+      if (PB.K == ProgramBuffer::Temp) {
+        if (PB.Name == "%" + std::to_string(B))
+          PB.Name = "%" + std::to_string(NewId[B]);
+        PB.Def = Map(PB.Def);
+        PB.LastUse = std::max(Map(PB.LastUse), PB.Def);
+      }
+      Buffers.push_back(std::move(PB));
+    }
+    std::vector<Instruction> Instrs;
+    Instrs.reserve(NewNI);
+    for (size_t K = 0; K < NI; ++K) {
+      if (DeadInstr[K])
+        continue;
+      Instruction I = std::move(P.Instrs[K]);
+      for (int &B : I.In) {
+        B = NewId[B];
+        ProgramBuffer &PB = Buffers[B];
+        if (PB.K == ProgramBuffer::Temp)
+          PB.LastUse = std::max(PB.LastUse, int(Instrs.size()));
+      }
+      for (int &B : I.Out)
+        B = NewId[B];
+      Instrs.push_back(std::move(I));
+    }
+    for (auto &[Name, Id] : P.Outputs)
+      Id = NewId[Id];
+    P.Buffers = std::move(Buffers);
+    P.Instrs = std::move(Instrs);
+  }
+};
+
+} // namespace
+
+int fuseAttentionSoftmax(Program &P) {
+  Fuser F(P);
+  bool Any = false;
+  for (size_t K = 0; K < F.NI; ++K) {
+    if (F.DeadInstr[K])
+      continue;
+    if (P.Instrs[K].Op == OpKind::Softmax)
+      Any |= F.fuseForward(int(K));
+    else if (P.Instrs[K].Op == OpKind::SoftmaxGrad)
+      Any |= F.fuseBackward(int(K));
+  }
+  if (!Any)
+    return 0;
+  size_t Before = P.Instrs.size();
+  F.compact();
+  return int(Before - P.Instrs.size());
+}
+
+} // namespace sp

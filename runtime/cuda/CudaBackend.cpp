@@ -23,6 +23,16 @@
 // NCCL's sends would wait for their receives and 1F1B would deadlock, both
 // stages sending first.
 //
+// The optimizer's run of adamw calls (one per parameter) is deferred and
+// launched as one multi-tensor kernel (flushAdamw; MultiTensor.h), as
+// apex's multi_tensor_apply: consecutive adamw calls on one stream sharing
+// the grad norm, lr, step and hyperparameters are collected, and the batch
+// is launched before any other call runs, before a call that waits for one
+// of its events, and on every host wait (drain: synchronize, the host
+// copies, release), so every call still sees the effects of the calls
+// before it (Backend.h). The events the stream plan records after those
+// adamw calls are recorded after the batch.
+//
 // Device memory besides the arena: the data-error word, a few scalars of
 // the gradient norm, the send staging slots, and two scratch buffers (one
 // per stream) that grow to the largest reorder or per-row statistic needed;
@@ -240,6 +250,14 @@ private:
   Error flushSends(cuda::NcclComm *N = nullptr, void *Data = nullptr,
                    int64_t Bytes = 0, int Peer = -1);
   Error gradNorm(const KernelCall &C, cudaStream_t S);
+  /// Whether the adamw call C, to run on stream S after Step's waits, may
+  /// join the pending batch; deferAdamw adds it (instruction J).
+  bool adamwJoins(const KernelCall &C, cudaStream_t S,
+                  const cuda::StreamStep &Step) const;
+  void deferAdamw(const KernelCall &C, cudaStream_t S, size_t J,
+                  bool RecordEvent);
+  /// Launches the pending adamw calls (nothing when none).
+  Error flushAdamw();
   Error dropout(const KernelCall &C, cudaStream_t S);
   Error vocabParallelLoss(const KernelCall &C, cudaStream_t S, bool Grad,
                           int64_t N, int64_t V, int64_t Valid, int64_t Ignore);
@@ -272,6 +290,17 @@ private:
   };
   std::vector<PendingSend> Pending;
   std::vector<std::pair<char *, int64_t>> SendSlots;
+  /// The adamw calls not yet launched (see the file comment): their
+  /// stream, shared operands and hyperparameters, their tensors, and the
+  /// instructions whose events are to be recorded after the launch.
+  struct AdamwBatch {
+    cudaStream_t Stream = nullptr;
+    const float *Norm = nullptr, *Lr = nullptr, *Step = nullptr;
+    double Beta1 = 0, Beta2 = 0, Eps = 0, MaxNorm = 0;
+    std::vector<cuda::AdamwTensor> Tensors;
+    std::vector<int> Events;
+  };
+  AdamwBatch Adamw;
   // The stream plan of the program last run, and its events.
   const Program *Planned = nullptr;
   size_t PlannedInstrs = 0;
@@ -329,6 +358,7 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(Device);
+  consumeError(flushAdamw());
   // Sends still staged are posted, so that no peer waits for them forever.
   consumeError(flushSends());
   if (Compute)
@@ -378,6 +408,7 @@ Expected<char *> CudaBackend::allocate(size_t Bytes) {
 
 void CudaBackend::release(char *Arena) {
   cudaSetDevice(Device);
+  consumeError(flushAdamw());
   cudaStreamSynchronize(Compute);
   cudaStreamSynchronize(Comm);
   cudaFree(Arena);
@@ -385,6 +416,8 @@ void CudaBackend::release(char *Arena) {
 
 Error CudaBackend::drain() {
   SP_CUDA_TRY(cudaSetDevice(Device));
+  if (auto E = flushAdamw())
+    return E;
   if (auto E = flushSends())
     return E;
   SP_CUDA_TRY(cudaStreamSynchronize(Comm));
@@ -587,8 +620,16 @@ Error CudaBackend::run(const KernelCall &C) {
   }
   const cuda::StreamStep &Step = Plan.Steps[J];
   cudaStream_t S = Step.Stream == cuda::StreamKind::Comm ? Comm : Compute;
+  bool IsAdamw = C.I.Op == OpKind::AdamW;
+  if (!Adamw.Tensors.empty() && !(IsAdamw && adamwJoins(C, S, Step)))
+    if (auto E = flushAdamw())
+      return E;
   for (int W : Step.WaitFor)
     SP_CUDA_TRY(cudaStreamWaitEvent(S, Events[W], 0));
+  if (IsAdamw) {
+    deferAdamw(C, S, J, Step.RecordEvent);
+    return Error::success();
+  }
   if (auto E = dispatch(C, S))
     return E;
   SP_CUDA_TRY(cudaGetLastError());
@@ -889,6 +930,61 @@ Error CudaBackend::vocabParallelLoss(const KernelCall &C, cudaStream_t S,
                             N, V, Mine, Start, true, Ignore, Count, S);
   else
     cuda::vocabParallelLoss(Out, Sum, Max, Target, Targets, N, true, Ignore, S);
+  return Error::success();
+}
+
+bool CudaBackend::adamwJoins(const KernelCall &C, cudaStream_t S,
+                             const cuda::StreamStep &Step) const {
+  const Instruction &I = C.I;
+  auto F = [&](unsigned K) {
+    return reinterpret_cast<const float *>(C.buffer(I.In[K]));
+  };
+  auto A = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
+  // A wait for an event of the batch needs the batch launched first.
+  for (int W : Step.WaitFor)
+    if (is_contained(Adamw.Events, W))
+      return false;
+  return S == Adamw.Stream && F(4) == Adamw.Norm && F(5) == Adamw.Lr &&
+         F(6) == Adamw.Step && A("beta1") == Adamw.Beta1 &&
+         A("beta2") == Adamw.Beta2 && A("eps") == Adamw.Eps &&
+         A("max_norm") == Adamw.MaxNorm;
+}
+
+void CudaBackend::deferAdamw(const KernelCall &C, cudaStream_t S, size_t J,
+                             bool RecordEvent) {
+  const Instruction &I = C.I;
+  auto F = [&](unsigned K) {
+    return reinterpret_cast<float *>(C.buffer(I.In[K]));
+  };
+  auto A = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
+  if (Adamw.Tensors.empty()) {
+    Adamw.Stream = S;
+    Adamw.Norm = F(4);
+    Adamw.Lr = F(5);
+    Adamw.Step = F(6);
+    Adamw.Beta1 = A("beta1");
+    Adamw.Beta2 = A("beta2");
+    Adamw.Eps = A("eps");
+    Adamw.MaxNorm = A("max_norm");
+  }
+  Adamw.Tensors.push_back({F(0), F(1), F(2), F(3),
+                           C.Prog.Buffers[I.In[0]].Type.numElements(),
+                           A("weight_decay")});
+  if (RecordEvent)
+    Adamw.Events.push_back(int(J));
+}
+
+Error CudaBackend::flushAdamw() {
+  if (Adamw.Tensors.empty())
+    return Error::success();
+  AdamwBatch B = std::move(Adamw);
+  Adamw = AdamwBatch();
+  cuda::adamwMultiTensor(B.Tensors.data(), int(B.Tensors.size()), B.Norm,
+                         B.Lr, B.Step, B.Beta1, B.Beta2, B.Eps, B.MaxNorm,
+                         B.Stream);
+  SP_CUDA_TRY(cudaGetLastError());
+  for (int J : B.Events)
+    SP_CUDA_TRY(cudaEventRecord(Events[J], B.Stream));
   return Error::success();
 }
 
@@ -1214,16 +1310,22 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
                       AInt("where"), S);
     return Error::success();
   }
-  case OpKind::Softmax: {
-    int64_t N = InT(0).dim(-1);
-    cuda::softmax(Out(0), In(0), InT(0).numElements() / N, N, 1.0, false, 1,
-                  0.0, S);
-    return Error::success();
-  }
+  case OpKind::Softmax:
   case OpKind::SoftmaxGrad: {
-    int64_t N = InT(0).dim(-1);
-    cuda::softmaxBackward(Out(0), In(0), In(1), InT(0).numElements() / N, N,
-                          S);
+    // With the attention core's scale and causal mask fused in
+    // (lower/FuseAttention.cpp), or plain (alpha 1, not causal).
+    const TensorType &X = InT(0);
+    int64_t N = X.dim(-1);
+    bool Causal = AInt("causal");
+    if (Causal && X.rank() < 2)
+      return planError("a causal softmax expects rank >= 2 scores");
+    int64_t Sq = Causal ? X.dim(-2) : 1;
+    if (I.Op == OpKind::Softmax)
+      cuda::softmax(Out(0), In(0), X.numElements() / N, N, AFloat("alpha"),
+                    Causal, Sq, AFloat("fill"), S);
+    else
+      cuda::softmaxBackward(Out(0), In(0), In(1), X.numElements() / N, N,
+                            AFloat("alpha"), Causal, Sq, AFloat("fill"), S);
     return Error::success();
   }
   case OpKind::Dropout:

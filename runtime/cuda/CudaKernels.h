@@ -137,8 +137,13 @@ void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,
 /// softmax in one pass (each rounding as the three CPU kernels round).
 void softmax(float *Y, const float *X, int64_t Rows, int64_t N, double Alpha,
              bool Causal, int64_t Sq, double Fill, cudaStream_t S);
+/// DX = Alpha * causal(float(Y * (DY - sum_j DY_j Y_j))) (the fill where
+/// Causal masks): softmax_grad, causal_mask and scale in one pass, each
+/// rounding as the CPU kernels round; Alpha = 1 and Causal = false is the
+/// plain softmax_grad op.
 void softmaxBackward(float *DX, const float *Y, const float *DY, int64_t Rows,
-                     int64_t N, cudaStream_t S);
+                     int64_t N, double Alpha, bool Causal, int64_t Sq,
+                     double Fill, cudaStream_t S);
 
 // Dropout (kernels/Dropout.cuh): Philox-4x32-10 of runtime/cpu/Philox.h.
 /// The local tensor is the block [Offset, Offset + Local) of Global.
@@ -204,6 +209,21 @@ void adamw(float *P, const float *G, float *M, float *V, int64_t N,
            const float *GradNorm, const float *Lr, const float *Step,
            double Beta1, double Beta2, double Eps, double WeightDecay,
            double MaxNorm, cudaStream_t S);
+/// One tensor of a multi-tensor AdamW step.
+struct AdamwTensor {
+  float *P;
+  const float *G;
+  float *M, *V;
+  int64_t N;
+  double WeightDecay;
+};
+/// adamw over Count tensors sharing the grad norm, lr, step and the other
+/// hyperparameters, in launches of many tensors (MultiTensor.h); each
+/// element's arithmetic is adamw's.
+void adamwMultiTensor(const AdamwTensor *Tensors, int Count,
+                      const float *GradNorm, const float *Lr,
+                      const float *Step, double Beta1, double Beta2,
+                      double Eps, double MaxNorm, cudaStream_t S);
 
 } // namespace sp::cuda
 

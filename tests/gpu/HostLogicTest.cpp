@@ -2,7 +2,8 @@
 //
 // What the CUDA backend decides on the host, tested on any machine (no GPU,
 // no driver, or a build without CUDA): the launch geometry of the kernels,
-// the stream and event plan of a program (on hand-made programs and on
+// the chunking of the multi-tensor AdamW into launches, the stream and
+// event plan of a program (on hand-made programs and on
 // random ones, checked against a happens-before simulation), how pipeline
 // messages are posted to NCCL (every compiled schedule completes), the local-rank
 // and device selection, and the error a machine without a usable device
@@ -14,6 +15,7 @@
 #include "runtime/cuda/CudaBackend.h"
 #include "runtime/cuda/DeviceSelect.h"
 #include "runtime/cuda/LaunchGeometry.h"
+#include "runtime/cuda/MultiTensor.h"
 #include "runtime/cuda/PipelinePosting.h"
 #include "runtime/cuda/StreamPlan.h"
 #include "runtime/cpu/Kernels.h"
@@ -68,6 +70,75 @@ TEST(LaunchGeometry, SumSquaresGridIsFixedBySize) {
 /// ((0+1)+(2+3))+((4+5)+(6+7)) (kernels/Common.cuh). Emulated here, it must
 /// be the CPU's laneSum bit for bit (cpu::sumSquares is a laneSum of
 /// squares), or the "bitwise equal" claims of the kernels would not hold.
+/// Every element of every tensor is covered exactly once, in order, and
+/// every launch respects its table's limits.
+void expectCovers(const std::vector<int64_t> &Sizes,
+                  const std::vector<MultiTensorLaunch> &L, int64_t Chunk,
+                  int MaxTensors, int MaxBlocks) {
+  std::vector<std::pair<int, int64_t>> Seen; // (tensor, chunk) in order
+  for (const MultiTensorLaunch &X : L) {
+    EXPECT_FALSE(X.Blocks.empty()) << "no empty launch";
+    EXPECT_LE(int(X.Tensors.size()), MaxTensors);
+    EXPECT_LE(int(X.Blocks.size()), MaxBlocks);
+    for (size_t K = 1; K < X.Tensors.size(); ++K)
+      EXPECT_LT(X.Tensors[K - 1], X.Tensors[K]);
+    std::vector<bool> Used(X.Tensors.size(), false);
+    for (const MultiTensorBlock &B : X.Blocks) {
+      ASSERT_GE(B.Slot, 0);
+      ASSERT_LT(B.Slot, int(X.Tensors.size()));
+      Used[B.Slot] = true;
+      Seen.push_back({X.Tensors[B.Slot], B.Chunk});
+    }
+    for (bool U : Used)
+      EXPECT_TRUE(U) << "every slot has a block";
+  }
+  std::vector<std::pair<int, int64_t>> Want;
+  for (size_t T = 0; T < Sizes.size(); ++T)
+    for (int64_t C = 0; C * Chunk < Sizes[T]; ++C)
+      Want.push_back({int(T), C});
+  EXPECT_EQ(Seen, Want);
+}
+
+TEST(MultiTensor, LaunchesCoverEveryChunkOnce) {
+  // The default limits: small tensors share a launch, a large one spans
+  // several, empty ones are skipped.
+  std::vector<int64_t> Sizes = {1000, 0, 3, 65536, 65537, 30000000, 7};
+  auto L = planMultiTensor(Sizes);
+  expectCovers(Sizes, L, MultiTensorChunk, MultiTensorMaxTensors,
+               MultiTensorMaxBlocks);
+  ASSERT_EQ(L.size(), 2u); // 1 + 1 + 1 + 2 + 458 + 1 = 464 blocks
+  EXPECT_EQ(L[0].Tensors, (std::vector<int>{0, 2, 3, 4, 5}));
+  EXPECT_EQ(L[1].Tensors, (std::vector<int>{5, 6})) << "the large one goes on";
+  EXPECT_EQ(L[0].Blocks.size(), 320u);
+  EXPECT_EQ(L[1].Blocks.size(), 144u);
+  EXPECT_TRUE(planMultiTensor({}).empty());
+  EXPECT_TRUE(planMultiTensor({0, 0}).empty());
+  // Many tensors: a new launch when the table's tensor slots are full.
+  std::vector<int64_t> Many(100, 5);
+  auto M = planMultiTensor(Many);
+  expectCovers(Many, M, MultiTensorChunk, MultiTensorMaxTensors,
+               MultiTensorMaxBlocks);
+  EXPECT_EQ(M.size(), 3u); // 36 + 36 + 28
+  // Random sizes and small limits.
+  std::mt19937 Rng(7);
+  for (int Trial = 0; Trial < 200; ++Trial) {
+    std::vector<int64_t> S(Rng() % 12);
+    for (int64_t &X : S)
+      X = Rng() % 4 == 0 ? 0 : int64_t(Rng() % 100);
+    int64_t Chunk = 1 + Rng() % 9;
+    int MaxT = 1 + Rng() % 4, MaxB = 1 + Rng() % 6;
+    expectCovers(S, planMultiTensor(S, Chunk, MaxT, MaxB), Chunk, MaxT, MaxB);
+  }
+}
+
+TEST(MultiTensor, TheTableFitsAKernelArgument) {
+  // kernels/AdamW.cuh's AdamwTable: six arrays of 8 bytes per tensor, an int
+  // and a byte per block, within CUDA's 4 KiB of kernel arguments.
+  EXPECT_LE(MultiTensorMaxTensors * 6 * 8 + MultiTensorMaxBlocks * 5 + 64,
+            4096);
+  EXPECT_LE(MultiTensorMaxTensors, 256) << "slots are bytes";
+}
+
 TEST(LaunchGeometry, LaneOrderIsTheCpuOrder) {
   std::mt19937 Rng(5);
   std::normal_distribution<float> D(0, 3);

@@ -17,7 +17,10 @@
 //    of Numerical Algorithms, 3.5);
 //  - grad_norm: double sums in another order (below 1e-15 relative), then
 //    one float rounding: 1e-6; cross entropy and adamw use CUDA's double
-//    log/pow (within 2 ulp of glibc's): 1e-6.
+//    log/pow (within 2 ulp of glibc's): 1e-6;
+//  - the fused attention softmax (forward and backward with the scale and
+//    causal mask of lower/FuseAttention.cpp) is required to be bitwise the
+//    CPU's (which is the unfused sequence's, tests/unit/FuseAttentionTest).
 //
 // Without a CUDA device every test is skipped with that message.
 //
@@ -35,7 +38,8 @@ using namespace llvm;
 
 namespace {
 
-/// A one-instruction program and its input data.
+/// A program (usually of one instruction) and its input data; run() runs
+/// every instruction in order.
 struct OpCase {
   Program P;
   std::vector<std::vector<char>> Data; // per buffer; empty: zeros
@@ -107,11 +111,13 @@ struct OpCase {
                                      Data[K].data(), Data[K].size()))
           return E;
     auto Tensor = createSingleRankCommunicator();
-    KernelCall C{P.Instrs[0], P,      *Arena,  /*Step=*/3, /*Training=*/true,
-                 Drop,        /*Seed=*/0x5eed1234abcdull, *Tensor, nullptr,
-                 nullptr};
-    if (auto E = B.run(C))
-      return E;
+    for (const Instruction &I : P.Instrs) {
+      KernelCall C{I,    P,    *Arena, /*Step=*/3, /*Training=*/true,
+                   Drop, /*Seed=*/0x5eed1234abcdull, *Tensor, nullptr,
+                   nullptr};
+      if (auto E = B.run(C))
+        return E;
+    }
     if (auto E = B.synchronize())
       return E;
     std::vector<std::vector<char>> Out(P.Buffers.size());
@@ -495,6 +501,31 @@ TEST_F(CudaKernels, ScaleMasksAndSoftmax) {
   }
 }
 
+TEST_F(CudaKernels, FusedSoftmaxForwardAndBackwardAreTheCpusBits) {
+  for (std::vector<int64_t> Shape :
+       {std::vector<int64_t>{2, 3, 7, 33}, std::vector<int64_t>{2, 3, 9, 9},
+        std::vector<int64_t>{1, 2, 40, 5}})
+    for (double Alpha : {0.125, 1.0})
+      for (int Causal : {0, 1}) {
+        OpCase C;
+        int X = C.floats(Shape, 3);
+        int Y = C.buffer(DType::F32, Shape);
+        auto &I = C.op(OpKind::Softmax, {X}, {Y});
+        I.Attrs.set("alpha", Alpha);
+        I.Attrs.set("causal", int64_t(Causal));
+        I.Attrs.set("fill", Causal && Shape[3] == 9 ? -1e4 : -INFINITY);
+        compare(C, {Y}, 0);
+        OpCase B;
+        int Yv = B.floats(Shape, 0.1f, 0.2f), DY = B.floats(Shape);
+        int DX = B.buffer(DType::F32, Shape);
+        auto &G = B.op(OpKind::SoftmaxGrad, {Yv, DY}, {DX});
+        G.Attrs.set("alpha", Alpha);
+        G.Attrs.set("causal", int64_t(Causal));
+        G.Attrs.set("fill", Shape[3] == 9 ? 0.5 : 0.0);
+        compare(B, {DX}, 0);
+      }
+}
+
 TEST_F(CudaKernels, DropoutMasksAreTheCpusBitForBit) {
   for (double Ratio : {0.0, 0.1, 0.5, 1.0}) {
     OpCase C;
@@ -607,6 +638,36 @@ TEST_F(CudaKernels, GradNormAndAdamW) {
     I.Attrs.set("weight_decay", 0.1);
     I.Attrs.set("beta2", 0.95);
     compare(C, {P, M, V});
+  }
+}
+
+TEST_F(CudaKernels, MultiTensorAdamWIsThePerTensorUpdate) {
+  // A run of adamw instructions (odd sizes, one over a chunk, more tensors
+  // than one launch's table holds, weight decay on every other one) is
+  // launched as multi-tensor kernels by the backend; every tensor must be
+  // the CPU's adamw.
+  for (double MaxNorm : {0.0, 1.0}) {
+    OpCase C;
+    std::vector<int64_t> Sizes = {1, 3, 1000, 65537, 70001, 333};
+    for (int K = 0; K < 40; ++K)
+      Sizes.push_back(17 + 2 * K);
+    int N = C.buffer(DType::F32, {}), Lr = C.buffer(DType::F32, {}),
+        St = C.buffer(DType::F32, {});
+    C.setFloats(N, {3.5f});
+    C.setFloats(Lr, {1e-3f});
+    C.setFloats(St, {7.0f});
+    std::vector<int> Check;
+    for (size_t K = 0; K < Sizes.size(); ++K) {
+      int64_t E = Sizes[K];
+      int P = C.floats({E}), G = C.floats({E}), M = C.floats({E}, 0.1f),
+          V = C.floats({E}, 0.1f, 0.5f);
+      auto &I = C.op(OpKind::AdamW, {P, G, M, V, N, Lr, St}, {});
+      I.Attrs.set("max_norm", MaxNorm);
+      I.Attrs.set("weight_decay", K % 2 ? 0.0 : 0.1);
+      I.Attrs.set("beta2", 0.95);
+      Check.insert(Check.end(), {P, M, V});
+    }
+    compare(C, Check);
   }
 }
 

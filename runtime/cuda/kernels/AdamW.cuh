@@ -12,7 +12,9 @@
 //     V = b2 V + (1 - b2) g g; P -= (lr / (1 - b1^t)) * (M /
 //         (sqrt(V) / sqrt(1 - b2^t) + eps))
 // lr, t and the norm are read from the plan's device buffers, so the update
-// needs no host round trip. Elementwise, the update is the CPU's bits
+// needs no host round trip. The multi-tensor form (adamwMultiTensor, the
+// chunked table of MultiTensor.h) makes the same per-element arithmetic
+// (adamwScalars, adamwElement) over many tensors in one launch. Elementwise, the update is the CPU's bits
 // (CUDA's double pow is within 2 ulp of glibc's, far below float's
 // resolution once rounded to float).
 //
@@ -25,6 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Common.cuh"
+#include "runtime/cuda/MultiTensor.h"
 
 namespace sp::cuda {
 namespace {
@@ -72,10 +75,18 @@ __global__ void gradNormFinishKernel(float *Norm, const double *Total,
     *Norm = float(sqrt(TotalF ? double(*TotalF) : *Total));
 }
 
-__global__ void adamwKernel(float *P, const float *G, float *M, float *V,
-                            int64_t N, const float *GradNorm, const float *Lr,
-                            const float *StepP, double Beta1, double Beta2,
-                            double Eps, double WeightDecay, double MaxNorm) {
+/// torch's scalars of one step, computed on the device from the plan's
+/// buffers (lr, step, grad norm) in double, then rounded to float.
+struct AdamwScalars {
+  float Decay, B1, OneMinusB1, B2, OneMinusB2, StepSize, Bc2Sqrt, E, Scale;
+};
+
+__device__ inline AdamwScalars adamwScalars(const float *GradNorm,
+                                            const float *Lr,
+                                            const float *StepP, double Beta1,
+                                            double Beta2, double Eps,
+                                            double WeightDecay,
+                                            double MaxNorm) {
   float Clip = 1.0f;
   if (MaxNorm > 0) {
     float Coef = (1.0f / (*GradNorm + 1e-6f)) * float(MaxNorm);
@@ -85,21 +96,71 @@ __global__ void adamwKernel(float *P, const float *G, float *M, float *V,
   double Step = double(int64_t(*StepP));
   double Bc1 = 1.0 - pow(Beta1, Step);
   double Bc2 = 1.0 - pow(Beta2, Step);
-  const float Decay = float(1.0 - LrD * WeightDecay), B1 = float(Beta1),
-              OneMinusB1 = float(1.0 - Beta1), B2 = float(Beta2),
-              OneMinusB2 = float(1.0 - Beta2), StepSize = float(LrD / Bc1),
-              Bc2Sqrt = float(sqrt(Bc2)), E = float(Eps),
-              Scale = float(double(Clip));
-  SP_GRID_LOOP(I, N) {
-    float Grad = G[I] * Scale;
-    float PI = P[I] * Decay;
-    float MI = B1 * M[I] + OneMinusB1 * Grad;
-    float VI = B2 * V[I] + OneMinusB2 * Grad * Grad;
-    float Denom = sqrtf(VI) / Bc2Sqrt + E;
-    P[I] = PI - StepSize * (MI / Denom);
-    M[I] = MI;
-    V[I] = VI;
-  }
+  return {float(1.0 - LrD * WeightDecay), float(Beta1),
+          float(1.0 - Beta1),             float(Beta2),
+          float(1.0 - Beta2),             float(LrD / Bc1),
+          float(sqrt(Bc2)),               float(Eps),
+          float(double(Clip))};
+}
+
+/// The update of element I, in float (the CPU's adamwBody).
+__device__ inline void adamwElement(float *P, const float *G, float *M,
+                                    float *V, int64_t I,
+                                    const AdamwScalars &C) {
+  float Grad = G[I] * C.Scale;
+  float PI = P[I] * C.Decay;
+  float MI = C.B1 * M[I] + C.OneMinusB1 * Grad;
+  float VI = C.B2 * V[I] + C.OneMinusB2 * Grad * Grad;
+  float Denom = sqrtf(VI) / C.Bc2Sqrt + C.E;
+  P[I] = PI - C.StepSize * (MI / Denom);
+  M[I] = MI;
+  V[I] = VI;
+}
+
+__global__ void adamwKernel(float *P, const float *G, float *M, float *V,
+                            int64_t N, const float *GradNorm, const float *Lr,
+                            const float *StepP, double Beta1, double Beta2,
+                            double Eps, double WeightDecay, double MaxNorm) {
+  const AdamwScalars C = adamwScalars(GradNorm, Lr, StepP, Beta1, Beta2, Eps,
+                                      WeightDecay, MaxNorm);
+  SP_GRID_LOOP(I, N) adamwElement(P, G, M, V, I, C);
+}
+
+/// One launch's table (MultiTensor.h), passed by value as the kernel's
+/// argument: per tensor its four arrays, size and weight decay; per block
+/// its tensor's slot and chunk.
+struct AdamwTable {
+  float *P[MultiTensorMaxTensors];
+  const float *G[MultiTensorMaxTensors];
+  float *M[MultiTensorMaxTensors];
+  float *V[MultiTensorMaxTensors];
+  int64_t N[MultiTensorMaxTensors];
+  double WeightDecay[MultiTensorMaxTensors];
+  int BlockChunk[MultiTensorMaxBlocks];
+  unsigned char BlockSlot[MultiTensorMaxBlocks];
+};
+static_assert(MultiTensorMaxTensors <= 256, "slots are bytes");
+// Kernel arguments are limited to 4 KiB (with the scalars below).
+static_assert(sizeof(AdamwTable) + 64 <= 4096, "the table is a kernel argument");
+
+/// Block b updates chunk BlockChunk[b] of tensor BlockSlot[b], element for
+/// element as adamwKernel (each block computes the step's scalars itself,
+/// with its tensor's weight decay).
+__global__ void adamwMultiTensorKernel(AdamwTable T, const float *GradNorm,
+                                       const float *Lr, const float *StepP,
+                                       double Beta1, double Beta2, double Eps,
+                                       double MaxNorm) {
+  const int Slot = T.BlockSlot[blockIdx.x];
+  const int64_t Begin = int64_t(T.BlockChunk[blockIdx.x]) * MultiTensorChunk;
+  const int64_t End = T.N[Slot] < Begin + MultiTensorChunk
+                          ? T.N[Slot]
+                          : Begin + MultiTensorChunk;
+  const AdamwScalars C = adamwScalars(GradNorm, Lr, StepP, Beta1, Beta2, Eps,
+                                      T.WeightDecay[Slot], MaxNorm);
+  float *P = T.P[Slot], *M = T.M[Slot], *V = T.V[Slot];
+  const float *G = T.G[Slot];
+  for (int64_t I = Begin + threadIdx.x; I < End; I += blockDim.x)
+    adamwElement(P, G, M, V, I, C);
 }
 
 } // namespace
@@ -134,6 +195,33 @@ void adamw(float *P, const float *G, float *M, float *V, int64_t N,
     adamwKernel<<<L.Blocks, L.Threads, 0, S>>>(P, G, M, V, N, GradNorm, Lr,
                                                Step, Beta1, Beta2, Eps,
                                                WeightDecay, MaxNorm);
+}
+
+void adamwMultiTensor(const AdamwTensor *Tensors, int Count,
+                      const float *GradNorm, const float *Lr,
+                      const float *Step, double Beta1, double Beta2,
+                      double Eps, double MaxNorm, cudaStream_t S) {
+  std::vector<int64_t> Sizes(Count > 0 ? Count : 0);
+  for (int K = 0; K < Count; ++K)
+    Sizes[K] = Tensors[K].N;
+  for (const MultiTensorLaunch &L : planMultiTensor(Sizes)) {
+    AdamwTable T{};
+    for (size_t Slot = 0; Slot < L.Tensors.size(); ++Slot) {
+      const AdamwTensor &A = Tensors[L.Tensors[Slot]];
+      T.P[Slot] = A.P;
+      T.G[Slot] = A.G;
+      T.M[Slot] = A.M;
+      T.V[Slot] = A.V;
+      T.N[Slot] = A.N;
+      T.WeightDecay[Slot] = A.WeightDecay;
+    }
+    for (size_t B = 0; B < L.Blocks.size(); ++B) {
+      T.BlockSlot[B] = static_cast<unsigned char>(L.Blocks[B].Slot);
+      T.BlockChunk[B] = static_cast<int>(L.Blocks[B].Chunk);
+    }
+    adamwMultiTensorKernel<<<unsigned(L.Blocks.size()), BlockThreads, 0, S>>>(
+        T, GradNorm, Lr, Step, Beta1, Beta2, Eps, MaxNorm);
+  }
 }
 
 } // namespace sp::cuda

@@ -12,7 +12,11 @@
 //   softmax_grad: DX = float(Y * (DY - sum_j DY_j Y_j))
 // The fused forward evaluates x_j = causal(float(alpha) * X[r, j]) on the
 // fly: the same roundings as scale, causal_mask and softmax run one after
-// the other, without the two intermediate tensors. Sums and maxima are the
+// the other, without the two intermediate tensors. The fused backward
+// (softmax_grad {alpha, causal, fill}, lower/FuseAttention.cpp) is
+// DX_j = float(alpha) * (j < i + 1 ? float(Y_j * (DY_j - dot)) : float(fill)),
+// the CPU's softmax_grad, causal_mask and scale in that order (a scale by 1
+// is skipped, as the CPU backend skips it). Sums and maxima are the
 // CPU's lane order (Common.cuh), so the results are the CPU's bits.
 //
 //===----------------------------------------------------------------------===//
@@ -118,7 +122,8 @@ __global__ void softmaxKernel(float *Y, const float *X, int64_t Rows,
 
 __global__ void softmaxBackwardKernel(float *DX, const float *Y,
                                       const float *DY, int64_t Rows,
-                                      int64_t N) {
+                                      int64_t N, float Alpha, bool Scaled,
+                                      bool Causal, int64_t Sq, float Fill) {
   int64_t Stride = laneRowStride();
   int64_t Iters = (Rows + Stride - 1) / Stride;
   for (int64_t It = 0; It < Iters; ++It) {
@@ -133,9 +138,15 @@ __global__ void softmaxBackwardKernel(float *DX, const float *Y,
       continue;
     // Each lane reads only the DY elements it overwrites (DX may alias DY),
     // and all lanes finished reading for Dot before the shuffles returned.
+    // Fused: columns past the causal boundary get the fill (the CPU's
+    // causal_mask overwrites them), then everything is scaled.
+    int64_t I = R % (Sq > 0 ? Sq : 1);
+    int64_t Keep = Causal ? (I + 1 < N ? I + 1 : N) : N;
     float *DXR = DX + R * N;
-    for (int64_t J = laneOf(); J < N; J += RowLanes)
-      DXR[J] = float(YR[J] * (DYR[J] - Dot));
+    for (int64_t J = laneOf(); J < N; J += RowLanes) {
+      float V = J < Keep ? float(YR[J] * (DYR[J] - Dot)) : Fill;
+      DXR[J] = Scaled ? Alpha * V : V;
+    }
   }
 }
 
@@ -166,9 +177,12 @@ void softmax(float *Y, const float *X, int64_t Rows, int64_t N, double Alpha,
 }
 
 void softmaxBackward(float *DX, const float *Y, const float *DY, int64_t Rows,
-                     int64_t N, cudaStream_t S) {
+                     int64_t N, double Alpha, bool Causal, int64_t Sq,
+                     double Fill, cudaStream_t S) {
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
-    softmaxBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(DX, Y, DY, Rows, N);
+    softmaxBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(
+        DX, Y, DY, Rows, N, float(Alpha), Alpha != 1.0, Causal, Sq,
+        float(Fill));
 }
 
 } // namespace sp::cuda

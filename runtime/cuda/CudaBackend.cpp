@@ -33,6 +33,14 @@
 // before it (Backend.h). The events the stream plan records after those
 // adamw calls are recorded after the batch.
 //
+// Traced steps are timed on the device (Backend::timesOnDevice): a pair of
+// timing events is recorded on each call's stream around what it enqueues,
+// and collectTimes() reads them against an event recorded when timing
+// started, so the trace shows what the streams ran at the same time (a
+// collective beside its GEMM) without a host wait per call. An adamw call
+// of a batch spans from its deferral to the batch's end; a pipeline send
+// spans its copy aside (it is posted with the next receive).
+//
 // Device memory besides the arena: the data-error word, a few scalars of
 // the gradient norm, the send staging slots, and two scratch buffers (one
 // per stream) that grow to the largest reorder or per-row statistic needed;
@@ -219,6 +227,9 @@ public:
   bool hostMemory() const override { return false; }
   Error run(const KernelCall &C) override;
   Error synchronize() override;
+  bool timesOnDevice() const override { return true; }
+  Error startTiming() override;
+  Expected<std::vector<DeviceTime>> collectTimes() override;
 
 private:
   CudaBackend() = default;
@@ -299,6 +310,7 @@ private:
     double Beta1 = 0, Beta2 = 0, Eps = 0, MaxNorm = 0;
     std::vector<cuda::AdamwTensor> Tensors;
     std::vector<int> Events;
+    std::vector<size_t> Timed; // their entries in Timed, while timing
   };
   AdamwBatch Adamw;
   // The stream plan of the program last run, and its events.
@@ -307,6 +319,22 @@ private:
   uint64_t PlannedPrint = 0;
   cuda::StreamPlan Plan;
   std::vector<cudaEvent_t> Events;
+  /// Device timing (startTiming to collectTimes): the calls' start and end
+  /// events and streams, from a pool of timing events reused every step.
+  struct TimedCall {
+    cudaEvent_t Start, End;
+    int Stream;
+  };
+  bool Timing = false;
+  cudaEvent_t TimeBase = nullptr;
+  std::vector<TimedCall> Timed;
+  std::vector<cudaEvent_t> TimingPool;
+  /// Starts timing a call on stream S (Kind: its row): records its start.
+  Error timeStart(cudaStream_t S, int Kind);
+  Error timeEnd(size_t K, cudaStream_t S) {
+    SP_CUDA_TRY(cudaEventRecord(Timed[K].End, S));
+    return Error::success();
+  }
 };
 
 Expected<std::unique_ptr<CudaBackend>>
@@ -369,6 +397,10 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t E : Events)
     if (E)
       cudaEventDestroy(E);
+  for (cudaEvent_t E : TimingPool)
+    cudaEventDestroy(E);
+  if (TimeBase)
+    cudaEventDestroy(TimeBase);
   if (ToNccl)
     cudaEventDestroy(ToNccl);
   if (FromNccl)
@@ -592,9 +624,15 @@ Error CudaBackend::run(const KernelCall &C) {
     // everything before it, on the compute stream.
     if (auto E = drain())
       return E;
+    if (Timing)
+      if (auto E = timeStart(Compute, 0))
+        return E;
     if (auto E = dispatch(C, Compute))
       return E;
     SP_CUDA_TRY(cudaGetLastError());
+    if (Timing)
+      if (auto E = timeEnd(Timed.size() - 1, Compute))
+        return E;
     return drain();
   }
   size_t J = size_t(&C.I - First);
@@ -626,13 +664,21 @@ Error CudaBackend::run(const KernelCall &C) {
       return E;
   for (int W : Step.WaitFor)
     SP_CUDA_TRY(cudaStreamWaitEvent(S, Events[W], 0));
+  if (Timing)
+    if (auto E = timeStart(S, int(Step.Stream)))
+      return E;
   if (IsAdamw) {
     deferAdamw(C, S, J, Step.RecordEvent);
+    if (Timing)
+      Adamw.Timed.push_back(Timed.size() - 1);
     return Error::success();
   }
   if (auto E = dispatch(C, S))
     return E;
   SP_CUDA_TRY(cudaGetLastError());
+  if (Timing)
+    if (auto E = timeEnd(Timed.size() - 1, S))
+      return E;
   if (Step.RecordEvent)
     SP_CUDA_TRY(cudaEventRecord(Events[J], S));
   return Error::success();
@@ -985,7 +1031,54 @@ Error CudaBackend::flushAdamw() {
   SP_CUDA_TRY(cudaGetLastError());
   for (int J : B.Events)
     SP_CUDA_TRY(cudaEventRecord(Events[J], B.Stream));
+  for (size_t K : B.Timed)
+    if (K < Timed.size())
+      if (auto E = timeEnd(K, B.Stream))
+        return E;
   return Error::success();
+}
+
+Error CudaBackend::timeStart(cudaStream_t S, int Kind) {
+  size_t Need = 2 * (Timed.size() + 1);
+  while (TimingPool.size() < Need) {
+    cudaEvent_t E;
+    SP_CUDA_TRY(cudaEventCreate(&E));
+    TimingPool.push_back(E);
+  }
+  TimedCall T{TimingPool[Need - 2], TimingPool[Need - 1], Kind};
+  SP_CUDA_TRY(cudaEventRecord(T.Start, S));
+  Timed.push_back(T);
+  return Error::success();
+}
+
+Error CudaBackend::startTiming() {
+  if (auto E = drain())
+    return E;
+  if (!TimeBase)
+    SP_CUDA_TRY(cudaEventCreate(&TimeBase));
+  // Both streams are idle: the base is now on the device's clock.
+  SP_CUDA_TRY(cudaEventRecord(TimeBase, Compute));
+  Timed.clear();
+  Timing = true;
+  return Error::success();
+}
+
+Expected<std::vector<Backend::DeviceTime>> CudaBackend::collectTimes() {
+  if (!Timing)
+    return std::vector<DeviceTime>();
+  Timing = false;
+  if (auto E = drain())
+    return E;
+  std::vector<DeviceTime> R;
+  R.reserve(Timed.size());
+  for (const TimedCall &T : Timed) {
+    float StartMs = 0, Ms = 0;
+    SP_CUDA_TRY(cudaEventElapsedTime(&StartMs, TimeBase, T.Start));
+    SP_CUDA_TRY(cudaEventElapsedTime(&Ms, T.Start, T.End));
+    R.push_back({1e3 * StartMs, 1e3 * Ms, T.Stream});
+  }
+  Timed.clear();
+  return R;
 }
 
 Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {

@@ -142,6 +142,53 @@ TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
   }
 }
 
+/// A traced step on the GPU is timed on the device: one event per
+/// instruction, in order, each on the stream the stream plan gives it
+/// (everything on the compute stream at t = 1 but nothing overlapping), and
+/// the training is the untraced run's bit for bit.
+TEST(CudaEndToEnd, TracedStepIsTimedOnTheDevice) {
+  if (Error E = checkCudaDevice())
+    GTEST_SKIP() << "no CUDA device is present, skipping the GPU trace test: "
+                 << toString(std::move(E));
+  Plan P = compileTiny();
+  std::vector<double> Losses[2];
+  for (bool Trace : {false, true}) {
+    auto B = createCudaBackend(CudaBackendOptions());
+    ASSERT_TRUE(bool(B)) << toString(B.takeError());
+    auto Held = std::make_shared<std::unique_ptr<Backend>>(std::move(*B));
+    RunOptions O;
+    O.Trace = Trace;
+    O.MakeBackend = [Held] { return std::move(*Held); };
+    auto E = Executor::create(P, O);
+    ASSERT_TRUE(bool(E)) << toString(E.takeError());
+    std::mt19937 Rng(3);
+    TokenBatch Data;
+    for (int64_t I = 0; I < (*E)->batch() * (*E)->seq(); ++I) {
+      Data.Tokens.push_back(Rng() % (*E)->vocab());
+      Data.Targets.push_back(Rng() % (*E)->vocab());
+    }
+    for (int S = 1; S <= 2; ++S) {
+      auto L = (*E)->trainStep(Data, 1e-3, S);
+      ASSERT_TRUE(bool(L)) << toString(L.takeError());
+      Losses[Trace].push_back(*L);
+    }
+    if (!Trace)
+      continue;
+    size_t N = P.Prog.Instrs.size();
+    ASSERT_EQ((*E)->trace().size(), 2 * N);
+    for (size_t K = 0; K < 2 * N; ++K) {
+      const TraceEvent &T = (*E)->trace()[K];
+      EXPECT_EQ(T.Instruction, int(K % N));
+      EXPECT_EQ(T.Stream, 0);
+      EXPECT_GE(T.DurationUs, 0.0);
+      if (K % N)
+        EXPECT_GE(T.StartUs, (*E)->trace()[K - 1].StartUs)
+            << "one stream runs in order";
+    }
+  }
+  EXPECT_EQ(Losses[0], Losses[1]);
+}
+
 /// The same plan on TP x PP thread ranks, each on the CPU or on GPU number
 /// (its world rank): the losses and every stage's own parameters' whole
 /// gradients (gathered over the tensor group).

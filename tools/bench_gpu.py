@@ -30,8 +30,8 @@ model is made with a 256-token vocabulary (the byte-level data of sp-tokenize), 
 head small, and the layer's time is taken apart from the rest: each round runs each plan twice,
 once plainly and once with --trace; the layer's time in a phase is the plain run's phase time
 minus the time the traced run spent in that phase's instructions outside the layer (embedding,
-final norm, head, loss). On the GPU a traced run may wait for every instruction (the CUDA
-backend's trace does, until it times its calls on the device), so only those few instructions'
+final norm, head, loss). On the GPU the trace is timed on the device (CUDA events around each
+call), so a traced instruction's duration is its device time; only those few instructions'
 traced times are used, not the layer's own (which the JSON keeps as traced_layer_ms). The optimizer (AdamW over
 the whole model) is reported apart and left out, as in bench_recompute.py and the paper's
 per-layer times. "combined" = forward + backward + recompute of the layer.

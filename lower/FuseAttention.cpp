@@ -1,5 +1,6 @@
 //===- FuseAttention.cpp - One softmax for the attention core --------------===//
 #include "lower/FuseAttention.h"
+#include "lower/MemoryPlan.h"
 #include <string>
 #include <vector>
 
@@ -128,21 +129,9 @@ struct Fuser {
     }
   }
 
-  /// Drops the dead instructions and buffers, renumbering the rest.
+  /// Drops the dead instructions and buffers, renumbering the rest, and
+  /// recomputes the live ranges for the new indices.
   void compact() {
-    // Before[K]: kept instructions before K (the new index of a kept K).
-    std::vector<int> Before(NI + 1, 0);
-    for (size_t K = 0; K < NI; ++K)
-      Before[K + 1] = Before[K] + (DeadInstr[K] ? 0 : 1);
-    int NewNI = Before[NI];
-    // A removed instruction maps to the kept one before it.
-    auto Map = [&](int K) {
-      if (K < 0)
-        return K;
-      if (size_t(K) >= NI)
-        return NewNI + (K - int(NI));
-      return DeadInstr[K] ? std::max(Before[K] - 1, 0) : Before[K];
-    };
     std::vector<int> NewId(NB, -1);
     std::vector<ProgramBuffer> Buffers;
     Buffers.reserve(NB);
@@ -151,26 +140,17 @@ struct Fuser {
         continue;
       NewId[B] = int(Buffers.size());
       ProgramBuffer PB = std::move(P.Buffers[B]);
-      if (PB.K == ProgramBuffer::Temp) {
-        if (PB.Name == "%" + std::to_string(B))
-          PB.Name = "%" + std::to_string(NewId[B]);
-        PB.Def = Map(PB.Def);
-        PB.LastUse = std::max(Map(PB.LastUse), PB.Def);
-      }
+      if (PB.K == ProgramBuffer::Temp && PB.Name == "%" + std::to_string(B))
+        PB.Name = "%" + std::to_string(NewId[B]);
       Buffers.push_back(std::move(PB));
     }
     std::vector<Instruction> Instrs;
-    Instrs.reserve(NewNI);
     for (size_t K = 0; K < NI; ++K) {
       if (DeadInstr[K])
         continue;
       Instruction I = std::move(P.Instrs[K]);
-      for (int &B : I.In) {
+      for (int &B : I.In)
         B = NewId[B];
-        ProgramBuffer &PB = Buffers[B];
-        if (PB.K == ProgramBuffer::Temp)
-          PB.LastUse = std::max(PB.LastUse, int(Instrs.size()));
-      }
       for (int &B : I.Out)
         B = NewId[B];
       Instrs.push_back(std::move(I));
@@ -179,6 +159,7 @@ struct Fuser {
       Id = NewId[Id];
     P.Buffers = std::move(Buffers);
     P.Instrs = std::move(Instrs);
+    computeLiveRanges(P);
   }
 };
 

@@ -30,6 +30,12 @@ void planMemory(Program &P);
 enum class PlanOrder { Auto, BySize, Program };
 void planMemory(Program &P, PlanOrder Order);
 
+/// Def and LastUse of every temporary from the instruction order: from its
+/// first writer to its last reader (a program output: past the end), and
+/// the operands and results of a collective with a Beside (lower/Overlap.h)
+/// until that GEMM. For the steps that rewrite a program after lowering.
+void computeLiveRanges(Program &P);
+
 /// The largest total size of temporaries live at the same instruction: a
 /// lower bound for any placement, reported beside the arena peak.
 int64_t peakLiveTempBytes(const Program &P);

@@ -1,5 +1,6 @@
 //===- Overlap.cpp - Collectives placed beside the GEMMs they overlap ------===//
 #include "lower/Overlap.h"
+#include "lower/MemoryPlan.h"
 #include "llvm/ADT/SmallVector.h"
 #include <algorithm>
 
@@ -57,30 +58,6 @@ bool dependsOn(const Instruction &B, const Instruction &A) {
 }
 
 } // namespace
-
-void computeLiveRanges(Program &P) {
-  int End = P.Instrs.size();
-  std::vector<bool> Written(P.Buffers.size(), false);
-  for (int I = 0; I < End; ++I)
-    for (int B : P.Instrs[I].Out)
-      if (P.Buffers[B].K == ProgramBuffer::Temp && !Written[B]) {
-        Written[B] = true;
-        P.Buffers[B].Def = P.Buffers[B].LastUse = I;
-      }
-  for (int I = 0; I < End; ++I) {
-    const Instruction &In = P.Instrs[I];
-    int Until = In.Beside >= 0 ? std::max(I, In.Beside) : I;
-    for (int B : In.In)
-      if (P.Buffers[B].K == ProgramBuffer::Temp)
-        P.Buffers[B].LastUse = std::max(P.Buffers[B].LastUse, Until);
-    for (int B : In.Out)
-      if (P.Buffers[B].K == ProgramBuffer::Temp)
-        P.Buffers[B].LastUse = std::max(P.Buffers[B].LastUse, Until);
-  }
-  for (auto &[Name, Id] : P.Outputs)
-    if (P.Buffers[Id].K == ProgramBuffer::Temp)
-      P.Buffers[Id].LastUse = End; // read after the last instruction
-}
 
 void placeCollectives(Program &P) {
   // Order holds original instruction indices; Beside is kept as an original

@@ -43,13 +43,9 @@ bool communicates(OpKind Op);
 bool isGemm(OpKind Op);
 
 /// Reorders P's collectives as above, sets their Beside, and recomputes the
-/// temporaries' live ranges. Run before the memory plan.
+/// temporaries' live ranges (computeLiveRanges, lower/MemoryPlan.h). Run
+/// before the memory plan.
 void placeCollectives(Program &P);
-
-/// Def and LastUse of every temporary from the instruction order (outputs of
-/// the program live past its end), and the operands of each collective with
-/// a Beside kept live until that GEMM.
-void computeLiveRanges(Program &P);
 
 } // namespace sp
 

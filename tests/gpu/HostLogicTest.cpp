@@ -65,11 +65,6 @@ TEST(LaunchGeometry, SumSquaresGridIsFixedBySize) {
   EXPECT_EQ(sumSquaresLaunch(int64_t(1) << 30).Blocks, SumBlocks);
 }
 
-/// The device's row reduction assigns element j to lane j mod 8 and sums
-/// each lane in order, then combines the lanes as
-/// ((0+1)+(2+3))+((4+5)+(6+7)) (kernels/Common.cuh). Emulated here, it must
-/// be the CPU's laneSum bit for bit (cpu::sumSquares is a laneSum of
-/// squares), or the "bitwise equal" claims of the kernels would not hold.
 /// Every element of every tensor is covered exactly once, in order, and
 /// every launch respects its table's limits.
 void expectCovers(const std::vector<int64_t> &Sizes,
@@ -139,6 +134,11 @@ TEST(MultiTensor, TheTableFitsAKernelArgument) {
   EXPECT_LE(MultiTensorMaxTensors, 256) << "slots are bytes";
 }
 
+/// The device's row reduction assigns element j to lane j mod 8 and sums
+/// each lane in order, then combines the lanes as
+/// ((0+1)+(2+3))+((4+5)+(6+7)) (kernels/Common.cuh). Emulated here, it must
+/// be the CPU's laneSum bit for bit (cpu::sumSquares is a laneSum of
+/// squares), or the "bitwise equal" claims of the kernels would not hold.
 TEST(LaunchGeometry, LaneOrderIsTheCpuOrder) {
   std::mt19937 Rng(5);
   std::normal_distribution<float> D(0, 3);

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
+#include "lower/MemoryPlan.h"
 #include "lower/Overlap.h"
 #include "gtest/gtest.h"
 

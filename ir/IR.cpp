@@ -44,6 +44,21 @@ std::string collectiveGroup(OpKind K, const AttrList &Attrs) {
   return Attrs.getString("group", defaultGroup(K));
 }
 
+bool isCommunicationOp(OpKind K) {
+  switch (K) {
+  case OpKind::AllReduce:
+  case OpKind::AllGather:
+  case OpKind::ReduceScatter:
+  case OpKind::Send:
+  case OpKind::Recv:
+  case OpKind::PipeBroadcast:
+  case OpKind::PipeAllReduce:
+    return true;
+  default:
+    return false;
+  }
+}
+
 namespace {
 bool fits(AttrDecl::KindT K, const Attribute &V) {
   switch (K) {

@@ -7,21 +7,8 @@
 namespace sp {
 
 bool communicates(OpKind Op) {
-  switch (Op) {
-  case OpKind::AllReduce:
-  case OpKind::AllGather:
-  case OpKind::ReduceScatter:
-  case OpKind::Send:
-  case OpKind::Recv:
-  case OpKind::PipeBroadcast:
-  case OpKind::PipeAllReduce:
-  case OpKind::CrossEntropy:
-  case OpKind::CrossEntropyGrad:
-  case OpKind::GradNorm:
-    return true;
-  default:
-    return false;
-  }
+  return isCommunicationOp(Op) || Op == OpKind::CrossEntropy ||
+         Op == OpKind::CrossEntropyGrad || Op == OpKind::GradNorm;
 }
 
 bool isGemm(OpKind Op) {

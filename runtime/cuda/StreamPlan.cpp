@@ -9,20 +9,7 @@
 
 namespace sp::cuda {
 
-bool isCommunication(OpKind Op) {
-  switch (Op) {
-  case OpKind::AllReduce:
-  case OpKind::AllGather:
-  case OpKind::ReduceScatter:
-  case OpKind::Send:
-  case OpKind::Recv:
-  case OpKind::PipeBroadcast:
-  case OpKind::PipeAllReduce:
-    return true;
-  default:
-    return false;
-  }
-}
+bool isCommunication(OpKind Op) { return isCommunicationOp(Op); }
 
 int StreamPlan::numWaits() const {
   int N = 0;

@@ -1,6 +1,7 @@
 //===- Finalize.cpp - The last steps of lowering a program -----------------===//
 #include "lower/Finalize.h"
 #include "lower/FuseAttention.h"
+#include "lower/GradientBuckets.h"
 #include "lower/MemoryPlan.h"
 #include "lower/Overlap.h"
 
@@ -8,6 +9,7 @@ namespace sp {
 
 void finalizeProgram(Program &P) {
   fuseAttentionSoftmax(P);
+  bucketGradientSums(P);
   placeCollectives(P);
   planMemory(P);
 }

@@ -17,11 +17,17 @@ std::vector<LayerCollectives> collectiveReport(const Program &P, int T) {
   if (T <= 1)
     return R;
   for (const Instruction &I : P.Instrs) {
+    // The tensor-parallel group's (the data-parallel sums are another
+    // group's, of another size).
+    if (collectiveGroup(I.Op, I.Attrs) != "tp")
+      continue;
     int64_t Full;
     double Factor = double(T - 1) / T;
     switch (I.Op) {
-    case OpKind::AllReduce:
-      Full = P.Buffers[I.Out[0]].Bytes;
+    case OpKind::AllReduce: // one tensor, or a bucket of them
+      Full = 0;
+      for (int B : I.Out)
+        Full += P.Buffers[B].Bytes;
       Factor *= 2;
       break;
     case OpKind::AllGather:
@@ -34,7 +40,7 @@ std::vector<LayerCollectives> collectiveReport(const Program &P, int T) {
       continue;
     }
     CollectiveUse U{I.Op, I.Role, I.Ph, StringRef(I.Role).endswith("_regather"),
-                    int64_t(Full * Factor)};
+                    int64_t(Full * Factor), ""};
     if (I.Beside >= 0) {
       const Instruction &G = P.Instrs[I.Beside];
       U.Beside = (opName(G.Op) + " " + G.Role).str();

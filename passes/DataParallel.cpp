@@ -16,8 +16,10 @@
 // weight shared by pipeline stages, after its sum over them), in the order
 // the backward produced the gradients, so that a backend that runs
 // collectives on a stream of their own overlaps the first of them with the
-// end of the backward. One collective per gradient: fusing small gradients
-// into buckets is left to later work.
+// end of the backward. Each sum carries the bucket size (--dp-bucket):
+// after the schedule is unrolled, the lowering groups them into buckets and
+// moves each bucket into the backward, right after its last gradient is made
+// (lower/GradientBuckets.h), where the actual order of the program is known.
 //
 // Runs after pipeline-stages (it reads the stage of each update); a no-op
 // without --dp.
@@ -72,6 +74,7 @@ public:
     for (auto [Grad, Update] : Grads) {
       AttrList A;
       A.set("group", std::string("dp"));
+      A.set("bucket_bytes", Ctx.DataParallelBucketBytes);
       Node *Sum = cantFail(buildNode(G, Norm->getIterator(),
                                      OpKind::AllReduce, {Grad}, A,
                                      "dp_sum." + Update->operand(0)->name()));

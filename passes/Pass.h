@@ -68,6 +68,12 @@ struct PassContext {
   /// Data-parallel replicas (data-parallel pass): each trains on its own
   /// rows of the step's batch, and gradients are summed over them.
   int DataParallel = 1;
+  /// The largest data-parallel gradient bucket, in bytes: the gradient sums
+  /// are grouped into all-reduces of at most this size (one gradient larger
+  /// than it is a bucket of its own), each issued as soon as the backward has
+  /// made its last gradient (lower/GradientBuckets.h). 25 MiB, as PyTorch
+  /// DDP's default.
+  int64_t DataParallelBucketBytes = int64_t(25) << 20;
   RecomputeOptions Recompute;
   PipelineOptions Pipeline;
   /// The activation dtype the program will be planned with (passes that

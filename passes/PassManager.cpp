@@ -47,6 +47,12 @@ struct CLOptions {
                            "the grid is D x P x T ranks, each replica "
                            "training on its own rows of the step's batch"),
                   cl::value_desc("D"), cl::init(1), cl::cat(Cat)};
+  cl::opt<std::string> DPBucket{
+      "dp-bucket",
+      cl::desc("With --dp: the largest gradient bucket summed over the "
+               "replicas by one all-reduce, in bytes (suffixes as "
+               "--memory-budget; default 25MiB)"),
+      cl::value_desc("bytes"), cl::cat(Cat)};
   cl::opt<bool> SP{"sp",
                    cl::desc("Sequence parallelism in the LayerNorm and dropout "
                             "regions (needs --tp T > 1)"),
@@ -162,6 +168,19 @@ Error passOptionsFromCL(PassContext &Ctx) {
     return createStringError(inconvertibleErrorCode(),
                              "--dp must be a positive integer, got %d",
                              CL->DP.getValue());
+  if (CL->DPBucket.getNumOccurrences()) {
+    if (CL->DP == 1)
+      return createStringError(inconvertibleErrorCode(),
+                               "--dp-bucket sizes the data-parallel gradient "
+                               "sums; it needs --dp D with D > 1");
+    auto B = parseBytes(CL->DPBucket);
+    if (!B || *B <= 0)
+      return createStringError(
+          inconvertibleErrorCode(),
+          "--dp-bucket: '%s' is not a byte count (use e.g. 1000000, 25MiB)",
+          CL->DPBucket.c_str());
+    Ctx.DataParallelBucketBytes = *B;
+  }
   Ctx.TensorParallel = CL->TP;
   Ctx.DataParallel = CL->DP;
   Ctx.SequenceParallel = CL->SP;

@@ -65,6 +65,13 @@ std::vector<OpAttrDecl> chunkAttrDecls() {
   return {{"dim", attr::RequiredInt}, {"parts", attr::RequiredInt}};
 }
 
+Expected<TypeList> sameAsOperands(const ShapeArgs &A) {
+  TypeList R;
+  for (unsigned I = 0; I < A.Operands.size(); ++I)
+    R.push_back(A.type(I));
+  return R;
+}
+
 /// A one-operand collective of the tensor-parallel group.
 OpDef collective(ShapeRule Shape, LayoutRule Layout, GradRule Grad = nullptr,
                  std::vector<OpAttrDecl> Attrs = {}) {
@@ -111,7 +118,14 @@ void addParallelOps(OpTable &T) {
 
   // The concrete collectives: sum over the group; concatenate the ranks'
   // chunks along dim; sum and keep this rank's chunk.
-  T[size_t(OpKind::AllReduce)] = collective(sameAsOperand0, replicatedLayout);
+  // all_reduce sums each operand over the group: one operand in the graph;
+  // in a lowered program, a bucket of data-parallel gradient sums
+  // (lower/GradientBuckets.h) is one all_reduce of several operands, and
+  // bucket_bytes (set by the data-parallel pass) bounds a bucket's size.
+  T[size_t(OpKind::AllReduce)] =
+      collective(sameAsOperands, replicatedLayout, nullptr,
+                 {{"bucket_bytes", attr::Int(0)}});
+  T[size_t(OpKind::AllReduce)].MaxOperands = OpDef::Variadic;
   T[size_t(OpKind::AllGather)] =
       collective(chunkShape, replicatedLayout, nullptr, chunkAttrDecls());
   T[size_t(OpKind::ReduceScatter)] =

@@ -337,8 +337,22 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     if (!G)
       return planError("no communicator for group '" + Name + "'");
     if (I.Op == OpKind::AllReduce) {
-      std::memcpy(Out(0), In(0), InT(0).numBytes());
-      return G->allReduceSum(Out(0), OutT(0).numElements());
+      if (I.In.size() == 1) {
+        std::memcpy(Out(0), In(0), InT(0).numBytes());
+        return G->allReduceSum(Out(0), OutT(0).numElements());
+      }
+      // A bucket: its operands packed into one sum, elementwise as theirs.
+      std::vector<T> Packed;
+      for (unsigned K = 0; K < I.In.size(); ++K)
+        Packed.insert(Packed.end(), In(K), In(K) + InT(K).numElements());
+      if (auto E = G->allReduceSum(Packed.data(), int64_t(Packed.size())))
+        return E;
+      const T *From = Packed.data();
+      for (unsigned K = 0; K < I.Out.size(); ++K) {
+        std::copy(From, From + OutT(K).numElements(), Out(K));
+        From += OutT(K).numElements();
+      }
+      return Error::success();
     }
     int Dim = AInt("dim"), Parts = AInt("parts");
     switch (I.Op) {

@@ -694,17 +694,38 @@ Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
   float *Out = reinterpret_cast<float *>(C.buffer(I.Out[0]));
   const float *In = reinterpret_cast<const float *>(C.buffer(I.In[0]));
   const TensorType &InT = Bufs[I.In[0]].Type;
-  const TensorType &OutT = Bufs[I.Out[0]].Type;
   if (I.Op == OpKind::AllReduce) {
-    if (Out != In)
-      SP_CUDA_TRY(cudaMemcpyAsync(Out, In, InT.numBytes(),
-                                  cudaMemcpyDeviceToDevice, S));
-    if (G->size() == 1)
-      return Error::success();
-    auto N = nccl(*G);
-    if (!N)
-      return N.takeError();
-    return (*N)->allReduceSum(Out, Out, OutT.numElements(), S);
+    // One operand, or a bucket of gradient sums: its operands' all-reduces
+    // in one NCCL group (one launch).
+    cuda::NcclComm *Nc = nullptr;
+    if (G->size() > 1) {
+      auto N = nccl(*G);
+      if (!N)
+        return N.takeError();
+      Nc = *N;
+    }
+    if (Nc && I.In.size() > 1)
+      if (auto E = cuda::NcclComm::groupStart())
+        return E;
+    for (unsigned K = 0; K < I.In.size(); ++K) {
+      float *O = reinterpret_cast<float *>(C.buffer(I.Out[K]));
+      const float *X = reinterpret_cast<const float *>(C.buffer(I.In[K]));
+      int64_t Count = Bufs[I.Out[K]].Type.numElements();
+      if (!Nc) {
+        if (O != X)
+          SP_CUDA_TRY(cudaMemcpyAsync(O, X, Count * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, S));
+        continue;
+      }
+      if (auto E = Nc->allReduceSum(O, X, Count, S)) {
+        if (I.In.size() > 1)
+          consumeError(cuda::NcclComm::groupEnd());
+        return E;
+      }
+    }
+    if (Nc && I.In.size() > 1)
+      return cuda::NcclComm::groupEnd();
+    return Error::success();
   }
   int Dim = attrInt(I.Op, I.Attrs, "dim"), Parts = attrInt(I.Op, I.Attrs, "parts");
   if (I.Op == OpKind::SpSplit) {

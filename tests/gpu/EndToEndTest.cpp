@@ -181,9 +181,10 @@ TEST(CudaEndToEnd, TracedStepIsTimedOnTheDevice) {
       EXPECT_EQ(T.Instruction, int(K % N));
       EXPECT_EQ(T.Stream, 0);
       EXPECT_GE(T.DurationUs, 0.0);
-      if (K % N)
+      if (K % N) {
         EXPECT_GE(T.StartUs, (*E)->trace()[K - 1].StartUs)
             << "one stream runs in order";
+      }
     }
   }
   EXPECT_EQ(Losses[0], Losses[1]);

@@ -276,8 +276,9 @@ TEST(Executor, TraceTakesTheDevicesTimes) {
     EXPECT_EQ(T.Step, int64_t(K / N + 1));
     EXPECT_EQ(T.DurationUs, 1.0);
     EXPECT_EQ(T.Stream, 0) << "t = 1: no collective";
-    if (K % N)
+    if (K % N) {
       EXPECT_EQ(T.StartUs - Timed->trace()[K - 1].StartUs, 1.0);
+    }
   }
 }
 

@@ -2,10 +2,12 @@
 //
 // lower/Overlap.h on hand-built programs (where each collective may move,
 // and where it must stop) and on compiled ones (the live ranges it
-// recomputes are the lowering's own where nothing moved).
+// recomputes are the lowering's own where nothing moved); the data-parallel
+// gradient buckets of lower/GradientBuckets.h.
 //
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
+#include "lower/GradientBuckets.h"
 #include "lower/MemoryPlan.h"
 #include "lower/Overlap.h"
 #include "gtest/gtest.h"
@@ -104,6 +106,45 @@ TEST(Overlap, StopsWhereItMust) {
   EXPECT_EQ(B.P.Instrs[2].Beside, 3) << "moved above gemm1, not further";
   EXPECT_EQ(B.P.Instrs[5].Beside, -1);
   EXPECT_EQ(B.P.Instrs[7].Beside, -1) << "the data-parallel group";
+}
+
+/// The data-parallel sums become buckets in the order the backward
+/// finishes their gradients, each placed right after its last gradient's
+/// writer; a gradient larger than the bucket size is a bucket alone.
+TEST(GradientBuckets, InFinishingOrderAfterTheLastWriter) {
+  Builder B;
+  std::vector<int> G, S;
+  for (int K = 0; K < 4; ++K) {
+    G.push_back(B.temp());
+    S.push_back(B.temp());
+  }
+  B.P.Buffers[G[2]].Bytes = 64; // larger than a bucket
+  int X = B.temp();
+  B.instr(OpKind::Gelu, {X}, {G[1]}, "make1");
+  B.instr(OpKind::Gelu, {X}, {G[0]}, "make0");
+  B.instr(OpKind::Gelu, {X}, {G[2]}, "make2");
+  B.instr(OpKind::Gelu, {X}, {G[3]}, "make3");
+  B.instr(OpKind::Gelu, {G[3]}, {G[3]}, "accumulate3"); // its last writer
+  for (int K = 0; K < 4; ++K) {
+    int I = B.instr(OpKind::AllReduce, {G[K]}, {S[K]}, "sum" + std::to_string(K),
+                    Phase::Optimizer, "dp");
+    B.P.Instrs[I].Attrs.set("bucket_bytes", int64_t(32));
+  }
+  B.instr(OpKind::GradNorm, {S[0], S[1], S[2], S[3]}, {X}, "norm",
+          Phase::Optimizer);
+  B.P.Outputs = {{"norm", X}};
+  computeLiveRanges(B.P);
+  EXPECT_EQ(bucketGradientSums(B.P), 3);
+  EXPECT_EQ(B.order(), (Names{"make1", "make0", "dp_bucket.0", "make2",
+                              "dp_bucket.1", "make3", "accumulate3",
+                              "dp_bucket.2", "norm"}));
+  const Instruction &First = B.P.Instrs[2];
+  EXPECT_EQ(First.In, (llvm::SmallVector<int, 4>{G[1], G[0]}));
+  EXPECT_EQ(First.Out, (llvm::SmallVector<int, 4>{S[1], S[0]}));
+  EXPECT_EQ(First.Ph, Phase::Backward) << "in the backward, where it is";
+  EXPECT_EQ(B.P.Instrs[4].In, (llvm::SmallVector<int, 4>{G[2]}));
+  EXPECT_EQ(B.P.Buffers[G[0]].LastUse, 2) << "a gradient dies at its sum";
+  EXPECT_EQ(B.P.Buffers[S[0]].LastUse, 8);
 }
 
 /// Where nothing moves, the live ranges computed from the order are the

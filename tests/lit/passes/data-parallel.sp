@@ -6,8 +6,8 @@
 // RUN: FileCheck %s < %t
 // RUN: %python -c "import sys; t = open(sys.argv[1]).read(); print(t.count('group = \"dp\"'), t.count('adamw('))" %t | FileCheck %s --check-prefix=COUNT
 
-// CHECK: all_reduce(%{{[0-9]+}}) {group = "dp"} loc("dp_sum.lnf.w") [role = "dp_grad_sum", phase = opt]
-// CHECK: [[WTE:%[0-9]+]] : f32[16, 8] #replicated = all_reduce(%{{[0-9]+}}) {group = "dp"} loc("dp_sum.wte") [role = "dp_grad_sum", phase = opt]
+// CHECK: all_reduce(%{{[0-9]+}}) {bucket_bytes = 26214400, group = "dp"} loc("dp_sum.lnf.w") [role = "dp_grad_sum", phase = opt]
+// CHECK: [[WTE:%[0-9]+]] : f32[16, 8] #replicated = all_reduce(%{{[0-9]+}}) {bucket_bytes = 26214400, group = "dp"} loc("dp_sum.wte") [role = "dp_grad_sum", phase = opt]
 // CHECK: grad_norm(
 // CHECK-SAME: [[WTE]]
 // CHECK: adamw(%wte, [[WTE]],

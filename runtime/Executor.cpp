@@ -138,6 +138,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                                {"seq", &E->Seq}})
       *Slot = Model.value(Field, int64_t(0));
   E->Batch *= E->Microbatches;
+  E->Unrolled = E->Microbatches > 1 || E->PipeComm;
   if (!E->Vocab || !E->Batch || Prog.output("loss") < 0)
     return planError("the plan is not a training program of a detected "
                      "Transformer (no token embedding or loss)");
@@ -386,10 +387,10 @@ Expected<double> Executor::trainStep(const TokenBatch &Data, double LR,
 }
 
 Expected<double> Executor::evalLoss(const TokenBatch &Data) {
-  if (PipeComm || Microbatches > 1)
-    return planError("evaluating a pipelined plan is not supported yet; "
-                     "compile the model without --pp and --microbatches to "
-                     "evaluate it");
+  // The forward instructions alone, in program order: in an unrolled
+  // schedule they are every microbatch's forward on this stage, with the
+  // stage-to-stage messages of the forward (a collective over the pipeline
+  // group: every stage evaluates).
   if (auto E = feedInputs(Data, /*LR=*/0, /*Step=*/0))
     return std::move(E);
   if (auto E = run(Phase::Forward, /*Step=*/0, /*Training=*/false))
@@ -415,7 +416,7 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
     if (auto E = Back->startTiming())
       return E;
   }
-  int64_t Live = 0;
+  int64_t Live = 0, CapturedLogits = 0;
   size_t NumInstrs = Prog.Instrs.size();
   std::vector<int64_t> FreeAt(NumInstrs + 1, 0);
   // What the instructions write and read, for the stored-activation count.
@@ -423,8 +424,10 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
       LastRead(Prog.Buffers.size(), -1), FirstBackRead(Prog.Buffers.size(), -1);
   for (size_t I = 0; I < NumInstrs; ++I) {
     const Instruction &In = Prog.Instrs[I];
+    // An unrolled schedule interleaves the phases: the ones after Last are
+    // skipped, not the rest of the program.
     if (In.Ph > Last)
-      break;
+      continue;
     for (int B : In.Out) {
       const ProgramBuffer &PB = Prog.Buffers[B];
       Live += PB.Bytes;
@@ -447,6 +450,20 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
       return createStringError(inconvertibleErrorCode(), "%s: %s",
                                describe(In, I).c_str(),
                                toString(std::move(E)).c_str());
+    if (!Training && Unrolled && In.Role == "lm_head" &&
+        In.Ph == Phase::Forward) {
+      // This microbatch's logits, before the arena reuses their bytes.
+      const ProgramBuffer &L = Prog.Buffers[In.Out[0]];
+      size_t Bytes = L.Type.numBytes();
+      EvalLogits.resize(Bytes * Microbatches);
+      if (CapturedLogits >= Microbatches)
+        return planError("the program computes more logits than it has "
+                         "microbatches");
+      if (auto E = Back->copyToHost(EvalLogits.data() + CapturedLogits * Bytes,
+                                    Arena + L.Offset, Bytes))
+        return E;
+      ++CapturedLogits;
+    }
     if (Training) {
       // A device backend queues its calls: the trace waits for each one,
       // the phase times for the last of each run of one phase (so a
@@ -475,6 +492,11 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
     }
     Live -= FreeAt[I];
   }
+  if (CapturedLogits && CapturedLogits != Microbatches)
+    return planError(formatv("the program computed the logits of {0} of its "
+                             "{1} microbatches",
+                             CapturedLogits, Microbatches)
+                         .str());
   if (DeviceTrace) {
     auto Times = Back->collectTimes();
     if (!Times)
@@ -560,9 +582,20 @@ std::optional<TensorView> Executor::gradient(StringRef Param) const {
 }
 
 std::optional<TensorView> Executor::logits() const {
-  if (LogitsBuffer < 0)
+  if (LogitsBuffer < 0 || (Unrolled && EvalLogits.empty()))
     return std::nullopt;
   TensorView V = view(LogitsBuffer, "logits");
+  if (Unrolled) {
+    // Every microbatch's, copied out as they were made (microbatch-major).
+    V.Type.Shape[0] *= Microbatches;
+    V.Data = Wide ? nullptr
+                  : reinterpret_cast<float *>(
+                        const_cast<char *>(EvalLogits.data()));
+    V.Data64 = Wide ? reinterpret_cast<double *>(
+                          const_cast<char *>(EvalLogits.data()))
+                    : nullptr;
+    V.FullType = V.Type;
+  }
   if (V.Shard.K == Sharding::Split) { // vocabulary-parallel
     V.FullType = V.Type;
     V.FullType.Shape[V.Shard.Dim] *= V.Shard.Parts;

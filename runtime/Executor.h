@@ -138,7 +138,9 @@ public:
   std::optional<TensorView> gradient(llvm::StringRef Param) const;
   /// AdamW moments ("adam.m.<param>", "adam.v.<param>").
   std::vector<TensorView> optimizerState() const;
-  /// The logits of the last evalLoss.
+  /// The logits of the last evalLoss: of the whole batch (every
+  /// microbatch's, in order) on the stage that computes them (the last);
+  /// none on the other stages of a pipelined plan.
   std::optional<TensorView> logits() const;
   /// The whole tensor of a view, assembled from every rank's part (a
   /// collective: every rank of the group must call it, in the same order).
@@ -199,6 +201,11 @@ private:
   std::vector<char> Staging; // host bytes of one input on its way in
   MemoryStats Stats;
   int LogitsBuffer = -1;
+  /// A pipelined or microbatched program's logits, one microbatch's
+  /// buffer at a time (the arena reuses each after its last reader), copied
+  /// here as evalLoss makes them: the whole batch's, microbatch-major.
+  std::vector<char> EvalLogits;
+  bool Unrolled = false; // a program unrolled over microbatches or stages
   bool Wide = false; // a float64 plan
   /// Set when the plan cannot train: the optimizer input it lacks.
   std::string MissingOptimizerInput;

@@ -282,9 +282,15 @@ Error Run::dumpLogits(StringRef Dir) {
     return L.takeError();
   if (auto Err = E.download())
     return Err;
+  // The last pipeline stage computes them; its first tensor-parallel rank
+  // of the first replica writes them.
+  bool LastStage = E.stage() == E.numStages() - 1;
   auto Logits = E.logits();
-  if (!Logits)
+  if (!Logits) {
+    if (!LastStage)
+      return Error::success();
     return usageError("the plan exposes no logits to dump");
+  }
   SmallVector<int64_t, 4> Shape(Logits->FullType.Shape.begin(),
                                 Logits->FullType.Shape.end());
   if (Shape.size() == 2 && Shape[0] == E.batch() * E.seq())
@@ -292,10 +298,11 @@ Error Run::dumpLogits(StringRef Dir) {
   if (DataGroup) {
     // Every replica's rows, in replica order: the whole batch's logits.
     Shape[0] *= DataGroup->size();
-    return writeGathered((Dir + "/logits.npy").str(), *Logits, Shape, Lead,
-                         DataGroup);
+    return writeGathered((Dir + "/logits.npy").str(), *Logits, Shape,
+                         StageLead, DataGroup);
   }
-  return writeGathered((Dir + "/logits.npy").str(), *Logits, Shape, Lead);
+  return writeGathered((Dir + "/logits.npy").str(), *Logits, Shape,
+                       StageLead);
 }
 
 Error Run::writeGathered(StringRef Path, const TensorView &T,
@@ -784,11 +791,10 @@ Error Trainer::runRank(Communicator *World) {
     if (Lead)
       if (auto Err = makeDir(O.DumpDir, "--dump"))
         return Err;
-    // The logits come from a forward-only evaluation, which pipelined
-    // plans do not have.
-    if (!isPipelined(P))
-      if (auto Err = R.dumpLogits(O.DumpDir))
-        return Err;
+    // The logits come from a forward-only evaluation (every stage takes
+    // part in a pipelined plan's).
+    if (auto Err = R.dumpLogits(O.DumpDir))
+      return Err;
   }
 
   int64_t TokensPerStep = E.batch() * E.seq() * Grid.Data; // every replica

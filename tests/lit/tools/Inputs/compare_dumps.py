@@ -104,7 +104,7 @@ def main():
             worst_grad = max(worst_grad, r)
             if r > K:
                 problems.append(f"{n}: {r:.1f} x the rounding scale {grad_scale[n]:.1e}")
-        # Pipelined plans dump no logits (they have no forward-only run).
+        # A dump without logits (an older pipelined run) compares the rest.
         have_logits = have_ref_logits and os.path.exists(os.path.join(d, "logits.npy"))
         worst_logits = 0.0
         if have_logits:

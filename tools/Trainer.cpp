@@ -16,6 +16,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <unistd.h>
 
@@ -460,6 +461,55 @@ static void printMemory(raw_ostream &OS, const Plan &P, const MemoryStats &M) {
       humanBytes(P.Manifest.value("arena_bytes", P.Prog.ArenaBytes)),
       humanBytes(M.PersistentBytes), humanBytes(M.HighWaterBytes),
       humanBytes(M.PeakLiveTempBytes));
+}
+
+/// For --export-onnx of a pipelined plan: every stage's whole parameters
+/// (Weights, held in Full) sent to stage 0 over the pipeline group, which
+/// adds them to its own (each stage sends the weights it owns: the copy of a
+/// tied embedding on another stage is left out before).
+static Error collectStageWeights(Communicator &Pipe,
+                                 std::deque<std::vector<float>> &Full,
+                                 StringMap<ArrayRef<float>> &Weights) {
+  const int Tag = 1 << 24; // after training: no message of the plan is left
+  if (Pipe.rank() != 0) {
+    int64_t Count = Weights.size();
+    if (auto E = Pipe.send(&Count, sizeof Count, 0, Tag))
+      return E;
+    for (const auto &W : Weights) {
+      int64_t Sizes[2] = {int64_t(W.getKey().size()),
+                          int64_t(W.getValue().size())};
+      if (auto E = Pipe.send(Sizes, sizeof Sizes, 0, Tag))
+        return E;
+      if (auto E = Pipe.send(W.getKey().data(), Sizes[0], 0, Tag))
+        return E;
+      if (auto E = Pipe.send(W.getValue().data(), Sizes[1] * 4, 0, Tag))
+        return E;
+    }
+    return Error::success();
+  }
+  for (int S = 1; S < Pipe.size(); ++S) {
+    int64_t Count = 0;
+    if (auto E = Pipe.recv(&Count, sizeof Count, S, Tag))
+      return E;
+    for (int64_t K = 0; K < Count; ++K) {
+      int64_t Sizes[2];
+      if (auto E = Pipe.recv(Sizes, sizeof Sizes, S, Tag))
+        return E;
+      std::string Name(Sizes[0], '\0');
+      if (auto E = Pipe.recv(Name.data(), Sizes[0], S, Tag))
+        return E;
+      std::vector<float> Data(Sizes[1]);
+      if (auto E = Pipe.recv(Data.data(), Sizes[1] * 4, S, Tag))
+        return E;
+      if (Weights.count(Name))
+        return createStringError(inconvertibleErrorCode(),
+                                 "--export-onnx: two stages own weight '%s'",
+                                 Name.c_str());
+      Full.push_back(std::move(Data));
+      Weights[Name] = Full.back();
+    }
+  }
+  return Error::success();
 }
 
 /// This rank's instructions as Chrome trace events (complete events, one
@@ -962,16 +1012,25 @@ Error Trainer::runRank(Communicator *World) {
       return Err;
   if (!O.ExportOnnx.empty()) {
     std::vector<TensorView> Params = E.parameters();
-    std::vector<std::vector<float>> Full;
-    Full.reserve(Params.size());
+    std::deque<std::vector<float>> Full;
     StringMap<ArrayRef<float>> Weights;
     for (const TensorView &T : Params) {
       auto W = E.gather(T);
       if (!W)
         return W.takeError();
+      // A copy of a weight another stage owns (a tied embedding) is
+      // exported by its owner.
+      if (StringRef(T.Name).contains('@'))
+        continue;
       Full.push_back(std::move(*W));
       Weights[T.Name] = Full.back();
     }
+    // Pipelined: stage 0's lead (the writer) receives every other stage's
+    // parameters from that stage's lead, over their pipeline group.
+    Communicator *Pipe = Groups.Pipeline.get();
+    if (Pipe && Pipe->size() > 1 && StageLead)
+      if (auto Err = collectStageWeights(*Pipe, Full, Weights))
+        return Err;
     if (Lead)
       if (auto Err = exportOnnxWeights(O.Source, O.ExportOnnx, Weights))
         return Err;

@@ -442,11 +442,6 @@ int main(int Argc, char **Argv) {
   registerOnnxDataLoader();
   ProcessGrid Grid = planGrid(*P);
   int TP = Grid.Tensor, PP = Grid.Pipeline;
-  bool Pipelined = isPipelined(*P);
-  if (Pipelined && !ExportOnnx.empty())
-    return Fail(usageError(
-        "--export-onnx of pipelined plans (--pp, --microbatches) is not "
-        "supported yet; compile without them to export"));
   if (CommKind != "threads" && CommKind != "mpi")
     return Fail(usageError("--comm must be threads or mpi, got '" + CommKind +
                            "'"));

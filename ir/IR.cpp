@@ -44,11 +44,20 @@ std::string collectiveGroup(OpKind K, const AttrList &Attrs) {
   return Attrs.getString("group", defaultGroup(K));
 }
 
+bool isCollectiveOp(OpKind K) {
+  return K == OpKind::AllReduce || K == OpKind::AllGather ||
+         K == OpKind::ReduceScatter;
+}
+
+bool isGemmOp(OpKind K) {
+  return K == OpKind::Linear || K == OpKind::LinearGradW ||
+         K == OpKind::BatchMatMul;
+}
+
 bool isCommunicationOp(OpKind K) {
+  if (isCollectiveOp(K))
+    return true;
   switch (K) {
-  case OpKind::AllReduce:
-  case OpKind::AllGather:
-  case OpKind::ReduceScatter:
   case OpKind::Send:
   case OpKind::Recv:
   case OpKind::PipeBroadcast:

@@ -49,10 +49,16 @@ bool hasSideEffects(OpKind K);
 llvm::StringRef defaultGroup(OpKind K);
 /// The group a collective node or instruction communicates over.
 std::string collectiveGroup(OpKind K, const AttrList &Attrs);
+/// The concrete collectives of a lowered program: all_reduce, all_gather,
+/// reduce_scatter.
+bool isCollectiveOp(OpKind K);
 /// The ops of a lowered program that are communication calls: the concrete
-/// collectives (all_reduce, all_gather, reduce_scatter) and the pipeline
-/// messages (send, recv, pipe_broadcast, pipe_all_reduce).
+/// collectives and the pipeline messages (send, recv, pipe_broadcast,
+/// pipe_all_reduce).
 bool isCommunicationOp(OpKind K);
+/// The GEMMs of a lowered program (a collective may run beside one):
+/// linear, linear_grad_w, batch_matmul.
+bool isGemmOp(OpKind K);
 
 /// A core op's attribute as its definition declares it (ir/OpDef.h).
 struct AttrDecl {

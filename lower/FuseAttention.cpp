@@ -129,36 +129,41 @@ struct Fuser {
     }
   }
 
-  /// Drops the dead instructions and buffers, renumbering the rest, and
+  /// Drops the dead instructions and buffers in place (each kept one moves
+  /// down at most once, nothing is reallocated), renumbering the rest, and
   /// recomputes the live ranges for the new indices.
   void compact() {
     std::vector<int> NewId(NB, -1);
-    std::vector<ProgramBuffer> Buffers;
-    Buffers.reserve(NB);
+    size_t Kept = 0;
     for (size_t B = 0; B < NB; ++B) {
       if (DeadBuf[B])
         continue;
-      NewId[B] = int(Buffers.size());
-      ProgramBuffer PB = std::move(P.Buffers[B]);
-      if (PB.K == ProgramBuffer::Temp && PB.Name == "%" + std::to_string(B))
-        PB.Name = "%" + std::to_string(NewId[B]);
-      Buffers.push_back(std::move(PB));
+      NewId[B] = int(Kept);
+      ProgramBuffer &PB = P.Buffers[B];
+      if (Kept != B && PB.K == ProgramBuffer::Temp &&
+          PB.Name == "%" + std::to_string(B))
+        PB.Name = "%" + std::to_string(Kept);
+      if (Kept != B)
+        P.Buffers[Kept] = std::move(PB);
+      ++Kept;
     }
-    std::vector<Instruction> Instrs;
+    P.Buffers.resize(Kept);
+    Kept = 0;
     for (size_t K = 0; K < NI; ++K) {
       if (DeadInstr[K])
         continue;
-      Instruction I = std::move(P.Instrs[K]);
+      Instruction &I = P.Instrs[K];
       for (int &B : I.In)
         B = NewId[B];
       for (int &B : I.Out)
         B = NewId[B];
-      Instrs.push_back(std::move(I));
+      if (Kept != K)
+        P.Instrs[Kept] = std::move(I);
+      ++Kept;
     }
+    P.Instrs.resize(Kept);
     for (auto &[Name, Id] : P.Outputs)
       Id = NewId[Id];
-    P.Buffers = std::move(Buffers);
-    P.Instrs = std::move(Instrs);
     computeLiveRanges(P);
   }
 };

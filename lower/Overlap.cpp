@@ -11,18 +11,11 @@ bool communicates(OpKind Op) {
          Op == OpKind::CrossEntropyGrad || Op == OpKind::GradNorm;
 }
 
-bool isGemm(OpKind Op) {
-  return Op == OpKind::Linear || Op == OpKind::LinearGradW ||
-         Op == OpKind::BatchMatMul;
-}
-
 namespace {
 
 /// The collectives that move: the tensor-parallel ones.
 bool movable(const Instruction &I) {
-  return (I.Op == OpKind::AllGather || I.Op == OpKind::ReduceScatter ||
-          I.Op == OpKind::AllReduce) &&
-         collectiveGroup(I.Op, I.Attrs) == "tp";
+  return isCollectiveOp(I.Op) && collectiveGroup(I.Op, I.Attrs) == "tp";
 }
 
 int64_t microbatch(const Instruction &I) {
@@ -66,7 +59,7 @@ void placeCollectives(Program &P) {
       if (communicates(A.Op) || A.Ph != C.Ph ||
           microbatch(A) != microbatch(C) || dependsOn(C, A))
         break;
-      if (isGemm(A.Op)) {
+      if (isGemmOp(A.Op)) {
         Target = J;
         break;
       }

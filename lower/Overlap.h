@@ -39,8 +39,6 @@ namespace sp {
 /// a kernel that reduces over a group inside: the vocabulary-parallel loss,
 /// the global gradient norm).
 bool communicates(OpKind Op);
-/// Whether an op is a GEMM a collective can run beside.
-bool isGemm(OpKind Op);
 
 /// Reorders P's collectives as above, sets their Beside, and recomputes the
 /// temporaries' live ranges (computeLiveRanges, lower/MemoryPlan.h). Run

@@ -128,6 +128,19 @@ std::optional<int64_t> parseBytes(StringRef S) {
       return int64_t(V * Scale);
   return std::nullopt;
 }
+
+/// A positive byte count given to Flag, or an error naming the flag and
+/// showing Examples of what it takes.
+Expected<int64_t> byteFlag(StringRef Flag, const std::string &Value,
+                           StringRef Examples) {
+  auto B = parseBytes(Value);
+  if (!B || *B <= 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "%s: '%s' is not a byte count (use e.g. %s)",
+                             Flag.str().c_str(), Value.c_str(),
+                             Examples.str().c_str());
+  return *B;
+}
 } // namespace
 
 cl::OptionCategory &registerPassManagerCLOptions() {
@@ -173,12 +186,9 @@ Error passOptionsFromCL(PassContext &Ctx) {
       return createStringError(inconvertibleErrorCode(),
                                "--dp-bucket sizes the data-parallel gradient "
                                "sums; it needs --dp D with D > 1");
-    auto B = parseBytes(CL->DPBucket);
-    if (!B || *B <= 0)
-      return createStringError(
-          inconvertibleErrorCode(),
-          "--dp-bucket: '%s' is not a byte count (use e.g. 1000000, 25MiB)",
-          CL->DPBucket.c_str());
+    auto B = byteFlag("--dp-bucket", CL->DPBucket, "1000000, 25MiB");
+    if (!B)
+      return B.takeError();
     Ctx.DataParallelBucketBytes = *B;
   }
   Ctx.TensorParallel = CL->TP;
@@ -215,13 +225,10 @@ Error passOptionsFromCL(PassContext &Ctx) {
     return createStringError(inconvertibleErrorCode(),
                              "--memory-budget needs --recompute auto");
   if (HasBudget) {
-    auto B = parseBytes(CL->MemoryBudget);
-    if (!B || *B <= 0)
-      return createStringError(
-          inconvertibleErrorCode(),
-          "--memory-budget: '%s' is not a byte count (use e.g. 6000000, "
-          "512MiB or 80GB)",
-          CL->MemoryBudget.c_str());
+    auto B = byteFlag("--memory-budget", CL->MemoryBudget,
+                      "6000000, 512MiB or 80GB");
+    if (!B)
+      return B.takeError();
     R.MemoryBudget = *B;
   }
   PipelineOptions &PO = Ctx.Pipeline;

@@ -550,16 +550,14 @@ Program programFromJsonOrThrow(const json &J) {
       continue;
     std::string Where =
         formatv("instruction {0} ({1})", K, opName(I.Op)).str();
-    if (I.Op != OpKind::AllGather && I.Op != OpKind::ReduceScatter &&
-        I.Op != OpKind::AllReduce)
+    if (!isCollectiveOp(I.Op))
       malformed(Where + " is not a collective but runs beside another");
     if (I.Beside <= int64_t(K) || I.Beside >= int64_t(P.Instrs.size()))
       malformed(formatv("{0} runs beside instruction {1}, which is not a "
                         "later one",
                         Where, I.Beside));
     OpKind G = P.Instrs[I.Beside].Op;
-    if (G != OpKind::Linear && G != OpKind::LinearGradW &&
-        G != OpKind::BatchMatMul)
+    if (!isGemmOp(G))
       malformed(formatv("{0} runs beside instruction {1} ({2}), which is not "
                         "a GEMM",
                         Where, I.Beside, opName(G)));

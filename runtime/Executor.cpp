@@ -404,15 +404,15 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
   bool DeviceTrace = Training && Opts.Trace && Back->timesOnDevice();
   std::vector<int> Timed; // the instructions it timed, in call order
   double TraceStartUs = 0;
-  auto NowUs = [] {
-    return std::chrono::duration<double, std::micro>(
-               std::chrono::steady_clock::now().time_since_epoch())
+  // Trace times: microseconds of the steady clock.
+  auto Us = [](std::chrono::steady_clock::time_point T) {
+    return std::chrono::duration<double, std::micro>(T.time_since_epoch())
         .count();
   };
   if (DeviceTrace) {
     if (auto E = Back->synchronize())
       return E;
-    TraceStartUs = NowUs();
+    TraceStartUs = Us(std::chrono::steady_clock::now());
     if (auto E = Back->startTiming())
       return E;
   }
@@ -481,14 +481,8 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
           std::chrono::duration<double>(End - Start).count();
       if (DeviceTrace)
         Timed.push_back(int(I));
-      else if (Opts.Trace) {
-        auto Us = [](std::chrono::steady_clock::time_point T) {
-          return std::chrono::duration<double, std::micro>(
-                     T.time_since_epoch())
-              .count();
-        };
+      else if (Opts.Trace)
         Events.push_back({int(I), Us(Start), Us(End) - Us(Start), Step});
-      }
     }
     Live -= FreeAt[I];
   }

@@ -538,11 +538,7 @@ static nlohmann::json traceEvents(const Executor &E, int Rank, int TP) {
   const Program &P = E.program();
   for (const TraceEvent &T : E.trace()) {
     const Instruction &I = P.Instrs[T.Instruction];
-    bool Comm = I.Op == OpKind::Send || I.Op == OpKind::Recv ||
-                I.Op == OpKind::AllReduce || I.Op == OpKind::AllGather ||
-                I.Op == OpKind::ReduceScatter ||
-                I.Op == OpKind::PipeAllReduce ||
-                I.Op == OpKind::PipeBroadcast;
+    bool Comm = isCommunicationOp(I.Op);
     std::string Label = opName(I.Op).str();
     if (!I.Role.empty())
       Label += " " + I.Role;

@@ -125,21 +125,16 @@ class LayerShape:
     batch: int
     t: int
 
-    @property
-    def head_dim(self):
-        return self.hidden // self.heads
+    def size(self):
+        """The one-layer model of this shard, as gen_paper_graph.py writes it (its GPTSize owns the
+        shard's widths)."""
+        return gen.GPTSize(layers=1, hidden=self.hidden, heads=self.heads, seq=self.seq, vocab=VOCAB,
+                           batch=self.batch, dropout=DROPOUT, shard=self.t)
 
-    @property
-    def local_heads(self):
-        return self.heads // self.t
-
-    @property
-    def inner(self):
-        return self.hidden // self.t
-
-    @property
-    def ffn(self):
-        return 4 * self.hidden // self.t
+    head_dim = property(lambda self: self.size().head_dim)
+    local_heads = property(lambda self: self.size().local_heads)
+    inner = property(lambda self: self.size().inner)
+    ffn = property(lambda self: self.size().ffn)
 
     def describe(self):
         return (f"{self.name}: h {self.hidden}, a {self.heads}, s {self.seq}, b {self.batch}, t {self.t}: "
@@ -228,8 +223,7 @@ def run(cmd, env=None):
 def prepare(args, sh, work):
     """The one-layer shard model with its weights, the token file, and the three plans with their
     reports; returns (data, {mode: plan}, {mode: report})."""
-    size = gen.GPTSize(layers=1, hidden=sh.hidden, heads=sh.heads, seq=sh.seq, vocab=VOCAB,
-                       batch=sh.batch, dropout=DROPOUT, shard=sh.t)
+    size = sh.size()
     model = os.path.join(work, f"layer-{sh.name}.onnx")
     start = time.perf_counter()
     gen.write_graph(size, model, f"{sh.name} layer shard 1/{sh.t}", weights=True, seed=args.seed)

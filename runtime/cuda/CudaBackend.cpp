@@ -304,10 +304,21 @@ private:
   /// The adamw calls not yet launched (see the file comment): their
   /// stream, shared operands and hyperparameters, their tensors, and the
   /// instructions whose events are to be recorded after the launch.
-  struct AdamwBatch {
+  /// What the adamw calls of one batch share: the stream, the grad norm,
+  /// lr and step buffers, and the hyperparameters.
+  struct AdamwShared {
     cudaStream_t Stream = nullptr;
     const float *Norm = nullptr, *Lr = nullptr, *Step = nullptr;
     double Beta1 = 0, Beta2 = 0, Eps = 0, MaxNorm = 0;
+    bool operator==(const AdamwShared &O) const {
+      return Stream == O.Stream && Norm == O.Norm && Lr == O.Lr &&
+             Step == O.Step && Beta1 == O.Beta1 && Beta2 == O.Beta2 &&
+             Eps == O.Eps && MaxNorm == O.MaxNorm;
+    }
+  };
+  static AdamwShared adamwShared(const KernelCall &C, cudaStream_t S);
+  struct AdamwBatch {
+    AdamwShared Shared;
     std::vector<cuda::AdamwTensor> Tensors;
     std::vector<int> Events;
     std::vector<size_t> Timed; // their entries in Timed, while timing
@@ -1000,21 +1011,24 @@ Error CudaBackend::vocabParallelLoss(const KernelCall &C, cudaStream_t S,
   return Error::success();
 }
 
-bool CudaBackend::adamwJoins(const KernelCall &C, cudaStream_t S,
-                             const cuda::StreamStep &Step) const {
+CudaBackend::AdamwShared CudaBackend::adamwShared(const KernelCall &C,
+                                                 cudaStream_t S) {
   const Instruction &I = C.I;
   auto F = [&](unsigned K) {
     return reinterpret_cast<const float *>(C.buffer(I.In[K]));
   };
   auto A = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
+  return {S,           F(4),        F(5),      F(6),
+          A("beta1"), A("beta2"), A("eps"), A("max_norm")};
+}
+
+bool CudaBackend::adamwJoins(const KernelCall &C, cudaStream_t S,
+                             const cuda::StreamStep &Step) const {
   // A wait for an event of the batch needs the batch launched first.
   for (int W : Step.WaitFor)
     if (is_contained(Adamw.Events, W))
       return false;
-  return S == Adamw.Stream && F(4) == Adamw.Norm && F(5) == Adamw.Lr &&
-         F(6) == Adamw.Step && A("beta1") == Adamw.Beta1 &&
-         A("beta2") == Adamw.Beta2 && A("eps") == Adamw.Eps &&
-         A("max_norm") == Adamw.MaxNorm;
+  return adamwShared(C, S) == Adamw.Shared;
 }
 
 void CudaBackend::deferAdamw(const KernelCall &C, cudaStream_t S, size_t J,
@@ -1023,20 +1037,11 @@ void CudaBackend::deferAdamw(const KernelCall &C, cudaStream_t S, size_t J,
   auto F = [&](unsigned K) {
     return reinterpret_cast<float *>(C.buffer(I.In[K]));
   };
-  auto A = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
-  if (Adamw.Tensors.empty()) {
-    Adamw.Stream = S;
-    Adamw.Norm = F(4);
-    Adamw.Lr = F(5);
-    Adamw.Step = F(6);
-    Adamw.Beta1 = A("beta1");
-    Adamw.Beta2 = A("beta2");
-    Adamw.Eps = A("eps");
-    Adamw.MaxNorm = A("max_norm");
-  }
+  if (Adamw.Tensors.empty())
+    Adamw.Shared = adamwShared(C, S);
   Adamw.Tensors.push_back({F(0), F(1), F(2), F(3),
                            C.Prog.Buffers[I.In[0]].Type.numElements(),
-                           A("weight_decay")});
+                           attrFloat(I.Op, I.Attrs, "weight_decay")});
   if (RecordEvent)
     Adamw.Events.push_back(int(J));
 }
@@ -1046,15 +1051,16 @@ Error CudaBackend::flushAdamw() {
     return Error::success();
   AdamwBatch B = std::move(Adamw);
   Adamw = AdamwBatch();
-  cuda::adamwMultiTensor(B.Tensors.data(), int(B.Tensors.size()), B.Norm,
-                         B.Lr, B.Step, B.Beta1, B.Beta2, B.Eps, B.MaxNorm,
-                         B.Stream);
+  const AdamwShared &Sh = B.Shared;
+  cuda::adamwMultiTensor(B.Tensors.data(), int(B.Tensors.size()), Sh.Norm,
+                         Sh.Lr, Sh.Step, Sh.Beta1, Sh.Beta2, Sh.Eps,
+                         Sh.MaxNorm, Sh.Stream);
   SP_CUDA_TRY(cudaGetLastError());
   for (int J : B.Events)
-    SP_CUDA_TRY(cudaEventRecord(Events[J], B.Stream));
+    SP_CUDA_TRY(cudaEventRecord(Events[J], Sh.Stream));
   for (size_t K : B.Timed)
     if (K < Timed.size())
-      if (auto E = timeEnd(K, B.Stream))
+      if (auto E = timeEnd(K, Sh.Stream))
         return E;
   return Error::success();
 }

@@ -7,9 +7,13 @@
 //
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
+#include "frontend/OnnxImporter.h"
+#include "lower/FuseAttention.h"
 #include "lower/GradientBuckets.h"
+#include "lower/LowerGraph.h"
 #include "lower/MemoryPlan.h"
 #include "lower/Overlap.h"
+#include "passes/Compile.h"
 #include "gtest/gtest.h"
 
 using namespace sp;
@@ -145,6 +149,56 @@ TEST(GradientBuckets, InFinishingOrderAfterTheLastWriter) {
   EXPECT_EQ(B.P.Instrs[4].In, (llvm::SmallVector<int, 4>{G[2]}));
   EXPECT_EQ(B.P.Buffers[G[0]].LastUse, 2) << "a gradient dies at its sum";
   EXPECT_EQ(B.P.Buffers[S[0]].LastUse, 8);
+}
+
+/// The default model's training graph after the passes, lowered (one
+/// program: no pipeline), with the fusion applied: what finalizeProgram
+/// starts from.
+Program lowerTiny(int TP, bool SP, int DP) {
+  registerOnnxDataLoader();
+  auto G = llvm::cantFail(importOnnx(TinyModel, ImportOptions()));
+  PassContext Ctx;
+  Ctx.TensorParallel = TP;
+  Ctx.SequenceParallel = SP;
+  Ctx.DataParallel = DP;
+  llvm::cantFail(runPasses(*G, Ctx, CompileOptions()));
+  Program P = llvm::cantFail(lowerGraph(*G, DType::F32));
+  fuseAttentionSoftmax(P);
+  return P;
+}
+
+/// What the README says placing the collectives costs in memory, measured
+/// by planning the same program without and with the placement: on the
+/// default model at t = 2 + SP, 32 KiB, the saved sequence shard
+/// [b, s/t, h] of one column-parallel linear (4 x 32 x 64 floats), which
+/// now lives until the dgrad GEMM that its re-gather runs beside; nothing
+/// without SP (the all-reduce of dX moves before wgrad, whose operands are
+/// live anyway).
+TEST(Overlap, MemoryCostOfThePlacement) {
+  for (bool SP : {true, false}) {
+    SCOPED_TRACE(SP ? "t = 2 + SP" : "t = 2");
+    Program Plain = lowerTiny(2, SP, 1), Placed = Plain;
+    planMemory(Plain);
+    placeCollectives(Placed);
+    planMemory(Placed);
+    EXPECT_EQ(Placed.ArenaBytes - Plain.ArenaBytes,
+              SP ? int64_t(4) * 32 * 64 * 4 : 0);
+  }
+}
+
+/// What the README says the data-parallel buckets cost in memory: nothing,
+/// at the default bucket size, on the default model at d = 2 and
+/// d = 2 x t = 2 + SP (each gradient dies at its sum instead of living
+/// until the optimizer).
+TEST(GradientBuckets, CostNoMemory) {
+  for (int TP : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "d = 2, t = " << TP);
+    Program Plain = lowerTiny(TP, TP > 1, 2), Bucketed = Plain;
+    planMemory(Plain);
+    EXPECT_EQ(bucketGradientSums(Bucketed), 1);
+    planMemory(Bucketed);
+    EXPECT_EQ(Bucketed.ArenaBytes, Plain.ArenaBytes);
+  }
 }
 
 /// Where nothing moves, the live ranges computed from the order are the

@@ -46,7 +46,7 @@ std::string collectiveGroup(OpKind K, const AttrList &Attrs) {
 
 bool isCollectiveOp(OpKind K) {
   return K == OpKind::AllReduce || K == OpKind::AllGather ||
-         K == OpKind::ReduceScatter;
+         K == OpKind::ReduceScatter || K == OpKind::GatherParam;
 }
 
 bool isGemmOp(OpKind K) {

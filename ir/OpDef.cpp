@@ -33,6 +33,7 @@ Expected<TypeList> sameAsOperand0(const ShapeArgs &A) {
 
 Sharding elementwiseLayout(Sharding S) {
   S.SumGrad = false;
+  S.DataChunks = 0;
   S.Blocks = 1;
   S.Padded = 0;
   return S;

@@ -355,9 +355,26 @@ private:
     if (S.K == Sharding::Replicated && isPunct('(')) {
       if (auto E = consume())
         return E;
-      if (auto E = expectKeyword("sum_grad"))
-        return E;
-      S.SumGrad = true;
+      if (isKeyword("sum_grad")) {
+        S.SumGrad = true;
+        if (auto E = consume())
+          return E;
+        if (isPunct(','))
+          if (auto E = consume())
+            return E;
+      }
+      if (!S.SumGrad || !isPunct(')')) {
+        if (auto E = expectKeyword("dp_chunks"))
+          return E;
+        if (auto E = expectPunct('='))
+          return E;
+        auto V = expectInt();
+        if (!V)
+          return V.takeError();
+        if (*V < 1 || *V > INT_MAX)
+          return fail("'dp_chunks' must be a positive int");
+        S.DataChunks = *V;
+      }
       if (auto E = expectPunct(')'))
         return E;
     }
@@ -371,7 +388,7 @@ private:
             return E;
         First = false;
         if (Tok.K != Token::Ident)
-          return fail("expected dim, parts, blocks or padded");
+          return fail("expected dim, parts, blocks, padded or dp_chunks");
         std::string Key = Tok.Text;
         if (auto E = consume())
           return E;
@@ -390,6 +407,10 @@ private:
           S.Blocks = *V;
         else if (Key == "padded")
           S.Padded = *V;
+        else if (Key == "dp_chunks" && *V >= 1)
+          S.DataChunks = *V;
+        else if (Key == "dp_chunks")
+          return fail("'dp_chunks' must be a positive int");
         else
           return fail("unknown split field '" + Key + "'");
       }
@@ -397,7 +418,8 @@ private:
         return E;
       if (S.Dim < 0 || S.Parts < 1 || S.Blocks < 1)
         return fail("a split needs dim >= 0, parts >= 1 and blocks >= 1");
-      if (S.Dim >= int64_t(T.rank()))
+      // A chunk's split names an axis of the value it is cut from.
+      if (!S.DataChunks && S.Dim >= int64_t(T.rank()))
         return withBuf(Lex.error(
             At, "a split of dim " + Twine(S.Dim) + " needs a value of rank " +
                     Twine(S.Dim + 1) + " or more; the type is " + T.str()));

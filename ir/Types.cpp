@@ -63,8 +63,14 @@ std::string Sharding::str() const {
   switch (K) {
   case None:
     return "";
-  case Replicated:
-    return SumGrad ? "#replicated(sum_grad)" : "#replicated";
+  case Replicated: {
+    std::string S = "#replicated";
+    if (SumGrad && DataChunks)
+      return S + "(sum_grad, dp_chunks=" + std::to_string(DataChunks) + ")";
+    if (DataChunks)
+      return S + "(dp_chunks=" + std::to_string(DataChunks) + ")";
+    return SumGrad ? S + "(sum_grad)" : S;
+  }
   case Split: {
     std::string S = "#split(dim=" + std::to_string(Dim) +
                     ", parts=" + std::to_string(Parts);
@@ -72,6 +78,8 @@ std::string Sharding::str() const {
       S += ", blocks=" + std::to_string(Blocks);
     if (Padded)
       S += ", padded=" + std::to_string(Padded);
+    if (DataChunks)
+      S += ", dp_chunks=" + std::to_string(DataChunks);
     return S + ")";
   }
   case Partial:

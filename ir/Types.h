@@ -52,6 +52,9 @@ struct TensorType {
 /// Unset until a sharding pass annotates it. Printed as
 ///   #replicated, #replicated(sum_grad), #partial,
 ///   #split(dim=D, parts=T[, blocks=B][, padded=P])
+/// and, for a value that is one data-parallel rank's flat chunk of such a
+/// value (ZeRO), with dp_chunks=D among the fields:
+///   #replicated(dp_chunks=D), #split(dim=.., parts=.., dp_chunks=D)
 struct Sharding {
   enum Kind : uint8_t { None, Replicated, Split, Partial };
   Kind K = None;
@@ -67,6 +70,12 @@ struct Sharding {
   /// Replicated parameter used on sequence-sharded data: each rank's gradient
   /// is partial and is summed over the group.
   bool SumGrad = false;
+  /// ZeRO (sp-compile --zero 1): the value is this data-parallel rank's
+  /// flat chunk of ceil(n / DataChunks) elements of a value of n elements
+  /// (zero-padded to DataChunks chunks), one chunk per data-parallel rank;
+  /// the fields above then describe that whole value (a split's Dim is an
+  /// axis of it, not of the chunk). 0: not a chunk.
+  int DataChunks = 0;
 
   static Sharding replicated(bool SumGrad = false) {
     Sharding S;
@@ -90,11 +99,18 @@ struct Sharding {
   }
   bool operator==(const Sharding &O) const {
     return K == O.K && Dim == O.Dim && Parts == O.Parts && Blocks == O.Blocks &&
-           Padded == O.Padded && SumGrad == O.SumGrad;
+           Padded == O.Padded && SumGrad == O.SumGrad &&
+           DataChunks == O.DataChunks;
   }
   bool operator!=(const Sharding &O) const { return !(*this == O); }
   std::string str() const;
 };
+
+/// The elements of one of Parts equal flat chunks of N elements (the last
+/// zero-padded): a data-parallel rank's share under ZeRO.
+inline int64_t dataChunkElements(int64_t N, int64_t Parts) {
+  return (N + Parts - 1) / Parts;
+}
 
 } // namespace sp
 

@@ -8,8 +8,12 @@ namespace sp {
 
 namespace {
 
+/// A data-parallel gradient sum: an all_reduce, or with ZeRO a flat
+/// reduce_scatter.
 bool isGradientSum(const Instruction &I) {
-  return I.Op == OpKind::AllReduce && I.In.size() == 1 && I.Out.size() == 1 &&
+  bool Sum = I.Op == OpKind::AllReduce ||
+             (I.Op == OpKind::ReduceScatter && I.Attrs.getInt("flat", 0));
+  return Sum && I.In.size() == 1 && I.Out.size() == 1 &&
          collectiveGroup(I.Op, I.Attrs) == "dp" &&
          I.Attrs.getInt("bucket_bytes", 0) > 0;
 }
@@ -41,6 +45,8 @@ int bucketGradientSums(Program &P) {
   int64_t Bytes = 0;
   for (const Sum &S : Sums) {
     const Instruction &I = P.Instrs[S.Index];
+    if (I.Op != P.Instrs[Sums.front().Index].Op)
+      return 0; // one kind of sum per program
     int64_t Limit = I.Attrs.getInt("bucket_bytes", 0);
     int64_t Size = P.Buffers[I.In[0]].Bytes;
     if (Buckets.empty() || Bytes + Size > Limit) {
@@ -65,7 +71,7 @@ int bucketGradientSums(Program &P) {
     const std::vector<Sum> &B = Buckets[K];
     const Instruction &First = P.Instrs[B.front().Index];
     Instruction All;
-    All.Op = OpKind::AllReduce;
+    All.Op = First.Op;
     All.Attrs = First.Attrs;
     All.Role = First.Role;
     All.Name = "dp_bucket." + std::to_string(K);

@@ -1,7 +1,8 @@
 //===- GradientBuckets.h - Data-parallel gradient sums in buckets -*- C++ -*-===//
 //
 // The data-parallel pass sums every gradient over the replicas with one
-// optimizer-phase all_reduce {group = "dp"} each (passes/DataParallel.cpp).
+// optimizer-phase all_reduce {group = "dp"} each (passes/DataParallel.cpp),
+// or with ZeRO one flat reduce_scatter {group = "dp"} each.
 // Here, where the program's order is final (after the schedule is unrolled),
 // those sums become buckets, as PyTorch DDP and Megatron's distributed
 // optimizer make them:
@@ -10,10 +11,10 @@
 //    last instruction writing each: with microbatches, its last
 //    accumulation), and grouped greedily into buckets of at most
 //    bucket_bytes (a larger gradient is a bucket of its own);
-//  - each bucket is one all_reduce of several operands, placed right after
-//    the instruction that finishes its last gradient, so that on a backend
-//    with a communication stream the sum runs beside the rest of the
-//    backward instead of after it.
+//  - each bucket is one all_reduce (reduce_scatter) of several operands,
+//    placed right after the instruction that finishes its last gradient, so
+//    that on a backend with a communication stream the sum runs beside the
+//    rest of the backward instead of after it.
 //
 // Every rank of a data-parallel group runs the same program, so they issue
 // the same buckets in the same order. The sums are elementwise, so the

@@ -82,6 +82,7 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
                    {"arena_bytes", Prog.ArenaBytes},
                    {"peak_live_temp_bytes", peakLiveTempBytes(Prog)}};
   Facts["parallel"] = {{"dp", Ctx.DataParallel},
+                       {"zero", Ctx.Zero},
                        {"tp", Ctx.TensorParallel},
                        {"sp", Ctx.SequenceParallel},
                        {"pp", Ctx.Pipeline.Stages},
@@ -127,6 +128,8 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
   M["tp"] = Ctx.TensorParallel;
   if (Ctx.DataParallel > 1)
     M["dp"] = Ctx.DataParallel;
+  if (Ctx.Zero)
+    M["zero"] = Ctx.Zero;
   M["sp"] = Ctx.SequenceParallel;
   if (Ctx.Pipeline.enabled()) {
     const PipelineOptions &PO = Ctx.Pipeline;

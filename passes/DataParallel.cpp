@@ -21,6 +21,20 @@
 // moves each bucket into the backward, right after its last gradient is made
 // (lower/GradientBuckets.h), where the actual order of the program is known.
 //
+// With --zero 1 (ZeRO stage 1, Megatron's distributed optimizer), each rank
+// keeps the AdamW moments of only its share of every parameter: the
+// parameter's elements read flat, in D equal chunks (the last zero-padded),
+// replica r owning chunk r. The sums become
+//
+//   c_i = reduce_scatter {group = "dp", flat = 1, parts = D} (g_i)
+//   adamw {zero_parts = D} (p_i, c_i, m_i, v_i, ...)  m_i, v_i: chunk-sized
+//   gather_param {parts = D} (p_i)                    every chunk, in place
+//
+// grad_norm {zero = 1} sums its chunks' squares over the replicas too, and
+// the grad: outputs are the chunks (sharding dp_chunks = D; dumps gather
+// them). The moments take 8 bytes per parameter / D instead of 8; the
+// gradient a rank keeps for the optimizer is its chunk.
+//
 // Runs after pipeline-stages (it reads the stage of each update); a no-op
 // without --dp.
 //
@@ -71,6 +85,8 @@ public:
     std::stable_sort(Grads.begin(), Grads.end(), [&](auto &A, auto &B) {
       return Made(A.first) < Made(B.first);
     });
+    if (Ctx.Zero)
+      return shardOptimizer(G, Ctx, *Norm, Grads);
     for (auto [Grad, Update] : Grads) {
       AttrList A;
       A.set("group", std::string("dp"));
@@ -83,6 +99,67 @@ public:
       Sum->tags().Stage = Update->tags().Stage;
       Sum->result()->setSharding(Grad->sharding());
       G.replaceAllUsesWith(Grad, Sum->result(), Sum);
+    }
+    return Error::success();
+  }
+
+private:
+  /// --zero 1: reduce-scatter every gradient over the replicas, update each
+  /// rank's chunk, gather the updated chunks.
+  static Error shardOptimizer(Graph &G, const PassContext &Ctx, Node &Norm,
+                              ArrayRef<std::pair<Value *, Node *>> Grads) {
+    int64_t D = Ctx.DataParallel;
+    for (auto [Grad, Update] : Grads) {
+      AttrList A;
+      A.set("group", std::string("dp"));
+      A.set("dim", int64_t(0));
+      A.set("parts", D);
+      A.set("flat", int64_t(1));
+      A.set("bucket_bytes", Ctx.DataParallelBucketBytes);
+      auto RS = buildNode(G, Norm.getIterator(), OpKind::ReduceScatter, {Grad},
+                          A, "dp_scatter." + Update->operand(0)->name());
+      if (!RS)
+        return RS.takeError();
+      Node *Sum = *RS;
+      Sum->tags().Role = "dp_grad_scatter";
+      Sum->tags().Ph = Phase::Optimizer;
+      Sum->tags().Stage = Update->tags().Stage;
+      Sharding S = Grad->sharding();
+      S.DataChunks = int(D);
+      Sum->result()->setSharding(S);
+      G.replaceAllUsesWith(Grad, Sum->result(), Sum);
+    }
+    Norm.attrs().set("zero", int64_t(1));
+    SmallVector<Node *, 32> Updates;
+    for (Node &N : G.nodes())
+      if (N.op() == OpKind::AdamW)
+        Updates.push_back(&N);
+    for (Node *U : Updates) {
+      Value *P = U->operand(0);
+      TensorType Chunk(P->type().Dtype,
+                       {dataChunkElements(P->type().numElements(), D)});
+      for (unsigned K : {2u, 3u}) { // the moments
+        Value *M = U->operand(K);
+        if (!M->isState() || M->users().size() != 1)
+          return createStringError(inconvertibleErrorCode(),
+                                   "%s: its moment '%s' is not a state of "
+                                   "its own; cannot shard it",
+                                   U->describe().c_str(), M->name().c_str());
+        M->setType(Chunk);
+        M->setSharding(U->operand(1)->sharding()); // the gradient's chunk
+      }
+      U->attrs().set("zero_parts", D);
+      AttrList A;
+      A.set("parts", D);
+      // After every update (one batch of AdamW on a device), in their
+      // order.
+      auto Gather = buildNode(G, G.nodes().end(), OpKind::GatherParam, {P}, A,
+                              "dp_gather." + P->name());
+      if (!Gather)
+        return Gather.takeError();
+      (*Gather)->tags().Role = "dp_param_gather";
+      (*Gather)->tags().Ph = Phase::Optimizer;
+      (*Gather)->tags().Stage = U->tags().Stage;
     }
     return Error::success();
   }

@@ -100,16 +100,7 @@ json memoryReportToJson(const ActivationReport &R, const Program &P,
   json Layers = json::array();
   for (auto &[Layer, Roles] : R.Stored)
     Layers.push_back({{"layer", Layer}, {"bytes", R.layerBytes(Layer)}});
-  int64_t Params = 0, State = 0, Grads = 0;
-  for (const ProgramBuffer &B : P.Buffers) {
-    if (B.K == ProgramBuffer::Param)
-      Params += B.Bytes;
-    if (B.K == ProgramBuffer::State)
-      State += B.Bytes;
-  }
-  for (auto &[Name, Id] : P.Outputs)
-    if (StringRef(Name).startswith("grad:"))
-      Grads += P.Buffers[Id].Bytes;
+  ModelState MS = modelState(P);
   return {
       {"activation_bytes_per_layer", R.layerBytes(Mid)},
       {"activation_layer", Mid},
@@ -121,9 +112,17 @@ json memoryReportToJson(const ActivationReport &R, const Program &P,
       {"layer_recompute", R.LayerRecompute},
       {"microbatches_in_flight", SM.InFlight},
       {"first_stage_activation_bytes", SM.FirstStageStored},
-      {"parameter_bytes", Params},
-      {"optimizer_state_bytes", State},
-      {"gradient_bytes", Grads},
+      {"parameter_bytes", MS.ParameterBytes},
+      {"optimizer_state_bytes", MS.OptimizerBytes},
+      {"gradient_bytes", MS.GradientBytes},
+      {"model_state",
+       {{"parameters", MS.Parameters},
+        {"zero", MS.DataChunks ? 1 : 0},
+        {"dp_chunks", MS.DataChunks},
+        {"formula", MS.Formula},
+        {"formula_parameter_bytes", MS.FormulaParameterBytes},
+        {"formula_gradient_bytes", MS.FormulaGradientBytes},
+        {"formula_optimizer_state_bytes", MS.FormulaOptimizerBytes}}},
       {"peak_bytes_per_rank", SM.PeakBytes},
       {"stage_activation_bytes",
        SM.StageStored.empty() ? std::vector<int64_t>{SM.FirstStageStored}
@@ -132,6 +131,38 @@ json memoryReportToJson(const ActivationReport &R, const Program &P,
        SM.StageArena.empty() ? std::vector<int64_t>{SM.PeakBytes}
                              : SM.StageArena},
   };
+}
+
+ModelState modelState(const Program &P) {
+  ModelState M;
+  for (const ProgramBuffer &B : P.Buffers) {
+    if (B.K == ProgramBuffer::Param) {
+      M.ParameterBytes += B.Bytes;
+      M.Parameters += B.Type.numElements();
+    }
+    if (B.K == ProgramBuffer::State) {
+      M.OptimizerBytes += B.Bytes;
+      M.DataChunks = std::max(M.DataChunks, B.Shard.DataChunks);
+    }
+  }
+  for (auto &[Name, Id] : P.Outputs)
+    if (StringRef(Name).startswith("grad:"))
+      M.GradientBytes += P.Buffers[Id].Bytes;
+  double Psi = double(M.Parameters);
+  double E = Psi > 0 ? double(M.ParameterBytes) / Psi : 4;
+  double D = M.DataChunks ? M.DataChunks : 1;
+  std::string Bytes = std::to_string(int(E));
+  M.FormulaParameterBytes = E * Psi;
+  M.FormulaGradientBytes = E * Psi / D;
+  M.FormulaOptimizerBytes = 8 * Psi / D;
+  M.Formula = M.DataChunks
+                  ? Bytes + "Psi (parameters) + " + Bytes +
+                        "Psi/d (this rank's gradient chunks) + 8Psi/d "
+                        "(AdamW m, v chunks), d = " +
+                        std::to_string(M.DataChunks)
+                  : Bytes + "Psi (parameters) + " + Bytes +
+                        "Psi (gradients) + 8Psi (AdamW m, v)";
+  return M;
 }
 
 json flopReportToJson(const ActivationReport &R, int Ranks,

@@ -72,6 +72,22 @@ struct StageMemory {
 nlohmann::json memoryReportToJson(const ActivationReport &R, const Program &P,
                                   StageMemory SM = {});
 
+/// The model's state on one rank of program P, as ZeRO counts it
+/// (Rajbhandari et al., 2020): Psi parameter elements of e bytes, their
+/// gradients kept for the optimizer (e bytes each; with --zero 1 this
+/// rank's chunk, e Psi / d) and AdamW's two fp32 moments (8 Psi; with
+/// --zero 1, 8 Psi / d). The plan's bytes beside the formula's; they
+/// differ only by the zero padding of chunks.
+struct ModelState {
+  int64_t Parameters = 0; // Psi, on this rank
+  int DataChunks = 0;     // d with --zero 1, else 0
+  int64_t ParameterBytes = 0, GradientBytes = 0, OptimizerBytes = 0;
+  double FormulaParameterBytes = 0, FormulaGradientBytes = 0,
+         FormulaOptimizerBytes = 0;
+  std::string Formula;
+};
+ModelState modelState(const Program &P);
+
 /// The "flops" object: per rank and per iteration (times Ranks, the
 /// tensor-parallel group), model FLOPs (forward and backward) and hardware
 /// FLOPs (recomputation included), beside the paper's

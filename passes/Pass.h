@@ -74,6 +74,10 @@ struct PassContext {
   /// made its last gradient (lower/GradientBuckets.h). 25 MiB, as PyTorch
   /// DDP's default.
   int64_t DataParallelBucketBytes = int64_t(25) << 20;
+  /// ZeRO stage (--zero): 1 shards the AdamW moments over the replicas
+  /// (gradients reduce-scattered, each rank updating its chunk of every
+  /// parameter, the chunks all-gathered); 0 keeps them whole on every rank.
+  int Zero = 0;
   RecomputeOptions Recompute;
   PipelineOptions Pipeline;
   /// The activation dtype the program will be planned with (passes that

@@ -53,6 +53,13 @@ struct CLOptions {
                "replicas by one all-reduce, in bytes (suffixes as "
                "--memory-budget; default 25MiB)"),
       cl::value_desc("bytes"), cl::cat(Cat)};
+  cl::opt<int> Zero{
+      "zero",
+      cl::desc("With --dp: ZeRO stage. 1 shards the AdamW moments over the "
+               "replicas (gradients reduce-scattered, each rank updating its "
+               "chunk of every parameter, the chunks all-gathered); 0 keeps "
+               "them whole on every rank (default)"),
+      cl::value_desc("0|1"), cl::init(0), cl::cat(Cat)};
   cl::opt<bool> SP{"sp",
                    cl::desc("Sequence parallelism in the LayerNorm and dropout "
                             "regions (needs --tp T > 1)"),
@@ -191,6 +198,18 @@ Error passOptionsFromCL(PassContext &Ctx) {
       return B.takeError();
     Ctx.DataParallelBucketBytes = *B;
   }
+  if (CL->Zero != 0 && CL->Zero != 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "--zero must be 0 or 1 (ZeRO stage 1: the "
+                             "optimizer state sharded over the replicas), "
+                             "got %d",
+                             CL->Zero.getValue());
+  if (CL->Zero && CL->DP == 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "--zero 1 shards the optimizer state over the "
+                             "data-parallel replicas; it needs --dp D with "
+                             "D > 1");
+  Ctx.Zero = CL->Zero;
   Ctx.TensorParallel = CL->TP;
   Ctx.DataParallel = CL->DP;
   Ctx.SequenceParallel = CL->SP;

@@ -41,6 +41,8 @@ static json shardingToJson(const Sharding &S) {
               {"padded", S.Padded}});
   if (S.SumGrad)
     J["sum_grad"] = true;
+  if (S.DataChunks)
+    J["dp_chunks"] = S.DataChunks;
   return J;
 }
 
@@ -292,7 +294,18 @@ Sharding shardingFromJson(const json &J, const TensorType &T,
   if (It == std::end(ShardNames))
     malformed(F.where() + " has an unknown kind '" + Kind + "'");
   S.K = Sharding::Kind(It - std::begin(ShardNames));
-  if (S.K == Sharding::Split) {
+  S.DataChunks = F.integer("dp_chunks", 0, IntMax, 0);
+  if (S.K == Sharding::Split && S.DataChunks) {
+    // A data-parallel chunk (ZeRO): the split describes the value it is cut
+    // from, which only gathers read; the chunk itself is never sliced.
+    if (T.rank() != 1)
+      malformed(F.where() + " is a data-parallel chunk of rank " +
+                std::to_string(T.rank()) + "; chunks are flat");
+    S.Dim = F.integer("dim", 0, IntMax);
+    S.Parts = F.integer("parts", 1, IntMax);
+    S.Blocks = F.integer("blocks", 1, IntMax);
+    S.Padded = F.integer("padded", 0, MaxElements);
+  } else if (S.K == Sharding::Split) {
     // The executor slices the split axis of the value.
     if (T.rank() == 0)
       malformed(F.where() + " splits a scalar");

@@ -74,6 +74,15 @@ struct KernelCall {
   }
 };
 
+/// The elements of its parameter an adamw instruction updates: all of them,
+/// or with ZeRO (zero_parts = D) this data-parallel rank's flat chunk
+/// [r c, min(n, (r + 1) c)), c = ceil(n / D), which its gradient and
+/// moments hold (the last chunk's padding is never written back).
+struct ParamChunk {
+  int64_t Begin = 0, Count = 0;
+};
+llvm::Expected<ParamChunk> adamwChunk(const KernelCall &C);
+
 class Backend {
 public:
   virtual ~Backend();

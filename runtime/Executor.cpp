@@ -572,6 +572,8 @@ std::optional<TensorView> Executor::gradient(StringRef Param) const {
   setData(V, B);
   if (V.Shard.K != Sharding::Split)
     V.Shard = Sharding::replicated();
+  // ZeRO: this replica's flat chunk of it (gather() joins them).
+  V.Shard.DataChunks = Prog.Buffers[B].Shard.DataChunks;
   return V;
 }
 

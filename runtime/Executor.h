@@ -96,6 +96,9 @@ struct TensorView {
   Sharding Shard;
   /// Shape of the whole tensor (the source parameter's shape).
   TensorType FullType;
+  // With Shard.DataChunks (a ZeRO gradient), Data holds only this
+  // data-parallel rank's flat chunk of the Type-shaped tensor: read it
+  // through gather().
   /// A float64 run's data (RunOptions::AllowFloat64); null in a float32 run.
   double *Data64 = nullptr;
   int64_t size() const { return Type.numElements(); }

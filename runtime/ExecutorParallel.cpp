@@ -95,6 +95,22 @@ Expected<std::vector<T>> Executor::gatherAs(const TensorView &V) const {
     Data = V.Data64;
   else
     Data = V.Data;
+  std::vector<T> Joined;
+  if (int Chunks = V.Shard.DataChunks) {
+    // A ZeRO chunk: this rank's part of the whole over the replicas first.
+    Communicator *D = Opts.DataComm;
+    if (!D || D->size() != Chunks)
+      return createStringError(inconvertibleErrorCode(),
+                               "'%s' is a chunk over %d data-parallel ranks; "
+                               "this run has %d",
+                               V.Name.c_str(), Chunks, D ? D->size() : 1);
+    int64_t Chunk = dataChunkElements(V.size(), Chunks);
+    Joined.resize(Chunk * Chunks);
+    if (auto E = D->allGather(Joined.data(), Data, Chunk))
+      return std::move(E);
+    Joined.resize(V.size());
+    Data = Joined.data();
+  }
   std::vector<T> Full(V.FullType.numElements());
   if (V.Shard.K != Sharding::Split) {
     std::memcpy(Full.data(), Data, Full.size() * sizeof(T));

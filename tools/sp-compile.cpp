@@ -261,6 +261,21 @@ int main(int Argc, char **Argv) {
                         humanBytes(Prog.PersistentBytes),
                         humanBytes(Prog.ArenaBytes - Prog.PersistentBytes),
                         humanBytes(peakLiveTempBytes(Prog)));
+      ModelState MS = modelState(Prog);
+      outs() << formatv("  model state: parameters {0} + gradients {1} + "
+                        "AdamW moments {2}{3}; Psi = {4}: {5} = {6}\n",
+                        humanBytes(MS.ParameterBytes),
+                        humanBytes(MS.GradientBytes),
+                        humanBytes(MS.OptimizerBytes),
+                        MS.DataChunks ? formatv(" (ZeRO-1 chunks over {0} "
+                                                "replicas)",
+                                                MS.DataChunks)
+                                            .str()
+                                      : std::string(),
+                        MS.Parameters, MS.Formula,
+                        humanBytes(int64_t(MS.FormulaParameterBytes +
+                                           MS.FormulaGradientBytes +
+                                           MS.FormulaOptimizerBytes)));
       printCollectives(collectiveReport(Prog, Ctx.TensorParallel),
                        Ctx.TensorParallel, outs());
       printActivations(*C->Activations, Prog, C->Formula, C->Info.Family,

@@ -54,6 +54,24 @@ template <OpKind Op> Error conjugateGrad(GradBuilder &B) {
   return Error::success();
 }
 
+/// reduce_scatter: chunkShape of every operand, or with flat = 1 a flat
+/// chunk of ceil(n / parts) elements.
+Expected<TypeList> scatterShape(const ShapeArgs &A) {
+  if (!A.attrInt("flat")) {
+    if (A.Operands.size() != 1)
+      return typeError("a reduce_scatter of several operands must be flat");
+    return chunkShape(A);
+  }
+  int64_t Parts = A.attrInt("parts");
+  if (Parts < 1 || A.attrInt("dim") != 0)
+    return typeError("a flat reduce_scatter needs 'dim' 0 and 'parts' >= 1");
+  TypeList R;
+  for (unsigned I = 0; I < A.Operands.size(); ++I)
+    R.push_back(TensorType(A.type(I).Dtype,
+                           {dataChunkElements(A.type(I).numElements(), Parts)}));
+  return R;
+}
+
 Sharding replicatedLayout(const Node &) { return Sharding::replicated(); }
 
 Sharding splitLayout(const Node &N) {
@@ -128,8 +146,30 @@ void addParallelOps(OpTable &T) {
   T[size_t(OpKind::AllReduce)].MaxOperands = OpDef::Variadic;
   T[size_t(OpKind::AllGather)] =
       collective(chunkShape, replicatedLayout, nullptr, chunkAttrDecls());
+  // reduce_scatter {flat = 1} (ZeRO's gradient sums over the data-parallel
+  // group) reads each operand as a flat vector zero-padded to parts equal
+  // chunks and keeps this rank's chunk; like all_reduce, a bucket of them is
+  // one reduce_scatter of several operands in a lowered program.
+  std::vector<OpAttrDecl> ScatterAttrs = chunkAttrDecls();
+  ScatterAttrs.push_back({"flat", attr::Int(0)});
+  ScatterAttrs.push_back({"bucket_bytes", attr::Int(0)});
   T[size_t(OpKind::ReduceScatter)] =
-      collective(chunkShape, splitLayout, nullptr, chunkAttrDecls());
+      collective(scatterShape, splitLayout, nullptr, ScatterAttrs);
+  T[size_t(OpKind::ReduceScatter)].MaxOperands = OpDef::Variadic;
+  // ZeRO: after each data-parallel rank has updated its flat chunk of a
+  // parameter (adamw {zero_parts}), every rank gets every chunk, in place.
+  T[size_t(OpKind::GatherParam)] = {
+      .MinOperands = 1,
+      .MaxOperands = 1,
+      .Attrs = {{"parts", attr::RequiredInt}},
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        if (A.attrInt("parts") < 1)
+          return typeError("needs 'parts' >= 1");
+        return TypeList{};
+      },
+      .Group = "dp",
+      .SideEffects = true,
+  };
 
   // Pipeline parallelism. Peers and roots are pipeline ranks (stages of the
   // same tensor-parallel rank). pipe_all_reduce sums the gradients of a

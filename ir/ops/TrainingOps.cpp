@@ -59,7 +59,8 @@ void addTrainingOps(OpTable &T) {
   T[size_t(OpKind::GradNorm)] = {
       .MinOperands = 1, // (g1, ..., gn) -> f32[], the global L2 norm
       .MaxOperands = OpDef::Variadic,
-      .Attrs = {{"pipeline", attr::Int(0)}}, // sum the squares over the stages
+      .Attrs = {{"pipeline", attr::Int(0)}, // sum the squares over the stages
+                {"zero", attr::Int(0)}}, // operands are data-parallel chunks
       .Shape = [](const ShapeArgs &) -> Expected<TypeList> {
         return TypeList{TensorType(DType::F32, {})};
       },
@@ -71,13 +72,24 @@ void addTrainingOps(OpTable &T) {
                 {"beta2", attr::Float(0.999)},
                 {"eps", attr::Float(1e-8)},
                 {"weight_decay", attr::Float(0.0)},
-                {"max_norm", attr::Float(0.0)}}, // 0: no clipping
+                {"max_norm", attr::Float(0.0)}, // 0: no clipping
+                // ZeRO: g, m and v are this data-parallel rank's flat chunk
+                // of zero_parts; only that chunk of p is updated.
+                {"zero_parts", attr::Int(0)}},
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        int64_t Parts = A.attrInt("zero_parts");
+        if (Parts < 0)
+          return typeError("zero_parts must be >= 0");
+        TensorType Like = A.type(0);
+        if (Parts)
+          Like = TensorType(Like.Dtype,
+                            {dataChunkElements(Like.numElements(), Parts)});
         for (unsigned I = 1; I < 4; ++I)
-          if (A.type(I) != A.type(0))
-            return typeError(formatv("operand {0} must have the parameter's "
-                                     "type {1}",
-                                     I, A.type(0).str()));
+          if (A.type(I) != Like)
+            return typeError(formatv("operand {0} must have the {1}type {2}",
+                                     I,
+                                     Parts ? "parameter chunk's " : "parameter's ",
+                                     Like.str()));
         for (unsigned I = 4; I < 7; ++I)
           if (A.type(I) != TensorType(DType::F32, {}))
             return typeError(formatv("operand {0} must be an f32 scalar", I));

@@ -72,6 +72,58 @@ static Error reduceScatter(Communicator &Comm, T *Out, const T *In,
   return Comm.reduceScatterSum(Out, Scratch.data(), N);
 }
 
+/// ZeRO's gradient sums (reduce_scatter {flat = 1}): each operand read flat
+/// and zero-padded to Parts chunks; all of them packed rank-major (rank r's
+/// chunks of every operand together) into one reduce-scatter, so that a
+/// bucket is one call.
+template <typename T>
+static Error reduceScatterFlat(Communicator &Comm, const KernelCall &C) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  int Parts = Comm.size();
+  int64_t Packed = 0; // this rank's elements: its chunk of every operand
+  for (unsigned K = 0; K < I.Out.size(); ++K)
+    Packed += Bufs[I.Out[K]].Type.numElements();
+  std::vector<T> In(Packed * Parts, T(0)), Out(Packed);
+  int64_t At = 0;
+  for (unsigned K = 0; K < I.In.size(); ++K) {
+    const T *X = reinterpret_cast<const T *>(C.buffer(I.In[K]));
+    int64_t N = Bufs[I.In[K]].Type.numElements(),
+            Chunk = Bufs[I.Out[K]].Type.numElements();
+    for (int R = 0; R < Parts; ++R) {
+      int64_t Begin = std::min(N, R * Chunk), End = std::min(N, Begin + Chunk);
+      std::copy(X + Begin, X + End, &In[R * Packed + At]);
+    }
+    At += Chunk;
+  }
+  if (auto E = Comm.reduceScatterSum(Out.data(), In.data(), Packed))
+    return E;
+  At = 0;
+  for (unsigned K = 0; K < I.Out.size(); ++K) {
+    int64_t Chunk = Bufs[I.Out[K]].Type.numElements();
+    std::copy(&Out[At], &Out[At] + Chunk,
+              reinterpret_cast<T *>(C.buffer(I.Out[K])));
+    At += Chunk;
+  }
+  return Error::success();
+}
+
+/// ZeRO's gather of an updated parameter: every rank's flat chunk of it,
+/// in place.
+template <typename T>
+static Error gatherParam(Communicator &Comm, T *P, int64_t N) {
+  int Parts = Comm.size();
+  int64_t Chunk = dataChunkElements(N, Parts);
+  int64_t Begin = std::min(N, Comm.rank() * Chunk),
+          End = std::min(N, Begin + Chunk);
+  std::vector<T> Mine(Chunk, T(0)), All(Chunk * Parts);
+  std::copy(P + Begin, P + End, Mine.begin());
+  if (auto E = Comm.allGather(All.data(), Mine.data(), Chunk))
+    return E;
+  std::copy(All.begin(), All.begin() + N, P);
+  return Error::success();
+}
+
 template <typename T>
 static void takeChunk(int Rank, T *Out, const T *In, const TensorType &Full,
                       int Dim, int Parts) {
@@ -212,6 +264,22 @@ template <typename T> static Error pipelineMessage(const KernelCall &C) {
 
 Backend::~Backend() = default;
 
+Expected<ParamChunk> adamwChunk(const KernelCall &C) {
+  const Instruction &I = C.I;
+  int64_t N = C.Prog.Buffers[I.In[0]].Type.numElements();
+  int64_t Parts = attrInt(I.Op, I.Attrs, "zero_parts");
+  if (!Parts)
+    return ParamChunk{0, N};
+  if (!C.Data || C.Data->size() != Parts)
+    return planError(formatv("adamw {{zero_parts = {0}} needs a "
+                             "data-parallel group of that size (this run "
+                             "has {1})",
+                             Parts, C.Data ? C.Data->size() : 1));
+  int64_t Chunk = C.Prog.Buffers[I.In[1]].Type.numElements();
+  int64_t Begin = std::min(N, C.Data->rank() * Chunk);
+  return ParamChunk{Begin, std::min(N - Begin, Chunk)};
+}
+
 extern "C" void openblas_set_num_threads(int NumThreads);
 
 void CpuBackend::setThreads(int Threads) {
@@ -328,6 +396,14 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   case OpKind::PipeBroadcast:
   case OpKind::PipeAllReduce:
     return pipelineMessage<T>(C);
+  case OpKind::GatherParam: {
+    Communicator *G = C.group(collectiveGroup(I.Op, I.Attrs));
+    if (!G || G->size() != AInt("parts"))
+      return planError(formatv("gather_param of {0} parts needs a "
+                               "data-parallel group of that size",
+                               AInt("parts")));
+    return gatherParam(*G, In(0), InT(0).numElements());
+  }
   case OpKind::AllReduce:
   case OpKind::AllGather:
   case OpKind::ReduceScatter:
@@ -355,6 +431,13 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       return Error::success();
     }
     int Dim = AInt("dim"), Parts = AInt("parts");
+    if (I.Op == OpKind::ReduceScatter && AInt("flat")) {
+      if (G->size() != Parts)
+        return planError(formatv("a flat reduce_scatter of {0} parts over a "
+                                 "group of {1}",
+                                 Parts, G->size()));
+      return reduceScatterFlat<T>(*G, C);
+    }
     switch (I.Op) {
     case OpKind::AllGather:
       return allGather(*G, Out(0), In(0), InT(0), Dim, Parts);
@@ -688,8 +771,18 @@ template <typename T> static Error runKernel(const KernelCall &C) {
         return E;
       Split = S;
     }
-    // Each stage's gradients: sum the squares over the pipeline.
     double Total = Split + Whole;
+    // ZeRO: each replica holds a chunk of every gradient; sum over them (in
+    // double, so the sum rounds as one over whole gradients would).
+    if (AInt("zero")) {
+      if (!C.Data)
+        return planError("grad_norm {zero = 1} in a plan run without "
+                         "data-parallel replicas");
+      if (auto E = C.Data->allReduceSum(&Total, 1))
+        return E;
+    }
+    // Each stage's gradients: sum the squares over the pipeline.
+
     if (AInt("pipeline") && C.Pipeline) {
       T Sum = T(Total);
       if (auto E = C.Pipeline->allReduceSum(&Sum, 1))
@@ -702,7 +795,10 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   case OpKind::AdamW: {
     double MaxNorm = AFloat("max_norm");
     T Scale = MaxNorm > 0 ? cpu::clipCoefficient(*In(4), T(MaxNorm)) : T(1);
-    cpu::adamw(In(0), In(1), In(2), In(3), InT(0).numElements(), *In(5),
+    auto Chunk = adamwChunk(C); // with ZeRO, g, m, v are this rank's chunk
+    if (!Chunk)
+      return Chunk.takeError();
+    cpu::adamw(In(0) + Chunk->Begin, In(1), In(2), In(3), Chunk->Count, *In(5),
                AFloat("beta1"), AFloat("beta2"),
                AFloat("eps"),
                AFloat("weight_decay"), Scale,

@@ -253,6 +253,11 @@ private:
   Error hopBack(cudaStream_t S);
   Expected<float *> scratch(bool ForComm, int64_t Floats);
   Error collective(const KernelCall &C, cudaStream_t S);
+  /// ZeRO: the flat reduce-scatter of a bucket of gradients, and the
+  /// in-place all-gather of an updated parameter's chunks.
+  Error reduceScatterFlat(const KernelCall &C, Communicator &G,
+                          cudaStream_t S);
+  Error gatherParam(const KernelCall &C, cudaStream_t S);
   Error pipelineMessage(const KernelCall &C, cudaStream_t S);
   /// Stages a send of Bytes at Data (see Pending).
   Error deferSend(cuda::NcclComm &N, const void *Data, int64_t Bytes, int Peer);
@@ -266,7 +271,7 @@ private:
   bool adamwJoins(const KernelCall &C, cudaStream_t S,
                   const cuda::StreamStep &Step) const;
   void deferAdamw(const KernelCall &C, cudaStream_t S, size_t J,
-                  bool RecordEvent);
+                  ParamChunk Chunk, bool RecordEvent);
   /// Launches the pending adamw calls (nothing when none).
   Error flushAdamw();
   Error dropout(const KernelCall &C, cudaStream_t S);
@@ -679,7 +684,10 @@ Error CudaBackend::run(const KernelCall &C) {
     if (auto E = timeStart(S, int(Step.Stream)))
       return E;
   if (IsAdamw) {
-    deferAdamw(C, S, J, Step.RecordEvent);
+    auto Chunk = adamwChunk(C);
+    if (!Chunk)
+      return Chunk.takeError();
+    deferAdamw(C, S, J, *Chunk, Step.RecordEvent);
     if (Timing)
       Adamw.Timed.push_back(Timed.size() - 1);
     return Error::success();
@@ -739,6 +747,8 @@ Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
     return Error::success();
   }
   int Dim = attrInt(I.Op, I.Attrs, "dim"), Parts = attrInt(I.Op, I.Attrs, "parts");
+  if (I.Op == OpKind::ReduceScatter && attrInt(I.Op, I.Attrs, "flat"))
+    return reduceScatterFlat(C, *G, S);
   if (I.Op == OpKind::SpSplit) {
     // This rank's chunk along Dim: a strided copy, no communication.
     AxisView A = around(InT, Dim);
@@ -784,6 +794,106 @@ Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
     cuda::chunkCopy(*Tmp + R * Count, Chunk, In + R * Chunk, Parts * Chunk,
                     Chunk, A.Outer, S);
   return (*N)->reduceScatterSum(Out, *Tmp, Count, S);
+}
+
+Error CudaBackend::reduceScatterFlat(const KernelCall &C, Communicator &G,
+                                     cudaStream_t S) {
+  // As CpuBackend: each operand flat, zero-padded to Parts chunks; rank r
+  // keeps the sum of chunk r. A bucket is one NCCL group. An operand whose
+  // size Parts divides is its own rank-major layout; the others go through
+  // a padded copy in scratch (one region each, so that the group's calls do
+  // not share bytes).
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  int Parts = G.size();
+  if (Parts != attrInt(I.Op, I.Attrs, "parts"))
+    return planError(formatv("a flat reduce_scatter of {0} parts over a "
+                             "group of {1}",
+                             attrInt(I.Op, I.Attrs, "parts"), Parts));
+  int64_t Padded = 0;
+  for (unsigned K = 0; K < I.In.size(); ++K) {
+    int64_t N = Bufs[I.In[K]].Type.numElements(),
+            Chunk = Bufs[I.Out[K]].Type.numElements();
+    if (N != Chunk * Parts)
+      Padded += Chunk * Parts;
+  }
+  float *Tmp = nullptr;
+  if (Padded) {
+    auto T = scratch(S == Comm, Padded);
+    if (!T)
+      return T.takeError();
+    Tmp = *T;
+  }
+  // The padded copies first, on S before the group's calls.
+  std::vector<const float *> Src(I.In.size());
+  for (unsigned K = 0; K < I.In.size(); ++K) {
+    Src[K] = reinterpret_cast<const float *>(C.buffer(I.In[K]));
+    int64_t Count = Bufs[I.In[K]].Type.numElements(),
+            Chunk = Bufs[I.Out[K]].Type.numElements();
+    if (Count == Chunk * Parts)
+      continue;
+    SP_CUDA_TRY(cudaMemsetAsync(Tmp, 0, Chunk * Parts * sizeof(float), S));
+    SP_CUDA_TRY(cudaMemcpyAsync(Tmp, Src[K], Count * sizeof(float),
+                                cudaMemcpyDeviceToDevice, S));
+    Src[K] = Tmp;
+    Tmp += Chunk * Parts;
+  }
+  auto N = nccl(G);
+  if (!N)
+    return N.takeError();
+  bool Group = I.In.size() > 1;
+  if (Group)
+    if (auto E = cuda::NcclComm::groupStart())
+      return E;
+  Error Failed = Error::success();
+  for (unsigned K = 0; K < I.In.size() && !Failed; ++K)
+    Failed = (*N)->reduceScatterSum(
+        reinterpret_cast<float *>(C.buffer(I.Out[K])), Src[K],
+        Bufs[I.Out[K]].Type.numElements(), S);
+  if (Group) {
+    Error Ended = cuda::NcclComm::groupEnd();
+    if (Failed) {
+      consumeError(std::move(Ended));
+      return Failed;
+    }
+    return Ended;
+  }
+  return Failed;
+}
+
+Error CudaBackend::gatherParam(const KernelCall &C, cudaStream_t S) {
+  // As CpuBackend: every rank's flat chunk of the parameter, in place
+  // (NCCL's in-place all-gather, sendbuff = recvbuff + rank * count, where
+  // Parts divides it; through a padded copy in scratch otherwise).
+  const Instruction &I = C.I;
+  Communicator *G = C.group(collectiveGroup(I.Op, I.Attrs));
+  int64_t Parts = attrInt(I.Op, I.Attrs, "parts");
+  if (!G || G->size() != Parts)
+    return planError(formatv("gather_param of {0} parts needs a "
+                             "data-parallel group of that size",
+                             Parts));
+  auto N = nccl(*G);
+  if (!N)
+    return N.takeError();
+  float *P = reinterpret_cast<float *>(C.buffer(I.In[0]));
+  int64_t Count = C.Prog.Buffers[I.In[0]].Type.numElements();
+  int64_t Chunk = dataChunkElements(Count, Parts);
+  int64_t Begin = std::min(Count, G->rank() * Chunk);
+  if (Count == Chunk * Parts)
+    return (*N)->allGather(P, P + Begin, Chunk, S);
+  auto T = scratch(S == Comm, Chunk * Parts);
+  if (!T)
+    return T.takeError();
+  float *Tmp = *T;
+  SP_CUDA_TRY(cudaMemsetAsync(Tmp, 0, Chunk * Parts * sizeof(float), S));
+  SP_CUDA_TRY(cudaMemcpyAsync(Tmp + G->rank() * Chunk, P + Begin,
+                              std::min(Chunk, Count - Begin) * sizeof(float),
+                              cudaMemcpyDeviceToDevice, S));
+  if (auto E = (*N)->allGather(Tmp, Tmp + G->rank() * Chunk, Chunk, S))
+    return E;
+  SP_CUDA_TRY(cudaMemcpyAsync(P, Tmp, Count * sizeof(float),
+                              cudaMemcpyDeviceToDevice, S));
+  return Error::success();
 }
 
 Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
@@ -931,6 +1041,23 @@ Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
     SplitF = &Norm->SplitF;
   }
   cuda::gradNormTotal(&Norm->Total, &Norm->SplitD, SplitF, &Norm->Whole, S);
+  if (attrInt(I.Op, I.Attrs, "zero")) {
+    // ZeRO: each replica holds a chunk of every gradient; the sum over them
+    // in double, as CpuBackend.
+    if (!C.Data)
+      return planError("grad_norm {zero = 1} in a plan run without "
+                       "data-parallel replicas");
+    auto N = nccl(*C.Data);
+    if (!N)
+      return N.takeError();
+    if (auto E = hopToNccl(S))
+      return E;
+    if (auto E = (*N)->allReduceSum(&Norm->Total, &Norm->Total, 1,
+                                    ncclStream()))
+      return E;
+    if (auto E = hopBack(S))
+      return E;
+  }
   const float *TotalF = nullptr;
   if (attrInt(I.Op, I.Attrs, "pipeline") && C.Pipeline) {
     cuda::doubleToFloat(&Norm->TotalF, &Norm->Total, S);
@@ -1032,16 +1159,17 @@ bool CudaBackend::adamwJoins(const KernelCall &C, cudaStream_t S,
 }
 
 void CudaBackend::deferAdamw(const KernelCall &C, cudaStream_t S, size_t J,
-                             bool RecordEvent) {
+                             ParamChunk Chunk, bool RecordEvent) {
   const Instruction &I = C.I;
   auto F = [&](unsigned K) {
     return reinterpret_cast<float *>(C.buffer(I.In[K]));
   };
   if (Adamw.Tensors.empty())
     Adamw.Shared = adamwShared(C, S);
-  Adamw.Tensors.push_back({F(0), F(1), F(2), F(3),
-                           C.Prog.Buffers[I.In[0]].Type.numElements(),
-                           attrFloat(I.Op, I.Attrs, "weight_decay")});
+  // With ZeRO, this rank's chunk of the parameter (g, m, v are that chunk).
+  if (Chunk.Count)
+    Adamw.Tensors.push_back({F(0) + Chunk.Begin, F(1), F(2), F(3), Chunk.Count,
+                             attrFloat(I.Op, I.Attrs, "weight_decay")});
   if (RecordEvent)
     Adamw.Events.push_back(int(J));
 }
@@ -1213,6 +1341,8 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::ReduceScatter:
   case OpKind::SpSplit:
     return collective(C, S);
+  case OpKind::GatherParam:
+    return gatherParam(C, S);
   case OpKind::Add:
   case OpKind::Mul: {
     bool Multiply = I.Op == OpKind::Mul;
@@ -1487,11 +1617,15 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   }
   case OpKind::GradNorm:
     return gradNorm(C, S);
-  case OpKind::AdamW:
-    cuda::adamw(In(0), In(1), In(2), In(3), InT(0).numElements(), In(4), In(5),
-                In(6), AFloat("beta1"), AFloat("beta2"), AFloat("eps"),
+  case OpKind::AdamW: {
+    auto Chunk = adamwChunk(C); // with ZeRO, g, m, v are this rank's chunk
+    if (!Chunk)
+      return Chunk.takeError();
+    cuda::adamw(In(0) + Chunk->Begin, In(1), In(2), In(3), Chunk->Count, In(4),
+                In(5), In(6), AFloat("beta1"), AFloat("beta2"), AFloat("eps"),
                 AFloat("weight_decay"), AFloat("max_norm"), S);
     return Error::success();
+  }
   default:
     return noKernel(I.Op);
   }

@@ -54,6 +54,13 @@ Error NcclComm::allReduceSum(float *Out, const float *In, int64_t Count,
   return Error::success();
 }
 
+Error NcclComm::allReduceSum(double *Out, const double *In, int64_t Count,
+                             cudaStream_t S) {
+  SP_NCCL_TRY(ncclAllReduce(In, Out, size_t(Count), ncclFloat64, ncclSum, Comm,
+                            S));
+  return Error::success();
+}
+
 Error NcclComm::allReduceMax(float *Out, const float *In, int64_t Count,
                              cudaStream_t S) {
   SP_NCCL_TRY(ncclAllReduce(In, Out, size_t(Count), ncclFloat32, ncclMax, Comm,

@@ -35,6 +35,8 @@ public:
 
   llvm::Error allReduceSum(float *Out, const float *In, int64_t Count,
                            cudaStream_t S);
+  llvm::Error allReduceSum(double *Out, const double *In, int64_t Count,
+                           cudaStream_t S);
   llvm::Error allReduceMax(float *Out, const float *In, int64_t Count,
                            cudaStream_t S);
   /// Out = the ranks' In, rank-major (Count floats each).

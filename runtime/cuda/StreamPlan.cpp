@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/StreamPlan.h"
+#include "ir/OpDef.h"
 
 namespace sp::cuda {
 
@@ -34,7 +35,7 @@ void instructionRanges(const Program &P, const Instruction &I,
     const ProgramBuffer &PB = P.Buffers[B];
     return ByteRange{PB.Offset, PB.Offset + PB.Type.numBytes()};
   };
-  bool InPlace = I.Op == OpKind::AdamW;
+  bool InPlace = opDef(I.Op).SideEffects; // adamw, gather_param
   for (int B : I.In)
     (InPlace ? Writes : Reads).push_back(Range(B));
   for (int B : I.Out)

@@ -19,8 +19,8 @@
 //    conflicting instruction there (a stream runs in order, so that event
 //    covers everything before it on that stream), and not at all when an
 //    earlier wait of its stream already covers it;
-//  - adamw updates its parameter and moments in place: its inputs count as
-//    written.
+//  - adamw updates its parameter and moments in place, and gather_param
+//    (ZeRO) its parameter: their inputs count as written.
 //
 // With Overlap false every instruction goes on the compute stream (no
 // events): the fallback and the reference ordering.
@@ -68,8 +68,8 @@ struct ByteRange {
   }
 };
 
-/// The byte ranges instruction I reads and writes (adamw's in-place
-/// operands count as written).
+/// The byte ranges instruction I reads and writes (the in-place operands
+/// of adamw and gather_param count as written).
 void instructionRanges(const Program &P, const Instruction &I,
                        std::vector<ByteRange> &Reads,
                        std::vector<ByteRange> &Writes);

@@ -35,13 +35,15 @@ using namespace llvm;
 namespace {
 
 Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
-                 int Microbatches = 1) {
+                 int Microbatches = 1, int DP = 1, int Zero = 0) {
   registerOnnxDataLoader();
   auto G = cantFail(
       importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
   PassContext Ctx;
   Ctx.TensorParallel = TP;
   Ctx.SequenceParallel = SP;
+  Ctx.DataParallel = DP;
+  Ctx.Zero = Zero;
   if (PP > 1) {
     Ctx.Pipeline.Stages = PP;
     Ctx.Pipeline.Microbatches = Microbatches;
@@ -190,17 +192,20 @@ TEST(CudaEndToEnd, TracedStepIsTimedOnTheDevice) {
   EXPECT_EQ(Losses[0], Losses[1]);
 }
 
-/// The same plan on TP x PP thread ranks, each on the CPU or on GPU number
-/// (its world rank): the losses and every stage's own parameters' whole
-/// gradients (gathered over the tensor group).
-Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps) {
+/// The same plan on DP x PP x TP thread ranks, each on the CPU or on GPU
+/// number (its world rank): the losses and every stage's own parameters'
+/// whole gradients (gathered over the tensor group, and with ZeRO over the
+/// replicas).
+Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps,
+                        int DP = 1) {
   Run R;
   R.Grads.resize(Steps);
   std::mutex M;
-  Error E = runOnThreadRanks(TP * PP, [&](Communicator &World) -> Error {
+  Error E = runOnThreadRanks(DP * PP * TP, [&](Communicator &World) -> Error {
     ProcessGrid Grid;
     Grid.Tensor = TP;
     Grid.Pipeline = PP;
+    Grid.Data = DP;
     auto Groups = splitGroups(World, Grid);
     if (!Groups)
       return Groups.takeError();
@@ -208,6 +213,7 @@ Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps) {
     O.AllowFloat64 = true;
     O.Comm = Groups->Tensor.get();
     O.PipeComm = PP > 1 ? Groups->Pipeline.get() : nullptr;
+    O.DataComm = DP > 1 ? Groups->Data.get() : nullptr;
     std::unique_ptr<Backend> Made;
     if (Cuda) {
       CudaBackendOptions CO;
@@ -215,6 +221,7 @@ Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps) {
       CO.World = &World;
       CO.Tensor = O.Comm;
       CO.Pipeline = O.PipeComm;
+      CO.Data = O.DataComm;
       auto B = createCudaBackend(CO);
       if (!B)
         return B.takeError();
@@ -251,7 +258,7 @@ Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps) {
         if (!Full)
           return Full.takeError();
         std::lock_guard<std::mutex> Lock(M);
-        if (Groups->At.Tensor == 0)
+        if (Groups->At.Tensor == 0 && Groups->At.Data == 0)
           R.Grads[S - 1][Param.Name] = std::move(*Full);
       }
     }
@@ -262,7 +269,8 @@ Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps) {
   return R;
 }
 
-/// t = 2 with sequence parallelism, and p = 2 (1F1B, 2 microbatches): the
+/// t = 2 with sequence parallelism, p = 2 (1F1B, 2 microbatches) and d = 2
+/// with ZeRO-1 (flat reduce-scatters, chunk updates, in-place gathers): the
 /// NCCL collectives, the buffered pipeline sends and the two streams, on
 /// two GPUs, against the same plan on CPU thread ranks and in float64, by
 /// the rule of DefaultModelMatchesTheCpuBackend.
@@ -278,18 +286,19 @@ TEST(CudaEndToEnd, TensorAndPipelineParallelMatchTheCpu) {
     const char *Name;
     int TP;
     bool SP;
-    int PP, Microbatches;
+    int PP, Microbatches, DP = 1, Zero = 0;
   };
   for (Layout L : {Layout{"t = 2 + SP", 2, true, 1, 1},
-                   Layout{"p = 2, 1F1B, 2 microbatches", 1, false, 2, 2}}) {
+                   Layout{"p = 2, 1F1B, 2 microbatches", 1, false, 2, 2},
+                   Layout{"d = 2, ZeRO-1", 1, false, 1, 1, 2, 1}}) {
     SCOPED_TRACE(L.Name);
-    Plan P = compileTiny(L.TP, L.SP, L.PP, L.Microbatches);
+    Plan P = compileTiny(L.TP, L.SP, L.PP, L.Microbatches, L.DP, L.Zero);
     const int Steps = 2;
-    auto Gpu = trainGrid(P, L.TP, L.PP, true, Steps);
+    auto Gpu = trainGrid(P, L.TP, L.PP, true, Steps, L.DP);
     ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
-    auto Cpu = trainGrid(P, L.TP, L.PP, false, Steps);
+    auto Cpu = trainGrid(P, L.TP, L.PP, false, Steps, L.DP);
     ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
-    auto Ref = trainGrid(widenToFloat64(P), L.TP, L.PP, false, Steps);
+    auto Ref = trainGrid(widenToFloat64(P), L.TP, L.PP, false, Steps, L.DP);
     ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
     const double K = 8, Floor = std::ldexp(1.0, -24);
     for (int S = 0; S < Steps; ++S) {

@@ -300,6 +300,26 @@ TEST(StreamPlan, AdamWWritesItsInputs) {
       << "adamw overwrites the parameter the gather reads";
 }
 
+TEST(StreamPlan, GatherParamWritesItsParameter) {
+  // ZeRO: the update of this rank's chunk (compute), the in-place gather of
+  // every chunk (communication), then a forward reading the parameter.
+  ProgramBuilder B;
+  int P = B.buffer(0, 8), G = B.buffer(8, 4), M = B.buffer(12, 4),
+      V = B.buffer(16, 4), N = B.buffer(20, 1), Lr = B.buffer(21, 1),
+      St = B.buffer(22, 1), X = B.buffer(24, 8), Y = B.buffer(32, 8);
+  int A0 = B.instr(OpKind::AdamW, {P, G, M, V, N, Lr, St}, {});
+  int C1 = B.instr(OpKind::GatherParam, {P}, {});
+  int L2 = B.instr(OpKind::Add, {X, P}, {Y});
+  StreamPlan Plan = planStreams(B.P);
+  EXPECT_TRUE(isCommunication(OpKind::GatherParam));
+  EXPECT_EQ(Plan.Steps[C1].Stream, StreamKind::Comm);
+  EXPECT_EQ(Plan.Steps[C1].WaitFor, std::vector<int>{A0})
+      << "the gather sends the chunk the update wrote";
+  EXPECT_EQ(Plan.Steps[L2].WaitFor, std::vector<int>{C1})
+      << "the forward reads what the gather wrote";
+  EXPECT_EQ(checkOrdered(B.P, Plan), "");
+}
+
 TEST(StreamPlan, WithoutOverlapEverythingIsOneStream) {
   ProgramBuilder B;
   int X = B.buffer(0, 8), Y = B.buffer(8, 8);

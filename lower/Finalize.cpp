@@ -10,6 +10,7 @@ namespace sp {
 void finalizeProgram(Program &P) {
   fuseAttentionSoftmax(P);
   bucketGradientSums(P);
+  bucketParamGathers(P);
   placeCollectives(P);
   planMemory(P);
 }

@@ -102,4 +102,37 @@ int bucketGradientSums(Program &P) {
   return int(Buckets.size());
 }
 
+int bucketParamGathers(Program &P) {
+  auto Joins = [&](const Instruction &Into, const Instruction &I,
+                   int64_t Bytes) {
+    return Into.Op == OpKind::GatherParam && I.Op == OpKind::GatherParam &&
+           Into.Attrs.getInt("parts", 0) == I.Attrs.getInt("parts", 0) &&
+           collectiveGroup(Into.Op, Into.Attrs) ==
+               collectiveGroup(I.Op, I.Attrs) &&
+           Into.Ph == I.Ph &&
+           Bytes + P.Buffers[I.In[0]].Bytes <=
+               I.Attrs.getInt("bucket_bytes", 0);
+  };
+  std::vector<Instruction> Instrs;
+  Instrs.reserve(P.Instrs.size());
+  int Buckets = 0;
+  int64_t Bytes = 0; // of the last instruction, when it is a bucket
+  for (Instruction &I : P.Instrs) {
+    bool Gather = I.Op == OpKind::GatherParam && I.In.size() == 1;
+    if (Gather && !Instrs.empty() && Joins(Instrs.back(), I, Bytes)) {
+      Instrs.back().In.push_back(I.In[0]);
+      Bytes += P.Buffers[I.In[0]].Bytes;
+      continue;
+    }
+    if (Gather) {
+      Bytes = P.Buffers[I.In[0]].Bytes;
+      I.Name = "dp_gather_bucket." + std::to_string(Buckets++);
+    }
+    Instrs.push_back(std::move(I));
+  }
+  P.Instrs = std::move(Instrs);
+  computeLiveRanges(P);
+  return Buckets;
+}
+
 } // namespace sp

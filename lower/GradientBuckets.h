@@ -33,6 +33,13 @@ namespace sp {
 /// ranges; returns the number of buckets (0: nothing to do).
 int bucketGradientSums(Program &P);
 
+/// ZeRO's gathers of the updated parameters (gather_param, one per
+/// parameter after the updates): consecutive ones of the same group become
+/// one gather_param of several parameters, greedily up to bucket_bytes of
+/// parameters each, so that a replica exchanges its chunks in a few calls
+/// rather than one per parameter. Returns the number of buckets.
+int bucketParamGathers(Program &P);
+
 } // namespace sp
 
 #endif // SP_LOWER_GRADIENTBUCKETS_H

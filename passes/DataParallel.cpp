@@ -151,6 +151,7 @@ private:
       U->attrs().set("zero_parts", D);
       AttrList A;
       A.set("parts", D);
+      A.set("bucket_bytes", Ctx.DataParallelBucketBytes);
       // After every update (one batch of AdamW on a device), in their
       // order.
       auto Gather = buildNode(G, G.nodes().end(), OpKind::GatherParam, {P}, A,

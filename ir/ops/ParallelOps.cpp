@@ -158,10 +158,12 @@ void addParallelOps(OpTable &T) {
   T[size_t(OpKind::ReduceScatter)].MaxOperands = OpDef::Variadic;
   // ZeRO: after each data-parallel rank has updated its flat chunk of a
   // parameter (adamw {zero_parts}), every rank gets every chunk, in place.
+  // In a lowered program, consecutive ones are buckets of several
+  // parameters, of at most bucket_bytes (lower/GradientBuckets.h).
   T[size_t(OpKind::GatherParam)] = {
       .MinOperands = 1,
-      .MaxOperands = 1,
-      .Attrs = {{"parts", attr::RequiredInt}},
+      .MaxOperands = OpDef::Variadic,
+      .Attrs = {{"parts", attr::RequiredInt}, {"bucket_bytes", attr::Int(0)}},
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         if (A.attrInt("parts") < 1)
           return typeError("needs 'parts' >= 1");

@@ -108,19 +108,38 @@ static Error reduceScatterFlat(Communicator &Comm, const KernelCall &C) {
   return Error::success();
 }
 
-/// ZeRO's gather of an updated parameter: every rank's flat chunk of it,
-/// in place.
+/// ZeRO's gather of updated parameters: every rank's flat chunk of each, in
+/// place; a bucket's chunks packed into one all-gather.
 template <typename T>
-static Error gatherParam(Communicator &Comm, T *P, int64_t N) {
-  int Parts = Comm.size();
-  int64_t Chunk = dataChunkElements(N, Parts);
-  int64_t Begin = std::min(N, Comm.rank() * Chunk),
-          End = std::min(N, Begin + Chunk);
-  std::vector<T> Mine(Chunk, T(0)), All(Chunk * Parts);
-  std::copy(P + Begin, P + End, Mine.begin());
-  if (auto E = Comm.allGather(All.data(), Mine.data(), Chunk))
+static Error gatherParams(Communicator &Comm, const KernelCall &C) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  int Parts = Comm.size(), Rank = Comm.rank();
+  int64_t Packed = 0; // one rank's chunks of every parameter
+  for (int B : I.In)
+    Packed += dataChunkElements(Bufs[B].Type.numElements(), Parts);
+  std::vector<T> Mine(Packed, T(0)), All(Packed * Parts);
+  int64_t At = 0;
+  for (int B : I.In) {
+    const T *P = reinterpret_cast<const T *>(C.buffer(B));
+    int64_t N = Bufs[B].Type.numElements(), Chunk = dataChunkElements(N, Parts);
+    int64_t Begin = std::min(N, Rank * Chunk), End = std::min(N, Begin + Chunk);
+    std::copy(P + Begin, P + End, &Mine[At]);
+    At += Chunk;
+  }
+  if (auto E = Comm.allGather(All.data(), Mine.data(), Packed))
     return E;
-  std::copy(All.begin(), All.begin() + N, P);
+  At = 0;
+  for (int B : I.In) {
+    T *P = reinterpret_cast<T *>(C.buffer(B));
+    int64_t N = Bufs[B].Type.numElements(), Chunk = dataChunkElements(N, Parts);
+    for (int R = 0; R < Parts; ++R) {
+      int64_t Begin = std::min(N, R * Chunk), End = std::min(N, Begin + Chunk);
+      std::copy(&All[R * Packed + At], &All[R * Packed + At] + (End - Begin),
+                P + Begin);
+    }
+    At += Chunk;
+  }
   return Error::success();
 }
 
@@ -402,7 +421,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       return planError(formatv("gather_param of {0} parts needs a "
                                "data-parallel group of that size",
                                AInt("parts")));
-    return gatherParam(*G, In(0), InT(0).numElements());
+    return gatherParams<T>(*G, C);
   }
   case OpKind::AllReduce:
   case OpKind::AllGather:

@@ -862,37 +862,83 @@ Error CudaBackend::reduceScatterFlat(const KernelCall &C, Communicator &G,
 }
 
 Error CudaBackend::gatherParam(const KernelCall &C, cudaStream_t S) {
-  // As CpuBackend: every rank's flat chunk of the parameter, in place
-  // (NCCL's in-place all-gather, sendbuff = recvbuff + rank * count, where
-  // Parts divides it; through a padded copy in scratch otherwise).
+  // As CpuBackend: every rank's flat chunk of each parameter, in place; a
+  // bucket is one NCCL group. NCCL's in-place all-gather (sendbuff =
+  // recvbuff + rank * count) where Parts divides the parameter; through a
+  // padded copy in scratch (a region each) otherwise.
   const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
   Communicator *G = C.group(collectiveGroup(I.Op, I.Attrs));
   int64_t Parts = attrInt(I.Op, I.Attrs, "parts");
   if (!G || G->size() != Parts)
     return planError(formatv("gather_param of {0} parts needs a "
                              "data-parallel group of that size",
                              Parts));
+  int Rank = G->rank();
+  int64_t Padded = 0;
+  for (int B : I.In) {
+    int64_t Count = Bufs[B].Type.numElements(),
+            Chunk = dataChunkElements(Count, Parts);
+    if (Count != Chunk * Parts)
+      Padded += Chunk * Parts;
+  }
+  float *Tmp = nullptr;
+  if (Padded) {
+    auto T = scratch(S == Comm, Padded);
+    if (!T)
+      return T.takeError();
+    Tmp = *T;
+  }
+  // Where each parameter is gathered: in place, or its scratch region
+  // (filled with this rank's chunk first).
+  std::vector<float *> Into(I.In.size());
+  for (unsigned K = 0; K < I.In.size(); ++K) {
+    float *P = reinterpret_cast<float *>(C.buffer(I.In[K]));
+    int64_t Count = Bufs[I.In[K]].Type.numElements(),
+            Chunk = dataChunkElements(Count, Parts);
+    Into[K] = P;
+    if (Count == Chunk * Parts)
+      continue;
+    int64_t Begin = std::min(Count, Rank * Chunk);
+    SP_CUDA_TRY(cudaMemsetAsync(Tmp, 0, Chunk * Parts * sizeof(float), S));
+    SP_CUDA_TRY(cudaMemcpyAsync(Tmp + Rank * Chunk, P + Begin,
+                                std::min(Chunk, Count - Begin) * sizeof(float),
+                                cudaMemcpyDeviceToDevice, S));
+    Into[K] = Tmp;
+    Tmp += Chunk * Parts;
+  }
   auto N = nccl(*G);
   if (!N)
     return N.takeError();
-  float *P = reinterpret_cast<float *>(C.buffer(I.In[0]));
-  int64_t Count = C.Prog.Buffers[I.In[0]].Type.numElements();
-  int64_t Chunk = dataChunkElements(Count, Parts);
-  int64_t Begin = std::min(Count, G->rank() * Chunk);
-  if (Count == Chunk * Parts)
-    return (*N)->allGather(P, P + Begin, Chunk, S);
-  auto T = scratch(S == Comm, Chunk * Parts);
-  if (!T)
-    return T.takeError();
-  float *Tmp = *T;
-  SP_CUDA_TRY(cudaMemsetAsync(Tmp, 0, Chunk * Parts * sizeof(float), S));
-  SP_CUDA_TRY(cudaMemcpyAsync(Tmp + G->rank() * Chunk, P + Begin,
-                              std::min(Chunk, Count - Begin) * sizeof(float),
-                              cudaMemcpyDeviceToDevice, S));
-  if (auto E = (*N)->allGather(Tmp, Tmp + G->rank() * Chunk, Chunk, S))
-    return E;
-  SP_CUDA_TRY(cudaMemcpyAsync(P, Tmp, Count * sizeof(float),
-                              cudaMemcpyDeviceToDevice, S));
+  bool Group = I.In.size() > 1;
+  if (Group)
+    if (auto E = cuda::NcclComm::groupStart())
+      return E;
+  Error Failed = Error::success();
+  for (unsigned K = 0; K < I.In.size() && !Failed; ++K) {
+    int64_t Chunk =
+        dataChunkElements(Bufs[I.In[K]].Type.numElements(), Parts);
+    Failed = (*N)->allGather(Into[K], Into[K] + Rank * Chunk, Chunk, S);
+  }
+  if (Group) {
+    Error Ended = cuda::NcclComm::groupEnd();
+    if (Failed) {
+      consumeError(std::move(Ended));
+      return Failed;
+    }
+    if (Ended)
+      return Ended;
+  } else if (Failed) {
+    return Failed;
+  }
+  // The padded ones back into their parameters.
+  for (unsigned K = 0; K < I.In.size(); ++K) {
+    float *P = reinterpret_cast<float *>(C.buffer(I.In[K]));
+    if (Into[K] != P)
+      SP_CUDA_TRY(cudaMemcpyAsync(P, Into[K],
+                                  Bufs[I.In[K]].Type.numBytes(),
+                                  cudaMemcpyDeviceToDevice, S));
+  }
   return Error::success();
 }
 

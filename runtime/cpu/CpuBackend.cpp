@@ -779,20 +779,19 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   }
   case OpKind::GradNorm: {
     // Split gradients: every rank holds a part, sum them over the group;
-    // replicated ones are the same on every rank, count them once.
+    // replicated ones are the same on every rank, count them once. The sums
+    // over the groups are in double, so that how the gradients are cut
+    // (tensor-parallel parts, ZeRO chunks) moves the norm by about 1e-16,
+    // far below float32's rounding of it.
     double Split = 0, Whole = 0;
     for (unsigned K = 0; K < I.In.size(); ++K)
       (Bufs[I.In[K]].Shard.K == Sharding::Split ? Split : Whole) +=
           cpu::sumSquares(In(K), InT(K).numElements());
-    if (C.Tensor.size() > 1) {
-      T S = T(Split);
-      if (auto E = C.Tensor.allReduceSum(&S, 1))
+    if (C.Tensor.size() > 1)
+      if (auto E = C.Tensor.allReduceSum(&Split, 1))
         return E;
-      Split = S;
-    }
     double Total = Split + Whole;
-    // ZeRO: each replica holds a chunk of every gradient; sum over them (in
-    // double, so the sum rounds as one over whole gradients would).
+    // ZeRO: each replica holds a chunk of every gradient; sum over them.
     if (AInt("zero")) {
       if (!C.Data)
         return planError("grad_norm {zero = 1} in a plan run without "

@@ -1054,8 +1054,9 @@ Error CudaBackend::flushSends(cuda::NcclComm *N, void *Data, int64_t Bytes,
 
 Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
   // As CpuBackend: split gradients' squares summed over the tensor group (in
-  // float), replicated ones counted once, the total over the pipeline (in
-  // float) when the op says so.
+  // double), replicated ones counted once, with ZeRO the total over the
+  // replicas (in double), the total over the pipeline (in float) when the op
+  // says so.
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
   bool AnySplit = false, AnyWhole = false;
@@ -1071,25 +1072,22 @@ Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
     SP_CUDA_TRY(cudaMemsetAsync(&Norm->SplitD, 0, sizeof(double), S));
   if (!AnyWhole)
     SP_CUDA_TRY(cudaMemsetAsync(&Norm->Whole, 0, sizeof(double), S));
-  const float *SplitF = nullptr;
   if (C.Tensor.size() > 1) {
-    cuda::doubleToFloat(&Norm->SplitF, &Norm->SplitD, S);
     auto N = nccl(C.Tensor);
     if (!N)
       return N.takeError();
     if (auto E = hopToNccl(S))
       return E;
-    if (auto E = (*N)->allReduceSum(&Norm->SplitF, &Norm->SplitF, 1,
+    if (auto E = (*N)->allReduceSum(&Norm->SplitD, &Norm->SplitD, 1,
                                     ncclStream()))
       return E;
     if (auto E = hopBack(S))
       return E;
-    SplitF = &Norm->SplitF;
   }
-  cuda::gradNormTotal(&Norm->Total, &Norm->SplitD, SplitF, &Norm->Whole, S);
+  cuda::gradNormTotal(&Norm->Total, &Norm->SplitD, nullptr, &Norm->Whole, S);
   if (attrInt(I.Op, I.Attrs, "zero")) {
-    // ZeRO: each replica holds a chunk of every gradient; the sum over them
-    // in double, as CpuBackend.
+    // ZeRO: each replica holds a chunk of every gradient; the sum over them,
+    // as CpuBackend.
     if (!C.Data)
       return planError("grad_norm {zero = 1} in a plan run without "
                        "data-parallel replicas");

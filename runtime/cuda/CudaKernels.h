@@ -198,7 +198,7 @@ void sumSquares(double *Sum, const float *G, int64_t N, double *Partials,
 /// *Out = float(Split) for the tensor-group all-reduce.
 void doubleToFloat(float *Out, const double *In, cudaStream_t S);
 /// *Norm = float(sqrt(Total)), Total = (SplitF ? *SplitF : *SplitD) + *Whole
-/// (as CpuBackend's GradNorm: the split part reduced in float).
+/// (CpuBackend's GradNorm reduces the split part in double: SplitF null).
 void gradNormTotal(double *Total, const double *SplitD, const float *SplitF,
                    const double *Whole, cudaStream_t S);
 void gradNormFinish(float *Norm, const double *Total, const float *TotalF,

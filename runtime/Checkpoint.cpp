@@ -1,5 +1,6 @@
 //===- Checkpoint.cpp - Training checkpoints ------------------------------===//
 #include "runtime/Checkpoint.h"
+#include "runtime/TensorLayout.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <unistd.h>
 
@@ -73,6 +75,33 @@ std::string planFingerprint(const Plan &P) {
   for (int K = 0; K < P.numStages(); ++K)
     All += planFingerprint(P.stage(K)) + ";";
   return formatv("{0:x16}", fnv1a64(All)).str();
+}
+
+std::string modelFingerprint(const Plan &P) {
+  std::set<std::string> Keys;
+  for (int K = 0; K < P.numStages(); ++K)
+    for (const ProgramBuffer &B : P.stage(K).Buffers)
+      if (B.K == ProgramBuffer::Param) {
+        std::string Key = StringRef(B.Name).split('@').first.str() + ":";
+        for (int64_t D : wholeShape(B))
+          Key += std::to_string(D) + ",";
+        Keys.insert(std::move(Key));
+      }
+  std::string All;
+  for (const std::string &K : Keys)
+    All += K + ";";
+  return formatv("{0:x16}", fnv1a64(All)).str();
+}
+
+/// A tensor's layout in a format-3 index.
+static json layoutToJson(const Sharding &S) {
+  json J = {{"kind", S.K == Sharding::Split ? "split" : "whole"}};
+  if (S.K == Sharding::Split)
+    J.update({{"dim", S.Dim}, {"parts", S.Parts}, {"blocks", S.Blocks},
+              {"padded", S.Padded}});
+  if (S.DataChunks)
+    J["dp_chunks"] = S.DataChunks;
+  return J;
 }
 
 bool checkpointExists(StringRef Dir) {
@@ -253,7 +282,12 @@ Expected<int> cleanCheckpointDir(StringRef Dir) {
 
 Expected<std::string> writeCheckpointShard(StringRef Dir, int64_t Step,
                                            int Rank, int Ranks,
-                                           ArrayRef<TensorView> Tensors) {
+                                           ArrayRef<TensorView> Tensors,
+                                           ArrayRef<Executor::ModelTensor> Model,
+                                           GridCoord At) {
+  if (!Model.empty() && Model.size() != Tensors.size())
+    return fail(formatv("checkpoint '{0}': {1} tensors but {2} layouts", Dir,
+                        Tensors.size(), Model.size()));
   auto Failed = [&](const Twine &What, int E) {
     return fail(formatv("cannot write checkpoint '{0}' (step {1}): {2}: {3}",
                         Dir, Step, What.str(), errnoText(E)));
@@ -289,6 +323,12 @@ Expected<std::string> writeCheckpointShard(StringRef Dir, int64_t Step,
                            {"offset", Offset},
                            {"bytes", Bytes},
                            {"crc32", crcOf(T.Data, size_t(Bytes))}});
+        if (!Model.empty()) {
+          const Executor::ModelTensor &M = Model[&T - Tensors.data()];
+          Entries.back().update({{"key", M.Key},
+                                 {"whole", M.Whole},
+                                 {"layout", layoutToJson(M.Shard)}});
+        }
         Offset += Bytes;
         if (!Paused && 2 * Offset >= Total) {
           Paused = true;
@@ -307,6 +347,8 @@ Expected<std::string> writeCheckpointShard(StringRef Dir, int64_t Step,
                 {"data", Name},
                 {"data_bytes", Total},
                 {"tensors", std::move(Entries)}};
+  if (!Model.empty())
+    Shard["at"] = {At.Data, At.Pipeline, At.Tensor};
   return Shard.dump();
 }
 
@@ -324,6 +366,10 @@ Error commitCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
   Index["seed"] = Meta.Seed;
   Index["plan_fingerprint"] = Meta.PlanFingerprint;
   Index["ranks"] = Meta.Ranks;
+  if (!Meta.ModelFingerprint.empty())
+    Index["model_fingerprint"] = Meta.ModelFingerprint;
+  if (Meta.Grid.size() == Meta.Ranks) // unset by writers without layouts
+    Index["grid"] = {Meta.Grid.Data, Meta.Grid.Pipeline, Meta.Grid.Tensor};
   json Losses = json::array();
   for (const LossRow &R : Meta.Losses)
     Losses.push_back({R.Step, R.Loss, R.LR});
@@ -401,7 +447,7 @@ static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
   const json Version = Index.value("version", json(-1));
   if (!Version.is_number_integer())
     return Corrupt(Twine(IndexName) + ": 'version' is not an integer");
-  if (Version != 1 && Version != CheckpointFormatVersion)
+  if (Version != 1 && Version != 2 && Version != CheckpointFormatVersion)
     return fail(formatv("checkpoint '{0}' has format version {1}, this sp-run "
                         "reads versions 1 to {2}",
                         Dir, Version.dump(), CheckpointFormatVersion));
@@ -460,6 +506,23 @@ static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
   if (!Ranks || !isIntegerIn(*Ranks, 1, 1 << 20))
     return Bad("'ranks'", "a positive integer");
   Meta.Ranks = Ranks->get<int>();
+  if (const json *MF = Field(Index, "model_fingerprint")) {
+    if (!MF->is_string())
+      return Bad("'model_fingerprint'", "a string");
+    Meta.ModelFingerprint = MF->get<std::string>();
+  }
+  if (const json *G = Field(Index, "grid")) {
+    if (!G->is_array() || G->size() != 3 ||
+        !all_of(*G, [](const json &D) { return isIntegerIn(D, 1, 1 << 20); }))
+      return Bad("'grid'", "[d, p, t], positive integers");
+    int64_t D = (*G)[0].get<int64_t>(), P = (*G)[1].get<int64_t>(),
+            T = (*G)[2].get<int64_t>();
+    if (D * P * T != Meta.Ranks) // each at most 2^20: no overflow
+      return Bad("'grid'", "a d x p x t grid of 'ranks' ranks");
+    Meta.Grid.Data = int(D);
+    Meta.Grid.Pipeline = int(P);
+    Meta.Grid.Tensor = int(T);
+  }
   const json *Shards = Field(Index, "shards");
   if (!Shards || !Shards->is_array() || Shards->size() != size_t(Meta.Ranks))
     return Bad("'shards'", "a list of one entry per rank");
@@ -647,6 +710,286 @@ readCheckpoint(StringRef Dir, StringRef Index,
   return restore(
       Dir, R->first, R->second, [&](StringRef) { return ReadData(); },
       PlanFingerprint, Tensors, 0, 1);
+}
+
+//===----------------------------------------------------------------------===//
+// Resharding
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// One tensor of a format-3 index, where it sits in the model.
+struct Piece {
+  int Shard;                 // the writer rank whose data file holds it
+  GridCoord At;              // that rank's place in the writer's grid
+  std::vector<int64_t> Whole;
+  Sharding Layout;           // over the writer's tensor group, and ZeRO
+  int64_t Offset, Bytes, Elements;
+  uint32_t Crc;
+};
+
+/// The shape of one tensor-parallel rank's part of Whole laid out as S.
+std::vector<int64_t> tensorPart(const std::vector<int64_t> &Whole,
+                                const Sharding &S) {
+  std::vector<int64_t> L = Whole;
+  if (S.K == Sharding::Split)
+    L[S.Dim] = (S.Padded ? S.Padded : Whole[S.Dim]) / S.Parts;
+  return L;
+}
+
+/// The element count of Shape, or -1 past 2^48 (a damaged index).
+int64_t product(const std::vector<int64_t> &Shape) {
+  int64_t N = 1;
+  for (int64_t D : Shape)
+    if (__builtin_mul_overflow(N, D, &N) || N > (int64_t(1) << 48))
+      return -1;
+  return N;
+}
+
+/// Copies between a whole tensor and tensor-parallel rank R's part of it
+/// (split as S; padding rows are zeros in the part and dropped from the
+/// whole): ToWhole fills Whole's rows from Part, else Part's from Whole.
+void copyPart(const Sharding &S, const std::vector<int64_t> &Whole,
+              float *WholeData, float *Part, int R, bool ToWhole) {
+  if (S.K != Sharding::Split) {
+    int64_t N = product(Whole);
+    if (ToWhole)
+      std::copy(Part, Part + N, WholeData);
+    else
+      std::copy(WholeData, WholeData + N, Part);
+    return;
+  }
+  std::vector<int64_t> Local = tensorPart(Whole, S);
+  TensorType LT(DType::F32, Local);
+  AxisView A = around(LT, S.Dim);
+  int64_t L = Local[S.Dim], Src = Whole[S.Dim];
+  for (int64_t O = 0; O < A.Outer; ++O)
+    for (int64_t J = 0; J < L; ++J) {
+      float *P = Part + (O * L + J) * A.Inner;
+      int64_t G = sourceIndex(S, Src, L, R, J);
+      if (G < 0) {
+        if (!ToWhole)
+          std::fill(P, P + A.Inner, 0.0f);
+        continue;
+      }
+      float *W = WholeData + (O * Src + G) * A.Inner;
+      if (ToWhole)
+        std::copy(P, P + A.Inner, W);
+      else
+        std::copy(W, W + A.Inner, P);
+    }
+}
+
+} // namespace
+
+Expected<CheckpointMeta>
+readCheckpointResharded(StringRef Dir, StringRef ModelFingerprint,
+                        ArrayRef<TensorView> Tensors,
+                        ArrayRef<Executor::ModelTensor> Model, GridCoord At) {
+  auto Corrupt = [&](const Twine &Why) {
+    return fail("checkpoint '" + Dir + "' is corrupt: " + Why);
+  };
+  if (Model.size() != Tensors.size())
+    return fail(formatv("checkpoint '{0}': {1} tensors but {2} layouts", Dir,
+                        Tensors.size(), Model.size()));
+  auto R = readIndex(Dir);
+  if (!R)
+    return R.takeError();
+  json &Index = R->first;
+  CheckpointMeta &Meta = R->second;
+  if (Meta.ModelFingerprint.empty())
+    return fail(formatv("checkpoint '{0}' was written for another plan, by a "
+                        "writer before format 3, which records no layout: "
+                        "resume with the plan that wrote it",
+                        Dir));
+  if (Meta.ModelFingerprint != ModelFingerprint)
+    return fail(formatv("checkpoint '{0}' was written for another model "
+                        "(model fingerprint {1}, this plan's model has {2}): "
+                        "resume with a plan of the model that wrote it",
+                        Dir, Meta.ModelFingerprint, ModelFingerprint));
+  // Every piece of every tensor, by key.
+  std::map<std::string, std::vector<Piece>> ByKey;
+  const json &Shards = Index["shards"];
+  auto Bad = [&](const Twine &What, StringRef Want) {
+    return Corrupt(Twine(IndexName) + ": " + What + " must be " + Want);
+  };
+  for (size_t K = 0; K < Shards.size(); ++K) {
+    const json &S = Shards[K];
+    const json &AtJ = S.value("at", json());
+    if (!AtJ.is_array() || AtJ.size() != 3 ||
+        !isIntegerIn(AtJ[0], 0, Meta.Grid.Data - 1) ||
+        !isIntegerIn(AtJ[1], 0, Meta.Grid.Pipeline - 1) ||
+        !isIntegerIn(AtJ[2], 0, Meta.Grid.Tensor - 1))
+      return Bad("every shard's 'at'", "[d, p, t] within 'grid'");
+    GridCoord C{AtJ[0].get<int>(), AtJ[1].get<int>(), AtJ[2].get<int>()};
+    const json &List = S.value("tensors", json());
+    if (!List.is_array())
+      return Bad("'tensors'", "a list");
+    for (const json &E : List) {
+      auto Member = [&](const char *Key) {
+        return E.is_object() && E.contains(Key) ? E[Key] : json();
+      };
+      json Key = Member("key"), Whole = Member("whole"),
+           Layout = Member("layout"), Shape = Member("shape"),
+           Offset = Member("offset"), Bytes = Member("bytes"),
+           Crc = Member("crc32");
+      auto Dims = [](const json &J) {
+        return J.is_array() && J.size() <= 8 &&
+               all_of(J, [](const json &D) {
+                 return isIntegerIn(D, 0, int64_t(1) << 40);
+               });
+      };
+      if (!Key.is_string() || !Dims(Whole) || !Dims(Shape) ||
+          !Layout.is_object() || !isIntegerIn(Offset, 0, INT64_MAX) ||
+          !isIntegerIn(Bytes, 0, INT64_MAX) || !isIntegerIn(Crc, 0, UINT32_MAX))
+        return Bad("every entry of 'tensors'",
+                   "{name, shape, offset, bytes, crc32, key, whole, layout}");
+      Piece P{int(K), C, Whole.get<std::vector<int64_t>>(), Sharding(),
+              Offset.get<int64_t>(), Bytes.get<int64_t>(),
+              product(Shape.get<std::vector<int64_t>>()), Crc.get<uint32_t>()};
+      std::string Kind = Layout.value("kind", "");
+      json Chunks = Layout.value("dp_chunks", json(0));
+      if (!isIntegerIn(Chunks, 0, Meta.Grid.Data))
+        return Bad("a layout's 'dp_chunks'", "at most the grid's d");
+      P.Layout.DataChunks = Chunks.get<int>();
+      if (Kind == "split") {
+        json Dim = Layout.value("dim", json()), Parts = Layout.value("parts", json()),
+             Blocks = Layout.value("blocks", json()),
+             Padded = Layout.value("padded", json());
+        if (!isIntegerIn(Dim, 0, int64_t(P.Whole.size()) - 1) ||
+            !isIntegerIn(Parts, 1, Meta.Grid.Tensor) ||
+            !isIntegerIn(Blocks, 1, 1 << 20) ||
+            !isIntegerIn(Padded, 0, int64_t(1) << 40))
+          return Bad("a split layout", "{dim, parts, blocks, padded} within "
+                                       "the tensor and the grid");
+        P.Layout.K = Sharding::Split;
+        P.Layout.Dim = Dim.get<int>();
+        P.Layout.Parts = Parts.get<int>();
+        P.Layout.Blocks = Blocks.get<int>();
+        P.Layout.Padded = Padded.get<int64_t>();
+        int64_t Axis = P.Layout.Padded ? P.Layout.Padded : P.Whole[P.Layout.Dim];
+        if (P.Layout.Padded && P.Layout.Padded < P.Whole[P.Layout.Dim])
+          return Bad("a split layout's 'padded'", "at least the axis");
+        if (Axis % (int64_t(P.Layout.Parts) * P.Layout.Blocks))
+          return Bad("a split layout", "an axis its blocks and parts divide");
+      } else if (Kind == "whole") {
+        P.Layout.K = Sharding::Replicated;
+      } else {
+        return Bad("a layout's 'kind'", "'split' or 'whole'");
+      }
+      int64_t Part = product(tensorPart(P.Whole, P.Layout));
+      int64_t Want = P.Layout.DataChunks
+                         ? dataChunkElements(Part, P.Layout.DataChunks)
+                         : Part;
+      if (Part < 0 || P.Elements != Want ||
+          P.Bytes != Want * int64_t(sizeof(float)))
+        return Corrupt("tensor '" + Key.get<std::string>() +
+                       "' does not have the size its layout gives");
+      ByKey[Key.get<std::string>()].push_back(std::move(P));
+    }
+  }
+
+  // Each shard's data, read once and checked before any value is used.
+  std::map<int, std::unique_ptr<MemoryBuffer>> Files;
+  auto DataOf = [&](const Piece &P) -> Expected<const float *> {
+    auto It = Files.find(P.Shard);
+    if (It == Files.end()) {
+      const json &S = Shards[size_t(P.Shard)];
+      std::string Name = S["data"].get<std::string>();
+      auto Buf = MemoryBuffer::getFile(Dir + "/" + Name, /*IsText=*/false,
+                                       /*RequiresNullTerminator=*/false);
+      if (!Buf)
+        return Corrupt(formatv("cannot read {0}: {1}", Name,
+                               Buf.getError().message()));
+      const json &DataBytes = S.value("data_bytes", json());
+      if (!isIntegerIn(DataBytes, 0, INT64_MAX) ||
+          int64_t((*Buf)->getBufferSize()) != DataBytes.get<int64_t>())
+        return Corrupt(Name + " does not have the size its index gives");
+      It = Files.emplace(P.Shard, std::move(*Buf)).first;
+    }
+    int64_t Size = It->second->getBufferSize();
+    if (P.Bytes > Size || P.Offset > Size - P.Bytes)
+      return Corrupt("a tensor lies outside its data file");
+    const char *Base = It->second->getBufferStart() + P.Offset;
+    if (crcOf(Base, P.Bytes) != P.Crc)
+      return Corrupt("a tensor fails its checksum");
+    return reinterpret_cast<const float *>(Base);
+  };
+
+  // Every tensor of this rank: the whole tensor from the writer's pieces,
+  // then this rank's part of it.
+  std::vector<std::vector<float>> Values(Tensors.size());
+  for (size_t I = 0; I < Tensors.size(); ++I) {
+    const TensorView &V = Tensors[I];
+    const Executor::ModelTensor &M = Model[I];
+    if (!V.Data)
+      return fail("checkpoints hold float32; a float64 run cannot resume one");
+    auto It = ByKey.find(M.Key);
+    if (It == ByKey.end())
+      return fail("checkpoint '" + Dir + "' was written for another model: "
+                  "it has no '" + M.Key + "'");
+    const std::vector<Piece> &Ps = It->second;
+    const Piece &First = Ps.front();
+    if (First.Whole != M.Whole)
+      return fail("checkpoint '" + Dir + "' was written for another model: "
+                  "'" + M.Key + "' has another shape");
+    // The writer's layout of this tensor; any stage that holds it (a tied
+    // weight's copies are equal), replica 0 unless chunked over replicas.
+    const Sharding &WS = First.Layout;
+    int Stage = First.At.Pipeline;
+    int Parts = WS.K == Sharding::Split ? WS.Parts : 1;
+    int Chunks = WS.DataChunks ? WS.DataChunks : 1;
+    auto Find = [&](int D, int T) -> const Piece * {
+      for (const Piece &P : Ps)
+        if (P.At.Pipeline == Stage && P.At.Tensor == T && P.At.Data == D &&
+            P.Layout == WS && P.Whole == First.Whole)
+          return &P;
+      return nullptr;
+    };
+    std::vector<int64_t> PartShape = tensorPart(M.Whole, WS);
+    int64_t PartN = product(PartShape);
+    std::vector<float> Whole(product(M.Whole)), Part(PartN);
+    for (int T = 0; T < Parts; ++T) {
+      // Tensor-parallel rank T's part: whole, or its replicas' chunks.
+      for (int D = 0; D < Chunks; ++D) {
+        const Piece *P = Find(D, T);
+        if (!P)
+          return Corrupt(formatv("'{0}' misses the part of rank (d {1}, p "
+                                 "{2}, t {3})",
+                                 M.Key, D, Stage, T));
+        auto Data = DataOf(*P);
+        if (!Data)
+          return Data.takeError();
+        int64_t Begin = std::min(PartN, D * P->Elements),
+                End = std::min(PartN, Begin + P->Elements);
+        std::copy(*Data, *Data + (End - Begin), Part.data() + Begin);
+      }
+      copyPart(WS, M.Whole, Whole.data(), Part.data(), T, /*ToWhole=*/true);
+    }
+    // This rank's part of the whole, as the resuming plan lays it out.
+    std::vector<int64_t> Mine = tensorPart(M.Whole, M.Shard);
+    int64_t MineN = product(Mine);
+    std::vector<float> Out(MineN);
+    copyPart(M.Shard, M.Whole, Whole.data(), Out.data(),
+             M.Shard.K == Sharding::Split ? At.Tensor : 0, /*ToWhole=*/false);
+    if (M.Shard.DataChunks) {
+      int64_t C = dataChunkElements(MineN, M.Shard.DataChunks);
+      int64_t Begin = std::min(MineN, At.Data * C),
+              End = std::min(MineN, Begin + C);
+      std::vector<float> Chunk(C, 0.0f);
+      std::copy(Out.begin() + Begin, Out.begin() + End, Chunk.begin());
+      Out = std::move(Chunk);
+    }
+    if (int64_t(Out.size()) != V.size())
+      return fail("checkpoint '" + Dir + "': '" + V.Name + "' of this plan "
+                  "has " + std::to_string(V.size()) + " elements where its "
+                  "layout gives " + std::to_string(Out.size()));
+    Values[I] = std::move(Out);
+  }
+  // All assembled and verified: now write the values.
+  for (size_t I = 0; I < Tensors.size(); ++I)
+    std::copy(Values[I].begin(), Values[I].end(), Tensors[I].Data);
+  return std::move(Meta);
 }
 
 } // namespace sp

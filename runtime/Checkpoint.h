@@ -6,7 +6,11 @@
 //                         number of ranks, the loss history, and for each
 //                         rank its data file and, for every tensor, its name,
 //                         shape, byte offset, byte size and CRC-32; the index
-//                         carries a CRC-32 of itself
+//                         carries a CRC-32 of itself. Version 3 adds the
+//                         model fingerprint, the d x p x t grid, each rank's
+//                         place in it and each tensor's layout-independent
+//                         key, whole shape and layout, so that another plan
+//                         of the model can resume it (readCheckpointResharded)
 //   DIR/tensors-S.bin     (one rank) or DIR/tensors-S-rankR.bin (rank R of a
 //                         parallel run): that rank's tensors as raw
 //                         little-endian float32, back to back in index order
@@ -47,6 +51,7 @@
 #include "plan/Program.h"
 #include "runtime/Executor.h"
 #include "runtime/LossLog.h"
+#include "runtime/comm/ProcessGrid.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
@@ -55,7 +60,7 @@
 
 namespace sp {
 
-constexpr int CheckpointFormatVersion = 2;
+constexpr int CheckpointFormatVersion = 3;
 
 /// A hash (FNV-1a 64, hex) of what makes two plans interchangeable for a
 /// checkpoint: every buffer's name, kind, dtype and shape, and every
@@ -65,6 +70,11 @@ std::string planFingerprint(const Program &P);
 /// The same over every pipeline stage's program (the program's own for a
 /// plan of one stage).
 std::string planFingerprint(const Plan &P);
+/// A hash of the model a plan trains, whatever its layout: every
+/// parameter's name (a stage's copy of a tied weight counted once) and whole
+/// shape, over every stage. Checkpoints reshard between plans that have the
+/// same one.
+std::string modelFingerprint(const Plan &P);
 
 struct CheckpointMeta {
   int64_t Step = 0;  // the last completed step
@@ -72,6 +82,10 @@ struct CheckpointMeta {
   std::string PlanFingerprint;
   std::vector<LossRow> Losses; // the run's history up to Step
   int Ranks = 1;               // the ranks whose tensors it holds
+  /// Format 3: the model's fingerprint and the d x p x t grid that wrote it
+  /// (empty, and 1 x 1 x 1, in older checkpoints).
+  std::string ModelFingerprint;
+  ProcessGrid Grid;
 };
 
 /// True if Dir holds a checkpoint index.
@@ -92,11 +106,16 @@ llvm::Expected<int> cleanCheckpointDir(llvm::StringRef Dir);
 /// every rank's shard description, in rank order.
 ///
 /// Writes Rank's tensors to a new data file in Dir (created if missing) and
-/// returns the shard's description (JSON text) for commitCheckpoint.
+/// returns the shard's description (JSON text) for commitCheckpoint. With
+/// Model (one entry per tensor, Executor::modelTensors) and the rank's place
+/// At in the grid, the description says where each tensor sits in the
+/// model, so that another layout can resume it (readCheckpointResharded).
 /// Errors: "cannot write checkpoint 'DIR' (step S): FILE: REASON".
 llvm::Expected<std::string>
 writeCheckpointShard(llvm::StringRef Dir, int64_t Step, int Rank, int Ranks,
-                     llvm::ArrayRef<TensorView> Tensors);
+                     llvm::ArrayRef<TensorView> Tensors,
+                     llvm::ArrayRef<Executor::ModelTensor> Model = {},
+                     GridCoord At = {});
 /// Writes the index of Meta and Shards (one per rank, Meta.Ranks of them)
 /// atomically: the commit. Then removes the files the new index does not
 /// name. An existing Dir that is not a checkpoint is refused.
@@ -119,6 +138,21 @@ llvm::Expected<CheckpointMeta> readCheckpointMeta(llvm::StringRef Dir);
 llvm::Expected<CheckpointMeta>
 readCheckpoint(llvm::StringRef Dir, llvm::StringRef PlanFingerprint,
                llvm::ArrayRef<TensorView> Tensors, int Rank = 0, int Ranks = 1);
+
+/// Resharding: fills Tensors (this rank's, at At in its own grid, laid out
+/// as Model says) from a format-3 checkpoint of the same model written by
+/// another layout (another t, p or d, with or without ZeRO). Each whole
+/// tensor is assembled from the writer's shards (its tensor-parallel parts,
+/// its ZeRO chunks, from any stage that holds it) and this rank's part cut
+/// from it, exactly: only copies. Every data file read is checked (size,
+/// each used tensor's CRC-32) before any value is written.
+/// Errors: "checkpoint 'DIR' was written for another model ...", "...
+/// cannot be resharded ...", and the corrupt cases of readCheckpoint.
+llvm::Expected<CheckpointMeta>
+readCheckpointResharded(llvm::StringRef Dir, llvm::StringRef ModelFingerprint,
+                        llvm::ArrayRef<TensorView> Tensors,
+                        llvm::ArrayRef<Executor::ModelTensor> Model,
+                        GridCoord At);
 
 /// readCheckpoint of one rank on contents read elsewhere (the fuzzer reads
 /// checkpoints from memory): Index is the text of checkpoint.json, and

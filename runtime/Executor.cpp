@@ -562,6 +562,49 @@ std::vector<TensorView> Executor::optimizerState() const {
   return R;
 }
 
+std::vector<int64_t> wholeShape(const ProgramBuffer &PB) {
+  if (PB.Data)
+    return std::vector<int64_t>(PB.Data->type().Shape.begin(),
+                                PB.Data->type().Shape.end());
+  std::vector<int64_t> W(PB.Type.Shape.begin(), PB.Type.Shape.end());
+  if (PB.Shard.K == Sharding::Split && PB.Shard.Dim < int(W.size()))
+    W[PB.Shard.Dim] = PB.Shard.Padded ? PB.Shard.Padded
+                                      : W[PB.Shard.Dim] * PB.Shard.Parts;
+  return W;
+}
+
+Expected<std::vector<Executor::ModelTensor>> Executor::modelTensors() const {
+  auto KeyOf = [&](int B) {
+    return StringRef(Prog.Buffers[B].Name).split('@').first.str();
+  };
+  auto Whole = [&](int B) { return wholeShape(Prog.Buffers[B]); };
+  std::vector<ModelTensor> R;
+  for (size_t B = 0; B < Prog.Buffers.size(); ++B)
+    if (Prog.Buffers[B].K == ProgramBuffer::Param)
+      R.push_back({KeyOf(B), Whole(B), Prog.Buffers[B].Shard});
+  // Each moment belongs to the parameter its adamw updates.
+  std::vector<std::pair<int, std::string>> Owner(Prog.Buffers.size(),
+                                                 {-1, ""});
+  for (const Instruction &I : Prog.Instrs)
+    if (I.Op == OpKind::AdamW) {
+      Owner[I.In[2]] = {I.In[0], "adam.m:"};
+      Owner[I.In[3]] = {I.In[0], "adam.v:"};
+    }
+  for (size_t B = 0; B < Prog.Buffers.size(); ++B) {
+    if (Prog.Buffers[B].K != ProgramBuffer::State)
+      continue;
+    auto [P, Prefix] = Owner[B];
+    if (P < 0)
+      return createStringError(inconvertibleErrorCode(),
+                               "state '%s' is no adamw's moment",
+                               Prog.Buffers[B].Name.c_str());
+    Sharding S = Prog.Buffers[P].Shard;
+    S.DataChunks = Prog.Buffers[B].Shard.DataChunks;
+    R.push_back({Prefix + KeyOf(P), Whole(P), S});
+  }
+  return R;
+}
+
 std::optional<TensorView> Executor::gradient(StringRef Param) const {
   int B = Prog.output(("grad:" + Param).str());
   int P = Prog.findBuffer(Param);

@@ -104,6 +104,10 @@ struct TensorView {
   int64_t size() const { return Type.numElements(); }
 };
 
+/// The whole shape of a parameter buffer: its source tensor's (a split
+/// one's shard is part of it).
+std::vector<int64_t> wholeShape(const ProgramBuffer &B);
+
 class Executor {
 public:
   /// Checks the plan (fp32 activations, known ops), allocates the arena and
@@ -141,6 +145,21 @@ public:
   std::optional<TensorView> gradient(llvm::StringRef Param) const;
   /// AdamW moments ("adam.m.<param>", "adam.v.<param>").
   std::vector<TensorView> optimizerState() const;
+  /// Where each tensor of parameters() and then optimizerState() (in that
+  /// order) sits in the model, whatever the layout: for a checkpoint that
+  /// another layout resumes (runtime/Checkpoint.h).
+  struct ModelTensor {
+    /// The parameter's name (a pipeline stage's copy of a tied weight, named
+    /// "W@stage", is W), or for a moment "adam.m:" / "adam.v:" and its
+    /// parameter's key; the moment's parameter is the one its adamw updates.
+    std::string Key;
+    /// The whole tensor's shape (the source parameter's).
+    std::vector<int64_t> Whole;
+    /// Its layout over the tensor-parallel group (a moment's is its
+    /// parameter's), and with ZeRO over the replicas (DataChunks).
+    Sharding Shard;
+  };
+  llvm::Expected<std::vector<ModelTensor>> modelTensors() const;
   /// The logits of the last evalLoss: of the whole batch (every
   /// microbatch's, in order) on the stage that computes them (the last);
   /// none on the other stages of a pipelined plan.

@@ -13,22 +13,6 @@ using namespace llvm;
 
 namespace sp {
 
-namespace {
-
-/// The source index along a split axis of local index J on rank R, or -1 for
-/// padding. The axis of the whole tensor (padded to Padded when set) holds
-/// Blocks blocks, each split in Parts equal parts; rank R holds part R of
-/// every block.
-int64_t sourceIndex(const Sharding &S, int64_t SourceSize, int64_t LocalSize,
-                    int R, int64_t J) {
-  int64_t Full = S.Padded ? S.Padded : SourceSize;
-  int64_t BlockSize = Full / S.Blocks, PerBlock = LocalSize / S.Blocks;
-  int64_t G = (J / PerBlock) * BlockSize + R * PerBlock + J % PerBlock;
-  return G < SourceSize ? G : -1;
-}
-
-} // namespace
-
 Error Executor::loadParameter(const ProgramBuffer &B) {
   auto Bytes = B.Data->load();
   if (!Bytes)

@@ -251,7 +251,9 @@ struct Run {
   Communicator *DataGroup; // the replicas of this rank; null without --dp
   std::string ModelName;
   std::string LogDirPath, CheckpointPath;
-  std::string Fingerprint;
+  std::string Fingerprint, ModelFingerprint;
+  ProcessGrid Grid;
+  GridCoord At;
   uint64_t RunSeed = 0;
   std::vector<LossRow> Rows;
   TokenBatch Batch;
@@ -380,9 +382,14 @@ Error Run::writeCheckpointAt(int64_t Step) {
   };
   std::string Mine;
   Error Local = E.download();
+  auto Model = Local ? Expected<std::vector<Executor::ModelTensor>>(
+                           std::vector<Executor::ModelTensor>())
+                     : E.modelTensors();
+  if (!Model && !Local)
+    Local = Model.takeError();
   if (!Local) {
     auto Shard = writeCheckpointShard(CheckpointPath, Step, Rank, Ranks,
-                                      checkpointTensors());
+                                      checkpointTensors(), *Model, At);
     if (Shard)
       Mine = std::move(*Shard);
     else
@@ -399,6 +406,8 @@ Error Run::writeCheckpointAt(int64_t Step) {
     M.Step = Step;
     M.Seed = RunSeed;
     M.PlanFingerprint = Fingerprint;
+    M.ModelFingerprint = ModelFingerprint;
+    M.Grid = Grid;
     M.Losses = Rows;
     M.Ranks = Ranks;
     return commitCheckpoint(CheckpointPath, M, *Shards);
@@ -754,6 +763,9 @@ Error Trainer::runRank(Communicator *World) {
         O.LogPath,
         O.CheckpointPath,
         O.Fingerprint,
+        O.ModelFingerprint,
+        Grid,
+        Groups.At,
         O.Seed,
         {},
         {}};
@@ -809,9 +821,20 @@ Error Trainer::runRank(Communicator *World) {
     std::optional<CheckpointMeta> M;
     Error Restored = [&]() -> Error {
       std::vector<TensorView> Tensors = R.checkpointTensors();
-      auto Read =
-          readCheckpoint(O.CheckpointPath, O.Fingerprint, Tensors,
-                         World ? World->rank() : 0, World ? World->size() : 1);
+      Expected<CheckpointMeta> Read = CheckpointMeta();
+      if (O.Resumed->PlanFingerprint == O.Fingerprint) {
+        Read = readCheckpoint(O.CheckpointPath, O.Fingerprint, Tensors,
+                              World ? World->rank() : 0,
+                              World ? World->size() : 1);
+      } else {
+        // Another layout of the same model: reshard (sp-run checked the
+        // model's fingerprint).
+        auto Model = E.modelTensors();
+        if (!Model)
+          return Model.takeError();
+        Read = readCheckpointResharded(O.CheckpointPath, O.ModelFingerprint,
+                                       Tensors, *Model, Groups.At);
+      }
       if (!Read)
         return Read.takeError();
       M = std::move(*Read);
@@ -894,6 +917,13 @@ Error Trainer::runRank(Communicator *World) {
                  ModelName, O.PlanDir, StepsText,
                  E.batch() * Grid.Data, E.seq(), sci(O.LR), O.Warmup,
                  sci(O.MinLR), O.ThreadsPerRank, Layout);
+  if (O.Resumed && O.Resumed->PlanFingerprint != O.Fingerprint) {
+    const ProcessGrid &W = O.Resumed->Grid;
+    Out << formatv("resharded checkpoint '{0}' (step {1}) of another plan of "
+                   "this model, written by d {2} x p {3} x t {4}\n",
+                   O.CheckpointPath, O.Resumed->Step, W.Data, W.Pipeline,
+                   W.Tensor);
+  }
   Out.flush();
   ProgressBar Progress(Lead ? errs() : nulls(), Lead && errs().is_displayed());
   double TrainSeconds = 0;

@@ -47,6 +47,7 @@ struct TrainerOptions {
   std::optional<CheckpointMeta> Resumed;
   bool Resume = false;
   std::string Fingerprint; // of the plan, for checkpoints
+  std::string ModelFingerprint; // of its model, for resharding checkpoints
   /// Outputs: empty for none. Source is the model --export-onnx copies.
   std::string TraceFile, DumpDir, ExportOnnx, Source;
   /// The plan is widened to float64 (sp-run --float64, widenToFloat64).

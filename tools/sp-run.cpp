@@ -380,11 +380,22 @@ int main(int Argc, char **Argv) {
     *P = widenToFloat64(*P);
   }
   std::string Fingerprint = planFingerprint(*P);
-  if (Resumed && Resumed->PlanFingerprint != Fingerprint)
-    return Fail(usageError(formatv(
-        "checkpoint '{0}' was written for another plan (fingerprint {1}, "
-        "plan '{2}' has {3}); resume with the plan that wrote it",
-        CkptPath, Resumed->PlanFingerprint, PlanDir, Fingerprint)));
+  std::string ModelPrint = modelFingerprint(*P);
+  // Another plan's checkpoint is resharded when it is of the same model
+  // (format 3 records the layout); an older one only resumes its own plan.
+  if (Resumed && Resumed->PlanFingerprint != Fingerprint) {
+    if (Resumed->ModelFingerprint.empty())
+      return Fail(usageError(formatv(
+          "checkpoint '{0}' was written for another plan (fingerprint {1}, "
+          "plan '{2}' has {3}); resume with the plan that wrote it",
+          CkptPath, Resumed->PlanFingerprint, PlanDir, Fingerprint)));
+    if (Resumed->ModelFingerprint != ModelPrint)
+      return Fail(usageError(formatv(
+          "checkpoint '{0}' was written for another model (model fingerprint "
+          "{1}, plan '{2}' trains {3}); resume with a plan of the model that "
+          "wrote it",
+          CkptPath, Resumed->ModelFingerprint, PlanDir, ModelPrint)));
+  }
   Objective Obj;
   Obj.Kind = ObjectiveKind;
   Obj.PadToken = PadToken;
@@ -471,6 +482,7 @@ int main(int Argc, char **Argv) {
   O.Resumed = std::move(Resumed);
   O.Resume = Resume;
   O.Fingerprint = Fingerprint;
+  O.ModelFingerprint = ModelPrint;
   O.TraceFile = TraceFile;
   O.DumpDir = DumpDir;
   O.ExportOnnx = ExportOnnx;

@@ -485,6 +485,107 @@ TEST(Checkpoint, DetectsCorruptionAndChangesNothing) {
             std::string::npos);
 }
 
+/// A [6, 4] weight in three blocks of 2 rows along dim 0, over 2 tensor-parallel
+/// ranks (a fused-QKV-like layout) with its moment chunked over 2 replicas:
+/// the 4 ranks of a d 2 x t 2 grid write their pieces; one rank of t 1 and
+/// rank (d 1, t 1) of a d 2 x t 2 grid without blocks read them back.
+TEST(Checkpoint, ReshardsBetweenLayouts) {
+  TempDir D;
+  std::string Dir = D.file("ckpt");
+  std::vector<float> Whole(24), Moment(24);
+  for (int I = 0; I < 24; ++I) {
+    Whole[I] = float(I);
+    Moment[I] = 100.0f + float(I);
+  }
+  Sharding S = Sharding::split(0, 2, /*Blocks=*/3); // 6 rows: 3 blocks of 2
+  Sharding SC = S;
+  SC.DataChunks = 2;
+  ProcessGrid Grid{2, 1, 2};
+  std::vector<std::string> Shards;
+  for (int R = 0; R < 4; ++R) {
+    GridCoord At = Grid.coord(R);
+    // Tensor rank t holds row 2b + t of every block b: 3 rows of 4.
+    std::vector<float> W(12), M(12);
+    for (int B = 0; B < 3; ++B)
+      for (int C = 0; C < 4; ++C) {
+        W[B * 4 + C] = Whole[(2 * B + At.Tensor) * 4 + C];
+        M[B * 4 + C] = Moment[(2 * B + At.Tensor) * 4 + C];
+      }
+    std::vector<float> Chunk(M.begin() + 6 * At.Data,
+                             M.begin() + 6 * At.Data + 6);
+    TensorView VW, VM;
+    VW.Name = "w";
+    VW.Type = TensorType(DType::F32, {3, 4});
+    VW.Data = W.data();
+    VM.Name = "adam.m.w";
+    VM.Type = TensorType(DType::F32, {6});
+    VM.Data = Chunk.data();
+    std::vector<Executor::ModelTensor> Model = {{"w", {6, 4}, S},
+                                                {"adam.m:w", {6, 4}, SC}};
+    auto Shard = writeCheckpointShard(Dir, 7, R, 4, {VW, VM}, Model, At);
+    ASSERT_TRUE(bool(Shard)) << errorText(Shard.takeError());
+    Shards.push_back(*Shard);
+  }
+  CheckpointMeta Meta = someMeta();
+  Meta.Ranks = 4;
+  Meta.Grid = Grid;
+  Meta.ModelFingerprint = "0x00000000000000aa";
+  ASSERT_FALSE(errorText(commitCheckpoint(Dir, Meta, Shards)).size());
+
+  // One device: the whole tensors.
+  std::vector<float> W1(24, -1), M1(24, -1);
+  TensorView A, B;
+  A.Name = "w";
+  A.Type = TensorType(DType::F32, {6, 4});
+  A.Data = W1.data();
+  B.Name = "adam.m.w";
+  B.Type = A.Type;
+  B.Data = M1.data();
+  std::vector<Executor::ModelTensor> One = {
+      {"w", {6, 4}, Sharding::replicated()},
+      {"adam.m:w", {6, 4}, Sharding::replicated()}};
+  auto R1 = readCheckpointResharded(Dir, "0x00000000000000aa", {A, B}, One,
+                                    GridCoord{});
+  ASSERT_TRUE(bool(R1)) << errorText(R1.takeError());
+  EXPECT_EQ(R1->Step, 7);
+  EXPECT_EQ(W1, Whole);
+  EXPECT_EQ(M1, Moment);
+
+  // Rank (d 1, t 1) of a plain split (rows 3-5), its moment chunk 1 of 2
+  // (6 of the 12 elements).
+  std::vector<float> W2(12, -1), M2(6, -1);
+  A.Type = TensorType(DType::F32, {3, 4});
+  A.Data = W2.data();
+  B.Type = TensorType(DType::F32, {6});
+  B.Data = M2.data();
+  Sharding Plain = Sharding::split(0, 2);
+  Sharding PlainC = Plain;
+  PlainC.DataChunks = 2;
+  std::vector<Executor::ModelTensor> Two = {{"w", {6, 4}, Plain},
+                                            {"adam.m:w", {6, 4}, PlainC}};
+  auto R2 = readCheckpointResharded(Dir, "0x00000000000000aa", {A, B}, Two,
+                                    GridCoord{1, 0, 1});
+  ASSERT_TRUE(bool(R2)) << errorText(R2.takeError());
+  EXPECT_EQ(W2, std::vector<float>(Whole.begin() + 12, Whole.end()));
+  EXPECT_EQ(M2, std::vector<float>(Moment.begin() + 18, Moment.end()));
+
+  // Another model's fingerprint, or a key it does not have: refused, and
+  // nothing written.
+  std::fill(W2.begin(), W2.end(), -1.0f);
+  auto R3 = readCheckpointResharded(Dir, "0x00000000000000bb", {A, B}, Two,
+                                    GridCoord{1, 0, 1});
+  ASSERT_FALSE(R3);
+  EXPECT_NE(errorText(R3.takeError()).find("was written for another model"),
+            std::string::npos);
+  Two[0].Key = "v";
+  auto R4 = readCheckpointResharded(Dir, "0x00000000000000aa", {A, B}, Two,
+                                    GridCoord{1, 0, 1});
+  ASSERT_FALSE(R4);
+  EXPECT_NE(errorText(R4.takeError()).find("it has no 'v'"),
+            std::string::npos);
+  EXPECT_EQ(W2, std::vector<float>(12, -1.0f));
+}
+
 TEST(Checkpoint, RefusesAnotherPlanAndOtherTensors) {
   TempDir D;
   FakeState A;

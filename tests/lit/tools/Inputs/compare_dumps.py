@@ -24,8 +24,14 @@ gradient of the model: a gradient that is analytically zero, such as BERT's
 key biases whose shift softmax cancels, is rounding noise of order eps G and
 is compared at that scale (so a layout bug that makes it O(G) is caught).
 
+With --resumed, each OTHER resumed a checkpoint of another layout part way
+(its gradients are of its first step, not the reference's): every loss and
+every final weights/<name>.npy are compared instead, by the same rule (a
+weight's scale from the reference's weights against REF64's).
+
 Prints "<name>: N losses, M gradients, logits equal (largest ratio to the
-rounding scale: ...; bound 8)" or what differs, and exits 1 on a difference.
+rounding scale: ...; bound 8)" (with --resumed, "N losses, M weights") or
+what differs, and exits 1 on a difference.
 """
 import argparse
 import csv
@@ -51,14 +57,57 @@ def rel(a, b, floor=1e-30):
     return float(np.abs(a - b).max() / max(np.abs(b).max(), floor))
 
 
+def compare_resumed(ref64, ref, others):
+    l32, l64 = losses(ref), losses(ref64)
+    loss_scale = max([U] + [abs(x - y) / abs(y) for x, y in zip(l32, l64)])
+    names = sorted(os.path.basename(w) for w in glob.glob(os.path.join(ref, "weights", "*.npy")))
+    if not names:
+        return f"compare_dumps.py: {ref} has no weights/*.npy"
+    w32 = {n: np.load(os.path.join(ref, "weights", n)) for n in names}
+    w64 = {n: np.load(os.path.join(ref64, "weights", n)) for n in names}
+    scale = {n: max(rel(w32[n], w64[n]), U) for n in names}
+    ok = True
+    for d in others:
+        name = os.path.basename(d.rstrip("/"))
+        problems = []
+        lo = losses(d)
+        if len(lo) != len(l32):
+            problems.append(f"{len(lo)} losses, expected {len(l32)}")
+        worst_loss = max([0.0] + [abs(y - x) / abs(x) / loss_scale for x, y in zip(l32, lo)])
+        if worst_loss > K:
+            problems.append(f"a loss is {worst_loss:.1f} x the rounding scale {loss_scale:.1e}")
+        worst_w = 0.0
+        for n in names:
+            other = os.path.join(d, "weights", n)
+            if not os.path.exists(other):
+                problems.append(f"missing {other}")
+                continue
+            r = rel(np.load(other), w32[n]) / scale[n]
+            worst_w = max(worst_w, r)
+            if r > K:
+                problems.append(f"{n}: {r:.1f} x the rounding scale {scale[n]:.1e}")
+        if problems:
+            ok = False
+            print(f"{name}: DIFFERS: " + "; ".join(problems))
+        else:
+            print(f"{name}: {len(lo)} losses, {len(names)} weights (largest ratio to the "
+                  f"rounding scale: loss {worst_loss:.2f}, weight {worst_w:.2f}; bound {K:g})")
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref64", required=True,
                     help="the reference plan's dump from sp-run --float64")
+    ap.add_argument("--resumed", action="store_true",
+                    help="OTHER runs resumed part way: compare losses and "
+                         "final weights")
     ap.add_argument("ref")
     ap.add_argument("others", nargs="+")
     a = ap.parse_args()
     ref, ref64 = a.ref, a.ref64
+    if a.resumed:
+        sys.exit(compare_resumed(ref64, ref, a.others))
 
     l32, l64 = losses(ref), losses(ref64)
     if len(l32) != len(l64):

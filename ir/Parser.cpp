@@ -352,33 +352,10 @@ private:
       return fail("expected 'replicated', 'partial' or 'split(...)'");
     if (auto E = consume())
       return E;
-    if (S.K == Sharding::Replicated && isPunct('(')) {
-      if (auto E = consume())
-        return E;
-      if (isKeyword("sum_grad")) {
-        S.SumGrad = true;
-        if (auto E = consume())
-          return E;
-        if (isPunct(','))
-          if (auto E = consume())
-            return E;
-      }
-      if (!S.SumGrad || !isPunct(')')) {
-        if (auto E = expectKeyword("dp_chunks"))
-          return E;
-        if (auto E = expectPunct('='))
-          return E;
-        auto V = expectInt();
-        if (!V)
-          return V.takeError();
-        if (*V < 1 || *V > INT_MAX)
-          return fail("'dp_chunks' must be a positive int");
-        S.DataChunks = *V;
-      }
-      if (auto E = expectPunct(')'))
-        return E;
-    }
-    if (S.K == Sharding::Split) {
+    // Fields: a split's dim, parts, blocks and padded; a replicated value's
+    // sum_grad; either's dp_chunks.
+    bool Split = S.K == Sharding::Split;
+    if (Split || (S.K == Sharding::Replicated && isPunct('('))) {
       if (auto E = expectPunct('('))
         return E;
       bool First = true;
@@ -388,10 +365,15 @@ private:
             return E;
         First = false;
         if (Tok.K != Token::Ident)
-          return fail("expected dim, parts, blocks, padded or dp_chunks");
+          return fail(Split ? "expected dim, parts, blocks, padded or dp_chunks"
+                            : "expected sum_grad or dp_chunks");
         std::string Key = Tok.Text;
         if (auto E = consume())
           return E;
+        if (!Split && Key == "sum_grad") {
+          S.SumGrad = true;
+          continue;
+        }
         if (auto E = expectPunct('='))
           return E;
         auto V = expectInt();
@@ -399,23 +381,26 @@ private:
           return V.takeError();
         if (Key != "padded" && (*V < INT_MIN || *V > INT_MAX))
           return fail("'" + Key + "' is out of range");
-        if (Key == "dim")
-          S.Dim = *V;
-        else if (Key == "parts")
-          S.Parts = *V;
-        else if (Key == "blocks")
-          S.Blocks = *V;
-        else if (Key == "padded")
-          S.Padded = *V;
-        else if (Key == "dp_chunks" && *V >= 1)
-          S.DataChunks = *V;
-        else if (Key == "dp_chunks")
+        if (Key == "dp_chunks" && *V < 1)
           return fail("'dp_chunks' must be a positive int");
+        if (Key == "dp_chunks")
+          S.DataChunks = *V;
+        else if (Split && Key == "dim")
+          S.Dim = *V;
+        else if (Split && Key == "parts")
+          S.Parts = *V;
+        else if (Split && Key == "blocks")
+          S.Blocks = *V;
+        else if (Split && Key == "padded")
+          S.Padded = *V;
         else
-          return fail("unknown split field '" + Key + "'");
+          return fail("unknown " + std::string(Split ? "split" : "replicated") +
+                      " field '" + Key + "'");
       }
       if (auto E = consume())
         return E;
+    }
+    if (Split) {
       if (S.Dim < 0 || S.Parts < 1 || S.Blocks < 1)
         return fail("a split needs dim >= 0, parts >= 1 and blocks >= 1");
       // A chunk's split names an axis of the value it is cut from.

@@ -258,6 +258,11 @@ private:
   Error reduceScatterFlat(const KernelCall &C, Communicator &G,
                           cudaStream_t S);
   Error gatherParam(const KernelCall &C, cudaStream_t S);
+  /// Scratch for the flat tensors of Counts elements that Parts does not
+  /// divide: Parts x ceil(n / Parts) floats each, one region after another
+  /// (null when none needs it).
+  Expected<float *> paddedScratch(ArrayRef<int64_t> Counts, int64_t Parts,
+                                  bool ForComm);
   Error pipelineMessage(const KernelCall &C, cudaStream_t S);
   /// Stages a send of Bytes at Data (see Pending).
   Error deferSend(cuda::NcclComm &N, const void *Data, int64_t Bytes, int Peer);
@@ -796,6 +801,19 @@ Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
   return (*N)->reduceScatterSum(Out, *Tmp, Count, S);
 }
 
+Expected<float *> CudaBackend::paddedScratch(ArrayRef<int64_t> Counts,
+                                             int64_t Parts, bool ForComm) {
+  int64_t Padded = 0;
+  for (int64_t N : Counts) {
+    int64_t Chunk = dataChunkElements(N, Parts);
+    if (N != Chunk * Parts)
+      Padded += Chunk * Parts;
+  }
+  if (!Padded)
+    return nullptr;
+  return scratch(ForComm, Padded);
+}
+
 Error CudaBackend::reduceScatterFlat(const KernelCall &C, Communicator &G,
                                      cudaStream_t S) {
   // As CpuBackend: each operand flat, zero-padded to Parts chunks; rank r
@@ -810,20 +828,13 @@ Error CudaBackend::reduceScatterFlat(const KernelCall &C, Communicator &G,
     return planError(formatv("a flat reduce_scatter of {0} parts over a "
                              "group of {1}",
                              attrInt(I.Op, I.Attrs, "parts"), Parts));
-  int64_t Padded = 0;
-  for (unsigned K = 0; K < I.In.size(); ++K) {
-    int64_t N = Bufs[I.In[K]].Type.numElements(),
-            Chunk = Bufs[I.Out[K]].Type.numElements();
-    if (N != Chunk * Parts)
-      Padded += Chunk * Parts;
-  }
-  float *Tmp = nullptr;
-  if (Padded) {
-    auto T = scratch(S == Comm, Padded);
-    if (!T)
-      return T.takeError();
-    Tmp = *T;
-  }
+  std::vector<int64_t> Counts;
+  for (int B : I.In)
+    Counts.push_back(Bufs[B].Type.numElements());
+  auto T = paddedScratch(Counts, Parts, S == Comm);
+  if (!T)
+    return T.takeError();
+  float *Tmp = *T;
   // The padded copies first, on S before the group's calls.
   std::vector<const float *> Src(I.In.size());
   for (unsigned K = 0; K < I.In.size(); ++K) {
@@ -875,20 +886,13 @@ Error CudaBackend::gatherParam(const KernelCall &C, cudaStream_t S) {
                              "data-parallel group of that size",
                              Parts));
   int Rank = G->rank();
-  int64_t Padded = 0;
-  for (int B : I.In) {
-    int64_t Count = Bufs[B].Type.numElements(),
-            Chunk = dataChunkElements(Count, Parts);
-    if (Count != Chunk * Parts)
-      Padded += Chunk * Parts;
-  }
-  float *Tmp = nullptr;
-  if (Padded) {
-    auto T = scratch(S == Comm, Padded);
-    if (!T)
-      return T.takeError();
-    Tmp = *T;
-  }
+  std::vector<int64_t> Counts;
+  for (int B : I.In)
+    Counts.push_back(Bufs[B].Type.numElements());
+  auto T = paddedScratch(Counts, Parts, S == Comm);
+  if (!T)
+    return T.takeError();
+  float *Tmp = *T;
   // Where each parameter is gathered: in place, or its scratch region
   // (filled with this rank's chunk first).
   std::vector<float *> Into(I.In.size());

@@ -7,8 +7,38 @@ using namespace llvm;
 
 namespace sp {
 
-/// Values that keep f32 whatever the activation dtype: norm statistics
-/// and everything the loss computes on (the logits and the loss).
+/// Whether V is a parameter's gradient, or summed into one: the optimizer
+/// (adamw's gradient, grad_norm) reads it, directly or through the sums that
+/// build it (the data- and tensor-parallel reductions, the sum of a weight's
+/// uses). Mixed precision keeps these in f32, as Megatron accumulates its
+/// main_grad: the weight-gradient GEMMs write f32.
+static bool feedsOptimizer(const Value *V) {
+  for (const Use &U : V->users()) {
+    switch (U.User->op()) {
+    case OpKind::AdamW:
+      if (U.OperandNo == 1)
+        return true;
+      break;
+    case OpKind::GradNorm:
+      return true;
+    case OpKind::Add:
+    case OpKind::AllReduce:
+    case OpKind::ReduceScatter:
+    case OpKind::PipeAllReduce:
+      if (U.User->tags().Ph != Phase::Forward &&
+          feedsOptimizer(U.User->result()))
+        return true;
+      break;
+    default:
+      break;
+    }
+  }
+  return false;
+}
+
+/// Values that keep f32 whatever the activation dtype: norm statistics,
+/// everything the loss computes on (the logits and the loss) and the
+/// parameters' gradients.
 static bool keepsF32(const Value *V) {
   const Node *P = V->producer();
   if (!P)
@@ -17,17 +47,27 @@ static bool keepsF32(const Value *V) {
       V->resultIndex() > 0)
     return true;
   if (P->op() == OpKind::CrossEntropy || P->op() == OpKind::CrossEntropyGrad ||
-      P->tags().Role == "loss")
+      P->tags().Role == "loss" || P->tags().Ph == Phase::Optimizer)
     return true;
-  return any_of(V->users(), [](const Use &U) {
-    return U.User->op() == OpKind::CrossEntropy;
-  });
+  if (any_of(V->users(), [](const Use &U) {
+        return U.User->op() == OpKind::CrossEntropy;
+      }))
+    return true;
+  return P->tags().Ph != Phase::Forward && feedsOptimizer(V);
+}
+
+DType plannedDtype(const Value *V, DType ActDtype) {
+  return isFloat(V->type().Dtype) && !keepsF32(V) ? ActDtype : V->type().Dtype;
 }
 
 int64_t plannedBytes(const Value *V, DType ActDtype) {
-  DType Planned = isFloat(V->type().Dtype) && !keepsF32(V) ? ActDtype
-                                                           : V->type().Dtype;
-  return V->type().numElements() * dtypeSize(Planned);
+  return V->type().numElements() * dtypeSize(plannedDtype(V, ActDtype));
+}
+
+TensorType plannedType(const Value *V, DType ActDtype) {
+  TensorType T = V->type();
+  T.Dtype = plannedDtype(V, ActDtype);
+  return T;
 }
 
 int ProgramBuilder::addBuffer(std::string Name, TensorType T,
@@ -73,6 +113,32 @@ int ProgramBuilder::addResult(const TensorType &T, int64_t Bytes,
   return P.Buffers.size() - 1;
 }
 
+bool ProgramBuilder::mixedPrecision() const {
+  return ActDtype != DType::F32 && ActDtype != DType::F64;
+}
+
+int ProgramBuilder::computeCopy(int Param, const Tags &User) {
+  auto It = Copies.find(Param);
+  if (It != Copies.end())
+    return It->second;
+  const ProgramBuffer &PB = P.Buffers[Param];
+  TensorType T = PB.Type;
+  T.Dtype = ActDtype;
+  AttrList A;
+  A.set("to", dtypeName(ActDtype).str());
+  Tags Tg;
+  Tg.Layer = User.Layer;
+  Tg.Stage = User.Stage;
+  Tg.Role = "cast";
+  Tg.Ph = Phase::Forward; // also run when evaluating
+  int Id = emitRaw(OpKind::Cast, {Param}, {T}, std::move(A), Tg,
+                   "cast." + PB.Name, {T.numBytes()})[0];
+  P.Buffers[Id].Type = T; // not its operand's f32
+  P.Buffers[Id].Shard = P.Buffers[Param].Shard;
+  Copies[Param] = Id;
+  return Id;
+}
+
 SmallVector<int, 3> ProgramBuilder::emit(const Node &N, ArrayRef<int> In,
                                          const AttrList *ExtraAttrs) {
   Instruction I;
@@ -86,10 +152,17 @@ SmallVector<int, 3> ProgramBuilder::emit(const Node &N, ArrayRef<int> In,
   I.Ph = N.tags().Ph;
   I.Name = N.name();
   I.In.assign(In.begin(), In.end());
+  // Mixed precision: the forward and backward read the 16-bit copies of the
+  // parameters; the optimizer updates the f32 masters.
+  if (mixedPrecision() && N.tags().Ph != Phase::Optimizer)
+    for (int &B : I.In)
+      if (P.Buffers[B].K == ProgramBuffer::Param &&
+          isFloat(P.Buffers[B].Type.Dtype))
+        B = computeCopy(B, N.tags());
   SmallVector<int, 3> Out;
   for (Value *R : N.results())
-    Out.push_back(addResult(R->type(), plannedBytes(R, ActDtype), N.tags(),
-                            R->sharding()));
+    Out.push_back(addResult(plannedType(R, ActDtype), plannedBytes(R, ActDtype),
+                            N.tags(), R->sharding()));
   I.Out.assign(Out.begin(), Out.end());
   P.Instrs.push_back(std::move(I));
   return Out;
@@ -110,15 +183,17 @@ SmallVector<int, 1> ProgramBuilder::emitRaw(OpKind Op, ArrayRef<int> In,
   I.In.assign(In.begin(), In.end());
   SmallVector<int, 1> Out;
   for (size_t K = 0; K < OutTypes.size(); ++K) {
-    // A result like an operand keeps its planned size and layout.
+    // A result like an operand keeps its planned type, size and layout.
     const ProgramBuffer *Like =
-        K < In.size() && P.Buffers[In[K]].Type == OutTypes[K]
+        K < In.size() && P.Buffers[In[K]].Type.Shape == OutTypes[K].Shape &&
+                isFloat(P.Buffers[In[K]].Type.Dtype) ==
+                    isFloat(OutTypes[K].Dtype)
             ? &P.Buffers[In[K]]
             : nullptr;
     int64_t Bytes = K < OutBytes.size() ? OutBytes[K]
                     : Like               ? Like->Bytes
                                          : OutTypes[K].numBytes();
-    Out.push_back(addResult(OutTypes[K], Bytes, T,
+    Out.push_back(addResult(Like ? Like->Type : OutTypes[K], Bytes, T,
                             Like ? Like->Shard : Sharding()));
   }
   I.Out.assign(Out.begin(), Out.end());

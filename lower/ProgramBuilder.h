@@ -47,21 +47,30 @@ public:
     P.Buffers[Id].Microbatch = Microbatch;
   }
   DType activationDtype() const { return ActDtype; }
+  /// A 16-bit activation dtype: compute reads parameters through copies.
+  bool mixedPrecision() const;
   /// Sets every temporary's live range and returns the program.
   Program take();
 
 private:
   int addResult(const TensorType &T, int64_t Bytes, const Tags &Tg,
                 const Sharding &S);
+  /// The 16-bit copy of parameter buffer Param, cast before its first user.
+  int computeCopy(int Param, const Tags &User);
 
   DType ActDtype;
   Program P;
   llvm::DenseMap<const Value *, int> Leaves;
+  llvm::DenseMap<int, int> Copies; // parameter buffer -> its 16-bit copy
 };
 
-/// The planned size of a node result: activations of a floating-point type
+/// The planned type of a node result: activations of a floating-point type
 /// take the plan's activation dtype, except layer_norm statistics, logits
-/// and the loss, which stay f32 (as the paper counts them).
+/// and the loss, which stay f32 (as the paper counts them), and the
+/// parameters' gradients, which stay f32 for the optimizer (as Megatron
+/// accumulates them).
+DType plannedDtype(const Value *V, DType ActDtype);
+TensorType plannedType(const Value *V, DType ActDtype);
 int64_t plannedBytes(const Value *V, DType ActDtype);
 
 } // namespace sp

@@ -189,8 +189,8 @@ private:
       Tags T = V->producer()->tags();
       T.Ph = Ph;
       T.Stage = Stage;
-      auto Out = B.emitRaw(OpKind::Recv, {}, {V->type()}, A, T, "recv",
-                           {plannedBytes(V, ActDtype())});
+      auto Out = B.emitRaw(OpKind::Recv, {}, {plannedType(V, ActDtype())}, A,
+                           T, "recv", {plannedBytes(V, ActDtype())});
       B.setSharding(Out[0], V->sharding());
       Instances[{Mb, V}] = Out[0];
     }

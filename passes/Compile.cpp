@@ -125,6 +125,9 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
   M = Facts;
   M["source"] = O.Source;
   M["dtype"] = dtypeName(Ctx.ActivationDtype).str();
+  if (Ctx.ActivationDtype == DType::F16)
+    M["loss_scale"] = {{"initial", Ctx.LossScale},
+                       {"growth_interval", Ctx.LossScaleWindow}};
   M["tp"] = Ctx.TensorParallel;
   if (Ctx.DataParallel > 1)
     M["dp"] = Ctx.DataParallel;

@@ -83,6 +83,10 @@ struct PassContext {
   /// The activation dtype the program will be planned with (passes that
   /// plan memory, such as recompute auto, size buffers with it).
   DType ActivationDtype = DType::F32;
+  /// fp16's dynamic loss scaling (runtime/Executor.h LossScaling): the
+  /// initial scale (a power of two) and the clean steps between doublings.
+  double LossScale = 65536;
+  int64_t LossScaleWindow = 2000;
   /// --input NAME=ROLE: what an input is, where the structure cannot tell
   /// (bind-inputs).
   std::vector<std::pair<std::string, InputRole>> InputBindings;

@@ -436,13 +436,22 @@ AttrList attrsFromJson(const json &J, const std::string &Where) {
 /// them with total getters). The kernels size what they read and write by
 /// the operands, so an edited program with a missing operand or result, or a
 /// result buffer of another type, would be read or written out of bounds.
-/// Optional trailing results (a dropout mask) may be absent.
+/// Optional trailing results (a dropout mask) may be absent. Precision is
+/// the plan's, not the op's: a mixed-precision plan holds activations in a
+/// 16-bit type and gradients in f32, so the rules see every float buffer as
+/// f32 (Executor::create checks which 16-bit type a plan may hold).
+static TensorType asF32(TensorType T) {
+  if (T.Dtype == DType::F16 || T.Dtype == DType::BF16)
+    T.Dtype = DType::F32;
+  return T;
+}
+
 void checkInstructionTypes(const Program &P) {
   Graph Scratch("program");
   std::vector<Value *> Values;
   for (const ProgramBuffer &B : P.Buffers)
     Values.push_back(
-        Scratch.addInput("b" + std::to_string(Values.size()), B.Type));
+        Scratch.addInput("b" + std::to_string(Values.size()), asF32(B.Type)));
   for (size_t K = 0; K < P.Instrs.size(); ++K) {
     const Instruction &I = P.Instrs[K];
     std::string Where =
@@ -477,7 +486,7 @@ void checkInstructionTypes(const Program &P) {
                         I.Out.size(), Types.size()));
     for (size_t R = 0; R < I.Out.size(); ++R) {
       const ProgramBuffer &B = P.Buffers[I.Out[R]];
-      if (B.Type != Types[R])
+      if (asF32(B.Type) != asF32(Types[R]))
         malformed(formatv("{0}: result {1} (buffer '{2}') is {3}, the op "
                           "computes {4}",
                           Where, R, B.Name, B.Type.str(), Types[R].str()));

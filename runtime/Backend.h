@@ -66,6 +66,9 @@ struct KernelCall {
   Communicator *Pipeline;
   Communicator *Data;
 
+  /// The factor the optimizer multiplies the gradients by (grad_norm, adamw):
+  /// 1 / the loss scale, or 1.
+  double GradScale = 1;
   char *buffer(int Id) const { return Arena + Prog.Buffers[Id].Offset; }
   /// The communicator of a group named in the IR ("tp", "pp", "dp"), or
   /// null when this run has none by that name.
@@ -100,6 +103,8 @@ public:
   /// views (parameters(), gradient(), logits()) point into the arena when
   /// it is host memory, else into a host mirror.
   virtual bool hostMemory() const = 0;
+  /// Whether it runs mixed-precision plans (bf16 or fp16 activations).
+  virtual bool runsMixedPrecision() const { return false; }
 
   /// Runs (or enqueues) the kernel of one instruction. The error says what
   /// is wrong with the instruction, without naming it (the executor does).

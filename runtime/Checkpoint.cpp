@@ -368,6 +368,11 @@ Error commitCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
   Index["ranks"] = Meta.Ranks;
   if (!Meta.ModelFingerprint.empty())
     Index["model_fingerprint"] = Meta.ModelFingerprint;
+  if (Meta.LossScale)
+    Index["loss_scale"] = {{"scale", *Meta.LossScale},
+                           {"good_steps", Meta.LossScaleGoodSteps}};
+  if (Meta.SkippedUpdates)
+    Index["skipped_updates"] = Meta.SkippedUpdates;
   if (Meta.Grid.size() == Meta.Ranks) // unset by writers without layouts
     Index["grid"] = {Meta.Grid.Data, Meta.Grid.Pipeline, Meta.Grid.Tensor};
   json Losses = json::array();
@@ -471,6 +476,21 @@ static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
   if (!Fingerprint || !Fingerprint->is_string())
     return Bad("'plan_fingerprint'", "a string");
   Meta.PlanFingerprint = Fingerprint->get<std::string>();
+  if (const json *LS = Field(Index, "loss_scale")) {
+    const json *Scale = LS->is_object() ? Field(*LS, "scale") : nullptr;
+    const json *Good = LS->is_object() ? Field(*LS, "good_steps") : nullptr;
+    if (!Scale || !Scale->is_number() || !(Scale->get<double>() >= 1) ||
+        !std::isfinite(Scale->get<double>()) || !Good ||
+        !isIntegerIn(*Good, 0, INT64_MAX))
+      return Bad("'loss_scale'", "{\"scale\": >= 1, \"good_steps\": >= 0}");
+    Meta.LossScale = Scale->get<double>();
+    Meta.LossScaleGoodSteps = Good->get<int64_t>();
+  }
+  if (const json *SU = Field(Index, "skipped_updates")) {
+    if (!isIntegerIn(*SU, 0, Meta.Step))
+      return Bad("'skipped_updates'", "an integer in [0, step]");
+    Meta.SkippedUpdates = SU->get<int64_t>();
+  }
   const json *Losses = Field(Index, "losses");
   if (!Losses || !Losses->is_array())
     return Bad("'losses'", "a list");

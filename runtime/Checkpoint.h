@@ -55,6 +55,7 @@
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,11 @@ struct CheckpointMeta {
   /// (empty, and 1 x 1 x 1, in older checkpoints).
   std::string ModelFingerprint;
   ProcessGrid Grid;
+  /// fp16's loss scale and its clean steps (absent: the plan's initial), and
+  /// the steps whose update was skipped (AdamW's count is Step less these).
+  std::optional<double> LossScale;
+  int64_t LossScaleGoodSteps = 0;
+  int64_t SkippedUpdates = 0;
 };
 
 /// True if Dir holds a checkpoint index.

@@ -3,6 +3,7 @@
 #include "runtime/cpu/CpuBackend.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 using namespace llvm;
@@ -77,9 +78,14 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                                                      RunOptions Opts) {
   std::string Dtype = P.Manifest.value("dtype", "f32");
   bool Wide = Dtype == "f64" && Opts.AllowFloat64;
-  if (Dtype != "f32" && !Wide)
+  // Mixed precision: activations in a 16-bit type, f32 parameters (the
+  // masters), gradients and optimizer state.
+  std::optional<DType> Half;
+  if (Dtype == "bf16" || Dtype == "f16")
+    Half = parseDType(Dtype);
+  if (Dtype != "f32" && !Wide && !Half)
     return planError("the plan has " + Dtype +
-                     " activations; the CPU backend runs fp32 plans "
+                     " activations; sp-run runs fp32, bf16 and fp16 plans "
                      "(recompile with --dtype fp32)");
   std::unique_ptr<Executor> E(new Executor());
   E->Wide = Wide;
@@ -111,10 +117,18 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     if (B.Offset < 0 || B.Offset + B.Bytes > Prog.ArenaBytes)
       return planError("buffer '" + B.Name +
                        "' lies outside the arena; the plan is corrupt");
-    if (B.Type.Dtype == Other)
+    bool OtherHalf = (B.Type.Dtype == DType::BF16 ||
+                      B.Type.Dtype == DType::F16) &&
+                     B.Type.Dtype != Half;
+    if (B.Type.Dtype == Other || OtherHalf)
       return planError("buffer '" + B.Name + "' is " + B.Type.str() +
                        " in a plan of " + Dtype +
                        " activations; the plan is corrupt");
+    if (B.Type.Dtype == Half && B.K != ProgramBuffer::Temp)
+      return planError("buffer '" + B.Name + "' is " + B.Type.str() +
+                       ": a mixed-precision plan keeps its parameters, "
+                       "optimizer state and inputs in f32; the plan is "
+                       "corrupt");
   }
   // The model's interface: the token ids, the targets, the vocabulary.
   const nlohmann::json &Model = P.Manifest.value("model", nlohmann::json());
@@ -178,12 +192,30 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                        ": stage-to-stage messages go over the pp group");
   }
   E->MissingOptimizerInput = missingOptimizerInput(Prog);
+  if (P.Manifest.contains("loss_scale")) {
+    const nlohmann::json &J = P.Manifest["loss_scale"];
+    LossScaling S;
+    S.Scale = J.value("initial", 0.0);
+    S.Interval = J.value("growth_interval", int64_t(0));
+    int Exp = 0;
+    if (!(S.Scale >= 1) || std::frexp(S.Scale, &Exp) != 0.5 ||
+        S.Interval < 1)
+      return planError("the plan's loss_scale needs an initial scale that is "
+                       "a power of two >= 1 and a growth_interval >= 1; "
+                       "recompile it");
+    E->Scaling = S;
+  }
 
   E->Back = Opts.MakeBackend ? Opts.MakeBackend()
                              : std::make_unique<CpuBackend>();
   if (!E->Back)
     return planError("RunOptions::MakeBackend made no backend (a factory "
                      "called twice, or one whose backend failed to start)");
+  if (Half && !E->Back->runsMixedPrecision())
+    return planError("the plan has " + Dtype + " activations; the " +
+                     E->Back->name().str() +
+                     " backend runs fp32 plans only (recompile with --dtype "
+                     "fp32, or run it on the CPU backend)");
   auto Arena = E->Back->allocate(Prog.ArenaBytes);
   if (!Arena)
     return Arena.takeError();
@@ -333,14 +365,18 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
       }
       break;
     case InputRole::LossWeight: // the microbatch's share of the targets
+      // (times the loss scale: a power of two, so the loss scales exactly)
       writeReal(Dst, B.Type.Dtype,
-                StepCounted ? double(Counted(Row0, Rows)) / StepCounted : 0.0);
+                StepCounted ? double(Counted(Row0, Rows)) / StepCounted *
+                                  FeedScale
+                            : 0.0);
       break;
     case InputRole::LearningRate:
       writeReal(Dst, B.Type.Dtype, LR);
       break;
-    case InputRole::Step:
-      writeReal(Dst, B.Type.Dtype, double(Step));
+    case InputRole::Step: // AdamW's count: skipped steps do not count
+      writeReal(Dst, B.Type.Dtype,
+                double(Step - Skipped));
       break;
     case InputRole::None:
       llvm_unreachable("checked when the executor was created");
@@ -365,6 +401,7 @@ Expected<double> Executor::loss() const {
       return std::move(E);
     L = F;
   }
+  L /= FeedScale;
   // Each replica's loss is its rows' part of the step's mean.
   if (Opts.DataComm)
     if (auto E = Opts.DataComm->allReduceSum(&L, 1))
@@ -379,11 +416,28 @@ Expected<double> Executor::trainStep(const TokenBatch &Data, double LR,
   if (!MissingOptimizerInput.empty())
     return planError("the plan has no optimizer step (no '" +
                      MissingOptimizerInput + "' input)");
+  FeedScale = Scaling ? Scaling->Scale : 1;
+  SkipUpdate = false;
   if (auto E = feedInputs(Data, LR, Step))
     return std::move(E);
   if (auto E = run(Phase::Optimizer, Step, /*Training=*/true))
     return std::move(E);
-  return loss();
+  auto L = loss();
+  LastSkipped = SkipUpdate;
+  if (Scaling) {
+    LossScaling &S = *Scaling;
+    if (SkipUpdate) {
+      ++Skipped;
+      S.GoodSteps = 0;
+      S.Scale = std::max(1.0, S.Scale / 2);
+    } else if (++S.GoodSteps == S.Interval) {
+      S.GoodSteps = 0;
+      S.Scale *= 2;
+    }
+  }
+  LastGradScale = 1 / FeedScale;
+  FeedScale = 1;
+  return L;
 }
 
 Expected<double> Executor::evalLoss(const TokenBatch &Data) {
@@ -391,6 +445,7 @@ Expected<double> Executor::evalLoss(const TokenBatch &Data) {
   // schedule they are every microbatch's forward on this stage, with the
   // stage-to-stage messages of the forward (a collective over the pipeline
   // group: every stage evaluates).
+  FeedScale = 1;
   if (auto E = feedInputs(Data, /*LR=*/0, /*Step=*/0))
     return std::move(E);
   if (auto E = run(Phase::Forward, /*Step=*/0, /*Training=*/false))
@@ -426,7 +481,7 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
     const Instruction &In = Prog.Instrs[I];
     // An unrolled schedule interleaves the phases: the ones after Last are
     // skipped, not the rest of the program.
-    if (In.Ph > Last)
+    if (In.Ph > Last || (SkipUpdate && In.Ph == Phase::Optimizer))
       continue;
     for (int B : In.Out) {
       const ProgramBuffer &PB = Prog.Buffers[B];
@@ -450,6 +505,17 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
       return createStringError(inconvertibleErrorCode(), "%s: %s",
                                describe(In, I).c_str(),
                                toString(std::move(E)).c_str());
+    // Loss scaling: every rank reads the same global norm (grad_norm sums
+    // over every group), so every rank skips the same steps.
+    if (Training && Scaling && In.Op == OpKind::GradNorm) {
+      float Norm = 0;
+      if (auto E = Back->synchronize())
+        return E;
+      if (auto E = Back->copyToHost(&Norm, Arena + Prog.Buffers[In.Out[0]].Offset,
+                                    sizeof Norm))
+        return E;
+      SkipUpdate = !std::isfinite(Norm);
+    }
     if (!Training && Unrolled && In.Role == "lm_head" &&
         In.Ph == Phase::Forward) {
       // This microbatch's logits, before the arena reuses their bytes.
@@ -530,7 +596,8 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
 Error Executor::runInstruction(const Instruction &I, int64_t Step,
                                bool Training) {
   return Back->run(KernelCall{I, Prog, Arena, Step, Training, Opts.Dropout,
-                              Opts.Seed, *Comm, PipeComm, Opts.DataComm});
+                              Opts.Seed, *Comm, PipeComm, Opts.DataComm,
+                              1 / FeedScale});
 }
 
 void Executor::setData(TensorView &V, int B) const {
@@ -617,6 +684,7 @@ std::optional<TensorView> Executor::gradient(StringRef Param) const {
     V.Shard = Sharding::replicated();
   // ZeRO: this replica's flat chunk of it (gather() joins them).
   V.Shard.DataChunks = Prog.Buffers[B].Shard.DataChunks;
+  V.Scale = LastGradScale;
   return V;
 }
 

@@ -101,6 +101,9 @@ struct TensorView {
   // through gather().
   /// A float64 run's data (RunOptions::AllowFloat64); null in a float32 run.
   double *Data64 = nullptr;
+  /// The tensor is Data times Scale: a loss-scaled gradient's 1 / the loss
+  /// scale, which gather() applies.
+  double Scale = 1;
   int64_t size() const { return Type.numElements(); }
 };
 
@@ -127,6 +130,34 @@ public:
   /// that are not IgnoreTarget), 0 when there are none.
   llvm::Expected<double> trainStep(const TokenBatch &B, double LR,
                                    int64_t Step);
+  /// fp16's dynamic loss scaling (a plan with a "loss_scale" entry, as
+  /// torch.amp.GradScaler and Megatron do it): the backward starts from the
+  /// loss times Scale, the optimizer divides the gradients by it; a step
+  /// whose gradients hold an inf or a nan updates nothing (not the weights,
+  /// not the moments, not AdamW's step count), halves Scale and restarts
+  /// the count; Interval clean steps in a row double it. Scale is a power
+  /// of two, so scaling and unscaling are exact.
+  struct LossScaling {
+    double Scale = 1;
+    int64_t Interval = 2000;
+    int64_t GoodSteps = 0; // clean steps since the scale last changed
+  };
+  /// The plan's loss scaling, or none.
+  const std::optional<LossScaling> &lossScaling() const { return Scaling; }
+  /// Restores the scale and its count from a checkpoint (resuming).
+  void restoreLossScaling(double Scale, int64_t GoodSteps) {
+    if (Scaling) {
+      Scaling->Scale = Scale;
+      Scaling->GoodSteps = GoodSteps;
+    }
+  }
+  /// Steps whose update was skipped so far (AdamW's step count is the step
+  /// less these); a checkpoint keeps it.
+  int64_t skippedUpdates() const { return Skipped; }
+  void restoreSkippedUpdates(int64_t N) { Skipped = N; }
+  /// Whether the last trainStep skipped its update (gradients overflowed).
+  bool lastStepSkipped() const { return LastSkipped; }
+
   /// The forward alone, without dropout and without an update: the loss.
   /// The logits stay readable (logits()) until the next call.
   llvm::Expected<double> evalLoss(const TokenBatch &B);
@@ -141,7 +172,8 @@ public:
 
   /// Parameters, by their ONNX initializer names, in plan order.
   std::vector<TensorView> parameters() const;
-  /// The gradient of a parameter from the last trainStep (before clipping).
+  /// The gradient of a parameter from the last trainStep (before clipping;
+  /// gather() unscales a loss-scaled one).
   std::optional<TensorView> gradient(llvm::StringRef Param) const;
   /// AdamW moments ("adam.m.<param>", "adam.v.<param>").
   std::vector<TensorView> optimizerState() const;
@@ -229,6 +261,15 @@ private:
   std::vector<char> EvalLogits;
   bool Unrolled = false; // a program unrolled over microbatches or stages
   bool Wide = false; // a float64 plan
+  std::optional<LossScaling> Scaling;
+  int64_t Skipped = 0;
+  /// The factor the loss weights were fed with: the loss scale in a
+  /// training step of a plan that scales, else 1.
+  double FeedScale = 1;
+  double LastGradScale = 1; // the last step's 1 / loss scale
+  /// This step's gradients overflowed: its optimizer instructions are
+  /// skipped.
+  bool SkipUpdate = false, LastSkipped = false;
   /// Set when the plan cannot train: the optimizer input it lacks.
   std::string MissingOptimizerInput;
 };

@@ -74,6 +74,15 @@ Expected<std::vector<double>> Executor::gather64(const TensorView &V) const {
 
 template <typename T>
 Expected<std::vector<T>> Executor::gatherAs(const TensorView &V) const {
+  if (V.Scale != 1) {
+    TensorView Plain = V;
+    Plain.Scale = 1;
+    auto Full = gatherAs<T>(Plain);
+    if (Full)
+      for (T &X : *Full)
+        X = T(X * V.Scale);
+    return Full;
+  }
   const T *Data;
   if constexpr (std::is_same_v<T, double>)
     Data = V.Data64;

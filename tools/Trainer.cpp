@@ -410,6 +410,11 @@ Error Run::writeCheckpointAt(int64_t Step) {
     M.Grid = Grid;
     M.Losses = Rows;
     M.Ranks = Ranks;
+    if (const auto &LS = E.lossScaling()) {
+      M.LossScale = LS->Scale;
+      M.LossScaleGoodSteps = LS->GoodSteps;
+    }
+    M.SkippedUpdates = E.skippedUpdates();
     return commitCheckpoint(CheckpointPath, M, *Shards);
   };
   if (Error Err = agreeOnError(World, Rank == 0 ? Commit() : Error::success()))
@@ -844,6 +849,11 @@ Error Trainer::runRank(Communicator *World) {
       DiscardLocks();
       return Err;
     }
+    // The optimizer's count and fp16's loss scale go on (a checkpoint of a
+    // plan without loss scaling leaves this plan's initial scale).
+    E.restoreSkippedUpdates(M->SkippedUpdates);
+    if (M->LossScale)
+      E.restoreLossScaling(*M->LossScale, M->LossScaleGoodSteps);
     if (O.Resume) {
       FirstStep = M->Step + 1;
       R.SavedStep = M->Step;
@@ -973,7 +983,15 @@ Error Trainer::runRank(Communicator *World) {
     if (!L)
       return FailAfterLogs(
           usageError(formatv("step {0}: {1}", Step, toString(L.takeError()))));
-    if (!std::isfinite(*L))
+    if (E.lastStepSkipped() && Lead) {
+      // fp16: the scaled gradients overflowed; nothing was updated.
+      Out << formatv("step {0}: gradients overflowed at loss scale {1}; "
+                     "update skipped, loss scale now {2}\n",
+                     Step, E.lossScaling()->Scale * 2,
+                     E.lossScaling()->Scale);
+      Out.flush();
+    }
+    if (!std::isfinite(*L) && !E.lastStepSkipped())
       return FailAfterLogs(usageError(
           formatv("step {0}: the loss is {1}; try a lower --lr (now {2})", Step,
                   *L, O.LR)));

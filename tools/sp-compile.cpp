@@ -61,11 +61,23 @@ static cl::opt<bool> Quiet("quiet", cl::desc("Do not print the summary"),
 static cl::opt<std::string> Output("o", cl::desc("Write the plan directory"),
                                    cl::value_desc("plan"), cl::cat(Cat));
 static cl::opt<DType> ActDtype(
-    "dtype", cl::desc("Activation dtype of the plan (the CPU runs fp32)"),
+    "dtype",
+    cl::desc("Activation dtype of the plan: fp32, or bf16 / fp16 with fp32 "
+             "master weights, gradients and AdamW moments"),
     cl::values(clEnumValN(DType::F32, "fp32", "32-bit float"),
                clEnumValN(DType::BF16, "bf16", "bfloat16"),
                clEnumValN(DType::F16, "fp16", "IEEE half")),
     cl::init(DType::F32), cl::cat(Cat));
+static cl::opt<double> LossScale(
+    "loss-scale",
+    cl::desc("--dtype fp16: the initial dynamic loss scale, a power of two "
+             "(default 65536)"),
+    cl::init(65536), cl::cat(Cat));
+static cl::opt<int64_t> LossScaleWindow(
+    "loss-scale-window",
+    cl::desc("--dtype fp16: clean steps before the loss scale doubles "
+             "(default 2000)"),
+    cl::init(2000), cl::cat(Cat));
 static cl::opt<double> WeightDecay("weight-decay",
                                    cl::desc("AdamW weight decay of matrices and embeddings"),
                                    cl::init(0.1), cl::cat(Cat));
@@ -190,6 +202,29 @@ int main(int Argc, char **Argv) {
     return reportError("sp-compile", std::move(E));
   setOptimizerOptions(Ctx);
   Ctx.ActivationDtype = ActDtype;
+  if ((LossScale.getNumOccurrences() || LossScaleWindow.getNumOccurrences()) &&
+      ActDtype != DType::F16)
+    return reportError("sp-compile",
+                       createStringError(inconvertibleErrorCode(),
+                                         "--loss-scale and --loss-scale-window "
+                                         "apply to --dtype fp16 (fp32 and bf16 "
+                                         "have fp32's exponent range and need "
+                                         "no loss scaling)"));
+  int Exp = 0;
+  if (!(LossScale >= 1 && LossScale <= 0x1p64) ||
+      std::frexp(LossScale, &Exp) != 0.5)
+    return reportError("sp-compile",
+                       createStringError(inconvertibleErrorCode(),
+                                         "--loss-scale must be a power of two "
+                                         "in [1, 2^64] (so that scaling is "
+                                         "exact), got %g",
+                                         LossScale.getValue()));
+  if (LossScaleWindow < 1)
+    return reportError("sp-compile",
+                       createStringError(inconvertibleErrorCode(),
+                                         "--loss-scale-window must be >= 1"));
+  Ctx.LossScale = LossScale;
+  Ctx.LossScaleWindow = LossScaleWindow;
   if (!Figure7.empty() && !PaperTable)
     return reportError("sp-compile",
                        createStringError(inconvertibleErrorCode(),

@@ -97,6 +97,20 @@ void addTrainingOps(OpTable &T) {
       },
       .SideEffects = true,
   };
+
+  // Mixed precision: the lowering reads each parameter through a copy in the
+  // plan's 16-bit type (lower/LowerGraph.cpp), rounded to nearest even.
+  T[size_t(OpKind::Cast)] = {
+      .MinOperands = 1,
+      .MaxOperands = 1,
+      .Attrs = {{"to", attr::String("f32")}},
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        auto To = parseDType(attrString(A.Op, A.Attrs, "to"));
+        if (!To || !isFloat(*To) || !isFloat(A.type(0).Dtype))
+          return typeError("casts between float types only");
+        return TypeList{TensorType(*To, A.type(0).Shape)};
+      },
+  };
 }
 
 } // namespace sp

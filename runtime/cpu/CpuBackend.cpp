@@ -10,6 +10,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/CpuBackend.h"
+#include "ir/Float16.h"
+#include "ir/OpDef.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Parallel.h"
@@ -415,6 +417,9 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   case OpKind::PipeBroadcast:
   case OpKind::PipeAllReduce:
     return pipelineMessage<T>(C);
+  case OpKind::Cast: // runMixed rounds the f32 copy into the result
+    std::memcpy(Out(0), In(0), InT(0).numBytes());
+    return Error::success();
   case OpKind::GatherParam: {
     Communicator *G = C.group(collectiveGroup(I.Op, I.Attrs));
     if (!G || G->size() != AInt("parts"))
@@ -807,12 +812,15 @@ template <typename T> static Error runKernel(const KernelCall &C) {
         return E;
       Total = Sum;
     }
-    *Out(0) = T(std::sqrt(Total));
+    // Loss scaling: the norm of the unscaled gradients (a power of two's
+    // square, exact).
+    *Out(0) = T(std::sqrt(Total * C.GradScale * C.GradScale));
     return Error::success();
   }
   case OpKind::AdamW: {
     double MaxNorm = AFloat("max_norm");
     T Scale = MaxNorm > 0 ? cpu::clipCoefficient(*In(4), T(MaxNorm)) : T(1);
+    Scale *= T(C.GradScale); // loss scaling: a power of two, exact
     auto Chunk = adamwChunk(C); // with ZeRO, g, m, v are this rank's chunk
     if (!Chunk)
       return Chunk.takeError();
@@ -828,8 +836,116 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   }
 }
 
+static bool isHalf(DType T) { return T == DType::BF16 || T == DType::F16; }
+
+/// Mixed precision: an instruction that touches a bf16 or fp16 buffer runs
+/// the float32 kernel on float32 copies of its buffers (exact widening), and
+/// each 16-bit result is its float32 result rounded to nearest even. So every
+/// op accumulates in float32 (GEMMs, reductions, collectives, the norm
+/// statistics), and rounds once, where it stores.
+static Error runMixed(const KernelCall &C) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  // The instruction's buffers, each once (an in-place operand is also a
+  // result), laid out in a scratch arena of this thread.
+  Program Local;
+  Instruction LI = I;
+  SmallVector<int, 8> Ids;
+  int64_t Size = 0;
+  auto Map = [&](int &B) {
+    auto It = find(Ids, B);
+    if (It != Ids.end()) {
+      B = It - Ids.begin();
+      return;
+    }
+    ProgramBuffer PB = Bufs[B];
+    if (isHalf(PB.Type.Dtype)) {
+      PB.Type.Dtype = DType::F32;
+      PB.Bytes = PB.Type.numBytes();
+    }
+    PB.Offset = Size;
+    Size += alignTo(std::max<int64_t>(PB.Bytes, 1), 64);
+    Local.Buffers.push_back(std::move(PB));
+    Ids.push_back(B);
+    B = Ids.size() - 1;
+  };
+  for (int &B : LI.In)
+    Map(B);
+  for (int &B : LI.Out)
+    Map(B);
+  Local.ArenaBytes = Size;
+  struct Free {
+    void operator()(char *P) const { std::free(P); }
+  };
+  thread_local std::unique_ptr<char, Free> Scratch;
+  thread_local int64_t ScratchBytes = 0;
+  if (Size > ScratchBytes) {
+    Scratch.reset(static_cast<char *>(std::aligned_alloc(64, Size)));
+    if (!Scratch) {
+      ScratchBytes = 0;
+      return planError(formatv("cannot allocate {0} bytes of float32 scratch",
+                               Size));
+    }
+    ScratchBytes = Size;
+  }
+  char *Base = Scratch.get();
+  auto Widen = [&](size_t K) {
+    const ProgramBuffer &From = Bufs[Ids[K]];
+    const char *Src = C.buffer(Ids[K]);
+    char *Dst = Base + Local.Buffers[K].Offset;
+    if (!isHalf(From.Type.Dtype)) {
+      std::memcpy(Dst, Src, From.Bytes);
+      return;
+    }
+    const uint16_t *H = reinterpret_cast<const uint16_t *>(Src);
+    float *F = reinterpret_cast<float *>(Dst);
+    bool BF = From.Type.Dtype == DType::BF16;
+    cpu::parallelFor(From.Type.numElements(), 1 << 15,
+                     [&](int64_t Begin, int64_t End) {
+                       for (int64_t E = Begin; E < End; ++E)
+                         F[E] = BF ? bfloat16ToFloat(H[E]) : halfToFloat(H[E]);
+                     });
+  };
+  auto Narrow = [&](size_t K) {
+    const ProgramBuffer &To = Bufs[Ids[K]];
+    char *Dst = C.buffer(Ids[K]);
+    const char *Src = Base + Local.Buffers[K].Offset;
+    if (!isHalf(To.Type.Dtype)) {
+      std::memcpy(Dst, Src, To.Bytes);
+      return;
+    }
+    const float *F = reinterpret_cast<const float *>(Src);
+    uint16_t *H = reinterpret_cast<uint16_t *>(Dst);
+    bool BF = To.Type.Dtype == DType::BF16;
+    cpu::parallelFor(To.Type.numElements(), 1 << 15,
+                     [&](int64_t Begin, int64_t End) {
+                       for (int64_t E = Begin; E < End; ++E)
+                         H[E] = BF ? floatToBFloat16(F[E]) : floatToHalf(F[E]);
+                     });
+  };
+  // Results are widened too: a kernel may accumulate into its result.
+  for (size_t K = 0; K < Ids.size(); ++K)
+    Widen(K);
+  if (auto E = runKernel<float>(KernelCall{LI, Local, Base, C.Step, C.Training,
+                                           C.Dropout, C.Seed, C.Tensor,
+                                           C.Pipeline, C.Data, C.GradScale}))
+    return E;
+  // The results, and the operands an op with side effects writes in place.
+  bool WritesOperands = opDef(I.Op).SideEffects;
+  for (size_t K = 0; K < Ids.size(); ++K)
+    if (WritesOperands || is_contained(I.Out, Ids[K]))
+      Narrow(K);
+  return Error::success();
+}
+
 Error CpuBackend::run(const KernelCall &C) {
-  return isFloat64(C) ? runKernel<double>(C) : runKernel<float>(C);
+  if (isFloat64(C))
+    return runKernel<double>(C);
+  for (const auto *List : {&C.I.Out, &C.I.In})
+    for (int B : *List)
+      if (isHalf(C.Prog.Buffers[B].Type.Dtype))
+        return runMixed(C);
+  return runKernel<float>(C);
 }
 
 } // namespace sp

@@ -25,6 +25,7 @@ public:
   llvm::Error copyToBackend(char *Dst, const void *Src, size_t Bytes) override;
   llvm::Error copyToHost(void *Dst, const char *Src, size_t Bytes) override;
   bool hostMemory() const override { return true; }
+  bool runsMixedPrecision() const override { return true; }
   llvm::Error run(const KernelCall &C) override;
   llvm::Error synchronize() override { return llvm::Error::success(); }
 };

@@ -55,8 +55,10 @@ ActivationReport analyzeActivations(const Program &P) {
       continue;
     for (int B : In.In) {
       const ProgramBuffer &PB = P.Buffers[B];
+      // A parameter's 16-bit copy is model state, not an activation.
       if (PB.isPersistent() || FirstReader[B] >= 0 ||
-          P.Instrs[PB.Def].Ph != Phase::Forward)
+          P.Instrs[PB.Def].Ph != Phase::Forward ||
+          P.Instrs[PB.Def].Op == OpKind::Cast)
         continue;
       FirstReader[B] = I;
     }
@@ -122,7 +124,9 @@ json memoryReportToJson(const ActivationReport &R, const Program &P,
         {"formula", MS.Formula},
         {"formula_parameter_bytes", MS.FormulaParameterBytes},
         {"formula_gradient_bytes", MS.FormulaGradientBytes},
-        {"formula_optimizer_state_bytes", MS.FormulaOptimizerBytes}}},
+        {"formula_optimizer_state_bytes", MS.FormulaOptimizerBytes},
+        {"compute_copy_bytes", MS.CopyBytes},
+        {"formula_compute_copy_bytes", MS.FormulaCopyBytes}}},
       {"peak_bytes_per_rank", SM.PeakBytes},
       {"stage_activation_bytes",
        SM.StageStored.empty() ? std::vector<int64_t>{SM.FirstStageStored}
@@ -148,6 +152,12 @@ ModelState modelState(const Program &P) {
   for (auto &[Name, Id] : P.Outputs)
     if (StringRef(Name).startswith("grad:"))
       M.GradientBytes += P.Buffers[Id].Bytes;
+  int64_t CopyElements = 0;
+  for (const Instruction &I : P.Instrs)
+    if (I.Op == OpKind::Cast) {
+      M.CopyBytes += P.Buffers[I.Out[0]].Bytes;
+      CopyElements += P.Buffers[I.Out[0]].Type.numElements();
+    }
   double Psi = double(M.Parameters);
   double E = Psi > 0 ? double(M.ParameterBytes) / Psi : 4;
   double D = M.DataChunks ? M.DataChunks : 1;
@@ -155,6 +165,12 @@ ModelState modelState(const Program &P) {
   M.FormulaParameterBytes = E * Psi;
   M.FormulaGradientBytes = E * Psi / D;
   M.FormulaOptimizerBytes = 8 * Psi / D;
+  std::string Copies;
+  if (CopyElements) {
+    double C = double(M.CopyBytes) / double(CopyElements);
+    M.FormulaCopyBytes = C * Psi;
+    Copies = " + " + std::to_string(int(C)) + "Psi (16-bit compute copies)";
+  }
   M.Formula = M.DataChunks
                   ? Bytes + "Psi (parameters) + " + Bytes +
                         "Psi/d (this rank's gradient chunks) + 8Psi/d "
@@ -162,6 +178,7 @@ ModelState modelState(const Program &P) {
                         std::to_string(M.DataChunks)
                   : Bytes + "Psi (parameters) + " + Bytes +
                         "Psi (gradients) + 8Psi (AdamW m, v)";
+  M.Formula += Copies;
   return M;
 }
 

@@ -82,8 +82,11 @@ struct ModelState {
   int64_t Parameters = 0; // Psi, on this rank
   int DataChunks = 0;     // d with --zero 1, else 0
   int64_t ParameterBytes = 0, GradientBytes = 0, OptimizerBytes = 0;
+  /// Mixed precision: the parameters' bf16 / fp16 copies that the forward
+  /// and backward read (temporaries of the step, live through it).
+  int64_t CopyBytes = 0;
   double FormulaParameterBytes = 0, FormulaGradientBytes = 0,
-         FormulaOptimizerBytes = 0;
+         FormulaOptimizerBytes = 0, FormulaCopyBytes = 0;
   std::string Formula;
 };
 ModelState modelState(const Program &P);

@@ -577,7 +577,9 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
     std::vector<int64_t> Delta(NumInstrs + 2, 0);
     Stats.StoredActivationBytesByLayer.clear();
     for (size_t B = 0; B < Prog.Buffers.size(); ++B) {
-      if (FirstBackRead[B] < 0 || Prog.Buffers[B].isPersistent())
+      // (a parameter's 16-bit copy is model state, not an activation)
+      if (FirstBackRead[B] < 0 || Prog.Buffers[B].isPersistent() ||
+          Prog.Instrs[WrittenAt[B]].Op == OpKind::Cast)
         continue;
       int64_t Bytes = Prog.Buffers[B].Bytes;
       Delta[WrittenAt[B]] += Bytes;

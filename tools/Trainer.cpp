@@ -970,6 +970,7 @@ Error Trainer::runRank(Communicator *World) {
     double StepLR = learningRate(Step, O.Steps, O.Warmup, O.LR, O.MinLR);
     Data->getBatch(Step, R.Batch);
     auto Start = std::chrono::steady_clock::now();
+    double ScaleBefore = E.lossScaling() ? E.lossScaling()->Scale : 1;
     auto L = E.trainStep(R.Batch, StepLR, Step);
     double StepSeconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
@@ -985,10 +986,10 @@ Error Trainer::runRank(Communicator *World) {
           usageError(formatv("step {0}: {1}", Step, toString(L.takeError()))));
     if (E.lastStepSkipped() && Lead) {
       // fp16: the scaled gradients overflowed; nothing was updated.
-      Out << formatv("step {0}: gradients overflowed at loss scale {1}; "
-                     "update skipped, loss scale now {2}\n",
-                     Step, E.lossScaling()->Scale * 2,
-                     E.lossScaling()->Scale);
+      Out << formatv("step {0}: gradients overflowed at loss scale 2^{1}; "
+                     "update skipped, loss scale now 2^{2}\n",
+                     Step, std::ilogb(ScaleBefore),
+                     std::ilogb(E.lossScaling()->Scale));
       Out.flush();
     }
     if (!std::isfinite(*L) && !E.lastStepSkipped())

@@ -298,7 +298,7 @@ int main(int Argc, char **Argv) {
                         humanBytes(peakLiveTempBytes(Prog)));
       ModelState MS = modelState(Prog);
       outs() << formatv("  model state: parameters {0} + gradients {1} + "
-                        "AdamW moments {2}{3}; Psi = {4}: {5} = {6}\n",
+                        "AdamW moments {2}{3}{7}; Psi = {4}: {5} = {6}\n",
                         humanBytes(MS.ParameterBytes),
                         humanBytes(MS.GradientBytes),
                         humanBytes(MS.OptimizerBytes),
@@ -310,7 +310,12 @@ int main(int Argc, char **Argv) {
                         MS.Parameters, MS.Formula,
                         humanBytes(int64_t(MS.FormulaParameterBytes +
                                            MS.FormulaGradientBytes +
-                                           MS.FormulaOptimizerBytes)));
+                                           MS.FormulaOptimizerBytes +
+                                           MS.FormulaCopyBytes)),
+                        MS.CopyBytes ? " + " + humanBytes(MS.CopyBytes) +
+                                           " of " + dtypeName(ActDtype).str() +
+                                           " compute copies"
+                                     : std::string());
       printCollectives(collectiveReport(Prog, Ctx.TensorParallel),
                        Ctx.TensorParallel, outs());
       printActivations(*C->Activations, Prog, C->Formula, C->Info.Family,

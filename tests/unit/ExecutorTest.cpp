@@ -291,10 +291,24 @@ TEST(Executor, RejectsBadTokensAndPlans) {
   ASSERT_FALSE(L);
   EXPECT_NE(toString(L.takeError()).find("token id 300 at position 17"),
             std::string::npos);
-  P.Manifest["dtype"] = "bf16";
+  P.Manifest["dtype"] = "i8";
   auto Bad = Executor::create(P, RunOptions{});
   ASSERT_FALSE(Bad);
-  EXPECT_NE(toString(Bad.takeError()).find("the CPU backend runs fp32 plans"),
+  EXPECT_NE(toString(Bad.takeError())
+                .find("sp-run runs fp32, bf16 and fp16 plans"),
+            std::string::npos);
+  // A mixed-precision plan keeps its parameters in f32.
+  P.Manifest["dtype"] = "bf16";
+  for (ProgramBuffer &B : P.Prog.Buffers)
+    if (B.K == ProgramBuffer::Param) {
+      B.Type.Dtype = DType::BF16;
+      break;
+    }
+  auto Half = Executor::create(P, RunOptions{});
+  ASSERT_FALSE(Half);
+  EXPECT_NE(toString(Half.takeError())
+                .find("a mixed-precision plan keeps its parameters, optimizer "
+                      "state and inputs in f32"),
             std::string::npos);
 }
 

@@ -1,6 +1,7 @@
 //===- Executor.cpp - Runs a plan's program on a backend ------------------===//
 #include "runtime/Executor.h"
 #include "runtime/cpu/CpuBackend.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <chrono>
 #include <cmath>
@@ -132,11 +133,18 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   }
   // The model's interface: the token ids, the targets, the vocabulary.
   const nlohmann::json &Model = P.Manifest.value("model", nlohmann::json());
+  // Mixed precision reads a parameter through its cast copy.
+  DenseMap<int, int> CastOf;
+  for (const Instruction &In : Prog.Instrs)
+    if (In.Op == OpKind::Cast && In.In.size() == 1 && In.Out.size() == 1)
+      CastOf[In.Out[0]] = In.In[0];
   for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
     const Instruction &In = Prog.Instrs[I];
     if (In.Op == OpKind::Embedding && In.Role == "embed") {
       const ProgramBuffer &Ids = Prog.Buffers[In.In[1]];
-      const ProgramBuffer &Table = Prog.Buffers[In.In[0]];
+      auto Cast = CastOf.find(In.In[0]);
+      const ProgramBuffer &Table =
+          Prog.Buffers[Cast != CastOf.end() ? Cast->second : In.In[0]];
       E->Vocab = (Table.Data ? Table.Data->type() : Table.Type).Shape[0];
       if (Ids.Type.rank() != 2)
         return planError("the token ids must be [batch, seq]");

@@ -69,7 +69,12 @@ struct KernelCall {
   /// The factor the optimizer multiplies the gradients by (grad_norm, adamw):
   /// 1 / the loss scale, or 1.
   double GradScale = 1;
-  char *buffer(int Id) const { return Arena + Prog.Buffers[Id].Offset; }
+  /// Where each buffer is, when not at its offset in Arena (the CPU
+  /// backend's mixed-precision path: float32 copies of 16-bit buffers).
+  char *const *Where = nullptr;
+  char *buffer(int Id) const {
+    return Where ? Where[Id] : Arena + Prog.Buffers[Id].Offset;
+  }
   /// The communicator of a group named in the IR ("tp", "pp", "dp"), or
   /// null when this run has none by that name.
   Communicator *group(llvm::StringRef Name) const {

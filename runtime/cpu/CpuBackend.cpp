@@ -847,7 +847,8 @@ static Error runMixed(const KernelCall &C) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
   // The instruction's buffers, each once (an in-place operand is also a
-  // result), laid out in a scratch arena of this thread.
+  // result): the 16-bit ones as float32 in a scratch arena of this thread,
+  // the others where they are.
   Program Local;
   Instruction LI = I;
   SmallVector<int, 8> Ids;
@@ -859,12 +860,13 @@ static Error runMixed(const KernelCall &C) {
       return;
     }
     ProgramBuffer PB = Bufs[B];
+    PB.Offset = -1;
     if (isHalf(PB.Type.Dtype)) {
       PB.Type.Dtype = DType::F32;
       PB.Bytes = PB.Type.numBytes();
+      PB.Offset = Size;
+      Size += alignTo(std::max<int64_t>(PB.Bytes, 1), 64);
     }
-    PB.Offset = Size;
-    Size += alignTo(std::max<int64_t>(PB.Bytes, 1), 64);
     Local.Buffers.push_back(std::move(PB));
     Ids.push_back(B);
     B = Ids.size() - 1;
@@ -873,7 +875,6 @@ static Error runMixed(const KernelCall &C) {
     Map(B);
   for (int &B : LI.Out)
     Map(B);
-  Local.ArenaBytes = Size;
   struct Free {
     void operator()(char *P) const { std::free(P); }
   };
@@ -888,53 +889,44 @@ static Error runMixed(const KernelCall &C) {
     }
     ScratchBytes = Size;
   }
-  char *Base = Scratch.get();
-  auto Widen = [&](size_t K) {
-    const ProgramBuffer &From = Bufs[Ids[K]];
-    const char *Src = C.buffer(Ids[K]);
-    char *Dst = Base + Local.Buffers[K].Offset;
-    if (!isHalf(From.Type.Dtype)) {
-      std::memcpy(Dst, Src, From.Bytes);
-      return;
-    }
-    const uint16_t *H = reinterpret_cast<const uint16_t *>(Src);
-    float *F = reinterpret_cast<float *>(Dst);
-    bool BF = From.Type.Dtype == DType::BF16;
-    cpu::parallelFor(From.Type.numElements(), 1 << 15,
-                     [&](int64_t Begin, int64_t End) {
-                       for (int64_t E = Begin; E < End; ++E)
-                         F[E] = BF ? bfloat16ToFloat(H[E]) : halfToFloat(H[E]);
-                     });
-  };
-  auto Narrow = [&](size_t K) {
-    const ProgramBuffer &To = Bufs[Ids[K]];
-    char *Dst = C.buffer(Ids[K]);
-    const char *Src = Base + Local.Buffers[K].Offset;
-    if (!isHalf(To.Type.Dtype)) {
-      std::memcpy(Dst, Src, To.Bytes);
-      return;
-    }
-    const float *F = reinterpret_cast<const float *>(Src);
-    uint16_t *H = reinterpret_cast<uint16_t *>(Dst);
-    bool BF = To.Type.Dtype == DType::BF16;
-    cpu::parallelFor(To.Type.numElements(), 1 << 15,
-                     [&](int64_t Begin, int64_t End) {
-                       for (int64_t E = Begin; E < End; ++E)
-                         H[E] = BF ? floatToBFloat16(F[E]) : floatToHalf(F[E]);
-                     });
-  };
-  // Results are widened too: a kernel may accumulate into its result.
+  SmallVector<char *, 8> Where;
   for (size_t K = 0; K < Ids.size(); ++K)
-    Widen(K);
-  if (auto E = runKernel<float>(KernelCall{LI, Local, Base, C.Step, C.Training,
-                                           C.Dropout, C.Seed, C.Tensor,
-                                           C.Pipeline, C.Data, C.GradScale}))
+    Where.push_back(Local.Buffers[K].Offset >= 0
+                        ? Scratch.get() + Local.Buffers[K].Offset
+                        : C.buffer(Ids[K]));
+  auto Convert = [&](size_t K, bool ToFloat) {
+    DType T = Bufs[Ids[K]].Type.Dtype;
+    auto *H = reinterpret_cast<uint16_t *>(C.buffer(Ids[K]));
+    auto *F = reinterpret_cast<float *>(Where[K]);
+    bool BF = T == DType::BF16;
+    cpu::parallelFor(Bufs[Ids[K]].Type.numElements(), 1 << 15,
+                     [&](int64_t Begin, int64_t End) {
+                       if (ToFloat)
+                         for (int64_t E = Begin; E < End; ++E)
+                           F[E] = BF ? bfloat16ToFloat(H[E])
+                                     : halfToFloat(H[E]);
+                       else
+                         for (int64_t E = Begin; E < End; ++E)
+                           H[E] = BF ? floatToBFloat16(F[E])
+                                     : floatToHalf(F[E]);
+                     });
+  };
+  // The operands, and the results an op with side effects writes in place
+  // (the kernels overwrite their other results).
+  bool InPlace = opDef(I.Op).SideEffects;
+  for (size_t K = 0; K < Ids.size(); ++K)
+    if (Local.Buffers[K].Offset >= 0 &&
+        (InPlace || is_contained(I.In, Ids[K])))
+      Convert(K, /*ToFloat=*/true);
+  if (auto E = runKernel<float>(KernelCall{LI, Local, nullptr, C.Step,
+                                           C.Training, C.Dropout, C.Seed,
+                                           C.Tensor, C.Pipeline, C.Data,
+                                           C.GradScale, Where.data()}))
     return E;
-  // The results, and the operands an op with side effects writes in place.
-  bool WritesOperands = opDef(I.Op).SideEffects;
   for (size_t K = 0; K < Ids.size(); ++K)
-    if (WritesOperands || is_contained(I.Out, Ids[K]))
-      Narrow(K);
+    if (Local.Buffers[K].Offset >= 0 &&
+        (InPlace || is_contained(I.Out, Ids[K])))
+      Convert(K, /*ToFloat=*/false);
   return Error::success();
 }
 

@@ -1,5 +1,6 @@
 //===- Executor.cpp - Runs a plan's program on a backend ------------------===//
 #include "runtime/Executor.h"
+#include "runtime/TensorLayout.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -637,17 +638,6 @@ std::vector<TensorView> Executor::optimizerState() const {
     if (Prog.Buffers[B].K == ProgramBuffer::State)
       R.push_back(view(B, Prog.Buffers[B].Name));
   return R;
-}
-
-std::vector<int64_t> wholeShape(const ProgramBuffer &PB) {
-  if (PB.Data)
-    return std::vector<int64_t>(PB.Data->type().Shape.begin(),
-                                PB.Data->type().Shape.end());
-  std::vector<int64_t> W(PB.Type.Shape.begin(), PB.Type.Shape.end());
-  if (PB.Shard.K == Sharding::Split && PB.Shard.Dim < int(W.size()))
-    W[PB.Shard.Dim] = PB.Shard.Padded ? PB.Shard.Padded
-                                      : W[PB.Shard.Dim] * PB.Shard.Parts;
-  return W;
 }
 
 Expected<std::vector<Executor::ModelTensor>> Executor::modelTensors() const {

@@ -107,10 +107,6 @@ struct TensorView {
   int64_t size() const { return Type.numElements(); }
 };
 
-/// The whole shape of a parameter buffer: its source tensor's (a split
-/// one's shard is part of it).
-std::vector<int64_t> wholeShape(const ProgramBuffer &B);
-
 class Executor {
 public:
   /// Checks the plan (fp32 activations, known ops), allocates the arena and

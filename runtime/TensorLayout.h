@@ -3,6 +3,8 @@
 #define SP_RUNTIME_TENSORLAYOUT_H
 
 #include "ir/Types.h"
+#include "plan/Program.h"
+#include <vector>
 
 namespace sp {
 
@@ -31,6 +33,19 @@ inline AxisView around(const TensorType &T, int Dim) {
   for (int I = Dim + 1; I < int(T.rank()); ++I)
     A.Inner *= T.Shape[I];
   return A;
+}
+
+/// The whole shape of a parameter buffer: its source tensor's (a split
+/// one's shard is part of it).
+inline std::vector<int64_t> wholeShape(const ProgramBuffer &PB) {
+  if (PB.Data)
+    return std::vector<int64_t>(PB.Data->type().Shape.begin(),
+                                PB.Data->type().Shape.end());
+  std::vector<int64_t> W(PB.Type.Shape.begin(), PB.Type.Shape.end());
+  if (PB.Shard.K == Sharding::Split && PB.Shard.Dim < int(W.size()))
+    W[PB.Shard.Dim] = PB.Shard.Padded ? PB.Shard.Padded
+                                      : W[PB.Shard.Dim] * PB.Shard.Parts;
+  return W;
 }
 
 } // namespace sp

@@ -992,6 +992,11 @@ Error Trainer::runRank(Communicator *World) {
                      std::ilogb(E.lossScaling()->Scale));
       Out.flush();
     }
+    if (E.lastStepSkipped() && ScaleBefore <= 1)
+      return FailAfterLogs(usageError(formatv(
+          "step {0}: the gradients overflow fp16 even at loss scale 1 (or "
+          "the forward does); train this model with --dtype bf16 or fp32",
+          Step)));
     if (!std::isfinite(*L) && !E.lastStepSkipped())
       return FailAfterLogs(usageError(
           formatv("step {0}: the loss is {1}; try a lower --lr (now {2})", Step,

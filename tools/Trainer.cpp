@@ -809,7 +809,10 @@ Error Trainer::runRank(Communicator *World) {
   // A run refused before it writes anything (a locked directory, a
   // checkpoint that cannot be restored) leaves no directory or lock file
   // that taking the locks created.
+  // The locks are the lead's (Locks is shared by the thread ranks).
   auto DiscardLocks = [&] {
+    if (!Lead)
+      return;
     for (auto &L : Locks)
       L->discard();
     Locks.clear();

@@ -5,6 +5,7 @@
 #include "runtime/Executor.h"
 #include "runtime/LossLog.h"
 #include "runtime/Npy.h"
+#include "runtime/cpu/Bf16Gemm.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "tools/ToolSupport.h"
 #include "llvm/ADT/StringMap.h"
@@ -930,6 +931,20 @@ Error Trainer::runRank(Communicator *World) {
                  ModelName, O.PlanDir, StepsText,
                  E.batch() * Grid.Data, E.seq(), sci(O.LR), O.Warmup,
                  sci(O.MinLR), O.ThreadsPerRank, Layout);
+  // How the CPU computes a 16-bit plan (runtime/cpu/CpuBackend.cpp).
+  std::string Dtype = P.Manifest.value("dtype", "f32");
+  if (!O.Cuda && Dtype == "bf16")
+    Out << (cpu::bf16DotEnabled()
+                ? "bf16 compute: GEMMs on AVX-512 BF16 (VDPBF16PS, float32 "
+                  "sums); other ops in float32; each result rounded once\n"
+                : formatv("bf16 compute: float32 on widened copies, each "
+                          "result rounded once ({0})\n",
+                          cpu::hasBf16Dot() ? "SP_CPU_BF16_DOT=0"
+                                            : "this CPU has no AVX-512 BF16")
+                      .str());
+  else if (!O.Cuda && Dtype == "f16")
+    Out << "fp16 compute: float32 on widened copies, each result rounded "
+           "once\n";
   if (O.Resumed && O.Resumed->PlanFingerprint != O.Fingerprint) {
     const ProcessGrid &W = O.Resumed->Grid;
     Out << formatv("resharded checkpoint '{0}' (step {1}) of another plan of "

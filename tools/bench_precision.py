@@ -11,9 +11,10 @@ and measures each with sp-run on the same data, threads and flags:
 It prints one row per plan and each 16-bit plan's ratios to fp32.
 
 The CPU backend computes a 16-bit plan's instructions in float32 on widened copies of their
-16-bit buffers and rounds each result once (runtime/cpu/CpuBackend.cpp runMixed): the memory
-is the 16-bit plan's, the arithmetic float32's plus the conversions, so a 16-bit step is slower
-than a float32 one on the CPU; on a GPU the 16-bit GEMMs are the point.
+16-bit buffers and rounds each result once (runtime/cpu/CpuBackend.cpp runMixed), except the
+GEMMs of a bf16 plan on a CPU with AVX-512 BF16, which run on VDPBF16PS over the bf16 operands
+as stored (runtime/cpu/Bf16Gemm.h). On such a CPU the bf16 plan is timed both ways: "bf16"
+with the dot product, "bf16w" with SP_CPU_BF16_DOT=0 (every instruction widened).
 
     /usr/bin/python3 tools/bench_precision.py --sp-bin build/bin [--threads 2] [--models tiny medium]
 """
@@ -29,6 +30,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_train as bt  # noqa: E402  (model export, token files, sp-run timing)
 
 DTYPES = ("fp32", "bf16", "fp16")
+
+
+def has_bf16_dot():
+    """Whether this CPU has AVX-512 BF16 (sp-run then runs bf16 GEMMs on VDPBF16PS)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512_bf16" in f.read().split()
+    except OSError:
+        return False
 
 
 def compile_plan(sp_compile, onnx_path, plan, dtype, report):
@@ -82,15 +92,22 @@ def main():
                 reports[d] = compile_plan(sp_compile, onnx_path, plans[d], d,
                                           os.path.join(workdir, f"{name}-{d}.json"))
                 mems[d] = memory_of_run(sp_run, plans[d], data, args.threads, workdir)
-            short = {d: [] for d in DTYPES}
-            long = {d: [] for d in DTYPES}
+            rows = list(DTYPES)
+            env = {d: None for d in DTYPES}
+            if has_bf16_dot():  # the same bf16 plan, every instruction widened
+                rows.insert(2, "bf16w")
+                plans["bf16w"], reports["bf16w"], mems["bf16w"] = plans["bf16"], reports["bf16"], mems["bf16"]
+                env["bf16w"] = {"SP_CPU_BF16_DOT": "0"}
+            short = {d: [] for d in rows}
+            long = {d: [] for d in rows}
             for _ in range(args.repeat):
-                for d in DTYPES:
-                    short[d].append(bt.time_sp_run(sp_run, plans[d], data, args.warmup, args.threads, workdir))
+                for d in rows:
+                    short[d].append(bt.time_sp_run(sp_run, plans[d], data, args.warmup, args.threads, workdir,
+                                                   env[d]))
                     long[d].append(bt.time_sp_run(sp_run, plans[d], data, args.warmup + steps, args.threads,
-                                                  workdir))
-            ms = {d: 1000.0 * (min(long[d]) - min(short[d])) / steps for d in DTYPES}
-            for d in DTYPES:
+                                                  workdir, env[d]))
+            ms = {d: 1000.0 * (min(long[d]) - min(short[d])) / steps for d in rows}
+            for d in rows:
                 m, r = mems[d], reports[d]["model_state"]
                 state = (r["formula_parameter_bytes"] + r["formula_gradient_bytes"] +
                          r["formula_optimizer_state_bytes"] + r.get("formula_compute_copy_bytes", 0))

@@ -96,14 +96,14 @@ def compile_plan(sp_compile, onnx_path, plan):
     subprocess.run([sp_compile, onnx_path, "-o", plan, "--quiet"], check=True)
 
 
-def time_sp_run(sp_run, plan, data, steps, threads, workdir):
-    """Wall seconds of one sp-run process training `steps` steps."""
+def time_sp_run(sp_run, plan, data, steps, threads, workdir, env=None):
+    """Wall seconds of one sp-run process training `steps` steps (env: extra environment)."""
     run_dir = os.path.join(workdir, "sp-run-out")
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sp_run, plan, "--data", data, "--steps", str(steps), "--dropout", str(DROPOUT), "--lr", str(LR),
            "--threads", str(threads), "--log-dir", os.path.join(run_dir, "log")]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=SP_RUN_ENV)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(SP_RUN_ENV, **(env or {})))
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr.strip()}")

@@ -13,6 +13,7 @@
 #include "ir/Float16.h"
 #include "ir/OpDef.h"
 #include "runtime/TensorLayout.h"
+#include "runtime/cpu/Bf16Gemm.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Parallel.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -21,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 using namespace llvm;
 
@@ -838,12 +840,135 @@ template <typename T> static Error runKernel(const KernelCall &C) {
 
 static bool isHalf(DType T) { return T == DType::BF16 || T == DType::F16; }
 
+/// Float32 scratch of this thread, at least Bytes (64-byte aligned).
+static Expected<char *> scratch(int64_t Bytes) {
+  struct Free {
+    void operator()(char *P) const { std::free(P); }
+  };
+  thread_local std::unique_ptr<char, Free> Scratch;
+  thread_local int64_t ScratchBytes = 0;
+  if (Bytes > ScratchBytes) {
+    Scratch.reset(static_cast<char *>(
+        std::aligned_alloc(64, alignTo(std::max<int64_t>(Bytes, 1), 64))));
+    if (!Scratch) {
+      ScratchBytes = 0;
+      return planError(formatv("cannot allocate {0} bytes of float32 scratch",
+                               Bytes));
+    }
+    ScratchBytes = Bytes;
+  }
+  return Scratch.get();
+}
+
+/// A GEMM instruction of a bf16 plan (linear, linear_grad_w, batch_matmul)
+/// on a CPU with the AVX-512 BF16 dot product: its bf16 operands are read
+/// where they are (cpu::gemmBf16 packs them), its float32 sums land in the
+/// result when that is float32 (a weight's gradient), else in float32
+/// scratch that is rounded to bf16 once. The rule is runMixed's (float32
+/// accumulation, one rounding); only the order of the float32 additions is
+/// the kernel's. Returns false for any other instruction, which runMixed
+/// then runs.
+static Expected<bool> runBf16Gemm(const KernelCall &C) {
+  const Instruction &I = C.I;
+  if (I.Op != OpKind::Linear && I.Op != OpKind::LinearGradW &&
+      I.Op != OpKind::BatchMatMul)
+    return false;
+  const auto &Bufs = C.Prog.Buffers;
+  auto Type = [&](int B) -> const TensorType & { return Bufs[B].Type; };
+  if (I.In.size() < 2 || I.Out.size() != 1 ||
+      Type(I.In[0]).Dtype != DType::BF16 ||
+      Type(I.In[1]).Dtype != DType::BF16)
+    return false;
+  for (int B : {I.Out[0], I.In.size() > 2 ? I.In[2] : I.Out[0]})
+    if (Type(B).Dtype != DType::BF16 && Type(B).Dtype != DType::F32)
+      return false;
+  auto Bf16 = [&](int B) {
+    return reinterpret_cast<const uint16_t *>(C.buffer(B));
+  };
+  const TensorType &Y = Type(I.Out[0]);
+  const bool Narrow = Y.Dtype == DType::BF16;
+  float *Sums = reinterpret_cast<float *>(C.buffer(I.Out[0]));
+  if (Narrow) {
+    auto S = scratch(Y.numElements() * int64_t(sizeof(float)));
+    if (!S)
+      return S.takeError();
+    Sums = reinterpret_cast<float *>(*S);
+  }
+  auto AInt = [&](StringRef Name) { return attrInt(I.Op, I.Attrs, Name); };
+  switch (I.Op) {
+  case OpKind::Linear: { // Y = X op(W) (+ bias)
+    int64_t InF = Type(I.In[0]).dim(-1), OutF = Y.dim(-1);
+    int64_t Rows = Type(I.In[0]).numElements() / InF;
+    bool TransW = AInt("trans_w");
+    float Beta = 0;
+    if (I.In.size() > 2) {
+      const char *Bias = C.buffer(I.In[2]);
+      bool BiasBf16 = Type(I.In[2]).Dtype == DType::BF16;
+      cpu::parallelFor(Rows, 64, [&](int64_t R0, int64_t R1) {
+        for (int64_t R = R0; R < R1; ++R)
+          for (int64_t J = 0; J < OutF; ++J)
+            Sums[R * OutF + J] =
+                BiasBf16 ? bfloat16ToFloat(
+                               reinterpret_cast<const uint16_t *>(Bias)[J])
+                         : reinterpret_cast<const float *>(Bias)[J];
+      });
+      Beta = 1;
+    }
+    cpu::gemmBf16(false, TransW, Rows, OutF, InF, Bf16(I.In[0]), InF,
+                  Bf16(I.In[1]), TransW ? InF : OutF, Beta, Sums, OutF);
+    break;
+  }
+  case OpKind::LinearGradW: { // DW = X^T DY, or DY^T X when W is [Out, In]
+    int64_t InF = Type(I.In[0]).dim(-1), OutF = Type(I.In[1]).dim(-1);
+    int64_t Rows = Type(I.In[0]).numElements() / InF;
+    if (AInt("trans_w"))
+      cpu::gemmBf16(true, false, OutF, InF, Rows, Bf16(I.In[1]), OutF,
+                    Bf16(I.In[0]), InF, 0, Sums, InF);
+    else
+      cpu::gemmBf16(true, false, InF, OutF, Rows, Bf16(I.In[0]), InF,
+                    Bf16(I.In[1]), OutF, 0, Sums, OutF);
+    break;
+  }
+  default: { // batch_matmul
+    bool TA = AInt("trans_a"), TB = AInt("trans_b");
+    int64_t M = Y.dim(-2), N = Y.dim(-1);
+    int64_t K = TA ? Type(I.In[0]).dim(-2) : Type(I.In[0]).dim(-1);
+    int64_t Batch = Y.numElements() / (M * N);
+    if (Type(I.In[0]).numElements() != Batch * M * K ||
+        Type(I.In[1]).numElements() != Batch * K * N)
+      return false; // runMixed reports the broadcast batch
+    const uint16_t *A = Bf16(I.In[0]), *B = Bf16(I.In[1]);
+    cpu::parallelFor(Batch, 1, [&](int64_t P0, int64_t P1) {
+      for (int64_t P = P0; P < P1; ++P)
+        cpu::gemmBf16(TA, TB, M, N, K, A + P * M * K, TA ? M : K,
+                      B + P * K * N, TB ? K : N, 0, Sums + P * M * N, N);
+    });
+    break;
+  }
+  }
+  if (Narrow) {
+    auto *H = reinterpret_cast<uint16_t *>(C.buffer(I.Out[0]));
+    cpu::parallelFor(Y.numElements(), 1 << 15, [&](int64_t B, int64_t E) {
+      for (int64_t K = B; K < E; ++K)
+        H[K] = floatToBFloat16(Sums[K]);
+    });
+  }
+  return true;
+}
+
 /// Mixed precision: an instruction that touches a bf16 or fp16 buffer runs
 /// the float32 kernel on float32 copies of its buffers (exact widening), and
 /// each 16-bit result is its float32 result rounded to nearest even. So every
 /// op accumulates in float32 (GEMMs, reductions, collectives, the norm
 /// statistics), and rounds once, where it stores.
 static Error runMixed(const KernelCall &C) {
+  if (cpu::bf16DotEnabled()) {
+    auto Done = runBf16Gemm(C);
+    if (!Done)
+      return Done.takeError();
+    if (*Done)
+      return Error::success();
+  }
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
   // The instruction's buffers, each once (an in-place operand is also a
@@ -875,24 +1000,13 @@ static Error runMixed(const KernelCall &C) {
     Map(B);
   for (int &B : LI.Out)
     Map(B);
-  struct Free {
-    void operator()(char *P) const { std::free(P); }
-  };
-  thread_local std::unique_ptr<char, Free> Scratch;
-  thread_local int64_t ScratchBytes = 0;
-  if (Size > ScratchBytes) {
-    Scratch.reset(static_cast<char *>(std::aligned_alloc(64, Size)));
-    if (!Scratch) {
-      ScratchBytes = 0;
-      return planError(formatv("cannot allocate {0} bytes of float32 scratch",
-                               Size));
-    }
-    ScratchBytes = Size;
-  }
+  auto Scratch = scratch(Size);
+  if (!Scratch)
+    return Scratch.takeError();
   SmallVector<char *, 8> Where;
   for (size_t K = 0; K < Ids.size(); ++K)
     Where.push_back(Local.Buffers[K].Offset >= 0
-                        ? Scratch.get() + Local.Buffers[K].Offset
+                        ? *Scratch + Local.Buffers[K].Offset
                         : C.buffer(Ids[K]));
   auto Convert = [&](size_t K, bool ToFloat) {
     DType T = Bufs[Ids[K]].Type.Dtype;

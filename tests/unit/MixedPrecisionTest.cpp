@@ -8,9 +8,11 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/Float16.h"
+#include "runtime/cpu/Bf16Gemm.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Program.h"
 #include "llvm/Support/raw_ostream.h"
@@ -248,6 +250,127 @@ TEST(MixedPrecision, CastAndFloat32Results) {
   auto *Z = reinterpret_cast<float *>(S.buffer(2));
   for (int E = 0; E < N; ++E)
     ASSERT_EQ(Z[E], bfloat16ToFloat(A[E]) + bfloat16ToFloat(B[E])) << E;
+}
+
+/// The GEMM instructions of a bf16 plan, on both paths the CPU backend has:
+/// the AVX-512 BF16 dot product (where the CPU has it) and float32 GEMMs on
+/// widened copies. Each bf16 result is within one bf16 rounding (u = 2^-8)
+/// of a float32 sum, itself within gamma(n) sum |a||b| of the exact sum in
+/// any order (n = K + 2 covers the bias and the dot kernel's block adds at
+/// these sizes); a float32 result (a weight's gradient) within gamma(n).
+TEST(MixedPrecision, Bf16GemmsOnBothPaths) {
+  const bool Before = cpu::bf16DotEnabled();
+  std::vector<bool> Paths = {false};
+  if (cpu::hasBf16Dot())
+    Paths.push_back(true);
+  std::mt19937 Rng(5);
+  std::uniform_real_distribution<float> U(-2, 2);
+  auto Fill = [&](OneInstruction &K, int B) {
+    const TensorType &T = K.P.Buffers[B].Type;
+    auto *H = reinterpret_cast<uint16_t *>(K.buffer(B));
+    for (int64_t E = 0; E < T.numElements(); ++E)
+      H[E] = floatToBFloat16(U(Rng));
+  };
+  auto Val = [](OneInstruction &K, int B, int64_t E) {
+    return double(
+        bfloat16ToFloat(reinterpret_cast<uint16_t *>(K.buffer(B))[E]));
+  };
+  // |got - exact| within the bound, for a sum of Terms products.
+  auto Check = [](double Got, double Exact, double Abs, int64_t Terms,
+                  bool Bf16) {
+    double NU = double(Terms + 2) * std::ldexp(1.0, -24);
+    double Sum = NU / (1 - NU) * Abs;
+    double Bound = Bf16 ? Sum + std::ldexp(1.0, -8) * (std::fabs(Exact) + Sum)
+                        : Sum;
+    return std::fabs(Got - Exact) <= Bound;
+  };
+  const int64_t Rows = 150, In = 259, Out = 70;
+  for (bool Dot : Paths) {
+    cpu::setBf16DotEnabled(Dot);
+    for (int TransW : {0, 1}) {
+      SCOPED_TRACE(formatv("dot {0} trans_w {1}", Dot, TransW).str());
+      TensorType WT(DType::BF16, TransW ? std::vector<int64_t>{Out, In}
+                                        : std::vector<int64_t>{In, Out});
+      // Y = X W + bias, bf16.
+      OneInstruction L(OpKind::Linear,
+                       {TensorType(DType::BF16, {Rows, In}), WT,
+                        TensorType(DType::BF16, {Out})},
+                       TensorType(DType::BF16, {Rows, Out}));
+      L.I.Attrs.set("trans_w", int64_t(TransW));
+      for (int B : {0, 1, 2})
+        Fill(L, B);
+      ASSERT_FALSE(bool(L.run()));
+      auto W = [&](OneInstruction &K, int B, int64_t I, int64_t J) {
+        return TransW ? Val(K, B, J * In + I) : Val(K, B, I * Out + J);
+      };
+      for (int64_t R = 0; R < Rows; ++R)
+        for (int64_t J = 0; J < Out; ++J) {
+          double Exact = Val(L, 2, J), Abs = std::fabs(Exact);
+          for (int64_t K = 0; K < In; ++K) {
+            double P = Val(L, 0, R * In + K) * W(L, 1, K, J);
+            Exact += P;
+            Abs += std::fabs(P);
+          }
+          ASSERT_TRUE(Check(Val(L, 3, R * Out + J), Exact, Abs, In, true))
+              << "Y[" << R << "," << J << "]";
+        }
+      // DW = X^T DY (or DY^T X), f32.
+      OneInstruction G(OpKind::LinearGradW,
+                       {TensorType(DType::BF16, {Rows, In}),
+                        TensorType(DType::BF16, {Rows, Out})},
+                       TensorType(DType::F32, WT.Shape));
+      G.I.Attrs.set("trans_w", int64_t(TransW));
+      Fill(G, 0);
+      Fill(G, 1);
+      ASSERT_FALSE(bool(G.run()));
+      auto *DW = reinterpret_cast<float *>(G.buffer(2));
+      for (int64_t I = 0; I < In; ++I)
+        for (int64_t J = 0; J < Out; ++J) {
+          double Exact = 0, Abs = 0;
+          for (int64_t R = 0; R < Rows; ++R) {
+            double P = Val(G, 0, R * In + I) * Val(G, 1, R * Out + J);
+            Exact += P;
+            Abs += std::fabs(P);
+          }
+          ASSERT_TRUE(Check(DW[TransW ? J * In + I : I * Out + J], Exact, Abs,
+                            Rows, false))
+              << "DW[" << I << "," << J << "]";
+        }
+    }
+    // C = op(A) op(B) per batch, bf16.
+    const int64_t Batch = 3, M = 40, N = 33, K = 70;
+    for (int TA : {0, 1})
+      for (int TB : {0, 1}) {
+        SCOPED_TRACE(formatv("dot {0} ta {1} tb {2}", Dot, TA, TB).str());
+        OneInstruction BM(
+            OpKind::BatchMatMul,
+            {TensorType(DType::BF16, TA ? std::vector<int64_t>{Batch, K, M}
+                                        : std::vector<int64_t>{Batch, M, K}),
+             TensorType(DType::BF16, TB ? std::vector<int64_t>{Batch, N, K}
+                                        : std::vector<int64_t>{Batch, K, N})},
+            TensorType(DType::BF16, {Batch, M, N}));
+        BM.I.Attrs.set("trans_a", int64_t(TA));
+        BM.I.Attrs.set("trans_b", int64_t(TB));
+        Fill(BM, 0);
+        Fill(BM, 1);
+        ASSERT_FALSE(bool(BM.run()));
+        for (int64_t P = 0; P < Batch; ++P)
+          for (int64_t I = 0; I < M; ++I)
+            for (int64_t J = 0; J < N; ++J) {
+              double Exact = 0, Abs = 0;
+              for (int64_t Q = 0; Q < K; ++Q) {
+                double X = Val(BM, 0, P * M * K + (TA ? Q * M + I : I * K + Q)) *
+                           Val(BM, 1, P * K * N + (TB ? J * K + Q : Q * N + J));
+                Exact += X;
+                Abs += std::fabs(X);
+              }
+              ASSERT_TRUE(Check(Val(BM, 2, (P * M + I) * N + J), Exact, Abs, K,
+                                true))
+                  << "C[" << P << "," << I << "," << J << "]";
+            }
+      }
+  }
+  cpu::setBf16DotEnabled(Before);
 }
 
 } // namespace

@@ -903,15 +903,13 @@ static Expected<bool> runBf16Gemm(const KernelCall &C) {
     float Beta = 0;
     if (I.In.size() > 2) {
       const char *Bias = C.buffer(I.In[2]);
-      bool BiasBf16 = Type(I.In[2]).Dtype == DType::BF16;
-      cpu::parallelFor(Rows, 64, [&](int64_t R0, int64_t R1) {
-        for (int64_t R = R0; R < R1; ++R)
-          for (int64_t J = 0; J < OutF; ++J)
-            Sums[R * OutF + J] =
-                BiasBf16 ? bfloat16ToFloat(
-                               reinterpret_cast<const uint16_t *>(Bias)[J])
-                         : reinterpret_cast<const float *>(Bias)[J];
-      });
+      if (Type(I.In[2]).Dtype == DType::BF16)
+        cpu::widen16(Sums, reinterpret_cast<const uint16_t *>(Bias), OutF,
+                     true);
+      else
+        std::memcpy(Sums, Bias, OutF * sizeof(float));
+      for (int64_t R = 1; R < Rows; ++R)
+        std::memcpy(Sums + R * OutF, Sums, OutF * sizeof(float));
       Beta = 1;
     }
     cpu::gemmBf16(false, TransW, Rows, OutF, InF, Bf16(I.In[0]), InF,
@@ -947,11 +945,8 @@ static Expected<bool> runBf16Gemm(const KernelCall &C) {
   }
   }
   if (Narrow) {
-    auto *H = reinterpret_cast<uint16_t *>(C.buffer(I.Out[0]));
-    cpu::parallelFor(Y.numElements(), 1 << 15, [&](int64_t B, int64_t E) {
-      for (int64_t K = B; K < E; ++K)
-        H[K] = floatToBFloat16(Sums[K]);
-    });
+    cpu::narrow16(reinterpret_cast<uint16_t *>(C.buffer(I.Out[0])), Sums,
+                  Y.numElements(), true);
   }
   return true;
 }
@@ -1012,18 +1007,11 @@ static Error runMixed(const KernelCall &C) {
     DType T = Bufs[Ids[K]].Type.Dtype;
     auto *H = reinterpret_cast<uint16_t *>(C.buffer(Ids[K]));
     auto *F = reinterpret_cast<float *>(Where[K]);
-    bool BF = T == DType::BF16;
-    cpu::parallelFor(Bufs[Ids[K]].Type.numElements(), 1 << 15,
-                     [&](int64_t Begin, int64_t End) {
-                       if (ToFloat)
-                         for (int64_t E = Begin; E < End; ++E)
-                           F[E] = BF ? bfloat16ToFloat(H[E])
-                                     : halfToFloat(H[E]);
-                       else
-                         for (int64_t E = Begin; E < End; ++E)
-                           H[E] = BF ? floatToBFloat16(F[E])
-                                     : floatToHalf(F[E]);
-                     });
+    int64_t N = Bufs[Ids[K]].Type.numElements();
+    if (ToFloat)
+      cpu::widen16(F, H, N, T == DType::BF16);
+    else
+      cpu::narrow16(H, F, N, T == DType::BF16);
   };
   // The operands, and the results an op with side effects writes in place
   // (the kernels overwrite their other results).

@@ -1581,6 +1581,72 @@ void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
 // Instantiations
 //===----------------------------------------------------------------------===//
 
+//===----------------------------------------------------------------------===//
+// 19. 16-bit storage
+//===----------------------------------------------------------------------===//
+
+// ir/Float16.h's conversions without branches, so that they vectorise: each
+// case is computed and selected.
+
+namespace {
+
+SP_SIMD void widenRange(float *Y, const uint16_t *X, int64_t N, bool Bf16) {
+  if (Bf16) {
+    for (int64_t I = 0; I < N; ++I)
+      Y[I] = bitCast<float>(uint32_t(X[I]) << 16);
+    return;
+  }
+  for (int64_t I = 0; I < N; ++I) {
+    uint32_t H = X[I], Sign = (H & 0x8000u) << 16, Exp = (H >> 10) & 0x1fu,
+             Man = H & 0x3ffu;
+    uint32_t Normal = Sign | (Exp + 127 - 15) << 23 | Man << 13;
+    uint32_t Special = Sign | 0x7f800000u | Man << 13; // inf, nan
+    // A subnormal (or zero) is Man 2^-24, exactly.
+    uint32_t Sub = Sign | bitCast<uint32_t>(float(int32_t(Man)) * 0x1p-24f);
+    Y[I] = bitCast<float>(Exp == 0 ? Sub : Exp == 31 ? Special : Normal);
+  }
+}
+
+SP_SIMD void narrowRange(uint16_t *Y, const float *X, int64_t N, bool Bf16) {
+  if (Bf16) {
+    for (int64_t I = 0; I < N; ++I) {
+      uint32_t B = bitCast<uint32_t>(X[I]);
+      uint32_t Rounded = (B + 0x7fffu + ((B >> 16) & 1)) >> 16;
+      Y[I] = uint16_t((B & 0x7fffffffu) > 0x7f800000u ? (B >> 16) | 0x40u
+                                                       : Rounded);
+    }
+    return;
+  }
+  for (int64_t I = 0; I < N; ++I) {
+    uint32_t B = bitCast<uint32_t>(X[I]);
+    uint32_t Sign = (B >> 16) & 0x8000u, Abs = B & 0x7fffffffu;
+    uint32_t Normal = (Abs + 0xc8000fffu + ((Abs >> 13) & 1)) >> 13;
+    // Adding 0.5 aligns a subnormal half's bits with the float's mantissa
+    // and rounds to nearest even.
+    uint32_t Sub = bitCast<uint32_t>(bitCast<float>(Abs) + 0.5f) - 0x3f000000u;
+    uint32_t R = Abs < 0x38800000u ? Sub : Normal;
+    R = Abs >= 0x477ff000u ? 0x7c00u : R;
+    R = Abs >= 0x7f800000u ? (Abs > 0x7f800000u ? 0x7e00u : 0x7c00u) : R;
+    Y[I] = uint16_t(Sign | R);
+  }
+}
+
+} // namespace
+
+void widen16(float *Y, const uint16_t *X, int64_t N, bool Bf16) {
+  checkSizes({N});
+  parallelFor(N, 1 << 15, [&](int64_t I0, int64_t I1) {
+    widenRange(Y + I0, X + I0, I1 - I0, Bf16);
+  });
+}
+
+void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16) {
+  checkSizes({N});
+  parallelFor(N, 1 << 15, [&](int64_t I0, int64_t I1) {
+    narrowRange(Y + I0, X + I0, I1 - I0, Bf16);
+  });
+}
+
 #define SP_INSTANTIATE(T)                                                      \
   template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T *,   \
                         int64_t, const T *, int64_t, T, T *, int64_t);         \

@@ -475,6 +475,16 @@ template <typename T>
 void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
                          int64_t S, int64_t D);
 
+//===----------------------------------------------------------------------===//
+// 19. 16-bit storage: widening to float32 and rounding back
+//===----------------------------------------------------------------------===//
+
+/// Y[i] = the float32 value of the bfloat16 (Bf16) or IEEE half bits X[i]
+/// (exact), and back: Y[i] = X[i] rounded to nearest even, nans quiet,
+/// bit for bit ir/Float16.h's scalar conversions.
+void widen16(float *Y, const uint16_t *X, int64_t N, bool Bf16);
+void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16);
+
 } // namespace sp::cpu
 
 #endif // SP_RUNTIME_CPU_KERNELS_H

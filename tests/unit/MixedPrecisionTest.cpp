@@ -10,6 +10,8 @@
 #include "ir/Float16.h"
 #include "runtime/cpu/Bf16Gemm.h"
 #include "runtime/cpu/CpuBackend.h"
+#include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Parallel.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -151,6 +153,33 @@ TEST(MixedPrecision, CastsMatchTorch) {
     }
   }
   sys::fs::remove_directories(Dir);
+}
+
+/// The vectorised conversions of the CPU backend (cpu::widen16, narrow16)
+/// are the scalar ones above, bit for bit, nans included: every 16-bit
+/// pattern widened, every narrowing input rounded, on several threads.
+TEST(MixedPrecision, VectorConversionsAreTheScalarOnes) {
+  std::vector<float> X = narrowingInputs();
+  std::vector<uint16_t> All(0x10000);
+  for (uint32_t H = 0; H < 0x10000; ++H)
+    All[H] = uint16_t(H);
+  int Before = cpu::kernelThreads();
+  cpu::setKernelThreads(3);
+  for (bool Bf16 : {true, false}) {
+    SCOPED_TRACE(Bf16 ? "bf16" : "f16");
+    std::vector<float> Wide(All.size());
+    cpu::widen16(Wide.data(), All.data(), All.size(), Bf16);
+    for (uint32_t H = 0; H < 0x10000; ++H)
+      ASSERT_EQ(floatToBits(Wide[H]),
+                floatToBits(Bf16 ? bfloat16ToFloat(H) : halfToFloat(H)))
+          << std::hex << "0x" << H;
+    std::vector<uint16_t> Narrow(X.size());
+    cpu::narrow16(Narrow.data(), X.data(), X.size(), Bf16);
+    for (size_t I = 0; I < X.size(); ++I)
+      ASSERT_EQ(Narrow[I], Bf16 ? floatToBFloat16(X[I]) : floatToHalf(X[I]))
+          << std::hex << "bits 0x" << floatToBits(X[I]);
+  }
+  cpu::setKernelThreads(Before);
 }
 
 /// One instruction over buffers of the given types, at 64-byte offsets.

@@ -39,11 +39,6 @@ constexpr int64_t MC = 12 * MR;  // rows per packed A block (72 KiB)
 constexpr int64_t NC = 512;    // columns per tile (a 256 KiB B block)
 constexpr int64_t TM = 4 * MC; // rows per tile
 
-inline uint16_t at(const uint16_t *X, bool Trans, int64_t Ld, int64_t Row,
-                   int64_t Col) {
-  return Trans ? X[Col * Ld + Row] : X[Row * Ld + Col];
-}
-
 /// op(A)[M0 + r, K0 + k] for r < Rows, k < Kc into panels of MR rows (rows
 /// past Rows and the k past an odd Kc are zero).
 void packA(uint32_t *Ap, bool TransA, const uint16_t *A, int64_t Lda,

@@ -1084,6 +1084,12 @@ template <typename F> void forEachRun(const GlobalIndex &G, F &&Fn) {
 
 } // namespace
 
+void dropoutKeep(uint8_t *Keep, uint64_t Global0, int64_t Len,
+                 const DropoutKey &K, double Ratio) {
+  checkSizes({Len});
+  keepRun(Keep, Global0, Len, K, philox::dropoutThreshold(Ratio));
+}
+
 Status dropoutMask(uint8_t *Mask, double Ratio, const DropoutKey &K,
                    const GlobalIndex &G) {
   if (Status S = checkDropout(Ratio, K, G); !S.ok())

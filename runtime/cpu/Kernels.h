@@ -296,6 +296,12 @@ template <typename T>
 Status dropout(T *Y, uint8_t *Mask, const T *X, double Ratio,
                const DropoutKey &K, const GlobalIndex &G);
 
+/// Keep[j] = whether dropout at Ratio keeps global element Global0 + j, for
+/// j < Len: the mask of Len consecutive global elements (fused kernels that
+/// draw dropout inside). Ratio and K as checked by dropout.
+void dropoutKeep(uint8_t *Keep, uint64_t Global0, int64_t Len,
+                 const DropoutKey &K, double Ratio);
+
 /// Only the mask of dropout (e.g. to regenerate it in a recomputation).
 Status dropoutMask(uint8_t *Mask, double Ratio, const DropoutKey &K,
                    const GlobalIndex &G);

@@ -1,0 +1,72 @@
+//===- Attention.h - The fused attention core (blockwise, online softmax) -===//
+//
+// The attention core of a layer in one kernel, as FlashAttention computes
+// it (Dao et al. 2022; Dao 2023): per block of query rows it walks the keys
+// block by block, keeping for each row the running maximum m and sum l of
+// the exponentials, and rescales its output accumulator when m grows. It
+// writes the output and one statistic per row, the log-sum-exp m + log l,
+// never the [Sq, Sk] scores or probabilities. The backward recomputes each
+// block's probabilities from Q, K and the log-sum-exp.
+//
+// The core is the unfused sequence's, op for op on each score:
+//   s = Scale * (q . k)                    (scale)
+//   s = Fill  where Key0 + j > Query0 + i   (causal_mask, when Causal)
+//   s = s + KeyBias[b, j]                  (padding_mask, when KeyBias)
+//   p = softmax_j(s)
+//   p = dropout(p): kept iff the Philox word of the probability's global
+//       index in the [B, A, Sq, Sk] tensor (Probs) passes; kept values are
+//       scaled by 1 / (1 - Ratio) (dropout)
+//   o = sum_j p_j v_j
+// so a fused and an unfused run draw the same dropout at every tensor-
+// parallel rank (Probs holds the rank's block of the heads) and differ only
+// in the order of float additions in the softmax sums.
+//
+// Shapes: Q, O, DQ, DO [B, A, Sq, D]; K, V, DK, DV [B, G, Sk, D] with A a
+// multiple of G (grouped-query attention: query head a reads key/value head
+// a / (A / G)); Lse [B, A, Sq]; KeyBias [B, Sk]. Row-major, contiguous.
+//
+// Blocks of keys above the causal diagonal are skipped once every row of
+// the query block has seen a score exceeding Fill + max(KeyBias) by more
+// than 104 (exp(-104) < 2^-149: the skipped probabilities are below the
+// smallest float), so skipping never changes a result.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_CPU_ATTENTION_H
+#define SP_RUNTIME_CPU_ATTENTION_H
+
+#include "runtime/cpu/Kernels.h"
+
+namespace sp::cpu {
+
+struct AttentionShape {
+  int64_t Batch = 1, Heads = 1, KvHeads = 1, Sq = 1, Sk = 1, D = 1;
+};
+
+struct AttentionCore {
+  double Scale = 1;
+  bool Causal = false;
+  double Fill = -10000;       // the causal mask's fill
+  int64_t Query0 = 0, Key0 = 0; // global positions of row 0 and column 0
+  double Dropout = 0;         // ratio on the probabilities; 0: none
+  DropoutKey Key;             // the dropout's key
+  GlobalIndex Probs;          // the [B, A, Sq, Sk] probabilities' global index
+};
+
+/// O and Lse from Q, K, V (KeyBias may be null). Errors on inconsistent
+/// shapes, a dropout ratio outside [0, 1] or a Probs block that is not
+/// [B, A, Sq, Sk].
+template <typename T>
+Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
+                        const T *KeyBias, const AttentionShape &S,
+                        const AttentionCore &C);
+
+/// DQ, DK, DV (overwritten) from DO and the forward's Q, K, V, O, Lse.
+template <typename T>
+Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
+                         const T *K, const T *V, const T *O, const T *Lse,
+                         const T *KeyBias, const AttentionShape &S,
+                         const AttentionCore &C);
+
+} // namespace sp::cpu
+
+#endif // SP_RUNTIME_CPU_ATTENTION_H

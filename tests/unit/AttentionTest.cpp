@@ -1,0 +1,286 @@
+//===- AttentionTest.cpp - The fused attention core against the unfused ops ===//
+//
+// cpu::attentionForward and attentionBackward against the sequence the
+// unfused plan runs, built from the same CPU kernels: batch_matmul, scale,
+// causal_mask, the padding bias, softmax, dropout, batch_matmul and their
+// backwards (with repeat_heads for grouped-query attention). Dropout is on in
+// most cases: both draw it from the probabilities' global index.
+//
+// Tolerance: the two differ only in the order of additions (the softmax's
+// running sums and rescaling, the blocked products), so each element is
+// within n u max|reference| with u the unit roundoff of T (2^-53 for double,
+// 2^-24 for float) and n = Sk + D + 16, the additions on one element's path
+// (a key sum, a dot product, the rescalings) with margin. In double this
+// is about 3e-14; in float 2e-5 relative to the tensor's largest element.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/Attention.h"
+#include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Parallel.h"
+#include "gtest/gtest.h"
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace sp;
+using namespace sp::cpu;
+
+namespace {
+
+struct Case {
+  AttentionShape S;
+  bool Causal;
+  bool Padding;
+  double Dropout;
+  double Fill = -10000;
+};
+
+template <typename T> struct Tensors {
+  std::vector<T> Q, K, V, DO, Bias;
+  std::vector<T> O, Lse, DQ, DK, DV;
+};
+
+template <typename T> std::vector<T> random(size_t N, uint32_t Seed) {
+  std::mt19937 Rng(Seed);
+  std::normal_distribution<double> G(0, 1);
+  std::vector<T> V(N);
+  for (auto &X : V)
+    X = T(G(Rng));
+  return V;
+}
+
+AttentionCore coreOf(const Case &C, const GlobalIndex &G) {
+  AttentionCore A;
+  A.Scale = 1 / std::sqrt(double(C.S.D));
+  A.Causal = C.Causal;
+  A.Fill = C.Fill;
+  A.Dropout = C.Dropout;
+  A.Key = DropoutKey{1234, 3, 2, 7};
+  A.Probs = G;
+  return A;
+}
+
+template <typename T> Tensors<T> inputs(const Case &C) {
+  const AttentionShape &S = C.S;
+  Tensors<T> X;
+  X.Q = random<T>(S.Batch * S.Heads * S.Sq * S.D, 1);
+  X.K = random<T>(S.Batch * S.KvHeads * S.Sk * S.D, 2);
+  X.V = random<T>(S.Batch * S.KvHeads * S.Sk * S.D, 3);
+  X.DO = random<T>(S.Batch * S.Heads * S.Sq * S.D, 4);
+  if (C.Padding) { // the last keys of each batch row padded, as torch masks
+    X.Bias.assign(S.Batch * S.Sk, T(0));
+    for (int64_t B = 0; B < S.Batch; ++B)
+      for (int64_t J = S.Sk - 3 - 5 * B; J < S.Sk; ++J)
+        X.Bias[B * S.Sk + J] = T(C.Fill);
+  }
+  return X;
+}
+
+/// The unfused sequence.
+template <typename T>
+void unfused(Tensors<T> &X, const Case &C, const AttentionCore &A) {
+  const AttentionShape &S = C.S;
+  const int64_t R = S.Heads / S.KvHeads, BA = S.Batch * S.Heads;
+  std::vector<T> Kr(BA * S.Sk * S.D), Vr(Kr.size());
+  repeatHeads(Kr.data(), X.K.data(), S.Batch, S.KvHeads, R, S.Sk, S.D);
+  repeatHeads(Vr.data(), X.V.data(), S.Batch, S.KvHeads, R, S.Sk, S.D);
+  const int64_t N = BA * S.Sq * S.Sk;
+  std::vector<T> Sc(N), P(N), Pd(N);
+  std::vector<uint8_t> Mask(N, 1);
+  batchMatMul(Sc.data(), X.Q.data(), Kr.data(), BA, S.Sq, S.Sk, S.D, false,
+              true);
+  scale(Sc.data(), Sc.data(), N, A.Scale);
+  if (C.Causal)
+    causalMask(Sc.data(), Sc.data(), BA, S.Sq, S.Sk, A.Fill);
+  if (C.Padding)
+    addKeyBias(Sc.data(), Sc.data(), X.Bias.data(), S.Batch,
+               S.Heads * S.Sq, S.Sk);
+  softmax(P.data(), Sc.data(), BA * S.Sq, S.Sk);
+  if (C.Dropout > 0)
+    ASSERT_TRUE(dropout(Pd.data(), Mask.data(), P.data(), C.Dropout, A.Key,
+                        A.Probs)
+                    .ok());
+  else
+    Pd = P;
+  X.O.resize(BA * S.Sq * S.D);
+  batchMatMul(X.O.data(), Pd.data(), Vr.data(), BA, S.Sq, S.D, S.Sk, false,
+              false);
+  // Backward.
+  std::vector<T> DPd(N), DP(N), DS(N), DKr(Kr.size()), DVr(Vr.size());
+  batchMatMul(DPd.data(), X.DO.data(), Vr.data(), BA, S.Sq, S.Sk, S.D, false,
+              true);
+  batchMatMul(DVr.data(), Pd.data(), X.DO.data(), BA, S.Sk, S.D, S.Sq, true,
+              false);
+  if (C.Dropout > 0)
+    dropoutBackward(DP.data(), DPd.data(), Mask.data(), N, C.Dropout);
+  else
+    DP = DPd;
+  softmaxBackward(DS.data(), P.data(), DP.data(), BA * S.Sq, S.Sk);
+  if (C.Causal)
+    causalMask(DS.data(), DS.data(), BA, S.Sq, S.Sk, 0.0);
+  scale(DS.data(), DS.data(), N, A.Scale);
+  X.DQ.resize(X.Q.size());
+  batchMatMul(X.DQ.data(), DS.data(), Kr.data(), BA, S.Sq, S.D, S.Sk, false,
+              false);
+  batchMatMul(DKr.data(), DS.data(), X.Q.data(), BA, S.Sk, S.D, S.Sq, true,
+              false);
+  X.DK.resize(X.K.size());
+  X.DV.resize(X.V.size());
+  repeatHeadsBackward(X.DK.data(), DKr.data(), S.Batch, S.KvHeads, R, S.Sk,
+                      S.D);
+  repeatHeadsBackward(X.DV.data(), DVr.data(), S.Batch, S.KvHeads, R, S.Sk,
+                      S.D);
+}
+
+template <typename T>
+void fused(Tensors<T> &X, const Case &C, const AttentionCore &A) {
+  const AttentionShape &S = C.S;
+  X.O.assign(X.Q.size(), T(-7));
+  X.Lse.assign(S.Batch * S.Heads * S.Sq, T(-7));
+  X.DQ.assign(X.Q.size(), T(-7));
+  X.DK.assign(X.K.size(), T(-7));
+  X.DV.assign(X.V.size(), T(-7));
+  const T *Bias = C.Padding ? X.Bias.data() : nullptr;
+  Status F = attentionForward(X.O.data(), X.Lse.data(), X.Q.data(),
+                              X.K.data(), X.V.data(), Bias, S, A);
+  ASSERT_TRUE(F.ok()) << F.Message;
+  Status B = attentionBackward(X.DQ.data(), X.DK.data(), X.DV.data(),
+                               X.DO.data(), X.Q.data(), X.K.data(),
+                               X.V.data(), X.O.data(), X.Lse.data(), Bias, S,
+                               A);
+  ASSERT_TRUE(B.ok()) << B.Message;
+}
+
+template <typename T>
+void expectClose(const std::vector<T> &Got, const std::vector<T> &Want,
+                 double Bound, const char *What) {
+  ASSERT_EQ(Got.size(), Want.size()) << What;
+  double Max = 0;
+  for (T W : Want)
+    Max = std::max(Max, std::fabs(double(W)));
+  for (size_t I = 0; I < Got.size(); ++I)
+    ASSERT_LE(std::fabs(double(Got[I]) - double(Want[I])), Bound * Max)
+        << What << "[" << I << "]: fused " << Got[I] << ", unfused "
+        << Want[I];
+}
+
+std::vector<Case> cases() {
+  return {
+      // causal, several blocks (the ones above the diagonal skipped)
+      {{2, 4, 4, 150, 150, 16}, true, false, 0.0},
+      // causal + padding + dropout + grouped-query heads
+      {{2, 4, 2, 70, 70, 16}, true, true, 0.1},
+      // bidirectional (an encoder) with padding and dropout, odd sizes
+      {{1, 3, 3, 50, 130, 8}, false, true, 0.2},
+      // the fill of HF models (finfo.min-like) and -inf
+      {{1, 2, 1, 100, 100, 32}, true, false, 0.1, -1e30},
+      {{1, 2, 2, 65, 65, 8}, true, false, 0.0,
+       -std::numeric_limits<double>::infinity()},
+      // a fill whose probabilities are not 0: no block is skipped, and the
+      // causal mask still stops their gradient
+      {{1, 2, 2, 70, 70, 8}, true, false, 0.1, -12},
+  };
+}
+
+template <typename T> void checkAgainstUnfused(double U) {
+  for (const Case &C : cases()) {
+    SCOPED_TRACE("B " + std::to_string(C.S.Batch) + " A " +
+                 std::to_string(C.S.Heads) + " G " +
+                 std::to_string(C.S.KvHeads) + " Sq " +
+                 std::to_string(C.S.Sq) + " Sk " + std::to_string(C.S.Sk) +
+                 " D " + std::to_string(C.S.D) + " causal " +
+                 std::to_string(C.Causal) + " padding " +
+                 std::to_string(C.Padding) + " dropout " +
+                 std::to_string(C.Dropout) + " fill " +
+                 std::to_string(C.Fill));
+    const int64_t Probs[] = {C.S.Batch, C.S.Heads, C.S.Sq, C.S.Sk};
+    AttentionCore A = coreOf(C, GlobalIndex::whole(Shape(Probs, 4)));
+    Tensors<T> Ref = inputs<T>(C), Got = inputs<T>(C);
+    unfused(Ref, C, A);
+    fused(Got, C, A);
+    if (::testing::Test::HasFatalFailure())
+      return;
+    const double Bound = double(C.S.Sk + C.S.D + 16) * U;
+    expectClose(Got.O, Ref.O, Bound, "O");
+    expectClose(Got.DQ, Ref.DQ, Bound, "DQ");
+    expectClose(Got.DK, Ref.DK, Bound, "DK");
+    expectClose(Got.DV, Ref.DV, Bound, "DV");
+  }
+}
+
+TEST(FusedAttention, MatchesTheUnfusedOpsInDouble) {
+  checkAgainstUnfused<double>(std::ldexp(1.0, -53));
+}
+
+TEST(FusedAttention, MatchesTheUnfusedOpsInFloat) {
+  checkAgainstUnfused<float>(std::ldexp(1.0, -24));
+}
+
+/// A tensor-parallel rank's heads [2, 4) of 4, with its block of the
+/// probabilities' global index, computes exactly those heads of the whole
+/// run, dropout included; and the thread count changes nothing.
+TEST(FusedAttention, HeadBlockAndThreadsAreBitwiseTheWhole) {
+  const Case Whole{{2, 4, 2, 90, 90, 16}, true, true, 0.15};
+  const int64_t All[] = {2, 4, 90, 90};
+  Tensors<float> W = inputs<float>(Whole);
+  int Before = kernelThreads();
+  setKernelThreads(1);
+  fused(W, Whole, coreOf(Whole, GlobalIndex::whole(Shape(All, 4))));
+  setKernelThreads(3);
+  Tensors<float> W3 = inputs<float>(Whole);
+  fused(W3, Whole, coreOf(Whole, GlobalIndex::whole(Shape(All, 4))));
+  setKernelThreads(Before);
+  for (auto [A, B] : {std::pair(&W.O, &W3.O), std::pair(&W.DQ, &W3.DQ),
+                      std::pair(&W.DK, &W3.DK), std::pair(&W.DV, &W3.DV)})
+    EXPECT_EQ(0, std::memcmp(A->data(), B->data(), A->size() * 4));
+
+  // Rank 1 of t = 2: query heads 2, 3 and key/value head 1.
+  Case Half = Whole;
+  Half.S.Heads = 2;
+  Half.S.KvHeads = 1;
+  const int64_t Local[] = {2, 2, 90, 90}, Off[] = {0, 2, 0, 0};
+  Tensors<float> H = inputs<float>(Half);
+  const int64_t Q = 90 * 16;
+  for (int64_t B = 0; B < 2; ++B) {
+    std::copy_n(W.Q.begin() + (B * 4 + 2) * Q, 2 * Q, H.Q.begin() + B * 2 * Q);
+    std::copy_n(W.DO.begin() + (B * 4 + 2) * Q, 2 * Q,
+                H.DO.begin() + B * 2 * Q);
+    std::copy_n(W.K.begin() + (B * 2 + 1) * Q, Q, H.K.begin() + B * Q);
+    std::copy_n(W.V.begin() + (B * 2 + 1) * Q, Q, H.V.begin() + B * Q);
+  }
+  fused(H, Half,
+        coreOf(Half, GlobalIndex::block(Shape(All, 4), Shape(Local, 4),
+                                        Shape(Off, 4))));
+  for (int64_t B = 0; B < 2; ++B) {
+    EXPECT_EQ(0, std::memcmp(H.O.data() + B * 2 * Q,
+                             W.O.data() + (B * 4 + 2) * Q, 2 * Q * 4));
+    EXPECT_EQ(0, std::memcmp(H.DQ.data() + B * 2 * Q,
+                             W.DQ.data() + (B * 4 + 2) * Q, 2 * Q * 4));
+    EXPECT_EQ(0, std::memcmp(H.DK.data() + B * Q, W.DK.data() + (B * 2 + 1) * Q,
+                             Q * 4));
+    EXPECT_EQ(0, std::memcmp(H.DV.data() + B * Q, W.DV.data() + (B * 2 + 1) * Q,
+                             Q * 4));
+  }
+}
+
+TEST(FusedAttention, RejectsBadShapesAndKeys) {
+  std::vector<float> X(64);
+  AttentionShape S{1, 3, 2, 2, 2, 4}; // 3 heads over 2 key/value heads
+  AttentionCore C;
+  Status St = attentionForward(X.data(), X.data(), X.data(), X.data(),
+                               X.data(), (const float *)nullptr, S, C);
+  EXPECT_FALSE(St.ok());
+  S.Heads = 2;
+  C.Dropout = 0.1; // no global index for the probabilities
+  St = attentionForward(X.data(), X.data(), X.data(), X.data(), X.data(),
+                        (const float *)nullptr, S, C);
+  EXPECT_FALSE(St.ok());
+  C.Dropout = 1.5;
+  St = attentionForward(X.data(), X.data(), X.data(), X.data(), X.data(),
+                        (const float *)nullptr, S, C);
+  EXPECT_FALSE(St.ok());
+}
+
+} // namespace

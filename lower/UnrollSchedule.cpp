@@ -168,7 +168,11 @@ private:
       In.push_back(*Id);
     }
     AttrList Extra;
-    if (N.op() == OpKind::Dropout && L.Microbatches > 1) {
+    // Ops that draw dropout: the rows of the whole batch they hold (the
+    // fused attention's backward draws it again).
+    bool Draws = N.op() == OpKind::Dropout || N.op() == OpKind::Attention ||
+                 N.op() == OpKind::AttentionGrad;
+    if (Draws && L.Microbatches > 1) {
       Extra.set("microbatch", int64_t(Mb));
       Extra.set("microbatches", int64_t(L.Microbatches));
     }

@@ -144,7 +144,10 @@ private:
     DenseMap<int, int64_t> Sites;
     for (auto It = G.nodes().begin(); It != G.nodes().end();) {
       Node &N = *It++;
-      bool IsDropout = N.op() == OpKind::Dropout;
+      // A fused attention that absorbed a dropout is that dropout's site.
+      bool IsDropout =
+          N.op() == OpKind::Dropout ||
+          (N.op() == OpKind::Attention && attrInt(N.op(), N.attrs(), "dropout"));
       if (!IsDropout && N.op() != OpKind::LayerNorm &&
           N.op() != OpKind::RmsNorm)
         continue;

@@ -82,7 +82,9 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
       const TensorType &W = Global(N.operand(1));
       M.Ffn = attrInt(N.op(), N.attrs(), "trans_w") ? W.Shape[0] : W.Shape[1];
     }
-    M.Dropout |= N.op() == OpKind::Dropout;
+    M.Dropout |= N.op() == OpKind::Dropout ||
+                 (N.op() == OpKind::Attention &&
+                  attrInt(N.op(), N.attrs(), "dropout"));
     M.RopeLookup |= Role == "rope_cos";
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = attrString(N.op(), N.attrs(), "approximate");

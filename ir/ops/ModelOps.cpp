@@ -675,6 +675,77 @@ void addModelOps(OpTable &T) {
       .Attrs = {{"ratio", attr::Float(0.0)}},
       .Shape = sameAsOperand0,
   };
+  // The attention core in one op (runtime/cpu/Attention.h): per head,
+  // o = dropout(softmax(mask(scale q k^T))) v, with the per-row log-sum-exp
+  // of the masked scores as a second result; the [s, t] scores and
+  // probabilities are never stored. The attributes are those of the unfused
+  // ops it stands for: scale {alpha}, causal_mask {fill} when causal = 1,
+  // padding_mask {fill, where} (pad_fill, pad_where) when keep is given, and
+  // dropout {ratio, key, microbatch, microbatches} when dropout = 1 (a site
+  // of the layer's dropout keys, as the dropout it replaced was).
+  static const std::vector<OpAttrDecl> AttentionAttrs = {
+      {"scale", attr::Float(1.0)},
+      {"causal", attr::Int(0)},
+      {"fill", attr::Float(-10000.0)},
+      {"pad_fill", attr::Float(0.0)},
+      {"pad_where", attr::Int(0)},
+      {"dropout", attr::Int(0)},
+      {"ratio", attr::Float(0.0)},
+      {"key", attr::Ints()},
+      {"microbatch", attr::Int(0)},
+      {"microbatches", attr::Int(1)}};
+  T[size_t(OpKind::Attention)] = {
+      .MinOperands = 3,
+      .MaxOperands = 4,
+      .Attrs = AttentionAttrs,
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        const TensorType &Q = A.type(0), &K = A.type(1), &V = A.type(2);
+        if (Q.rank() != 4 || K.rank() != 4 || V.rank() != 4 ||
+            K.Shape != V.Shape || K.Shape[0] != Q.Shape[0] ||
+            K.Shape[3] != Q.Shape[3] || K.Shape[1] <= 0 ||
+            Q.Shape[1] % K.Shape[1] != 0 || !isFloat(Q.Dtype))
+          return typeError(formatv("attention expects q [b, a, s, d] and k, v "
+                                   "[b, g, t, d] with g dividing a; got {0}, "
+                                   "{1}, {2}",
+                                   Q.str(), K.str(), V.str()));
+        if (A.Operands.size() > 3) {
+          const TensorType &M = A.type(3);
+          if (M.rank() != 2 || M.Shape[0] != Q.Shape[0] ||
+              M.Shape[1] != K.Shape[2])
+            return typeError(formatv("attention's padding mask must be [b, "
+                                     "t] = [{0}, {1}]; got {2}",
+                                     Q.Shape[0], K.Shape[2], M.str()));
+        }
+        return TypeList{Q, TensorType(DType::F32, {Q.Shape[0], Q.Shape[1],
+                                                   Q.Shape[2]})};
+      },
+      .Saved = [](const Node &N) -> SmallVector<Value *, 4> {
+        SmallVector<Value *, 4> S = {N.operand(0), N.operand(1), N.operand(2),
+                                     N.result(0), N.result(1)};
+        if (N.numOperands() > 3)
+          S.push_back(N.operand(3));
+        return S;
+      },
+      .Grad = [](GradBuilder &B) -> Error {
+        const Node &N = B.N;
+        SmallVector<Value *, 8> In = {B.grad(0),     N.operand(0), N.operand(1),
+                                      N.operand(2), N.result(0),  N.result(1)};
+        if (N.numOperands() > 3)
+          In.push_back(N.operand(3));
+        Node *G = B.emit(OpKind::AttentionGrad, In, N.attrs());
+        for (unsigned I = 0; I < 3; ++I)
+          B.accumulate(N.operand(I), G->result(I));
+        return Error::success();
+      },
+  };
+  T[size_t(OpKind::AttentionGrad)] = {
+      .MinOperands = 6, // (do, q, k, v, o, lse, keep?) -> dq, dk, dv
+      .MaxOperands = 7,
+      .Attrs = AttentionAttrs,
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        return TypeList{A.type(1), A.type(2), A.type(3)};
+      },
+  };
 }
 
 } // namespace sp

@@ -13,6 +13,7 @@
 #include "ir/Float16.h"
 #include "ir/OpDef.h"
 #include "runtime/TensorLayout.h"
+#include "runtime/cpu/Attention.h"
 #include "runtime/cpu/Bf16Gemm.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Parallel.h"
@@ -342,6 +343,40 @@ static bool isFloat64(const KernelCall &C) {
   return false;
 }
 
+/// The additive padding bias of padding_mask (and of attention's keep
+/// operand): Bias[e] = (1 - keep[e]) * Fill in T, as the exported graph
+/// computes it, or with Where (HF Llama's form) Fill where 1 - keep is not 0.
+template <typename T>
+static Error keyBias(T *Bias, const char *Keep, const TensorType &M,
+                     double FillD, bool Where) {
+  const T Fill = T(FillD);
+  for (int64_t E = 0, N = M.numElements(); E < N; ++E) {
+    T V;
+    switch (M.Dtype) {
+    case DType::I64:
+      V = T(reinterpret_cast<const int64_t *>(Keep)[E]);
+      break;
+    case DType::I32:
+      V = T(reinterpret_cast<const int32_t *>(Keep)[E]);
+      break;
+    case DType::Bool:
+      V = Keep[E] ? T(1) : T(0);
+      break;
+    case DType::F32:
+      V = T(reinterpret_cast<const float *>(Keep)[E]);
+      break;
+    case DType::F64:
+      V = T(reinterpret_cast<const double *>(Keep)[E]);
+      break;
+    default:
+      return planError("padding mask: unsupported mask type " + M.str());
+    }
+    T Inv = T(1) - V;
+    Bias[E] = Where ? (Inv != T(0) ? Fill : T(0)) : Inv * Fill;
+  }
+  return Error::success();
+}
+
 template <typename T> static Error runKernel(const KernelCall &C) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
@@ -648,41 +683,76 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     return Error::success();
   }
   case OpKind::PaddingMask: {
-    // bias = (1 - keep) * fill in float, as the exported graph computes it
-    // (HF Llama's form: fill where 1 - keep is not 0).
-    const TensorType &X = InT(0), &M = InT(1);
+    const TensorType &X = InT(0);
     int64_t B = X.Shape[0], K = X.dim(-1);
-    const T Fill = T(AFloat("fill"));
-    const bool Where = AInt("where");
-    const char *Keep = reinterpret_cast<const char *>(In(1));
     std::vector<T> Bias(B * K);
-    for (int64_t E = 0; E < B * K; ++E) {
-      T V;
-      switch (M.Dtype) {
-      case DType::I64:
-        V = T(reinterpret_cast<const int64_t *>(Keep)[E]);
-        break;
-      case DType::I32:
-        V = T(reinterpret_cast<const int32_t *>(Keep)[E]);
-        break;
-      case DType::Bool:
-        V = Keep[E] ? T(1) : T(0);
-        break;
-      case DType::F32:
-        V = T(reinterpret_cast<const float *>(Keep)[E]);
-        break;
-      case DType::F64:
-        V = T(reinterpret_cast<const double *>(Keep)[E]);
-        break;
-      default:
-        return planError("padding_mask: unsupported mask type " + M.str());
-      }
-      T Inv = T(1) - V;
-      Bias[E] = Where ? (Inv != T(0) ? Fill : T(0)) : Inv * Fill;
-    }
+    if (auto E = keyBias<T>(Bias.data(), C.buffer(I.In[1]), InT(1),
+                            AFloat("fill"), AInt("where")))
+      return E;
     cpu::addKeyBias(Out(0), In(0), Bias.data(), B, X.numElements() / (B * K),
                     K);
     return Error::success();
+  }
+  case OpKind::Attention:
+  case OpKind::AttentionGrad: {
+    // (q, k, v, keep?) -> o, lse, or (do, q, k, v, o, lse, keep?) -> dq,
+    // dk, dv: runtime/cpu/Attention.h.
+    const bool Fwd = I.Op == OpKind::Attention;
+    const unsigned Q = Fwd ? 0 : 1;
+    const TensorType &QT = InT(Q), &KT = InT(Q + 1);
+    cpu::AttentionShape Sh{QT.Shape[0], QT.Shape[1], KT.Shape[1],
+                           QT.Shape[2], KT.Shape[2], QT.Shape[3]};
+    cpu::AttentionCore Core;
+    Core.Scale = AFloat("scale");
+    Core.Causal = AInt("causal");
+    Core.Fill = AFloat("fill");
+    std::vector<T> Bias;
+    const unsigned KeepAt = Fwd ? 3 : 6;
+    if (I.In.size() > KeepAt) {
+      Bias.resize(Sh.Batch * Sh.Sk);
+      if (auto E = keyBias<T>(Bias.data(), C.buffer(I.In[KeepAt]),
+                              InT(KeepAt), AFloat("pad_fill"),
+                              AInt("pad_where")))
+        return E;
+    }
+    SmallVector<int64_t, 4> Full = {Sh.Batch, Sh.Heads, Sh.Sq, Sh.Sk},
+                            Local = Full, Offset(4, 0);
+    if (AInt("dropout")) {
+      auto Key = attrInts(I.Op, I.Attrs, "key");
+      if (Key.size() != 2)
+        return planError("attention has no Philox key; recompile the plan");
+      Core.Dropout = Ratio();
+      Core.Key = cpu::DropoutKey{C.Seed, uint32_t(Key[0]), uint32_t(Key[1]),
+                                 uint32_t(C.Step)};
+      // The probabilities' block of the whole [b, a, s, t] tensor, as the
+      // dropout this op replaced would find it: heads split over the tensor
+      // group, rows of the microbatch and the data-parallel replica.
+      const Sharding &S = Bufs[I.In[Q]].Shard;
+      int64_t Mb = AInt("microbatch"), NumMb = AInt("microbatches");
+      if (C.Data) {
+        Mb += C.Data->rank() * NumMb;
+        NumMb *= C.Data->size();
+      }
+      if (S.K == Sharding::Split) {
+        if (S.Dim != 1)
+          return planError("attention: q is split along a dimension other "
+                           "than its heads");
+        Full[1] *= S.Parts;
+        Offset[1] = Rank * Local[1];
+      }
+      Full[0] *= NumMb;
+      Offset[0] += Mb * Local[0];
+    }
+    Core.Probs = cpu::GlobalIndex::block(cpu::Shape(Full.data(), 4),
+                                         cpu::Shape(Local.data(), 4),
+                                         cpu::Shape(Offset.data(), 4));
+    const T *BiasP = Bias.empty() ? nullptr : Bias.data();
+    if (Fwd)
+      return Check(cpu::attentionForward(Out(0), Out(1), In(0), In(1), In(2),
+                                         BiasP, Sh, Core));
+    return Check(cpu::attentionBackward(Out(0), Out(1), Out(2), In(0), In(1),
+                                        In(2), In(3), In(4), In(5), BiasP, Sh,
+                                        Core));
   }
   case OpKind::Softmax: {
     // Fused (lower/FuseAttention.cpp): scale, causal_mask and softmax one

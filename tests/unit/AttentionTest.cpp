@@ -15,6 +15,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Attention.h"
+#include "runtime/cpu/CpuBackend.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Parallel.h"
 #include "gtest/gtest.h"
@@ -26,6 +27,7 @@
 
 using namespace sp;
 using namespace sp::cpu;
+using namespace llvm;
 
 namespace {
 
@@ -281,6 +283,105 @@ TEST(FusedAttention, RejectsBadShapesAndKeys) {
   St = attentionForward(X.data(), X.data(), X.data(), X.data(), X.data(),
                         (const float *)nullptr, S, C);
   EXPECT_FALSE(St.ok());
+}
+
+/// The attention and attention_grad instructions on the CPU backend: their
+/// attributes reach the kernel (scale, causal fill, the padding bias from an
+/// i64 keep mask, the dropout key with the run's seed and step), and the
+/// probabilities' global index holds the microbatch's rows of the batch.
+TEST(FusedAttention, InstructionsRunTheKernel) {
+  const int64_t B = 2, A = 2, S = 40, D = 8;
+  const TensorType QT(DType::F32, {B, A, S, D}), MT(DType::I64, {B, S}),
+      LT(DType::F32, {B, A, S});
+  Program P;
+  auto Add = [&](const TensorType &T) {
+    ProgramBuffer PB;
+    PB.Name = "b" + std::to_string(P.Buffers.size());
+    PB.Type = T;
+    PB.Bytes = T.numBytes();
+    PB.Offset = P.ArenaBytes;
+    P.ArenaBytes += (PB.Bytes + 63) / 64 * 64;
+    P.Buffers.push_back(PB);
+    return int(P.Buffers.size() - 1);
+  };
+  // q k v keep o lse do dq dk dv
+  int Qb = Add(QT), Kb = Add(QT), Vb = Add(QT), Mb = Add(MT), Ob = Add(QT),
+      Lb = Add(LT), DOb = Add(QT), DQb = Add(QT), DKb = Add(QT), DVb = Add(QT);
+  AttrList Attrs;
+  Attrs.set("scale", 0.35);
+  Attrs.set("causal", int64_t(1));
+  Attrs.set("fill", -10000.0);
+  Attrs.set("pad_fill", -10000.0);
+  Attrs.set("dropout", int64_t(1));
+  Attrs.set("ratio", 0.2);
+  Attrs.set("key", std::vector<int64_t>{3, 1});
+  Attrs.set("microbatch", int64_t(1));
+  Attrs.set("microbatches", int64_t(2));
+  Instruction F, G;
+  F.Op = OpKind::Attention;
+  F.In = {Qb, Kb, Vb, Mb};
+  F.Out = {Ob, Lb};
+  F.Attrs = Attrs;
+  G.Op = OpKind::AttentionGrad;
+  G.In = {DOb, Qb, Kb, Vb, Ob, Lb, Mb};
+  G.Out = {DQb, DKb, DVb};
+  G.Attrs = Attrs;
+  CpuBackend Backend;
+  char *Arena = cantFail(Backend.allocate(P.ArenaBytes));
+  auto Buf = [&](int Id) {
+    return reinterpret_cast<float *>(Arena + P.Buffers[Id].Offset);
+  };
+  auto Fill = [&](int Id, uint32_t Seed) {
+    auto V = random<float>(QT.numElements(), Seed);
+    std::copy(V.begin(), V.end(), Buf(Id));
+  };
+  Fill(Qb, 1), Fill(Kb, 2), Fill(Vb, 3), Fill(DOb, 4);
+  auto *Keep = reinterpret_cast<int64_t *>(Arena + P.Buffers[Mb].Offset);
+  for (int64_t E = 0; E < B * S; ++E)
+    Keep[E] = E % S < S - 4 * (E / S + 1);
+  auto One = createSingleRankCommunicator();
+  const int64_t Step = 5;
+  const uint64_t Seed = 99;
+  for (const Instruction *I : {&F, &G})
+    ASSERT_FALSE(bool(Backend.run(KernelCall{*I, P, Arena, Step, true,
+                                             std::nullopt, Seed, *One,
+                                             nullptr})));
+  // The kernel called directly.
+  std::vector<float> Bias(B * S);
+  for (int64_t E = 0; E < B * S; ++E)
+    Bias[E] = (1.0f - float(Keep[E])) * -10000.0f;
+  AttentionCore C;
+  C.Scale = 0.35;
+  C.Causal = true;
+  C.Fill = -10000;
+  C.Dropout = 0.2;
+  C.Key = DropoutKey{Seed, 3, 1, uint32_t(Step)};
+  const int64_t Full[] = {2 * B, A, S, S}, Local[] = {B, A, S, S},
+                Off[] = {B, 0, 0, 0}; // microbatch 1 of 2
+  C.Probs = GlobalIndex::block(Shape(Full, 4), Shape(Local, 4), Shape(Off, 4));
+  AttentionShape Sh{B, A, A, S, S, D};
+  std::vector<float> O(QT.numElements()), L(LT.numElements()),
+      DQ(O.size()), DK(O.size()), DV(O.size());
+  ASSERT_TRUE(attentionForward(O.data(), L.data(), Buf(Qb), Buf(Kb), Buf(Vb),
+                               Bias.data(), Sh, C)
+                  .ok());
+  ASSERT_TRUE(attentionBackward(DQ.data(), DK.data(), DV.data(), Buf(DOb),
+                                Buf(Qb), Buf(Kb), Buf(Vb), O.data(), L.data(),
+                                Bias.data(), Sh, C)
+                  .ok());
+  for (auto [Id, Want] : {std::pair(Ob, &O), std::pair(Lb, &L),
+                          std::pair(DQb, &DQ), std::pair(DKb, &DK),
+                          std::pair(DVb, &DV)})
+    EXPECT_EQ(0, std::memcmp(Buf(Id), Want->data(), Want->size() * 4))
+        << P.Buffers[Id].Name;
+  // The whole batch's other microbatch draws other dropout.
+  C.Probs = GlobalIndex::block(Shape(Full, 4), Shape(Local, 4),
+                               Shape(Local, 0));
+  ASSERT_TRUE(attentionForward(O.data(), L.data(), Buf(Qb), Buf(Kb), Buf(Vb),
+                               Bias.data(), Sh, C)
+                  .ok());
+  EXPECT_NE(0, std::memcmp(Buf(Ob), O.data(), O.size() * 4));
+  Backend.release(Arena);
 }
 
 } // namespace

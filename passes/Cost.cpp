@@ -19,9 +19,22 @@ double gemmFlops(OpKind Op, const AttrList &Attrs, const TensorType &In0,
                                            : In0.Shape.back();
     return 2.0 * Out * double(K);
   }
+  case OpKind::Attention:
+    // The fused core (self-attention: t = s keys): q k^T and p v, 2 s d
+    // flops each per query row and head.
+    return 4.0 * Out * double(In0.dim(-2));
+  case OpKind::AttentionGrad:
+    // q k^T again (recomputeGemmFlops), then dv, dp, dq and dk.
+    return 10.0 * Out * double(In0.dim(-2));
   default:
     return 0;
   }
+}
+
+double recomputeGemmFlops(const Program &P, const Instruction &I) {
+  if (I.Op != OpKind::AttentionGrad || I.In.empty())
+    return 0;
+  return gemmFlops(P, I) / 5; // the q k^T of its 10 parts
 }
 
 double gemmFlops(const Node &N) {

@@ -16,11 +16,17 @@
 namespace sp {
 
 /// The GEMM FLOPs of one execution on one rank: linear (forward and input
-/// gradient), linear_grad_w and batch_matmul; zero for every other op.
+/// gradient), linear_grad_w, batch_matmul and the fused attention's
+/// products; zero for every other op.
 double gemmFlops(OpKind Op, const AttrList &Attrs, const TensorType &In0,
                  const TensorType &Out0);
 double gemmFlops(const Node &N);
 double gemmFlops(const Program &P, const Instruction &I);
+
+/// The part of a backward instruction's gemmFlops that recomputes forward
+/// products: the q k^T that the fused attention's backward computes again
+/// from q, k and the log-sum-exp. The reports count it as recomputation.
+double recomputeGemmFlops(const Program &P, const Instruction &I);
 
 } // namespace sp
 

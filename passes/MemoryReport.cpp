@@ -42,9 +42,12 @@ ActivationReport analyzeActivations(const Program &P) {
     case Phase::Forward:
       R.ForwardFlops += F;
       break;
-    case Phase::Backward:
-      R.BackwardFlops += F;
+    case Phase::Backward: {
+      double Again = recomputeGemmFlops(P, In);
+      R.BackwardFlops += F - Again;
+      R.RecomputeFlops += Again;
       break;
+    }
     case Phase::Recompute:
       R.RecomputeFlops += F;
       break;
@@ -242,9 +245,14 @@ LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
   double Replicated = E * (2 * H + 2 * H) + Masks + Stats;
   // q, k, v at the query heads (a GQA repeat is stored by the products),
   // or, when selective recomputation recomputes the repeat, at kv heads.
-  double KV = 2 * E * H * (Selective && Repeat ? G / A : 1);
-  double Sharded = E * H + KV + E * H + (Llama ? 4 : 2) * E * F;
-  double Core = Selective ? 0 : (M.Dropout ? 2 * E + 1 : E);
+  // A fused core (fuse-attention) reads k, v at the kv heads, and stores
+  // its output and a float32 log-sum-exp per head and query instead of the
+  // a s^2 b core.
+  bool Fused = M.FusedAttention;
+  double KV = 2 * E * H * ((Selective || Fused) && Repeat ? G / A : 1);
+  double FusedStore = Fused ? E * H + 4 * A : 0;
+  double Sharded = E * H + KV + E * H + (Llama ? 4 : 2) * E * F + FusedStore;
+  double Core = Selective || Fused ? 0 : (M.Dropout ? 2 * E + 1 : E);
   LayerFormula L;
   std::string Div = T > 1 ? "/t" : "";
   std::string Act = StringRef(M.Activation).take_until(
@@ -252,13 +260,15 @@ LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
   std::string InnerTerm =
       Llama ? "4eF (" + Act + " input, its output, up, down input)"
             : "2eF (" + Act + " input, fc2 input)";
-  std::string KVTerm = Selective && Repeat ? "2eh g/a (k, v at kv heads)"
-                                           : "2eh (k, v)";
+  std::string KVTerm = (Selective || Fused) && Repeat
+                           ? "2eh g/a (k, v at kv heads)"
+                           : "2eh (k, v)";
   std::string Rep = std::string("4eh (norm, attention and mlp inputs)") +
                     (M.Dropout ? " + 2h (dropout masks)" : "") +
                     (Llama ? " + 8 (norm statistics)"
                            : " + 16 (norm statistics)");
-  std::string Shd = "eh (q) + " + KVTerm + " + eh (proj input) + " + InnerTerm;
+  std::string Shd = "eh (q) + " + KVTerm + " + eh (proj input) + " + InnerTerm +
+                    (Fused ? " + eh (attention output) + 4a (log-sum-exp)" : "");
   std::string CoreText =
       Core == 0 ? "" : M.Dropout ? " + (2e + 1) a s^2 b" : " + e a s^2 b";
   std::string RopeText = M.RopeLookup ? " + 2e sb h/a (rotary tables)" : "";

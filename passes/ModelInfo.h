@@ -34,6 +34,8 @@ struct ModelInfo {
   /// The layers have dropout; the rotary tables are looked up per layer by
   /// position ids (activations, not constants).
   bool Dropout = false, RopeLookup = false;
+  /// The attention cores are fused (fuse-attention: attention ops).
+  bool FusedAttention = false;
   /// BERT's token-type embedding, embedding norm and head transform.
   bool TokenTypes = false, EmbedNorm = false, HeadTransform = false;
   /// Trainable parameter elements; a tied weight counts once, buffers never.

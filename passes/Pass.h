@@ -78,6 +78,9 @@ struct PassContext {
   /// (gradients reduce-scattered, each rank updating its chunk of every
   /// parameter, the chunks all-gathered); 0 keeps them whole on every rank.
   int Zero = 0;
+  /// --attention fused: the fuse-attention pass replaces each layer's
+  /// attention core by one attention op (runtime/cpu/Attention.h).
+  bool FusedAttention = false;
   RecomputeOptions Recompute;
   PipelineOptions Pipeline;
   /// The activation dtype the program will be planned with (passes that

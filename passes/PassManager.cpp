@@ -64,6 +64,17 @@ struct CLOptions {
                    cl::desc("Sequence parallelism in the LayerNorm and dropout "
                             "regions (needs --tp T > 1)"),
                    cl::cat(Cat)};
+  enum class Attention { Unfused, Fused };
+  cl::opt<Attention> FusedAttention{
+      "attention",
+      cl::desc("The attention core: unfused (the paper's ops, each stored "
+               "or recomputed) or fused (one blockwise op storing q, k, v, "
+               "its output and a log-sum-exp per row; fuse-attention pass)"),
+      cl::values(clEnumValN(Attention::Unfused, "unfused",
+                            "the paper's ops (default)"),
+                 clEnumValN(Attention::Fused, "fused",
+                            "one attention op, no [s, s] tensor stored")),
+      cl::init(Attention::Unfused), cl::cat(Cat)};
   cl::opt<RecomputeMode> Recompute{
       "recompute", cl::desc("Activation recomputation (recompute pass)"),
       cl::values(
@@ -213,6 +224,7 @@ Error passOptionsFromCL(PassContext &Ctx) {
   Ctx.TensorParallel = CL->TP;
   Ctx.DataParallel = CL->DP;
   Ctx.SequenceParallel = CL->SP;
+  Ctx.FusedAttention = CL->FusedAttention == CLOptions::Attention::Fused;
   for (StringRef B : CL->InputBindings) {
     auto [Name, RoleName] = B.split('=');
     auto Role = parseInputRole(RoleName);

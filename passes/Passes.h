@@ -16,7 +16,8 @@ namespace sp {
 constexpr const char *DefaultPasses =
     "constant-fold,canonicalize,dce,detect-transformer,bind-inputs,"
     "tensor-parallel,"
-    "sequence-parallel,autodiff,lower-collectives,optimizer,recompute,"
+    "sequence-parallel,fuse-attention,autodiff,lower-collectives,optimizer,"
+    "recompute,"
     "pipeline-stages,data-parallel";
 
 } // namespace sp

@@ -50,6 +50,9 @@ const StringMap<RoleProps> &table() {
       {"softmax", Core},
       {"attn_core_dropout", Core},
       {"av", Core},
+      // The fused core (fuse-attention): stores only its q, k, v, output and
+      // log-sum-exp, so selective recomputation has nothing to drop there.
+      {"attention", {}},
       {"proj", row("attn_fbar", "proj_bias")},
       {"proj_bias", SeqSharded},
       // MLP.
@@ -84,7 +87,7 @@ const char *const BertRequired[] = {
 const char *const Optional[] = {
     "scale",    "mask",     "pad_mask", "attn_core_dropout", "attn_dropout",
     "mlp_dropout", "rope_cos", "rope_sin", "q_rope", "k_rope", "k_repeat",
-    "v_repeat",
+    "v_repeat", "attention",
     // What tensor parallelism inserts (f, f-bar, row-parallel bias adds).
     "attn_f", "mlp_f", "attn_fbar", "mlp_fbar", "proj_bias", "fc2_bias"};
 
@@ -116,8 +119,12 @@ const RoleProps &roleProps(StringRef Role) {
 static std::pair<std::string, std::string>
 misfit(const FamilyTemplate &T, ArrayRef<std::string> LayerRoles) {
   std::string Lacks, Extra;
+  // A fused attention core stands for qk, softmax and av.
+  bool Fused = is_contained(LayerRoles, "attention");
   for (const char *R : T.Required)
-    if (!is_contained(LayerRoles, R))
+    if (!is_contained(LayerRoles, R) &&
+        !(Fused && (StringRef(R) == "qk" || StringRef(R) == "softmax" ||
+                    StringRef(R) == "av")))
       Lacks += (Lacks.empty() ? "" : " ") + std::string(R);
   SmallVector<StringRef, 4> Seen;
   for (const std::string &R : LayerRoles)

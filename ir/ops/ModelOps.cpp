@@ -689,6 +689,7 @@ void addModelOps(OpTable &T) {
       {"fill", attr::Float(-10000.0)},
       {"pad_fill", attr::Float(0.0)},
       {"pad_where", attr::Int(0)},
+      {"pad_first", attr::Int(0)}, // padding_mask before causal_mask
       {"dropout", attr::Int(0)},
       {"ratio", attr::Float(0.0)},
       {"key", attr::Ints()},

@@ -70,11 +70,14 @@ void scores(T *Sc, const T *Q, const T *K, const T *Bias, int64_t I0,
     T *Row = Sc + R * Bc;
     for (int64_t Cc = 0; Cc < Cols; ++Cc)
       Row[Cc] = Scale * Row[Cc];
+    if (Bias && C.PadFirst)
+      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+        Row[Cc] = Row[Cc] + Bias[J0 + Cc];
     if (C.Causal)
       for (int64_t Cc = 0; Cc < Cols; ++Cc)
         if (C.Key0 + J0 + Cc > C.Query0 + I0 + R)
           Row[Cc] = Fill;
-    if (Bias)
+    if (Bias && !C.PadFirst)
       for (int64_t Cc = 0; Cc < Cols; ++Cc)
         Row[Cc] = Row[Cc] + Bias[J0 + Cc];
   }

@@ -11,7 +11,9 @@
 // The core is the unfused sequence's, op for op on each score:
 //   s = Scale * (q . k)                    (scale)
 //   s = Fill  where Key0 + j > Query0 + i   (causal_mask, when Causal)
-//   s = s + KeyBias[b, j]                  (padding_mask, when KeyBias)
+//   s = s + KeyBias[b, j]                  (padding_mask, when KeyBias;
+//                                           before the causal fill when
+//                                           PadFirst, as HF Llama orders it)
 //   p = softmax_j(s)
 //   p = dropout(p): kept iff the Philox word of the probability's global
 //       index in the [B, A, Sq, Sk] tensor (Probs) passes; kept values are
@@ -47,6 +49,7 @@ struct AttentionCore {
   bool Causal = false;
   double Fill = -10000;       // the causal mask's fill
   int64_t Query0 = 0, Key0 = 0; // global positions of row 0 and column 0
+  bool PadFirst = false;      // the padding bias before the causal fill
   double Dropout = 0;         // ratio on the probabilities; 0: none
   DropoutKey Key;             // the dropout's key
   GlobalIndex Probs;          // the [B, A, Sq, Sk] probabilities' global index

@@ -706,6 +706,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     Core.Scale = AFloat("scale");
     Core.Causal = AInt("causal");
     Core.Fill = AFloat("fill");
+    Core.PadFirst = AInt("pad_first");
     std::vector<T> Bias;
     const unsigned KeepAt = Fwd ? 3 : 6;
     if (I.In.size() > KeepAt) {

@@ -37,6 +37,7 @@ struct Case {
   bool Padding;
   double Dropout;
   double Fill = -10000;
+  bool PadFirst = false; // HF Llama: the padding bias, then the causal fill
 };
 
 template <typename T> struct Tensors {
@@ -58,6 +59,7 @@ AttentionCore coreOf(const Case &C, const GlobalIndex &G) {
   A.Scale = 1 / std::sqrt(double(C.S.D));
   A.Causal = C.Causal;
   A.Fill = C.Fill;
+  A.PadFirst = C.PadFirst;
   A.Dropout = C.Dropout;
   A.Key = DropoutKey{1234, 3, 2, 7};
   A.Probs = G;
@@ -94,9 +96,12 @@ void unfused(Tensors<T> &X, const Case &C, const AttentionCore &A) {
   batchMatMul(Sc.data(), X.Q.data(), Kr.data(), BA, S.Sq, S.Sk, S.D, false,
               true);
   scale(Sc.data(), Sc.data(), N, A.Scale);
+  if (C.Padding && C.PadFirst)
+    addKeyBias(Sc.data(), Sc.data(), X.Bias.data(), S.Batch,
+               S.Heads * S.Sq, S.Sk);
   if (C.Causal)
     causalMask(Sc.data(), Sc.data(), BA, S.Sq, S.Sk, A.Fill);
-  if (C.Padding)
+  if (C.Padding && !C.PadFirst)
     addKeyBias(Sc.data(), Sc.data(), X.Bias.data(), S.Batch,
                S.Heads * S.Sq, S.Sk);
   softmax(P.data(), Sc.data(), BA * S.Sq, S.Sk);
@@ -183,6 +188,8 @@ std::vector<Case> cases() {
       // a fill whose probabilities are not 0: no block is skipped, and the
       // causal mask still stops their gradient
       {{1, 2, 2, 70, 70, 8}, true, false, 0.1, -12},
+      // HF Llama's order: padding bias, then the causal fill (finfo.min)
+      {{2, 4, 2, 70, 70, 8}, true, true, 0.1, -3.4028234663852886e+38, true},
   };
 }
 

@@ -39,6 +39,20 @@ constexpr int64_t MC = 12 * MR;  // rows per packed A block (72 KiB)
 constexpr int64_t NC = 512;    // columns per tile (a 256 KiB B block)
 constexpr int64_t TM = 4 * MC; // rows per tile
 
+/// Kc values contiguous in k as (Kc + 1) / 2 words, word p = Line[2p] |
+/// Line[2p + 1] << 16 (zero past an odd Kc), at Out[p Stride].
+void packLine(uint32_t *Out, int64_t Stride, const uint16_t *Line,
+              int64_t Kc) {
+  int64_t P = 0;
+  for (; 2 * P + 1 < Kc; ++P) {
+    uint32_t W;
+    std::memcpy(&W, Line + 2 * P, 4);
+    Out[P * Stride] = W;
+  }
+  if (2 * P < Kc)
+    Out[P * Stride] = Line[2 * P];
+}
+
 /// op(A)[M0 + r, K0 + k] for r < Rows, k < Kc into panels of MR rows (rows
 /// past Rows and the k past an odd Kc are zero).
 void packA(uint32_t *Ap, bool TransA, const uint16_t *A, int64_t Lda,
@@ -54,15 +68,7 @@ void packA(uint32_t *Ap, bool TransA, const uint16_t *A, int64_t Lda,
             Panel[P * MR + R] = 0;
           continue;
         }
-        const uint16_t *Row = A + (M0 + P0 + R) * Lda + K0;
-        int64_t P = 0;
-        for (; 2 * P + 1 < Kc; ++P) {
-          uint32_t W;
-          std::memcpy(&W, Row + 2 * P, 4);
-          Panel[P * MR + R] = W;
-        }
-        if (P < KP)
-          Panel[P * MR + R] = Row[2 * P];
+        packLine(Panel + R, MR, A + (M0 + P0 + R) * Lda + K0, Kc);
       }
     } else { // columns of the stored A are contiguous in the row index
       for (int64_t P = 0; P < KP; ++P) {
@@ -106,15 +112,7 @@ void packB(uint32_t *Bp, bool TransB, const uint16_t *B, int64_t Ldb,
             Panel[P * NR + N] = 0;
           continue;
         }
-        const uint16_t *Col = B + (N0 + J0 + N) * Ldb + K0;
-        int64_t P = 0;
-        for (; 2 * P + 1 < Kc; ++P) {
-          uint32_t W;
-          std::memcpy(&W, Col + 2 * P, 4);
-          Panel[P * NR + N] = W;
-        }
-        if (P < KP)
-          Panel[P * NR + N] = Col[2 * P];
+        packLine(Panel + N, NR, B + (N0 + J0 + N) * Ldb + K0, Kc);
       }
     }
   }

@@ -9,11 +9,13 @@
 //   p = softmax(s)
 //   p = dropout(p) {ratio}                     (optional)
 //   o = batch_matmul(p, v)
+//   o = merge_heads(o)                         (optional)
 //
 // (k and v possibly the repeat_heads of grouped-query attention), becomes
 //
 //   o, lse = attention(q, k, v [, keep]) {scale, causal, fill, pad_fill,
-//                                        pad_where, dropout, ratio}
+//                                        pad_where, pad_first, dropout,
+//                                        ratio, merged}
 //
 // which computes the same values blockwise and stores only q, k, v, o and a
 // per-row log-sum-exp: the paper's 5as/h term of stored activations goes
@@ -136,6 +138,14 @@ private:
     if (!AV || A(*AV, "trans_a") || A(*AV, "trans_b"))
       return false;
     Chain.push_back(AV);
+    // The output merged back to [b, s, h] (the projection's input): the op
+    // writes it so, and the backward reads that stored tensor.
+    Node *Last = AV;
+    if (Node *M = onlyUser(G, AV->result(), OpKind::MergeHeads)) {
+      Attrs.set("merged", int64_t(1));
+      Chain.push_back(M);
+      Last = M;
+    }
     Value *Q = QK.operand(0), *K = QK.operand(1), *Vv = AV->operand(1);
     const TensorType &QT = Q->type(), &KT = K->type(), &VT = Vv->type();
     if (QT.rank() != 4 || KT.Shape != QT.Shape || VT.Shape != QT.Shape) {
@@ -156,16 +166,16 @@ private:
     SmallVector<Value *, 4> Operands = {Q, K, Vv};
     if (Keep)
       Operands.push_back(Keep);
-    auto Made = buildNode(G, AV->getIterator(), OpKind::Attention, Operands,
+    auto Made = buildNode(G, Last->getIterator(), OpKind::Attention, Operands,
                           Attrs, AV->name());
     if (!Made)
       return Made.takeError();
     Node *F = *Made;
     F->tags() = AV->tags();
     F->tags().Role = "attention";
-    F->result(0)->setSharding(AV->result()->sharding());
-    F->result(1)->setSharding(AV->result()->sharding());
-    G.replaceAllUsesWith(AV->result(), F->result(0));
+    for (Value *R : F->results())
+      R->setSharding(resultLayout(*F));
+    G.replaceAllUsesWith(Last->result(), F->result(0));
     for (auto I = Chain.rbegin(); I != Chain.rend(); ++I)
       G.erase(*I);
     for (Node *R : {RV, RK})

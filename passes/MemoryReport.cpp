@@ -250,7 +250,9 @@ LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
   // a s^2 b core.
   bool Fused = M.FusedAttention;
   double KV = 2 * E * H * ((Selective || Fused) && Repeat ? G / A : 1);
-  double FusedStore = Fused ? E * H + 4 * A : 0;
+  // (Unless merged, the output is stored twice: as the backward reads it
+  // and merged as the projection's input.)
+  double FusedStore = Fused ? (M.FusedMerged ? 0 : E * H) + 4 * A : 0;
   double Sharded = E * H + KV + E * H + (Llama ? 4 : 2) * E * F + FusedStore;
   double Core = Selective || Fused ? 0 : (M.Dropout ? 2 * E + 1 : E);
   LayerFormula L;
@@ -268,7 +270,9 @@ LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
                     (Llama ? " + 8 (norm statistics)"
                            : " + 16 (norm statistics)");
   std::string Shd = "eh (q) + " + KVTerm + " + eh (proj input) + " + InnerTerm +
-                    (Fused ? " + eh (attention output) + 4a (log-sum-exp)" : "");
+                    (!Fused           ? ""
+                     : M.FusedMerged ? " + 4a (log-sum-exp)"
+                                     : " + eh (attention output) + 4a (log-sum-exp)");
   std::string CoreText =
       Core == 0 ? "" : M.Dropout ? " + (2e + 1) a s^2 b" : " + e a s^2 b";
   std::string RopeText = M.RopeLookup ? " + 2e sb h/a (rotary tables)" : "";

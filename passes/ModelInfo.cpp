@@ -86,7 +86,10 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
                  (N.op() == OpKind::Attention &&
                   attrInt(N.op(), N.attrs(), "dropout"));
     M.RopeLookup |= Role == "rope_cos";
-    M.FusedAttention |= N.op() == OpKind::Attention;
+    if (N.op() == OpKind::Attention) {
+      M.FusedAttention = true;
+      M.FusedMerged = attrInt(N.op(), N.attrs(), "merged");
+    }
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = attrString(N.op(), N.attrs(), "approximate");
     if (Role == "act" && M.Activation.empty())

@@ -36,6 +36,8 @@ struct ModelInfo {
   bool Dropout = false, RopeLookup = false;
   /// The attention cores are fused (fuse-attention: attention ops).
   bool FusedAttention = false;
+  /// ... writing its output merged (the projection's input, stored once).
+  bool FusedMerged = false;
   /// BERT's token-type embedding, embedding norm and head transform.
   bool TokenTypes = false, EmbedNorm = false, HeadTransform = false;
   /// Trainable parameter elements; a tied weight counts once, buffers never.

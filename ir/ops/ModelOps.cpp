@@ -690,6 +690,8 @@ void addModelOps(OpTable &T) {
       {"pad_fill", attr::Float(0.0)},
       {"pad_where", attr::Int(0)},
       {"pad_first", attr::Int(0)}, // padding_mask before causal_mask
+      // o [b, s, a d] and lse [b, s, a]: merge_heads of the output absorbed
+      {"merged", attr::Int(0)},
       {"dropout", attr::Int(0)},
       {"ratio", attr::Float(0.0)},
       {"key", attr::Ints()},
@@ -717,6 +719,11 @@ void addModelOps(OpTable &T) {
                                      "t] = [{0}, {1}]; got {2}",
                                      Q.Shape[0], K.Shape[2], M.str()));
         }
+        if (A.attrInt("merged"))
+          return TypeList{
+              TensorType(Q.Dtype,
+                         {Q.Shape[0], Q.Shape[2], Q.Shape[1] * Q.Shape[3]}),
+              TensorType(DType::F32, {Q.Shape[0], Q.Shape[2], Q.Shape[1]})};
         return TypeList{Q, TensorType(DType::F32, {Q.Shape[0], Q.Shape[1],
                                                    Q.Shape[2]})};
       },
@@ -738,6 +745,15 @@ void addModelOps(OpTable &T) {
           B.accumulate(N.operand(I), G->result(I));
         return Error::success();
       },
+      // Heads split over the tensor group: so are o and lse, along their
+      // heads axis (the last but one merged, as merge_heads lays it out).
+      .Layout =
+          [](const Node &N) {
+            if (attrInt(N.op(), N.attrs(), "merged") &&
+                isSplit(layoutOf(N, 0), 1))
+              return Sharding::split(2, layoutOf(N, 0).Parts);
+            return keepLayout(N);
+          },
   };
   T[size_t(OpKind::AttentionGrad)] = {
       .MinOperands = 6, // (do, q, k, v, o, lse, keep?) -> dq, dk, dv
@@ -746,6 +762,8 @@ void addModelOps(OpTable &T) {
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         return TypeList{A.type(1), A.type(2), A.type(3)};
       },
+      // dq, dk, dv are laid out as q, k, v (do may be merged).
+      .Layout = [](const Node &N) { return layoutOf(N, 1); },
   };
 }
 

@@ -90,6 +90,21 @@ bool aboveDiagonal(const AttentionCore &C, int64_t I0, int64_t Rows,
   return C.Causal && C.Key0 + J0 > C.Query0 + I0 + Rows - 1;
 }
 
+/// Where row (b, a, i) of O (and DO) and of Lse is, and the distance from
+/// row i to row i + 1 of one head.
+struct OutLayout {
+  int64_t Heads, Sq, D;
+  bool Merged;
+  int64_t row(int64_t B, int64_t A, int64_t I) const {
+    return (Merged ? (B * Sq + I) * Heads + A : (B * Heads + A) * Sq + I) * D;
+  }
+  int64_t rowStride() const { return Merged ? Heads * D : D; }
+  int64_t lse(int64_t B, int64_t A, int64_t I) const {
+    return Merged ? (B * Sq + I) * Heads + A : (B * Heads + A) * Sq + I;
+  }
+  int64_t lseStride() const { return Merged ? Heads : 1; }
+};
+
 template <typename T> T maxBias(const T *Bias, int64_t Sk) {
   T M = T(0);
   if (Bias)
@@ -108,6 +123,8 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
     return St;
   const int64_t D = S.D, Group = S.Heads / S.KvHeads;
   const int64_t QBlocks = (S.Sq + Br - 1) / Br;
+  const OutLayout OL{S.Heads, S.Sq, D, C.Merged};
+  const int64_t OS = OL.rowStride(), LS = OL.lseStride();
   const T KeepScale = C.Dropout >= 1 ? T(0) : T(1.0 / (1.0 - C.Dropout));
   parallelFor(S.Batch * S.Heads * QBlocks, 1, [&](int64_t T0, int64_t T1) {
     std::vector<T> Sc(Br * Bc), Acc(Br * D), M(Br);
@@ -163,14 +180,14 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
         gemm<T>(false, false, Rows, D, Cols, T(1), Sc.data(), Bc,
                 V + Kv + J0 * D, D, T(1), Acc.data(), D);
       }
-      T *Oh = O + ((B * S.Heads + A) * S.Sq + I0) * D;
-      T *LseH = Lse + (B * S.Heads + A) * S.Sq + I0;
+      T *Oh = O + OL.row(B, A, I0);
+      T *LseH = Lse + OL.lse(B, A, I0);
       for (int64_t R = 0; R < Rows; ++R) {
         // A row with every score -inf gives zeros, as softmax does.
         const T Inv = L[R] > 0 ? T(1.0 / L[R]) : T(0);
         for (int64_t X = 0; X < D; ++X)
-          Oh[R * D + X] = Acc[R * D + X] * Inv;
-        LseH[R] = L[R] > 0 ? T(double(M[R]) + std::log(L[R]))
+          Oh[R * OS + X] = Acc[R * D + X] * Inv;
+        LseH[R * LS] = L[R] > 0 ? T(double(M[R]) + std::log(L[R]))
                            : -std::numeric_limits<T>::infinity();
       }
     }
@@ -188,6 +205,8 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
   const int64_t D = S.D, Group = S.Heads / S.KvHeads;
   const T KeepScale = C.Dropout >= 1 ? T(0) : T(1.0 / (1.0 - C.Dropout));
   const T Scale = T(C.Scale);
+  const OutLayout OL{S.Heads, S.Sq, D, C.Merged};
+  const int64_t OS = OL.rowStride(), LS = OL.lseStride();
   parallelFor(S.Batch * S.KvHeads, 1, [&](int64_t T0, int64_t T1) {
     std::vector<T> P(Br * Bc), DP(Br * Bc), Delta(S.Sq);
     std::vector<uint8_t> Keep(Br * Bc);
@@ -200,12 +219,13 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
       std::fill(DV + Kv, DV + Kv + S.Sk * D, T(0));
       for (int64_t A = G * Group; A < (G + 1) * Group; ++A) {
         const int64_t Qo = (B * S.Heads + A) * S.Sq * D;
-        const T *LseH = Lse + (B * S.Heads + A) * S.Sq;
+        const T *LseH = Lse + OL.lse(B, A, 0); // row i at LseH[i LS]
+        const int64_t Oo = OL.row(B, A, 0);     // row i at Oo + i OS
         // Delta_i = sum_j p_ij dp_ij = do_i . o_i (dropout included).
         for (int64_t I = 0; I < S.Sq; ++I) {
           double Dot = 0;
           for (int64_t X = 0; X < D; ++X)
-            Dot += double(DO[Qo + I * D + X]) * double(O[Qo + I * D + X]);
+            Dot += double(DO[Oo + I * OS + X]) * double(O[Oo + I * OS + X]);
           Delta[I] = T(Dot);
         }
         std::fill(DQ + Qo, DQ + Qo + S.Sq * D, T(0));
@@ -213,14 +233,17 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
           const int64_t Rows = std::min(Br, S.Sq - I0);
           for (int64_t J0 = 0; J0 < S.Sk; J0 += Bc) {
             const int64_t Cols = std::min(Bc, S.Sk - J0);
-            if (aboveDiagonal(C, I0, Rows, J0) &&
-                std::all_of(LseH + I0, LseH + I0 + Rows,
-                            [&](T Lr) { return Lr > Skip; }))
-              break;
+            if (aboveDiagonal(C, I0, Rows, J0)) {
+              bool Negligible = true;
+              for (int64_t R = 0; R < Rows; ++R)
+                Negligible &= LseH[(I0 + R) * LS] > Skip;
+              if (Negligible)
+                break;
+            }
             scores(P.data(), Q + Qo, K + Kv, Bias, I0, Rows, J0, Cols, D, C);
             for (int64_t R = 0; R < Rows; ++R) {
               T *Row = P.data() + R * Bc;
-              const T Lr = LseH[I0 + R];
+              const T Lr = LseH[(I0 + R) * LS];
               for (int64_t Cc = 0; Cc < Cols; ++Cc)
                 Row[Cc] = Lr == -std::numeric_limits<T>::infinity()
                               ? T(0)
@@ -240,8 +263,8 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
                                              : T(0))
                         : P[R * Bc + Cc];
             gemm<T>(true, false, Cols, D, Rows, T(1), PD, Bc,
-                    DO + Qo + I0 * D, D, T(1), DV + Kv + J0 * D, D);
-            gemm<T>(false, true, Rows, Cols, D, T(1), DO + Qo + I0 * D, D,
+                    DO + Oo + I0 * OS, OS, T(1), DV + Kv + J0 * D, D);
+            gemm<T>(false, true, Rows, Cols, D, T(1), DO + Oo + I0 * OS, OS,
                     V + Kv + J0 * D, D, T(0), DP.data(), Bc);
             // DS = P (DP - Delta), zero where the causal mask replaced the
             // score, times the scale; kept in P.

@@ -50,6 +50,9 @@ struct AttentionCore {
   double Fill = -10000;       // the causal mask's fill
   int64_t Query0 = 0, Key0 = 0; // global positions of row 0 and column 0
   bool PadFirst = false;      // the padding bias before the causal fill
+  /// O and DO [B, Sq, A, D] (heads merged: the projection's input) and Lse
+  /// [B, Sq, A], instead of [B, A, Sq, D] and [B, A, Sq].
+  bool Merged = false;
   double Dropout = 0;         // ratio on the probabilities; 0: none
   DropoutKey Key;             // the dropout's key
   GlobalIndex Probs;          // the [B, A, Sq, Sk] probabilities' global index

@@ -707,6 +707,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     Core.Causal = AInt("causal");
     Core.Fill = AFloat("fill");
     Core.PadFirst = AInt("pad_first");
+    Core.Merged = AInt("merged");
     std::vector<T> Bias;
     const unsigned KeepAt = Fwd ? 3 : 6;
     if (I.In.size() > KeepAt) {

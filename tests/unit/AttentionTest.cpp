@@ -274,6 +274,41 @@ TEST(FusedAttention, HeadBlockAndThreadsAreBitwiseTheWhole) {
   }
 }
 
+/// With Merged, O, DO and Lse are [B, Sq, A, D] and [B, Sq, A] (the layout
+/// the projection reads): the same values, and the same gradients.
+TEST(FusedAttention, MergedOutputIsThePermutedOutput) {
+  const Case C{{2, 4, 2, 70, 70, 8}, true, true, 0.1};
+  const int64_t P4[] = {2, 4, 70, 70};
+  const AttentionShape &S = C.S;
+  AttentionCore A = coreOf(C, GlobalIndex::whole(Shape(P4, 4)));
+  Tensors<float> H = inputs<float>(C);
+  fused(H, C, A);
+  // The merged run: DO permuted in, O and Lse permuted out.
+  Tensors<float> M = inputs<float>(C);
+  auto At = [&](int64_t B, int64_t Hd, int64_t I, bool Merged) {
+    return Merged ? (B * S.Sq + I) * S.Heads + Hd : (B * S.Heads + Hd) * S.Sq + I;
+  };
+  for (int64_t B = 0; B < S.Batch; ++B)
+    for (int64_t Hd = 0; Hd < S.Heads; ++Hd)
+      for (int64_t I = 0; I < S.Sq; ++I)
+        std::copy_n(H.DO.begin() + At(B, Hd, I, false) * S.D, S.D,
+                    M.DO.begin() + At(B, Hd, I, true) * S.D);
+  A.Merged = true;
+  fused(M, C, A);
+  for (int64_t B = 0; B < S.Batch; ++B)
+    for (int64_t Hd = 0; Hd < S.Heads; ++Hd)
+      for (int64_t I = 0; I < S.Sq; ++I) {
+        ASSERT_EQ(0, std::memcmp(M.O.data() + At(B, Hd, I, true) * S.D,
+                                 H.O.data() + At(B, Hd, I, false) * S.D,
+                                 S.D * 4));
+        ASSERT_EQ(M.Lse[At(B, Hd, I, true)], H.Lse[At(B, Hd, I, false)]);
+      }
+  const double Bound = double(S.Sk + S.D + 16) * std::ldexp(1.0, -24);
+  expectClose(M.DQ, H.DQ, Bound, "DQ");
+  expectClose(M.DK, H.DK, Bound, "DK");
+  expectClose(M.DV, H.DV, Bound, "DV");
+}
+
 TEST(FusedAttention, RejectsBadShapesAndKeys) {
   std::vector<float> X(64);
   AttentionShape S{1, 3, 2, 2, 2, 4}; // 3 heads over 2 key/value heads

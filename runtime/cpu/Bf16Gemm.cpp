@@ -53,66 +53,36 @@ void packLine(uint32_t *Out, int64_t Stride, const uint16_t *Line,
     Out[P * Stride] = Line[2 * P];
 }
 
-/// op(A)[M0 + r, K0 + k] for r < Rows, k < Kc into panels of MR rows (rows
-/// past Rows and the k past an odd Kc are zero).
-void packA(uint32_t *Ap, bool TransA, const uint16_t *A, int64_t Lda,
-           int64_t M0, int64_t Rows, int64_t K0, int64_t Kc) {
+/// Panels of Width lines (rows of op(A), or columns of op(B)) over k in
+/// [K0, K0 + Kc): for lines [L0, L0 + Count) of X, panel w holds words
+/// [pair][line], word (p, l) = X(l, K0 + 2p) | X(l, K0 + 2p + 1) << 16.
+/// KMajor: X stored [k][line] with leading dimension Ld (an A^T or a B),
+/// else [line][k] (an A or a B^T). Lines past Count and the k past an odd
+/// Kc are zero.
+void pack(uint32_t *Out, int Width, bool KMajor, const uint16_t *X,
+          int64_t Ld, int64_t L0, int64_t Count, int64_t K0, int64_t Kc) {
   const int64_t KP = (Kc + 1) / 2;
-  for (int64_t P0 = 0; P0 < Rows; P0 += MR) {
-    uint32_t *Panel = Ap + (P0 / MR) * KP * MR;
-    const int Valid = int(std::min<int64_t>(MR, Rows - P0));
-    if (!TransA) { // rows of A are contiguous in k
-      for (int R = 0; R < MR; ++R) {
-        if (R >= Valid) {
+  for (int64_t W0 = 0; W0 < Count; W0 += Width) {
+    uint32_t *Panel = Out + (W0 / Width) * KP * Width;
+    const int Valid = int(std::min<int64_t>(Width, Count - W0));
+    if (KMajor) { // two k rows interleaved, lines contiguous
+      for (int64_t P = 0; P < KP; ++P) {
+        const uint16_t *Lo = X + (K0 + 2 * P) * Ld + L0 + W0;
+        const uint16_t *Hi = 2 * P + 1 < Kc ? Lo + Ld : nullptr;
+        uint32_t *Row = Panel + P * Width;
+        for (int L = 0; L < Valid; ++L)
+          Row[L] = uint32_t(Lo[L]) | (Hi ? uint32_t(Hi[L]) << 16 : 0);
+        for (int L = Valid; L < Width; ++L)
+          Row[L] = 0;
+      }
+    } else { // each line's k contiguous
+      for (int L = 0; L < Width; ++L) {
+        if (L >= Valid) {
           for (int64_t P = 0; P < KP; ++P)
-            Panel[P * MR + R] = 0;
+            Panel[P * Width + L] = 0;
           continue;
         }
-        packLine(Panel + R, MR, A + (M0 + P0 + R) * Lda + K0, Kc);
-      }
-    } else { // columns of the stored A are contiguous in the row index
-      for (int64_t P = 0; P < KP; ++P) {
-        const uint16_t *Lo = A + (K0 + 2 * P) * Lda + M0 + P0;
-        const uint16_t *Hi = 2 * P + 1 < Kc ? Lo + Lda : nullptr;
-        for (int R = 0; R < MR; ++R)
-          Panel[P * MR + R] =
-              R < Valid ? uint32_t(Lo[R]) | (Hi ? uint32_t(Hi[R]) << 16 : 0)
-                        : 0;
-      }
-    }
-  }
-}
-
-/// op(B)[K0 + k, N0 + n] for k < Kc, n < Cols into panels of NR columns.
-void packB(uint32_t *Bp, bool TransB, const uint16_t *B, int64_t Ldb,
-           int64_t K0, int64_t Kc, int64_t N0, int64_t Cols) {
-  const int64_t KP = (Kc + 1) / 2;
-  for (int64_t J0 = 0; J0 < Cols; J0 += NR) {
-    uint32_t *Panel = Bp + (J0 / NR) * KP * NR;
-    const int Valid = int(std::min<int64_t>(NR, Cols - J0));
-    if (!TransB) { // rows of B are contiguous in n
-      for (int64_t P = 0; P < KP; ++P) {
-        const uint16_t *Lo = B + (K0 + 2 * P) * Ldb + N0 + J0;
-        uint32_t *Out = Panel + P * NR;
-        if (2 * P + 1 < Kc) {
-          const uint16_t *Hi = Lo + Ldb;
-          for (int N = 0; N < Valid; ++N)
-            Out[N] = uint32_t(Lo[N]) | uint32_t(Hi[N]) << 16;
-        } else {
-          for (int N = 0; N < Valid; ++N)
-            Out[N] = Lo[N];
-        }
-        for (int N = Valid; N < NR; ++N)
-          Out[N] = 0;
-      }
-    } else { // B stored [N, K]: each column's k are contiguous
-      for (int N = 0; N < NR; ++N) {
-        if (N >= Valid) {
-          for (int64_t P = 0; P < KP; ++P)
-            Panel[P * NR + N] = 0;
-          continue;
-        }
-        packLine(Panel + N, NR, B + (N0 + J0 + N) * Ldb + K0, Kc);
+        packLine(Panel + L, Width, X + (L0 + W0 + L) * Ld + K0, Kc);
       }
     }
   }
@@ -257,10 +227,10 @@ void gemmBf16(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K,
       for (int64_t K0 = 0; K0 < K; K0 += KC) {
         const int64_t Kc = std::min(KC, K - K0), KP = (Kc + 1) / 2;
         const bool Accumulate = K0 > 0 || Beta != 0;
-        packB(Bp.data(), TransB, B, Ldb, K0, Kc, N0, Cols);
+        pack(Bp.data(), NR, /*KMajor=*/!TransB, B, Ldb, N0, Cols, K0, Kc);
         for (int64_t I0 = 0; I0 < Rows; I0 += MC) {
           const int64_t Rc = std::min(MC, Rows - I0);
-          packA(Ap.data(), TransA, A, Lda, M0 + I0, Rc, K0, Kc);
+          pack(Ap.data(), MR, /*KMajor=*/TransA, A, Lda, M0 + I0, Rc, K0, Kc);
           for (int64_t J = 0; J < Cols; J += NR)
             for (int64_t I = 0; I < Rc; I += MR)
               Tile(KP, Ap.data() + (I / MR) * KP * MR,

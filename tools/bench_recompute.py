@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""Benchmark: the time cost of recomputation (none, selective, full) on the CPU, measured in one run.
+"""Benchmark: the time cost of recomputation (none, selective, full) and of the fused attention
+core (`--attention fused`, whose backward recomputes the scores blockwise) on the CPU, in one run.
 
 Exports a model where attention matters (by default L 2, h 256, 8 heads, s 512, v 512, batch 2,
-dropout 0.1) with models/export_gpt.py, compiles it three times (`sp-compile --recompute MODE`),
+dropout 0.1) with models/export_gpt.py, compiles it four times (`sp-compile --recompute MODE`, and
+`--attention fused`),
 and runs each plan with `sp-run --steps N`, --repeat times, interleaving the modes so that load
 from elsewhere hits them alike. sp-run reports the time spent in each phase's instructions per
 step (forward, backward, recompute, optimizer; the first step left out); the table shows the
@@ -24,7 +26,11 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = ["none", "selective", "full"]
+MODES = ["none", "selective", "full", "fused"]  # fused: --attention fused, nothing recomputed
+
+
+def compile_flags(mode):
+    return ["--attention", "fused"] if mode == "fused" else ["--recompute", mode]
 TIME_LINE = re.compile(r"time per step: forward ([\d.]+) ms, backward ([\d.]+) ms, "
                        r"recompute ([\d.]+) ms, optimizer ([\d.]+) ms")
 
@@ -59,7 +65,7 @@ def main():
         plan = os.path.join(work, f"plan-{mode}")
         shutil.rmtree(plan, ignore_errors=True)
         report = os.path.join(work, f"report-{mode}.json")
-        subprocess.run([tool("sp-compile"), model, "-o", plan, "--recompute", mode, "--quiet", "--report", report],
+        subprocess.run([tool("sp-compile"), model, "-o", plan, *compile_flags(mode), "--quiet", "--report", report],
                        check=True)
         stored[mode] = json.load(open(report))["memory"]["activation_bytes_per_layer"]
 

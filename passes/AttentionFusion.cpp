@@ -66,12 +66,13 @@ public:
       Node &N = *It++;
       if (N.op() != OpKind::BatchMatMul)
         continue;
-      auto Done = fuse(G, N, *Ctx.Remarks);
-      if (!Done)
-        return Done.takeError();
-      if (*Done) {
+      auto Made = fuse(G, N, *Ctx.Remarks);
+      if (!Made)
+        return Made.takeError();
+      if (*Made) {
         ++Fused;
-        It = G.nodes().begin(); // the chain's nodes are gone
+        // The chain's nodes are gone; go on after the op that replaced it.
+        It = std::next((*Made)->getIterator());
       }
     }
     *Ctx.Remarks << formatv("fuse-attention: {0} attention core{1} fused\n",
@@ -80,14 +81,14 @@ public:
   }
 
 private:
-  /// Fuses the core starting at the q k^T product QK; false if QK does not
-  /// start one.
-  static Expected<bool> fuse(Graph &G, Node &QK, raw_ostream &Remarks) {
+  /// Fuses the core starting at the q k^T product QK into an attention op
+  /// and returns it; null if QK does not start one.
+  static Expected<Node *> fuse(Graph &G, Node &QK, raw_ostream &Remarks) {
     auto A = [](const Node &N, StringRef Name) {
       return attrInt(N.op(), N.attrs(), Name);
     };
     if (A(QK, "trans_a") || !A(QK, "trans_b"))
-      return false;
+      return nullptr;
     SmallVector<Node *, 8> Chain = {&QK};
     AttrList Attrs;
     Value *V = QK.result();
@@ -119,12 +120,12 @@ private:
     }
     Node *Soft = onlyUser(G, V, OpKind::Softmax);
     if (!Soft)
-      return false;
+      return nullptr;
     if (Soft->attrs().has("alpha") || Soft->attrs().has("causal")) {
       Remarks << formatv("fuse-attention: {0}: a softmax with fused "
                          "attributes is left alone\n",
                          Soft->name());
-      return false;
+      return nullptr;
     }
     Chain.push_back(Soft);
     V = Soft->result();
@@ -136,7 +137,7 @@ private:
     }
     Node *AV = onlyUser(G, V, OpKind::BatchMatMul);
     if (!AV || A(*AV, "trans_a") || A(*AV, "trans_b"))
-      return false;
+      return nullptr;
     Chain.push_back(AV);
     // The output merged back to [b, s, h] (the projection's input): the op
     // writes it so, and the backward reads that stored tensor.
@@ -152,7 +153,7 @@ private:
       Remarks << formatv("fuse-attention: {0}: q, k, v of {1}, {2}, {3} are "
                          "not [b, a, s, d] alike; left unfused\n",
                          QK.name(), QT.str(), KT.str(), VT.str());
-      return false;
+      return nullptr;
     }
     // Grouped-query attention: read the kv heads, not their repeats.
     Node *RK = repeatOf(G, K), *RV = repeatOf(G, Vv);
@@ -181,7 +182,7 @@ private:
     for (Node *R : {RV, RK})
       if (R)
         G.erase(R);
-    return true;
+    return F;
   }
 };
 

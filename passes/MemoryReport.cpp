@@ -216,6 +216,10 @@ ArrayRef<PaperConfig> paperConfigs() {
       {"tensor + sequence parallel + selective recompute", "TP+SP+selective",
        true, true, RecomputeMode::Selective},
       {"full recompute", "full recompute", true, false, RecomputeMode::Full},
+      {"tensor parallel + fused attention", "TP+fused", true, false,
+       RecomputeMode::None, /*FusedAttention=*/true},
+      {"tensor + sequence parallel + fused attention", "TP+SP+fused", true,
+       true, RecomputeMode::None, /*FusedAttention=*/true},
   };
   return Configs;
 }
@@ -308,6 +312,10 @@ double table2Bytes(const PaperConfig &C, double A, double S, double B,
     return SBH * (34 + Attn);
   if (C.Recompute == RecomputeMode::Selective)
     Attn = 0;
+  // A fused core stores no a s^2 b term, but a float32 log-sum-exp per head
+  // and query: 4 a s b bytes, split by t with the heads.
+  if (C.FusedAttention)
+    Attn = 4 * A / H;
   if (C.SequenceParallel)
     return SBH * (34 / T + Attn / T);
   return SBH * (10 + 24 / T + Attn / T);

@@ -113,14 +113,17 @@ struct LayerFormula {
 LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
                           RecomputeMode R, double E);
 
-/// The six configurations of the paper's Table 2, and its formula for the
-/// activation bytes of one layer (fp16 activations, 1-byte masks, LayerNorm
-/// statistics ignored).
+/// The six configurations of the paper's Table 2 and two with a fused
+/// attention core (fuse-attention), and the formula for the activation bytes
+/// of one layer (fp16 activations, 1-byte masks, LayerNorm statistics
+/// ignored): Table 2's, and for a fused core Table 2's without the 5as/h
+/// term plus the float32 log-sum-exp, 4 a s b / t bytes.
 struct PaperConfig {
   const char *Name;
   const char *Short; // for charts
   bool TensorParallel, SequenceParallel;
   RecomputeMode Recompute;
+  bool FusedAttention = false;
 };
 llvm::ArrayRef<PaperConfig> paperConfigs();
 double table2Bytes(const PaperConfig &C, double A, double S, double B,

@@ -41,7 +41,8 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
   M.T = Base.TensorParallel > 1 ? Base.TensorParallel : 8;
   // The imported graph compiled with Base's options but these parallel ones
   // and fp16 accounting.
-  auto Compile = [&](int T, bool SP, RecomputeMode R, bool Pipelined,
+  auto Compile = [&](int T, bool SP, RecomputeMode R, bool Fused,
+                     bool Pipelined,
                      StringRef What) -> Expected<std::unique_ptr<Graph>> {
     std::unique_ptr<Graph> G = (*Imported)->clone();
     PassContext Ctx = Base;
@@ -51,6 +52,7 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
     Ctx.SequenceParallel = SP;
     Ctx.Recompute = RecomputeOptions();
     Ctx.Recompute.Mode = R;
+    Ctx.FusedAttention = Fused;
     Ctx.ActivationDtype = DType::F16;
     if (auto E = runPasses(*G, Ctx, CompileOptions()))
       return createStringError(inconvertibleErrorCode(), "%s (%s): %s",
@@ -60,7 +62,8 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
   };
   for (const PaperConfig &C : paperConfigs()) {
     auto G = Compile(C.TensorParallel ? M.T : 1, C.SequenceParallel,
-                     C.Recompute, /*Pipelined=*/false, C.Name);
+                     C.Recompute, C.FusedAttention, /*Pipelined=*/false,
+                     C.Name);
     if (!G)
       return G.takeError();
     auto Info = summarizeModel(**G);
@@ -84,7 +87,7 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
   for (bool Selective : {false, true}) {
     auto G = Compile(M.T, /*SP=*/true,
                      Selective ? RecomputeMode::Selective : RecomputeMode::None,
-                     /*Pipelined=*/true, "pipeline");
+                     /*Fused=*/false, /*Pipelined=*/true, "pipeline");
     if (!G)
       return G.takeError();
     auto S = buildSchedule(scheduleKind(PO.Schedule), PO.Stages,

@@ -1,8 +1,9 @@
 //===- PaperTable.h - sp-compile --paper-table and --figure7 ----*- C++ -*-===//
 //
 // Compiles the paper's configurations (no parallelism, tensor parallelism,
-// + sequence parallelism, + selective recomputation, full recomputation; and
-// with --pp the whole first stage, Eq. 5 and 6) of each model, prints our
+// + sequence parallelism, + selective recomputation, full recomputation,
+// tensor (and sequence) parallelism with a fused attention core; and with
+// --pp the whole first stage, Eq. 5 and 6) of each model, prints our
 // activation bytes per layer against Table 2's formula, and writes Figure 7
 // and a JSON report when asked.
 //

@@ -52,5 +52,6 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_strin
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=0:exitcode=66:second_deadlock_stack=1}
 echo "== sp-unit-tests under -fsanitize=$SANITIZE (filter $FILTER)"
-"$BUILD_DIR/bin/sp-unit-tests" --gtest_brief=1 --gtest_filter="$FILTER"
+# (Minutes here, built and run; a run past 40 is stuck.)
+timeout -k 10 2400 "$BUILD_DIR/bin/sp-unit-tests" --gtest_brief=1 --gtest_filter="$FILTER"
 echo "== no sanitizer report"

@@ -12,7 +12,8 @@
 #                                                once per kernel set
 #
 # Environment: SP_MATRIX_CORETYPES and SP_MATRIX_THREADS replace the lists,
-# SP_MATRIX_FILTER selects unit tests (a --gtest_filter; default all).
+# SP_MATRIX_FILTER selects unit tests (a --gtest_filter; default all),
+# SP_MATRIX_CELL_TIMEOUT bounds a cell's seconds (default 900).
 # Prints one line per cell with the largest measured ratio of a difference
 # to its bound's scale (float32 and float64; the bound is 8), and exits 1
 # if any cell failed.
@@ -50,6 +51,7 @@ coretype() {
 }
 THREADS=${SP_MATRIX_THREADS:-1 2 4}
 FILTER=${SP_MATRIX_FILTER:-*}
+CELL_TIMEOUT=${SP_MATRIX_CELL_TIMEOUT:-900}
 
 failed=0
 cells=0
@@ -63,8 +65,12 @@ for C in $CORETYPES; do
     cells=$((cells + 1))
     out=$log/$C-$T.txt
     # shellcheck disable=SC2046
-    if env $(coretype "$C") SP_TEST_THREADS=$T SP_TOLERANCE_REPORT=1 \
-        "$TESTS" --gtest_brief=1 --gtest_filter="$FILTER" >"$out" 2>&1; then
+    # A cell takes 2-5 minutes here; one that runs past CELL_TIMEOUT is
+    # stuck, and fails naming the test it was in.
+    env $(coretype "$C") SP_TEST_THREADS=$T SP_TOLERANCE_REPORT=1 \
+      timeout -k 10 "$CELL_TIMEOUT" "$TESTS" --gtest_filter="$FILTER" >"$out" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then
       result=ok
     else
       result=FAILED
@@ -76,8 +82,11 @@ for C in $CORETYPES; do
     worst32=$(awk -v a="$worst32" -v b="$m32" 'BEGIN { print (b > a ? b : a) }')
     worst64=$(awk -v a="$worst64" -v b="$m64" 'BEGIN { print (b > a ? b : a) }')
     printf '%-12s %-8s %-6s %-10s %-10s\n' "$C" "$T" "$result" "$m32" "$m64"
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+      echo "    timed out after ${CELL_TIMEOUT}s in: $(grep '^\[ RUN' "$out" | tail -1)"
+    fi
     if [ "$result" = FAILED ]; then
-      grep -E "^\[  FAILED|Failure|differ" "$out" | head -20 | sed 's/^/    /'
+      grep -E "^\[  FAILED|Failure|differ" "$out" | sort -u | head -20 | sed 's/^/    /'
     fi
   done
   if [ "$FULL" = --full ]; then

@@ -44,6 +44,9 @@ install_missing() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# Minutes since the start, after each stage (CI stops a run at 90).
+elapsed() { echo "== $((SECONDS / 60)) min $((SECONDS % 60)) s so far"; }
+
 build() {
   echo "== configuring and building in $BUILD_DIR"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -70,19 +73,26 @@ case "${1:-}" in
   test)
     install_missing
     build
+    elapsed
     echo "== running every test"
-    (cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS")
+    # (No test takes a minute here; one past 10 is stuck.)
+    (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "$JOBS")
+    elapsed
     [ "${RELIABILITY:-1}" = 0 ] && exit 0
     # The same bounds under other OpenBLAS kernels: every kernel set this CPU
     # runs at 2 threads, and this CPU's own at 1 and 4.
     echo "== tolerance matrix (tests/tolerance_matrix.sh)"
     SP_MATRIX_THREADS=2 tests/tolerance_matrix.sh "$BUILD_DIR"
     SP_MATRIX_CORETYPES=native SP_MATRIX_THREADS="1 4" tests/tolerance_matrix.sh "$BUILD_DIR"
+    elapsed
     echo "== sanitizers (tests/sanitize.sh)"
     tests/sanitize.sh address
+    elapsed
     tests/sanitize.sh thread
+    elapsed
     echo "== fuzzing (tests/fuzz/run_fuzz.sh ${FUZZ_SECONDS:=60})"
     FUZZ_ARGS="-seed=1" tests/fuzz/run_fuzz.sh "$FUZZ_SECONDS"
+    elapsed
     ;;
   *)
     echo "usage: tools/dev.sh run|test" >&2

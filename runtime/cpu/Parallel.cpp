@@ -41,18 +41,23 @@ template <typename F> bool spinUntil(F &&Ready) {
   }
 }
 
-/// Each job gets a new generation number. Workers spin, then sleep, until
-/// the generation changes, run their range of the job and count down
-/// Pending; the caller runs the first range and waits for Pending to reach
-/// 0 the same way.
+/// Jobs are published under a sequence number, a seqlock: the caller makes
+/// Generation odd, writes the job's part count and size, and makes it even
+/// again, the job's number. Workers spin, then sleep, until the generation
+/// changes, read the job between two reads of an equal, even generation,
+/// run their range and count down Pending; the caller runs the first range
+/// and waits for Pending to reach 0 the same way.
 ///
-/// A worker reads the job's part count, then checks that the generation is
-/// still the one it saw (a seqlock): a worker not taking part in a job is
-/// not waited for, so the caller may already have published the next one.
-/// Workers that take part are waited for, so the job stays put while they
-/// read it. Sleeping and waking use the Dekker pattern on seq_cst atomics:
-/// a sleeper registers (Sleepers, CallerWaiting) and then re-checks under
-/// the mutex; the other side changes the state and then looks for sleepers.
+/// A worker not taking part in a job is not waited for, so the caller may
+/// already be writing the next job while such a worker still reads this
+/// one: the odd generation is what tells it, where a single increment after
+/// the writes would let it take the next job's part count for this job's,
+/// run a part twice and count Pending below zero, leaving the caller waiting
+/// forever. Workers that take part are waited for, so the job stays put
+/// while they run it. Sleeping and waking use the Dekker pattern on seq_cst
+/// atomics: a sleeper registers (Sleepers, CallerWaiting) and then re-checks
+/// under the mutex; the other side changes the state and then looks for
+/// sleepers.
 class Pool {
 public:
   ~Pool() { resize(1); }
@@ -61,7 +66,7 @@ public:
     {
       std::lock_guard<std::mutex> L(M);
       Stop.store(true);
-      Generation.fetch_add(1);
+      Generation.fetch_add(2);
     }
     Wake.notify_all();
     for (std::thread &T : Workers)
@@ -85,11 +90,15 @@ public:
       Body(0, N);
       return;
     }
+    // Odd while the job is written: a worker still reading the last one
+    // sees that it changed.
+    Generation.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
     Job = Body;
     JobN.store(N, std::memory_order_relaxed);
     JobParts.store(T, std::memory_order_relaxed);
     Pending.store(T - 1, std::memory_order_relaxed);
-    Generation.fetch_add(1); // seq_cst: publishes the job
+    Generation.fetch_add(1); // even again, seq_cst: publishes the job
     if (Sleepers.load() > 0) {
       { std::lock_guard<std::mutex> L(M); }
       Wake.notify_all();
@@ -118,13 +127,17 @@ private:
         Sleepers.fetch_sub(1);
         continue;
       }
+      if (G & 1) {
+        cpuRelax(); // the caller is writing job G + 1
+        continue;
+      }
       if (Stop.load())
         return;
       int Parts = JobParts.load(std::memory_order_relaxed);
       int64_t N = JobN.load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
       if (Generation.load(std::memory_order_relaxed) != G)
-        continue; // job G is over (not ours); read the newer one
+        continue; // job G is over (not ours) or being replaced: read again
       Seen = G;
       if (Index >= Parts)
         continue;

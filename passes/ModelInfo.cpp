@@ -87,8 +87,11 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
                   attrInt(N.op(), N.attrs(), "dropout"));
     M.RopeLookup |= Role == "rope_cos";
     if (N.op() == OpKind::Attention) {
+      // The masks the fused core absorbed.
       M.FusedAttention = true;
       M.FusedMerged = attrInt(N.op(), N.attrs(), "merged");
+      M.Causal |= attrInt(N.op(), N.attrs(), "causal") != 0;
+      M.PaddingMask |= N.numOperands() > 3;
     }
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = attrString(N.op(), N.attrs(), "approximate");

@@ -79,7 +79,9 @@ struct PassContext {
   /// parameter, the chunks all-gathered); 0 keeps them whole on every rank.
   int Zero = 0;
   /// --attention fused: the fuse-attention pass replaces each layer's
-  /// attention core by one attention op (runtime/cpu/Attention.h).
+  /// attention core by one attention op (runtime/cpu/Attention.h). sp-compile
+  /// sets it by default; a PassContext made in code keeps the paper's ops
+  /// unless it asks (the unit tests' layouts, the CUDA backend's tests).
   bool FusedAttention = false;
   RecomputeOptions Recompute;
   PipelineOptions Pipeline;

@@ -71,10 +71,10 @@ struct CLOptions {
                "or recomputed) or fused (one blockwise op storing q, k, v, "
                "its output and a log-sum-exp per row; fuse-attention pass)"),
       cl::values(clEnumValN(Attention::Unfused, "unfused",
-                            "the paper's ops (default)"),
+                            "the paper's ops"),
                  clEnumValN(Attention::Fused, "fused",
-                            "one attention op, no [s, s] tensor stored")),
-      cl::init(Attention::Unfused), cl::cat(Cat)};
+                            "one attention op, no [s, s] tensor stored (default)")),
+      cl::init(Attention::Fused), cl::cat(Cat)};
   cl::opt<RecomputeMode> Recompute{
       "recompute", cl::desc("Activation recomputation (recompute pass)"),
       cl::values(

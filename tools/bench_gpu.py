@@ -237,7 +237,7 @@ def prepare(args, sh, work):
         plans[mode] = os.path.join(work, f"plan-{mode}")
         shutil.rmtree(plans[mode], ignore_errors=True)
         report = os.path.join(work, f"report-{mode}.json")
-        run([tool(args, "sp-compile"), model, "-o", plans[mode], "--recompute", mode, "--quiet", "--report", report])
+        run([tool(args, "sp-compile"), model, "-o", plans[mode], "--recompute", mode, "--attention", "unfused", "--quiet", "--report", report])
         with open(report) as f:
             reports[mode] = json.load(f)
     return data, plans, reports

@@ -30,7 +30,7 @@ MODES = ["none", "selective", "full", "fused"]  # fused: --attention fused, noth
 
 
 def compile_flags(mode):
-    return ["--attention", "fused"] if mode == "fused" else ["--recompute", mode]
+    return ["--attention", "fused"] if mode == "fused" else ["--attention", "unfused", "--recompute", mode]
 TIME_LINE = re.compile(r"time per step: forward ([\d.]+) ms, backward ([\d.]+) ms, "
                        r"recompute ([\d.]+) ms, optimizer ([\d.]+) ms")
 

@@ -77,6 +77,11 @@ Error planError(const Twine &Msg) {
 }
 
 Error noKernel(OpKind Op) {
+  if (Op == OpKind::Attention || Op == OpKind::AttentionGrad)
+    return planError("the CUDA backend has no kernel for the fused attention "
+                     "core (op " + opName(Op) + ") yet; recompile the plan "
+                     "with sp-compile --attention unfused, or run it with "
+                     "--device cpu");
   return planError("the CUDA backend has no kernel for op " + opName(Op) +
                    " yet; run this plan with --device cpu");
 }

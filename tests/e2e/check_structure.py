@@ -4,9 +4,10 @@
 Exports a matrix of torch models with models/export_gpt.py (opsets 13/14/17 and
 every variant switch) and the paper's four configurations with
 models/gen_paper_graph.py into --workdir, runs `sp-compile MODEL.onnx --report
-R.json` on each, and checks R.json's `model` object (sizes, parameter count,
-tying) and its `structure` (embeddings, final norm, head, and REQUIRED_ROLES in
-every layer) against what the model is known to be. Prints one PASS/FAIL line
+R.json --attention unfused` on each, and checks R.json's `model` object (sizes,
+parameter count, tying, causal) and its `structure` (embeddings, final norm,
+head, and REQUIRED_ROLES in every layer) against what the model is known to
+be; the torch exports again with the fused core (FUSED_ROLES). Prints one PASS/FAIL line
 per case and a final `N passed, M failed`; exits 1 if any case failed.
 
     /usr/bin/python3 tests/e2e/check_structure.py --sp-compile build/bin/sp-compile --workdir /tmp/e2e
@@ -34,6 +35,9 @@ from gpt import GELU_FORMS, LAYERNORM_FORMS, LINEAR_FORMS, MASK_FORMS, SCALE_FOR
 
 REQUIRED_ROLES = ["ln1", "qkv", "qk", "scale", "mask", "softmax", "attn_core_dropout", "av", "proj",
                   "attn_dropout", "residual1", "ln2", "fc1", "act", "fc2", "mlp_dropout", "residual2"]
+# With the fused core (sp-compile's default), one "attention" stands for these.
+CORE_ROLES = ("qk", "scale", "mask", "softmax", "attn_core_dropout", "av")
+FUSED_ROLES = [r for r in REQUIRED_ROLES if r not in CORE_ROLES] + ["attention"]
 MODEL_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "batch", "params", "tied")
 WHOLE_MODEL_PARTS = ("embedding", "position_embedding", "final_norm", "lm_head")
 SP_COMPILE_TIMEOUT_S = 600
@@ -110,8 +114,9 @@ def gpt_params(layers, hidden, seq, vocab, tied):
         + (0 if tied else vocab * hidden)
 
 
-def model_differences(expected, report):
-    """What the report's `model` object and `structure` get wrong, as a list of short strings."""
+def model_differences(expected, report, fused=False):
+    """What the report's `model` object and `structure` get wrong, as a list of short strings: with
+    fused, the roles of a fused attention core, whose causal mask the report must still see."""
     model, structure = report.get("model", {}), report.get("structure", {})
     diffs = [f"model.{f} {model.get(f)!r} != {expected[f]!r}" for f in MODEL_FIELDS
              if type(model.get(f)) is not type(expected[f]) or model.get(f) != expected[f]]  # 1 is not true
@@ -119,8 +124,10 @@ def model_differences(expected, report):
     layers = structure.get("layers", [])
     if len(layers) != expected["layers"]:
         diffs.append(f"structure.layers has {len(layers)} entries, want {expected['layers']}")
+    if model.get("causal") is not True:
+        diffs.append("model.causal is not true")
     for i, layer in enumerate(layers):
-        missing = [role for role in REQUIRED_ROLES if role not in layer.get("roles", [])]
+        missing = [role for role in (FUSED_ROLES if fused else REQUIRED_ROLES) if role not in layer.get("roles", [])]
         if missing:
             diffs.append(f"layer {i} lacks roles {missing}")
     return diffs
@@ -168,8 +175,11 @@ def check_torch_case(case, workdir, sp_compile):
     path, facts, diffs = export_case(case, workdir)
     if sp_compile and facts:
         extra = ["--batch", str(case.batch), "--seq", str(case.seq)] if case.dynamic else []
-        report, error = run_sp_compile(sp_compile, path, extra)
-        diffs += [error] if error else model_differences(facts, report)
+        # Every op of the paper's attention core found, and the core fused.
+        for fused in (False, True):
+            report, error = run_sp_compile(sp_compile, path, extra + ["--attention", "fused" if fused else "unfused"])
+            diffs += [error] if error else [d + (" (fused)" if fused else "") for d in
+                                            model_differences(facts, report, fused)]
     return report_line(case.name, diffs)
 
 
@@ -193,7 +203,7 @@ def check_paper_models(workdir, models_csv, sp_compile):
         declared = generated_params(path)
         diffs = [] if declared == expected["params"] else [f"graph has {declared} params, formula {expected['params']}"]
         if sp_compile:
-            report, error = run_sp_compile(sp_compile, path)
+            report, error = run_sp_compile(sp_compile, path, ["--attention", "unfused"])
             diffs += [error] if error else model_differences(expected, report)
         results.append(report_line(f"paper-{name}", diffs))
     return results

@@ -34,6 +34,11 @@ struct CLOptions {
   cl::opt<bool> TimePasses{"time-passes",
                            cl::desc("Report the time taken by each pass"),
                            cl::cat(Cat)};
+  cl::opt<bool> Remarks{"remarks",
+                        cl::desc("Print to stderr what each pass did or "
+                                 "left alone (cores fused or not and why, "
+                                 "nodes folded or erased, inputs bound)"),
+                        cl::cat(Cat)};
   cl::list<std::string> InputBindings{
       "input",
       cl::desc("What a graph input is, where the model's structure cannot "
@@ -225,6 +230,8 @@ Error passOptionsFromCL(PassContext &Ctx) {
   Ctx.DataParallel = CL->DP;
   Ctx.SequenceParallel = CL->SP;
   Ctx.FusedAttention = CL->FusedAttention == CLOptions::Attention::Fused;
+  if (CL->Remarks)
+    Ctx.Remarks = &errs();
   for (StringRef B : CL->InputBindings) {
     auto [Name, RoleName] = B.split('=');
     auto Role = parseInputRole(RoleName);
@@ -248,6 +255,11 @@ Error passOptionsFromCL(PassContext &Ctx) {
     return createStringError(inconvertibleErrorCode(),
                              "--recompute-layers K needs --recompute full");
   R.Layers = CL->RecomputeLayers;
+  if (R.Mode == RecomputeMode::Selective && Ctx.FusedAttention)
+    errs() << "note: --recompute selective recomputes the paper's attention "
+              "core, which the fused core (--attention fused, the default) "
+              "does not store: nothing is recomputed; use --attention "
+              "unfused for the paper's selective recomputation\n";
   bool HasBudget = CL->MemoryBudget.getNumOccurrences();
   if (R.Mode == RecomputeMode::Auto && !HasBudget)
     return createStringError(inconvertibleErrorCode(),

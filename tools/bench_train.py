@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Benchmark: training step time of sp-run against PyTorch on the same model, data and threads.
 
-For each model it writes one token file and compiles the model with `sp-compile -o PLAN`, then
-measures, in this one run, side by side:
+For each model it writes one token file and compiles the model with `sp-compile -o PLAN
+--attention A` (A fused, sp-compile's default, and unfused, the paper's ops: --attention picks
+one), then measures, in this one run, side by side:
   - sp-run: `sp-run PLAN --data DATA --dropout 0.1 --threads T` with --steps W and with
     --steps W+N; the difference of the two wall times over N is the time of a step with the
     process startup, plan loading and the first W (warm-up) steps taken out. Each is the
@@ -91,9 +92,9 @@ def set_torch_threads(threads):
             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
 
 
-def compile_plan(sp_compile, onnx_path, plan):
+def compile_plan(sp_compile, onnx_path, plan, attention):
     shutil.rmtree(plan, ignore_errors=True)
-    subprocess.run([sp_compile, onnx_path, "-o", plan, "--quiet"], check=True)
+    subprocess.run([sp_compile, onnx_path, "-o", plan, "--attention", attention, "--quiet"], check=True)
 
 
 def time_sp_run(sp_run, plan, data, steps, threads, workdir, env=None):
@@ -127,15 +128,18 @@ def torch_ms_per_step(onnx_path, facts, tokens, warmup, steps):
 DEFAULT_STEPS = {"tiny": 200, "medium": 20}
 
 
-def measure(sp_run, plan, data, onnx_path, facts, tokens, args, steps, workdir):
-    """(sp-run ms/step, seconds of a warm-up-only sp-run, torch ms/step): the fastest of --repeat
-    rounds, each round timing both sides one after the other so that load from elsewhere hits both."""
-    short, long, torch_ms = [], [], []
+def measure(sp_run, plans, data, onnx_path, facts, tokens, args, steps, workdir):
+    """({attention: (sp-run ms/step, seconds of a warm-up-only sp-run)}, torch ms/step): the fastest
+    of --repeat rounds, each round timing every plan and torch one after the other so that load
+    from elsewhere hits all of them."""
+    short, long, torch_ms = {a: [] for a in plans}, {a: [] for a in plans}, []
     for _ in range(args.repeat):
-        short.append(time_sp_run(sp_run, plan, data, args.warmup, args.threads, workdir))
-        long.append(time_sp_run(sp_run, plan, data, args.warmup + steps, args.threads, workdir))
+        for a, plan in plans.items():
+            short[a].append(time_sp_run(sp_run, plan, data, args.warmup, args.threads, workdir))
+            long[a].append(time_sp_run(sp_run, plan, data, args.warmup + steps, args.threads, workdir))
         torch_ms.append(torch_ms_per_step(onnx_path, facts, tokens, args.warmup, steps))
-    return 1000.0 * (min(long) - min(short)) / steps, min(short), min(torch_ms)
+    return ({a: (1000.0 * (min(long[a]) - min(short[a])) / steps, min(short[a])) for a in plans},
+            min(torch_ms))
 
 
 def main():
@@ -149,6 +153,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the fastest of each side counts (default 3)")
     ap.add_argument("--models", nargs="+", default=["tiny", "medium"], help="tiny and/or medium")
     ap.add_argument("--workdir", help="where models, plans and data go (default: a temporary directory)")
+    ap.add_argument("--attention", choices=["fused", "unfused", "both"], default="both",
+                    help="sp-compile --attention of the sp-run plans; both: a row for each (default)")
     args = ap.parse_args()
     sp_compile, sp_run = (os.path.join(args.sp_bin, tool) for tool in ("sp-compile", "sp-run"))
     for tool in (sp_compile, sp_run):
@@ -163,8 +169,8 @@ def main():
     print(f"training step time, float32, dropout {DROPOUT}, AdamW + clipping, {args.threads} thread(s), "
           f"N steps timed after {args.warmup} (fastest of {args.repeat})\n"
           f"sp-run --threads {args.threads}; {torch_threads}", flush=True)
-    header = (f"{'model':>7} {'params':>9} {'batch x seq':>11} {'sp-run ms/step':>15} {'torch ms/step':>14} "
-              f"{'torch/sp':>9} {'threads':>8}")
+    header = (f"{'model':>7} {'params':>9} {'batch x seq':>11} {'attention':>9} {'sp-run ms/step':>15} "
+              f"{'torch ms/step':>14} {'torch/sp':>9} {'threads':>8}")
     rows = []
     try:
         for name in args.models:
@@ -173,14 +179,17 @@ def main():
                 facts = json.load(f)
             data = os.path.join(workdir, f"{name}-tokens.bin")
             tokens = ref.write_tokens(data, TOKENS, facts["vocab"], DATA_SEED)
-            plan = os.path.join(workdir, f"{name}-plan")
-            compile_plan(sp_compile, onnx_path, plan)
+            plans = {}
+            for a in (["fused", "unfused"] if args.attention == "both" else [args.attention]):
+                plans[a] = os.path.join(workdir, f"{name}-{a}-plan")
+                compile_plan(sp_compile, onnx_path, plans[a], a)
             steps = args.steps or DEFAULT_STEPS.get(name, 20)
-            sp_ms, startup, torch_ms = measure(sp_run, plan, data, onnx_path, facts, tokens, args, steps, workdir)
-            rows.append(f"{name:>7} {facts['params']:>9} {facts['batch']:>5} x {facts['seq']:<3} {sp_ms:>15.2f} "
-                        f"{torch_ms:>14.2f} {torch_ms / sp_ms:>9.2f} {args.threads:>8}")
-            print(f"  {name}: N = {steps}: sp-run {sp_ms:.2f} ms/step (a {args.warmup}-step run takes "
-                  f"{startup:.2f} s), torch {torch_ms:.2f} ms/step", flush=True)
+            sp, torch_ms = measure(sp_run, plans, data, onnx_path, facts, tokens, args, steps, workdir)
+            for a, (sp_ms, startup) in sp.items():
+                rows.append(f"{name:>7} {facts['params']:>9} {facts['batch']:>5} x {facts['seq']:<3} {a:>9} "
+                            f"{sp_ms:>15.2f} {torch_ms:>14.2f} {torch_ms / sp_ms:>9.2f} {args.threads:>8}")
+                print(f"  {name}: N = {steps}: sp-run --attention {a} {sp_ms:.2f} ms/step (a {args.warmup}-step "
+                      f"run takes {startup:.2f} s), torch {torch_ms:.2f} ms/step", flush=True)
     finally:
         if tmp:
             tmp.cleanup()

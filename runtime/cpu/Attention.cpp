@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Attention.h"
 #include "runtime/cpu/Parallel.h"
+#include "runtime/cpu/Simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,7 +19,27 @@
 namespace sp::cpu {
 namespace {
 
+using namespace simd;
+
 constexpr int64_t Br = 64, Bc = 64;
+
+/// Row[j] = exp(Row[j] - Shift), j < N, through the vectorised expD (no
+/// libm call per score), returning the sum of the unrounded values in
+/// laneSum's fixed order. An infinite or NaN score gives 0 or NaN as exp.
+template <typename T>
+SP_INLINE double expShiftedBody(T *Row, int64_t N, T Shift) {
+  return laneSum(N, [&](int64_t J) {
+    Acc E = expD(Acc(Row[J]) - Acc(Shift));
+    Row[J] = T(E);
+    return E;
+  });
+}
+SP_SIMD double expShifted(float *Row, int64_t N, float Shift) {
+  return expShiftedBody(Row, N, Shift);
+}
+SP_SIMD double expShifted(double *Row, int64_t N, double Shift) {
+  return expShiftedBody(Row, N, Shift);
+}
 
 /// exp(x) below 2^-149 (the smallest float): scores this far below a row's
 /// maximum (or log-sum-exp) have no effect in float.
@@ -152,19 +173,14 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
         scores(Sc.data(), Qh, K + Kv, Bias, I0, Rows, J0, Cols, D, C);
         for (int64_t R = 0; R < Rows; ++R) {
           T *Row = Sc.data() + R * Bc;
-          T New = M[R];
-          for (int64_t Cc = 0; Cc < Cols; ++Cc)
-            New = std::max(New, Row[Cc]);
+          const T RowMax = rowMax(Row, Cols);
+          const T New = M[R] < RowMax ? RowMax : M[R];
           if (New == -std::numeric_limits<T>::infinity()) {
             std::fill(Row, Row + Cols, T(0)); // nothing seen yet
             continue;
           }
           const T Corr = std::exp(M[R] - New); // 0 on the first block
-          double Sum = 0;
-          for (int64_t Cc = 0; Cc < Cols; ++Cc) {
-            Row[Cc] = std::exp(Row[Cc] - New);
-            Sum += double(Row[Cc]);
-          }
+          const double Sum = expShifted(Row, Cols, New);
           L[R] = L[R] * double(Corr) + Sum;
           M[R] = New;
           if (Corr != T(1))
@@ -244,10 +260,10 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
             for (int64_t R = 0; R < Rows; ++R) {
               T *Row = P.data() + R * Bc;
               const T Lr = LseH[(I0 + R) * LS];
-              for (int64_t Cc = 0; Cc < Cols; ++Cc)
-                Row[Cc] = Lr == -std::numeric_limits<T>::infinity()
-                              ? T(0)
-                              : std::exp(Row[Cc] - Lr);
+              if (Lr == -std::numeric_limits<T>::infinity())
+                std::fill(Row, Row + Cols, T(0));
+              else
+                expShifted(Row, Cols, Lr);
               if (C.Dropout > 0)
                 dropoutKeep(Keep.data() + R * Bc,
                             rowIndex(C.Probs, B, A, I0 + R) + J0, Cols, C.Key,

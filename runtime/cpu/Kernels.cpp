@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Simd.h"
 #include "runtime/cpu/Philox.h"
 
 #include "runtime/cpu/Parallel.h"
@@ -36,10 +37,9 @@
 
 namespace sp::cpu {
 
-namespace {
+using namespace simd;
 
-/// Accumulator type of every reduction.
-using Acc = double;
+namespace {
 
 void checkSizes(std::initializer_list<int64_t> Sizes) {
   for (int64_t S : Sizes)
@@ -132,79 +132,6 @@ void blasGemm(bool TA, bool TB, int M, int N, int K, double Alpha,
 
 bool fitsInt(int64_t V) { return V >= 0 && V <= INT_MAX; }
 
-//===----------------------------------------------------------------------===//
-// Vectorisable building blocks
-//===----------------------------------------------------------------------===//
-//
-// The hot elementwise loops are written so that the compiler vectorises them:
-// no calls into libm, no branches (selects only), no reductions whose order
-// would depend on the vector width (sums use a fixed number of partial sums,
-// Lanes, combined in a fixed order). On x86-64 Linux the loops marked
-// SP_SIMD are also compiled for AVX2 and picked at load time (GCC's
-// target_clones); the build stays portable. FMA is not enabled in the clones
-// and the library is compiled with -ffp-contract=off, so every clone rounds
-// exactly the same IEEE operations: results do not depend on the machine's
-// vector width, the thread count, or the clone picked.
-
-// Sanitizer builds (SP_NO_TARGET_CLONES) have one clone: an ifunc resolver
-// runs before the sanitizer's runtime is set up, and its instrumentation
-// crashes there.
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) &&          \
-    defined(__has_attribute) && !defined(SP_NO_TARGET_CLONES)
-#if __has_attribute(target_clones)
-#define SP_SIMD __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef SP_SIMD
-#define SP_SIMD
-#endif
-#define SP_INLINE inline __attribute__((always_inline))
-
-/// Partial sums of the reductions that are vectorised.
-constexpr int Lanes = 8;
-
-/// The sum of Lanes partial sums, in a fixed order.
-SP_INLINE Acc sumLanes(const Acc *S) {
-  return ((S[0] + S[1]) + (S[2] + S[3])) + ((S[4] + S[5]) + (S[6] + S[7]));
-}
-
-template <typename To, typename From> SP_INLINE To bitCast(From V) {
-  static_assert(sizeof(To) == sizeof(From));
-  To R;
-  std::memcpy(&R, &V, sizeof(R));
-  return R;
-}
-
-/// exp(X) in double, branch-free: X = n ln2 + r with |r| <= ln2 / 2
-/// (Cody-Waite), a Taylor polynomial of the given degree for e^r, and 2^n
-/// built in the exponent bits. Degree 13 is within about 2 ulp. For X < -708 it
-/// returns 0 (exp is subnormal there) and X > 709 is clamped to 709; the
-/// callers only need X <= 0 (softmax, cross entropy, the GELU's Gaussian).
-template <int Degree = 13> SP_INLINE double expD(double X) {
-  constexpr double Log2e = 1.4426950408889634074;
-  constexpr double Ln2Hi = 6.93147180369123816490e-01; // ln2's top 32 bits
-  constexpr double Ln2Lo = 1.90821492927058770002e-10; // ln2 - Ln2Hi
-  constexpr double Shifter = 6755399441055744.0;       // 1.5 * 2^52
-  double C = X > 709.0 ? 709.0 : X;
-  C = C < -708.0 ? -708.0 : C;
-  // Adding 1.5 * 2^52 rounds C * log2(e) to an integer n held in the low
-  // bits of the double's mantissa.
-  double Kd = C * Log2e + Shifter;
-  uint64_t Ki = bitCast<uint64_t>(Kd);
-  Kd -= Shifter;
-  double R = (C - Kd * Ln2Hi) - Kd * Ln2Lo;
-  double InvFact[Degree + 1];
-  InvFact[0] = 1.0;
-  for (int K = 1; K <= Degree; ++K)
-    InvFact[K] = InvFact[K - 1] / K;
-  double P = InvFact[Degree];
-  for (int K = Degree - 1; K >= 0; --K)
-    P = P * R + InvFact[K];
-  double Scale = bitCast<double>((Ki + 1023) << 52); // 2^n
-  double E = P * Scale;
-  return X < -708.0 ? 0.0 : E;
-}
-
 /// The standard normal CDF Phi(x) = 0.5 erfc(-x / sqrt 2) in double, within
 /// about 1e-11 relative (also in the lower tail, unlike 0.5 (1 + erf)).
 /// Gauss is set to exp(-x^2 / 2), which the GELU's derivative needs too.
@@ -244,20 +171,6 @@ SP_INLINE double onePlusTanh(double U) {
   double E = expD(-2.0 * A);
   double Inv = 2.0 / (1.0 + E);
   return U < 0.0 ? E * Inv : Inv;
-}
-
-/// sum_{J < N} Fn(J) in double as Lanes partial sums (J mod Lanes) combined
-/// in a fixed order, so that the loop vectorises; the result depends only
-/// on N and the values.
-template <typename F> SP_INLINE Acc laneSum(int64_t N, F &&Fn) {
-  Acc S[Lanes] = {};
-  int64_t J = 0;
-  for (; J + Lanes <= N; J += Lanes)
-    for (int K = 0; K < Lanes; ++K)
-      S[K] += Fn(J + K);
-  for (int K = 0; J + K < N; ++K)
-    S[K] += Fn(J + K);
-  return sumLanes(S);
 }
 
 /// Columns per block of the column sums (layerNormBackward, biasBackward):
@@ -828,23 +741,6 @@ void addKeyBias(T *Y, const T *X, const T *Bias, int64_t Batch, int64_t Inner,
 //===----------------------------------------------------------------------===//
 
 namespace {
-
-/// Row max, as Lanes partial maxima (max is exact in any order).
-template <typename T> SP_INLINE T rowMax(const T *XR, int64_t N) {
-  T M[Lanes];
-  for (int K = 0; K < Lanes; ++K)
-    M[K] = -std::numeric_limits<T>::infinity();
-  int64_t J = 0;
-  for (; J + Lanes <= N; J += Lanes)
-    for (int K = 0; K < Lanes; ++K)
-      M[K] = M[K] < XR[J + K] ? XR[J + K] : M[K];
-  for (int K = 0; J + K < N; ++K)
-    M[K] = M[K] < XR[J + K] ? XR[J + K] : M[K];
-  T Max = M[0];
-  for (int K = 1; K < Lanes; ++K)
-    Max = Max < M[K] ? M[K] : Max;
-  return Max;
-}
 
 template <typename T> SP_INLINE void softmaxRowBody(T *YR, const T *XR, int64_t N) {
   T Max = rowMax(XR, N);

@@ -39,8 +39,8 @@ static bool feedsOptimizer(const Value *V) {
 /// Values that keep f32 whatever the activation dtype: norm statistics, the
 /// fused attention's log-sum-exp (its backward rebuilds the probabilities as
 /// exp(score - lse): a 16-bit lse would put its rounding, up to 2^-8
-/// relative in bf16, into every probability), everything the loss computes on (the logits and the loss) and the
-/// parameters' gradients.
+/// relative in bf16, into every probability), everything the loss computes
+/// on (the logits and the loss) and the parameters' gradients.
 static bool keepsF32(const Value *V) {
   const Node *P = V->producer();
   if (!P)

@@ -23,22 +23,14 @@ using namespace simd;
 
 constexpr int64_t Br = 64, Bc = 64;
 
-/// Row[j] = exp(Row[j] - Shift), j < N, through the vectorised expD (no
-/// libm call per score), returning the sum of the unrounded values in
-/// laneSum's fixed order. An infinite or NaN score gives 0 or NaN as exp.
-template <typename T>
-SP_INLINE double expShiftedBody(T *Row, int64_t N, T Shift) {
-  return laneSum(N, [&](int64_t J) {
-    Acc E = expD(Acc(Row[J]) - Acc(Shift));
-    Row[J] = T(E);
-    return E;
-  });
-}
+/// Row[j] = exp(Row[j] - Shift) in place, with the row's sum (Simd.h's
+/// expShiftedSum, as softmax computes it; an infinite or NaN score gives 0
+/// or NaN as exp), in the AVX2 clone where the CPU has it.
 SP_SIMD double expShifted(float *Row, int64_t N, float Shift) {
-  return expShiftedBody(Row, N, Shift);
+  return expShiftedSum(Row, Row, N, Shift);
 }
 SP_SIMD double expShifted(double *Row, int64_t N, double Shift) {
-  return expShiftedBody(Row, N, Shift);
+  return expShiftedSum(Row, Row, N, Shift);
 }
 
 /// exp(x) below 2^-149 (the smallest float): scores this far below a row's

@@ -748,11 +748,7 @@ template <typename T> SP_INLINE void softmaxRowBody(T *YR, const T *XR, int64_t 
     std::fill(YR, YR + N, T(0));
     return;
   }
-  Acc Sum = laneSum(N, [&](int64_t J) {
-    Acc E = expD(Acc(XR[J]) - Acc(Max));
-    YR[J] = T(E);
-    return E;
-  });
+  Acc Sum = expShiftedSum(YR, XR, N, Max);
   Acc Inv = 1.0 / Sum; // X is no longer read: Y may alias it
   for (int64_t J = 0; J < N; ++J)
     YR[J] = T(Acc(YR[J]) * Inv);

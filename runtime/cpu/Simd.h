@@ -99,6 +99,19 @@ template <typename F> SP_INLINE Acc laneSum(int64_t N, F &&Fn) {
   return sumLanes(S);
 }
 
+/// Y[j] = exp(X[j] - Shift) rounded to T, j < N (Y may be X), through
+/// expD; returns the sum of the unrounded values in laneSum's order: the
+/// numerator and denominator of a softmax row (Kernels.cpp) and of a fused
+/// attention block (Attention.cpp).
+template <typename T>
+SP_INLINE Acc expShiftedSum(T *Y, const T *X, int64_t N, T Shift) {
+  return laneSum(N, [&](int64_t J) {
+    Acc E = expD(Acc(X[J]) - Acc(Shift));
+    Y[J] = T(E);
+    return E;
+  });
+}
+
 /// Row max, as Lanes partial maxima (max is exact in any order).
 template <typename T> SP_INLINE T rowMax(const T *XR, int64_t N) {
   T M[Lanes];

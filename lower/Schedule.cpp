@@ -55,7 +55,7 @@ std::string shortNumber(double V) {
 /// interleaved schedule does (its non-interleaved one communicates around
 /// each step).
 struct Compute {
-  bool Backward;
+  StepKind Kind; // Forward, Backward or WeightGrad
   int Microbatch;
   int Chunk;
   bool Paired = false;
@@ -63,7 +63,7 @@ struct Compute {
 
 /// Rank R's forwards and backwards in order.
 std::vector<Compute> computeOrder(ScheduleKind Kind, int P, int M, int N,
-                                  int R) {
+                                  int R, int Delay = 0) {
   std::vector<Compute> Order;
   switch (Kind) {
   case ScheduleKind::GPipe:
@@ -75,23 +75,37 @@ std::vector<Compute> computeOrder(ScheduleKind Kind, int P, int M, int N,
     for (int G = 0; G < N; G += P)
       for (int C = 0; C < M; ++C)
         for (int K = G; K < std::min(G + P, N); ++K)
-          Order.push_back({false, K, C});
+          Order.push_back({StepKind::Forward, K, C});
     for (int G = 0; G < N; G += P)
       for (int C = M - 1; C >= 0; --C)
         for (int K = G; K < std::min(G + P, N); ++K)
-          Order.push_back({true, K, C});
+          Order.push_back({StepKind::Backward, K, C});
     return Order;
   case ScheduleKind::OneFOneB: {
     int Warmup = std::min(P - R - 1, N);
     int Remaining = N - Warmup;
     for (int K = 0; K < Warmup; ++K)
-      Order.push_back({false, K, 0});
+      Order.push_back({StepKind::Forward, K, 0});
     for (int I = 0; I < Remaining; ++I) {
-      Order.push_back({false, Warmup + I, 0});
-      Order.push_back({true, I, 0});
+      Order.push_back({StepKind::Forward, Warmup + I, 0});
+      Order.push_back({StepKind::Backward, I, 0});
     }
     for (int I = Remaining; I < N; ++I)
-      Order.push_back({true, I, 0});
+      Order.push_back({StepKind::Backward, I, 0});
+    return Order;
+  }
+  case ScheduleKind::ZeroBubbleH1: {
+    // 1F1B's order, each backward followed by the W of the microbatch D
+    // backwards before it, the last D W's at the end.
+    std::vector<Compute> Order1F1B =
+        computeOrder(ScheduleKind::OneFOneB, P, 1, N, R);
+    for (const Compute &C : Order1F1B) {
+      Order.push_back(C);
+      if (C.Kind == StepKind::Backward && C.Microbatch >= Delay)
+        Order.push_back({StepKind::WeightGrad, C.Microbatch - Delay, 0});
+    }
+    for (int K = N - Delay; K < N; ++K)
+      Order.push_back({StepKind::WeightGrad, K, 0});
     return Order;
   }
   case ScheduleKind::Interleaved: {
@@ -108,10 +122,10 @@ std::vector<Compute> computeOrder(ScheduleKind Kind, int P, int M, int N,
                         : std::min((P - R - 1) * 2 + (M - 1) * P, Total);
     int Remaining = Total - Warmup;
     auto F = [&](int K) {
-      Order.push_back({false, Microbatch(K), ChunkOf(K, false)});
+      Order.push_back({StepKind::Forward, Microbatch(K), ChunkOf(K, false)});
     };
     auto B = [&](int K) {
-      Order.push_back({true, Microbatch(K), ChunkOf(K, true)});
+      Order.push_back({StepKind::Backward, Microbatch(K), ChunkOf(K, true)});
     };
     for (int K = 0; K < Warmup; ++K)
       F(K);
@@ -149,6 +163,7 @@ int64_t messageOf(const Schedule &S, int Rank, const ScheduleStep &St) {
     return messageKey(S, true, St.Microbatch, V + 1);
   case StepKind::Forward:
   case StepKind::Backward:
+  case StepKind::WeightGrad:
     break;
   }
   llvm_unreachable("compute steps carry no message");
@@ -181,7 +196,8 @@ Error checkStatic(const Schedule &S) {
     return scheduleError(formatv("schedule of {0} ranks lists steps for {1}",
                                  S.Ranks, S.Steps.size()));
   int V = S.numStages(), N = S.Microbatches;
-  std::vector<int> Fwd(size_t(N) * V, 0), Bwd(size_t(N) * V, 0);
+  std::vector<int> Fwd(size_t(N) * V, 0), Bwd(size_t(N) * V, 0),
+      Wgt(size_t(N) * V, 0);
   // Where each message is sent and received (rank, step), -1: nowhere.
   DenseMap<int64_t, std::pair<int, int>> SentAt, RecvAt;
   for (int R = 0; R < S.Ranks; ++R) {
@@ -196,7 +212,13 @@ Error checkStatic(const Schedule &S) {
       int Stage = S.stageOf(R, St.Chunk);
       size_t Slot = size_t(St.Microbatch) * V + Stage;
       if (St.isCompute()) {
-        int &Count = St.Kind == StepKind::Forward ? Fwd[Slot] : Bwd[Slot];
+        if (St.Kind == StepKind::WeightGrad && !S.splitsBackward())
+          return scheduleError(formatv(
+              "{0}: the {1} schedule does not split the backward",
+              where(S, R, I), scheduleKindName(S.Kind)));
+        int &Count = St.Kind == StepKind::Forward    ? Fwd[Slot]
+                     : St.Kind == StepKind::Backward ? Bwd[Slot]
+                                                     : Wgt[Slot];
         if (++Count > 1)
           return scheduleError(formatv("{0} runs a second time",
                                        where(S, R, I)));
@@ -229,8 +251,11 @@ Error checkStatic(const Schedule &S) {
   for (int K = 0; K < N; ++K)
     for (int Stage = 0; Stage < V; ++Stage) {
       size_t Slot = size_t(K) * V + Stage;
-      const char *Missing = !Fwd[Slot] ? "forward" : !Bwd[Slot] ? "backward"
-                                                                : nullptr;
+      const char *Missing =
+          !Fwd[Slot]                              ? "forward"
+          : !Bwd[Slot]                            ? "backward"
+          : S.splitsBackward() && !Wgt[Slot] ? "weight-gradient step"
+                                                  : nullptr;
       if (Missing)
         return scheduleError(formatv(
             "rank {0} never runs the {1} of microbatch {2} chunk {3} "
@@ -261,6 +286,7 @@ public:
     size_t Slots = size_t(S.Microbatches) * S.numStages();
     FwdDone.assign(Slots, false);
     BwdDone.assign(Slots, false);
+    WgtDone.assign(Slots, false);
     PC.assign(S.Ranks, 0);
     Done.resize(S.Ranks);
   }
@@ -337,6 +363,9 @@ private:
         }
       }
       return Error::success();
+    case StepKind::WeightGrad:
+      return BwdDone[slot(K, V)] ? Error::success()
+                                 : Missing("its backward");
     case StepKind::SendActivation:
       return FwdDone[slot(K, V)] ? Error::success()
                                  : Missing("the forward that makes it");
@@ -359,6 +388,9 @@ private:
       break;
     case StepKind::Backward:
       BwdDone[slot(St.Microbatch, V)] = true;
+      break;
+    case StepKind::WeightGrad:
+      WgtDone[slot(St.Microbatch, V)] = true;
       break;
     case StepKind::SendActivation:
     case StepKind::SendGrad:
@@ -495,7 +527,7 @@ private:
 
   const Schedule &S;
   CommModel Model;
-  std::vector<bool> FwdDone, BwdDone;
+  std::vector<bool> FwdDone, BwdDone, WgtDone;
   DenseSet<int64_t> Received;
   /// Buffered: messages sent and not yet received, with their send step.
   std::map<int64_t, std::pair<int, int>> InFlight;
@@ -515,6 +547,8 @@ StringRef scheduleKindName(ScheduleKind K) {
     return "1f1b";
   case ScheduleKind::Interleaved:
     return "interleaved";
+  case ScheduleKind::ZeroBubbleH1:
+    return "zb1p";
   }
   llvm_unreachable("unknown schedule kind");
 }
@@ -529,6 +563,9 @@ std::string describeStep(const Schedule &S, int Rank, const ScheduleStep &St) {
     break;
   case StepKind::Backward:
     What = "backward";
+    break;
+  case StepKind::WeightGrad:
+    What = "weight gradients";
     break;
   case StepKind::SendActivation:
     What = "send activation";
@@ -555,7 +592,7 @@ std::string describeStep(const Schedule &S, int Rank, const ScheduleStep &St) {
 }
 
 Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
-                                 int Microbatches) {
+                                 int Microbatches, ArrayRef<int> WeightDelays) {
   int N = Microbatches;
   if (P < 1)
     return scheduleError(formatv(
@@ -566,11 +603,12 @@ Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
   if (N < 1)
     return scheduleError(formatv(
         "a pipeline needs at least 1 microbatch, got {0}", N));
-  if (Kind == ScheduleKind::OneFOneB && M != 1)
+  if ((Kind == ScheduleKind::OneFOneB || Kind == ScheduleKind::ZeroBubbleH1) &&
+      M != 1)
     return scheduleError(formatv(
-        "the 1f1b schedule runs 1 model chunk per rank, got M = {0}; use "
+        "the {1} schedule runs 1 model chunk per rank, got M = {0}; use "
         "the interleaved schedule for {0} chunks per rank",
-        M));
+        M, scheduleKindName(Kind)));
   if (Kind == ScheduleKind::Interleaved) {
     if (M < 2)
       return scheduleError(formatv(
@@ -587,12 +625,30 @@ Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
           P, N, Use));
     }
   }
+  if (!WeightDelays.empty()) {
+    if (Kind != ScheduleKind::ZeroBubbleH1)
+      return scheduleError(formatv("the {0} schedule does not split the "
+                                   "backward; it takes no weight delays",
+                                   scheduleKindName(Kind)));
+    if (int(WeightDelays.size()) != P)
+      return scheduleError(formatv("{0} weight delays for {1} ranks",
+                                   WeightDelays.size(), P));
+    for (int R = 0; R < P; ++R)
+      if (WeightDelays[R] < 0 || WeightDelays[R] > N)
+        return scheduleError(formatv("rank {0}'s weight delay {1} is outside "
+                                     "[0, {2}] (the microbatches)",
+                                     R, WeightDelays[R], N));
+  }
   Schedule S;
   S.Kind = Kind;
   S.Ranks = P;
   S.Chunks = M;
   S.Microbatches = N;
   S.Steps.resize(P);
+  if (Kind == ScheduleKind::ZeroBubbleH1)
+    for (int R = 0; R < P; ++R)
+      S.WeightDelay.push_back(WeightDelays.empty() ? std::min(R, N)
+                                                   : WeightDelays[R]);
   int V = P * M;
   for (int R = 0; R < P; ++R) {
     std::vector<ScheduleStep> &Out = S.Steps[R];
@@ -609,7 +665,8 @@ Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
     // sends of what the slot made and the receives the next slot needs
     // (Megatron's send_forward_recv_forward, send_forward_backward_recv_
     // forward_backward, send_backward_recv_backward).
-    std::vector<Compute> Order = computeOrder(Kind, P, M, N, R);
+    std::vector<Compute> Order = computeOrder(
+        Kind, P, M, N, R, S.WeightDelay.empty() ? 0 : S.WeightDelay[R]);
     SmallVector<std::pair<size_t, size_t>, 64> Slots;
     for (size_t I = 0; I < Order.size();) {
       size_t End = Order[I].Paired ? I + 2 : I + 1;
@@ -622,21 +679,28 @@ Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
         return -1;
       return S.rankOfStage(Other);
     };
+    // A weight-gradient step neither receives nor sends.
     auto Recvs = [&](size_t Slot) {
       for (size_t I = Slots[Slot].first; I < Slots[Slot].second; ++I) {
         const Compute &C = Order[I];
-        int Peer = Neighbour(C, C.Backward ? 1 : -1);
+        if (C.Kind == StepKind::WeightGrad)
+          continue;
+        bool Backward = C.Kind == StepKind::Backward;
+        int Peer = Neighbour(C, Backward ? 1 : -1);
         if (Peer >= 0)
-          Push(C.Backward ? StepKind::RecvGrad : StepKind::RecvActivation, C,
+          Push(Backward ? StepKind::RecvGrad : StepKind::RecvActivation, C,
                Peer);
       }
     };
     auto Sends = [&](size_t Slot) {
       for (size_t I = Slots[Slot].first; I < Slots[Slot].second; ++I) {
         const Compute &C = Order[I];
-        int Peer = Neighbour(C, C.Backward ? -1 : 1);
+        if (C.Kind == StepKind::WeightGrad)
+          continue;
+        bool Backward = C.Kind == StepKind::Backward;
+        int Peer = Neighbour(C, Backward ? -1 : 1);
         if (Peer >= 0)
-          Push(C.Backward ? StepKind::SendGrad : StepKind::SendActivation, C,
+          Push(Backward ? StepKind::SendGrad : StepKind::SendActivation, C,
                Peer);
       }
     };
@@ -644,8 +708,7 @@ Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
       Recvs(0);
     for (size_t Slot = 0; Slot < Slots.size(); ++Slot) {
       for (size_t I = Slots[Slot].first; I < Slots[Slot].second; ++I)
-        Push(Order[I].Backward ? StepKind::Backward : StepKind::Forward,
-             Order[I], -1);
+        Push(Order[I].Kind, Order[I], -1);
       Sends(Slot);
       if (Slot + 1 < Slots.size())
         Recvs(Slot + 1);
@@ -667,7 +730,7 @@ int maxInFlight(const Schedule &S, int Rank) {
   for (const ScheduleStep &St : S.Steps[Rank]) {
     if (St.Kind == StepKind::Forward)
       Max = std::max(Max, ++Live);
-    else if (St.Kind == StepKind::Backward)
+    else if (S.endsMicrobatch(St))
       --Live;
   }
   return Max;
@@ -688,7 +751,8 @@ Expected<ScheduleTimes> simulateTimes(const Schedule &S,
   const std::pair<const char *, const SmallVectorImpl<double> *> Lists[] = {
       {"forward", &Costs.Forward},
       {"backward", &Costs.Backward},
-      {"recompute", &Costs.Recompute}};
+      {"recompute", &Costs.Recompute},
+      {"weight-gradient", &Costs.WeightGrad}};
   for (const auto &[Name, List] : Lists) {
     if (List->size() != 1 && int(List->size()) != V)
       return scheduleError(formatv(
@@ -732,6 +796,10 @@ Expected<ScheduleTimes> simulateTimes(const Schedule &S,
       TS.RecomputeEnd = Now + Cost(Costs.Recompute, Stage);
       TS.End = TS.RecomputeEnd + Cost(Costs.Backward, Stage);
       break;
+    case StepKind::WeightGrad:
+      TS.Start = Now;
+      TS.End = Now + Cost(Costs.WeightGrad, Stage);
+      break;
     case StepKind::SendActivation:
     case StepKind::SendGrad:
       TS.Start = TS.End = Now;
@@ -766,6 +834,9 @@ void printSchedule(const Schedule &S, raw_ostream &OS) {
         break;
       case StepKind::Backward:
         OS << 'B';
+        break;
+      case StepKind::WeightGrad:
+        OS << 'W';
         break;
       case StepKind::SendActivation:
         OS << ">a";

@@ -41,13 +41,22 @@ namespace sp {
 /// GPipe: every forward, then every backward (the reference, memory N).
 /// OneFOneB: PipeDream-Flush, Megatron's non-interleaved schedule.
 /// Interleaved: Megatron's interleaved 1F1B over M model chunks per rank.
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
+/// ZeroBubbleH1: 1F1B with each backward split into its input-gradient part
+/// (B) and its weight-gradient part (W), the W's of the later ranks moved
+/// into the cool-down bubble (Qi et al., "Zero Bubble Pipeline
+/// Parallelism", 2024: ZB-H1, 1F1B's peak memory).
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
 
 llvm::StringRef scheduleKindName(ScheduleKind K); // "gpipe", "1f1b", ...
 
+/// Backward is the whole backward of a stage, or with a split backward
+/// (ZeroBubbleH1) its input-gradient part only: what the previous stage
+/// waits for. WeightGrad is the rest, the weight gradients, which nothing
+/// downstream waits for.
 enum class StepKind : uint8_t {
   Forward,
   Backward,
+  WeightGrad,
   SendActivation,
   RecvActivation,
   SendGrad,
@@ -61,7 +70,8 @@ struct ScheduleStep {
   int Peer = -1; // the other rank of a send or receive; -1 for compute
 
   bool isCompute() const {
-    return Kind == StepKind::Forward || Kind == StepKind::Backward;
+    return Kind == StepKind::Forward || Kind == StepKind::Backward ||
+           Kind == StepKind::WeightGrad;
   }
   bool isSend() const {
     return Kind == StepKind::SendActivation || Kind == StepKind::SendGrad;
@@ -80,10 +90,21 @@ struct Schedule {
   int Ranks = 1;        // P
   int Chunks = 1;       // M model chunks (virtual stages) per rank
   int Microbatches = 1; // N
+  /// ZeroBubbleH1: how many backwards rank r's weight-gradient steps lag
+  /// behind (see buildSchedule); empty for the other kinds.
+  std::vector<int> WeightDelay;
   /// Steps[r]: rank r's steps in program order.
   std::vector<std::vector<ScheduleStep>> Steps;
 
   int numStages() const { return Ranks * Chunks; }
+  /// Whether every backward is split into a Backward and a WeightGrad step.
+  bool splitsBackward() const { return Kind == ScheduleKind::ZeroBubbleH1; }
+  /// The step after which a microbatch's activations of a stage are dead:
+  /// its backward, or with a split backward its weight-gradient step.
+  bool endsMicrobatch(const ScheduleStep &St) const {
+    return St.Kind ==
+           (splitsBackward() ? StepKind::WeightGrad : StepKind::Backward);
+  }
   int stageOf(int Rank, int Chunk) const { return Chunk * Ranks + Rank; }
   int rankOfStage(int Stage) const { return Stage % Ranks; }
   int chunkOfStage(int Stage) const { return Stage / Ranks; }
@@ -108,6 +129,21 @@ std::string describeStep(const Schedule &S, int Rank, const ScheduleStep &St);
 ///    Warm-up W = min((P - r - 1) 2 + (M - 1) P, N M), or all N M when
 ///    N = P; then N M - W forward/backward pairs, then W backwards
 ///    (forward_backward_pipelining_with_interleaving).
+///  - ZeroBubbleH1 (M = 1): 1F1B's order of forwards and backwards (B), with
+///    rank r's weight-gradient steps (W) delayed by D = min(r, N) backwards:
+///    W of microbatch k follows B of microbatch k + D in the steady state
+///    and in the cool-down, the last D run at the end. The last rank, which
+///    in 1F1B idles longest at the end, thus fills that time with its W's;
+///    rank r holds at most (P - r - 1) + 1 + D = P microbatches, the first
+///    rank's count in 1F1B: with stages alike, the peak is 1F1B's. With
+///    equal F, B and W costs the bubble is (P - 1) (F + B - W) against
+///    1F1B's (P - 1) (F + B + W), as the paper derives (for N >= P and
+///    W <= F). WeightDelays, when given, sets each rank's D instead
+///    (0 <= D <= N; D = 0 runs each W right after its B): the compiler
+///    lowers a rank's delay where the stages are not alike (the last one
+///    holds the LM head, whose weight gradient keeps the logits' gradient
+///    alive until its W) and the default would raise the rank's memory
+///    above 1F1B's peak.
 ///
 /// Communication goes where Megatron's goes: GPipe and 1F1B send right
 /// after the step that makes a tensor and receive right before the step
@@ -119,7 +155,8 @@ std::string describeStep(const Schedule &S, int Rank, const ScheduleStep &St);
 /// rendezvous: every rank ends up sending a gradient to a neighbour that is
 /// itself sending.
 llvm::Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
-                                       int Microbatches);
+                                       int Microbatches,
+                                       llvm::ArrayRef<int> WeightDelays = {});
 
 /// How a send completes, for the verifier.
 ///  - Rendezvous: a send completes only when its receiver has posted the
@@ -137,10 +174,12 @@ enum class CommModel { Rendezvous, Buffered };
 ///  - every step names a valid microbatch, chunk, and the peer its stage's
 ///    neighbour lives on; sends and receives only at cuts between ranks;
 ///  - the forward and the backward of every (microbatch, stage) run exactly
-///    once, on the stage's rank;
+///    once, on the stage's rank, and so does its weight-gradient step when
+///    the schedule splits the backward (and no W step when it does not);
 ///  - simulating every rank under Model: a forward runs after its input
 ///    arrived (received, or the previous stage ran on this rank), a backward
-///    after its own forward and after its output gradient arrived, a send
+///    after its own forward and after its output gradient arrived, a W
+///    after its backward, a send
 ///    after the step that makes its tensor; every send is received;
 ///  - no deadlock: when no rank can move, the error names every blocked
 ///    rank, the step it is stuck on and whom it waits for.
@@ -148,7 +187,8 @@ llvm::Error verifySchedule(const Schedule &S,
                            CommModel Model = CommModel::Rendezvous);
 
 /// The largest number of (microbatch, chunk) pairs whose forward has run on
-/// Rank and whose backward has not, over the rank's program: the
+/// Rank and whose backward (W step, when split) has not, over the rank's
+/// program: the
 /// microbatches' worth of activations the rank stores at its peak, in units
 /// of one chunk. 1F1B: min(P - r, N) (P on the first rank: the paper's
 /// Section 4.4). GPipe: N M. Interleaved, first rank, N > P:
@@ -159,11 +199,15 @@ int maxInFlight(const Schedule &S, int Rank);
 
 /// Durations for the timing simulation, per virtual stage (a vector of V
 /// entries) or for all stages (one entry). Backward is the backward proper;
-/// Recompute, when given, is the recomputation run just before it.
+/// Recompute, when given, is the recomputation run just before it. With a
+/// split backward, Backward is the input-gradient part and WeightGrad the
+/// weight-gradient part; unsplit schedules ignore WeightGrad (their
+/// Backward is the whole backward).
 struct StepCosts {
   llvm::SmallVector<double, 4> Forward{1.0};
   llvm::SmallVector<double, 4> Backward{2.0};
   llvm::SmallVector<double, 4> Recompute{0.0};
+  llvm::SmallVector<double, 4> WeightGrad{0.0};
   /// Latency of one point-to-point message.
   double Comm = 0.0;
 };
@@ -197,7 +241,8 @@ struct ScheduleTimes {
 llvm::Expected<ScheduleTimes> simulateTimes(const Schedule &S,
                                             const StepCosts &Costs);
 
-/// A readable listing, one line per rank: "rank 0: F0 F1 >a0 <g0 B0 ...".
+/// A readable listing, one line per rank: "rank 0: F0 F1 >a0 <g0 B0 ...",
+/// W for a weight-gradient step.
 void printSchedule(const Schedule &S, llvm::raw_ostream &OS);
 
 } // namespace sp

@@ -25,7 +25,11 @@ bool perMicrobatch(const Node &N) { return N.tags().Ph != Phase::Optimizer; }
 /// (with recompute) nodes, and the values that cross between stages.
 struct StageGraph {
   int NumStages;
-  std::vector<std::vector<const Node *>> Fwd, Bwd;
+  /// Per stage, in graph order: the nodes of its Forward, Backward and
+  /// (with a split backward) WeightGrad steps.
+  std::vector<std::vector<const Node *>> Fwd, Bwd, Wgt;
+  /// The step kind each per-microbatch node runs in.
+  DenseMap<const Node *, StepKind> StepOf;
   /// Values read on another stage than their producer's, numbered (the
   /// message tag is microbatch * size() + number).
   SetVector<const Value *> Cross;
@@ -52,6 +56,7 @@ Expected<StageGraph> cutStages(const Graph &G, int NumStages) {
   SG.NumStages = NumStages;
   SG.Fwd.resize(NumStages);
   SG.Bwd.resize(NumStages);
+  SG.Wgt.resize(NumStages);
   SG.FwdImports.resize(NumStages);
   SG.BwdImports.resize(NumStages);
   SG.FwdExports.resize(NumStages);
@@ -64,8 +69,11 @@ Expected<StageGraph> cutStages(const Graph &G, int NumStages) {
       return lowerError(formatv("{0} has no pipeline stage in [0, {1}); run "
                                 "the pipeline pass",
                                 N.describe(), NumStages));
-    if (perMicrobatch(N))
-      (N.tags().Ph == Phase::Forward ? SG.Fwd : SG.Bwd)[S].push_back(&N);
+    if (perMicrobatch(N)) {
+      bool Fwd = N.tags().Ph == Phase::Forward;
+      (Fwd ? SG.Fwd : SG.Bwd)[S].push_back(&N);
+      SG.StepOf[&N] = Fwd ? StepKind::Forward : StepKind::Backward;
+    }
     for (Value *V : N.operands()) {
       const Node *P = V->producer();
       if (!P)
@@ -105,6 +113,39 @@ Expected<StageGraph> cutStages(const Graph &G, int NumStages) {
   return SG;
 }
 
+/// Splits each stage's backward: the nodes its outgoing gradients (the
+/// values it sends to earlier stages) depend on stay in Bwd, the rest move
+/// to Wgt, both in graph order.
+void splitBackward(StageGraph &SG) {
+  for (int S = 0; S < SG.NumStages; ++S) {
+    DenseSet<const Node *> Needed;
+    SmallVector<const Node *, 32> Work;
+    auto Visit = [&](const Value *V) {
+      const Node *P = V->producer();
+      if (P && stageOf(*P, SG.NumStages) == S &&
+          SG.StepOf.lookup(P) == StepKind::Backward && Needed.insert(P).second)
+        Work.push_back(P);
+    };
+    for (auto &Export : SG.BwdExports[S])
+      Visit(Export.first);
+    while (!Work.empty()) {
+      const Node *N = Work.pop_back_val();
+      for (const Value *V : N->operands())
+        Visit(V);
+    }
+    std::vector<const Node *> Input;
+    for (const Node *N : SG.Bwd[S]) {
+      if (Needed.count(N)) {
+        Input.push_back(N);
+        continue;
+      }
+      SG.Wgt[S].push_back(N);
+      SG.StepOf[N] = StepKind::WeightGrad;
+    }
+    SG.Bwd[S] = std::move(Input);
+  }
+}
+
 /// Emits one rank's program.
 class RankLowering {
 public:
@@ -119,7 +160,11 @@ public:
         return lowerError(formatv("rank {0}: a step of chunk {1}, microbatch "
                                   "{2} is outside the model",
                                   Rank, S.Chunk, S.Microbatch));
-      if (auto E = step(V, S.Microbatch, S.Backward))
+      if (S.Kind == StepKind::WeightGrad && !L.SplitBackward)
+        return lowerError(formatv("rank {0}: a weight-gradient step in a "
+                                  "layout that does not split the backward",
+                                  Rank));
+      if (auto E = step(V, S.Microbatch, S.Kind))
         return std::move(E);
     }
     if (auto E = optimizerAndOutputs())
@@ -182,10 +227,16 @@ private:
     return Error::success();
   }
 
-  Error step(int Stage, int Mb, bool Backward) {
-    Phase Ph = Backward ? Phase::Backward : Phase::Forward;
-    const auto &Imports = Backward ? SG.BwdImports : SG.FwdImports;
+  Error step(int Stage, int Mb, StepKind Kind) {
+    bool Forward = Kind == StepKind::Forward;
+    // A weight-gradient step neither receives nor sends: every value it
+    // reads from another stage arrived for the forward or the backward.
+    bool Communicates = Kind != StepKind::WeightGrad;
+    Phase Ph = Forward ? Phase::Forward : Phase::Backward;
+    const auto &Imports = Forward ? SG.FwdImports : SG.BwdImports;
     for (const Value *V : Imports[Stage]) {
+      if (!Communicates)
+        break;
       int From = V->producer()->tags().Stage;
       AttrList A;
       A.set("peer", int64_t(rankOf(From)));
@@ -198,12 +249,17 @@ private:
       B.setSharding(Out[0], V->sharding());
       Instances[{Mb, V}] = Out[0];
     }
-    for (const Node *N : (Backward ? SG.Bwd : SG.Fwd)[Stage])
+    const auto &Nodes = Forward                     ? SG.Fwd
+                        : Kind == StepKind::Backward ? SG.Bwd
+                                                     : SG.Wgt;
+    for (const Node *N : Nodes[Stage])
       if (auto E = emitNode(*N, Mb))
         return E;
-    const auto &Exports = Backward ? SG.BwdExports : SG.FwdExports;
+    const auto &Exports = Forward ? SG.FwdExports : SG.BwdExports;
     for (auto &[V, Dests] : Exports[Stage])
       for (int To : Dests) {
+        if (!Communicates)
+          break;
         AttrList A;
         A.set("peer", int64_t(rankOf(To)));
         A.set("tag", int64_t(tag(V, Mb, rankOf(To))));
@@ -214,8 +270,7 @@ private:
     // Sum what the step made that the optimizer reads, over microbatches.
     for (const Value *V : SG.Accumulated[Stage]) {
       auto It = Instances.find({Mb, V});
-      if (It == Instances.end() ||
-          (V->producer()->tags().Ph == Phase::Forward) == Backward)
+      if (It == Instances.end() || SG.StepOf.lookup(V->producer()) != Kind)
         continue;
       auto Acc = Accumulators.find(V);
       if (Acc == Accumulators.end()) {
@@ -336,6 +391,8 @@ static Expected<StageGraph> checkedCut(const Graph &G,
   auto SG = cutStages(G, L.Stages * L.Chunks);
   if (!SG)
     return SG.takeError();
+  if (L.SplitBackward)
+    splitBackward(*SG);
   // Number the values each pair of ranks exchanges.
   std::map<std::pair<int, int>, int> PerPair;
   for (const auto *Exports : {&SG->FwdExports, &SG->BwdExports})
@@ -377,6 +434,19 @@ Expected<Program> lowerPipelineRank(const Graph &G, DType Dt,
   if (!SG)
     return SG.takeError();
   return RankLowering(G, *SG, L, Rank, Dt).run();
+}
+
+DenseSet<const Node *> weightGradNodes(const Graph &G, int NumStages) {
+  DenseSet<const Node *> W;
+  auto SG = cutStages(G, NumStages);
+  if (!SG) {
+    consumeError(SG.takeError()); // not a pipelined graph: nothing to split
+    return W;
+  }
+  splitBackward(*SG);
+  for (const auto &Nodes : SG->Wgt)
+    W.insert(Nodes.begin(), Nodes.end());
+  return W;
 }
 
 //===----------------------------------------------------------------------===//

@@ -12,15 +12,18 @@
 #ifndef SP_LOWER_UNROLLSCHEDULE_H
 #define SP_LOWER_UNROLLSCHEDULE_H
 
+#include "lower/Schedule.h"
 #include "plan/Program.h"
+#include "llvm/ADT/DenseSet.h"
 #include <vector>
 
 namespace sp {
 
-/// One compute step of a rank: the forward or backward of model chunk Chunk
-/// (virtual stage Chunk * P + rank) on one microbatch.
+/// One compute step of a rank: the forward, backward or weight-gradient
+/// part of the backward of model chunk Chunk (virtual stage Chunk * P +
+/// rank) on one microbatch.
 struct PipelineStep {
-  bool Backward = false;
+  StepKind Kind = StepKind::Forward; // Forward, Backward or WeightGrad
   int Microbatch = 0;
   int Chunk = 0;
 };
@@ -29,6 +32,9 @@ struct PipelineLayout {
   int Stages = 1;       // P pipeline ranks
   int Chunks = 1;       // M model chunks per rank
   int Microbatches = 1; // N
+  /// Backward steps run the input-gradient part of a stage's backward only,
+  /// WeightGrad steps the rest (see splitBackward).
+  bool SplitBackward = false;
   /// The compute steps of every rank, in schedule order.
   std::vector<std::vector<PipelineStep>> Steps;
 };
@@ -48,6 +54,10 @@ struct PipelineLayout {
 ///   microbatches; each microbatch's loss is weighted by its loss_weight
 ///   input (its share of the step's counted targets), so the gradients and
 ///   the loss are the means over the whole batch.
+/// - With a split backward, a Backward step runs the nodes the stage's
+///   outgoing gradients depend on and a WeightGrad step the rest; each
+///   gradient is still summed over the microbatches in microbatch order, so
+///   a step's results are bitwise those of the unsplit schedule.
 /// - Optimizer nodes run once after the last step on the rank of their
 ///   stage; grad_norm (stage -1) runs on every rank over that rank's
 ///   gradients and sums over the pipeline; the loss is broadcast from the
@@ -60,6 +70,14 @@ lowerPipeline(const Graph &G, DType ActivationDtype, const PipelineLayout &L);
 llvm::Expected<Program> lowerPipelineRank(const Graph &G,
                                           DType ActivationDtype,
                                           const PipelineLayout &L, int Rank);
+
+/// The backward nodes of a split backward that belong to WeightGrad steps:
+/// per virtual stage, the backward (and recompute) nodes that the gradients
+/// it sends to the previous stage do not depend on (the weight gradients,
+/// and what only they read). On the first stage, which sends nothing, that
+/// is its whole backward. Nodes must carry their stages (the pipeline
+/// pass's tags).
+llvm::DenseSet<const Node *> weightGradNodes(const Graph &G, int NumStages);
 
 /// Simulates the programs with buffered sends and collectives that wait for
 /// all their participants: fails when a rank would wait forever (naming the

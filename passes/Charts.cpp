@@ -29,6 +29,7 @@ Error chartError(const Twine &Msg) {
 
 const char *const ForwardColour = "#4c78a8";
 const char *const BackwardColour = "#54a24b";
+const char *const WeightGradColour = "#72b7b2";
 const char *const RecomputeColour = "#b279a2";
 const char *const CommColour = "#e45756";
 const char *const IdleColour = "#f2f2f2";
@@ -194,6 +195,9 @@ Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
       if (St.Kind == StepKind::Forward) {
         rect(OS, X0, Y, X1 - X0, RowH, lighten(ForwardColour, Shade),
              What + When);
+      } else if (St.Kind == StepKind::WeightGrad) {
+        rect(OS, X0, Y, X1 - X0, RowH, lighten(WeightGradColour, Shade),
+             What + When);
       } else {
         double XR = PX(TS.RecomputeEnd);
         if (XR > X0)
@@ -230,10 +234,14 @@ Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
   text(OS, Left + PW / 2, AxisY + 34, "middle", Unit("time"));
   std::vector<std::pair<std::string, std::string>> Entries = {
       {ForwardColour, "forward"},
-      {BackwardColour, "backward"},
+      {BackwardColour, S.splitsBackward() ? "backward (input gradients)"
+                                          : "backward"},
       {RecomputeColour, "recompute"},
       {CommColour, "communication"},
       {IdleColour, "idle (bubble)"}};
+  if (S.splitsBackward())
+    Entries.insert(Entries.begin() + 2,
+                   {WeightGradColour, "weight gradients"});
   if (S.Chunks > 1)
     Entries.push_back({lighten(ForwardColour, 0.5),
                        formatv("lighter: later chunks (up to {0})",

@@ -1,6 +1,7 @@
 //===- Compile.cpp - The compile driver -----------------------------------===//
 #include "passes/Compile.h"
 #include "lower/MemoryPlan.h"
+#include "lower/UnrollSchedule.h"
 #include "passes/Charts.h"
 #include "passes/CollectiveReport.h"
 #include "passes/Cost.h"
@@ -23,7 +24,8 @@ Error runPasses(Graph &G, PassContext &Ctx, const CompileOptions &O) {
 }
 
 /// The schedule timed by each stage's GEMM work (GFLOP per microbatch,
-/// forward, backward and recompute), as an SVG Gantt chart. A message takes
+/// forward, backward and recompute; with a split backward, the weight
+/// gradients' share of the backward apart), as an SVG Gantt chart. A message takes
 /// the work an A100 does while NVLink (300 GB/s) moves it: 1040 FLOP per
 /// byte.
 static Error writeScheduleSvg(const Graph &G, const LoweredPlan &L,
@@ -33,6 +35,10 @@ static Error writeScheduleSvg(const Graph &G, const LoweredPlan &L,
   C.Forward.assign(V, 0.0);
   C.Backward.assign(V, 0.0);
   C.Recompute.assign(V, 0.0);
+  C.WeightGrad.assign(V, 0.0);
+  DenseSet<const Node *> Weight;
+  if (L.Sched.splitsBackward())
+    Weight = weightGradNodes(G, V);
   for (const Node &N : G.nodes()) {
     int S = std::max(N.tags().Stage, 0);
     if (S >= V)
@@ -43,10 +49,11 @@ static Error writeScheduleSvg(const Graph &G, const LoweredPlan &L,
       C.Forward[S] += F;
       break;
     case Phase::Backward:
-      C.Backward[S] += F;
-      break;
     case Phase::Recompute:
-      C.Recompute[S] += F;
+      if (Weight.count(&N))
+        C.WeightGrad[S] += F;
+      else
+        (N.tags().Ph == Phase::Backward ? C.Backward : C.Recompute)[S] += F;
       break;
     case Phase::Optimizer:
       break;
@@ -140,6 +147,8 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
     M["interleave"] = PO.Interleave;
     M["microbatches"] = PO.Microbatches;
     M["schedule"] = scheduleKindName(scheduleKind(PO.Schedule)).str();
+    if (!C.Lowered->Sched.WeightDelay.empty())
+      M["weight_delays"] = C.Lowered->Sched.WeightDelay;
   }
 }
 

@@ -45,7 +45,7 @@ struct RecomputeOptions {
 
 /// How a training step is pipelined (pipeline pass, and the unrolling of
 /// the schedule into per-stage programs).
-enum class PipelineSchedule { GPipe, OneFOneB, Interleaved };
+enum class PipelineSchedule { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
 struct PipelineOptions {
   int Stages = 1;       // --pp P: pipeline ranks
   int Interleave = 1;   // --interleave M: model chunks (virtual stages) per rank

@@ -122,7 +122,11 @@ struct CLOptions {
                             "one forward, one backward (default)"),
                  clEnumValN(PipelineSchedule::Interleaved, "interleaved",
                             "interleaved 1F1B over --interleave chunks "
-                            "(default when M > 1)")),
+                            "(default when M > 1)"),
+                 clEnumValN(PipelineSchedule::ZeroBubbleH1, "zb1p",
+                            "zero-bubble ZB-H1: 1F1B with each backward "
+                            "split into input and weight gradients, the "
+                            "latter filling the bubble")),
       cl::init(PipelineSchedule::OneFOneB), cl::cat(Cat)};
   cl::opt<std::string> Partition{
       "pp-partition",

@@ -108,10 +108,10 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
     // interleaving; the schedule's own count here.
     int FirstChunk = 0, Live = 0;
     for (const ScheduleStep &St : S->Steps[0])
-      if (St.isCompute() && St.Chunk == 0) {
-        Live += St.Kind == StepKind::Forward ? 1 : -1;
-        FirstChunk = std::max(FirstChunk, Live);
-      }
+      if (St.Chunk == 0 && St.Kind == StepKind::Forward)
+        FirstChunk = std::max(FirstChunk, ++Live);
+      else if (St.Chunk == 0 && S->endsMicrobatch(St))
+        --Live;
     double Formula =
         SBH * I.Layers / T * PerLayer * Factor + SBH * FirstChunk / T;
     M.Rows.push_back({formatv("first stage, TP+SP{0}, p {1} m {2} (Eq. {3})",

@@ -148,6 +148,12 @@ static void printPipeline(const Graph &G, const PipelineOptions &PO,
   for (auto &[Stage, Range] : Layers)
     OS << formatv(" {0}-{1}", Range.first, Range.second);
   OS << "\n";
+  if (!L.Sched.WeightDelay.empty()) {
+    OS << "  weight gradients delayed by (backwards, per rank):";
+    for (int D : L.Sched.WeightDelay)
+      OS << " " << D;
+    OS << "\n";
+  }
   OS << formatv("  first stage: {0} microbatch-chunks in flight, {1} of "
                 "stored activations\n",
                 maxInFlight(L.Sched, 0), humanBytes(First.StoredPeakBytes));

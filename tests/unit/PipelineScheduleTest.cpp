@@ -9,7 +9,9 @@
 //    its forward) are refused, deadlocks naming the ranks and their steps;
 //  - in-flight counts: 1F1B min(P - r, N), GPipe N M, interleaved Megatron's
 //    (P - r - 1) 2 + (M - 1) P + 1, i.e. the factor 1 + (P - 1) / (P M);
-//  - simulated bubble fractions equal (P - 1) / N and (P - 1) / (N M);
+//  - simulated bubble fractions equal (P - 1) / N and (P - 1) / (N M), and
+//    ZB-H1's (P - 1) (F + B - W) / (N (F + B + W));
+//  - ZB-H1's order is the paper's, its W steps are checked like the rest;
 //  - the partition's dynamic program against brute force on random costs,
 //    and its errors;
 //  - the SVG writers produce balanced tags, escaped text and their labels.
@@ -77,7 +79,8 @@ ScheduleStep step(StepKind K, int Microbatch, int Chunk, int Peer = -1) {
 
 TEST(PipelineSchedule, EveryKindVerifies) {
   const ScheduleKind Kinds[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB,
-                                ScheduleKind::Interleaved};
+                                ScheduleKind::Interleaved,
+                                ScheduleKind::ZeroBubbleH1};
   int Built = 0;
   for (ScheduleKind K : Kinds)
     for (int P : {1, 2, 4})
@@ -88,7 +91,9 @@ TEST(PipelineSchedule, EveryKindVerifies) {
                            .str());
           Expected<Schedule> S = buildSchedule(K, P, M, N);
           bool Valid = true;
-          if (K == ScheduleKind::OneFOneB && M != 1)
+          if ((K == ScheduleKind::OneFOneB ||
+               K == ScheduleKind::ZeroBubbleH1) &&
+              M != 1)
             Valid = false;
           if (K == ScheduleKind::Interleaved && (M < 2 || N % P != 0))
             Valid = false;
@@ -106,17 +111,17 @@ TEST(PipelineSchedule, EveryKindVerifies) {
               << listing(*S);
           EXPECT_EQ(errorText(verifySchedule(*S, CommModel::Buffered)), "");
           // Each rank: one forward and one backward per (microbatch,
-          // chunk); communication only across ranks.
+          // chunk), and a W when split; communication only across ranks.
           for (int R = 0; R < P; ++R) {
             int Compute = 0, Comm = 0;
             for (const ScheduleStep &St : S->Steps[R])
               (St.isCompute() ? Compute : Comm) += 1;
-            EXPECT_EQ(Compute, 2 * N * M);
+            EXPECT_EQ(Compute, (S->splitsBackward() ? 3 : 2) * N * M);
             if (P == 1)
               EXPECT_EQ(Comm, 0);
           }
         }
-  EXPECT_EQ(Built, 3 * 2 * 6 + 3 * 6 + /*interleaved M=2*/ 6 + 4 + 3);
+  EXPECT_EQ(Built, 3 * 2 * 6 + 2 * 3 * 6 + /*interleaved M=2*/ 6 + 4 + 3);
 }
 
 TEST(PipelineSchedule, LargerConfigurationsVerify) {
@@ -132,6 +137,9 @@ TEST(PipelineSchedule, LargerConfigurationsVerify) {
       Schedule S = build(ScheduleKind::OneFOneB, P, 1, N);
       EXPECT_EQ(errorText(verifySchedule(S)), "")
           << "1f1b P=" << P << " N=" << N;
+      Schedule Z = build(ScheduleKind::ZeroBubbleH1, P, 1, N);
+      EXPECT_EQ(errorText(verifySchedule(Z)), "")
+          << "zb1p P=" << P << " N=" << N;
       if (N % P)
         continue;
       for (int M : {2, 3, 4}) {
@@ -164,6 +172,95 @@ TEST(PipelineSchedule, OneFOneBMatchesMegatron) {
   EXPECT_EQ(listing(build(ScheduleKind::OneFOneB, 2, 1, 2)),
             "rank 0: F0 >a0 F1 >a1 <g0 B0 <g1 B1\n"
             "rank 1: <a0 F0 B0 >g0 <a1 F1 B1 >g1\n");
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1MatchesThePaper) {
+  // P = 4, N = 6 (Qi et al.'s Figure 3, ZB-H1): 1F1B's forwards and
+  // backwards; rank r runs the W of microbatch k after the B of k + r, the
+  // last r W's at the end.
+  Schedule S = build(ScheduleKind::ZeroBubbleH1, 4, 1, 6);
+  EXPECT_EQ(S.WeightDelay, (std::vector<int>{0, 1, 2, 3}));
+  std::string Compute;
+  for (int R = 0; R < 4; ++R) {
+    Compute += "rank " + std::to_string(R) + ":";
+    for (const ScheduleStep &St : S.Steps[R])
+      if (St.isCompute())
+        Compute += formatv(" {0}{1}",
+                           St.Kind == StepKind::Forward    ? "F"
+                           : St.Kind == StepKind::Backward ? "B"
+                                                           : "W",
+                           St.Microbatch)
+                       .str();
+    Compute += "\n";
+  }
+  EXPECT_EQ(Compute,
+            "rank 0: F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 B3 W3 B4 W4 B5 W5\n"
+            "rank 1: F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 B4 W3 B5 W4 W5\n"
+            "rank 2: F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 B5 W3 W4 W5\n"
+            "rank 3: F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 W3 W4 W5\n");
+  // W's do not communicate: the gradient goes out right after its B.
+  EXPECT_EQ(listing(build(ScheduleKind::ZeroBubbleH1, 2, 1, 2)),
+            "rank 0: F0 >a0 F1 >a1 <g0 B0 W0 <g1 B1 W1\n"
+            "rank 1: <a0 F0 B0 >g0 <a1 F1 B1 >g1 W0 W1\n");
+  // Delays given per rank: D = 0 is 1F1B with each W right after its B.
+  Expected<Schedule> Zero =
+      buildSchedule(ScheduleKind::ZeroBubbleH1, 2, 1, 2, {0, 0});
+  ASSERT_TRUE(bool(Zero));
+  EXPECT_EQ(listing(*Zero), "rank 0: F0 >a0 F1 >a1 <g0 B0 W0 <g1 B1 W1\n"
+                            "rank 1: <a0 F0 B0 >g0 W0 <a1 F1 B1 >g1 W1\n");
+  for (int P : {2, 4, 8})
+    for (int N : {1, 3, 8, 16}) {
+      std::vector<int> Delays;
+      for (int R = 0; R < P; ++R)
+        Delays.push_back((R * 7 + 3) % (N + 1)); // any D in [0, N]
+      Expected<Schedule> D =
+          buildSchedule(ScheduleKind::ZeroBubbleH1, P, 1, N, Delays);
+      ASSERT_TRUE(bool(D)) << errorText(D);
+      EXPECT_EQ(errorText(verifySchedule(*D)), "") << listing(*D);
+    }
+  auto Msg = [](ScheduleKind K, int P, int N, std::vector<int> Delays) {
+    Expected<Schedule> S = buildSchedule(K, P, 1, N, Delays);
+    return errorText(S);
+  };
+  EXPECT_EQ(Msg(ScheduleKind::ZeroBubbleH1, 2, 4, {0, 5}),
+            "rank 1's weight delay 5 is outside [0, 4] (the microbatches)");
+  EXPECT_EQ(Msg(ScheduleKind::ZeroBubbleH1, 2, 4, {0}),
+            "1 weight delays for 2 ranks");
+  EXPECT_EQ(Msg(ScheduleKind::OneFOneB, 2, 4, {0, 1}),
+            "the 1f1b schedule does not split the backward; it takes no "
+            "weight delays");
+  Expected<Schedule> TwoChunks =
+      buildSchedule(ScheduleKind::ZeroBubbleH1, 2, 2, 4);
+  EXPECT_EQ(errorText(TwoChunks),
+            "the zb1p schedule runs 1 model chunk per rank, got M = 2; use "
+            "the interleaved schedule for 2 chunks per rank");
+}
+
+TEST(PipelineSchedule, WeightGradientStepErrors) {
+  // A W before its B.
+  {
+    Schedule S = build(ScheduleKind::ZeroBubbleH1, 1, 1, 1); // F0 B0 W0
+    std::swap(S.Steps[0][1], S.Steps[0][2]);
+    EXPECT_EQ(errorText(verifySchedule(S)),
+              "rank 0 step 1 (weight gradients of microbatch 0 chunk 0 "
+              "(stage 0)) runs before its backward");
+  }
+  // A W lost.
+  {
+    Schedule S = build(ScheduleKind::ZeroBubbleH1, 2, 1, 2);
+    S.Steps[1].pop_back();
+    EXPECT_EQ(errorText(verifySchedule(S)),
+              "rank 1 never runs the weight-gradient step of microbatch 1 "
+              "chunk 0 (stage 1)");
+  }
+  // A W in a schedule that does not split the backward.
+  {
+    Schedule S = build(ScheduleKind::OneFOneB, 1, 1, 1);
+    S.Steps[0].push_back(step(StepKind::WeightGrad, 0, 0));
+    EXPECT_EQ(errorText(verifySchedule(S)),
+              "rank 0 step 2 (weight gradients of microbatch 0 chunk 0 "
+              "(stage 0)): the 1f1b schedule does not split the backward");
+  }
 }
 
 TEST(PipelineSchedule, InterleavedMatchesMegatron) {
@@ -407,6 +504,15 @@ TEST(PipelineSchedule, InFlight) {
         double Factor = double(maxInFlight(S, 0)) / M / P;
         EXPECT_DOUBLE_EQ(Factor, 1 + double(P - 1) / (P * M));
       }
+  // ZB-H1: rank r holds (P - r - 1) + 1 + r = P, the first rank's count
+  // in 1F1B, counted until the W step.
+  for (int P : {1, 2, 4, 8})
+    for (int N : {1, 2, 3, 4, 8, 16}) {
+      Schedule S = build(ScheduleKind::ZeroBubbleH1, P, 1, N);
+      for (int R = 0; R < P; ++R)
+        EXPECT_EQ(maxInFlight(S, R), std::min(P, N))
+            << "zb1p P=" << P << " N=" << N << " rank " << R;
+    }
   // N = P: all warm-up, every chunk-microbatch in flight, factor 1.
   EXPECT_EQ(maxInFlight(build(ScheduleKind::Interleaved, 4, 2, 4), 0), 8);
 }
@@ -453,6 +559,47 @@ TEST(PipelineSchedule, BubbleFractions) {
         }
 }
 
+TEST(PipelineSchedule, ZeroBubbleBubble) {
+  // Qi et al.: with the backward split into B and W, 1F1B's bubble is
+  // (P - 1) (F + B + W) and ZB-H1's (P - 1) (F + B - W), over the ideal
+  // N (F + B + W); their derivation takes N >= P and W <= F.
+  const double Costs[][3] = {{1, 1, 1}, {1, 1.2, 0.8}, {1, 1.5, 0.5},
+                             {1, 1, 0.5}};
+  for (const auto &C : Costs)
+    for (int P : {2, 4, 8})
+      for (int N : {P, 2 * P, 4 * P}) {
+        double F = C[0], B = C[1], W = C[2];
+        StepCosts Split;
+        Split.Forward = {F};
+        Split.Backward = {B};
+        Split.WeightGrad = {W};
+        ScheduleTimes Z = times(build(ScheduleKind::ZeroBubbleH1, P, 1, N),
+                                Split);
+        EXPECT_NEAR(Z.bubbleFraction(),
+                    (P - 1) * (F + B - W) / (N * (F + B + W)), 1e-9)
+            << "zb1p P=" << P << " N=" << N << " F B W " << F << " " << B
+            << " " << W;
+        StepCosts Whole;
+        Whole.Forward = {F};
+        Whole.Backward = {B + W};
+        ScheduleTimes O = times(build(ScheduleKind::OneFOneB, P, 1, N), Whole);
+        EXPECT_NEAR(O.bubbleFraction(), double(P - 1) / N, 1e-9);
+        EXPECT_LT(Z.Makespan, O.Makespan);
+      }
+  // A W step takes its own cost, after its B, on the rank's clock.
+  Schedule S = build(ScheduleKind::ZeroBubbleH1, 1, 1, 1); // F0 B0 W0
+  StepCosts C;
+  C.Forward = {1};
+  C.Backward = {2};
+  C.Recompute = {0.5};
+  C.WeightGrad = {3};
+  ScheduleTimes T = times(S, C);
+  EXPECT_DOUBLE_EQ(T.Times[0][1].RecomputeEnd, 1.5);
+  EXPECT_DOUBLE_EQ(T.Times[0][2].Start, 3.5);
+  EXPECT_DOUBLE_EQ(T.Times[0][2].End, 6.5);
+  EXPECT_DOUBLE_EQ(T.Busy[0], 6.5);
+}
+
 TEST(PipelineSchedule, PaperSizes) {
   // The paper's pipelines (Section 4.4): 175B p 8 m 3, 530B p 35 m 3, 1T
   // p 64; strict verification, the bubble formula and the first stage's
@@ -462,11 +609,16 @@ TEST(PipelineSchedule, PaperSizes) {
     int P, M, N, InFlight;
   } Cases[] = {{ScheduleKind::Interleaved, 8, 3, 64, 8 * 3 + 7},
                {ScheduleKind::Interleaved, 35, 3, 280, 35 * 3 + 34},
-               {ScheduleKind::OneFOneB, 64, 1, 512, 64}};
+               {ScheduleKind::OneFOneB, 64, 1, 512, 64},
+               {ScheduleKind::ZeroBubbleH1, 64, 1, 512, 64}};
   for (const Case &C : Cases) {
     Schedule S = build(C.Kind, C.P, C.M, C.N);
     EXPECT_EQ(errorText(verifySchedule(S)), "") << "P=" << C.P;
     EXPECT_EQ(maxInFlight(S, 0), C.InFlight) << "P=" << C.P;
+    if (S.splitsBackward()) {
+      EXPECT_EQ(maxInFlight(S, C.P - 1), C.InFlight);
+      continue; // its bubble: ZeroBubbleBubble
+    }
     StepCosts Costs;
     Costs.Forward = {1.0 / C.M};
     Costs.Backward = {2.0 / C.M};

@@ -51,28 +51,35 @@ static Expected<std::vector<Program>> lowerRanks(const Graph &G, DType Dt,
 }
 
 /// ZB-H1 keeps 1F1B's peak when the stages are alike. Where a rank's
-/// program under the default delays needs more than the largest 1F1B
-/// rank's arena (the last rank: its LM head's weight gradient keeps the
-/// logits' gradient alive until its W), that rank's delay is lowered to
-/// the largest that fits, found by bisection (a rank's delay changes only
-/// its own program: W steps do not communicate). Rewrites S and Progs.
+/// program under the default delays needs more than the cap -- the largest
+/// 1F1B rank's arena, or --memory-budget when given -- (the W's hold the gradients their B's made for them, and
+/// the last rank's LM head keeps the logits' gradient), that rank's delay
+/// is lowered to the largest that fits, found by bisection. A rank's delay
+/// changes only its own program (W steps do not communicate), so each
+/// rank is searched alone and keeps the program of the delay it gets.
+/// Rewrites S and Progs.
 static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
                              Schedule &S, std::vector<Program> &Progs) {
-  auto Ref = buildSchedule(ScheduleKind::OneFOneB, S.Ranks, 1, S.Microbatches);
-  if (!Ref)
-    return Ref.takeError();
-  auto RefProgs = lowerRanks(G, Ctx.ActivationDtype, *Ref);
-  if (!RefProgs)
-    return RefProgs.takeError();
-  int64_t Peak = 0;
-  for (const Program &P : *RefProgs)
-    Peak = std::max(Peak, P.ArenaBytes);
+  int64_t Peak = Ctx.Recompute.MemoryBudget;
+  const char *CapName = "--memory-budget";
+  if (Peak <= 0) {
+    auto Ref =
+        buildSchedule(ScheduleKind::OneFOneB, S.Ranks, 1, S.Microbatches);
+    if (!Ref)
+      return Ref.takeError();
+    auto RefProgs = lowerRanks(G, Ctx.ActivationDtype, *Ref);
+    if (!RefProgs)
+      return RefProgs.takeError();
+    for (const Program &P : *RefProgs)
+      Peak = std::max(Peak, P.ArenaBytes);
+    CapName = "1F1B's peak";
+  }
   std::vector<int> Delays = S.WeightDelay;
   bool Changed = false;
   for (int R = 0; R < S.Ranks; ++R) {
     if (Progs[R].ArenaBytes <= Peak)
       continue;
-    auto Arena = [&](int D) -> Expected<int64_t> {
+    auto Lower = [&](int D) -> Expected<Program> {
       std::vector<int> Try = Delays;
       Try[R] = D;
       auto Sch = buildSchedule(S.Kind, S.Ranks, 1, S.Microbatches, Try);
@@ -82,27 +89,47 @@ static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
       if (!P)
         return P.takeError();
       finalizeProgram(*P);
-      return P->ArenaBytes;
+      return P;
     };
-    int Lo = 0, Hi = Delays[R] - 1; // the largest D in [Lo, Hi] that fits
-    int Best = 0;
+    // The largest D in [0, Delays[R]) whose program fits; D = 0 when none
+    // does (the rank then needs about its 1F1B arena).
+    int Lo = 0, Hi = Delays[R] - 1, Best = -1;
+    Program Kept;
     while (Lo <= Hi) {
       int Mid = (Lo + Hi + 1) / 2;
-      auto A = Arena(Mid);
-      if (!A)
-        return A.takeError();
-      if (*A <= Peak) {
+      auto P = Lower(Mid);
+      if (!P)
+        return P.takeError();
+      if (P->ArenaBytes <= Peak) {
         Best = Mid;
+        Kept = std::move(*P);
         Lo = Mid + 1;
       } else {
         Hi = Mid - 1;
       }
     }
+    if (Best < 0) {
+      auto P = Lower(0);
+      if (!P)
+        return P.takeError();
+      if (Ctx.Recompute.MemoryBudget > 0 &&
+          P->ArenaBytes > Ctx.Recompute.MemoryBudget)
+        return createStringError(
+            inconvertibleErrorCode(),
+            "--memory-budget %lld: pipeline rank %d needs %lld bytes even "
+            "with each weight-gradient step right after its backward; raise "
+            "the budget or recompute (--recompute auto)",
+            (long long)Ctx.Recompute.MemoryBudget, R,
+            (long long)P->ArenaBytes);
+      Best = 0;
+      Kept = std::move(*P);
+    }
     *Ctx.Remarks << formatv("zb1p: rank {0} delays its weight gradients by {1} "
-                            "backwards instead of {2}, to stay within 1F1B's "
-                            "peak of {3} bytes\n",
-                            R, Best, Delays[R], Peak);
+                            "backwards instead of {2}, to stay within {3} of "
+                            "{4} bytes\n",
+                            R, Best, Delays[R], CapName, Peak);
     Delays[R] = Best;
+    Progs[R] = std::move(Kept);
     Changed = true;
   }
   if (!Changed)
@@ -110,12 +137,8 @@ static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
   auto Capped = buildSchedule(S.Kind, S.Ranks, 1, S.Microbatches, Delays);
   if (!Capped)
     return Capped.takeError();
-  auto CappedProgs = lowerRanks(G, Ctx.ActivationDtype, *Capped);
-  if (!CappedProgs)
-    return CappedProgs.takeError();
   S = std::move(*Capped);
-  Progs = std::move(*CappedProgs);
-  return Error::success();
+  return verifyPipelinePrograms(Progs); // the ranks' programs together
 }
 
 Expected<LoweredPlan> lowerTrainingGraph(const Graph &G,

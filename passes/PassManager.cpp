@@ -99,8 +99,9 @@ struct CLOptions {
       cl::value_desc("K"), cl::init(1), cl::cat(Cat)};
   cl::opt<std::string> MemoryBudget{
       "memory-budget",
-      cl::desc("With --recompute auto: the largest planned peak per rank, in "
-               "bytes (suffixes K, M, G, T, KiB, MiB, GiB, TiB)"),
+      cl::desc("With --recompute auto or --schedule zb1p: the largest "
+               "planned peak per rank, in bytes (suffixes K, M, G, T, KiB, "
+               "MiB, GiB, TiB)"),
       cl::value_desc("bytes"), cl::cat(Cat)};
   cl::opt<int> PP{"pp", cl::desc("Pipeline-parallel stages P (pipeline pass)"),
                   cl::value_desc("P"), cl::init(1), cl::cat(Cat)};
@@ -268,9 +269,12 @@ Error passOptionsFromCL(PassContext &Ctx) {
   if (R.Mode == RecomputeMode::Auto && !HasBudget)
     return createStringError(inconvertibleErrorCode(),
                              "--recompute auto needs --memory-budget BYTES");
-  if (HasBudget && R.Mode != RecomputeMode::Auto)
+  bool ZeroBubble = CL->Schedule.getNumOccurrences() &&
+                    CL->Schedule.getValue() == PipelineSchedule::ZeroBubbleH1;
+  if (HasBudget && R.Mode != RecomputeMode::Auto && !ZeroBubble)
     return createStringError(inconvertibleErrorCode(),
-                             "--memory-budget needs --recompute auto");
+                             "--memory-budget needs --recompute auto or "
+                             "--schedule zb1p");
   if (HasBudget) {
     auto B = byteFlag("--memory-budget", CL->MemoryBudget,
                       "6000000, 512MiB or 80GB");

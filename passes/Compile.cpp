@@ -25,11 +25,10 @@ Error runPasses(Graph &G, PassContext &Ctx, const CompileOptions &O) {
 
 /// The schedule timed by each stage's GEMM work (GFLOP per microbatch,
 /// forward, backward and recompute; with a split backward, the weight
-/// gradients' share of the backward apart), as an SVG Gantt chart. A message takes
-/// the work an A100 does while NVLink (300 GB/s) moves it: 1040 FLOP per
-/// byte.
-static Error writeScheduleSvg(const Graph &G, const LoweredPlan &L,
-                              StringRef Title, raw_ostream &OS) {
+/// gradients' share of the backward apart). A message takes the work an
+/// A100 does while NVLink (300 GB/s) moves it: 1040 FLOP per byte.
+static Expected<ScheduleTimes> timeSchedule(const Graph &G,
+                                            const LoweredPlan &L) {
   int V = L.Sched.numStages();
   StepCosts C;
   C.Forward.assign(V, 0.0);
@@ -67,13 +66,7 @@ static Error writeScheduleSvg(const Graph &G, const LoweredPlan &L,
     }
   if (Messages)
     C.Comm = 1040.0 * double(Bytes) / double(Messages) / 1e9;
-  auto Times = simulateTimes(L.Sched, C);
-  if (!Times)
-    return Times.takeError();
-  GanttOptions O;
-  O.Title = Title.str();
-  O.TimeUnit = "GFLOP";
-  return writeGanttSvg(OS, L.Sched, *Times, O);
+  return simulateTimes(L.Sched, C);
 }
 
 /// The report of a lowered plan, and the manifest beside it.
@@ -178,9 +171,23 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
     C.P->Stages = C.Lowered->Stages;
   reportPlan(G, Ctx, O, C);
   if (Ctx.Pipeline.enabled()) {
+    auto Times = timeSchedule(G, *C.Lowered);
+    if (!Times)
+      return Times.takeError();
+    const PipelineOptions &PO = Ctx.Pipeline;
+    C.Bubble = Times->bubbleFraction();
+    nlohmann::json Bubble = {
+        {"schedule", scheduleKindName(C.Lowered->Sched.Kind).str()},
+        {"simulated", *C.Bubble},
+        {"one_f_one_b", double(PO.Stages - 1) / PO.Microbatches}};
+    C.Facts["bubble"] = Bubble;
+    C.P->Manifest["bubble"] = Bubble;
     std::string Svg;
     raw_string_ostream OS(Svg);
-    if (auto E = writeScheduleSvg(G, *C.Lowered, sys::path::stem(O.Source), OS))
+    GanttOptions GO;
+    GO.Title = sys::path::stem(O.Source).str();
+    GO.TimeUnit = "GFLOP";
+    if (auto E = writeGanttSvg(OS, C.Lowered->Sched, *Times, GO))
       return std::move(E);
     C.P->Files.push_back({"schedule.svg", OS.str()});
   }

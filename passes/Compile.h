@@ -43,6 +43,9 @@ struct Compilation {
   /// The family's per-layer formula for the middle layer, under that
   /// layer's recomputation.
   std::optional<LayerFormula> Formula;
+  /// With pipeline options: the schedule's bubble, simulated from each
+  /// stage's GEMM work (the Gantt chart's), as a fraction of the ideal time.
+  std::optional<double> Bubble;
 };
 
 /// Runs O.Passes on G (Ctx holds the pass options) and no more. A failing

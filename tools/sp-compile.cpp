@@ -133,7 +133,7 @@ static void printActivations(const ActivationReport &R, const Program &P,
 /// The stages, the schedule and each stage's memory.
 static void printPipeline(const Graph &G, const PipelineOptions &PO,
                           const LoweredPlan &L, const ActivationReport &First,
-                          raw_ostream &OS) {
+                          std::optional<double> Bubble, raw_ostream &OS) {
   std::map<int, std::pair<int, int>> Layers; // stage -> first, last layer
   for (const Node &N : G.nodes())
     if (N.tags().Layer >= 0 && N.tags().Ph == Phase::Forward) {
@@ -161,6 +161,10 @@ static void printPipeline(const Graph &G, const PipelineOptions &PO,
   for (size_t K = 0; K < L.Stages.size(); ++K)
     OS << " " << humanBytes(L.Stages[K].ArenaBytes);
   OS << "\n";
+  if (Bubble)
+    OS << formatv("  bubble: {0:F1}% simulated from each stage's GEMM work; "
+                  "1F1B's (P - 1) / N = {1:F1}%\n",
+                  100 * *Bubble, 100.0 * (PO.Stages - 1) / PO.Microbatches);
 }
 
 /// AdamW's settings: a decay rate outside [0, 1), a non-positive epsilon
@@ -327,7 +331,8 @@ int main(int Argc, char **Argv) {
       printActivations(*C->Activations, Prog, C->Formula, C->Info.Family,
                        outs());
       if (Ctx.Pipeline.enabled())
-        printPipeline(**G, Ctx.Pipeline, *C->Lowered, *C->FirstStage, outs());
+        printPipeline(**G, Ctx.Pipeline, *C->Lowered, *C->FirstStage,
+                      C->Bubble, outs());
     }
     outs() << formatv("compiled in {0:F3} s ({1} nodes)\n", Seconds,
                       (*G)->numNodes());

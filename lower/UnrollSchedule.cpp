@@ -6,6 +6,7 @@
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Parallel.h"
 #include <cstring>
 #include <map>
 
@@ -418,13 +419,25 @@ Expected<std::vector<Program>> lowerPipeline(const Graph &G, DType Dt,
   auto SG = checkedCut(G, L);
   if (!SG)
     return SG.takeError();
+  // The ranks are lowered concurrently: each reads the graph and the cut
+  // and builds its own program.
+  std::vector<Optional<Expected<Program>>> Lowered(L.Stages);
+  parallelForEachN(0, L.Stages, [&](size_t R) {
+    Lowered[R].emplace(RankLowering(G, *SG, L, int(R), Dt).run());
+  });
   std::vector<Program> Programs;
-  for (int R = 0; R < L.Stages; ++R) {
-    auto P = RankLowering(G, *SG, L, R, Dt).run();
-    if (!P)
-      return P.takeError();
-    Programs.push_back(std::move(*P));
+  Optional<Error> First; // the lowest rank's error; the others dropped
+  for (auto &P : Lowered) {
+    if (*P) {
+      Programs.push_back(std::move(**P));
+    } else if (!First) {
+      First.emplace(P->takeError());
+    } else {
+      consumeError(P->takeError());
+    }
   }
+  if (First)
+    return std::move(*First);
   return Programs;
 }
 

@@ -28,7 +28,8 @@ Error runPasses(Graph &G, PassContext &Ctx, const CompileOptions &O) {
 /// gradients' share of the backward apart). A message takes the work an
 /// A100 does while NVLink (300 GB/s) moves it: 1040 FLOP per byte.
 static Expected<ScheduleTimes> timeSchedule(const Graph &G,
-                                            const LoweredPlan &L) {
+                                            const LoweredPlan &L,
+                                            const Program &FirstRank) {
   int V = L.Sched.numStages();
   StepCosts C;
   C.Forward.assign(V, 0.0);
@@ -59,9 +60,9 @@ static Expected<ScheduleTimes> timeSchedule(const Graph &G,
     }
   }
   int64_t Bytes = 0, Messages = 0;
-  for (const Instruction &I : L.Stages[0].Instrs)
+  for (const Instruction &I : FirstRank.Instrs)
     if (I.Op == OpKind::Send) {
-      Bytes += L.Stages[0].Buffers[I.In[0]].Bytes;
+      Bytes += FirstRank.Buffers[I.In[0]].Bytes;
       ++Messages;
     }
   if (Messages)
@@ -166,12 +167,18 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
     return L.takeError();
   C.Lowered = std::move(*L);
   C.P.emplace();
-  C.P->Prog = C.Lowered->Stages[0];
-  if (Ctx.Pipeline.enabled())
-    C.P->Stages = C.Lowered->Stages;
+  // The programs move into the plan (at the paper's sizes each is tens of
+  // megabytes); the plan keeps rank 0's as its Prog too.
+  if (Ctx.Pipeline.enabled()) {
+    C.P->Stages = std::move(C.Lowered->Stages);
+    C.P->Prog = C.P->Stages[0];
+  } else {
+    C.P->Prog = std::move(C.Lowered->Stages[0]);
+  }
+  C.Lowered->Stages.clear();
   reportPlan(G, Ctx, O, C);
   if (Ctx.Pipeline.enabled()) {
-    auto Times = timeSchedule(G, *C.Lowered);
+    auto Times = timeSchedule(G, *C.Lowered, C.P->Prog);
     if (!Times)
       return Times.takeError();
     const PipelineOptions &PO = Ctx.Pipeline;

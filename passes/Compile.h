@@ -34,7 +34,8 @@ struct Compilation {
   /// graph, "plan", "parallel", "collectives", "memory" (with the family's
   /// "formula") and "flops".
   nlohmann::json Facts;
-  /// Only when the passes made a training graph (a "loss" output):
+  /// Only when the passes made a training graph (a "loss" output); its
+  /// programs have moved into P.
   std::optional<LoweredPlan> Lowered;
   /// The plan: programs, manifest (the facts and the options), files.
   std::optional<Plan> P;

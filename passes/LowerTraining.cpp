@@ -4,6 +4,7 @@
 #include "lower/LowerGraph.h"
 #include "lower/MemoryPlan.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Parallel.h"
 
 using namespace llvm;
 
@@ -45,16 +46,16 @@ static Expected<std::vector<Program>> lowerRanks(const Graph &G, DType Dt,
     return Progs.takeError();
   if (auto E = verifyPipelinePrograms(*Progs))
     return std::move(E);
-  for (Program &P : *Progs)
-    finalizeProgram(P);
+  parallelForEach(*Progs, [](Program &P) { finalizeProgram(P); });
   return Progs;
 }
 
-/// ZB-H1 keeps 1F1B's peak when the stages are alike. Where a rank's
-/// program under the default delays needs more than the cap -- the largest
-/// 1F1B rank's arena, or --memory-budget when given -- (the W's hold the gradients their B's made for them, and
-/// the last rank's LM head keeps the logits' gradient), that rank's delay
-/// is lowered to the largest that fits, found by bisection. A rank's delay
+/// ZB-H1 keeps 1F1B's peak when the stages are alike. They are not quite:
+/// the W's hold the gradients their B's made for them, and the last rank's
+/// LM head keeps the logits' gradient. Where a rank's program under the
+/// default delays needs more than the cap (the largest 1F1B rank's arena,
+/// or --memory-budget when given), that rank's delay is lowered to the
+/// largest that fits, found by bisection. A rank's delay
 /// changes only its own program (W steps do not communicate), so each
 /// rank is searched alone and keeps the program of the delay it gets.
 /// Rewrites S and Progs.
@@ -74,18 +75,26 @@ static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
       Peak = std::max(Peak, P.ArenaBytes);
     CapName = "1F1B's peak";
   }
-  std::vector<int> Delays = S.WeightDelay;
-  bool Changed = false;
-  for (int R = 0; R < S.Ranks; ++R) {
+  // Each rank over the cap searches its delay on its own (concurrently).
+  struct Search {
+    int Best = -1;
+    Program Kept;
+    Optional<Error> Err;
+  };
+  const std::vector<int> Delays = S.WeightDelay;
+  std::vector<Search> Found(S.Ranks);
+  parallelForEachN(0, S.Ranks, [&](size_t R) {
     if (Progs[R].ArenaBytes <= Peak)
-      continue;
+      return;
+    Search &F = Found[R];
     auto Lower = [&](int D) -> Expected<Program> {
       std::vector<int> Try = Delays;
       Try[R] = D;
       auto Sch = buildSchedule(S.Kind, S.Ranks, 1, S.Microbatches, Try);
       if (!Sch)
         return Sch.takeError();
-      auto P = lowerPipelineRank(G, Ctx.ActivationDtype, computeSteps(*Sch), R);
+      auto P = lowerPipelineRank(G, Ctx.ActivationDtype, computeSteps(*Sch),
+                                 int(R));
       if (!P)
         return P.takeError();
       finalizeProgram(*P);
@@ -93,51 +102,73 @@ static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
     };
     // The largest D in [0, Delays[R]) whose program fits; D = 0 when none
     // does (the rank then needs about its 1F1B arena).
-    int Lo = 0, Hi = Delays[R] - 1, Best = -1;
-    Program Kept;
+    int Lo = 0, Hi = Delays[R] - 1;
     while (Lo <= Hi) {
       int Mid = (Lo + Hi + 1) / 2;
       auto P = Lower(Mid);
-      if (!P)
-        return P.takeError();
+      if (!P) {
+        F.Err.emplace(P.takeError());
+        return;
+      }
       if (P->ArenaBytes <= Peak) {
-        Best = Mid;
-        Kept = std::move(*P);
+        F.Best = Mid;
+        F.Kept = std::move(*P);
         Lo = Mid + 1;
       } else {
         Hi = Mid - 1;
       }
     }
-    if (Best < 0) {
+    if (F.Best < 0) {
       auto P = Lower(0);
-      if (!P)
-        return P.takeError();
-      if (Ctx.Recompute.MemoryBudget > 0 &&
-          P->ArenaBytes > Ctx.Recompute.MemoryBudget)
-        return createStringError(
-            inconvertibleErrorCode(),
-            "--memory-budget %lld: pipeline rank %d needs %lld bytes even "
-            "with each weight-gradient step right after its backward; raise "
-            "the budget or recompute (--recompute auto)",
-            (long long)Ctx.Recompute.MemoryBudget, R,
-            (long long)P->ArenaBytes);
-      Best = 0;
-      Kept = std::move(*P);
+      if (!P) {
+        F.Err.emplace(P.takeError());
+        return;
+      }
+      F.Best = 0;
+      F.Kept = std::move(*P);
+    }
+  });
+  std::vector<int> Capped = Delays;
+  Optional<Error> First;
+  bool Changed = false;
+  for (int R = 0; R < S.Ranks; ++R) {
+    Search &F = Found[R];
+    if (F.Err) {
+      if (First)
+        consumeError(std::move(*F.Err));
+      else
+        First.emplace(std::move(*F.Err));
+      continue;
+    }
+    if (F.Best < 0 || First)
+      continue;
+    if (Ctx.Recompute.MemoryBudget > 0 &&
+        F.Kept.ArenaBytes > Ctx.Recompute.MemoryBudget) {
+      First.emplace(createStringError(
+          inconvertibleErrorCode(),
+          "--memory-budget %lld: pipeline rank %d needs %lld bytes even "
+          "with each weight-gradient step right after its backward; raise "
+          "the budget or recompute (--recompute auto)",
+          (long long)Ctx.Recompute.MemoryBudget, R,
+          (long long)F.Kept.ArenaBytes));
+      continue;
     }
     *Ctx.Remarks << formatv("zb1p: rank {0} delays its weight gradients by {1} "
                             "backwards instead of {2}, to stay within {3} of "
                             "{4} bytes\n",
-                            R, Best, Delays[R], CapName, Peak);
-    Delays[R] = Best;
-    Progs[R] = std::move(Kept);
+                            R, F.Best, Delays[R], CapName, Peak);
+    Capped[R] = F.Best;
+    Progs[R] = std::move(F.Kept);
     Changed = true;
   }
+  if (First)
+    return std::move(*First);
   if (!Changed)
     return Error::success();
-  auto Capped = buildSchedule(S.Kind, S.Ranks, 1, S.Microbatches, Delays);
-  if (!Capped)
-    return Capped.takeError();
-  S = std::move(*Capped);
+  auto CappedS = buildSchedule(S.Kind, S.Ranks, 1, S.Microbatches, Capped);
+  if (!CappedS)
+    return CappedS.takeError();
+  S = std::move(*CappedS);
   return verifyPipelinePrograms(Progs); // the ranks' programs together
 }
 

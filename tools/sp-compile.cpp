@@ -132,7 +132,8 @@ static void printActivations(const ActivationReport &R, const Program &P,
 
 /// The stages, the schedule and each stage's memory.
 static void printPipeline(const Graph &G, const PipelineOptions &PO,
-                          const LoweredPlan &L, const ActivationReport &First,
+                          const LoweredPlan &L, const Plan &P,
+                          const ActivationReport &First,
                           std::optional<double> Bubble, raw_ostream &OS) {
   std::map<int, std::pair<int, int>> Layers; // stage -> first, last layer
   for (const Node &N : G.nodes())
@@ -158,8 +159,8 @@ static void printPipeline(const Graph &G, const PipelineOptions &PO,
                 "stored activations\n",
                 maxInFlight(L.Sched, 0), humanBytes(First.StoredPeakBytes));
   OS << "  arena by rank:";
-  for (size_t K = 0; K < L.Stages.size(); ++K)
-    OS << " " << humanBytes(L.Stages[K].ArenaBytes);
+  for (int K = 0; K < P.numStages(); ++K)
+    OS << " " << humanBytes(P.stage(K).ArenaBytes);
   OS << "\n";
   if (Bubble)
     OS << formatv("  bubble: {0:F1}% simulated from each stage's GEMM work; "
@@ -331,7 +332,7 @@ int main(int Argc, char **Argv) {
       printActivations(*C->Activations, Prog, C->Formula, C->Info.Family,
                        outs());
       if (Ctx.Pipeline.enabled())
-        printPipeline(**G, Ctx.Pipeline, *C->Lowered, *C->FirstStage,
+        printPipeline(**G, Ctx.Pipeline, *C->Lowered, *C->P, *C->FirstStage,
                       C->Bubble, outs());
     }
     outs() << formatv("compiled in {0:F3} s ({1} nodes)\n", Seconds,

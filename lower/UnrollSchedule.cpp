@@ -31,6 +31,10 @@ struct StageGraph {
   std::vector<std::vector<const Node *>> Fwd, Bwd, Wgt;
   /// The step kind each per-microbatch node runs in.
   DenseMap<const Node *, StepKind> StepOf;
+  /// Per stage, with a split backward: the all_gathers of its Backward step
+  /// whose results its WeightGrad step reads. The W step gathers them again
+  /// rather than holding their t-times-larger results from B to W.
+  std::vector<std::vector<const Node *>> Regather;
   /// Values read on another stage than their producer's, numbered (the
   /// message tag is microbatch * size() + number).
   SetVector<const Value *> Cross;
@@ -118,6 +122,7 @@ Expected<StageGraph> cutStages(const Graph &G, int NumStages) {
 /// values it sends to earlier stages) depend on stay in Bwd, the rest move
 /// to Wgt, both in graph order.
 void splitBackward(StageGraph &SG) {
+  SG.Regather.assign(SG.NumStages, {});
   for (int S = 0; S < SG.NumStages; ++S) {
     DenseSet<const Node *> Needed;
     SmallVector<const Node *, 32> Work;
@@ -144,6 +149,23 @@ void splitBackward(StageGraph &SG) {
       SG.StepOf[N] = StepKind::WeightGrad;
     }
     SG.Bwd[S] = std::move(Input);
+    // Under SP the output gradient of a row-parallel layer is all-gathered
+    // to the full sequence for both its input gradient (B) and its weight
+    // gradient (W); gathering it again in W keeps only the 1/t shard alive
+    // in between, as Megatron gathers a layer's input again for its weight
+    // gradient. An all_gather copies, so the results do not change.
+    SetVector<const Node *> Again;
+    for (const Node *N : SG.Wgt[S])
+      for (const Value *V : N->operands())
+        if (const Node *P = V->producer();
+            P && P->op() == OpKind::AllGather &&
+            SG.StepOf.lookup(P) == StepKind::Backward &&
+            stageOf(*P, SG.NumStages) == S)
+          Again.insert(P);
+    // In program order, so every TP rank issues them alike.
+    for (const Node *N : SG.Bwd[S])
+      if (Again.count(N))
+        SG.Regather[S].push_back(N);
   }
 }
 
@@ -253,6 +275,10 @@ private:
     const auto &Nodes = Forward                     ? SG.Fwd
                         : Kind == StepKind::Backward ? SG.Bwd
                                                      : SG.Wgt;
+    if (Kind == StepKind::WeightGrad)
+      for (const Node *N : SG.Regather[Stage])
+        if (auto E = emitNode(*N, Mb)) // replaces B's instance for W's reads
+          return E;
     for (const Node *N : Nodes[Stage])
       if (auto E = emitNode(*N, Mb))
         return E;

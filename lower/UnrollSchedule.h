@@ -57,7 +57,10 @@ struct PipelineLayout {
 /// - With a split backward, a Backward step runs the nodes the stage's
 ///   outgoing gradients depend on and a WeightGrad step the rest; each
 ///   gradient is still summed over the microbatches in microbatch order, so
-///   a step's results are bitwise those of the unsplit schedule.
+///   a step's results are bitwise those of the unsplit schedule. An
+///   all_gather of the Backward step whose result the WeightGrad step reads
+///   (under SP, a row-parallel layer's output gradient) runs again in the
+///   WeightGrad step, so that only its 1/t input waits between the two.
 /// - Optimizer nodes run once after the last step on the rank of their
 ///   stage; grad_norm (stage -1) runs on every rank over that rank's
 ///   gradients and sums over the pipeline; the loss is broadcast from the

@@ -17,13 +17,18 @@ one), then measures, in this one run, side by side:
     process. Each of --repeat rounds times sp-run and then torch; the table
     shows the fastest round of each.
 Both sides train in float32 with dropout on. It prints one row per model: sp-run and torch
-milliseconds per step and the ratio torch/sp (> 1: sp-run is faster).
+milliseconds per step and the ratio torch/sp (> 1: sp-run is faster), and sp-run's achieved
+GFLOP/s (the model's FLOPs per step from `sp-compile --report`, model_flops_per_iteration: the
+GEMMs of the forward and backward, over the step time) beside OpenBLAS sgemm's rate measured in
+this run (torch.mm in float32, which calls the same OpenBLAS, on the model's fc1 product
+[b s, h] x [h, 4h] at T threads; the fastest of 10).
 
 Models: "tiny" is the committed models/tiny/gpt-tiny.onnx (L 2, h 64, 4 heads, s 64, v 256,
 batch 4); "medium" is exported with models/export_gpt.py (L 4, h 256, 8 heads, s 128, v 512,
-batch 8, opset 17, tied).
+batch 8, opset 17, tied); "gpt2s" is GPT-2-small's shape (L 12, h 768, 12 heads, s 256, v 8192,
+batch 4, tied; 5 timed steps unless --steps says otherwise).
 
-    /usr/bin/python3 tools/bench_train.py --sp-bin build/bin [--threads 2] [--steps N] [--models tiny medium]
+    /usr/bin/python3 tools/bench_train.py --sp-bin build/bin [--threads 2] [--steps N] [--models tiny medium gpt2s]
 """
 import argparse
 import ctypes
@@ -57,16 +62,18 @@ DATA_SEED = 7
 
 MEDIUM_ARGV = ["--layers", "4", "--hidden", "256", "--heads", "8", "--seq", "128", "--vocab", "512",
                "--batch", "8", "--opset", "17", "--tied", "--dropout", str(DROPOUT), "--seed", "1234"]
+GPT2S_ARGV = ["--layers", "12", "--hidden", "768", "--heads", "12", "--seq", "256", "--vocab", "8192",
+              "--batch", "4", "--opset", "17", "--tied", "--dropout", str(DROPOUT), "--seed", "1234"]
 
 
 def model_path(name, workdir):
     if name == "tiny":
         return os.path.join(ROOT, "models", "tiny", "gpt-tiny.onnx")
-    if name == "medium":
-        path = os.path.join(workdir, "gpt-medium.onnx")
-        export_gpt.main(["-o", path] + MEDIUM_ARGV)
+    if name in ("medium", "gpt2s"):
+        path = os.path.join(workdir, f"gpt-{name}.onnx")
+        export_gpt.main(["-o", path] + (MEDIUM_ARGV if name == "medium" else GPT2S_ARGV))
         return path
-    raise SystemExit(f"error: unknown model {name!r} (tiny, medium)")
+    raise SystemExit(f"error: unknown model {name!r} (tiny, medium, gpt2s)")
 
 
 def set_torch_threads(threads):
@@ -93,8 +100,29 @@ def set_torch_threads(threads):
 
 
 def compile_plan(sp_compile, onnx_path, plan, attention):
+    """Compiles the plan; returns the model's FLOPs per training step (sp-compile --report)."""
     shutil.rmtree(plan, ignore_errors=True)
-    subprocess.run([sp_compile, onnx_path, "-o", plan, "--attention", attention, "--quiet"], check=True)
+    report = plan + "-report.json"
+    subprocess.run([sp_compile, onnx_path, "-o", plan, "--attention", attention, "--quiet",
+                    "--report", report], check=True)
+    with open(report) as f:
+        return json.load(f)["flops"]["model_flops_per_iteration"]
+
+
+def sgemm_gflops(facts, repeat=10):
+    """OpenBLAS sgemm's GFLOP/s on the model's fc1 product [b s, h] x [h, 4h], through torch.mm in
+    float32 at the threads set by set_torch_threads: the fastest of `repeat`."""
+    m, k = facts["batch"] * facts["seq"], facts["hidden"]
+    n = 4 * k
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.rand(m, k, generator=g), torch.rand(k, n, generator=g)
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * m * n * k / best / 1e9
 
 
 def time_sp_run(sp_run, plan, data, steps, threads, workdir, env=None):
@@ -125,7 +153,7 @@ def torch_ms_per_step(onnx_path, facts, tokens, warmup, steps):
     return 1000.0 * (stamps[warmup + steps] - stamps[warmup]) / steps
 
 
-DEFAULT_STEPS = {"tiny": 200, "medium": 20}
+DEFAULT_STEPS = {"tiny": 200, "medium": 20, "gpt2s": 5}
 
 
 def measure(sp_run, plans, data, onnx_path, facts, tokens, args, steps, workdir):
@@ -151,7 +179,8 @@ def main():
     ap.add_argument("--steps", type=int, help="timed steps N (default: 200 for tiny, 20 for medium)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps W (default 3)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the fastest of each side counts (default 3)")
-    ap.add_argument("--models", nargs="+", default=["tiny", "medium"], help="tiny and/or medium")
+    ap.add_argument("--models", nargs="+", default=["tiny", "medium"],
+                    help="tiny, medium and/or gpt2s (default: tiny medium)")
     ap.add_argument("--workdir", help="where models, plans and data go (default: a temporary directory)")
     ap.add_argument("--attention", choices=["fused", "unfused", "both"], default="both",
                     help="sp-compile --attention of the sp-run plans; both: a row for each (default)")
@@ -170,7 +199,8 @@ def main():
           f"N steps timed after {args.warmup} (fastest of {args.repeat})\n"
           f"sp-run --threads {args.threads}; {torch_threads}", flush=True)
     header = (f"{'model':>7} {'params':>9} {'batch x seq':>11} {'attention':>9} {'sp-run ms/step':>15} "
-              f"{'torch ms/step':>14} {'torch/sp':>9} {'threads':>8}")
+              f"{'torch ms/step':>14} {'torch/sp':>9} {'threads':>8} {'sp GFLOP/s':>11} "
+              f"{'sgemm GFLOP/s':>14} {'of sgemm':>9}")
     rows = []
     try:
         for name in args.models:
@@ -179,15 +209,18 @@ def main():
                 facts = json.load(f)
             data = os.path.join(workdir, f"{name}-tokens.bin")
             tokens = ref.write_tokens(data, TOKENS, facts["vocab"], DATA_SEED)
-            plans = {}
+            plans, flops = {}, {}
             for a in (["fused", "unfused"] if args.attention == "both" else [args.attention]):
                 plans[a] = os.path.join(workdir, f"{name}-{a}-plan")
-                compile_plan(sp_compile, onnx_path, plans[a], a)
+                flops[a] = compile_plan(sp_compile, onnx_path, plans[a], a)
             steps = args.steps or DEFAULT_STEPS.get(name, 20)
             sp, torch_ms = measure(sp_run, plans, data, onnx_path, facts, tokens, args, steps, workdir)
+            sgemm = sgemm_gflops(facts)
             for a, (sp_ms, startup) in sp.items():
+                achieved = flops[a] / (sp_ms / 1000.0) / 1e9
                 rows.append(f"{name:>7} {facts['params']:>9} {facts['batch']:>5} x {facts['seq']:<3} {a:>9} "
-                            f"{sp_ms:>15.2f} {torch_ms:>14.2f} {torch_ms / sp_ms:>9.2f} {args.threads:>8}")
+                            f"{sp_ms:>15.2f} {torch_ms:>14.2f} {torch_ms / sp_ms:>9.2f} {args.threads:>8} "
+                            f"{achieved:>11.1f} {sgemm:>14.1f} {100 * achieved / sgemm:>8.0f}%")
                 print(f"  {name}: N = {steps}: sp-run --attention {a} {sp_ms:.2f} ms/step (a {args.warmup}-step "
                       f"run takes {startup:.2f} s), torch {torch_ms:.2f} ms/step", flush=True)
     finally:

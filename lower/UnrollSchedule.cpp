@@ -153,18 +153,14 @@ void splitBackward(StageGraph &SG) {
     // to the full sequence for both its input gradient (B) and its weight
     // gradient (W); gathering it again in W keeps only the 1/t shard alive
     // in between, as Megatron gathers a layer's input again for its weight
-    // gradient. An all_gather copies, so the results do not change.
-    SetVector<const Node *> Again;
-    for (const Node *N : SG.Wgt[S])
-      for (const Value *V : N->operands())
-        if (const Node *P = V->producer();
-            P && P->op() == OpKind::AllGather &&
-            SG.StepOf.lookup(P) == StepKind::Backward &&
-            stageOf(*P, SG.NumStages) == S)
-          Again.insert(P);
-    // In program order, so every TP rank issues them alike.
+    // gradient. An all_gather copies, so the results do not change. In
+    // program order, so every TP rank issues them alike.
     for (const Node *N : SG.Bwd[S])
-      if (Again.count(N))
+      if (N->op() == OpKind::AllGather &&
+          any_of(N->result(0)->users(), [&](const Use &U) {
+            return stageOf(*U.User, SG.NumStages) == S &&
+                   SG.StepOf.lookup(U.User) == StepKind::WeightGrad;
+          }))
         SG.Regather[S].push_back(N);
   }
 }
@@ -257,9 +253,8 @@ private:
     bool Communicates = Kind != StepKind::WeightGrad;
     Phase Ph = Forward ? Phase::Forward : Phase::Backward;
     const auto &Imports = Forward ? SG.FwdImports : SG.BwdImports;
-    for (const Value *V : Imports[Stage]) {
-      if (!Communicates)
-        break;
+    for (const Value *V : Communicates ? Imports[Stage].getArrayRef()
+                                       : ArrayRef<const Value *>()) {
       int From = V->producer()->tags().Stage;
       AttrList A;
       A.set("peer", int64_t(rankOf(From)));
@@ -284,9 +279,7 @@ private:
         return E;
     const auto &Exports = Forward ? SG.FwdExports : SG.BwdExports;
     for (auto &[V, Dests] : Exports[Stage])
-      for (int To : Dests) {
-        if (!Communicates)
-          break;
+      for (int To : Communicates ? ArrayRef<int>(Dests) : ArrayRef<int>()) {
         AttrList A;
         A.set("peer", int64_t(rankOf(To)));
         A.set("tag", int64_t(tag(V, Mb, rankOf(To))));
@@ -475,14 +468,13 @@ Expected<Program> lowerPipelineRank(const Graph &G, DType Dt,
   return RankLowering(G, *SG, L, Rank, Dt).run();
 }
 
-DenseSet<const Node *> weightGradNodes(const Graph &G, int NumStages) {
-  DenseSet<const Node *> W;
+Expected<DenseSet<const Node *>> weightGradNodes(const Graph &G,
+                                                int NumStages) {
   auto SG = cutStages(G, NumStages);
-  if (!SG) {
-    consumeError(SG.takeError()); // not a pipelined graph: nothing to split
-    return W;
-  }
+  if (!SG)
+    return SG.takeError();
   splitBackward(*SG);
+  DenseSet<const Node *> W;
   for (const auto &Nodes : SG->Wgt)
     W.insert(Nodes.begin(), Nodes.end());
   return W;

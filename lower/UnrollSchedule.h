@@ -80,7 +80,8 @@ llvm::Expected<Program> lowerPipelineRank(const Graph &G,
 /// and what only they read). On the first stage, which sends nothing, that
 /// is its whole backward. Nodes must carry their stages (the pipeline
 /// pass's tags).
-llvm::DenseSet<const Node *> weightGradNodes(const Graph &G, int NumStages);
+llvm::Expected<llvm::DenseSet<const Node *>>
+weightGradNodes(const Graph &G, int NumStages);
 
 /// Simulates the programs with buffered sends and collectives that wait for
 /// all their participants: fails when a rank would wait forever (naming the

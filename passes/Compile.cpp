@@ -37,8 +37,12 @@ static Expected<ScheduleTimes> timeSchedule(const Graph &G,
   C.Recompute.assign(V, 0.0);
   C.WeightGrad.assign(V, 0.0);
   DenseSet<const Node *> Weight;
-  if (L.Sched.splitsBackward())
-    Weight = weightGradNodes(G, V);
+  if (L.Sched.splitsBackward()) {
+    auto W = weightGradNodes(G, V);
+    if (!W)
+      return W.takeError();
+    Weight = std::move(*W);
+  }
   for (const Node &N : G.nodes()) {
     int S = std::max(N.tags().Stage, 0);
     if (S >= V)
@@ -182,10 +186,9 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
     if (!Times)
       return Times.takeError();
     const PipelineOptions &PO = Ctx.Pipeline;
-    C.Bubble = Times->bubbleFraction();
     nlohmann::json Bubble = {
         {"schedule", scheduleKindName(C.Lowered->Sched.Kind).str()},
-        {"simulated", *C.Bubble},
+        {"simulated", Times->bubbleFraction()},
         {"one_f_one_b", double(PO.Stages - 1) / PO.Microbatches}};
     C.Facts["bubble"] = Bubble;
     C.P->Manifest["bubble"] = Bubble;

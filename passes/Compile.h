@@ -32,7 +32,9 @@ struct Compilation {
   ModelInfo Info;
   /// The report (sp-compile --report): the model facts and, for a training
   /// graph, "plan", "parallel", "collectives", "memory" (with the family's
-  /// "formula") and "flops".
+  /// "formula") and "flops"; with pipeline options, "bubble": the
+  /// schedule's, simulated from each stage's GEMM work (the Gantt chart's),
+  /// and 1F1B's (P - 1) / N, as fractions of the ideal time.
   nlohmann::json Facts;
   /// Only when the passes made a training graph (a "loss" output); its
   /// programs have moved into P.
@@ -44,9 +46,6 @@ struct Compilation {
   /// The family's per-layer formula for the middle layer, under that
   /// layer's recomputation.
   std::optional<LayerFormula> Formula;
-  /// With pipeline options: the schedule's bubble, simulated from each
-  /// stage's GEMM work (the Gantt chart's), as a fraction of the ideal time.
-  std::optional<double> Bubble;
 };
 
 /// Runs O.Passes on G (Ctx holds the pass options) and no more. A failing

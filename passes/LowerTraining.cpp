@@ -55,9 +55,9 @@ static Expected<std::vector<Program>> lowerRanks(const Graph &G, DType Dt,
 /// LM head keeps the logits' gradient. Where a rank's program under the
 /// default delays needs more than the cap (the largest 1F1B rank's arena,
 /// or --memory-budget when given), that rank's delay is lowered to the
-/// largest that fits, found by bisection. A rank's delay
-/// changes only its own program (W steps do not communicate), so each
-/// rank is searched alone and keeps the program of the delay it gets.
+/// largest that fits, found by bisection. A rank's delay changes only its
+/// own program (W steps do not communicate), so each rank is searched
+/// alone and keeps the program of the delay it gets.
 /// Rewrites S and Progs.
 static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
                              Schedule &S, std::vector<Program> &Progs) {
@@ -75,10 +75,12 @@ static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
       Peak = std::max(Peak, P.ArenaBytes);
     CapName = "1F1B's peak";
   }
-  // Each rank over the cap searches its delay on its own (concurrently).
+  // Each rank over the cap searches its delay on its own (concurrently):
+  // the largest D below its default whose program fits, or D = 0 when none
+  // does (the rank then needs about its 1F1B arena).
   struct Search {
-    int Best = -1;
-    Program Kept;
+    int Best = -1;             // -1: the rank fits as it is
+    Optional<Program> Kept;    // Best's program; none: Progs[R] (D = 0)
     Optional<Error> Err;
   };
   const std::vector<int> Delays = S.WeightDelay;
@@ -100,31 +102,28 @@ static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
       finalizeProgram(*P);
       return P;
     };
-    // The largest D in [0, Delays[R]) whose program fits; D = 0 when none
-    // does (the rank then needs about its 1F1B arena).
-    int Lo = 0, Hi = Delays[R] - 1;
-    while (Lo <= Hi) {
+    F.Best = 0;
+    for (int Lo = 1, Hi = Delays[R] - 1; Lo <= Hi;) {
       int Mid = (Lo + Hi + 1) / 2;
       auto P = Lower(Mid);
       if (!P) {
         F.Err.emplace(P.takeError());
         return;
       }
-      if (P->ArenaBytes <= Peak) {
-        F.Best = Mid;
-        F.Kept = std::move(*P);
-        Lo = Mid + 1;
-      } else {
+      if (P->ArenaBytes > Peak) {
         Hi = Mid - 1;
+        continue;
       }
+      F.Best = Mid;
+      F.Kept = std::move(*P);
+      Lo = Mid + 1;
     }
-    if (F.Best < 0) {
+    if (F.Best == 0 && Delays[R] > 0) {
       auto P = Lower(0);
       if (!P) {
         F.Err.emplace(P.takeError());
         return;
       }
-      F.Best = 0;
       F.Kept = std::move(*P);
     }
   });
@@ -142,23 +141,24 @@ static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
     }
     if (F.Best < 0 || First)
       continue;
-    if (Ctx.Recompute.MemoryBudget > 0 &&
-        F.Kept.ArenaBytes > Ctx.Recompute.MemoryBudget) {
+    int64_t Arena = F.Kept ? F.Kept->ArenaBytes : Progs[R].ArenaBytes;
+    if (Ctx.Recompute.MemoryBudget > 0 && Arena > Ctx.Recompute.MemoryBudget) {
       First.emplace(createStringError(
           inconvertibleErrorCode(),
           "--memory-budget %lld: pipeline rank %d needs %lld bytes even "
           "with each weight-gradient step right after its backward; raise "
           "the budget or recompute (--recompute auto)",
-          (long long)Ctx.Recompute.MemoryBudget, R,
-          (long long)F.Kept.ArenaBytes));
+          (long long)Ctx.Recompute.MemoryBudget, R, (long long)Arena));
       continue;
     }
+    if (!F.Kept)
+      continue; // already at D = 0
     *Ctx.Remarks << formatv("zb1p: rank {0} delays its weight gradients by {1} "
                             "backwards instead of {2}, to stay within {3} of "
                             "{4} bytes\n",
                             R, F.Best, Delays[R], CapName, Peak);
     Capped[R] = F.Best;
-    Progs[R] = std::move(F.Kept);
+    Progs[R] = std::move(*F.Kept);
     Changed = true;
   }
   if (First)

@@ -134,7 +134,7 @@ static void printActivations(const ActivationReport &R, const Program &P,
 static void printPipeline(const Graph &G, const PipelineOptions &PO,
                           const LoweredPlan &L, const Plan &P,
                           const ActivationReport &First,
-                          std::optional<double> Bubble, raw_ostream &OS) {
+                          const nlohmann::json &Bubble, raw_ostream &OS) {
   std::map<int, std::pair<int, int>> Layers; // stage -> first, last layer
   for (const Node &N : G.nodes())
     if (N.tags().Layer >= 0 && N.tags().Ph == Phase::Forward) {
@@ -162,10 +162,10 @@ static void printPipeline(const Graph &G, const PipelineOptions &PO,
   for (int K = 0; K < P.numStages(); ++K)
     OS << " " << humanBytes(P.stage(K).ArenaBytes);
   OS << "\n";
-  if (Bubble)
-    OS << formatv("  bubble: {0:F1}% simulated from each stage's GEMM work; "
-                  "1F1B's (P - 1) / N = {1:F1}%\n",
-                  100 * *Bubble, 100.0 * (PO.Stages - 1) / PO.Microbatches);
+  OS << formatv("  bubble: {0:F1}% simulated from each stage's GEMM work; "
+                "1F1B's (P - 1) / N = {1:F1}%\n",
+                100 * Bubble["simulated"].get<double>(),
+                100 * Bubble["one_f_one_b"].get<double>());
 }
 
 /// AdamW's settings: a decay rate outside [0, 1), a non-positive epsilon
@@ -333,7 +333,7 @@ int main(int Argc, char **Argv) {
                        outs());
       if (Ctx.Pipeline.enabled())
         printPipeline(**G, Ctx.Pipeline, *C->Lowered, *C->P, *C->FirstStage,
-                      C->Bubble, outs());
+                      C->Facts["bubble"], outs());
     }
     outs() << formatv("compiled in {0:F3} s ({1} nodes)\n", Seconds,
                       (*G)->numNodes());

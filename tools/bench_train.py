@@ -5,11 +5,14 @@ For each model it writes one token file and compiles the model with `sp-compile 
 --attention A` (A fused, sp-compile's default, and unfused, the paper's ops: --attention picks
 one), then measures, in this one run, side by side:
   - sp-run: `sp-run PLAN --data DATA --dropout 0.1 --threads T` with --steps W and with
-    --steps W+N; the difference of the two wall times over N is the time of a step with the
-    process startup, plan loading and the first W (warm-up) steps taken out. Each is the
-    fastest of --repeat runs. N is 200 for tiny (its steps take milliseconds: fewer would
-    leave the difference to the noise of process startup) and 20 for medium unless --steps
-    says otherwise.
+    --steps W+N; each reports the wall time of its training loop ("trained steps 1-K: ... in
+    X s"), which leaves out the process startup, plan and weight loading and the arena's first
+    touch. The difference of the two over N is the time of a step with the first W (warm-up)
+    steps taken out as well. Each is the fastest of --repeat runs. N is 200 for tiny (its steps
+    take milliseconds: fewer would leave the difference to the 10 ms resolution of the report)
+    and 20 for medium unless --steps says otherwise. (Process wall times were used before:
+    loading gpt2s's 367 MB of weights and zeroing its 2.7 GB of pages varies by seconds from
+    run to run, which made a 5-step difference up to 20% off.)
   - torch: models/gpt.py's GPT with the same config and the same weights (loaded from the ONNX
     file), dropout 0.1, the same batches (the sp-run data formula), AdamW (two param groups) with
     clip_grad_norm_(1.0) and the spec's LR schedule, T intra-op threads and T OpenBLAS threads
@@ -34,6 +37,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,17 +130,19 @@ def sgemm_gflops(facts, repeat=10):
 
 
 def time_sp_run(sp_run, plan, data, steps, threads, workdir, env=None):
-    """Wall seconds of one sp-run process training `steps` steps (env: extra environment)."""
+    """Wall seconds of the training loop of one sp-run process training `steps` steps, as sp-run
+    reports it (env: extra environment)."""
     run_dir = os.path.join(workdir, "sp-run-out")
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sp_run, plan, "--data", data, "--steps", str(steps), "--dropout", str(DROPOUT), "--lr", str(LR),
            "--threads", str(threads), "--log-dir", os.path.join(run_dir, "log")]
-    start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(SP_RUN_ENV, **(env or {})))
-    seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr.strip()}")
-    return seconds
+    m = re.search(r"^trained steps 1-\d+: .* tokens in ([0-9.]+) s\)$", proc.stdout, re.M)
+    if not m:
+        raise SystemExit(f"error: no 'trained steps' line in the output of {' '.join(cmd)}:\n{proc.stdout}")
+    return float(m.group(1))
 
 
 def torch_ms_per_step(onnx_path, facts, tokens, warmup, steps):
@@ -157,7 +163,7 @@ DEFAULT_STEPS = {"tiny": 200, "medium": 20, "gpt2s": 5}
 
 
 def measure(sp_run, plans, data, onnx_path, facts, tokens, args, steps, workdir):
-    """({attention: (sp-run ms/step, seconds of a warm-up-only sp-run)}, torch ms/step): the fastest
+    """({attention: (sp-run ms/step, training-loop seconds of a warm-up-only sp-run)}, torch ms/step): the fastest
     of --repeat rounds, each round timing every plan and torch one after the other so that load
     from elsewhere hits all of them."""
     short, long, torch_ms = {a: [] for a in plans}, {a: [] for a in plans}, []
@@ -222,7 +228,7 @@ def main():
                             f"{sp_ms:>15.2f} {torch_ms:>14.2f} {torch_ms / sp_ms:>9.2f} {args.threads:>8} "
                             f"{achieved:>11.1f} {sgemm:>14.1f} {100 * achieved / sgemm:>8.0f}%")
                 print(f"  {name}: N = {steps}: sp-run --attention {a} {sp_ms:.2f} ms/step (a {args.warmup}-step "
-                      f"run takes {startup:.2f} s), torch {torch_ms:.2f} ms/step", flush=True)
+                      f"run trains in {startup:.2f} s), torch {torch_ms:.2f} ms/step", flush=True)
     finally:
         if tmp:
             tmp.cleanup()

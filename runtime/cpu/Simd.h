@@ -8,8 +8,9 @@
 // runs is picked at load time (GCC's target_clones); the build stays
 // portable. The AVX-512 copy halves the float GELUs' time (they compute in
 // double, 8 lanes instead of 4): 186 -> 103 ms of gpt2s's 3.6 s step on a
-// Zen 4, with every gradient and weight bitwise the AVX2 copy's (sp-run
-// --dump of both builds). FMA is not enabled in the clones
+// Zen 4, where sp-run --dump gave bitwise the same gradients and weights
+// with the AVX-512, AVX2 and default copies (README, "Training step
+// time"). FMA is not enabled in the clones
 // and the library is compiled with -ffp-contract=off, so every clone rounds
 // exactly the same IEEE operations: results do not depend on the machine's
 // vector width, the thread count, or the clone picked.

@@ -4,10 +4,185 @@
 #include "lower/GradientBuckets.h"
 #include "lower/MemoryPlan.h"
 #include "lower/Overlap.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/Support/MathExtras.h"
+
+using namespace llvm;
 
 namespace sp {
 
+namespace {
+
+int64_t aligned(const ProgramBuffer &B) {
+  return alignTo(std::max<int64_t>(B.Bytes, 1), ArenaAlignment);
+}
+
+/// A compact program's arena, bottom up: the persistent buffers, the
+/// per-microbatch inputs (every microbatch's), the Whole temporaries (the
+/// sums over microbatches, the parameter copies), each chunk's slots, and
+/// the scratch region every step's Step buffers share (their offsets are
+/// relative to it on entry; ScratchBytes is its size).
+void planCompactMemory(Program &P, int64_t ScratchBytes) {
+  int64_t Top = 0;
+  for (ProgramBuffer &B : P.Buffers)
+    if (B.isPersistent() && B.Scope != BufferScope::Microbatch) {
+      B.Offset = Top;
+      Top += aligned(B);
+    }
+  for (ProgramBuffer &B : P.Buffers)
+    if (B.Scope == BufferScope::Microbatch) {
+      B.Offset = Top;
+      B.Stride = aligned(B);
+      Top += B.Stride * P.Microbatches;
+    }
+  P.PersistentBytes = Top;
+  for (ProgramBuffer &B : P.Buffers)
+    if (!B.isPersistent() && B.Scope == BufferScope::Whole) {
+      B.Offset = Top;
+      Top += aligned(B);
+    }
+  for (SlotRegion &S : P.Slots)
+    S.Stride = 0;
+  for (ProgramBuffer &B : P.Buffers)
+    if (B.Scope == BufferScope::Slot) {
+      SlotRegion &S = P.Slots[B.Region];
+      B.Offset = S.Stride;
+      S.Stride += aligned(B);
+    }
+  for (SlotRegion &S : P.Slots) {
+    S.Offset = Top;
+    Top += S.Stride * S.Count;
+  }
+  for (ProgramBuffer &B : P.Buffers)
+    if (B.Scope == BufferScope::Step)
+      B.Offset += Top;
+  P.ArenaBytes = Top + ScratchBytes;
+}
+
+/// Finalizes each template of a compact program on its own: the template's
+/// instructions as a program of their own, in which only its Step buffers
+/// are temporaries (the rest stand still, as constants), so that the
+/// fusions, the buckets and the collective placement stay inside the step
+/// and the memory plan places its scratch.
+void finalizeCompact(Program &P) {
+  std::vector<int> NewId(P.Buffers.size(), -1);
+  Program Out;
+  for (size_t Id = 0; Id < P.Buffers.size(); ++Id)
+    if (P.Buffers[Id].Scope != BufferScope::Step) {
+      NewId[Id] = Out.Buffers.size();
+      Out.Buffers.push_back(P.Buffers[Id]);
+      Out.Buffers.back().Def = Out.Buffers.back().LastUse = -1;
+    }
+  int64_t Scratch = 0;
+  for (ProgramTemplate &T : P.Templates) {
+    Program Sub;
+    DenseMap<int, int> Local;
+    std::vector<int> Global;
+    auto Map = [&](int Id) {
+      auto [It, New] = Local.try_emplace(Id, int(Sub.Buffers.size()));
+      if (New) {
+        ProgramBuffer B = P.Buffers[Id];
+        B.Name = "#" + std::to_string(Id);
+        if (B.Scope != BufferScope::Step)
+          B.K = ProgramBuffer::Const;
+        Sub.Buffers.push_back(std::move(B));
+        Global.push_back(Id);
+      }
+      return It->second;
+    };
+    for (int I = T.Begin; I < T.End; ++I) {
+      Instruction In = P.Instrs[I];
+      for (int &Id : In.In)
+        Id = Map(Id);
+      for (int &Id : In.Out)
+        Id = Map(Id);
+      Sub.Instrs.push_back(std::move(In));
+    }
+    for (auto &[Name, Id] : P.Outputs)
+      if (P.Buffers[Id].Scope == BufferScope::Step && Local.count(Id))
+        Sub.Outputs.push_back({Name, Local[Id]});
+    fuseAttentionSoftmax(Sub);
+    bucketGradientSums(Sub);
+    bucketParamGathers(Sub);
+    placeCollectives(Sub);
+    computeLiveRanges(Sub);
+    planMemory(Sub);
+    Scratch = std::max(Scratch, Sub.ArenaBytes - Sub.PersistentBytes);
+    // Back into the whole: the Step buffers that remain, renumbered.
+    int Begin = Out.Instrs.size();
+    std::vector<int> ToOut(Sub.Buffers.size());
+    for (size_t K = 0; K < Sub.Buffers.size(); ++K) {
+      const ProgramBuffer &SB = Sub.Buffers[K];
+      int G = std::stoi(SB.Name.substr(1));
+      if (P.Buffers[G].Scope != BufferScope::Step) {
+        ToOut[K] = NewId[G];
+        continue;
+      }
+      ProgramBuffer B = P.Buffers[G];
+      B.Def = SB.Def + Begin;
+      B.LastUse = SB.LastUse + Begin;
+      B.Offset = SB.Offset - Sub.PersistentBytes; // within the scratch
+      ToOut[K] = NewId[G] = Out.Buffers.size();
+      Out.Buffers.push_back(std::move(B));
+    }
+    for (Instruction &In : Sub.Instrs) {
+      for (int &Id : In.In)
+        Id = ToOut[Id];
+      for (int &Id : In.Out)
+        Id = ToOut[Id];
+      if (In.Beside >= 0)
+        In.Beside += Begin;
+      Out.Instrs.push_back(std::move(In));
+    }
+    T.Begin = Begin;
+    T.End = Out.Instrs.size();
+  }
+  // The other temporaries' live ranges, for reading: the compact
+  // program's instructions that touch them.
+  for (size_t I = 0; I < Out.Instrs.size(); ++I) {
+    auto Touch = [&](int Id) {
+      ProgramBuffer &B = Out.Buffers[Id];
+      if (B.K != ProgramBuffer::Temp || B.Scope == BufferScope::Step)
+        return;
+      if (B.Def < 0 || B.Def > int(I))
+        B.Def = I;
+      B.LastUse = std::max(B.LastUse, int(I));
+    };
+    for (int Id : Out.Instrs[I].In)
+      Touch(Id);
+    for (int Id : Out.Instrs[I].Out)
+      Touch(Id);
+  }
+  for (size_t Id = 0; Id < Out.Buffers.size(); ++Id) {
+    ProgramBuffer &B = Out.Buffers[Id];
+    if (B.K != ProgramBuffer::Temp)
+      continue;
+    B.Name = "%" + std::to_string(Id);
+    if (B.Def < 0)
+      B.Def = B.LastUse = 0;
+  }
+  for (auto &[Name, Id] : P.Outputs) {
+    Out.Outputs.push_back({Name, NewId[Id]});
+    ProgramBuffer &B = Out.Buffers[NewId[Id]];
+    if (B.K == ProgramBuffer::Temp)
+      B.LastUse = Out.Instrs.size();
+  }
+  Out.Templates = std::move(P.Templates);
+  Out.Steps = std::move(P.Steps);
+  Out.Slots = std::move(P.Slots);
+  Out.Microbatches = P.Microbatches;
+  Out.TagStride = P.TagStride;
+  planCompactMemory(Out, Scratch);
+  P = std::move(Out);
+}
+
+} // namespace
+
 void finalizeProgram(Program &P) {
+  if (P.compact()) {
+    finalizeCompact(P);
+    return;
+  }
   fuseAttentionSoftmax(P);
   bucketGradientSums(P);
   bucketParamGathers(P);

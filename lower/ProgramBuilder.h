@@ -46,6 +46,11 @@ public:
     P.Buffers[Id].Feed = R;
     P.Buffers[Id].Microbatch = Microbatch;
   }
+  void setScope(int Id, BufferScope S) { P.Buffers[Id].Scope = S; }
+  int numInstructions() const { return P.Instrs.size(); }
+  /// The 16-bit copy of parameter buffer Param, cast here on first use
+  /// (emit reads the copies of the parameters it is given).
+  int computeCopy(int Param, const Tags &User);
   DType activationDtype() const { return ActDtype; }
   /// A 16-bit activation dtype: compute reads parameters through copies.
   bool mixedPrecision() const;
@@ -55,8 +60,6 @@ public:
 private:
   int addResult(const TensorType &T, int64_t Bytes, const Tags &Tg,
                 const Sharding &S);
-  /// The 16-bit copy of parameter buffer Param, cast before its first user.
-  int computeCopy(int Param, const Tags &User);
 
   DType ActDtype;
   Program P;

@@ -9,6 +9,7 @@
 #include "llvm/Support/Parallel.h"
 #include <cstring>
 #include <map>
+#include <set>
 
 using namespace llvm;
 
@@ -165,7 +166,8 @@ void splitBackward(StageGraph &SG) {
   }
 }
 
-/// Emits one rank's program.
+/// Emits one rank's compact program: a template per model chunk and step
+/// kind, over a symbolic microbatch, then the steps of the schedule.
 class RankLowering {
 public:
   RankLowering(const Graph &G, const StageGraph &SG, const PipelineLayout &L,
@@ -175,7 +177,8 @@ public:
   Expected<Program> run() {
     for (const PipelineStep &S : L.Steps[Rank]) {
       int V = S.Chunk * L.Stages + Rank;
-      if (V >= SG.NumStages || S.Microbatch >= L.Microbatches)
+      if (V >= SG.NumStages || S.Microbatch >= L.Microbatches ||
+          S.Microbatch < 0 || S.Chunk < 0)
         return lowerError(formatv("rank {0}: a step of chunk {1}, microbatch "
                                   "{2} is outside the model",
                                   Rank, S.Chunk, S.Microbatch));
@@ -183,70 +186,118 @@ public:
         return lowerError(formatv("rank {0}: a weight-gradient step in a "
                                   "layout that does not split the backward",
                                   Rank));
-      if (auto E = step(V, S.Microbatch, S.Kind))
-        return std::move(E);
     }
+    int Chunks = 0;
+    while (Chunks < L.Chunks && Chunks * L.Stages + Rank < SG.NumStages)
+      ++Chunks;
+    // The prologue: every 16-bit parameter copy the steps read, cast once.
+    begin(TemplateKind::Prologue, -1);
+    if (B.mixedPrecision())
+      for (int C = 0; C < Chunks; ++C) {
+        int V = C * L.Stages + Rank;
+        for (const auto *Nodes : {&SG.Fwd, &SG.Bwd, &SG.Wgt})
+          for (const Node *N : (*Nodes)[V])
+            for (Value *Op : N->operands())
+              if (Op->isParam() && isFloat(Op->type().Dtype))
+                B.computeCopy(B.leaf(Op), N->tags());
+      }
+    end();
+    for (int C = 0; C < Chunks; ++C) {
+      int V = C * L.Stages + Rank;
+      for (StepKind K : {StepKind::Forward, StepKind::Backward,
+                         StepKind::WeightGrad}) {
+        if (K == StepKind::WeightGrad && !L.SplitBackward)
+          continue;
+        TemplateOf[{int(K), C}] = Templates.size();
+        begin(K == StepKind::Forward    ? TemplateKind::Forward
+              : K == StepKind::Backward ? TemplateKind::Backward
+                                        : TemplateKind::WeightGrad,
+              C);
+        if (auto E = step(V, K))
+          return std::move(E);
+        end();
+      }
+    }
+    begin(TemplateKind::Epilogue, -1);
     if (auto E = optimizerAndOutputs())
       return std::move(E);
-    return B.take();
+    end();
+    Program P = B.take();
+    P.Templates = std::move(Templates);
+    P.Microbatches = L.Microbatches;
+    P.TagStride = SG.TagStride;
+    if (auto E = scopeBuffers(P))
+      return std::move(E);
+    if (auto E = schedule(P, Chunks))
+      return std::move(E);
+    return std::move(P);
   }
 
 private:
   int rankOf(int Stage) const { return Stage % L.Stages; }
 
-  /// The tag of V's message to or from rank Other in microbatch Mb: the
-  /// same on both sides.
-  int tag(const Value *V, int Mb, int ToRank) const {
-    return Mb * SG.TagStride + SG.TagIndex.at({V, ToRank});
+  void begin(TemplateKind K, int Chunk) {
+    ProgramTemplate T;
+    T.Kind = K;
+    T.Chunk = Chunk;
+    T.Begin = B.numInstructions();
+    Templates.push_back(T);
+  }
+  void end() { Templates.back().End = B.numInstructions(); }
+
+  /// The tag of V's message to or from rank ToRank, less the microbatch's
+  /// share (Microbatch x TagStride, added when the step runs).
+  int tag(const Value *V, int ToRank) const {
+    return SG.TagIndex.at({V, ToRank});
   }
 
-  /// The buffer of operand V in microbatch Mb.
-  Expected<int> operand(const Value *V, int Mb) {
+  /// The buffer of operand V in a step of Stage.
+  Expected<int> operand(const Value *V, int Stage) {
     if (V->isInput() && isPerMicrobatchRole(V->inputRole())) {
-      auto Key = std::make_pair(Mb, V);
-      auto It = Instances.find(Key);
-      if (It != Instances.end())
+      auto It = Inputs.find(V);
+      if (It != Inputs.end())
         return It->second;
-      int Id = B.addBuffer(V->name() + "." + std::to_string(Mb), V->type(),
-                           ProgramBuffer::Input);
-      B.setFeed(Id, V->inputRole(), Mb);
-      Instances[Key] = Id;
+      int Id = B.addBuffer(V->name(), V->type(), ProgramBuffer::Input);
+      B.setFeed(Id, V->inputRole(), -1);
+      B.setScope(Id, BufferScope::Microbatch);
+      Inputs[V] = Id;
       return Id;
     }
     if (!V->isResult())
       return B.leaf(V);
-    auto It = Instances.find({Mb, V});
+    auto It = Instances.find({Stage, V});
     if (It == Instances.end())
       return lowerError(formatv("rank {0}: a value of {1} is read before this "
-                                "rank has it (microbatch {2})",
-                                Rank, V->producer()->describe(), Mb));
+                                "rank has it (stage {2})",
+                                Rank, V->producer()->describe(), Stage));
     return It->second;
   }
 
-  Error emitNode(const Node &N, int Mb) {
+  Error emitNode(const Node &N, int Stage) {
     SmallVector<int, 4> In;
     for (Value *V : N.operands()) {
-      auto Id = operand(V, Mb);
+      auto Id = operand(V, Stage);
       if (!Id)
         return Id.takeError();
       In.push_back(*Id);
     }
     AttrList Extra;
     // Ops that draw dropout: the rows of the whole batch they hold (the
-    // fused attention's backward draws it again).
+    // fused attention's backward draws it again). The step's microbatch is
+    // set when it runs.
     bool Draws = N.op() == OpKind::Dropout || N.op() == OpKind::Attention ||
                  N.op() == OpKind::AttentionGrad;
     if (Draws && L.Microbatches > 1) {
-      Extra.set("microbatch", int64_t(Mb));
+      Extra.set("microbatch", int64_t(0));
       Extra.set("microbatches", int64_t(L.Microbatches));
     }
     auto Out = B.emit(N, In, &Extra);
     for (unsigned K = 0; K < Out.size(); ++K)
-      Instances[{Mb, N.result(K)}] = Out[K];
+      Instances[{Stage, N.result(K)}] = Out[K];
     return Error::success();
   }
 
-  Error step(int Stage, int Mb, StepKind Kind) {
+  Error step(int Stage, StepKind Kind) {
     bool Forward = Kind == StepKind::Forward;
     // A weight-gradient step neither receives nor sends: every value it
     // reads from another stage arrived for the forward or the backward.
@@ -258,49 +309,52 @@ private:
       int From = V->producer()->tags().Stage;
       AttrList A;
       A.set("peer", int64_t(rankOf(From)));
-      A.set("tag", int64_t(tag(V, Mb, Rank)));
+      A.set("tag", int64_t(tag(V, Rank)));
       Tags T = V->producer()->tags();
       T.Ph = Ph;
       T.Stage = Stage;
       auto Out = B.emitRaw(OpKind::Recv, {}, {plannedType(V, ActDtype())}, A,
                            T, "recv", {plannedBytes(V, ActDtype())});
       B.setSharding(Out[0], V->sharding());
-      Instances[{Mb, V}] = Out[0];
+      Instances[{Stage, V}] = Out[0];
     }
     const auto &Nodes = Forward                     ? SG.Fwd
                         : Kind == StepKind::Backward ? SG.Bwd
                                                      : SG.Wgt;
     if (Kind == StepKind::WeightGrad)
       for (const Node *N : SG.Regather[Stage])
-        if (auto E = emitNode(*N, Mb)) // replaces B's instance for W's reads
+        if (auto E = emitNode(*N, Stage)) // replaces B's instance for W
           return E;
     for (const Node *N : Nodes[Stage])
-      if (auto E = emitNode(*N, Mb))
+      if (auto E = emitNode(*N, Stage))
         return E;
     const auto &Exports = Forward ? SG.FwdExports : SG.BwdExports;
     for (auto &[V, Dests] : Exports[Stage])
       for (int To : Communicates ? ArrayRef<int>(Dests) : ArrayRef<int>()) {
         AttrList A;
         A.set("peer", int64_t(rankOf(To)));
-        A.set("tag", int64_t(tag(V, Mb, rankOf(To))));
+        A.set("tag", int64_t(tag(V, rankOf(To))));
         Tags T = V->producer()->tags();
         T.Ph = Ph;
-        B.emitRaw(OpKind::Send, {Instances.at({Mb, V})}, {}, A, T, "send");
+        B.emitRaw(OpKind::Send, {Instances.at({Stage, V})}, {}, A, T, "send");
       }
-    // Sum what the step made that the optimizer reads, over microbatches.
+    // Sum what the step made that the optimizer reads over the
+    // microbatches, in the order the steps run (microbatch order).
     for (const Value *V : SG.Accumulated[Stage]) {
-      auto It = Instances.find({Mb, V});
+      auto It = Instances.find({Stage, V});
       if (It == Instances.end() || SG.StepOf.lookup(V->producer()) != Kind)
         continue;
       auto Acc = Accumulators.find(V);
       if (Acc == Accumulators.end()) {
-        Accumulators[V] = It->second;
-        continue;
+        int Id = B.addBuffer("sum:" + std::to_string(It->second),
+                             B.buffer(It->second).Type, ProgramBuffer::Temp);
+        B.setSharding(Id, B.buffer(It->second).Shard);
+        Acc = Accumulators.insert({V, Id}).first;
       }
       Tags T = V->producer()->tags();
       T.Role += "_accumulate";
-      Acc->second = B.emitRaw(OpKind::Add, {Acc->second, It->second},
-                              {V->type()}, {}, T, "accumulate")[0];
+      B.emitRaw(OpKind::Accumulate, {Acc->second, It->second}, {}, {}, T,
+                "accumulate");
     }
     return Error::success();
   }
@@ -392,13 +446,94 @@ private:
     return Error::success();
   }
 
+  /// The steps: the prologue, the layout's steps of this rank, the
+  /// epilogue; then how many slots each region needs (assignSlots).
+  Error schedule(Program &P, int Chunks) {
+    P.Steps.push_back({0, -1});
+    for (const PipelineStep &S : L.Steps[Rank]) {
+      if (S.Chunk >= Chunks)
+        return lowerError(formatv("rank {0}: a step of chunk {1}, which the "
+                                  "rank does not hold",
+                                  Rank, S.Chunk));
+      P.Steps.push_back({TemplateOf.at({int(S.Kind), S.Chunk}), S.Microbatch});
+    }
+    P.Steps.push_back({int(P.Templates.size()) - 1, -1});
+    auto A = assignSlots(P, /*CheckCounts=*/false);
+    if (!A)
+      return A.takeError();
+    for (size_t R = 0; R < P.Slots.size(); ++R)
+      P.Slots[R].Count = A->Counts[R];
+    return Error::success();
+  }
+
+  /// Each temporary's scope: used by one template, a Step buffer; by
+  /// several of one chunk (a forward's value its backward reads), a Slot
+  /// buffer in the region of its chunk, the template that makes it and the
+  /// last that reads it; a parameter copy of the prologue or a sum over the
+  /// microbatches, Whole.
+  Error scopeBuffers(Program &P) {
+    std::map<std::tuple<int, int, int>, int> Regions;
+    std::vector<int> First(P.Buffers.size(), -1), Last(P.Buffers.size(), -1);
+    std::vector<int> Chunk(P.Buffers.size(), -2);
+    std::vector<bool> Mixed(P.Buffers.size(), false);
+    for (size_t T = 0; T < P.Templates.size(); ++T) {
+      const ProgramTemplate &Tp = P.Templates[T];
+      for (int I = Tp.Begin; I < Tp.End; ++I) {
+        auto Touch = [&](int Id) {
+          if (First[Id] < 0)
+            First[Id] = T;
+          Last[Id] = T;
+          if (Chunk[Id] == -2)
+            Chunk[Id] = Tp.Chunk;
+          else if (Chunk[Id] != Tp.Chunk)
+            Mixed[Id] = true;
+        };
+        for (int Id : P.Instrs[I].In)
+          Touch(Id);
+        for (int Id : P.Instrs[I].Out)
+          Touch(Id);
+      }
+    }
+    std::set<int> Sums;
+    for (auto &[V, Id] : Accumulators)
+      Sums.insert(Id);
+    for (size_t Id = 0; Id < P.Buffers.size(); ++Id) {
+      ProgramBuffer &Buf = P.Buffers[Id];
+      if (Buf.K != ProgramBuffer::Temp)
+        continue;
+      if (Sums.count(Id) || (First[Id] == 0 && Last[Id] > 0)) {
+        Buf.Scope = BufferScope::Whole;
+      } else if (First[Id] == Last[Id]) {
+        Buf.Scope = BufferScope::Step;
+      } else if (!Mixed[Id] && Chunk[Id] >= 0) {
+        Buf.Scope = BufferScope::Slot;
+        auto Key = std::make_tuple(Chunk[Id], int(P.Templates[First[Id]].Kind),
+                                   int(P.Templates[Last[Id]].Kind));
+        auto [It, New] = Regions.try_emplace(Key, int(P.Slots.size()));
+        if (New) {
+          SlotRegion R;
+          R.Chunk = Chunk[Id];
+          P.Slots.push_back(R);
+        }
+        Buf.Region = It->second;
+      } else {
+        return lowerError(formatv("rank {0}: buffer {1} is used by the "
+                                  "templates of several chunks",
+                                  Rank, Buf.Name));
+      }
+    }
+    return Error::success();
+  }
+
   const Graph &G;
   const StageGraph &SG;
   const PipelineLayout &L;
   int Rank;
   ProgramBuilder B;
-  std::map<std::pair<int, const Value *>, int> Instances;
-  DenseMap<const Value *, int> Accumulators, StepValues;
+  std::vector<ProgramTemplate> Templates;
+  std::map<std::pair<int, int>, int> TemplateOf; // (step kind, chunk)
+  std::map<std::pair<int, const Value *>, int> Instances; // (stage, value)
+  DenseMap<const Value *, int> Inputs, Accumulators, StepValues;
 };
 
 } // namespace
@@ -484,15 +619,55 @@ Expected<DenseSet<const Node *>> weightGradNodes(const Graph &G,
 // Verification
 //===----------------------------------------------------------------------===//
 
+namespace {
+
+/// A communicating instruction as a rank runs it: in a compact program, a
+/// template's instruction in one step, its tag that step's.
+struct CommEvent {
+  const Instruction *I;
+  int64_t Tag; // send and recv
+  int Index;   // the instruction
+  int Step;    // the compact program's step; -1 in a flat program
+};
+
+bool isPipelineCollective(const Instruction &I) {
+  return I.Op == OpKind::PipeBroadcast || I.Op == OpKind::PipeAllReduce ||
+         (I.Op == OpKind::GradNorm && attrInt(I.Op, I.Attrs, "pipeline"));
+}
+
+std::vector<CommEvent> commEvents(const Program &P) {
+  std::vector<CommEvent> Events;
+  auto Add = [&](const Instruction &I, int Index, int Step, int64_t Mb) {
+    if (I.Op == OpKind::Send || I.Op == OpKind::Recv)
+      Events.push_back({&I,
+                        attrInt(I.Op, I.Attrs, "tag") +
+                            std::max<int64_t>(Mb, 0) * P.TagStride,
+                        Index, Step});
+    else if (isPipelineCollective(I))
+      Events.push_back({&I, -1, Index, Step});
+  };
+  if (!P.compact()) {
+    for (size_t K = 0; K < P.Instrs.size(); ++K)
+      Add(P.Instrs[K], K, -1, 0);
+    return Events;
+  }
+  for (size_t S = 0; S < P.Steps.size(); ++S) {
+    const ProgramTemplate &T = P.Templates[P.Steps[S].Template];
+    for (int K = T.Begin; K < T.End; ++K)
+      Add(P.Instrs[K], K, S, P.Steps[S].Microbatch);
+  }
+  return Events;
+}
+
+} // namespace
+
 Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
   int P = Programs.size();
+  std::vector<std::vector<CommEvent>> Ev(P);
+  parallelForEachN(0, P, [&](size_t R) { Ev[R] = commEvents(Programs[R]); });
   std::vector<size_t> PC(P, 0);
   // Messages sent and not yet received: (from, to, tag) -> count.
   std::map<std::tuple<int, int, int64_t>, int> Inbox;
-  auto IsCollective = [](const Instruction &I) {
-    return I.Op == OpKind::PipeBroadcast || I.Op == OpKind::PipeAllReduce ||
-           (I.Op == OpKind::GradNorm && attrInt(I.Op, I.Attrs, "pipeline"));
-  };
   auto Participants = [&](const Instruction &I) {
     SmallVector<int, 8> R;
     if (I.Op == OpKind::PipeAllReduce)
@@ -506,25 +681,25 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
   while (true) {
     bool Progress = false, Done = true;
     for (int R = 0; R < P; ++R) {
-      const auto &Instrs = Programs[R].Instrs;
-      while (PC[R] < Instrs.size()) {
-        const Instruction &I = Instrs[PC[R]];
+      const auto &Events = Ev[R];
+      while (PC[R] < Events.size()) {
+        const CommEvent &E = Events[PC[R]];
+        const Instruction &I = *E.I;
         if (I.Op == OpKind::Send) {
-          ++Inbox[{R, int(attrInt(I.Op, I.Attrs, "peer")), attrInt(I.Op, I.Attrs, "tag")}];
+          ++Inbox[{R, int(attrInt(I.Op, I.Attrs, "peer")), E.Tag}];
         } else if (I.Op == OpKind::Recv) {
-          auto It = Inbox.find(
-              {int(attrInt(I.Op, I.Attrs, "peer")), R, attrInt(I.Op, I.Attrs, "tag")});
+          auto It = Inbox.find({int(attrInt(I.Op, I.Attrs, "peer")), R, E.Tag});
           if (It == Inbox.end() || It->second == 0)
             break;
           --It->second;
-        } else if (IsCollective(I)) {
+        } else {
           // Passes once every participant stands at a collective of the
           // same kind; all of them then move on.
           auto Ranks = Participants(I);
           bool All = all_of(Ranks, [&](int Q) {
-            if (PC[Q] >= Programs[Q].Instrs.size())
+            if (Q < 0 || Q >= P || PC[Q] >= Ev[Q].size())
               return false;
-            const Instruction &J = Programs[Q].Instrs[PC[Q]];
+            const Instruction &J = *Ev[Q][PC[Q]].I;
             // Any collective kind: -1 stands for "no tag" on both sides.
             return J.Op == I.Op &&
                    J.Attrs.getInt("tag", -1) == I.Attrs.getInt("tag", -1);
@@ -538,7 +713,7 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
         ++PC[R];
         Progress = true;
       }
-      Done &= PC[R] == Instrs.size();
+      Done &= PC[R] == Events.size();
     }
     if (Done)
       break;
@@ -547,14 +722,23 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
       raw_string_ostream OS(Stuck);
       ListSeparator LS("; ");
       for (int R = 0; R < P; ++R) {
-        if (PC[R] == Programs[R].Instrs.size())
+        if (PC[R] == Ev[R].size())
           continue;
-        const Instruction &I = Programs[R].Instrs[PC[R]];
-        OS << LS << "rank " << R << " at instruction " << PC[R] << " ("
-           << opName(I.Op);
-        if (I.Op == OpKind::Recv)
-          OS << " from rank " << attrInt(I.Op, I.Attrs, "peer") << ", tag "
-             << attrInt(I.Op, I.Attrs, "tag");
+        const CommEvent &E = Ev[R][PC[R]];
+        const Program &Prog = Programs[R];
+        OS << LS << "rank " << R;
+        if (E.Step >= 0) {
+          const ProgramStep &St = Prog.Steps[E.Step];
+          const ProgramTemplate &T = Prog.Templates[St.Template];
+          OS << " in step " << E.Step << " (" << templateKindName(T.Kind);
+          if (T.Chunk >= 0)
+            OS << " of chunk " << T.Chunk << ", microbatch " << St.Microbatch;
+          OS << ")";
+        }
+        OS << " at instruction " << E.Index << " (" << opName(E.I->Op);
+        if (E.I->Op == OpKind::Recv)
+          OS << " from rank " << attrInt(E.I->Op, E.I->Attrs, "peer")
+             << ", tag " << E.Tag;
         OS << ")";
       }
       return createStringError(inconvertibleErrorCode(),

@@ -1,12 +1,20 @@
 //===- UnrollSchedule.h - A pipeline schedule into programs ----*- C++ -*-===//
 //
-// A pipelined training step is one program per pipeline rank: the
-// schedule's forwards and backwards of every microbatch written out in
-// order, with the sends and receives at the stage cuts, the accumulation of
-// gradients over the microbatches, and the optimizer step once at the end.
-// Because every microbatch instance gets buffers of its own, the memory
-// planner sees the true liveness: a stage's activations live from its
-// forward of a microbatch to its backward of it.
+// A pipelined training step is one program per pipeline rank, compact
+// (plan/Program.h): a template for each of the rank's model chunks and step
+// kinds (forward, backward, and with a split backward the weight-gradient
+// part), lowered once over a symbolic microbatch with the sends and
+// receives at the stage cuts and the accumulation of what the optimizer
+// reads; a prologue (the 16-bit parameter copies) and an epilogue (the
+// optimizer, the outputs); and the schedule's steps over them. So the plan
+// grows with the model, not with microbatches x stages.
+//
+// Memory follows the schedule (lower/Finalize.cpp): a value one step makes
+// and a later step of the same microbatch reads (a forward's activations,
+// which its backward reads) lives in a slot of its chunk, one slot per
+// microbatch in flight, the count the schedule gives; what lives within one
+// step is scratch that every step reuses; the sums over microbatches and
+// the parameter copies live for the whole step.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_LOWER_UNROLLSCHEDULE_H
@@ -40,18 +48,21 @@ struct PipelineLayout {
 };
 
 /// Lowers a training graph whose nodes carry their virtual stage (the
-/// pipeline pass's tags) into one program per pipeline rank.
+/// pipeline pass's tags) into one compact program per pipeline rank
+/// (finalizeProgram then plans its memory; expandProgram writes its steps
+/// out).
 ///
 /// - The model's batch is the microbatch: every per-microbatch input
-///   (tokens, targets, positions, mask, token types, loss weight) gets a
-///   buffer per microbatch K ("<name>.K", feed microbatch K), and dropouts
-///   learn their microbatch, so that their masks are those of the whole
-///   batch.
+///   (tokens, targets, positions, mask, token types, loss weight) is a
+///   Microbatch buffer, instance K ("<name>.K") fed with microbatch K, and
+///   dropouts learn their step's microbatch, so that their masks are those
+///   of the whole batch.
 /// - A value used on another stage than its producer's is sent right after
 ///   the step that makes it and received right before the step that needs
 ///   it (tag: microbatch and value), carrying its sharded shape.
 /// - Values the optimizer reads (gradients) and the loss are summed over the
-///   microbatches; each microbatch's loss is weighted by its loss_weight
+///   microbatches by accumulate instructions, in the order the steps run
+///   (the first copies); each microbatch's loss is weighted by its loss_weight
 ///   input (its share of the step's counted targets), so the gradients and
 ///   the loss are the means over the whole batch.
 /// - With a split backward, a Backward step runs the nodes the stage's
@@ -83,9 +94,11 @@ llvm::Expected<Program> lowerPipelineRank(const Graph &G,
 llvm::Expected<llvm::DenseSet<const Node *>>
 weightGradNodes(const Graph &G, int NumStages);
 
-/// Simulates the programs with buffered sends and collectives that wait for
-/// all their participants: fails when a rank would wait forever (naming the
-/// ranks and instructions that are stuck) or a message is never received.
+/// Simulates the programs (a compact one step by step, its templates'
+/// messages with each step's tags) with buffered sends and collectives that
+/// wait for all their participants: fails when a rank would wait forever
+/// (naming the ranks, steps and instructions that are stuck) or a message
+/// is never received.
 llvm::Error verifyPipelinePrograms(llvm::ArrayRef<Program> Programs);
 
 } // namespace sp

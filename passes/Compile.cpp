@@ -6,6 +6,7 @@
 #include "passes/CollectiveReport.h"
 #include "passes/Cost.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Parallel.h"
 #include "llvm/Support/Path.h"
 
 using namespace llvm;
@@ -75,9 +76,21 @@ static Expected<ScheduleTimes> timeSchedule(const Graph &G,
 }
 
 /// The report of a lowered plan, and the manifest beside it.
-static void reportPlan(const Graph &G, const PassContext &Ctx,
-                       const CompileOptions &O, Compilation &C) {
-  const Program &Prog = C.P->Prog;
+static Error reportPlan(const Graph &G, const PassContext &Ctx,
+                        const CompileOptions &O, Compilation &C) {
+  // The activation analyses read each rank's program as it runs: a
+  // compact program's steps written out.
+  std::vector<Optional<Expected<Program>>> Runs(C.P->numStages());
+  parallelForEachN(0, Runs.size(), [&](size_t K) {
+    Runs[K].emplace(expandProgram(C.P->stage(K)));
+  });
+  std::vector<Program> Flat;
+  for (auto &R : Runs) {
+    if (!*R)
+      return R->takeError();
+    Flat.push_back(std::move(**R));
+  }
+  const Program &Prog = Flat[0];
   const Program &OneMicrobatch = C.Lowered->OneMicrobatch;
   nlohmann::json &Facts = C.Facts;
   Facts["plan"] = {{"instructions", Prog.Instrs.size()},
@@ -86,6 +99,10 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
                    {"persistent_bytes", Prog.PersistentBytes},
                    {"arena_bytes", Prog.ArenaBytes},
                    {"peak_live_temp_bytes", peakLiveTempBytes(Prog)}};
+  if (C.P->Prog.compact())
+    Facts["plan"]["compact"] = {
+        {"template_instructions", C.P->Prog.Instrs.size()},
+        {"steps", C.P->Prog.Steps.size()}};
   Facts["parallel"] = {{"dp", Ctx.DataParallel},
                        {"zero", Ctx.Zero},
                        {"tp", Ctx.TensorParallel},
@@ -103,9 +120,9 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
   for (int K = 0; K < C.P->numStages(); ++K) {
     SM.PeakBytes = std::max(SM.PeakBytes, C.P->stage(K).ArenaBytes);
     SM.StageArena.push_back(C.P->stage(K).ArenaBytes);
-    SM.StageStored.push_back(
-        K == 0 ? C.FirstStage->StoredPeakBytes
-               : analyzeActivations(C.P->stage(K)).StoredPeakBytes);
+    SM.StageStored.push_back(K == 0 ? C.FirstStage->StoredPeakBytes
+                                    : analyzeActivations(Flat[K])
+                                          .StoredPeakBytes);
   }
   Facts["memory"] = memoryReportToJson(*C.Activations, Prog, SM);
   const ModelInfo &Info = C.Info;
@@ -148,6 +165,7 @@ static void reportPlan(const Graph &G, const PassContext &Ctx,
     if (!C.Lowered->Sched.WeightDelay.empty())
       M["weight_delays"] = C.Lowered->Sched.WeightDelay;
   }
+  return Error::success();
 }
 
 Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
@@ -180,7 +198,8 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
     C.P->Prog = std::move(C.Lowered->Stages[0]);
   }
   C.Lowered->Stages.clear();
-  reportPlan(G, Ctx, O, C);
+  if (auto E = reportPlan(G, Ctx, O, C))
+    return std::move(E);
   if (Ctx.Pipeline.enabled()) {
     auto Times = timeSchedule(G, *C.Lowered, C.P->Prog);
     if (!Times)

@@ -240,6 +240,11 @@ Plan widenToFloat64(const Plan &P) {
         B.Type.Dtype = DType::F64;
       B.Offset *= 2;
       B.Bytes *= 2;
+      B.Stride *= 2;
+    }
+    for (SlotRegion &S : Prog.Slots) {
+      S.Offset *= 2;
+      S.Stride *= 2;
     }
     Prog.ArenaBytes *= 2;
     Prog.PersistentBytes *= 2;

@@ -31,6 +31,10 @@ int Program::output(StringRef Name) const {
 
 static const char *const KindNames[] = {"input", "param", "state", "const",
                                         "temp"};
+static const char *const ScopeNames[] = {"whole", "step", "slot",
+                                         "microbatch"};
+static const char *const TemplateKindNames[] = {
+    "prologue", "forward", "backward", "weight_grad", "epilogue"};
 static const char *const ShardNames[] = {"none", "replicated", "split",
                                          "partial"};
 
@@ -135,6 +139,12 @@ json programToJson(const Program &P) {
     }
     if (B.Shard.K != Sharding::None)
       J["sharding"] = shardingToJson(B.Shard);
+    if (B.Scope != BufferScope::Whole)
+      J["scope"] = ScopeNames[int(B.Scope)];
+    if (B.Scope == BufferScope::Slot)
+      J["region"] = B.Region;
+    if (B.Scope == BufferScope::Microbatch)
+      J["stride"] = B.Stride;
     if (B.Data)
       J["data"] = dataToJson(*B.Data);
     Buffers.push_back(std::move(J));
@@ -160,11 +170,34 @@ json programToJson(const Program &P) {
   json Outputs = json::array();
   for (auto &[Name, Id] : P.Outputs)
     Outputs.push_back({{"name", Name}, {"buffer", Id}});
-  return {{"persistent_bytes", P.PersistentBytes},
-          {"arena_bytes", P.ArenaBytes},
-          {"buffers", Buffers},
-          {"instructions", Instrs},
-          {"outputs", Outputs}};
+  json J = {{"persistent_bytes", P.PersistentBytes},
+            {"arena_bytes", P.ArenaBytes},
+            {"buffers", Buffers},
+            {"instructions", Instrs},
+            {"outputs", Outputs}};
+  if (!P.compact())
+    return J;
+  json Templates = json::array(), Steps = json::array(),
+       Slots = json::array();
+  for (const ProgramTemplate &T : P.Templates)
+    Templates.push_back({{"kind", templateKindName(T.Kind).str()},
+                         {"chunk", T.Chunk},
+                         {"begin", T.Begin},
+                         {"end", T.End}});
+  // [template, microbatch] per step: a 1T rank has thousands.
+  for (const ProgramStep &S : P.Steps)
+    Steps.push_back({S.Template, S.Microbatch});
+  for (const SlotRegion &R : P.Slots)
+    Slots.push_back({{"chunk", R.Chunk},
+                     {"offset", R.Offset},
+                     {"stride", R.Stride},
+                     {"count", R.Count}});
+  J["microbatches"] = P.Microbatches;
+  J["tag_stride"] = P.TagStride;
+  J["templates"] = std::move(Templates);
+  J["steps"] = std::move(Steps);
+  J["slots"] = std::move(Slots);
+  return J;
 }
 
 bool isIntegerIn(const json &J, int64_t Min, int64_t Max) {
@@ -530,6 +563,15 @@ Program programFromJsonOrThrow(const json &J) {
     }
     if (F.has("sharding"))
       B.Shard = shardingFromJson(F.at("sharding"), B.Type, Where);
+    std::string Scope = F.string("scope", "whole");
+    auto SIt = find(ScopeNames, Scope);
+    if (SIt == std::end(ScopeNames))
+      malformed(Where + " has an unknown scope '" + Scope + "'");
+    B.Scope = BufferScope(SIt - std::begin(ScopeNames));
+    if (B.Scope == BufferScope::Slot)
+      B.Region = F.integer("region", 0, IntMax);
+    if (B.Scope == BufferScope::Microbatch)
+      B.Stride = F.integer("stride", 0, P.ArenaBytes);
     if (F.has("data")) {
       B.Data = dataFromJson(F.at("data"), B.Type, Where);
       if (!B.Data->isInline())
@@ -597,6 +639,48 @@ Program programFromJsonOrThrow(const json &J) {
     std::string Name = F.string("name");
     P.Outputs.push_back({Name, int(F.integer("buffer", 0, NumBuffers - 1))});
   }
+  if (!Top.has("templates"))
+    return P;
+  P.Microbatches = Top.integer("microbatches", 1, IntMax);
+  P.TagStride = Top.integer("tag_stride", 1, IntMax);
+  int64_t NumInstrs = P.Instrs.size();
+  for (const json &JT : Top.array("templates")) {
+    Fields F(JT, formatv("template {0}", P.Templates.size()).str());
+    ProgramTemplate T;
+    std::string Kind = F.string("kind");
+    auto It = find(TemplateKindNames, Kind);
+    if (It == std::end(TemplateKindNames))
+      malformed(F.where() + " has an unknown kind '" + Kind + "'");
+    T.Kind = TemplateKind(It - std::begin(TemplateKindNames));
+    T.Chunk = F.integer("chunk", -1, IntMax);
+    T.Begin = F.integer("begin", 0, NumInstrs);
+    T.End = F.integer("end", T.Begin, NumInstrs);
+    P.Templates.push_back(T);
+  }
+  if (P.Templates.empty())
+    malformed("a compact program without templates");
+  int64_t NumTemplates = P.Templates.size();
+  for (const json &JS : Top.array("steps")) {
+    std::string Where = formatv("step {0}", P.Steps.size()).str();
+    if (!JS.is_array() || JS.size() != 2 ||
+        !isIntegerIn(JS[0], 0, NumTemplates - 1) ||
+        !isIntegerIn(JS[1], -1, IntMax))
+      malformed(Where + " is not [template, microbatch]");
+    P.Steps.push_back({JS[0].get<int>(), JS[1].get<int>()});
+  }
+  for (const json &JR : Top.array("slots")) {
+    Fields F(JR, formatv("slot region {0}", P.Slots.size()).str());
+    SlotRegion R;
+    R.Chunk = F.integer("chunk", 0, IntMax);
+    R.Offset = F.integer("offset", 0, P.ArenaBytes);
+    R.Stride = F.integer("stride", 0, P.ArenaBytes);
+    R.Count = F.integer("count", 0, IntMax);
+    P.Slots.push_back(R);
+  }
+  if (auto E = checkCompactProgram(P))
+    malformed(toString(std::move(E)));
+  if (auto A = assignSlots(P); !A)
+    malformed(toString(A.takeError()));
   return P;
 }
 

@@ -22,7 +22,16 @@
 namespace sp {
 
 /// Bumped whenever the plan format changes; sp-run refuses other versions.
-constexpr int PlanFormatVersion = 3;
+constexpr int PlanFormatVersion = 4;
+
+/// How many instances of a buffer a run of a compact program makes (see
+/// Program::Templates); every buffer of a flat program is Whole.
+enum class BufferScope : uint8_t {
+  Whole,      // one for the whole run
+  Step,       // one per step that runs its template: scratch, reused
+  Slot,       // one per microbatch in flight in its region (Program::Slots)
+  Microbatch, // an input fed per microbatch: instance k at Offset + k Stride
+};
 
 struct ProgramBuffer {
   enum Kind : uint8_t { Input, Param, State, Const, Temp };
@@ -45,6 +54,13 @@ struct ProgramBuffer {
   /// microbatch whose rows it holds (-1: the whole batch, or not batched).
   InputRole Feed = InputRole::None;
   int Microbatch = -1;
+  /// In a compact program: how many instances the run makes. A Slot
+  /// buffer's Offset is within a slot of its region; a Step buffer's is in
+  /// the scratch region all steps share; a Microbatch input's instances are
+  /// Stride bytes apart.
+  BufferScope Scope = BufferScope::Whole;
+  int Region = -1; // Slot: its index in Program::Slots
+  int64_t Stride = 0;
   bool isPersistent() const { return K != Temp; }
 };
 
@@ -61,9 +77,63 @@ struct Instruction {
   int Beside = -1;
 };
 
+/// What a template of a compact program runs: the casts of the parameters
+/// before the first step, a chunk's forward, backward or weight-gradient
+/// part of the backward on one microbatch, or the optimizer and the
+/// outputs after the last step.
+enum class TemplateKind : uint8_t {
+  Prologue,
+  Forward,
+  Backward,
+  WeightGrad,
+  Epilogue
+};
+llvm::StringRef templateKindName(TemplateKind K); // "forward", ...
+
+struct ProgramTemplate {
+  TemplateKind Kind = TemplateKind::Forward;
+  int Chunk = -1;         // -1 for the prologue and the epilogue
+  int Begin = 0, End = 0; // its instructions: Instrs[Begin, End)
+};
+
+/// One step of a compact program's run: Template on Microbatch (-1 for the
+/// prologue and the epilogue).
+struct ProgramStep {
+  int Template = 0;
+  int Microbatch = -1;
+};
+
+/// The slots of one region: Count copies of its Slot buffers, Stride bytes
+/// apart from Offset. A region holds the values of one model chunk that one
+/// step kind makes and a later one reads last (a forward's activations its
+/// backward reads; with a split backward also forward to weight gradient,
+/// and backward to weight gradient), so each lives as many steps as the
+/// schedule keeps it. A microbatch takes the lowest free slot of a region
+/// at its first step that uses the region and frees it after its last
+/// (assignSlots).
+struct SlotRegion {
+  int Chunk = 0;
+  int64_t Offset = 0, Stride = 0;
+  int Count = 0;
+};
+
+/// A program is flat (an instruction list run once per training step) or
+/// compact: a pipelined rank's program as templates over the schedule's
+/// steps (lower/UnrollSchedule.h). A compact program's Instrs are its
+/// templates one after another; a run binds each step's template to that
+/// step's microbatch and slot, which expandProgram writes out as the flat
+/// program the executor runs. Send and recv tags then gain Microbatch x
+/// TagStride, dropouts learn their microbatch, and each accumulate is told
+/// whether it is the first of its template's steps.
 struct Program {
   std::vector<ProgramBuffer> Buffers;
   std::vector<Instruction> Instrs;
+  std::vector<ProgramTemplate> Templates; // empty: a flat program
+  std::vector<ProgramStep> Steps;
+  std::vector<SlotRegion> Slots;
+  int Microbatches = 1;
+  int64_t TagStride = 1;
+  bool compact() const { return !Templates.empty(); }
   /// Named results the runtime reads: "loss", "grad:<parameter>".
   std::vector<std::pair<std::string, int>> Outputs;
   /// Bytes of the persistent region (inputs, parameters, state, constants)
@@ -80,6 +150,34 @@ nlohmann::json programToJson(const Program &P);
 bool isIntegerIn(const nlohmann::json &J, int64_t Min, int64_t Max);
 /// Errors name the field that is malformed.
 llvm::Expected<Program> programFromJson(const nlohmann::json &J);
+
+/// The flat program a compact program runs (a flat program is returned as
+/// it is): every step's template instructions with the step's buffer
+/// instances, their live ranges, and the offsets the compact memory plan
+/// gives them. Errors name what is inconsistent (a step's template, slot or
+/// microbatch out of range, a slot buffer of another chunk, two live
+/// buffers sharing bytes).
+llvm::Expected<Program> expandProgram(const Program &C);
+
+/// The slot of every region each step of a compact program uses: Slot[K]
+/// lists (region, slot) for step K. Errors when a region has more
+/// microbatches in flight than its Count (with CheckCounts), or a step uses
+/// a region of another chunk. With CheckCounts false it only measures:
+/// Counts[R] is the most slots region R needs.
+struct SlotAssignment {
+  std::vector<llvm::SmallVector<std::pair<int, int>, 3>> Slot;
+  std::vector<int> Counts;
+};
+llvm::Expected<SlotAssignment> assignSlots(const Program &C,
+                                           bool CheckCounts = true);
+
+/// Checks a compact program's templates, steps, slots and buffer scopes
+/// (what expandProgram relies on).
+llvm::Error checkCompactProgram(const Program &C);
+
+/// Fails when two temporaries live at the same instruction share a byte of
+/// the arena, naming them.
+llvm::Error checkNoOverlap(const Program &P);
 
 } // namespace sp
 

@@ -109,7 +109,11 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                              "(--pp {0}); it runs on {1}",
                              PP, Stages));
   E->PipeComm = PP > 1 ? Opts.PipeComm : nullptr;
-  E->Prog = P.stage(E->stage());
+  // A pipelined rank's compact program runs as its steps written out.
+  auto Flat = expandProgram(P.stage(E->stage()));
+  if (!Flat)
+    return planError(toString(Flat.takeError()));
+  E->Prog = std::move(*Flat);
   E->Microbatches = P.Manifest.value("microbatches", int64_t(1));
   const Program &Prog = E->Prog;
   // One real type throughout: f32, or f64 in a float64 plan.

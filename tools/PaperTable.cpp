@@ -94,7 +94,11 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
                            PO.Interleave, PO.Microbatches);
     if (!S)
       return S.takeError();
-    auto Prog = lowerPipelineRank(**G, DType::F16, computeSteps(*S), 0);
+    auto Compact = lowerPipelineRank(**G, DType::F16, computeSteps(*S), 0);
+    if (!Compact)
+      return Compact.takeError();
+    finalizeProgram(*Compact);
+    auto Prog = expandProgram(*Compact);
     if (!Prog)
       return Prog.takeError();
     ActivationReport R = analyzeActivations(*Prog);

@@ -65,6 +65,21 @@ void addTrainingOps(OpTable &T) {
         return TypeList{TensorType(DType::F32, {})};
       },
   };
+  // A pipelined program's sum of a gradient (or the loss) over the
+  // microbatches (lower/UnrollSchedule.h): the first microbatch's value is
+  // copied, the later ones added in microbatch order, as (((g0) + g1) + g2).
+  T[size_t(OpKind::Accumulate)] = {
+      .MinOperands = 2,
+      .MaxOperands = 2,
+      .Attrs = {{"first", attr::Int(0)}},
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        if (A.type(0) != A.type(1))
+          return typeError(formatv("the sum is {0} but the value added is {1}",
+                                   A.type(0).str(), A.type(1).str()));
+        return TypeList();
+      },
+      .SideEffects = true, // writes acc
+  };
   T[size_t(OpKind::AdamW)] = {
       .MinOperands = 7, // (p, g, m, v, norm, lr, step): p, m, v in place
       .MaxOperands = 7,

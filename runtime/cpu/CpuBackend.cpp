@@ -891,6 +891,14 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     *Out(0) = T(std::sqrt(Total * C.GradScale * C.GradScale));
     return Error::success();
   }
+  case OpKind::Accumulate: {
+    int64_t N = InT(1).numElements();
+    if (AInt("first"))
+      std::memcpy(In(0), In(1), N * sizeof(T));
+    else
+      cpu::add(In(0), In(0), In(1), N);
+    return Error::success();
+  }
   case OpKind::AdamW: {
     double MaxNorm = AFloat("max_norm");
     T Scale = MaxNorm > 0 ? cpu::clipCoefficient(*In(4), T(MaxNorm)) : T(1);

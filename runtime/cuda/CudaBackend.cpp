@@ -1670,6 +1670,15 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   }
   case OpKind::GradNorm:
     return gradNorm(C, S);
+  case OpKind::Accumulate: {
+    int64_t N = InT(1).numElements();
+    if (AInt("first"))
+      SP_CUDA_TRY(cudaMemcpyAsync(In(0), In(1), N * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, S));
+    else
+      cuda::add(In(0), In(0), In(1), N, S);
+    return Error::success();
+  }
   case OpKind::AdamW: {
     auto Chunk = adamwChunk(C); // with ZeRO, g, m, v are this rank's chunk
     if (!Chunk)

@@ -130,8 +130,10 @@ TEST(Pipeline, FirstStageHoldsPMicrobatches) {
   // Measured equals planned on every stage.
   RunResult R = train(P, Dropout, 1);
   EXPECT_EQ(R.Memory.HighWaterBytes, P.Prog.ArenaBytes);
+  auto Flat = expandProgram(P.Prog);
+  ASSERT_TRUE(bool(Flat)) << toString(Flat.takeError());
   EXPECT_EQ(R.Memory.StoredActivationBytes,
-            analyzeActivations(P.Prog).StoredPeakBytes);
+            analyzeActivations(*Flat).StoredPeakBytes);
 }
 
 /// ZB-H1 runs 1F1B's instructions in another order (each backward split
@@ -171,34 +173,61 @@ TEST(Pipeline, ZeroBubbleIsBitwiseOneFOneB) {
 namespace {
 
 /// The programs' own check: reordering two receives of a rank, or dropping
-/// one, is caught before anything runs.
+/// one, is caught before anything runs, in the compact programs (their
+/// steps) and in the same programs written out.
 TEST(Pipeline, VerifierCatchesDeadlocksAndLostMessages) {
   Config C{2, 1, 1, RecomputeMode::None};
   Plan P = compile(model(), context(C), MicroBatchSize, Seq);
   ASSERT_EQ(P.numStages(), 2);
+  ASSERT_TRUE(P.Stages[0].compact());
   EXPECT_FALSE(bool(verifyPipelinePrograms(P.Stages)));
 
   // Rank 0 waits for the last microbatch's gradient before the first's;
   // rank 1 makes it only after rank 0 sends an activation that comes after
   // that wait: neither can move.
   std::vector<Program> Swapped = P.Stages;
+  std::vector<int> Backwards;
+  for (size_t K = 0; K < Swapped[0].Steps.size(); ++K)
+    if (Swapped[0].Templates[Swapped[0].Steps[K].Template].Kind ==
+        TemplateKind::Backward)
+      Backwards.push_back(K);
+  ASSERT_EQ(Backwards.size(), size_t(Microbatches));
+  std::swap(Swapped[0].Steps[Backwards.front()].Microbatch,
+            Swapped[0].Steps[Backwards.back()].Microbatch);
+  std::string Msg = toString(verifyPipelinePrograms(Swapped));
+  EXPECT_NE(Msg.find("deadlocks"), std::string::npos) << Msg;
+  EXPECT_NE(Msg.find("rank 0 in step 3 (backward of chunk 0, microbatch 3)"),
+            std::string::npos)
+      << Msg;
+  EXPECT_NE(Msg.find("rank 1 in step"), std::string::npos) << Msg;
+
+  // A gradient nobody receives: rank 0 never runs its last backward.
+  std::vector<Program> Lost = P.Stages;
+  Lost[0].Steps.erase(Lost[0].Steps.begin() + Backwards.back());
+  Msg = toString(verifyPipelinePrograms(Lost));
+  EXPECT_NE(Msg.find("never receives it"), std::string::npos) << Msg;
+
+  // The same checks on the programs written out.
+  std::vector<Program> Flat;
+  for (const Program &S : P.Stages) {
+    auto F = expandProgram(S);
+    ASSERT_TRUE(bool(F)) << toString(F.takeError());
+    Flat.push_back(std::move(*F));
+  }
+  EXPECT_FALSE(bool(verifyPipelinePrograms(Flat)));
   std::vector<int> Recvs;
-  for (size_t I = 0; I < Swapped[0].Instrs.size(); ++I)
-    if (Swapped[0].Instrs[I].Op == OpKind::Recv)
+  for (size_t I = 0; I < Flat[0].Instrs.size(); ++I)
+    if (Flat[0].Instrs[I].Op == OpKind::Recv)
       Recvs.push_back(I);
   ASSERT_EQ(Recvs.size(), size_t(Microbatches));
-  std::swap(Swapped[0].Instrs[Recvs.front()].Attrs,
-            Swapped[0].Instrs[Recvs.back()].Attrs);
-  std::string Msg = toString(verifyPipelinePrograms(Swapped));
+  std::swap(Flat[0].Instrs[Recvs.front()].Attrs,
+            Flat[0].Instrs[Recvs.back()].Attrs);
+  Msg = toString(verifyPipelinePrograms(Flat));
   EXPECT_NE(Msg.find("deadlocks"), std::string::npos) << Msg;
   EXPECT_NE(Msg.find("rank 0 at instruction"), std::string::npos) << Msg;
   EXPECT_NE(Msg.find("rank 1 at instruction"), std::string::npos) << Msg;
-
-  // A send nobody receives.
-  std::vector<Program> Lost = P.Stages;
-  auto &I0 = Lost[0].Instrs;
-  I0.erase(I0.begin() + Recvs.back());
-  Msg = toString(verifyPipelinePrograms(Lost));
+  Flat[0].Instrs.erase(Flat[0].Instrs.begin() + Recvs.front());
+  Msg = toString(verifyPipelinePrograms(Flat));
   EXPECT_NE(Msg.find("never receives it"), std::string::npos) << Msg;
 }
 

@@ -1,0 +1,373 @@
+//===- Expand.cpp - A compact program's steps written out ------------------===//
+#include "plan/Program.h"
+#include "llvm/Support/FormatVariadic.h"
+#include <algorithm>
+#include <map>
+#include <queue>
+
+using namespace llvm;
+
+namespace sp {
+
+StringRef templateKindName(TemplateKind K) {
+  switch (K) {
+  case TemplateKind::Prologue:
+    return "prologue";
+  case TemplateKind::Forward:
+    return "forward";
+  case TemplateKind::Backward:
+    return "backward";
+  case TemplateKind::WeightGrad:
+    return "weight_grad";
+  case TemplateKind::Epilogue:
+    return "epilogue";
+  }
+  return "?";
+}
+
+static Error expandError(const Twine &Msg) {
+  return createStringError(inconvertibleErrorCode(),
+                           "compact program: " + Msg);
+}
+
+Error checkNoOverlap(const Program &P) {
+  int End = P.Instrs.size();
+  struct Live {
+    int64_t Begin, End; // bytes
+    int From, Until;    // instructions
+    int Id;
+  };
+  std::vector<Live> All;
+  for (size_t Id = 0; Id < P.Buffers.size(); ++Id) {
+    const ProgramBuffer &B = P.Buffers[Id];
+    bool Temp = B.K == ProgramBuffer::Temp;
+    All.push_back({B.Offset, B.Offset + std::max<int64_t>(B.Bytes, 1),
+                   Temp ? B.Def : 0, Temp ? B.LastUse : End, int(Id)});
+  }
+  llvm::stable_sort(All, [](const Live &A, const Live &B) {
+    return A.From < B.From;
+  });
+  // The live buffers by offset (disjoint), and when each dies.
+  std::map<int64_t, const Live *> ByOffset;
+  using Death = std::pair<int, int64_t>; // (last use, offset)
+  std::priority_queue<Death, std::vector<Death>, std::greater<Death>> Deaths;
+  auto Clash = [&](const Live &A, const Live &B) {
+    return expandError(formatv(
+        "buffers '{0}' and '{1}' are live together (instructions {2}-{3} and "
+        "{4}-{5}) but share bytes {6}-{7}; the plan is corrupt",
+        P.Buffers[A.Id].Name, P.Buffers[B.Id].Name, A.From, A.Until, B.From,
+        B.Until, std::max(A.Begin, B.Begin), std::min(A.End, B.End)));
+  };
+  for (const Live &L : All) {
+    while (!Deaths.empty() && Deaths.top().first < L.From) {
+      ByOffset.erase(Deaths.top().second);
+      Deaths.pop();
+    }
+    auto Next = ByOffset.lower_bound(L.Begin);
+    if (Next != ByOffset.end() && Next->second->Begin < L.End)
+      return Clash(*Next->second, L);
+    if (Next != ByOffset.begin() && std::prev(Next)->second->End > L.Begin)
+      return Clash(*std::prev(Next)->second, L);
+    ByOffset[L.Begin] = &L;
+    Deaths.push({L.Until, L.Begin});
+  }
+  return Error::success();
+}
+
+Error checkCompactProgram(const Program &C) {
+  int NumInstrs = C.Instrs.size(), At = 0;
+  int Regions = C.Slots.size(), Chunks = 0;
+  for (const ProgramTemplate &T : C.Templates)
+    Chunks = std::max(Chunks, T.Chunk + 1);
+  std::vector<int> StepTemplate(C.Buffers.size(), -1);
+  if (C.Microbatches < 1 || C.TagStride < 1)
+    return expandError("microbatches and tag stride must be positive");
+  for (size_t T = 0; T < C.Templates.size(); ++T) {
+    const ProgramTemplate &Tp = C.Templates[T];
+    if (Tp.Begin != At || Tp.End < Tp.Begin || Tp.End > NumInstrs)
+      return expandError(formatv("template {0} covers instructions {1}-{2}, "
+                                 "not the next ones from {3}",
+                                 T, Tp.Begin, Tp.End, At));
+    At = Tp.End;
+    bool PerMicrobatch = Tp.Kind != TemplateKind::Prologue &&
+                         Tp.Kind != TemplateKind::Epilogue;
+    if (PerMicrobatch ? Tp.Chunk < 0 || Tp.Chunk >= Chunks : Tp.Chunk != -1)
+      return expandError(formatv("template {0} ({1}) has chunk {2} of {3}", T,
+                                 templateKindName(Tp.Kind), Tp.Chunk, Chunks));
+    for (int I = Tp.Begin; I < Tp.End; ++I) {
+      if (C.Instrs[I].Beside >= Tp.End)
+        return expandError(formatv("instruction {0} runs beside instruction "
+                                   "{1}, outside its template",
+                                   I, C.Instrs[I].Beside));
+      for (const auto *Ids : {&C.Instrs[I].In, &C.Instrs[I].Out})
+        for (int Id : *Ids) {
+          const ProgramBuffer &B = C.Buffers[Id];
+          if ((B.Scope == BufferScope::Slot &&
+               (B.Region < 0 || B.Region >= Regions ||
+                C.Slots[B.Region].Chunk != Tp.Chunk)) ||
+              (!PerMicrobatch && B.Scope == BufferScope::Microbatch))
+            return expandError(formatv("template {0} ({1}) uses buffer '{2}' "
+                                       "of another chunk or microbatch",
+                                       T, templateKindName(Tp.Kind), B.Name));
+          if (B.Scope == BufferScope::Step) {
+            if (StepTemplate[Id] >= 0 && StepTemplate[Id] != int(T))
+              return expandError(formatv("step buffer '{0}' is used by "
+                                         "templates {1} and {2}",
+                                         B.Name, StepTemplate[Id], T));
+            StepTemplate[Id] = T;
+          }
+        }
+    }
+  }
+  if (At != NumInstrs)
+    return expandError("instructions after the last template");
+  for (size_t Id = 0; Id < C.Buffers.size(); ++Id) {
+    const ProgramBuffer &B = C.Buffers[Id];
+    bool Ok = true;
+    switch (B.Scope) {
+    case BufferScope::Whole:
+      break;
+    case BufferScope::Step:
+      Ok = B.K == ProgramBuffer::Temp;
+      break;
+    case BufferScope::Slot: {
+      Ok = B.K == ProgramBuffer::Temp && B.Region >= 0 && B.Region < Regions;
+      if (Ok) {
+        const SlotRegion &S = C.Slots[B.Region];
+        int64_t All;
+        Ok = S.Count >= 1 && B.Offset + B.Bytes <= S.Stride &&
+             !__builtin_mul_overflow(S.Stride, int64_t(S.Count), &All) &&
+             All <= C.ArenaBytes - S.Offset;
+      }
+      break;
+    }
+    case BufferScope::Microbatch: {
+      int64_t Last;
+      Ok = B.K == ProgramBuffer::Input && B.Stride >= B.Bytes &&
+           !__builtin_mul_overflow(B.Stride, int64_t(C.Microbatches - 1),
+                                   &Last) &&
+           Last <= C.PersistentBytes - B.Offset - B.Bytes;
+      break;
+    }
+    }
+    if (!Ok)
+      return expandError(formatv("buffer '{0}' has a scope its kind, chunk or "
+                                 "place does not allow",
+                                 B.Name));
+  }
+  for (size_t K = 0; K < C.Steps.size(); ++K) {
+    const ProgramStep &S = C.Steps[K];
+    if (S.Template < 0 || S.Template >= int(C.Templates.size()))
+      return expandError(formatv("step {0} runs template {1} of {2}", K,
+                                 S.Template, C.Templates.size()));
+    const ProgramTemplate &Tp = C.Templates[S.Template];
+    bool Once = Tp.Chunk < 0;
+    if (Once ? S.Microbatch != -1
+             : S.Microbatch < 0 || S.Microbatch >= C.Microbatches)
+      return expandError(formatv("step {0} ({1}) has microbatch {2} of {3}", K,
+                                 templateKindName(Tp.Kind), S.Microbatch,
+                                 C.Microbatches));
+  }
+  for (const SlotRegion &R : C.Slots)
+    if (R.Chunk < 0 || R.Chunk >= Chunks)
+      return expandError(formatv("a slot region of chunk {0} of {1}", R.Chunk,
+                                 Chunks));
+  return Error::success();
+}
+
+Expected<SlotAssignment> assignSlots(const Program &C, bool CheckCounts) {
+  int Regions = C.Slots.size();
+  // The regions each template uses.
+  std::vector<SmallVector<int, 3>> Uses(C.Templates.size());
+  for (size_t T = 0; T < C.Templates.size(); ++T)
+    for (int I = C.Templates[T].Begin; I < C.Templates[T].End; ++I)
+      for (const auto *Ids : {&C.Instrs[I].In, &C.Instrs[I].Out})
+        for (int Id : *Ids)
+          if (C.Buffers[Id].Scope == BufferScope::Slot &&
+              !is_contained(Uses[T], C.Buffers[Id].Region))
+            Uses[T].push_back(C.Buffers[Id].Region);
+  // The last step of each (region, microbatch).
+  std::map<std::pair<int, int>, int> Last;
+  for (size_t K = 0; K < C.Steps.size(); ++K)
+    for (int R : Uses[C.Steps[K].Template])
+      Last[{R, C.Steps[K].Microbatch}] = K;
+  SlotAssignment A;
+  A.Slot.resize(C.Steps.size());
+  A.Counts.assign(Regions, 0);
+  std::vector<std::vector<bool>> Busy(Regions);
+  std::map<std::pair<int, int>, int> Held;
+  for (size_t K = 0; K < C.Steps.size(); ++K) {
+    int Mb = C.Steps[K].Microbatch;
+    for (int R : Uses[C.Steps[K].Template]) {
+      auto [It, New] = Held.try_emplace({R, Mb}, -1);
+      if (New) {
+        std::vector<bool> &B = Busy[R];
+        int Free = std::find(B.begin(), B.end(), false) - B.begin();
+        if (Free == int(B.size()))
+          B.push_back(false);
+        B[Free] = true;
+        It->second = Free;
+        A.Counts[R] = std::max<int>(A.Counts[R], B.size());
+        if (CheckCounts && Free >= C.Slots[R].Count)
+          return expandError(formatv("step {0} needs slot {1} of region {2}, "
+                                     "which has {3}",
+                                     K, Free, R, C.Slots[R].Count));
+      }
+      A.Slot[K].push_back({R, It->second});
+    }
+    for (int R : Uses[C.Steps[K].Template])
+      if (Last[{R, Mb}] == int(K)) {
+        auto It = Held.find({R, Mb});
+        Busy[R][It->second] = false;
+        Held.erase(It);
+      }
+  }
+  return A;
+}
+
+Expected<Program> expandProgram(const Program &C) {
+  if (!C.compact())
+    return C;
+  if (auto E = checkCompactProgram(C))
+    return std::move(E);
+  auto Slots = assignSlots(C);
+  if (!Slots)
+    return Slots.takeError();
+  Program F;
+  F.PersistentBytes = C.PersistentBytes;
+  F.ArenaBytes = C.ArenaBytes;
+  F.Microbatches = C.Microbatches;
+  size_t NB = C.Buffers.size();
+  std::vector<int> WholeId(NB, -1);
+  std::vector<std::vector<int>> Instance(NB); // Microbatch and Slot scopes
+  auto Add = [&](ProgramBuffer B) {
+    B.Scope = BufferScope::Whole;
+    B.Region = -1;
+    B.Stride = 0;
+    F.Buffers.push_back(std::move(B));
+    return int(F.Buffers.size()) - 1;
+  };
+  for (size_t Id = 0; Id < NB; ++Id) {
+    const ProgramBuffer &B = C.Buffers[Id];
+    if (B.Scope == BufferScope::Whole) {
+      WholeId[Id] = Add(B);
+    } else if (B.Scope == BufferScope::Microbatch) {
+      for (int K = 0; K < C.Microbatches; ++K) {
+        ProgramBuffer X = B;
+        X.Name += "." + std::to_string(K);
+        X.Microbatch = K;
+        X.Offset = B.Offset + K * B.Stride;
+        Instance[Id].push_back(Add(std::move(X)));
+      }
+    } else if (B.Scope == BufferScope::Slot) {
+      Instance[Id].assign(C.Microbatches, -1);
+    }
+  }
+  std::vector<int> StepId(NB, -1), LastStepId(NB, -1);
+  std::vector<bool> Accumulated(C.Instrs.size(), false);
+  for (size_t K = 0; K < C.Steps.size(); ++K) {
+    const ProgramStep &S = C.Steps[K];
+    const ProgramTemplate &T = C.Templates[S.Template];
+    int Base = F.Instrs.size(), Mb = S.Microbatch;
+    std::vector<int> Touched;
+    auto Map = [&](int Id) -> Expected<int> {
+      const ProgramBuffer &B = C.Buffers[Id];
+      switch (B.Scope) {
+      case BufferScope::Whole:
+        return WholeId[Id];
+      case BufferScope::Microbatch:
+        return Instance[Id][Mb];
+      case BufferScope::Slot: {
+        // A microbatch keeps its slot from its first step in the region to
+        // its last, so the instance made at the first is the one to use.
+        int &I = Instance[Id][Mb];
+        if (I < 0) {
+          int Slot = -1;
+          for (auto [R, X] : Slots->Slot[K])
+            if (R == B.Region)
+              Slot = X;
+          ProgramBuffer X = B;
+          const SlotRegion &R = C.Slots[B.Region];
+          X.Offset = R.Offset + Slot * R.Stride + B.Offset;
+          I = Add(std::move(X));
+        }
+        return I;
+      }
+      case BufferScope::Step:
+        if (StepId[Id] < 0) {
+          StepId[Id] = Add(B);
+          Touched.push_back(Id);
+        }
+        return StepId[Id];
+      }
+      return -1;
+    };
+    for (int I = T.Begin; I < T.End; ++I) {
+      Instruction X = C.Instrs[I];
+      for (auto *Ids : {&X.In, &X.Out})
+        for (int &Id : *Ids) {
+          auto M = Map(Id);
+          if (!M)
+            return M.takeError();
+          Id = *M;
+        }
+      if (X.Beside >= 0)
+        X.Beside = Base + (X.Beside - T.Begin);
+      if (Mb >= 0) {
+        if (X.Op == OpKind::Send || X.Op == OpKind::Recv)
+          X.Attrs.set("tag", X.Attrs.getInt("tag", 0) + Mb * C.TagStride);
+        if (X.Attrs.has("microbatches"))
+          X.Attrs.set("microbatch", int64_t(Mb));
+      }
+      if (X.Op == OpKind::Accumulate) {
+        X.Attrs.set("first", int64_t(!Accumulated[I]));
+        Accumulated[I] = true;
+      }
+      F.Instrs.push_back(std::move(X));
+    }
+    for (int Id : Touched) {
+      LastStepId[Id] = StepId[Id];
+      StepId[Id] = -1;
+    }
+  }
+  for (auto &[Name, Id] : C.Outputs) {
+    int Out = C.Buffers[Id].Scope == BufferScope::Whole ? WholeId[Id]
+              : C.Buffers[Id].Scope == BufferScope::Step ? LastStepId[Id]
+                                                          : -1;
+    if (Out < 0)
+      return expandError("output '" + Name + "' is not a buffer of the "
+                         "whole run or of its last step");
+    F.Outputs.push_back({Name, Out});
+  }
+  // Live ranges: from the first instruction that touches a temporary to
+  // the last (a collective's operands and results until the GEMM it runs
+  // beside; an output past the end).
+  int End = F.Instrs.size();
+  for (ProgramBuffer &B : F.Buffers)
+    if (B.K == ProgramBuffer::Temp)
+      B.Def = B.LastUse = -1;
+  for (int I = 0; I < End; ++I) {
+    const Instruction &X = F.Instrs[I];
+    int Until = X.Beside >= 0 ? std::max(I, X.Beside) : I;
+    for (const auto *Ids : {&X.In, &X.Out})
+      for (int Id : *Ids) {
+        ProgramBuffer &B = F.Buffers[Id];
+        if (B.K != ProgramBuffer::Temp)
+          continue;
+        if (B.Def < 0)
+          B.Def = I;
+        B.LastUse = std::max(B.LastUse, Until);
+      }
+  }
+  for (auto &[Name, Id] : F.Outputs)
+    if (F.Buffers[Id].K == ProgramBuffer::Temp)
+      F.Buffers[Id].LastUse = End;
+  for (ProgramBuffer &B : F.Buffers)
+    if (B.K == ProgramBuffer::Temp && B.Def < 0)
+      B.Def = B.LastUse = 0; // never used
+  if (auto E = checkNoOverlap(F))
+    return std::move(E);
+  return F;
+}
+
+} // namespace sp

@@ -41,14 +41,26 @@ void planCompactMemory(Program &P, int64_t ScratchBytes) {
       B.Offset = Top;
       Top += aligned(B);
     }
-  for (SlotRegion &S : P.Slots)
-    S.Stride = 0;
-  for (ProgramBuffer &B : P.Buffers)
-    if (B.Scope == BufferScope::Slot) {
-      SlotRegion &S = P.Slots[B.Region];
-      B.Offset = S.Stride;
-      S.Stride += aligned(B);
-    }
+  // A slot holds one microbatch's values of its chunk, which live along
+  // the chunk's templates (forward, backward, weight gradient: the order
+  // the microbatch's steps run them, and the order of the compact
+  // program's instructions): placed by those live ranges, as a flat
+  // program's temporaries, a backward's value for the weight gradient
+  // reuses the bytes of forward values the backward read last.
+  for (size_t R = 0; R < P.Slots.size(); ++R) {
+    Program Slot;
+    std::vector<int> Ids;
+    for (size_t Id = 0; Id < P.Buffers.size(); ++Id)
+      if (P.Buffers[Id].Scope == BufferScope::Slot &&
+          P.Buffers[Id].Region == int(R)) {
+        Ids.push_back(Id);
+        Slot.Buffers.push_back(P.Buffers[Id]);
+      }
+    planMemory(Slot, PlanOrder::BySize);
+    for (size_t K = 0; K < Ids.size(); ++K)
+      P.Buffers[Ids[K]].Offset = Slot.Buffers[K].Offset;
+    P.Slots[R].Stride = alignTo(Slot.ArenaBytes, ArenaAlignment);
+  }
   for (SlotRegion &S : P.Slots) {
     S.Offset = Top;
     Top += S.Stride * S.Count;
@@ -140,13 +152,14 @@ void finalizeCompact(Program &P) {
   // The other temporaries' live ranges, for reading: the compact
   // program's instructions that touch them.
   for (size_t I = 0; I < Out.Instrs.size(); ++I) {
+    int Until = std::max(int(I), Out.Instrs[I].Beside);
     auto Touch = [&](int Id) {
       ProgramBuffer &B = Out.Buffers[Id];
       if (B.K != ProgramBuffer::Temp || B.Scope == BufferScope::Step)
         return;
       if (B.Def < 0 || B.Def > int(I))
         B.Def = I;
-      B.LastUse = std::max(B.LastUse, int(I));
+      B.LastUse = std::max(B.LastUse, Until);
     };
     for (int Id : Out.Instrs[I].In)
       Touch(Id);

@@ -469,9 +469,11 @@ private:
   /// Each temporary's scope: used by one template, a Step buffer; by
   /// several of one chunk (a forward's value its backward reads), a Slot
   /// buffer in the region of its chunk, the template that makes it and the
-  /// last that reads it; a parameter copy of the prologue or a sum over the
-  /// microbatches, Whole.
+  /// last that reads it (so a forward's value its backward reads last is
+  /// freed at the backward even when the weight gradient runs later); a
+  /// parameter copy of the prologue or a sum over the microbatches, Whole.
   Error scopeBuffers(Program &P) {
+    // (chunk, kind of the first and of the last template using it)
     std::map<std::tuple<int, int, int>, int> Regions;
     std::vector<int> First(P.Buffers.size(), -1), Last(P.Buffers.size(), -1);
     std::vector<int> Chunk(P.Buffers.size(), -2);

@@ -362,9 +362,14 @@ Expected<Program> expandProgram(const Program &C) {
   for (auto &[Name, Id] : F.Outputs)
     if (F.Buffers[Id].K == ProgramBuffer::Temp)
       F.Buffers[Id].LastUse = End;
-  for (ProgramBuffer &B : F.Buffers)
-    if (B.K == ProgramBuffer::Temp && B.Def < 0)
+  for (size_t Id = 0; Id < F.Buffers.size(); ++Id) {
+    ProgramBuffer &B = F.Buffers[Id];
+    if (B.K != ProgramBuffer::Temp)
+      continue;
+    B.Name = "%" + std::to_string(Id); // as a flat program's results
+    if (B.Def < 0)
       B.Def = B.LastUse = 0; // never used
+  }
   if (auto E = checkNoOverlap(F))
     return std::move(E);
   return F;

@@ -190,6 +190,26 @@ public:
     int Chunks = 0;
     while (Chunks < L.Chunks && Chunks * L.Stages + Rank < SG.NumStages)
       ++Chunks;
+    // A rank whose every weight-gradient step follows its backward directly
+    // (ZB-H1 with delay 0) runs 1F1B's whole backward as one step instead:
+    // the same arithmetic, and 1F1B's memory, where two steps would keep
+    // the backward's values for the weight gradients in a slot of their own.
+    Split = L.SplitBackward;
+    if (Split) {
+      const auto &Steps = L.Steps[Rank];
+      Split = false;
+      for (size_t K = 0; K < Steps.size(); ++K)
+        if (Steps[K].Kind == StepKind::WeightGrad &&
+            (K == 0 || Steps[K - 1].Kind != StepKind::Backward ||
+             Steps[K - 1].Microbatch != Steps[K].Microbatch ||
+             Steps[K - 1].Chunk != Steps[K].Chunk))
+          Split = true;
+    }
+    if (L.SplitBackward && !Split) {
+      unsigned Pos = 0;
+      for (const Node &N : G.nodes())
+        Order[&N] = Pos++;
+    }
     // The prologue: every 16-bit parameter copy the steps read, cast once.
     begin(TemplateKind::Prologue, -1);
     if (B.mixedPrecision())
@@ -206,7 +226,7 @@ public:
       int V = C * L.Stages + Rank;
       for (StepKind K : {StepKind::Forward, StepKind::Backward,
                          StepKind::WeightGrad}) {
-        if (K == StepKind::WeightGrad && !L.SplitBackward)
+        if (K == StepKind::WeightGrad && !Split)
           continue;
         TemplateOf[{int(K), C}] = Templates.size();
         begin(K == StepKind::Forward    ? TemplateKind::Forward
@@ -325,7 +345,17 @@ private:
       for (const Node *N : SG.Regather[Stage])
         if (auto E = emitNode(*N, Stage)) // replaces B's instance for W
           return E;
-    for (const Node *N : Nodes[Stage])
+    std::vector<const Node *> Whole;
+    if (Kind == StepKind::Backward && L.SplitBackward && !Split) {
+      // The whole backward, in the graph's order (1F1B's).
+      Whole = SG.Bwd[Stage];
+      Whole.insert(Whole.end(), SG.Wgt[Stage].begin(), SG.Wgt[Stage].end());
+      llvm::sort(Whole, [&](const Node *A, const Node *B) {
+        return Order.lookup(A) < Order.lookup(B);
+      });
+    }
+    for (const Node *N : Whole.empty() ? ArrayRef<const Node *>(Nodes[Stage])
+                                       : ArrayRef<const Node *>(Whole))
       if (auto E = emitNode(*N, Stage))
         return E;
     const auto &Exports = Forward ? SG.FwdExports : SG.BwdExports;
@@ -342,7 +372,10 @@ private:
     // microbatches, in the order the steps run (microbatch order).
     for (const Value *V : SG.Accumulated[Stage]) {
       auto It = Instances.find({Stage, V});
-      if (It == Instances.end() || SG.StepOf.lookup(V->producer()) != Kind)
+      StepKind Made = SG.StepOf.lookup(V->producer());
+      if (!Split && Made == StepKind::WeightGrad)
+        Made = StepKind::Backward;
+      if (It == Instances.end() || Made != Kind)
         continue;
       auto Acc = Accumulators.find(V);
       if (Acc == Accumulators.end()) {
@@ -455,6 +488,8 @@ private:
         return lowerError(formatv("rank {0}: a step of chunk {1}, which the "
                                   "rank does not hold",
                                   Rank, S.Chunk));
+      if (S.Kind == StepKind::WeightGrad && !Split)
+        continue; // in its backward's step
       P.Steps.push_back({TemplateOf.at({int(S.Kind), S.Chunk}), S.Microbatch});
     }
     P.Steps.push_back({int(P.Templates.size()) - 1, -1});
@@ -534,6 +569,8 @@ private:
   ProgramBuilder B;
   std::vector<ProgramTemplate> Templates;
   std::map<std::pair<int, int>, int> TemplateOf; // (step kind, chunk)
+  bool Split = false; // this rank's backwards run as two steps
+  DenseMap<const Node *, unsigned> Order; // graph order, when not Split
   std::map<std::pair<int, const Value *>, int> Instances; // (stage, value)
   DenseMap<const Value *, int> Inputs, Accumulators, StepValues;
 };

@@ -13,10 +13,6 @@ namespace sp {
 
 namespace {
 
-int64_t aligned(const ProgramBuffer &B) {
-  return alignTo(std::max<int64_t>(B.Bytes, 1), ArenaAlignment);
-}
-
 /// A compact program's arena, bottom up: the persistent buffers, the
 /// per-microbatch inputs (every microbatch's), the Whole temporaries (the
 /// sums over microbatches, the parameter copies), each chunk's slots, and
@@ -27,19 +23,19 @@ void planCompactMemory(Program &P, int64_t ScratchBytes) {
   for (ProgramBuffer &B : P.Buffers)
     if (B.isPersistent() && B.Scope != BufferScope::Microbatch) {
       B.Offset = Top;
-      Top += aligned(B);
+      Top += alignedSize(B);
     }
   for (ProgramBuffer &B : P.Buffers)
     if (B.Scope == BufferScope::Microbatch) {
       B.Offset = Top;
-      B.Stride = aligned(B);
+      B.Stride = alignedSize(B);
       Top += B.Stride * P.Microbatches;
     }
   P.PersistentBytes = Top;
   for (ProgramBuffer &B : P.Buffers)
     if (!B.isPersistent() && B.Scope == BufferScope::Whole) {
       B.Offset = Top;
-      Top += aligned(B);
+      Top += alignedSize(B);
     }
   // A slot holds one microbatch's values of its chunk, which live along
   // the chunk's templates (forward, backward, weight gradient: the order
@@ -47,18 +43,17 @@ void planCompactMemory(Program &P, int64_t ScratchBytes) {
   // program's instructions): placed by those live ranges, as a flat
   // program's temporaries, a backward's value for the weight gradient
   // reuses the bytes of forward values the backward read last.
+  std::vector<std::vector<int>> InRegion(P.Slots.size());
+  for (size_t Id = 0; Id < P.Buffers.size(); ++Id)
+    if (P.Buffers[Id].Scope == BufferScope::Slot)
+      InRegion[P.Buffers[Id].Region].push_back(Id);
   for (size_t R = 0; R < P.Slots.size(); ++R) {
     Program Slot;
-    std::vector<int> Ids;
-    for (size_t Id = 0; Id < P.Buffers.size(); ++Id)
-      if (P.Buffers[Id].Scope == BufferScope::Slot &&
-          P.Buffers[Id].Region == int(R)) {
-        Ids.push_back(Id);
-        Slot.Buffers.push_back(P.Buffers[Id]);
-      }
+    for (int Id : InRegion[R])
+      Slot.Buffers.push_back(P.Buffers[Id]);
     planMemory(Slot, PlanOrder::BySize);
-    for (size_t K = 0; K < Ids.size(); ++K)
-      P.Buffers[Ids[K]].Offset = Slot.Buffers[K].Offset;
+    for (size_t K = 0; K < InRegion[R].size(); ++K)
+      P.Buffers[InRegion[R][K]].Offset = Slot.Buffers[K].Offset;
     P.Slots[R].Stride = alignTo(Slot.ArenaBytes, ArenaAlignment);
   }
   for (SlotRegion &S : P.Slots) {
@@ -83,13 +78,13 @@ void finalizeCompact(Program &P) {
     if (P.Buffers[Id].Scope != BufferScope::Step) {
       NewId[Id] = Out.Buffers.size();
       Out.Buffers.push_back(P.Buffers[Id]);
-      Out.Buffers.back().Def = Out.Buffers.back().LastUse = -1;
     }
   int64_t Scratch = 0;
   for (ProgramTemplate &T : P.Templates) {
+    // The sub-program's buffers are named "#<id in P>": the fusion drops
+    // and renumbers buffers, and keeps names other than "%N".
     Program Sub;
     DenseMap<int, int> Local;
-    std::vector<int> Global;
     auto Map = [&](int Id) {
       auto [It, New] = Local.try_emplace(Id, int(Sub.Buffers.size()));
       if (New) {
@@ -98,7 +93,6 @@ void finalizeCompact(Program &P) {
         if (B.Scope != BufferScope::Step)
           B.K = ProgramBuffer::Const;
         Sub.Buffers.push_back(std::move(B));
-        Global.push_back(Id);
       }
       return It->second;
     };
@@ -149,37 +143,13 @@ void finalizeCompact(Program &P) {
     T.Begin = Begin;
     T.End = Out.Instrs.size();
   }
-  // The other temporaries' live ranges, for reading: the compact
-  // program's instructions that touch them.
-  for (size_t I = 0; I < Out.Instrs.size(); ++I) {
-    int Until = std::max(int(I), Out.Instrs[I].Beside);
-    auto Touch = [&](int Id) {
-      ProgramBuffer &B = Out.Buffers[Id];
-      if (B.K != ProgramBuffer::Temp || B.Scope == BufferScope::Step)
-        return;
-      if (B.Def < 0 || B.Def > int(I))
-        B.Def = I;
-      B.LastUse = std::max(B.LastUse, Until);
-    };
-    for (int Id : Out.Instrs[I].In)
-      Touch(Id);
-    for (int Id : Out.Instrs[I].Out)
-      Touch(Id);
-  }
-  for (size_t Id = 0; Id < Out.Buffers.size(); ++Id) {
-    ProgramBuffer &B = Out.Buffers[Id];
-    if (B.K != ProgramBuffer::Temp)
-      continue;
-    B.Name = "%" + std::to_string(Id);
-    if (B.Def < 0)
-      B.Def = B.LastUse = 0;
-  }
-  for (auto &[Name, Id] : P.Outputs) {
+  for (auto &[Name, Id] : P.Outputs)
     Out.Outputs.push_back({Name, NewId[Id]});
-    ProgramBuffer &B = Out.Buffers[NewId[Id]];
-    if (B.K == ProgramBuffer::Temp)
-      B.LastUse = Out.Instrs.size();
-  }
+  // The other temporaries' live ranges, along the templates (the slot
+  // plan reads them): the compact program's instructions that touch them.
+  setUseRanges(Out, [](const ProgramBuffer &B) {
+    return B.Scope != BufferScope::Step;
+  });
   Out.Templates = std::move(P.Templates);
   Out.Steps = std::move(P.Steps);
   Out.Slots = std::move(P.Slots);

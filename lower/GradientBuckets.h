@@ -3,9 +3,8 @@
 // The data-parallel pass sums every gradient over the replicas with one
 // optimizer-phase all_reduce {group = "dp"} each (passes/DataParallel.cpp),
 // or with ZeRO one flat reduce_scatter {group = "dp"} each.
-// Here, where the program's order is final (after the schedule is unrolled),
-// those sums become buckets, as PyTorch DDP and Megatron's distributed
-// optimizer make them:
+// Here, where the program's order is final, those sums become buckets, as
+// PyTorch DDP and Megatron's distributed optimizer make them:
 //
 //  - the gradients are taken in the order the backward finishes them (the
 //    last instruction writing each: with microbatches, its last
@@ -15,6 +14,11 @@
 //    placed right after the instruction that finishes its last gradient, so
 //    that on a backend with a communication stream the sum runs beside the
 //    rest of the backward instead of after it.
+//
+// A pipelined rank's compact program is finalized template by template
+// (lower/Finalize.cpp), and its sums are the epilogue's: there the buckets
+// run after every step, not beside the last microbatch's backward, which
+// Megatron overlaps them with (not yet done here).
 //
 // Every rank of a data-parallel group runs the same program, so they issue
 // the same buckets in the same order. The sums are elementwise, so the

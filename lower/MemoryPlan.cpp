@@ -10,9 +10,7 @@ using namespace llvm;
 
 namespace sp {
 
-/// Every temporary takes at least one aligned slot, so that distinct live
-/// buffers never share an address.
-static int64_t alignedSize(const ProgramBuffer &B) {
+int64_t alignedSize(const ProgramBuffer &B) {
   return alignTo(std::max<int64_t>(B.Bytes, 1), ArenaAlignment);
 }
 

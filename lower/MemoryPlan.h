@@ -10,6 +10,10 @@ namespace sp {
 /// Alignment of every buffer in the arena.
 constexpr int64_t ArenaAlignment = 64;
 
+/// The bytes a buffer takes in the arena: at least one aligned unit, so
+/// that distinct live buffers never share an address.
+int64_t alignedSize(const ProgramBuffer &B);
+
 /// Assigns every buffer an offset in one arena and sets PersistentBytes and
 /// ArenaBytes (the planned peak).
 ///

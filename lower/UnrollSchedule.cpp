@@ -28,8 +28,9 @@ bool perMicrobatch(const Node &N) { return N.tags().Ph != Phase::Optimizer; }
 struct StageGraph {
   int NumStages;
   /// Per stage, in graph order: the nodes of its Forward, Backward and
-  /// (with a split backward) WeightGrad steps.
-  std::vector<std::vector<const Node *>> Fwd, Bwd, Wgt;
+  /// (with a split backward) WeightGrad steps; with a split backward,
+  /// Whole holds the unsplit backward (Bwd and Wgt together).
+  std::vector<std::vector<const Node *>> Fwd, Bwd, Wgt, Whole;
   /// The step kind each per-microbatch node runs in.
   DenseMap<const Node *, StepKind> StepOf;
   /// Per stage, with a split backward: the all_gathers of its Backward step
@@ -149,6 +150,7 @@ void splitBackward(StageGraph &SG) {
       SG.Wgt[S].push_back(N);
       SG.StepOf[N] = StepKind::WeightGrad;
     }
+    SG.Whole.push_back(std::move(SG.Bwd[S]));
     SG.Bwd[S] = std::move(Input);
     // Under SP the output gradient of a row-parallel layer is all-gathered
     // to the full sequence for both its input gradient (B) and its weight
@@ -205,11 +207,6 @@ public:
              Steps[K - 1].Chunk != Steps[K].Chunk))
           Split = true;
     }
-    if (L.SplitBackward && !Split) {
-      unsigned Pos = 0;
-      for (const Node &N : G.nodes())
-        Order[&N] = Pos++;
-    }
     // The prologue: every 16-bit parameter copy the steps read, cast once.
     begin(TemplateKind::Prologue, -1);
     if (B.mixedPrecision())
@@ -248,7 +245,7 @@ public:
     P.TagStride = SG.TagStride;
     if (auto E = scopeBuffers(P))
       return std::move(E);
-    if (auto E = schedule(P, Chunks))
+    if (auto E = schedule(P))
       return std::move(E);
     return std::move(P);
   }
@@ -345,17 +342,10 @@ private:
       for (const Node *N : SG.Regather[Stage])
         if (auto E = emitNode(*N, Stage)) // replaces B's instance for W
           return E;
-    std::vector<const Node *> Whole;
-    if (Kind == StepKind::Backward && L.SplitBackward && !Split) {
-      // The whole backward, in the graph's order (1F1B's).
-      Whole = SG.Bwd[Stage];
-      Whole.insert(Whole.end(), SG.Wgt[Stage].begin(), SG.Wgt[Stage].end());
-      llvm::sort(Whole, [&](const Node *A, const Node *B) {
-        return Order.lookup(A) < Order.lookup(B);
-      });
-    }
-    for (const Node *N : Whole.empty() ? ArrayRef<const Node *>(Nodes[Stage])
-                                       : ArrayRef<const Node *>(Whole))
+    // A rank that does not split runs the whole backward, in graph order
+    // (1F1B's).
+    bool Unsplit = Kind == StepKind::Backward && L.SplitBackward && !Split;
+    for (const Node *N : (Unsplit ? SG.Whole : Nodes)[Stage])
       if (auto E = emitNode(*N, Stage))
         return E;
     const auto &Exports = Forward ? SG.FwdExports : SG.BwdExports;
@@ -481,13 +471,9 @@ private:
 
   /// The steps: the prologue, the layout's steps of this rank, the
   /// epilogue; then how many slots each region needs (assignSlots).
-  Error schedule(Program &P, int Chunks) {
+  Error schedule(Program &P) {
     P.Steps.push_back({0, -1});
-    for (const PipelineStep &S : L.Steps[Rank]) {
-      if (S.Chunk >= Chunks)
-        return lowerError(formatv("rank {0}: a step of chunk {1}, which the "
-                                  "rank does not hold",
-                                  Rank, S.Chunk));
+    for (const PipelineStep &S : L.Steps[Rank]) { // checked by run()
       if (S.Kind == StepKind::WeightGrad && !Split)
         continue; // in its backward's step
       P.Steps.push_back({TemplateOf.at({int(S.Kind), S.Chunk}), S.Microbatch});
@@ -570,7 +556,6 @@ private:
   std::vector<ProgramTemplate> Templates;
   std::map<std::pair<int, int>, int> TemplateOf; // (step kind, chunk)
   bool Split = false; // this rank's backwards run as two steps
-  DenseMap<const Node *, unsigned> Order; // graph order, when not Split
   std::map<std::pair<int, const Value *>, int> Instances; // (stage, value)
   DenseMap<const Value *, int> Inputs, Accumulators, StepValues;
 };

@@ -80,7 +80,7 @@ llvm::Expected<std::vector<Program>>
 lowerPipeline(const Graph &G, DType ActivationDtype, const PipelineLayout &L);
 
 /// The program of one pipeline rank alone (for reports on schedules too
-/// large to unroll for every rank).
+/// large to lower for every rank).
 llvm::Expected<Program> lowerPipelineRank(const Graph &G,
                                           DType ActivationDtype,
                                           const PipelineLayout &L, int Rank);

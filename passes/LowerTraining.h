@@ -2,7 +2,7 @@
 //
 // The last step of sp-compile: the training graph becomes the programs a
 // plan holds. Without pipeline options that is one program; with them, the
-// schedule (lower/Schedule.h) is unrolled into one program per pipeline
+// schedule (lower/Schedule.h) is lowered into one compact program per pipeline
 // rank (lower/UnrollSchedule.h). Every program's memory is planned.
 //
 //===----------------------------------------------------------------------===//
@@ -20,7 +20,7 @@ struct LoweredPlan {
   std::vector<Program> Stages;
   /// One microbatch through the whole model, for the per-layer reports.
   Program OneMicrobatch;
-  /// The schedule the stage programs unroll (one rank, one microbatch
+  /// The schedule the stage programs run (one rank, one microbatch
   /// without pipeline options).
   Schedule Sched;
 };
@@ -32,7 +32,7 @@ llvm::Expected<LoweredPlan> lowerTrainingGraph(const Graph &G,
 
 ScheduleKind scheduleKind(PipelineSchedule S);
 
-/// The compute steps of a schedule, as the unrolling takes them.
+/// The compute steps of a schedule, as lowerPipeline takes them.
 PipelineLayout computeSteps(const Schedule &S);
 
 } // namespace sp

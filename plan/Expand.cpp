@@ -9,22 +9,6 @@ using namespace llvm;
 
 namespace sp {
 
-StringRef templateKindName(TemplateKind K) {
-  switch (K) {
-  case TemplateKind::Prologue:
-    return "prologue";
-  case TemplateKind::Forward:
-    return "forward";
-  case TemplateKind::Backward:
-    return "backward";
-  case TemplateKind::WeightGrad:
-    return "weight_grad";
-  case TemplateKind::Epilogue:
-    return "epilogue";
-  }
-  return "?";
-}
-
 static Error expandError(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(),
                            "compact program: " + Msg);
@@ -225,6 +209,40 @@ Expected<SlotAssignment> assignSlots(const Program &C, bool CheckCounts) {
   return A;
 }
 
+void setUseRanges(Program &P, function_ref<bool(const ProgramBuffer &)> Pick) {
+  int End = P.Instrs.size();
+  auto Picked = [&](const ProgramBuffer &B) {
+    return B.K == ProgramBuffer::Temp && Pick(B);
+  };
+  for (ProgramBuffer &B : P.Buffers)
+    if (Picked(B))
+      B.Def = B.LastUse = -1;
+  for (int I = 0; I < End; ++I) {
+    const Instruction &X = P.Instrs[I];
+    int Until = std::max(I, X.Beside);
+    for (const auto *Ids : {&X.In, &X.Out})
+      for (int Id : *Ids) {
+        ProgramBuffer &B = P.Buffers[Id];
+        if (!Picked(B))
+          continue;
+        if (B.Def < 0)
+          B.Def = I;
+        B.LastUse = std::max(B.LastUse, Until);
+      }
+  }
+  for (size_t Id = 0; Id < P.Buffers.size(); ++Id) {
+    ProgramBuffer &B = P.Buffers[Id];
+    if (B.K != ProgramBuffer::Temp)
+      continue;
+    B.Name = "%" + std::to_string(Id);
+    if (Picked(B) && B.Def < 0)
+      B.Def = B.LastUse = 0; // never used
+  }
+  for (auto &[Name, Id] : P.Outputs)
+    if (Picked(P.Buffers[Id]))
+      P.Buffers[Id].LastUse = End;
+}
+
 Expected<Program> expandProgram(const Program &C) {
   if (!C.compact())
     return C;
@@ -270,11 +288,11 @@ Expected<Program> expandProgram(const Program &C) {
     const ProgramTemplate &T = C.Templates[S.Template];
     int Base = F.Instrs.size(), Mb = S.Microbatch;
     std::vector<int> Touched;
-    auto Map = [&](int Id) -> Expected<int> {
+    auto Map = [&](int Id) {
       const ProgramBuffer &B = C.Buffers[Id];
       switch (B.Scope) {
       case BufferScope::Whole:
-        return WholeId[Id];
+        break;
       case BufferScope::Microbatch:
         return Instance[Id][Mb];
       case BufferScope::Slot: {
@@ -300,17 +318,13 @@ Expected<Program> expandProgram(const Program &C) {
         }
         return StepId[Id];
       }
-      return -1;
+      return WholeId[Id];
     };
     for (int I = T.Begin; I < T.End; ++I) {
       Instruction X = C.Instrs[I];
       for (auto *Ids : {&X.In, &X.Out})
-        for (int &Id : *Ids) {
-          auto M = Map(Id);
-          if (!M)
-            return M.takeError();
-          Id = *M;
-        }
+        for (int &Id : *Ids)
+          Id = Map(Id);
       if (X.Beside >= 0)
         X.Beside = Base + (X.Beside - T.Begin);
       if (Mb >= 0) {
@@ -339,37 +353,7 @@ Expected<Program> expandProgram(const Program &C) {
                          "whole run or of its last step");
     F.Outputs.push_back({Name, Out});
   }
-  // Live ranges: from the first instruction that touches a temporary to
-  // the last (a collective's operands and results until the GEMM it runs
-  // beside; an output past the end).
-  int End = F.Instrs.size();
-  for (ProgramBuffer &B : F.Buffers)
-    if (B.K == ProgramBuffer::Temp)
-      B.Def = B.LastUse = -1;
-  for (int I = 0; I < End; ++I) {
-    const Instruction &X = F.Instrs[I];
-    int Until = X.Beside >= 0 ? std::max(I, X.Beside) : I;
-    for (const auto *Ids : {&X.In, &X.Out})
-      for (int Id : *Ids) {
-        ProgramBuffer &B = F.Buffers[Id];
-        if (B.K != ProgramBuffer::Temp)
-          continue;
-        if (B.Def < 0)
-          B.Def = I;
-        B.LastUse = std::max(B.LastUse, Until);
-      }
-  }
-  for (auto &[Name, Id] : F.Outputs)
-    if (F.Buffers[Id].K == ProgramBuffer::Temp)
-      F.Buffers[Id].LastUse = End;
-  for (size_t Id = 0; Id < F.Buffers.size(); ++Id) {
-    ProgramBuffer &B = F.Buffers[Id];
-    if (B.K != ProgramBuffer::Temp)
-      continue;
-    B.Name = "%" + std::to_string(Id); // as a flat program's results
-    if (B.Def < 0)
-      B.Def = B.LastUse = 0; // never used
-  }
+  setUseRanges(F, [](const ProgramBuffer &) { return true; });
   if (auto E = checkNoOverlap(F))
     return std::move(E);
   return F;

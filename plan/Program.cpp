@@ -35,6 +35,10 @@ static const char *const ScopeNames[] = {"whole", "step", "slot",
                                          "microbatch"};
 static const char *const TemplateKindNames[] = {
     "prologue", "forward", "backward", "weight_grad", "epilogue"};
+
+StringRef templateKindName(TemplateKind K) {
+  return TemplateKindNames[int(K)];
+}
 static const char *const ShardNames[] = {"none", "replicated", "split",
                                          "partial"};
 

@@ -14,6 +14,7 @@
 #define SP_PLAN_PROGRAM_H
 
 #include "ir/IR.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
 #include <nlohmann/json.hpp>
 #include <string>
@@ -170,6 +171,14 @@ struct SlotAssignment {
 };
 llvm::Expected<SlotAssignment> assignSlots(const Program &C,
                                            bool CheckCounts = true);
+
+/// Sets the live range of every temporary Pick selects from its uses: from
+/// the first instruction that reads or writes it (an accumulate writes its
+/// operand) to the last, a collective's operands and results until the
+/// GEMM it runs beside, an output past the end; [0, 0] when unused. Names
+/// every temporary, picked or not, "%<its id>".
+void setUseRanges(Program &P,
+                  llvm::function_ref<bool(const ProgramBuffer &)> Pick);
 
 /// Checks a compact program's templates, steps, slots and buffer scopes
 /// (what expandProgram relies on).

@@ -79,7 +79,7 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
                       table2Bytes(C, Info->Heads, Info->Seq, Info->Batch,
                                   Info->Hidden, M.T)});
   }
-  // With --pp: the whole first stage (Eq. 5 and 6), from rank 0's unrolled
+  // With --pp: the whole first stage (Eq. 5 and 6), from rank 0's expanded
   // program alone.
   const PipelineOptions &PO = Base.Pipeline;
   if (PO.Stages < 2)

@@ -172,6 +172,44 @@ TEST(Pipeline, ZeroBubbleIsBitwiseOneFOneB) {
 
 namespace {
 
+/// A compact program that the reader or a bad edit got wrong is refused
+/// before it runs, naming what is wrong: a microbatch out of range, a
+/// region with fewer slots than the schedule keeps in flight, and slots
+/// laid over the parameters (two live buffers sharing bytes).
+TEST(Pipeline, CompactProgramsAreChecked) {
+  Config C{2, 1, 1, RecomputeMode::None};
+  Plan P = compile(model(), context(C), MicroBatchSize, Seq);
+  const Program &Good = P.Stages[0];
+  ASSERT_TRUE(Good.compact());
+  ASSERT_FALSE(Good.Slots.empty());
+  auto Flat = expandProgram(Good);
+  ASSERT_TRUE(bool(Flat)) << toString(Flat.takeError());
+  EXPECT_FALSE(bool(checkNoOverlap(*Flat)));
+
+  Program Mb = Good;
+  Mb.Steps[1].Microbatch = Microbatches;
+  std::string Msg = toString(expandProgram(Mb).takeError());
+  EXPECT_NE(Msg.find("step 1 (forward) has microbatch 4 of 4"),
+            std::string::npos)
+      << Msg;
+
+  Program Few = Good;
+  int R = 0;
+  while (Few.Slots[R].Count < 2)
+    ++R;
+  ASSERT_LT(R, int(Few.Slots.size()));
+  Few.Slots[R].Count = 1;
+  Msg = toString(expandProgram(Few).takeError());
+  EXPECT_NE(Msg.find("which has 1"), std::string::npos) << Msg;
+
+  // The region moved onto the parameters: the activations would overwrite
+  // them.
+  Program Laid = Good;
+  Laid.Slots[R].Offset = 0;
+  Msg = toString(expandProgram(Laid).takeError());
+  EXPECT_NE(Msg.find("are live together"), std::string::npos) << Msg;
+}
+
 /// The programs' own check: reordering two receives of a rank, or dropping
 /// one, is caught before anything runs, in the compact programs (their
 /// steps) and in the same programs written out.

@@ -581,8 +581,10 @@ TEST(PipelinePosting, CompiledSchedulesComplete) {
     Plan P = compileTinyPipeline(C.Stages, C.Microbatches, C.Schedule, C.TP);
     ASSERT_EQ(P.numStages(), C.Stages);
     std::vector<std::vector<Message>> Stages;
+    // The programs as the backend runs them: a pipelined rank's compact
+    // program with its steps written out.
     for (int S = 0; S < C.Stages; ++S)
-      Stages.push_back(pipelineMessages(P.stage(S), S));
+      Stages.push_back(pipelineMessages(cantFail(expandProgram(P.stage(S))), S));
     EXPECT_GT(Stages[0].size(), 0u);
     EXPECT_EQ(simulatePosting(postAll(Stages, true)), "");
     EXPECT_EQ(simulatePosting(postAll(Stages, false)) != "",
@@ -623,7 +625,8 @@ TEST(StreamPlan, StatedOverlapsRunWithoutEvents) {
     int Layers = 2, ColumnLinears = 0; // the default model: 2 layers
     std::map<std::string, int> Pairs;  // "all_gather/linear" -> count
     for (int S = 0; S < P.numStages(); ++S) {
-      const Program &Prog = P.stage(S);
+      // As the backend runs it: a compact program's steps written out.
+      const Program Prog = cantFail(expandProgram(P.stage(S)));
       StreamPlan Plan = planStreams(Prog);
       EXPECT_EQ(checkOrdered(Prog, Plan), "");
       for (size_t K = 0; K < Prog.Instrs.size(); ++K) {

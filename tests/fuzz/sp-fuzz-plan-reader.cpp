@@ -44,8 +44,14 @@ void readLikeTheRuntime(const Plan &P) {
   (void)Planned.value("first_stage_activation_bytes", int64_t(-1));
   (void)Planned.value("activation_bytes_per_layer", int64_t(-1));
   (void)Planned.value("stored_bytes_by_layer", json::array());
-  for (int K = 0; K < P.numStages(); ++K)
+  for (int K = 0; K < P.numStages(); ++K) {
     (void)planFingerprint(P.stage(K));
+    // The executor writes a compact program's steps out before it
+    // allocates.
+    auto Flat = expandProgram(P.stage(K));
+    if (!Flat)
+      checkMessage(Flat.takeError());
+  }
 }
 
 void checkRoundTrip(const Program &Prog) {

@@ -144,22 +144,23 @@ class Proc:
 # Setup: data and plans
 
 
+# Made anew on every run (both take well under a second): a plan or data file
+# left in the work directory by an older build would test that build's
+# format, or be refused by this one.
 def setup():
     os.makedirs(ARGS.workdir, exist_ok=True)
     data = os.path.join(ARGS.workdir, "data.bin")
-    if not os.path.exists(data):
-        must([sp("sp-tokenize"), os.path.join(ARGS.models, "data",
-                                              "python-reference.txt"),
-              "-o", data, "--quiet"])
+    must([sp("sp-tokenize"), os.path.join(ARGS.models, "data",
+                                          "python-reference.txt"),
+          "-o", data, "--quiet"])
     return data
 
 
 def plan(name, *flags):
     path = os.path.join(ARGS.workdir, "plan-" + name)
-    if not os.path.exists(os.path.join(path, "manifest.json")):
-        must([sp("sp-compile"), os.path.join(ARGS.models, "tiny",
-                                             "gpt-tiny.onnx"),
-              "-o", path, "--quiet"] + list(flags))
+    must([sp("sp-compile"), os.path.join(ARGS.models, "tiny",
+                                         "gpt-tiny.onnx"),
+          "-o", path, "--quiet"] + list(flags))
     return path
 
 

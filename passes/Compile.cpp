@@ -78,31 +78,31 @@ static Expected<ScheduleTimes> timeSchedule(const Graph &G,
 /// The report of a lowered plan, and the manifest beside it.
 static Error reportPlan(const Graph &G, const PassContext &Ctx,
                         const CompileOptions &O, Compilation &C) {
-  // The activation analyses read each rank's program as it runs: a
-  // compact program's steps written out.
-  std::vector<Optional<Expected<Program>>> Runs(C.P->numStages());
+  // The analyses read each rank's program as it runs, a compact program
+  // walked over its steps.
+  std::vector<Optional<Expected<RunStats>>> Runs(C.P->numStages());
   parallelForEachN(0, Runs.size(), [&](size_t K) {
-    Runs[K].emplace(expandProgram(C.P->stage(K)));
+    Runs[K].emplace(runStats(C.P->stage(K)));
   });
-  std::vector<Program> Flat;
   for (auto &R : Runs) {
     if (!*R)
       return R->takeError();
-    Flat.push_back(std::move(**R));
+    C.Ranks.push_back(**R);
   }
-  const Program &Prog = Flat[0];
+  const Program &Prog = C.P->Prog;
   const Program &OneMicrobatch = C.Lowered->OneMicrobatch;
   nlohmann::json &Facts = C.Facts;
-  Facts["plan"] = {{"instructions", Prog.Instrs.size()},
-                   {"buffers", Prog.Buffers.size()},
+  const RunStats &First = C.Ranks[0];
+  Facts["plan"] = {{"instructions", First.Instructions},
+                   {"buffers", First.Buffers},
                    {"dtype", dtypeName(Ctx.ActivationDtype).str()},
                    {"persistent_bytes", Prog.PersistentBytes},
                    {"arena_bytes", Prog.ArenaBytes},
-                   {"peak_live_temp_bytes", peakLiveTempBytes(Prog)}};
-  if (C.P->Prog.compact())
-    Facts["plan"]["compact"] = {
-        {"template_instructions", C.P->Prog.Instrs.size()},
-        {"steps", C.P->Prog.Steps.size()}};
+                   {"peak_live_temp_bytes", First.PeakLiveTempBytes}};
+  if (Prog.compact())
+    Facts["plan"]["compact"] = {{"template_instructions", Prog.Instrs.size()},
+                                {"templates", Prog.Templates.size()},
+                                {"steps", Prog.Steps.size()}};
   Facts["parallel"] = {{"dp", Ctx.DataParallel},
                        {"zero", Ctx.Zero},
                        {"tp", Ctx.TensorParallel},
@@ -113,16 +113,13 @@ static Error reportPlan(const Graph &G, const PassContext &Ctx,
   Facts["collectives"] =
       collectivesToJson(collectiveReport(OneMicrobatch, Ctx.TensorParallel));
   C.Activations = analyzeActivations(OneMicrobatch);
-  C.FirstStage = analyzeActivations(Prog);
   StageMemory SM;
-  SM.FirstStageStored = C.FirstStage->StoredPeakBytes;
+  SM.FirstStageStored = First.StoredPeakBytes;
   SM.InFlight = maxInFlight(C.Lowered->Sched, 0);
   for (int K = 0; K < C.P->numStages(); ++K) {
     SM.PeakBytes = std::max(SM.PeakBytes, C.P->stage(K).ArenaBytes);
     SM.StageArena.push_back(C.P->stage(K).ArenaBytes);
-    SM.StageStored.push_back(K == 0 ? C.FirstStage->StoredPeakBytes
-                                    : analyzeActivations(Flat[K])
-                                          .StoredPeakBytes);
+    SM.StageStored.push_back(C.Ranks[K].StoredPeakBytes);
   }
   Facts["memory"] = memoryReportToJson(*C.Activations, Prog, SM);
   const ModelInfo &Info = C.Info;

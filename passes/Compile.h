@@ -41,8 +41,10 @@ struct Compilation {
   std::optional<LoweredPlan> Lowered;
   /// The plan: programs, manifest (the facts and the options), files.
   std::optional<Plan> P;
-  /// One microbatch through the whole model, and the first pipeline rank.
-  std::optional<ActivationReport> Activations, FirstStage;
+  /// One microbatch through the whole model.
+  std::optional<ActivationReport> Activations;
+  /// Each pipeline rank's program as it runs (one entry without stages).
+  std::vector<RunStats> Ranks;
   /// The family's per-layer formula for the middle layer, under that
   /// layer's recomputation.
   std::optional<LayerFormula> Formula;

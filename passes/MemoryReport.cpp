@@ -29,6 +29,14 @@ bool isAttentionCoreRole(StringRef Role) {
   return roleProps(Role).AttentionCore;
 }
 
+/// Whether a backward-side instruction reading a temporary that Def
+/// defined makes it a stored activation. A parameter's 16-bit copy is model
+/// state, not an activation.
+static bool storedBy(const Instruction &Def, const Instruction &Reader) {
+  return isBackwardSide(Reader.Ph) && Def.Ph == Phase::Forward &&
+         Def.Op != OpKind::Cast;
+}
+
 ActivationReport analyzeActivations(const Program &P) {
   ActivationReport R;
   // The first backward-side reader of every temporary a forward
@@ -58,10 +66,8 @@ ActivationReport analyzeActivations(const Program &P) {
       continue;
     for (int B : In.In) {
       const ProgramBuffer &PB = P.Buffers[B];
-      // A parameter's 16-bit copy is model state, not an activation.
       if (PB.isPersistent() || FirstReader[B] >= 0 ||
-          P.Instrs[PB.Def].Ph != Phase::Forward ||
-          P.Instrs[PB.Def].Op == OpKind::Cast)
+          !storedBy(P.Instrs[PB.Def], In))
         continue;
       FirstReader[B] = I;
     }
@@ -89,6 +95,79 @@ ActivationReport analyzeActivations(const Program &P) {
     return P.Instrs[B.Def].Ph == Phase::Recompute;
   });
   return R;
+}
+
+Expected<RunStats> runStats(const Program &P) {
+  RunStats S;
+  if (!P.compact()) {
+    S.Instructions = P.Instrs.size();
+    S.Buffers = P.Buffers.size();
+    S.PeakLiveTempBytes = peakLiveTempBytes(P);
+    S.StoredPeakBytes = analyzeActivations(P).StoredPeakBytes;
+    return S;
+  }
+  // Each temporary instance's live range, as setUseRanges and
+  // analyzeActivations give it in the written-out program.
+  struct Range {
+    int Def = -1, LastUse = -1;
+    int DefInstr = -1; // the template instruction at Def
+    bool Stored = false;
+  };
+  std::vector<Range> Ranges;
+  std::vector<int64_t> Bytes; // 0: not a temporary
+  auto Made = [&](const InstanceInfo &N) {
+    const ProgramBuffer &B = P.Buffers[N.Buffer];
+    Ranges.emplace_back();
+    Bytes.push_back(B.K == ProgramBuffer::Temp ? B.Bytes : 0);
+  };
+  auto Visit = [&](const StepInstr &X) {
+    const Instruction &In = P.Instrs[X.Instr];
+    int Until = std::max(X.Position, In.Beside >= 0
+                                         ? In.Beside + X.Position - X.Instr
+                                         : X.Position);
+    for (const auto *Ids : {&In.In, &In.Out})
+      for (int Id : *Ids) {
+        int K = X.Instance(Id);
+        if (!Bytes[K])
+          continue;
+        Range &R = Ranges[K];
+        if (R.Def < 0) {
+          R.Def = X.Position;
+          R.DefInstr = X.Instr;
+        }
+        R.LastUse = std::max(R.LastUse, Until);
+        if (Ids == &In.In && !R.Stored)
+          R.Stored = storedBy(P.Instrs[R.DefInstr], In);
+      }
+    S.Instructions = X.Position + 1;
+  };
+  auto Outputs = walkSteps(P, Made, Visit);
+  if (!Outputs)
+    return Outputs.takeError();
+  for (int K : *Outputs)
+    Ranges[K].LastUse = S.Instructions; // read after the last instruction
+  S.Buffers = Ranges.size();
+  std::vector<int64_t> All(S.Instructions + 2, 0), Stored(S.Instructions + 2);
+  for (size_t K = 0; K < Ranges.size(); ++K) {
+    Range R = Ranges[K];
+    if (R.Def < 0)
+      R.Def = R.LastUse = 0; // never used
+    All[R.Def] += Bytes[K];
+    All[R.LastUse + 1] -= Bytes[K];
+    if (R.Stored) {
+      Stored[R.Def] += Bytes[K];
+      Stored[R.LastUse + 1] -= Bytes[K];
+    }
+  }
+  auto Peak = [](const std::vector<int64_t> &Delta) {
+    int64_t Cur = 0, Max = 0;
+    for (int64_t D : Delta)
+      Max = std::max(Max, Cur += D);
+    return Max;
+  };
+  S.PeakLiveTempBytes = Peak(All);
+  S.StoredPeakBytes = Peak(Stored);
+  return S;
 }
 
 json memoryReportToJson(const ActivationReport &R, const Program &P,

@@ -243,51 +243,40 @@ void setUseRanges(Program &P, function_ref<bool(const ProgramBuffer &)> Pick) {
       P.Buffers[Id].LastUse = End;
 }
 
-Expected<Program> expandProgram(const Program &C) {
-  if (!C.compact())
-    return C;
+Expected<std::vector<int>>
+walkSteps(const Program &C, function_ref<void(const InstanceInfo &)> Made,
+          function_ref<void(const StepInstr &)> Visit) {
   if (auto E = checkCompactProgram(C))
     return std::move(E);
   auto Slots = assignSlots(C);
   if (!Slots)
     return Slots.takeError();
-  Program F;
-  F.PersistentBytes = C.PersistentBytes;
-  F.ArenaBytes = C.ArenaBytes;
-  F.Microbatches = C.Microbatches;
   size_t NB = C.Buffers.size();
+  int Count = 0;
+  auto Make = [&](int Id, int Mb, int64_t Offset) {
+    Made({Id, Mb, Offset});
+    return Count++;
+  };
   std::vector<int> WholeId(NB, -1);
   std::vector<std::vector<int>> Instance(NB); // Microbatch and Slot scopes
-  auto Add = [&](ProgramBuffer B) {
-    B.Scope = BufferScope::Whole;
-    B.Region = -1;
-    B.Stride = 0;
-    F.Buffers.push_back(std::move(B));
-    return int(F.Buffers.size()) - 1;
-  };
   for (size_t Id = 0; Id < NB; ++Id) {
     const ProgramBuffer &B = C.Buffers[Id];
-    if (B.Scope == BufferScope::Whole) {
-      WholeId[Id] = Add(B);
-    } else if (B.Scope == BufferScope::Microbatch) {
-      for (int K = 0; K < C.Microbatches; ++K) {
-        ProgramBuffer X = B;
-        X.Name += "." + std::to_string(K);
-        X.Microbatch = K;
-        X.Offset = B.Offset + K * B.Stride;
-        Instance[Id].push_back(Add(std::move(X)));
-      }
-    } else if (B.Scope == BufferScope::Slot) {
+    if (B.Scope == BufferScope::Whole)
+      WholeId[Id] = Make(Id, -1, B.Offset);
+    else if (B.Scope == BufferScope::Microbatch)
+      for (int K = 0; K < C.Microbatches; ++K)
+        Instance[Id].push_back(Make(Id, K, B.Offset + K * B.Stride));
+    else if (B.Scope == BufferScope::Slot)
       Instance[Id].assign(C.Microbatches, -1);
-    }
   }
   std::vector<int> StepId(NB, -1), LastStepId(NB, -1);
-  std::vector<bool> Accumulated(C.Instrs.size(), false);
+  std::vector<int> Touched;
+  int Position = 0;
   for (size_t K = 0; K < C.Steps.size(); ++K) {
     const ProgramStep &S = C.Steps[K];
     const ProgramTemplate &T = C.Templates[S.Template];
-    int Base = F.Instrs.size(), Mb = S.Microbatch;
-    std::vector<int> Touched;
+    int Mb = S.Microbatch;
+    Touched.clear();
     auto Map = [&](int Id) {
       const ProgramBuffer &B = C.Buffers[Id];
       switch (B.Scope) {
@@ -304,46 +293,28 @@ Expected<Program> expandProgram(const Program &C) {
           for (auto [R, X] : Slots->Slot[K])
             if (R == B.Region)
               Slot = X;
-          ProgramBuffer X = B;
           const SlotRegion &R = C.Slots[B.Region];
-          X.Offset = R.Offset + Slot * R.Stride + B.Offset;
-          I = Add(std::move(X));
+          I = Make(Id, Mb, R.Offset + Slot * R.Stride + B.Offset);
         }
         return I;
       }
       case BufferScope::Step:
         if (StepId[Id] < 0) {
-          StepId[Id] = Add(B);
+          StepId[Id] = Make(Id, Mb, B.Offset);
           Touched.push_back(Id);
         }
         return StepId[Id];
       }
       return WholeId[Id];
     };
-    for (int I = T.Begin; I < T.End; ++I) {
-      Instruction X = C.Instrs[I];
-      for (auto *Ids : {&X.In, &X.Out})
-        for (int &Id : *Ids)
-          Id = Map(Id);
-      if (X.Beside >= 0)
-        X.Beside = Base + (X.Beside - T.Begin);
-      if (Mb >= 0) {
-        if (X.Op == OpKind::Send || X.Op == OpKind::Recv)
-          X.Attrs.set("tag", X.Attrs.getInt("tag", 0) + Mb * C.TagStride);
-        if (X.Attrs.has("microbatches"))
-          X.Attrs.set("microbatch", int64_t(Mb));
-      }
-      if (X.Op == OpKind::Accumulate) {
-        X.Attrs.set("first", int64_t(!Accumulated[I]));
-        Accumulated[I] = true;
-      }
-      F.Instrs.push_back(std::move(X));
-    }
+    for (int I = T.Begin; I < T.End; ++I, ++Position)
+      Visit({int(K), I, Position, Map});
     for (int Id : Touched) {
       LastStepId[Id] = StepId[Id];
       StepId[Id] = -1;
     }
   }
+  std::vector<int> Outputs;
   for (auto &[Name, Id] : C.Outputs) {
     int Out = C.Buffers[Id].Scope == BufferScope::Whole ? WholeId[Id]
               : C.Buffers[Id].Scope == BufferScope::Step ? LastStepId[Id]
@@ -351,8 +322,55 @@ Expected<Program> expandProgram(const Program &C) {
     if (Out < 0)
       return expandError("output '" + Name + "' is not a buffer of the "
                          "whole run or of its last step");
-    F.Outputs.push_back({Name, Out});
+    Outputs.push_back(Out);
   }
+  return Outputs;
+}
+
+Expected<Program> expandProgram(const Program &C) {
+  if (!C.compact())
+    return C;
+  Program F;
+  F.PersistentBytes = C.PersistentBytes;
+  F.ArenaBytes = C.ArenaBytes;
+  F.Microbatches = C.Microbatches;
+  std::vector<bool> Accumulated(C.Instrs.size(), false);
+  auto Made = [&](const InstanceInfo &N) {
+    ProgramBuffer X = C.Buffers[N.Buffer];
+    if (X.Scope == BufferScope::Microbatch) {
+      X.Name += "." + std::to_string(N.Microbatch);
+      X.Microbatch = N.Microbatch;
+    }
+    X.Offset = N.Offset;
+    X.Scope = BufferScope::Whole;
+    X.Region = -1;
+    X.Stride = 0;
+    F.Buffers.push_back(std::move(X));
+  };
+  auto Visit = [&](const StepInstr &S) {
+    Instruction X = C.Instrs[S.Instr];
+    for (auto *Ids : {&X.In, &X.Out})
+      for (int &Id : *Ids)
+        Id = S.Instance(Id);
+    if (X.Beside >= 0)
+      X.Beside += S.Position - S.Instr;
+    if (int Mb = C.Steps[S.Step].Microbatch; Mb >= 0) {
+      if (X.Op == OpKind::Send || X.Op == OpKind::Recv)
+        X.Attrs.set("tag", X.Attrs.getInt("tag", 0) + Mb * C.TagStride);
+      if (X.Attrs.has("microbatches"))
+        X.Attrs.set("microbatch", int64_t(Mb));
+    }
+    if (X.Op == OpKind::Accumulate) {
+      X.Attrs.set("first", int64_t(!Accumulated[S.Instr]));
+      Accumulated[S.Instr] = true;
+    }
+    F.Instrs.push_back(std::move(X));
+  };
+  auto Outputs = walkSteps(C, Made, Visit);
+  if (!Outputs)
+    return Outputs.takeError();
+  for (size_t K = 0; K < C.Outputs.size(); ++K)
+    F.Outputs.push_back({C.Outputs[K].first, (*Outputs)[K]});
   setUseRanges(F, [](const ProgramBuffer &) { return true; });
   if (auto E = checkNoOverlap(F))
     return std::move(E);

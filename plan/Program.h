@@ -160,6 +160,35 @@ llvm::Expected<Program> programFromJson(const nlohmann::json &J);
 /// buffers sharing bytes).
 llvm::Expected<Program> expandProgram(const Program &C);
 
+/// A buffer instance of a compact program as it runs (expandProgram makes
+/// one buffer of each): compact buffer Buffer for Microbatch (-1 for a
+/// whole-run buffer), at Offset in the arena.
+struct InstanceInfo {
+  int Buffer;
+  int Microbatch;
+  int64_t Offset;
+};
+
+/// One instruction of a compact program as it runs: template instruction
+/// Instr of step Step, at Position in the written-out program; Instance
+/// maps a compact buffer id to its instance there.
+struct StepInstr {
+  int Step, Instr, Position;
+  llvm::function_ref<int(int)> Instance;
+};
+
+/// Walks a compact program's steps in order without writing them out (what
+/// expandProgram and the plan's memory analyses share). Instances are
+/// numbered 0, 1, ... in the order Made is called: the whole-run and input
+/// buffers' first, then a slot buffer's at its microbatch's first step that
+/// uses it, and a step buffer's in each step that uses it. Checks the
+/// program first (checkCompactProgram, assignSlots); returns the instance
+/// of each of its outputs.
+llvm::Expected<std::vector<int>>
+walkSteps(const Program &C,
+          llvm::function_ref<void(const InstanceInfo &)> Made,
+          llvm::function_ref<void(const StepInstr &)> Visit);
+
 /// The slot of every region each step of a compact program uses: Slot[K]
 /// lists (region, slot) for step K. Errors when a region has more
 /// microbatches in flight than its Count (with CheckCounts), or a step uses

@@ -133,7 +133,7 @@ static void printActivations(const ActivationReport &R, const Program &P,
 /// The stages, the schedule and each stage's memory.
 static void printPipeline(const Graph &G, const PipelineOptions &PO,
                           const LoweredPlan &L, const Plan &P,
-                          const ActivationReport &First,
+                          const RunStats &First,
                           const nlohmann::json &Bubble, raw_ostream &OS) {
   std::map<int, std::pair<int, int>> Layers; // stage -> first, last layer
   for (const Node &N : G.nodes())
@@ -296,17 +296,22 @@ int main(int Argc, char **Argv) {
     printModelSummary(C->Info, **G, outs());
     if (C->P) {
       const Program &Prog = C->P->Prog;
+      const RunStats &Run = C->Ranks[0];
       outs() << formatv("plan: {0} instructions over {1} buffers, {2} "
                         "activations\n",
-                        Prog.Instrs.size(), Prog.Buffers.size(),
-                        dtypeName(ActDtype));
+                        Run.Instructions, Run.Buffers, dtypeName(ActDtype));
+      if (Prog.compact())
+        outs() << formatv("  run as {0} steps of {1} templates ({2} "
+                          "instructions)\n",
+                          Prog.Steps.size(), Prog.Templates.size(),
+                          Prog.Instrs.size());
       outs() << formatv("  arena {0} = persistent {1} (parameters, "
                         "optimizer state, inputs) + temporaries {2} (peak "
                         "live {3})\n",
                         humanBytes(Prog.ArenaBytes),
                         humanBytes(Prog.PersistentBytes),
                         humanBytes(Prog.ArenaBytes - Prog.PersistentBytes),
-                        humanBytes(peakLiveTempBytes(Prog)));
+                        humanBytes(Run.PeakLiveTempBytes));
       ModelState MS = modelState(Prog);
       outs() << formatv("  model state: parameters {0} + gradients {1} + "
                         "AdamW moments {2}{3}{7}; Psi = {4}: {5} = {6}\n",
@@ -332,7 +337,7 @@ int main(int Argc, char **Argv) {
       printActivations(*C->Activations, Prog, C->Formula, C->Info.Family,
                        outs());
       if (Ctx.Pipeline.enabled())
-        printPipeline(**G, Ctx.Pipeline, *C->Lowered, *C->P, *C->FirstStage,
+        printPipeline(**G, Ctx.Pipeline, *C->Lowered, *C->P, C->Ranks[0],
                       C->Facts["bubble"], outs());
     }
     outs() << formatv("compiled in {0:F3} s ({1} nodes)\n", Seconds,

@@ -210,6 +210,41 @@ TEST(Pipeline, CompactProgramsAreChecked) {
   EXPECT_NE(Msg.find("are live together"), std::string::npos) << Msg;
 }
 
+/// The compiler's report walks each rank's compact program over its steps
+/// (runStats) instead of writing it out: the instruction and buffer counts,
+/// the peak of live temporaries and the stored activations' peak equal
+/// those of the written-out program, on every rank of 1F1B, interleaved
+/// (with t = 2, SP and selective recomputation) and ZB-H1 plans.
+TEST(Pipeline, RunStatsWalkEqualsTheWrittenOutProgram) {
+  struct Case {
+    Config C;
+    PipelineSchedule S;
+  };
+  for (Case X :
+       {Case{{2, 1, 1, RecomputeMode::None}, PipelineSchedule::OneFOneB},
+        Case{{2, 2, 2, RecomputeMode::Selective}, PipelineSchedule::Interleaved},
+        Case{{4, 1, 1, RecomputeMode::Full}, PipelineSchedule::ZeroBubbleH1}}) {
+    PassContext Ctx = context(X.C);
+    Ctx.Pipeline.Schedule = X.S;
+    Plan P = compile(model(), Ctx, MicroBatchSize, Seq);
+    for (int K = 0; K < P.numStages(); ++K) {
+      SCOPED_TRACE(formatv("p {0} M {1} rank {2}", X.C.P, X.C.M, K).str());
+      ASSERT_TRUE(P.stage(K).compact());
+      auto Walk = runStats(P.stage(K));
+      ASSERT_TRUE(bool(Walk)) << toString(Walk.takeError());
+      auto Flat = expandProgram(P.stage(K));
+      ASSERT_TRUE(bool(Flat)) << toString(Flat.takeError());
+      auto Want = runStats(*Flat);
+      ASSERT_TRUE(bool(Want));
+      EXPECT_EQ(Walk->Instructions, int64_t(Flat->Instrs.size()));
+      EXPECT_EQ(Walk->Buffers, int64_t(Flat->Buffers.size()));
+      EXPECT_EQ(Walk->PeakLiveTempBytes, Want->PeakLiveTempBytes);
+      EXPECT_EQ(Walk->StoredPeakBytes, Want->StoredPeakBytes);
+      EXPECT_GT(Walk->StoredPeakBytes, 0);
+    }
+  }
+}
+
 /// The programs' own check: reordering two receives of a rank, or dropping
 /// one, is caught before anything runs, in the compact programs (their
 /// steps) and in the same programs written out.

@@ -72,12 +72,44 @@ def sp(tool):
     return os.path.join(ARGS.sp_bin, tool)
 
 
+def stacks(pid):
+    """Every thread's state (D: waiting on the disk) and stack (gdb, when
+    installed) of process pid: what a hung run was waiting for."""
+    states = []
+    try:
+        for tid in sorted(os.listdir("/proc/%d/task" % pid)):
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+    except OSError:
+        pass
+    head = "thread states: %s" % " ".join(states)
+    if not shutil.which("gdb"):
+        return head + " (no gdb to show the stacks)"
+    r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex",
+                        "thread apply all bt 30"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                       text=True, timeout=120)
+    return "\n".join([head] + [l for l in r.stdout.splitlines()
+                               if l.startswith(("Thread ", "#"))])
+
+
 def run(cmd, timeout=120, env=None, preexec_fn=None):
-    """Runs cmd to completion; returns (rc, stdout, stderr)."""
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       stdin=subprocess.DEVNULL, timeout=timeout,
-                       env=env, preexec_fn=preexec_fn, text=True)
-    return p.returncode, p.stdout, p.stderr
+    """Runs cmd to completion; returns (rc, stdout, stderr). A run still
+    going after timeout seconds is a hang: its threads' stacks are logged,
+    then it is killed and the test fails."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, env=env,
+                         preexec_fn=preexec_fn, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log("HANG: still running after %d s: %s\n%s" %
+            (timeout, " ".join(cmd), stacks(p.pid)))
+        p.kill()
+        out, err = p.communicate()
+        raise RuntimeError("timed out after %d s: %s\n%s%s" %
+                           (timeout, " ".join(cmd), out, err))
+    return p.returncode, out, err
 
 
 def must(cmd, timeout=120, env=None):
@@ -133,6 +165,8 @@ class Proc:
         try:
             rc = self.p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            log("HANG: still running after %d s: %s\n%s" %
+                (timeout, " ".join(self.cmd), stacks(self.p.pid)))
             self.p.kill()
             self.p.wait()
             rc = None

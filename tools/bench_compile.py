@@ -10,7 +10,13 @@ weight-free ONNX graph, then times, on the same file:
   - Python onnx: onnx.load + onnx.shape_inference.infer_shapes (the peer).
 Each is the median of --repeat runs. It prints one row per model and the ratio.
 
+Then the pipelined plans (--pipelines), written with -o as a whole process: the paper's
+175B at t 8, SP, p 8 x 3 interleaved chunks, 64 microbatches, and 1T at t 8, SP, p 64,
+512 microbatches (selective recomputation, fp16), with the process's peak resident memory
+and the plan's size on disk, against the same onnx load + infer_shapes of the graph.
+
   /usr/bin/python3 tools/bench_compile.py --sp-compile build/bin/sp-compile [--models 175B]
+      [--pipelines 175B 1T]
 """
 import argparse
 import json
@@ -39,6 +45,36 @@ def time_sp_compile(sp_compile, path, repeat):
     return statistics.median(inner), statistics.median(wall)
 
 
+# The pipelined plans: model -> sp-compile flags.
+PIPELINES = {
+    "175B": ["--tp", "8", "--sp", "--pp", "8", "--interleave", "3", "--microbatches", "64"],
+    "530B": ["--tp", "8", "--sp", "--pp", "35", "--interleave", "3", "--microbatches", "280"],
+    "1T": ["--tp", "8", "--sp", "--pp", "64", "--microbatches", "512"],
+}
+
+
+def time_pipeline(sp_compile, path, flags, repeat):
+    """Median wall time of a whole sp-compile -o process, its largest peak
+    resident memory (bytes) and the plan's bytes on disk."""
+    wall, rss, size = [], 0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = os.path.join(tmp, "plan")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            p = subprocess.Popen([sp_compile, path, "--quiet", "-o", plan, "--recompute",
+                                  "selective", "--dtype", "fp16"] + flags,
+                                 stderr=subprocess.DEVNULL)
+            _, status, usage = os.wait4(p.pid, 0)
+            wall.append(time.perf_counter() - start)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            if p.returncode:
+                sys.exit(f"sp-compile failed on {path}: exit {p.returncode}")
+            rss = max(rss, usage.ru_maxrss * 1024)
+        for root, _, files in os.walk(plan):
+            size += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return statistics.median(wall), rss, size
+
+
 def time_onnx(path, repeat):
     times = []
     for _ in range(repeat):
@@ -52,12 +88,14 @@ def time_onnx(path, repeat):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sp-compile", default=os.path.join(ROOT, "build", "bin", "sp-compile"))
-    ap.add_argument("--models", nargs="+", default=["22B", "175B", "530B", "1T"])
+    ap.add_argument("--models", nargs="*", default=["22B", "175B", "530B", "1T"])
     ap.add_argument("--masks", nargs="+", default=["buffer", "shared"])
+    ap.add_argument("--pipelines", nargs="*", default=["175B", "1T"], choices=sorted(PIPELINES))
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    print(f"{'model':>6} {'mask':>7} {'onnx nodes':>10} {'sp-compile (s)':>15} {'process (s)':>12} "
-          f"{'onnx load+infer (s)':>20} {'ratio':>6}")
+    if args.models:
+        print(f"{'model':>6} {'mask':>7} {'onnx nodes':>10} {'sp-compile (s)':>15} {'process (s)':>12} "
+              f"{'onnx load+infer (s)':>20} {'ratio':>6}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             for mask in args.masks:
@@ -69,6 +107,22 @@ def main():
                 py, nodes = time_onnx(path, args.repeat)
                 print(f"{name:>6} {mask:>7} {nodes:>10} {sp_inner:>15.3f} {sp_wall:>12.3f} {py:>20.3f} "
                       f"{py / sp_inner:>5.1f}x")
+        if args.pipelines:
+            if args.models:
+                print()
+            print(f"{'model':>6} {'pipeline':>30} {'process -o (s)':>15} {'peak RSS (MB)':>14} "
+                  f"{'plan (MB)':>10} {'onnx load+infer (s)':>20} {'ratio':>6}")
+        for name in args.pipelines:
+            path = os.path.join(tmp, f"gpt-{name}-buffer.onnx")
+            if not os.path.exists(path):
+                subprocess.run([sys.executable, os.path.join(ROOT, "models", "gen_paper_graph.py"),
+                                "--model", name, "-o", path], check=True, stdout=subprocess.DEVNULL)
+            flags = PIPELINES[name]
+            wall, rss, size = time_pipeline(args.sp_compile, path, flags, args.repeat)
+            py, _ = time_onnx(path, args.repeat)
+            grid = " ".join(f.lstrip("-") for f in flags)
+            print(f"{name:>6} {grid:>30} {wall:>15.3f} {rss / 1e6:>14.0f} {size / 1e6:>10.1f} "
+                  f"{py:>20.3f} {py / wall:>5.2f}x")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@
 #include "lower/MemoryPlan.h"
 #include "passes/CollectiveReport.h"
 #include "passes/Compile.h"
+#include "passes/CostModel.h"
+#include "passes/LowerTraining.h"
 #include "passes/MemoryReport.h"
 #include "passes/Passes.h"
 #include "plan/Plan.h"
@@ -56,6 +58,16 @@ static cl::opt<std::string> Figure7(
     cl::value_desc("file.svg"), cl::cat(Cat));
 static cl::opt<std::string> Report("report", cl::desc("Write a JSON report"),
                                    cl::value_desc("file.json"), cl::cat(Cat));
+static cl::opt<bool> Estimate(
+    "estimate",
+    cl::desc("Print the plan's predicted step time and MFU on a GPU cluster "
+             "(passes/CostModel.h; DGX A100 80GB unless --cluster)"),
+    cl::init(false));
+static cl::opt<std::string> Cluster(
+    "cluster",
+    cl::desc("The cluster --estimate assumes, as JSON (models/clusters/); "
+             "implies --estimate"),
+    cl::value_desc("FILE.json"), cl::init(""));
 static cl::opt<bool> Quiet("quiet", cl::desc("Do not print the summary"),
                            cl::cat(Cat));
 static cl::opt<std::string> Output("o", cl::desc("Write the plan directory"),
@@ -168,6 +180,65 @@ static void printPipeline(const Graph &G, const PipelineOptions &PO,
                 100 * Bubble["one_f_one_b"].get<double>());
 }
 
+/// The plan's step on cluster M by the cost model (passes/CostModel.h): the
+/// summary's lines, and "estimate" in the report.
+static Expected<std::string> estimatePlan(ClusterSpec M,
+                                          const PassContext &Ctx,
+                                          Compilation &C) {
+  const PipelineOptions &PO = Ctx.Pipeline;
+  ParallelLayout Y;
+  Y.T = Ctx.TensorParallel;
+  Y.D = std::max(1, Ctx.DataParallel);
+  if (PO.enabled()) {
+    Y.P = PO.Stages;
+    Y.M = PO.Interleave;
+    Y.Microbatches = PO.Microbatches;
+    Y.Schedule = scheduleKind(PO.Schedule);
+  }
+  bool Fp32 = Ctx.ActivationDtype == DType::F32;
+  if (Fp32)
+    M.PeakFlops = M.Fp32PeakFlops;
+  auto E = estimateStep(M, Y, planWork(*C.P));
+  if (!E)
+    return E.takeError();
+  C.Facts["estimate"] = {
+      {"cluster", M.Name},
+      {"gpus", Y.gpus()},
+      {"peak_flops", M.PeakFlops},
+      {"gemm_efficiency", M.GemmEfficiency},
+      {"step_seconds", E->Seconds},
+      {"pipeline_seconds", E->PipelineSeconds},
+      {"bubble", E->BubbleFraction},
+      {"gemm_seconds", E->ComputeSeconds},
+      {"memory_bound_seconds", E->MemoryBoundSeconds},
+      {"tensor_comm_seconds", E->TensorCommSeconds},
+      {"data_parallel_seconds", E->DataParallelSeconds},
+      {"optimizer_seconds", E->OptimizerSeconds},
+      {"model_flops", E->ModelFlops},
+      {"hardware_flops", E->HardwareFlops},
+      {"mfu", E->Mfu},
+      {"hfu", E->Hfu}};
+  // Four significant digits, in s, ms or us.
+  auto T = [](double S) {
+    double A = std::abs(S);
+    return A >= 1 || A == 0 ? formatv("{0:F3} s", S).str()
+           : A >= 1e-3      ? formatv("{0:F3} ms", S * 1e3).str()
+                            : formatv("{0:F3} us", S * 1e6).str();
+  };
+  return formatv("estimate on {0} x {1} ({2} GEMMs at {3:P0} of {4:F1} "
+                 "TFLOP/s): step {5} = pipeline {6} (bubble {7:F1}%) + "
+                 "exposed data-parallel sum {8} + optimizer {9}\n  busiest "
+                 "rank: GEMMs {10}, memory-bound ops {14}, tensor collectives "
+                 "{11}; MFU {12:F1}%, HFU {13:F1}%\n",
+                 Y.gpus(), M.Name, Fp32 ? "fp32" : "16-bit",
+                 M.GemmEfficiency, M.PeakFlops / 1e12, T(E->Seconds),
+                 T(E->PipelineSeconds), 100 * E->BubbleFraction,
+                 T(E->DataParallelSeconds), T(E->OptimizerSeconds),
+                 T(E->ComputeSeconds), T(E->TensorCommSeconds), 100 * E->Mfu,
+                 100 * E->Hfu, T(E->MemoryBoundSeconds))
+      .str();
+}
+
 /// AdamW's settings: a decay rate outside [0, 1), a non-positive epsilon
 /// or a negative weight decay or clipping norm trains nonsense (or NaN).
 static Error checkOptimizerFlags() {
@@ -256,6 +327,17 @@ int main(int Argc, char **Argv) {
                            createStringError(inconvertibleErrorCode(), "%s: %s",
                                              Flag,
                                              toString(std::move(E)).c_str()));
+  std::optional<ClusterSpec> Machine;
+  if (Estimate || !Cluster.empty()) {
+    auto M = Cluster.empty() ? Expected<ClusterSpec>(ClusterSpec())
+                             : readClusterSpec(Cluster);
+    if (!M)
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--cluster: %s",
+                                           toString(M.takeError()).c_str()));
+    Machine = *M;
+  }
   if (PaperTable) {
     if (!Output.empty())
       return reportError("sp-compile",
@@ -342,6 +424,18 @@ int main(int Argc, char **Argv) {
     }
     outs() << formatv("compiled in {0:F3} s ({1} nodes)\n", Seconds,
                       (*G)->numNodes());
+  }
+  if (Machine) {
+    if (!C->P)
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--estimate needs a training "
+                                           "graph; the pipeline must include "
+                                           "autodiff and optimizer"));
+    auto E = estimatePlan(*Machine, Ctx, *C);
+    if (!E)
+      return reportError("sp-compile", E.takeError());
+    outs() << *E; // asked for: printed under --quiet too
   }
   if (!Output.empty()) {
     if (auto E = writePlan(Output, *C->P))

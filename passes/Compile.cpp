@@ -195,6 +195,8 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
     C.P->Prog = std::move(C.Lowered->Stages[0]);
   }
   C.Lowered->Stages.clear();
+  if (O.PlanOnly)
+    return std::move(C);
   if (auto E = reportPlan(G, Ctx, O, C))
     return std::move(E);
   if (Ctx.Pipeline.enabled()) {

@@ -26,6 +26,9 @@ struct CompileOptions {
   PassManagerOptions PassManager;
   /// The model file: the manifest's "source" and the chart's title.
   std::string Source;
+  /// The programs and their memory plans only: no reports, manifest facts
+  /// or schedule chart (what the planner's search needs of each layout).
+  bool PlanOnly = false;
 };
 
 struct Compilation {

@@ -157,8 +157,8 @@ std::optional<int64_t> parseBytes(StringRef S) {
   return std::nullopt;
 }
 
-/// A positive byte count given to Flag, or an error naming the flag and
-/// showing Examples of what it takes.
+} // namespace
+
 Expected<int64_t> byteFlag(StringRef Flag, const std::string &Value,
                            StringRef Examples) {
   auto B = parseBytes(Value);
@@ -169,7 +169,6 @@ Expected<int64_t> byteFlag(StringRef Flag, const std::string &Value,
                              Examples.str().c_str());
   return *B;
 }
-} // namespace
 
 cl::OptionCategory &registerPassManagerCLOptions() {
   static CLOptions Options;

@@ -39,6 +39,11 @@ PassManagerOptions passManagerOptionsFromCL();
 std::string passesFromCL(llvm::StringRef Default);
 /// Fills the pass options (--tp, --sp) into Ctx; fails on bad values.
 llvm::Error passOptionsFromCL(PassContext &Ctx);
+/// A positive byte count ("123", "1.5GiB", "800M", "80GB") given to Flag,
+/// or an error naming the flag and showing Examples of what it takes.
+llvm::Expected<int64_t> byteFlag(llvm::StringRef Flag,
+                                 const std::string &Value,
+                                 llvm::StringRef Examples);
 
 class PassManager {
 public:

@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 #include "lower/MemoryPlan.h"
 #include "passes/CollectiveReport.h"
+#include "passes/AutoPlan.h"
 #include "passes/Compile.h"
 #include "passes/CostModel.h"
 #include "passes/LowerTraining.h"
@@ -62,12 +63,31 @@ static cl::opt<bool> Estimate(
     "estimate",
     cl::desc("Print the plan's predicted step time and MFU on a GPU cluster "
              "(passes/CostModel.h; DGX A100 80GB unless --cluster)"),
-    cl::init(false));
+    cl::init(false), cl::cat(Cat));
 static cl::opt<std::string> Cluster(
     "cluster",
     cl::desc("The cluster --estimate assumes, as JSON (models/clusters/); "
              "implies --estimate"),
-    cl::value_desc("FILE.json"), cl::init(""));
+    cl::value_desc("FILE.json"), cl::init(""), cl::cat(Cat));
+static cl::opt<bool> Auto(
+    "auto",
+    cl::desc("Choose t, SP, p, m, d, the microbatches and the recomputation: "
+             "the fastest layout (by the cost model of --estimate) whose "
+             "compiled peak fits --gpu-memory on --gpus GPUs"),
+    cl::init(false), cl::cat(Cat));
+static cl::opt<int> AutoGpus("gpus", cl::desc("With --auto: the GPUs"),
+                             cl::value_desc("N"), cl::init(0),
+                             cl::cat(Cat));
+static cl::opt<std::string> AutoMemory(
+    "gpu-memory",
+    cl::desc("With --auto: the most a rank's planned arena may take (e.g. "
+             "80GiB; leave room for the CUDA context and NCCL)"),
+    cl::value_desc("BYTES"), cl::init(""), cl::cat(Cat));
+static cl::opt<int64_t> AutoBatch(
+    "global-batch",
+    cl::desc("With --auto: sequences per step over all replicas (default: "
+             "the model's batch per GPU)"),
+    cl::value_desc("B"), cl::init(0), cl::cat(Cat));
 static cl::opt<bool> Quiet("quiet", cl::desc("Do not print the summary"),
                            cl::cat(Cat));
 static cl::opt<std::string> Output("o", cl::desc("Write the plan directory"),
@@ -327,8 +347,56 @@ int main(int Argc, char **Argv) {
                            createStringError(inconvertibleErrorCode(), "%s: %s",
                                              Flag,
                                              toString(std::move(E)).c_str()));
+  std::optional<AutoOptions> AutoO;
+  if (Auto) {
+    bool Chosen = Ctx.TensorParallel != 1 || Ctx.SequenceParallel ||
+                  Ctx.Pipeline.enabled() || Ctx.DataParallel != 1 ||
+                  Ctx.Zero || Ctx.Recompute.Mode != RecomputeMode::None;
+    if (Chosen)
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--auto chooses --tp, --sp, --pp, "
+                                           "--interleave, --microbatches, "
+                                           "--dp, --zero and --recompute; "
+                                           "drop them"));
+    if (PaperTable)
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--auto and --paper-table do not "
+                                           "go together"));
+    AutoOptions A;
+    if (AutoGpus < 1)
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--auto needs --gpus N (N >= 1)"));
+    A.Gpus = AutoGpus;
+    if (AutoMemory.empty())
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--auto needs --gpu-memory BYTES "
+                                           "(e.g. 80GiB)"));
+    auto Mem = byteFlag("--gpu-memory", AutoMemory, "80GiB or 40GB");
+    if (!Mem)
+      return reportError("sp-compile", Mem.takeError());
+    A.GpuMemory = double(*Mem);
+    if (AutoBatch < 0)
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--global-batch must be positive"));
+    A.GlobalBatch = AutoBatch;
+    AutoO = A;
+  } else {
+    for (auto [Given, Flag] :
+         {std::pair{AutoGpus.getNumOccurrences() > 0, "--gpus"},
+          {AutoMemory.getNumOccurrences() > 0, "--gpu-memory"},
+          {AutoBatch.getNumOccurrences() > 0, "--global-batch"}})
+      if (Given)
+        return reportError("sp-compile",
+                           createStringError(inconvertibleErrorCode(),
+                                             "%s needs --auto", Flag));
+  }
   std::optional<ClusterSpec> Machine;
-  if (Estimate || !Cluster.empty()) {
+  if (Estimate || !Cluster.empty() || Auto) {
     auto M = Cluster.empty() ? Expected<ClusterSpec>(ClusterSpec())
                              : readClusterSpec(Cluster);
     if (!M)
@@ -362,9 +430,25 @@ int main(int Argc, char **Argv) {
   CO.Passes = passesFromCL(DefaultPasses);
   CO.PassManager = passManagerOptionsFromCL();
   CO.Source = Input;
-  auto C = compileToPlan(**G, Ctx, CO);
+  std::optional<AutoResult> Searched;
+  if (AutoO) {
+    AutoO->Cluster = *Machine;
+    AutoO->Source = Input;
+    auto R = searchLayouts(**G, Ctx, *AutoO);
+    if (!R)
+      return reportError("sp-compile", R.takeError());
+    printSearch(*R, *AutoO, outs());
+    Searched = std::move(*R);
+    // The rest prints, estimates and writes the best plan.
+    Ctx = layoutContext(Ctx, Searched->Fits.front());
+    *G = std::move(Searched->BestGraph);
+  }
+  auto C = Searched ? Expected<Compilation>(std::move(*Searched->Best))
+                    : compileToPlan(**G, Ctx, CO);
   if (!C)
     return reportError("sp-compile", C.takeError());
+  if (Searched)
+    C->Facts["auto"] = searchToJson(*Searched, *AutoO);
   if (!C->P && !Output.empty())
     return reportError("sp-compile",
                        createStringError(inconvertibleErrorCode(),

@@ -1,0 +1,384 @@
+//===- AutoPlan.cpp - sp-compile --auto: the fastest plan that fits -------===//
+#include "passes/AutoPlan.h"
+#include "passes/LowerTraining.h"
+#include "passes/ModelInfo.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+using namespace llvm;
+
+namespace sp {
+
+static Error autoError(const Twine &Msg) {
+  return createStringError(inconvertibleErrorCode(), Msg);
+}
+
+/// Bytes in GiB, or in MiB or KiB below one GiB.
+static std::string gib(double Bytes) {
+  const char *Units[] = {"B", "KiB", "MiB", "GiB"};
+  int U = 0;
+  while (Bytes >= 1024 && U < 3) {
+    Bytes /= 1024;
+    ++U;
+  }
+  return formatv("{0:F1} {1}", Bytes, Units[U]).str();
+}
+
+std::string AutoCandidate::describe() const {
+  std::string S = formatv("t {0}{1}, p {2}", T, SP ? " SP" : "", P).str();
+  if (M > 1)
+    S += formatv(" x m {0}", M).str();
+  S += formatv(", d {0}{1}, {2} microbatch{3}, recompute {4}", D,
+               Zero ? " ZeRO-1" : "", Microbatches,
+               Microbatches == 1 ? "" : "es", Recompute)
+           .str();
+  return S;
+}
+
+/// The model's facts, from the import clean-up and detection alone.
+static Expected<ModelInfo> modelFacts(const Graph &G, const PassContext &Base) {
+  std::unique_ptr<Graph> Copy = G.clone();
+  PassContext Ctx = Base;
+  CompileOptions CO;
+  CO.Passes = "constant-fold,canonicalize,dce,detect-transformer";
+  if (auto E = runPasses(*Copy, Ctx, CO))
+    return std::move(E);
+  return summarizeModel(*Copy);
+}
+
+/// The pass options of a layout: Base's, with the layout's parallelism and
+/// recomputation.
+PassContext layoutContext(const PassContext &Base, const AutoCandidate &C) {
+  PassContext Ctx = Base;
+  Ctx.TensorParallel = C.T;
+  Ctx.SequenceParallel = C.SP;
+  Ctx.DataParallel = C.D;
+  Ctx.Zero = C.Zero;
+  Ctx.Recompute = RecomputeOptions();
+  Ctx.FusedAttention = C.Recompute != "selective";
+  Ctx.Recompute.Mode = C.Recompute == "selective" ? RecomputeMode::Selective
+                       : C.Recompute == "full"    ? RecomputeMode::Full
+                                                  : RecomputeMode::None;
+  Ctx.Pipeline = PipelineOptions();
+  if (C.P > 1 || C.Microbatches > 1) {
+    Ctx.Pipeline.Stages = C.P;
+    Ctx.Pipeline.Interleave = C.M;
+    Ctx.Pipeline.Microbatches = C.Microbatches;
+    Ctx.Pipeline.Schedule = C.M > 1 ? PipelineSchedule::Interleaved
+                                    : PipelineSchedule::OneFOneB;
+  }
+  return Ctx;
+}
+
+Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
+                                   const AutoOptions &O) {
+  auto Start = std::chrono::steady_clock::now();
+  if (O.Gpus < 1)
+    return autoError("--auto needs --gpus N (N >= 1)");
+  if (!(O.GpuMemory > 0))
+    return autoError("--auto needs --gpu-memory BYTES (e.g. 80GiB)");
+  auto Info = modelFacts(G, Base);
+  if (!Info)
+    return Info.takeError();
+  int64_t B = Info->Batch; // the microbatch: the model's batch
+  int64_t Global = O.GlobalBatch ? O.GlobalBatch : O.Gpus * B;
+  if (B < 1)
+    return autoError("the model's batch is not known; bind it with --batch");
+  if (Global % B)
+    return autoError(formatv("--global-batch {0} is not a multiple of the "
+                             "model's batch {1} (the microbatch)",
+                             Global, B));
+  int Node = O.Cluster.GpusPerNode;
+  AutoResult R;
+  // Bytes per parameter element of the model state on its rank: the f32
+  // parameter, gradient and AdamW moments, and a 16-bit copy; with ZeRO-1
+  // the gradient and moments are the replica's chunk.
+  bool Half = Base.ActivationDtype != DType::F32;
+  auto StateBytes = [&](int D, int Zero) {
+    return 4.0 + (Half ? 2 : 0) + (Zero ? 12.0 / D : 12.0);
+  };
+  // The layouts to compile, and those whose parameters and optimizer state
+  // alone exceed the memory (with that floor).
+  std::vector<AutoCandidate> Todo;
+  std::vector<std::pair<double, AutoCandidate>> Pruned;
+  std::vector<int> NotHeads;
+  std::map<int, std::vector<std::pair<int, int>>> Unsplit; // d -> (t, p)
+  for (int T = 1; T <= std::min(Node, O.Gpus); ++T) {
+    if (O.Gpus % T)
+      continue;
+    if (Info->Heads % T || (Info->KvHeads && Info->KvHeads % T)) {
+      NotHeads.push_back(T);
+      continue;
+    }
+    for (int P = 1; P <= O.Gpus / T; ++P) {
+      if ((O.Gpus / T) % P || P > Info->Layers)
+        continue;
+      int D = O.Gpus / (T * P);
+      if (Global % (int64_t(D) * B)) {
+        Unsplit[D].push_back({T, P});
+        continue;
+      }
+      int N = int(Global / (int64_t(D) * B));
+      for (int Zero : {0, 1}) {
+        if (Zero && D == 1)
+          continue;
+        double Floor = double(Info->Params) * StateBytes(D, Zero) / (T * P);
+        bool Over = Floor > O.GpuMemory;
+        if (Over)
+          R.Rejected.push_back(formatv(
+              "t {0} x p {1} (d {2}{3}): the parameters and optimizer state "
+              "alone need at least {4} per GPU",
+              T, P, D, Zero ? ", ZeRO-1" : "", gib(Floor)));
+        for (int M = 1; M <= 4; ++M) {
+          if (M > 1 && (P == 1 || P * M > Info->Layers || N % P))
+            continue;
+          for (bool SP : {true, false}) {
+            if (SP && T == 1)
+              continue;
+            for (const char *Rc : {"none", "selective", "full"}) {
+              AutoCandidate C;
+              C.T = T, C.P = P, C.M = M, C.D = D, C.Microbatches = N;
+              C.Zero = Zero, C.SP = SP, C.Recompute = Rc;
+              if (Over)
+                Pruned.push_back({Floor, C});
+              else
+                Todo.push_back(C);
+            }
+          }
+        }
+      }
+    }
+  }
+  for (auto &[D, Layouts] : Unsplit) {
+    std::string List;
+    for (auto [T, P] : Layouts)
+      List += formatv("{0}t {1} x p {2}", List.empty() ? "" : ", ", T, P).str();
+    R.Rejected.push_back(formatv("d {0} ({1}): the global batch {2} is not a "
+                                 "multiple of d x {3} (the model's batch)",
+                                 D, List, Global, B));
+  }
+  if (!NotHeads.empty()) {
+    std::string List;
+    for (int T : NotHeads)
+      List += (List.empty() ? "" : ", ") + std::to_string(T);
+    R.Rejected.push_back(formatv("t {0}: do not divide the {1} heads{2}", List,
+                                 Info->Heads,
+                                 Info->KvHeads && Info->KvHeads != Info->Heads
+                                     ? formatv(" and {0} key/value heads",
+                                               Info->KvHeads)
+                                           .str()
+                                     : std::string()));
+  }
+  if (O.Gpus > Node)
+    R.Rejected.push_back(formatv("t > {0}: a tensor group would cross nodes "
+                                 "({0} GPUs per node)",
+                                 Node));
+  // Compile each: exact memory, and the cost model on the programs.
+  ClusterSpec Machine = O.Cluster;
+  if (!Half)
+    Machine.PeakFlops = Machine.Fp32PeakFlops;
+  const AutoCandidate *Smallest = nullptr;
+  std::vector<AutoCandidate> TooBig;
+  auto Try = [&](AutoCandidate C) {
+    std::unique_ptr<Graph> Copy = G.clone();
+    PassContext Ctx = layoutContext(Base, C);
+    CompileOptions CO;
+    CO.Source = O.Source;
+    CO.PlanOnly = true;
+    auto Comp = compileToPlan(*Copy, Ctx, CO);
+    ++R.Compiled;
+    if (!Comp) {
+      std::string Why = toString(Comp.takeError());
+      R.Rejected.push_back(C.describe() + ": " +
+                           StringRef(Why).split('\n').first.str());
+      return;
+    }
+    if (!Comp->P) {
+      R.Rejected.push_back(C.describe() + ": the passes made no training "
+                                          "graph");
+      return;
+    }
+    for (int K = 0; K < Comp->P->numStages(); ++K)
+      C.PeakBytes = std::max(C.PeakBytes, Comp->P->stage(K).ArenaBytes);
+    ParallelLayout Y;
+    Y.T = C.T, Y.P = C.P, Y.M = C.M, Y.D = C.D;
+    Y.Microbatches = C.Microbatches;
+    Y.Schedule = C.M > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
+    auto E = estimateStep(Machine, Y, planWork(*Comp->P));
+    if (!E) {
+      R.Rejected.push_back(C.describe() + ": " + toString(E.takeError()));
+      return;
+    }
+    C.Step = *E;
+    if (double(C.PeakBytes) > O.GpuMemory) {
+      TooBig.push_back(C);
+      return;
+    }
+    R.Fits.push_back(C);
+  };
+  // A family (t, p, m, d, ZeRO) is tried with its smallest member first:
+  // SP (when t > 1) and full recomputation store the least. When that does
+  // not fit, no other member does, and they are not compiled.
+  std::map<std::tuple<int, int, int, int, int>, std::vector<AutoCandidate>>
+      Families;
+  for (const AutoCandidate &C : Todo)
+    Families[{C.T, C.P, C.M, C.D, C.Zero}].push_back(C);
+  for (auto &[Key, Members] : Families) {
+    auto Least = std::find_if(Members.begin(), Members.end(),
+                              [](const AutoCandidate &C) {
+                                return C.SP == (C.T > 1) &&
+                                       C.Recompute == "full";
+                              });
+    if (Least != Members.end()) {
+      size_t Before = TooBig.size();
+      Try(*Least);
+      if (TooBig.size() > Before) {
+        R.Skipped += Members.size() - 1;
+        continue;
+      }
+      Members.erase(Least);
+    }
+    for (const AutoCandidate &C : Members)
+      Try(C);
+  }
+  // Nothing fit and nothing was small enough to compile: compile the
+  // layouts of the smallest floor, to name the memory they need.
+  if (R.Fits.empty() && TooBig.empty() && !Pruned.empty()) {
+    double Least = std::min_element(Pruned.begin(), Pruned.end(),
+                                    [](const auto &A, const auto &B) {
+                                      return A.first < B.first;
+                                    })
+                       ->first;
+    for (auto &[Floor, C] : Pruned)
+      if (Floor == Least)
+        Try(C);
+  }
+  for (const AutoCandidate &C : TooBig)
+    if (!Smallest || C.PeakBytes < Smallest->PeakBytes)
+      Smallest = &C;
+  // The layouts that compiled but do not fit, grouped by (t, p, m, d) where
+  // none of the group fits: the smallest peak of each.
+  using Key = std::tuple<int, int, int, int>;
+  std::map<Key, const AutoCandidate *> Groups;
+  for (const AutoCandidate &C : TooBig) {
+    auto &Best = Groups[{C.T, C.P, C.M, C.D}];
+    if (!Best || C.PeakBytes < Best->PeakBytes)
+      Best = &C;
+  }
+  for (const AutoCandidate &C : R.Fits)
+    Groups.erase(Key{C.T, C.P, C.M, C.D});
+  for (auto &[K, C] : Groups)
+    R.Rejected.push_back(formatv("t {0}, p {1}{2}, d {3}: the largest rank "
+                                 "needs at least {4} (as {5})",
+                                 C->T, C->P,
+                                 C->M > 1 ? formatv(" x m {0}", C->M).str()
+                                          : std::string(),
+                                 C->D, gib(C->PeakBytes), C->describe()));
+  std::stable_sort(R.Fits.begin(), R.Fits.end(),
+                   [](const AutoCandidate &A, const AutoCandidate &B) {
+                     return A.Step.Seconds < B.Step.Seconds;
+                   });
+  if (!R.Fits.empty()) {
+    // The best, compiled again as sp-compile compiles a plan (reports,
+    // chart): what it prints and writes.
+    R.BestGraph = G.clone();
+    PassContext Ctx = layoutContext(Base, R.Fits.front());
+    CompileOptions CO;
+    CO.Source = O.Source;
+    auto Comp = compileToPlan(*R.BestGraph, Ctx, CO);
+    if (!Comp)
+      return Comp.takeError();
+    R.Best = std::move(*Comp);
+  }
+  R.Seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                            Start)
+                  .count();
+  if (R.Fits.empty()) {
+    std::string Need =
+        Smallest ? formatv("the smallest compiled layout needs {0} per GPU "
+                           "({1})",
+                           gib(Smallest->PeakBytes), Smallest->describe())
+                       .str()
+                 : "no layout compiled";
+    return autoError(formatv("no layout of this model on {0} GPUs fits {1} "
+                             "per GPU (global batch {2}): {3}",
+                             O.Gpus, gib(O.GpuMemory), Global, Need));
+  }
+  return std::move(R);
+}
+
+/// What, besides the GEMMs, takes the most time in a step.
+static std::string boundBy(const AutoCandidate &C, double Memory) {
+  const StepEstimate &E = C.Step;
+  double Bubble = E.PipelineSeconds * E.BubbleFraction / (1 + E.BubbleFraction);
+  std::pair<double, const char *> Parts[] = {
+      {Bubble, "pipeline bubble"},
+      {E.TensorCommSeconds, "tensor collectives"},
+      {E.MemoryBoundSeconds, "memory-bound ops"},
+      {E.DataParallelSeconds, "data-parallel sum"},
+      {E.OptimizerSeconds, "optimizer"}};
+  auto Max = std::max_element(
+      std::begin(Parts), std::end(Parts),
+      [](const auto &A, const auto &B) { return A.first < B.first; });
+  std::string S = formatv("{0} {1:F1}%", Max->second,
+                          100 * Max->first / E.Seconds)
+                      .str();
+  if (double(C.PeakBytes) > 0.95 * Memory)
+    S = "memory; " + S;
+  return S;
+}
+
+void printSearch(const AutoResult &R, const AutoOptions &O, raw_ostream &OS) {
+  OS << formatv("auto: {0} GPUs of {1} ({2} per GPU); {3} layouts compiled "
+                "in {4:F1} s ({5} more skipped: their family's smallest did "
+                "not fit), {6} fit\n",
+                O.Gpus, O.Cluster.Name, gib(O.GpuMemory), R.Compiled,
+                R.Seconds, R.Skipped, R.Fits.size());
+  OS << formatv("{0,4}  {1,-64} {2,10} {3,6} {4,10}  {5}\n", "rank", "layout",
+                "step", "MFU", "memory", "beyond the GEMMs");
+  for (size_t K = 0; K < R.Fits.size() && int(K) < O.Top; ++K) {
+    const AutoCandidate &C = R.Fits[K];
+    OS << formatv("{0,4}  {1,-64} {2,8:F3} s {3,5:F1}% {4,10}  {5}\n", K + 1,
+                  C.describe(), C.Step.Seconds, 100 * C.Step.Mfu,
+                  gib(C.PeakBytes), boundBy(C, O.GpuMemory));
+  }
+  if (int(R.Fits.size()) > O.Top)
+    OS << formatv("  ... and {0} more that fit\n", R.Fits.size() - O.Top);
+  if (!R.Rejected.empty()) {
+    OS << "not taken:\n";
+    for (const std::string &Line : R.Rejected)
+      OS << "  " << Line << "\n";
+  }
+  OS << "best: " << R.Fits.front().describe() << "\n";
+}
+
+nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
+  nlohmann::json Fits = nlohmann::json::array();
+  for (const AutoCandidate &C : R.Fits)
+    Fits.push_back({{"layout", C.describe()},
+                    {"tp", C.T},
+                    {"sp", C.SP},
+                    {"pp", C.P},
+                    {"interleave", C.M},
+                    {"dp", C.D},
+                    {"zero", C.Zero},
+                    {"microbatches", C.Microbatches},
+                    {"recompute", C.Recompute},
+                    {"peak_bytes", C.PeakBytes},
+                    {"step_seconds", C.Step.Seconds},
+                    {"mfu", C.Step.Mfu},
+                    {"bubble", C.Step.BubbleFraction}});
+  return {{"gpus", O.Gpus},
+          {"gpu_memory_bytes", O.GpuMemory},
+          {"cluster", O.Cluster.Name},
+          {"compiled", R.Compiled},
+          {"skipped", R.Skipped},
+          {"seconds", R.Seconds},
+          {"fits", Fits},
+          {"rejected", R.Rejected}};
+}
+
+} // namespace sp

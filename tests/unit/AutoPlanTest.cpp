@@ -1,0 +1,183 @@
+//===- AutoPlanTest.cpp - The planner's search against brute force --------===//
+//
+// The default model (2 layers, 4 heads, batch 4) on 4 GPUs: every layout
+// of the space (t, SP, p, m, d, ZeRO, recomputation), compiled one by one
+// here, against what searchLayouts returns, at memory budgets that let all,
+// some or none of them fit. The search prunes layouts whose parameters and
+// optimizer state alone exceed the budget: it must never prune one that
+// fits.
+//
+//===----------------------------------------------------------------------===//
+#include "passes/AutoPlan.h"
+#include "frontend/OnnxImporter.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "gtest/gtest.h"
+#include <limits>
+
+using namespace sp;
+using namespace llvm;
+
+namespace {
+
+std::unique_ptr<Graph> tinyModel() {
+  registerOnnxDataLoader();
+  auto G = importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx",
+                      ImportOptions());
+  if (!G)
+    report_fatal_error(Twine("import failed: ") + toString(G.takeError()));
+  return std::move(*G);
+}
+
+struct Tried {
+  AutoCandidate C;
+  bool Compiled = false;
+};
+
+/// Every layout of 4 GPUs for the default model (global batch 16: four
+/// sequences a GPU), compiled and estimated as the search would, with no
+/// pruning.
+std::vector<Tried> bruteForce(const Graph &G, const ClusterSpec &Cluster) {
+  std::vector<Tried> All;
+  const int Gpus = 4, Heads = 4, Layers = 2, Batch = 4, Global = 16;
+  for (int T : {1, 2, 4})
+    for (int P = 1; P <= Layers; ++P) {
+      if ((Gpus / T) % P || Heads % T)
+        continue;
+      int D = Gpus / (T * P);
+      if (Global % (D * Batch))
+        continue;
+      int N = Global / (D * Batch);
+      for (int M = 1; M <= 4; ++M) {
+        if (M > 1 && (P == 1 || P * M > Layers || N % P))
+          continue;
+        for (int Zero : {0, 1})
+          for (int SP : {0, 1})
+            for (const char *Rc : {"none", "selective", "full"}) {
+              if ((Zero && D == 1) || (SP && T == 1))
+                continue;
+              Tried X;
+              AutoCandidate &C = X.C;
+              C.T = T, C.P = P, C.M = M, C.D = D, C.Microbatches = N;
+              C.Zero = Zero, C.SP = SP, C.Recompute = Rc;
+              std::unique_ptr<Graph> Copy = G.clone();
+              PassContext Ctx = layoutContext(PassContext(), C);
+              auto Comp = compileToPlan(*Copy, Ctx, CompileOptions());
+              if (!Comp) {
+                consumeError(Comp.takeError());
+                All.push_back(X);
+                continue;
+              }
+              X.Compiled = true;
+              for (int K = 0; K < Comp->P->numStages(); ++K)
+                C.PeakBytes =
+                    std::max(C.PeakBytes, Comp->P->stage(K).ArenaBytes);
+              ParallelLayout Y;
+              Y.T = T, Y.P = P, Y.M = M, Y.D = D, Y.Microbatches = N;
+              Y.Schedule =
+                  M > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
+              ClusterSpec Fp32 = Cluster;
+              Fp32.PeakFlops = Fp32.Fp32PeakFlops;
+              auto E = estimateStep(Fp32, Y, planWork(*Comp->P));
+              if (!E)
+                report_fatal_error(toString(E.takeError()).c_str());
+              C.Step = *E;
+              All.push_back(X);
+            }
+      }
+    }
+  return All;
+}
+
+TEST(AutoPlan, SearchEqualsBruteForce) {
+  std::unique_ptr<Graph> G = tinyModel();
+  ClusterSpec Cluster;
+  std::vector<Tried> All = bruteForce(*G, Cluster);
+  std::vector<int64_t> Peaks;
+  for (const Tried &X : All)
+    if (X.Compiled)
+      Peaks.push_back(X.C.PeakBytes);
+  ASSERT_GT(Peaks.size(), 20u);
+  std::sort(Peaks.begin(), Peaks.end());
+  // All fit; the median fits; only the smallest fits.
+  for (int64_t Budget : {Peaks.back(), Peaks[Peaks.size() / 2], Peaks[0]}) {
+    SCOPED_TRACE(formatv("budget {0} bytes", Budget).str());
+    AutoOptions O;
+    O.Gpus = 4;
+    O.GpuMemory = double(Budget);
+    O.Cluster = Cluster;
+    auto R = searchLayouts(*G, PassContext(), O);
+    ASSERT_TRUE(bool(R)) << toString(R.takeError());
+    const Tried *Want = nullptr;
+    size_t Fit = 0;
+    for (const Tried &X : All)
+      if (X.Compiled && X.C.PeakBytes <= Budget) {
+        ++Fit;
+        if (!Want || X.C.Step.Seconds < Want->C.Step.Seconds)
+          Want = &X;
+      }
+    ASSERT_TRUE(Want);
+    EXPECT_EQ(R->Fits.size(), Fit);
+    // The fastest step (layouts may tie: a one-stage plan whose gradient sum
+    // outlasts its backward hides the whole backward under it).
+    const AutoCandidate &Got = R->Fits.front();
+    EXPECT_EQ(Got.Step.Seconds, Want->C.Step.Seconds);
+    const Tried *Same = nullptr;
+    for (const Tried &X : All)
+      if (X.Compiled && X.C.describe() == Got.describe())
+        Same = &X;
+    ASSERT_TRUE(Same) << Got.describe();
+    EXPECT_EQ(Got.PeakBytes, Same->C.PeakBytes);
+    EXPECT_EQ(Got.Step.Seconds, Same->C.Step.Seconds);
+    ASSERT_TRUE(R->Best && R->Best->P && R->BestGraph);
+    int64_t BestPeak = 0;
+    for (int K = 0; K < R->Best->P->numStages(); ++K)
+      BestPeak = std::max(BestPeak, R->Best->P->stage(K).ArenaBytes);
+    EXPECT_EQ(BestPeak, Got.PeakBytes); // the plan -o writes
+    for (size_t K = 1; K < R->Fits.size(); ++K)
+      EXPECT_LE(R->Fits[K - 1].Step.Seconds, R->Fits[K].Step.Seconds);
+  }
+}
+
+/// Below every layout's peak: an error that names the smallest memory a
+/// layout needs, even when every layout was pruned before compiling.
+TEST(AutoPlan, TooLittleMemoryNamesWhatWouldFit) {
+  std::unique_ptr<Graph> G = tinyModel();
+  std::vector<Tried> All = bruteForce(*G, ClusterSpec());
+  int64_t Least = std::numeric_limits<int64_t>::max();
+  for (const Tried &X : All)
+    if (X.Compiled)
+      Least = std::min(Least, X.C.PeakBytes);
+  for (double Budget : {double(Least - 1), 1000.0}) {
+    AutoOptions O;
+    O.Gpus = 4;
+    O.GpuMemory = Budget;
+    auto R = searchLayouts(*G, PassContext(), O);
+    ASSERT_FALSE(bool(R));
+    std::string Msg = toString(R.takeError());
+    EXPECT_NE(Msg.find("no layout of this model on 4 GPUs fits"),
+              std::string::npos)
+        << Msg;
+    ASSERT_LT(Least, 1 << 30);
+    EXPECT_NE(Msg.find(formatv("needs {0:F1} MiB", double(Least) / (1 << 20))
+                           .str()),
+              std::string::npos)
+        << Msg;
+  }
+}
+
+TEST(AutoPlan, BadOptionsAreErrors) {
+  std::unique_ptr<Graph> G = tinyModel();
+  AutoOptions O;
+  O.GpuMemory = 1e9;
+  std::string Msg = toString(searchLayouts(*G, PassContext(), O).takeError());
+  EXPECT_NE(Msg.find("--gpus"), std::string::npos) << Msg;
+  O.Gpus = 4;
+  O.GlobalBatch = 6;
+  Msg = toString(searchLayouts(*G, PassContext(), O).takeError());
+  EXPECT_NE(Msg.find("--global-batch 6 is not a multiple of the model's "
+                     "batch 4"),
+            std::string::npos)
+      << Msg;
+}
+
+} // namespace

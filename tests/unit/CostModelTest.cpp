@@ -17,6 +17,16 @@ using namespace llvm;
 namespace {
 
 constexpr double Rel = 1e-12;
+/// The default cluster's GEMM rate: 75% of 312 TFLOP/s.
+constexpr double Rate = 312e12 * 0.75;
+
+/// A stage of 1 TFLOP forward and 2 TFLOP backward per microbatch.
+StageWork layerWork() {
+  StageWork W;
+  W.ForwardFlops = 1e12;
+  W.BackwardFlops = 2e12;
+  return W;
+}
 
 void expectNear(double Want, double Got) {
   EXPECT_NEAR(Got, Want, Rel * std::abs(Want)) << "want " << Want;
@@ -52,13 +62,10 @@ TEST(CostModel, GroupsInsideOrAcrossNodes) {
 /// TFLOP/s, then the optimizer's 2.039 GB at 2.039 TB/s (1 ms).
 TEST(CostModel, OneDevice) {
   ClusterSpec C;
-  StageWork W;
-  W.ForwardFlops = 1e12;
-  W.BackwardFlops = 2e12;
+  StageWork W = layerWork();
   W.OptimizerBytes = 2.039e9;
   auto E = estimateStep(C, ParallelLayout{}, {W});
   ASSERT_TRUE(bool(E)) << toString(E.takeError());
-  double Rate = 312e12 * 0.75;
   expectNear(3e12 / Rate, E->PipelineSeconds);
   expectNear(1e-3, E->OptimizerSeconds);
   expectNear(3e12 / Rate + 1e-3, E->Seconds);
@@ -104,10 +111,7 @@ TEST(CostModel, TensorCollectives) {
 TEST(CostModel, PipelineBubble) {
   ClusterSpec C;
   C.IntraNodeLatency = C.InterNodeLatency = 0; // messages of 0 bytes
-  double Rate = 312e12 * 0.75;
-  StageWork W;
-  W.ForwardFlops = 1e12;
-  W.BackwardFlops = 2e12;
+  StageWork W = layerWork();
   ParallelLayout Y;
   Y.P = 4;
   Y.Microbatches = 8;
@@ -136,10 +140,7 @@ TEST(CostModel, PipelineBubble) {
 /// F, B, the gradient's message, B.
 TEST(CostModel, StageMessages) {
   ClusterSpec C;
-  double Rate = 312e12 * 0.75;
-  StageWork W;
-  W.ForwardFlops = 1e12;
-  W.BackwardFlops = 2e12;
+  StageWork W = layerWork();
   W.MessageBytes = 1e7;
   ParallelLayout Y;
   Y.T = 8;
@@ -155,10 +156,7 @@ TEST(CostModel, StageMessages) {
 /// shows; pipelined, all of it shows.
 TEST(CostModel, DataParallelOverlap) {
   ClusterSpec C;
-  double Rate = 312e12 * 0.75;
-  StageWork W;
-  W.ForwardFlops = 1e12;
-  W.BackwardFlops = 2e12;
+  StageWork W = layerWork();
   W.GradientBytes = 4.7e9;
   ParallelLayout Y;
   Y.D = 2;
@@ -184,9 +182,7 @@ TEST(CostModel, DataParallelOverlap) {
 /// Recomputation costs time and counts as hardware FLOPs, not model FLOPs.
 TEST(CostModel, RecomputeIsHardwareFlops) {
   ClusterSpec C;
-  StageWork W;
-  W.ForwardFlops = 1e12;
-  W.BackwardFlops = 2e12;
+  StageWork W = layerWork();
   W.RecomputeFlops = 1e12;
   auto E = estimateStep(C, ParallelLayout{}, {W});
   ASSERT_TRUE(bool(E)) << toString(E.takeError());

@@ -121,8 +121,9 @@ static double tensorSeconds(const CollectiveBytes &B, int T, Link L) {
 
 /// Adds instructions [Begin, End) of P to W: their phase says forward or
 /// backward; Weight puts the backward's GEMMs under WeightGradFlops.
+/// Once: the instructions run once per step, not per microbatch.
 static void addWork(const Program &P, int Begin, int End, bool Weight,
-                    StageWork &W) {
+                    bool Once, StageWork &W) {
   auto Bytes = [&](int Id) { return double(P.Buffers[Id].Bytes); };
   for (int K = Begin; K < End; ++K) {
     const Instruction &I = P.Instrs[K];
@@ -138,24 +139,20 @@ static void addWork(const Program &P, int Begin, int End, bool Weight,
       for (const auto *Ids : {&I.In, &I.Out})
         for (int Id : *Ids)
           Traffic += Bytes(Id);
-    switch (I.Ph) {
-    case Phase::Forward:
+    if (Once && I.Ph != Phase::Optimizer) {
+      W.StepFlops += F;
+      W.StepBytes += Traffic;
+    } else if (I.Ph == Phase::Forward) {
       W.ForwardFlops += F;
       W.ForwardBytes += Traffic;
-      break;
-    case Phase::Backward: {
+    } else if (I.Ph == Phase::Backward) {
       double Again = recomputeGemmFlops(P, I);
       W.RecomputeFlops += Again;
       (Weight ? W.WeightGradFlops : W.BackwardFlops) += F - Again;
       (Weight ? W.WeightGradBytes : W.BackwardBytes) += Traffic;
-      break;
-    }
-    case Phase::Recompute:
+    } else if (I.Ph == Phase::Recompute) {
       W.RecomputeFlops += F;
       W.RecomputeBytes += Traffic;
-      break;
-    case Phase::Optimizer:
-      break;
     }
     if (I.Op == OpKind::AdamW)
       W.OptimizerBytes +=
@@ -174,7 +171,9 @@ static void addWork(const Program &P, int Begin, int End, bool Weight,
       W.GradientBytes += Moved;
     if (Group != "tp")
       continue;
-    CollectiveBytes &C = Forward ? W.ForwardComm : W.BackwardComm;
+    CollectiveBytes &C = Once      ? W.StepComm
+                         : Forward ? W.ForwardComm
+                                   : W.BackwardComm;
     if (I.Op == OpKind::AllReduce) {
       C.AllReduce += Moved;
       ++C.AllReduceCalls;
@@ -197,12 +196,13 @@ std::vector<StageWork> planWork(const Plan &Pl) {
   for (int R = 0; R < Ranks; ++R) {
     const Program &P = Pl.stage(R);
     if (!P.compact()) {
-      addWork(P, 0, P.Instrs.size(), /*Weight=*/false, Work[R]);
+      addWork(P, 0, P.Instrs.size(), /*Weight=*/false, /*Once=*/false,
+              Work[R]);
       continue;
     }
     for (const ProgramTemplate &T : P.Templates)
       addWork(P, T.Begin, T.End, T.Kind == TemplateKind::WeightGrad,
-              Work[std::max(T.Chunk, 0) * Ranks + R]);
+              /*Once=*/T.Chunk < 0, Work[std::max(T.Chunk, 0) * Ranks + R]);
   }
   return Work;
 }
@@ -263,7 +263,8 @@ Expected<StepEstimate> estimateStep(const ClusterSpec &C,
     // One ring over all of the stage's gradients (buckets pipeline).
     Sum[Rank] += allReduceSeconds(W.GradientBytes, Y.D, Replicas,
                                   W.GradientBytes > 0);
-    Update[Rank] += W.OptimizerBytes / C.HbmBandwidth;
+    Update[Rank] += (W.OptimizerBytes + W.StepBytes) / Hbm +
+                    W.StepFlops / Rate + tensorSeconds(W.StepComm, Y.T, Tensor);
     LastBackward[Rank] +=
         Costs.Recompute[K] + Costs.Backward[K] + Costs.WeightGrad[K];
     Message = std::max(Message, W.MessageBytes);

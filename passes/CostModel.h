@@ -135,6 +135,11 @@ struct StageWork {
   /// Per step: the gradients summed over the replicas, and the optimizer's
   /// HBM traffic.
   double GradientBytes = 0, OptimizerBytes = 0;
+  /// Per step, outside the microbatches (a pipelined rank's prologue and
+  /// epilogue: the 16-bit parameter copies, sums over the tensor group):
+  /// HBM bytes of memory-bound instructions, GEMM FLOPs, collectives.
+  double StepBytes = 0, StepFlops = 0;
+  CollectiveBytes StepComm;
 };
 
 /// The work of each virtual stage of a compiled plan, per microbatch, as
@@ -146,7 +151,8 @@ struct StageWork {
 /// collectives' bytes and calls, the forward's sends, the "dp" gradient
 /// sums (all-reduce operands, reduce-scatter inputs) and AdamW's HBM
 /// traffic (parameter and moments read and written, gradient read). A
-/// rank's sums and optimizer go to its first chunk.
+/// rank's sums, optimizer, prologue and epilogue go to its first chunk, the
+/// last two as once-per-step work.
 std::vector<StageWork> planWork(const Plan &P);
 
 /// What a step costs, in seconds, and the utilization it gives.
@@ -158,7 +164,8 @@ struct StepEstimate {
   /// Of the busiest rank, over the step: GEMMs, memory-bound instructions
   /// and tensor collectives.
   double ComputeSeconds = 0, MemoryBoundSeconds = 0, TensorCommSeconds = 0;
-  /// The exposed data-parallel sum and the optimizer (the largest rank's).
+  /// The exposed data-parallel sum, and the optimizer with the rest of the
+  /// once-per-step work (the largest rank's).
   double DataParallelSeconds = 0, OptimizerSeconds = 0;
   /// Counted GEMM FLOPs of the step over all GPUs: forward and backward,
   /// and with the recomputation.

@@ -205,6 +205,15 @@ TEST(CostModel, MemoryBoundInstructions) {
   expectNear(3e-3, E->Seconds);
   expectNear(3e-3, E->MemoryBoundSeconds);
   EXPECT_EQ(E->ComputeSeconds, 0);
+  // Four microbatches: four times the per-microbatch work, once the
+  // per-step work (a pipelined rank's parameter copies).
+  W.StepBytes = 2.039e9;
+  ParallelLayout Y;
+  Y.Microbatches = 4;
+  E = estimateStep(C, Y, {W});
+  ASSERT_TRUE(bool(E)) << toString(E.takeError());
+  expectNear(4 * 3e-3 + 1e-3, E->Seconds);
+  expectNear(1e-3, E->OptimizerSeconds);
 }
 
 /// The work read off compiled plans of the default model adds up to the
@@ -213,14 +222,17 @@ TEST(CostModel, PlanWorkIsThePlansFlops) {
   struct Case {
     int T, P, M, N;
     PipelineSchedule S;
+    DType Dtype = DType::F32;
   };
   // (The default model has 2 layers: at most 2 stages.)
   for (Case X : {Case{2, 1, 1, 1, PipelineSchedule::OneFOneB},
+                 Case{2, 2, 1, 4, PipelineSchedule::OneFOneB, DType::BF16},
                  Case{1, 2, 1, 4, PipelineSchedule::OneFOneB},
                  Case{2, 2, 1, 4, PipelineSchedule::ZeroBubbleH1},
                  Case{1, 1, 2, 4, PipelineSchedule::Interleaved}}) {
     SCOPED_TRACE(formatv("t {0} p {1} m {2}", X.T, X.P, X.M).str());
     PassContext Ctx;
+    Ctx.ActivationDtype = X.Dtype;
     Ctx.TensorParallel = X.T;
     Ctx.SequenceParallel = X.T > 1;
     if (X.N > 1) {
@@ -251,8 +263,12 @@ TEST(CostModel, PlanWorkIsThePlansFlops) {
     EXPECT_NEAR(F["recompute_flops_per_iteration"].get<double>(),
                 Recompute * X.N * X.T, 1e-12 * Model * X.N * X.T);
     // Every rank updates its parameters; the last stage sends nothing on.
-    for (int R = 0; R < X.P; ++R)
+    // The 16-bit parameter copies of a pipelined rank run once per step, in
+    // its prologue.
+    for (int R = 0; R < X.P; ++R) {
       EXPECT_GT(Work[R].OptimizerBytes, 0);
+      EXPECT_EQ(Work[R].StepBytes > 0, X.Dtype != DType::F32 && X.N > 1);
+    }
     EXPECT_EQ(Work.back().MessageBytes, 0);
     if (X.P * X.M > 1)
       EXPECT_GT(Work[0].MessageBytes, 0);

@@ -6,6 +6,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 
 using namespace llvm;
@@ -35,7 +36,34 @@ std::string AutoCandidate::describe() const {
                Zero ? " ZeRO-1" : "", Microbatches,
                Microbatches == 1 ? "" : "es", Recompute)
            .str();
+  if (FullRanks)
+    S += formatv(" (full on rank{0} 0{1} of {2})", FullRanks > 1 ? "s" : "",
+                 FullRanks > 1 ? formatv("-{0}", FullRanks - 1).str()
+                               : std::string(),
+                 P)
+             .str();
   return S;
+}
+
+/// The pipeline rank of each layer under Ctx (where the passes place its
+/// forward nodes).
+static Expected<std::vector<int>> layerRanks(const Graph &G, PassContext Ctx,
+                                             int P) {
+  std::unique_ptr<Graph> Copy = G.clone();
+  if (auto E = runPasses(*Copy, Ctx, CompileOptions()))
+    return std::move(E);
+  std::vector<int> Ranks;
+  for (const Node &N : Copy->nodes()) {
+    const Tags &T = N.tags();
+    if (T.Layer < 0 || T.Ph != Phase::Forward)
+      continue;
+    if (T.Layer >= int(Ranks.size()))
+      Ranks.resize(T.Layer + 1, -1);
+    Ranks[T.Layer] = std::max(T.Stage, 0) % P;
+  }
+  if (llvm::is_contained(Ranks, -1))
+    return autoError("a layer has no forward node to place on a rank");
+  return Ranks;
 }
 
 /// The model's facts, from the import clean-up and detection alone.
@@ -58,6 +86,7 @@ PassContext layoutContext(const PassContext &Base, const AutoCandidate &C) {
   Ctx.DataParallel = C.D;
   Ctx.Zero = C.Zero;
   Ctx.Recompute = RecomputeOptions();
+  Ctx.Recompute.LayerModes = C.LayerModes;
   Ctx.FusedAttention = C.Recompute != "selective";
   Ctx.Recompute.Mode = C.Recompute == "selective" ? RecomputeMode::Selective
                        : C.Recompute == "full"    ? RecomputeMode::Full
@@ -182,7 +211,8 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     Machine.PeakFlops = Machine.Fp32PeakFlops;
   const AutoCandidate *Smallest = nullptr;
   std::vector<AutoCandidate> TooBig;
-  auto Try = [&](AutoCandidate C) {
+  // Compiles C; its peak, or -1 when it does not compile.
+  auto Try = [&](AutoCandidate C) -> int64_t {
     std::unique_ptr<Graph> Copy = G.clone();
     PassContext Ctx = layoutContext(Base, C);
     CompileOptions CO;
@@ -194,12 +224,12 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       std::string Why = toString(Comp.takeError());
       R.Rejected.push_back(C.describe() + ": " +
                            StringRef(Why).split('\n').first.str());
-      return;
+      return -1;
     }
     if (!Comp->P) {
       R.Rejected.push_back(C.describe() + ": the passes made no training "
                                           "graph");
-      return;
+      return -1;
     }
     for (int K = 0; K < Comp->P->numStages(); ++K)
       C.PeakBytes = std::max(C.PeakBytes, Comp->P->stage(K).ArenaBytes);
@@ -210,14 +240,15 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     auto E = estimateStep(Machine, Y, planWork(*Comp->P));
     if (!E) {
       R.Rejected.push_back(C.describe() + ": " + toString(E.takeError()));
-      return;
+      return -1;
     }
     C.Step = *E;
     if (double(C.PeakBytes) > O.GpuMemory) {
       TooBig.push_back(C);
-      return;
+      return C.PeakBytes;
     }
     R.Fits.push_back(C);
+    return C.PeakBytes;
   };
   // A family (t, p, m, d, ZeRO) is tried with its smallest member first:
   // SP (when t > 1) and full recomputation store the least. When that does
@@ -243,6 +274,57 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     }
     for (const AutoCandidate &C : Members)
       Try(C);
+  }
+  // Stage-aware recomputation (the paper's Section 7): a pipelined family
+  // whose member with full recomputation fits but whose member without
+  // does not. The first ranks hold the most microbatches, so full
+  // recomputation on ranks 0 .. k - 1 only, and none on the rest: the
+  // fewest k that fit, by bisection (more ranks recomputing never raises
+  // the peak). Such a member does at least the plain member's work, so a
+  // family whose plain member is no faster than the fastest fit so far is
+  // not tried: it cannot give the answer.
+  double Fastest = std::numeric_limits<double>::infinity();
+  for (const AutoCandidate &C : R.Fits)
+    Fastest = std::min(Fastest, C.Step.Seconds);
+  for (auto &[Key, Members] : Families) {
+    if (std::get<1>(Key) < 2)
+      continue;
+    auto Same = [&](const AutoCandidate &C, StringRef Rc) {
+      return std::make_tuple(C.T, C.P, C.M, C.D, C.Zero) == Key &&
+             C.SP == (C.T > 1) && C.Recompute == Rc && C.LayerModes.empty();
+    };
+    bool FullFits = any_of(R.Fits, [&](const auto &C) { return Same(C, "full"); });
+    auto None = find_if(TooBig, [&](const auto &C) { return Same(C, "none"); });
+    if (!FullFits || None == TooBig.end() || None->Step.Seconds >= Fastest)
+      continue;
+    const AutoCandidate Plain = *None;
+    auto Ranks = layerRanks(G, layoutContext(Base, Plain), Plain.P);
+    if (!Ranks) {
+      R.Rejected.push_back(Plain.describe() + ": " +
+                           toString(Ranks.takeError()));
+      continue;
+    }
+    auto WithFull = [&](int K) {
+      AutoCandidate C = Plain;
+      C.FullRanks = K;
+      C.PeakBytes = 0;
+      for (int Rank : *Ranks)
+        C.LayerModes.push_back(Rank < K ? RecomputeMode::Full
+                                        : RecomputeMode::None);
+      return C;
+    };
+    int Lo = 1, Hi = Plain.P - 1;
+    int64_t HiPeak = Try(WithFull(Hi));
+    if (HiPeak < 0 || double(HiPeak) > O.GpuMemory)
+      continue;
+    while (Lo < Hi) {
+      int Mid = (Lo + Hi) / 2;
+      int64_t Peak = Try(WithFull(Mid));
+      if (Peak >= 0 && double(Peak) <= O.GpuMemory)
+        Hi = Mid;
+      else
+        Lo = Mid + 1;
+    }
   }
   // Nothing fit and nothing was small enough to compile: compile the
   // layouts of the smallest floor, to name the memory they need.
@@ -367,6 +449,7 @@ nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
                     {"zero", C.Zero},
                     {"microbatches", C.Microbatches},
                     {"recompute", C.Recompute},
+                    {"full_recompute_ranks", C.FullRanks},
                     {"peak_bytes", C.PeakBytes},
                     {"step_seconds", C.Step.Seconds},
                     {"mfu", C.Step.Mfu},

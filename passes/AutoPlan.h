@@ -24,9 +24,10 @@
 // sp-compile would compile it, so its memory is the planned peak (the
 // largest rank's arena), exact, and its step time is the cost model's
 // (passes/CostModel.h) on the compiled programs. The fastest that fits is
-// the answer. Not yet: per-stage recomputation modes (stage-aware
-// recomputation), and screening by compiling one layer per combination
-// instead of whole plans.
+// the answer. A pipelined family whose full recomputation fits but whose
+// plain member does not also gets stage-aware members: full recomputation
+// on its first k ranks only, the fewest k that fit (bisection). Not yet:
+// screening by compiling one layer per combination instead of whole plans.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_PASSES_AUTOPLAN_H
@@ -65,6 +66,10 @@ struct AutoCandidate {
   bool SP = false;
   /// "none" (fused attention core), "selective" or "full".
   std::string Recompute = "none";
+  /// Stage-aware: ranks 0 .. FullRanks - 1 recompute in full, the rest as
+  /// Recompute says; LayerModes gives each layer's mode.
+  int FullRanks = 0;
+  std::vector<RecomputeMode> LayerModes;
   /// Compiled: the largest rank's arena and the cost model's step.
   int64_t PeakBytes = 0;
   StepEstimate Step;

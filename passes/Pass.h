@@ -41,6 +41,11 @@ struct RecomputeOptions {
   int Layers = 1;
   /// Auto: the planned peak bytes per rank must not exceed this.
   int64_t MemoryBudget = 0;
+  /// When not empty: each layer's mode (None, Selective or Full; one entry
+  /// per layer), instead of Mode. The planner gives the layers of the first
+  /// pipeline ranks, which hold the most microbatches, full recomputation
+  /// and the rest none (stage-aware recomputation).
+  std::vector<RecomputeMode> LayerModes;
 };
 
 /// How a training step is pipelined (pipeline pass, and the unrolling of

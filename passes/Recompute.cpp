@@ -273,7 +273,7 @@ public:
 
   Error run(Graph &G, PassContext &Ctx) override {
     const RecomputeOptions &O = Ctx.Recompute;
-    if (O.Mode == RecomputeMode::None)
+    if (O.Mode == RecomputeMode::None && O.LayerModes.empty())
       return Error::success();
     bool Training = any_of(G.outputs(), [](const Graph::Output &Out) {
       return Out.Name == "loss";
@@ -289,6 +289,26 @@ public:
                                "detect-transformer first)");
     std::vector<LayerPolicy> Policy(L, LayerPolicy::None);
     int K = 1;
+    if (!O.LayerModes.empty()) {
+      if (int(O.LayerModes.size()) != L)
+        return createStringError(inconvertibleErrorCode(),
+                                 "recompute: %zu per-layer modes for the %d "
+                                 "layers of the model",
+                                 O.LayerModes.size(), L);
+      for (int I = 0; I < L; ++I) {
+        RecomputeMode M = O.LayerModes[I];
+        if (M == RecomputeMode::Auto)
+          return createStringError(inconvertibleErrorCode(),
+                                   "recompute: layer %d's mode is auto; a "
+                                   "layer's mode is none, selective or full",
+                                   I);
+        Policy[I] = M == RecomputeMode::Full        ? LayerPolicy::Full
+                    : M == RecomputeMode::Selective ? LayerPolicy::Selective
+                                                    : LayerPolicy::None;
+      }
+      applyRecompute(G, recomputeSet(G, Policy, K));
+      return Error::success();
+    }
     switch (O.Mode) {
     case RecomputeMode::None:
       break;

@@ -85,7 +85,11 @@ TEST_P(RecomputeEqualsNone, BitwiseLossAndGradients) {
       {"full", context(L, RecomputeMode::Full)},
       {"full, every 2 layers", context(L, RecomputeMode::Full, 2)},
       {"auto", context(L, RecomputeMode::Auto, 1, Budget)},
+      // Stage-aware (the planner's): per-layer modes, the first layer full.
+      {"per layer: full, none", context(L, RecomputeMode::None)},
   };
+  Modes[4].Ctx.Recompute.LayerModes = {RecomputeMode::Full,
+                                       RecomputeMode::None};
   for (const Mode &M : Modes) {
     SCOPED_TRACE(M.Name);
     Plan P = compile(TinyModel, M.Ctx);
@@ -172,6 +176,24 @@ TEST(Recompute, AutoBelowTheSmallestPlanNamesIt) {
   std::string Msg = toString(P.takeError());
   EXPECT_NE(Msg.find("no plan fits"), std::string::npos) << Msg;
   EXPECT_NE(Msg.find(std::to_string(Full.Prog.ArenaBytes)), std::string::npos)
+      << Msg;
+}
+
+/// Per-layer modes recompute exactly the layers they name, and a list of
+/// the wrong length is refused.
+TEST(Recompute, PerLayerModes) {
+  Layout L{1, false};
+  PassContext Ctx = context(L, RecomputeMode::None);
+  Ctx.Recompute.LayerModes = {RecomputeMode::None, RecomputeMode::Full};
+  ActivationReport A = analyzeActivations(compile(TinyModel, Ctx).Prog);
+  ASSERT_EQ(A.LayerRecompute.size(), 2u);
+  EXPECT_EQ(A.LayerRecompute[0], "none");
+  EXPECT_EQ(A.LayerRecompute[1], "full");
+  Ctx.Recompute.LayerModes = {RecomputeMode::Full};
+  auto P = tryCompile(TinyModel, Ctx);
+  ASSERT_FALSE(bool(P));
+  std::string Msg = toString(P.takeError());
+  EXPECT_NE(Msg.find("1 per-layer modes for the 2 layers"), std::string::npos)
       << Msg;
 }
 

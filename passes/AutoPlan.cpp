@@ -286,7 +286,9 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   double Fastest = std::numeric_limits<double>::infinity();
   for (const AutoCandidate &C : R.Fits)
     Fastest = std::min(Fastest, C.Step.Seconds);
-  for (auto &[Key, Members] : Families) {
+  for (auto &Family : Families) {
+    // (Named, not bound: the lambdas below read the key.)
+    const auto &Key = Family.first;
     if (std::get<1>(Key) < 2)
       continue;
     auto Same = [&](const AutoCandidate &C, StringRef Rc) {

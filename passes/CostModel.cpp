@@ -36,7 +36,10 @@ Expected<ClusterSpec> parseClusterSpec(StringRef Text) {
       {"inter_node_bandwidth", &C.InterNodeBandwidth, false},
       {"inter_node_latency", &C.InterNodeLatency, false},
   };
-  for (auto &[Key, Value] : J.items()) {
+  for (auto &Item : J.items()) {
+    // (Named, not bound: a lambda below reads the key.)
+    const std::string &Key = Item.key();
+    const nlohmann::json &Value = Item.value();
     if (Key == "name") {
       if (!Value.is_string())
         return costError("cluster field 'name' must be a string");

@@ -206,9 +206,6 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                                  "({0} GPUs per node)",
                                  Node));
   // Compile each: exact memory, and the cost model on the programs.
-  ClusterSpec Machine = O.Cluster;
-  if (!Half)
-    Machine.PeakFlops = Machine.Fp32PeakFlops;
   const AutoCandidate *Smallest = nullptr;
   std::vector<AutoCandidate> TooBig;
   // Compiles C; its peak, or -1 when it does not compile.
@@ -233,11 +230,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     }
     for (int K = 0; K < Comp->P->numStages(); ++K)
       C.PeakBytes = std::max(C.PeakBytes, Comp->P->stage(K).ArenaBytes);
-    ParallelLayout Y;
-    Y.T = C.T, Y.P = C.P, Y.M = C.M, Y.D = C.D;
-    Y.Microbatches = C.Microbatches;
-    Y.Schedule = C.M > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
-    auto E = estimateStep(Machine, Y, planWork(*Comp->P));
+    auto E = estimatePlan(O.Cluster, Ctx, *Comp->P);
     if (!E) {
       R.Rejected.push_back(C.describe() + ": " + toString(E.takeError()));
       return -1;

@@ -1,6 +1,7 @@
 //===- CostModel.cpp - Step time of a parallel layout on a cluster --------===//
 #include "passes/CostModel.h"
 #include "passes/Cost.h"
+#include "passes/LowerTraining.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include <algorithm>
@@ -300,6 +301,31 @@ Expected<StepEstimate> estimateStep(const ClusterSpec &C,
   E.Mfu = Capacity > 0 ? E.ModelFlops / Capacity : 0;
   E.Hfu = Capacity > 0 ? E.HardwareFlops / Capacity : 0;
   return E;
+}
+
+ParallelLayout layoutOf(const PassContext &Ctx) {
+  const PipelineOptions &PO = Ctx.Pipeline;
+  ParallelLayout Y;
+  Y.T = Ctx.TensorParallel;
+  Y.D = std::max(1, Ctx.DataParallel);
+  if (PO.enabled()) {
+    Y.P = PO.Stages;
+    Y.M = PO.Interleave;
+    Y.Microbatches = PO.Microbatches;
+    Y.Schedule = scheduleKind(PO.Schedule);
+  }
+  return Y;
+}
+
+double gemmPeak(const ClusterSpec &C, DType Dtype) {
+  return Dtype == DType::F32 ? C.Fp32PeakFlops : C.PeakFlops;
+}
+
+Expected<StepEstimate> estimatePlan(const ClusterSpec &C,
+                                    const PassContext &Ctx, const Plan &P) {
+  ClusterSpec M = C;
+  M.PeakFlops = gemmPeak(C, Ctx.ActivationDtype);
+  return estimateStep(M, layoutOf(Ctx), planWork(P));
 }
 
 } // namespace sp

@@ -43,6 +43,7 @@
 #define SP_PASSES_COSTMODEL_H
 
 #include "lower/Schedule.h"
+#include "passes/Pass.h"
 #include "plan/Plan.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
@@ -180,6 +181,20 @@ struct StepEstimate {
 llvm::Expected<StepEstimate> estimateStep(const ClusterSpec &C,
                                           const ParallelLayout &Y,
                                           llvm::ArrayRef<StageWork> Stages);
+
+/// The layout a plan compiled with Ctx runs (its t, p, m, d, microbatches
+/// and schedule).
+ParallelLayout layoutOf(const PassContext &Ctx);
+
+/// The GEMM peak C gives a plan of activations Dtype: the 16-bit tensor-core
+/// peak, or the float32 one for an fp32 plan.
+double gemmPeak(const ClusterSpec &C, DType Dtype);
+
+/// The step of plan P, compiled with Ctx, on C: estimateStep of its
+/// layout and its stages' work (planWork), at its dtype's GEMM peak.
+llvm::Expected<StepEstimate> estimatePlan(const ClusterSpec &C,
+                                          const PassContext &Ctx,
+                                          const Plan &P);
 
 } // namespace sp
 

@@ -202,29 +202,19 @@ static void printPipeline(const Graph &G, const PipelineOptions &PO,
 
 /// The plan's step on cluster M by the cost model (passes/CostModel.h): the
 /// summary's lines, and "estimate" in the report.
-static Expected<std::string> estimatePlan(ClusterSpec M,
+static Expected<std::string> printEstimate(const ClusterSpec &M,
                                           const PassContext &Ctx,
                                           Compilation &C) {
-  const PipelineOptions &PO = Ctx.Pipeline;
-  ParallelLayout Y;
-  Y.T = Ctx.TensorParallel;
-  Y.D = std::max(1, Ctx.DataParallel);
-  if (PO.enabled()) {
-    Y.P = PO.Stages;
-    Y.M = PO.Interleave;
-    Y.Microbatches = PO.Microbatches;
-    Y.Schedule = scheduleKind(PO.Schedule);
-  }
+  ParallelLayout Y = layoutOf(Ctx);
   bool Fp32 = Ctx.ActivationDtype == DType::F32;
-  if (Fp32)
-    M.PeakFlops = M.Fp32PeakFlops;
-  auto E = estimateStep(M, Y, planWork(*C.P));
+  double Peak = gemmPeak(M, Ctx.ActivationDtype);
+  auto E = estimatePlan(M, Ctx, *C.P);
   if (!E)
     return E.takeError();
   C.Facts["estimate"] = {
       {"cluster", M.Name},
       {"gpus", Y.gpus()},
-      {"peak_flops", M.PeakFlops},
+      {"peak_flops", Peak},
       {"gemm_efficiency", M.GemmEfficiency},
       {"step_seconds", E->Seconds},
       {"pipeline_seconds", E->PipelineSeconds},
@@ -251,7 +241,7 @@ static Expected<std::string> estimatePlan(ClusterSpec M,
                  "rank: GEMMs {10}, memory-bound ops {14}, tensor collectives "
                  "{11}; MFU {12:F1}%, HFU {13:F1}%\n",
                  Y.gpus(), M.Name, Fp32 ? "fp32" : "16-bit",
-                 M.GemmEfficiency, M.PeakFlops / 1e12, T(E->Seconds),
+                 M.GemmEfficiency, Peak / 1e12, T(E->Seconds),
                  T(E->PipelineSeconds), 100 * E->BubbleFraction,
                  T(E->DataParallelSeconds), T(E->OptimizerSeconds),
                  T(E->ComputeSeconds), T(E->TensorCommSeconds), 100 * E->Mfu,
@@ -516,7 +506,7 @@ int main(int Argc, char **Argv) {
                                            "--estimate needs a training "
                                            "graph; the pipeline must include "
                                            "autodiff and optimizer"));
-    auto E = estimatePlan(*Machine, Ctx, *C);
+    auto E = printEstimate(*Machine, Ctx, *C);
     if (!E)
       return reportError("sp-compile", E.takeError());
     outs() << *E; // asked for: printed under --quiet too

@@ -111,6 +111,12 @@ public:
   /// Whether it runs mixed-precision plans (bf16 or fp16 activations).
   virtual bool runsMixedPrecision() const { return false; }
 
+  /// The dense GEMM throughput (FLOP/s) this rank's device peaks at when
+  /// the plan computes in Dtype ("f32", "bf16", "f16", "f64"), the
+  /// denominator of the model FLOP utilization (MFU) sp-run logs; 0 when
+  /// the backend does not know it.
+  virtual double peakFlops(llvm::StringRef Dtype) const { return 0; }
+
   /// Runs (or enqueues) the kernel of one instruction. The error says what
   /// is wrong with the instruction, without naming it (the executor does).
   virtual llvm::Error run(const KernelCall &C) = 0;

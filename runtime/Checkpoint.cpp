@@ -377,7 +377,7 @@ Error commitCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
     Index["grid"] = {Meta.Grid.Data, Meta.Grid.Pipeline, Meta.Grid.Tensor};
   json Losses = json::array();
   for (const LossRow &R : Meta.Losses)
-    Losses.push_back({R.Step, R.Loss, R.LR});
+    Losses.push_back({R.Step, R.Loss, R.LR, R.GradNorm, R.ValLoss});
   Index["losses"] = std::move(Losses);
   json List = json::array();
   for (const std::string &S : Shards)
@@ -502,15 +502,27 @@ static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
       return std::nan("");
     return std::nullopt;
   };
+  // [step, loss, lr] (checkpoints before the gradient norm was logged),
+  // or [step, loss, lr, grad_norm, val_loss]; the timings are not kept.
   for (const json &R : *Losses) {
-    std::optional<double> Loss, LR;
-    if (R.is_array() && R.size() == 3 && isIntegerIn(R[0], 0, INT64_MAX)) {
+    std::optional<double> Loss, LR, Norm = std::nan(""), Val = std::nan("");
+    if (R.is_array() && (R.size() == 3 || R.size() == 5) &&
+        isIntegerIn(R[0], 0, INT64_MAX)) {
       Loss = Number(R[1]);
       LR = Number(R[2]);
+      if (R.size() == 5) {
+        Norm = Number(R[3]);
+        Val = Number(R[4]);
+      }
     }
-    if (!Loss || !LR)
-      return Bad("every entry of 'losses'", "[step, loss, learning rate]");
-    Meta.Losses.push_back(LossRow{R[0].get<int64_t>(), *Loss, *LR});
+    if (!Loss || !LR || !Norm || !Val)
+      return Bad("every entry of 'losses'",
+                 "[step, loss, learning rate, gradient norm, validation "
+                 "loss]");
+    LossRow Row{R[0].get<int64_t>(), *Loss, *LR};
+    Row.GradNorm = *Norm;
+    Row.ValLoss = *Val;
+    Meta.Losses.push_back(Row);
   }
   if (Version == 1) {
     // One rank; its data in tensors.bin, described at the top level.

@@ -91,6 +91,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                      "(recompile with --dtype fp32)");
   std::unique_ptr<Executor> E(new Executor());
   E->Wide = Wide;
+  E->ComputeDtype = Dtype;
   E->Opts = Opts;
   E->Comm = Opts.Comm;
   if (!E->Comm) {
@@ -431,6 +432,7 @@ Expected<double> Executor::trainStep(const TokenBatch &Data, double LR,
                      MissingOptimizerInput + "' input)");
   FeedScale = Scaling ? Scaling->Scale : 1;
   SkipUpdate = false;
+  LastGradNorm = NAN;
   if (auto E = feedInputs(Data, LR, Step))
     return std::move(E);
   if (auto E = run(Phase::Optimizer, Step, /*Training=*/true))
@@ -518,16 +520,26 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
       return createStringError(inconvertibleErrorCode(), "%s: %s",
                                describe(In, I).c_str(),
                                toString(std::move(E)).c_str());
-    // Loss scaling: every rank reads the same global norm (grad_norm sums
-    // over every group), so every rank skips the same steps.
-    if (Training && Scaling && In.Op == OpKind::GradNorm) {
-      float Norm = 0;
+    // The gradients' global norm, for the log; with loss scaling every
+    // rank reads the same norm (grad_norm sums over every group), so every
+    // rank skips the same steps.
+    if (Training && In.Op == OpKind::GradNorm) {
       if (auto E = Back->synchronize())
         return E;
-      if (auto E = Back->copyToHost(&Norm, Arena + Prog.Buffers[In.Out[0]].Offset,
-                                    sizeof Norm))
-        return E;
-      SkipUpdate = !std::isfinite(Norm);
+      const char *Src = Arena + Prog.Buffers[In.Out[0]].Offset;
+      double Norm = 0;
+      if (Prog.Buffers[In.Out[0]].Type.Dtype == DType::F64) {
+        if (auto E = Back->copyToHost(&Norm, Src, sizeof Norm))
+          return E;
+      } else {
+        float F = 0;
+        if (auto E = Back->copyToHost(&F, Src, sizeof F))
+          return E;
+        Norm = F;
+      }
+      LastGradNorm = Norm;
+      if (Scaling)
+        SkipUpdate = !std::isfinite(Norm);
     }
     if (!Training && Unrolled && In.Role == "lm_head" &&
         In.Ph == Phase::Forward) {

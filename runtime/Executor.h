@@ -24,6 +24,7 @@
 #include "plan/Plan.h"
 #include "runtime/comm/Communicator.h"
 #include "llvm/Support/Error.h"
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -153,6 +154,10 @@ public:
   void restoreSkippedUpdates(int64_t N) { Skipped = N; }
   /// Whether the last trainStep skipped its update (gradients overflowed).
   bool lastStepSkipped() const { return LastSkipped; }
+  /// The global L2 norm of the last trainStep's gradients before clipping
+  /// (over every rank's, unscaled), or NaN when the plan computes none (no
+  /// gradient clipping).
+  double lastGradNorm() const { return LastGradNorm; }
 
   /// The forward alone, without dropout and without an update: the loss.
   /// The logits stay readable (logits()) until the next call.
@@ -207,6 +212,9 @@ public:
   /// Microbatches per step (the batch is their concatenation).
   int64_t microbatches() const { return Microbatches; }
   MemoryStats memory() const { return Stats; }
+  /// The backend's dense GEMM peak for the plan's compute type (FLOP/s;
+  /// Backend::peakFlops), 0 when it does not know it.
+  double peakFlops() const { return Back->peakFlops(ComputeDtype); }
   TimeStats timing() const { return Times; }
   /// With RunOptions::Trace: every instruction run so far.
   llvm::ArrayRef<TraceEvent> trace() const { return Events; }
@@ -257,6 +265,7 @@ private:
   std::vector<char> EvalLogits;
   bool Unrolled = false; // a program unrolled over microbatches or stages
   bool Wide = false; // a float64 plan
+  std::string ComputeDtype = "f32"; // the plan's "dtype"
   std::optional<LossScaling> Scaling;
   int64_t Skipped = 0;
   /// The factor the loss weights were fed with: the loss scale in a
@@ -266,6 +275,7 @@ private:
   /// This step's gradients overflowed: its optimizer instructions are
   /// skipped.
   bool SkipUpdate = false, LastSkipped = false;
+  double LastGradNorm = NAN;
   /// Set when the plan cannot train: the optimizer input it lacks.
   std::string MissingOptimizerInput;
 };

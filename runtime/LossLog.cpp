@@ -2,6 +2,7 @@
 #include "runtime/LossLog.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/raw_ostream.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
 #include <cmath>
@@ -20,13 +21,30 @@ double learningRate(int64_t Step, int64_t Steps, int64_t Warmup, double Peak,
   return Min + 0.5 * (Peak - Min) * (1.0 + std::cos(M_PI * Progress));
 }
 
+const char LossCsvHeader[] =
+    "step,loss,lr,grad_norm,val_loss,tokens_per_s,model_flops_per_s,mfu";
+
+namespace {
+/// "%.9g", or nothing for NaN.
+void appendField(std::string &S, double X) {
+  S += ',';
+  if (std::isnan(X))
+    return;
+  char Text[32];
+  std::snprintf(Text, sizeof(Text), "%.9g", X);
+  S += Text;
+}
+} // namespace
+
 std::string lossCsv(ArrayRef<LossRow> Rows) {
-  std::string S = "step,loss,lr\n";
+  std::string S = LossCsvHeader;
+  S += '\n';
   for (const LossRow &R : Rows) {
-    char Line[96];
-    std::snprintf(Line, sizeof(Line), "%lld,%.9g,%.9g\n", (long long)R.Step,
-                  R.Loss, R.LR);
-    S += Line;
+    S += std::to_string(R.Step);
+    for (double X : {R.Loss, R.LR, R.GradNorm, R.ValLoss, R.TokensPerSecond,
+                     R.FlopsPerSecond, R.MFU})
+      appendField(S, X);
+    S += '\n';
   }
   return S;
 }
@@ -41,35 +59,76 @@ std::string groupThousands(int64_t N) {
   return N < 0 ? "-" + R : R;
 }
 
-std::string progressLine(int64_t Step, int64_t Steps, double Loss, double LR,
-                         double TokensPerSecond, unsigned BarWidth) {
-  unsigned Filled =
-      Steps > 0 ? unsigned(std::min<int64_t>(BarWidth, Step * BarWidth / Steps))
-                : BarWidth;
-  std::string Bar(Filled, '#');
-  Bar.append(BarWidth - Filled, '.');
-  char LRText[32];
-  std::snprintf(LRText, sizeof(LRText), "%.1e", LR);
-  return formatv("step {0}/{1} [{2}] loss {3:F4} lr {4} {5} tok/s", Step, Steps,
-                 Bar, Loss, LRText,
-                 groupThousands(int64_t(std::llround(TokensPerSecond))))
-      .str();
+std::string flopCount(double F) {
+  static const char *Units[] = {"", "K", "M", "G", "T", "P", "E"};
+  int U = 0;
+  while (U < 6 && std::abs(F) >= 1000) {
+    F /= 1000;
+    ++U;
+  }
+  int Decimals = std::abs(F) >= 100 ? 0 : std::abs(F) >= 10 ? 1 : 2;
+  return formatv("{0} {1}FLOP", format("%.*f", Decimals, F), Units[U]).str();
 }
 
-void ProgressBar::update(int64_t Step, int64_t Steps, double Loss, double LR,
-                         double TokensPerSecond) {
-  std::string Line = progressLine(Step, Steps, Loss, LR, TokensPerSecond);
+std::string flopRate(double F) { return flopCount(F) + "/s"; }
+
+std::string progressLine(int64_t Steps, const LossRow &R, unsigned BarWidth) {
+  std::string Line = formatv("step {0}/{1} ", R.Step, Steps).str();
+  if (BarWidth) {
+    unsigned Filled =
+        Steps > 0
+            ? unsigned(std::min<int64_t>(BarWidth, R.Step * BarWidth / Steps))
+            : BarWidth;
+    Line += '[';
+    Line.append(Filled, '#');
+    Line.append(BarWidth - Filled, '.');
+    Line += "] ";
+  }
+  Line += formatv("loss {0:F4} lr {1}", R.Loss, format("%.1e", R.LR)).str();
+  if (std::isfinite(R.GradNorm))
+    Line += formatv(" gnorm {0}", format("%.3g", R.GradNorm)).str();
+  if (std::isfinite(R.TokensPerSecond))
+    Line += formatv(" {0} tok/s",
+                    groupThousands(int64_t(std::llround(R.TokensPerSecond))))
+                .str();
+  if (std::isfinite(R.FlopsPerSecond))
+    Line += formatv(" {0}", flopRate(R.FlopsPerSecond)).str();
+  if (std::isfinite(R.MFU))
+    Line += formatv(" MFU {0:F1}%", 100 * R.MFU).str();
+  return Line;
+}
+
+void ProgressBar::update(int64_t Steps, const LossRow &Row,
+                         int64_t FirstStep) {
   if (!Tty) {
-    OS << Line << "\n";
-    OS.flush();
+    if (Row.Step == FirstStep || Row.Step == Steps ||
+        (Every > 0 && Row.Step % Every == 0)) {
+      OS << progressLine(Steps, Row, /*BarWidth=*/0) << "\n";
+      OS.flush();
+    }
     return;
   }
+  std::string Line = progressLine(Steps, Row);
   // Pad over what is left of a longer previous line.
   size_t Width = Line.size();
   if (Width < LastWidth)
     Line.append(LastWidth - Width, ' ');
   LastWidth = Width;
   OS << "\r" << Line;
+  OS.flush();
+}
+
+void ProgressBar::note(StringRef Line) {
+  if (Tty && LastWidth) {
+    // Over the bar, which the next update draws again below.
+    std::string Text = Line.str();
+    if (Text.size() < LastWidth)
+      Text.append(LastWidth - Text.size(), ' ');
+    OS << "\r" << Text << "\n";
+    LastWidth = 0;
+  } else {
+    OS << Line << "\n";
+  }
   OS.flush();
 }
 
@@ -122,24 +181,53 @@ std::string tickLabel(double V, double Step) {
 
 } // namespace
 
+/// The trailing mean of the last Window finite losses at each row's step
+/// (from the Window-th on).
+static std::vector<std::pair<double, double>>
+movingAverage(ArrayRef<const LossRow *> Pts, size_t Window) {
+  std::vector<std::pair<double, double>> Avg;
+  double Sum = 0;
+  for (size_t I = 0; I < Pts.size(); ++I) {
+    Sum += Pts[I]->Loss;
+    if (I >= Window)
+      Sum -= Pts[I - Window]->Loss;
+    if (I + 1 >= Window)
+      Avg.push_back({double(Pts[I]->Step), Sum / double(Window)});
+  }
+  return Avg;
+}
+
 std::string lossSvg(ArrayRef<LossRow> Rows, StringRef Title) {
   const double W = 640, H = 400, Left = 70, Right = 20, Top = 40, Bottom = 50;
   const double PW = W - Left - Right, PH = H - Top - Bottom;
   std::vector<const LossRow *> Pts;
-  for (const LossRow &R : Rows)
+  std::vector<std::pair<double, double>> Val;
+  for (const LossRow &R : Rows) {
     if (std::isfinite(R.Loss))
       Pts.push_back(&R);
-  double X0 = 1, X1 = 2, Y0 = 0, Y1 = 1;
-  if (!Pts.empty()) {
-    X0 = X1 = double(Pts.front()->Step);
-    Y0 = Y1 = Pts.front()->Loss;
-    for (const LossRow *R : Pts) {
-      X0 = std::min(X0, double(R->Step));
-      X1 = std::max(X1, double(R->Step));
-      Y0 = std::min(Y0, R->Loss);
-      Y1 = std::max(Y1, R->Loss);
-    }
+    if (std::isfinite(R.ValLoss))
+      Val.push_back({double(R.Step), R.ValLoss});
   }
+  std::vector<std::pair<double, double>> Avg;
+  if (Pts.size() >= 20)
+    Avg = movingAverage(Pts, std::max<size_t>(5, Pts.size() / 20));
+  double X0 = 1, X1 = 2, Y0 = 0, Y1 = 1;
+  bool Any = false;
+  auto Extend = [&](double X, double Y) {
+    if (!Any) {
+      X0 = X1 = X;
+      Y0 = Y1 = Y;
+      Any = true;
+    }
+    X0 = std::min(X0, X);
+    X1 = std::max(X1, X);
+    Y0 = std::min(Y0, Y);
+    Y1 = std::max(Y1, Y);
+  };
+  for (const LossRow *R : Pts)
+    Extend(double(R->Step), R->Loss);
+  for (const auto &V : Val)
+    Extend(V.first, V.second);
   if (X1 - X0 < 1)
     X1 = X0 + 1;
   if (Y1 - Y0 < 1e-6) {
@@ -201,23 +289,62 @@ std::string lossSvg(ArrayRef<LossRow> Rows, StringRef Title) {
   OS << formatv("<text x=\"16\" y=\"{0}\" text-anchor=\"middle\" "
                 "transform=\"rotate(-90 16 {0})\">loss</text>\n",
                 Top + PH / 2);
-  // The curve.
-  if (Pts.size() == 1) {
-    OS << formatv("<circle cx=\"{0:F1}\" cy=\"{1:F1}\" r=\"3\" "
-                  "fill=\"#1f77b4\"/>\n",
-                  PX(double(Pts[0]->Step)), PY(Pts[0]->Loss));
-  } else if (!Pts.empty()) {
-    OS << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" "
-          "points=\"";
-    for (size_t I = 0; I < Pts.size(); ++I)
-      OS << formatv("{0}{1:F1},{2:F1}", I ? " " : "", PX(double(Pts[I]->Step)),
-                    PY(Pts[I]->Loss));
+  // The curves: the training loss (pale once its average is drawn over
+  // it), the moving average, the validation losses.
+  auto Polyline = [&](ArrayRef<std::pair<double, double>> XY,
+                      StringRef Color, double Width) {
+    OS << formatv("<polyline fill=\"none\" stroke=\"{0}\" "
+                  "stroke-width=\"{1}\" points=\"",
+                  Color, Width);
+    for (size_t I = 0; I < XY.size(); ++I)
+      OS << formatv("{0}{1:F1},{2:F1}", I ? " " : "", PX(XY[I].first),
+                    PY(XY[I].second));
     OS << "\"/>\n";
-  } else {
+  };
+  auto Dots = [&](ArrayRef<std::pair<double, double>> XY, StringRef Color) {
+    for (const auto &P : XY)
+      OS << formatv("<circle cx=\"{0:F1}\" cy=\"{1:F1}\" r=\"3\" "
+                    "fill=\"{2}\"/>\n",
+                    PX(P.first), PY(P.second), Color);
+  };
+  std::vector<std::pair<double, double>> Train;
+  for (const LossRow *R : Pts)
+    Train.push_back({double(R->Step), R->Loss});
+  const char *TrainColor = Avg.empty() ? "#1f77b4" : "#a6c8e6";
+  if (Train.size() == 1)
+    Dots(Train, TrainColor);
+  else if (!Train.empty())
+    Polyline(Train, TrainColor, Avg.empty() ? 1.5 : 1);
+  if (!Avg.empty())
+    Polyline(Avg, "#1f77b4", 2);
+  if (Val.size() > 1)
+    Polyline(Val, "#ff7f0e", 1.5);
+  Dots(Val, "#ff7f0e");
+  if (Train.empty() && Val.empty())
     OS << formatv("<text x=\"{0}\" y=\"{1}\" text-anchor=\"middle\">no "
                   "data</text>\n",
                   Left + PW / 2, Top + PH / 2);
-  }
+  // The legend, top right, one entry per curve drawn.
+  std::vector<std::pair<std::string, const char *>> Legend;
+  if (!Train.empty())
+    Legend.push_back({"training loss", TrainColor});
+  if (!Avg.empty())
+    Legend.push_back(
+        {formatv("training, mean of {0} steps",
+                 std::max<size_t>(5, Pts.size() / 20))
+             .str(),
+         "#1f77b4"});
+  if (!Val.empty())
+    Legend.push_back({"validation loss", "#ff7f0e"});
+  if (Legend.size() > 1 || !Val.empty())
+    for (size_t I = 0; I < Legend.size(); ++I) {
+      double Y = Top + 14 + 16 * double(I), X = Left + PW - 190;
+      OS << formatv("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" "
+                    "stroke=\"{3}\" stroke-width=\"2\"/>\n",
+                    X, Y - 4, X + 20, Legend[I].second);
+      OS << formatv("<text x=\"{0}\" y=\"{1}\">{2}</text>\n", X + 26, Y,
+                    xmlEscape(Legend[I].first));
+    }
   OS << "</svg>\n";
   return OS.str();
 }

@@ -3,10 +3,12 @@
 // What sp-run shows of a training run:
 //   - learningRate: linear warmup, then cosine decay to a minimum (the
 //     formula of the sp-run contract);
-//   - loss.csv ("step,loss,lr", one row per step) and loss.svg, a plain SVG
-//     line plot of the loss against the step;
+//   - loss.csv (one row per step: loss, learning rate, gradient norm,
+//     validation loss, throughput and MFU) and loss.svg, a plain SVG line
+//     plot of the training loss (and its moving average) and the validation
+//     loss against the step;
 //   - a progress line on stderr, redrawn in place with '\r' on a terminal and
-//     printed once per step otherwise.
+//     printed every --log-every steps otherwise.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_LOSSLOG_H
@@ -16,6 +18,7 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,40 +33,67 @@ namespace sp {
 double learningRate(int64_t Step, int64_t Steps, int64_t Warmup, double Peak,
                     double Min);
 
+/// One training step's row of loss.csv. NaN stands for "not measured":
+/// no gradient norm (a plan without clipping), no validation this step, no
+/// known peak FLOP/s, or timings a resumed run did not see.
 struct LossRow {
   int64_t Step = 0;
   double Loss = 0;
   double LR = 0;
+  /// The gradients' global L2 norm before clipping.
+  double GradNorm = NAN;
+  /// The mean validation loss measured after this step.
+  double ValLoss = NAN;
+  /// This step's throughput, the whole job's: tokens per second, model
+  /// FLOPs (forward and backward, recomputation not counted) per second,
+  /// and those over the job's peak FLOP/s.
+  double TokensPerSecond = NAN, FlopsPerSecond = NAN, MFU = NAN;
 };
 
-/// "step,loss,lr" and one row per entry; numbers are printed with enough
-/// digits to read back the float32 loss exactly.
+/// The header of loss.csv: the columns that a rerun reproduces bit for bit
+/// first (step .. val_loss), then the timings.
+extern const char LossCsvHeader[];
+/// The header and one row per entry; numbers are printed with enough digits
+/// to read back the float32 loss exactly, NaNs as empty fields.
 std::string lossCsv(llvm::ArrayRef<LossRow> Rows);
 
-/// A line plot of loss against step: axes with tick labels, the title, a
-/// polyline (or a dot for a single step). Non-finite losses are skipped.
+/// A line plot against step: the training loss, its moving average over a
+/// window of about a twentieth of the steps (from 20 steps on), and the
+/// validation losses as dots joined by a line, with a legend; axes with tick
+/// labels, the title. Non-finite values are skipped.
 std::string lossSvg(llvm::ArrayRef<LossRow> Rows, llvm::StringRef Title);
 
 /// "12,345".
 std::string groupThousands(int64_t N);
 
-/// "step 7/20 [#######.............] loss 4.1234 lr 9.8e-04 12,345 tok/s".
-std::string progressLine(int64_t Step, int64_t Steps, double Loss, double LR,
-                         double TokensPerSecond, unsigned BarWidth = 20);
+/// "1.23 TFLOP", "456 GFLOP", "78.9 MFLOP": three significant digits.
+std::string flopCount(double Flops);
+/// The same with "/s".
+std::string flopRate(double FlopsPerSecond);
 
-/// Prints progress lines to OS: in place on a terminal, one per line
-/// otherwise.
+/// "step 7/20 [#######.............] loss 4.1234 lr 9.8e-04 gnorm 1.23
+/// 12,345 tok/s 1.23 GFLOP/s MFU 4.5%" (the bar only when BarWidth > 0;
+/// gnorm, FLOP/s and MFU only when measured).
+std::string progressLine(int64_t Steps, const LossRow &Row,
+                         unsigned BarWidth = 20);
+
+/// Prints progress lines to OS: a bar redrawn in place on a terminal (every
+/// step), otherwise a line without the bar every Every steps and at the
+/// first and last.
 class ProgressBar {
 public:
-  ProgressBar(llvm::raw_ostream &OS, bool Terminal) : OS(OS), Tty(Terminal) {}
-  void update(int64_t Step, int64_t Steps, double Loss, double LR,
-              double TokensPerSecond);
+  ProgressBar(llvm::raw_ostream &OS, bool Terminal, int64_t Every = 1)
+      : OS(OS), Tty(Terminal), Every(Every) {}
+  void update(int64_t Steps, const LossRow &Row, int64_t FirstStep);
+  /// A line of its own (a validation loss, a warning), not overwritten.
+  void note(llvm::StringRef Line);
   /// Ends the in-place line (a newline on a terminal).
   void finish();
 
 private:
   llvm::raw_ostream &OS;
   bool Tty;
+  int64_t Every;
   size_t LastWidth = 0;
 };
 

@@ -5,6 +5,7 @@
 #include "runtime/Executor.h"
 #include "runtime/LossLog.h"
 #include "runtime/Npy.h"
+#include "runtime/Sample.h"
 #include "runtime/cpu/Bf16Gemm.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "tools/ToolSupport.h"
@@ -18,6 +19,9 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <limits>
+#include <random>
 #include <thread>
 #include <unistd.h>
 
@@ -260,6 +264,9 @@ struct Run {
   TokenBatch Batch;
   /// The step the checkpoint in CheckpointPath holds (-1: none).
   int64_t SavedStep = -1;
+  /// Sampling: where --dump writes the drawn positions' logits, and whose
+  /// weights these are (for the summary line).
+  std::string DumpDirFor, WeightsFrom;
 
   Error dumpLogits(StringRef Dir);
   Error dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors);
@@ -269,6 +276,8 @@ struct Run {
                       Communicator *Across = nullptr);
   Error writeLogs();
   Error writeCheckpointAt(int64_t Step);
+  /// sp-run --sample: the prompt's continuation, printed by the lead.
+  Error generate(const TrainerOptions::SampleOptions &S);
   Error writeMemory(StringRef Dir);
   std::vector<TensorView> checkpointTensors() const {
     std::vector<TensorView> T = E.parameters();
@@ -348,6 +357,89 @@ Error Run::dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors) {
                           T.FullType.Shape, StageLead))
       return Err;
   }
+  return Error::success();
+}
+
+Error Run::generate(const TrainerOptions::SampleOptions &S) {
+  // Every rank runs the same forwards: each step's batch holds the last
+  // seq() tokens of the text in every row, the rest of the row padding
+  // that a causal model's earlier positions never see. The last stage's
+  // first tensor-parallel rank of the first replica draws the next token
+  // from the logits of the text's last position, and the ranks agree on it
+  // with a sum (the others add 0).
+  int64_t B = E.batch(), Seq = E.seq(),
+          Allowed = std::min<int64_t>(E.vocab(), 256); // bytes
+  bool LastStage = E.stage() == E.numStages() - 1;
+  bool Draws = LastStage && (E.groupSize() == 1 || E.rank() == 0) &&
+               At.Data == 0;
+  std::vector<int64_t> Text;
+  for (unsigned char C : S.Prompt)
+    Text.push_back(C);
+  std::mt19937_64 Rng(RunSeed);
+  std::vector<float> Drawn; // the logits of each drawn position (--dump)
+  auto Start = std::chrono::steady_clock::now();
+  for (int64_t K = 0; K < S.Tokens; ++K) {
+    int64_t First = std::max<int64_t>(0, int64_t(Text.size()) - Seq);
+    int64_t Len = int64_t(Text.size()) - First;
+    Batch.Tokens.assign(B * Seq, 0);
+    Batch.Targets.assign(B * Seq, IgnoreTarget);
+    Batch.Real.clear();
+    for (int64_t Row = 0; Row < B; ++Row)
+      std::copy(Text.begin() + First, Text.end(),
+                Batch.Tokens.begin() + Row * Seq);
+    if (auto L = E.evalLoss(Batch); !L)
+      return L.takeError();
+    double Token = 0;
+    if (LastStage) {
+      if (auto Err = E.download())
+        return Err;
+      auto Logits = E.logits();
+      if (!Logits)
+        return usageError("the plan exposes no logits to sample from");
+      auto Whole = E.gather(*Logits); // every tensor-parallel part
+      if (!Whole)
+        return Whole.takeError();
+      int64_t V = int64_t(Whole->size()) / (B * Seq);
+      if (Draws) {
+        ArrayRef<float> Row(Whole->data() + (Len - 1) * V, size_t(V));
+        double U = double(Rng() >> 11) * 0x1.0p-53;
+        Token = double(sampleToken(Row, Allowed, S.Temperature, S.TopK, U));
+        Drawn.insert(Drawn.end(), Row.begin(), Row.end());
+      }
+    }
+    if (World)
+      if (auto Err = World->allReduceSum(&Token, 1))
+        return Err;
+    Text.push_back(int64_t(Token));
+  }
+  double Seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
+          .count();
+  if (Draws && !DumpDirFor.empty()) {
+    int64_t V = S.Tokens ? int64_t(Drawn.size()) / S.Tokens : 0;
+    if (auto Err = makeDir(DumpDirFor, "--dump"))
+      return Err;
+    if (auto Err = writeNpy(DumpDirFor + "/sample_logits.npy", {S.Tokens, V},
+                            Drawn))
+      return Err;
+  }
+  if (!Lead)
+    return Error::success();
+  std::string Generated;
+  for (size_t I = S.Prompt.size(); I < Text.size(); ++I)
+    Generated += char(Text[I]);
+  raw_ostream &Out = outs();
+  Out << formatv("sp-run: sampling {0}: {1} tokens after a {2}-byte prompt, "
+                 "{3}, seed {4}, {5} ({6:F2} s)\n",
+                 ModelName, S.Tokens, S.Prompt.size(),
+                 S.Temperature <= 0
+                     ? std::string("greedy")
+                     : formatv("temperature {0}, top-k {1}", S.Temperature,
+                               S.TopK ? std::to_string(S.TopK) : "all")
+                           .str(),
+                 RunSeed, WeightsFrom, Seconds);
+  Out << S.Prompt << Generated << "\n";
+  Out.flush();
   return Error::success();
 }
 
@@ -741,7 +833,7 @@ Error Trainer::runRank(Communicator *World) {
   if (auto Err = checkObjective(O.Obj, E.vocab()))
     return usageError(toString(std::move(Err)));
   std::unique_ptr<DataLoader> Data;
-  if (O.Synthetic) {
+  if (O.Synthetic || O.Sample) { // sampling reads no data
     Data = DataLoader::synthetic(O.Seed, E.batch(), E.seq(), E.vocab());
   } else {
     auto D = DataLoader::open(O.DataFile, E.batch(), E.seq(), E.vocab());
@@ -752,6 +844,17 @@ Error Trainer::runRank(Communicator *World) {
   Data->setShuffle(O.Shuffle, O.Seed);
   Data->setObjective(O.Obj);
   Data->setDataParallel(Groups.At.Data, Grid.Data);
+  // The held-out batches: read in order, the same ones at every
+  // validation, each replica its rows of them.
+  std::unique_ptr<DataLoader> ValData;
+  if (!O.ValDataFile.empty()) {
+    auto D = DataLoader::open(O.ValDataFile, E.batch(), E.seq(), E.vocab());
+    if (!D)
+      return usageError("--val-data: " + toString(D.takeError()));
+    ValData = std::move(*D);
+    ValData->setObjective(O.Obj);
+    ValData->setDataParallel(Groups.At.Data, Grid.Data);
+  }
 
   std::string ModelName =
       sys::path::stem(P.Manifest.value("source", std::string("model"))).str();
@@ -779,14 +882,15 @@ Error Trainer::runRank(Communicator *World) {
   // The directories this run writes: rank 0 locks them for the whole run
   // (another sp-run writing them is refused) and removes what a killed run
   // left there.
-  bool WritesCheckpoints =
-      !O.Eval && (O.CheckpointEvery > 0 || O.CheckpointOnExit);
+  bool WritesCheckpoints = !O.Eval && !O.Sample &&
+                           (O.CheckpointEvery > 0 || O.CheckpointOnExit);
+  bool WritesLogs = !O.Eval && !O.Sample;
   auto LockAndClean = [&]() -> Error {
     std::vector<std::tuple<std::string, const char *, const char *>> Dirs;
     if (WritesCheckpoints)
       Dirs.emplace_back(O.CheckpointPath, "checkpoint directory",
                         "--checkpoint DIR");
-    if (!O.Eval)
+    if (WritesLogs)
       Dirs.emplace_back(O.LogPath, "log directory", "--log-dir DIR");
     std::vector<std::string> Held; // real paths: one directory, one lock
     for (auto &[Dir, What, Flag] : Dirs) {
@@ -803,7 +907,7 @@ Error Trainer::runRank(Communicator *World) {
     if (WritesCheckpoints)
       if (auto Removed = cleanCheckpointDir(O.CheckpointPath); !Removed)
         consumeError(Removed.takeError()); // a bad index: --resume says so
-    if (!O.Eval)
+    if (WritesLogs)
       removeLogTemporaries(O.LogPath);
     return Error::success();
   };
@@ -869,6 +973,16 @@ Error Trainer::runRank(Communicator *World) {
   SavedStep.store(R.SavedStep);
   Stop.SavedStep.store(R.SavedStep);
 
+  if (O.Sample) {
+    R.DumpDirFor = O.DumpDir;
+    R.WeightsFrom =
+        O.Resumed ? formatv("the weights of checkpoint '{0}' (step {1})",
+                            O.CheckpointPath, O.Resumed->Step)
+                        .str()
+                  : std::string("the model's own weights (no --checkpoint)");
+    return R.generate(*O.Sample);
+  }
+
   // From here on, files are written.
   if (!O.DumpDir.empty()) {
     if (Lead)
@@ -915,6 +1029,40 @@ Error Trainer::runRank(Communicator *World) {
     return Error::success();
   }
 
+  // Throughput: the model FLOPs of one step of the whole job (forward and
+  // backward of every replica, recomputation not counted: the paper's
+  // "model FLOPs"), from the plan's FLOP report; the job's peak, from
+  // --peak-flops (per rank) or the backends' (the CPU's is the process's,
+  // which its thread ranks share). A collective: every rank takes part.
+  double ModelFlopsPerStep = NAN;
+  if (auto F = P.Manifest.find("flops");
+      F != P.Manifest.end() && F->is_object()) {
+    auto M = F->find("model_flops_per_iteration");
+    if (M != F->end() && M->is_number())
+      ModelFlopsPerStep = M->get<double>() * Grid.Data;
+  }
+  int WorldSize = World ? World->size() : 1;
+  double JobPeak = 0;
+  std::string PeakSource;
+  if (O.PeakFlops) {
+    JobPeak = *O.PeakFlops * WorldSize;
+    PeakSource = formatv("--peak-flops {0} x {1} rank{2}",
+                         flopRate(*O.PeakFlops), WorldSize,
+                         WorldSize > 1 ? "s" : "")
+                     .str();
+  } else {
+    bool Measures = O.Cuda || !O.ThreadRanks || !World || World->rank() == 0;
+    double Mine = Measures ? E.peakFlops() : 0;
+    double Sums[2] = {Mine, Measures && !(Mine > 0) ? 1.0 : 0.0};
+    if (World)
+      if (auto Err = World->allReduceSum(Sums, 2))
+        return Err;
+    if (Sums[1] == 0)
+      JobPeak = Sums[0];
+    PeakSource = O.Cuda ? "the GPUs' dense GEMM peak"
+                        : "this CPU's measured float32 GEMM rate";
+  }
+
   std::string Layout;
   if (Grid.size() > 1)
     Layout = formatv(", ranks d {0} x p {1} x t {2}", Grid.Data,
@@ -952,8 +1100,33 @@ Error Trainer::runRank(Communicator *World) {
                    O.CheckpointPath, O.Resumed->Step, W.Data, W.Pipeline,
                    W.Tensor);
   }
+  if (std::isfinite(ModelFlopsPerStep))
+    Out << formatv("{0} per step (model FLOPs){1}\n",
+                   flopCount(ModelFlopsPerStep),
+                   JobPeak > 0 ? formatv("; MFU against {0} ({1})",
+                                         flopRate(JobPeak), PeakSource)
+                                     .str()
+                               : std::string());
+  if (ValData)
+    Out << formatv("validation: {0} batches of '{1}' every {2} steps and at "
+                   "the end\n",
+                   O.EvalSteps, O.ValDataFile, O.EvalEvery);
   Out.flush();
-  ProgressBar Progress(Lead ? errs() : nulls(), Lead && errs().is_displayed());
+  ProgressBar Progress(Lead ? errs() : nulls(), Lead && errs().is_displayed(),
+                       O.LogEvery);
+  // The mean loss of the validation batches (every rank takes part).
+  TokenBatch ValBatch;
+  auto Validate = [&]() -> Expected<double> {
+    double Sum = 0;
+    for (int64_t K = 1; K <= O.EvalSteps; ++K) {
+      ValData->getBatch(K, ValBatch);
+      auto L = E.evalLoss(ValBatch);
+      if (!L)
+        return L.takeError();
+      Sum += *L;
+    }
+    return Sum / double(O.EvalSteps);
+  };
   double TrainSeconds = 0;
   TimeStats FirstStepTime;
   auto LastLogWrite = std::chrono::steady_clock::now();
@@ -1019,12 +1192,28 @@ Error Trainer::runRank(Communicator *World) {
       return FailAfterLogs(usageError(
           formatv("step {0}: the loss is {1}; try a lower --lr (now {2})", Step,
                   *L, O.LR)));
-    R.Rows.push_back(LossRow{Step, *L, StepLR});
+    LossRow Row{Step, *L, StepLR};
+    Row.GradNorm = E.lastGradNorm();
+    Row.TokensPerSecond = double(TokensPerStep) / std::max(StepSeconds, 1e-9);
+    Row.FlopsPerSecond = ModelFlopsPerStep / std::max(StepSeconds, 1e-9);
+    if (JobPeak > 0)
+      Row.MFU = Row.FlopsPerSecond / JobPeak;
     if (Step == FirstStep)
       FirstStepTime = E.timing(); // page faults and warm caches
-    Progress.update(Step, O.Steps, *L, StepLR,
-                    double(TokensPerStep * (Step - FirstStep + 1)) /
-                        std::max(TrainSeconds, 1e-9));
+    if (ValData && (Step % O.EvalEvery == 0 || Step == O.Steps)) {
+      auto V = Validate();
+      if (!V)
+        return FailAfterLogs(usageError(
+            formatv("step {0}: validation: {1}", Step, toString(V.takeError()))));
+      Row.ValLoss = *V;
+    }
+    R.Rows.push_back(Row);
+    Progress.update(O.Steps, Row, FirstStep);
+    if (std::isfinite(Row.ValLoss))
+      Progress.note(formatv("step {0}: validation loss {1:F4} (training {2:F4}"
+                            ")",
+                            Step, Row.ValLoss, *L)
+                        .str());
     if (!O.DumpDir.empty() && Step == FirstStep) {
       if (auto Err = E.download())
         return FailAfterLogs(std::move(Err));
@@ -1110,13 +1299,29 @@ Error Trainer::runRank(Communicator *World) {
                    "train; final loss {2:F4}\n",
                    O.CheckpointPath, O.Steps, R.Rows.back().Loss);
   else
+  {
+    double Rate = double(TokensPerStep * Trained) / std::max(TrainSeconds, 1e-9);
+    std::string Flops;
+    if (std::isfinite(ModelFlopsPerStep)) {
+      double F = ModelFlopsPerStep * double(Trained) /
+                 std::max(TrainSeconds, 1e-9);
+      Flops = ", " + flopRate(F);
+      if (JobPeak > 0)
+        Flops += formatv(" (MFU {0:F1}%)", 100 * F / JobPeak).str();
+    }
     Out << formatv(
-      "trained steps {0}-{1}: final loss {2:F4}, {3} tok/s "
-      "({4} tokens in {5:F2} s)\n",
-      FirstStep, O.Steps, R.Rows.back().Loss,
-      groupThousands(int64_t(std::llround(double(TokensPerStep * Trained) /
-                                          std::max(TrainSeconds, 1e-9)))),
-      groupThousands(TokensPerStep * Trained), TrainSeconds);
+        "trained steps {0}-{1}: final loss {2:F4}, {3} tok/s{6} "
+        "({4} tokens in {5:F2} s)\n",
+        FirstStep, O.Steps, R.Rows.back().Loss,
+        groupThousands(int64_t(std::llround(Rate))),
+        groupThousands(TokensPerStep * Trained), TrainSeconds, Flops);
+    for (auto It = R.Rows.rbegin(); It != R.Rows.rend(); ++It)
+      if (std::isfinite(It->ValLoss)) {
+        Out << formatv("validation loss {0:F4} at step {1}\n", It->ValLoss,
+                       It->Step);
+        break;
+      }
+  }
   printMemory(Out, P, E.memory());
   printTiming(Out, E.timing(), FirstStepTime);
   Out << "wrote " << O.LogPath << "/loss.csv and loss.svg\n";

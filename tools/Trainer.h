@@ -36,8 +36,27 @@ struct TrainerOptions {
   Objective Obj;
   std::string DataFile; // or Synthetic data
   bool Synthetic = false;
+  /// Validation: the mean loss over batches 1..EvalSteps of ValDataFile
+  /// (forward only, no dropout) after every EvalEvery-th step and the last.
+  std::string ValDataFile;
+  int64_t EvalEvery = 1, EvalSteps = 10;
+  /// A log line every LogEvery steps when stderr is not a terminal.
+  int64_t LogEvery = 10;
+  /// One rank's peak FLOP/s for the MFU (--peak-flops); else the backend's.
+  std::optional<double> PeakFlops;
   /// Evaluate (forward only, no update) instead of training.
   bool Eval = false;
+  /// Generate text instead of training: Tokens byte-level tokens after
+  /// Prompt, each drawn from the last position's logits (forward only, no
+  /// dropout) at Temperature (0: the most likely token) among the TopK
+  /// most likely (0: all), with the run's Seed.
+  struct SampleOptions {
+    std::string Prompt;
+    int64_t Tokens = 200;
+    double Temperature = 0.8;
+    int64_t TopK = 200;
+  };
+  std::optional<SampleOptions> Sample;
   std::string LogPath, CheckpointPath;
   int64_t CheckpointEvery = 0;
   /// On SIGINT or SIGTERM, save a checkpoint of the last finished step

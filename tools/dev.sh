@@ -10,7 +10,7 @@
 #                       multi-rank ones under TSan, 60 s of each fuzzer)
 #
 # Environment: BUILD_DIR (default build), JOBS (default: number of cores),
-# STEPS (training steps of the main job, default 200), RELIABILITY=0 (test:
+# STEPS (training steps of the main job, default 1500), RELIABILITY=0 (test:
 # ctest alone), FUZZ_SECONDS (per fuzzer, default 60).
 set -euo pipefail
 
@@ -61,14 +61,21 @@ case "${1:-}" in
     echo "== sp-compile models/tiny/gpt-tiny.onnx -o $BUILD_DIR/gpt-tiny.plan"
     "$bin/sp-compile" models/tiny/gpt-tiny.onnx -o "$BUILD_DIR/gpt-tiny.plan" \
       --report "$BUILD_DIR/gpt-tiny.report.json"
-    echo "== sp-tokenize models/data/python-reference.txt"
-    "$bin/sp-tokenize" models/data/python-reference.txt -o "$BUILD_DIR/python-reference.bin"
-    echo "== sp-run: train ${STEPS:=200} steps on the CPU"
+    echo "== sp-tokenize models/data/python-reference.txt --split 0.9 (training and held-out validation tokens)"
+    "$bin/sp-tokenize" models/data/python-reference.txt -o "$BUILD_DIR/python-reference.bin" --split 0.9
+    echo "== sp-run: train ${STEPS:=1500} steps on the CPU, validating every $((STEPS / 10))"
+    rm -rf "$BUILD_DIR/gpt-tiny.ckpt"
     "$bin/sp-run" "$BUILD_DIR/gpt-tiny.plan" --data "$BUILD_DIR/python-reference.bin" \
-      --steps "$STEPS" --lr 3e-3 --warmup 20
+      --val-data "$BUILD_DIR/python-reference.val.bin" --eval-every $((STEPS / 10)) \
+      --steps "$STEPS" --lr 3e-3 --warmup 20 --log-every $((STEPS / 10)) \
+      --checkpoint-every "$STEPS" --checkpoint "$BUILD_DIR/gpt-tiny.ckpt"
     echo "== the loss, every $((STEPS / 10)) steps ($BUILD_DIR/gpt-tiny.plan/run/loss.csv, loss.svg)"
-    awk -F, -v every=$((STEPS / 10)) 'NR > 1 && ($1 == 1 || $1 % every == 0) { printf "  step %4d  loss %.4f\n", $1, $2 }' \
+    awk -F, -v every=$((STEPS / 10)) 'NR > 1 && ($1 == 1 || $1 % every == 0) { printf "  step %4d  training loss %.4f  validation loss %s\n", $1, $2, ($5 == "" ? "-" : sprintf("%.4f", $5)) }' \
       "$BUILD_DIR/gpt-tiny.plan/run/loss.csv"
+    echo "== sp-run --sample: what the trained model writes after 'def '"
+    "$bin/sp-run" "$BUILD_DIR/gpt-tiny.plan" --checkpoint "$BUILD_DIR/gpt-tiny.ckpt" \
+      --sample "def " --tokens 200
+    echo
     ;;
   test)
     install_missing

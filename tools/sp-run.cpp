@@ -39,6 +39,7 @@
 #include "tools/Trainer.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
@@ -60,6 +61,35 @@ static cl::opt<std::string>
              cl::desc("Token file: little-endian uint16 ids (nanoGPT .bin), "
                       "e.g. from sp-tokenize"),
              cl::value_desc("file"), cl::cat(Cat));
+static cl::opt<std::string>
+    ValDataFile("val-data",
+                cl::desc("Held-out token file (e.g. sp-tokenize --split's): "
+                         "the mean validation loss over --eval-steps batches "
+                         "every --eval-every steps and at the end, logged "
+                         "and plotted beside the training loss"),
+                cl::value_desc("file"), cl::cat(Cat));
+static cl::opt<int64_t>
+    EvalEvery("eval-every",
+              cl::desc("Steps between validations (default: a tenth of "
+                       "--steps)"),
+              cl::value_desc("n"), cl::cat(Cat));
+static cl::opt<int64_t>
+    EvalSteps("eval-steps",
+              cl::desc("Validation batches, the same ones each time (default "
+                       "10)"),
+              cl::init(10), cl::value_desc("k"), cl::cat(Cat));
+static cl::opt<int64_t>
+    LogEvery("log-every",
+             cl::desc("When stderr is not a terminal: a log line every N "
+                      "steps, and at the first and last (default 10; on a "
+                      "terminal a progress bar is redrawn every step)"),
+             cl::init(10), cl::value_desc("n"), cl::cat(Cat));
+static cl::opt<double>
+    PeakFlops("peak-flops",
+              cl::desc("One rank's peak FLOP/s, for the MFU of the log "
+                       "(default: the backend's: a GPU's from its "
+                       "architecture, the CPU's measured GEMM rate)"),
+              cl::value_desc("x"), cl::cat(Cat));
 static cl::opt<bool> SyntheticData(
     "synthetic-data",
     cl::desc("Random tokens from --seed instead of --data (benchmarks)"),
@@ -113,6 +143,25 @@ static cl::opt<bool>
                   "only, no dropout (the weights of --checkpoint DIR if "
                   "given)"),
          cl::cat(Cat));
+static cl::opt<std::string>
+    SamplePrompt("sample",
+                 cl::desc("No training: the prompt's continuation, --tokens "
+                          "byte-level tokens drawn one at a time (forward "
+                          "only; the weights of --checkpoint DIR if given)"),
+                 cl::value_desc("prompt"), cl::cat(Cat));
+static cl::opt<int64_t>
+    SampleTokens("tokens", cl::desc("--sample: tokens to generate (default 200)"),
+                 cl::init(200), cl::value_desc("n"), cl::cat(Cat));
+static cl::opt<double> Temperature(
+    "temperature",
+    cl::desc("--sample: softmax temperature (default 0.8; 0: always the most "
+             "likely token)"),
+    cl::init(0.8), cl::value_desc("t"), cl::cat(Cat));
+static cl::opt<int64_t>
+    TopK("top-k",
+         cl::desc("--sample: draw among the k most likely tokens (default "
+                  "200; 0: all)"),
+         cl::init(200), cl::value_desc("k"), cl::cat(Cat));
 static cl::opt<std::string>
     LogDir("log-dir",
            cl::desc("Where loss.csv and loss.svg go (default "
@@ -248,11 +297,73 @@ static Error checkFlags() {
                       "1000000]");
   if (CheckpointEvery.getNumOccurrences() && CheckpointEvery <= 0)
     return usageError("--checkpoint-every must be a positive integer");
+  bool Sample = SamplePrompt.getNumOccurrences() > 0;
+  if (!Sample)
+    for (auto [Given, Flag] :
+         {std::pair{SampleTokens.getNumOccurrences() > 0, "--tokens"},
+          {Temperature.getNumOccurrences() > 0, "--temperature"},
+          {TopK.getNumOccurrences() > 0, "--top-k"}})
+      if (Given)
+        return usageError(Twine(Flag) + " is for --sample \"prompt\"");
+  if (Sample) {
+    if (SamplePrompt.empty())
+      return usageError("--sample needs a prompt of at least one byte, e.g. "
+                        "--sample \"def \"");
+    if (SampleTokens < 1)
+      return usageError(formatv("--tokens {0}: give the number of tokens to "
+                                "generate, at least 1",
+                                SampleTokens.getValue()));
+    if (!(Temperature >= 0 && std::isfinite(Temperature)))
+      return usageError(formatv("--temperature {0}: give 0 (greedy) or a "
+                                "positive number",
+                                format("%g", Temperature.getValue())));
+    if (TopK < 0)
+      return usageError(formatv("--top-k {0}: give 0 (every token) or a "
+                                "positive number",
+                                TopK.getValue()));
+    for (auto [Given, Flag] :
+         {std::pair{Eval.getValue(), "--eval"},
+          {!DataFile.empty(), "--data"},
+          {SyntheticData.getValue(), "--synthetic-data"},
+          {!ValDataFile.empty(), "--val-data"},
+          {Steps.getNumOccurrences() > 0, "--steps (give --tokens)"},
+          {CheckpointEvery.getNumOccurrences() > 0, "--checkpoint-every"},
+          {Resume.getValue(), "--resume"},
+          {CheckpointOnExit.getValue(), "--checkpoint-on-exit"},
+          {ExportOnnx.getNumOccurrences() > 0, "--export-onnx"},
+          {TraceFile.getNumOccurrences() > 0, "--trace"},
+          {ObjectiveKind.getNumOccurrences() > 0, "--objective"}})
+      if (Given)
+        return usageError(Twine("--sample generates text from the weights; "
+                                "it cannot be combined with ") +
+                          Flag);
+  }
   if (!DataFile.empty() && SyntheticData)
     return usageError("--data and --synthetic-data exclude each other");
-  if (DataFile.empty() && !SyntheticData)
+  if (DataFile.empty() && !SyntheticData && !Sample)
     return usageError("--data FILE is required (a token file from "
                       "sp-tokenize), or --synthetic-data for a benchmark");
+  for (auto [Value, Flag] :
+       {std::pair{EvalEvery.getNumOccurrences() ? EvalEvery.getValue() : 1,
+                  "--eval-every"},
+        {EvalSteps.getValue(), "--eval-steps"},
+        {LogEvery.getValue(), "--log-every"}})
+    if (Value < 1)
+      return usageError(formatv("{0} {1}: give a number of steps of at least "
+                                "1",
+                                Flag, Value));
+  if (ValDataFile.empty())
+    for (auto [Given, Flag] :
+         {std::pair{EvalEvery.getNumOccurrences() > 0, "--eval-every"},
+          {EvalSteps.getNumOccurrences() > 0, "--eval-steps"}})
+      if (Given)
+        return usageError(Twine(Flag) +
+                          " needs --val-data FILE (the held-out tokens)");
+  if (PeakFlops.getNumOccurrences() &&
+      !(PeakFlops > 0 && std::isfinite(PeakFlops)))
+    return usageError(formatv("--peak-flops {0}: give one rank's peak in "
+                              "FLOP/s, e.g. 312e12 (an A100's bf16)",
+                              format("%g", PeakFlops.getValue())));
   if (ObjectiveKind != Objective::MaskedLM)
     for (auto [Given, Flag] :
          {std::pair{MaskToken.getNumOccurrences() > 0, "--mask-token"},
@@ -263,6 +374,8 @@ static Error checkFlags() {
     for (auto [Given, Flag] :
          {std::pair{CheckpointEvery.getNumOccurrences() > 0,
                     "--checkpoint-every"},
+          {!ValDataFile.empty(), "--val-data (evaluate that file with "
+                                 "--data)"},
           {Resume.getValue(), "--resume"},
           {CheckpointOnExit.getValue(), "--checkpoint-on-exit"},
           {ExportOnnx.getNumOccurrences() > 0, "--export-onnx"}})
@@ -292,7 +405,8 @@ static Error checkFlags() {
   if (Float64 && Device != "cpu")
     return usageError("--float64 runs on --device cpu (the CUDA kernels are "
                       "float32)");
-  if (!Eval && CheckpointDir.getNumOccurrences() && !CheckpointEvery &&
+  if (!Eval && !Sample && CheckpointDir.getNumOccurrences() &&
+      !CheckpointEvery &&
       !CheckpointOnExit && !Resume)
     return usageError("--checkpoint DIR needs --checkpoint-every N or "
                       "--checkpoint-on-exit (to write) or --resume (to read)");
@@ -335,7 +449,9 @@ int main(int Argc, char **Argv) {
                              : PlanDir + "/checkpoint";
   std::string LogPath =
       LogDir.getNumOccurrences() ? LogDir.getValue() : PlanDir + "/run";
-  bool LoadCheckpoint = Resume || (Eval && CheckpointDir.getNumOccurrences());
+  bool Sample = SamplePrompt.getNumOccurrences() > 0;
+  bool LoadCheckpoint =
+      Resume || ((Eval || Sample) && CheckpointDir.getNumOccurrences());
 
   // A resumed run keeps its seed: dropout masks and shuffled offsets are
   // functions of it.
@@ -378,6 +494,23 @@ int main(int Argc, char **Argv) {
                              "; widen an fp32 plan (sp-compile --dtype "
                              "fp32)"));
     *P = widenToFloat64(*P);
+  }
+  if (Sample) {
+    // Drawing a token after the text needs a model whose positions see
+    // only the ones before them.
+    const auto &Model = P->Manifest.value("model", nlohmann::json::object());
+    if (!Model.value("causal", false))
+      return Fail(usageError(
+          "--sample: the model's attention is bidirectional (an encoder, "
+          "such as BERT); sampling needs a causal decoder (GPT, Llama)"));
+    int64_t Vocab = Model.value("vocab", int64_t(0));
+    for (unsigned char C : SamplePrompt.getValue())
+      if (Vocab > 0 && C >= Vocab)
+        return Fail(usageError(formatv(
+            "--sample: the prompt's byte {0} is not below the model's "
+            "vocabulary of {1} (the byte-level tokenizer's ids are byte "
+            "values)",
+            unsigned(C), Vocab)));
   }
   std::string Fingerprint = planFingerprint(*P);
   std::string ModelPrint = modelFingerprint(*P);
@@ -474,7 +607,18 @@ int main(int Argc, char **Argv) {
   O.Obj = Obj;
   O.DataFile = DataFile;
   O.Synthetic = SyntheticData;
+  O.ValDataFile = ValDataFile;
+  O.EvalEvery = EvalEvery.getNumOccurrences()
+                    ? EvalEvery.getValue()
+                    : std::max<int64_t>(1, Steps / 10);
+  O.EvalSteps = EvalSteps;
+  O.LogEvery = LogEvery;
+  if (PeakFlops.getNumOccurrences())
+    O.PeakFlops = PeakFlops.getValue();
   O.Eval = Eval;
+  if (Sample)
+    O.Sample = TrainerOptions::SampleOptions{SamplePrompt, SampleTokens,
+                                             Temperature, TopK};
   O.LogPath = LogPath;
   O.CheckpointPath = CkptPath;
   O.CheckpointEvery = CheckpointEvery;

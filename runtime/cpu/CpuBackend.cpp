@@ -19,11 +19,13 @@
 #include "runtime/cpu/Parallel.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MathExtras.h"
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <vector>
 
 using namespace llvm;
 
@@ -309,6 +311,31 @@ extern "C" void openblas_set_num_threads(int NumThreads);
 void CpuBackend::setThreads(int Threads) {
   openblas_set_num_threads(1);
   cpu::setKernelThreads(Threads);
+}
+
+double CpuBackend::peakFlops(StringRef) const {
+  static double Peak = [] {
+    // Two 128-row blocks of C per kernel thread (gemm's split), at least 4.
+    const int64_t N = 512, M = 256 * std::max(2, cpu::kernelThreads());
+    std::vector<float> A(M * N), B(N * N), C(M * N);
+    for (int64_t I = 0; I < M * N; ++I)
+      A[I] = float(I % 7) * 0.25f;
+    for (int64_t I = 0; I < N * N; ++I)
+      B[I] = float(I % 5) * 0.5f;
+    double Best = 0;
+    for (int Rep = 0; Rep < 4; ++Rep) { // the first warms the threads
+      auto Start = std::chrono::steady_clock::now();
+      cpu::gemm<float>(false, false, M, N, N, 1.0f, A.data(), N, B.data(), N,
+                       0.0f, C.data(), N);
+      double S = std::chrono::duration<double>(
+                     std::chrono::steady_clock::now() - Start)
+                     .count();
+      if (Rep && S > 0)
+        Best = std::max(Best, 2.0 * double(M * N * N) / S);
+    }
+    return Best;
+  }();
+  return Peak;
 }
 
 Expected<char *> CpuBackend::allocate(size_t Bytes) {
@@ -878,14 +905,12 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       if (auto E = C.Data->allReduceSum(&Total, 1))
         return E;
     }
-    // Each stage's gradients: sum the squares over the pipeline.
-
-    if (AInt("pipeline") && C.Pipeline) {
-      T Sum = T(Total);
-      if (auto E = C.Pipeline->allReduceSum(&Sum, 1))
+    // Each stage's gradients: sum the squares over the pipeline, in double
+    // too (a float sum's rounding would depend on the order the
+    // communicator adds the stages in: MPI's and the threads' differ).
+    if (AInt("pipeline") && C.Pipeline)
+      if (auto E = C.Pipeline->allReduceSum(&Total, 1))
         return E;
-      Total = Sum;
-    }
     // Loss scaling: the norm of the unscaled gradients (a power of two's
     // square, exact).
     *Out(0) = T(std::sqrt(Total * C.GradScale * C.GradScale));

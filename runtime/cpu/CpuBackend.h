@@ -28,6 +28,13 @@ public:
   bool runsMixedPrecision() const override { return true; }
   llvm::Error run(const KernelCall &C) override;
   llvm::Error synchronize() override { return llvm::Error::success(); }
+  /// Measured, once per process: the best of a few float32 GEMMs (OpenBLAS
+  /// sgemm through cpu::gemm, [256 t, 512] x [512, 512] for t kernel
+  /// threads) on the kernel threads, whatever Dtype (16-bit plans compute
+  /// in float32 on this backend, or in AVX-512 BF16 GEMMs of about the same
+  /// rate). The process's ranks share these threads: it is the whole
+  /// process's peak, not each rank's.
+  double peakFlops(llvm::StringRef Dtype) const override;
 };
 
 } // namespace sp

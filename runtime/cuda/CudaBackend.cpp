@@ -235,6 +235,7 @@ public:
   bool timesOnDevice() const override { return true; }
   Error startTiming() override;
   Expected<std::vector<DeviceTime>> collectTimes() override;
+  double peakFlops(StringRef Dtype) const override;
 
 private:
   CudaBackend() = default;
@@ -289,7 +290,7 @@ private:
                           int64_t N, int64_t V, int64_t Valid, int64_t Ignore);
 
   int Device = 0;
-  bool Overlap = true;
+  bool Overlap = true, TF32 = false;
   cudaStream_t Compute = nullptr, Comm = nullptr;
   cublasHandle_t Blas = nullptr;
   const CublasApi *Cublas = nullptr;
@@ -397,6 +398,7 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
   SP_CUBLAS_TRY(Cublas->Create(&Blas));
   SP_CUBLAS_TRY(Cublas->SetMathMode(
       Blas, O.AllowTF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+  TF32 = O.AllowTF32;
   SP_CUDA_TRY(cudaMalloc(&Err, sizeof(cuda::DeviceError)));
   SP_CUDA_TRY(cudaMemset(Err, 0, sizeof(cuda::DeviceError)));
   SP_CUDA_TRY(cudaMalloc(&Norm, sizeof(NormScalars)));
@@ -528,6 +530,20 @@ Error CudaBackend::copyToHost(void *Dst, const char *Src, size_t Bytes) {
     std::memcpy(static_cast<char *>(Dst) + Off, Staging, N);
   }
   return Error::success();
+}
+
+double CudaBackend::peakFlops(StringRef Dtype) const {
+  int Major = 0, Minor = 0, SMs = 0, ClockKHz = 0;
+  if (cudaDeviceGetAttribute(&Major, cudaDevAttrComputeCapabilityMajor,
+                             Device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&Minor, cudaDevAttrComputeCapabilityMinor,
+                             Device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&SMs, cudaDevAttrMultiProcessorCount, Device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&ClockKHz, cudaDevAttrClockRate, Device) !=
+          cudaSuccess)
+    return 0;
+  return cuda::gpuPeakFlops(Major, Minor, SMs, ClockKHz, Dtype, TF32);
 }
 
 Error CudaBackend::synchronize() {
@@ -1064,8 +1080,8 @@ Error CudaBackend::flushSends(cuda::NcclComm *N, void *Data, int64_t Bytes,
 Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
   // As CpuBackend: split gradients' squares summed over the tensor group (in
   // double), replicated ones counted once, with ZeRO the total over the
-  // replicas (in double), the total over the pipeline (in float) when the op
-  // says so.
+  // replicas (in double), the total over the pipeline (in double) when the
+  // op says so.
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
   bool AnySplit = false, AnyWhole = false;
@@ -1111,9 +1127,7 @@ Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
     if (auto E = hopBack(S))
       return E;
   }
-  const float *TotalF = nullptr;
   if (attrInt(I.Op, I.Attrs, "pipeline") && C.Pipeline) {
-    cuda::doubleToFloat(&Norm->TotalF, &Norm->Total, S);
     if (C.Pipeline->size() > 1) {
       auto N = nccl(*C.Pipeline);
       if (!N)
@@ -1124,16 +1138,15 @@ Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
       // (PipelinePosting.h).
       if (auto E = flushSends())
         return E;
-      if (auto E = (*N)->allReduceSum(&Norm->TotalF, &Norm->TotalF, 1,
+      if (auto E = (*N)->allReduceSum(&Norm->Total, &Norm->Total, 1,
                                       ncclStream()))
         return E;
       if (auto E = hopBack(S))
         return E;
     }
-    TotalF = &Norm->TotalF;
   }
   cuda::gradNormFinish(reinterpret_cast<float *>(C.buffer(I.Out[0])),
-                       &Norm->Total, TotalF, S);
+                       &Norm->Total, nullptr, S);
   return Error::success();
 }
 

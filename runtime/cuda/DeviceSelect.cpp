@@ -103,4 +103,27 @@ std::string noDeviceMessage(StringRef What) {
       .str();
 }
 
+double gpuPeakFlops(int Major, int Minor, int SMs, double ClockKHz,
+                    StringRef Dtype, bool TF32) {
+  struct Arch {
+    int Major, Minor;
+    double F32, TF32, F16, BF16; // FLOPs per SM per clock
+  };
+  static const Arch Table[] = {
+      {7, 0, 128, 0, 1024, 0},       {8, 0, 128, 1024, 2048, 2048},
+      {8, 6, 256, 512, 1024, 1024},  {8, 9, 256, 512, 1024, 1024},
+      {9, 0, 256, 2048, 4096, 4096}, {10, 0, 256, 4096, 8192, 8192},
+  };
+  for (const Arch &A : Table) {
+    if (A.Major != Major || A.Minor != Minor)
+      continue;
+    double PerClock = Dtype == "f32"    ? (TF32 ? A.TF32 : A.F32)
+                      : Dtype == "f16"  ? A.F16
+                      : Dtype == "bf16" ? A.BF16
+                                        : 0;
+    return double(SMs) * ClockKHz * 1e3 * PerClock;
+  }
+  return 0;
+}
+
 } // namespace sp::cuda

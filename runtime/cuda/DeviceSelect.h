@@ -14,7 +14,9 @@
 //  - the device of a local rank: local rank r uses device r of the ones
 //    visible (CUDA_VISIBLE_DEVICES applies); more ranks on a node than
 //    devices is an error saying how many to start;
-//  - the one-line error of a machine without a usable CUDA device.
+//  - the one-line error of a machine without a usable CUDA device;
+//  - a GPU's dense GEMM peak from its compute capability, SM count and
+//    clock (the denominator of sp-run's MFU).
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CUDA_DEVICESELECT_H
@@ -61,6 +63,27 @@ llvm::Expected<int> chooseDevice(const LocalRank &Local, int DeviceCount,
 /// "--device cuda: no CUDA device is visible (cudaGetDeviceCount: WHAT); run
 /// on a machine with an NVIDIA GPU or use --device cpu".
 std::string noDeviceMessage(llvm::StringRef What);
+
+/// The dense GEMM peak (FLOP/s) of a GPU of compute capability
+/// Major.Minor with SMs multiprocessors at ClockKHz (the driver's
+/// cudaDevAttrClockRate, its highest clock), for GEMMs with Dtype inputs:
+/// "f32" on the FP32 cores, or on the tensor cores as TF32 when TF32;
+/// "bf16" and "f16" on the tensor cores (float32 accumulation). It is SMs x
+/// clock x the FLOPs one SM does per clock on that architecture:
+///
+///   sm     f32   tf32   f16/bf16     e.g.
+///   7.0    128   -      1024 (f16)   V100: 80 x 1.53 GHz x 1024 = 125 T
+///   8.0    128   1024   2048         A100: 108 x 1.41 GHz x 2048 = 312 T
+///   8.6    256   512    1024         A10, A40
+///   8.9    256   512    1024         L4, L40S
+///   9.0    256   2048   4096         H100 SXM: 132 x 1.98 GHz x 4096 = 1.07 P
+///   10.0   256   4096   8192         B200
+///
+/// (NVIDIA's data sheets quote the H100 at 989 TFLOP/s, at 1.83 GHz: at the
+/// highest clock this is 8% above.) 0 for an architecture or a type not in
+/// the table.
+double gpuPeakFlops(int Major, int Minor, int SMs, double ClockKHz,
+                    llvm::StringRef Dtype, bool TF32);
 
 } // namespace sp::cuda
 

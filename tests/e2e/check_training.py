@@ -15,6 +15,8 @@ on one machine):
   loss        step-1 loss of D/loss.csv = torch's cross entropy   |a-b| / |b|
   grads       D/grads/<name>.npy for exactly the torch parameters, each
               = torch's .grad after step 1 (before clipping)      max|a-b| / max|b| each
+  grad_norm   the grad_norm column of step 1 = torch's global L2 norm of those .grad
+              (clip_grad_norm_'s total_norm, before clipping)     |a-b| / |b|
   trajectory  the 20 losses of `--steps 20 --lr 1e-3 --warmup 5` = torch AdamW (two param groups,
               clip_grad_norm_(1.0), the spec's LR schedule)       max_t |a-b| / |b|
   lr          the lr column of that loss.csv = the spec's schedule  |a-b| / |b| <= 1e-8 (float64
@@ -37,6 +39,7 @@ Prints one PASS/FAIL line per check and a final `N passed, M failed`; exits 1 if
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -283,7 +286,7 @@ class ModelCheck:
         dump = os.path.join(self.dir, "step1")
         error, seconds = self.sp_run(dump, steps=1, lr=STEP1_LR)
         if error:
-            for what in ("logits", "loss", "grads"):
+            for what in ("logits", "loss", "grad_norm", "grads"):
                 self.fail(what, error)
             return
         x, y = self.get_batch(0)
@@ -317,6 +320,23 @@ class ModelCheck:
                        f"(tol {ref.rounding_bound(noise):.2g}; torch f32 vs f64 {noise:.2e})")
         except (ValueError, OSError) as e:
             self.fail("loss", str(e))
+
+        # the gradient norm of step 1 (the whole model's, before clipping)
+        try:
+            rows = ref.read_loss_csv(os.path.join(dump, "loss.csv"))
+            if not rows or rows[0][3] is None:
+                raise ValueError("loss.csv has no grad_norm at step 1")
+            def global_norm(grads):
+                return math.sqrt(sum(float(np.sum(np.asarray(g, np.float64) ** 2))
+                                     for g in grads.values()))
+            norm32, norm64 = global_norm(grads32), global_norm(grads64)
+            err = abs(rows[0][3] - norm32) / norm32
+            noise = abs(norm32 - norm64) / norm64
+            self.check("grad_norm", err <= ref.rounding_bound(noise),
+                       f"sp {rows[0][3]:.8f} torch {norm32:.8f}: |sp-torch|/|torch| = {err:.2e} "
+                       f"(tol {ref.rounding_bound(noise):.2g}; torch f32 vs f64 {noise:.2e})")
+        except (ValueError, OSError) as e:
+            self.fail("grad_norm", str(e))
 
         # gradients: exactly the parameters, each within tolerance
         grad_dir = os.path.join(dump, "grads")

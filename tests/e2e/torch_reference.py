@@ -15,6 +15,7 @@ Everything here follows the sp-run contract exactly:
 Needs torch, onnx and numpy (/usr/bin/python3).
 """
 
+import csv
 import json
 import math
 import os
@@ -306,14 +307,15 @@ def global_rel_l2(actual, expected):
 
 
 def read_loss_csv(path):
-    """sp-run's loss.csv ("step,loss,lr") as a list of (step, loss, lr)."""
+    """sp-run's loss.csv as a list of (step, loss, lr, grad_norm); grad_norm
+    is None where the plan computes no gradient norm."""
     rows = []
-    with open(path) as f:
-        header = f.readline().strip().replace(" ", "")
-        if header != "step,loss,lr":
-            raise ValueError(f"{path}: header {header!r}, want 'step,loss,lr'")
-        for line in f:
-            if line.strip():
-                step, loss, lr = line.strip().split(",")
-                rows.append((int(step), float(loss), float(lr)))
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        for col in ("step", "loss", "lr", "grad_norm"):
+            if col not in (reader.fieldnames or []):
+                raise ValueError(f"{path}: no '{col}' column in {reader.fieldnames}")
+        for r in reader:
+            norm = float(r["grad_norm"]) if r["grad_norm"] else None
+            rows.append((int(r["step"]), float(r["loss"]), float(r["lr"]), norm))
     return rows

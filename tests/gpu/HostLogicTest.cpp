@@ -33,6 +33,22 @@ namespace {
 // Launch geometry
 //===----------------------------------------------------------------------===//
 
+TEST(DevicePeak, MatchesTheDataSheets) {
+  // A100 SXM: 108 SMs at 1410 MHz: 312 TFLOP/s bf16/fp16, 19.5 fp32, 156
+  // TF32; V100: 80 SMs at 1530 MHz: 125 fp16, 15.7 fp32, no bf16.
+  EXPECT_NEAR(gpuPeakFlops(8, 0, 108, 1410000, "bf16", false), 312e12, 0.5e12);
+  EXPECT_NEAR(gpuPeakFlops(8, 0, 108, 1410000, "f16", false), 312e12, 0.5e12);
+  EXPECT_NEAR(gpuPeakFlops(8, 0, 108, 1410000, "f32", false), 19.5e12, 0.1e12);
+  EXPECT_NEAR(gpuPeakFlops(8, 0, 108, 1410000, "f32", true), 156e12, 0.5e12);
+  EXPECT_NEAR(gpuPeakFlops(7, 0, 80, 1530000, "f16", false), 125e12, 0.5e12);
+  EXPECT_EQ(gpuPeakFlops(7, 0, 80, 1530000, "bf16", false), 0);
+  // H100 SXM at the data sheet's 1830 MHz: 989 bf16, 61.8 fp32.
+  EXPECT_NEAR(gpuPeakFlops(9, 0, 132, 1830000, "bf16", false), 989e12, 1e12);
+  // Unknown architectures and types: unknown.
+  EXPECT_EQ(gpuPeakFlops(6, 1, 28, 1500000, "f32", false), 0);
+  EXPECT_EQ(gpuPeakFlops(8, 0, 108, 1410000, "f64", false), 0);
+}
+
 TEST(LaunchGeometry, ElementwiseCoversAndCaps) {
   EXPECT_EQ(elementwiseLaunch(0).Blocks, 0) << "nothing to launch";
   EXPECT_EQ(elementwiseLaunch(-3).Blocks, 0);

@@ -169,16 +169,20 @@ TEST(Executor, RunsThroughAnyBackend) {
   EXPECT_EQ(Counts["copy_in"], WithData)
       << "one upload per parameter and constant";
   auto Idx = randomTokens(4 * 64, 256, 8);
-  for (int Step = 1; Step <= 2; ++Step)
+  for (int Step = 1; Step <= 2; ++Step) {
     EXPECT_EQ(cantFail(Counted->trainStep({Idx, Idx, {}}, 1e-3, Step)),
               cantFail(Plain->trainStep({Idx, Idx, {}}, 1e-3, Step)));
+    EXPECT_GT(Plain->lastGradNorm(), 0);
+    EXPECT_EQ(Counted->lastGradNorm(), Plain->lastGradNorm());
+  }
   size_t Instrs = P.Prog.Instrs.size();
   int Runs = 0;
   for (auto &[Op, N] : Counts)
     if (Op != "copy_in" && Op != "copy_out")
       Runs += N;
   EXPECT_EQ(size_t(Runs), 2 * Instrs) << "every instruction is a backend call";
-  EXPECT_EQ(Counts["copy_out"], 2) << "the loss of each step";
+  EXPECT_EQ(Counts["copy_out"], 4)
+      << "the loss and the gradient norm of each step";
   int Inputs = int(count_if(P.Prog.Buffers, [](const ProgramBuffer &B) {
     return B.K == ProgramBuffer::Input;
   }));

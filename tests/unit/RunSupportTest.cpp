@@ -10,6 +10,7 @@
 #include "runtime/Checkpoint.h"
 #include "runtime/DataLoader.h"
 #include "runtime/LossLog.h"
+#include "runtime/Sample.h"
 #include "runtime/Npy.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CRC.h"
@@ -814,19 +815,68 @@ TEST(LossLog, LearningRateSchedule) {
 
 TEST(LossLog, CsvAndProgressLine) {
   std::vector<LossRow> Rows = {{1, 5.5, 1e-3}, {2, 5.25, 5e-4}};
-  EXPECT_EQ(lossCsv(Rows), "step,loss,lr\n1,5.5,0.001\n2,5.25,0.0005\n");
+  Rows[1].GradNorm = 0.75;
+  Rows[1].ValLoss = 5.125;
+  Rows[1].TokensPerSecond = 1000;
+  Rows[1].FlopsPerSecond = 2.5e9;
+  Rows[1].MFU = 0.125;
+  // Unmeasured values are empty fields.
+  EXPECT_EQ(lossCsv(Rows),
+            "step,loss,lr,grad_norm,val_loss,tokens_per_s,model_flops_per_s,"
+            "mfu\n1,5.5,0.001,,,,,\n2,5.25,0.0005,0.75,5.125,1000,2.5e+09,"
+            "0.125\n");
   EXPECT_EQ(groupThousands(12345), "12,345");
   EXPECT_EQ(groupThousands(999), "999");
   EXPECT_EQ(groupThousands(1000000), "1,000,000");
-  EXPECT_EQ(progressLine(7, 20, 4.12341, 9.8e-4, 12345.2),
+  EXPECT_EQ(flopRate(1.234e12), "1.23 TFLOP/s");
+  EXPECT_EQ(flopRate(456e9), "456 GFLOP/s");
+  EXPECT_EQ(flopRate(78.9e6), "78.9 MFLOP/s");
+  EXPECT_EQ(flopRate(12), "12.0 FLOP/s");
+  LossRow R{7, 4.12341, 9.8e-4};
+  R.TokensPerSecond = 12345.2;
+  EXPECT_EQ(progressLine(20, R),
             "step 7/20 [#######.............] loss 4.1234 lr 9.8e-04 12,345 "
             "tok/s");
-  EXPECT_EQ(progressLine(20, 20, 1, 1e-4, 5),
-            "step 20/20 [####################] loss 1.0000 lr 1.0e-04 5 tok/s");
+  R.GradNorm = 1.23456;
+  R.FlopsPerSecond = 4.5e9;
+  R.MFU = 0.0456;
+  EXPECT_EQ(progressLine(20, R, /*BarWidth=*/0),
+            "step 7/20 loss 4.1234 lr 9.8e-04 gnorm 1.23 12,345 tok/s 4.50 "
+            "GFLOP/s MFU 4.6%");
+  EXPECT_EQ(progressLine(20, LossRow{20, 1, 1e-4}),
+            "step 20/20 [####################] loss 1.0000 lr 1.0e-04");
   // The float32 loss reads back exactly from the CSV.
   float L = 4.71956015f;
   std::string Csv = lossCsv({{1, double(L), 0}});
-  EXPECT_EQ(float(std::stod(Csv.substr(Csv.find("1,") + 2))), L);
+  EXPECT_EQ(float(std::stod(Csv.substr(Csv.find("\n1,") + 3))), L);
+}
+
+TEST(LossLog, ProgressEveryNStepsWithoutATerminal) {
+  std::string Text;
+  raw_string_ostream OS(Text);
+  ProgressBar Bar(OS, /*Terminal=*/false, /*Every=*/4);
+  for (int64_t Step = 3; Step <= 10; ++Step)
+    Bar.update(10, LossRow{Step, 2, 1e-3}, /*FirstStep=*/3);
+  Bar.note("step 10: validation loss 2.5000");
+  Bar.finish();
+  // The first step, every 4th, the last; then the note.
+  EXPECT_EQ(OS.str(), "step 3/10 loss 2.0000 lr 1.0e-03\n"
+                      "step 4/10 loss 2.0000 lr 1.0e-03\n"
+                      "step 8/10 loss 2.0000 lr 1.0e-03\n"
+                      "step 10/10 loss 2.0000 lr 1.0e-03\n"
+                      "step 10: validation loss 2.5000\n");
+  // On a terminal: one line redrawn; a note takes the bar's line.
+  std::string Tty;
+  raw_string_ostream TOS(Tty);
+  ProgressBar TBar(TOS, /*Terminal=*/true, /*Every=*/4);
+  TBar.update(2, LossRow{1, 2, 1e-3}, 1);
+  TBar.note("v");
+  TBar.update(2, LossRow{2, 2, 1e-3}, 1);
+  TBar.finish();
+  std::string Bar1 = progressLine(2, LossRow{1, 2, 1e-3});
+  EXPECT_EQ(TOS.str(), "\r" + Bar1 + "\r" + "v" +
+                           std::string(Bar1.size() - 1, ' ') + "\n\r" +
+                           progressLine(2, LossRow{2, 2, 1e-3}) + "\n");
 }
 
 /// Well-formed enough: every tag closes in order, one root <svg>.
@@ -884,6 +934,32 @@ TEST(LossLog, SvgIsWellFormed) {
   EXPECT_TRUE(tagsBalance(lossSvg({}, "none")));
   EXPECT_TRUE(
       tagsBalance(lossSvg({{1, 2.0, 0}, {2, NAN, 0}, {3, 1.0, 0}}, "nan")));
+}
+
+TEST(LossLog, SvgDrawsTheMovingAverageAndTheValidationLoss) {
+  auto Count = [](StringRef S, StringRef What) {
+    return S.count(What);
+  };
+  // 10 steps: the loss alone, no legend.
+  std::vector<LossRow> Rows;
+  for (int64_t S = 1; S <= 10; ++S)
+    Rows.push_back({S, 5.0 - 0.1 * double(S), 1e-3});
+  std::string Short = lossSvg(Rows, "t");
+  EXPECT_EQ(Count(Short, "<polyline"), 1u);
+  EXPECT_EQ(Count(Short, "validation loss"), 0u);
+  // 40 steps with two validations: the loss, its mean over 5 steps, and
+  // the validation line with a dot per validation, and a legend of three.
+  for (int64_t S = 11; S <= 40; ++S)
+    Rows.push_back({S, 4.0 + (S % 2 ? 0.5 : -0.5), 1e-3});
+  Rows[19].ValLoss = 4.5;
+  Rows[39].ValLoss = 4.25;
+  std::string Svg = lossSvg(Rows, "t");
+  EXPECT_TRUE(tagsBalance(Svg)) << Svg;
+  EXPECT_EQ(Count(Svg, "<polyline"), 3u);
+  EXPECT_EQ(Count(Svg, "fill=\"#ff7f0e\""), 2u); // the validation dots
+  EXPECT_EQ(Count(Svg, ">training loss</text>"), 1u);
+  EXPECT_EQ(Count(Svg, ">training, mean of 5 steps</text>"), 1u);
+  EXPECT_EQ(Count(Svg, ">validation loss</text>"), 1u);
 }
 
 //===----------------------------------------------------------------------===//
@@ -961,3 +1037,24 @@ TEST(OnnxExport, RefusesUnknownNamesAndWrongSizes) {
 }
 
 } // namespace
+
+TEST(Sample, GreedyTopKTemperatureAndAllowedIds) {
+  std::vector<float> L = {1.0f, 3.0f, 2.0f, 3.0f, 9.0f};
+  // Greedy: the first most likely among the allowed ids (id 4 is not).
+  EXPECT_EQ(sampleToken(L, 5, 0, 0, 0.5), 4);
+  EXPECT_EQ(sampleToken(L, 4, 0, 0, 0.99), 1);
+  // Top-2 of ids 0..3 (logits 3, 3): each half the mass, whatever U.
+  EXPECT_EQ(sampleToken(L, 4, 1.0, 2, 0.0), 1);
+  EXPECT_EQ(sampleToken(L, 4, 1.0, 2, 0.49), 1);
+  EXPECT_EQ(sampleToken(L, 4, 1.0, 2, 0.51), 3);
+  EXPECT_EQ(sampleToken(L, 4, 1.0, 2, 0.999999), 3);
+  // All four: the cumulative softmax picks the id U falls in.
+  double E1 = std::exp(1.0), E2 = std::exp(2.0), E3 = std::exp(3.0);
+  double Sum = E1 + E3 + E2 + E3;
+  EXPECT_EQ(sampleToken(L, 4, 1.0, 0, 0.999 * E1 / Sum), 0);
+  EXPECT_EQ(sampleToken(L, 4, 1.0, 0, 1.001 * E1 / Sum), 1);
+  EXPECT_EQ(sampleToken(L, 4, 1.0, 0, (E1 + E3 + 0.5 * E2) / Sum), 2);
+  // A low temperature sharpens toward the largest: at T = 0.01 the mass of
+  // ids 1 and 3 is all but all of it.
+  EXPECT_EQ(sampleToken({0.0f, 1.0f}, 2, 0.01, 0, 0.5), 1);
+}

@@ -13,6 +13,7 @@
 // Eq. 5/6; tools/PaperTable.h).
 //
 //===----------------------------------------------------------------------===//
+#include "frontend/GraphExport.h"
 #include "lower/MemoryPlan.h"
 #include "passes/CollectiveReport.h"
 #include "passes/AutoPlan.h"
@@ -25,8 +26,10 @@
 #include "tools/PaperTable.h"
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -88,6 +91,12 @@ static cl::opt<int64_t> AutoBatch(
     cl::desc("With --auto: sequences per step over all replicas (default: "
              "the model's batch per GPU)"),
     cl::value_desc("B"), cl::init(0), cl::cat(Cat));
+static cl::opt<std::string> ExportGraphs(
+    "export-graphs",
+    cl::desc("Write each pipeline rank's lowered program (forward, backward, "
+             "recomputation, optimizer, collectives) as an ONNX file for "
+             "Netron: DIR/program.onnx or DIR/program-K.onnx"),
+    cl::value_desc("DIR"), cl::cat(Cat));
 static cl::opt<bool> Quiet("quiet", cl::desc("Do not print the summary"),
                            cl::cat(Cat));
 static cl::opt<std::string> Output("o", cl::desc("Write the plan directory"),
@@ -396,6 +405,31 @@ int main(int Argc, char **Argv) {
                                            toString(M.takeError()).c_str()));
     Machine = *M;
   }
+  if (!ExportGraphs.empty()) {
+    // A folder sp-compile can create or replace: its parent exists, and
+    // it is not a file.
+    SmallString<256> Parent(ExportGraphs.getValue());
+    sys::path::remove_filename(Parent);
+    if (Parent.empty())
+      Parent = ".";
+    std::string Why;
+    if (!sys::fs::is_directory(Parent))
+      Why = formatv("the folder '{0}' it goes in does not exist", Parent).str();
+    else if (sys::fs::exists(ExportGraphs) &&
+             !sys::fs::is_directory(ExportGraphs))
+      Why = "it is a file; name a folder";
+    if (!Why.empty())
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--export-graphs '%s': %s",
+                                           ExportGraphs.c_str(), Why.c_str()));
+    if (PaperTable)
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--export-graphs writes one plan's "
+                                           "programs; --paper-table compiles "
+                                           "several (drop one of them)"));
+  }
   if (PaperTable) {
     if (!Output.empty())
       return reportError("sp-compile",
@@ -445,6 +479,12 @@ int main(int Argc, char **Argv) {
                                          "-o needs a training graph; the "
                                          "pipeline must include autodiff "
                                          "and optimizer"));
+  if (!C->P && !ExportGraphs.empty())
+    return reportError("sp-compile",
+                       createStringError(inconvertibleErrorCode(),
+                                         "--export-graphs needs a training "
+                                         "graph; the pipeline must include "
+                                         "autodiff and optimizer"));
   double Seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
           .count();
@@ -510,6 +550,18 @@ int main(int Argc, char **Argv) {
     if (!E)
       return reportError("sp-compile", E.takeError());
     outs() << *E; // asked for: printed under --quiet too
+  }
+  if (!ExportGraphs.empty()) {
+    auto Names = exportGraphs(*C->P, ExportGraphs);
+    if (!Names)
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--export-graphs: %s",
+                                           toString(Names.takeError()).c_str()));
+    if (!Quiet)
+      outs() << formatv("wrote {0} ONNX graph{1} to {2} ({3})\n",
+                        Names->size(), Names->size() == 1 ? "" : "s",
+                        ExportGraphs, join(*Names, ", "));
   }
   if (!Output.empty()) {
     if (auto E = writePlan(Output, *C->P))

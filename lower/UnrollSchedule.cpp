@@ -9,6 +9,7 @@
 #include "llvm/Support/Parallel.h"
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 using namespace llvm;
@@ -52,6 +53,9 @@ struct StageGraph {
   /// Per stage: values its per-microbatch nodes make that are read once per
   /// step (by the optimizer, or as graph outputs): summed over microbatches.
   std::vector<SetVector<const Value *>> Accumulated;
+  /// The nodes that run once per step (the optimizer's), in graph order:
+  /// each rank emits its own, without walking the whole graph again.
+  std::vector<const Node *> StepLevel;
 };
 
 int stageOf(const Node &N, int NumStages) {
@@ -80,6 +84,8 @@ Expected<StageGraph> cutStages(const Graph &G, int NumStages) {
       bool Fwd = N.tags().Ph == Phase::Forward;
       (Fwd ? SG.Fwd : SG.Bwd)[S].push_back(&N);
       SG.StepOf[&N] = Fwd ? StepKind::Forward : StepKind::Backward;
+    } else {
+      SG.StepLevel.push_back(&N);
     }
     for (Value *V : N.operands()) {
       const Node *P = V->producer();
@@ -403,9 +409,8 @@ private:
   }
 
   Error optimizerAndOutputs() {
-    for (const Node &N : G.nodes()) {
-      if (perMicrobatch(N))
-        continue;
+    for (const Node *NP : SG.StepLevel) {
+      const Node &N = *NP;
       int S = stageOf(N, SG.NumStages);
       bool GlobalNorm = N.op() == OpKind::GradNorm && S < 0;
       if (!GlobalNorm && !onThisRank(S))
@@ -650,6 +655,7 @@ namespace {
 struct CommEvent {
   const Instruction *I;
   int64_t Tag; // send and recv
+  int Peer;    // send and recv
   int Index;   // the instruction
   int Step;    // the compact program's step; -1 in a flat program
 };
@@ -661,24 +667,34 @@ bool isPipelineCollective(const Instruction &I) {
 
 std::vector<CommEvent> commEvents(const Program &P) {
   std::vector<CommEvent> Events;
-  auto Add = [&](const Instruction &I, int Index, int Step, int64_t Mb) {
+  // Each instruction's tag and peer, read once (a template's instructions
+  // run in many steps).
+  std::vector<std::pair<int64_t, int>> TagPeer(P.Instrs.size(), {-1, -1});
+  for (size_t K = 0; K < P.Instrs.size(); ++K) {
+    const Instruction &I = P.Instrs[K];
+    if (I.Op == OpKind::Send || I.Op == OpKind::Recv)
+      TagPeer[K] = {attrInt(I.Op, I.Attrs, "tag"),
+                    int(attrInt(I.Op, I.Attrs, "peer"))};
+  }
+  auto Add = [&](int Index, int Step, int64_t Mb) {
+    const Instruction &I = P.Instrs[Index];
     if (I.Op == OpKind::Send || I.Op == OpKind::Recv)
       Events.push_back({&I,
-                        attrInt(I.Op, I.Attrs, "tag") +
+                        TagPeer[Index].first +
                             std::max<int64_t>(Mb, 0) * P.TagStride,
-                        Index, Step});
+                        TagPeer[Index].second, Index, Step});
     else if (isPipelineCollective(I))
-      Events.push_back({&I, -1, Index, Step});
+      Events.push_back({&I, -1, -1, Index, Step});
   };
   if (!P.compact()) {
     for (size_t K = 0; K < P.Instrs.size(); ++K)
-      Add(P.Instrs[K], K, -1, 0);
+      Add(K, -1, 0);
     return Events;
   }
   for (size_t S = 0; S < P.Steps.size(); ++S) {
     const ProgramTemplate &T = P.Templates[P.Steps[S].Template];
     for (int K = T.Begin; K < T.End; ++K)
-      Add(P.Instrs[K], K, S, P.Steps[S].Microbatch);
+      Add(K, S, P.Steps[S].Microbatch);
   }
   return Events;
 }
@@ -690,8 +706,25 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
   std::vector<std::vector<CommEvent>> Ev(P);
   parallelForEachN(0, P, [&](size_t R) { Ev[R] = commEvents(Programs[R]); });
   std::vector<size_t> PC(P, 0);
-  // Messages sent and not yet received: (from, to, tag) -> count.
-  std::map<std::tuple<int, int, int64_t>, int> Inbox;
+  // Messages sent and not yet received: (from, to, tag) -> count, the key
+  // packed into 64 bits (ranks below 2^16, tags below 2^31: the lowering
+  // refuses more microbatches than MPI's tags hold).
+  // (DenseMap's own hash of a 64-bit key keeps only its low 32 bits' worth:
+  // every (from, to) of one tag would collide.)
+  struct MixedKey : DenseMapInfo<uint64_t> {
+    static unsigned getHashValue(uint64_t K) {
+      K ^= K >> 33;
+      K *= 0xff51afd7ed558ccdULL;
+      K ^= K >> 33;
+      return unsigned(K);
+    }
+  };
+  DenseMap<uint64_t, int, MixedKey> Inbox;
+  auto Key = [](int From, int To, int64_t Tag) {
+    return uint64_t(uint16_t(From)) << 48 | uint64_t(uint16_t(To)) << 32 |
+           uint32_t(Tag);
+  };
+  assert(P <= 65536 && "ranks must fit the inbox key");
   auto Participants = [&](const Instruction &I) {
     SmallVector<int, 8> R;
     if (I.Op == OpKind::PipeAllReduce)
@@ -710,9 +743,9 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
         const CommEvent &E = Events[PC[R]];
         const Instruction &I = *E.I;
         if (I.Op == OpKind::Send) {
-          ++Inbox[{R, int(attrInt(I.Op, I.Attrs, "peer")), E.Tag}];
+          ++Inbox[Key(R, E.Peer, E.Tag)];
         } else if (I.Op == OpKind::Recv) {
-          auto It = Inbox.find({int(attrInt(I.Op, I.Attrs, "peer")), R, E.Tag});
+          auto It = Inbox.find(Key(E.Peer, R, E.Tag));
           if (It == Inbox.end() || It->second == 0)
             break;
           --It->second;
@@ -770,13 +803,18 @@ Error verifyPipelinePrograms(ArrayRef<Program> Programs) {
                                OS.str().c_str());
     }
   }
-  for (auto &[Key, Count] : Inbox)
-    if (Count)
-      return createStringError(
-          inconvertibleErrorCode(),
-          "pipeline schedule: rank %d sends tag %lld to rank %d, which never "
-          "receives it",
-          std::get<0>(Key), (long long)std::get<2>(Key), std::get<1>(Key));
+  // The first message never received, in (from, to, tag) order.
+  std::optional<uint64_t> Lost;
+  for (auto &[K, Count] : Inbox)
+    if (Count && (!Lost || K < *Lost))
+      Lost = K;
+  if (Lost)
+    return createStringError(
+        inconvertibleErrorCode(),
+        "pipeline schedule: rank %d sends tag %lld to rank %d, which never "
+        "receives it",
+        int(*Lost >> 48), (long long)(*Lost & 0xffffffff),
+        int((*Lost >> 32) & 0xffff));
   return Error::success();
 }
 

@@ -4,6 +4,7 @@
 #include "passes/ModelInfo.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Parallel.h"
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -46,11 +47,13 @@ std::string AutoCandidate::describe() const {
 }
 
 /// The pipeline rank of each layer under Ctx (where the passes place its
-/// forward nodes).
+/// forward nodes). G has been through LayoutFreePasses.
 static Expected<std::vector<int>> layerRanks(const Graph &G, PassContext Ctx,
                                              int P) {
   std::unique_ptr<Graph> Copy = G.clone();
-  if (auto E = runPasses(*Copy, Ctx, CompileOptions()))
+  CompileOptions CO;
+  CO.Passes = LayoutPasses;
+  if (auto E = runPasses(*Copy, Ctx, CO))
     return std::move(E);
   std::vector<int> Ranks;
   for (const Node &N : Copy->nodes()) {
@@ -205,69 +208,106 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     R.Rejected.push_back(formatv("t > {0}: a tensor group would cross nodes "
                                  "({0} GPUs per node)",
                                  Node));
-  // Compile each: exact memory, and the cost model on the programs.
+  // Compile each: exact memory, and the cost model on the programs. The
+  // families below are independent: they compile concurrently, each into
+  // its own Outcome, merged in the families' order so that the result
+  // (the tables, their order, the counts) is the serial search's.
   const AutoCandidate *Smallest = nullptr;
   std::vector<AutoCandidate> TooBig;
+  struct Outcome {
+    std::vector<AutoCandidate> Fits, TooBig;
+    std::vector<std::string> Rejected;
+    int Compiled = 0, Skipped = 0;
+  };
+  auto Merge = [&](Outcome &Out) {
+    append_range(R.Fits, Out.Fits);
+    append_range(TooBig, Out.TooBig);
+    append_range(R.Rejected, Out.Rejected);
+    R.Compiled += Out.Compiled;
+    R.Skipped += Out.Skipped;
+  };
+  // The passes no layout option changes run once; each layout compiles a
+  // copy of their result (as DefaultPasses would: they are its first part).
+  assert(StringRef(DefaultPasses) ==
+             (Twine(LayoutFreePasses) + "," + LayoutPasses).str() &&
+         "DefaultPasses is LayoutFreePasses then LayoutPasses");
+  std::unique_ptr<Graph> Prepared = G.clone();
+  {
+    PassContext Ctx = Base;
+    CompileOptions CO;
+    CO.Passes = LayoutFreePasses;
+    CO.Source = O.Source;
+    if (auto E = runPasses(*Prepared, Ctx, CO))
+      return std::move(E);
+  }
   // Compiles C; its peak, or -1 when it does not compile.
-  auto Try = [&](AutoCandidate C) -> int64_t {
-    std::unique_ptr<Graph> Copy = G.clone();
+  auto Try = [&](AutoCandidate C, Outcome &Out) -> int64_t {
+    std::unique_ptr<Graph> Copy = Prepared->clone();
     PassContext Ctx = layoutContext(Base, C);
     CompileOptions CO;
+    CO.Passes = LayoutPasses;
     CO.Source = O.Source;
     CO.PlanOnly = true;
     auto Comp = compileToPlan(*Copy, Ctx, CO);
-    ++R.Compiled;
+    ++Out.Compiled;
     if (!Comp) {
       std::string Why = toString(Comp.takeError());
-      R.Rejected.push_back(C.describe() + ": " +
-                           StringRef(Why).split('\n').first.str());
+      Out.Rejected.push_back(C.describe() + ": " +
+                             StringRef(Why).split('\n').first.str());
       return -1;
     }
     if (!Comp->P) {
-      R.Rejected.push_back(C.describe() + ": the passes made no training "
-                                          "graph");
+      Out.Rejected.push_back(C.describe() + ": the passes made no training "
+                                            "graph");
       return -1;
     }
     for (int K = 0; K < Comp->P->numStages(); ++K)
       C.PeakBytes = std::max(C.PeakBytes, Comp->P->stage(K).ArenaBytes);
     auto E = estimatePlan(O.Cluster, Ctx, *Comp->P);
     if (!E) {
-      R.Rejected.push_back(C.describe() + ": " + toString(E.takeError()));
+      Out.Rejected.push_back(C.describe() + ": " + toString(E.takeError()));
       return -1;
     }
     C.Step = *E;
     if (double(C.PeakBytes) > O.GpuMemory) {
-      TooBig.push_back(C);
+      Out.TooBig.push_back(C);
       return C.PeakBytes;
     }
-    R.Fits.push_back(C);
+    Out.Fits.push_back(C);
     return C.PeakBytes;
   };
   // A family (t, p, m, d, ZeRO) is tried with its smallest member first:
   // SP (when t > 1) and full recomputation store the least. When that does
   // not fit, no other member does, and they are not compiled.
-  std::map<std::tuple<int, int, int, int, int>, std::vector<AutoCandidate>>
-      Families;
+  using FamilyKey = std::tuple<int, int, int, int, int>;
+  std::map<FamilyKey, std::vector<AutoCandidate>> Families;
   for (const AutoCandidate &C : Todo)
     Families[{C.T, C.P, C.M, C.D, C.Zero}].push_back(C);
-  for (auto &[Key, Members] : Families) {
+  std::vector<std::vector<AutoCandidate> *> Order;
+  for (auto &Family : Families)
+    Order.push_back(&Family.second);
+  std::vector<Outcome> Outcomes(Order.size());
+  parallelForEachN(0, Order.size(), [&](size_t F) {
+    std::vector<AutoCandidate> &Members = *Order[F];
+    Outcome &Out = Outcomes[F];
     auto Least = std::find_if(Members.begin(), Members.end(),
                               [](const AutoCandidate &C) {
                                 return C.SP == (C.T > 1) &&
                                        C.Recompute == "full";
                               });
     if (Least != Members.end()) {
-      size_t Before = TooBig.size();
-      Try(*Least);
-      if (TooBig.size() > Before) {
-        R.Skipped += Members.size() - 1;
-        continue;
+      Try(*Least, Out);
+      if (!Out.TooBig.empty()) {
+        Out.Skipped += Members.size() - 1;
+        return;
       }
       Members.erase(Least);
     }
     for (const AutoCandidate &C : Members)
-      Try(C);
-  }
+      Try(C, Out);
+  });
+  for (Outcome &Out : Outcomes)
+    Merge(Out);
   // Stage-aware recomputation (the paper's Section 7): a pipelined family
   // whose member with full recomputation fits but whose member without
   // does not. The first ranks hold the most microbatches, so full
@@ -275,13 +315,14 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   // fewest k that fit, by bisection (more ranks recomputing never raises
   // the peak). Such a member does at least the plain member's work, so a
   // family whose plain member is no faster than the fastest fit so far is
-  // not tried: it cannot give the answer.
+  // not tried: it cannot give the answer. (Fastest is that of the first
+  // round, so the families bisect concurrently.)
   double Fastest = std::numeric_limits<double>::infinity();
   for (const AutoCandidate &C : R.Fits)
     Fastest = std::min(Fastest, C.Step.Seconds);
+  std::vector<AutoCandidate> Plains;
   for (auto &Family : Families) {
-    // (Named, not bound: the lambdas below read the key.)
-    const auto &Key = Family.first;
+    const FamilyKey &Key = Family.first;
     if (std::get<1>(Key) < 2)
       continue;
     auto Same = [&](const AutoCandidate &C, StringRef Rc) {
@@ -290,14 +331,18 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     };
     bool FullFits = any_of(R.Fits, [&](const auto &C) { return Same(C, "full"); });
     auto None = find_if(TooBig, [&](const auto &C) { return Same(C, "none"); });
-    if (!FullFits || None == TooBig.end() || None->Step.Seconds >= Fastest)
-      continue;
-    const AutoCandidate Plain = *None;
-    auto Ranks = layerRanks(G, layoutContext(Base, Plain), Plain.P);
+    if (FullFits && None != TooBig.end() && None->Step.Seconds < Fastest)
+      Plains.push_back(*None);
+  }
+  std::vector<Outcome> Staged(Plains.size());
+  parallelForEachN(0, Plains.size(), [&](size_t F) {
+    const AutoCandidate &Plain = Plains[F];
+    Outcome &Out = Staged[F];
+    auto Ranks = layerRanks(*Prepared, layoutContext(Base, Plain), Plain.P);
     if (!Ranks) {
-      R.Rejected.push_back(Plain.describe() + ": " +
-                           toString(Ranks.takeError()));
-      continue;
+      Out.Rejected.push_back(Plain.describe() + ": " +
+                             toString(Ranks.takeError()));
+      return;
     }
     auto WithFull = [&](int K) {
       AutoCandidate C = Plain;
@@ -309,18 +354,20 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       return C;
     };
     int Lo = 1, Hi = Plain.P - 1;
-    int64_t HiPeak = Try(WithFull(Hi));
+    int64_t HiPeak = Try(WithFull(Hi), Out);
     if (HiPeak < 0 || double(HiPeak) > O.GpuMemory)
-      continue;
+      return;
     while (Lo < Hi) {
       int Mid = (Lo + Hi) / 2;
-      int64_t Peak = Try(WithFull(Mid));
+      int64_t Peak = Try(WithFull(Mid), Out);
       if (Peak >= 0 && double(Peak) <= O.GpuMemory)
         Hi = Mid;
       else
         Lo = Mid + 1;
     }
-  }
+  });
+  for (Outcome &Out : Staged)
+    Merge(Out);
   // Nothing fit and nothing was small enough to compile: compile the
   // layouts of the smallest floor, to name the memory they need.
   if (R.Fits.empty() && TooBig.empty() && !Pruned.empty()) {
@@ -329,9 +376,11 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                                       return A.first < B.first;
                                     })
                        ->first;
+    Outcome Out;
     for (auto &[Floor, C] : Pruned)
       if (Floor == Least)
-        Try(C);
+        Try(C, Out);
+    Merge(Out);
   }
   for (const AutoCandidate &C : TooBig)
     if (!Smallest || C.PeakBytes < Smallest->PeakBytes)

@@ -13,6 +13,15 @@ namespace sp {
 /// and detection, the parallel passes (no-ops without --tp and --sp), then
 /// the training graph, its pipeline stages and data-parallel sums (no-ops
 /// without --pp/--microbatches and --dp).
+/// DefaultPasses in two parts: the import clean-up, detection and input
+/// binding, which no layout option changes, then the passes that shard,
+/// differentiate, recompute and place the graph. The planner's search runs
+/// the first part once and each layout's second part on a copy.
+constexpr const char *LayoutFreePasses =
+    "constant-fold,canonicalize,dce,detect-transformer,bind-inputs";
+constexpr const char *LayoutPasses =
+    "tensor-parallel,sequence-parallel,fuse-attention,autodiff,"
+    "lower-collectives,optimizer,recompute,pipeline-stages,data-parallel";
 constexpr const char *DefaultPasses =
     "constant-fold,canonicalize,dce,detect-transformer,bind-inputs,"
     "tensor-parallel,"

@@ -1,5 +1,6 @@
 //===- Expand.cpp - A compact program's steps written out ------------------===//
 #include "plan/Program.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
 #include <map>
@@ -170,38 +171,41 @@ Expected<SlotAssignment> assignSlots(const Program &C, bool CheckCounts) {
           if (C.Buffers[Id].Scope == BufferScope::Slot &&
               !is_contained(Uses[T], C.Buffers[Id].Region))
             Uses[T].push_back(C.Buffers[Id].Region);
-  // The last step of each (region, microbatch).
-  std::map<std::pair<int, int>, int> Last;
+  // Per (region, microbatch) a step uses: its last step, and the slot it
+  // holds (-1: none).
+  auto At = [&](int R, size_t K) {
+    return uint64_t(uint32_t(R)) << 32 | uint32_t(C.Steps[K].Microbatch);
+  };
+  DenseMap<uint64_t, int> Last, Held;
   for (size_t K = 0; K < C.Steps.size(); ++K)
     for (int R : Uses[C.Steps[K].Template])
-      Last[{R, C.Steps[K].Microbatch}] = K;
+      Last[At(R, K)] = K;
   SlotAssignment A;
   A.Slot.resize(C.Steps.size());
   A.Counts.assign(Regions, 0);
   std::vector<std::vector<bool>> Busy(Regions);
-  std::map<std::pair<int, int>, int> Held;
   for (size_t K = 0; K < C.Steps.size(); ++K) {
-    int Mb = C.Steps[K].Microbatch;
     for (int R : Uses[C.Steps[K].Template]) {
-      auto [It, New] = Held.try_emplace({R, Mb}, -1);
+      auto [It, New] = Held.try_emplace(At(R, K), -1);
+      int &Slot = It->second;
       if (New) {
         std::vector<bool> &B = Busy[R];
         int Free = std::find(B.begin(), B.end(), false) - B.begin();
         if (Free == int(B.size()))
           B.push_back(false);
         B[Free] = true;
-        It->second = Free;
+        Slot = Free;
         A.Counts[R] = std::max<int>(A.Counts[R], B.size());
         if (CheckCounts && Free >= C.Slots[R].Count)
           return expandError(formatv("step {0} needs slot {1} of region {2}, "
                                      "which has {3}",
                                      K, Free, R, C.Slots[R].Count));
       }
-      A.Slot[K].push_back({R, It->second});
+      A.Slot[K].push_back({R, Slot});
     }
     for (int R : Uses[C.Steps[K].Template])
-      if (Last[{R, Mb}] == int(K)) {
-        auto It = Held.find({R, Mb});
+      if (Last[At(R, K)] == int(K)) {
+        auto It = Held.find(At(R, K));
         Busy[R][It->second] = false;
         Held.erase(It);
       }

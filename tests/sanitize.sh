@@ -5,7 +5,8 @@
 #   tests/sanitize.sh address [FILTER]   ASan + UBSan (and LeakSanitizer):
 #                                        every unit test; build-asan/
 #   tests/sanitize.sh thread [FILTER]    TSan: the threaded communicators and
-#                                        the runtime's multi-rank tests;
+#                                        the runtime's multi-rank tests,
+#                                        the planner's concurrent search;
 #                                        build-tsan/
 #
 # FILTER replaces the --gtest_filter. Any report fails the run: ASan and
@@ -30,7 +31,7 @@ case "$MODE" in
     DIR=build-tsan
     # The thread communicator, the executor and every test that trains on
     # thread ranks (tensor-parallel, pipelined, recomputed).
-    FILTER=${2:-CommTest.*:Comm/CommRanks.*:ProcessGrid.*:CpuParallelTest.*:Executor.*:*ParallelEqualsOneDevice.*:*PipelineEqualsOneDevice.*:Pipeline.*:*RecomputeEqualsNone.*}
+    FILTER=${2:-CommTest.*:Comm/CommRanks.*:ProcessGrid.*:CpuParallelTest.*:Executor.*:*ParallelEqualsOneDevice.*:*PipelineEqualsOneDevice.*:Pipeline.*:*RecomputeEqualsNone.*:AutoPlan.*}
     ;;
   *)
     echo "usage: tests/sanitize.sh address|thread [FILTER]" >&2

@@ -146,7 +146,34 @@ TEST(AutoPlan, SearchEqualsBruteForce) {
     EXPECT_EQ(BestPeak, R->Fits.front().PeakBytes); // the plan -o writes
     for (size_t K = 1; K < R->Fits.size(); ++K)
       EXPECT_LE(R->Fits[K - 1].Step.Seconds, R->Fits[K].Step.Seconds);
+    // Every uniform layout the search compiled (once through the
+    // layout-free passes, then each layout's passes on a copy, families
+    // concurrently) has the peak and step of its compile from scratch.
+    for (const AutoCandidate &C : R->Fits) {
+      if (C.FullRanks)
+        continue;
+      const Tried *X = nullptr;
+      for (const Tried &T : All)
+        if (T.Compiled && T.C.describe() == C.describe())
+          X = &T;
+      ASSERT_TRUE(X) << C.describe();
+      EXPECT_EQ(C.PeakBytes, X->C.PeakBytes) << C.describe();
+      EXPECT_EQ(C.Step.Seconds, X->C.Step.Seconds) << C.describe();
+    }
+    // The concurrent search gives the same table every time.
+    auto Again = searchLayouts(*G, PassContext(), O);
+    ASSERT_TRUE(bool(Again)) << toString(Again.takeError());
+    ASSERT_EQ(Again->Fits.size(), R->Fits.size());
+    for (size_t K = 0; K < R->Fits.size(); ++K)
+      EXPECT_EQ(Again->Fits[K].describe(), R->Fits[K].describe());
+    EXPECT_EQ(Again->Rejected, R->Rejected);
+    EXPECT_EQ(Again->Compiled, R->Compiled);
   }
+}
+
+TEST(AutoPlan, DefaultPassesAreTheLayoutFreeThenTheLayoutPasses) {
+  EXPECT_EQ(std::string(DefaultPasses),
+            std::string(LayoutFreePasses) + "," + LayoutPasses);
 }
 
 /// Below every layout's peak: an error that names the smallest memory a

@@ -37,10 +37,11 @@ std::string AutoCandidate::describe() const {
                Zero ? " ZeRO-1" : "", Microbatches,
                Microbatches == 1 ? "" : "es", Recompute)
            .str();
-  if (FullRanks)
-    S += formatv(" (full on rank{0} 0{1} of {2})", FullRanks > 1 ? "s" : "",
-                 FullRanks > 1 ? formatv("-{0}", FullRanks - 1).str()
-                               : std::string(),
+  if (StagedRanks)
+    S += formatv(" ({0} on rank{1} 0{2} of {3})", StagedMode,
+                 StagedRanks > 1 ? "s" : "",
+                 StagedRanks > 1 ? formatv("-{0}", StagedRanks - 1).str()
+                                 : std::string(),
                  P)
              .str();
   return S;
@@ -90,7 +91,10 @@ PassContext layoutContext(const PassContext &Base, const AutoCandidate &C) {
   Ctx.Zero = C.Zero;
   Ctx.Recompute = RecomputeOptions();
   Ctx.Recompute.LayerModes = C.LayerModes;
-  Ctx.FusedAttention = C.Recompute != "selective";
+  // Selective recomputation is of the unfused core's scores; the rest use
+  // the fused core unless Base asks for the unfused one.
+  Ctx.FusedAttention = Base.FusedAttention && C.Recompute != "selective" &&
+                       !is_contained(C.LayerModes, RecomputeMode::Selective);
   Ctx.Recompute.Mode = C.Recompute == "selective" ? RecomputeMode::Selective
                        : C.Recompute == "full"    ? RecomputeMode::Full
                                                   : RecomputeMode::None;
@@ -125,6 +129,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                              Global, B));
   int Node = O.Cluster.GpusPerNode;
   AutoResult R;
+  R.FusedAttention = Base.FusedAttention;
   // Bytes per parameter element of the model state on its rank: the f32
   // parameter, gradient and AdamW moments, and a 16-bit copy; with ZeRO-1
   // the gradient and moments are the replica's chunk.
@@ -313,14 +318,30 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   // does not. The first ranks hold the most microbatches, so full
   // recomputation on ranks 0 .. k - 1 only, and none on the rest: the
   // fewest k that fit, by bisection (more ranks recomputing never raises
-  // the peak). Such a member does at least the plain member's work, so a
-  // family whose plain member is no faster than the fastest fit so far is
-  // not tried: it cannot give the answer. (Fastest is that of the first
+  // the peak); likewise between any two levels below. Such a member does
+  // at least its lower member's work, so a family whose lower member is no
+  // faster than the fastest fit so far is not tried: it cannot give the
+  // answer. (Fastest is that of the first
   // round, so the families bisect concurrently.)
   double Fastest = std::numeric_limits<double>::infinity();
   for (const AutoCandidate &C : R.Fits)
     Fastest = std::min(Fastest, C.Step.Seconds);
-  std::vector<AutoCandidate> Plains;
+  // The recomputation levels, storing less from one to the next: none,
+  // the paper's selective (with the unfused core: with the fused one, a
+  // selective layer would make every layer unfused), full. A stage-aware
+  // member takes a family's uniform member at a level that does not fit
+  // (the lower) and one at a higher level that does (the upper), and puts
+  // the upper's recomputation on its first k ranks only.
+  SmallVector<std::pair<StringRef, RecomputeMode>, 3> Levels = {
+      {"none", RecomputeMode::None}};
+  if (!Base.FusedAttention)
+    Levels.push_back({"selective", RecomputeMode::Selective});
+  Levels.push_back({"full", RecomputeMode::Full});
+  struct StagedFamily {
+    AutoCandidate Lower;
+    size_t Upper; // the level of the first ranks
+  };
+  std::vector<StagedFamily> Plains;
   for (auto &Family : Families) {
     const FamilyKey &Key = Family.first;
     if (std::get<1>(Key) < 2)
@@ -329,14 +350,26 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       return std::make_tuple(C.T, C.P, C.M, C.D, C.Zero) == Key &&
              C.SP == (C.T > 1) && C.Recompute == Rc && C.LayerModes.empty();
     };
-    bool FullFits = any_of(R.Fits, [&](const auto &C) { return Same(C, "full"); });
-    auto None = find_if(TooBig, [&](const auto &C) { return Same(C, "none"); });
-    if (FullFits && None != TooBig.end() && None->Step.Seconds < Fastest)
-      Plains.push_back(*None);
+    for (size_t Lo = 0; Lo + 1 < Levels.size(); ++Lo) {
+      auto Lower = find_if(TooBig, [&](const auto &C) {
+        return Same(C, Levels[Lo].first);
+      });
+      if (Lower == TooBig.end() || Lower->Step.Seconds >= Fastest)
+        continue;
+      for (size_t Up = Lo + 1; Up < Levels.size(); ++Up)
+        if (any_of(R.Fits,
+                   [&](const auto &C) { return Same(C, Levels[Up].first); }))
+          Plains.push_back({*Lower, Up});
+    }
   }
   std::vector<Outcome> Staged(Plains.size());
   parallelForEachN(0, Plains.size(), [&](size_t F) {
-    const AutoCandidate &Plain = Plains[F];
+    const AutoCandidate &Plain = Plains[F].Lower;
+    StringRef ModeName = Levels[Plains[F].Upper].first;
+    RecomputeMode Mode = Levels[Plains[F].Upper].second;
+    RecomputeMode Rest = find_if(Levels, [&](const auto &L) {
+                           return L.first == Plain.Recompute;
+                         })->second;
     Outcome &Out = Staged[F];
     auto Ranks = layerRanks(*Prepared, layoutContext(Base, Plain), Plain.P);
     if (!Ranks) {
@@ -344,22 +377,22 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                              toString(Ranks.takeError()));
       return;
     }
-    auto WithFull = [&](int K) {
+    auto Staging = [&](int K) {
       AutoCandidate C = Plain;
-      C.FullRanks = K;
+      C.StagedRanks = K;
+      C.StagedMode = ModeName.str();
       C.PeakBytes = 0;
       for (int Rank : *Ranks)
-        C.LayerModes.push_back(Rank < K ? RecomputeMode::Full
-                                        : RecomputeMode::None);
+        C.LayerModes.push_back(Rank < K ? Mode : Rest);
       return C;
     };
     int Lo = 1, Hi = Plain.P - 1;
-    int64_t HiPeak = Try(WithFull(Hi), Out);
+    int64_t HiPeak = Try(Staging(Hi), Out);
     if (HiPeak < 0 || double(HiPeak) > O.GpuMemory)
       return;
     while (Lo < Hi) {
       int Mid = (Lo + Hi) / 2;
-      int64_t Peak = Try(WithFull(Mid), Out);
+      int64_t Peak = Try(Staging(Mid), Out);
       if (Peak >= 0 && double(Peak) <= O.GpuMemory)
         Hi = Mid;
       else
@@ -463,6 +496,11 @@ void printSearch(const AutoResult &R, const AutoOptions &O, raw_ostream &OS) {
                 "not fit), {6} fit\n",
                 O.Gpus, O.Cluster.Name, gib(O.GpuMemory), R.Compiled,
                 R.Seconds, R.Skipped, R.Fits.size());
+  OS << (R.FusedAttention
+             ? "attention core: fused where nothing recomputes it "
+               "selectively (--attention unfused searches the unfused core, "
+               "which the CUDA backend runs)\n"
+             : "attention core: unfused (--attention unfused)\n");
   OS << formatv("{0,4}  {1,-64} {2,10} {3,6} {4,10}  {5}\n", "rank", "layout",
                 "step", "MFU", "memory", "beyond the GEMMs");
   for (size_t K = 0; K < R.Fits.size() && int(K) < O.Top; ++K) {
@@ -493,12 +531,17 @@ nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
                     {"zero", C.Zero},
                     {"microbatches", C.Microbatches},
                     {"recompute", C.Recompute},
-                    {"full_recompute_ranks", C.FullRanks},
+                    {"staged_ranks", C.StagedRanks},
+                    {"staged_recompute", C.StagedMode},
+                    {"fused_attention",
+                     R.FusedAttention && C.Recompute != "selective" &&
+                         C.StagedMode != "selective"},
                     {"peak_bytes", C.PeakBytes},
                     {"step_seconds", C.Step.Seconds},
                     {"mfu", C.Step.Mfu},
                     {"bubble", C.Step.BubbleFraction}});
   return {{"gpus", O.Gpus},
+          {"attention", R.FusedAttention ? "fused" : "unfused"},
           {"gpu_memory_bytes", O.GpuMemory},
           {"cluster", O.Cluster.Name},
           {"compiled", R.Compiled},

@@ -10,8 +10,9 @@
 //        p m at most the layers; interleaved needs the microbatches to be a
 //        multiple of p)
 //   d    N / (t p); the microbatches B / (d b), b the model's batch
-//   the recomputation: none with the fused attention core, the paper's
-//        selective (unfused core), or full
+//   the recomputation: none or full with the fused attention core (with
+//        --attention unfused, the unfused core the CUDA backend runs), or
+//        the paper's selective (unfused core)
 //   ZeRO-1 when d > 1
 //
 // A layout whose parameters and optimizer state alone exceed the memory on
@@ -24,10 +25,12 @@
 // sp-compile would compile it, so its memory is the planned peak (the
 // largest rank's arena), exact, and its step time is the cost model's
 // (passes/CostModel.h) on the compiled programs. The fastest that fits is
-// the answer. A pipelined family whose full recomputation fits but whose
-// plain member does not also gets stage-aware members: full recomputation
-// on its first k ranks only, the fewest k that fit (bisection). Not yet:
-// screening by compiling one layer per combination instead of whole plans.
+// the answer. A pipelined family whose plain member (no recomputation) does
+// not fit, but whose member with full (or, with the unfused core,
+// selective) recomputation does, also gets stage-aware members: that
+// recomputation on its first k ranks only, the rest storing everything,
+// the fewest k that fit (bisection). Not yet: screening by compiling one
+// layer per combination instead of whole plans.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_PASSES_AUTOPLAN_H
@@ -64,11 +67,15 @@ struct AutoOptions {
 struct AutoCandidate {
   int T = 1, P = 1, M = 1, D = 1, Microbatches = 1, Zero = 0;
   bool SP = false;
-  /// "none" (fused attention core), "selective" or "full".
+  /// "none", "selective" (the unfused core's scores and probabilities) or
+  /// "full"; none and full with the fused attention core unless the search
+  /// was told --attention unfused.
   std::string Recompute = "none";
-  /// Stage-aware: ranks 0 .. FullRanks - 1 recompute in full, the rest as
-  /// Recompute says; LayerModes gives each layer's mode.
-  int FullRanks = 0;
+  /// Stage-aware: ranks 0 .. StagedRanks - 1 recompute as StagedMode says
+  /// ("full" or "selective"), the rest as Recompute says; LayerModes gives
+  /// each layer's mode.
+  int StagedRanks = 0;
+  std::string StagedMode;
   std::vector<RecomputeMode> LayerModes;
   /// Compiled: the largest rank's arena and the cost model's step.
   int64_t PeakBytes = 0;
@@ -89,6 +96,9 @@ struct AutoResult {
   /// their family (SP and full recomputation) did not fit.
   int Compiled = 0, Skipped = 0;
   double Seconds = 0;
+  /// The attention core of the layouts without selective recomputation
+  /// (the options' --attention).
+  bool FusedAttention = true;
 };
 
 /// Base's options with C's parallelism and recomputation: what --auto

@@ -36,7 +36,8 @@ struct Tried {
 /// Every layout of 4 GPUs for the default model (global batch 16: four
 /// sequences a GPU), compiled and estimated as the search would, with no
 /// pruning.
-std::vector<Tried> bruteForce(const Graph &G, const ClusterSpec &Cluster) {
+std::vector<Tried> bruteForce(const Graph &G, const ClusterSpec &Cluster,
+                              const PassContext &Base) {
   std::vector<Tried> All;
   const int Gpus = 4, Heads = 4, Layers = 2, Batch = 4, Global = 16;
   for (int T : {1, 2, 4})
@@ -60,7 +61,7 @@ std::vector<Tried> bruteForce(const Graph &G, const ClusterSpec &Cluster) {
               C.T = T, C.P = P, C.M = M, C.D = D, C.Microbatches = N;
               C.Zero = Zero, C.SP = SP, C.Recompute = Rc;
               std::unique_ptr<Graph> Copy = G.clone();
-              PassContext Ctx = layoutContext(PassContext(), C);
+              PassContext Ctx = layoutContext(Base, C);
               auto Comp = compileToPlan(*Copy, Ctx, CompileOptions());
               if (!Comp) {
                 consumeError(Comp.takeError());
@@ -88,10 +89,16 @@ std::vector<Tried> bruteForce(const Graph &G, const ClusterSpec &Cluster) {
   return All;
 }
 
-TEST(AutoPlan, SearchEqualsBruteForce) {
+class AutoPlanCore : public ::testing::TestWithParam<bool> {};
+
+// With the fused attention core (sp-compile's default) and with the
+// unfused one (--attention unfused, what the CUDA backend runs).
+TEST_P(AutoPlanCore, SearchEqualsBruteForce) {
   std::unique_ptr<Graph> G = tinyModel();
   ClusterSpec Cluster;
-  std::vector<Tried> All = bruteForce(*G, Cluster);
+  PassContext Base;
+  Base.FusedAttention = GetParam();
+  std::vector<Tried> All = bruteForce(*G, Cluster, Base);
   std::vector<int64_t> Peaks;
   for (const Tried &X : All)
     if (X.Compiled)
@@ -105,7 +112,7 @@ TEST(AutoPlan, SearchEqualsBruteForce) {
     O.Gpus = 4;
     O.GpuMemory = double(Budget);
     O.Cluster = Cluster;
-    auto R = searchLayouts(*G, PassContext(), O);
+    auto R = searchLayouts(*G, Base, O);
     ASSERT_TRUE(bool(R)) << toString(R.takeError());
     const Tried *Want = nullptr;
     size_t Fit = 0;
@@ -119,14 +126,14 @@ TEST(AutoPlan, SearchEqualsBruteForce) {
     // The brute force has no stage-aware layouts: those the search adds
     // come on top, and may only be faster.
     size_t Uniform = count_if(R->Fits, [](const AutoCandidate &C) {
-      return C.FullRanks == 0;
+      return C.StagedRanks == 0;
     });
     EXPECT_EQ(Uniform, Fit);
     // The fastest step (layouts may tie: a one-stage plan whose gradient sum
     // outlasts its backward hides the whole backward under it).
     const AutoCandidate *First = nullptr;
     for (const AutoCandidate &C : R->Fits)
-      if (!First && C.FullRanks == 0)
+      if (!First && C.StagedRanks == 0)
         First = &C;
     ASSERT_TRUE(First);
     const AutoCandidate &Got = *First;
@@ -150,7 +157,7 @@ TEST(AutoPlan, SearchEqualsBruteForce) {
     // layout-free passes, then each layout's passes on a copy, families
     // concurrently) has the peak and step of its compile from scratch.
     for (const AutoCandidate &C : R->Fits) {
-      if (C.FullRanks)
+      if (C.StagedRanks)
         continue;
       const Tried *X = nullptr;
       for (const Tried &T : All)
@@ -161,7 +168,7 @@ TEST(AutoPlan, SearchEqualsBruteForce) {
       EXPECT_EQ(C.Step.Seconds, X->C.Step.Seconds) << C.describe();
     }
     // The concurrent search gives the same table every time.
-    auto Again = searchLayouts(*G, PassContext(), O);
+    auto Again = searchLayouts(*G, Base, O);
     ASSERT_TRUE(bool(Again)) << toString(Again.takeError());
     ASSERT_EQ(Again->Fits.size(), R->Fits.size());
     for (size_t K = 0; K < R->Fits.size(); ++K)
@@ -170,6 +177,11 @@ TEST(AutoPlan, SearchEqualsBruteForce) {
     EXPECT_EQ(Again->Compiled, R->Compiled);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, AutoPlanCore, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool> &I) {
+                           return I.param ? "Fused" : "Unfused";
+                         });
 
 TEST(AutoPlan, DefaultPassesAreTheLayoutFreeThenTheLayoutPasses) {
   EXPECT_EQ(std::string(DefaultPasses),
@@ -180,7 +192,8 @@ TEST(AutoPlan, DefaultPassesAreTheLayoutFreeThenTheLayoutPasses) {
 /// layout needs, even when every layout was pruned before compiling.
 TEST(AutoPlan, TooLittleMemoryNamesWhatWouldFit) {
   std::unique_ptr<Graph> G = tinyModel();
-  std::vector<Tried> All = bruteForce(*G, ClusterSpec());
+  PassContext Base;
+  std::vector<Tried> All = bruteForce(*G, ClusterSpec(), Base);
   int64_t Least = std::numeric_limits<int64_t>::max();
   for (const Tried &X : All)
     if (X.Compiled)
@@ -189,7 +202,7 @@ TEST(AutoPlan, TooLittleMemoryNamesWhatWouldFit) {
     AutoOptions O;
     O.Gpus = 4;
     O.GpuMemory = Budget;
-    auto R = searchLayouts(*G, PassContext(), O);
+    auto R = searchLayouts(*G, Base, O);
     ASSERT_FALSE(bool(R));
     std::string Msg = toString(R.takeError());
     EXPECT_NE(Msg.find("no layout of this model on 4 GPUs fits"),

@@ -8,6 +8,7 @@
 #include "runtime/Sample.h"
 #include "runtime/cpu/Bf16Gemm.h"
 #include "runtime/cuda/CudaBackend.h"
+#include "tools/HtmlReport.h"
 #include "tools/ToolSupport.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FileSystem.h"
@@ -266,7 +267,10 @@ struct Run {
   int64_t SavedStep = -1;
   /// Sampling: where --dump writes the drawn positions' logits, and whose
   /// weights these are (for the summary line).
-  std::string DumpDirFor, WeightsFrom;
+  std::string DumpDirFor = {}, WeightsFrom = {};
+  /// --html (the lead's): the page, its plan part filled once.
+  std::string HtmlPath = {};
+  ReportPage Page = {};
 
   Error dumpLogits(StringRef Dir);
   Error dumpTensors(StringRef Dir, ArrayRef<TensorView> Tensors);
@@ -275,6 +279,7 @@ struct Run {
                       ArrayRef<int64_t> Shape, bool Writes,
                       Communicator *Across = nullptr);
   Error writeLogs();
+  Error writePage(StringRef LossSvg);
   Error writeCheckpointAt(int64_t Step);
   /// sp-run --sample: the prompt's continuation, printed by the lead.
   Error generate(const TrainerOptions::SampleOptions &S);
@@ -454,8 +459,66 @@ Error Run::writeLogs() {
                                  [&](raw_ostream &OS) { OS << Csv; }))
     return Err;
   std::string Svg = lossSvg(Rows, ModelName + ": training loss");
-  return writeFileAtomically(LogDirPath + "/loss.svg",
-                         [&](raw_ostream &OS) { OS << Svg; });
+  if (auto Err = writeFileAtomically(LogDirPath + "/loss.svg",
+                                     [&](raw_ostream &OS) { OS << Svg; }))
+    return Err;
+  return writePage(Svg);
+}
+
+/// --html: the page with the rows so far, their chart and the memory this
+/// rank measured (once a step ran).
+Error Run::writePage(StringRef LossSvg) {
+  if (HtmlPath.empty())
+    return Error::success();
+  Page.Loss.clear();
+  for (const LossRow &R : Rows)
+    Page.Loss.push_back({R.Step, R.Loss, R.ValLoss, R.LR, R.GradNorm,
+                         R.TokensPerSecond, R.MFU});
+  Page.LossChart = {LossSvg.str(),
+                    "The training loss of every step, its moving average and "
+                    "the validation loss (loss.svg; loss.csv holds the "
+                    "numbers)."};
+  MemoryStats M = E.memory();
+  if (M.HighWaterBytes > 0) {
+    ReportMeasuredMemory Got;
+    Got.Rank = E.numStages() > 1 ? "rank 0 (the first pipeline stage)"
+                                 : "rank 0";
+    Got.ArenaBytes = M.ArenaBytes;
+    Got.PlannedArenaBytes = P.Prog.ArenaBytes;
+    Got.PersistentBytes = M.PersistentBytes;
+    Got.HighWaterBytes = M.HighWaterBytes;
+    Got.PeakLiveTempBytes = M.PeakLiveTempBytes;
+    Got.StoredActivationBytes = M.StoredActivationBytes;
+    for (auto &[Layer, Bytes] : M.StoredActivationBytesByLayer)
+      Got.StoredBytesByLayer[Layer] = Bytes / E.microbatches();
+    Page.Measured = Got;
+  }
+  return writeReportPage(HtmlPath, Page);
+}
+
+/// What the --html page lists of the run's settings (the command line has
+/// the rest).
+static std::vector<std::pair<std::string, std::string>>
+pageSettings(const TrainerOptions &O, const ProcessGrid &G) {
+  std::vector<std::pair<std::string, std::string>> S = {
+      {"steps", std::to_string(O.Steps)},
+      {"learning rate", formatv("peak {0}, {1} warmup steps, cosine decay "
+                                "to {2}",
+                                sci(O.LR), O.Warmup, sci(O.MinLR))},
+      {"seed", std::to_string(O.Seed)},
+      {"training data", O.Synthetic ? "synthetic" : O.DataFile}};
+  if (!O.ValDataFile.empty())
+    S.push_back({"validation data",
+                 formatv("{0}: {1} batches every {2} steps and at the end",
+                         O.ValDataFile, O.EvalSteps, O.EvalEvery)});
+  S.push_back({"ranks", formatv("{0} (d {1} x p {2} x t {3}){4}", G.size(),
+                                G.Data, G.Pipeline, G.Tensor,
+                                O.ThreadRanks ? ", threads of one process"
+                                              : "")});
+  S.push_back({"device", O.Cuda ? "cuda" : "cpu"});
+  if (O.Resume)
+    S.push_back({"resumed from", O.CheckpointPath});
+  return S;
 }
 
 /// Every rank writes its shard; rank 0 gathers their descriptions and
@@ -878,6 +941,13 @@ Error Trainer::runRank(Communicator *World) {
         O.Seed,
         {},
         {}};
+  if (Lead && !O.HtmlPath.empty()) {
+    R.HtmlPath = O.HtmlPath;
+    R.Page = planReportPage(P.Manifest, O.PlanDir);
+    R.Page.CommandLine = O.CommandLine;
+    R.Page.Steps = O.Steps;
+    R.Page.RunSettings = pageSettings(O, Grid);
+  }
 
   // The directories this run writes: rank 0 locks them for the whole run
   // (another sp-run writing them is refused) and removes what a killed run
@@ -1149,6 +1219,8 @@ Error Trainer::runRank(Communicator *World) {
           return FailAfterLogs(std::move(Err));
         SavedOnExit.store(true);
       }
+      R.Page.RunStatus = formatv("stopped by {0} after step {1} of {2}",
+                                 signalName(*Sig), Last, O.Steps);
       if (Last >= FirstStep)
         if (auto Err = R.writeLogs())
           return Err;
@@ -1325,6 +1397,8 @@ Error Trainer::runRank(Communicator *World) {
   printMemory(Out, P, E.memory());
   printTiming(Out, E.timing(), FirstStepTime);
   Out << "wrote " << O.LogPath << "/loss.csv and loss.svg\n";
+  if (!O.HtmlPath.empty())
+    Out << "wrote report page " << O.HtmlPath << "\n";
   if (O.CheckpointEvery && Trained > 0)
     Out << "wrote checkpoint " << O.CheckpointPath << " (step " << O.Steps
         << ")\n";

@@ -69,6 +69,9 @@ struct TrainerOptions {
   std::string ModelFingerprint; // of its model, for resharding checkpoints
   /// Outputs: empty for none. Source is the model --export-onnx copies.
   std::string TraceFile, DumpDir, ExportOnnx, Source;
+  /// --html: the run's report page (tools/HtmlReport.h), written with the
+  /// loss log, and the command line it shows.
+  std::string HtmlPath, CommandLine;
   /// The plan is widened to float64 (sp-run --float64, widenToFloat64).
   bool Float64 = false;
   /// --device cuda[:N]: each rank runs on a GPU (its local rank's, or

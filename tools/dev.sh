@@ -28,6 +28,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin            # MPI communicator and tests/mpi (mpirun)
   python3-torch python3-onnx python3-numpy  # reference exports (/usr/bin/python3)
   clang-14 libclang-rt-14-dev           # libFuzzer and sanitizers (tests/fuzz)
+  chromium                              # headless: renders the --html pages (e2e-html-report)
 )
 
 install_missing() {

@@ -3,6 +3,7 @@
 //   sp-compile MODEL.onnx [-o PLAN] [--tp T --sp] [--recompute MODE]
 //              [--pp P --interleave M --microbatches N] [--dtype fp32]
 //              [--report FILE.json] [--gantt FILE.svg] [--print-after-all]
+//              [--html FILE.html]
 //   sp-compile --paper-table MODEL.onnx... [--figure7 FILE.svg] [--pp ...]
 //
 // Imports the model and compiles it (passes/Compile.h: the passes of
@@ -15,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 #include "frontend/GraphExport.h"
 #include "lower/MemoryPlan.h"
+#include "passes/Charts.h"
 #include "passes/CollectiveReport.h"
 #include "passes/AutoPlan.h"
 #include "passes/Compile.h"
@@ -23,6 +25,7 @@
 #include "passes/MemoryReport.h"
 #include "passes/Passes.h"
 #include "plan/Plan.h"
+#include "tools/HtmlReport.h"
 #include "tools/PaperTable.h"
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"
@@ -62,6 +65,12 @@ static cl::opt<std::string> Figure7(
     cl::value_desc("file.svg"), cl::cat(Cat));
 static cl::opt<std::string> Report("report", cl::desc("Write a JSON report"),
                                    cl::value_desc("file.json"), cl::cat(Cat));
+static cl::opt<std::string> Html(
+    "html",
+    cl::desc("Write the report as one self-contained HTML page: model, "
+             "options, memory (with a Figure 7 style chart), collectives, "
+             "pipeline schedule, FLOPs (and the search with --auto)"),
+    cl::value_desc("file.html"), cl::cat(Cat));
 static cl::opt<bool> Estimate(
     "estimate",
     cl::desc("Print the plan's predicted step time and MFU on a GPU cluster "
@@ -258,6 +267,93 @@ static Expected<std::string> printEstimate(const ClusterSpec &M,
       .str();
 }
 
+/// --html: the report page of the compiled plan (tools/HtmlReport.h). Its
+/// memory chart is in the style of the paper's Figure 7: one layer's stored
+/// activation bytes under each configuration at this t (sequence
+/// parallelism or not; no, selective or full recomputation) by the family's
+/// formula, as a percentage of tensor parallelism alone, and this plan's
+/// bytes, read off its program, beside its own configuration's.
+static Error writeHtmlReport(StringRef Path, const Compilation &C,
+                             const PassContext &Ctx, StringRef Source,
+                             StringRef Command) {
+  ReportPage Page;
+  Page.Tool = "sp-compile";
+  Page.Subject = Source.str();
+  Page.CommandLine = Command.str();
+  Page.Facts = C.Facts;
+  const ActivationReport &R = *C.Activations;
+  Page.Facts["gemm_flops_per_rank"] = {{"forward", R.ForwardFlops},
+                                       {"backward", R.BackwardFlops},
+                                       {"recompute", R.RecomputeFlops}};
+  std::string Calls;
+  raw_string_ostream CallsOS(Calls);
+  printCollectives(collectiveReport(C.P->Prog, Ctx.TensorParallel),
+                   Ctx.TensorParallel, CallsOS);
+  if (!CallsOS.str().empty())
+    Page.Facts["collective_calls"] = CallsOS.str();
+
+  int T = Ctx.TensorParallel;
+  double E = dtypeSize(Ctx.ActivationDtype);
+  double Base = layerFormula(C.Info, T, false, RecomputeMode::None, E).Bytes;
+  std::string Ours = R.LayerRecompute.empty()
+                         ? "none"
+                         : R.LayerRecompute[R.middleLayer()];
+  if (Base > 0) {
+    BarChart B;
+    B.Title = T > 1 ? "Activation memory per layer, as a percentage of "
+                      "tensor parallelism alone"
+                    : "Activation memory per layer, as a percentage of no "
+                      "recomputation";
+    B.YLabel = formatv("% of {0} (t = {1})", T > 1 ? "TP" : "none", T).str();
+    B.Series = {C.Info.Family + " formula", "this plan"};
+    B.Width = 900;
+    B.Height = 380;
+    const std::pair<RecomputeMode, const char *> Modes[] = {
+        {RecomputeMode::None, "none"},
+        {RecomputeMode::Selective, "selective"},
+        {RecomputeMode::Full, "full"}};
+    for (auto [Mode, Name] : Modes)
+      for (bool SP : {false, true}) {
+        if (SP && T == 1)
+          break;
+        std::string Group = T > 1 ? std::string(SP ? "TP+SP" : "TP") : "";
+        if (Mode != RecomputeMode::None || T == 1)
+          Group += (Group.empty() ? "" : "+") + std::string(Name);
+        B.Groups.push_back(Group);
+        bool This = SP == Ctx.SequenceParallel && Ours == Name;
+        B.Values.push_back(
+            {100 * layerFormula(C.Info, T, SP, Mode, E).Bytes / Base,
+             This ? 100 * R.layerBytes(R.middleLayer()) / Base : NAN});
+      }
+    raw_string_ostream SvgOS(Page.Memory.Svg);
+    if (auto Err = writeBarChartSvg(SvgOS, B))
+      return Err;
+    SvgOS.flush();
+    Page.Memory.Caption =
+        formatv("Each configuration at t = {0}: one layer's stored "
+                "activations by the {1} formula ({2}-byte activations, "
+                "1-byte masks), as a percentage of {3}; the second bar is "
+                "this plan's layer {4}, read off its program.{5}",
+                T, C.Info.Family, int(E), T > 1 ? "tensor parallelism alone" :
+                "no recomputation", R.middleLayer(),
+                C.Info.FusedAttention
+                    ? " With the fused attention core, selective "
+                      "recomputation has nothing left to drop."
+                    : "")
+            .str();
+  }
+  auto Chart = find_if(C.P->Files, [](const auto &F) {
+    return F.first == "schedule.svg";
+  });
+  if (Chart != C.P->Files.end()) {
+    Page.Schedule.Svg = Chart->second;
+    Page.Schedule.Caption = "The schedule simulated from each stage's GEMM "
+                            "work (also PLAN/schedule.svg): one row per "
+                            "pipeline rank; the empty space is the bubble.";
+  }
+  return writeReportPage(Path, Page);
+}
+
 /// AdamW's settings: a decay rate outside [0, 1), a non-positive epsilon
 /// or a negative weight decay or clipping norm trains nonsense (or NaN).
 static Error checkOptimizerFlags() {
@@ -338,6 +434,7 @@ int main(int Argc, char **Argv) {
   // Every output file can be written, checked before any is: a bad --report
   // must not fail after the plan is written.
   for (auto [Path, Flag] : {std::pair{&Report, "--report"},
+                            {&Html, "--html"},
                             {&Gantt, "--gantt"},
                             {&Figure7, "--figure7"}})
     if (!Path->empty())
@@ -436,6 +533,15 @@ int main(int Argc, char **Argv) {
                          createStringError(inconvertibleErrorCode(),
                                            "--paper-table writes no plan; "
                                            "drop -o"));
+    if (!Html.empty())
+      return reportError("sp-compile",
+                         createStringError(inconvertibleErrorCode(),
+                                           "--html describes one compiled "
+                                           "plan and --paper-table compiles "
+                                           "several; drop --html and write "
+                                           "the table's chart with --figure7 "
+                                           "FILE.svg (its numbers with "
+                                           "--report FILE.json)"));
     if (auto E = runPaperTable(Inputs, *IO, Ctx, Figure7, Report, outs()))
       return reportError("sp-compile", std::move(E));
     return 0;
@@ -479,6 +585,12 @@ int main(int Argc, char **Argv) {
                                          "-o needs a training graph; the "
                                          "pipeline must include autodiff "
                                          "and optimizer"));
+  if (!C->P && !Html.empty())
+    return reportError("sp-compile",
+                       createStringError(inconvertibleErrorCode(),
+                                         "--html needs a training graph; the "
+                                         "pipeline must include autodiff and "
+                                         "optimizer"));
   if (!C->P && !ExportGraphs.empty())
     return reportError("sp-compile",
                        createStringError(inconvertibleErrorCode(),
@@ -592,6 +704,13 @@ int main(int Argc, char **Argv) {
           OS << J.dump(2) << "\n";
         }))
       return reportError("sp-compile", std::move(E));
+  }
+  if (!Html.empty()) {
+    if (auto E = writeHtmlReport(Html, *C, Ctx, Input,
+                                 commandLine(Argc, Argv)))
+      return reportError("sp-compile", std::move(E));
+    if (!Quiet)
+      outs() << "wrote report page " << Html << "\n";
   }
   return 0;
 }

@@ -5,7 +5,7 @@
 //          [--eval] [--log-dir DIR] [--checkpoint DIR] [--checkpoint-every N]
 //          [--resume] [--checkpoint-on-exit] [--dump DIR] [--export-onnx OUT]
 //          [--threads N] [--objective next-token|masked-lm] [--pad-token ID]
-//          [--comm threads|mpi] [--comm-timeout S]
+//          [--comm threads|mpi] [--comm-timeout S] [--html FILE.html]
 //
 // Checks the flags, the plan and the files, then runs a Trainer
 // (tools/Trainer.h) on every rank. The run drives sp::Executor
@@ -35,6 +35,7 @@
 #include "runtime/comm/Communicator.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cuda/CudaBackend.h"
+#include "tools/HtmlReport.h"
 #include "tools/ToolSupport.h"
 #include "tools/Trainer.h"
 #include "llvm/Support/CommandLine.h"
@@ -201,6 +202,12 @@ static cl::opt<std::string>
                         "model"),
                cl::value_desc("out.onnx"), cl::cat(Cat));
 static cl::opt<std::string>
+    Html("html",
+         cl::desc("Write the run's report page, one self-contained HTML "
+                  "file: the plan's facts, the loss curves and the measured "
+                  "memory (written with loss.csv)"),
+         cl::value_desc("file.html"), cl::cat(Cat));
+static cl::opt<std::string>
     Device("device",
            cl::desc("Where the plan runs: cpu (default), or cuda (one GPU "
                     "per rank: an MPI rank's local rank, a thread rank's "
@@ -332,6 +339,7 @@ static Error checkFlags() {
           {CheckpointOnExit.getValue(), "--checkpoint-on-exit"},
           {ExportOnnx.getNumOccurrences() > 0, "--export-onnx"},
           {TraceFile.getNumOccurrences() > 0, "--trace"},
+          {Html.getNumOccurrences() > 0, "--html"},
           {ObjectiveKind.getNumOccurrences() > 0, "--objective"}})
       if (Given)
         return usageError(Twine("--sample generates text from the weights; "
@@ -378,7 +386,9 @@ static Error checkFlags() {
                                  "--data)"},
           {Resume.getValue(), "--resume"},
           {CheckpointOnExit.getValue(), "--checkpoint-on-exit"},
-          {ExportOnnx.getNumOccurrences() > 0, "--export-onnx"}})
+          {ExportOnnx.getNumOccurrences() > 0, "--export-onnx"},
+          {Html.getNumOccurrences() > 0, "--html (sp-compile --html "
+                                         "writes the plan's page)"}})
       if (Given)
         return usageError(Twine("--eval does not train; it cannot be "
                                 "combined with ") +
@@ -566,7 +576,8 @@ int main(int Argc, char **Argv) {
                              "directory"));
   // The outputs written after training must be writable before it starts.
   for (auto [Path, Flag] : {std::pair{&TraceFile, "--trace"},
-                            {&ExportOnnx, "--export-onnx"}})
+                            {&ExportOnnx, "--export-onnx"},
+                            {&Html, "--html"}})
     if (!Path->empty())
       if (auto Err = checkWritableFile(*Path))
         return Fail(usageError(Twine(Flag) + ": " + toString(std::move(Err))));
@@ -630,6 +641,8 @@ int main(int Argc, char **Argv) {
   O.TraceFile = TraceFile;
   O.DumpDir = DumpDir;
   O.ExportOnnx = ExportOnnx;
+  O.HtmlPath = Html;
+  O.CommandLine = commandLine(Argc, Argv);
   O.Source = Source;
   O.ThreadsPerRank = NumThreads;
   O.Float64 = Float64;

@@ -2,6 +2,7 @@
 #include "passes/AutoPlan.h"
 #include "passes/LowerTraining.h"
 #include "passes/ModelInfo.h"
+#include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Parallel.h"
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <limits>
 #include <map>
+#include <set>
 
 using namespace llvm;
 
@@ -37,13 +39,22 @@ std::string AutoCandidate::describe() const {
                Zero ? " ZeRO-1" : "", Microbatches,
                Microbatches == 1 ? "" : "es", Recompute)
            .str();
-  if (StagedRanks)
-    S += formatv(" ({0} on rank{1} 0{2} of {3})", StagedMode,
-                 StagedRanks > 1 ? "s" : "",
-                 StagedRanks > 1 ? formatv("-{0}", StagedRanks - 1).str()
-                                 : std::string(),
-                 P)
-             .str();
+  if (staged()) {
+    // The runs of ranks whose mode is not the last rank's: "full on ranks
+    // 0-1, selective on ranks 2-5 of 8".
+    std::string Runs;
+    for (size_t A = 0, B; A < RankModes.size(); A = B) {
+      for (B = A; B < RankModes.size() && RankModes[B] == RankModes[A];)
+        ++B;
+      if (RankModes[A] == RankModes.back())
+        continue;
+      Runs += formatv("{0}{1} on rank{2} {3}{4}", Runs.empty() ? "" : ", ",
+                      recomputeModeName(RankModes[A]), B - A > 1 ? "s" : "",
+                      A, B - A > 1 ? formatv("-{0}", B - 1).str() : "")
+                  .str();
+    }
+    S += formatv(" ({0} of {1})", Runs, P).str();
+  }
   return S;
 }
 
@@ -266,8 +277,10 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                                             "graph");
       return -1;
     }
-    for (int K = 0; K < Comp->P->numStages(); ++K)
-      C.PeakBytes = std::max(C.PeakBytes, Comp->P->stage(K).ArenaBytes);
+    for (int K = 0; K < Comp->P->numStages(); ++K) {
+      C.RankBytes.push_back(Comp->P->stage(K).ArenaBytes);
+      C.PeakBytes = std::max(C.PeakBytes, C.RankBytes.back());
+    }
     auto E = estimatePlan(O.Cluster, Ctx, *Comp->P);
     if (!E) {
       Out.Rejected.push_back(C.describe() + ": " + toString(E.takeError()));
@@ -337,9 +350,19 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   if (!Base.FusedAttention)
     Levels.push_back({"selective", RecomputeMode::Selective});
   Levels.push_back({"full", RecomputeMode::Full});
+  auto LevelOf = [&](StringRef Name) {
+    return size_t(find_if(Levels, [&](const auto &L) {
+                    return L.first == Name;
+                  }) -
+                  Levels.begin());
+  };
+  // A family's stage-aware work: the Upper level on its first k ranks and
+  // Lower's on the rest, k by bisection; or, with PerRank, each rank's level
+  // given.
   struct StagedFamily {
     AutoCandidate Lower;
-    size_t Upper; // the level of the first ranks
+    size_t Upper = 0;
+    std::vector<size_t> PerRank;
   };
   std::vector<StagedFamily> Plains;
   for (auto &Family : Families) {
@@ -350,6 +373,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       return std::make_tuple(C.T, C.P, C.M, C.D, C.Zero) == Key &&
              C.SP == (C.T > 1) && C.Recompute == Rc && C.LayerModes.empty();
     };
+    SmallVector<std::pair<size_t, size_t>, 3> Pairs; // bisected (lower, upper)
     for (size_t Lo = 0; Lo + 1 < Levels.size(); ++Lo) {
       auto Lower = find_if(TooBig, [&](const auto &C) {
         return Same(C, Levels[Lo].first);
@@ -357,19 +381,50 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       if (Lower == TooBig.end() || Lower->Step.Seconds >= Fastest)
         continue;
       for (size_t Up = Lo + 1; Up < Levels.size(); ++Up)
-        if (any_of(R.Fits,
-                   [&](const auto &C) { return Same(C, Levels[Up].first); }))
-          Plains.push_back({*Lower, Up});
+        if (any_of(R.Fits, [&](const auto &C) {
+              return Same(C, Levels[Up].first);
+            })) {
+          Plains.push_back({*Lower, Up, {}});
+          Pairs.push_back({Lo, Up});
+        }
     }
+    // Each rank the cheapest level whose uniform member fits on that rank
+    // (the ranks' arenas under each uniform level, as compiled). It differs
+    // from the two-level members where three levels are used, or where the
+    // ranks needing more are not the first ones.
+    std::vector<const AutoCandidate *> Uniform(Levels.size(), nullptr);
+    for (const auto *List : {&R.Fits, &TooBig})
+      for (const AutoCandidate &C : *List)
+        for (size_t L = 0; L < Levels.size(); ++L)
+          if (Same(C, Levels[L].first) && !C.RankBytes.empty())
+            Uniform[L] = &C;
+    if (!Uniform[0] || Uniform[0]->PeakBytes <= O.GpuMemory ||
+        Uniform[0]->Step.Seconds >= Fastest)
+      continue;
+    std::vector<size_t> PerRank;
+    for (int Rank = 0; Rank < std::get<1>(Key); ++Rank) {
+      size_t L = 0;
+      while (L < Levels.size() &&
+             (!Uniform[L] || int(Uniform[L]->RankBytes.size()) <= Rank ||
+              double(Uniform[L]->RankBytes[Rank]) > O.GpuMemory))
+        ++L;
+      PerRank.push_back(L);
+    }
+    bool Possible = all_of(PerRank, [&](size_t L) { return L < Levels.size(); });
+    // An upper level on the first ranks and a lower one on the rest is what
+    // the bisection of that pair finds.
+    bool Bisected =
+        is_sorted(PerRank, std::greater<size_t>()) &&
+        std::set<size_t>(PerRank.begin(), PerRank.end()).size() ==
+            2 &&
+        is_contained(Pairs, std::make_pair(PerRank.back(), PerRank.front()));
+    if (Possible && !is_splat(PerRank) && !Bisected)
+      Plains.push_back({*Uniform[PerRank.back()], 0, PerRank});
   }
   std::vector<Outcome> Staged(Plains.size());
   parallelForEachN(0, Plains.size(), [&](size_t F) {
     const AutoCandidate &Plain = Plains[F].Lower;
-    StringRef ModeName = Levels[Plains[F].Upper].first;
-    RecomputeMode Mode = Levels[Plains[F].Upper].second;
-    RecomputeMode Rest = find_if(Levels, [&](const auto &L) {
-                           return L.first == Plain.Recompute;
-                         })->second;
+    size_t Rest = LevelOf(Plain.Recompute);
     Outcome &Out = Staged[F];
     auto Ranks = layerRanks(*Prepared, layoutContext(Base, Plain), Plain.P);
     if (!Ranks) {
@@ -377,14 +432,24 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                              toString(Ranks.takeError()));
       return;
     }
-    auto Staging = [&](int K) {
+    // The member whose rank R takes level Level(R).
+    auto Member = [&](function_ref<size_t(int)> Level) {
       AutoCandidate C = Plain;
-      C.StagedRanks = K;
-      C.StagedMode = ModeName.str();
       C.PeakBytes = 0;
+      C.RankBytes.clear();
+      for (int Rank = 0; Rank < Plain.P; ++Rank)
+        C.RankModes.push_back(Levels[Level(Rank)].second);
       for (int Rank : *Ranks)
-        C.LayerModes.push_back(Rank < K ? Mode : Rest);
+        C.LayerModes.push_back(C.RankModes[Rank]);
       return C;
+    };
+    if (!Plains[F].PerRank.empty()) {
+      Try(Member([&](int Rank) { return Plains[F].PerRank[Rank]; }), Out);
+      return;
+    }
+    size_t Up = Plains[F].Upper;
+    auto Staging = [&](int K) {
+      return Member([&](int Rank) { return Rank < K ? Up : Rest; });
     };
     int Lo = 1, Hi = Plain.P - 1;
     int64_t HiPeak = Try(Staging(Hi), Out);
@@ -521,7 +586,11 @@ void printSearch(const AutoResult &R, const AutoOptions &O, raw_ostream &OS) {
 
 nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
   nlohmann::json Fits = nlohmann::json::array();
-  for (const AutoCandidate &C : R.Fits)
+  for (const AutoCandidate &C : R.Fits) {
+    // Each pipeline rank's recomputation (empty: uniform).
+    nlohmann::json RankModes = nlohmann::json::array();
+    for (RecomputeMode M : C.RankModes)
+      RankModes.push_back(recomputeModeName(M).str());
     Fits.push_back({{"layout", C.describe()},
                     {"tp", C.T},
                     {"sp", C.SP},
@@ -531,15 +600,16 @@ nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
                     {"zero", C.Zero},
                     {"microbatches", C.Microbatches},
                     {"recompute", C.Recompute},
-                    {"staged_ranks", C.StagedRanks},
-                    {"staged_recompute", C.StagedMode},
+                    {"rank_recompute", RankModes},
                     {"fused_attention",
                      R.FusedAttention && C.Recompute != "selective" &&
-                         C.StagedMode != "selective"},
+                         !is_contained(C.RankModes,
+                                       RecomputeMode::Selective)},
                     {"peak_bytes", C.PeakBytes},
                     {"step_seconds", C.Step.Seconds},
                     {"mfu", C.Step.Mfu},
                     {"bubble", C.Step.BubbleFraction}});
+  }
   return {{"gpus", O.Gpus},
           {"attention", R.FusedAttention ? "fused" : "unfused"},
           {"gpu_memory_bytes", O.GpuMemory},

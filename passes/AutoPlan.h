@@ -29,8 +29,10 @@
 // not fit, but whose member with full (or, with the unfused core,
 // selective) recomputation does, also gets stage-aware members: that
 // recomputation on its first k ranks only, the rest storing everything,
-// the fewest k that fit (bisection). Not yet: screening by compiling one
-// layer per combination instead of whole plans.
+// the fewest k that fit (bisection), likewise between selective and full;
+// and the member where each rank takes the cheapest level whose uniform
+// member fits on that rank. Not yet: screening by compiling one layer per
+// combination instead of whole plans.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_PASSES_AUTOPLAN_H
@@ -71,12 +73,12 @@ struct AutoCandidate {
   /// "full"; none and full with the fused attention core unless the search
   /// was told --attention unfused.
   std::string Recompute = "none";
-  /// Stage-aware: ranks 0 .. StagedRanks - 1 recompute as StagedMode says
-  /// ("full" or "selective"), the rest as Recompute says; LayerModes gives
-  /// each layer's mode.
-  int StagedRanks = 0;
-  std::string StagedMode;
-  std::vector<RecomputeMode> LayerModes;
+  /// Stage-aware: each pipeline rank's recomputation (empty: every rank's
+  /// is Recompute; else the last rank's is), and from it each layer's.
+  std::vector<RecomputeMode> RankModes, LayerModes;
+  bool staged() const { return !RankModes.empty(); }
+  /// Each pipeline rank's planned arena, once compiled.
+  std::vector<int64_t> RankBytes;
   /// Compiled: the largest rank's arena and the cost model's step.
   int64_t PeakBytes = 0;
   StepEstimate Step;

@@ -35,6 +35,21 @@ enum class RecomputeMode {
   Auto,      // the least extra FLOPs that fit MemoryBudget
 };
 
+/// "none", "selective", "full" or "auto" (as --recompute spells them).
+inline llvm::StringRef recomputeModeName(RecomputeMode M) {
+  switch (M) {
+  case RecomputeMode::None:
+    return "none";
+  case RecomputeMode::Selective:
+    return "selective";
+  case RecomputeMode::Full:
+    return "full";
+  case RecomputeMode::Auto:
+    return "auto";
+  }
+  return "?";
+}
+
 struct RecomputeOptions {
   RecomputeMode Mode = RecomputeMode::None;
   /// Full: keep the input of every group of K consecutive layers.
@@ -42,9 +57,9 @@ struct RecomputeOptions {
   /// Auto: the planned peak bytes per rank must not exceed this.
   int64_t MemoryBudget = 0;
   /// When not empty: each layer's mode (None, Selective or Full; one entry
-  /// per layer), instead of Mode. The planner gives the layers of the first
-  /// pipeline ranks, which hold the most microbatches, full recomputation
-  /// and the rest none (stage-aware recomputation).
+  /// per layer), instead of Mode. The planner gives each pipeline rank's
+  /// layers that rank's mode: more recomputation on the first ranks, which
+  /// hold the most microbatches (stage-aware recomputation).
   std::vector<RecomputeMode> LayerModes;
 };
 

@@ -31,7 +31,7 @@ case "$MODE" in
     DIR=build-tsan
     # The thread communicator, the executor and every test that trains on
     # thread ranks (tensor-parallel, pipelined, recomputed).
-    FILTER=${2:-CommTest.*:Comm/CommRanks.*:ProcessGrid.*:CpuParallelTest.*:Executor.*:*ParallelEqualsOneDevice.*:*PipelineEqualsOneDevice.*:Pipeline.*:*RecomputeEqualsNone.*:AutoPlan.*}
+    FILTER=${2:-CommTest.*:Comm/CommRanks.*:ProcessGrid.*:CpuParallelTest.*:Executor.*:*ParallelEqualsOneDevice.*:*PipelineEqualsOneDevice.*:Pipeline.*:*RecomputeEqualsNone.*:*AutoPlan*}
     ;;
   *)
     echo "usage: tests/sanitize.sh address|thread [FILTER]" >&2

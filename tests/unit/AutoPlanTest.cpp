@@ -106,7 +106,12 @@ TEST_P(AutoPlanCore, SearchEqualsBruteForce) {
   ASSERT_GT(Peaks.size(), 20u);
   std::sort(Peaks.begin(), Peaks.end());
   // All fit; the median fits; only the smallest fits.
-  for (int64_t Budget : {Peaks.back(), Peaks[Peaks.size() / 2], Peaks[0]}) {
+  int Staged = 0;
+  std::vector<int64_t> Budgets = {Peaks.back(), Peaks[Peaks.size() / 2],
+                                  Peaks[0]};
+  for (size_t K = 1; K < Peaks.size(); ++K) // between two peaks too
+    Budgets.push_back((Peaks[K - 1] + Peaks[K]) / 2);
+  for (int64_t Budget : Budgets) {
     SCOPED_TRACE(formatv("budget {0} bytes", Budget).str());
     AutoOptions O;
     O.Gpus = 4;
@@ -126,14 +131,14 @@ TEST_P(AutoPlanCore, SearchEqualsBruteForce) {
     // The brute force has no stage-aware layouts: those the search adds
     // come on top, and may only be faster.
     size_t Uniform = count_if(R->Fits, [](const AutoCandidate &C) {
-      return C.StagedRanks == 0;
+      return !C.staged();
     });
     EXPECT_EQ(Uniform, Fit);
     // The fastest step (layouts may tie: a one-stage plan whose gradient sum
     // outlasts its backward hides the whole backward under it).
     const AutoCandidate *First = nullptr;
     for (const AutoCandidate &C : R->Fits)
-      if (!First && C.StagedRanks == 0)
+      if (!First && !C.staged())
         First = &C;
     ASSERT_TRUE(First);
     const AutoCandidate &Got = *First;
@@ -157,8 +162,21 @@ TEST_P(AutoPlanCore, SearchEqualsBruteForce) {
     // layout-free passes, then each layout's passes on a copy, families
     // concurrently) has the peak and step of its compile from scratch.
     for (const AutoCandidate &C : R->Fits) {
-      if (C.StagedRanks)
+      if (C.staged()) {
+        // A stage-aware layout: its own compile from scratch, with its
+        // per-layer modes, has its peak and step, and fits.
+        std::unique_ptr<Graph> Copy = G->clone();
+        PassContext Ctx = layoutContext(Base, C);
+        auto Comp = compileToPlan(*Copy, Ctx, CompileOptions());
+        ASSERT_TRUE(bool(Comp)) << toString(Comp.takeError());
+        int64_t Peak = 0;
+        for (int K = 0; K < Comp->P->numStages(); ++K)
+          Peak = std::max(Peak, Comp->P->stage(K).ArenaBytes);
+        EXPECT_EQ(C.PeakBytes, Peak) << C.describe();
+        EXPECT_LE(C.PeakBytes, Budget) << C.describe();
+        ++Staged;
         continue;
+      }
       const Tried *X = nullptr;
       for (const Tried &T : All)
         if (T.Compiled && T.C.describe() == C.describe())
@@ -176,6 +194,10 @@ TEST_P(AutoPlanCore, SearchEqualsBruteForce) {
     EXPECT_EQ(Again->Rejected, R->Rejected);
     EXPECT_EQ(Again->Compiled, R->Compiled);
   }
+  // The budgets between two peaks give the unfused core's stage-aware
+  // members something to do (the fused core's need a deeper pipeline).
+  if (!GetParam())
+    EXPECT_GE(Staged, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Attention, AutoPlanCore, ::testing::Bool(),

@@ -73,7 +73,13 @@ public:
     P = O.Stages;
     NumStages = S;
     Dt = Ctx.ActivationDtype;
-    if (auto E = assignLayers(G, L, O.Uniform))
+    // Full recomputation of groups of K layers recomputes a group from its
+    // first layer's input: a stage holds whole groups.
+    const RecomputeOptions &R = Ctx.Recompute;
+    int Group = R.Mode == RecomputeMode::Full && R.LayerModes.empty()
+                    ? std::max(R.Layers, 1)
+                    : 1;
+    if (auto E = assignLayers(G, L, Group, O.Uniform))
       return E;
     if (auto E = tagStages(G))
       return E;
@@ -83,7 +89,9 @@ public:
 private:
   int rankOf(int Stage) const { return Stage % P; }
 
-  Error assignLayers(Graph &G, int L, bool Uniform) {
+  /// Splits the L layers, in whole groups of Group consecutive layers (the
+  /// last may be shorter), over the stages.
+  Error assignLayers(Graph &G, int L, int Group, bool Uniform) {
     std::vector<double> Cost(L, 0.0);
     double First = 0, Last = 0;
     bool SeenLayer = false;
@@ -105,13 +113,29 @@ private:
       else if (N.tags().Ph != Phase::Optimizer)
         (SeenLayer ? Last : First) += C;
     }
-    auto Starts = partitionLayers(Cost, First, Last, NumStages, Uniform);
+    int Groups = (L + Group - 1) / Group;
+    std::vector<double> GroupCost(Groups, 0.0);
+    for (int Layer = 0; Layer < L; ++Layer)
+      GroupCost[Layer / Group] += Cost[Layer];
+    if (Group > 1 && Groups < NumStages)
+      return pipelineError(formatv(
+          "--recompute-layers {0} makes {1} group{5} of the {2} layers, each "
+          "recomputed from its first layer's input on one stage, but the "
+          "pipeline has {3} stages; use --recompute-layers {4} or less",
+          Group, Groups, L, NumStages, std::max(1, L / NumStages),
+          Groups == 1 ? "" : "s"));
+    auto Starts = partitionLayers(GroupCost, First, Last, NumStages, Uniform);
     if (!Starts)
-      return Starts.takeError();
+      return Group > 1 ? pipelineError(formatv(
+                             "with --recompute-layers {0} a stage holds whole "
+                             "groups of {0} layers ({1} groups): {2}",
+                             Group, Groups, toString(Starts.takeError())))
+                       : Starts.takeError();
     StageOfLayer.assign(L, 0);
     for (int St = 0; St < NumStages; ++St) {
-      int End = St + 1 < NumStages ? (*Starts)[St + 1] : L;
-      for (int Layer = (*Starts)[St]; Layer < End; ++Layer)
+      int End = St + 1 < NumStages ? (*Starts)[St + 1] * Group : L;
+      for (int Layer = (*Starts)[St] * Group; Layer < std::min(End, L);
+           ++Layer)
         StageOfLayer[Layer] = St;
     }
     return Error::success();

@@ -39,6 +39,8 @@ std::string AutoCandidate::describe() const {
                Zero ? " ZeRO-1" : "", Microbatches,
                Microbatches == 1 ? "" : "es", Recompute)
            .str();
+  if (FullEvery > 1)
+    S += formatv(" every {0} layers", FullEvery).str();
   if (staged()) {
     // The runs of ranks whose mode is not the last rank's: "full on ranks
     // 0-1, selective on ranks 2-5 of 8".
@@ -102,6 +104,7 @@ PassContext layoutContext(const PassContext &Base, const AutoCandidate &C) {
   Ctx.Zero = C.Zero;
   Ctx.Recompute = RecomputeOptions();
   Ctx.Recompute.LayerModes = C.LayerModes;
+  Ctx.Recompute.Layers = C.FullEvery;
   // Selective recomputation is of the unfused core's scores; the rest use
   // the fused core unless Base asks for the unfused one.
   Ctx.FusedAttention = Base.FusedAttention && C.Recompute != "selective" &&
@@ -279,6 +282,8 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     }
     for (int K = 0; K < Comp->P->numStages(); ++K) {
       C.RankBytes.push_back(Comp->P->stage(K).ArenaBytes);
+      C.PersistentBytes =
+          std::max(C.PersistentBytes, Comp->P->stage(K).PersistentBytes);
       C.PeakBytes = std::max(C.PeakBytes, C.RankBytes.back());
     }
     auto E = estimatePlan(O.Cluster, Ctx, *Comp->P);
@@ -293,6 +298,24 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     }
     Out.Fits.push_back(C);
     return C.PeakBytes;
+  };
+  // Full recomputation of groups of K layers stores only each group's
+  // input (and, while a group's backward runs, its activations): the last
+  // resort of a family whose smallest member, Least, does not fit. The
+  // fewest K that fits (K = 2, 4, 8; a stage holds whole groups).
+  auto TryGroups = [&](const AutoCandidate &Least, Outcome &Out) {
+    // Grouping changes only the temporaries: a rank whose persistent region
+    // alone exceeds the memory stays over it.
+    if (double(Least.PersistentBytes) > O.GpuMemory)
+      return;
+    int PerStage = Info->Layers / (Least.P * Least.M);
+    for (int K = 2; K <= std::min(PerStage, 8); K *= 2) {
+      AutoCandidate C = Least;
+      C.FullEvery = K;
+      int64_t Peak = Try(C, Out);
+      if (Peak >= 0 && double(Peak) <= O.GpuMemory)
+        break;
+    }
   };
   // A family (t, p, m, d, ZeRO) is tried with its smallest member first:
   // SP (when t > 1) and full recomputation store the least. When that does
@@ -317,6 +340,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       Try(*Least, Out);
       if (!Out.TooBig.empty()) {
         Out.Skipped += Members.size() - 1;
+        TryGroups(*Least, Out);
         return;
       }
       Members.erase(Least);
@@ -371,7 +395,8 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       continue;
     auto Same = [&](const AutoCandidate &C, StringRef Rc) {
       return std::make_tuple(C.T, C.P, C.M, C.D, C.Zero) == Key &&
-             C.SP == (C.T > 1) && C.Recompute == Rc && C.LayerModes.empty();
+             C.SP == (C.T > 1) && C.Recompute == Rc && C.LayerModes.empty() &&
+             C.FullEvery == 1;
     };
     SmallVector<std::pair<size_t, size_t>, 3> Pairs; // bisected (lower, upper)
     for (size_t Lo = 0; Lo + 1 < Levels.size(); ++Lo) {
@@ -476,8 +501,11 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                        ->first;
     Outcome Out;
     for (auto &[Floor, C] : Pruned)
-      if (Floor == Least)
+      if (Floor == Least) {
         Try(C, Out);
+        if (C.SP == (C.T > 1) && C.Recompute == "full")
+          TryGroups(C, Out);
+      }
     Merge(Out);
   }
   for (const AutoCandidate &C : TooBig)
@@ -600,6 +628,7 @@ nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
                     {"zero", C.Zero},
                     {"microbatches", C.Microbatches},
                     {"recompute", C.Recompute},
+                    {"full_every", C.FullEvery},
                     {"rank_recompute", RankModes},
                     {"fused_attention",
                      R.FusedAttention && C.Recompute != "selective" &&

@@ -25,7 +25,9 @@
 // sp-compile would compile it, so its memory is the planned peak (the
 // largest rank's arena), exact, and its step time is the cost model's
 // (passes/CostModel.h) on the compiled programs. The fastest that fits is
-// the answer. A pipelined family whose plain member (no recomputation) does
+// the answer. A family whose smallest member does not fit tries full
+// recomputation of groups of 2, 4 and 8 layers (a stage holds whole groups),
+// the fewest that fits. A pipelined family whose plain member (no recomputation) does
 // not fit, but whose member with full (or, with the unfused core,
 // selective) recomputation does, also gets stage-aware members: that
 // recomputation on its first k ranks only, the rest storing everything,
@@ -73,12 +75,17 @@ struct AutoCandidate {
   /// "full"; none and full with the fused attention core unless the search
   /// was told --attention unfused.
   std::string Recompute = "none";
+  /// Full recomputation of groups of FullEvery layers: only each group's
+  /// first input is stored (--recompute-layers).
+  int FullEvery = 1;
   /// Stage-aware: each pipeline rank's recomputation (empty: every rank's
   /// is Recompute; else the last rank's is), and from it each layer's.
   std::vector<RecomputeMode> RankModes, LayerModes;
   bool staged() const { return !RankModes.empty(); }
-  /// Each pipeline rank's planned arena, once compiled.
+  /// Each pipeline rank's planned arena, once compiled, and the largest
+  /// persistent region (parameters, gradients, optimizer state, inputs).
   std::vector<int64_t> RankBytes;
+  int64_t PersistentBytes = 0;
   /// Compiled: the largest rank's arena and the cost model's step.
   int64_t PeakBytes = 0;
   StepEstimate Step;

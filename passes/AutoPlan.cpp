@@ -65,6 +65,8 @@ std::string AutoCandidate::describe() const {
 static Expected<std::vector<int>> layerRanks(const Graph &G, PassContext Ctx,
                                              int P) {
   std::unique_ptr<Graph> Copy = G.clone();
+  raw_null_ostream Quiet; // called concurrently (see Try in searchLayouts)
+  Ctx.Remarks = &Quiet;
   CompileOptions CO;
   CO.Passes = LayoutPasses;
   if (auto E = runPasses(*Copy, Ctx, CO))
@@ -263,6 +265,11 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   auto Try = [&](AutoCandidate C, Outcome &Out) -> int64_t {
     std::unique_ptr<Graph> Copy = Prepared->clone();
     PassContext Ctx = layoutContext(Base, C);
+    // Layouts compile concurrently: no shared stream (the remarks of every
+    // layout would interleave, and writing one stream from two threads is a
+    // data race).
+    raw_null_ostream Quiet;
+    Ctx.Remarks = &Quiet;
     CompileOptions CO;
     CO.Passes = LayoutPasses;
     CO.Source = O.Source;

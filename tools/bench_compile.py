@@ -15,8 +15,13 @@ Then the pipelined plans (--pipelines), written with -o as a whole process: the 
 512 microbatches (selective recomputation, fp16), with the process's peak resident memory
 and the plan's size on disk, against the same onnx load + infer_shapes of the graph.
 
+Then the layout search (--auto), a whole process each: the paper's models at their GPU counts
+and global batches (models/paper/models.csv: 22B on 8 GPUs, batch 4; 175B on 64, 64; 530B on
+280, 280; 1T on 512, 512), DGX A100 80GB, fp16, with the layouts it compiled and the process's
+peak resident memory (issue 16's goals: 22B in 2 s, 1T in 10 s).
+
   /usr/bin/python3 tools/bench_compile.py --sp-compile build/bin/sp-compile [--models 175B]
-      [--pipelines 175B 1T]
+      [--pipelines 175B 1T] [--auto 22B 1T]
 """
 import argparse
 import json
@@ -75,6 +80,30 @@ def time_pipeline(sp_compile, path, flags, repeat):
     return statistics.median(wall), rss, size
 
 
+# The layout search: model -> (GPUs, global batch), the paper's Table 3.
+SEARCHES = {"22B": (8, 4), "175B": (64, 64), "530B": (280, 280), "1T": (512, 512)}
+
+
+def time_search(sp_compile, path, name, repeat):
+    """Median wall time of a whole sp-compile --auto process, its largest
+    peak resident memory (bytes), and its first line (layouts compiled)."""
+    gpus, batch = SEARCHES[name]
+    wall, rss, first = [], 0, ""
+    for _ in range(repeat):
+        start = time.perf_counter()
+        p = subprocess.Popen([sp_compile, path, "--quiet", "--auto", "--gpus", str(gpus),
+                              "--gpu-memory", "80GiB", "--global-batch", str(batch), "--dtype",
+                              "fp16"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        out = p.stdout.read()
+        _, status, usage = os.wait4(p.pid, 0)
+        wall.append(time.perf_counter() - start)
+        if os.waitstatus_to_exitcode(status):
+            sys.exit(f"sp-compile --auto failed on {path}")
+        rss = max(rss, usage.ru_maxrss * 1024)
+        first = out.splitlines()[0] if out else ""
+    return statistics.median(wall), max(wall), rss, first
+
+
 def time_onnx(path, repeat):
     times = []
     for _ in range(repeat):
@@ -91,6 +120,7 @@ def main():
     ap.add_argument("--models", nargs="*", default=["22B", "175B", "530B", "1T"])
     ap.add_argument("--masks", nargs="+", default=["buffer", "shared"])
     ap.add_argument("--pipelines", nargs="*", default=["175B", "1T"], choices=sorted(PIPELINES))
+    ap.add_argument("--auto", nargs="*", default=[], choices=sorted(SEARCHES))
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     if args.models:
@@ -123,6 +153,20 @@ def main():
             grid = " ".join(f.lstrip("-") for f in flags)
             print(f"{name:>6} {grid:>30} {wall:>15.3f} {rss / 1e6:>14.0f} {size / 1e6:>10.1f} "
                   f"{py:>20.3f} {py / wall:>5.2f}x")
+        if args.auto:
+            if args.models or args.pipelines:
+                print()
+            print(f"{'model':>6} {'GPUs':>5} {'median (s)':>11} {'slowest (s)':>12} {'peak RSS (MB)':>14}  "
+                  f"search")
+        for name in args.auto:
+            path = os.path.join(tmp, f"gpt-{name}-buffer.onnx")
+            if not os.path.exists(path):
+                subprocess.run([sys.executable, os.path.join(ROOT, "models", "gen_paper_graph.py"),
+                                "--model", name, "-o", path], check=True, stdout=subprocess.DEVNULL)
+            med, worst, rss, first = time_search(args.sp_compile, path, name, args.repeat)
+            layouts = first.split(";", 1)[1].split(" in ")[0].strip() if ";" in first else first
+            print(f"{name:>6} {SEARCHES[name][0]:>5} {med:>11.2f} {worst:>12.2f} {rss / 1e6:>14.0f}  "
+                  f"{layouts}")
 
 
 if __name__ == "__main__":

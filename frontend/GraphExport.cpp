@@ -5,6 +5,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
@@ -44,17 +45,6 @@ int32_t onnxType(DType T) {
     return TP::BOOL;
   }
   return TP::UNDEFINED;
-}
-
-StringRef bufferKindName(ProgramBuffer::Kind K) {
-  static const char *const Names[] = {"input", "param", "state", "const",
-                                      "temp"};
-  return Names[K];
-}
-
-StringRef scopeName(BufferScope S) {
-  static const char *const Names[] = {"whole", "step", "slot", "microbatch"};
-  return Names[unsigned(S)];
 }
 
 /// The ONNX op an sp op is, when it is one exactly: elementwise with numpy
@@ -224,7 +214,7 @@ private:
     if (B.Feed != InputRole::None)
       OS << " feed=" << inputRoleName(B.Feed);
     if (P.compact()) {
-      OS << " scope=" << scopeName(B.Scope);
+      OS << " scope=" << bufferScopeName(B.Scope);
       if (B.Scope == BufferScope::Slot)
         OS << " region=" << B.Region;
     }
@@ -388,39 +378,53 @@ Expected<std::string> programToOnnx(const Plan &Pl, const Program &Prog,
   return Bytes;
 }
 
+Error checkGraphsOutput(StringRef Dir) {
+  SmallString<256> Parent(Dir);
+  sys::path::remove_filename(Parent);
+  if (Parent.empty())
+    Parent = ".";
+  auto Refuse = [&](const Twine &Why) {
+    return createStringError(inconvertibleErrorCode(), "'" + Dir + "': " + Why);
+  };
+  if (sys::fs::exists(Dir) && !sys::fs::is_directory(Dir))
+    return Refuse("it is a file; name a folder");
+  if (!sys::fs::is_directory(Parent))
+    return Refuse("the folder '" + Parent + "' it goes in does not exist");
+  // The folder is replaced whole: only one that holds ONNX files alone (an
+  // earlier export), never a folder of the user's.
+  std::error_code EC;
+  for (sys::fs::directory_iterator It(Dir, EC), End; It != End && !EC;
+       It.increment(EC))
+    if (sys::path::extension(It->path()) != ".onnx")
+      return Refuse("it holds '" + sys::path::filename(It->path()) +
+                    "', which is not an ONNX file; name a new folder or an "
+                    "earlier export");
+  return Error::success();
+}
+
 Expected<std::vector<std::string>> exportGraphs(const Plan &P,
                                                 StringRef Dir) {
+  if (auto E = checkGraphsOutput(Dir))
+    return std::move(E);
   int Stages = P.numStages();
-  std::vector<std::pair<std::string, std::string>> Files;
-  for (int K = 0; K < Stages; ++K) {
-    auto Bytes = programToOnnx(P, P.stage(K), K, Stages);
-    if (!Bytes)
-      return Bytes.takeError();
-    Files.push_back({P.Stages.empty() ? std::string("program.onnx")
-                                      : formatv("program-{0}.onnx", K).str(),
-                     std::move(*Bytes)});
-  }
+  std::vector<std::string> Names;
+  for (int K = 0; K < Stages; ++K)
+    Names.push_back(P.Stages.empty() ? std::string("program.onnx")
+                                     : formatv("program-{0}.onnx", K).str());
   if (auto E = writeDirectoryAtomically(Dir, [&](StringRef Tmp) -> Error {
-        for (const auto &[Name, Bytes] : Files) {
-          SmallString<256> Path(Tmp);
-          sys::path::append(Path, Name);
-          std::error_code EC;
-          raw_fd_ostream OS(Path, EC);
-          if (!EC) {
-            OS << Bytes;
-            OS.close();
-            EC = OS.error();
-          }
-          if (EC)
-            return createStringError(EC, "cannot write '%s': %s",
-                                     Path.c_str(), EC.message().c_str());
+        for (int K = 0; K < Stages; ++K) {
+          auto Bytes = programToOnnx(P, P.stage(K), K, Stages);
+          if (!Bytes)
+            return Bytes.takeError();
+          if (auto E = writeFileAtomically((Tmp + "/" + Names[K]).str(),
+                                           [&](raw_ostream &OS) {
+                                             OS << *Bytes;
+                                           }))
+            return E;
         }
         return Error::success();
       }))
     return std::move(E);
-  std::vector<std::string> Names;
-  for (const auto &F : Files)
-    Names.push_back(F.first);
   return Names;
 }
 

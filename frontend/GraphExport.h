@@ -34,7 +34,8 @@
 // instruction once), not unrolled over the microbatches.
 //
 // Every file is checked with onnx::checker before it is written, and the
-// folder is written atomically.
+// folder is written atomically; an existing folder is replaced only when it
+// holds ONNX files alone.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_FRONTEND_GRAPHEXPORT_H
@@ -56,8 +57,14 @@ struct Program;
 llvm::Expected<std::string> programToOnnx(const Plan &P, const Program &Prog,
                                           int Stage, int Stages);
 
-/// Writes every pipeline rank's program of P into Dir (replaced whole);
-/// returns the file names written.
+/// Whether exportGraphs can write Dir: it is not a file, the folder it goes
+/// in exists, and if it exists it holds ONNX files only (an earlier export:
+/// it is replaced whole, so a folder of the user's is refused). The error
+/// names Dir and what to do.
+llvm::Error checkGraphsOutput(llvm::StringRef Dir);
+
+/// Writes every pipeline rank's program of P into Dir (replaced whole; see
+/// checkGraphsOutput); returns the file names written.
 llvm::Expected<std::vector<std::string>> exportGraphs(const Plan &P,
                                                       llvm::StringRef Dir);
 

@@ -31,11 +31,8 @@ static Expected<SmallString<128>> parentOf(StringRef Path) {
   return Dir;
 }
 
-Error checkWritableFile(StringRef Path) {
-  if (Path == "-")
-    return Error::success();
-  if (sys::fs::is_directory(Path))
-    return writeError(std::make_error_code(std::errc::is_a_directory), Path);
+/// The folder Path goes in exists.
+static Error checkParent(StringRef Path) {
   auto Dir = parentOf(Path);
   if (!Dir)
     return Dir.takeError();
@@ -45,6 +42,20 @@ Error checkWritableFile(StringRef Path) {
   if (!sys::fs::is_directory(Status))
     return writeError(std::make_error_code(std::errc::not_a_directory), Path);
   return Error::success();
+}
+
+Error checkWritableFile(StringRef Path) {
+  if (Path == "-")
+    return Error::success();
+  if (sys::fs::is_directory(Path))
+    return writeError(std::make_error_code(std::errc::is_a_directory), Path);
+  return checkParent(Path);
+}
+
+Error checkWritableDirectory(StringRef Dir) {
+  if (sys::fs::exists(Dir) && !sys::fs::is_directory(Dir))
+    return writeError(std::make_error_code(std::errc::not_a_directory), Dir);
+  return checkParent(Dir);
 }
 
 Error writeFileAtomically(StringRef Path,

@@ -26,6 +26,10 @@ writeFileAtomically(llvm::StringRef Path,
 /// writeFileAtomically's would ("cannot write 'x/r.json': Not a directory").
 llvm::Error checkWritableFile(llvm::StringRef Path);
 
+/// Whether writeDirectoryAtomically(Dir) can write Dir: it is not a file
+/// and the folder it goes in exists (errors as checkWritableFile's).
+llvm::Error checkWritableDirectory(llvm::StringRef Dir);
+
 /// Builds the folder Dir: Fill writes into a temporary folder beside it,
 /// which is then renamed into place (an existing Dir is moved aside first and
 /// removed after). On failure nothing changes and the temporary is removed.

@@ -20,7 +20,7 @@ static Error writeJson(const Twine &Path, const json &J) {
   return writeFileAtomically(Path.str(), [&](raw_ostream &OS) { OS << Text; });
 }
 
-Error writePlan(StringRef Dir, const Plan &P) {
+Error checkPlanOutput(StringRef Dir) {
   if (sys::fs::exists(Dir)) {
     SmallString<128> Manifest(Dir);
     sys::path::append(Manifest, "manifest.json");
@@ -30,6 +30,12 @@ Error writePlan(StringRef Dir, const Plan &P) {
                                "not a plan directory",
                                Dir.str().c_str());
   }
+  return checkWritableDirectory(Dir);
+}
+
+Error writePlan(StringRef Dir, const Plan &P) {
+  if (auto E = checkPlanOutput(Dir))
+    return E;
   json Manifest = P.Manifest;
   Manifest["format_version"] = PlanFormatVersion;
   Manifest["program"] = "program.json";

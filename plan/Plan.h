@@ -34,6 +34,10 @@ struct Plan {
   const Program &stage(int K) const { return Stages.empty() ? Prog : Stages[K]; }
 };
 
+/// Whether writePlan can write Dir: a folder it can create, or a plan
+/// directory it replaces (any other existing folder or file is refused).
+llvm::Error checkPlanOutput(llvm::StringRef Dir);
+
 llvm::Error writePlan(llvm::StringRef Dir, const Plan &P);
 
 /// The same plan computing in float64: every f32 buffer becomes f64 and

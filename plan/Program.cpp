@@ -36,6 +36,10 @@ static const char *const ScopeNames[] = {"whole", "step", "slot",
 static const char *const TemplateKindNames[] = {
     "prologue", "forward", "backward", "weight_grad", "epilogue"};
 
+StringRef bufferKindName(ProgramBuffer::Kind K) { return KindNames[K]; }
+
+StringRef bufferScopeName(BufferScope S) { return ScopeNames[int(S)]; }
+
 StringRef templateKindName(TemplateKind K) {
   return TemplateKindNames[int(K)];
 }

@@ -90,6 +90,10 @@ enum class TemplateKind : uint8_t {
   Epilogue
 };
 llvm::StringRef templateKindName(TemplateKind K); // "forward", ...
+/// As program.json spells them: "input", "param", ..., and "whole",
+/// "step", "slot", "microbatch".
+llvm::StringRef bufferKindName(ProgramBuffer::Kind K);
+llvm::StringRef bufferScopeName(BufferScope S);
 
 struct ProgramTemplate {
   TemplateKind Kind = TemplateKind::Forward;

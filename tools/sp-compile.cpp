@@ -29,10 +29,8 @@
 #include "tools/PaperTable.h"
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"
-#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
-#include "llvm/Support/Path.h"
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -502,24 +500,17 @@ int main(int Argc, char **Argv) {
                                            toString(M.takeError()).c_str()));
     Machine = *M;
   }
+  // The output folders too: the graphs must not be written when -o will
+  // fail, nor the plan when --export-graphs will.
+  if (!Output.empty())
+    if (auto E = checkPlanOutput(Output))
+      return reportError("sp-compile", std::move(E));
   if (!ExportGraphs.empty()) {
-    // A folder sp-compile can create or replace: its parent exists, and
-    // it is not a file.
-    SmallString<256> Parent(ExportGraphs.getValue());
-    sys::path::remove_filename(Parent);
-    if (Parent.empty())
-      Parent = ".";
-    std::string Why;
-    if (!sys::fs::is_directory(Parent))
-      Why = formatv("the folder '{0}' it goes in does not exist", Parent).str();
-    else if (sys::fs::exists(ExportGraphs) &&
-             !sys::fs::is_directory(ExportGraphs))
-      Why = "it is a file; name a folder";
-    if (!Why.empty())
+    if (auto E = checkGraphsOutput(ExportGraphs))
       return reportError("sp-compile",
                          createStringError(inconvertibleErrorCode(),
-                                           "--export-graphs '%s': %s",
-                                           ExportGraphs.c_str(), Why.c_str()));
+                                           "--export-graphs %s",
+                                           toString(std::move(E)).c_str()));
     if (PaperTable)
       return reportError("sp-compile",
                          createStringError(inconvertibleErrorCode(),

@@ -66,7 +66,7 @@ public:
       Node &N = *It++;
       if (N.op() != OpKind::BatchMatMul)
         continue;
-      auto Made = fuse(G, N, *Ctx.Remarks);
+      auto Made = fuse(G, N, Ctx.remarks());
       if (!Made)
         return Made.takeError();
       if (*Made) {
@@ -75,7 +75,7 @@ public:
         It = std::next((*Made)->getIterator());
       }
     }
-    *Ctx.Remarks << formatv("fuse-attention: {0} attention core{1} fused\n",
+    Ctx.remarks() << formatv("fuse-attention: {0} attention core{1} fused\n",
                             Fused, Fused == 1 ? "" : "s");
     return Error::success();
   }

@@ -173,7 +173,7 @@ public:
             V->name(), V->type().str(), "tokens|mask|positions|token_types"));
     }
     for (Value *V : Unused) {
-      *Ctx.Remarks << "bind-inputs: input '" << V->name()
+      Ctx.remarks() << "bind-inputs: input '" << V->name()
                    << "' is unused; dropped\n";
       G.eraseLeaf(V);
     }
@@ -194,7 +194,7 @@ public:
     if (auto E = checkTypes(G))
       return E;
     for (const auto &I : G.inputs())
-      *Ctx.Remarks << "bind-inputs: '" << I->name() << "' is "
+      Ctx.remarks() << "bind-inputs: '" << I->name() << "' is "
                    << inputRoleName(I->inputRole()) << "\n";
     return Error::success();
   }

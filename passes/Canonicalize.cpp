@@ -1324,7 +1324,7 @@ public:
     unsigned N3 =
         runPhase(G, {scaleOp, causalMask, paddingMask, softmax, dropout,
                      addOp, mulOp});
-    *Ctx.Remarks << formatv("canonicalize: {0} composite, {1} layer and {2} "
+    Ctx.remarks() << formatv("canonicalize: {0} composite, {1} layer and {2} "
                             "pointwise rewrites\n",
                             N0 + N1, N2, N3);
     return Error::success();

@@ -43,7 +43,7 @@ public:
       }
       ++Folded;
     }
-    *Ctx.Remarks << "constant-fold: folded " << Folded << " nodes\n";
+    Ctx.remarks() << "constant-fold: folded " << Folded << " nodes\n";
     return Error::success();
   }
 };

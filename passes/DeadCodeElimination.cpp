@@ -20,7 +20,7 @@ public:
   Error run(Graph &G, PassContext &Ctx) override {
     unsigned Erased = G.eraseDeadNodes();
     unsigned Leaves = G.removeUnusedConstants();
-    *Ctx.Remarks << "dce: erased " << Erased << " nodes and " << Leaves
+    Ctx.remarks() << "dce: erased " << Erased << " nodes and " << Leaves
                  << " constants\n";
     return Error::success();
   }

@@ -153,7 +153,7 @@ static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
     }
     if (!F.Kept)
       continue; // already at D = 0
-    *Ctx.Remarks << formatv("zb1p: rank {0} delays its weight gradients by {1} "
+    Ctx.remarks() << formatv("zb1p: rank {0} delays its weight gradients by {1} "
                             "backwards instead of {2}, to stay within {3} of "
                             "{4} bytes\n",
                             R, F.Best, Delays[R], CapName, Peak);

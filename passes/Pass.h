@@ -78,7 +78,17 @@ struct PipelineOptions {
 /// What passes may read besides the graph: user options and a stream for
 /// remarks. Options are plain values set by the tools.
 struct PassContext {
-  llvm::raw_ostream *Remarks = &llvm::nulls();
+  /// Where remarks go (--remarks: stderr); null: nowhere.
+  llvm::raw_ostream *Remarks = nullptr;
+  /// The remark stream, or, without one, a null stream of the calling
+  /// thread's own (one shared null stream, written by passes that compile
+  /// concurrently, is a data race on its buffer).
+  llvm::raw_ostream &remarks() const {
+    if (Remarks)
+      return *Remarks;
+    thread_local llvm::raw_null_ostream Nowhere;
+    return Nowhere;
+  }
   OptimizerOptions Optimizer;
   /// Tensor-parallel group size (tensor-parallel pass) and whether the
   /// LayerNorm/dropout regions are sharded along the sequence

@@ -60,19 +60,11 @@ std::string AutoCandidate::describe() const {
   return S;
 }
 
-/// The pipeline rank of each layer under Ctx (where the passes place its
-/// forward nodes). G has been through LayoutFreePasses.
-static Expected<std::vector<int>> layerRanks(const Graph &G, PassContext Ctx,
-                                             int P) {
-  std::unique_ptr<Graph> Copy = G.clone();
-  raw_null_ostream Quiet; // called concurrently (see Try in searchLayouts)
-  Ctx.Remarks = &Quiet;
-  CompileOptions CO;
-  CO.Passes = LayoutPasses;
-  if (auto E = runPasses(*Copy, Ctx, CO))
-    return std::move(E);
+/// The pipeline rank of each layer of a compiled graph (where the passes
+/// placed its forward nodes); empty when a layer has none.
+static std::vector<int> layerRanks(const Graph &G, int P) {
   std::vector<int> Ranks;
-  for (const Node &N : Copy->nodes()) {
+  for (const Node &N : G.nodes()) {
     const Tags &T = N.tags();
     if (T.Layer < 0 || T.Ph != Phase::Forward)
       continue;
@@ -81,7 +73,7 @@ static Expected<std::vector<int>> layerRanks(const Graph &G, PassContext Ctx,
     Ranks[T.Layer] = std::max(T.Stage, 0) % P;
   }
   if (llvm::is_contained(Ranks, -1))
-    return autoError("a layer has no forward node to place on a rank");
+    return {};
   return Ranks;
 }
 
@@ -265,11 +257,8 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   auto Try = [&](AutoCandidate C, Outcome &Out) -> int64_t {
     std::unique_ptr<Graph> Copy = Prepared->clone();
     PassContext Ctx = layoutContext(Base, C);
-    // Layouts compile concurrently: no shared stream (the remarks of every
-    // layout would interleave, and writing one stream from two threads is a
-    // data race).
-    raw_null_ostream Quiet;
-    Ctx.Remarks = &Quiet;
+    // Layouts compile concurrently, and their remarks would interleave.
+    Ctx.Remarks = nullptr;
     CompileOptions CO;
     CO.Passes = LayoutPasses;
     CO.Source = O.Source;
@@ -287,6 +276,8 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                                             "graph");
       return -1;
     }
+    if (C.P > 1)
+      C.LayerRanks = layerRanks(*Copy, C.P);
     for (int K = 0; K < Comp->P->numStages(); ++K) {
       C.RankBytes.push_back(Comp->P->stage(K).ArenaBytes);
       C.PersistentBytes =
@@ -357,133 +348,110 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   });
   for (Outcome &Out : Outcomes)
     Merge(Out);
-  // Stage-aware recomputation (the paper's Section 7): a pipelined family
-  // whose member with full recomputation fits but whose member without
-  // does not. The first ranks hold the most microbatches, so full
-  // recomputation on ranks 0 .. k - 1 only, and none on the rest: the
-  // fewest k that fit, by bisection (more ranks recomputing never raises
-  // the peak); likewise between any two levels below. Such a member does
-  // at least its lower member's work, so a family whose lower member is no
-  // faster than the fastest fit so far is not tried: it cannot give the
-  // answer. (Fastest is that of the first
-  // round, so the families bisect concurrently.)
+  // Stage-aware recomputation (the paper's Section 7). The first pipeline
+  // ranks hold the most microbatches, so uniform recomputation wastes FLOPs
+  // on the later ones. The levels store less from one to the next: none,
+  // the paper's selective (with the unfused core: with the fused one, a
+  // selective layer would make every layer unfused), full. For a pipelined
+  // family whose uniform member at a lower level does not fit and at an
+  // upper one does: the upper level on ranks 0 .. k - 1 and the lower on
+  // the rest, the fewest k that fit by bisection (more ranks recomputing
+  // never raises the peak); and each rank at the cheapest level whose
+  // uniform member fits on that rank (the ranks' arenas are known from the
+  // uniform compiles). Such a member does at least its lower member's work,
+  // so a lower member no faster than the fastest fit of the first round is
+  // not tried: it cannot give the answer. The families run concurrently.
   double Fastest = std::numeric_limits<double>::infinity();
   for (const AutoCandidate &C : R.Fits)
     Fastest = std::min(Fastest, C.Step.Seconds);
-  // The recomputation levels, storing less from one to the next: none,
-  // the paper's selective (with the unfused core: with the fused one, a
-  // selective layer would make every layer unfused), full. A stage-aware
-  // member takes a family's uniform member at a level that does not fit
-  // (the lower) and one at a higher level that does (the upper), and puts
-  // the upper's recomputation on its first k ranks only.
-  SmallVector<std::pair<StringRef, RecomputeMode>, 3> Levels = {
-      {"none", RecomputeMode::None}};
+  SmallVector<RecomputeMode, 3> Levels = {RecomputeMode::None};
   if (!Base.FusedAttention)
-    Levels.push_back({"selective", RecomputeMode::Selective});
-  Levels.push_back({"full", RecomputeMode::Full});
-  auto LevelOf = [&](StringRef Name) {
-    return size_t(find_if(Levels, [&](const auto &L) {
-                    return L.first == Name;
-                  }) -
-                  Levels.begin());
-  };
-  // A family's stage-aware work: the Upper level on its first k ranks and
-  // Lower's on the rest, k by bisection; or, with PerRank, each rank's level
-  // given.
-  struct StagedFamily {
+    Levels.push_back(RecomputeMode::Selective);
+  Levels.push_back(RecomputeMode::Full);
+  // A family's stage-aware work: Lower's level on the last ranks and Upper
+  // on the first k, k by bisection; or, with PerRank, each rank's level.
+  struct StagedWork {
     AutoCandidate Lower;
-    size_t Upper = 0;
+    size_t Rest = 0, Upper = 0;
     std::vector<size_t> PerRank;
   };
-  std::vector<StagedFamily> Plains;
+  std::vector<StagedWork> Work;
   for (auto &Family : Families) {
     const FamilyKey &Key = Family.first;
-    if (std::get<1>(Key) < 2)
+    int P = std::get<1>(Key);
+    if (P < 2)
       continue;
-    auto Same = [&](const AutoCandidate &C, StringRef Rc) {
-      return std::make_tuple(C.T, C.P, C.M, C.D, C.Zero) == Key &&
-             C.SP == (C.T > 1) && C.Recompute == Rc && C.LayerModes.empty() &&
-             C.FullEvery == 1;
-    };
-    SmallVector<std::pair<size_t, size_t>, 3> Pairs; // bisected (lower, upper)
-    for (size_t Lo = 0; Lo + 1 < Levels.size(); ++Lo) {
-      auto Lower = find_if(TooBig, [&](const auto &C) {
-        return Same(C, Levels[Lo].first);
-      });
-      if (Lower == TooBig.end() || Lower->Step.Seconds >= Fastest)
-        continue;
-      for (size_t Up = Lo + 1; Up < Levels.size(); ++Up)
-        if (any_of(R.Fits, [&](const auto &C) {
-              return Same(C, Levels[Up].first);
-            })) {
-          Plains.push_back({*Lower, Up, {}});
-          Pairs.push_back({Lo, Up});
-        }
-    }
-    // Each rank the cheapest level whose uniform member fits on that rank
-    // (the ranks' arenas under each uniform level, as compiled). It differs
-    // from the two-level members where three levels are used, or where the
-    // ranks needing more are not the first ones.
+    // The family's uniform member at each level, as compiled.
     std::vector<const AutoCandidate *> Uniform(Levels.size(), nullptr);
     for (const auto *List : {&R.Fits, &TooBig})
       for (const AutoCandidate &C : *List)
         for (size_t L = 0; L < Levels.size(); ++L)
-          if (Same(C, Levels[L].first) && !C.RankBytes.empty())
+          if (std::make_tuple(C.T, C.P, C.M, C.D, C.Zero) == Key &&
+              C.SP == (C.T > 1) &&
+              C.Recompute == recomputeModeName(Levels[L]) &&
+              !C.staged() && C.FullEvery == 1)
             Uniform[L] = &C;
-    if (!Uniform[0] || Uniform[0]->PeakBytes <= O.GpuMemory ||
-        Uniform[0]->Step.Seconds >= Fastest)
+    auto Fits = [&](size_t L) {
+      return Uniform[L] && double(Uniform[L]->PeakBytes) <= O.GpuMemory;
+    };
+    auto Lowers = [&](size_t L) {
+      return Uniform[L] && !Fits(L) && Uniform[L]->Step.Seconds < Fastest &&
+             !Uniform[L]->LayerRanks.empty();
+    };
+    SmallVector<std::pair<size_t, size_t>, 3> Pairs; // (lower, upper)
+    for (size_t Lo = 0; Lo < Levels.size(); ++Lo)
+      for (size_t Up = Lo + 1; Up < Levels.size() && Lowers(Lo); ++Up)
+        if (Fits(Up)) {
+          Work.push_back({*Uniform[Lo], Lo, Up, {}});
+          Pairs.push_back({Lo, Up});
+        }
+    if (!Lowers(0))
       continue;
     std::vector<size_t> PerRank;
-    for (int Rank = 0; Rank < std::get<1>(Key); ++Rank) {
+    for (int Rank = 0; Rank < P; ++Rank) {
       size_t L = 0;
       while (L < Levels.size() &&
              (!Uniform[L] || int(Uniform[L]->RankBytes.size()) <= Rank ||
               double(Uniform[L]->RankBytes[Rank]) > O.GpuMemory))
         ++L;
+      if (L == Levels.size())
+        break; // no level fits this rank
       PerRank.push_back(L);
     }
-    bool Possible = all_of(PerRank, [&](size_t L) { return L < Levels.size(); });
     // An upper level on the first ranks and a lower one on the rest is what
     // the bisection of that pair finds.
     bool Bisected =
         is_sorted(PerRank, std::greater<size_t>()) &&
-        std::set<size_t>(PerRank.begin(), PerRank.end()).size() ==
-            2 &&
+        std::set<size_t>(PerRank.begin(), PerRank.end()).size() == 2 &&
         is_contained(Pairs, std::make_pair(PerRank.back(), PerRank.front()));
-    if (Possible && !is_splat(PerRank) && !Bisected)
-      Plains.push_back({*Uniform[PerRank.back()], 0, PerRank});
+    if (int(PerRank.size()) == P && !is_splat(PerRank) && !Bisected &&
+        !Uniform[PerRank.back()]->LayerRanks.empty())
+      Work.push_back({*Uniform[PerRank.back()], PerRank.back(), 0, PerRank});
   }
-  std::vector<Outcome> Staged(Plains.size());
-  parallelForEachN(0, Plains.size(), [&](size_t F) {
-    const AutoCandidate &Plain = Plains[F].Lower;
-    size_t Rest = LevelOf(Plain.Recompute);
+  std::vector<Outcome> Staged(Work.size());
+  parallelForEachN(0, Work.size(), [&](size_t F) {
+    const StagedWork &W = Work[F];
     Outcome &Out = Staged[F];
-    auto Ranks = layerRanks(*Prepared, layoutContext(Base, Plain), Plain.P);
-    if (!Ranks) {
-      Out.Rejected.push_back(Plain.describe() + ": " +
-                             toString(Ranks.takeError()));
-      return;
-    }
-    // The member whose rank R takes level Level(R).
+    // The member whose rank R takes level Level(R); its layers are placed
+    // as in the lower member (the partition then moves them).
     auto Member = [&](function_ref<size_t(int)> Level) {
-      AutoCandidate C = Plain;
+      AutoCandidate C = W.Lower;
       C.PeakBytes = 0;
       C.RankBytes.clear();
-      for (int Rank = 0; Rank < Plain.P; ++Rank)
-        C.RankModes.push_back(Levels[Level(Rank)].second);
-      for (int Rank : *Ranks)
+      for (int Rank = 0; Rank < C.P; ++Rank)
+        C.RankModes.push_back(Levels[Level(Rank)]);
+      for (int Rank : W.Lower.LayerRanks)
         C.LayerModes.push_back(C.RankModes[Rank]);
       return C;
     };
-    if (!Plains[F].PerRank.empty()) {
-      Try(Member([&](int Rank) { return Plains[F].PerRank[Rank]; }), Out);
+    if (!W.PerRank.empty()) {
+      Try(Member([&](int Rank) { return W.PerRank[Rank]; }), Out);
       return;
     }
-    size_t Up = Plains[F].Upper;
     auto Staging = [&](int K) {
-      return Member([&](int Rank) { return Rank < K ? Up : Rest; });
+      return Member([&](int Rank) { return Rank < K ? W.Upper : W.Rest; });
     };
-    int Lo = 1, Hi = Plain.P - 1;
+    int Lo = 1, Hi = W.Lower.P - 1;
     int64_t HiPeak = Try(Staging(Hi), Out);
     if (HiPeak < 0 || double(HiPeak) > O.GpuMemory)
       return;

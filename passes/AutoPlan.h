@@ -82,10 +82,12 @@ struct AutoCandidate {
   /// is Recompute; else the last rank's is), and from it each layer's.
   std::vector<RecomputeMode> RankModes, LayerModes;
   bool staged() const { return !RankModes.empty(); }
-  /// Each pipeline rank's planned arena, once compiled, and the largest
-  /// persistent region (parameters, gradients, optimizer state, inputs).
+  /// Once compiled: each pipeline rank's planned arena, the largest
+  /// persistent region (parameters, gradients, optimizer state, inputs),
+  /// and, when pipelined, each layer's pipeline rank.
   std::vector<int64_t> RankBytes;
   int64_t PersistentBytes = 0;
+  std::vector<int> LayerRanks;
   /// Compiled: the largest rank's arena and the cost model's step.
   int64_t PeakBytes = 0;
   StepEstimate Step;

@@ -19,6 +19,12 @@ float64, and the checks are:
 
 and, on one device: the same seed draws the same text at temperature 0.8, another seed another.
 
+Then the same logits and greedy checks for an HF-style Llama (models/export_family.py: GQA with 4
+query over 2 key/value heads, rotary tables gathered by position_ids, SwiGLU, RMSNorm) with its
+own initial weights, on one device and at t = 2 + SP, against models/llama.py
+(family_reference.py): torch is given what sp-run computes, every row the text so far followed by
+zeros, and position len - 1 is read (a causal model's earlier positions never see the zeros).
+
 Prints one PASS/FAIL line per check and a final `N passed, M failed`; exits 1 if any failed.
 
     /usr/bin/python3 tests/e2e/check_sampling.py --sp-bin build/bin --workdir /tmp/e2e-sampling
@@ -37,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import torch_reference as ref  # noqa: E402
+import family_reference as fam  # noqa: E402
 
 MODEL = os.path.join(ROOT, "models", "tiny", "gpt-tiny.onnx")
 TEXT = os.path.join(ROOT, "models", "data", "python-reference.txt")
@@ -113,6 +120,52 @@ def check_layout(name, args, plan, ck, m32, m64, seq):
            + (f"; {'; '.join(problems[:4])}" if problems else ""))
 
 
+def check_llama(args, sp):
+    """Greedy sampling of an HF-style Llama's own weights against models/llama.py."""
+    w = args.workdir
+    onnx_path = os.path.join(w, "llama.onnx")
+    run(["/usr/bin/python3", os.path.join(ROOT, "models", "export_family.py"), "--family", "llama",
+         "-o", onnx_path, "--layers", "2", "--hidden", "32", "--heads", "4", "--kv-heads", "2",
+         "--seq", "16", "--batch", "2", "--vocab", "256", "--input-name", "input_ids"])
+    facts = fam.read_facts(onnx_path)
+    m32 = fam.reference_model(onnx_path, dtype=torch.float32, facts=facts).eval()
+    m64 = fam.reference_model(onnx_path, dtype=torch.float64, facts=facts).eval()
+    batch, seq = facts["batch"], facts["seq"]
+    for name, flags in (("llama one device", []), ("llama t 2 + SP", ["--tp", "2", "--sp"])):
+        tag = name.replace(" ", "").replace("+", "")
+        plan, dump = os.path.join(w, "plan-" + tag), os.path.join(w, "dump-" + tag)
+        run([sp("sp-compile"), onnx_path, "-o", plan, "--quiet"] + flags)
+        out = run([sp("sp-run"), plan, "--sample", PROMPT, "--tokens", str(seq), "--temperature", "0",
+                   "--dump", dump])
+        body = out.split(b"\n")[1] if len(out.split(b"\n")) > 1 else b""
+        generated = body[len(PROMPT):len(PROMPT) + seq]
+        rows = np.load(os.path.join(dump, "sample_logits.npy"))
+        text, worst, worst_tol, problems = PROMPT.encode(), 0.0, 0.0, []
+        for k in range(min(seq, rows.shape[0])):
+            window = list(text[-seq:])
+            x = torch.tensor([window + [0] * (seq - len(window))] * batch, dtype=torch.long)
+            t32 = fam.eval_logits(m32, facts, x)[0, len(window) - 1].astype(np.float64)
+            t64 = fam.eval_logits(m64, facts, x)[0, len(window) - 1]
+            sp_row = rows[k, :t32.shape[0]].astype(np.float64)
+            scale = np.abs(t32).max()
+            err = np.abs(sp_row - t32).max() / scale
+            tol = ref.rounding_bound(np.abs(t32 - t64).max() / np.abs(t64).max())
+            if err / tol > worst / max(worst_tol, 1e-300):
+                worst, worst_tol = err, tol
+            if err > tol:
+                problems.append(f"token {k}: logits {err:.2e} > {tol:.2g}")
+            tok = generated[k] if k < len(generated) else -1
+            if tok < 0 or int(np.argmax(sp_row[:256])) != tok:
+                problems.append(f"token {k}: {tok} is not the most likely of sp's row")
+            elif t32.max() - t32[tok] > tol * scale:
+                problems.append(f"token {k}: torch's logit of {tok} is {t32.max() - t32[tok]:.3g} "
+                                f"below its largest")
+            text += bytes([tok & 0xFF])
+        report(f"{name} logits", rows.shape[0] == seq and not problems,
+               f"{rows.shape[0]} positions, worst max|sp-torch|/max|torch| = {worst:.2e} "
+               f"(tol {worst_tol:.2g})" + (f"; {'; '.join(problems[:4])}" if problems else ""))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sp-bin", required=True)
@@ -156,6 +209,10 @@ def main():
                f"{'another' if a != c else 'THE SAME'} ({a[:40]!r} / {c[:40]!r})")
     except RuntimeError as e:
         report("seeded", False, str(e))
+    try:
+        check_llama(args, sp)
+    except (RuntimeError, OSError, ValueError, KeyError) as e:
+        report("llama sample", False, str(e))
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

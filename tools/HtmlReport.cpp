@@ -283,15 +283,6 @@ std::string percentText(double Fraction, int Digits = 1) {
   return cformat("%.*f%%", Digits, 100 * Fraction);
 }
 
-std::string secondsText(double S) {
-  double A = std::abs(S);
-  if (A >= 1 || A == 0)
-    return cformat("%.3f s", S);
-  if (A >= 1e-3)
-    return cformat("%.3f ms", S * 1e3);
-  return cformat("%.3f us", S * 1e6);
-}
-
 std::string lossText(double L) {
   return std::isfinite(L) ? cformat("%.4f", L) : "&mdash;";
 }
@@ -978,7 +969,7 @@ Section estimateSection(const json &E) {
   T.add("GPUs", optCount(get(&E, "gpus")));
   auto Sec = [&](StringRef Label, StringRef Key, StringRef Note = "") {
     if (auto V = num(get(&E, Key)))
-      T.add(Label, esc(secondsText(*V)), Note);
+      T.add(Label, esc(humanSeconds(*V)), Note);
   };
   Sec("step", "step_seconds");
   Sec("pipeline", "pipeline_seconds");
@@ -1008,7 +999,7 @@ Section searchSection(const json &A) {
   T.add("layouts skipped", optCount(get(&A, "skipped")),
         "ruled out before compiling");
   if (auto S = num(get(&A, "seconds")))
-    T.add("search time", esc(secondsText(*S)));
+    T.add("search time", esc(humanSeconds(*S)));
   std::string H = T.str();
   if (const json *Fits = array(get(&A, "fits"))) {
     Table Tab({"rank", "t", "SP", "p", "m", "d", "ZeRO",
@@ -1036,7 +1027,7 @@ Section searchSection(const json &A) {
                text(yesNo(flag(get(&C, "sp")))), Int("pp"), Int("interleave"),
                Int("dp"), Int("zero"), Int("microbatches"),
                text(Recompute), Peak ? bytes(*Peak) : noNumber(),
-               Step ? number(*Step, secondsText(*Step)) : noNumber(),
+               Step ? number(*Step, humanSeconds(*Step)) : noNumber(),
                Mfu ? number(*Mfu, percentText(*Mfu)) : noNumber(),
                Bub ? number(*Bub, percentText(*Bub)) : noNumber()},
               Rank == 1 ? "chosen" : "");

@@ -8,6 +8,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include <cerrno>
+#include <cmath>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -24,6 +25,13 @@ std::string humanBytes(double B) {
     ++U;
   }
   return formatv("{0:F2} {1}", B, Units[U]).str();
+}
+
+std::string humanSeconds(double S) {
+  double A = std::abs(S);
+  return A >= 1 || A == 0 ? formatv("{0:F3} s", S).str()
+         : A >= 1e-3      ? formatv("{0:F3} ms", S * 1e3).str()
+                          : formatv("{0:F3} us", S * 1e6).str();
 }
 
 const char *const DirectoryLockName = ".sp-run.lock";

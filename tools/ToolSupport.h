@@ -18,6 +18,10 @@ namespace sp {
 /// A byte count for people: "5.28 MiB", "2.23 TiB".
 std::string humanBytes(double Bytes);
 
+/// A duration for people, three decimals in s, ms or us:
+/// "1.234 s", "12.345 ms", "56.789 us".
+std::string humanSeconds(double Seconds);
+
 /// Prints "TOOL: error: MESSAGE" on one line and returns the exit code 1.
 int reportError(llvm::StringRef Tool, llvm::Error E);
 

@@ -245,12 +245,7 @@ static Expected<std::string> printEstimate(const ClusterSpec &M,
       {"mfu", E->Mfu},
       {"hfu", E->Hfu}};
   // Four significant digits, in s, ms or us.
-  auto T = [](double S) {
-    double A = std::abs(S);
-    return A >= 1 || A == 0 ? formatv("{0:F3} s", S).str()
-           : A >= 1e-3      ? formatv("{0:F3} ms", S * 1e3).str()
-                            : formatv("{0:F3} us", S * 1e6).str();
-  };
+  auto T = humanSeconds;
   return formatv("estimate on {0} x {1} ({2} GEMMs at {3:P0} of {4:F1} "
                  "TFLOP/s): step {5} = pipeline {6} (bubble {7:F1}%) + "
                  "exposed data-parallel sum {8} + optimizer {9}\n  busiest "

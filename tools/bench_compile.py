@@ -58,6 +58,19 @@ PIPELINES = {
 }
 
 
+def run_process(cmd):
+    """Runs cmd as a whole process: its wall time, peak resident memory
+    (bytes) and stdout; exits naming the command if it fails."""
+    start = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status):
+        sys.exit(f"failed: {' '.join(cmd)}")
+    return wall, usage.ru_maxrss * 1024, out
+
+
 def time_pipeline(sp_compile, path, flags, repeat):
     """Median wall time of a whole sp-compile -o process, its largest peak
     resident memory (bytes) and the plan's bytes on disk."""
@@ -65,16 +78,10 @@ def time_pipeline(sp_compile, path, flags, repeat):
     with tempfile.TemporaryDirectory() as tmp:
         plan = os.path.join(tmp, "plan")
         for _ in range(repeat):
-            start = time.perf_counter()
-            p = subprocess.Popen([sp_compile, path, "--quiet", "-o", plan, "--recompute",
-                                  "selective", "--dtype", "fp16"] + flags,
-                                 stderr=subprocess.DEVNULL)
-            _, status, usage = os.wait4(p.pid, 0)
-            wall.append(time.perf_counter() - start)
-            p.returncode = os.waitstatus_to_exitcode(status)
-            if p.returncode:
-                sys.exit(f"sp-compile failed on {path}: exit {p.returncode}")
-            rss = max(rss, usage.ru_maxrss * 1024)
+            w, r, _ = run_process([sp_compile, path, "--quiet", "-o", plan, "--recompute",
+                                   "selective", "--dtype", "fp16"] + flags)
+            wall.append(w)
+            rss = max(rss, r)
         for root, _, files in os.walk(plan):
             size += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     return statistics.median(wall), rss, size
@@ -85,23 +92,29 @@ SEARCHES = {"22B": (8, 4), "175B": (64, 64), "530B": (280, 280), "1T": (512, 512
 
 
 def time_search(sp_compile, path, name, repeat):
-    """Median wall time of a whole sp-compile --auto process, its largest
-    peak resident memory (bytes), and its first line (layouts compiled)."""
+    """Median and slowest wall time of a whole sp-compile --auto process, its
+    largest peak resident memory (bytes), and its first line (layouts
+    compiled)."""
     gpus, batch = SEARCHES[name]
     wall, rss, first = [], 0, ""
     for _ in range(repeat):
-        start = time.perf_counter()
-        p = subprocess.Popen([sp_compile, path, "--quiet", "--auto", "--gpus", str(gpus),
-                              "--gpu-memory", "80GiB", "--global-batch", str(batch), "--dtype",
-                              "fp16"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        out = p.stdout.read()
-        _, status, usage = os.wait4(p.pid, 0)
-        wall.append(time.perf_counter() - start)
-        if os.waitstatus_to_exitcode(status):
-            sys.exit(f"sp-compile --auto failed on {path}")
-        rss = max(rss, usage.ru_maxrss * 1024)
+        w, r, out = run_process([sp_compile, path, "--quiet", "--auto", "--gpus", str(gpus),
+                                 "--gpu-memory", "80GiB", "--global-batch", str(batch),
+                                 "--dtype", "fp16"])
+        wall.append(w)
+        rss = max(rss, r)
         first = out.splitlines()[0] if out else ""
     return statistics.median(wall), max(wall), rss, first
+
+
+def paper_graph(tmp, name, mask="buffer"):
+    """The weight-free graph of a paper model in tmp, generated once."""
+    path = os.path.join(tmp, f"gpt-{name}-{mask}.onnx")
+    if not os.path.exists(path):
+        subprocess.run([sys.executable, os.path.join(ROOT, "models", "gen_paper_graph.py"),
+                        "--model", name, "--mask", mask, "-o", path], check=True,
+                       stdout=subprocess.DEVNULL)
+    return path
 
 
 def time_onnx(path, repeat):
@@ -129,10 +142,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             for mask in args.masks:
-                path = os.path.join(tmp, f"gpt-{name}-{mask}.onnx")
-                subprocess.run([sys.executable, os.path.join(ROOT, "models", "gen_paper_graph.py"),
-                                "--model", name, "--mask", mask, "-o", path], check=True,
-                               stdout=subprocess.DEVNULL)
+                path = paper_graph(tmp, name, mask)
                 sp_inner, sp_wall = time_sp_compile(args.sp_compile, path, args.repeat)
                 py, nodes = time_onnx(path, args.repeat)
                 print(f"{name:>6} {mask:>7} {nodes:>10} {sp_inner:>15.3f} {sp_wall:>12.3f} {py:>20.3f} "
@@ -143,10 +153,7 @@ def main():
             print(f"{'model':>6} {'pipeline':>30} {'process -o (s)':>15} {'peak RSS (MB)':>14} "
                   f"{'plan (MB)':>10} {'onnx load+infer (s)':>20} {'ratio':>6}")
         for name in args.pipelines:
-            path = os.path.join(tmp, f"gpt-{name}-buffer.onnx")
-            if not os.path.exists(path):
-                subprocess.run([sys.executable, os.path.join(ROOT, "models", "gen_paper_graph.py"),
-                                "--model", name, "-o", path], check=True, stdout=subprocess.DEVNULL)
+            path = paper_graph(tmp, name)
             flags = PIPELINES[name]
             wall, rss, size = time_pipeline(args.sp_compile, path, flags, args.repeat)
             py, _ = time_onnx(path, args.repeat)
@@ -159,10 +166,7 @@ def main():
             print(f"{'model':>6} {'GPUs':>5} {'median (s)':>11} {'slowest (s)':>12} {'peak RSS (MB)':>14}  "
                   f"search")
         for name in args.auto:
-            path = os.path.join(tmp, f"gpt-{name}-buffer.onnx")
-            if not os.path.exists(path):
-                subprocess.run([sys.executable, os.path.join(ROOT, "models", "gen_paper_graph.py"),
-                                "--model", name, "-o", path], check=True, stdout=subprocess.DEVNULL)
+            path = paper_graph(tmp, name)
             med, worst, rss, first = time_search(args.sp_compile, path, name, args.repeat)
             layouts = first.split(";", 1)[1].split(" in ")[0].strip() if ";" in first else first
             print(f"{name:>6} {SEARCHES[name][0]:>5} {med:>11.2f} {worst:>12.2f} {rss / 1e6:>14.0f}  "

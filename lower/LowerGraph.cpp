@@ -12,28 +12,37 @@ namespace sp {
 /// build it (the data- and tensor-parallel reductions, the sum of a weight's
 /// uses). Mixed precision keeps these in f32, as Megatron accumulates its
 /// main_grad: the weight-gradient GEMMs write f32.
-static bool feedsOptimizer(const Value *V) {
+static bool feedsOptimizer(const Value *V, OptimizerFeeds *Memo) {
+  // Memo: the backward's residual-gradient sums chain through every layer,
+  // and walking that chain from each of its values would be quadratic.
+  if (Memo)
+    if (auto It = Memo->find(V); It != Memo->end())
+      return It->second;
+  bool Feeds = false;
   for (const Use &U : V->users()) {
     switch (U.User->op()) {
     case OpKind::AdamW:
-      if (U.OperandNo == 1)
-        return true;
+      Feeds |= U.OperandNo == 1;
       break;
     case OpKind::GradNorm:
-      return true;
+      Feeds = true;
+      break;
     case OpKind::Add:
     case OpKind::AllReduce:
     case OpKind::ReduceScatter:
     case OpKind::PipeAllReduce:
-      if (U.User->tags().Ph != Phase::Forward &&
-          feedsOptimizer(U.User->result()))
-        return true;
+      Feeds |= U.User->tags().Ph != Phase::Forward &&
+               feedsOptimizer(U.User->result(), Memo);
       break;
     default:
       break;
     }
+    if (Feeds)
+      break;
   }
-  return false;
+  if (Memo)
+    (*Memo)[V] = Feeds;
+  return Feeds;
 }
 
 /// Values that keep f32 whatever the activation dtype: norm statistics, the
@@ -41,7 +50,7 @@ static bool feedsOptimizer(const Value *V) {
 /// exp(score - lse): a 16-bit lse would put its rounding, up to 2^-8
 /// relative in bf16, into every probability), everything the loss computes
 /// on (the logits and the loss) and the parameters' gradients.
-static bool keepsF32(const Value *V) {
+static bool keepsF32(const Value *V, OptimizerFeeds *Memo) {
   const Node *P = V->producer();
   if (!P)
     return false;
@@ -56,21 +65,27 @@ static bool keepsF32(const Value *V) {
         return U.User->op() == OpKind::CrossEntropy;
       }))
     return true;
-  return P->tags().Ph != Phase::Forward && feedsOptimizer(V);
+  return P->tags().Ph != Phase::Forward && feedsOptimizer(V, Memo);
 }
 
-DType plannedDtype(const Value *V, DType ActDtype) {
-  return isFloat(V->type().Dtype) && !keepsF32(V) ? ActDtype : V->type().Dtype;
+DType plannedDtype(const Value *V, DType ActDtype, OptimizerFeeds *Memo) {
+  DType Own = V->type().Dtype;
+  return Own != ActDtype && isFloat(Own) && !keepsF32(V, Memo) ? ActDtype
+                                                                : Own;
 }
 
-int64_t plannedBytes(const Value *V, DType ActDtype) {
-  return V->type().numElements() * dtypeSize(plannedDtype(V, ActDtype));
+int64_t plannedBytes(const Value *V, DType ActDtype, OptimizerFeeds *Memo) {
+  return V->type().numElements() * dtypeSize(plannedDtype(V, ActDtype, Memo));
 }
 
-TensorType plannedType(const Value *V, DType ActDtype) {
+TensorType plannedType(const Value *V, DType ActDtype, OptimizerFeeds *Memo) {
   TensorType T = V->type();
-  T.Dtype = plannedDtype(V, ActDtype);
+  T.Dtype = plannedDtype(V, ActDtype, Memo);
   return T;
+}
+
+TensorType ProgramBuilder::plannedType(const Value *V) {
+  return sp::plannedType(V, ActDtype, &Feeds);
 }
 
 int ProgramBuilder::addBuffer(std::string Name, TensorType T,
@@ -163,9 +178,11 @@ SmallVector<int, 3> ProgramBuilder::emit(const Node &N, ArrayRef<int> In,
           isFloat(P.Buffers[B].Type.Dtype))
         B = computeCopy(B, N.tags());
   SmallVector<int, 3> Out;
-  for (Value *R : N.results())
-    Out.push_back(addResult(plannedType(R, ActDtype), plannedBytes(R, ActDtype),
-                            N.tags(), R->sharding()));
+  for (Value *R : N.results()) {
+    TensorType T = plannedType(R);
+    Out.push_back(addResult(T, T.numElements() * dtypeSize(T.Dtype), N.tags(),
+                            R->sharding()));
+  }
   I.Out.assign(Out.begin(), Out.end());
   P.Instrs.push_back(std::move(I));
   return Out;

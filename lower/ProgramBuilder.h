@@ -15,6 +15,10 @@
 
 namespace sp {
 
+class Value;
+/// Which values feed the optimizer (plannedDtype's memo).
+using OptimizerFeeds = llvm::DenseMap<const Value *, bool>;
+
 class ProgramBuilder {
 public:
   explicit ProgramBuilder(DType ActDtype) : ActDtype(ActDtype) {}
@@ -52,6 +56,9 @@ public:
   /// (emit reads the copies of the parameters it is given).
   int computeCopy(int Param, const Tags &User);
   DType activationDtype() const { return ActDtype; }
+  /// plannedType (below) of a value of the graph being lowered, which does
+  /// not change while this builder lives.
+  TensorType plannedType(const Value *V);
   /// A 16-bit activation dtype: compute reads parameters through copies.
   bool mixedPrecision() const;
   /// Sets every temporary's live range and returns the program.
@@ -62,6 +69,7 @@ private:
                 const Sharding &S);
 
   DType ActDtype;
+  OptimizerFeeds Feeds;
   Program P;
   llvm::DenseMap<const Value *, int> Leaves;
   llvm::DenseMap<int, int> Copies; // parameter buffer -> its 16-bit copy
@@ -71,10 +79,14 @@ private:
 /// take the plan's activation dtype, except layer_norm statistics, logits
 /// and the loss, which stay f32 (as the paper counts them), and the
 /// parameters' gradients, which stay f32 for the optimizer (as Megatron
-/// accumulates them).
-DType plannedDtype(const Value *V, DType ActDtype);
-TensorType plannedType(const Value *V, DType ActDtype);
-int64_t plannedBytes(const Value *V, DType ActDtype);
+/// accumulates them). Memo, when given, remembers which values feed the
+/// optimizer while the graph does not change.
+DType plannedDtype(const Value *V, DType ActDtype,
+                   OptimizerFeeds *Memo = nullptr);
+TensorType plannedType(const Value *V, DType ActDtype,
+                       OptimizerFeeds *Memo = nullptr);
+int64_t plannedBytes(const Value *V, DType ActDtype,
+                     OptimizerFeeds *Memo = nullptr);
 
 } // namespace sp
 

@@ -336,8 +336,9 @@ private:
       Tags T = V->producer()->tags();
       T.Ph = Ph;
       T.Stage = Stage;
-      auto Out = B.emitRaw(OpKind::Recv, {}, {plannedType(V, ActDtype())}, A,
-                           T, "recv", {plannedBytes(V, ActDtype())});
+      TensorType Ty = B.plannedType(V);
+      auto Out = B.emitRaw(OpKind::Recv, {}, {Ty}, A, T, "recv",
+                           {Ty.numElements() * dtypeSize(Ty.Dtype)});
       B.setSharding(Out[0], V->sharding());
       Instances[{Stage, V}] = Out[0];
     }

@@ -199,7 +199,9 @@ Error checkStatic(const Schedule &S) {
   std::vector<int> Fwd(size_t(N) * V, 0), Bwd(size_t(N) * V, 0),
       Wgt(size_t(N) * V, 0);
   // Where each message is sent and received (rank, step), -1: nowhere.
-  DenseMap<int64_t, std::pair<int, int>> SentAt, RecvAt;
+  // Message keys are dense (messageKey), below 2 N V.
+  std::vector<std::pair<int, int>> SentAt(2 * size_t(N) * V, {-1, -1}),
+      RecvAt(2 * size_t(N) * V, {-1, -1});
   for (int R = 0; R < S.Ranks; ++R) {
     for (int I = 0, E = S.Steps[R].size(); I < E; ++I) {
       const ScheduleStep &St = S.Steps[R][I];
@@ -240,12 +242,11 @@ Error checkStatic(const Schedule &S) {
                                      "rank {3}",
                                      where(S, R, I), Other, PeerRank, St.Peer));
       int64_t Key = messageOf(S, R, St);
-      auto &Map = St.isSend() ? SentAt : RecvAt;
-      auto [It, New] = Map.try_emplace(Key, R, I);
-      if (!New)
+      auto &At = (St.isSend() ? SentAt : RecvAt)[Key];
+      if (At.first >= 0)
         return scheduleError(formatv("{0} repeats {1}", where(S, R, I),
-                                     where(S, It->second.first,
-                                           It->second.second)));
+                                     where(S, At.first, At.second)));
+      At = {R, I};
     }
   }
   for (int K = 0; K < N; ++K)
@@ -270,7 +271,7 @@ Error checkStatic(const Schedule &S) {
       if (St.isCompute())
         continue;
       const auto &Other = St.isSend() ? RecvAt : SentAt;
-      if (!Other.count(messageOf(S, R, St)))
+      if (Other[messageOf(S, R, St)].first < 0)
         return scheduleError(formatv("{0} has no matching {1} on rank {2}",
                                      where(S, R, I),
                                      St.isSend() ? "recv" : "send", St.Peer));
@@ -287,6 +288,8 @@ public:
     FwdDone.assign(Slots, false);
     BwdDone.assign(Slots, false);
     WgtDone.assign(Slots, false);
+    Received.assign(2 * Slots, false);
+    InFlight.assign(2 * Slots, {-1, -1});
     PC.assign(S.Ranks, 0);
     Done.resize(S.Ranks);
   }
@@ -318,8 +321,9 @@ public:
       if (!Progress)
         return deadlock();
     }
-    if (!InFlight.empty()) {
-      const auto &Where = InFlight.begin()->second;
+    if (InFlightCount) {
+      const auto &Where = *find_if(
+          InFlight, [](const std::pair<int, int> &W) { return W.first >= 0; });
       return scheduleError(formatv("{0} is never received",
                                    where(S, Where.first, Where.second)));
     }
@@ -346,7 +350,7 @@ private:
         if (S.rankOfStage(V - 1) == R) {
           if (!FwdDone[slot(K, V - 1)])
             return Missing(formatv("the forward of stage {0}", V - 1));
-        } else if (!Received.count(messageKey(S, false, K, V - 1))) {
+        } else if (!Received[messageKey(S, false, K, V - 1)]) {
           return Missing("its input activation is received");
         }
       }
@@ -358,7 +362,7 @@ private:
         if (S.rankOfStage(V + 1) == R) {
           if (!BwdDone[slot(K, V + 1)])
             return Missing(formatv("the backward of stage {0}", V + 1));
-        } else if (!Received.count(messageKey(S, true, K, V + 1))) {
+        } else if (!Received[messageKey(S, true, K, V + 1)]) {
           return Missing("its output gradient is received");
         }
       }
@@ -397,7 +401,7 @@ private:
       break;
     case StepKind::RecvActivation:
     case StepKind::RecvGrad:
-      Received.insert(messageOf(S, R, St));
+      Received[messageOf(S, R, St)] = true;
       break;
     }
     if (OnRun)
@@ -443,12 +447,15 @@ private:
         return E;
       int64_t Key = messageOf(S, R, St);
       if (St.isSend()) {
-        InFlight.try_emplace(Key, R, I);
+        if (InFlight[Key].first < 0) {
+          InFlight[Key] = {R, I};
+          ++InFlightCount;
+        }
       } else {
-        auto It = InFlight.find(Key);
-        if (It == InFlight.end())
+        if (InFlight[Key].first < 0)
           break;
-        InFlight.erase(It);
+        InFlight[Key] = {-1, -1};
+        --InFlightCount;
       }
       complete(R, I);
       ++PC[R];
@@ -528,9 +535,12 @@ private:
   const Schedule &S;
   CommModel Model;
   std::vector<bool> FwdDone, BwdDone, WgtDone;
-  DenseSet<int64_t> Received;
-  /// Buffered: messages sent and not yet received, with their send step.
-  std::map<int64_t, std::pair<int, int>> InFlight;
+  /// By message key (messageKey: dense, below 2 N V).
+  std::vector<bool> Received;
+  /// Buffered: messages sent and not yet received, with their send step
+  /// ((-1, -1): none), and how many there are.
+  std::vector<std::pair<int, int>> InFlight;
+  size_t InFlightCount = 0;
   std::vector<int> PC;
   /// Rendezvous: which operations of the rank's posted batch completed;
   /// empty when the rank has no batch posted.
@@ -584,11 +594,18 @@ std::string describeStep(const Schedule &S, int Rank, const ScheduleStep &St) {
     Dir = "from";
     break;
   }
-  std::string D = formatv("{0} of microbatch {1} chunk {2} (stage {3})", What,
-                          St.Microbatch, St.Chunk, Stage);
-  if (!St.isCompute())
-    D += formatv(" {0} rank {1}", Dir, St.Peer).str();
-  return D;
+  // snprintf: the chart labels every step with this.
+  char Buf[160];
+  int N = St.isCompute()
+              ? std::snprintf(Buf, sizeof(Buf),
+                              "%s of microbatch %d chunk %d (stage %d)", What,
+                              St.Microbatch, St.Chunk, Stage)
+              : std::snprintf(Buf, sizeof(Buf),
+                              "%s of microbatch %d chunk %d (stage %d) %s "
+                              "rank %d",
+                              What, St.Microbatch, St.Chunk, Stage, Dir,
+                              St.Peer);
+  return std::string(Buf, std::min<size_t>(N, sizeof(Buf) - 1));
 }
 
 Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
@@ -779,7 +796,8 @@ Expected<ScheduleTimes> simulateTimes(const Schedule &S,
     T.Times[R].resize(S.Steps[R].size());
   T.Busy.assign(S.Ranks, 0.0);
   std::vector<double> Clock(S.Ranks, 0.0);
-  DenseMap<int64_t, double> SentAt; // message -> time the sender sent it
+  // Message (messageKey) -> time the sender sent it.
+  std::vector<double> SentAt(2 * size_t(S.Microbatches) * S.numStages(), 0.0);
   Simulator Sim(S, CommModel::Buffered);
   Sim.OnRun = [&](int R, int I) {
     const ScheduleStep &St = S.Steps[R][I];
@@ -807,7 +825,7 @@ Expected<ScheduleTimes> simulateTimes(const Schedule &S,
       break;
     case StepKind::RecvActivation:
     case StepKind::RecvGrad: {
-      double Sent = SentAt.lookup(messageOf(S, R, St));
+      double Sent = SentAt[messageOf(S, R, St)];
       TS.Start = std::max(Now, Sent);
       TS.End = std::max(Now, Sent + Costs.Comm);
       break;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
 
 using namespace llvm;
@@ -227,11 +228,30 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   // (the tables, their order, the counts) is the serial search's.
   const AutoCandidate *Smallest = nullptr;
   std::vector<AutoCandidate> TooBig;
+  // Each round's outcomes are merged in a fixed order: Round (0 the
+  // families, 1 the stage-aware members, 2 the last resort) and Index
+  // within it.
   struct Outcome {
+    int Round = 0;
+    size_t Index = 0;
     std::vector<AutoCandidate> Fits, TooBig;
     std::vector<std::string> Rejected;
     int Compiled = 0, Skipped = 0;
   };
+  // The fastest fit so far, compiled: its graph, options and programs, kept
+  // so that the answer is not compiled again (only its reports are made).
+  // Ties go to the earlier fit in the merged order, as the final stable
+  // sort breaks them, so the kept one is R.Fits.front() however the
+  // threads ran.
+  using FitKey = std::tuple<double, int, size_t, size_t>;
+  struct Kept {
+    FitKey Key;
+    std::unique_ptr<Graph> G;
+    PassContext Ctx;
+    Compilation Comp;
+  };
+  std::optional<Kept> Fastest;
+  std::mutex FastestMutex;
   auto Merge = [&](Outcome &Out) {
     append_range(R.Fits, Out.Fits);
     append_range(TooBig, Out.TooBig);
@@ -294,7 +314,11 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       Out.TooBig.push_back(C);
       return C.PeakBytes;
     }
+    FitKey Key{C.Step.Seconds, Out.Round, Out.Index, Out.Fits.size()};
     Out.Fits.push_back(C);
+    std::lock_guard<std::mutex> Lock(FastestMutex);
+    if (!Fastest || Key < Fastest->Key)
+      Fastest = Kept{Key, std::move(Copy), Ctx, std::move(*Comp)};
     return C.PeakBytes;
   };
   // Full recomputation of groups of K layers stores only each group's
@@ -329,6 +353,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   parallelForEachN(0, Order.size(), [&](size_t F) {
     std::vector<AutoCandidate> &Members = *Order[F];
     Outcome &Out = Outcomes[F];
+    Out.Index = F;
     auto Least = std::find_if(Members.begin(), Members.end(),
                               [](const AutoCandidate &C) {
                                 return C.SP == (C.T > 1) &&
@@ -361,9 +386,9 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   // uniform compiles). Such a member does at least its lower member's work,
   // so a lower member no faster than the fastest fit of the first round is
   // not tried: it cannot give the answer. The families run concurrently.
-  double Fastest = std::numeric_limits<double>::infinity();
+  double FastestSeconds = std::numeric_limits<double>::infinity();
   for (const AutoCandidate &C : R.Fits)
-    Fastest = std::min(Fastest, C.Step.Seconds);
+    FastestSeconds = std::min(FastestSeconds, C.Step.Seconds);
   SmallVector<RecomputeMode, 3> Levels = {RecomputeMode::None};
   if (!Base.FusedAttention)
     Levels.push_back(RecomputeMode::Selective);
@@ -395,7 +420,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       return Uniform[L] && double(Uniform[L]->PeakBytes) <= O.GpuMemory;
     };
     auto Lowers = [&](size_t L) {
-      return Uniform[L] && !Fits(L) && Uniform[L]->Step.Seconds < Fastest &&
+      return Uniform[L] && !Fits(L) && Uniform[L]->Step.Seconds < FastestSeconds &&
              !Uniform[L]->LayerRanks.empty();
     };
     SmallVector<std::pair<size_t, size_t>, 3> Pairs; // (lower, upper)
@@ -432,6 +457,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   parallelForEachN(0, Work.size(), [&](size_t F) {
     const StagedWork &W = Work[F];
     Outcome &Out = Staged[F];
+    Out.Round = 1, Out.Index = F;
     // The member whose rank R takes level Level(R); its layers are placed
     // as in the lower member (the partition then moves them).
     auto Member = [&](function_ref<size_t(int)> Level) {
@@ -451,7 +477,18 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     auto Staging = [&](int K) {
       return Member([&](int Rank) { return Rank < K ? W.Upper : W.Rest; });
     };
-    int Lo = 1, Hi = W.Lower.P - 1;
+    // With the layers placed alike, recomputing on more ranks never
+    // shortens the simulated step (every step's cost only grows). So the
+    // member recomputing on rank 0 alone is tried first: when it fits, it is
+    // the fewest k; when it is no faster than the first round's fastest
+    // fit, no k gives the answer, and none is tried.
+    int64_t OnePeak = Try(Staging(1), Out);
+    if (OnePeak < 0 || double(OnePeak) <= O.GpuMemory ||
+        Out.TooBig.back().Step.Seconds >= FastestSeconds)
+      return;
+    int Lo = 2, Hi = W.Lower.P - 1;
+    if (Lo > Hi)
+      return;
     int64_t HiPeak = Try(Staging(Hi), Out);
     if (HiPeak < 0 || double(HiPeak) > O.GpuMemory)
       return;
@@ -475,6 +512,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                                     })
                        ->first;
     Outcome Out;
+    Out.Round = 2;
     for (auto &[Floor, C] : Pruned)
       if (Floor == Least) {
         Try(C, Out);
@@ -509,16 +547,31 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                      return A.Step.Seconds < B.Step.Seconds;
                    });
   if (!R.Fits.empty()) {
-    // The best, compiled again as sp-compile compiles a plan (reports,
-    // chart): what it prints and writes.
-    R.BestGraph = G.clone();
-    PassContext Ctx = layoutContext(Base, R.Fits.front());
+    // The best, with the reports and chart sp-compile makes of a plan: what
+    // it prints and writes. Its compilation was kept, unless remarks were
+    // asked for (the search compiles without them): then it is compiled
+    // again, as sp-compile compiles a plan.
     CompileOptions CO;
     CO.Source = O.Source;
-    auto Comp = compileToPlan(*R.BestGraph, Ctx, CO);
-    if (!Comp)
-      return Comp.takeError();
-    R.Best = std::move(*Comp);
+    assert(Fastest && Fastest->Key == std::make_tuple(
+                                          R.Fits.front().Step.Seconds,
+                                          std::get<1>(Fastest->Key),
+                                          std::get<2>(Fastest->Key),
+                                          std::get<3>(Fastest->Key)) &&
+           "the kept compilation is the fastest fit's");
+    if (Base.Remarks) {
+      R.BestGraph = G.clone();
+      PassContext Ctx = layoutContext(Base, R.Fits.front());
+      auto Comp = compileToPlan(*R.BestGraph, Ctx, CO);
+      if (!Comp)
+        return Comp.takeError();
+      R.Best = std::move(*Comp);
+    } else {
+      if (auto E = finishPlan(*Fastest->G, Fastest->Ctx, CO, Fastest->Comp))
+        return std::move(E);
+      R.BestGraph = std::move(Fastest->G);
+      R.Best = std::move(Fastest->Comp);
+    }
   }
   R.Seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                             Start)

@@ -181,7 +181,7 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
   });
   if (!Training)
     return std::move(C);
-  auto L = lowerTrainingGraph(G, Ctx);
+  auto L = lowerTrainingGraph(G, Ctx, /*WithOneMicrobatch=*/!O.PlanOnly);
   if (!L)
     return L.takeError();
   C.Lowered = std::move(*L);
@@ -197,8 +197,18 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
   C.Lowered->Stages.clear();
   if (O.PlanOnly)
     return std::move(C);
-  if (auto E = reportPlan(G, Ctx, O, C))
+  if (auto E = finishPlan(G, Ctx, O, C))
     return std::move(E);
+  return std::move(C);
+}
+
+Error finishPlan(const Graph &G, const PassContext &Ctx,
+                 const CompileOptions &O, Compilation &C) {
+  assert(C.P && C.Lowered && C.Ranks.empty() && "a fresh PlanOnly compile");
+  if (auto E = lowerOneMicrobatch(G, Ctx, *C.Lowered))
+    return E;
+  if (auto E = reportPlan(G, Ctx, O, C))
+    return E;
   if (Ctx.Pipeline.enabled()) {
     auto Times = timeSchedule(G, *C.Lowered, C.P->Prog);
     if (!Times)
@@ -216,10 +226,10 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
     GO.Title = sys::path::stem(O.Source).str();
     GO.TimeUnit = "GFLOP";
     if (auto E = writeGanttSvg(OS, C.Lowered->Sched, *Times, GO))
-      return std::move(E);
+      return E;
     C.P->Files.push_back({"schedule.svg", OS.str()});
   }
-  return std::move(C);
+  return Error::success();
 }
 
 } // namespace sp

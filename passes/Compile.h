@@ -27,7 +27,9 @@ struct CompileOptions {
   /// The model file: the manifest's "source" and the chart's title.
   std::string Source;
   /// The programs and their memory plans only: no reports, manifest facts
-  /// or schedule chart (what the planner's search needs of each layout).
+  /// or schedule chart, and with pipeline options no one-microbatch program
+  /// (what the planner's search needs of each layout; finishPlan adds the
+  /// rest).
   bool PlanOnly = false;
 };
 
@@ -60,6 +62,13 @@ llvm::Error runPasses(Graph &G, PassContext &Ctx, const CompileOptions &O);
 /// Runs the passes on G, then summarises, lowers and reports.
 llvm::Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
                                           const CompileOptions &O);
+
+/// The second half of compileToPlan: the reports, manifest facts and
+/// schedule chart of C, a training graph's compilation made with PlanOnly
+/// from G (after the passes) and Ctx. compileToPlan with O is that compile
+/// followed by this.
+llvm::Error finishPlan(const Graph &G, const PassContext &Ctx,
+                       const CompileOptions &O, Compilation &C);
 
 } // namespace sp
 

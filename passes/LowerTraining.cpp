@@ -172,14 +172,25 @@ static Error capWeightDelays(const Graph &G, const PassContext &Ctx,
   return verifyPipelinePrograms(Progs); // the ranks' programs together
 }
 
-Expected<LoweredPlan> lowerTrainingGraph(const Graph &G,
-                                         const PassContext &Ctx) {
-  LoweredPlan LP;
+Error lowerOneMicrobatch(const Graph &G, const PassContext &Ctx,
+                         LoweredPlan &LP) {
+  if (!LP.OneMicrobatch.Instrs.empty())
+    return Error::success();
   auto Prog = lowerGraph(G, Ctx.ActivationDtype);
   if (!Prog)
     return Prog.takeError();
   LP.OneMicrobatch = std::move(*Prog);
+  return Error::success();
+}
+
+Expected<LoweredPlan> lowerTrainingGraph(const Graph &G,
+                                         const PassContext &Ctx,
+                                         bool WithOneMicrobatch) {
+  LoweredPlan LP;
   const PipelineOptions &PO = Ctx.Pipeline;
+  if (WithOneMicrobatch || !PO.enabled())
+    if (auto E = lowerOneMicrobatch(G, Ctx, LP))
+      return std::move(E);
   auto S = buildSchedule(scheduleKind(PO.Schedule), PO.Stages, PO.Interleave,
                          PO.Microbatches);
   if (!S)

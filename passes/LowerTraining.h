@@ -18,7 +18,8 @@ namespace sp {
 struct LoweredPlan {
   /// One program per pipeline rank (one without pipeline options).
   std::vector<Program> Stages;
-  /// One microbatch through the whole model, for the per-layer reports.
+  /// One microbatch through the whole model, for the per-layer reports
+  /// (with pipeline options, only when asked for: see lowerTrainingGraph).
   Program OneMicrobatch;
   /// The schedule the stage programs run (one rank, one microbatch
   /// without pipeline options).
@@ -26,9 +27,16 @@ struct LoweredPlan {
 };
 
 /// Lowers G. With pipeline options the programs are checked to be free of
-/// deadlocks (verifyPipelinePrograms).
+/// deadlocks (verifyPipelinePrograms), and OneMicrobatch, which only the
+/// reports read, is lowered when WithOneMicrobatch (else it is left empty:
+/// lowerOneMicrobatch makes it later).
 llvm::Expected<LoweredPlan> lowerTrainingGraph(const Graph &G,
-                                               const PassContext &Ctx);
+                                               const PassContext &Ctx,
+                                               bool WithOneMicrobatch = true);
+
+/// LP.OneMicrobatch, lowered from G, when lowerTrainingGraph left it empty.
+llvm::Error lowerOneMicrobatch(const Graph &G, const PassContext &Ctx,
+                               LoweredPlan &LP);
 
 ScheduleKind scheduleKind(PipelineSchedule S);
 

@@ -178,6 +178,22 @@ TEST_P(AutoPlanCore, SearchEqualsBruteForce) {
     for (int K = 0; K < R->Best->P->numStages(); ++K)
       BestPeak = std::max(BestPeak, R->Best->P->stage(K).ArenaBytes);
     EXPECT_EQ(BestPeak, R->Fits.front().PeakBytes); // the plan -o writes
+    {
+      // The best's compilation is the one the search kept, with its
+      // reports made afterwards: the same as compiling it from scratch.
+      std::unique_ptr<Graph> Copy = G->clone();
+      PassContext Ctx = layoutContext(Base, R->Fits.front());
+      auto Scratch = compileToPlan(*Copy, Ctx, CompileOptions());
+      ASSERT_TRUE(bool(Scratch)) << toString(Scratch.takeError());
+      EXPECT_EQ(R->Best->Facts, Scratch->Facts);
+      EXPECT_EQ(R->Best->P->Manifest, Scratch->P->Manifest);
+      EXPECT_EQ(R->Best->P->Files, Scratch->P->Files);
+      ASSERT_EQ(R->Best->P->numStages(), Scratch->P->numStages());
+      for (int K = 0; K < Scratch->P->numStages(); ++K)
+        EXPECT_EQ(R->Best->P->stage(K).Instrs.size(),
+                  Scratch->P->stage(K).Instrs.size());
+      EXPECT_EQ(R->BestGraph->numNodes(), Copy->numNodes());
+    }
     for (size_t K = 1; K < R->Fits.size(); ++K)
       EXPECT_LE(R->Fits[K - 1].Step.Seconds, R->Fits[K].Step.Seconds);
     // Every uniform layout the search compiled (once through the

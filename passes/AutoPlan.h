@@ -31,9 +31,12 @@
 // not fit, but whose member with full (or, with the unfused core,
 // selective) recomputation does, also gets stage-aware members: that
 // recomputation on its first k ranks only, the rest storing everything,
-// the fewest k that fit (bisection), likewise between selective and full;
-// and the member where each rank takes the cheapest level whose uniform
-// member fits on that rank. Not yet: screening by compiling one layer per
+// the fewest k that fit (k = 1 first: when that member is no faster than
+// the fastest uniform fit, no k is, and the pair stops there; then
+// bisection), likewise between selective and full; and the member where
+// each rank takes the cheapest level whose uniform member fits on that
+// rank. The fastest fit's compilation is kept, and only its reports are
+// made at the end. Not yet: screening by compiling one layer per
 // combination instead of whole plans.
 //
 //===----------------------------------------------------------------------===//

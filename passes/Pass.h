@@ -61,7 +61,22 @@ struct RecomputeOptions {
   /// layers that rank's mode: more recomputation on the first ranks, which
   /// hold the most microbatches (stage-aware recomputation).
   std::vector<RecomputeMode> LayerModes;
+  /// With LayerModes, when not empty: each layer's K (one entry per layer,
+  /// at least 1). Consecutive full layers of the same K are recomputed K at
+  /// a time from each group's first input, as Layers does for uniform full
+  /// recomputation; other layers ignore theirs.
+  std::vector<int> LayerGroups;
 };
+
+/// The recomputation group of each of the L layers under O, numbered from
+/// 0 in layer order. A group's layers are recomputed together from its
+/// first layer's input, so a pipeline stage holds whole groups. Without
+/// grouping (no full recomputation of groups: Layers 1 and no LayerGroups
+/// above 1) every layer is its own group. Uniform full recomputation with
+/// Layers = K groups layers K at a time from layer 0 (the last group may be
+/// shorter); with LayerModes, each run of consecutive full layers of the
+/// same K is cut K at a time from its first layer.
+std::vector<int> recomputeGroups(const RecomputeOptions &O, int L);
 
 /// How a training step is pipelined (pipeline pass, and the unrolling of
 /// the schedule into per-stage programs).

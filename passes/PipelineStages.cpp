@@ -73,13 +73,9 @@ public:
     P = O.Stages;
     NumStages = S;
     Dt = Ctx.ActivationDtype;
-    // Full recomputation of groups of K layers recomputes a group from its
+    // Full recomputation of groups of layers recomputes a group from its
     // first layer's input: a stage holds whole groups.
-    const RecomputeOptions &R = Ctx.Recompute;
-    int Group = R.Mode == RecomputeMode::Full && R.LayerModes.empty()
-                    ? std::max(R.Layers, 1)
-                    : 1;
-    if (auto E = assignLayers(G, L, Group, O.Uniform))
+    if (auto E = assignLayers(G, L, Ctx.Recompute, O.Uniform))
       return E;
     if (auto E = tagStages(G))
       return E;
@@ -89,9 +85,10 @@ public:
 private:
   int rankOf(int Stage) const { return Stage % P; }
 
-  /// Splits the L layers, in whole groups of Group consecutive layers (the
-  /// last may be shorter), over the stages.
-  Error assignLayers(Graph &G, int L, int Group, bool Uniform) {
+  /// Splits the L layers, in whole recomputation groups (recomputeGroups of
+  /// R), over the stages.
+  Error assignLayers(Graph &G, int L, const RecomputeOptions &R,
+                     bool Uniform) {
     std::vector<double> Cost(L, 0.0);
     double First = 0, Last = 0;
     bool SeenLayer = false;
@@ -113,29 +110,50 @@ private:
       else if (N.tags().Ph != Phase::Optimizer)
         (SeenLayer ? Last : First) += C;
     }
-    int Groups = (L + Group - 1) / Group;
+    std::vector<int> GroupOf = recomputeGroups(R, L);
+    int Groups = L ? GroupOf.back() + 1 : 0;
     std::vector<double> GroupCost(Groups, 0.0);
-    for (int Layer = 0; Layer < L; ++Layer)
-      GroupCost[Layer / Group] += Cost[Layer];
-    if (Group > 1 && Groups < NumStages)
-      return pipelineError(formatv(
-          "--recompute-layers {0} makes {1} group{5} of the {2} layers, each "
-          "recomputed from its first layer's input on one stage, but the "
-          "pipeline has {3} stages; use --recompute-layers {4} or less",
-          Group, Groups, L, NumStages, std::max(1, L / NumStages),
-          Groups == 1 ? "" : "s"));
+    std::vector<int> GroupStart(Groups + 1, L); // first layer; L at the end
+    for (int Layer = L - 1; Layer >= 0; --Layer) {
+      GroupCost[GroupOf[Layer]] += Cost[Layer];
+      GroupStart[GroupOf[Layer]] = Layer;
+    }
+    bool Grouped = Groups < L;
+    // --recompute-layers K (uniform groups), or the planner's per-layer
+    // groups.
+    bool Uniformly = R.LayerModes.empty();
+    int K = std::max(R.Layers, 1);
+    if (Grouped && Groups < NumStages)
+      return pipelineError(
+          Uniformly
+              ? formatv("--recompute-layers {0} makes {1} group{5} of the {2} "
+                        "layers, each recomputed from its first layer's "
+                        "input on one stage, but the pipeline has {3} "
+                        "stages; use --recompute-layers {4} or less",
+                        K, Groups, L, NumStages, std::max(1, L / NumStages),
+                        Groups == 1 ? "" : "s")
+                    .str()
+              : formatv("the per-layer recomputation groups make {0} "
+                        "group{3} of the {1} layers, each on one stage, but "
+                        "the pipeline has {2} stages",
+                        Groups, L, NumStages, Groups == 1 ? "" : "s")
+                    .str());
     auto Starts = partitionLayers(GroupCost, First, Last, NumStages, Uniform);
     if (!Starts)
-      return Group > 1 ? pipelineError(formatv(
-                             "with --recompute-layers {0} a stage holds whole "
-                             "groups of {0} layers ({1} groups): {2}",
-                             Group, Groups, toString(Starts.takeError())))
-                       : Starts.takeError();
+      return !Grouped ? Starts.takeError()
+             : Uniformly
+                 ? pipelineError(formatv(
+                       "with --recompute-layers {0} a stage holds whole "
+                       "groups of {0} layers ({1} groups): {2}",
+                       K, Groups, toString(Starts.takeError())))
+                 : pipelineError(formatv(
+                       "a stage holds whole per-layer recomputation groups "
+                       "({0} groups): {1}",
+                       Groups, toString(Starts.takeError())));
     StageOfLayer.assign(L, 0);
     for (int St = 0; St < NumStages; ++St) {
-      int End = St + 1 < NumStages ? (*Starts)[St + 1] * Group : L;
-      for (int Layer = (*Starts)[St] * Group; Layer < std::min(End, L);
-           ++Layer)
+      int End = St + 1 < NumStages ? GroupStart[(*Starts)[St + 1]] : L;
+      for (int Layer = GroupStart[(*Starts)[St]]; Layer < End; ++Layer)
         StageOfLayer[Layer] = St;
     }
     return Error::success();

@@ -63,22 +63,30 @@ int numLayers(const Graph &G) {
   return L;
 }
 
-/// The nodes to recompute for a per-layer policy. Full layers are grouped
-/// into runs of at most K consecutive full layers.
-DenseSet<const Node *> recomputeSet(const Graph &G,
-                                    ArrayRef<LayerPolicy> Policy, int K) {
-  // The group of every full layer: consecutive full layers, K at a time.
+/// Each layer's group (recomputeGroups): consecutive full layers of the
+/// same K (K[L]; empty: 1), K at a time; every other layer alone.
+std::vector<int> layerGroups(ArrayRef<LayerPolicy> Policy, ArrayRef<int> K) {
   std::vector<int> Group(Policy.size(), -1);
-  for (int L = 0, Next = 0, Run = 0; L < int(Policy.size()); ++L) {
-    if (Policy[L] != LayerPolicy::Full) {
-      Run = 0;
-      continue;
-    }
-    if (Run == 0)
+  auto KOf = [&](int L) { return K.empty() ? 1 : std::max(K[L], 1); };
+  for (int L = 0, Next = -1, Run = 0; L < int(Policy.size()); ++L) {
+    bool Joins = L > 0 && Run > 0 && Policy[L] == LayerPolicy::Full &&
+                 Policy[L - 1] == LayerPolicy::Full && KOf(L) == KOf(L - 1);
+    if (!Joins) {
       ++Next;
+      Run = 0;
+    }
     Group[L] = Next;
-    Run = (Run + 1) % K;
+    Run = Policy[L] == LayerPolicy::Full ? (Run + 1) % KOf(L) : 0;
   }
+  return Group;
+}
+
+/// The nodes to recompute for a per-layer policy. Full layers are grouped
+/// by layerGroups.
+DenseSet<const Node *> recomputeSet(const Graph &G,
+                                    ArrayRef<LayerPolicy> Policy,
+                                    ArrayRef<int> K) {
+  std::vector<int> Group = layerGroups(Policy, K);
   auto GroupOf = [&](const Node &N) {
     int L = N.tags().Layer;
     return L >= 0 && L < int(Group.size()) ? Group[L] : -1;
@@ -170,7 +178,7 @@ void applyRecompute(Graph &G, const DenseSet<const Node *> &R) {
 int64_t plannedPeak(const Graph &G, ArrayRef<LayerPolicy> Policy,
                     DType ActDtype, ActivationReport *Report = nullptr) {
   std::unique_ptr<Graph> C = G.clone();
-  applyRecompute(*C, recomputeSet(*C, Policy, /*K=*/1));
+  applyRecompute(*C, recomputeSet(*C, Policy, /*K=*/{}));
   Program P = cantFail(lowerGraph(*C, ActDtype));
   finalizeProgram(P);
   if (Report)
@@ -288,8 +296,18 @@ public:
                                "recompute needs layer tags (run "
                                "detect-transformer first)");
     std::vector<LayerPolicy> Policy(L, LayerPolicy::None);
-    int K = 1;
+    std::vector<int> K;
     if (!O.LayerModes.empty()) {
+      if (!O.LayerGroups.empty() && int(O.LayerGroups.size()) != L)
+        return createStringError(inconvertibleErrorCode(),
+                                 "recompute: %zu per-layer group sizes for "
+                                 "the %d layers of the model",
+                                 O.LayerGroups.size(), L);
+      if (any_of(O.LayerGroups, [&](int G) { return G < 1 || G > L; }))
+        return createStringError(inconvertibleErrorCode(),
+                                 "recompute: a per-layer group size is not "
+                                 "between 1 and the %d layers",
+                                 L);
       if (int(O.LayerModes.size()) != L)
         return createStringError(inconvertibleErrorCode(),
                                  "recompute: %zu per-layer modes for the %d "
@@ -306,7 +324,7 @@ public:
                     : M == RecomputeMode::Selective ? LayerPolicy::Selective
                                                     : LayerPolicy::None;
       }
-      applyRecompute(G, recomputeSet(G, Policy, K));
+      applyRecompute(G, recomputeSet(G, Policy, O.LayerGroups));
       return Error::success();
     }
     switch (O.Mode) {
@@ -322,7 +340,7 @@ public:
                                  "layers of the model",
                                  O.Layers, L);
       Policy.assign(L, LayerPolicy::Full);
-      K = O.Layers;
+      K.assign(L, O.Layers);
       break;
     case RecomputeMode::Auto:
       if (auto E = runAuto(G, Ctx, Policy))
@@ -335,6 +353,24 @@ public:
 };
 
 } // namespace
+
+std::vector<int> recomputeGroups(const RecomputeOptions &O, int L) {
+  std::vector<LayerPolicy> Policy(L, LayerPolicy::None);
+  std::vector<int> K;
+  if (!O.LayerModes.empty()) {
+    if (int(O.LayerModes.size()) != L ||
+        (!O.LayerGroups.empty() && int(O.LayerGroups.size()) != L))
+      return layerGroups(Policy, K); // the recompute pass refuses these
+    for (int I = 0; I < L; ++I)
+      if (O.LayerModes[I] == RecomputeMode::Full)
+        Policy[I] = LayerPolicy::Full;
+    K = O.LayerGroups;
+  } else if (O.Mode == RecomputeMode::Full) {
+    Policy.assign(L, LayerPolicy::Full);
+    K.assign(L, std::max(O.Layers, 1));
+  }
+  return layerGroups(Policy, K);
+}
 
 std::unique_ptr<Pass> createRecomputePass() {
   return std::make_unique<RecomputePass>();

@@ -116,6 +116,33 @@ INSTANTIATE_TEST_SUITE_P(
              (C.Recompute == RecomputeMode::Selective ? "_selective" : "");
     });
 
+/// Stage-aware recomputation with per-layer groups (as the planner makes
+/// them): layers 0-6 fully recomputed in groups of 4 (0-3 and 4-6), layer 7
+/// storing everything. Without groups the partition cuts after layer 5 (the
+/// last rank also holds the LM head), inside the second group; it must keep
+/// each group on one rank (a group split over two deadlocks the schedule),
+/// and the run equals one device.
+TEST(Pipeline, PerLayerRecomputeGroupsStayOnOneRank) {
+  using RM = RecomputeMode;
+  PassContext Ctx = context({2, 1, 1, RM::None});
+  Ctx.Recompute.LayerModes = {RM::Full, RM::Full, RM::Full, RM::Full,
+                              RM::Full, RM::Full, RM::Full, RM::None};
+  Ctx.Recompute.LayerGroups = {4, 4, 4, 4, 4, 4, 4, 1};
+  Plan P = compile(model(), Ctx, MicroBatchSize, Seq);
+  std::vector<std::set<int>> RanksOf(8);
+  for (int K = 0; K < P.numStages(); ++K)
+    for (const Instruction &I : P.stage(K).Instrs)
+      if (I.Ph == Phase::Forward && I.Layer >= 0 && I.Op != OpKind::Recv &&
+          I.Op != OpKind::Send) // a receive carries its sender's layer
+        RanksOf.at(I.Layer).insert(K);
+  for (int L = 0; L < 8; ++L)
+    EXPECT_EQ(RanksOf[L].size(), 1u) << "layer " << L;
+  EXPECT_EQ(RanksOf[0], RanksOf[3]);
+  EXPECT_EQ(RanksOf[4], RanksOf[6]);
+  EXPECT_NE(RanksOf[0], RanksOf[7]);
+  expectEqualRuns(trainBoth(P, Dropout, Steps), reference());
+}
+
 /// The first stage keeps P microbatches in flight under 1F1B, so its
 /// stored activations are P microbatches' worth of its layers.
 TEST(Pipeline, FirstStageHoldsPMicrobatches) {

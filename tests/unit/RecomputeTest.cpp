@@ -87,9 +87,14 @@ TEST_P(RecomputeEqualsNone, BitwiseLossAndGradients) {
       {"auto", context(L, RecomputeMode::Auto, 1, Budget)},
       // Stage-aware (the planner's): per-layer modes, the first layer full.
       {"per layer: full, none", context(L, RecomputeMode::None)},
+      // Per-layer modes and groups: both layers full, in one group.
+      {"per layer: full every 2", context(L, RecomputeMode::None)},
   };
   Modes[4].Ctx.Recompute.LayerModes = {RecomputeMode::Full,
                                        RecomputeMode::None};
+  Modes[5].Ctx.Recompute.LayerModes = {RecomputeMode::Full,
+                                       RecomputeMode::Full};
+  Modes[5].Ctx.Recompute.LayerGroups = {2, 2};
   for (const Mode &M : Modes) {
     SCOPED_TRACE(M.Name);
     Plan P = compile(TinyModel, M.Ctx);
@@ -177,6 +182,27 @@ TEST(Recompute, AutoBelowTheSmallestPlanNamesIt) {
   EXPECT_NE(Msg.find("no plan fits"), std::string::npos) << Msg;
   EXPECT_NE(Msg.find(std::to_string(Full.Prog.ArenaBytes)), std::string::npos)
       << Msg;
+}
+
+/// The groups a pipeline stage keeps whole: uniform groups of K from layer
+/// 0, and with per-layer modes runs of full layers of the same K, K at a
+/// time from the run's first layer; every other layer alone.
+TEST(Recompute, Groups) {
+  using RM = RecomputeMode;
+  RecomputeOptions O;
+  EXPECT_EQ(recomputeGroups(O, 3), (std::vector<int>{0, 1, 2}));
+  O.Mode = RM::Full;
+  O.Layers = 3;
+  EXPECT_EQ(recomputeGroups(O, 7), (std::vector<int>{0, 0, 0, 1, 1, 1, 2}));
+  O.Mode = RM::Selective; // K applies to full recomputation only
+  EXPECT_EQ(recomputeGroups(O, 3), (std::vector<int>{0, 1, 2}));
+  O.LayerModes = {RM::Full, RM::Full, RM::Full, RM::None,
+                  RM::Full, RM::Full, RM::Full, RM::Selective};
+  EXPECT_EQ(recomputeGroups(O, 8),
+            (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7})); // no LayerGroups
+  O.LayerGroups = {2, 2, 2, 2, 2, 2, 4, 4};
+  EXPECT_EQ(recomputeGroups(O, 8),
+            (std::vector<int>{0, 0, 1, 2, 3, 3, 4, 5}));
 }
 
 /// Per-layer modes recompute exactly the layers they name, and a list of

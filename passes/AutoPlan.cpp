@@ -32,6 +32,18 @@ static std::string gib(double Bytes) {
   return formatv("{0:F1} {1}", Bytes, Units[U]).str();
 }
 
+/// A level of recomputation, as printed: "full every K" for groups.
+static std::string levelName(RecomputeMode M, int K) {
+  std::string S = recomputeModeName(M).str();
+  if (M == RecomputeMode::Full && K > 1)
+    S += formatv(" every {0}", K).str();
+  return S;
+}
+
+std::string AutoCandidate::rankLevel(int R) const {
+  return levelName(RankModes[R], RankGroups.empty() ? 1 : RankGroups[R]);
+}
+
 std::string AutoCandidate::describe() const {
   std::string S = formatv("t {0}{1}, p {2}", T, SP ? " SP" : "", P).str();
   if (M > 1)
@@ -46,13 +58,14 @@ std::string AutoCandidate::describe() const {
     // The runs of ranks whose mode is not the last rank's: "full on ranks
     // 0-1, selective on ranks 2-5 of 8".
     std::string Runs;
-    for (size_t A = 0, B; A < RankModes.size(); A = B) {
-      for (B = A; B < RankModes.size() && RankModes[B] == RankModes[A];)
+    int Last = RankModes.size() - 1;
+    for (int A = 0, B; A <= Last; A = B) {
+      for (B = A; B <= Last && rankLevel(B) == rankLevel(A);)
         ++B;
-      if (RankModes[A] == RankModes.back())
+      if (rankLevel(A) == rankLevel(Last))
         continue;
       Runs += formatv("{0}{1} on rank{2} {3}{4}", Runs.empty() ? "" : ", ",
-                      recomputeModeName(RankModes[A]), B - A > 1 ? "s" : "",
+                      rankLevel(A), B - A > 1 ? "s" : "",
                       A, B - A > 1 ? formatv("-{0}", B - 1).str() : "")
                   .str();
     }
@@ -99,6 +112,7 @@ PassContext layoutContext(const PassContext &Base, const AutoCandidate &C) {
   Ctx.Zero = C.Zero;
   Ctx.Recompute = RecomputeOptions();
   Ctx.Recompute.LayerModes = C.LayerModes;
+  Ctx.Recompute.LayerGroups = C.LayerGroups;
   Ctx.Recompute.Layers = C.FullEvery;
   // Selective recomputation is of the unfused core's scores; the rest use
   // the fused core unless Base asks for the unfused one.
@@ -227,7 +241,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   // its own Outcome, merged in the families' order so that the result
   // (the tables, their order, the counts) is the serial search's.
   const AutoCandidate *Smallest = nullptr;
-  std::vector<AutoCandidate> TooBig;
+  std::vector<AutoCandidate> &TooBig = R.TooBig;
   // Each round's outcomes are merged in a fixed order: Round (0 the
   // families, 1 the stage-aware members, 2 the last resort) and Index
   // within it.
@@ -324,20 +338,22 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   // Full recomputation of groups of K layers stores only each group's
   // input (and, while a group's backward runs, its activations): the last
   // resort of a family whose smallest member, Least, does not fit. The
-  // fewest K that fits (K = 2, 4, 8; a stage holds whole groups).
+  // fewest K that fits (K = 2, 4, 8; a stage holds whole groups); 0 when
+  // none does.
   auto TryGroups = [&](const AutoCandidate &Least, Outcome &Out) {
     // Grouping changes only the temporaries: a rank whose persistent region
     // alone exceeds the memory stays over it.
     if (double(Least.PersistentBytes) > O.GpuMemory)
-      return;
+      return 0;
     int PerStage = Info->Layers / (Least.P * Least.M);
     for (int K = 2; K <= std::min(PerStage, 8); K *= 2) {
       AutoCandidate C = Least;
       C.FullEvery = K;
       int64_t Peak = Try(C, Out);
       if (Peak >= 0 && double(Peak) <= O.GpuMemory)
-        break;
+        return K;
     }
+    return 0;
   };
   // A family (t, p, m, d, ZeRO) is tried with its smallest member first:
   // SP (when t > 1) and full recomputation store the least. When that does
@@ -362,8 +378,19 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     if (Least != Members.end()) {
       Try(*Least, Out);
       if (!Out.TooBig.empty()) {
-        Out.Skipped += Members.size() - 1;
-        TryGroups(*Least, Out);
+        int Skipped = Members.size() - 1;
+        // When groups fit a pipeline, the members storing more are the
+        // lower levels of stage-aware members (below): they are compiled,
+        // not to fit (they do not), for their step and ranks' arenas.
+        if (TryGroups(*Least, Out) && Least->P > 1)
+          for (const AutoCandidate &C : Members)
+            if (C.SP == (C.T > 1) &&
+                (C.Recompute == "none" ||
+                 (C.Recompute == "selective" && !Base.FusedAttention))) {
+              Try(C, Out);
+              --Skipped;
+            }
+        Out.Skipped += Skipped;
         return;
       }
       Members.erase(Least);
@@ -385,20 +412,31 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   // uniform member fits on that rank (the ranks' arenas are known from the
   // uniform compiles). Such a member does at least its lower member's work,
   // so a lower member no faster than the fastest fit of the first round is
-  // not tried: it cannot give the answer. The families run concurrently.
+  // not tried: it cannot give the answer. Where only groups of K layers fit
+  // (the last resort above), full recomputation in groups of K is the
+  // family's top level, and the lower levels pair with it (full with it
+  // would recompute as much as the uniform groups). The families run
+  // concurrently.
   double FastestSeconds = std::numeric_limits<double>::infinity();
   for (const AutoCandidate &C : R.Fits)
     FastestSeconds = std::min(FastestSeconds, C.Step.Seconds);
-  SmallVector<RecomputeMode, 3> Levels = {RecomputeMode::None};
+  struct Level {
+    RecomputeMode Mode;
+    int K = 1; // full recomputation of groups of K layers
+    bool operator==(const Level &O) const { return Mode == O.Mode && K == O.K; }
+  };
+  SmallVector<Level, 4> BaseLevels = {{RecomputeMode::None}};
   if (!Base.FusedAttention)
-    Levels.push_back(RecomputeMode::Selective);
-  Levels.push_back(RecomputeMode::Full);
+    BaseLevels.push_back({RecomputeMode::Selective});
+  BaseLevels.push_back({RecomputeMode::Full});
   // A family's stage-aware work: Lower's level on the last ranks and Upper
-  // on the first k, k by bisection; or, with PerRank, each rank's level.
+  // on the first k, k by bisection; or, with PerRank, each rank's level;
+  // of the family's Levels.
   struct StagedWork {
     AutoCandidate Lower;
     size_t Rest = 0, Upper = 0;
     std::vector<size_t> PerRank;
+    SmallVector<Level, 4> Levels;
   };
   std::vector<StagedWork> Work;
   for (auto &Family : Families) {
@@ -406,15 +444,23 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     int P = std::get<1>(Key);
     if (P < 2)
       continue;
+    // The family's levels: the base ones, and the groups of layers that
+    // fit when nothing else of the family does.
+    SmallVector<Level, 4> Levels = BaseLevels;
+    auto Ours = [&](const AutoCandidate &C) {
+      return std::make_tuple(C.T, C.P, C.M, C.D, C.Zero) == Key &&
+             C.SP == (C.T > 1) && !C.staged();
+    };
+    for (const AutoCandidate &C : R.Fits)
+      if (Ours(C) && C.FullEvery > 1)
+        Levels.push_back({RecomputeMode::Full, C.FullEvery});
     // The family's uniform member at each level, as compiled.
     std::vector<const AutoCandidate *> Uniform(Levels.size(), nullptr);
     for (const auto *List : {&R.Fits, &TooBig})
       for (const AutoCandidate &C : *List)
         for (size_t L = 0; L < Levels.size(); ++L)
-          if (std::make_tuple(C.T, C.P, C.M, C.D, C.Zero) == Key &&
-              C.SP == (C.T > 1) &&
-              C.Recompute == recomputeModeName(Levels[L]) &&
-              !C.staged() && C.FullEvery == 1)
+          if (Ours(C) && C.Recompute == recomputeModeName(Levels[L].Mode) &&
+              C.FullEvery == Levels[L].K)
             Uniform[L] = &C;
     auto Fits = [&](size_t L) {
       return Uniform[L] && double(Uniform[L]->PeakBytes) <= O.GpuMemory;
@@ -425,9 +471,11 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     };
     SmallVector<std::pair<size_t, size_t>, 3> Pairs; // (lower, upper)
     for (size_t Lo = 0; Lo < Levels.size(); ++Lo)
-      for (size_t Up = Lo + 1; Up < Levels.size() && Lowers(Lo); ++Up)
+      for (size_t Up = Lo + 1; Up < Levels.size() && Lowers(Lo) &&
+                               Levels[Lo].Mode != RecomputeMode::Full;
+           ++Up)
         if (Fits(Up)) {
-          Work.push_back({*Uniform[Lo], Lo, Up, {}});
+          Work.push_back({*Uniform[Lo], Lo, Up, {}, Levels});
           Pairs.push_back({Lo, Up});
         }
     if (!Lowers(0))
@@ -449,9 +497,15 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
         is_sorted(PerRank, std::greater<size_t>()) &&
         std::set<size_t>(PerRank.begin(), PerRank.end()).size() == 2 &&
         is_contained(Pairs, std::make_pair(PerRank.back(), PerRank.front()));
-    if (int(PerRank.size()) == P && !is_splat(PerRank) && !Bisected &&
+    // Where every rank recomputes fully (with or without groups), the
+    // member recomputes as much as the uniform ones.
+    bool Saves = any_of(PerRank, [&](size_t L) {
+      return Levels[L].Mode != RecomputeMode::Full;
+    });
+    if (int(PerRank.size()) == P && !is_splat(PerRank) && !Bisected && Saves &&
         !Uniform[PerRank.back()]->LayerRanks.empty())
-      Work.push_back({*Uniform[PerRank.back()], PerRank.back(), 0, PerRank});
+      Work.push_back(
+          {*Uniform[PerRank.back()], PerRank.back(), 0, PerRank, Levels});
   }
   std::vector<Outcome> Staged(Work.size());
   parallelForEachN(0, Work.size(), [&](size_t F) {
@@ -464,10 +518,17 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       AutoCandidate C = W.Lower;
       C.PeakBytes = 0;
       C.RankBytes.clear();
-      for (int Rank = 0; Rank < C.P; ++Rank)
-        C.RankModes.push_back(Levels[Level(Rank)]);
-      for (int Rank : W.Lower.LayerRanks)
+      C.FullEvery = 1; // the groups are per layer
+      for (int Rank = 0; Rank < C.P; ++Rank) {
+        C.RankModes.push_back(W.Levels[Level(Rank)].Mode);
+        C.RankGroups.push_back(W.Levels[Level(Rank)].K);
+      }
+      for (int Rank : W.Lower.LayerRanks) {
         C.LayerModes.push_back(C.RankModes[Rank]);
+        C.LayerGroups.push_back(C.RankGroups[Rank]);
+      }
+      if (all_of(C.RankGroups, [](int K) { return K == 1; }))
+        C.RankGroups.clear(), C.LayerGroups.clear();
       return C;
     };
     if (!W.PerRank.empty()) {
@@ -645,8 +706,8 @@ nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
   for (const AutoCandidate &C : R.Fits) {
     // Each pipeline rank's recomputation (empty: uniform).
     nlohmann::json RankModes = nlohmann::json::array();
-    for (RecomputeMode M : C.RankModes)
-      RankModes.push_back(recomputeModeName(M).str());
+    for (size_t R = 0; R < C.RankModes.size(); ++R)
+      RankModes.push_back(C.rankLevel(R));
     Fits.push_back({{"layout", C.describe()},
                     {"tp", C.T},
                     {"sp", C.SP},
@@ -667,6 +728,12 @@ nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
                     {"mfu", C.Step.Mfu},
                     {"bubble", C.Step.BubbleFraction}});
   }
+  // The compiled layouts that need more than the memory.
+  nlohmann::json Over = nlohmann::json::array();
+  for (const AutoCandidate &C : R.TooBig)
+    Over.push_back({{"layout", C.describe()},
+                    {"peak_bytes", C.PeakBytes},
+                    {"step_seconds", C.Step.Seconds}});
   return {{"gpus", O.Gpus},
           {"attention", R.FusedAttention ? "fused" : "unfused"},
           {"gpu_memory_bytes", O.GpuMemory},
@@ -675,6 +742,7 @@ nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
           {"skipped", R.Skipped},
           {"seconds", R.Seconds},
           {"fits", Fits},
+          {"too_big", Over},
           {"rejected", R.Rejected}};
 }
 

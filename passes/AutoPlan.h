@@ -35,7 +35,9 @@
 // the fastest uniform fit, no k is, and the pair stops there; then
 // bisection), likewise between selective and full; and the member where
 // each rank takes the cheapest level whose uniform member fits on that
-// rank. The fastest fit's compilation is kept, and only its reports are
+// rank. Where only groups of K layers fit a pipelined family, full
+// recomputation in groups of K is its top level (its uniform members
+// storing more are then compiled too, as the lower levels). The fastest fit's compilation is kept, and only its reports are
 // made at the end. Not yet: screening by compiling one layer per
 // combination instead of whole plans.
 //
@@ -82,9 +84,15 @@ struct AutoCandidate {
   /// first input is stored (--recompute-layers).
   int FullEvery = 1;
   /// Stage-aware: each pipeline rank's recomputation (empty: every rank's
-  /// is Recompute; else the last rank's is), and from it each layer's.
+  /// is Recompute; else the last rank's is), and from it each layer's; with
+  /// the group size K of a rank's (layer's) full recomputation (empty: 1
+  /// on every rank).
   std::vector<RecomputeMode> RankModes, LayerModes;
+  std::vector<int> RankGroups, LayerGroups;
   bool staged() const { return !RankModes.empty(); }
+  /// Rank R's level as printed: "none", "selective", "full" or "full every
+  /// K".
+  std::string rankLevel(int R) const;
   /// Once compiled: each pipeline rank's planned arena, the largest
   /// persistent region (parameters, gradients, optimizer state, inputs),
   /// and, when pipelined, each layer's pipeline rank.
@@ -98,8 +106,9 @@ struct AutoCandidate {
 };
 
 struct AutoResult {
-  /// Every compiled layout that fits, fastest first.
-  std::vector<AutoCandidate> Fits;
+  /// Every compiled layout that fits, fastest first; and every one that
+  /// does not (in the order of the search's rounds).
+  std::vector<AutoCandidate> Fits, TooBig;
   /// Why the others were not taken, one line per family (or layout).
   std::vector<std::string> Rejected;
   /// The fastest that fits, compiled (its plan is what -o writes), and its

@@ -10,7 +10,9 @@
 //===----------------------------------------------------------------------===//
 #include "passes/AutoPlan.h"
 #include "frontend/OnnxImporter.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Program.h"
 #include "gtest/gtest.h"
 #include <limits>
 
@@ -274,6 +276,67 @@ TEST(AutoPlan, TooLittleMemoryNamesWhatWouldFit) {
               std::string::npos)
         << Msg;
   }
+}
+
+/// Where only full recomputation of groups of layers fits a pipelined
+/// family (the paper's 22B, weight-free, global batch 16 on 8 GPUs of
+/// 51.5 GiB: t 4, SP, p 2 x 4 chunks in groups of 2), the groups are that
+/// family's top stage-aware level: the search compiles the member with
+/// rank 0 in groups of 2 and rank 1 storing everything. Its per-layer modes
+/// and groups follow the ranks' layers, and the search's compile of it has
+/// the peak and step of its compile from scratch.
+TEST(AutoPlan, GroupsOfLayersAreAStageAwareLevel) {
+  SmallString<128> Dir;
+  ASSERT_FALSE(sys::fs::createUniqueDirectory("sp-auto", Dir));
+  std::string Model = (Dir + "/gpt-22B.onnx").str();
+  std::string Script = SP_SOURCE_DIR "/models/gen_paper_graph.py";
+  std::vector<StringRef> Args = {SP_PYTHON, Script, "--model", "22B", "-o",
+                                 Model};
+  Optional<StringRef> Quiet[] = {None, StringRef(""), StringRef("")};
+  ASSERT_EQ(sys::ExecuteAndWait(SP_PYTHON, Args, None, Quiet), 0);
+  registerOnnxDataLoader();
+  auto G = importOnnx(Model, ImportOptions());
+  ASSERT_TRUE(bool(G)) << toString(G.takeError());
+  PassContext Base; // as sp-compile --dtype fp16 (fused attention)
+  Base.ActivationDtype = DType::F16;
+  Base.FusedAttention = true;
+  AutoOptions O;
+  O.Gpus = 8;
+  O.GpuMemory = 51.5 * (1 << 30);
+  O.GlobalBatch = 16;
+  auto R = searchLayouts(**G, Base, O);
+  ASSERT_TRUE(bool(R)) << toString(R.takeError());
+  ASSERT_EQ(R->Fits.size(), 1u);
+  EXPECT_EQ(R->Fits[0].FullEvery, 2);
+  const AutoCandidate *Staged = nullptr;
+  for (const AutoCandidate &C : R->TooBig)
+    if (C.staged() && !C.RankGroups.empty())
+      Staged = &C;
+  ASSERT_TRUE(Staged);
+  EXPECT_EQ(Staged->describe(),
+            "t 4 SP, p 2 x m 4, d 1, 4 microbatches, recompute none (full "
+            "every 2 on rank 0 of 2)");
+  EXPECT_EQ(Staged->RankGroups, (std::vector<int>{2, 1}));
+  PassContext Ctx = layoutContext(Base, *Staged);
+  ASSERT_EQ(Ctx.Recompute.LayerModes.size(), 48u);
+  ASSERT_EQ(Ctx.Recompute.LayerGroups.size(), 48u);
+  for (int L = 0; L < 48; ++L) {
+    bool First = Staged->LayerRanks[L] == 0;
+    EXPECT_EQ(Ctx.Recompute.LayerModes[L],
+              First ? RecomputeMode::Full : RecomputeMode::None);
+    EXPECT_EQ(Ctx.Recompute.LayerGroups[L], First ? 2 : 1);
+  }
+  std::unique_ptr<Graph> Copy = (*G)->clone();
+  auto Comp = compileToPlan(*Copy, Ctx, CompileOptions());
+  ASSERT_TRUE(bool(Comp)) << toString(Comp.takeError());
+  int64_t Peak = 0;
+  for (int K = 0; K < Comp->P->numStages(); ++K)
+    Peak = std::max(Peak, Comp->P->stage(K).ArenaBytes);
+  EXPECT_EQ(Peak, Staged->PeakBytes);
+  auto E = estimatePlan(O.Cluster, Ctx, *Comp->P);
+  ASSERT_TRUE(bool(E)) << toString(E.takeError());
+  EXPECT_EQ(E->Seconds, Staged->Step.Seconds);
+  sys::fs::remove_directories(Dir);
 }
 
 TEST(AutoPlan, BadOptionsAreErrors) {

@@ -7,6 +7,7 @@
 #include "runtime/Npy.h"
 #include "runtime/Sample.h"
 #include "runtime/cpu/Bf16Gemm.h"
+#include "runtime/cpu/CpuBackend.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "tools/HtmlReport.h"
 #include "tools/ToolSupport.h"
@@ -1170,13 +1171,27 @@ Error Trainer::runRank(Communicator *World) {
                    O.CheckpointPath, O.Resumed->Step, W.Data, W.Pipeline,
                    W.Tensor);
   }
+  // A CPU whose BLAS runs older kernels than it could says so (a VM that
+  // hides the CPU model), on the line of the GEMM rate that shows it.
+  std::string BlasNote;
+  if (!O.Cuda) {
+    std::string Chosen, Better = CpuBackend::betterBlasCore(&Chosen);
+    if (!Better.empty())
+      BlasNote = formatv("; note: OpenBLAS runs its {0} kernels on this "
+                         "{1} CPU (its model is hidden, as in many VMs): "
+                         "export OPENBLAS_CORETYPE={2} for faster GEMMs",
+                         Chosen, Better == "SkylakeX" ? "AVX-512" : "AVX2",
+                         Better)
+                     .str();
+  }
   if (std::isfinite(ModelFlopsPerStep))
-    Out << formatv("{0} per step (model FLOPs){1}\n",
+    Out << formatv("{0} per step (model FLOPs){1}{2}\n",
                    flopCount(ModelFlopsPerStep),
                    JobPeak > 0 ? formatv("; MFU against {0} ({1})",
                                          flopRate(JobPeak), PeakSource)
                                      .str()
-                               : std::string());
+                               : std::string(),
+                   BlasNote);
   if (ValData)
     Out << formatv("validation: {0} batches of '{1}' every {2} steps and at "
                    "the end\n",

@@ -90,16 +90,22 @@ def set_torch_threads(threads):
     with open("/proc/self/maps") as f:
         libs = sorted({os.path.realpath(line.split()[-1]) for line in f
                        if "openblas" in line and ".so" in line.split()[-1]})
-    blas = []
+    blas, cores = [], []
     for path in libs:
         try:
             lib = ctypes.CDLL(path)
             lib.openblas_set_num_threads(threads)
             blas.append(str(lib.openblas_get_num_threads()))
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            cores.append(lib.openblas_get_corename().decode())
         except (OSError, AttributeError):
             continue
     blas = "/".join(sorted(set(blas))) or "not set (no OpenBLAS found)"
+    # The kernels both sides' GEMMs run (sp-run links the same OpenBLAS): a VM that hides the
+    # CPU model gets the generic Prescott ones unless OPENBLAS_CORETYPE says otherwise.
+    core = "/".join(sorted(set(cores))) or "unknown"
     return (f"torch intra-op threads {torch.get_num_threads()}, OpenBLAS threads {blas}, "
+            f"OpenBLAS kernels {core} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}), "
             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
 
 

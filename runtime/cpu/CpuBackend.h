@@ -8,6 +8,7 @@
 #define SP_RUNTIME_CPU_CPUBACKEND_H
 
 #include "runtime/Backend.h"
+#include <string>
 
 namespace sp {
 
@@ -35,6 +36,15 @@ public:
   /// rate). The process's ranks share these threads: it is the whole
   /// process's peak, not each rank's.
   double peakFlops(llvm::StringRef Dtype) const override;
+
+  /// OpenBLAS picks its kernels from the CPU's model. A virtual machine that
+  /// hides the model makes it fall back to its generic SSE3 ("Prescott")
+  /// kernels, several times slower than the CPU's own (3.2x for sgemm on a
+  /// 2-core AVX-512 VM). When OpenBLAS chose one of those older cores but
+  /// this CPU runs AVX-512 (F, BW, VL, DQ) or AVX2 with FMA: the
+  /// OPENBLAS_CORETYPE that selects its kernels ("SkylakeX" or "Haswell"),
+  /// with the core OpenBLAS chose in Chosen; else empty.
+  static std::string betterBlasCore(std::string *Chosen = nullptr);
 };
 
 } // namespace sp

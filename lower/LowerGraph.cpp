@@ -70,8 +70,7 @@ static bool keepsF32(const Value *V, OptimizerFeeds *Memo) {
 
 DType plannedDtype(const Value *V, DType ActDtype, OptimizerFeeds *Memo) {
   DType Own = V->type().Dtype;
-  return Own != ActDtype && isFloat(Own) && !keepsF32(V, Memo) ? ActDtype
-                                                                : Own;
+  return Own != ActDtype && isFloat(Own) && !keepsF32(V, Memo) ? ActDtype : Own;
 }
 
 int64_t plannedBytes(const Value *V, DType ActDtype, OptimizerFeeds *Memo) {

@@ -596,15 +596,15 @@ std::string describeStep(const Schedule &S, int Rank, const ScheduleStep &St) {
   }
   // snprintf: the chart labels every step with this.
   char Buf[160];
-  int N = St.isCompute()
-              ? std::snprintf(Buf, sizeof(Buf),
-                              "%s of microbatch %d chunk %d (stage %d)", What,
-                              St.Microbatch, St.Chunk, Stage)
-              : std::snprintf(Buf, sizeof(Buf),
-                              "%s of microbatch %d chunk %d (stage %d) %s "
-                              "rank %d",
-                              What, St.Microbatch, St.Chunk, Stage, Dir,
-                              St.Peer);
+  int N =
+      St.isCompute()
+          ? std::snprintf(Buf, sizeof(Buf),
+                          "%s of microbatch %d chunk %d (stage %d)", What,
+                          St.Microbatch, St.Chunk, Stage)
+          : std::snprintf(Buf, sizeof(Buf),
+                          "%s of microbatch %d chunk %d (stage %d) %s "
+                          "rank %d",
+                          What, St.Microbatch, St.Chunk, Stage, Dir, St.Peer);
   return std::string(Buf, std::min<size_t>(N, sizeof(Buf) - 1));
 }
 

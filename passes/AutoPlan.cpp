@@ -65,8 +65,8 @@ std::string AutoCandidate::describe() const {
       if (rankLevel(A) == rankLevel(Last))
         continue;
       Runs += formatv("{0}{1} on rank{2} {3}{4}", Runs.empty() ? "" : ", ",
-                      rankLevel(A), B - A > 1 ? "s" : "",
-                      A, B - A > 1 ? formatv("-{0}", B - 1).str() : "")
+                      rankLevel(A), B - A > 1 ? "s" : "", A,
+                      B - A > 1 ? formatv("-{0}", B - 1).str() : "")
                   .str();
     }
     S += formatv(" ({0} of {1})", Runs, P).str();
@@ -423,7 +423,6 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   struct Level {
     RecomputeMode Mode;
     int K = 1; // full recomputation of groups of K layers
-    bool operator==(const Level &O) const { return Mode == O.Mode && K == O.K; }
   };
   SmallVector<Level, 4> BaseLevels = {{RecomputeMode::None}};
   if (!Base.FusedAttention)
@@ -466,7 +465,8 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       return Uniform[L] && double(Uniform[L]->PeakBytes) <= O.GpuMemory;
     };
     auto Lowers = [&](size_t L) {
-      return Uniform[L] && !Fits(L) && Uniform[L]->Step.Seconds < FastestSeconds &&
+      return Uniform[L] && !Fits(L) &&
+             Uniform[L]->Step.Seconds < FastestSeconds &&
              !Uniform[L]->LayerRanks.empty();
     };
     SmallVector<std::pair<size_t, size_t>, 3> Pairs; // (lower, upper)
@@ -614,11 +614,11 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     // again, as sp-compile compiles a plan.
     CompileOptions CO;
     CO.Source = O.Source;
-    assert(Fastest && Fastest->Key == std::make_tuple(
-                                          R.Fits.front().Step.Seconds,
-                                          std::get<1>(Fastest->Key),
-                                          std::get<2>(Fastest->Key),
-                                          std::get<3>(Fastest->Key)) &&
+    assert(Fastest &&
+           Fastest->Key == std::make_tuple(R.Fits.front().Step.Seconds,
+                                           std::get<1>(Fastest->Key),
+                                           std::get<2>(Fastest->Key),
+                                           std::get<3>(Fastest->Key)) &&
            "the kept compilation is the fastest fit's");
     if (Base.Remarks) {
       R.BestGraph = G.clone();

@@ -27,9 +27,9 @@
 // (passes/CostModel.h) on the compiled programs. The fastest that fits is
 // the answer. A family whose smallest member does not fit tries full
 // recomputation of groups of 2, 4 and 8 layers (a stage holds whole groups),
-// the fewest that fits. A pipelined family whose plain member (no recomputation) does
-// not fit, but whose member with full (or, with the unfused core,
-// selective) recomputation does, also gets stage-aware members: that
+// the fewest that fits. A pipelined family whose plain member (no
+// recomputation) does not fit, but whose member with full (or, with the unfused
+// core, selective) recomputation does, also gets stage-aware members: that
 // recomputation on its first k ranks only, the rest storing everything,
 // the fewest k that fit (k = 1 first: when that member is no faster than
 // the fastest uniform fit, no k is, and the pair stops there; then
@@ -37,9 +37,9 @@
 // each rank takes the cheapest level whose uniform member fits on that
 // rank. Where only groups of K layers fit a pipelined family, full
 // recomputation in groups of K is its top level (its uniform members
-// storing more are then compiled too, as the lower levels). The fastest fit's compilation is kept, and only its reports are
-// made at the end. Not yet: screening by compiling one layer per
-// combination instead of whole plans.
+// storing more are then compiled too, as the lower levels). The fastest fit's
+// compilation is kept, and only its reports are made at the end. Not yet:
+// screening by compiling one layer per combination instead of whole plans.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_PASSES_AUTOPLAN_H

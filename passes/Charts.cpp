@@ -187,10 +187,9 @@ Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
   std::vector<std::array<std::string, 4>> Lighter;
   for (int Chunk = 0; Chunk < S.Chunks; ++Chunk) {
     double Shade = S.Chunks > 1 ? 0.5 * Chunk / (S.Chunks - 1) : 0.0;
-    Lighter.push_back({lighten(ForwardColour, Shade),
-                       lighten(WeightGradColour, Shade),
-                       lighten(RecomputeColour, Shade),
-                       lighten(BackwardColour, Shade)});
+    Lighter.push_back(
+        {lighten(ForwardColour, Shade), lighten(WeightGradColour, Shade),
+         lighten(RecomputeColour, Shade), lighten(BackwardColour, Shade)});
   }
   for (int R = 0; R < S.Ranks; ++R) {
     double Y = Top + R * (RowH + Gap);

@@ -183,8 +183,7 @@ Error lowerOneMicrobatch(const Graph &G, const PassContext &Ctx,
   return Error::success();
 }
 
-Expected<LoweredPlan> lowerTrainingGraph(const Graph &G,
-                                         const PassContext &Ctx,
+Expected<LoweredPlan> lowerTrainingGraph(const Graph &G, const PassContext &Ctx,
                                          bool WithOneMicrobatch) {
   LoweredPlan LP;
   const PipelineOptions &PO = Ctx.Pipeline;

@@ -87,8 +87,7 @@ private:
 
   /// Splits the L layers, in whole recomputation groups (recomputeGroups of
   /// R), over the stages.
-  Error assignLayers(Graph &G, int L, const RecomputeOptions &R,
-                     bool Uniform) {
+  Error assignLayers(Graph &G, int L, const RecomputeOptions &R, bool Uniform) {
     std::vector<double> Cost(L, 0.0);
     double First = 0, Last = 0;
     bool SeenLayer = false;

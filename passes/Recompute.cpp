@@ -83,9 +83,8 @@ std::vector<int> layerGroups(ArrayRef<LayerPolicy> Policy, ArrayRef<int> K) {
 
 /// The nodes to recompute for a per-layer policy. Full layers are grouped
 /// by layerGroups.
-DenseSet<const Node *> recomputeSet(const Graph &G,
-                                    ArrayRef<LayerPolicy> Policy,
-                                    ArrayRef<int> K) {
+DenseSet<const Node *>
+recomputeSet(const Graph &G, ArrayRef<LayerPolicy> Policy, ArrayRef<int> K) {
   std::vector<int> Group = layerGroups(Policy, K);
   auto GroupOf = [&](const Node &N) {
     int L = N.tags().Layer;

@@ -1177,12 +1177,12 @@ Error Trainer::runRank(Communicator *World) {
   if (!O.Cuda) {
     std::string Chosen, Better = CpuBackend::betterBlasCore(&Chosen);
     if (!Better.empty())
-      BlasNote = formatv("; note: OpenBLAS runs its {0} kernels on this "
-                         "{1} CPU (its model is hidden, as in many VMs): "
-                         "export OPENBLAS_CORETYPE={2} for faster GEMMs",
-                         Chosen, Better == "SkylakeX" ? "AVX-512" : "AVX2",
-                         Better)
-                     .str();
+      BlasNote =
+          formatv("; note: OpenBLAS runs its {0} kernels on this "
+                  "{1} CPU (its model is hidden, as in many VMs): "
+                  "export OPENBLAS_CORETYPE={2} for faster GEMMs",
+                  Chosen, Better == "SkylakeX" ? "AVX-512" : "AVX2", Better)
+              .str();
   }
   if (std::isfinite(ModelFlopsPerStep))
     Out << formatv("{0} per step (model FLOPs){1}{2}\n",

@@ -314,8 +314,8 @@ std::string CpuBackend::betterBlasCore(std::string *Chosen) {
   if (Chosen)
     *Chosen = Core;
   // OpenBLAS's cores without AVX2 (older than Haswell), by its names.
-  static const char *const Old[] = {"Prescott", "Core2",     "Penryn",
-                                    "Dunnington", "Nehalem", "Atom",
+  static const char *const Old[] = {"Prescott",    "Core2",     "Penryn",
+                                    "Dunnington",  "Nehalem",   "Atom",
                                     "Sandybridge", "Bulldozer", "Piledriver"};
   bool Weak = llvm::any_of(Old, [&](const char *Name) {
     return llvm::StringRef(Core).equals_insensitive(Name);

@@ -290,8 +290,8 @@ TEST(AutoPlan, GroupsOfLayersAreAStageAwareLevel) {
   ASSERT_FALSE(sys::fs::createUniqueDirectory("sp-auto", Dir));
   std::string Model = (Dir + "/gpt-22B.onnx").str();
   std::string Script = SP_SOURCE_DIR "/models/gen_paper_graph.py";
-  std::vector<StringRef> Args = {SP_PYTHON, Script, "--model", "22B", "-o",
-                                 Model};
+  std::vector<StringRef> Args = {SP_PYTHON, Script, "--model",
+                                 "22B",     "-o",   Model};
   Optional<StringRef> Quiet[] = {None, StringRef(""), StringRef("")};
   ASSERT_EQ(sys::ExecuteAndWait(SP_PYTHON, Args, None, Quiet), 0);
   registerOnnxDataLoader();

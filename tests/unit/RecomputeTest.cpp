@@ -201,8 +201,7 @@ TEST(Recompute, Groups) {
   EXPECT_EQ(recomputeGroups(O, 8),
             (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7})); // no LayerGroups
   O.LayerGroups = {2, 2, 2, 2, 2, 2, 4, 4};
-  EXPECT_EQ(recomputeGroups(O, 8),
-            (std::vector<int>{0, 0, 1, 2, 3, 3, 4, 5}));
+  EXPECT_EQ(recomputeGroups(O, 8), (std::vector<int>{0, 0, 1, 2, 3, 3, 4, 5}));
 }
 
 /// Per-layer modes recompute exactly the layers they name, and a list of

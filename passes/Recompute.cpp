@@ -81,14 +81,17 @@ std::vector<int> layerGroups(ArrayRef<LayerPolicy> Policy, ArrayRef<int> K) {
   return Group;
 }
 
-/// The nodes to recompute for a per-layer policy. Full layers are grouped
-/// by layerGroups.
-DenseSet<const Node *>
-recomputeSet(const Graph &G, ArrayRef<LayerPolicy> Policy, ArrayRef<int> K) {
-  std::vector<int> Group = layerGroups(Policy, K);
+/// The nodes to recompute for a per-layer policy, full layers recomputed
+/// by Group (recomputeGroups: each layer's group; empty: every layer
+/// alone).
+DenseSet<const Node *> recomputeSet(const Graph &G,
+                                    ArrayRef<LayerPolicy> Policy,
+                                    ArrayRef<int> Group) {
   auto GroupOf = [&](const Node &N) {
     int L = N.tags().Layer;
-    return L >= 0 && L < int(Group.size()) ? Group[L] : -1;
+    if (L < 0 || L >= int(Policy.size()))
+      return -1;
+    return Group.empty() ? L : Group[L];
   };
   DenseSet<const Node *> R;
   for (const Node &N : G.nodes()) {
@@ -177,7 +180,7 @@ void applyRecompute(Graph &G, const DenseSet<const Node *> &R) {
 int64_t plannedPeak(const Graph &G, ArrayRef<LayerPolicy> Policy,
                     DType ActDtype, ActivationReport *Report = nullptr) {
   std::unique_ptr<Graph> C = G.clone();
-  applyRecompute(*C, recomputeSet(*C, Policy, /*K=*/{}));
+  applyRecompute(*C, recomputeSet(*C, Policy, /*Group=*/{}));
   Program P = cantFail(lowerGraph(*C, ActDtype));
   finalizeProgram(P);
   if (Report)
@@ -295,7 +298,6 @@ public:
                                "recompute needs layer tags (run "
                                "detect-transformer first)");
     std::vector<LayerPolicy> Policy(L, LayerPolicy::None);
-    std::vector<int> K;
     if (!O.LayerModes.empty()) {
       if (!O.LayerGroups.empty() && int(O.LayerGroups.size()) != L)
         return createStringError(inconvertibleErrorCode(),
@@ -323,7 +325,7 @@ public:
                     : M == RecomputeMode::Selective ? LayerPolicy::Selective
                                                     : LayerPolicy::None;
       }
-      applyRecompute(G, recomputeSet(G, Policy, O.LayerGroups));
+      applyRecompute(G, recomputeSet(G, Policy, recomputeGroups(O, L)));
       return Error::success();
     }
     switch (O.Mode) {
@@ -339,14 +341,15 @@ public:
                                  "layers of the model",
                                  O.Layers, L);
       Policy.assign(L, LayerPolicy::Full);
-      K.assign(L, O.Layers);
       break;
     case RecomputeMode::Auto:
       if (auto E = runAuto(G, Ctx, Policy))
         return E;
       break;
     }
-    applyRecompute(G, recomputeSet(G, Policy, K));
+    // Groups only where full recomputation names them (auto's full layers
+    // are recomputed one by one).
+    applyRecompute(G, recomputeSet(G, Policy, recomputeGroups(O, L)));
     return Error::success();
   }
 };

@@ -309,26 +309,31 @@ Expected<ParamChunk> adamwChunk(const KernelCall &C) {
 extern "C" void openblas_set_num_threads(int NumThreads);
 extern "C" char *openblas_get_corename(void);
 
-std::string CpuBackend::betterBlasCore(std::string *Chosen) {
-  std::string Core = openblas_get_corename();
-  if (Chosen)
-    *Chosen = Core;
+std::string CpuBackend::betterBlasCore(llvm::StringRef Chosen, bool Avx512,
+                                       bool Avx2Fma) {
   // OpenBLAS's cores without AVX2 (older than Haswell), by its names.
   static const char *const Old[] = {"Prescott",    "Core2",     "Penryn",
                                     "Dunnington",  "Nehalem",   "Atom",
                                     "Sandybridge", "Bulldozer", "Piledriver"};
-  bool Weak = llvm::any_of(Old, [&](const char *Name) {
-    return llvm::StringRef(Core).equals_insensitive(Name);
-  });
-  if (!Weak)
+  if (llvm::none_of(Old, [&](const char *Name) {
+        return Chosen.equals_insensitive(Name);
+      }))
     return "";
+  return Avx512 ? "SkylakeX" : Avx2Fma ? "Haswell" : "";
+}
+
+std::string CpuBackend::betterBlasCore(std::string *Chosen) {
+  std::string Core = openblas_get_corename();
+  if (Chosen)
+    *Chosen = Core;
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-    return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return "Haswell";
-  return "";
+  return betterBlasCore(Core,
+                        __builtin_cpu_supports("avx512f") &&
+                            __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl") &&
+                            __builtin_cpu_supports("avx512dq"),
+                        __builtin_cpu_supports("avx2") &&
+                            __builtin_cpu_supports("fma"));
 }
 
 void CpuBackend::setThreads(int Threads) {

@@ -45,6 +45,10 @@ public:
   /// OPENBLAS_CORETYPE that selects its kernels ("SkylakeX" or "Haswell"),
   /// with the core OpenBLAS chose in Chosen; else empty.
   static std::string betterBlasCore(std::string *Chosen = nullptr);
+  /// The same decision for OpenBLAS's core name Chosen on a CPU with
+  /// AVX-512 (F, BW, VL, DQ) or AVX2 with FMA.
+  static std::string betterBlasCore(llvm::StringRef Chosen, bool Avx512,
+                                    bool Avx2Fma);
 };
 
 } // namespace sp

@@ -33,6 +33,25 @@ std::vector<int64_t> randomTokens(size_t N, int64_t Vocab, unsigned Seed) {
   return T;
 }
 
+/// sp-run's note on OpenBLAS's kernels: only where OpenBLAS chose a core
+/// without AVX2 (as on a VM that hides the CPU model) on a CPU that has
+/// AVX-512 or AVX2 with FMA; the CPU's own cores are left alone.
+TEST(CpuBackend, BetterBlasCoreOnlyWhereOpenBlasChoseAnOlderOne) {
+  EXPECT_EQ(CpuBackend::betterBlasCore("Prescott", true, true), "SkylakeX");
+  EXPECT_EQ(CpuBackend::betterBlasCore("Prescott", false, true), "Haswell");
+  EXPECT_EQ(CpuBackend::betterBlasCore("NEHALEM", false, true), "Haswell");
+  EXPECT_EQ(CpuBackend::betterBlasCore("Prescott", false, false), "");
+  for (const char *Own : {"SkylakeX", "Haswell", "Zen", "Cooperlake",
+                          "SapphireRapids"})
+    EXPECT_EQ(CpuBackend::betterBlasCore(Own, true, true), "") << Own;
+  // This process: whatever OpenBLAS chose is named, and any advice is one
+  // of the two.
+  std::string Chosen, Better = CpuBackend::betterBlasCore(&Chosen);
+  EXPECT_FALSE(Chosen.empty());
+  EXPECT_TRUE(Better.empty() || Better == "SkylakeX" || Better == "Haswell")
+      << Better;
+}
+
 TEST(Executor, TrainsAndMeasuresThePlannedMemory) {
   Plan P = compileTiny();
   auto EE = Executor::create(P, RunOptions{});

@@ -244,7 +244,7 @@ static Expected<std::string> printEstimate(const ClusterSpec &M,
       {"hardware_flops", E->HardwareFlops},
       {"mfu", E->Mfu},
       {"hfu", E->Hfu}};
-  // Four significant digits, in s, ms or us.
+  // Three decimals in s, ms or us.
   auto T = humanSeconds;
   return formatv("estimate on {0} x {1} ({2} GEMMs at {3:P0} of {4:F1} "
                  "TFLOP/s): step {5} = pipeline {6} (bubble {7:F1}%) + "

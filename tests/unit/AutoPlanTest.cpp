@@ -8,11 +8,11 @@
 // fits.
 //
 //===----------------------------------------------------------------------===//
+#include "TrainHarness.h"
 #include "passes/AutoPlan.h"
 #include "frontend/OnnxImporter.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/Program.h"
 #include "gtest/gtest.h"
 #include <limits>
 
@@ -290,10 +290,7 @@ TEST(AutoPlan, GroupsOfLayersAreAStageAwareLevel) {
   ASSERT_FALSE(sys::fs::createUniqueDirectory("sp-auto", Dir));
   std::string Model = (Dir + "/gpt-22B.onnx").str();
   std::string Script = SP_SOURCE_DIR "/models/gen_paper_graph.py";
-  std::vector<StringRef> Args = {SP_PYTHON, Script, "--model",
-                                 "22B",     "-o",   Model};
-  Optional<StringRef> Quiet[] = {None, StringRef(""), StringRef("")};
-  ASSERT_EQ(sys::ExecuteAndWait(SP_PYTHON, Args, None, Quiet), 0);
+  ASSERT_TRUE(test::runPython({Script, "--model", "22B", "-o", Model}));
   registerOnnxDataLoader();
   auto G = importOnnx(Model, ImportOptions());
   ASSERT_TRUE(bool(G)) << toString(G.takeError());

@@ -10,7 +10,6 @@
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
 #include "llvm/Support/FileSystem.h"
-#include "llvm/Support/Program.h"
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 
@@ -51,12 +50,9 @@ TEST(ParallelVocabulary, PaddedVocabularyEqualsOneDevice) {
   ASSERT_FALSE(sys::fs::createUniqueDirectory("sp-vocab", Dir));
   std::string Model = (Dir + "/gpt.onnx").str();
   std::string Script = SP_SOURCE_DIR "/models/export_gpt.py";
-  std::vector<StringRef> Args = {SP_PYTHON, Script,     "-o",      Model,   "--layers",
-                      "1",       "--hidden", "32",      "--heads", "4",
-                      "--seq",   "16",       "--vocab", "66",      "--batch",
-                      "2",       "--untied", "--dropout", "0.1"};
-  Optional<StringRef> Quiet[] = {None, StringRef(""), StringRef("")};
-  ASSERT_EQ(sys::ExecuteAndWait(SP_PYTHON, Args, None, Quiet), 0)
+  ASSERT_TRUE(runPython({Script, "-o", Model, "--layers", "1", "--hidden",
+                         "32", "--heads", "4", "--seq", "16", "--vocab", "66",
+                         "--batch", "2", "--untied", "--dropout", "0.1"}))
       << "the torch export failed (is python3-torch installed?)";
   RunPair Ref = train(1, false, 0.1, 2, Model);
   RunPair Par = train(4, true, 0.1, 2, Model);

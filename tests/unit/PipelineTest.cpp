@@ -23,7 +23,6 @@
 #include "passes/LowerTraining.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/Program.h"
 #include "gtest/gtest.h"
 
 using namespace sp;
@@ -43,13 +42,9 @@ const std::string &model() {
       report_fatal_error("cannot create a temporary directory");
     std::string Model = (Dir + "/gpt8.onnx").str();
     std::string Script = SP_SOURCE_DIR "/models/export_gpt.py";
-    std::vector<StringRef> Args = {
-        SP_PYTHON, Script,   "-o",      Model, "--layers", "8",
-        "--hidden", "32",    "--heads", "4",   "--seq",    "16",
-        "--vocab",  "64",    "--batch", "2",   "--dynamic", "--dropout",
-        "0.1"};
-    Optional<StringRef> Quiet[] = {None, StringRef(""), StringRef("")};
-    if (sys::ExecuteAndWait(SP_PYTHON, Args, None, Quiet) != 0)
+    if (!runPython({Script, "-o", Model, "--layers", "8", "--hidden", "32",
+                    "--heads", "4", "--seq", "16", "--vocab", "64",
+                    "--batch", "2", "--dynamic", "--dropout", "0.1"}))
       report_fatal_error("the torch export failed (is python3-torch "
                          "installed?)");
     return Model;

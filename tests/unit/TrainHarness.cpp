@@ -5,6 +5,7 @@
 #include "runtime/comm/ProcessGrid.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "gtest/gtest.h"
+#include "llvm/Support/Program.h"
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -188,6 +189,14 @@ double relErr(const std::vector<double> &A, const std::vector<double> &B) {
     Ref = std::max(Ref, std::abs(B[I]));
   }
   return Diff / std::max(Ref, 1e-30);
+}
+
+bool runPython(llvm::ArrayRef<llvm::StringRef> Args) {
+  std::vector<llvm::StringRef> Argv = {SP_PYTHON};
+  Argv.insert(Argv.end(), Args.begin(), Args.end());
+  llvm::Optional<llvm::StringRef> Quiet[] = {llvm::None, llvm::StringRef(""),
+                                             llvm::StringRef("")};
+  return llvm::sys::ExecuteAndWait(SP_PYTHON, Argv, llvm::None, Quiet) == 0;
 }
 
 } // namespace sp::test

@@ -78,6 +78,10 @@ void expectEqualRuns(const RunPair &Run, const RunPair &Ref);
 /// Largest |a - b| over largest |b|.
 double relErr(const std::vector<double> &A, const std::vector<double> &B);
 
+/// Runs SP_PYTHON (Debian's, with torch and onnx) on Args, a script and its
+/// arguments, with its output discarded; whether it exited with 0.
+bool runPython(llvm::ArrayRef<llvm::StringRef> Args);
+
 } // namespace sp::test
 
 #endif // SP_TESTS_UNIT_TRAINHARNESS_H

@@ -25,6 +25,7 @@
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/Sequence.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include <algorithm>
@@ -594,18 +595,14 @@ std::string describeStep(const Schedule &S, int Rank, const ScheduleStep &St) {
     Dir = "from";
     break;
   }
-  // snprintf: the chart labels every step with this.
-  char Buf[160];
-  int N =
-      St.isCompute()
-          ? std::snprintf(Buf, sizeof(Buf),
-                          "%s of microbatch %d chunk %d (stage %d)", What,
-                          St.Microbatch, St.Chunk, Stage)
-          : std::snprintf(Buf, sizeof(Buf),
-                          "%s of microbatch %d chunk %d (stage %d) %s "
-                          "rank %d",
-                          What, St.Microbatch, St.Chunk, Stage, Dir, St.Peer);
-  return std::string(Buf, std::min<size_t>(N, sizeof(Buf) - 1));
+  // llvm::format (printf), not formatv: the chart labels every step.
+  std::string D;
+  raw_string_ostream OS(D);
+  OS << format("%s of microbatch %d chunk %d (stage %d)", What, St.Microbatch,
+               St.Chunk, Stage);
+  if (!St.isCompute())
+    OS << format(" %s rank %d", Dir, St.Peer);
+  return OS.str();
 }
 
 Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 #include "passes/Charts.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include <algorithm>
@@ -102,17 +103,15 @@ void text(raw_ostream &OS, double X, double Y, StringRef Anchor, StringRef S,
 }
 
 // A pipelined plan's chart has a block per step of every rank (about 100k
-// at the paper's 1T), so the blocks are written with snprintf, not formatv,
-// which parses its format string on every call; "%.2f" is what formatv's
-// "{0:F2}" writes.
+// at the paper's 1T), so the blocks are written with llvm::format (printf),
+// not formatv, which parses its format string on every call; "%.2f" is what
+// formatv's "{0:F2}" writes.
 void rect(raw_ostream &OS, double X, double Y, double W, double H,
           StringRef Fill, StringRef Title = "") {
-  char Buf[160];
-  int N = std::snprintf(Buf, sizeof(Buf),
-                        "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" "
-                        "height=\"%.2f\" fill=\"",
-                        X, Y, W, H);
-  OS << StringRef(Buf, std::min<size_t>(N, sizeof(Buf) - 1)) << Fill << '"';
+  OS << format("<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" "
+               "height=\"%.2f\" fill=\"",
+               X, Y, W, H)
+     << Fill << '"';
   if (Title.empty()) {
     OS << "/>\n";
     return;
@@ -195,7 +194,6 @@ Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
     double Y = Top + R * (RowH + Gap);
     text(OS, Left - 8, Y + RowH / 2 + 4, "end", formatv("rank {0}", R).str());
     rect(OS, Left, Y, PW, RowH, IdleColour);
-    char Buf[160];
     for (int I = 0, E = S.Steps[R].size(); I < E; ++I) {
       const ScheduleStep &St = S.Steps[R][I];
       const TimedStep &TS = T.Times[R][I];
@@ -224,12 +222,9 @@ Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
         rect(OS, XR, Y, X1 - XR, RowH, Shades[3], What + When);
       }
       // Thin separators between adjacent blocks of the same colour.
-      int N = std::snprintf(Buf, sizeof(Buf),
-                            "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" "
-                            "y2=\"%.2f\" stroke=\"white\" "
-                            "stroke-width=\"0.5\"/>\n",
-                            X1, Y, X1, Y + RowH);
-      OS << StringRef(Buf, std::min<size_t>(N, sizeof(Buf) - 1));
+      OS << format("<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" "
+                   "y2=\"%.2f\" stroke=\"white\" stroke-width=\"0.5\"/>\n",
+                   X1, Y, X1, Y + RowH);
       std::string Label = std::to_string(St.Microbatch);
       double FontSize = std::min(11.0, RowH * 0.5);
       if (X1 - X0 >= FontSize * 0.65 * Label.size() + 2)

@@ -865,6 +865,8 @@ Error Trainer::runRank(Communicator *World) {
   RO.Seed = O.Seed;
   RO.Dropout = O.Dropout;
   RO.AllowFloat64 = O.Float64;
+  // The backend the executor takes; it outlives the block that makes it.
+  std::unique_ptr<Backend> Made;
   if (O.Cuda) {
     // Every rank makes its backend (a collective: NCCL communicators per
     // group), and a failure on one is every rank's.
@@ -877,7 +879,6 @@ Error Trainer::runRank(Communicator *World) {
     CO.Pipeline = Groups.Pipeline.get();
     CO.Data = Groups.Data.get();
     CO.AllowTF32 = O.AllowTF32;
-    std::unique_ptr<Backend> Made;
     Error Err = [&]() -> Error {
       auto B = createCudaBackend(CO);
       if (!B)

@@ -981,10 +981,39 @@ bool isTriangle(const Value *C, bool Upper) {
   return true;
 }
 
-/// Weight-free graphs: Where's condition is Slice(buffer) tested for zero
-/// (Equal(., 0), or Not of a bool Cast), on a square buffer whose data
-/// cannot be read. The slice keeps the leading [S, S] block.
-bool isUnreadableTrilBufferTest(Value *Cond) {
+/// Whether Buf's leading block of Block's shape is a lower triangle of
+/// nonzeros in each [rows, cols] matrix: nonzero exactly where col <= row.
+bool isTrilBlock(const Value *Buf, const TensorType &Block) {
+  const TensorType &T = Buf->type();
+  int Rank = T.rank();
+  if (Block.rank() != Rank || Block.dim(-1) != Block.dim(-2))
+    return false;
+  std::vector<int64_t> Stride(Rank, 1);
+  for (int I = Rank - 2; I >= 0; --I)
+    Stride[I] = Stride[I + 1] * T.dim(I + 1);
+  int64_t N = Block.dim(-1);
+  for (int64_t L = 0, Lead = Block.numElements() / (N * N); L < Lead; ++L) {
+    int64_t Off = 0;
+    for (int64_t I = Rank - 3, Rem = L; I >= 0; --I) {
+      Off += Rem % Block.dim(I) * Stride[I];
+      Rem /= Block.dim(I);
+    }
+    for (int64_t Row = 0; Row < N; ++Row)
+      for (int64_t Col = 0; Col < N; ++Col)
+        if ((Buf->data()->getDouble(Off + Row * Stride[Rank - 2] + Col) !=
+             0) != (Col <= Row))
+          return false;
+  }
+  return true;
+}
+
+/// Where's condition is Slice(buffer) tested for zero (Equal(., 0), or Not
+/// of a bool Cast) on a square buffer, the slices keeping its leading
+/// [S, S] block (starts 0, steps 1), too large to fold (GPT-2's causal
+/// "bias" buffer at s > 1024). When the buffer's data can be read, the
+/// block must be a lower triangle by value; weight-free graphs (no data)
+/// are taken by this form alone.
+bool isTrilBufferTest(Value *Cond) {
   Node *Test = Cond->producer();
   if (!Test)
     return false;
@@ -1007,17 +1036,26 @@ bool isUnreadableTrilBufferTest(Value *Cond) {
     }
     if (!all_of(*Starts, [](int64_t S) { return S == 0; }))
       return false;
+    if (Slice->numOperands() > 4) {
+      auto Steps = constInts(Slice->operand(4));
+      if (!Steps) {
+        consumeError(Steps.takeError());
+        return false;
+      }
+      if (!all_of(*Steps, [](int64_t S) { return S == 1; }))
+        return false;
+    }
     Buf = Slice->operand(0);
     ++Slices;
   }
-  if (!Slices || !Buf->isConst() || Buf->type().rank() < 2 ||
+  if (!Slices || !Buf->isConst() || !Buf->data() || Buf->type().rank() < 2 ||
       Buf->type().dim(-1) != Buf->type().dim(-2))
     return false;
-  if (auto D = Buf->data()->load())
-    return false; // readable: it would have been folded and checked by value
-  else
+  if (auto D = Buf->data()->load(); !D) {
     consumeError(D.takeError());
-  return true;
+    return true; // no data (a weight-free graph)
+  }
+  return isTrilBlock(Buf, Sliced->type());
 }
 
 /// A lower triangle of ones built at run time, too large to fold:
@@ -1084,7 +1122,7 @@ bool causalMask(Rewriter &R, Node &N) {
       bool Upper = I == 1;
       if (R.memo(C, Upper ? MaskUpper : MaskLower,
                  [&] { return isTriangle(C, Upper); }) ||
-          (Upper && (isUnreadableTrilBufferTest(C) || isNotTriluOfOnes(C)))) {
+          (Upper && (isTrilBufferTest(C) || isNotTriluOfOnes(C)))) {
         X = Other;
         Fill = *F;
       }

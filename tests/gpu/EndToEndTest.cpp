@@ -12,7 +12,25 @@
 // The kernels other than the GEMMs are the CPU's bit for bit
 // (tests/gpu/KernelTest.cpp); cuBLAS sums the GEMMs in another order, which
 // moves the result by about as much as the CPU's own float32 rounding, and
-// that difference grows through the layers as the CPU's does.
+// that difference grows through the layers as the CPU's does. On an H200
+// the first step's gradients measured 0.5 to 1.7 times the CPU's error.
+//
+// Which steps' gradients are compared. AdamW's first update of an element
+// is lr g / (|g| + eps): about lr sign(g) wherever |g| >> eps, whatever g's
+// rounding; but an element whose gradient is zero up to rounding noise is
+// moved by that noise, by up to lr either way. Two float32 runs that round
+// differently therefore leave a few such elements apart after step 1 by
+// far more than rounding. That barely moves the loss (dL/dp is about 0
+// there) but moves every later gradient. Measured on an H200: after step 1
+// the GPU's parameters were up to 1.4e-5 from the float64 run's (the CPU's
+// 1.7e-6), its step-2 and step-3 gradients uniformly 8 to 10 times the
+// CPU's error, its losses the CPU's to the last digit. So at the default
+// eps = 1e-8 the test compares every step's loss and the first step's
+// gradients; a second run at eps = 1e-3 (|du/dg| <= 1/eps, so rounding noise
+// of 1e-10 moves an update by 1e-7 lr) compares every step's gradients: on
+// the H200 its parameters were the CPU's within 1.2e-7 of float64 and the
+// gradients' ratios at most 2.07. The parameters' largest difference from
+// the float64 run after each step is printed.
 //
 // Skipped without a CUDA device.
 //
@@ -25,6 +43,7 @@
 #include "runtime/cuda/CudaBackend.h"
 #include "gtest/gtest.h"
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <random>
@@ -34,8 +53,12 @@ using namespace llvm;
 
 namespace {
 
+/// Adam's eps at which one step's rounding cannot flip a later update.
+constexpr double StableEps = 1e-3;
+
 Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
-                 int Microbatches = 1, int DP = 1, int Zero = 0) {
+                 int Microbatches = 1, int DP = 1, int Zero = 0,
+                 double AdamEps = OptimizerOptions().Eps) {
   registerOnnxDataLoader();
   auto G = cantFail(
       importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
@@ -44,6 +67,7 @@ Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
   Ctx.SequenceParallel = SP;
   Ctx.DataParallel = DP;
   Ctx.Zero = Zero;
+  Ctx.Optimizer.Eps = AdamEps;
   if (PP > 1) {
     Ctx.Pipeline.Stages = PP;
     Ctx.Pipeline.Microbatches = Microbatches;
@@ -56,6 +80,8 @@ struct Run {
   std::vector<double> Losses;
   /// Per step, every parameter's gradient in float64.
   std::vector<std::map<std::string, std::vector<double>>> Grads;
+  /// Per step, every parameter after the update, in float64.
+  std::vector<std::map<std::string, std::vector<double>>> Params;
 };
 
 Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
@@ -89,6 +115,7 @@ Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
     if (auto Err = (*E)->download())
       return Err;
     auto &Step = R.Grads.emplace_back();
+    auto &Values = R.Params.emplace_back();
     for (const TensorView &Param : (*E)->parameters()) {
       auto G = (*E)->gradient(Param.Name);
       if (!G)
@@ -98,6 +125,10 @@ Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
       if (!Full)
         return Full.takeError();
       Step[Param.Name] = std::move(*Full);
+      auto Value = (*E)->gather64(Param);
+      if (!Value)
+        return Value.takeError();
+      Values[Param.Name] = std::move(*Value);
     }
   }
   return R;
@@ -112,35 +143,64 @@ double normwise(const std::vector<double> &X, const std::vector<double> &Ref) {
   return S == 0 ? D : D / S;
 }
 
+/// Every step's loss, and the gradients of the first GradSteps steps, of
+/// the GPU run against the CPU's float32 error from the float64 run.
+void expectMatches(const Run &Gpu, const Run &Cpu, const Run &Ref,
+                   int GradSteps) {
+  const double K = 8, Floor = std::ldexp(1.0, -24);
+  for (size_t S = 0; S < Ref.Losses.size(); ++S) {
+    double L64 = Ref.Losses[S];
+    double CpuErr = std::fabs(Cpu.Losses[S] - L64) / std::fabs(L64);
+    double GpuErr = std::fabs(Gpu.Losses[S] - L64) / std::fabs(L64);
+    EXPECT_LE(GpuErr, K * std::max(CpuErr, Floor))
+        << "loss of step " << S + 1 << ": gpu " << Gpu.Losses[S] << ", cpu "
+        << Cpu.Losses[S] << ", float64 " << L64;
+    std::printf("step %zu: loss error gpu %.3g cpu %.3g\n", S + 1, GpuErr,
+                CpuErr);
+    ASSERT_EQ(Gpu.Grads[S].size(), Ref.Grads[S].size());
+    double Worst = 0;
+    for (auto &[Name, G64] : Ref.Grads[S]) {
+      double C = normwise(Cpu.Grads[S].at(Name), G64);
+      double G = normwise(Gpu.Grads[S].at(Name), G64);
+      Worst = std::max(Worst, G / std::max(C, Floor));
+      if (int(S) < GradSteps)
+        EXPECT_LE(G, K * std::max(C, Floor))
+            << "gradient of " << Name << " at step " << S + 1
+            << ": gpu error " << G << ", cpu error " << C;
+    }
+    std::printf("  gradients: largest gpu/cpu error ratio %.2f%s\n", Worst,
+                int(S) < GradSteps ? "" : " (not compared, see above)");
+    if (S < Ref.Params.size() && S < Gpu.Params.size()) {
+      double DG = 0, DC = 0;
+      for (auto &[Name, P64] : Ref.Params[S])
+        for (size_t I = 0; I < P64.size(); ++I) {
+          DG = std::max(DG, std::fabs(Gpu.Params[S].at(Name)[I] - P64[I]));
+          DC = std::max(DC, std::fabs(Cpu.Params[S].at(Name)[I] - P64[I]));
+        }
+      std::printf("  parameters after the update: largest difference from "
+                  "float64 gpu %.3g cpu %.3g\n",
+                  DG, DC);
+    }
+  }
+}
+
 TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
   if (Error E = checkCudaDevice())
     GTEST_SKIP() << "no CUDA device is present, skipping the GPU end-to-end "
                     "test: "
                  << toString(std::move(E));
-  Plan P = compileTiny();
   const int Steps = 3;
-  auto Gpu = train(P, /*Cuda=*/true, Steps);
-  ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
-  auto Cpu = train(P, /*Cuda=*/false, Steps);
-  ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
-  auto Ref = train(widenToFloat64(P), /*Cuda=*/false, Steps);
-  ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
-  const double K = 8, Floor = std::ldexp(1.0, -24);
-  for (int S = 0; S < Steps; ++S) {
-    double L64 = Ref->Losses[S];
-    double CpuErr = std::fabs(Cpu->Losses[S] - L64) / std::fabs(L64);
-    double GpuErr = std::fabs(Gpu->Losses[S] - L64) / std::fabs(L64);
-    EXPECT_LE(GpuErr, K * std::max(CpuErr, Floor))
-        << "loss of step " << S + 1 << ": gpu " << Gpu->Losses[S] << ", cpu "
-        << Cpu->Losses[S] << ", float64 " << L64;
-    ASSERT_EQ(Gpu->Grads[S].size(), Ref->Grads[S].size());
-    for (auto &[Name, G64] : Ref->Grads[S]) {
-      double C = normwise(Cpu->Grads[S].at(Name), G64);
-      double G = normwise(Gpu->Grads[S].at(Name), G64);
-      EXPECT_LE(G, K * std::max(C, Floor))
-          << "gradient of " << Name << " at step " << S + 1
-          << ": gpu error " << G << ", cpu error " << C;
-    }
+  for (double Eps : {OptimizerOptions().Eps, StableEps}) {
+    SCOPED_TRACE("AdamW eps " + std::to_string(Eps));
+    std::printf("AdamW eps %g\n", Eps);
+    Plan P = compileTiny(1, false, 1, 1, 1, 0, Eps);
+    auto Gpu = train(P, /*Cuda=*/true, Steps);
+    ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+    auto Cpu = train(P, /*Cuda=*/false, Steps);
+    ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+    auto Ref = train(widenToFloat64(P), /*Cuda=*/false, Steps);
+    ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
+    expectMatches(*Gpu, *Cpu, *Ref, Eps == StableEps ? Steps : 1);
   }
 }
 
@@ -292,7 +352,8 @@ TEST(CudaEndToEnd, TensorAndPipelineParallelMatchTheCpu) {
                    Layout{"p = 2, 1F1B, 2 microbatches", 1, false, 2, 2},
                    Layout{"d = 2, ZeRO-1", 1, false, 1, 1, 2, 1}}) {
     SCOPED_TRACE(L.Name);
-    Plan P = compileTiny(L.TP, L.SP, L.PP, L.Microbatches, L.DP, L.Zero);
+    Plan P = compileTiny(L.TP, L.SP, L.PP, L.Microbatches, L.DP, L.Zero,
+                         StableEps);
     const int Steps = 2;
     auto Gpu = trainGrid(P, L.TP, L.PP, true, Steps, L.DP);
     ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
@@ -300,21 +361,7 @@ TEST(CudaEndToEnd, TensorAndPipelineParallelMatchTheCpu) {
     ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
     auto Ref = trainGrid(widenToFloat64(P), L.TP, L.PP, false, Steps, L.DP);
     ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
-    const double K = 8, Floor = std::ldexp(1.0, -24);
-    for (int S = 0; S < Steps; ++S) {
-      double L64 = Ref->Losses[S];
-      double CpuErr = std::fabs(Cpu->Losses[S] - L64) / std::fabs(L64);
-      double GpuErr = std::fabs(Gpu->Losses[S] - L64) / std::fabs(L64);
-      EXPECT_LE(GpuErr, K * std::max(CpuErr, Floor))
-          << "loss of step " << S + 1;
-      ASSERT_EQ(Gpu->Grads[S].size(), Ref->Grads[S].size());
-      for (auto &[Name, G64] : Ref->Grads[S]) {
-        double C = normwise(Cpu->Grads[S].at(Name), G64);
-        double G = normwise(Gpu->Grads[S].at(Name), G64);
-        EXPECT_LE(G, K * std::max(C, Floor))
-            << "gradient of " << Name << " at step " << S + 1;
-      }
-    }
+    expectMatches(*Gpu, *Cpu, *Ref, Steps);
   }
 }
 

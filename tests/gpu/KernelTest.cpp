@@ -30,6 +30,7 @@
 #include "llvm/ADT/ScopeExit.h"
 #include "gtest/gtest.h"
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -176,6 +177,11 @@ protected:
         continue;
       }
       double Err = normwiseError(asFloats((*Got)[B]), asFloats((*Want)[B]));
+      if (Err != 0) // expected bitwise for most ops: say where it is not
+        std::printf("  note: %s buffer %d (%s) is not the CPU's bit for bit: "
+                    "normwise difference %.3g\n",
+                    opName(C.P.Instrs[0].Op).str().c_str(), B,
+                    PB.Type.str().c_str(), Err);
       EXPECT_LE(Err, Tol) << opName(C.P.Instrs[0].Op).str() << ": buffer "
                           << B << " (" << PB.Type.str() << ")";
     }

@@ -336,6 +336,8 @@ def measure_torch(torch, args, sh, precision):
     from torch.utils.checkpoint import checkpoint
 
     dev = torch.device(args.device)
+    if dev.type == "cuda" and dev.index is None:  # sp-run's "cuda": this process's (first) GPU
+        dev = torch.device("cuda", 0)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -373,7 +375,7 @@ def measure_torch(torch, args, sh, precision):
         y = F.layer_norm(x, (h,), p["ln1_w"], p["ln1_b"], LAYERNORM_EPS)
         q, k, v = F.linear(y, p["qkv_w"], p["qkv_b"]).split(inner, dim=-1)
         q, k, v = heads(q), heads(k), heads(v)
-        y = checkpoint(core, q, k, v) if selective else core(q, k, v)
+        y = checkpoint(core, q, k, v, use_reentrant=False) if selective else core(q, k, v)
         y = y.transpose(1, 2).reshape(sh.batch, sh.seq, inner)
         x = x + F.dropout(F.linear(y, p["proj_w"], p["proj_b"]), DROPOUT, training=True)
         y = F.layer_norm(x, (h,), p["ln2_w"], p["ln2_b"], LAYERNORM_EPS)
@@ -396,7 +398,7 @@ def measure_torch(torch, args, sh, precision):
                 sync()
                 t0 = time.perf_counter()
                 if mode == "full":
-                    out = checkpoint(layer, x, False)
+                    out = checkpoint(layer, x, False, use_reentrant=False)
                 else:
                     out = layer(x, mode == "selective")
                 sync()

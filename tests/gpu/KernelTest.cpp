@@ -241,34 +241,43 @@ TEST_F(CudaKernels, AddMulBroadcastAndReduceTo) {
   compare(R, {DX});
 }
 
+// Widths and row counts below and above the kernels' batches (Common.cuh:
+// LaneBatch x RowLanes = 64 columns per lane step, ColumnBatch = 16 rows),
+// so both the batched loops and their tails run.
 TEST_F(CudaKernels, LayerNormForwardAndBackward) {
-  OpCase F;
-  int X = F.floats({6, 37}, 2, 0.5), G = F.floats({37}), B = F.floats({37});
-  int Y = F.buffer(DType::F32, {6, 37}), M = F.buffer(DType::F32, {6}),
-      R = F.buffer(DType::F32, {6});
-  F.op(OpKind::LayerNorm, {X, G, B}, {Y, M, R});
-  compare(F, {Y, M, R});
-  OpCase Bw;
-  int DY = Bw.floats({70, 37}), X2 = Bw.floats({70, 37}), G2 = Bw.floats({37});
-  int M2 = Bw.floats({70}, 0.1f), R2 = Bw.floats({70}, 0.1f, 1.0f);
-  int DX = Bw.buffer(DType::F32, {70, 37}), DG = Bw.buffer(DType::F32, {37}),
-      DB = Bw.buffer(DType::F32, {37});
-  Bw.op(OpKind::LayerNormGrad, {DY, X2, G2, M2, R2}, {DX, DG, DB});
-  compare(Bw, {DX, DG, DB});
+  for (auto [Rows, H] : {std::pair<int64_t, int64_t>{6, 37}, {70, 37},
+                         {35, 203}}) {
+    OpCase F;
+    int X = F.floats({Rows, H}, 2, 0.5), G = F.floats({H}), B = F.floats({H});
+    int Y = F.buffer(DType::F32, {Rows, H}), M = F.buffer(DType::F32, {Rows}),
+        R = F.buffer(DType::F32, {Rows});
+    F.op(OpKind::LayerNorm, {X, G, B}, {Y, M, R});
+    compare(F, {Y, M, R});
+    OpCase Bw;
+    int DY = Bw.floats({Rows, H}), X2 = Bw.floats({Rows, H}),
+        G2 = Bw.floats({H});
+    int M2 = Bw.floats({Rows}, 0.1f), R2 = Bw.floats({Rows}, 0.1f, 1.0f);
+    int DX = Bw.buffer(DType::F32, {Rows, H}), DG = Bw.buffer(DType::F32, {H}),
+        DB = Bw.buffer(DType::F32, {H});
+    Bw.op(OpKind::LayerNormGrad, {DY, X2, G2, M2, R2}, {DX, DG, DB});
+    compare(Bw, {DX, DG, DB});
+  }
 }
 
 TEST_F(CudaKernels, RmsNormForwardAndBackward) {
-  OpCase F;
-  int X = F.floats({9, 40}), G = F.floats({40});
-  int Y = F.buffer(DType::F32, {9, 40}), R = F.buffer(DType::F32, {9});
-  F.op(OpKind::RmsNorm, {X, G}, {Y, R});
-  compare(F, {Y, R});
-  OpCase Bw;
-  int DY = Bw.floats({9, 40}), X2 = Bw.floats({9, 40}), G2 = Bw.floats({40}),
-      R2 = Bw.floats({9}, 0.1f, 1.0f);
-  int DX = Bw.buffer(DType::F32, {9, 40}), DG = Bw.buffer(DType::F32, {40});
-  Bw.op(OpKind::RmsNormGrad, {DY, X2, G2, R2}, {DX, DG});
-  compare(Bw, {DX, DG});
+  for (auto [Rows, H] : {std::pair<int64_t, int64_t>{9, 40}, {41, 150}}) {
+    OpCase F;
+    int X = F.floats({Rows, H}), G = F.floats({H});
+    int Y = F.buffer(DType::F32, {Rows, H}), R = F.buffer(DType::F32, {Rows});
+    F.op(OpKind::RmsNorm, {X, G}, {Y, R});
+    compare(F, {Y, R});
+    OpCase Bw;
+    int DY = Bw.floats({Rows, H}), X2 = Bw.floats({Rows, H}),
+        G2 = Bw.floats({H}), R2 = Bw.floats({Rows}, 0.1f, 1.0f);
+    int DX = Bw.buffer(DType::F32, {Rows, H}), DG = Bw.buffer(DType::F32, {H});
+    Bw.op(OpKind::RmsNormGrad, {DY, X2, G2, R2}, {DX, DG});
+    compare(Bw, {DX, DG});
+  }
 }
 
 /// C = A B checked against float64 within gamma_{K+1} (sum |a b| + |bias|).
@@ -372,11 +381,13 @@ TEST_F(CudaKernels, BatchMatMul) {
 }
 
 TEST_F(CudaKernels, BiasGrad) {
-  OpCase C;
-  int DY = C.floats({4, 7, 19});
-  int DB = C.buffer(DType::F32, {19});
-  C.op(OpKind::BiasGrad, {DY}, {DB});
-  compare(C, {DB});
+  for (int64_t Rows : {4, 9}) { // 28 and 63 rows
+    OpCase C;
+    int DY = C.floats({Rows, 7, 19});
+    int DB = C.buffer(DType::F32, {19});
+    C.op(OpKind::BiasGrad, {DY}, {DB});
+    compare(C, {DB});
+  }
 }
 
 TEST_F(CudaKernels, GeluBothFormsForwardAndBackward) {
@@ -510,7 +521,7 @@ TEST_F(CudaKernels, ScaleMasksAndSoftmax) {
 TEST_F(CudaKernels, FusedSoftmaxForwardAndBackwardAreTheCpusBits) {
   for (std::vector<int64_t> Shape :
        {std::vector<int64_t>{2, 3, 7, 33}, std::vector<int64_t>{2, 3, 9, 9},
-        std::vector<int64_t>{1, 2, 40, 5}})
+        std::vector<int64_t>{1, 2, 40, 5}, std::vector<int64_t>{1, 2, 3, 150}})
     for (double Alpha : {0.125, 1.0})
       for (int Causal : {0, 1}) {
         OpCase C;
@@ -533,17 +544,21 @@ TEST_F(CudaKernels, FusedSoftmaxForwardAndBackwardAreTheCpusBits) {
 }
 
 TEST_F(CudaKernels, DropoutMasksAreTheCpusBitForBit) {
-  for (double Ratio : {0.0, 0.1, 0.5, 1.0}) {
-    OpCase C;
-    int X = C.floats({3, 17, 29});
-    int Y = C.buffer(DType::F32, {3, 17, 29}),
-        M = C.buffer(DType::U8, {3, 17, 29});
-    auto &I = C.op(OpKind::Dropout, {X}, {Y, M});
-    I.Attrs.set("key", std::vector<int64_t>{2, 5});
-    I.Attrs.set("ratio", 0.1);
-    I.Attrs.set("microbatch", int64_t(1));
-    I.Attrs.set("microbatches", int64_t(2));
-    compare(C, {Y, M}, 0, Ratio);
+  // [3, 17, 29]: one Philox evaluation per element; [5, 7, 12]: one per
+  // four (the innermost extent a multiple of four).
+  for (std::vector<int64_t> Shape : {std::vector<int64_t>{3, 17, 29},
+                                     std::vector<int64_t>{5, 7, 12}}) {
+    for (double Ratio : {0.0, 0.1, 0.5, 1.0}) {
+      OpCase C;
+      int X = C.floats(Shape);
+      int Y = C.buffer(DType::F32, Shape), M = C.buffer(DType::U8, Shape);
+      auto &I = C.op(OpKind::Dropout, {X}, {Y, M});
+      I.Attrs.set("key", std::vector<int64_t>{2, 5});
+      I.Attrs.set("ratio", 0.1);
+      I.Attrs.set("microbatch", int64_t(1));
+      I.Attrs.set("microbatches", int64_t(2));
+      compare(C, {Y, M}, 0, Ratio);
+    }
   }
   {
     // A sequence-split input: the block of the whole tensor at rank 0.

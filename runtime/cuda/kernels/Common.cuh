@@ -41,13 +41,31 @@ __device__ inline int64_t laneRowStride() { return gridThreads() / RowLanes; }
 /// order; the eight are combined ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)). Every
 /// thread of the warp must call it (shuffles), Active false for lanes whose
 /// row is past the end (they contribute nothing and get garbage).
+///
+/// Each lane evaluates LaneBatch terms before adding them, in order: the
+/// same additions as one term at a time, with LaneBatch loads in flight
+/// instead of one (the sums are memory-bound; measured on an H200, a
+/// LayerNorm backward over [8192, 6144] took 4.4 ms one term at a time).
+constexpr int LaneBatch = 8;
+
 template <typename F>
 __device__ inline double laneSum(int64_t N, bool Active, F &&Fn) {
   int Lane = laneOf();
   double S = 0;
-  if (Active)
-    for (int64_t J = Lane; J < N; J += RowLanes)
+  if (Active) {
+    int64_t J = Lane;
+    for (; J + (LaneBatch - 1) * RowLanes < N; J += LaneBatch * RowLanes) {
+      double V[LaneBatch];
+#pragma unroll
+      for (int K = 0; K < LaneBatch; ++K)
+        V[K] = Fn(J + K * RowLanes);
+#pragma unroll
+      for (int K = 0; K < LaneBatch; ++K)
+        S += V[K];
+    }
+    for (; J < N; J += RowLanes)
       S += Fn(J);
+  }
   double P[RowLanes];
 #pragma unroll
   for (int K = 0; K < RowLanes; ++K)
@@ -55,14 +73,50 @@ __device__ inline double laneSum(int64_t N, bool Active, F &&Fn) {
   return ((P[0] + P[1]) + (P[2] + P[3])) + ((P[4] + P[5]) + (P[6] + P[7]));
 }
 
+/// A column's sum over rows 0..Rows-1 of Fn(R), in double and in row order
+/// (the CPU's column blocks), ColumnBatch terms evaluated before they are
+/// added: one thread per column has few loads in flight otherwise (an
+/// H200 took 0.95 ms for a bias gradient over 8192 rows, 2300 to 6144
+/// columns).
+constexpr int ColumnBatch = 16;
+
+template <typename F>
+__device__ inline double columnSum(int64_t Rows, F &&Fn) {
+  double S = 0;
+  int64_t R = 0;
+  for (; R + ColumnBatch <= Rows; R += ColumnBatch) {
+    double V[ColumnBatch];
+#pragma unroll
+    for (int K = 0; K < ColumnBatch; ++K)
+      V[K] = Fn(R + K);
+#pragma unroll
+    for (int K = 0; K < ColumnBatch; ++K)
+      S += V[K];
+  }
+  for (; R < Rows; ++R)
+    S += Fn(R);
+  return S;
+}
+
 /// The CPU's rowMax: lane partial maxima with `m < x ? x : m`, combined in
 /// lane order (the same NaN behaviour).
 __device__ inline float laneMax(const float *Row, int64_t N, bool Active) {
   int Lane = laneOf();
   float M = -__int_as_float(0x7f800000);
-  if (Active)
-    for (int64_t J = Lane; J < N; J += RowLanes)
+  if (Active) {
+    int64_t J = Lane;
+    for (; J + (LaneBatch - 1) * RowLanes < N; J += LaneBatch * RowLanes) {
+      float V[LaneBatch];
+#pragma unroll
+      for (int K = 0; K < LaneBatch; ++K)
+        V[K] = Row[J + K * RowLanes];
+#pragma unroll
+      for (int K = 0; K < LaneBatch; ++K)
+        M = M < V[K] ? V[K] : M;
+    }
+    for (; J < N; J += RowLanes)
       M = M < Row[J] ? Row[J] : M;
+  }
   float P[RowLanes];
 #pragma unroll
   for (int K = 0; K < RowLanes; ++K)

@@ -10,7 +10,8 @@
 //   backward: DX = Mask ? DY * float(1 / (1 - Ratio)) : 0
 // One Philox evaluation per element (the CPU shares one between four
 // consecutive global elements; the words are the same), so the masks are
-// the CPU's bit for bit on any sharding.
+// the CPU's bit for bit on any sharding; where four consecutive local
+// elements are one block (dropoutQuadKernel), one evaluation per four.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Philox.h"
@@ -44,6 +45,37 @@ __global__ void dropoutKernel(float *Y, uint8_t *Mask, const float *X,
   }
 }
 
+/// The same in groups of four: when a tensor's innermost local extent, its
+/// offset there and every outer global stride are multiples of four, four
+/// consecutive local elements are one Philox block's four words, so one
+/// thread evaluates Philox once for them and moves them as a float4.
+__global__ void dropoutQuadKernel(float4 *Y, uchar4 *Mask, const float4 *X,
+                                  int64_t Quads, DropoutGeometry G,
+                                  uint64_t Seed, uint32_t Layer, uint32_t Site,
+                                  uint32_t Stream, uint64_t Threshold,
+                                  float Scale) {
+  SP_GRID_LOOP(Q, Quads) {
+    int64_t Rest = Q * 4, Global = 0;
+    for (int D = G.Rank - 1; D >= 0; --D) {
+      Global += (G.Offset[D] + Rest % G.Local[D]) * G.GlobalStride[D];
+      Rest /= G.Local[D];
+    }
+    philox::Words4 W = philox::philox4x32_10(
+        philox::dropoutCounter(Layer, Site, Stream, uint64_t(Global)),
+        uint32_t(Seed), uint32_t(Seed >> 32));
+    bool Keep[4];
+#pragma unroll
+    for (int K = 0; K < 4; ++K)
+      Keep[K] = Threshold <= 0xFFFFFFFFull && W.V[K] >= uint32_t(Threshold);
+    float4 In = X[Q];
+    float4 Out = {Keep[0] ? In.x * Scale : 0.0f, Keep[1] ? In.y * Scale : 0.0f,
+                  Keep[2] ? In.z * Scale : 0.0f, Keep[3] ? In.w * Scale : 0.0f};
+    Y[Q] = Out;
+    if (Mask)
+      Mask[Q] = make_uchar4(Keep[0], Keep[1], Keep[2], Keep[3]);
+  }
+}
+
 __global__ void dropoutBackwardKernel(float *DX, const float *DY,
                                       const uint8_t *Mask, int64_t N,
                                       float Scale) {
@@ -67,6 +99,21 @@ void dropout(float *Y, uint8_t *Mask, const float *X, double Ratio,
     N *= Local.Dim[D];
   }
   float Scale = Ratio >= 1.0 ? 0.0f : float(1.0 / (1.0 - Ratio));
+  bool Quads = G.Rank > 0 && G.Local[G.Rank - 1] % 4 == 0 &&
+               G.Offset[G.Rank - 1] % 4 == 0 &&
+               reinterpret_cast<uintptr_t>(Y) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(X) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(Mask) % 4 == 0;
+  for (int D = 0; D + 1 < G.Rank; ++D)
+    Quads = Quads && G.GlobalStride[D] % 4 == 0;
+  if (Quads) {
+    if (Launch L = elementwiseLaunch(N / 4); L.Blocks)
+      dropoutQuadKernel<<<L.Blocks, L.Threads, 0, S>>>(
+          reinterpret_cast<float4 *>(Y), reinterpret_cast<uchar4 *>(Mask),
+          reinterpret_cast<const float4 *>(X), N / 4, G, Seed, Layer, Site,
+          Stream, philox::dropoutThreshold(Ratio), Scale);
+    return;
+  }
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     dropoutKernel<<<L.Blocks, L.Threads, 0, S>>>(
         Y, Mask, X, N, G, Seed, Layer, Site, Stream,

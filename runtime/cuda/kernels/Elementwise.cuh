@@ -69,15 +69,14 @@ __global__ void reduceToKernel(float *DX, const float *DY, DevShape Kept,
       Base += Idx[D] * KeptSY.Dim[D];
       Out += Idx[D] * KeptSX.Dim[D];
     }
-    double Sum = 0;
-    for (int64_t R = 0; R < NRed; ++R) {
+    double Sum = columnSum(NRed, [&](int64_t R) {
       int64_t RIdx[MaxRank];
       unravel(R, Red, RIdx);
       int64_t Off = 0;
       for (int D = 0; D < Red.Rank; ++D)
         Off += RIdx[D] * RedSY.Dim[D];
-      Sum += DY[Base + Off];
-    }
+      return double(DY[Base + Off]);
+    });
     DX[Out] = float(Sum);
   }
 }

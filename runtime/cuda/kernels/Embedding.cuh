@@ -9,8 +9,9 @@
 //   backward: for n < N in order, for j < H: DTable[id, j] += DY[n, j]
 //
 // The forward is one thread per element. The backward is one thread per
-// column j walking the rows n in order, so each DTable element receives its
-// additions in the CPU's order (no atomics: deterministic, bitwise equal).
+// column j walking the rows n in order (ColumnBatch rows loaded at a time),
+// so each DTable element receives its additions in the CPU's order (no
+// atomics: deterministic, bitwise equal).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Common.cuh"
@@ -40,7 +41,26 @@ __global__ void embeddingBackwardKernel(float *DTable, const float *DY,
                                         int64_t V, int64_t H, int64_t Offset,
                                         bool OutsideIsZero, DeviceError *Err) {
   SP_GRID_LOOP(J, H) {
-    for (int64_t Row = 0; Row < N; ++Row) {
+    // ColumnBatch rows' ids and gradients are loaded before their
+    // additions, which stay in row order.
+    int64_t Row = 0;
+    for (; Row + ColumnBatch <= N; Row += ColumnBatch) {
+      int64_t Id[ColumnBatch];
+      float D[ColumnBatch];
+#pragma unroll
+      for (int K = 0; K < ColumnBatch; ++K) {
+        Id[K] = Ids[Row + K] - Offset;
+        D[K] = DY[(Row + K) * H + J];
+      }
+#pragma unroll
+      for (int K = 0; K < ColumnBatch; ++K) {
+        if (Id[K] >= 0 && Id[K] < V)
+          DTable[Id[K] * H + J] += D[K];
+        else if (!OutsideIsZero && J == 0)
+          reportError(Err, EmbeddingIdOutOfRange, Row + K, Ids[Row + K]);
+      }
+    }
+    for (; Row < N; ++Row) {
       int64_t Id = Ids[Row] - Offset;
       if (Id >= 0 && Id < V)
         DTable[Id * H + J] += DY[Row * H + J];

@@ -102,8 +102,25 @@ __global__ void layerNormBackwardParamsKernel(float *DGamma, float *DBeta,
                                               const float *Rstd, int64_t Rows,
                                               int64_t H) {
   SP_GRID_LOOP(J, H) {
+    // Both sums in row order, ColumnBatch rows' terms loaded first.
     double SG = 0, SB = 0;
-    for (int64_t R = 0; R < Rows; ++R) {
+    int64_t R = 0;
+    for (; R + ColumnBatch <= Rows; R += ColumnBatch) {
+      double G[ColumnBatch];
+      float B[ColumnBatch];
+#pragma unroll
+      for (int K = 0; K < ColumnBatch; ++K) {
+        double Mu = Mean[R + K], S = Rstd[R + K];
+        B[K] = DY[(R + K) * H + J];
+        G[K] = B[K] * ((X[(R + K) * H + J] - Mu) * S);
+      }
+#pragma unroll
+      for (int K = 0; K < ColumnBatch; ++K) {
+        SG += G[K];
+        SB += B[K];
+      }
+    }
+    for (; R < Rows; ++R) {
       double Mu = Mean[R], S = Rstd[R];
       float Dy = DY[R * H + J];
       SG += Dy * ((X[R * H + J] - Mu) * S);
@@ -119,9 +136,8 @@ __global__ void layerNormBackwardParamsKernel(float *DGamma, float *DBeta,
 __global__ void biasBackwardKernel(float *DBias, const float *DY, int64_t Rows,
                                    int64_t Out) {
   SP_GRID_LOOP(J, Out) {
-    double Sum = 0;
-    for (int64_t R = 0; R < Rows; ++R)
-      Sum += DY[R * Out + J];
+    double Sum =
+        columnSum(Rows, [&](int64_t R) { return double(DY[R * Out + J]); });
     DBias[J] += float(Sum);
   }
 }

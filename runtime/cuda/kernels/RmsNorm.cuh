@@ -65,12 +65,11 @@ __global__ void rmsNormBackwardGammaKernel(float *DGamma, const float *DY,
                                            const float *X, const float *Rstd,
                                            int64_t Rows, int64_t H) {
   SP_GRID_LOOP(J, H) {
-    double SG = 0;
-    for (int64_t R = 0; R < Rows; ++R) {
+    double SG = columnSum(Rows, [&](int64_t R) {
       double S = Rstd[R];
       float Dy = DY[R * H + J];
-      SG += Dy * (X[R * H + J] * S);
-    }
+      return Dy * (X[R * H + J] * S);
+    });
     DGamma[J] += float(SG);
   }
 }

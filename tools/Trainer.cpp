@@ -1165,6 +1165,10 @@ Error Trainer::runRank(Communicator *World) {
   else if (!O.Cuda && Dtype == "f16")
     Out << "fp16 compute: float32 on widened copies, each result rounded "
            "once\n";
+  else if (O.Cuda && (Dtype == "bf16" || Dtype == "f16"))
+    Out << (Dtype == "bf16" ? "bf16" : "fp16")
+        << " compute: GEMMs on tensor cores (float32 sums), other ops in "
+           "float32 on widened copies; each result rounded once\n";
   if (O.Resumed && O.Resumed->PlanFingerprint != O.Fingerprint) {
     const ProcessGrid &W = O.Resumed->Grid;
     Out << formatv("resharded checkpoint '{0}' (step {1}) of another plan of "

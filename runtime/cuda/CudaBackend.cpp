@@ -48,6 +48,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackend.h"
+#include "ir/OpDef.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/cuda/CudaCheck.h"
 #include "runtime/cuda/CudaKernels.h"
@@ -145,6 +146,18 @@ struct CublasApi {
   decltype(&cublasSetMathMode) SetMathMode;
   decltype(&cublasSgemm_v2) Sgemm;
   decltype(&cublasSgemmStridedBatched) SgemmStridedBatched;
+  // The C entry points (the header also declares C++ overloads).
+  cublasStatus_t (*GemmEx)(cublasHandle_t, cublasOperation_t,
+                           cublasOperation_t, int, int, int, const void *,
+                           const void *, cudaDataType, int, const void *,
+                           cudaDataType, int, const void *, void *,
+                           cudaDataType, int, cublasComputeType_t,
+                           cublasGemmAlgo_t);
+  cublasStatus_t (*GemmStridedBatchedEx)(
+      cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+      const void *, const void *, cudaDataType, int, long long, const void *,
+      cudaDataType, int, long long, const void *, void *, cudaDataType, int,
+      long long, int, cublasComputeType_t, cublasGemmAlgo_t);
 };
 
 Expected<const CublasApi *> loadCublas() {
@@ -187,6 +200,8 @@ Expected<const CublasApi *> loadCublas() {
   Get(A.SetMathMode, "cublasSetMathMode");
   Get(A.Sgemm, "cublasSgemm_v2");
   Get(A.SgemmStridedBatched, "cublasSgemmStridedBatched");
+  Get(A.GemmEx, "cublasGemmEx");
+  Get(A.GemmStridedBatchedEx, "cublasGemmStridedBatchedEx");
   if (!Ok) {
     Failure = "--device cuda: the loaded cuBLAS has no " + Why;
     return planError(Failure);
@@ -236,19 +251,30 @@ public:
   Error startTiming() override;
   Expected<std::vector<DeviceTime>> collectTimes() override;
   double peakFlops(StringRef Dtype) const override;
+  bool runsMixedPrecision() const override { return true; }
 
 private:
   CudaBackend() = default;
   Error init(const CudaBackendOptions &O);
   Error dispatch(const KernelCall &C, cudaStream_t S);
+  /// An instruction that touches a bf16 or fp16 buffer: dispatch on float32
+  /// copies of its 16-bit buffers, as CpuBackend's runMixed.
+  Error dispatchMixed(const KernelCall &C, cudaStream_t S);
+  /// Device memory for those copies, one region per stream (K 1: the
+  /// communication stream), grown as needed.
+  Expected<char *> mixedScratch(int K, int64_t Bytes);
   /// Waits for both streams (host copies).
   Error drain();
+  /// Row-major C = op(A) op(B) + Beta C with float32 C. A and B are float32,
+  /// or both bf16 or both fp16 (AB): then tensor-core products summed in
+  /// float32 (cublasGemmEx, CUBLAS_COMPUTE_32F), the mixed-precision path's
+  /// GEMMs.
   Error gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N, int64_t K,
-             const float *A, int64_t Lda, const float *B, int64_t Ldb,
-             float Beta, float *Cm, int64_t Ldc);
+             const void *A, int64_t Lda, const void *B, int64_t Ldb,
+             float Beta, float *Cm, int64_t Ldc, DType AB = DType::F32);
   Error batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
-                    int64_t K, const float *A, const float *B, float *Cm,
-                    int64_t Batch);
+                    int64_t K, const void *A, const void *B, float *Cm,
+                    int64_t Batch, DType AB = DType::F32);
   /// The NCCL communicator of a host group of more than one rank.
   Expected<cuda::NcclComm *> nccl(Communicator &Host);
   /// The stream every NCCL call goes on.
@@ -258,6 +284,11 @@ private:
   Error hopToNccl(cudaStream_t S);
   Error hopBack(cudaStream_t S);
   Expected<float *> scratch(bool ForComm, int64_t Floats);
+  /// The float32 GEMMs' math mode: TF32 tensor cores with --tf32, else
+  /// float32 throughout.
+  cublasMath_t mathMode() const {
+    return TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+  }
   Error collective(const KernelCall &C, cudaStream_t S);
   /// ZeRO: the flat reduce-scatter of a bucket of gradients, and the
   /// in-place all-gather of an updated parameter's chunks.
@@ -299,6 +330,8 @@ private:
   NormScalars *Norm = nullptr;
   float *Scratch[2] = {nullptr, nullptr};
   int64_t ScratchFloats[2] = {0, 0};
+  char *Mixed[2] = {nullptr, nullptr};
+  int64_t MixedBytes[2] = {0, 0};
   char *Staging = nullptr;
   size_t StagingBytes = 0;
   std::map<Communicator *, std::unique_ptr<cuda::NcclComm>> Nccl;
@@ -325,11 +358,11 @@ private:
   struct AdamwShared {
     cudaStream_t Stream = nullptr;
     const float *Norm = nullptr, *Lr = nullptr, *Step = nullptr;
-    double Beta1 = 0, Beta2 = 0, Eps = 0, MaxNorm = 0;
+    double Beta1 = 0, Beta2 = 0, Eps = 0, MaxNorm = 0, GradScale = 1;
     bool operator==(const AdamwShared &O) const {
       return Stream == O.Stream && Norm == O.Norm && Lr == O.Lr &&
              Step == O.Step && Beta1 == O.Beta1 && Beta2 == O.Beta2 &&
-             Eps == O.Eps && MaxNorm == O.MaxNorm;
+             Eps == O.Eps && MaxNorm == O.MaxNorm && GradScale == O.GradScale;
     }
   };
   static AdamwShared adamwShared(const KernelCall &C, cudaStream_t S);
@@ -396,9 +429,8 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
     return Api.takeError();
   Cublas = *Api;
   SP_CUBLAS_TRY(Cublas->Create(&Blas));
-  SP_CUBLAS_TRY(Cublas->SetMathMode(
-      Blas, O.AllowTF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
   TF32 = O.AllowTF32;
+  SP_CUBLAS_TRY(Cublas->SetMathMode(Blas, mathMode()));
   SP_CUDA_TRY(cudaMalloc(&Err, sizeof(cuda::DeviceError)));
   SP_CUDA_TRY(cudaMemset(Err, 0, sizeof(cuda::DeviceError)));
   SP_CUDA_TRY(cudaMalloc(&Norm, sizeof(NormScalars)));
@@ -439,6 +471,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(Norm);
   cudaFree(Scratch[0]);
   cudaFree(Scratch[1]);
+  cudaFree(Mixed[0]);
+  cudaFree(Mixed[1]);
   for (auto &Slot : SendSlots)
     cudaFree(Slot.first);
   if (Staging)
@@ -603,6 +637,111 @@ Error CudaBackend::hopBack(cudaStream_t S) {
   return Error::success();
 }
 
+static bool isHalf(DType T) { return T == DType::BF16 || T == DType::F16; }
+
+/// Whether an instruction reads or writes a bf16 or fp16 buffer.
+static bool touchesHalf(const KernelCall &C) {
+  for (const auto *List : {&C.I.Out, &C.I.In})
+    for (int B : *List)
+      if (isHalf(C.Prog.Buffers[B].Type.Dtype))
+        return true;
+  return false;
+}
+
+Expected<char *> CudaBackend::mixedScratch(int K, int64_t Bytes) {
+  if (Bytes > MixedBytes[K]) {
+    // The old region may still be in use by queued work.
+    if (auto E = drain())
+      return E;
+    SP_CUDA_TRY(cudaFree(Mixed[K]));
+    Mixed[K] = nullptr;
+    SP_CUDA_TRY(cudaMalloc(&Mixed[K], size_t(Bytes)));
+    MixedBytes[K] = Bytes;
+  }
+  return Mixed[K];
+}
+
+Error CudaBackend::dispatchMixed(const KernelCall &C, cudaStream_t S) {
+  // As CpuBackend's runMixed: the instruction's buffers, each once (an
+  // in-place operand is also a result), the 16-bit ones as float32 copies in
+  // this stream's region, the others where they are; the operands widened
+  // (exact), the float32 kernel run, each 16-bit result rounded once to
+  // nearest even. Everything is queued on S, in that order, so the region
+  // is free again for S's next instruction.
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  Program Local;
+  Instruction LI = I;
+  SmallVector<int, 8> Ids;
+  int64_t Size = 0;
+  // A GEMM of two operands of one 16-bit type reads them where they are, on
+  // the tensor cores (products exact in float32, float32 sums): the CPU's
+  // rule, float32 sums of the exact products, rounded once where stored.
+  bool Gemm16 = (I.Op == OpKind::Linear || I.Op == OpKind::LinearGradW ||
+                 I.Op == OpKind::BatchMatMul) &&
+                isHalf(Bufs[I.In[0]].Type.Dtype) &&
+                Bufs[I.In[0]].Type.Dtype == Bufs[I.In[1]].Type.Dtype;
+  auto Map = [&](int &B) {
+    auto It = find(Ids, B);
+    if (It != Ids.end()) {
+      B = It - Ids.begin();
+      return;
+    }
+    ProgramBuffer PB = Bufs[B];
+    PB.Offset = -1;
+    bool Operand16 = Gemm16 && (B == I.In[0] || B == I.In[1]) &&
+                     !is_contained(I.Out, B);
+    if (isHalf(PB.Type.Dtype) && !Operand16) {
+      PB.Type.Dtype = DType::F32;
+      PB.Bytes = PB.Type.numBytes();
+      PB.Offset = Size;
+      Size += alignTo(std::max<int64_t>(PB.Bytes, 1), 256);
+    }
+    Local.Buffers.push_back(std::move(PB));
+    Ids.push_back(B);
+    B = Ids.size() - 1;
+  };
+  for (int &B : LI.In)
+    Map(B);
+  for (int &B : LI.Out)
+    Map(B);
+  auto Region = mixedScratch(S == Comm ? 1 : 0, Size);
+  if (!Region)
+    return Region.takeError();
+  SmallVector<char *, 8> Where;
+  for (size_t K = 0; K < Ids.size(); ++K)
+    Where.push_back(Local.Buffers[K].Offset >= 0
+                        ? *Region + Local.Buffers[K].Offset
+                        : C.buffer(Ids[K]));
+  auto Convert = [&](size_t K, bool ToFloat) {
+    DType T = Bufs[Ids[K]].Type.Dtype;
+    auto *H = reinterpret_cast<uint16_t *>(C.buffer(Ids[K]));
+    auto *F = reinterpret_cast<float *>(Where[K]);
+    int64_t N = Bufs[Ids[K]].Type.numElements();
+    if (ToFloat)
+      cuda::widen16(F, H, N, T == DType::BF16, S);
+    else
+      cuda::narrow16(H, F, N, T == DType::BF16, S);
+  };
+  // The operands, and the results an op with side effects writes in place
+  // (the kernels overwrite their other results).
+  bool InPlace = opDef(I.Op).SideEffects;
+  for (size_t K = 0; K < Ids.size(); ++K)
+    if (Local.Buffers[K].Offset >= 0 &&
+        (InPlace || is_contained(I.In, Ids[K])))
+      Convert(K, /*ToFloat=*/true);
+  if (auto E = dispatch(KernelCall{LI, Local, nullptr, C.Step, C.Training,
+                                   C.Dropout, C.Seed, C.Tensor, C.Pipeline,
+                                   C.Data, C.GradScale, Where.data()},
+                        S))
+    return E;
+  for (size_t K = 0; K < Ids.size(); ++K)
+    if (Local.Buffers[K].Offset >= 0 &&
+        (InPlace || is_contained(I.Out, Ids[K])))
+      Convert(K, /*ToFloat=*/false);
+  return Error::success();
+}
+
 Expected<float *> CudaBackend::scratch(bool ForComm, int64_t Floats) {
   int K = ForComm;
   if (Floats > ScratchFloats[K]) {
@@ -617,9 +756,15 @@ Expected<float *> CudaBackend::scratch(bool ForComm, int64_t Floats) {
   return Scratch[K];
 }
 
+/// The cuBLAS type of a 16-bit float dtype.
+static cudaDataType_t cudaType16(DType T) {
+  return T == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
 Error CudaBackend::gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
-                        int64_t K, const float *A, int64_t Lda, const float *B,
-                        int64_t Ldb, float Beta, float *Cm, int64_t Ldc) {
+                        int64_t K, const void *A, int64_t Lda, const void *B,
+                        int64_t Ldb, float Beta, float *Cm, int64_t Ldc,
+                        DType AB) {
   if (M == 0 || N == 0)
     return Error::success();
   if (!fitsInt(M) || !fitsInt(N) || !fitsInt(K) || !fitsInt(Lda) ||
@@ -628,26 +773,58 @@ Error CudaBackend::gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
   float One = 1.0f;
   SP_CUBLAS_TRY(Cublas->SetStream(Blas, S));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-  SP_CUBLAS_TRY(Cublas->Sgemm(Blas, TB ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            TA ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M),
-                            int(K), &One, B, int(Ldb), A, int(Lda), &Beta, Cm,
-                            int(Ldc)));
+  cublasOperation_t OpB = TB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                    OpA = TA ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (AB == DType::F32) {
+    SP_CUBLAS_TRY(Cublas->Sgemm(Blas, OpB, OpA, int(N), int(M), int(K), &One,
+                                static_cast<const float *>(B), int(Ldb),
+                                static_cast<const float *>(A), int(Lda), &Beta,
+                                Cm, int(Ldc)));
+    return Error::success();
+  }
+  // 16-bit products are exact in float32; no reduced-precision split-K.
+  SP_CUBLAS_TRY(Cublas->SetMathMode(
+      Blas, cublasMath_t(CUBLAS_DEFAULT_MATH |
+                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  cublasStatus_t St = Cublas->GemmEx(
+      Blas, OpB, OpA, int(N), int(M), int(K), &One, B, cudaType16(AB),
+      int(Ldb), A, cudaType16(AB), int(Lda), &Beta, Cm, CUDA_R_32F, int(Ldc),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  SP_CUBLAS_TRY(Cublas->SetMathMode(Blas, mathMode()));
+  SP_CUBLAS_TRY(St);
   return Error::success();
 }
 
 Error CudaBackend::batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M,
-                               int64_t N, int64_t K, const float *A,
-                               const float *B, float *Cm, int64_t Batch) {
+                               int64_t N, int64_t K, const void *A,
+                               const void *B, float *Cm, int64_t Batch,
+                               DType AB) {
   if (M == 0 || N == 0 || Batch == 0)
     return Error::success();
   if (!fitsInt(M) || !fitsInt(N) || !fitsInt(K) || !fitsInt(Batch))
     return planError("batch_matmul dimension above INT_MAX");
   float One = 1.0f, Zero = 0.0f;
   SP_CUBLAS_TRY(Cublas->SetStream(Blas, S));
-  SP_CUBLAS_TRY(Cublas->SgemmStridedBatched(
-      Blas, TB ? CUBLAS_OP_T : CUBLAS_OP_N, TA ? CUBLAS_OP_T : CUBLAS_OP_N,
-      int(N), int(M), int(K), &One, B, int(TB ? K : N), K * N, A,
-      int(TA ? M : K), M * K, &Zero, Cm, int(N), M * N, int(Batch)));
+  cublasOperation_t OpB = TB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                    OpA = TA ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (AB == DType::F32) {
+    SP_CUBLAS_TRY(Cublas->SgemmStridedBatched(
+        Blas, OpB, OpA, int(N), int(M), int(K), &One,
+        static_cast<const float *>(B), int(TB ? K : N), K * N,
+        static_cast<const float *>(A), int(TA ? M : K), M * K, &Zero, Cm,
+        int(N), M * N, int(Batch)));
+    return Error::success();
+  }
+  SP_CUBLAS_TRY(Cublas->SetMathMode(
+      Blas, cublasMath_t(CUBLAS_DEFAULT_MATH |
+                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  cublasStatus_t St = Cublas->GemmStridedBatchedEx(
+      Blas, OpB, OpA, int(N), int(M), int(K), &One, B, cudaType16(AB),
+      int(TB ? K : N), K * N, A, cudaType16(AB), int(TA ? M : K), M * K,
+      &Zero, Cm, CUDA_R_32F, int(N), M * N, int(Batch), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT);
+  SP_CUBLAS_TRY(Cublas->SetMathMode(Blas, mathMode()));
+  SP_CUBLAS_TRY(St);
   return Error::success();
 }
 
@@ -669,7 +846,8 @@ Error CudaBackend::run(const KernelCall &C) {
     if (Timing)
       if (auto E = timeStart(Compute, 0))
         return E;
-    if (auto E = dispatch(C, Compute))
+    if (auto E = touchesHalf(C) ? dispatchMixed(C, Compute)
+                                : dispatch(C, Compute))
       return E;
     SP_CUDA_TRY(cudaGetLastError());
     if (Timing)
@@ -700,7 +878,8 @@ Error CudaBackend::run(const KernelCall &C) {
   }
   const cuda::StreamStep &Step = Plan.Steps[J];
   cudaStream_t S = Step.Stream == cuda::StreamKind::Comm ? Comm : Compute;
-  bool IsAdamw = C.I.Op == OpKind::AdamW;
+  // A 16-bit adamw (the plans' masters and moments are f32) runs alone.
+  bool IsAdamw = C.I.Op == OpKind::AdamW && !touchesHalf(C);
   if (!Adamw.Tensors.empty() && !(IsAdamw && adamwJoins(C, S, Step)))
     if (auto E = flushAdamw())
       return E;
@@ -718,7 +897,7 @@ Error CudaBackend::run(const KernelCall &C) {
       Adamw.Timed.push_back(Timed.size() - 1);
     return Error::success();
   }
-  if (auto E = dispatch(C, S))
+  if (auto E = touchesHalf(C) ? dispatchMixed(C, S) : dispatch(C, S))
     return E;
   SP_CUDA_TRY(cudaGetLastError());
   if (Timing)
@@ -1145,8 +1324,10 @@ Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
         return E;
     }
   }
+  // Loss scaling: the norm of the unscaled gradients (C.GradScale is a
+  // power of two: exact).
   cuda::gradNormFinish(reinterpret_cast<float *>(C.buffer(I.Out[0])),
-                       &Norm->Total, nullptr, S);
+                       &Norm->Total, nullptr, C.GradScale, S);
   return Error::success();
 }
 
@@ -1211,8 +1392,8 @@ CudaBackend::AdamwShared CudaBackend::adamwShared(const KernelCall &C,
     return reinterpret_cast<const float *>(C.buffer(I.In[K]));
   };
   auto A = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
-  return {S,           F(4),        F(5),      F(6),
-          A("beta1"), A("beta2"), A("eps"), A("max_norm")};
+  return {S,          F(4),     F(5),          F(6),
+          A("beta1"), A("beta2"), A("eps"), A("max_norm"), C.GradScale};
 }
 
 bool CudaBackend::adamwJoins(const KernelCall &C, cudaStream_t S,
@@ -1248,7 +1429,7 @@ Error CudaBackend::flushAdamw() {
   const AdamwShared &Sh = B.Shared;
   cuda::adamwMultiTensor(B.Tensors.data(), int(B.Tensors.size()), Sh.Norm,
                          Sh.Lr, Sh.Step, Sh.Beta1, Sh.Beta2, Sh.Eps,
-                         Sh.MaxNorm, Sh.Stream);
+                         Sh.MaxNorm, float(Sh.GradScale), Sh.Stream);
   SP_CUDA_TRY(cudaGetLastError());
   for (int J : B.Events)
     SP_CUDA_TRY(cudaEventRecord(Events[J], Sh.Stream));
@@ -1409,6 +1590,10 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     return collective(C, S);
   case OpKind::GatherParam:
     return gatherParam(C, S);
+  case OpKind::Cast: // dispatchMixed rounds the f32 copy into the result
+    SP_CUDA_TRY(cudaMemcpyAsync(Out(0), In(0), InT(0).numBytes(),
+                                cudaMemcpyDeviceToDevice, S));
+    return Error::success();
   case OpKind::Add:
   case OpKind::Mul: {
     bool Multiply = I.Op == OpKind::Mul;
@@ -1479,7 +1664,8 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     if (Bias)
       cuda::broadcastRows(Out(0), In(2), Rows, OutF, S);
     return gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
-                TransW ? InF : OutF, Bias ? 1.0f : 0.0f, Out(0), OutF);
+                TransW ? InF : OutF, Bias ? 1.0f : 0.0f, Out(0), OutF,
+                InT(0).Dtype);
   }
   case OpKind::LinearGradW: {
     int64_t InF = InT(0).dim(-1), OutF = InT(1).dim(-1);
@@ -1488,9 +1674,9 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
       return E;
     if (AInt("trans_w")) // DW[Out, In] += DY^T X
       return gemm(S, true, false, OutF, InF, Rows, In(1), OutF, In(0), InF,
-                  1.0f, Out(0), InF);
+                  1.0f, Out(0), InF, InT(0).Dtype);
     return gemm(S, true, false, InF, OutF, Rows, In(0), InF, In(1), OutF, 1.0f,
-                Out(0), OutF);
+                Out(0), OutF, InT(0).Dtype);
   }
   case OpKind::BiasGrad: {
     int64_t OutF = InT(0).dim(-1);
@@ -1589,7 +1775,8 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
         InT(1).numElements() != Batch * K * N)
       return planError("batch_matmul with broadcast batch dimensions is not "
                        "supported by the CUDA backend");
-    return batchedGemm(S, TA, TB, M, N, K, In(0), In(1), Out(0), Batch);
+    return batchedGemm(S, TA, TB, M, N, K, In(0), In(1), Out(0), Batch,
+                       InT(0).Dtype);
   }
   case OpKind::Scale:
     cuda::scale(Out(0), In(0), InT(0).numElements(), AFloat("alpha"), S);
@@ -1698,7 +1885,8 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
       return Chunk.takeError();
     cuda::adamw(In(0) + Chunk->Begin, In(1), In(2), In(3), Chunk->Count, In(4),
                 In(5), In(6), AFloat("beta1"), AFloat("beta2"), AFloat("eps"),
-                AFloat("weight_decay"), AFloat("max_norm"), S);
+                AFloat("weight_decay"), AFloat("max_norm"),
+                float(C.GradScale), S);
     return Error::success();
   }
   default:

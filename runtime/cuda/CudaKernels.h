@@ -201,14 +201,18 @@ void doubleToFloat(float *Out, const double *In, cudaStream_t S);
 /// (CpuBackend's GradNorm reduces the split part in double: SplitF null).
 void gradNormTotal(double *Total, const double *SplitD, const float *SplitF,
                    const double *Whole, cudaStream_t S);
+/// *Norm = float(sqrt(Total * Scale^2)): Scale the optimizer's gradient scale
+/// (1 / the loss scale, a power of two), so the norm is the unscaled one.
 void gradNormFinish(float *Norm, const double *Total, const float *TotalF,
-                    cudaStream_t S);
+                    double Scale, cudaStream_t S);
 /// One AdamW step, reading the grad norm, lr and step from device memory
-/// (the plan's buffers) and computing torch's scalars on the device.
+/// (the plan's buffers) and computing torch's scalars on the device; the
+/// gradients are multiplied by the clip coefficient times GradScale (1 / the
+/// loss scale), in float, as the CPU's.
 void adamw(float *P, const float *G, float *M, float *V, int64_t N,
            const float *GradNorm, const float *Lr, const float *Step,
            double Beta1, double Beta2, double Eps, double WeightDecay,
-           double MaxNorm, cudaStream_t S);
+           double MaxNorm, float GradScale, cudaStream_t S);
 /// One tensor of a multi-tensor AdamW step.
 struct AdamwTensor {
   float *P;
@@ -223,7 +227,16 @@ struct AdamwTensor {
 void adamwMultiTensor(const AdamwTensor *Tensors, int Count,
                       const float *GradNorm, const float *Lr,
                       const float *Step, double Beta1, double Beta2,
-                      double Eps, double MaxNorm, cudaStream_t S);
+                      double Eps, double MaxNorm, float GradScale,
+                      cudaStream_t S);
+
+// Mixed precision (kernels/Convert.cuh): 16-bit bits (bfloat16 when Bf16,
+// else IEEE half) to float32 and back, rounded to nearest even, as the CPU's
+// widen16 and narrow16.
+void widen16(float *Y, const uint16_t *X, int64_t N, bool Bf16,
+             cudaStream_t S);
+void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16,
+              cudaStream_t S);
 
 } // namespace sp::cuda
 

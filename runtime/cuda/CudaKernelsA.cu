@@ -6,6 +6,7 @@
 // device-link step than a file per kernel).
 //
 //===----------------------------------------------------------------------===//
+#include "runtime/cuda/kernels/Convert.cuh"
 #include "runtime/cuda/kernels/Elementwise.cuh"
 #include "runtime/cuda/kernels/Embedding.cuh"
 #include "runtime/cuda/kernels/Gelu.cuh"

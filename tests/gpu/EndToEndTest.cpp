@@ -58,7 +58,8 @@ constexpr double StableEps = 1e-3;
 
 Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
                  int Microbatches = 1, int DP = 1, int Zero = 0,
-                 double AdamEps = OptimizerOptions().Eps) {
+                 double AdamEps = OptimizerOptions().Eps,
+                 DType Activations = DType::F32) {
   registerOnnxDataLoader();
   auto G = cantFail(
       importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
@@ -68,6 +69,7 @@ Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
   Ctx.DataParallel = DP;
   Ctx.Zero = Zero;
   Ctx.Optimizer.Eps = AdamEps;
+  Ctx.ActivationDtype = Activations;
   if (PP > 1) {
     Ctx.Pipeline.Stages = PP;
     Ctx.Pipeline.Microbatches = Microbatches;
@@ -201,6 +203,77 @@ TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
     auto Ref = train(widenToFloat64(P), /*Cuda=*/false, Steps);
     ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
     expectMatches(*Gpu, *Cpu, *Ref, Eps == StableEps ? Steps : 1);
+  }
+}
+
+/// The losses of Steps training steps on one batch (as train's).
+Expected<std::vector<double>> trainLosses(const Plan &P, bool Cuda,
+                                          int Steps) {
+  RunOptions O;
+  std::unique_ptr<Backend> Made;
+  if (Cuda) {
+    auto B = createCudaBackend(CudaBackendOptions());
+    if (!B)
+      return B.takeError();
+    Made = std::move(*B);
+    O.MakeBackend = [&] { return std::move(Made); };
+  }
+  auto E = Executor::create(P, O);
+  if (!E)
+    return E.takeError();
+  std::mt19937 Rng(7);
+  TokenBatch Data;
+  for (int64_t I = 0; I < (*E)->batch() * (*E)->seq(); ++I) {
+    Data.Tokens.push_back(Rng() % (*E)->vocab());
+    Data.Targets.push_back(Rng() % (*E)->vocab());
+  }
+  std::vector<double> Losses;
+  for (int S = 1; S <= Steps; ++S) {
+    auto L = (*E)->trainStep(Data, 1e-3, S);
+    if (!L)
+      return L.takeError();
+    Losses.push_back(*L);
+  }
+  return Losses;
+}
+
+/// bf16 and fp16 plans (16-bit activations and parameter copies, float32
+/// masters; fp16 with dynamic loss scaling) on the GPU against the same
+/// plan on the CPU, by the band of tests/lit/tools/Inputs/precision_band.py
+/// with u the format's unit roundoff (bf16 2^-8, fp16 2^-11): step 1
+/// within u L, each window of 20 steps' mean within 4u. The two differ only
+/// in the GEMMs' summation order (the other kernels are the CPU's bits,
+/// MixedPrecisionIsTheCpusBits), far less than the 16-bit rounding the band
+/// allows for.
+TEST(CudaEndToEnd, MixedPrecisionTracksTheCpu) {
+  if (Error E = checkCudaDevice())
+    GTEST_SKIP() << "no CUDA device is present, skipping the GPU "
+                    "mixed-precision test: "
+                 << toString(std::move(E));
+  const int Steps = 40, Window = 20;
+  for (auto [T, U] : {std::pair<DType, double>{DType::BF16, 0x1p-8},
+                      {DType::F16, 0x1p-11}}) {
+    SCOPED_TRACE(dtypeName(T).str());
+    Plan P = compileTiny(1, false, 1, 1, 1, 0, OptimizerOptions().Eps, T);
+    auto Gpu = trainLosses(P, /*Cuda=*/true, Steps);
+    ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+    auto Cpu = trainLosses(P, /*Cuda=*/false, Steps);
+    ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+    EXPECT_LE(std::fabs((*Gpu)[0] - (*Cpu)[0]), U * (*Cpu)[0])
+        << "step 1: gpu " << (*Gpu)[0] << ", cpu " << (*Cpu)[0];
+    for (int K = 0; K + Window <= Steps; K += Window) {
+      double G = 0, C = 0;
+      for (int J = K; J < K + Window; ++J) {
+        G += (*Gpu)[J] / Window;
+        C += (*Cpu)[J] / Window;
+      }
+      EXPECT_LE(std::fabs(G - C), 4 * U * C)
+          << "steps " << K + 1 << "-" << K + Window << ": gpu mean " << G
+          << ", cpu mean " << C;
+      std::printf("%s steps %d-%d: gpu %.6f cpu %.6f (%.3f of 4u)\n",
+                  dtypeName(T).str().c_str(), K + 1, K + Window, G, C,
+                  std::fabs(G - C) / (4 * U * C));
+    }
   }
 }
 

@@ -25,6 +25,7 @@
 // Without a CUDA device every test is skipped with that message.
 //
 //===----------------------------------------------------------------------===//
+#include "ir/Float16.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "llvm/ADT/ScopeExit.h"
@@ -66,6 +67,20 @@ struct OpCase {
     for (float &X : V)
       X = D(Rng) * Scale + Shift;
     setFloats(B, V);
+    return B;
+  }
+  /// A bf16 or fp16 input: normal values (times Scale) rounded to T.
+  int halfs(DType T, std::vector<int64_t> Shape, float Scale = 1) {
+    int B = buffer(T, Shape);
+    int64_t N = P.Buffers[B].Type.numElements();
+    std::normal_distribution<float> D(0, 1);
+    std::vector<uint16_t> V(N);
+    for (uint16_t &X : V) {
+      float F = D(Rng) * Scale;
+      X = T == DType::BF16 ? floatToBFloat16(F) : floatToHalf(F);
+    }
+    Data[B].assign(reinterpret_cast<const char *>(V.data()),
+                   reinterpret_cast<const char *>(V.data() + V.size()));
     return B;
   }
   void setFloats(int B, const std::vector<float> &V) {
@@ -700,6 +715,117 @@ TEST_F(CudaKernels, SequenceParallelSplit) {
   I.Attrs.set("dim", int64_t(1));
   I.Attrs.set("parts", int64_t(2));
   compare(C, {Y}, 0);
+}
+
+/// Mixed precision (CudaBackend's dispatchMixed, kernels/Convert.cuh): an
+/// instruction with bf16 or fp16 buffers runs on float32 copies, rounded
+/// once where it stores, as the CPU's runMixed. Everything but the GEMMs is
+/// required to be the CPU's bit for bit: the casts on every 16-bit pattern
+/// and on the float32 values where rounding is delicate (ties, the half's
+/// subnormals and overflow, nan), and the ops below. A GEMM's 16-bit result
+/// rounds a float32 sum that cuBLAS adds in another order, so it may be one
+/// unit in the last place away: normwise within 2u (u = 2^-8 for bf16,
+/// 2^-11 for fp16).
+TEST_F(CudaKernels, MixedPrecisionIsTheCpusBits) {
+  for (DType T : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(T == DType::BF16 ? "bf16" : "fp16");
+    {
+      // Every 16-bit pattern widened, and float32 values narrowed.
+      OpCase C;
+      int All = C.buffer(T, {65536});
+      std::vector<uint16_t> Bits(65536);
+      for (int K = 0; K < 65536; ++K)
+        Bits[K] = uint16_t(K);
+      C.Data[All].assign(reinterpret_cast<const char *>(Bits.data()),
+                         reinterpret_cast<const char *>(Bits.data() + 65536));
+      int Wide = C.buffer(DType::F32, {65536});
+      C.op(OpKind::Cast, {All}, {Wide}).Attrs.set("to", std::string("f32"));
+      std::vector<float> Values = {0.0f,     -0.0f,    1.0f,     65504.0f,
+                                   65519.0f, 65520.0f, 1e-8f,    3e-8f,
+                                   6e-8f,    5.9e-8f,  6.1e-5f,  3.0e-5f,
+                                   1e38f,    -1e38f,   1e-40f,   1.00390625f,
+                                   1.01171875f, 1.0009765625f, 1.0029296875f,
+                                   INFINITY, -INFINITY, NAN};
+      std::mt19937 R(3);
+      std::uniform_int_distribution<uint32_t> Any;
+      while (Values.size() < 4096) {
+        uint32_t U = Any(R);
+        float F;
+        std::memcpy(&F, &U, 4);
+        Values.push_back(F);
+      }
+      int Narrow = C.buffer(DType::F32, {int64_t(Values.size())});
+      C.setFloats(Narrow, Values);
+      int Short = C.buffer(T, {int64_t(Values.size())});
+      C.op(OpKind::Cast, {Narrow}, {Short})
+          .Attrs.set("to", std::string(T == DType::BF16 ? "bf16" : "f16"));
+      CpuBackend Cpu;
+      auto Want = C.run(Cpu);
+      auto Got = C.run(*Gpu);
+      ASSERT_TRUE(bool(Want) && bool(Got));
+      EXPECT_EQ((*Got)[Wide], (*Want)[Wide]) << "widened patterns differ";
+      EXPECT_EQ((*Got)[Short], (*Want)[Short]) << "narrowed values differ";
+    }
+    {
+      // LayerNorm (16-bit x, gamma, beta and y; float32 statistics), and
+      // its backward.
+      OpCase F;
+      int X = F.halfs(T, {35, 203}, 2), G = F.halfs(T, {203}),
+          B = F.halfs(T, {203});
+      int Y = F.buffer(T, {35, 203}), M = F.buffer(DType::F32, {35}),
+          R = F.buffer(DType::F32, {35});
+      F.op(OpKind::LayerNorm, {X, G, B}, {Y, M, R});
+      compare(F, {Y, M, R}, 0);
+    }
+    {
+      OpCase C;
+      int A = C.halfs(T, {3, 5, 70}), B = C.halfs(T, {3, 5, 70});
+      int Y = C.buffer(T, {3, 5, 70});
+      C.op(OpKind::Add, {A, B}, {Y});
+      int G = C.buffer(T, {3, 5, 70});
+      C.op(OpKind::Gelu, {Y}, {G});
+      compare(C, {Y, G}, 0);
+    }
+    {
+      OpCase C;
+      std::vector<int64_t> Shape = {2, 3, 9, 9};
+      int X = C.halfs(T, Shape, 3);
+      int Y = C.buffer(T, Shape);
+      auto &I = C.op(OpKind::Softmax, {X}, {Y});
+      I.Attrs.set("alpha", 0.125);
+      I.Attrs.set("causal", int64_t(1));
+      I.Attrs.set("fill", -INFINITY);
+      int D = C.buffer(T, Shape), M = C.buffer(DType::U8, Shape);
+      auto &Dr = C.op(OpKind::Dropout, {Y}, {D, M});
+      Dr.Attrs.set("key", std::vector<int64_t>{2, 5});
+      Dr.Attrs.set("ratio", 0.1);
+      compare(C, {Y, D, M}, 0);
+    }
+    {
+      // A linear layer: 16-bit x, weight and bias, a 16-bit output.
+      const int64_t Rows = 33, In = 96, Out = 40;
+      OpCase C;
+      int X = C.halfs(T, {Rows, In}), W = C.halfs(T, {Out, In}),
+          B = C.halfs(T, {Out});
+      int Y = C.buffer(T, {Rows, Out});
+      C.op(OpKind::Linear, {X, W, B}, {Y}).Attrs.set("trans_w", int64_t(1));
+      CpuBackend Cpu;
+      auto Want = C.run(Cpu);
+      auto Got = C.run(*Gpu);
+      ASSERT_TRUE(bool(Want) && bool(Got));
+      auto Widen = [&](const std::vector<char> &Bytes) {
+        std::vector<float> V(Bytes.size() / 2);
+        for (size_t K = 0; K < V.size(); ++K) {
+          uint16_t H;
+          std::memcpy(&H, Bytes.data() + 2 * K, 2);
+          V[K] = T == DType::BF16 ? bfloat16ToFloat(H) : halfToFloat(H);
+        }
+        return V;
+      };
+      double U = T == DType::BF16 ? 0x1p-8 : 0x1p-11;
+      EXPECT_LE(normwiseError(Widen((*Got)[Y]), Widen((*Want)[Y])), 2 * U);
+    }
+  }
 }
 
 } // namespace

@@ -70,9 +70,9 @@ __global__ void gradNormTotalKernel(double *Total, const double *SplitD,
 }
 
 __global__ void gradNormFinishKernel(float *Norm, const double *Total,
-                                     const float *TotalF) {
+                                     const float *TotalF, double Scale) {
   if (globalThread() == 0)
-    *Norm = float(sqrt(TotalF ? double(*TotalF) : *Total));
+    *Norm = float(sqrt((TotalF ? double(*TotalF) : *Total) * Scale * Scale));
 }
 
 /// torch's scalars of one step, computed on the device from the plan's
@@ -86,7 +86,7 @@ __device__ inline AdamwScalars adamwScalars(const float *GradNorm,
                                             const float *StepP, double Beta1,
                                             double Beta2, double Eps,
                                             double WeightDecay,
-                                            double MaxNorm) {
+                                            double MaxNorm, float GradScale) {
   float Clip = 1.0f;
   if (MaxNorm > 0) {
     float Coef = (1.0f / (*GradNorm + 1e-6f)) * float(MaxNorm);
@@ -100,7 +100,7 @@ __device__ inline AdamwScalars adamwScalars(const float *GradNorm,
           float(1.0 - Beta1),             float(Beta2),
           float(1.0 - Beta2),             float(LrD / Bc1),
           float(sqrt(Bc2)),               float(Eps),
-          float(double(Clip))};
+          Clip * GradScale};
 }
 
 /// The update of element I, in float (the CPU's adamwBody).
@@ -120,9 +120,10 @@ __device__ inline void adamwElement(float *P, const float *G, float *M,
 __global__ void adamwKernel(float *P, const float *G, float *M, float *V,
                             int64_t N, const float *GradNorm, const float *Lr,
                             const float *StepP, double Beta1, double Beta2,
-                            double Eps, double WeightDecay, double MaxNorm) {
+                            double Eps, double WeightDecay, double MaxNorm,
+                            float GradScale) {
   const AdamwScalars C = adamwScalars(GradNorm, Lr, StepP, Beta1, Beta2, Eps,
-                                      WeightDecay, MaxNorm);
+                                      WeightDecay, MaxNorm, GradScale);
   SP_GRID_LOOP(I, N) adamwElement(P, G, M, V, I, C);
 }
 
@@ -149,14 +150,14 @@ static_assert(sizeof(AdamwTable) + 64 <= 4096, "the table is a kernel argument")
 __global__ void adamwMultiTensorKernel(AdamwTable T, const float *GradNorm,
                                        const float *Lr, const float *StepP,
                                        double Beta1, double Beta2, double Eps,
-                                       double MaxNorm) {
+                                       double MaxNorm, float GradScale) {
   const int Slot = T.BlockSlot[blockIdx.x];
   const int64_t Begin = int64_t(T.BlockChunk[blockIdx.x]) * MultiTensorChunk;
   const int64_t End = T.N[Slot] < Begin + MultiTensorChunk
                           ? T.N[Slot]
                           : Begin + MultiTensorChunk;
   const AdamwScalars C = adamwScalars(GradNorm, Lr, StepP, Beta1, Beta2, Eps,
-                                      T.WeightDecay[Slot], MaxNorm);
+                                      T.WeightDecay[Slot], MaxNorm, GradScale);
   float *P = T.P[Slot], *M = T.M[Slot], *V = T.V[Slot];
   const float *G = T.G[Slot];
   for (int64_t I = Begin + threadIdx.x; I < End; I += blockDim.x)
@@ -183,24 +184,25 @@ void gradNormTotal(double *Total, const double *SplitD, const float *SplitF,
 }
 
 void gradNormFinish(float *Norm, const double *Total, const float *TotalF,
-                    cudaStream_t S) {
-  gradNormFinishKernel<<<1, 32, 0, S>>>(Norm, Total, TotalF);
+                    double Scale, cudaStream_t S) {
+  gradNormFinishKernel<<<1, 32, 0, S>>>(Norm, Total, TotalF, Scale);
 }
 
 void adamw(float *P, const float *G, float *M, float *V, int64_t N,
            const float *GradNorm, const float *Lr, const float *Step,
            double Beta1, double Beta2, double Eps, double WeightDecay,
-           double MaxNorm, cudaStream_t S) {
+           double MaxNorm, float GradScale, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     adamwKernel<<<L.Blocks, L.Threads, 0, S>>>(P, G, M, V, N, GradNorm, Lr,
                                                Step, Beta1, Beta2, Eps,
-                                               WeightDecay, MaxNorm);
+                                               WeightDecay, MaxNorm, GradScale);
 }
 
 void adamwMultiTensor(const AdamwTensor *Tensors, int Count,
                       const float *GradNorm, const float *Lr,
                       const float *Step, double Beta1, double Beta2,
-                      double Eps, double MaxNorm, cudaStream_t S) {
+                      double Eps, double MaxNorm, float GradScale,
+                      cudaStream_t S) {
   std::vector<int64_t> Sizes(Count > 0 ? Count : 0);
   for (int K = 0; K < Count; ++K)
     Sizes[K] = Tensors[K].N;
@@ -220,7 +222,7 @@ void adamwMultiTensor(const AdamwTensor *Tensors, int Count,
       T.BlockChunk[B] = static_cast<int>(L.Blocks[B].Chunk);
     }
     adamwMultiTensorKernel<<<unsigned(L.Blocks.size()), BlockThreads, 0, S>>>(
-        T, GradNorm, Lr, Step, Beta1, Beta2, Eps, MaxNorm);
+        T, GradNorm, Lr, Step, Beta1, Beta2, Eps, MaxNorm, GradScale);
   }
 }
 

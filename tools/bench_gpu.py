@@ -44,11 +44,11 @@ core's GEMM that sp recomputes, Q K^T (2 b s^2 h / t; Megatron also recomputes a
 count, minus the head's 6 b s h v, over the one layer). MFU = model FLOPs / combined time /
 peak; HFU counts the recomputed FLOPs too.
 
-Precision. sp-run executes fp32 plans only (16-bit execution waits for issue 14). On the CPU it
-runs fp32; on cuda fp32 and fp32 with --tf32 (TF32 tensor-core GEMMs). MFU is reported against
-the device's dense BF16 peak all the same (the paper's A100 figure is 312 TFLOP/s, a BF16 peak),
-so fp32 numbers are far below what the hardware can do in bf16; the output says so. --dtype bf16
-adds a bf16 run of the torch layer only, as a target. --peak-tflops overrides the peak table; on
+Precision. sp-run runs the fp32 plans (on cuda also with --tf32, TF32 tensor-core GEMMs), and with
+--dtype bf16 the same layer compiled with sp-compile --dtype bf16 (16-bit activations and
+parameter copies, float32 masters; on cuda the GEMMs on bf16 tensor cores), beside torch's layer in
+bf16. MFU is reported against the device's dense BF16 peak for every row (the paper's A100 figure
+is 312 TFLOP/s, a BF16 peak), so the fp32 rows are far below what the hardware can do in bf16. --peak-tflops overrides the peak table; on
 the CPU MFU is n/a unless it is given.
 
 Torch. The same layer in torch.nn.functional (LayerNorm, QKV linear, scale, causal mask, softmax,
@@ -233,13 +233,18 @@ def prepare(args, sh, work):
     data = os.path.join(work, "data.bin")
     run([tool(args, "sp-tokenize"), os.path.join(ROOT, "models", "data", "python-reference.txt"), "-o", data])
     plans, reports = {}, {}
-    for mode in MODES:
-        plans[mode] = os.path.join(work, f"plan-{mode}")
-        shutil.rmtree(plans[mode], ignore_errors=True)
-        report = os.path.join(work, f"report-{mode}.json")
-        run([tool(args, "sp-compile"), model, "-o", plans[mode], "--recompute", mode, "--attention", "unfused", "--quiet", "--report", report])
-        with open(report) as f:
-            reports[mode] = json.load(f)
+    for dtype in ["fp32"] + (["bf16"] if args.dtype == "bf16" else []):
+        plans[dtype] = {}
+        for mode in MODES:
+            suffix = "" if dtype == "fp32" else "-bf16"
+            plans[dtype][mode] = os.path.join(work, f"plan-{mode}{suffix}")
+            shutil.rmtree(plans[dtype][mode], ignore_errors=True)
+            report = os.path.join(work, f"report-{mode}{suffix}.json")
+            run([tool(args, "sp-compile"), model, "-o", plans[dtype][mode], "--recompute", mode, "--attention",
+                 "unfused", "--dtype", dtype, "--quiet", "--report", report])
+            if dtype == "fp32":
+                with open(report) as f:
+                    reports[mode] = json.load(f)
     return data, plans, reports
 
 
@@ -452,7 +457,7 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (sp-run --device; default cpu)")
     ap.add_argument("--model", choices=["22B", "175B", "small"], default="small")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
-                    help="fp32 (sp-run and torch; on cuda also TF32); bf16 adds a torch-only bf16 run")
+                    help="fp32 (sp-run and torch; on cuda also TF32); bf16 adds bf16 runs of both")
     ap.add_argument("--steps", type=int, default=10, help="timed steps (one more is run and left out)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the fastest of each mode counts")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of sp-run and torch")
@@ -500,7 +505,8 @@ def main():
                 print(f"  warning: sp-compile --report ({mode}) counts {r['model_per_step']:.6e} model and "
                       f"{r['recompute']:.6e} recompute FLOPs per layer; the formula "
                       f"{flops['model_per_step']:.6e} and {flops['recompute'][mode]:.6e}")
-        sp = {prec: measure_sp(args, plans, data, prec, work) for prec in precisions}
+        sp = {prec: measure_sp(args, plans["bf16" if prec == "bf16" else "fp32"], data, prec, work)
+              for prec in precisions + (["bf16"] if args.dtype == "bf16" else [])}
         torch_rows, torch_note = {}, "not run (--no-torch)"
         if not args.no_torch:
             torch, torch_note = import_torch(args.device)
@@ -519,26 +525,23 @@ def main():
         add_rates(torch_rows[prec], flops, peak)
     print(f"\nfastest of {args.repeat} rounds of {args.steps} steps (the first step of each run left out); "
           f"layer times in ms per step")
-    for prec in precisions:
-        what = "fp32" if prec == "fp32" else "fp32 with TF32 GEMMs (--tf32)"
+    for prec in sp:
+        what = {"fp32": "fp32", "tf32": "fp32 with TF32 GEMMs (--tf32)",
+                "bf16": "bf16 (--dtype bf16: 16-bit activations, float32 masters)"}[prec]
         print_table(f"sp-run, {what}:", sp[prec])
         outside = sp[prec]["none"]
         print(f"  outside the layer (not counted): embedding, final norm, head, loss: forward "
               f"{outside['outside_layer_ms']['forward']:.2f} ms, backward "
               f"{outside['outside_layer_ms']['backward']:.2f} ms; optimizer {outside['optimizer_ms']:.2f} ms")
         if prec in torch_rows:
-            print_table(f"torch, same layer, {what} (recompute inside its backward):", torch_rows[prec],
-                        with_recompute=False)
+            print_table(f"torch, same layer, {'bf16' if prec == 'bf16' else what} (recompute inside its backward):",
+                        torch_rows[prec], with_recompute=False)
             print("  sp / torch combined: " + ", ".join(
                 f"{mode} {sp[prec][mode]['combined_ms'] / torch_rows[prec][mode]['combined_ms']:.2f}"
                 for mode in MODES))
-    if "bf16" in torch_rows:
-        print_table("torch, same layer, bf16 (sp-run has no bf16 execution yet):", torch_rows["bf16"],
-                    with_recompute=False)
     if not torch_rows:
         print(f"torch: {torch_note}")
-    print("MFU is against the dense BF16 peak while sp-run computes in fp32 (TF32 at best): 16-bit execution "
-          "waits for issue 14." if peak and args.device != "cpu" else
+    print("MFU is against the dense BF16 peak (fp32 and TF32 rows included)." if peak and args.device != "cpu" else
           "MFU: n/a on the CPU without --peak-tflops." if not peak else
           f"MFU against --peak-tflops {peak:g}.")
     print("paper, Table 4 (22B, t 8, one layer on A100s, 16-bit):")

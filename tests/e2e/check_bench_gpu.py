@@ -3,9 +3,9 @@
 
     /usr/bin/python3 tests/e2e/check_bench_gpu.py --sp-bin build/bin --workdir /tmp/bench-gpu
 
-Runs `tools/bench_gpu.py --device cpu --model small --steps 2 --repeat 1 --json FILE` and checks the
-structure of what it wrote, not its speed: the three modes for sp-run (and for torch when torch is
-importable), every time positive and finite, backward including recompute, recompute zero without
+Runs `tools/bench_gpu.py --device cpu --model small --dtype bf16 --steps 2 --repeat 1 --json FILE`
+and checks the structure of what it wrote, not its speed: the three modes for sp-run in fp32 and
+bf16 (and for torch when torch is importable), every time positive and finite, backward including recompute, recompute zero without
 recomputation and positive with it, and the FLOPs equal to the paper's formula for the small shapes
 (24 b s h^2 (1 + s/6h) / t forward, backward twice, selective adding Q K^T, full the forward) and
 to sp-compile's report. No timing is asserted.
@@ -48,13 +48,14 @@ def check(result, failures):
                f"{mode}: sp-compile's report {r} disagrees with the formula")
 
     expect(result["device"] == "cpu" and result["peak_tflops"] is None, "cpu run without a peak")
-    expect(set(result["sp"]) == {"fp32"}, f"sp precisions {sorted(result['sp'])} (the CPU runs fp32 only)")
-    tables = [("sp", result["sp"]["fp32"])]
+    expect(set(result["sp"]) == {"fp32", "bf16"}, f"sp precisions {sorted(result['sp'])} (fp32 and bf16)")
+    tables = [("sp", result["sp"][prec]) for prec in ("fp32", "bf16") if prec in result["sp"]]
     try:
         import torch  # noqa: F401
-        expect(set(result["torch"]) == {"fp32"}, f"torch precisions {sorted(result['torch'])}")
-        if "fp32" in result["torch"]:
-            tables.append(("torch", result["torch"]["fp32"]))
+        expect(set(result["torch"]) == {"fp32", "bf16"}, f"torch precisions {sorted(result['torch'])}")
+        for prec in ("fp32", "bf16"):
+            if prec in result["torch"]:
+                tables.append(("torch", result["torch"][prec]))
     except ImportError:
         expect(not result["torch"], "torch rows without torch")
     for who, rows in tables:
@@ -87,7 +88,7 @@ def main():
     if os.path.exists(out):
         os.remove(out)
     subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_gpu.py"), "--device", "cpu",
-                    "--model", "small", "--steps", "2", "--repeat", "1", "--threads", "2",
+                    "--model", "small", "--dtype", "bf16", "--steps", "2", "--repeat", "1", "--threads", "2",
                     "--sp-bin", args.sp_bin, "--workdir", os.path.join(args.workdir, "work"), "--json", out],
                    check=True)
     with open(out) as f:

@@ -54,6 +54,7 @@
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/DeviceSelect.h"
 #include "runtime/cuda/LaunchGeometry.h"
+#include "runtime/cuda/MixedPlan.h"
 #include "runtime/cuda/NcclComm.h"
 #include "runtime/cuda/StreamPlan.h"
 #include "llvm/ADT/DenseMap.h"
@@ -637,15 +638,9 @@ Error CudaBackend::hopBack(cudaStream_t S) {
   return Error::success();
 }
 
-static bool isHalf(DType T) { return T == DType::BF16 || T == DType::F16; }
-
 /// Whether an instruction reads or writes a bf16 or fp16 buffer.
 static bool touchesHalf(const KernelCall &C) {
-  for (const auto *List : {&C.I.Out, &C.I.In})
-    for (int B : *List)
-      if (isHalf(C.Prog.Buffers[B].Type.Dtype))
-        return true;
-  return false;
+  return cuda::touches16Bit(C.I, C.Prog.Buffers);
 }
 
 Expected<char *> CudaBackend::mixedScratch(int K, int64_t Bytes) {
@@ -662,82 +657,42 @@ Expected<char *> CudaBackend::mixedScratch(int K, int64_t Bytes) {
 }
 
 Error CudaBackend::dispatchMixed(const KernelCall &C, cudaStream_t S) {
-  // As CpuBackend's runMixed: the instruction's buffers, each once (an
-  // in-place operand is also a result), the 16-bit ones as float32 copies in
-  // this stream's region, the others where they are; the operands widened
-  // (exact), the float32 kernel run, each 16-bit result rounded once to
+  // As CpuBackend's runMixed, by the host-side plan of MixedPlan.h: the
+  // 16-bit buffers' float32 copies in this stream's region, the operands
+  // widened, the float32 kernel run, each 16-bit result rounded once to
   // nearest even. Everything is queued on S, in that order, so the region
   // is free again for S's next instruction.
-  const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
-  Program Local;
-  Instruction LI = I;
-  SmallVector<int, 8> Ids;
-  int64_t Size = 0;
-  // A GEMM of two operands of one 16-bit type reads them where they are, on
-  // the tensor cores (products exact in float32, float32 sums): the CPU's
-  // rule, float32 sums of the exact products, rounded once where stored.
-  bool Gemm16 = (I.Op == OpKind::Linear || I.Op == OpKind::LinearGradW ||
-                 I.Op == OpKind::BatchMatMul) &&
-                isHalf(Bufs[I.In[0]].Type.Dtype) &&
-                Bufs[I.In[0]].Type.Dtype == Bufs[I.In[1]].Type.Dtype;
-  auto Map = [&](int &B) {
-    auto It = find(Ids, B);
-    if (It != Ids.end()) {
-      B = It - Ids.begin();
-      return;
-    }
-    ProgramBuffer PB = Bufs[B];
-    PB.Offset = -1;
-    bool Operand16 = Gemm16 && (B == I.In[0] || B == I.In[1]) &&
-                     !is_contained(I.Out, B);
-    if (isHalf(PB.Type.Dtype) && !Operand16) {
-      PB.Type.Dtype = DType::F32;
-      PB.Bytes = PB.Type.numBytes();
-      PB.Offset = Size;
-      Size += alignTo(std::max<int64_t>(PB.Bytes, 1), 256);
-    }
-    Local.Buffers.push_back(std::move(PB));
-    Ids.push_back(B);
-    B = Ids.size() - 1;
-  };
-  for (int &B : LI.In)
-    Map(B);
-  for (int &B : LI.Out)
-    Map(B);
-  auto Region = mixedScratch(S == Comm ? 1 : 0, Size);
+  cuda::MixedPlan M =
+      cuda::planMixed(C.I, Bufs, opDef(C.I.Op).SideEffects);
+  auto Region = mixedScratch(S == Comm ? 1 : 0, M.RegionBytes);
   if (!Region)
     return Region.takeError();
   SmallVector<char *, 8> Where;
-  for (size_t K = 0; K < Ids.size(); ++K)
-    Where.push_back(Local.Buffers[K].Offset >= 0
-                        ? *Region + Local.Buffers[K].Offset
-                        : C.buffer(Ids[K]));
+  for (const cuda::MixedBuffer &B : M.Buffers)
+    Where.push_back(B.Offset >= 0 ? *Region + B.Offset : C.buffer(B.Id));
   auto Convert = [&](size_t K, bool ToFloat) {
-    DType T = Bufs[Ids[K]].Type.Dtype;
-    auto *H = reinterpret_cast<uint16_t *>(C.buffer(Ids[K]));
+    int Id = M.Buffers[K].Id;
+    bool Bf16 = Bufs[Id].Type.Dtype == DType::BF16;
+    auto *H = reinterpret_cast<uint16_t *>(C.buffer(Id));
     auto *F = reinterpret_cast<float *>(Where[K]);
-    int64_t N = Bufs[Ids[K]].Type.numElements();
+    int64_t N = Bufs[Id].Type.numElements();
     if (ToFloat)
-      cuda::widen16(F, H, N, T == DType::BF16, S);
+      cuda::widen16(F, H, N, Bf16, S);
     else
-      cuda::narrow16(H, F, N, T == DType::BF16, S);
+      cuda::narrow16(H, F, N, Bf16, S);
   };
-  // The operands, and the results an op with side effects writes in place
-  // (the kernels overwrite their other results).
-  bool InPlace = opDef(I.Op).SideEffects;
-  for (size_t K = 0; K < Ids.size(); ++K)
-    if (Local.Buffers[K].Offset >= 0 &&
-        (InPlace || is_contained(I.In, Ids[K])))
+  for (size_t K = 0; K < M.Buffers.size(); ++K)
+    if (M.Buffers[K].Widen)
       Convert(K, /*ToFloat=*/true);
-  if (auto E = dispatch(KernelCall{LI, Local, nullptr, C.Step, C.Training,
-                                   C.Dropout, C.Seed, C.Tensor, C.Pipeline,
-                                   C.Data, C.GradScale, Where.data()},
+  if (auto E = dispatch(KernelCall{M.Local, M.LocalProgram, nullptr, C.Step,
+                                   C.Training, C.Dropout, C.Seed, C.Tensor,
+                                   C.Pipeline, C.Data, C.GradScale,
+                                   Where.data()},
                         S))
     return E;
-  for (size_t K = 0; K < Ids.size(); ++K)
-    if (Local.Buffers[K].Offset >= 0 &&
-        (InPlace || is_contained(I.Out, Ids[K])))
+  for (size_t K = 0; K < M.Buffers.size(); ++K)
+    if (M.Buffers[K].Narrow)
       Convert(K, /*ToFloat=*/false);
   return Error::success();
 }

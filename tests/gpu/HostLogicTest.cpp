@@ -5,16 +5,19 @@
 // the chunking of the multi-tensor AdamW into launches, the stream and
 // event plan of a program (on hand-made programs and on
 // random ones, checked against a happens-before simulation), how pipeline
-// messages are posted to NCCL (every compiled schedule completes), the local-rank
-// and device selection, and the error a machine without a usable device
-// gives.
+// messages are posted to NCCL (every compiled schedule completes), which
+// buffers a 16-bit instruction copies to float32 (MixedPlan.h), the
+// local-rank and device selection, and the error a machine without a usable
+// device gives.
 //
 //===----------------------------------------------------------------------===//
 #include "frontend/OnnxImporter.h"
 #include "passes/Compile.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "runtime/cuda/DeviceSelect.h"
+#include "ir/OpDef.h"
 #include "runtime/cuda/LaunchGeometry.h"
+#include "runtime/cuda/MixedPlan.h"
 #include "runtime/cuda/MultiTensor.h"
 #include "runtime/cuda/PipelinePosting.h"
 #include "runtime/cuda/StreamPlan.h"
@@ -673,6 +676,95 @@ TEST(StreamPlan, StatedOverlapsRunWithoutEvents) {
       EXPECT_EQ(Pairs.size(), 1u);
     }
   }
+}
+
+//===----------------------------------------------------------------------===//
+// Mixed precision
+//===----------------------------------------------------------------------===//
+
+std::vector<ProgramBuffer> typed(std::vector<TensorType> Types) {
+  std::vector<ProgramBuffer> Bufs;
+  for (TensorType &T : Types) {
+    ProgramBuffer B;
+    B.Name = "%" + std::to_string(Bufs.size());
+    B.Type = T;
+    B.Bytes = T.numBytes();
+    B.Offset = int64_t(Bufs.size()) * 4096;
+    Bufs.push_back(B);
+  }
+  return Bufs;
+}
+
+Instruction instr(OpKind Op, std::vector<int> In, std::vector<int> Out) {
+  Instruction I;
+  I.Op = Op;
+  I.In.assign(In.begin(), In.end());
+  I.Out.assign(Out.begin(), Out.end());
+  return I;
+}
+
+TEST(MixedPlan, OnlyInstructionsWith16BitBuffersAreMixed) {
+  auto Bufs = typed({TensorType(DType::F32, {4, 8}), TensorType(DType::F32, {8}),
+                     TensorType(DType::BF16, {4, 8}), TensorType(DType::I64, {4})});
+  EXPECT_FALSE(touches16Bit(instr(OpKind::Add, {0, 0}, {1}), Bufs));
+  EXPECT_TRUE(touches16Bit(instr(OpKind::Cast, {0}, {2}), Bufs));
+  EXPECT_TRUE(touches16Bit(instr(OpKind::Gelu, {2}, {0}), Bufs));
+}
+
+TEST(MixedPlan, A16BitLinearReadsItsOperandsInPlace) {
+  // y[bf16] = linear(x[bf16], w[bf16], b[bf16]): x and w on the tensor
+  // cores where they are; the bias widened, y rounded back.
+  auto Bufs = typed({TensorType(DType::BF16, {33, 96}),
+                     TensorType(DType::BF16, {40, 96}),
+                     TensorType(DType::BF16, {40}),
+                     TensorType(DType::BF16, {33, 40})});
+  MixedPlan P = planMixed(instr(OpKind::Linear, {0, 1, 2}, {3}), Bufs, false);
+  EXPECT_TRUE(P.Gemm16);
+  ASSERT_EQ(P.Buffers.size(), 4u);
+  EXPECT_EQ(P.Buffers[0].Offset, -1);
+  EXPECT_EQ(P.Buffers[1].Offset, -1);
+  EXPECT_FALSE(P.Buffers[0].Widen || P.Buffers[1].Widen);
+  EXPECT_EQ(P.LocalProgram.Buffers[0].Type.Dtype, DType::BF16);
+  EXPECT_EQ(P.Buffers[2].Offset, 0);
+  EXPECT_TRUE(P.Buffers[2].Widen && !P.Buffers[2].Narrow);
+  EXPECT_EQ(P.Buffers[3].Offset, 256) << "40 floats, 256-byte aligned";
+  EXPECT_TRUE(!P.Buffers[3].Widen && P.Buffers[3].Narrow);
+  EXPECT_EQ(P.LocalProgram.Buffers[3].Type, TensorType(DType::F32, {33, 40}));
+  EXPECT_EQ(P.RegionBytes, 256 + 33 * 40 * 4 / 256 * 256 + 256);
+  EXPECT_EQ(P.Local.In, (SmallVector<int, 4>{0, 1, 2}));
+  EXPECT_EQ(P.Local.Out, (SmallVector<int, 2>{3}));
+}
+
+TEST(MixedPlan, OperandsOfTwoTypesAreBothWidened) {
+  // A bf16 activation times an f32 weight, and an fp16 x bf16 pair: no
+  // tensor-core GEMM of one type, so the 16-bit operands are copied.
+  auto Bufs = typed({TensorType(DType::BF16, {4, 8}),
+                     TensorType(DType::F32, {8, 8}),
+                     TensorType(DType::F16, {8, 8}),
+                     TensorType(DType::F32, {4, 8})});
+  for (int W : {1, 2}) {
+    MixedPlan P = planMixed(instr(OpKind::Linear, {0, W}, {3}), Bufs, false);
+    EXPECT_FALSE(P.Gemm16);
+    EXPECT_TRUE(P.Buffers[0].Widen);
+    EXPECT_EQ(P.Buffers[1].Widen, W == 2);
+    EXPECT_EQ(P.Buffers[2].Offset, -1) << "the f32 result stays in place";
+  }
+}
+
+TEST(MixedPlan, ABufferUsedTwiceIsCopiedOnce) {
+  // x * x, and an in-place accumulation (side effects: converted both ways).
+  auto Bufs = typed({TensorType(DType::F16, {64}), TensorType(DType::F16, {64}),
+                     TensorType(DType::F16, {64})});
+  MixedPlan Sq = planMixed(instr(OpKind::Mul, {0, 0}, {1}), Bufs, false);
+  ASSERT_EQ(Sq.Buffers.size(), 2u);
+  EXPECT_EQ(Sq.Local.In, (SmallVector<int, 4>{0, 0}));
+  EXPECT_EQ(Sq.RegionBytes, 512);
+  bool SideEffects = opDef(OpKind::Accumulate).SideEffects;
+  ASSERT_TRUE(SideEffects);
+  MixedPlan Acc =
+      planMixed(instr(OpKind::Accumulate, {2, 1}, {}), Bufs, SideEffects);
+  for (const MixedBuffer &B : Acc.Buffers)
+    EXPECT_TRUE(B.Widen && B.Narrow) << "buffer " << B.Id;
 }
 
 } // namespace

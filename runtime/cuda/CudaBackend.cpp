@@ -290,6 +290,18 @@ private:
   cublasMath_t mathMode() const {
     return TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
   }
+  /// A cuBLAS call on 16-bit operands: the default math (tensor cores; the
+  /// products are exact in float32) without reduced-precision split-K
+  /// reductions, then the float32 GEMMs' mode again.
+  template <typename Call> Error tensorCoreCall(Call &&Fn) {
+    SP_CUBLAS_TRY(Cublas->SetMathMode(
+        Blas, cublasMath_t(CUBLAS_DEFAULT_MATH |
+                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    cublasStatus_t St = Fn();
+    SP_CUBLAS_TRY(Cublas->SetMathMode(Blas, mathMode()));
+    SP_CUBLAS_TRY(St);
+    return Error::success();
+  }
   Error collective(const KernelCall &C, cudaStream_t S);
   /// ZeRO: the flat reduce-scatter of a bucket of gradients, and the
   /// in-place all-gather of an updated parameter's chunks.
@@ -737,17 +749,12 @@ Error CudaBackend::gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
                                 Cm, int(Ldc)));
     return Error::success();
   }
-  // 16-bit products are exact in float32; no reduced-precision split-K.
-  SP_CUBLAS_TRY(Cublas->SetMathMode(
-      Blas, cublasMath_t(CUBLAS_DEFAULT_MATH |
-                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-  cublasStatus_t St = Cublas->GemmEx(
-      Blas, OpB, OpA, int(N), int(M), int(K), &One, B, cudaType16(AB),
-      int(Ldb), A, cudaType16(AB), int(Lda), &Beta, Cm, CUDA_R_32F, int(Ldc),
-      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  SP_CUBLAS_TRY(Cublas->SetMathMode(Blas, mathMode()));
-  SP_CUBLAS_TRY(St);
-  return Error::success();
+  return tensorCoreCall([&] {
+    return Cublas->GemmEx(Blas, OpB, OpA, int(N), int(M), int(K), &One, B,
+                          cudaType16(AB), int(Ldb), A, cudaType16(AB),
+                          int(Lda), &Beta, Cm, CUDA_R_32F, int(Ldc),
+                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
 }
 
 Error CudaBackend::batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M,
@@ -770,17 +777,13 @@ Error CudaBackend::batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M,
         int(N), M * N, int(Batch)));
     return Error::success();
   }
-  SP_CUBLAS_TRY(Cublas->SetMathMode(
-      Blas, cublasMath_t(CUBLAS_DEFAULT_MATH |
-                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-  cublasStatus_t St = Cublas->GemmStridedBatchedEx(
-      Blas, OpB, OpA, int(N), int(M), int(K), &One, B, cudaType16(AB),
-      int(TB ? K : N), K * N, A, cudaType16(AB), int(TA ? M : K), M * K,
-      &Zero, Cm, CUDA_R_32F, int(N), M * N, int(Batch), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT);
-  SP_CUBLAS_TRY(Cublas->SetMathMode(Blas, mathMode()));
-  SP_CUBLAS_TRY(St);
-  return Error::success();
+  return tensorCoreCall([&] {
+    return Cublas->GemmStridedBatchedEx(
+        Blas, OpB, OpA, int(N), int(M), int(K), &One, B, cudaType16(AB),
+        int(TB ? K : N), K * N, A, cudaType16(AB), int(TA ? M : K), M * K,
+        &Zero, Cm, CUDA_R_32F, int(N), M * N, int(Batch), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT);
+  });
 }
 
 Error CudaBackend::run(const KernelCall &C) {

@@ -86,7 +86,8 @@ struct Run {
   std::vector<std::map<std::string, std::vector<double>>> Params;
 };
 
-Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
+/// An executor of P on the GPU (Cuda) or on the CPU.
+Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda) {
   RunOptions O;
   O.AllowFloat64 = true;
   // The backend is made first, so that a failure is an error here; the
@@ -99,15 +100,25 @@ Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
     Made = std::move(*B);
     O.MakeBackend = [&] { return std::move(Made); };
   }
-  auto E = Executor::create(P, O);
-  if (!E)
-    return E.takeError();
+  return Executor::create(P, O);
+}
+
+/// The one batch every step trains on: seeded random tokens and targets.
+TokenBatch oneBatch(const Executor &E) {
   std::mt19937 Rng(7);
   TokenBatch Data;
-  for (int64_t I = 0; I < (*E)->batch() * (*E)->seq(); ++I) {
-    Data.Tokens.push_back(Rng() % (*E)->vocab());
-    Data.Targets.push_back(Rng() % (*E)->vocab());
+  for (int64_t I = 0; I < E.batch() * E.seq(); ++I) {
+    Data.Tokens.push_back(Rng() % E.vocab());
+    Data.Targets.push_back(Rng() % E.vocab());
   }
+  return Data;
+}
+
+Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
+  auto E = makeExecutor(P, Cuda);
+  if (!E)
+    return E.takeError();
+  TokenBatch Data = oneBatch(**E);
   Run R;
   for (int S = 1; S <= Steps; ++S) {
     auto L = (*E)->trainStep(Data, 1e-3, S);
@@ -209,24 +220,10 @@ TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
 /// The losses of Steps training steps on one batch (as train's).
 Expected<std::vector<double>> trainLosses(const Plan &P, bool Cuda,
                                           int Steps) {
-  RunOptions O;
-  std::unique_ptr<Backend> Made;
-  if (Cuda) {
-    auto B = createCudaBackend(CudaBackendOptions());
-    if (!B)
-      return B.takeError();
-    Made = std::move(*B);
-    O.MakeBackend = [&] { return std::move(Made); };
-  }
-  auto E = Executor::create(P, O);
+  auto E = makeExecutor(P, Cuda);
   if (!E)
     return E.takeError();
-  std::mt19937 Rng(7);
-  TokenBatch Data;
-  for (int64_t I = 0; I < (*E)->batch() * (*E)->seq(); ++I) {
-    Data.Tokens.push_back(Rng() % (*E)->vocab());
-    Data.Targets.push_back(Rng() % (*E)->vocab());
-  }
+  TokenBatch Data = oneBatch(**E);
   std::vector<double> Losses;
   for (int S = 1; S <= Steps; ++S) {
     auto L = (*E)->trainStep(Data, 1e-3, S);

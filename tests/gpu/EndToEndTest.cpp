@@ -361,12 +361,7 @@ Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps,
     auto Ex = Executor::create(P, O);
     if (!Ex)
       return Ex.takeError();
-    std::mt19937 Rng(7);
-    TokenBatch Data;
-    for (int64_t I = 0; I < (*Ex)->batch() * (*Ex)->seq(); ++I) {
-      Data.Tokens.push_back(Rng() % (*Ex)->vocab());
-      Data.Targets.push_back(Rng() % (*Ex)->vocab());
-    }
+    TokenBatch Data = oneBatch(**Ex);
     for (int S = 1; S <= Steps; ++S) {
       auto L = (*Ex)->trainStep(Data, 1e-3, S);
       if (!L)

@@ -1007,25 +1007,13 @@ bool isTrilBlock(const Value *Buf, const TensorType &Block) {
   return true;
 }
 
-/// Where's condition is Slice(buffer) tested for zero (Equal(., 0), or Not
-/// of a bool Cast) on a square buffer, the slices keeping its leading
-/// [S, S] block (starts 0, steps 1), too large to fold (GPT-2's causal
-/// "bias" buffer at s > 1024). When the buffer's data can be read, the
-/// block must be a lower triangle by value; weight-free graphs (no data)
-/// are taken by this form alone.
-bool isTrilBufferTest(Value *Cond) {
-  Node *Test = Cond->producer();
-  if (!Test)
-    return false;
-  Value *Sliced = nullptr;
-  if (Test->op() == OpKind::OnnxEqual && isScalar(Test->operand(1), 0.0))
-    Sliced = Test->operand(0);
-  else if (Test->op() == OpKind::OnnxNot) {
-    Sliced = Test->operand(0);
-    if (Node *Cast = def(Sliced, OpKind::OnnxCast))
-      Sliced = Cast->operand(0);
-  }
-  // One Slice per sliced axis (torch writes one for each), all from 0.
+/// Whether Sliced is the leading [S, S] block of a square constant buffer
+/// whose lower triangle (with the diagonal) is set: one Slice per sliced
+/// axis (torch writes one for each), starts 0 and steps 1, of a buffer too
+/// large to fold (GPT-2's causal "bias" at n_positions > 1024). When the
+/// buffer's data can be read, the block must be the lower triangle by
+/// value; weight-free graphs (no data) are taken by this form alone.
+bool isTrilBufferSlice(Value *Sliced) {
   Value *Buf = Sliced;
   unsigned Slices = 0;
   while (Node *Slice = Buf ? def(Buf, OpKind::OnnxSlice) : nullptr) {
@@ -1056,6 +1044,32 @@ bool isTrilBufferTest(Value *Cond) {
     return true; // no data (a weight-free graph)
   }
   return isTrilBlock(Buf, Sliced->type());
+}
+
+/// Where's condition masking the strict upper triangle: such a slice tested
+/// for zero (Equal(., 0), or Not of a bool Cast; nanoGPT's ~bias[..]).
+bool isTrilBufferTest(Value *Cond) {
+  Node *Test = Cond->producer();
+  if (!Test)
+    return false;
+  Value *Sliced = nullptr;
+  if (Test->op() == OpKind::OnnxEqual && isScalar(Test->operand(1), 0.0))
+    Sliced = Test->operand(0);
+  else if (Test->op() == OpKind::OnnxNot) {
+    Sliced = Test->operand(0);
+    if (Node *Cast = def(Sliced, OpKind::OnnxCast))
+      Sliced = Cast->operand(0);
+  }
+  return Sliced && isTrilBufferSlice(Sliced);
+}
+
+/// Where's condition keeping the lower triangle: the slice itself, or its
+/// Cast to bool (HF's torch.where(bias[..], scores, min)).
+bool isTrilBufferKeep(Value *Cond) {
+  Value *Sliced = Cond;
+  if (Node *Cast = def(Sliced, OpKind::OnnxCast))
+    Sliced = Cast->operand(0);
+  return isTrilBufferSlice(Sliced);
 }
 
 /// A lower triangle of ones built at run time, too large to fold:
@@ -1122,7 +1136,8 @@ bool causalMask(Rewriter &R, Node &N) {
       bool Upper = I == 1;
       if (R.memo(C, Upper ? MaskUpper : MaskLower,
                  [&] { return isTriangle(C, Upper); }) ||
-          (Upper && (isTrilBufferTest(C) || isNotTriluOfOnes(C)))) {
+          (Upper && (isTrilBufferTest(C) || isNotTriluOfOnes(C))) ||
+          (!Upper && isTrilBufferKeep(C))) {
         X = Other;
         Fill = *F;
       }

@@ -125,6 +125,10 @@ CASES = [
     Case("hf_gpt2-o17-tokens", "gpt2", 17, "tokens", expect=GPT2_EXPECT),
     Case("hf_gpt2-o13-idx-nonpersistent-untied-maxpos", "gpt2", 13, "idx", {"buffers": "nonpersistent"},
          tied=False, sizes=dict(heads=2, seq=24, max_positions=32, vocab=96), trajectory=True, expect=GPT2_EXPECT),
+    # n_positions 2048 (GPT-Neo's, GPT-J's): a causal buffer of 4M elements, too large to fold,
+    # checked by its data (passes/Canonicalize.cpp, isTrilBufferSlice).
+    Case("hf_gpt2-o17-idx-maxpos2048", "gpt2", 17, "idx", sizes=dict(max_positions=2048), trajectory=True,
+         expect=GPT2_EXPECT),
     Case("hf_gpt2-o14-input_ids-mask-positions-padded", "gpt2", 14, "input_ids",
          {"attention_mask": "input", "position_ids": "input"}, sizes=dict(hidden=48, heads=3),
          trajectory=True, objective=PADDED, expect=GPT2_EXPECT),

@@ -40,6 +40,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ShapeInference.h"
+#include "passes/LazyElements.h"
 #include "passes/Passes.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/ADT/DenseMap.h"
@@ -179,6 +180,9 @@ public:
   }
 
   Graph &G;
+  /// Elements of values computed from constants, one at a time (masks too
+  /// large to fold).
+  LazyElements Lazy;
 
 private:
   // Constants stay alive for the whole phase (unused ones are removed only
@@ -189,7 +193,16 @@ private:
 using Pattern = std::function<bool(Rewriter &, Node &)>;
 
 /// Questions patterns ask about a constant (Rewriter::memo keys).
-enum ConstQuestion { MaskUpper, MaskLower, AdditiveCausal, RopeTable, PairsTable };
+enum ConstQuestion {
+  MaskUpper,
+  MaskLower,
+  AdditiveCausal,
+  RopeTable,
+  PairsTable,
+  LazyMaskUpper,
+  LazyMaskLower,
+  LazyAdditiveCausal
+};
 
 //===----------------------------------------------------------------------===//
 // Phase 1: composites
@@ -986,7 +999,7 @@ bool isTriangle(const Value *C, bool Upper) {
 bool isTrilBlock(const Value *Buf, const TensorType &Block) {
   const TensorType &T = Buf->type();
   int Rank = T.rank();
-  if (Block.rank() != Rank || Block.dim(-1) != Block.dim(-2))
+  if (int(Block.rank()) != Rank || Block.dim(-1) != Block.dim(-2))
     return false;
   std::vector<int64_t> Stride(Rank, 1);
   for (int I = Rank - 2; I >= 0; --I)
@@ -1122,6 +1135,59 @@ std::optional<double> additiveFill(const Value *M) {
   return F;
 }
 
+/// A mask computed at run time from constants, too large to fold (HF
+/// Llama's _make_causal_mask at s > 1024): the value under the Expands,
+/// Unsqueezes and Reshapes that keep its last two dimensions (each [s, s]
+/// matrix of the mask is one of that value's), so only s^2 elements are
+/// read, one at a time (LazyElements), nothing materialised.
+Value *maskCore(Value *M) {
+  while (Node *P = M->producer()) {
+    if (P->op() != OpKind::OnnxExpand && P->op() != OpKind::OnnxUnsqueeze &&
+        P->op() != OpKind::OnnxReshape && P->op() != OpKind::OnnxIdentity)
+      break;
+    const TensorType &In = P->operand(0)->type(), &Out = M->type();
+    if (In.rank() < 2 || In.dim(-1) != Out.dim(-1) ||
+        In.dim(-2) != Out.dim(-2))
+      break;
+    M = P->operand(0);
+  }
+  return M;
+}
+
+/// additiveFill of such a mask.
+std::optional<double> additiveFillLazy(LazyElements &L, Value *M) {
+  M = maskCore(M);
+  const TensorType &T = M->type();
+  if (T.rank() < 2 || T.dim(-1) != T.dim(-2) || !L.computable(M))
+    return std::nullopt;
+  int64_t N = T.dim(-1);
+  double F = 0;
+  for (int64_t E = 0; E < T.numElements(); ++E) {
+    int64_t Col = E % N, Row = (E / N) % N;
+    double V = L.at(M, E);
+    if (Col <= Row ? V != 0 : (F != 0 && V != F))
+      return std::nullopt;
+    if (Col > Row)
+      F = V;
+  }
+  return F;
+}
+
+/// isTriangle of such a condition.
+bool isTriangleLazy(LazyElements &L, Value *C, bool Upper) {
+  C = maskCore(C);
+  const TensorType &T = C->type();
+  if (T.rank() < 2 || T.dim(-1) != T.dim(-2) || !L.computable(C))
+    return false;
+  int64_t N = T.dim(-1);
+  for (int64_t E = 0; E < T.numElements(); ++E) {
+    int64_t Col = E % N, Row = (E / N) % N;
+    if ((L.at(C, E) != 0) != (Upper ? Col > Row : Col <= Row))
+      return false;
+  }
+  return true;
+}
+
 bool causalMask(Rewriter &R, Node &N) {
   Value *X = nullptr;
   double Fill = 0;
@@ -1137,7 +1203,10 @@ bool causalMask(Rewriter &R, Node &N) {
       if (R.memo(C, Upper ? MaskUpper : MaskLower,
                  [&] { return isTriangle(C, Upper); }) ||
           (Upper && (isTrilBufferTest(C) || isNotTriluOfOnes(C))) ||
-          (!Upper && isTrilBufferKeep(C))) {
+          (!Upper && isTrilBufferKeep(C)) ||
+          (!C->isConst() &&
+           R.memo(C, Upper ? LazyMaskUpper : LazyMaskLower,
+                  [&] { return isTriangleLazy(R.Lazy, C, Upper); }))) {
         X = Other;
         Fill = *F;
       }
@@ -1145,10 +1214,13 @@ bool causalMask(Rewriter &R, Node &N) {
   } else if (N.op() == OpKind::OnnxAdd) {
     for (unsigned I : {0u, 1u}) {
       Value *M = N.operand(I);
-      if (!M->isConst() || M->type().rank() < 2 || N.operand(1 - I)->isConst())
+      if (M->type().rank() < 2 || N.operand(1 - I)->isConst())
         continue;
-      if (auto F = R.memo(M, AdditiveCausal, [&] { return additiveFill(M); });
-          F && *F <= -1e4) {
+      auto F = M->isConst()
+                   ? R.memo(M, AdditiveCausal, [&] { return additiveFill(M); })
+                   : R.memo(M, LazyAdditiveCausal,
+                            [&] { return additiveFillLazy(R.Lazy, M); });
+      if (F && *F <= -1e4) {
         X = N.operand(1 - I);
         Fill = *F;
       }

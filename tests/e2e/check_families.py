@@ -148,6 +148,12 @@ CASES = [
     Case("llama-o17-tokens-interleaved-triu-tied-mqa", "llama", 17, "tokens",
          {"rope": "interleaved", "mask": "triu"}, sizes=dict(heads=4, kv_heads=1), tied=True,
          expect=LLAMA_EXPECT),
+    # s 1088 (> 1024): the causal mask HF builds at run time has more elements than the folder
+    # materialises; the canonicalizer checks it one element at a time (passes/LazyElements.h).
+    Case("llama-o17-input_ids-hf-seq1088", "llama", 17, "input_ids",
+         sizes=dict(layers=1, seq=1088, max_positions=1088, batch=1), expect=LLAMA_EXPECT),
+    Case("llama-o14-idx-triu-seq1088", "llama", 14, "idx", {"mask": "triu"},
+         sizes=dict(layers=1, seq=1088, max_positions=1088, batch=1), expect=LLAMA_EXPECT),
     # bert
     Case("bert-o17-input_ids-10000-types-mlm-padded", "bert", 17, "input_ids", trajectory=True,
          objective=MASKED_LM_PADDED, expect=BERT_EXPECT),

@@ -154,6 +154,8 @@ CASES = [
          sizes=dict(layers=1, seq=1088, max_positions=1088, batch=1), expect=LLAMA_EXPECT),
     Case("llama-o14-idx-triu-seq1088", "llama", 14, "idx", {"mask": "triu"},
          sizes=dict(layers=1, seq=1088, max_positions=1088, batch=1), expect=LLAMA_EXPECT),
+    Case("llama-o14-idx-mask-padded-seq1088", "llama", 14, "idx", {"attention_mask": "input"},
+         sizes=dict(layers=1, seq=1088, max_positions=1088, batch=2), objective=PADDED, expect=LLAMA_EXPECT),
     # bert
     Case("bert-o17-input_ids-10000-types-mlm-padded", "bert", 17, "input_ids", trajectory=True,
          objective=MASKED_LM_PADDED, expect=BERT_EXPECT),

@@ -1,0 +1,52 @@
+#!/bin/bash
+# Runs the CUDA backend's checks from a tools/gpu_bundle.sh bundle, in the
+# repository's root on the GPU machine (the tests read models/ and the data):
+#   tests  sp-gpu-tests (every kernel against the CPU's, the end-to-end
+#          comparisons), and the default model trained 20 steps by sp-run on
+#          the CPU and on the GPU;
+#   bench  tools/bench_gpu.py for each of $BENCH_MODELS (default 22B), with
+#          $BENCH_ARGS (default --steps 8 --repeat 1 --dtype bf16);
+#   all    both.
+# Logs go to $OUT (default ./gpu-check). The machine's cuBLAS and NCCL are
+# found under /usr/local, /opt and /usr/lib (the CUDA toolkit's, or the pip
+# wheels of a PyTorch install).
+#
+#   tools/gpu_check.sh gpu-bundle.tar.xz [tests|bench|all]
+set -uo pipefail
+BUNDLE=${1:?usage: tools/gpu_check.sh BUNDLE [tests|bench|all]}
+WHAT=${2:-all}
+OUT=${OUT:-$PWD/gpu-check}
+mkdir -p "$OUT"
+T0=$(date +%s)
+say() { echo "== [$(( $(date +%s) - T0 ))s] $*"; }
+ROOT=$(mktemp -d)
+tar -xJf "$BUNDLE" -C "$ROOT"
+B=$ROOT/bin
+LIBS=$(find /usr/local /opt /usr/lib -xdev \( -name 'libcublas.so.1[0-9]' -o -name 'libcublasLt.so.1[0-9]' -o -name 'libnccl.so.2' \) 2>/dev/null |
+       xargs -r -n1 dirname | sort -u | paste -sd:)
+export LD_LIBRARY_PATH=$ROOT/lib${LIBS:+:$LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# sp-gpu-tests reads the models under the source directory it was built in.
+SRC=$(strings "$B/sp-gpu-tests" | sed -n 's|^\(/.*\)/models/tiny/gpt-tiny.onnx$|\1|p' | head -1)
+if [[ -n "$SRC" && "$SRC" != "$PWD" && ! -e "$SRC" ]]; then
+  mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC" && say "linked $SRC -> $PWD (the tests' source directory)"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if ldd "$B/sp-run" | grep "not found"; then echo "gpu_check.sh: missing libraries (above)"; exit 1; fi
+if [[ $WHAT == tests || $WHAT == all ]]; then
+  say "sp-gpu-tests"
+  "$B/sp-gpu-tests" --gtest_color=no 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "^\[ *(RUN|OK) |^  step [0-9]" | tail -80
+  say "sp-run: the default model, 20 steps on the CPU and on the GPU"
+  "$B/sp-compile" models/tiny/gpt-tiny.onnx --attention unfused -o "$ROOT/tiny.plan" --quiet
+  "$B/sp-tokenize" models/data/python-reference.txt -o "$ROOT/data.bin" > /dev/null
+  for D in cpu cuda; do
+    "$B/sp-run" "$ROOT/tiny.plan" --data "$ROOT/data.bin" --steps 20 --device $D 2>&1 | tee "$OUT/sp-run-$D.log" | tail -3
+  done
+fi
+if [[ $WHAT == bench || $WHAT == all ]]; then
+  for M in ${BENCH_MODELS:-22B}; do
+    say "bench_gpu.py --model $M"
+    PYTHONUNBUFFERED=1 python3 tools/bench_gpu.py --device cuda --model "$M" ${BENCH_ARGS:---steps 8 --repeat 1 --dtype bf16} \
+      --sp-bin "$B" --json "$OUT/bench-$M.json" 2>&1 | tee "$OUT/bench-$M.log" | tail -60
+  done
+fi
+say "done; logs in $OUT"

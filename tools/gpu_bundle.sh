@@ -7,13 +7,13 @@
 # the CUDA runtime they were built against. cuBLAS and NCCL are not packed
 # (hundreds of MB); tools/gpu_check.sh finds the machine's.
 #
-#   tools/gpu_bundle.sh [BUILD_DIR] [OUT.tar.xz]     (default: build, gpu-bundle.tar.xz)
+#   tools/gpu_bundle.sh [BUILD_DIR] [OUT.tar.gz]     (default: build, gpu-bundle.tar.gz)
 #
 # This is how the H200 numbers in the README were produced: the build of
 # this Debian 12 machine, carried to the GPU machine with the repository.
 set -euo pipefail
 BUILD=${1:-build}
-OUT=${2:-gpu-bundle.tar.xz}
+OUT=${2:-gpu-bundle.tar.gz}
 BIN="$BUILD/bin"
 for T in sp-run sp-compile sp-tokenize sp-gpu-tests; do
   [[ -x "$BIN/$T" ]] || { echo "gpu_bundle.sh: $BIN/$T is missing (build with CUDA first: tools/dev.sh build)" >&2; exit 1; }
@@ -31,5 +31,5 @@ ldd "$BIN/sp-run" "$BIN/sp-compile" "$BIN/sp-gpu-tests" | awk '$3 ~ /^\// {print
       *) cp -L "$L" "$STAGE/lib/" ;;
     esac
   done
-tar -C "$STAGE" -cJf "$OUT" bin lib
+tar -C "$STAGE" -czf "$OUT" bin lib
 echo "wrote $OUT ($(du -h "$OUT" | cut -f1)): $(ls "$STAGE/lib" | tr '\n' ' ')"

@@ -11,7 +11,7 @@
 # found under /usr/local, /opt and /usr/lib (the CUDA toolkit's, or the pip
 # wheels of a PyTorch install).
 #
-#   tools/gpu_check.sh gpu-bundle.tar.xz [tests|bench|all]
+#   tools/gpu_check.sh gpu-bundle.tar.gz [tests|bench|all]
 set -uo pipefail
 BUNDLE=${1:?usage: tools/gpu_check.sh BUNDLE [tests|bench|all]}
 WHAT=${2:-all}
@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 T0=$(date +%s)
 say() { echo "== [$(( $(date +%s) - T0 ))s] $*"; }
 ROOT=$(mktemp -d)
-tar -xJf "$BUNDLE" -C "$ROOT"
+tar -xzf "$BUNDLE" -C "$ROOT"
 B=$ROOT/bin
 LIBS=$(find /usr/local /opt /usr/lib -xdev \( -name 'libcublas.so.1[0-9]' -o -name 'libcublasLt.so.1[0-9]' -o -name 'libnccl.so.2' \) 2>/dev/null |
        xargs -r -n1 dirname | sort -u | paste -sd:)

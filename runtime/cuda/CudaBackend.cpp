@@ -650,11 +650,6 @@ Error CudaBackend::hopBack(cudaStream_t S) {
   return Error::success();
 }
 
-/// Whether an instruction reads or writes a bf16 or fp16 buffer.
-static bool touchesHalf(const KernelCall &C) {
-  return cuda::touches16Bit(C.I, C.Prog.Buffers);
-}
-
 Expected<char *> CudaBackend::mixedScratch(int K, int64_t Bytes) {
   if (Bytes > MixedBytes[K]) {
     // The old region may still be in use by queued work.
@@ -793,6 +788,8 @@ Error CudaBackend::run(const KernelCall &C) {
         return planError("the CUDA backend runs float32 plans; this one "
                          "computes in float64");
   SP_CUDA_TRY(cudaSetDevice(Device));
+  // An instruction with bf16 or fp16 buffers runs on float32 copies.
+  bool Mixed = cuda::touches16Bit(C.I, C.Prog.Buffers);
   const Instruction *First = C.Prog.Instrs.data();
   size_t NumInstrs = C.Prog.Instrs.size();
   bool InProgram = &C.I >= First && &C.I < First + NumInstrs;
@@ -804,8 +801,7 @@ Error CudaBackend::run(const KernelCall &C) {
     if (Timing)
       if (auto E = timeStart(Compute, 0))
         return E;
-    if (auto E = touchesHalf(C) ? dispatchMixed(C, Compute)
-                                : dispatch(C, Compute))
+    if (auto E = Mixed ? dispatchMixed(C, Compute) : dispatch(C, Compute))
       return E;
     SP_CUDA_TRY(cudaGetLastError());
     if (Timing)
@@ -837,7 +833,7 @@ Error CudaBackend::run(const KernelCall &C) {
   const cuda::StreamStep &Step = Plan.Steps[J];
   cudaStream_t S = Step.Stream == cuda::StreamKind::Comm ? Comm : Compute;
   // A 16-bit adamw (the plans' masters and moments are f32) runs alone.
-  bool IsAdamw = C.I.Op == OpKind::AdamW && !touchesHalf(C);
+  bool IsAdamw = C.I.Op == OpKind::AdamW && !Mixed;
   if (!Adamw.Tensors.empty() && !(IsAdamw && adamwJoins(C, S, Step)))
     if (auto E = flushAdamw())
       return E;
@@ -855,7 +851,7 @@ Error CudaBackend::run(const KernelCall &C) {
       Adamw.Timed.push_back(Timed.size() - 1);
     return Error::success();
   }
-  if (auto E = touchesHalf(C) ? dispatchMixed(C, S) : dispatch(C, S))
+  if (auto E = Mixed ? dispatchMixed(C, S) : dispatch(C, S))
     return E;
   SP_CUDA_TRY(cudaGetLastError());
   if (Timing)

@@ -4,6 +4,7 @@ events of every rank summed by op name and divided by the traced steps, largest 
 
     build/bin/sp-run PLAN --data DATA --steps 8 --trace t.json
     /usr/bin/python3 tools/trace_ops.py t.json --steps 8 [--top 12]
+    /usr/bin/python3 tools/trace_ops.py t.json --step 3     # step 3 alone (no warm-up step)
 """
 import argparse
 import collections
@@ -13,18 +14,21 @@ import json
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
-    ap.add_argument("--steps", type=int, required=True, help="the steps the trace holds (sp-run --steps)")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--steps", type=int, help="the steps the trace holds (sp-run --steps): their mean")
+    which.add_argument("--step", type=int, help="that step alone")
     ap.add_argument("--top", type=int, default=12, help="ops to list (default 12)")
     args = ap.parse_args()
     with open(args.trace) as f:
         events = json.load(f)["traceEvents"]
     us = collections.Counter()
     for e in events:
-        if e.get("ph") == "X":
+        if e.get("ph") == "X" and (args.step is None or e.get("args", {}).get("step") == args.step):
             us[e.get("name", "").split(" ")[0]] += e["dur"]
-    print(f"{sum(us.values()) / 1000 / args.steps:.2f} ms per step in all")
+    steps = args.steps or 1
+    print(f"{sum(us.values()) / 1000 / steps:.2f} ms per step in all")
     for op, t in us.most_common(args.top):
-        print(f"  {op:<28} {t / 1000 / args.steps:8.2f} ms/step")
+        print(f"  {op:<28} {t / 1000 / steps:8.2f} ms/step")
 
 
 if __name__ == "__main__":

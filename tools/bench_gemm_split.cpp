@@ -1,12 +1,16 @@
 //===- bench_gemm_split.cpp - How the CPU backend cuts its GEMMs ----------===//
 //
-// Why cpu::gemm cuts a large product into fixed 128-row (or column) blocks,
-// each a single-threaded OpenBLAS call, and not into one slab per thread:
+// Why cpu::gemm cuts a large product into tiles fixed by its shape
+// (cpu::gemmTiles), each a single-threaded OpenBLAS call, and not into one
+// slab per thread:
 //
 //  1. Speed, on the products of the gpt2s benchmark model (bench_train.py:
-//     h 768, rows b s = 1024, v 8192): GFLOP/s of threaded OpenBLAS sgemm,
-//     of cpu::gemm<float> as the backend calls it (fixed blocks), and of one
-//     contiguous slab of 128-multiples per thread, on the same data.
+//     h 768, rows b s = 1024, v 8192): GFLOP/s of cpu::gemm<float> as the
+//     backend calls it (fixed tiles), of one contiguous slab of
+//     128-multiples per thread, and of threaded OpenBLAS sgemm, on the same
+//     data. Threaded OpenBLAS is timed last: its workers spin for a while
+//     after each call (2^28 cycles by default) and would slow whatever ran
+//     next on the same cores, so the next shape waits half a second.
 //  2. Invariance: of the cuts into 2-5 slabs at multiples of 128 (rows or
 //     columns; 6 shapes, every transpose, beta 0 and 1, sgemm and dgemm),
 //     how many change some element of C against one call. A cut that
@@ -29,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 extern "C" void openblas_set_num_threads(int NumThreads);
@@ -155,17 +160,12 @@ int main(int Argc, char **Argv) {
       {"proj  X^T DY", 768, 768, 1024, true, false},
   };
   std::printf("\n%-13s %5s %5s %5s %13s %13s %13s\n", "gemm", "m", "n", "k",
-              "sgemm GF/s", "fixed blocks", "slab/thread");
+              "sgemm GF/s", "fixed tiles", "slab/thread");
   for (const Shape &S : Shapes) {
     std::vector<float> A(size_t(S.M) * S.K, 0.5f), B(size_t(S.K) * S.N, 0.25f),
         C(size_t(S.M) * S.N);
     int Lda = S.TA ? S.M : S.K, Ldb = S.TB ? S.K : S.N;
     double Flops = 2.0 * S.M * S.N * S.K;
-    openblas_set_num_threads(Threads);
-    double Threaded = gflops(Flops, [&] {
-      blas(S.TA, S.TB, S.M, S.N, S.K, A.data(), Lda, B.data(), Ldb, 0.0f,
-           C.data(), S.N);
-    });
     openblas_set_num_threads(1);
     double Fixed = gflops(Flops, [&] {
       cpu::gemm<float>(S.TA, S.TB, S.M, S.N, S.K, 1.0f, A.data(), Lda,
@@ -175,6 +175,14 @@ int main(int Argc, char **Argv) {
       slabs(S.TA, S.TB, S.M, S.N, S.K, A.data(), B.data(), 0.0f, C.data(),
             Threads, S.M >= S.N);
     });
+    openblas_set_num_threads(Threads);
+    double Threaded = gflops(Flops, [&] {
+      blas(S.TA, S.TB, S.M, S.N, S.K, A.data(), Lda, B.data(), Ldb, 0.0f,
+           C.data(), S.N);
+    });
+    openblas_set_num_threads(1);
+    // Until OpenBLAS's workers stop spinning (2^28 cycles by default).
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     std::printf("%-13s %5d %5d %5d %13.1f %8.1f (%2.0f%%) %8.1f (%2.0f%%)\n",
                 S.What, S.M, S.N, S.K, Threaded, Fixed, 100 * Fixed / Threaded,
                 Slab, 100 * Slab / Threaded);

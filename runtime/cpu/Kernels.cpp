@@ -179,6 +179,31 @@ constexpr int64_t ColumnBlock = 256;
 
 } // namespace
 
+GemmTiles gemmTiles(int64_t M, int64_t N, int64_t K) {
+  // A tile's side stays a multiple of Unit; C is cut into at least Tiles
+  // tiles, and further while a tile would still do BigTile multiply-adds,
+  // as long as a tile does MinWork.
+  constexpr int64_t Unit = 128, Tiles = 4, MinWork = int64_t(1) << 18,
+                    BigTile = int64_t(1) << 28;
+  GemmTiles G{M, N, 1, 1};
+  auto Half = [](int64_t Side) { return (Side / 2 + Unit - 1) / Unit * Unit; };
+  for (;;) {
+    // The longer side, or the other one when the longer is one unit.
+    bool Rows = G.TM >= G.TN;
+    if ((Rows ? G.TM : G.TN) <= Unit)
+      Rows = !Rows;
+    int64_t Side = Rows ? G.TM : G.TN, Other = Rows ? G.TN : G.TM;
+    int64_t New = Half(Side), Work = New * Other * K;
+    if (Side <= Unit || New >= Side || Work < MinWork ||
+        (G.count() >= Tiles && Work < BigTile))
+      break;
+    (Rows ? G.TM : G.TN) = New;
+    G.Rows = (M + G.TM - 1) / G.TM;
+    G.Cols = (N + G.TN - 1) / G.TN;
+  }
+  return G;
+}
+
 template <typename T>
 void gemm(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K, T Alpha,
           const T *A, int64_t Lda, const T *B, int64_t Ldb, T Beta, T *C,
@@ -199,27 +224,22 @@ void gemm(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K, T Alpha,
                    fitsInt(Ldb) && fitsInt(Ldc),
                "gemm dimension above INT_MAX (split the product, or build "
                "against a 64-bit-integer BLAS)");
-  // Large products run as blocks of Block rows (or, when C is short and
-  // wide, columns) of C over the kernel threads, each a single-threaded BLAS
-  // call, so OpenBLAS keeps no worker threads of its own spinning between
-  // GEMMs against the elementwise kernels. The blocks do not depend on the
-  // thread count, so neither do the results; products smaller than 4 blocks
-  // stay whole.
-  constexpr int64_t Block = 128, MinWork = int64_t(1) << 18;
-  bool ByRows = M >= 4 * Block, ByColumns = !ByRows && N >= 4 * Block;
-  if ((ByRows || ByColumns) && M * N * K >= MinWork) {
-    int64_t Extent = ByRows ? M : N;
-    parallelFor((Extent + Block - 1) / Block, 1, [&](int64_t B0, int64_t B1) {
-      for (int64_t Blk = B0; Blk < B1; ++Blk) {
-        int64_t X0 = Blk * Block, Size = std::min(Block, Extent - X0);
-        if (ByRows)
-          blasGemm(TransA, TransB, int(Size), int(N), int(K), Alpha,
-                   TransA ? A + X0 : A + X0 * Lda, int(Lda), B, int(Ldb),
-                   Beta, C + X0 * Ldc, int(Ldc));
-        else
-          blasGemm(TransA, TransB, int(M), int(Size), int(K), Alpha, A,
-                   int(Lda), TransB ? B + X0 * Ldb : B + X0, int(Ldb), Beta,
-                   C + X0, int(Ldc));
+  // Large products run as tiles of C over the kernel threads, each a
+  // single-threaded BLAS call, so OpenBLAS keeps no worker threads of its
+  // own spinning between GEMMs against the elementwise kernels. The tiles
+  // depend on the shape only, not on the thread count, so neither do the
+  // results (gemmTiles). Squarish tiles repack less of the operands they
+  // share than strips of rows do (build/bin/sp-bench-gemm-split).
+  GemmTiles G = gemmTiles(M, N, K);
+  if (G.count() > 1) {
+    parallelFor(G.count(), 1, [&](int64_t T0, int64_t T1) {
+      for (int64_t Tile = T0; Tile < T1; ++Tile) {
+        int64_t I0 = Tile / G.Cols * G.TM, J0 = Tile % G.Cols * G.TN;
+        int64_t Rows = std::min(G.TM, M - I0), Cols = std::min(G.TN, N - J0);
+        blasGemm(TransA, TransB, int(Rows), int(Cols), int(K), Alpha,
+                 TransA ? A + I0 : A + I0 * Lda, int(Lda),
+                 TransB ? B + J0 * Ldb : B + J0, int(Ldb), Beta,
+                 C + I0 * Ldc + J0, int(Ldc));
       }
     });
     return;

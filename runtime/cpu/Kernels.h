@@ -58,6 +58,16 @@ using Shape = std::span<const int64_t>;
 // GEMM
 //===----------------------------------------------------------------------===//
 
+/// How gemm cuts C = op(A) op(B), [M, N] with inner size K, over the kernel
+/// threads: Rows x Cols tiles of TM x TN (the last row and column of tiles
+/// shorter). A function of the shape only, so that results do not depend on
+/// the thread count; one tile for small products.
+struct GemmTiles {
+  int64_t TM, TN, Rows, Cols;
+  int64_t count() const { return Rows * Cols; }
+};
+GemmTiles gemmTiles(int64_t M, int64_t N, int64_t K);
+
 /// Row-major C[M,N] = Alpha * op(A)[M,K] * op(B)[K,N] + Beta * C, where
 /// op(A) = A (stored [M,K], leading dimension Lda) or A^T (stored [K,M]) and
 /// likewise for B. Beta = 0 overwrites C (NaNs in C are not propagated).

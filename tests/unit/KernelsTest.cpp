@@ -1794,4 +1794,68 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
   });
 }
 
+/// gemm cuts a large product into tiles fixed by its shape: they cover C
+/// once, their sides are multiples of 128 but for the last, there are at
+/// least 4 where the product allows it, small products stay whole,
+/// and the result is each element's whole dot product (within K float
+/// roundings of the sum of the terms' magnitudes, against double) on any
+/// thread count, bitwise.
+TEST(CpuGemmTest, TilesCoverCAndDoNotDependOnTheThreadCount) {
+  EXPECT_EQ(gemmTiles(64, 64, 32).count(), 1);     // attention's blocks
+  EXPECT_EQ(gemmTiles(1024, 1024, 256).count(), 4); // 2^28 multiply-adds
+  EXPECT_GE(gemmTiles(1024, 3072, 768).count(), 8);
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1024, 256},
+                         {300, 700, 129},
+                         {1000, 130, 64},
+                         {129, 1025, 200},
+                         {8192, 768, 1024}}) {
+    GemmTiles G = gemmTiles(M, N, K);
+    EXPECT_EQ(G.Rows, (M + G.TM - 1) / G.TM);
+    EXPECT_EQ(G.Cols, (N + G.TN - 1) / G.TN);
+    EXPECT_TRUE(G.TM == M || G.TM % 128 == 0) << M << " " << G.TM;
+    EXPECT_TRUE(G.TN == N || G.TN % 128 == 0) << N << " " << G.TN;
+    if (G.count() > 1) // no tile smaller than gemm's MinWork
+      EXPECT_GE(std::min(G.TM, M) * std::min(G.TN, N) * K, int64_t(1) << 18);
+  }
+  for (auto [TA, TB] : {std::pair{false, false}, {true, false}, {false, true},
+                        {true, true}}) {
+    const int64_t M = 300, N = 700, K = 129, Ldc = N + 3;
+    ASSERT_GT(gemmTiles(M, N, K).count(), 1);
+    Vec AD = randVec(M * K, 60), BD = randVec(K * N, 61),
+        CD = randVec(M * Ldc, 62);
+    std::vector<float> A = toFloat(AD), B = toFloat(BD), C0 = toFloat(CD);
+    // The product at beta 1 in double from the float inputs, and the sum
+    // of its terms' magnitudes.
+    Vec Want(M * N), Scale(M * N);
+    for (int64_t I = 0; I < M; ++I)
+      for (int64_t J = 0; J < N; ++J) {
+        double S = 0.5 * double(C0[I * Ldc + J]),
+               Abs = std::fabs(S);
+        for (int64_t X = 0; X < K; ++X) {
+          double T = double(A[TA ? X * M + I : I * K + X]) *
+                     double(B[TB ? J * K + X : X * N + J]);
+          S += T;
+          Abs += std::fabs(T);
+        }
+        Want[I * N + J] = S;
+        Scale[I * N + J] = Abs;
+      }
+    auto Run = [&] {
+      std::vector<float> C = C0;
+      gemm<float>(TA, TB, M, N, K, 1.0f, A.data(), TA ? M : K, B.data(),
+                  TB ? K : N, 0.5f, C.data(), Ldc);
+      return C;
+    };
+    expectSameOnThreads("gemm", [&] { return bytesOf(Run()); });
+    std::vector<float> C = Run(), Got(M * N);
+    for (int64_t I = 0; I < M; ++I) {
+      for (int64_t J = 0; J < N; ++J)
+        Got[I * N + J] = C[I * Ldc + J];
+      for (int64_t J = N; J < Ldc; ++J) // the padding is not written
+        EXPECT_EQ(C[I * Ldc + J], C0[I * Ldc + J]);
+    }
+    expectWithinRoundings(Got, Want, Scale, double(K + 2), "tiled gemm");
+  }
+}
+
 } // namespace

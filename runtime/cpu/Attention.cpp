@@ -23,16 +23,6 @@ using namespace simd;
 
 constexpr int64_t Br = 64, Bc = 64;
 
-/// Row[j] = exp(Row[j] - Shift) in place, with the row's sum (Simd.h's
-/// expShiftedSum, as softmax computes it; an infinite or NaN score gives 0
-/// or NaN as exp), in the AVX2 clone where the CPU has it.
-SP_SIMD double expShifted(float *Row, int64_t N, float Shift) {
-  return expShiftedSum(Row, Row, N, Shift);
-}
-SP_SIMD double expShifted(double *Row, int64_t N, double Shift) {
-  return expShiftedSum(Row, Row, N, Shift);
-}
-
 /// exp(x) below 2^-149 (the smallest float): scores this far below a row's
 /// maximum (or log-sum-exp) have no effect in float.
 constexpr double Negligible = -104;
@@ -70,6 +60,52 @@ uint64_t rowIndex(const GlobalIndex &G, int64_t B, int64_t A, int64_t I) {
          uint64_t(G.Offset[3]);
 }
 
+/// Where the causal mask starts in a block row: key J0 + c is masked for
+/// query row I iff Key0 + J0 + c > Query0 + I, that is for c >= Base + I - I0
+/// with Base = Query0 + I0 - Key0 - J0 + 1 (clamped to [0, Cols]).
+struct CausalCut {
+  bool Causal;
+  int64_t Base;
+  int64_t first(int64_t R, int64_t Cols) const {
+    return Causal ? std::clamp<int64_t>(Base + R, 0, Cols) : Cols;
+  }
+};
+CausalCut causalCut(const AttentionCore &C, int64_t I0, int64_t J0) {
+  return {C.Causal, C.Query0 + I0 - C.Key0 - J0 + 1};
+}
+
+/// Sc[r, c] = Scale * Sc[r, c], then the padding bias and the causal fill
+/// in the unfused ops' order (Bias points at key J0's, or is null).
+template <typename T>
+SP_INLINE void scaleMaskBody(T *Sc, int64_t Rows, int64_t Cols, T Scale,
+                             const T *Bias, bool PadFirst, T Fill,
+                             CausalCut Cut) {
+  for (int64_t R = 0; R < Rows; ++R) {
+    T *Row = Sc + R * Bc;
+    if (Bias && PadFirst)
+      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+        Row[Cc] = Scale * Row[Cc] + Bias[Cc];
+    else
+      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+        Row[Cc] = Scale * Row[Cc];
+    for (int64_t Cc = Cut.first(R, Cols); Cc < Cols; ++Cc)
+      Row[Cc] = Fill;
+    if (Bias && !PadFirst)
+      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+        Row[Cc] = Row[Cc] + Bias[Cc];
+  }
+}
+SP_SIMD void scaleMask(float *Sc, int64_t Rows, int64_t Cols, float Scale,
+                       const float *Bias, bool PadFirst, float Fill,
+                       CausalCut Cut) {
+  scaleMaskBody(Sc, Rows, Cols, Scale, Bias, PadFirst, Fill, Cut);
+}
+SP_SIMD void scaleMask(double *Sc, int64_t Rows, int64_t Cols, double Scale,
+                       const double *Bias, bool PadFirst, double Fill,
+                       CausalCut Cut) {
+  scaleMaskBody(Sc, Rows, Cols, Scale, Bias, PadFirst, Fill, Cut);
+}
+
 /// The scores of one block, op for op as the unfused ops compute them:
 /// Sc[r, c] for query rows I0 + r < I0 + Rows, keys J0 + c.
 template <typename T>
@@ -78,22 +114,141 @@ void scores(T *Sc, const T *Q, const T *K, const T *Bias, int64_t I0,
             const AttentionCore &C) {
   gemm<T>(false, true, Rows, Cols, D, T(1), Q + I0 * D, D, K + J0 * D, D,
           T(0), Sc, Bc);
-  const T Scale = T(C.Scale), Fill = T(C.Fill);
+  // (Scale * s + b: the product rounded, then the sum, as the ops do.)
+  scaleMask(Sc, Rows, Cols, T(C.Scale), Bias ? Bias + J0 : nullptr,
+            C.PadFirst, T(C.Fill), causalCut(C, I0, J0));
+}
+
+/// The dropout of one block's probabilities: row r's keys J0 + c are global
+/// elements Row0 + r RowStride + c of the [B, A, Sq, Sk] probabilities.
+struct BlockDropout {
+  double Ratio;
+  DropoutKey Key;
+  uint64_t Row0, RowStride;
+};
+
+/// One key block of the forward's online softmax, row by row: the running
+/// maximum M and sum L, the accumulator Acc rescaled when M grows, and the
+/// block's probabilities (dropped out when Drop.Ratio > 0) left in Sc for
+/// the product with V.
+template <typename T>
+SP_INLINE void onlineSoftmaxBody(T *Sc, int64_t Rows, int64_t Cols, T *M,
+                                 double *L, T *Acc, int64_t D,
+                                 const BlockDropout &Drop, uint8_t *Keep,
+                                 T KeepScale) {
   for (int64_t R = 0; R < Rows; ++R) {
     T *Row = Sc + R * Bc;
-    for (int64_t Cc = 0; Cc < Cols; ++Cc)
-      Row[Cc] = Scale * Row[Cc];
-    if (Bias && C.PadFirst)
+    const T RowMax = rowMax(Row, Cols);
+    const T New = M[R] < RowMax ? RowMax : M[R];
+    if (New == -std::numeric_limits<T>::infinity()) {
+      for (int64_t Cc = 0; Cc < Cols; ++Cc) // nothing seen yet
+        Row[Cc] = T(0);
+      continue;
+    }
+    const T Corr = std::exp(M[R] - New); // 0 on the first block
+    const double Sum = expShiftedSum(Row, Row, Cols, New);
+    L[R] = L[R] * double(Corr) + Sum;
+    M[R] = New;
+    if (Corr != T(1))
+      for (int64_t X = 0; X < D; ++X)
+        Acc[R * D + X] *= Corr;
+    if (Drop.Ratio > 0) {
+      dropoutKeep(Keep, Drop.Row0 + uint64_t(R) * Drop.RowStride, Cols,
+                  Drop.Key, Drop.Ratio);
       for (int64_t Cc = 0; Cc < Cols; ++Cc)
-        Row[Cc] = Row[Cc] + Bias[J0 + Cc];
-    if (C.Causal)
-      for (int64_t Cc = 0; Cc < Cols; ++Cc)
-        if (C.Key0 + J0 + Cc > C.Query0 + I0 + R)
-          Row[Cc] = Fill;
-    if (Bias && !C.PadFirst)
-      for (int64_t Cc = 0; Cc < Cols; ++Cc)
-        Row[Cc] = Row[Cc] + Bias[J0 + Cc];
+        Row[Cc] = Keep[Cc] ? Row[Cc] * KeepScale : T(0);
+    }
   }
+}
+SP_SIMD void onlineSoftmax(float *Sc, int64_t Rows, int64_t Cols, float *M,
+                           double *L, float *Acc, int64_t D,
+                           const BlockDropout &Drop, uint8_t *Keep,
+                           float KeepScale) {
+  onlineSoftmaxBody(Sc, Rows, Cols, M, L, Acc, D, Drop, Keep, KeepScale);
+}
+SP_SIMD void onlineSoftmax(double *Sc, int64_t Rows, int64_t Cols, double *M,
+                           double *L, double *Acc, int64_t D,
+                           const BlockDropout &Drop, uint8_t *Keep,
+                           double KeepScale) {
+  onlineSoftmaxBody(Sc, Rows, Cols, M, L, Acc, D, Drop, Keep, KeepScale);
+}
+
+/// The backward's probabilities of one block from its scores in P and the
+/// rows' log-sum-exp (Lse[r LS]): P = exp(s - lse) in place, Keep the
+/// block's dropout, and PD = the dropped-out P.
+template <typename T>
+SP_INLINE void blockProbsBody(T *P, T *PD, uint8_t *Keep, int64_t Rows,
+                              int64_t Cols, const T *Lse, int64_t LS,
+                              const BlockDropout &Drop, T KeepScale) {
+  for (int64_t R = 0; R < Rows; ++R) {
+    T *Row = P + R * Bc, *Out = PD + R * Bc;
+    const T Lr = Lse[R * LS];
+    if (Lr == -std::numeric_limits<T>::infinity())
+      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+        Row[Cc] = T(0);
+    else
+      expShiftedSum(Row, Row, Cols, Lr);
+    if (Drop.Ratio > 0) {
+      uint8_t *KeepR = Keep + R * Bc;
+      dropoutKeep(KeepR, Drop.Row0 + uint64_t(R) * Drop.RowStride, Cols,
+                  Drop.Key, Drop.Ratio);
+      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+        Out[Cc] = KeepR[Cc] ? Row[Cc] * KeepScale : T(0);
+    } else {
+      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+        Out[Cc] = Row[Cc];
+    }
+  }
+}
+SP_SIMD void blockProbs(float *P, float *PD, uint8_t *Keep, int64_t Rows,
+                        int64_t Cols, const float *Lse, int64_t LS,
+                        const BlockDropout &Drop, float KeepScale) {
+  blockProbsBody(P, PD, Keep, Rows, Cols, Lse, LS, Drop, KeepScale);
+}
+SP_SIMD void blockProbs(double *P, double *PD, uint8_t *Keep, int64_t Rows,
+                        int64_t Cols, const double *Lse, int64_t LS,
+                        const BlockDropout &Drop, double KeepScale) {
+  blockProbsBody(P, PD, Keep, Rows, Cols, Lse, LS, Drop, KeepScale);
+}
+
+/// DS = Scale * P (DP' - Delta), DP' the dropout's gradient of DP, zero
+/// where the causal mask replaced the score; written over P.
+template <typename T>
+SP_INLINE void blockScoreGradBody(T *P, const T *DP, const uint8_t *Keep,
+                                  int64_t Rows, int64_t Cols, const T *Delta,
+                                  bool Dropped, T KeepScale, T Scale,
+                                  CausalCut Cut) {
+  for (int64_t R = 0; R < Rows; ++R) {
+    T *Row = P + R * Bc;
+    const T *DpR = DP + R * Bc;
+    const uint8_t *KeepR = Keep + R * Bc;
+    const T Dr = Delta[R];
+    const int64_t First = Cut.first(R, Cols);
+    if (Dropped)
+      for (int64_t Cc = 0; Cc < First; ++Cc)
+        Row[Cc] = Scale * (Row[Cc] * ((KeepR[Cc] ? DpR[Cc] * KeepScale
+                                                 : T(0)) -
+                                      Dr));
+    else
+      for (int64_t Cc = 0; Cc < First; ++Cc)
+        Row[Cc] = Scale * (Row[Cc] * (DpR[Cc] - Dr));
+    for (int64_t Cc = First; Cc < Cols; ++Cc)
+      Row[Cc] = T(0);
+  }
+}
+SP_SIMD void blockScoreGrad(float *P, const float *DP, const uint8_t *Keep,
+                            int64_t Rows, int64_t Cols, const float *Delta,
+                            bool Dropped, float KeepScale, float Scale,
+                            CausalCut Cut) {
+  blockScoreGradBody(P, DP, Keep, Rows, Cols, Delta, Dropped, KeepScale, Scale,
+                     Cut);
+}
+SP_SIMD void blockScoreGrad(double *P, const double *DP, const uint8_t *Keep,
+                            int64_t Rows, int64_t Cols, const double *Delta,
+                            bool Dropped, double KeepScale, double Scale,
+                            CausalCut Cut) {
+  blockScoreGradBody(P, DP, Keep, Rows, Cols, Delta, Dropped, KeepScale, Scale,
+                     Cut);
 }
 
 /// Whether the key block at J0 lies wholly above the causal diagonal of the
@@ -163,28 +318,11 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
                         [&](T Mr) { return Mr > Skip; }))
           break;
         scores(Sc.data(), Qh, K + Kv, Bias, I0, Rows, J0, Cols, D, C);
-        for (int64_t R = 0; R < Rows; ++R) {
-          T *Row = Sc.data() + R * Bc;
-          const T RowMax = rowMax(Row, Cols);
-          const T New = M[R] < RowMax ? RowMax : M[R];
-          if (New == -std::numeric_limits<T>::infinity()) {
-            std::fill(Row, Row + Cols, T(0)); // nothing seen yet
-            continue;
-          }
-          const T Corr = std::exp(M[R] - New); // 0 on the first block
-          const double Sum = expShifted(Row, Cols, New);
-          L[R] = L[R] * double(Corr) + Sum;
-          M[R] = New;
-          if (Corr != T(1))
-            for (int64_t X = 0; X < D; ++X)
-              Acc[R * D + X] *= Corr;
-          if (C.Dropout > 0) {
-            dropoutKeep(Keep.data(), rowIndex(C.Probs, B, A, I0 + R) + J0,
-                        Cols, C.Key, C.Dropout);
-            for (int64_t Cc = 0; Cc < Cols; ++Cc)
-              Row[Cc] = Keep[Cc] ? Row[Cc] * KeepScale : T(0);
-          }
-        }
+        const BlockDropout Drop{C.Dropout, C.Key,
+                                rowIndex(C.Probs, B, A, I0) + uint64_t(J0),
+                                uint64_t(C.Probs.Global[3])};
+        onlineSoftmax(Sc.data(), Rows, Cols, M.data(), L.data(), Acc.data(), D,
+                      Drop, Keep.data(), KeepScale);
         gemm<T>(false, false, Rows, D, Cols, T(1), Sc.data(), Bc,
                 V + Kv + J0 * D, D, T(1), Acc.data(), D);
       }
@@ -249,43 +387,22 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
                 break;
             }
             scores(P.data(), Q + Qo, K + Kv, Bias, I0, Rows, J0, Cols, D, C);
-            for (int64_t R = 0; R < Rows; ++R) {
-              T *Row = P.data() + R * Bc;
-              const T Lr = LseH[(I0 + R) * LS];
-              if (Lr == -std::numeric_limits<T>::infinity())
-                std::fill(Row, Row + Cols, T(0));
-              else
-                expShifted(Row, Cols, Lr);
-              if (C.Dropout > 0)
-                dropoutKeep(Keep.data() + R * Bc,
-                            rowIndex(C.Probs, B, A, I0 + R) + J0, Cols, C.Key,
-                            C.Dropout);
-            }
             // DV += dropout(P)^T DO; DP = DO V^T.
+            const BlockDropout Drop{C.Dropout, C.Key,
+                                    rowIndex(C.Probs, B, A, I0) + uint64_t(J0),
+                                    uint64_t(C.Probs.Global[3])};
             T *PD = DP.data(); // the dropped P, then DP
-            for (int64_t R = 0; R < Rows; ++R)
-              for (int64_t Cc = 0; Cc < Cols; ++Cc)
-                PD[R * Bc + Cc] =
-                    C.Dropout > 0
-                        ? (Keep[R * Bc + Cc] ? P[R * Bc + Cc] * KeepScale
-                                             : T(0))
-                        : P[R * Bc + Cc];
+            blockProbs(P.data(), PD, Keep.data(), Rows, Cols, LseH + I0 * LS,
+                       LS, Drop, KeepScale);
             gemm<T>(true, false, Cols, D, Rows, T(1), PD, Bc,
                     DO + Oo + I0 * OS, OS, T(1), DV + Kv + J0 * D, D);
             gemm<T>(false, true, Rows, Cols, D, T(1), DO + Oo + I0 * OS, OS,
                     V + Kv + J0 * D, D, T(0), DP.data(), Bc);
             // DS = P (DP - Delta), zero where the causal mask replaced the
             // score, times the scale; kept in P.
-            for (int64_t R = 0; R < Rows; ++R)
-              for (int64_t Cc = 0; Cc < Cols; ++Cc) {
-                T Dp = DP[R * Bc + Cc];
-                if (C.Dropout > 0)
-                  Dp = Keep[R * Bc + Cc] ? Dp * KeepScale : T(0);
-                T Ds = P[R * Bc + Cc] * (Dp - Delta[I0 + R]);
-                if (C.Causal && C.Key0 + J0 + Cc > C.Query0 + I0 + R)
-                  Ds = T(0);
-                P[R * Bc + Cc] = Scale * Ds;
-              }
+            blockScoreGrad(P.data(), DP.data(), Keep.data(), Rows, Cols,
+                           Delta.data() + I0, C.Dropout > 0, KeepScale, Scale,
+                           causalCut(C, I0, J0));
             gemm<T>(false, false, Rows, D, Cols, T(1), P.data(), Bc,
                     K + Kv + J0 * D, D, T(1), DQ + Qo + I0 * D, D);
             gemm<T>(true, false, Cols, D, Rows, T(1), P.data(), Bc,

@@ -63,15 +63,30 @@ uint64_t rowIndex(const GlobalIndex &G, int64_t B, int64_t A, int64_t I) {
 /// Where the causal mask starts in a block row: key J0 + c is masked for
 /// query row I iff Key0 + J0 + c > Query0 + I, that is for c >= Base + I - I0
 /// with Base = Query0 + I0 - Key0 - J0 + 1 (clamped to [0, Cols]).
+///
+/// A masked score is at most MaskedTop = Fill + max(KeyBias, 0) (up to the
+/// float rounding of the bias's addition). Where that is more than 800
+/// below a row's shift (its running maximum, or its log-sum-exp), every
+/// masked exp(score - shift) is exactly 0 (expD returns 0 below -708), and
+/// so is its probability after dropout, whatever the dropout draws: live()
+/// then gives the row's unmasked prefix, and the kernels compute the exps
+/// and the dropout of that prefix only and write zeros after it, with the
+/// same results (the lane sums gain +0 for each masked score).
 struct CausalCut {
   bool Causal;
   int64_t Base;
+  double MaskedTop;
   int64_t first(int64_t R, int64_t Cols) const {
     return Causal ? std::clamp<int64_t>(Base + R, 0, Cols) : Cols;
   }
+  int64_t live(int64_t R, int64_t Cols, double Shift) const {
+    bool Zero = MaskedTop - Shift < -800 - 1e-6 * std::fabs(MaskedTop);
+    return Zero ? first(R, Cols) : Cols;
+  }
 };
-CausalCut causalCut(const AttentionCore &C, int64_t I0, int64_t J0) {
-  return {C.Causal, C.Query0 + I0 - C.Key0 - J0 + 1};
+CausalCut causalCut(const AttentionCore &C, int64_t I0, int64_t J0,
+                    double MaxBias = 0) {
+  return {C.Causal, C.Query0 + I0 - C.Key0 - J0 + 1, C.Fill + MaxBias};
 }
 
 /// Sc[r, c] = Scale * Sc[r, c], then the padding bias and the causal fill
@@ -135,7 +150,7 @@ template <typename T>
 SP_INLINE void onlineSoftmaxBody(T *Sc, int64_t Rows, int64_t Cols, T *M,
                                  double *L, T *Acc, int64_t D,
                                  const BlockDropout &Drop, uint8_t *Keep,
-                                 T KeepScale) {
+                                 T KeepScale, CausalCut Cut) {
   for (int64_t R = 0; R < Rows; ++R) {
     T *Row = Sc + R * Bc;
     const T RowMax = rowMax(Row, Cols);
@@ -146,16 +161,19 @@ SP_INLINE void onlineSoftmaxBody(T *Sc, int64_t Rows, int64_t Cols, T *M,
       continue;
     }
     const T Corr = std::exp(M[R] - New); // 0 on the first block
-    const double Sum = expShiftedSum(Row, Row, Cols, New);
+    const int64_t Live = Cut.live(R, Cols, double(New));
+    const double Sum = expShiftedSum(Row, Row, Live, New);
+    for (int64_t Cc = Live; Cc < Cols; ++Cc)
+      Row[Cc] = T(0);
     L[R] = L[R] * double(Corr) + Sum;
     M[R] = New;
     if (Corr != T(1))
       for (int64_t X = 0; X < D; ++X)
         Acc[R * D + X] *= Corr;
     if (Drop.Ratio > 0) {
-      dropoutKeep(Keep, Drop.Row0 + uint64_t(R) * Drop.RowStride, Cols,
+      dropoutKeep(Keep, Drop.Row0 + uint64_t(R) * Drop.RowStride, Live,
                   Drop.Key, Drop.Ratio);
-      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+      for (int64_t Cc = 0; Cc < Live; ++Cc)
         Row[Cc] = Keep[Cc] ? Row[Cc] * KeepScale : T(0);
     }
   }
@@ -163,14 +181,14 @@ SP_INLINE void onlineSoftmaxBody(T *Sc, int64_t Rows, int64_t Cols, T *M,
 SP_SIMD void onlineSoftmax(float *Sc, int64_t Rows, int64_t Cols, float *M,
                            double *L, float *Acc, int64_t D,
                            const BlockDropout &Drop, uint8_t *Keep,
-                           float KeepScale) {
-  onlineSoftmaxBody(Sc, Rows, Cols, M, L, Acc, D, Drop, Keep, KeepScale);
+                           float KeepScale, CausalCut Cut) {
+  onlineSoftmaxBody(Sc, Rows, Cols, M, L, Acc, D, Drop, Keep, KeepScale, Cut);
 }
 SP_SIMD void onlineSoftmax(double *Sc, int64_t Rows, int64_t Cols, double *M,
                            double *L, double *Acc, int64_t D,
                            const BlockDropout &Drop, uint8_t *Keep,
-                           double KeepScale) {
-  onlineSoftmaxBody(Sc, Rows, Cols, M, L, Acc, D, Drop, Keep, KeepScale);
+                           double KeepScale, CausalCut Cut) {
+  onlineSoftmaxBody(Sc, Rows, Cols, M, L, Acc, D, Drop, Keep, KeepScale, Cut);
 }
 
 /// The backward's probabilities of one block from its scores in P and the
@@ -179,36 +197,43 @@ SP_SIMD void onlineSoftmax(double *Sc, int64_t Rows, int64_t Cols, double *M,
 template <typename T>
 SP_INLINE void blockProbsBody(T *P, T *PD, uint8_t *Keep, int64_t Rows,
                               int64_t Cols, const T *Lse, int64_t LS,
-                              const BlockDropout &Drop, T KeepScale) {
+                              const BlockDropout &Drop, T KeepScale,
+                              CausalCut Cut) {
   for (int64_t R = 0; R < Rows; ++R) {
     T *Row = P + R * Bc, *Out = PD + R * Bc;
     const T Lr = Lse[R * LS];
-    if (Lr == -std::numeric_limits<T>::infinity())
-      for (int64_t Cc = 0; Cc < Cols; ++Cc)
-        Row[Cc] = T(0);
-    else
-      expShiftedSum(Row, Row, Cols, Lr);
+    int64_t Live = 0;
+    if (Lr != -std::numeric_limits<T>::infinity()) {
+      Live = Cut.live(R, Cols, double(Lr));
+      expShiftedSum(Row, Row, Live, Lr);
+    }
+    for (int64_t Cc = Live; Cc < Cols; ++Cc)
+      Row[Cc] = T(0);
     if (Drop.Ratio > 0) {
       uint8_t *KeepR = Keep + R * Bc;
-      dropoutKeep(KeepR, Drop.Row0 + uint64_t(R) * Drop.RowStride, Cols,
+      dropoutKeep(KeepR, Drop.Row0 + uint64_t(R) * Drop.RowStride, Live,
                   Drop.Key, Drop.Ratio);
-      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+      for (int64_t Cc = 0; Cc < Live; ++Cc)
         Out[Cc] = KeepR[Cc] ? Row[Cc] * KeepScale : T(0);
     } else {
-      for (int64_t Cc = 0; Cc < Cols; ++Cc)
+      for (int64_t Cc = 0; Cc < Live; ++Cc)
         Out[Cc] = Row[Cc];
     }
+    for (int64_t Cc = Live; Cc < Cols; ++Cc)
+      Out[Cc] = T(0);
   }
 }
 SP_SIMD void blockProbs(float *P, float *PD, uint8_t *Keep, int64_t Rows,
                         int64_t Cols, const float *Lse, int64_t LS,
-                        const BlockDropout &Drop, float KeepScale) {
-  blockProbsBody(P, PD, Keep, Rows, Cols, Lse, LS, Drop, KeepScale);
+                        const BlockDropout &Drop, float KeepScale,
+                        CausalCut Cut) {
+  blockProbsBody(P, PD, Keep, Rows, Cols, Lse, LS, Drop, KeepScale, Cut);
 }
 SP_SIMD void blockProbs(double *P, double *PD, uint8_t *Keep, int64_t Rows,
                         int64_t Cols, const double *Lse, int64_t LS,
-                        const BlockDropout &Drop, double KeepScale) {
-  blockProbsBody(P, PD, Keep, Rows, Cols, Lse, LS, Drop, KeepScale);
+                        const BlockDropout &Drop, double KeepScale,
+                        CausalCut Cut) {
+  blockProbsBody(P, PD, Keep, Rows, Cols, Lse, LS, Drop, KeepScale, Cut);
 }
 
 /// DS = Scale * P (DP' - Delta), DP' the dropout's gradient of DP, zero
@@ -305,7 +330,8 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
       const T *Qh = Q + (B * S.Heads + A) * S.Sq * D;
       const int64_t Kv = (B * S.KvHeads + A / Group) * S.Sk * D;
       const T *Bias = KeyBias ? KeyBias + B * S.Sk : nullptr;
-      const T Skip = T(C.Fill) + maxBias(Bias, S.Sk) - T(Negligible);
+      const T MaxBias = maxBias(Bias, S.Sk);
+      const T Skip = T(C.Fill) + MaxBias - T(Negligible);
       std::fill(M.begin(), M.end(), -std::numeric_limits<T>::infinity());
       std::fill(L.begin(), L.end(), 0.0);
       std::fill(Acc.begin(), Acc.end(), T(0));
@@ -322,7 +348,8 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
                                 rowIndex(C.Probs, B, A, I0) + uint64_t(J0),
                                 uint64_t(C.Probs.Global[3])};
         onlineSoftmax(Sc.data(), Rows, Cols, M.data(), L.data(), Acc.data(), D,
-                      Drop, Keep.data(), KeepScale);
+                      Drop, Keep.data(), KeepScale,
+                      causalCut(C, I0, J0, MaxBias));
         gemm<T>(false, false, Rows, D, Cols, T(1), Sc.data(), Bc,
                 V + Kv + J0 * D, D, T(1), Acc.data(), D);
       }
@@ -360,7 +387,8 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
       const int64_t B = Task / S.KvHeads, G = Task % S.KvHeads;
       const int64_t Kv = (B * S.KvHeads + G) * S.Sk * D;
       const T *Bias = KeyBias ? KeyBias + B * S.Sk : nullptr;
-      const T Skip = T(C.Fill) + maxBias(Bias, S.Sk) - T(Negligible);
+      const T MaxBias = maxBias(Bias, S.Sk);
+      const T Skip = T(C.Fill) + MaxBias - T(Negligible);
       std::fill(DK + Kv, DK + Kv + S.Sk * D, T(0));
       std::fill(DV + Kv, DV + Kv + S.Sk * D, T(0));
       for (int64_t A = G * Group; A < (G + 1) * Group; ++A) {
@@ -393,7 +421,7 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
                                     uint64_t(C.Probs.Global[3])};
             T *PD = DP.data(); // the dropped P, then DP
             blockProbs(P.data(), PD, Keep.data(), Rows, Cols, LseH + I0 * LS,
-                       LS, Drop, KeepScale);
+                       LS, Drop, KeepScale, causalCut(C, I0, J0, MaxBias));
             gemm<T>(true, false, Cols, D, Rows, T(1), PD, Bc,
                     DO + Oo + I0 * OS, OS, T(1), DV + Kv + J0 * D, D);
             gemm<T>(false, true, Rows, Cols, D, T(1), DO + Oo + I0 * OS, OS,

@@ -5,8 +5,9 @@
 // slab per thread:
 //
 //  1. Speed, on the products of the gpt2s benchmark model (bench_train.py:
-//     h 768, rows b s = 1024, v 8192): GFLOP/s of cpu::gemm<float> as the
-//     backend calls it (fixed tiles), of one contiguous slab of
+//     h 768, rows b s = 1024, v 8192; medium's with h 256 v 512): GFLOP/s
+//     of cpu::gemm<float> as the backend calls it (fixed tiles), of the
+//     128-row strips it cut before them, of one contiguous slab of
 //     128-multiples per thread, and of threaded OpenBLAS sgemm, on the same
 //     data. Threaded OpenBLAS is timed last: its workers spin for a while
 //     after each call (2^28 cycles by default) and would slow whatever ran
@@ -20,7 +21,7 @@
 //
 // A benchmark and an experiment: it asserts nothing.
 //
-//   build/bin/sp-bench-gemm-split [threads, default 2]
+//   build/bin/sp-bench-gemm-split [threads, default 2] [h 768] [v 8192]
 //   OPENBLAS_CORETYPE=Haswell build/bin/sp-bench-gemm-split
 //
 //===----------------------------------------------------------------------===//
@@ -81,6 +82,30 @@ void slabs(bool TA, bool TB, int M, int N, int K, const T *A, const T *B,
   });
 }
 
+/// The cut cpu::gemm used before its tiles: strips of 128 rows of C (or
+/// columns, when C is short and wide) for products of at least 4 strips.
+template <typename T>
+void strips(bool TA, bool TB, int M, int N, int K, const T *A, int Lda,
+            const T *B, int Ldb, T *C, int Ldc) {
+  bool ByRows = M >= 4 * Unit, ByColumns = !ByRows && N >= 4 * Unit;
+  if (!ByRows && !ByColumns) {
+    blas(TA, TB, M, N, K, A, Lda, B, Ldb, 0.0f, C, Ldc);
+    return;
+  }
+  int Extent = ByRows ? M : N;
+  cpu::parallelFor((Extent + Unit - 1) / Unit, 1, [&](int64_t B0, int64_t B1) {
+    for (int64_t Blk = B0; Blk < B1; ++Blk) {
+      int X0 = int(Blk) * Unit, Size = std::min(Unit, Extent - X0);
+      if (ByRows)
+        blas(TA, TB, Size, N, K, TA ? A + X0 : A + size_t(X0) * Lda, Lda, B,
+             Ldb, 0.0f, C + size_t(X0) * Ldc, Ldc);
+      else
+        blas(TA, TB, M, Size, K, A, Lda, TB ? B + size_t(X0) * Ldb : B + X0,
+             Ldb, 0.0f, C + X0, Ldc);
+    }
+  });
+}
+
 double seconds() {
   return std::chrono::duration<double>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -135,32 +160,40 @@ int changedCuts(int M, int N, int K, bool TA, bool TB, float Beta) {
 
 int main(int Argc, char **Argv) {
   int Threads = Argc > 1 ? std::atoi(Argv[1]) : 2;
-  if (Threads < 1) {
-    std::fprintf(stderr, "usage: sp-bench-gemm-split [threads >= 1]\n");
+  int H = Argc > 2 ? std::atoi(Argv[2]) : 768, V = Argc > 3 ? std::atoi(Argv[3]) : 8192;
+  if (Threads < 1 || H < 1 || V < 1) {
+    std::fprintf(stderr, "usage: sp-bench-gemm-split [threads >= 1] [h] [v]\n");
     return 1;
   }
   cpu::setKernelThreads(Threads);
-  std::printf("OpenBLAS kernel: %s, %d threads\n", openblas_get_corename(),
-              Threads);
+  std::printf("OpenBLAS kernel: %s, %d threads, h %d, v %d, 1024 rows\n",
+              openblas_get_corename(), Threads, H, V);
 
+  const int T = 1024, F = 4 * H;
   struct Shape {
     const char *What;
     int M, N, K;
     bool TA, TB;
   } Shapes[] = {
-      {"qkv   X W", 1024, 2304, 768, false, false},
-      {"fc1   X W", 1024, 3072, 768, false, false},
-      {"fc2   X W", 1024, 768, 3072, false, false},
-      {"head  X E^T", 1024, 8192, 768, false, true},
-      {"qkv   DY W^T", 1024, 768, 2304, false, true},
-      {"head  DY E", 1024, 768, 8192, false, false},
-      {"fc1   X^T DY", 768, 3072, 1024, true, false},
-      {"fc2   X^T DY", 3072, 768, 1024, true, false},
-      {"qkv   X^T DY", 768, 2304, 1024, true, false},
-      {"proj  X^T DY", 768, 768, 1024, true, false},
+      {"qkv   X W", T, 3 * H, H, false, false},
+      {"proj  X W", T, H, H, false, false},
+      {"fc1   X W", T, F, H, false, false},
+      {"fc2   X W", T, H, F, false, false},
+      {"head  X E^T", T, V, H, false, true},
+      {"qkv   DY W^T", T, H, 3 * H, false, true},
+      {"proj  DY W^T", T, H, H, false, true},
+      {"fc1   DY W^T", T, H, F, false, true},
+      {"fc2   DY W^T", T, F, H, false, true},
+      {"head  DY E", T, H, V, false, false},
+      {"qkv   X^T DY", H, 3 * H, T, true, false},
+      {"proj  X^T DY", H, H, T, true, false},
+      {"fc1   X^T DY", H, F, T, true, false},
+      {"fc2   X^T DY", F, H, T, true, false},
+      {"head  DY^T X", V, H, T, true, false},
   };
-  std::printf("\n%-13s %5s %5s %5s %13s %13s %13s\n", "gemm", "m", "n", "k",
-              "sgemm GF/s", "fixed tiles", "slab/thread");
+  std::printf("\n%-13s %5s %5s %5s %13s %13s %13s %13s\n", "gemm", "m", "n",
+              "k", "sgemm GF/s", "fixed tiles", "row strips", "slab/thread");
+  double Flop = 0, Time[4] = {};
   for (const Shape &S : Shapes) {
     std::vector<float> A(size_t(S.M) * S.K, 0.5f), B(size_t(S.K) * S.N, 0.25f),
         C(size_t(S.M) * S.N);
@@ -170,6 +203,10 @@ int main(int Argc, char **Argv) {
     double Fixed = gflops(Flops, [&] {
       cpu::gemm<float>(S.TA, S.TB, S.M, S.N, S.K, 1.0f, A.data(), Lda,
                        B.data(), Ldb, 0.0f, C.data(), S.N);
+    });
+    double Strips = gflops(Flops, [&] {
+      strips(S.TA, S.TB, S.M, S.N, S.K, A.data(), Lda, B.data(), Ldb,
+             C.data(), S.N);
     });
     double Slab = gflops(Flops, [&] {
       slabs(S.TA, S.TB, S.M, S.N, S.K, A.data(), B.data(), 0.0f, C.data(),
@@ -183,10 +220,20 @@ int main(int Argc, char **Argv) {
     openblas_set_num_threads(1);
     // Until OpenBLAS's workers stop spinning (2^28 cycles by default).
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    std::printf("%-13s %5d %5d %5d %13.1f %8.1f (%2.0f%%) %8.1f (%2.0f%%)\n",
+    std::printf("%-13s %5d %5d %5d %13.1f %8.1f (%3.0f%%) %8.1f (%3.0f%%) "
+                "%8.1f (%3.0f%%)\n",
                 S.What, S.M, S.N, S.K, Threaded, Fixed, 100 * Fixed / Threaded,
-                Slab, 100 * Slab / Threaded);
+                Strips, 100 * Strips / Threaded, Slab, 100 * Slab / Threaded);
+    Flop += Flops;
+    double Rates[4] = {Threaded, Fixed, Strips, Slab};
+    for (int K = 0; K < 4; ++K)
+      Time[K] += Flops / Rates[K];
   }
+  std::printf("%-13s %17s %13.1f %8.1f (%3.0f%%) %8.1f (%3.0f%%) %8.1f "
+              "(%3.0f%%)\n",
+              "all, by time", "", Flop / Time[0], Flop / Time[1],
+              100 * Time[0] / Time[1], Flop / Time[2], 100 * Time[0] / Time[2],
+              Flop / Time[3], 100 * Time[0] / Time[3]);
 
   std::printf("\ncuts that change C against one call:\n");
   const int Cut[][3] = {{1024, 768, 768}, {1000, 700, 300}, {777, 1300, 257},

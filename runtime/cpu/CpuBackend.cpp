@@ -343,8 +343,11 @@ void CpuBackend::setThreads(int Threads) {
 
 double CpuBackend::peakFlops(StringRef) const {
   static double Peak = [] {
-    // Two 128-row blocks of C per kernel thread (gemm's split), at least 4.
-    const int64_t N = 512, M = 256 * std::max(2, cpu::kernelThreads());
+    // At least one of gemm's tiles per kernel thread (tiles of 2^28 to
+    // 2^29 multiply-adds once there are 4; cpu::gemmTiles), up to 16
+    // threads (64 MiB of operands).
+    const int64_t N = 1024,
+                  M = 512 * std::clamp(cpu::kernelThreads(), 2, 16);
     std::vector<float> A(M * N), B(N * N), C(M * N);
     for (int64_t I = 0; I < M * N; ++I)
       A[I] = float(I % 7) * 0.25f;

@@ -80,7 +80,8 @@ struct CausalCut {
     return Causal ? std::clamp<int64_t>(Base + R, 0, Cols) : Cols;
   }
   int64_t live(int64_t R, int64_t Cols, double Shift) const {
-    bool Zero = MaskedTop - Shift < -800 - 1e-6 * std::fabs(MaskedTop);
+    bool Zero = MaskedTop == -std::numeric_limits<double>::infinity() ||
+                MaskedTop - Shift < -800 - 1e-6 * std::fabs(MaskedTop);
     return Zero ? first(R, Cols) : Cols;
   }
 };

@@ -815,26 +815,19 @@ template <typename T> static Error runKernel(const KernelCall &C) {
                                         Core));
   }
   case OpKind::Softmax: {
-    // Fused (lower/FuseAttention.cpp): scale, causal_mask and softmax one
-    // after the other in place in the result, so the bits are the unfused
-    // sequence's (each kernel may run in place). A scale by 1 is the
-    // identity and is skipped.
+    // Fused (lower/FuseAttention.cpp): scale, causal_mask and softmax, with
+    // the bits of the unfused sequence (cpu::scaledCausalSoftmax runs the
+    // three kernels' operations row by row). A scale by 1 is the identity.
     const TensorType &X = InT(0);
     int64_t N = X.dim(-1), Elems = X.numElements();
-    double Alpha = AFloat("alpha");
-    const T *Src = In(0);
-    if (Alpha != 1.0) {
-      cpu::scale(Out(0), Src, Elems, Alpha);
-      Src = Out(0);
-    }
-    if (AInt("causal")) {
-      if (X.rank() < 2)
-        return planError("softmax {causal} expects rank >= 2 scores");
-      int64_t Sq = X.dim(-2);
-      cpu::causalMask(Out(0), Src, Elems / (Sq * N), Sq, N, AFloat("fill"));
-      Src = Out(0);
-    }
-    cpu::softmax(Out(0), Src, Elems / N, N);
+    bool Causal = AInt("causal");
+    if (Causal && X.rank() < 2)
+      return planError("softmax {causal} expects rank >= 2 scores");
+    int64_t Sq = Causal ? X.dim(-2) : 1;
+    if (N == 0 || Sq == 0)
+      return Error::success();
+    cpu::scaledCausalSoftmax(Out(0), In(0), Elems / (Sq * N), Sq, N,
+                             AFloat("alpha"), Causal, AFloat("fill"));
     return Error::success();
   }
   case OpKind::SoftmaxGrad: {

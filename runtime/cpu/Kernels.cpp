@@ -782,6 +782,51 @@ SP_SIMD void softmaxRows(double *Y, const double *X, int64_t Rows, int64_t N) {
     softmaxRowBody(Y + R * N, X + R * N, N);
 }
 
+/// One row of scaledCausalSoftmax, Keep of its N columns unmasked: the
+/// operations of scale, causalMask and softmaxRowBody on each element, in
+/// their order.
+template <typename T>
+SP_INLINE void scaledCausalRowBody(T *YR, const T *XR, int64_t N, int64_t Keep,
+                                   T Alpha, bool Scaled, T Fill) {
+  if (Scaled)
+    for (int64_t J = 0; J < Keep; ++J)
+      YR[J] = Alpha * XR[J];
+  else if (YR != XR)
+    std::copy(XR, XR + Keep, YR);
+  T Max = rowMax(YR, Keep); // the maximum is exact in any order
+  if (Keep < N && Max < Fill)
+    Max = Fill;
+  if (Max == -std::numeric_limits<T>::infinity()) { // all masked
+    std::fill(YR, YR + N, T(0));
+    return;
+  }
+  // A masked score's exp is exactly +0 when expD's argument is below -708;
+  // the lane sums then gain +0 for it, and its probability is 0 * Inv.
+  int64_t Live = double(Fill) - double(Max) < -708.0 ? Keep : N;
+  std::fill(YR + Keep, YR + Live, Fill);
+  Acc Sum = expShiftedSum(YR, YR, Live, Max);
+  Acc Inv = 1.0 / Sum;
+  for (int64_t J = 0; J < Live; ++J)
+    YR[J] = T(Acc(YR[J]) * Inv);
+  std::fill(YR + Live, YR + N, T(Acc(0) * Inv));
+}
+SP_SIMD void scaledCausalRows(float *Y, const float *X, int64_t R0, int64_t R1,
+                              int64_t Sq, int64_t N, float Alpha, bool Scaled,
+                              bool Causal, float Fill) {
+  for (int64_t R = R0; R < R1; ++R) {
+    int64_t Keep = Causal ? std::clamp<int64_t>(R % Sq + 1, 0, N) : N;
+    scaledCausalRowBody(Y + R * N, X + R * N, N, Keep, Alpha, Scaled, Fill);
+  }
+}
+SP_SIMD void scaledCausalRows(double *Y, const double *X, int64_t R0,
+                              int64_t R1, int64_t Sq, int64_t N, double Alpha,
+                              bool Scaled, bool Causal, double Fill) {
+  for (int64_t R = R0; R < R1; ++R) {
+    int64_t Keep = Causal ? std::clamp<int64_t>(R % Sq + 1, 0, N) : N;
+    scaledCausalRowBody(Y + R * N, X + R * N, N, Keep, Alpha, Scaled, Fill);
+  }
+}
+
 } // namespace
 
 template <typename T> void softmax(T *Y, const T *X, int64_t Rows, int64_t N) {
@@ -789,6 +834,20 @@ template <typename T> void softmax(T *Y, const T *X, int64_t Rows, int64_t N) {
   parallelFor(Rows, std::max<int64_t>(1, (1 << 12) / std::max<int64_t>(N, 1)),
               [&](int64_t R0, int64_t R1) {
     softmaxRows(Y + R0 * N, X + R0 * N, R1 - R0, N);
+  });
+}
+
+template <typename T>
+void scaledCausalSoftmax(T *Y, const T *X, int64_t Batch, int64_t Sq,
+                         int64_t Sk, double Alpha, bool Causal, double Fill) {
+  checkSizes({Batch, Sq, Sk});
+  if (Sq == 0 || Sk == 0)
+    return;
+  parallelFor(Batch * Sq,
+              std::max<int64_t>(1, (1 << 12) / std::max<int64_t>(Sk, 1)),
+              [&](int64_t R0, int64_t R1) {
+    scaledCausalRows(Y, X, R0, R1, Sq, Sk, T(Alpha), Alpha != 1.0, Causal,
+                     T(Fill));
   });
 }
 
@@ -1602,6 +1661,8 @@ void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16) {
   template void batchMatMul<T>(T *, const T *, const T *, int64_t, int64_t,    \
                                int64_t, int64_t, bool, bool);                  \
   template void scale<T>(T *, const T *, int64_t, double);                     \
+  template void scaledCausalSoftmax<T>(T *, const T *, int64_t, int64_t,      \
+                                       int64_t, double, bool, double);         \
   template void causalMask<T>(T *, const T *, int64_t, int64_t, int64_t,       \
                               double, int64_t, int64_t);                       \
   template void addKeyBias<T>(T *, const T *, const T *, int64_t, int64_t,     \

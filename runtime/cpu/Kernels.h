@@ -260,6 +260,16 @@ void addKeyBias(T *Y, const T *X, const T *Bias, int64_t Batch, int64_t Inner,
 /// A row that is all -inf gives all zeros (not NaN). Y may alias X.
 template <typename T> void softmax(T *Y, const T *X, int64_t Rows, int64_t N);
 
+/// scale(Alpha), then (when Causal) causalMask(Fill), then softmax, over
+/// scores X[Batch, Sq, Sk], in one pass per row with the same bits as the
+/// three kernels one after the other. Where every masked score's exp is
+/// exactly 0 (the fill more than 800 below the row's maximum, or -inf), the
+/// masked tail's exps are not computed: the row sums gain +0 for each one.
+/// Y may alias X.
+template <typename T>
+void scaledCausalSoftmax(T *Y, const T *X, int64_t Batch, int64_t Sq,
+                         int64_t Sk, double Alpha, bool Causal, double Fill);
+
 /// DX[r, :] = Y[r, :] * (DY[r, :] - sum_j DY[r,j] Y[r,j]). DX may alias DY.
 template <typename T>
 void softmaxBackward(T *DX, const T *Y, const T *DY, int64_t Rows, int64_t N);

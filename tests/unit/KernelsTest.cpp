@@ -1858,4 +1858,49 @@ TEST(CpuGemmTest, TilesCoverCAndDoNotDependOnTheThreadCount) {
   }
 }
 
+/// The fused attention softmax (scale, causal mask, softmax in one pass per
+/// row, the masked tail's exps skipped where they are exactly 0) has the
+/// bits of the three kernels one after the other: for fills whose exps are
+/// 0 (-inf, finfo.min, -1e4) and one whose are not (-12), a scale and none,
+/// causal and not, in place and not, with a NaN row and a -inf row.
+template <typename T> void checkScaledCausalSoftmax() {
+  const int64_t Batch = 3, Sq = 37, Sk = 37;
+  const int64_t N = Batch * Sq * Sk;
+  Vec XD = randVec(N, 70, -30, 30);
+  std::vector<T> X(XD.begin(), XD.end());
+  X[5 * Sk + 2] = std::numeric_limits<T>::quiet_NaN();
+  for (int64_t J = 0; J < Sk; ++J)
+    X[(Sq + 3) * Sk + J] = -std::numeric_limits<T>::infinity();
+  for (double Fill : {-std::numeric_limits<double>::infinity(),
+                      double(std::numeric_limits<float>::lowest()), -1e4,
+                      -12.0})
+    for (double Alpha : {1.0, 0.125})
+      for (bool Causal : {true, false})
+        for (bool InPlace : {false, true}) {
+          std::vector<T> Want(N);
+          const T *Src = X.data();
+          if (Alpha != 1.0) {
+            scale(Want.data(), Src, N, Alpha);
+            Src = Want.data();
+          }
+          if (Causal) {
+            causalMask(Want.data(), Src, Batch, Sq, Sk, Fill);
+            Src = Want.data();
+          }
+          softmax(Want.data(), Src, Batch * Sq, Sk);
+          std::vector<T> Got = InPlace ? X : std::vector<T>(N, T(7));
+          scaledCausalSoftmax(Got.data(), InPlace ? Got.data() : X.data(),
+                              Causal ? Batch : Batch * Sq, Causal ? Sq : 1,
+                              Sk, Alpha, Causal, Fill);
+          EXPECT_EQ(std::memcmp(Got.data(), Want.data(), N * sizeof(T)), 0)
+              << "fill " << Fill << " alpha " << Alpha << " causal "
+              << Causal << " in place " << InPlace;
+        }
+}
+
+TEST(CpuKernelsTest, ScaledCausalSoftmaxIsTheThreeKernelsBitwise) {
+  checkScaledCausalSoftmax<float>();
+  checkScaledCausalSoftmax<double>();
+}
+
 } // namespace

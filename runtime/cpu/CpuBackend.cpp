@@ -827,23 +827,24 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     if (N == 0 || Sq == 0)
       return Error::success();
     cpu::scaledCausalSoftmax(Out(0), In(0), Elems / (Sq * N), Sq, N,
-                             AFloat("alpha"), Causal, AFloat("fill"));
+                             AFloat("alpha"), Causal,
+                             Causal ? AFloat("fill") : 0.0);
     return Error::success();
   }
   case OpKind::SoftmaxGrad: {
-    // Fused: softmax_grad, then the causal mask and the scale in place.
+    // Fused: softmax_grad, then the causal mask and the scale, with the
+    // bits of that sequence (cpu::scaledCausalSoftmaxBackward).
     const TensorType &Y = InT(0);
     int64_t N = Y.dim(-1), Elems = Y.numElements();
-    cpu::softmaxBackward(Out(0), In(0), In(1), Elems / N, N);
-    if (AInt("causal")) {
-      if (Y.rank() < 2)
-        return planError("softmax_grad {causal} expects rank >= 2 scores");
-      int64_t Sq = Y.dim(-2);
-      cpu::causalMask(Out(0), Out(0), Elems / (Sq * N), Sq, N, AFloat("fill"));
-    }
-    double Alpha = AFloat("alpha");
-    if (Alpha != 1.0)
-      cpu::scale(Out(0), Out(0), Elems, Alpha);
+    bool Causal = AInt("causal");
+    if (Causal && Y.rank() < 2)
+      return planError("softmax_grad {causal} expects rank >= 2 scores");
+    int64_t Sq = Causal ? Y.dim(-2) : 1;
+    if (N == 0 || Sq == 0)
+      return Error::success();
+    cpu::scaledCausalSoftmaxBackward(Out(0), In(0), In(1), Elems / (Sq * N),
+                                     Sq, N, AFloat("alpha"), Causal,
+                                     Causal ? AFloat("fill") : 0.0);
     return Error::success();
   }
   case OpKind::Dropout: {

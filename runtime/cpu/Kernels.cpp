@@ -827,6 +827,41 @@ SP_SIMD void scaledCausalRows(double *Y, const double *X, int64_t R0,
   }
 }
 
+/// One row of scaledCausalSoftmaxBackward: the operations of
+/// softmaxBackward, causalMask and scale on each element, in their order.
+template <typename T>
+SP_INLINE void scaledCausalGradRowBody(T *DXR, const T *YR, const T *DYR,
+                                       int64_t N, int64_t Keep, T Alpha,
+                                       bool Scaled, T Fill) {
+  Acc Dot = laneSum(N, [&](int64_t J) { return Acc(DYR[J]) * YR[J]; });
+  for (int64_t J = 0; J < Keep; ++J) {
+    T G = T(YR[J] * (DYR[J] - Dot));
+    DXR[J] = Scaled ? Alpha * G : G;
+  }
+  const T Masked = Scaled ? Alpha * Fill : Fill;
+  std::fill(DXR + Keep, DXR + N, Masked);
+}
+SP_SIMD void scaledCausalGradRows(float *DX, const float *Y, const float *DY,
+                                  int64_t R0, int64_t R1, int64_t Sq, int64_t N,
+                                  float Alpha, bool Scaled, bool Causal,
+                                  float Fill) {
+  for (int64_t R = R0; R < R1; ++R) {
+    int64_t Keep = Causal ? std::clamp<int64_t>(R % Sq + 1, 0, N) : N;
+    scaledCausalGradRowBody(DX + R * N, Y + R * N, DY + R * N, N, Keep, Alpha,
+                            Scaled, Fill);
+  }
+}
+SP_SIMD void scaledCausalGradRows(double *DX, const double *Y,
+                                  const double *DY, int64_t R0, int64_t R1,
+                                  int64_t Sq, int64_t N, double Alpha,
+                                  bool Scaled, bool Causal, double Fill) {
+  for (int64_t R = R0; R < R1; ++R) {
+    int64_t Keep = Causal ? std::clamp<int64_t>(R % Sq + 1, 0, N) : N;
+    scaledCausalGradRowBody(DX + R * N, Y + R * N, DY + R * N, N, Keep, Alpha,
+                            Scaled, Fill);
+  }
+}
+
 } // namespace
 
 template <typename T> void softmax(T *Y, const T *X, int64_t Rows, int64_t N) {
@@ -848,6 +883,21 @@ void scaledCausalSoftmax(T *Y, const T *X, int64_t Batch, int64_t Sq,
               [&](int64_t R0, int64_t R1) {
     scaledCausalRows(Y, X, R0, R1, Sq, Sk, T(Alpha), Alpha != 1.0, Causal,
                      T(Fill));
+  });
+}
+
+template <typename T>
+void scaledCausalSoftmaxBackward(T *DX, const T *Y, const T *DY, int64_t Batch,
+                                 int64_t Sq, int64_t Sk, double Alpha,
+                                 bool Causal, double Fill) {
+  checkSizes({Batch, Sq, Sk});
+  if (Sq == 0 || Sk == 0)
+    return;
+  parallelFor(Batch * Sq,
+              std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(Sk, 1)),
+              [&](int64_t R0, int64_t R1) {
+    scaledCausalGradRows(DX, Y, DY, R0, R1, Sq, Sk, T(Alpha), Alpha != 1.0,
+                         Causal, T(Fill));
   });
 }
 
@@ -1663,6 +1713,9 @@ void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16) {
   template void scale<T>(T *, const T *, int64_t, double);                     \
   template void scaledCausalSoftmax<T>(T *, const T *, int64_t, int64_t,      \
                                        int64_t, double, bool, double);         \
+  template void scaledCausalSoftmaxBackward<T>(                                \
+      T *, const T *, const T *, int64_t, int64_t, int64_t, double, bool,      \
+      double);                                                                 \
   template void causalMask<T>(T *, const T *, int64_t, int64_t, int64_t,       \
                               double, int64_t, int64_t);                       \
   template void addKeyBias<T>(T *, const T *, const T *, int64_t, int64_t,     \

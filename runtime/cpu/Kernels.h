@@ -270,6 +270,13 @@ template <typename T>
 void scaledCausalSoftmax(T *Y, const T *X, int64_t Batch, int64_t Sq,
                          int64_t Sk, double Alpha, bool Causal, double Fill);
 
+/// Its backward: softmaxBackward, then (when Causal) causalMask(Fill), then
+/// scale(Alpha), in one pass per row with the same bits. DX may alias DY.
+template <typename T>
+void scaledCausalSoftmaxBackward(T *DX, const T *Y, const T *DY, int64_t Batch,
+                                 int64_t Sq, int64_t Sk, double Alpha,
+                                 bool Causal, double Fill);
+
 /// DX[r, :] = Y[r, :] * (DY[r, :] - sum_j DY[r,j] Y[r,j]). DX may alias DY.
 template <typename T>
 void softmaxBackward(T *DX, const T *Y, const T *DY, int64_t Rows, int64_t N);

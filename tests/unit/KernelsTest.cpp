@@ -1859,10 +1859,11 @@ TEST(CpuGemmTest, TilesCoverCAndDoNotDependOnTheThreadCount) {
 }
 
 /// The fused attention softmax (scale, causal mask, softmax in one pass per
-/// row, the masked tail's exps skipped where they are exactly 0) has the
-/// bits of the three kernels one after the other: for fills whose exps are
-/// 0 (-inf, finfo.min, -1e4) and one whose are not (-12), a scale and none,
-/// causal and not, in place and not, with a NaN row and a -inf row.
+/// row, the masked tail's exps skipped where they are exactly 0) and its
+/// gradient have the bits of the three kernels one after the other: for
+/// fills whose exps are 0 (-inf, finfo.min, -1e4) and one whose are not
+/// (-12), a scale and none, causal and not, in place and not, with a NaN
+/// row, a -inf row and an infinite gradient.
 template <typename T> void checkScaledCausalSoftmax() {
   const int64_t Batch = 3, Sq = 37, Sk = 37;
   const int64_t N = Batch * Sq * Sk;
@@ -1895,10 +1896,34 @@ template <typename T> void checkScaledCausalSoftmax() {
           EXPECT_EQ(std::memcmp(Got.data(), Want.data(), N * sizeof(T)), 0)
               << "fill " << Fill << " alpha " << Alpha << " causal "
               << Causal << " in place " << InPlace;
+          // The backward: softmaxBackward, causalMask (the gradient's fill,
+          // 0, or here also the forward's), scale.
+          Vec DYD = randVec(N, 71);
+          std::vector<T> DY(DYD.begin(), DYD.end());
+          DY[7] = std::numeric_limits<T>::infinity();
+          for (double GradFill : {0.0, Fill}) {
+            std::vector<T> WantD(N);
+            softmaxBackward(WantD.data(), Want.data(), DY.data(), Batch * Sq,
+                            Sk);
+            if (Causal)
+              causalMask(WantD.data(), WantD.data(), Batch, Sq, Sk, GradFill);
+            if (Alpha != 1.0)
+              scale(WantD.data(), WantD.data(), N, Alpha);
+            std::vector<T> GotD = InPlace ? DY : std::vector<T>(N, T(7));
+            scaledCausalSoftmaxBackward(
+                GotD.data(), Want.data(), InPlace ? GotD.data() : DY.data(),
+                Causal ? Batch : Batch * Sq, Causal ? Sq : 1, Sk, Alpha,
+                Causal, GradFill);
+            EXPECT_EQ(
+                std::memcmp(GotD.data(), WantD.data(), N * sizeof(T)), 0)
+                << "backward: fill " << Fill << " gradient fill " << GradFill
+                << " alpha " << Alpha << " causal " << Causal << " in place "
+                << InPlace;
+          }
         }
 }
 
-TEST(CpuKernelsTest, ScaledCausalSoftmaxIsTheThreeKernelsBitwise) {
+TEST(CpuKernelsTest, ScaledCausalSoftmaxAndItsGradientAreTheThreeKernels) {
   checkScaledCausalSoftmax<float>();
   checkScaledCausalSoftmax<double>();
 }

@@ -814,37 +814,29 @@ template <typename T> static Error runKernel(const KernelCall &C) {
                                         In(2), In(3), In(4), In(5), BiasP, Sh,
                                         Core));
   }
-  case OpKind::Softmax: {
-    // Fused (lower/FuseAttention.cpp): scale, causal_mask and softmax, with
-    // the bits of the unfused sequence (cpu::scaledCausalSoftmax runs the
-    // three kernels' operations row by row). A scale by 1 is the identity.
+  case OpKind::Softmax:
+  case OpKind::SoftmaxGrad: {
+    // Fused (lower/FuseAttention.cpp): scale, causal_mask and softmax, and
+    // backwards softmax_grad, the mask and the scale, with the bits of the
+    // unfused sequence (the kernels run its operations row by row). A scale
+    // by 1 is the identity.
+    bool Fwd = I.Op == OpKind::Softmax;
     const TensorType &X = InT(0);
     int64_t N = X.dim(-1), Elems = X.numElements();
     bool Causal = AInt("causal");
     if (Causal && X.rank() < 2)
-      return planError("softmax {causal} expects rank >= 2 scores");
+      return planError(Twine(opName(I.Op)) + " {causal} expects rank >= 2 "
+                                             "scores");
     int64_t Sq = Causal ? X.dim(-2) : 1;
     if (N == 0 || Sq == 0)
       return Error::success();
-    cpu::scaledCausalSoftmax(Out(0), In(0), Elems / (Sq * N), Sq, N,
-                             AFloat("alpha"), Causal,
-                             Causal ? AFloat("fill") : 0.0);
-    return Error::success();
-  }
-  case OpKind::SoftmaxGrad: {
-    // Fused: softmax_grad, then the causal mask and the scale, with the
-    // bits of that sequence (cpu::scaledCausalSoftmaxBackward).
-    const TensorType &Y = InT(0);
-    int64_t N = Y.dim(-1), Elems = Y.numElements();
-    bool Causal = AInt("causal");
-    if (Causal && Y.rank() < 2)
-      return planError("softmax_grad {causal} expects rank >= 2 scores");
-    int64_t Sq = Causal ? Y.dim(-2) : 1;
-    if (N == 0 || Sq == 0)
-      return Error::success();
-    cpu::scaledCausalSoftmaxBackward(Out(0), In(0), In(1), Elems / (Sq * N),
-                                     Sq, N, AFloat("alpha"), Causal,
-                                     Causal ? AFloat("fill") : 0.0);
+    double Alpha = AFloat("alpha"), Fill = Causal ? AFloat("fill") : 0.0;
+    if (Fwd)
+      cpu::scaledCausalSoftmax(Out(0), In(0), Elems / (Sq * N), Sq, N, Alpha,
+                               Causal, Fill);
+    else
+      cpu::scaledCausalSoftmaxBackward(Out(0), In(0), In(1), Elems / (Sq * N),
+                                       Sq, N, Alpha, Causal, Fill);
     return Error::success();
   }
   case OpKind::Dropout: {

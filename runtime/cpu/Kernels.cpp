@@ -721,6 +721,15 @@ template <typename T> void scale(T *Y, const T *X, int64_t N, double Alpha) {
 // 9. Causal mask
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// How many of its Sk keys the causal mask keeps for query row I (global
+/// query Q0 + I, key j global K0 + j): those with K0 + j <= Q0 + I.
+SP_INLINE int64_t causalKeep(int64_t I, int64_t Sk, int64_t Q0 = 0,
+                             int64_t K0 = 0) {
+  return std::clamp<int64_t>(Q0 + I - K0 + 1, 0, Sk);
+}
+} // namespace
+
 template <typename T>
 void causalMask(T *Y, const T *X, int64_t Batch, int64_t Sq, int64_t Sk,
                 double Fill, int64_t Q0, int64_t K0) {
@@ -731,7 +740,7 @@ void causalMask(T *Y, const T *X, int64_t Batch, int64_t Sq, int64_t Sk,
               [&](int64_t R0, int64_t R1) {
     for (int64_t R = R0; R < R1; ++R) {
       int64_t I = R % std::max<int64_t>(Sq, 1);
-      int64_t Keep = std::clamp<int64_t>(Q0 + I - K0 + 1, 0, Sk);
+      int64_t Keep = causalKeep(I, Sk, Q0, K0);
       T *YR = Y + R * Sk;
       if (YR != X + R * Sk)
         std::copy(X + R * Sk, X + R * Sk + Keep, YR);
@@ -814,7 +823,7 @@ SP_SIMD void scaledCausalRows(float *Y, const float *X, int64_t R0, int64_t R1,
                               int64_t Sq, int64_t N, float Alpha, bool Scaled,
                               bool Causal, float Fill) {
   for (int64_t R = R0; R < R1; ++R) {
-    int64_t Keep = Causal ? std::clamp<int64_t>(R % Sq + 1, 0, N) : N;
+    int64_t Keep = Causal ? causalKeep(R % Sq, N) : N;
     scaledCausalRowBody(Y + R * N, X + R * N, N, Keep, Alpha, Scaled, Fill);
   }
 }
@@ -822,7 +831,7 @@ SP_SIMD void scaledCausalRows(double *Y, const double *X, int64_t R0,
                               int64_t R1, int64_t Sq, int64_t N, double Alpha,
                               bool Scaled, bool Causal, double Fill) {
   for (int64_t R = R0; R < R1; ++R) {
-    int64_t Keep = Causal ? std::clamp<int64_t>(R % Sq + 1, 0, N) : N;
+    int64_t Keep = Causal ? causalKeep(R % Sq, N) : N;
     scaledCausalRowBody(Y + R * N, X + R * N, N, Keep, Alpha, Scaled, Fill);
   }
 }
@@ -846,7 +855,7 @@ SP_SIMD void scaledCausalGradRows(float *DX, const float *Y, const float *DY,
                                   float Alpha, bool Scaled, bool Causal,
                                   float Fill) {
   for (int64_t R = R0; R < R1; ++R) {
-    int64_t Keep = Causal ? std::clamp<int64_t>(R % Sq + 1, 0, N) : N;
+    int64_t Keep = Causal ? causalKeep(R % Sq, N) : N;
     scaledCausalGradRowBody(DX + R * N, Y + R * N, DY + R * N, N, Keep, Alpha,
                             Scaled, Fill);
   }
@@ -856,7 +865,7 @@ SP_SIMD void scaledCausalGradRows(double *DX, const double *Y,
                                   int64_t Sq, int64_t N, double Alpha,
                                   bool Scaled, bool Causal, double Fill) {
   for (int64_t R = R0; R < R1; ++R) {
-    int64_t Keep = Causal ? std::clamp<int64_t>(R % Sq + 1, 0, N) : N;
+    int64_t Keep = Causal ? causalKeep(R % Sq, N) : N;
     scaledCausalGradRowBody(DX + R * N, Y + R * N, DY + R * N, N, Keep, Alpha,
                             Scaled, Fill);
   }

@@ -3,7 +3,7 @@
 # repository's root on the GPU machine (the tests read models/ and the data):
 #   tests  sp-gpu-tests (every kernel against the CPU's, the end-to-end
 #          comparisons), and the default model trained 20 steps by sp-run on
-#          the CPU and on the GPU;
+#          the CPU and on the GPU in each of $PRECISIONS (default fp32 bf16 fp16);
 #   bench  tools/bench_gpu.py for each of $BENCH_MODELS (default 22B), with
 #          $BENCH_ARGS (default --steps 8 --repeat 1 --dtype bf16);
 #   all    both.
@@ -35,11 +35,14 @@ if ldd "$B/sp-run" | grep "not found"; then echo "gpu_check.sh: missing librarie
 if [[ $WHAT == tests || $WHAT == all ]]; then
   say "sp-gpu-tests"
   "$B/sp-gpu-tests" --gtest_color=no 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "^\[ *(RUN|OK) |^  step [0-9]" | tail -80
-  say "sp-run: the default model, 20 steps on the CPU and on the GPU"
-  "$B/sp-compile" models/tiny/gpt-tiny.onnx --attention unfused -o "$ROOT/tiny.plan" --quiet
+  : > "$OUT/sp-run.log"
   "$B/sp-tokenize" models/data/python-reference.txt -o "$ROOT/data.bin" > /dev/null
-  for D in cpu cuda; do
-    "$B/sp-run" "$ROOT/tiny.plan" --data "$ROOT/data.bin" --steps 20 --device $D 2>&1 | tee "$OUT/sp-run-$D.log" | tail -3
+  for P in ${PRECISIONS:-fp32 bf16 fp16}; do
+    say "sp-run: the default model in $P, 20 steps on the CPU and on the GPU"
+    "$B/sp-compile" models/tiny/gpt-tiny.onnx --attention unfused --dtype $P -o "$ROOT/tiny-$P.plan" --quiet
+    for D in cpu cuda; do
+      "$B/sp-run" "$ROOT/tiny-$P.plan" --data "$ROOT/data.bin" --steps 20 --device $D 2>&1 | tee -a "$OUT/sp-run.log" | grep -E "^(trained|memory|time per step)"
+    done
   done
 fi
 if [[ $WHAT == bench || $WHAT == all ]]; then

@@ -788,8 +788,10 @@ Error CudaBackend::run(const KernelCall &C) {
         return planError("the CUDA backend runs float32 plans; this one "
                          "computes in float64");
   SP_CUDA_TRY(cudaSetDevice(Device));
-  // An instruction with bf16 or fp16 buffers runs on float32 copies.
-  bool Mixed = cuda::touches16Bit(C.I, C.Prog.Buffers);
+  // An instruction with bf16 or fp16 buffers runs on float32 copies, unless
+  // its kernel reads and writes them in place.
+  bool Mixed = cuda::touches16Bit(C.I, C.Prog.Buffers) &&
+               !cuda::runsIn16Bit(C.I, C.Prog.Buffers);
   const Instruction *First = C.Prog.Instrs.data();
   size_t NumInstrs = C.Prog.Instrs.size();
   bool InProgram = &C.I >= First && &C.I < First + NumInstrs;
@@ -1437,6 +1439,14 @@ Expected<std::vector<Backend::DeviceTime>> CudaBackend::collectTimes() {
   return R;
 }
 
+/// Buffer Id as a kernel operand of its own storage (cuda::Elems).
+static cuda::Elems elems(const KernelCall &C, int Id) {
+  DType T = C.Prog.Buffers[Id].Type.Dtype;
+  return cuda::Elems(C.buffer(Id), T == DType::BF16  ? cuda::Storage::BF16
+                                   : T == DType::F16 ? cuda::Storage::F16
+                                                     : cuda::Storage::F32);
+}
+
 Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
@@ -1477,8 +1487,7 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
   uint8_t *Mask = I.Out.size() > 1
                       ? reinterpret_cast<uint8_t *>(C.buffer(I.Out[1]))
                       : nullptr;
-  cuda::dropout(reinterpret_cast<float *>(C.buffer(I.Out[0])), Mask,
-                reinterpret_cast<const float *>(C.buffer(I.In[0])), Ratio,
+  cuda::dropout(elems(C, I.Out[0]), Mask, elems(C, I.In[0]), Ratio,
                 C.Seed, uint32_t(Key[0]), uint32_t(Key[1]), uint32_t(C.Step),
                 devShape(Full), devShape(Local.Shape), devShape(Offset), S);
   return Error::success();
@@ -1499,6 +1508,10 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   auto OutT = [&](unsigned K) -> const TensorType & {
     return Bufs[I.Out[K]].Type;
   };
+  // A float operand as the kernels taking cuda::Elems see it: float32, or
+  // bf16/fp16 read and written in place (cuda::runsIn16Bit).
+  auto InE = [&](unsigned K) { return elems(C, I.In[K]); };
+  auto OutE = [&](unsigned K) { return elems(C, I.Out[K]); };
   auto Ids = [&](unsigned K) {
     return reinterpret_cast<const int64_t *>(C.buffer(I.In[K]));
   };
@@ -1544,15 +1557,27 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     return collective(C, S);
   case OpKind::GatherParam:
     return gatherParam(C, S);
-  case OpKind::Cast: // dispatchMixed rounds the f32 copy into the result
-    SP_CUDA_TRY(cudaMemcpyAsync(Out(0), In(0), InT(0).numBytes(),
-                                cudaMemcpyDeviceToDevice, S));
+  case OpKind::Cast: {
+    // float32 to or from bf16/fp16 (cuda::runsIn16Bit), else a copy (on
+    // float32 copies, dispatchMixed rounding the result).
+    DType From = InT(0).Dtype, To = OutT(0).Dtype;
+    auto *Half = reinterpret_cast<uint16_t *>(
+        C.buffer(From == DType::F32 ? I.Out[0] : I.In[0]));
+    int64_t N = InT(0).numElements();
+    if (From == DType::F32 && To != DType::F32)
+      cuda::narrow16(Half, In(0), N, To == DType::BF16, S);
+    else if (To == DType::F32 && From != DType::F32)
+      cuda::widen16(Out(0), Half, N, From == DType::BF16, S);
+    else
+      SP_CUDA_TRY(cudaMemcpyAsync(Out(0), In(0), InT(0).numBytes(),
+                                  cudaMemcpyDeviceToDevice, S));
     return Error::success();
+  }
   case OpKind::Add:
   case OpKind::Mul: {
     bool Multiply = I.Op == OpKind::Mul;
     if (InT(0).Shape == InT(1).Shape) {
-      (Multiply ? cuda::mul : cuda::add)(Out(0), In(0), In(1),
+      (Multiply ? cuda::mul : cuda::add)(OutE(0), InE(0), InE(1),
                                          OutT(0).numElements(), S);
       return Error::success();
     }
@@ -1597,8 +1622,9 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::LayerNorm: {
     int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
     bool Stats = I.Out.size() == 3;
-    cuda::layerNorm(Out(0), Stats ? Out(1) : nullptr, Stats ? Out(2) : nullptr,
-                    In(0), In(1), In(2), Rows, H, AFloat("epsilon"), S);
+    cuda::layerNorm(OutE(0), Stats ? Out(1) : nullptr,
+                    Stats ? Out(2) : nullptr, InE(0), InE(1), InE(2), Rows, H,
+                    AFloat("epsilon"), S);
     return Error::success();
   }
   case OpKind::LayerNormGrad: {
@@ -1607,8 +1633,8 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
       return E;
     if (auto E = Zero(2))
       return E;
-    cuda::layerNormBackward(Out(0), Out(1), Out(2), In(0), In(1), In(2), In(3),
-                            In(4), Rows, H, S);
+    cuda::layerNormBackward(OutE(0), Out(1), Out(2), InE(0), InE(1), InE(2),
+                            In(3), In(4), Rows, H, S);
     return Error::success();
   }
   case OpKind::Linear: {
@@ -1636,14 +1662,15 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t OutF = InT(0).dim(-1);
     if (auto E = Zero(0))
       return E;
-    cuda::biasBackward(Out(0), In(0), InT(0).numElements() / OutF, OutF, S);
+    cuda::biasBackward(Out(0), InE(0), InT(0).numElements() / OutF, OutF, S);
     return Error::success();
   }
   case OpKind::Gelu:
-    cuda::gelu(Out(0), In(0), InT(0).numElements(), Tanh(), S);
+    cuda::gelu(OutE(0), InE(0), InT(0).numElements(), Tanh(), S);
     return Error::success();
   case OpKind::GeluGrad:
-    cuda::geluBackward(Out(0), In(0), In(1), InT(0).numElements(), Tanh(), S);
+    cuda::geluBackward(OutE(0), InE(0), InE(1), InT(0).numElements(), Tanh(),
+                       S);
     return Error::success();
   case OpKind::RmsNorm: {
     int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
@@ -1778,10 +1805,10 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
       return planError("a causal softmax expects rank >= 2 scores");
     int64_t Sq = Causal ? X.dim(-2) : 1;
     if (I.Op == OpKind::Softmax)
-      cuda::softmax(Out(0), In(0), X.numElements() / N, N, AFloat("alpha"),
+      cuda::softmax(OutE(0), InE(0), X.numElements() / N, N, AFloat("alpha"),
                     Causal, Sq, AFloat("fill"), S);
     else
-      cuda::softmaxBackward(Out(0), In(0), In(1), X.numElements() / N, N,
+      cuda::softmaxBackward(OutE(0), InE(0), InE(1), X.numElements() / N, N,
                             AFloat("alpha"), Causal, Sq, AFloat("fill"), S);
     return Error::success();
   }
@@ -1790,7 +1817,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::DropoutGrad: {
     double Ratio =
         C.Training ? C.Dropout.value_or(AFloat("ratio")) : 0.0;
-    cuda::dropoutBackward(Out(0), In(0),
+    cuda::dropoutBackward(OutE(0), InE(0),
                           reinterpret_cast<const uint8_t *>(In(1)),
                           InT(0).numElements(), Ratio, S);
     return Error::success();

@@ -1,7 +1,7 @@
 //===- CudaKernels.h - Launchers of the CUDA backend's kernels ---*- C++ -*-===//
 //
 // Host functions that enqueue one kernel of runtime/cuda/kernels/ on a
-// stream (float32 only). Each matches the CPU kernel of the same name in
+// stream (float32; those taking Elems also bfloat16 and half in place). Each matches the CPU kernel of the same name in
 // runtime/cpu/Kernels.h: same arguments, same accumulation rule (parameter
 // gradients accumulate, everything else is overwritten), same arithmetic in
 // the same order where the CPU's order is fixed (see LaunchGeometry.h). The
@@ -20,6 +20,7 @@
 #ifndef SP_RUNTIME_CUDA_CUDAKERNELS_H
 #define SP_RUNTIME_CUDA_CUDAKERNELS_H
 
+#include <cstddef>
 #include <cstdint>
 #include <cuda_runtime_api.h>
 
@@ -34,6 +35,28 @@ struct DeviceError {
 enum DeviceErrorCode : int {
   EmbeddingIdOutOfRange = 1,
   CrossEntropyTargetOutOfRange = 2,
+};
+
+/// How a kernel operand is stored: float32, or the bits of bfloat16 or
+/// IEEE half.
+enum class Storage : uint8_t { F32, BF16, F16 };
+
+/// A kernel operand of any Storage. The kernels that take Elems load each
+/// element widened to float32 (exact) and round each float32 result once to
+/// nearest even where they store it (kernels/Convert.cuh's rules), so a
+/// 16-bit buffer is read and written where it is, with the bits that
+/// widening it, running the float32 kernel and narrowing the result give
+/// (CudaBackend's dispatchMixed), without the float32 copies. A float
+/// pointer converts to F32 Elems.
+struct Elems {
+  void *Data = nullptr;
+  Storage Kind = Storage::F32;
+  Elems() = default;
+  Elems(std::nullptr_t) {}
+  Elems(float *P) : Data(P) {}
+  Elems(const float *P) : Data(const_cast<float *>(P)) {}
+  Elems(void *P, Storage K) : Data(P), Kind(K) {}
+  explicit operator bool() const { return Data != nullptr; }
 };
 
 constexpr int MaxRank = 6;
@@ -57,8 +80,8 @@ void embeddingBackward(float *DTable, const float *DY, const int64_t *Ids,
                        bool OutsideIsZero, DeviceError *Err, cudaStream_t S);
 
 // Elementwise (kernels/Elementwise.cuh).
-void add(float *Y, const float *A, const float *B, int64_t N, cudaStream_t S);
-void mul(float *Y, const float *A, const float *B, int64_t N, cudaStream_t S);
+void add(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S);
+void mul(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S);
 void scale(float *Y, const float *X, int64_t N, double Alpha, cudaStream_t S);
 /// Y = A + B (or A * B when Multiply) under numpy broadcasting; the shapes
 /// are checked by the caller (broadcastStrides in CudaBackend.cpp).
@@ -82,16 +105,17 @@ void chunkCopy(float *Dst, int64_t DstPitch, const float *Src,
                cudaStream_t S);
 
 // GELU (kernels/Gelu.cuh): Tanh selects the tanh form.
-void gelu(float *Y, const float *X, int64_t N, bool Tanh, cudaStream_t S);
-void geluBackward(float *DX, const float *X, const float *DY, int64_t N,
-                  bool Tanh, cudaStream_t S);
+void gelu(Elems Y, Elems X, int64_t N, bool Tanh, cudaStream_t S);
+void geluBackward(Elems DX, Elems X, Elems DY, int64_t N, bool Tanh,
+                  cudaStream_t S);
 
 // Norms (kernels/LayerNorm.cuh, kernels/RmsNorm.cuh).
-void layerNorm(float *Y, float *Mean, float *Rstd, const float *X,
-               const float *Gamma, const float *Beta, int64_t Rows, int64_t H,
-               double Eps, cudaStream_t S);
-void layerNormBackward(float *DX, float *DGamma, float *DBeta, const float *DY,
-                       const float *X, const float *Gamma, const float *Mean,
+void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
+               Elems Beta, int64_t Rows, int64_t H, double Eps,
+               cudaStream_t S);
+/// The parameter gradients stay float32 (the plans' gradients are).
+void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY,
+                       Elems X, Elems Gamma, const float *Mean,
                        const float *Rstd, int64_t Rows, int64_t H,
                        cudaStream_t S);
 void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
@@ -100,7 +124,7 @@ void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
                      const float *Gamma, const float *Rstd, int64_t Rows,
                      int64_t H, cudaStream_t S);
 /// DBias[j] += sum over rows of DY[r, j], rows in order in double.
-void biasBackward(float *DBias, const float *DY, int64_t Rows, int64_t Out,
+void biasBackward(float *DBias, Elems DY, int64_t Rows, int64_t Out,
                   cudaStream_t S);
 /// Y[r, :] = Bias (the start of a linear with bias).
 void broadcastRows(float *Y, const float *Bias, int64_t Rows, int64_t Out,
@@ -135,23 +159,23 @@ void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,
 /// Y = softmax(causal(Alpha * X)) over rows of N: Alpha = 1 and Causal =
 /// false is the plain softmax op; the fused form is scale + causal_mask +
 /// softmax in one pass (each rounding as the three CPU kernels round).
-void softmax(float *Y, const float *X, int64_t Rows, int64_t N, double Alpha,
+void softmax(Elems Y, Elems X, int64_t Rows, int64_t N, double Alpha,
              bool Causal, int64_t Sq, double Fill, cudaStream_t S);
 /// DX = Alpha * causal(float(Y * (DY - sum_j DY_j Y_j))) (the fill where
 /// Causal masks): softmax_grad, causal_mask and scale in one pass, each
 /// rounding as the CPU kernels round; Alpha = 1 and Causal = false is the
 /// plain softmax_grad op.
-void softmaxBackward(float *DX, const float *Y, const float *DY, int64_t Rows,
-                     int64_t N, double Alpha, bool Causal, int64_t Sq,
-                     double Fill, cudaStream_t S);
+void softmaxBackward(Elems DX, Elems Y, Elems DY, int64_t Rows, int64_t N,
+                     double Alpha, bool Causal, int64_t Sq, double Fill,
+                     cudaStream_t S);
 
 // Dropout (kernels/Dropout.cuh): Philox-4x32-10 of runtime/cpu/Philox.h.
 /// The local tensor is the block [Offset, Offset + Local) of Global.
-void dropout(float *Y, uint8_t *Mask, const float *X, double Ratio,
-             uint64_t Seed, uint32_t Layer, uint32_t Site, uint32_t Stream,
-             DevShape Global, DevShape Local, DevShape Offset, cudaStream_t S);
-void dropoutBackward(float *DX, const float *DY, const uint8_t *Mask,
-                     int64_t N, double Ratio, cudaStream_t S);
+void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
+             uint32_t Layer, uint32_t Site, uint32_t Stream, DevShape Global,
+             DevShape Local, DevShape Offset, cudaStream_t S);
+void dropoutBackward(Elems DX, Elems DY, const uint8_t *Mask, int64_t N,
+                     double Ratio, cudaStream_t S);
 
 // Cross entropy (kernels/CrossEntropy.cuh). Scratch: N doubles.
 /// Ignore < 0 with HasIgnore false: every row counts.

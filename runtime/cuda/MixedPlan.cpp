@@ -16,6 +16,50 @@ bool touches16Bit(const Instruction &I,
   return false;
 }
 
+bool runsIn16Bit(const Instruction &I,
+                 const std::vector<ProgramBuffer> &Buffers) {
+  auto Type = [&](int B) { return Buffers[B].Type.Dtype; };
+  auto F32 = [&](int B) { return Type(B) == DType::F32; };
+  // The kernels are compiled for one storage of their tensors (Common.cuh,
+  // withStorage); the parameter gradients they accumulate (LayerNorm's, the
+  // bias's) are float32, as the plans' gradients are.
+  auto OneType = [&](std::initializer_list<int> Ids) {
+    return llvm::all_of(Ids, [&](int B) { return Type(B) == Type(*Ids.begin()); });
+  };
+  const auto &In = I.In;
+  const auto &Out = I.Out;
+  switch (I.Op) {
+  case OpKind::Add:
+  case OpKind::Mul: // a broadcast runs on copies
+    return In.size() == 2 && Out.size() == 1 &&
+           Buffers[In[0]].Type.Shape == Buffers[In[1]].Type.Shape &&
+           OneType({In[0], In[1], Out[0]});
+  case OpKind::LayerNorm: // (x, gamma, beta) -> y, float32 statistics
+    return In.size() == 3 && OneType({In[0], In[1], In[2], Out[0]}) &&
+           llvm::all_of(llvm::drop_begin(Out), F32);
+  case OpKind::LayerNormGrad: // (dy, x, gamma, mean, rstd) -> dx, ...
+    return In.size() == 5 && Out.size() == 3 &&
+           OneType({In[0], In[1], In[2], Out[0]}) && F32(In[3]) &&
+           F32(In[4]) && F32(Out[1]) && F32(Out[2]);
+  case OpKind::Cast: // one side float32: a widening or a rounding
+    return In.size() == 1 && Out.size() == 1 && (F32(In[0]) || F32(Out[0])) &&
+           (is16Bit(Type(In[0])) || is16Bit(Type(Out[0])));
+  case OpKind::BiasGrad:
+    return In.size() == 1 && Out.size() == 1 && F32(Out[0]);
+  case OpKind::Gelu:
+  case OpKind::Softmax:
+  case OpKind::Dropout: // x -> y (and dropout's mask)
+  case OpKind::DropoutGrad: // (dy, mask) -> dx
+    return !In.empty() && !Out.empty() && OneType({In[0], Out[0]});
+  case OpKind::GeluGrad:
+  case OpKind::SoftmaxGrad:
+    return In.size() == 2 && Out.size() == 1 &&
+           OneType({In[0], In[1], Out[0]});
+  default:
+    return false;
+  }
+}
+
 MixedPlan planMixed(const Instruction &I,
                     const std::vector<ProgramBuffer> &Buffers,
                     bool SideEffects) {

@@ -9,6 +9,11 @@
 // them where they are, on the tensor cores (float32 sums of exact
 // products), so only its other buffers are copied.
 //
+// The memory-bound kernels that dominate a 16-bit step (elementwise,
+// LayerNorm, softmax, dropout) skip the copies instead: they load and store
+// 16-bit elements themselves, widening and rounding each one exactly as
+// the copies would (runsIn16Bit; cuda::Elems in CudaKernels.h).
+//
 // Which buffers are copied, where in the stream's scratch region, and which
 // are converted before and after the kernel is decided here on the host
 // from the instruction and the buffers' types alone, so it is unit-tested
@@ -49,6 +54,15 @@ struct MixedPlan {
 /// Whether an instruction reads or writes a bf16 or fp16 buffer.
 bool touches16Bit(const Instruction &I,
                   const std::vector<ProgramBuffer> &Buffers);
+
+/// Whether I's kernel reads and writes its bf16 and fp16 buffers in place
+/// (the kernels taking cuda::Elems: same-shape add and mul, GELU, LayerNorm,
+/// bias grad, softmax, dropout, their gradients, and a cast to or from
+/// float32), with the bits of the copies' path, so it needs no plan. Its
+/// tensors must share one type, its parameter gradients be float32; other
+/// mixes run on copies.
+bool runsIn16Bit(const Instruction &I,
+                 const std::vector<ProgramBuffer> &Buffers);
 
 /// The plan of I over Buffers. SideEffects: I writes its operands in place
 /// (opDef(I.Op).SideEffects), so every copy is converted both ways.

@@ -711,6 +711,40 @@ TEST(MixedPlan, OnlyInstructionsWith16BitBuffersAreMixed) {
   EXPECT_TRUE(touches16Bit(instr(OpKind::Gelu, {2}, {0}), Bufs));
 }
 
+TEST(MixedPlan, MemoryBoundKernelsRead16BitInPlace) {
+  auto Bufs = typed({TensorType(DType::BF16, {4, 8}), TensorType(DType::BF16, {8}),
+                     TensorType(DType::F32, {4}), TensorType(DType::F32, {4, 8}),
+                     TensorType(DType::F16, {4, 8}), TensorType(DType::BF16, {4})});
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::Add, {0, 0}, {0}), Bufs));
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Add, {0, 1}, {0}), Bufs))
+      << "a broadcast runs on copies";
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::Dropout, {0}, {0}), Bufs));
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::Softmax, {0}, {0}), Bufs));
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::LayerNorm, {0, 1, 1}, {0, 2, 2}), Bufs));
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::LayerNorm, {0, 1, 1}, {0, 5, 5}), Bufs))
+      << "16-bit statistics";
+  EXPECT_TRUE(
+      runsIn16Bit(instr(OpKind::LayerNormGrad, {0, 0, 1, 2, 2}, {0, 3, 3}), Bufs));
+  EXPECT_FALSE(
+      runsIn16Bit(instr(OpKind::LayerNormGrad, {0, 0, 1, 5, 5}, {0, 3, 3}), Bufs));
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::Cast, {3}, {0}), Bufs));
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::Cast, {0}, {3}), Bufs));
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Cast, {0}, {4}), Bufs))
+      << "bf16 to fp16 goes through float32";
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Add, {0, 3}, {0}), Bufs))
+      << "bf16 + f32: one storage per kernel";
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Softmax, {4}, {0}), Bufs));
+  EXPECT_FALSE(
+      runsIn16Bit(instr(OpKind::LayerNormGrad, {0, 4, 1, 2, 2}, {0, 1, 1}), Bufs));
+  EXPECT_FALSE(
+      runsIn16Bit(instr(OpKind::LayerNormGrad, {0, 0, 1, 2, 2}, {0, 1, 1}), Bufs))
+      << "bf16 parameter gradients";
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::BiasGrad, {0}, {3}), Bufs));
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::BiasGrad, {0}, {1}), Bufs));
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Linear, {0, 0}, {0}), Bufs));
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Rope, {0}, {0}), Bufs));
+}
+
 TEST(MixedPlan, A16BitLinearReadsItsOperandsInPlace) {
   // y[bf16] = linear(x[bf16], w[bf16], b[bf16]): x and w on the tensor
   // cores where they are; the bias widened, y rounded back.

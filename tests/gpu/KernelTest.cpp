@@ -802,6 +802,51 @@ TEST_F(CudaKernels, MixedPrecisionIsTheCpusBits) {
       compare(C, {Y, D, M}, 0);
     }
     {
+      // The gradients, read and written in 16 bits in place (runsIn16Bit):
+      // LayerNorm's (16-bit dx and dy, float32 dgamma and dbeta), the
+      // fused softmax's, dropout's, GELU's, a bias gradient, and the
+      // same-shape mul.
+      OpCase C;
+      int Dy = C.halfs(T, {35, 203}, 4), X = C.halfs(T, {35, 203}, 2),
+          G = C.halfs(T, {203});
+      int Y = C.buffer(T, {35, 203}), M = C.buffer(DType::F32, {35}),
+          R = C.buffer(DType::F32, {35});
+      C.op(OpKind::LayerNorm, {X, G, G}, {Y, M, R});
+      int Dx = C.buffer(T, {35, 203}), Dg = C.buffer(DType::F32, {203}),
+          Db = C.buffer(DType::F32, {203});
+      C.op(OpKind::LayerNormGrad, {Dy, X, G, M, R}, {Dx, Dg, Db});
+      int Bg = C.buffer(DType::F32, {203});
+      C.op(OpKind::BiasGrad, {Dy}, {Bg});
+      int Gg = C.buffer(T, {35, 203});
+      C.op(OpKind::GeluGrad, {X, Dy}, {Gg});
+      int Prod = C.buffer(T, {35, 203});
+      C.op(OpKind::Mul, {X, Dy}, {Prod});
+      compare(C, {Y, M, R, Dx, Dg, Db, Bg, Gg, Prod}, 0);
+    }
+    {
+      // 12 keys: dropout by Philox blocks of four.
+      OpCase C;
+      std::vector<int64_t> Shape = {2, 3, 12, 12};
+      int X = C.halfs(T, Shape, 3), Dy = C.halfs(T, Shape, 5);
+      int Y = C.buffer(T, Shape);
+      auto &F = C.op(OpKind::Softmax, {X}, {Y});
+      F.Attrs.set("alpha", 0.125);
+      F.Attrs.set("causal", int64_t(1));
+      F.Attrs.set("fill", -INFINITY);
+      int Dx = C.buffer(T, Shape);
+      auto &B = C.op(OpKind::SoftmaxGrad, {Y, Dy}, {Dx});
+      B.Attrs.set("alpha", 0.125);
+      B.Attrs.set("causal", int64_t(1));
+      B.Attrs.set("fill", 0.0);
+      int D = C.buffer(T, Shape), Mask = C.buffer(DType::U8, Shape);
+      auto &Dr = C.op(OpKind::Dropout, {Dy}, {D, Mask});
+      Dr.Attrs.set("key", std::vector<int64_t>{3, 1});
+      Dr.Attrs.set("ratio", 0.25);
+      int Dd = C.buffer(T, Shape);
+      C.op(OpKind::DropoutGrad, {Dx, Mask}, {Dd}).Attrs.set("ratio", 0.25);
+      compare(C, {Y, Dx, D, Mask, Dd}, 0);
+    }
+    {
       // A linear layer: 16-bit x, weight and bias, a 16-bit output.
       const int64_t Rows = 33, In = 96, Out = 40;
       OpCase C;

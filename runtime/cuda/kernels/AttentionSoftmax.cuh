@@ -59,8 +59,8 @@ __global__ void paddingMaskKernel(float *Y, const float *X, const void *Keep,
 }
 
 /// One row's input element j: float(alpha) * X, then the causal fill.
-struct SoftmaxInput {
-  const float *XR;
+template <Storage ST> struct SoftmaxInput {
+  Elems XR;
   float Alpha;
   bool Scaled, Causal;
   int64_t Keep;
@@ -68,13 +68,14 @@ struct SoftmaxInput {
   __device__ float operator()(int64_t J) const {
     if (Causal && J >= Keep)
       return Fill;
-    return Scaled ? Alpha * XR[J] : XR[J];
+    return Scaled ? Alpha * ldAs<ST>(XR, J) : ldAs<ST>(XR, J);
   }
 };
 
-__global__ void softmaxKernel(float *Y, const float *X, int64_t Rows,
-                              int64_t N, float Alpha, bool Scaled,
-                              bool Causal, int64_t Sq, float Fill) {
+template <Storage ST>
+__global__ void softmaxKernel(Elems Y, Elems X, int64_t Rows, int64_t N,
+                              float Alpha, bool Scaled, bool Causal,
+                              int64_t Sq, float Fill) {
   int64_t Stride = laneRowStride();
   int64_t Iters = (Rows + Stride - 1) / Stride;
   const float NegInf = -__int_as_float(0x7f800000);
@@ -83,7 +84,7 @@ __global__ void softmaxKernel(float *Y, const float *X, int64_t Rows,
     bool Active = R < Rows;
     int64_t RR = Active ? R : 0;
     int64_t I = RR % (Sq > 0 ? Sq : 1);
-    SoftmaxInput In{X + RR * N, Alpha, Scaled, Causal,
+    SoftmaxInput<ST> In{at(X, RR * N), Alpha, Scaled, Causal,
                     I + 1 < N ? I + 1 : N, Fill};
     // Lane maxima as the CPU's rowMax.
     float M = NegInf;
@@ -98,41 +99,54 @@ __global__ void softmaxKernel(float *Y, const float *X, int64_t Rows,
       float P = __shfl_sync(0xffffffffu, M, K, RowLanes);
       Max = Max < P ? P : Max;
     }
-    float *YR = Y + RR * N;
+    Elems YR = at(Y, RR * N);
+    // A float32 Y holds the exps between the two passes; a 16-bit one
+    // cannot (they would be rounded twice), so they are evaluated again.
+    constexpr bool Keep32 = ST == Storage::F32;
+    float *Exps = static_cast<float *>(YR.Data);
     bool Masked = Max == NegInf;
     double Sum = laneSum(N, Active && !Masked, [&](int64_t J) {
       double E = expD(double(In(J)) - double(Max));
-      YR[J] = float(E);
+      if constexpr (Keep32)
+        Exps[J] = float(E);
       return E;
     });
     if (!Active)
       continue;
     // Each lane rescales the elements it wrote itself: no other thread
-    // touched them, so no barrier is needed (and Y may alias X).
+    // touched them, so no barrier is needed (and Y may alias X: every lane
+    // finished reading X for the sum before the shuffles returned).
     if (Masked) {
       for (int64_t J = laneOf(); J < N; J += RowLanes)
-        YR[J] = 0.0f;
+        stAs<ST>(YR, J, 0.0f);
       continue;
     }
     double Inv = 1.0 / Sum;
-    for (int64_t J = laneOf(); J < N; J += RowLanes)
-      YR[J] = float(double(YR[J]) * Inv);
+    for (int64_t J = laneOf(); J < N; J += RowLanes) {
+      float E;
+      if constexpr (Keep32)
+        E = Exps[J];
+      else
+        E = float(expD(double(In(J)) - double(Max)));
+      stAs<ST>(YR, J, float(double(E) * Inv));
+    }
   }
 }
 
-__global__ void softmaxBackwardKernel(float *DX, const float *Y,
-                                      const float *DY, int64_t Rows,
-                                      int64_t N, float Alpha, bool Scaled,
-                                      bool Causal, int64_t Sq, float Fill) {
+template <Storage ST>
+__global__ void softmaxBackwardKernel(Elems DX, Elems Y, Elems DY,
+                                      int64_t Rows, int64_t N, float Alpha,
+                                      bool Scaled, bool Causal, int64_t Sq,
+                                      float Fill) {
   int64_t Stride = laneRowStride();
   int64_t Iters = (Rows + Stride - 1) / Stride;
   for (int64_t It = 0; It < Iters; ++It) {
     int64_t R = laneRow() + It * Stride;
     bool Active = R < Rows;
     int64_t RR = Active ? R : 0;
-    const float *YR = Y + RR * N, *DYR = DY + RR * N;
+    Elems YR = at(Y, RR * N), DYR = at(DY, RR * N);
     double Dot = laneSum(N, Active, [&](int64_t J) {
-      return double(DYR[J]) * YR[J];
+      return double(ldAs<ST>(DYR, J)) * ldAs<ST>(YR, J);
     });
     if (!Active)
       continue;
@@ -142,10 +156,11 @@ __global__ void softmaxBackwardKernel(float *DX, const float *Y,
     // causal_mask overwrites them), then everything is scaled.
     int64_t I = R % (Sq > 0 ? Sq : 1);
     int64_t Keep = Causal ? (I + 1 < N ? I + 1 : N) : N;
-    float *DXR = DX + R * N;
+    Elems DXR = at(DX, R * N);
     for (int64_t J = laneOf(); J < N; J += RowLanes) {
-      float V = J < Keep ? float(YR[J] * (DYR[J] - Dot)) : Fill;
-      DXR[J] = Scaled ? Alpha * V : V;
+      float V = J < Keep ? float(ldAs<ST>(YR, J) * (ldAs<ST>(DYR, J) - Dot))
+                         : Fill;
+      stAs<ST>(DXR, J, Scaled ? Alpha * V : V);
     }
   }
 }
@@ -168,21 +183,24 @@ void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,
         Y, X, Keep, KeepType, Inner, K, N, float(Fill), Where);
 }
 
-void softmax(float *Y, const float *X, int64_t Rows, int64_t N, double Alpha,
+void softmax(Elems Y, Elems X, int64_t Rows, int64_t N, double Alpha,
              bool Causal, int64_t Sq, double Fill, cudaStream_t S) {
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
-    softmaxKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, Rows, N, float(Alpha),
-                                                 Alpha != 1.0, Causal, Sq,
-                                                 float(Fill));
+    withStorage(X.Kind, [&](auto ST) {
+      softmaxKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
+          Y, X, Rows, N, float(Alpha), Alpha != 1.0, Causal, Sq, float(Fill));
+    });
 }
 
-void softmaxBackward(float *DX, const float *Y, const float *DY, int64_t Rows,
-                     int64_t N, double Alpha, bool Causal, int64_t Sq,
-                     double Fill, cudaStream_t S) {
+void softmaxBackward(Elems DX, Elems Y, Elems DY, int64_t Rows, int64_t N,
+                     double Alpha, bool Causal, int64_t Sq, double Fill,
+                     cudaStream_t S) {
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
-    softmaxBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(
-        DX, Y, DY, Rows, N, float(Alpha), Alpha != 1.0, Causal, Sq,
-        float(Fill));
+    withStorage(Y.Kind, [&](auto ST) {
+      softmaxBackwardKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
+          DX, Y, DY, Rows, N, float(Alpha), Alpha != 1.0, Causal, Sq,
+          float(Fill));
+    });
 }
 
 } // namespace sp::cuda

@@ -25,8 +25,9 @@ struct DropoutGeometry {
   int64_t Local[MaxRank], Offset[MaxRank], GlobalStride[MaxRank];
 };
 
-__global__ void dropoutKernel(float *Y, uint8_t *Mask, const float *X,
-                              int64_t N, DropoutGeometry G, uint64_t Seed,
+template <Storage ST>
+__global__ void dropoutKernel(Elems Y, uint8_t *Mask, Elems X, int64_t N,
+                              DropoutGeometry G, uint64_t Seed,
                               uint32_t Layer, uint32_t Site, uint32_t Stream,
                               uint64_t Threshold, float Scale) {
   SP_GRID_LOOP(E, N) {
@@ -41,15 +42,17 @@ __global__ void dropoutKernel(float *Y, uint8_t *Mask, const float *X,
              uint32_t(Threshold);
     if (Mask)
       Mask[E] = Keep;
-    Y[E] = Keep ? X[E] * Scale : 0.0f;
+    stAs<ST>(Y, E, Keep ? ldAs<ST>(X, E) * Scale : 0.0f);
   }
 }
 
 /// The same in groups of four: when a tensor's innermost local extent, its
 /// offset there and every outer global stride are multiples of four, four
 /// consecutive local elements are one Philox block's four words, so one
-/// thread evaluates Philox once for them and moves them as a float4.
-__global__ void dropoutQuadKernel(float4 *Y, uchar4 *Mask, const float4 *X,
+/// thread evaluates Philox once for them and moves them (as a float4 when
+/// both are float32).
+template <Storage ST>
+__global__ void dropoutQuadKernel(Elems Y, uchar4 *Mask, Elems X,
                                   int64_t Quads, DropoutGeometry G,
                                   uint64_t Seed, uint32_t Layer, uint32_t Site,
                                   uint32_t Stream, uint64_t Threshold,
@@ -67,27 +70,32 @@ __global__ void dropoutQuadKernel(float4 *Y, uchar4 *Mask, const float4 *X,
 #pragma unroll
     for (int K = 0; K < 4; ++K)
       Keep[K] = Threshold <= 0xFFFFFFFFull && W.V[K] >= uint32_t(Threshold);
-    float4 In = X[Q];
-    float4 Out = {Keep[0] ? In.x * Scale : 0.0f, Keep[1] ? In.y * Scale : 0.0f,
-                  Keep[2] ? In.z * Scale : 0.0f, Keep[3] ? In.w * Scale : 0.0f};
-    Y[Q] = Out;
+    if constexpr (ST == Storage::F32) {
+      float4 In = static_cast<const float4 *>(X.Data)[Q];
+      static_cast<float4 *>(Y.Data)[Q] = {
+          Keep[0] ? In.x * Scale : 0.0f, Keep[1] ? In.y * Scale : 0.0f,
+          Keep[2] ? In.z * Scale : 0.0f, Keep[3] ? In.w * Scale : 0.0f};
+    } else {
+#pragma unroll
+      for (int E = 0; E < 4; ++E)
+        stAs<ST>(Y, Q * 4 + E, Keep[E] ? ldAs<ST>(X, Q * 4 + E) * Scale : 0.0f);
+    }
     if (Mask)
       Mask[Q] = make_uchar4(Keep[0], Keep[1], Keep[2], Keep[3]);
   }
 }
 
-__global__ void dropoutBackwardKernel(float *DX, const float *DY,
-                                      const uint8_t *Mask, int64_t N,
-                                      float Scale) {
-  SP_GRID_LOOP(I, N) DX[I] = Mask[I] ? DY[I] * Scale : 0.0f;
+template <Storage ST>
+__global__ void dropoutBackwardKernel(Elems DX, Elems DY, const uint8_t *Mask,
+                                      int64_t N, float Scale) {
+  SP_GRID_LOOP(I, N) stAs<ST>(DX, I, Mask[I] ? ldAs<ST>(DY, I) * Scale : 0.0f);
 }
 
 } // namespace
 
-void dropout(float *Y, uint8_t *Mask, const float *X, double Ratio,
-             uint64_t Seed, uint32_t Layer, uint32_t Site, uint32_t Stream,
-             DevShape Global, DevShape Local, DevShape Offset,
-             cudaStream_t S) {
+void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
+             uint32_t Layer, uint32_t Site, uint32_t Stream, DevShape Global,
+             DevShape Local, DevShape Offset, cudaStream_t S) {
   DropoutGeometry G{};
   G.Rank = Global.Rank;
   int64_t N = 1, Stride = 1;
@@ -101,31 +109,36 @@ void dropout(float *Y, uint8_t *Mask, const float *X, double Ratio,
   float Scale = Ratio >= 1.0 ? 0.0f : float(1.0 / (1.0 - Ratio));
   bool Quads = G.Rank > 0 && G.Local[G.Rank - 1] % 4 == 0 &&
                G.Offset[G.Rank - 1] % 4 == 0 &&
-               reinterpret_cast<uintptr_t>(Y) % 16 == 0 &&
-               reinterpret_cast<uintptr_t>(X) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(Y.Data) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(X.Data) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(Mask) % 4 == 0;
   for (int D = 0; D + 1 < G.Rank; ++D)
     Quads = Quads && G.GlobalStride[D] % 4 == 0;
   if (Quads) {
     if (Launch L = elementwiseLaunch(N / 4); L.Blocks)
-      dropoutQuadKernel<<<L.Blocks, L.Threads, 0, S>>>(
-          reinterpret_cast<float4 *>(Y), reinterpret_cast<uchar4 *>(Mask),
-          reinterpret_cast<const float4 *>(X), N / 4, G, Seed, Layer, Site,
-          Stream, philox::dropoutThreshold(Ratio), Scale);
+      withStorage(Y.Kind, [&](auto ST) {
+        dropoutQuadKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
+            Y, reinterpret_cast<uchar4 *>(Mask), X, N / 4, G, Seed, Layer,
+            Site, Stream, philox::dropoutThreshold(Ratio), Scale);
+      });
     return;
   }
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    dropoutKernel<<<L.Blocks, L.Threads, 0, S>>>(
-        Y, Mask, X, N, G, Seed, Layer, Site, Stream,
-        philox::dropoutThreshold(Ratio), Scale);
+    withStorage(Y.Kind, [&](auto ST) {
+      dropoutKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
+          Y, Mask, X, N, G, Seed, Layer, Site, Stream,
+          philox::dropoutThreshold(Ratio), Scale);
+    });
 }
 
-void dropoutBackward(float *DX, const float *DY, const uint8_t *Mask,
-                     int64_t N, double Ratio, cudaStream_t S) {
+void dropoutBackward(Elems DX, Elems DY, const uint8_t *Mask, int64_t N,
+                     double Ratio, cudaStream_t S) {
   float Scale = Ratio >= 1.0 ? 0.0f : float(1.0 / (1.0 - Ratio));
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    dropoutBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(DX, DY, Mask, N,
-                                                         Scale);
+    withStorage(DX.Kind, [&](auto ST) {
+      dropoutBackwardKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(DX, DY, Mask, N,
+                                                              Scale);
+    });
 }
 
 } // namespace sp::cuda

@@ -22,13 +22,13 @@
 namespace sp::cuda {
 namespace {
 
-__global__ void addKernel(float *Y, const float *A, const float *B,
-                          int64_t N) {
-  SP_GRID_LOOP(I, N) Y[I] = A[I] + B[I];
+template <Storage ST>
+__global__ void addKernel(Elems Y, Elems A, Elems B, int64_t N) {
+  SP_GRID_LOOP(I, N) stAs<ST>(Y, I, ldAs<ST>(A, I) + ldAs<ST>(B, I));
 }
-__global__ void mulKernel(float *Y, const float *A, const float *B,
-                          int64_t N) {
-  SP_GRID_LOOP(I, N) Y[I] = A[I] * B[I];
+template <Storage ST>
+__global__ void mulKernel(Elems Y, Elems A, Elems B, int64_t N) {
+  SP_GRID_LOOP(I, N) stAs<ST>(Y, I, ldAs<ST>(A, I) * ldAs<ST>(B, I));
 }
 __global__ void scaleKernel(float *Y, const float *X, int64_t N, float A) {
   SP_GRID_LOOP(I, N) Y[I] = A * X[I];
@@ -135,13 +135,17 @@ __global__ void broadcastRowsKernel(float *Y, const float *Bias, int64_t Rows,
 
 } // namespace
 
-void add(float *Y, const float *A, const float *B, int64_t N, cudaStream_t S) {
+void add(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    addKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, A, B, N);
+    withStorage(Y.Kind, [&](auto ST) {
+      addKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Y, A, B, N);
+    });
 }
-void mul(float *Y, const float *A, const float *B, int64_t N, cudaStream_t S) {
+void mul(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    mulKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, A, B, N);
+    withStorage(Y.Kind, [&](auto ST) {
+      mulKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Y, A, B, N);
+    });
 }
 void scale(float *Y, const float *X, int64_t N, double Alpha, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)

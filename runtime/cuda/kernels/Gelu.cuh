@@ -42,25 +42,33 @@ __device__ inline double geluGradD(double X, bool Tanh) {
   return Cdf + X * (InvSqrt2Pi * Gauss);
 }
 
-__global__ void geluKernel(float *Y, const float *X, int64_t N, bool Tanh) {
-  SP_GRID_LOOP(I, N) Y[I] = float(geluD(X[I], Tanh));
+template <Storage ST>
+__global__ void geluKernel(Elems Y, Elems X, int64_t N, bool Tanh) {
+  SP_GRID_LOOP(I, N) stAs<ST>(Y, I, float(geluD(ldAs<ST>(X, I), Tanh)));
 }
 
-__global__ void geluBackwardKernel(float *DX, const float *X, const float *DY,
-                                   int64_t N, bool Tanh) {
-  SP_GRID_LOOP(I, N) DX[I] = float(double(DY[I]) * geluGradD(X[I], Tanh));
+template <Storage ST>
+__global__ void geluBackwardKernel(Elems DX, Elems X, Elems DY, int64_t N,
+                                   bool Tanh) {
+  SP_GRID_LOOP(I, N)
+  stAs<ST>(DX, I,
+          float(double(ldAs<ST>(DY, I)) * geluGradD(ldAs<ST>(X, I), Tanh)));
 }
 
 } // namespace
 
-void gelu(float *Y, const float *X, int64_t N, bool Tanh, cudaStream_t S) {
+void gelu(Elems Y, Elems X, int64_t N, bool Tanh, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    geluKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, N, Tanh);
+    withStorage(Y.Kind, [&](auto ST) {
+      geluKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Y, X, N, Tanh);
+    });
 }
-void geluBackward(float *DX, const float *X, const float *DY, int64_t N,
-                  bool Tanh, cudaStream_t S) {
+void geluBackward(Elems DX, Elems X, Elems DY, int64_t N, bool Tanh,
+                  cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    geluBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(DX, X, DY, N, Tanh);
+    withStorage(DX.Kind, [&](auto ST) {
+      geluBackwardKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(DX, X, DY, N, Tanh);
+    });
 }
 
 } // namespace sp::cuda

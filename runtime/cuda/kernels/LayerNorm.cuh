@@ -14,7 +14,9 @@
 // bias grad: DBias[j] += float(sum_r DY[r, j]) the same way.
 //
 // Rows are reduced by 8-lane groups that reproduce laneSum exactly, so the
-// statistics and outputs are the CPU's bits.
+// statistics and outputs are the CPU's bits. X, gamma, beta, Y, DY and DX
+// share one storage (float32, or bf16/fp16 read and rounded in place:
+// Elems); the statistics and the parameter gradients are float32.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Common.cuh"
@@ -22,10 +24,10 @@
 namespace sp::cuda {
 namespace {
 
-__global__ void layerNormKernel(float *Y, float *Mean, float *Rstd,
-                                const float *X, const float *Gamma,
-                                const float *Beta, int64_t Rows, int64_t H,
-                                double Eps) {
+template <Storage ST>
+__global__ void layerNormKernel(Elems Y, float *Mean, float *Rstd, Elems X,
+                                Elems Gamma, Elems Beta, int64_t Rows,
+                                int64_t H, double Eps) {
   // Every thread of a warp stays in the loop while any row of it is live
   // (the shuffles need the whole warp).
   int64_t Stride = laneRowStride();
@@ -33,28 +35,29 @@ __global__ void layerNormKernel(float *Y, float *Mean, float *Rstd,
   for (int64_t It = 0; It < Iters; ++It) {
     int64_t R = laneRow() + It * Stride;
     bool Active = R < Rows;
-    const float *XR = X + (Active ? R : 0) * H;
-    double Mu = laneSum(H, Active, [&](int64_t J) { return double(XR[J]); }) /
-                double(H);
+    Elems XR = atAs<ST>(X, (Active ? R : 0) * H);
+    double Mu =
+        laneSum(H, Active, [&](int64_t J) { return double(ldAs<ST>(XR, J)); }) /
+        double(H);
     double Var = laneSum(H, Active, [&](int64_t J) {
-                   double D = XR[J] - Mu;
+                   double D = ldAs<ST>(XR, J) - Mu;
                    return D * D;
                  }) /
                  double(H);
     if (!Active)
       continue;
     double S = 1.0 / sqrt(Var + Eps);
-    float *YR = Y + R * H;
+    Elems YR = atAs<ST>(Y, R * H);
     for (int64_t J = laneOf(); J < H; J += RowLanes) {
-      if (Gamma && Beta) {
-        YR[J] = float((XR[J] - Mu) * S * Gamma[J] + Beta[J]);
+      if (Gamma.Data && Beta.Data) {
+        stAs<ST>(YR, J, float((ldAs<ST>(XR, J) - Mu) * S * ldAs<ST>(Gamma, J) + ldAs<ST>(Beta, J)));
       } else {
-        double V = (XR[J] - Mu) * S;
-        if (Gamma)
-          V *= Gamma[J];
-        if (Beta)
-          V += Beta[J];
-        YR[J] = float(V);
+        double V = (ldAs<ST>(XR, J) - Mu) * S;
+        if (Gamma.Data)
+          V *= ldAs<ST>(Gamma, J);
+        if (Beta.Data)
+          V += ldAs<ST>(Beta, J);
+        stAs<ST>(YR, J, float(V));
       }
     }
     if (laneOf() == 0) {
@@ -66,38 +69,41 @@ __global__ void layerNormKernel(float *Y, float *Mean, float *Rstd,
   }
 }
 
-__global__ void layerNormBackwardDxKernel(float *DX, const float *DY,
-                                          const float *X, const float *Gamma,
-                                          const float *Mean, const float *Rstd,
-                                          int64_t Rows, int64_t H) {
+template <Storage ST>
+__global__ void layerNormBackwardDxKernel(Elems DX, Elems DY, Elems X,
+                                          Elems Gamma, const float *Mean,
+                                          const float *Rstd, int64_t Rows,
+                                          int64_t H) {
   int64_t Stride = laneRowStride();
   int64_t Iters = (Rows + Stride - 1) / Stride;
   for (int64_t It = 0; It < Iters; ++It) {
     int64_t R = laneRow() + It * Stride;
     bool Active = R < Rows;
     int64_t RR = Active ? R : 0;
-    const float *XR = X + RR * H, *DYR = DY + RR * H;
+    Elems XR = atAs<ST>(X, RR * H), DYR = atAs<ST>(DY, RR * H);
     double Mu = Mean[RR], S = Rstd[RR];
     auto G = [&](int64_t J) {
-      return Gamma ? double(DYR[J]) * Gamma[J] : double(DYR[J]);
+      return Gamma.Data ? double(ldAs<ST>(DYR, J)) * ldAs<ST>(Gamma, J)
+                        : double(ldAs<ST>(DYR, J));
     };
     double MeanG = laneSum(H, Active, G) / double(H);
     double MeanGX = laneSum(H, Active, [&](int64_t J) {
-                      return G(J) * ((XR[J] - Mu) * S);
+                      return G(J) * ((ldAs<ST>(XR, J) - Mu) * S);
                     }) /
                     double(H);
     if (!Active)
       continue;
-    float *DXR = DX + R * H;
+    Elems DXR = atAs<ST>(DX, R * H);
     for (int64_t J = laneOf(); J < H; J += RowLanes) {
-      double XHat = (XR[J] - Mu) * S;
-      DXR[J] = float(S * (G(J) - MeanG - XHat * MeanGX));
+      double XHat = (ldAs<ST>(XR, J) - Mu) * S;
+      stAs<ST>(DXR, J, float(S * (G(J) - MeanG - XHat * MeanGX)));
     }
   }
 }
 
+template <Storage ST>
 __global__ void layerNormBackwardParamsKernel(float *DGamma, float *DBeta,
-                                              const float *DY, const float *X,
+                                              Elems DY, Elems X,
                                               const float *Mean,
                                               const float *Rstd, int64_t Rows,
                                               int64_t H) {
@@ -111,8 +117,8 @@ __global__ void layerNormBackwardParamsKernel(float *DGamma, float *DBeta,
 #pragma unroll
       for (int K = 0; K < ColumnBatch; ++K) {
         double Mu = Mean[R + K], S = Rstd[R + K];
-        B[K] = DY[(R + K) * H + J];
-        G[K] = B[K] * ((X[(R + K) * H + J] - Mu) * S);
+        B[K] = ldAs<ST>(DY, (R + K) * H + J);
+        G[K] = B[K] * ((ldAs<ST>(X, (R + K) * H + J) - Mu) * S);
       }
 #pragma unroll
       for (int K = 0; K < ColumnBatch; ++K) {
@@ -122,8 +128,8 @@ __global__ void layerNormBackwardParamsKernel(float *DGamma, float *DBeta,
     }
     for (; R < Rows; ++R) {
       double Mu = Mean[R], S = Rstd[R];
-      float Dy = DY[R * H + J];
-      SG += Dy * ((X[R * H + J] - Mu) * S);
+      float Dy = ldAs<ST>(DY, R * H + J);
+      SG += Dy * ((ldAs<ST>(X, R * H + J) - Mu) * S);
       SB += Dy;
     }
     if (DGamma)
@@ -133,43 +139,53 @@ __global__ void layerNormBackwardParamsKernel(float *DGamma, float *DBeta,
   }
 }
 
-__global__ void biasBackwardKernel(float *DBias, const float *DY, int64_t Rows,
+template <Storage ST>
+__global__ void biasBackwardKernel(float *DBias, Elems DY, int64_t Rows,
                                    int64_t Out) {
   SP_GRID_LOOP(J, Out) {
     double Sum =
-        columnSum(Rows, [&](int64_t R) { return double(DY[R * Out + J]); });
+        columnSum(Rows, [&](int64_t R) { return double(ldAs<ST>(DY, R * Out + J)); });
     DBias[J] += float(Sum);
   }
 }
 
 } // namespace
 
-void layerNorm(float *Y, float *Mean, float *Rstd, const float *X,
-               const float *Gamma, const float *Beta, int64_t Rows, int64_t H,
-               double Eps, cudaStream_t S) {
+void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
+               Elems Beta, int64_t Rows, int64_t H, double Eps,
+               cudaStream_t S) {
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
-    layerNormKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, Mean, Rstd, X, Gamma,
-                                                   Beta, Rows, H, Eps);
+    withStorage(X.Kind, [&](auto ST) {
+      layerNormKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Y, Mean, Rstd, X, Gamma,
+                                                      Beta, Rows, H, Eps);
+    });
 }
 
-void layerNormBackward(float *DX, float *DGamma, float *DBeta, const float *DY,
-                       const float *X, const float *Gamma, const float *Mean,
+void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY,
+                       Elems X, Elems Gamma, const float *Mean,
                        const float *Rstd, int64_t Rows, int64_t H,
                        cudaStream_t S) {
   if (DX)
     if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
-      layerNormBackwardDxKernel<<<L.Blocks, L.Threads, 0, S>>>(
-          DX, DY, X, Gamma, Mean, Rstd, Rows, H);
+      withStorage(X.Kind, [&](auto ST) {
+        layerNormBackwardDxKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
+            DX, DY, X, Gamma, Mean, Rstd, Rows, H);
+      });
   if (DGamma || DBeta)
     if (Launch L = columnsLaunch(H); L.Blocks)
-      layerNormBackwardParamsKernel<<<L.Blocks, L.Threads, 0, S>>>(
-          DGamma, DBeta, DY, X, Mean, Rstd, Rows, H);
+      withStorage(X.Kind, [&](auto ST) {
+        layerNormBackwardParamsKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
+            DGamma, DBeta, DY, X, Mean, Rstd, Rows, H);
+      });
 }
 
-void biasBackward(float *DBias, const float *DY, int64_t Rows, int64_t Out,
+void biasBackward(float *DBias, Elems DY, int64_t Rows, int64_t Out,
                   cudaStream_t S) {
   if (Launch L = columnsLaunch(Out); L.Blocks)
-    biasBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(DBias, DY, Rows, Out);
+    withStorage(DY.Kind, [&](auto ST) {
+      biasBackwardKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(DBias, DY, Rows,
+                                                            Out);
+    });
 }
 
 } // namespace sp::cuda

@@ -3,7 +3,8 @@
 # repository's root on the GPU machine (the tests read models/ and the data):
 #   tests  sp-gpu-tests (every kernel against the CPU's, the end-to-end
 #          comparisons), and the default model trained 20 steps by sp-run on
-#          the CPU and on the GPU in each of $PRECISIONS (default fp32 bf16 fp16);
+#          the CPU and on the GPU in each of $PRECISIONS (default fp32 bf16 fp16),
+#          and with the default, fused attention core;
 #   bench  tools/bench_gpu.py for each of $BENCH_MODELS (default 22B), with
 #          $BENCH_ARGS (default --steps 8 --repeat 1 --dtype bf16);
 #   all    both.
@@ -43,6 +44,11 @@ if [[ $WHAT == tests || $WHAT == all ]]; then
     for D in cpu cuda; do
       "$B/sp-run" "$ROOT/tiny-$P.plan" --data "$ROOT/data.bin" --steps 20 --device $D 2>&1 | tee -a "$OUT/sp-run.log" | grep -E "^(trained|memory|time per step)"
     done
+  done
+  say "sp-run: the default model with sp-compile's default, fused attention core (unfused ops on the GPU)"
+  "$B/sp-compile" models/tiny/gpt-tiny.onnx -o "$ROOT/tiny-fused.plan" --quiet
+  for D in cpu cuda; do
+    "$B/sp-run" "$ROOT/tiny-fused.plan" --data "$ROOT/data.bin" --steps 20 --device $D 2>&1 | tee -a "$OUT/sp-run.log" | grep -E "^(trained|memory|time per step)"
   done
 fi
 if [[ $WHAT == bench || $WHAT == all ]]; then

@@ -54,6 +54,7 @@
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/DeviceSelect.h"
 #include "runtime/cuda/LaunchGeometry.h"
+#include "runtime/cuda/AttentionPlan.h"
 #include "runtime/cuda/MixedPlan.h"
 #include "runtime/cuda/NcclComm.h"
 #include "runtime/cuda/StreamPlan.h"
@@ -79,11 +80,6 @@ Error planError(const Twine &Msg) {
 }
 
 Error noKernel(OpKind Op) {
-  if (Op == OpKind::Attention || Op == OpKind::AttentionGrad)
-    return planError("the CUDA backend has no kernel for the fused attention "
-                     "core (op " + opName(Op) + ") yet; recompile the plan "
-                     "with sp-compile --attention unfused, or run it with "
-                     "--device cpu");
   return planError("the CUDA backend has no kernel for op " + opName(Op) +
                    " yet; run this plan with --device cpu");
 }
@@ -264,6 +260,12 @@ private:
   /// Device memory for those copies, one region per stream (K 1: the
   /// communication stream), grown as needed.
   Expected<char *> mixedScratch(int K, int64_t Bytes);
+  /// The fused attention core (attention, attention_grad) as its unfused
+  /// ops on a workspace (AttentionPlan.h), one region per stream.
+  Error attention(const KernelCall &C, cudaStream_t S);
+  /// Region (at least Bytes) grown in place: the old one is freed after the
+  /// queued work that may use it.
+  Expected<char *> grow(char *&Region, int64_t &Size, int64_t Bytes);
   /// Waits for both streams (host copies).
   Error drain();
   /// Row-major C = op(A) op(B) + Beta C with float32 C. A and B are float32,
@@ -345,6 +347,8 @@ private:
   int64_t ScratchFloats[2] = {0, 0};
   char *Mixed[2] = {nullptr, nullptr};
   int64_t MixedBytes[2] = {0, 0};
+  char *AttentionWork[2] = {nullptr, nullptr};
+  int64_t AttentionWorkBytes[2] = {0, 0};
   char *Staging = nullptr;
   size_t StagingBytes = 0;
   std::map<Communicator *, std::unique_ptr<cuda::NcclComm>> Nccl;
@@ -486,6 +490,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(Scratch[1]);
   cudaFree(Mixed[0]);
   cudaFree(Mixed[1]);
+  cudaFree(AttentionWork[0]);
+  cudaFree(AttentionWork[1]);
   for (auto &Slot : SendSlots)
     cudaFree(Slot.first);
   if (Staging)
@@ -650,17 +656,56 @@ Error CudaBackend::hopBack(cudaStream_t S) {
   return Error::success();
 }
 
-Expected<char *> CudaBackend::mixedScratch(int K, int64_t Bytes) {
-  if (Bytes > MixedBytes[K]) {
+Expected<char *> CudaBackend::grow(char *&Region, int64_t &Size,
+                                   int64_t Bytes) {
+  if (Bytes > Size) {
     // The old region may still be in use by queued work.
     if (auto E = drain())
       return E;
-    SP_CUDA_TRY(cudaFree(Mixed[K]));
-    Mixed[K] = nullptr;
-    SP_CUDA_TRY(cudaMalloc(&Mixed[K], size_t(Bytes)));
-    MixedBytes[K] = Bytes;
+    SP_CUDA_TRY(cudaFree(Region));
+    Region = nullptr;
+    SP_CUDA_TRY(cudaMalloc(&Region, size_t(Bytes)));
+    Size = Bytes;
   }
-  return Mixed[K];
+  return Region;
+}
+
+Expected<char *> CudaBackend::mixedScratch(int K, int64_t Bytes) {
+  return grow(Mixed[K], MixedBytes[K], Bytes);
+}
+
+Error CudaBackend::attention(const KernelCall &C, cudaStream_t S) {
+  // A 16-bit attention reaches here through dispatchMixed, on float32
+  // copies: every buffer below is float32 (or the mask's bytes).
+  auto Plan = cuda::planAttention(C.I, C.Prog.Buffers);
+  if (!Plan)
+    return Plan.takeError();
+  int K = S == Comm ? 1 : 0;
+  auto Work = grow(AttentionWork[K], AttentionWorkBytes[K],
+                   Plan->WorkspaceBytes);
+  if (!Work)
+    return Work.takeError();
+  const Program &L = Plan->Local;
+  SmallVector<char *, 16> Where;
+  for (size_t B = 0; B < L.Buffers.size(); ++B)
+    Where.push_back(Plan->Outer[B] >= 0 ? C.buffer(Plan->Outer[B])
+                                        : *Work + L.Buffers[B].Offset);
+  for (size_t J = 0; J < L.Instrs.size(); ++J) {
+    const Instruction &Sub = L.Instrs[J];
+    if (cuda::touches16Bit(Sub, L.Buffers))
+      return planError("attention on 16-bit buffers runs on float32 copies");
+    KernelCall SC{Sub,       L,         nullptr,          C.Step,
+                  C.Training, C.Dropout, C.Seed,          C.Tensor,
+                  C.Pipeline, C.Data,    C.GradScale,     Where.data()};
+    if (auto E = dispatch(SC, S))
+      return E;
+    if (int(J) == Plan->LseAfter)
+      cuda::rowLogSumExp(reinterpret_cast<float *>(Where[Plan->Lse]),
+                         reinterpret_cast<const float *>(Where[Plan->Scores]),
+                         Plan->Batch * Plan->Heads * Plan->Sq, Plan->Sk,
+                         Plan->Heads, Plan->Sq, Plan->LseMerged, S);
+  }
+  return Error::success();
 }
 
 Error CudaBackend::dispatchMixed(const KernelCall &C, cudaStream_t S) {
@@ -1814,6 +1859,9 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   }
   case OpKind::Dropout:
     return dropout(C, S);
+  case OpKind::Attention:
+  case OpKind::AttentionGrad:
+    return attention(C, S);
   case OpKind::DropoutGrad: {
     double Ratio =
         C.Training ? C.Dropout.value_or(AFloat("ratio")) : 0.0;

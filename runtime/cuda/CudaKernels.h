@@ -169,6 +169,12 @@ void softmaxBackward(Elems DX, Elems Y, Elems DY, int64_t Rows, int64_t N,
                      double Alpha, bool Causal, int64_t Sq, double Fill,
                      cudaStream_t S);
 
+/// Lse = the log-sum-exp of each row of X [Rows, N] (rows (b, a, i) of
+/// [B, Heads, Sq], written [B, Sq, Heads] when Merged): the fused attention
+/// core's statistic, for its unfused expansion (AttentionPlan.h).
+void rowLogSumExp(float *Lse, const float *X, int64_t Rows, int64_t N,
+                  int64_t Heads, int64_t Sq, bool Merged, cudaStream_t S);
+
 // Dropout (kernels/Dropout.cuh): Philox-4x32-10 of runtime/cpu/Philox.h.
 /// The local tensor is the block [Offset, Offset + Local) of Global.
 void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,

@@ -59,7 +59,7 @@ constexpr double StableEps = 1e-3;
 Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
                  int Microbatches = 1, int DP = 1, int Zero = 0,
                  double AdamEps = OptimizerOptions().Eps,
-                 DType Activations = DType::F32) {
+                 DType Activations = DType::F32, bool Fused = false) {
   registerOnnxDataLoader();
   auto G = cantFail(
       importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
@@ -70,6 +70,7 @@ Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
   Ctx.Zero = Zero;
   Ctx.Optimizer.Eps = AdamEps;
   Ctx.ActivationDtype = Activations;
+  Ctx.FusedAttention = Fused;
   if (PP > 1) {
     Ctx.Pipeline.Stages = PP;
     Ctx.Pipeline.Microbatches = Microbatches;
@@ -215,6 +216,30 @@ TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
     ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
     expectMatches(*Gpu, *Cpu, *Ref, Eps == StableEps ? Steps : 1);
   }
+}
+
+/// The default plan of sp-compile, with the fused attention core: the CUDA
+/// backend runs attention and attention_grad as their unfused ops
+/// (AttentionPlan.h), so its results are the fused CPU kernel's up to the
+/// order of the softmax sums. Dropout on: both draw the same masks.
+TEST(CudaEndToEnd, FusedAttentionPlanMatchesTheCpuBackend) {
+  if (Error E = checkCudaDevice())
+    GTEST_SKIP() << "no CUDA device is present, skipping the GPU end-to-end "
+                    "test: "
+                 << toString(std::move(E));
+  const int Steps = 3;
+  Plan P = compileTiny(1, false, 1, 1, 1, 0, StableEps, DType::F32,
+                       /*Fused=*/true);
+  ASSERT_TRUE(llvm::any_of(P.Prog.Instrs, [](const Instruction &I) {
+    return I.Op == OpKind::Attention;
+  }));
+  auto Gpu = train(P, /*Cuda=*/true, Steps);
+  ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+  auto Cpu = train(P, /*Cuda=*/false, Steps);
+  ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+  auto Ref = train(widenToFloat64(P), /*Cuda=*/false, Steps);
+  ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
+  expectMatches(*Gpu, *Cpu, *Ref, Steps);
 }
 
 /// The losses of Steps training steps on one batch (as train's).

@@ -7,12 +7,17 @@
 // random ones, checked against a happens-before simulation), how pipeline
 // messages are posted to NCCL (every compiled schedule completes), which
 // buffers a 16-bit instruction copies to float32 (MixedPlan.h), the
-// local-rank and device selection, and the error a machine without a usable
-// device gives.
+// unfused expansion of the fused attention core (AttentionPlan.h, run here
+// by the CPU backend against the fused CPU kernel), the local-rank and
+// device selection, and the error a machine without a usable device gives.
 //
 //===----------------------------------------------------------------------===//
 #include "frontend/OnnxImporter.h"
 #include "passes/Compile.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/cpu/CpuBackend.h"
+#include "runtime/cuda/AttentionPlan.h"
+#include "AttentionCase.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "runtime/cuda/DeviceSelect.h"
 #include "ir/OpDef.h"
@@ -799,6 +804,84 @@ TEST(MixedPlan, ABufferUsedTwiceIsCopiedOnce) {
       planMixed(instr(OpKind::Accumulate, {2, 1}, {}), Bufs, SideEffects);
   for (const MixedBuffer &B : Acc.Buffers)
     EXPECT_TRUE(B.Widen && B.Narrow) << "buffer " << B.Id;
+}
+
+//===----------------------------------------------------------------------===//
+// The fused attention core as unfused ops (AttentionPlan.h)
+//===----------------------------------------------------------------------===//
+
+TEST(AttentionPlan, CausalCoreMatchesTheFusedKernel) {
+  AttentionCase().check();
+}
+
+TEST(AttentionPlan, GroupedMergedWithDropoutMatchesTheFusedKernel) {
+  AttentionCase C;
+  C.G = 2;
+  C.Merged = true;
+  C.Dropout = true;
+  C.check();
+}
+
+TEST(AttentionPlan, PaddingInBothOrdersMatchesTheFusedKernel) {
+  for (bool PadFirst : {false, true})
+    for (bool Where : {false, true}) {
+      SCOPED_TRACE(std::string(PadFirst ? "pad first" : "causal first") +
+                   (Where ? ", where" : ", additive"));
+      // Fills small enough that masked scores still count, so the two
+      // orders give different probabilities (a padded, causally masked
+      // score is the causal fill, or the fill plus the padding's).
+      AttentionCase C;
+      C.Pad = true;
+      C.PadFirst = PadFirst;
+      C.PadWhere = Where;
+      C.Sq = 16;
+      C.Dropout = true;
+      C.Fill = -2;
+      C.PadFill = Where ? -INFINITY : -3;
+      C.check();
+      // And the fills models use.
+      C.Fill = PadFirst ? -INFINITY : -10000;
+      C.PadFill = Where ? -INFINITY : -10000;
+      C.check();
+    }
+}
+
+TEST(AttentionPlan, NonCausalUnequalLengths) {
+  AttentionCase C;
+  C.Causal = false;
+  C.Sq = 9;
+  C.Sk = 30;
+  C.G = 1;
+  C.check();
+}
+
+TEST(AttentionPlan, ExpansionIsDescribed) {
+  // Forward, causal, 2 groups, merged: repeats, the scores, their mask,
+  // the softmax, the output and its merge; the workspace holds the
+  // repeated k and v, the scores and the unmerged output.
+  AttentionCase C;
+  C.G = 2;
+  C.Merged = true;
+  std::vector<int> Res;
+  AttentionCase::Run R = C.make(true, DType::F32, nullptr, Res);
+  auto Plan = planAttention(R.P.Instrs[0], R.P.Buffers);
+  ASSERT_TRUE(bool(Plan)) << toString(Plan.takeError());
+  std::vector<std::string> Ops;
+  for (const Instruction &I : Plan->Local.Instrs)
+    Ops.push_back(opName(I.Op).str());
+  EXPECT_EQ(Ops, (std::vector<std::string>{
+                     "repeat_heads", "repeat_heads", "batch_matmul", "scale",
+                     "causal_mask", "softmax", "batch_matmul", "merge_heads"}));
+  EXPECT_EQ(Plan->LseAfter, 4);
+  EXPECT_TRUE(Plan->LseMerged);
+  int64_t Score = C.B * C.A * C.Sq * C.Sk * 4, Heads = C.B * C.A * C.Sk * C.D * 4;
+  EXPECT_EQ(Plan->WorkspaceBytes, 2 * Heads + Score + C.B * C.A * C.Sq * C.D * 4);
+  AttentionCase Bad;
+  Bad.G = 3;
+  AttentionCase::Run RB = Bad.make(true, DType::F32, nullptr, Res);
+  auto Refused = planAttention(RB.P.Instrs[0], RB.P.Buffers);
+  EXPECT_FALSE(bool(Refused));
+  consumeError(Refused.takeError());
 }
 
 } // namespace

@@ -28,6 +28,7 @@
 #include "ir/Float16.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cuda/CudaBackend.h"
+#include "AttentionCase.h"
 #include "llvm/ADT/ScopeExit.h"
 #include "gtest/gtest.h"
 #include <cmath>
@@ -556,6 +557,36 @@ TEST_F(CudaKernels, FusedSoftmaxForwardAndBackwardAreTheCpusBits) {
         G.Attrs.set("fill", Shape[3] == 9 ? 0.5 : 0.0);
         compare(B, {DX}, 0);
       }
+}
+
+/// The fused attention core, which the CUDA backend runs as its unfused ops
+/// (AttentionPlan.h), forward and backward, against the fused CPU kernel's
+/// float64 run: within 8 times the CPU's own float32 error.
+TEST_F(CudaKernels, FusedAttentionAsUnfusedOps) {
+  AttentionCase().check(Gpu.get());
+  AttentionCase G;
+  G.G = 2;
+  G.Merged = true;
+  G.Dropout = true;
+  G.check(Gpu.get());
+  for (bool PadFirst : {false, true})
+    for (bool Where : {false, true}) {
+      // Fills small enough that the masks' order matters (as in
+      // AttentionPlan.PaddingInBothOrdersMatchesTheFusedKernel).
+      AttentionCase P;
+      P.Pad = true;
+      P.PadFirst = PadFirst;
+      P.PadWhere = Where;
+      P.Dropout = true;
+      P.Fill = -2;
+      P.PadFill = Where ? -INFINITY : -3;
+      P.check(Gpu.get());
+    }
+  AttentionCase N;
+  N.Causal = false;
+  N.Sq = 9;
+  N.Sk = 300; // more keys than one warp's lanes cover in a batch
+  N.check(Gpu.get());
 }
 
 TEST_F(CudaKernels, DropoutMasksAreTheCpusBitForBit) {

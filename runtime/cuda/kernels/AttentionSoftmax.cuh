@@ -10,6 +10,9 @@
 //            e_j = expD(x_j - m) (double), Y_j = float(e_j),
 //            Y_j = float(double(Y_j) * (1 / sum_j e_j))
 //   softmax_grad: DX = float(Y * (DY - sum_j DY_j Y_j))
+//   row log-sum-exp (the fused core's statistic, AttentionPlan.h):
+//            m = max_j x_j; lse = m == -inf ? -inf
+//                               : float(m + log(sum_j expD(x_j - m)))
 // The fused forward evaluates x_j = causal(float(alpha) * X[r, j]) on the
 // fly: the same roundings as scale, causal_mask and softmax run one after
 // the other, without the two intermediate tensors. The fused backward
@@ -165,7 +168,42 @@ __global__ void softmaxBackwardKernel(Elems DX, Elems Y, Elems DY,
   }
 }
 
+/// Lse of each row of X [Rows, N]; row r = (b Heads + a) Sq + i goes to
+/// (b Sq + i) Heads + a when Merged.
+__global__ void rowLogSumExpKernel(float *Lse, const float *X, int64_t Rows,
+                                   int64_t N, int64_t Heads, int64_t Sq,
+                                   bool Merged) {
+  int64_t Stride = laneRowStride();
+  int64_t Iters = (Rows + Stride - 1) / Stride;
+  const float NegInf = -__int_as_float(0x7f800000);
+  for (int64_t It = 0; It < Iters; ++It) {
+    int64_t R = laneRow() + It * Stride;
+    bool Active = R < Rows;
+    const float *XR = X + (Active ? R : 0) * N;
+    float Max = laneMax(XR, N, Active);
+    bool Masked = Max == NegInf;
+    double Sum = laneSum(N, Active && !Masked, [&](int64_t J) {
+      return expD(double(XR[J]) - double(Max));
+    });
+    if (!Active || laneOf() != 0)
+      continue;
+    int64_t At = R;
+    if (Merged) {
+      int64_t I = R % Sq, BA = R / Sq;
+      At = ((BA / Heads) * Sq + I) * Heads + BA % Heads;
+    }
+    Lse[At] = Masked ? NegInf : float(double(Max) + log(Sum));
+  }
+}
+
 } // namespace
+
+void rowLogSumExp(float *Lse, const float *X, int64_t Rows, int64_t N,
+                  int64_t Heads, int64_t Sq, bool Merged, cudaStream_t S) {
+  if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
+    rowLogSumExpKernel<<<L.Blocks, L.Threads, 0, S>>>(Lse, X, Rows, N, Heads,
+                                                      Sq, Merged);
+}
 
 void causalMask(float *Y, const float *X, int64_t Batch, int64_t Sq,
                 int64_t Sk, double Fill, cudaStream_t S) {

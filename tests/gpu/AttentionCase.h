@@ -1,0 +1,290 @@
+//===- AttentionCase.h - An attention op against its float64 run -*- C++ -*-===//
+//
+// One configuration of the fused attention core (runtime/cpu/Attention.h)
+// run by the CPU backend in float32 and float64, and its unfused expansion
+// (runtime/cuda/AttentionPlan.h) run either op by op on the CPU backend
+// (HostLogicTest) or by the CUDA backend (KernelTest), which runs the
+// attention ops that way.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_TESTS_GPU_ATTENTIONCASE_H
+#define SP_TESTS_GPU_ATTENTIONCASE_H
+
+#include "ir/OpDef.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/cpu/CpuBackend.h"
+#include "runtime/cuda/AttentionPlan.h"
+#include "llvm/ADT/ScopeExit.h"
+#include "gtest/gtest.h"
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace sp {
+
+/// One attention configuration: the fused op on the CPU backend (float32
+/// and float64), and its expansion's ops run one by one on the CPU backend
+/// with the workspace in host memory, as the CUDA backend runs them.
+struct AttentionCase {
+  int64_t B = 2, A = 4, G = 4, Sq = 24, Sk = 24, D = 8;
+  bool Causal = true, Pad = false, PadFirst = false, PadWhere = false;
+  bool Merged = false, Dropout = false;
+  double Fill = -10000, PadFill = -10000;
+
+  struct Run {
+    Program P;
+    std::vector<std::vector<char>> Data;
+    int buffer(DType T, std::vector<int64_t> Shape) {
+      ProgramBuffer B;
+      B.Type = TensorType(T, Shape);
+      B.Bytes = B.Type.numBytes();
+      B.Offset = P.ArenaBytes;
+      P.ArenaBytes += (B.Bytes + 63) / 64 * 64;
+      P.Buffers.push_back(B);
+      Data.emplace_back();
+      return int(P.Buffers.size()) - 1;
+    }
+  };
+
+  AttrList attrs() const {
+    AttrList At;
+    At.set("scale", 1.0 / std::sqrt(double(D)));
+    At.set("causal", int64_t(Causal));
+    At.set("fill", Fill);
+    if (Pad) {
+      At.set("pad_fill", PadFill);
+      At.set("pad_where", int64_t(PadWhere));
+      At.set("pad_first", int64_t(PadFirst));
+    }
+    At.set("merged", int64_t(Merged));
+    if (Dropout) {
+      At.set("dropout", int64_t(1));
+      At.set("ratio", 0.2);
+      At.set("key", std::vector<int64_t>{3, 7});
+    }
+    return At;
+  }
+
+  /// The program: the forward, or the backward fed with the forward's o and
+  /// lse (Fwd's results), in dtype T; inputs drawn from a fixed seed.
+  Run make(bool Forward, DType T, const std::vector<std::vector<double>> *Fwd,
+           std::vector<int> &Results) const {
+    Run R;
+    std::mt19937 Rng(11);
+    std::normal_distribution<double> N01;
+    auto Draw = [&](int Id, double Scale) {
+      int64_t N = R.P.Buffers[Id].Type.numElements();
+      std::vector<double> V(N);
+      for (double &X : V)
+        X = N01(Rng) * Scale;
+      set(R, Id, V);
+    };
+    std::vector<int64_t> QS = {B, A, Sq, D}, KS = {B, G, Sk, D};
+    std::vector<int64_t> OS = Merged ? std::vector<int64_t>{B, Sq, A * D} : QS,
+                         LS = Merged ? std::vector<int64_t>{B, Sq, A}
+                                     : std::vector<int64_t>{B, A, Sq};
+    int DO = Forward ? -1 : R.buffer(T, OS);
+    int Q = R.buffer(T, QS), K = R.buffer(T, KS), V = R.buffer(T, KS);
+    Draw(Q, 1.5);
+    Draw(K, 1.5);
+    Draw(V, 1.0);
+    if (DO >= 0)
+      Draw(DO, 1.0);
+    std::vector<int> In = {Q, K, V};
+    if (!Forward) {
+      int O = R.buffer(T, OS), L = R.buffer(T, LS);
+      set(R, O, (*Fwd)[0]);
+      set(R, L, (*Fwd)[1]);
+      In = {DO, Q, K, V, O, L};
+    }
+    if (Pad) {
+      int Keep = R.buffer(DType::F32, {B, Sk});
+      std::vector<double> KeepV(B * Sk, 1.0);
+      for (int64_t J = Sk - 5; J < Sk; ++J) // batch 0's last keys padded
+        KeepV[J] = 0.0;
+      KeepV[Sk + 2] = 0.0;
+      set(R, Keep, KeepV);
+      In.push_back(Keep);
+    }
+    Instruction I;
+    I.Op = Forward ? OpKind::Attention : OpKind::AttentionGrad;
+    I.In.assign(In.begin(), In.end());
+    if (Forward)
+      Results = {R.buffer(T, OS), R.buffer(T, LS)};
+    else
+      Results = {R.buffer(T, QS), R.buffer(T, KS), R.buffer(T, KS)};
+    I.Out.assign(Results.begin(), Results.end());
+    I.Attrs = attrs();
+    R.P.Instrs.push_back(I);
+    return R;
+  }
+
+  static void set(Run &R, int Id, const std::vector<double> &V) {
+    bool F64 = R.P.Buffers[Id].Type.Dtype == DType::F64;
+    auto &Bytes = R.Data[Id];
+    Bytes.resize(V.size() * (F64 ? 8 : 4));
+    for (size_t K = 0; K < V.size(); ++K) {
+      if (F64) {
+        std::memcpy(Bytes.data() + 8 * K, &V[K], 8);
+      } else {
+        float F = float(V[K]);
+        std::memcpy(Bytes.data() + 4 * K, &F, 4);
+      }
+    }
+  }
+  static std::vector<double> get(const Run &R, const char *Arena, int Id) {
+    const ProgramBuffer &B = R.P.Buffers[Id];
+    std::vector<double> V(B.Type.numElements());
+    for (size_t K = 0; K < V.size(); ++K) {
+      if (B.Type.Dtype == DType::F64) {
+        std::memcpy(&V[K], Arena + B.Offset + 8 * K, 8);
+      } else {
+        float F;
+        std::memcpy(&F, Arena + B.Offset + 4 * K, 4);
+        V[K] = F;
+      }
+    }
+    return V;
+  }
+
+  /// Runs R's one instruction on Be; returns its results.
+  static std::vector<std::vector<double>> run(Backend &Be, Run &R,
+                                              const std::vector<int> &Results) {
+    auto Arena = Be.allocate(R.P.ArenaBytes + 64);
+    EXPECT_TRUE(bool(Arena)) << llvm::toString(Arena.takeError());
+    if (!Arena)
+      return {};
+    auto Free = llvm::make_scope_exit([&] { Be.release(*Arena); });
+    for (size_t K = 0; K < R.Data.size(); ++K)
+      if (!R.Data[K].empty())
+        if (llvm::Error E = Be.copyToBackend(*Arena + R.P.Buffers[K].Offset,
+                                       R.Data[K].data(), R.Data[K].size()))
+          ADD_FAILURE() << llvm::toString(std::move(E));
+    auto Tensor = createSingleRankCommunicator();
+    KernelCall C{R.P.Instrs[0], R.P, *Arena, /*Step=*/3, /*Training=*/true,
+                 std::nullopt, /*Seed=*/0x5eed1234abcdull, *Tensor, nullptr,
+                 nullptr};
+    llvm::Error E = Be.run(C);
+    EXPECT_FALSE(bool(E)) << llvm::toString(std::move(E));
+    if (llvm::Error E = Be.synchronize())
+      ADD_FAILURE() << llvm::toString(std::move(E));
+    std::vector<char> Host(R.P.ArenaBytes + 64);
+    if (llvm::Error E = Be.copyToHost(Host.data(), *Arena, R.P.ArenaBytes))
+      ADD_FAILURE() << llvm::toString(std::move(E));
+    std::vector<std::vector<double>> Out;
+    for (int Id : Results)
+      Out.push_back(get(R, Host.data(), Id));
+    return Out;
+  }
+
+  /// Runs R's instruction as its expansion's ops (AttentionPlan.h), one by
+  /// one on the CPU backend, the workspace in host memory, the log-sum-exp
+  /// as the CUDA backend's rowLogSumExp computes it.
+  static std::vector<std::vector<double>>
+  runExpanded(Run &R, const std::vector<int> &Results) {
+    CpuBackend Cpu;
+    std::vector<char> Arena(R.P.ArenaBytes + 64);
+    for (size_t K = 0; K < R.Data.size(); ++K)
+      std::memcpy(Arena.data() + R.P.Buffers[K].Offset, R.Data[K].data(),
+                  R.Data[K].size());
+    auto Tensor = createSingleRankCommunicator();
+    const Instruction &I = R.P.Instrs[0];
+    auto Call = [&](const Instruction &X, const Program &P,
+                    char *const *Where) {
+      KernelCall C{X,    P,    nullptr, /*Step=*/3, /*Training=*/true,
+                   std::nullopt, /*Seed=*/0x5eed1234abcdull, *Tensor, nullptr,
+                   nullptr};
+      C.Where = Where;
+      return Cpu.run(C);
+    };
+    {
+      auto Plan = cuda::planAttention(I, R.P.Buffers);
+      EXPECT_TRUE(bool(Plan)) << llvm::toString(Plan.takeError());
+      if (!Plan)
+        return {};
+      std::vector<char> Work(Plan->WorkspaceBytes + 64);
+      std::vector<char *> Where;
+      for (size_t B = 0; B < Plan->Outer.size(); ++B)
+        Where.push_back(Plan->Outer[B] >= 0
+                            ? Arena.data() + R.P.Buffers[Plan->Outer[B]].Offset
+                            : Work.data() + Plan->Local.Buffers[B].Offset);
+      for (size_t J = 0; J < Plan->Local.Instrs.size(); ++J) {
+        llvm::Error E = Call(Plan->Local.Instrs[J], Plan->Local, Where.data());
+        EXPECT_FALSE(bool(E)) << opName(Plan->Local.Instrs[J].Op).str() << ": "
+                              << llvm::toString(std::move(E));
+        if (int(J) != Plan->LseAfter)
+          continue;
+        // The CUDA backend's rowLogSumExp, restated.
+        const float *S = reinterpret_cast<const float *>(Where[Plan->Scores]);
+        float *L = reinterpret_cast<float *>(Where[Plan->Lse]);
+        for (int64_t Row = 0; Row < Plan->Batch * Plan->Heads * Plan->Sq;
+             ++Row) {
+          float M = -INFINITY;
+          for (int64_t C = 0; C < Plan->Sk; ++C)
+            M = std::max(M, S[Row * Plan->Sk + C]);
+          double Sum = 0;
+          for (int64_t C = 0; C < Plan->Sk; ++C)
+            Sum += std::exp(double(S[Row * Plan->Sk + C]) - M);
+          int64_t At = Row;
+          if (Plan->LseMerged) {
+            int64_t I = Row % Plan->Sq, BA = Row / Plan->Sq;
+            At = ((BA / Plan->Heads) * Plan->Sq + I) * Plan->Heads +
+                 BA % Plan->Heads;
+          }
+          L[At] = M == -INFINITY ? -INFINITY : float(M + std::log(Sum));
+        }
+      }
+    }
+    std::vector<std::vector<double>> Out;
+    for (int Id : Results)
+      Out.push_back(get(R, Arena.data(), Id));
+    return Out;
+  }
+
+  /// max |x - ref| over max |ref|.
+  static double error(const std::vector<double> &X,
+                      const std::vector<double> &Ref) {
+    double D = 0, S = 0;
+    for (size_t K = 0; K < X.size(); ++K) {
+      if (std::isinf(Ref[K]) && X[K] == Ref[K])
+        continue;
+      D = std::max(D, std::fabs(X[K] - Ref[K]));
+      S = std::max(S, std::fabs(Ref[K]));
+    }
+    return S > 0 ? D / S : D;
+  }
+
+  /// The expansion's float32 results (run here on the CPU, or by Gpu's
+  /// backend) are as close to the fused op's float64 ones as the fused op's
+  /// float32 results are, within a factor of 8 (the two sum in different
+  /// orders; each is a few float32 roundings from the exact value), or a few
+  /// units of float32 rounding where that error is smaller still.
+  void check(Backend *Gpu = nullptr) const {
+    CpuBackend Cpu;
+    std::vector<std::vector<double>> Fwd64;
+    for (bool Forward : {true, false}) {
+      SCOPED_TRACE(Forward ? "forward" : "backward");
+      std::vector<int> Res;
+      Run R64 = make(Forward, DType::F64, &Fwd64, Res);
+      auto Ref = run(Cpu, R64, Res);
+      Run R32 = make(Forward, DType::F32, &Fwd64, Res);
+      auto Fused = run(Cpu, R32, Res);
+      auto Expanded = Gpu ? run(*Gpu, R32, Res) : runExpanded(R32, Res);
+      ASSERT_EQ(Expanded.size(), Ref.size());
+      for (size_t K = 0; K < Ref.size(); ++K) {
+        double Own = error(Fused[K], Ref[K]), Got = error(Expanded[K], Ref[K]);
+        double Bound = 8 * std::max(Own, 4 * 0x1p-24);
+        EXPECT_LE(Got, Bound) << "result " << K << ": the fused op's own "
+                              << "float32 error is " << Own;
+      }
+      if (Forward)
+        Fwd64 = Ref;
+    }
+  }
+};
+
+} // namespace sp
+
+#endif // SP_TESTS_GPU_ATTENTIONCASE_H

@@ -50,17 +50,19 @@
 #include "runtime/cuda/CudaBackend.h"
 #include "ir/OpDef.h"
 #include "runtime/TensorLayout.h"
+#include "runtime/cuda/AttentionPlan.h"
 #include "runtime/cuda/CudaCheck.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/DeviceSelect.h"
 #include "runtime/cuda/LaunchGeometry.h"
-#include "runtime/cuda/AttentionPlan.h"
 #include "runtime/cuda/MixedPlan.h"
+#include "runtime/cuda/MultiTensor.h"
 #include "runtime/cuda/NcclComm.h"
 #include "runtime/cuda/StreamPlan.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
+#include <cmath>
 #include <climits>
 #include <dlfcn.h>
 #include <mutex>
@@ -388,7 +390,11 @@ private:
     std::vector<cuda::AdamwTensor> Tensors;
     std::vector<int> Events;
     std::vector<size_t> Timed; // their entries in Timed, while timing
+    std::vector<int64_t> TimedElements; // and the elements each updates
   };
+  /// The timed instructions of each launched batch, to share its span.
+  std::vector<std::pair<std::vector<size_t>, std::vector<int64_t>>>
+      AdamwLaunches;
   AdamwBatch Adamw;
   // The stream plan of the program last run, and its events.
   const Program *Planned = nullptr;
@@ -894,8 +900,10 @@ Error CudaBackend::run(const KernelCall &C) {
     if (!Chunk)
       return Chunk.takeError();
     deferAdamw(C, S, J, *Chunk, Step.RecordEvent);
-    if (Timing)
+    if (Timing) {
       Adamw.Timed.push_back(Timed.size() - 1);
+      Adamw.TimedElements.push_back(Chunk->Count);
+    }
     return Error::success();
   }
   if (auto E = Mixed ? dispatchMixed(C, S) : dispatch(C, S))
@@ -1438,6 +1446,9 @@ Error CudaBackend::flushAdamw() {
     if (K < Timed.size())
       if (auto E = timeEnd(K, Sh.Stream))
         return E;
+  if (!B.Timed.empty())
+    AdamwLaunches.emplace_back(std::move(B.Timed),
+                               std::move(B.TimedElements));
   return Error::success();
 }
 
@@ -1462,6 +1473,7 @@ Error CudaBackend::startTiming() {
   // Both streams are idle: the base is now on the device's clock.
   SP_CUDA_TRY(cudaEventRecord(TimeBase, Compute));
   Timed.clear();
+  AdamwLaunches.clear();
   Timing = true;
   return Error::success();
 }
@@ -1480,6 +1492,25 @@ Expected<std::vector<Backend::DeviceTime>> CudaBackend::collectTimes() {
     SP_CUDA_TRY(cudaEventElapsedTime(&Ms, T.Start, T.End));
     R.push_back({1e3 * StartMs, 1e3 * Ms, T.Stream});
   }
+  // Each instruction of a multi-tensor AdamW launch was timed to the
+  // launch's end: share the launch among them instead.
+  for (const auto &[Calls, Elements] : AdamwLaunches) {
+    double Start = INFINITY, End = -INFINITY;
+    for (size_t K : Calls)
+      if (K < R.size()) {
+        Start = std::min(Start, R[K].StartUs);
+        End = std::max(End, R[K].StartUs + R[K].DurationUs);
+      }
+    if (!(End >= Start))
+      continue;
+    auto Slices = cuda::shareLaunch(Start, End - Start, Elements);
+    for (size_t I = 0; I < Calls.size(); ++I)
+      if (Calls[I] < R.size()) {
+        R[Calls[I]].StartUs = Slices[I].Start;
+        R[Calls[I]].DurationUs = Slices[I].Duration;
+      }
+  }
+  AdamwLaunches.clear();
   Timed.clear();
   return R;
 }

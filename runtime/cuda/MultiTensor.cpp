@@ -30,4 +30,23 @@ planMultiTensor(const std::vector<int64_t> &Sizes, int64_t ChunkSize,
   return Launches;
 }
 
+std::vector<TimeSlice> shareLaunch(double Start, double Duration,
+                                   const std::vector<int64_t> &Elements) {
+  double Total = 0;
+  for (int64_t N : Elements)
+    Total += double(N);
+  std::vector<TimeSlice> R;
+  R.reserve(Elements.size());
+  double At = Start;
+  for (size_t K = 0; K < Elements.size(); ++K) {
+    double Share = Total > 0 ? double(Elements[K]) / Total
+                             : 1.0 / double(Elements.size());
+    double End = K + 1 == Elements.size() ? Start + Duration
+                                          : At + Share * Duration;
+    R.push_back({At, End - At});
+    At = End;
+  }
+  return R;
+}
+
 } // namespace sp::cuda

@@ -49,6 +49,18 @@ planMultiTensor(const std::vector<int64_t> &Sizes,
                 int MaxTensors = MultiTensorMaxTensors,
                 int MaxBlocks = MultiTensorMaxBlocks);
 
+/// A device trace's share of one multi-tensor launch for each instruction
+/// it ran: the launch's span [Start, Start + Duration) cut into consecutive
+/// pieces in instruction order, each as long as its share of the elements
+/// (Elements; all equal when they sum to 0). Without this each instruction
+/// would show the whole launch, and a trace summed by op would count the
+/// optimizer once per tensor.
+struct TimeSlice {
+  double Start, Duration;
+};
+std::vector<TimeSlice> shareLaunch(double Start, double Duration,
+                                   const std::vector<int64_t> &Elements);
+
 } // namespace sp::cuda
 
 #endif // SP_RUNTIME_CUDA_MULTITENSOR_H

@@ -150,6 +150,24 @@ TEST(MultiTensor, LaunchesCoverEveryChunkOnce) {
   }
 }
 
+TEST(MultiTensor, ALaunchIsSharedByItsInstructionsInATrace) {
+  // 16 instructions in one launch of 1.1 ms would each show 1.1 ms: their
+  // shares are consecutive, by elements, and sum to the launch.
+  auto S = shareLaunch(100.0, 1100.0, {300, 100, 0, 600});
+  ASSERT_EQ(S.size(), 4u);
+  EXPECT_DOUBLE_EQ(S[0].Start, 100.0);
+  EXPECT_DOUBLE_EQ(S[0].Duration, 330.0);
+  EXPECT_DOUBLE_EQ(S[1].Start, 430.0);
+  EXPECT_DOUBLE_EQ(S[1].Duration, 110.0);
+  EXPECT_DOUBLE_EQ(S[2].Duration, 0.0) << "a ZeRO rank's empty chunk";
+  EXPECT_DOUBLE_EQ(S[3].Start, 540.0);
+  EXPECT_DOUBLE_EQ(S[3].Start + S[3].Duration, 1200.0);
+  auto Even = shareLaunch(0.0, 3.0, {0, 0, 0});
+  for (size_t K = 0; K < 3; ++K)
+    EXPECT_DOUBLE_EQ(Even[K].Duration, 1.0);
+  EXPECT_TRUE(shareLaunch(0.0, 1.0, {}).empty());
+}
+
 TEST(MultiTensor, TheTableFitsAKernelArgument) {
   // kernels/AdamW.cuh's AdamwTable: six arrays of 8 bytes per tensor, an int
   // and a byte per block, within CUDA's 4 KiB of kernel arguments.

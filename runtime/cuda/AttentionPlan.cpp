@@ -145,7 +145,9 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
   E.op(OpKind::Softmax, {S}, {S});
   int PD = S, Mask = -1;
   if (Dropout) {
-    PD = E.work({B, A, Sq, Sk}, DType::F32, Probs);
+    // The forward needs p no more: dropped in place. The backward keeps p
+    // (softmax_grad reads it).
+    PD = Fwd ? S : E.work({B, A, Sq, Sk}, DType::F32, Probs);
     Instruction *Dr;
     if (Fwd) {
       Dr = &E.op(OpKind::Dropout, {S}, {PD});
@@ -189,7 +191,9 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
   E.op(OpKind::BatchMatMul, {PD, DO}, {DVR}).Attrs.set("trans_a", int64_t(1));
   SumGroups(DVR, DV);
   // The probabilities' gradient, through the dropout, then the scores'.
-  const int DS = E.work({B, A, Sq, Sk});
+  // Once dv is summed the dropped probabilities are dead: their gradient
+  // takes their place.
+  const int DS = Dropout ? PD : E.work({B, A, Sq, Sk});
   E.op(OpKind::BatchMatMul, {DO, VR}, {DS}).Attrs.set("trans_b", int64_t(1));
   if (Dropout) {
     Instruction &Dg = E.op(OpKind::DropoutGrad, {DS, Mask}, {DS});

@@ -876,7 +876,8 @@ TEST(AttentionPlan, NonCausalUnequalLengths) {
 TEST(AttentionPlan, ExpansionIsDescribed) {
   // Forward, causal, 2 groups, merged: repeats, the scores, their mask,
   // the softmax, the output and its merge; the workspace holds the
-  // repeated k and v, the scores and the unmerged output.
+  // repeated k and v, the scores and the unmerged output (dropout, when
+  // on, works in place).
   AttentionCase C;
   C.G = 2;
   C.Merged = true;

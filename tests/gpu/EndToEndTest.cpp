@@ -198,6 +198,18 @@ void expectMatches(const Run &Gpu, const Run &Cpu, const Run &Ref,
   }
 }
 
+/// P trained Steps steps on the GPU, on the CPU and on the CPU in float64,
+/// compared by expectMatches.
+void expectTrainsAsTheCpu(const Plan &P, int Steps, int GradSteps) {
+  auto Gpu = train(P, /*Cuda=*/true, Steps);
+  ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+  auto Cpu = train(P, /*Cuda=*/false, Steps);
+  ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+  auto Ref = train(widenToFloat64(P), /*Cuda=*/false, Steps);
+  ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
+  expectMatches(*Gpu, *Cpu, *Ref, GradSteps);
+}
+
 TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
   if (Error E = checkCudaDevice())
     GTEST_SKIP() << "no CUDA device is present, skipping the GPU end-to-end "
@@ -207,14 +219,8 @@ TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
   for (double Eps : {OptimizerOptions().Eps, StableEps}) {
     SCOPED_TRACE("AdamW eps " + std::to_string(Eps));
     std::printf("AdamW eps %g\n", Eps);
-    Plan P = compileTiny(1, false, 1, 1, 1, 0, Eps);
-    auto Gpu = train(P, /*Cuda=*/true, Steps);
-    ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
-    auto Cpu = train(P, /*Cuda=*/false, Steps);
-    ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
-    auto Ref = train(widenToFloat64(P), /*Cuda=*/false, Steps);
-    ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
-    expectMatches(*Gpu, *Cpu, *Ref, Eps == StableEps ? Steps : 1);
+    expectTrainsAsTheCpu(compileTiny(1, false, 1, 1, 1, 0, Eps), Steps,
+                         Eps == StableEps ? Steps : 1);
   }
 }
 
@@ -227,19 +233,12 @@ TEST(CudaEndToEnd, FusedAttentionPlanMatchesTheCpuBackend) {
     GTEST_SKIP() << "no CUDA device is present, skipping the GPU end-to-end "
                     "test: "
                  << toString(std::move(E));
-  const int Steps = 3;
   Plan P = compileTiny(1, false, 1, 1, 1, 0, StableEps, DType::F32,
                        /*Fused=*/true);
   ASSERT_TRUE(llvm::any_of(P.Prog.Instrs, [](const Instruction &I) {
     return I.Op == OpKind::Attention;
   }));
-  auto Gpu = train(P, /*Cuda=*/true, Steps);
-  ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
-  auto Cpu = train(P, /*Cuda=*/false, Steps);
-  ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
-  auto Ref = train(widenToFloat64(P), /*Cuda=*/false, Steps);
-  ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
-  expectMatches(*Gpu, *Cpu, *Ref, Steps);
+  expectTrainsAsTheCpu(P, /*Steps=*/3, /*GradSteps=*/3);
 }
 
 /// The losses of Steps training steps on one batch (as train's).

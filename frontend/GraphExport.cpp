@@ -405,7 +405,7 @@ Error checkGraphsOutput(StringRef Dir) {
 Expected<std::vector<std::string>> exportGraphs(const Plan &P,
                                                 StringRef Dir) {
   if (auto E = checkGraphsOutput(Dir))
-    return std::move(E);
+    return E;
   int Stages = P.numStages();
   std::vector<std::string> Names;
   for (int K = 0; K < Stages; ++K)
@@ -424,7 +424,7 @@ Expected<std::vector<std::string>> exportGraphs(const Plan &P,
         }
         return Error::success();
       }))
-    return std::move(E);
+    return E;
   return Names;
 }
 

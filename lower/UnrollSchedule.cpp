@@ -237,23 +237,23 @@ public:
                                         : TemplateKind::WeightGrad,
               C);
         if (auto E = step(V, K))
-          return std::move(E);
+          return E;
         end();
       }
     }
     begin(TemplateKind::Epilogue, -1);
     if (auto E = optimizerAndOutputs())
-      return std::move(E);
+      return E;
     end();
     Program P = B.take();
     P.Templates = std::move(Templates);
     P.Microbatches = L.Microbatches;
     P.TagStride = SG.TagStride;
     if (auto E = scopeBuffers(P))
-      return std::move(E);
+      return E;
     if (auto E = schedule(P))
-      return std::move(E);
-    return std::move(P);
+      return E;
+    return P;
   }
 
 private:

@@ -98,7 +98,7 @@ static Expected<ModelInfo> modelFacts(const Graph &G, const PassContext &Base) {
   CompileOptions CO;
   CO.Passes = "constant-fold,canonicalize,dce,detect-transformer";
   if (auto E = runPasses(*Copy, Ctx, CO))
-    return std::move(E);
+    return E;
   return summarizeModel(*Copy);
 }
 
@@ -285,7 +285,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     CO.Passes = LayoutFreePasses;
     CO.Source = O.Source;
     if (auto E = runPasses(*Prepared, Ctx, CO))
-      return std::move(E);
+      return E;
   }
   // Compiles C; its peak, or -1 when it does not compile.
   auto Try = [&](AutoCandidate C, Outcome &Out) -> int64_t {
@@ -629,7 +629,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
       R.Best = std::move(*Comp);
     } else {
       if (auto E = finishPlan(*Fastest->G, Fastest->Ctx, CO, Fastest->Comp))
-        return std::move(E);
+        return E;
       R.BestGraph = std::move(Fastest->G);
       R.Best = std::move(Fastest->Comp);
     }
@@ -648,7 +648,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                              "per GPU (global batch {2}): {3}",
                              O.Gpus, gib(O.GpuMemory), Global, Need));
   }
-  return std::move(R);
+  return R;
 }
 
 /// What, besides the GEMMs, takes the most time in a step.

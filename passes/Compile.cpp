@@ -168,7 +168,7 @@ static Error reportPlan(const Graph &G, const PassContext &Ctx,
 Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
                                     const CompileOptions &O) {
   if (auto E = runPasses(G, Ctx, O))
-    return std::move(E);
+    return E;
   Compilation C;
   auto Info = summarizeModel(G);
   if (!Info)
@@ -180,7 +180,7 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
     return Out.Name == "loss";
   });
   if (!Training)
-    return std::move(C);
+    return C;
   auto L = lowerTrainingGraph(G, Ctx, /*WithOneMicrobatch=*/!O.PlanOnly);
   if (!L)
     return L.takeError();
@@ -196,10 +196,10 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
   }
   C.Lowered->Stages.clear();
   if (O.PlanOnly)
-    return std::move(C);
+    return C;
   if (auto E = finishPlan(G, Ctx, O, C))
-    return std::move(E);
-  return std::move(C);
+    return E;
+  return C;
 }
 
 Error finishPlan(const Graph &G, const PassContext &Ctx,

@@ -283,8 +283,8 @@ private:
   Error separateQKV(int L, Value *Normed, ArrayRef<Node *> Users, Node *&QK,
                     Value *&V) {
     struct Path {
-      Node *Lin, *Heads, *Rope = nullptr, *Repeat = nullptr, *Reader;
-      unsigned OperandNo;
+      Node *Lin, *Heads, *Rope = nullptr, *Repeat = nullptr, *Reader = nullptr;
+      unsigned OperandNo = 0;
     };
     SmallVector<Path, 3> Paths;
     for (Node *Lin : Users) {

@@ -45,7 +45,7 @@ static Expected<std::vector<Program>> lowerRanks(const Graph &G, DType Dt,
   if (!Progs)
     return Progs.takeError();
   if (auto E = verifyPipelinePrograms(*Progs))
-    return std::move(E);
+    return E;
   parallelForEach(*Progs, [](Program &P) { finalizeProgram(P); });
   return Progs;
 }
@@ -189,7 +189,7 @@ Expected<LoweredPlan> lowerTrainingGraph(const Graph &G, const PassContext &Ctx,
   const PipelineOptions &PO = Ctx.Pipeline;
   if (WithOneMicrobatch || !PO.enabled())
     if (auto E = lowerOneMicrobatch(G, Ctx, LP))
-      return std::move(E);
+      return E;
   auto S = buildSchedule(scheduleKind(PO.Schedule), PO.Stages, PO.Interleave,
                          PO.Microbatches);
   if (!S)
@@ -205,7 +205,7 @@ Expected<LoweredPlan> lowerTrainingGraph(const Graph &G, const PassContext &Ctx,
     return Progs.takeError();
   if (LP.Sched.splitsBackward())
     if (auto E = capWeightDelays(G, Ctx, LP.Sched, *Progs))
-      return std::move(E);
+      return E;
   LP.Stages = std::move(*Progs);
   return LP;
 }

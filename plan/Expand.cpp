@@ -251,7 +251,7 @@ Expected<std::vector<int>>
 walkSteps(const Program &C, function_ref<void(const InstanceInfo &)> Made,
           function_ref<void(const StepInstr &)> Visit) {
   if (auto E = checkCompactProgram(C))
-    return std::move(E);
+    return E;
   auto Slots = assignSlots(C);
   if (!Slots)
     return Slots.takeError();
@@ -377,7 +377,7 @@ Expected<Program> expandProgram(const Program &C) {
     F.Outputs.push_back({C.Outputs[K].first, (*Outputs)[K]});
   setUseRanges(F, [](const ProgramBuffer &) { return true; });
   if (auto E = checkNoOverlap(F))
-    return std::move(E);
+    return E;
   return F;
 }
 

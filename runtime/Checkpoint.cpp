@@ -293,7 +293,7 @@ Expected<std::string> writeCheckpointShard(StringRef Dir, int64_t Step,
                         Dir, Step, What.str(), errnoText(E)));
   };
   if (auto E = checkCheckpointTarget(Dir))
-    return std::move(E);
+    return E;
   if (std::error_code EC = sys::fs::create_directories(Dir))
     return Failed("cannot create the directory", EC.value());
   std::string Base = Ranks > 1

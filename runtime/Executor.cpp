@@ -180,7 +180,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
       return planError(describe(In, K) + ": " + Why);
   }
   if (auto Err = E->checkInputs())
-    return std::move(Err);
+    return Err;
   size_t MaxInputBytes = 0;
   for (const ProgramBuffer &B : Prog.Buffers)
     if (B.K == ProgramBuffer::Input)
@@ -246,7 +246,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
       return planError("parameter '" + B.Name + "' is " + B.Type.str() +
                        "; the CPU backend trains f32 parameters");
     if (auto Err = E->loadParameter(B))
-      return std::move(Err);
+      return Err;
   }
   return E;
 }
@@ -403,23 +403,23 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
 
 Expected<double> Executor::loss() const {
   if (auto E = Back->synchronize())
-    return std::move(E);
+    return E;
   const char *Src = Arena + Prog.Buffers[Prog.output("loss")].Offset;
   double L = 0;
   if (Wide) {
     if (auto E = Back->copyToHost(&L, Src, sizeof L))
-      return std::move(E);
+      return E;
   } else {
     float F = 0;
     if (auto E = Back->copyToHost(&F, Src, sizeof F))
-      return std::move(E);
+      return E;
     L = F;
   }
   L /= FeedScale;
   // Each replica's loss is its rows' part of the step's mean.
   if (Opts.DataComm)
     if (auto E = Opts.DataComm->allReduceSum(&L, 1))
-      return std::move(E);
+      return E;
   return L;
 }
 
@@ -434,9 +434,9 @@ Expected<double> Executor::trainStep(const TokenBatch &Data, double LR,
   SkipUpdate = false;
   LastGradNorm = NAN;
   if (auto E = feedInputs(Data, LR, Step))
-    return std::move(E);
+    return E;
   if (auto E = run(Phase::Optimizer, Step, /*Training=*/true))
-    return std::move(E);
+    return E;
   auto L = loss();
   LastSkipped = SkipUpdate;
   if (Scaling) {
@@ -462,9 +462,9 @@ Expected<double> Executor::evalLoss(const TokenBatch &Data) {
   // group: every stage evaluates).
   FeedScale = 1;
   if (auto E = feedInputs(Data, /*LR=*/0, /*Step=*/0))
-    return std::move(E);
+    return E;
   if (auto E = run(Phase::Forward, /*Step=*/0, /*Training=*/false))
-    return std::move(E);
+    return E;
   return loss();
 }
 

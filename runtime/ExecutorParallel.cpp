@@ -100,7 +100,7 @@ Expected<std::vector<T>> Executor::gatherAs(const TensorView &V) const {
     int64_t Chunk = dataChunkElements(V.size(), Chunks);
     Joined.resize(Chunk * Chunks);
     if (auto E = D->allGather(Joined.data(), Data, Chunk))
-      return std::move(E);
+      return E;
     Joined.resize(V.size());
     Data = Joined.data();
   }
@@ -113,7 +113,7 @@ Expected<std::vector<T>> Executor::gatherAs(const TensorView &V) const {
   int Parts = groupSize();
   std::vector<T> All(V.size() * Parts);
   if (auto E = Comm->allGather(All.data(), Data, V.size()))
-    return std::move(E);
+    return E;
   AxisView A = around(V.Type, S.Dim);
   int64_t Local = V.Type.Shape[S.Dim], Source = V.FullType.Shape[S.Dim];
   for (int R = 0; R < Parts; ++R)

@@ -36,7 +36,7 @@ Expected<RankGroups> splitGroups(Communicator &World, const ProcessGrid &Grid) {
       return G.takeError();
     *S.Into = std::move(*G);
   }
-  return std::move(R);
+  return R;
 }
 
 } // namespace sp

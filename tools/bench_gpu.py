@@ -4,7 +4,10 @@
 Measures what the paper's Table 4 measures: the time of one layer's forward and backward on one
 GPU of a t = 8 tensor-parallel group, with no recomputation, selective and full recomputation,
 the overheads of the last two, the layer's model TFLOP/s and its MFU against the device's peak;
-and the same layer written with torch.nn.functional, on the same device, in the same run.
+and the same layer written with torch.nn.functional, on the same device, in the same run. A
+fourth sp-run row, "fused", is the layer compiled with sp-compile's default fused attention core
+(--attention fused: no scores stored; on a GPU its core runs as the unfused ops on a workspace,
+runtime/cuda/AttentionPlan.h), its overhead against the unfused "none".
 
     /usr/bin/python3 tools/bench_gpu.py --device cuda --model 22B [--steps 10] [--repeat 3] [--json r.json]
     /usr/bin/python3 tools/bench_gpu.py --device cpu --model small --steps 2 --repeat 1
@@ -89,6 +92,9 @@ sys.path.insert(0, os.path.join(ROOT, "models"))
 import gen_paper_graph as gen  # noqa: E402
 
 MODES = ["none", "selective", "full"]
+# sp-run's modes: the paper's three with the unfused core, and the fused attention core
+# (sp-compile's default, --attention fused, nothing recomputed but inside the core's backward).
+SP_MODES = MODES + ["fused"]
 PHASES = ["forward", "backward", "recompute"]
 TRACE_PHASE = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "opt": "optimizer"}
 TIME_LINE = re.compile(r"time per step: forward ([\d.]+) ms, backward ([\d.]+) ms, "
@@ -161,10 +167,12 @@ def layer_flops(sh):
     b, s, h, t = sh.batch, sh.seq, sh.hidden, sh.t
     forward = (24 * b * s * h * h + 4 * b * s * s * h) // t  # = 24bsh^2 (1 + s/6h) / t, exactly
     return {"forward": forward, "backward": 2 * forward, "model_per_step": 3 * forward,
-            "recompute": {"none": 0, "selective": 2 * b * s * s * h // t, "full": forward},
+            "recompute": {"none": 0, "selective": 2 * b * s * s * h // t, "full": forward,
+                          "fused": 2 * b * s * s * h // t},
             "megatron_selective_recompute": 4 * b * s * s * h // t,
             "formula": "forward 24 b s h^2 (1 + s/(6h)) / t; backward 2x; selective recomputes Q K^T "
-                       "(2 b s^2 h / t), full the forward"}
+                       "(2 b s^2 h / t), full the forward; the fused core's backward recomputes Q K^T "
+                       "too (inside its backward: no recompute phase)"}
 
 
 def report_flops(report, sh):
@@ -235,13 +243,15 @@ def prepare(args, sh, work):
     plans, reports = {}, {}
     for dtype in ["fp32"] + (["bf16"] if args.dtype == "bf16" else []):
         plans[dtype] = {}
-        for mode in MODES:
+        for mode in SP_MODES:
             suffix = "" if dtype == "fp32" else "-bf16"
             plans[dtype][mode] = os.path.join(work, f"plan-{mode}{suffix}")
             shutil.rmtree(plans[dtype][mode], ignore_errors=True)
             report = os.path.join(work, f"report-{mode}{suffix}.json")
-            run([tool(args, "sp-compile"), model, "-o", plans[dtype][mode], "--recompute", mode, "--attention",
-                 "unfused", "--dtype", dtype, "--quiet", "--report", report])
+            core = ["--recompute", "none", "--attention", "fused"] if mode == "fused" else \
+                ["--recompute", mode, "--attention", "unfused"]
+            run([tool(args, "sp-compile"), model, "-o", plans[dtype][mode], *core,
+                 "--dtype", dtype, "--quiet", "--report", report])
             if dtype == "fp32":
                 with open(report) as f:
                     reports[mode] = json.load(f)
@@ -287,7 +297,7 @@ def measure_sp(args, plans, data, precision, work):
     """The fastest of --repeat rounds for each mode: the layer's ms per phase, and the rest."""
     best = {}
     for _ in range(args.repeat):
-        for mode in MODES:
+        for mode in SP_MODES:
             plain = sp_run_once(args, plans[mode], data, precision, work)
             trace = os.path.join(work, f"trace-{mode}.json")
             sp_run_once(args, plans[mode], data, precision, work, trace)
@@ -447,7 +457,7 @@ def print_table(title, rows, with_recompute=True):
     print(title)
     print(f"  {'mode':<10} {'forward ms':>10} {'backward ms':>12} {'(recompute)':>12} {'combined ms':>12} "
           f"{'overhead':>9} {'TFLOP/s':>8} {'MFU':>7}")
-    for mode in MODES:
+    for mode in SP_MODES:
         if mode not in rows:
             continue
         r = rows[mode]
@@ -505,8 +515,8 @@ def main():
           + (f", {peak:g} TFLOP/s" if peak else ""), flush=True)
     try:
         data, plans, reports = prepare(args, sh, work)
-        from_report = {mode: report_flops(reports[mode], sh) for mode in MODES}
-        for mode in MODES:
+        from_report = {mode: report_flops(reports[mode], sh) for mode in SP_MODES}
+        for mode in SP_MODES:
             r = from_report[mode]
             if r["model_per_step"] != flops["model_per_step"] or r["recompute"] != flops["recompute"][mode]:
                 print(f"  warning: sp-compile --report ({mode}) counts {r['model_per_step']:.6e} model and "
@@ -545,7 +555,8 @@ def main():
                         torch_rows[prec], with_recompute=False)
             print("  sp / torch combined: " + ", ".join(
                 f"{mode} {sp[prec][mode]['combined_ms'] / torch_rows[prec][mode]['combined_ms']:.2f}"
-                for mode in MODES))
+                for mode in MODES) +
+                f"; fused / torch none {sp[prec]['fused']['combined_ms'] / torch_rows[prec]['none']['combined_ms']:.2f}")
     if not torch_rows:
         print(f"torch: {torch_note}")
     print("MFU is against the dense BF16 peak (fp32 and TF32 rows included)." if peak and args.device != "cpu" else

@@ -5,8 +5,9 @@
 
 Runs `tools/bench_gpu.py --device cpu --model small --dtype bf16 --steps 2 --repeat 1 --json FILE`
 and checks the structure of what it wrote, not its speed: the three modes for sp-run in fp32 and
-bf16 (and for torch when torch is importable), every time positive and finite, backward including recompute, recompute zero without
-recomputation and positive with it, and the FLOPs equal to the paper's formula for the small shapes
+bf16 (and for torch when torch is importable) and sp-run's fused-attention row, every time positive
+and finite, backward including recompute, recompute zero without recomputation (and in the fused
+plan, whose core recomputes inside its backward) and positive with it, and the FLOPs equal to the paper's formula for the small shapes
 (24 b s h^2 (1 + s/6h) / t forward, backward twice, selective adding Q K^T, full the forward) and
 to sp-compile's report. No timing is asserted.
 """
@@ -20,6 +21,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = ["none", "selective", "full"]
+SP_MODES = MODES + ["fused"]  # sp-run also runs the fused attention core
 
 
 def positive(x):
@@ -40,8 +42,9 @@ def check(result, failures):
     expect(f["forward"] == forward, f"forward FLOPs {f['forward']} != 24bsh^2(1 + s/6h)/t = {forward}")
     expect(f["backward"] == 2 * forward, f"backward FLOPs {f['backward']} != {2 * forward}")
     expect(f["model_per_step"] == 3 * forward, f"model FLOPs {f['model_per_step']} != {3 * forward}")
-    recompute = {"none": 0, "selective": Fraction(2 * b * s * s * h, t), "full": forward}
-    for mode in MODES:
+    recompute = {"none": 0, "selective": Fraction(2 * b * s * s * h, t), "full": forward,
+                 "fused": Fraction(2 * b * s * s * h, t)}
+    for mode in SP_MODES:
         expect(f["recompute"][mode] == recompute[mode], f"{mode}: recompute FLOPs {f['recompute'][mode]}")
         r = f["from_report"][mode]
         expect(r["model_per_step"] == 3 * forward and r["recompute"] == recompute[mode],
@@ -59,8 +62,9 @@ def check(result, failures):
     except ImportError:
         expect(not result["torch"], "torch rows without torch")
     for who, rows in tables:
-        expect(sorted(rows) == sorted(MODES), f"{who}: modes {sorted(rows)}")
-        for mode in MODES:
+        modes = SP_MODES if who == "sp" else MODES
+        expect(sorted(rows) == sorted(modes), f"{who}: modes {sorted(rows)}")
+        for mode in modes:
             row = rows.get(mode, {})
             for key in ("forward_ms", "backward_ms", "combined_ms", "model_tflops"):
                 expect(positive(row.get(key)), f"{who} {mode}: {key} = {row.get(key)}")
@@ -69,7 +73,7 @@ def check(result, failures):
                    f"{who} {mode}: combined != forward + backward")
             if who == "sp":
                 rec = row.get("recompute_ms", -1)
-                expect(rec == 0 if mode == "none" else rec > 0, f"sp {mode}: recompute {rec} ms")
+                expect(rec == 0 if mode in ("none", "fused") else rec > 0, f"sp {mode}: recompute {rec} ms")
                 expect(row.get("backward_ms", 0) >= rec, f"sp {mode}: backward excludes its recompute")
                 outside = row.get("outside_layer_ms", {}).get("forward")
                 expect(positive(outside) and positive(row.get("optimizer_ms")),
@@ -98,8 +102,8 @@ def main():
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1
-    print(f"bench_gpu.py: 3 modes for {', '.join(['sp-run'] + (['torch'] if result['torch'] else []))}, "
-          f"FLOPs equal to the formula and to sp-compile's report")
+    print(f"bench_gpu.py: 3 modes for {', '.join(['sp-run'] + (['torch'] if result['torch'] else []))} "
+          f"and sp-run's fused core, FLOPs equal to the formula and to sp-compile's report")
     return 0
 
 

@@ -173,9 +173,27 @@ SP_INLINE double onePlusTanh(double U) {
   return U < 0.0 ? E * Inv : Inv;
 }
 
-/// Columns per block of the column sums (layerNormBackward, biasBackward):
-/// a block's double accumulators stay in L1.
+/// Columns per block of the column sums (layerNormBackward, biasBackward,
+/// rmsNormBackward): a block's double accumulators stay in L1.
 constexpr int64_t ColumnBlock = 256;
+
+/// The column sums' order (Kernels.h, ColumnRows): for each column, the
+/// rows in blocks of ColumnRows, each block summed in order from 0 in
+/// double, the blocks' sums added in order. AddRow(R, Part) adds row R's N
+/// terms of the block's columns to Part[k][j - JB]; Sums[k] gets the
+/// totals. The CUDA kernels sum the blocks in parallel in this order.
+template <int N, typename F>
+void columnBlockSums(int64_t Rows, int64_t Width, Acc (&Sums)[N][ColumnBlock],
+                     F &&AddRow) {
+  for (int64_t R0 = 0; R0 < Rows; R0 += ColumnRows) {
+    Acc Part[N][ColumnBlock] = {};
+    for (int64_t R = R0, RE = std::min(Rows, R0 + ColumnRows); R < RE; ++R)
+      AddRow(R, Part);
+    for (int K = 0; K < N; ++K)
+      for (int64_t J = 0; J < Width; ++J)
+        Sums[K][J] += Part[K][J];
+  }
+}
 
 } // namespace
 
@@ -435,24 +453,24 @@ void layerNormBackward(T *DX, T *DGamma, T *DBeta, const T *DY, const T *X,
   if (!DGamma && !DBeta)
     return;
   // DGamma, DBeta: columns over the threads, each column summed over the
-  // rows in order in double and added once.
+  // rows in double in the column sums' order and added once.
   parallelFor(H, 64, [&](int64_t J0, int64_t J1) {
     for (int64_t JB = J0; JB < J1; JB += ColumnBlock) {
       int64_t JE = std::min(J1, JB + ColumnBlock);
-      Acc SG[ColumnBlock] = {}, SB[ColumnBlock] = {};
-      for (int64_t R = 0; R < Rows; ++R) {
+      Acc Sums[2][ColumnBlock] = {};
+      columnBlockSums(Rows, JE - JB, Sums, [&](int64_t R, auto &Part) {
         const T *XR = X + R * H, *DYR = DY + R * H;
         Acc Mu = Mean[R], S = Rstd[R];
         for (int64_t J = JB; J < JE; ++J) {
-          SG[J - JB] += DYR[J] * ((XR[J] - Mu) * S);
-          SB[J - JB] += DYR[J];
+          Part[0][J - JB] += DYR[J] * ((XR[J] - Mu) * S);
+          Part[1][J - JB] += DYR[J];
         }
-      }
+      });
       for (int64_t J = JB; J < JE; ++J) {
         if (DGamma)
-          DGamma[J] += T(SG[J - JB]);
+          DGamma[J] += T(Sums[0][J - JB]);
         if (DBeta)
-          DBeta[J] += T(SB[J - JB]);
+          DBeta[J] += T(Sums[1][J - JB]);
       }
     }
   });
@@ -496,16 +514,18 @@ void linearBackwardWeight(T *DW, const T *X, const T *DY, int64_t Rows,
 template <typename T>
 void biasBackward(T *DBias, const T *DY, int64_t Rows, int64_t Out) {
   checkSizes({Rows, Out});
-  // Columns over the threads, each summed over the rows in double.
+  // Columns over the threads, each summed over the rows in double in the
+  // column sums' order.
   parallelFor(Out, 64, [&](int64_t J0, int64_t J1) {
     for (int64_t JB = J0; JB < J1; JB += ColumnBlock) {
       int64_t JE = std::min(J1, JB + ColumnBlock);
-      Acc Sum[ColumnBlock] = {};
-      for (int64_t R = 0; R < Rows; ++R)
+      Acc Sum[1][ColumnBlock] = {};
+      columnBlockSums(Rows, JE - JB, Sum, [&](int64_t R, auto &Part) {
         for (int64_t J = JB; J < JE; ++J)
-          Sum[J - JB] += DY[R * Out + J];
+          Part[0][J - JB] += DY[R * Out + J];
+      });
       for (int64_t J = JB; J < JE; ++J)
-        DBias[J] += T(Sum[J - JB]);
+        DBias[J] += T(Sum[0][J - JB]);
     }
   });
 }
@@ -1386,20 +1406,20 @@ void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
     });
   if (!DGamma)
     return;
-  // DGamma: columns over the threads, each summed over the rows in order in
-  // double and added once (as layerNormBackward).
+  // DGamma: columns over the threads, each summed over the rows in double
+  // in the column sums' order and added once (as layerNormBackward).
   parallelFor(H, 64, [&](int64_t J0, int64_t J1) {
     for (int64_t JB = J0; JB < J1; JB += ColumnBlock) {
       int64_t JE = std::min(J1, JB + ColumnBlock);
-      Acc SG[ColumnBlock] = {};
-      for (int64_t R = 0; R < Rows; ++R) {
+      Acc SG[1][ColumnBlock] = {};
+      columnBlockSums(Rows, JE - JB, SG, [&](int64_t R, auto &Part) {
         const T *XR = X + R * H, *DYR = DY + R * H;
         Acc S = Rstd[R];
         for (int64_t J = JB; J < JE; ++J)
-          SG[J - JB] += DYR[J] * (XR[J] * S);
-      }
+          Part[0][J - JB] += DYR[J] * (XR[J] * S);
+      });
       for (int64_t J = JB; J < JE; ++J)
-        DGamma[J] += T(SG[J - JB]);
+        DGamma[J] += T(SG[0][J - JB]);
     }
   });
 }

@@ -127,9 +127,18 @@ template <typename T>
 void layerNorm(T *Y, T *Mean, T *Rstd, const T *X, const T *Gamma,
                const T *Beta, int64_t Rows, int64_t H, double Eps);
 
+/// The column sums of the parameter gradients (layerNormBackward,
+/// rmsNormBackward, biasBackward) are in double, in one order for every
+/// backend: per column, the rows in blocks of ColumnRows, each block summed
+/// in order from 0, the blocks' sums added in order, then rounded once. A
+/// GPU sums the blocks in parallel (runtime/cuda/kernels/LayerNorm.cuh) and
+/// gets the same bits; at most ColumnRows rows it is the plain row order.
+constexpr int64_t ColumnRows = 64;
+
 /// With xhat = (X - Mean) * Rstd and g = DY * Gamma (per row):
 ///   DX     = Rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))   (overwrites)
-///   DGamma += sum_rows DY * xhat,   DBeta += sum_rows DY        (accumulate)
+///   DGamma += sum_rows DY * xhat,   DBeta += sum_rows DY        (accumulate;
+///             the column sums' order above)
 /// DX, DGamma, DBeta may each be nullptr (not computed); Gamma == nullptr
 /// means 1.
 template <typename T>
@@ -162,7 +171,8 @@ template <typename T>
 void linearBackwardWeight(T *DW, const T *X, const T *DY, int64_t Rows,
                           int64_t In, int64_t Out, bool TransW);
 
-/// DBias[Out] += sum_rows DY[Rows, Out]   (accumulates).
+/// DBias[Out] += sum_rows DY[Rows, Out]   (accumulates; the column sums'
+/// order of layerNormBackward).
 template <typename T>
 void biasBackward(T *DBias, const T *DY, int64_t Rows, int64_t Out);
 

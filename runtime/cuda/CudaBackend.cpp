@@ -1591,6 +1591,13 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   auto Ids = [&](unsigned K) {
     return reinterpret_cast<const int64_t *>(C.buffer(I.In[K]));
   };
+  // Doubles of the stream's scratch (the column sums' block sums).
+  auto Doubles = [&](int64_t N) -> Expected<double *> {
+    auto T = scratch(S == Comm, 2 * N);
+    if (!T)
+      return T.takeError();
+    return reinterpret_cast<double *>(*T);
+  };
   auto Zero = [&](unsigned K) -> Error {
     SP_CUDA_TRY(cudaMemsetAsync(Out(K), 0, OutT(K).numBytes(), S));
     return Error::success();
@@ -1709,8 +1716,11 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
       return E;
     if (auto E = Zero(2))
       return E;
+    auto Tmp = Doubles(2 * cuda::columnParts(Rows) * H);
+    if (!Tmp)
+      return Tmp.takeError();
     cuda::layerNormBackward(OutE(0), Out(1), Out(2), InE(0), InE(1), InE(2),
-                            In(3), In(4), Rows, H, S);
+                            In(3), In(4), Rows, H, *Tmp, S);
     return Error::success();
   }
   case OpKind::Linear: {
@@ -1738,7 +1748,11 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t OutF = InT(0).dim(-1);
     if (auto E = Zero(0))
       return E;
-    cuda::biasBackward(Out(0), InE(0), InT(0).numElements() / OutF, OutF, S);
+    int64_t Rows = InT(0).numElements() / OutF;
+    auto Tmp = Doubles(cuda::columnParts(Rows) * OutF);
+    if (!Tmp)
+      return Tmp.takeError();
+    cuda::biasBackward(Out(0), InE(0), Rows, OutF, *Tmp, S);
     return Error::success();
   }
   case OpKind::Gelu:
@@ -1758,8 +1772,11 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t H = InT(1).dim(-1), Rows = InT(1).numElements() / H;
     if (auto E = Zero(1))
       return E;
+    auto Tmp = Doubles(cuda::columnParts(Rows) * H);
+    if (!Tmp)
+      return Tmp.takeError();
     cuda::rmsNormBackward(Out(0), Out(1), In(0), In(1), In(2), In(3), Rows, H,
-                          S);
+                          *Tmp, S);
     return Error::success();
   }
   case OpKind::Silu:

@@ -114,18 +114,21 @@ void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
                Elems Beta, int64_t Rows, int64_t H, double Eps,
                cudaStream_t S);
 /// The parameter gradients stay float32 (the plans' gradients are).
+/// Scratch: 2 columnParts(Rows) H doubles (LaunchGeometry.h).
 void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY,
                        Elems X, Elems Gamma, const float *Mean,
                        const float *Rstd, int64_t Rows, int64_t H,
-                       cudaStream_t S);
+                       double *Scratch, cudaStream_t S);
 void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
              int64_t Rows, int64_t H, double Eps, cudaStream_t S);
+/// Scratch: columnParts(Rows) H doubles.
 void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
                      const float *Gamma, const float *Rstd, int64_t Rows,
-                     int64_t H, cudaStream_t S);
-/// DBias[j] += sum over rows of DY[r, j], rows in order in double.
+                     int64_t H, double *Scratch, cudaStream_t S);
+/// DBias[j] += sum over rows of DY[r, j] in double, in the CPU's column-sum
+/// order. Scratch: columnParts(Rows) Out doubles.
 void biasBackward(float *DBias, Elems DY, int64_t Rows, int64_t Out,
-                  cudaStream_t S);
+                  double *Scratch, cudaStream_t S);
 /// Y[r, :] = Bias (the start of a linear with bias).
 void broadcastRows(float *Y, const float *Bias, int64_t Rows, int64_t Out,
                    cudaStream_t S);

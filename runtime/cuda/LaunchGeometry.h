@@ -61,6 +61,14 @@ constexpr Launch columnsLaunch(int64_t Columns) {
   return elementwiseLaunch(Columns);
 }
 
+/// The parameter gradients' column sums (LayerNorm's, RMSNorm's, the
+/// bias's) in the CPU's order (runtime/cpu/Kernels.h, ColumnRows, the same
+/// number): each column's rows in blocks of ColumnRows, each block summed
+/// in order from 0 by its own thread (one thread per block and column), the
+/// blocks' sums then added in order by one thread per column.
+constexpr int64_t ColumnRows = 64;
+constexpr int64_t columnParts(int64_t Rows) { return ceilDiv(Rows, ColumnRows); }
+
 /// Blocks of the deterministic sum of squares: a fixed grid (so the
 /// partial sums and their order depend only on N), at most SumBlocks.
 constexpr int SumBlocks = 256;

@@ -72,6 +72,15 @@ TEST(LaunchGeometry, ElementwiseCoversAndCaps) {
   }
 }
 
+TEST(LaunchGeometry, ColumnSumsAreTheCpusBlocks) {
+  // The CUDA kernels' blocks of rows are the CPU's (their bits depend on it).
+  static_assert(cuda::ColumnRows == cpu::ColumnRows);
+  EXPECT_EQ(columnParts(1), 1);
+  EXPECT_EQ(columnParts(64), 1);
+  EXPECT_EQ(columnParts(65), 2);
+  EXPECT_EQ(columnParts(8192), 128);
+}
+
 TEST(LaunchGeometry, LaneRowsGiveEightThreadsPerRow) {
   EXPECT_EQ(RowLanes * RowsPerBlock, BlockThreads);
   EXPECT_EQ(RowLanes % 32 == 0 || 32 % RowLanes == 0, true)

@@ -99,6 +99,29 @@ __device__ inline double columnSum(int64_t Rows, F &&Fn) {
   return S;
 }
 
+/// Block K of a column's sum over Rows rows in the CPU's column-sum order
+/// (LaunchGeometry.h, ColumnRows): Term(R) over rows [K ColumnRows, ...),
+/// in order from 0.
+template <typename F>
+__device__ inline double columnPart(int64_t K, int64_t Rows, F &&Term) {
+  int64_t R0 = K * ColumnRows;
+  int64_t N = Rows - R0 < ColumnRows ? Rows - R0 : ColumnRows;
+  return columnSum(N, [&](int64_t R) { return Term(R0 + R); });
+}
+
+/// Out[j] += float(the column's block sums Part[k W + j], k in order).
+__global__ void columnPartsSumKernel(float *Out, const double *Part,
+                                     int64_t Parts, int64_t W) {
+  SP_GRID_LOOP(J, W)
+  Out[J] += float(columnSum(Parts, [&](int64_t K) { return Part[K * W + J]; }));
+}
+
+inline void columnPartsSum(float *Out, const double *Part, int64_t Parts,
+                           int64_t W, cudaStream_t S) {
+  if (Launch L = columnsLaunch(W); L.Blocks)
+    columnPartsSumKernel<<<L.Blocks, L.Threads, 0, S>>>(Out, Part, Parts, W);
+}
+
 /// The CPU's rowMax: lane partial maxima with `m < x ? x : m`, combined in
 /// lane order (the same NaN behaviour).
 __device__ inline float laneMax(const float *Row, int64_t N, bool Active) {

@@ -10,7 +10,9 @@
 // backward, g = DY * gamma, xhat = (X - mu) * s:
 //   DX = float(s * (g - mean(g) - xhat * mean(g * xhat)))
 //   DGamma[j] += float(sum_r DY xhat), DBeta[j] += float(sum_r DY)
-//   (one thread per column, rows in order, as the CPU's column blocks)
+//   in the CPU's column-sum order (runtime/cpu/Kernels.h, ColumnRows):
+//   blocks of 64 rows summed in order from 0, one thread per block and
+//   column, then the blocks' sums in order, one thread per column
 // bias grad: DBias[j] += float(sum_r DY[r, j]) the same way.
 //
 // Rows are reduced by 8-lane groups that reproduce laneSum exactly, so the
@@ -101,17 +103,20 @@ __global__ void layerNormBackwardDxKernel(Elems DX, Elems DY, Elems X,
   }
 }
 
+/// Block K of column J's two sums (PartG, PartB at K H + J): the rows
+/// [K ColumnRows, ...) in order, ColumnBatch rows' terms loaded first.
 template <Storage ST>
-__global__ void layerNormBackwardParamsKernel(float *DGamma, float *DBeta,
-                                              Elems DY, Elems X,
-                                              const float *Mean,
-                                              const float *Rstd, int64_t Rows,
-                                              int64_t H) {
-  SP_GRID_LOOP(J, H) {
-    // Both sums in row order, ColumnBatch rows' terms loaded first.
+__global__ void layerNormBackwardPartsKernel(double *PartG, double *PartB,
+                                             Elems DY, Elems X,
+                                             const float *Mean,
+                                             const float *Rstd, int64_t Rows,
+                                             int64_t H) {
+  SP_GRID_LOOP(E, columnParts(Rows) * H) {
+    int64_t J = E % H, R0 = (E / H) * ColumnRows;
+    int64_t End = Rows - R0 < ColumnRows ? Rows : R0 + ColumnRows;
     double SG = 0, SB = 0;
-    int64_t R = 0;
-    for (; R + ColumnBatch <= Rows; R += ColumnBatch) {
+    int64_t R = R0;
+    for (; R + ColumnBatch <= End; R += ColumnBatch) {
       double G[ColumnBatch];
       float B[ColumnBatch];
 #pragma unroll
@@ -126,26 +131,25 @@ __global__ void layerNormBackwardParamsKernel(float *DGamma, float *DBeta,
         SB += B[K];
       }
     }
-    for (; R < Rows; ++R) {
+    for (; R < End; ++R) {
       double Mu = Mean[R], S = Rstd[R];
       float Dy = ldAs<ST>(DY, R * H + J);
       SG += Dy * ((ldAs<ST>(X, R * H + J) - Mu) * S);
       SB += Dy;
     }
-    if (DGamma)
-      DGamma[J] += float(SG);
-    if (DBeta)
-      DBeta[J] += float(SB);
+    PartG[E] = SG;
+    PartB[E] = SB;
   }
 }
 
 template <Storage ST>
-__global__ void biasBackwardKernel(float *DBias, Elems DY, int64_t Rows,
-                                   int64_t Out) {
-  SP_GRID_LOOP(J, Out) {
-    double Sum =
-        columnSum(Rows, [&](int64_t R) { return double(ldAs<ST>(DY, R * Out + J)); });
-    DBias[J] += float(Sum);
+__global__ void biasBackwardPartsKernel(double *Part, Elems DY, int64_t Rows,
+                                        int64_t Out) {
+  SP_GRID_LOOP(E, columnParts(Rows) * Out) {
+    int64_t J = E % Out;
+    Part[E] = columnPart(E / Out, Rows, [&](int64_t R) {
+      return double(ldAs<ST>(DY, R * Out + J));
+    });
   }
 }
 
@@ -164,28 +168,37 @@ void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
 void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY,
                        Elems X, Elems Gamma, const float *Mean,
                        const float *Rstd, int64_t Rows, int64_t H,
-                       cudaStream_t S) {
+                       double *Scratch, cudaStream_t S) {
   if (DX)
     if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
       withStorage(X.Kind, [&](auto ST) {
         layerNormBackwardDxKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
             DX, DY, X, Gamma, Mean, Rstd, Rows, H);
       });
-  if (DGamma || DBeta)
-    if (Launch L = columnsLaunch(H); L.Blocks)
-      withStorage(X.Kind, [&](auto ST) {
-        layerNormBackwardParamsKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
-            DGamma, DBeta, DY, X, Mean, Rstd, Rows, H);
-      });
+  if (!DGamma && !DBeta)
+    return;
+  int64_t Parts = columnParts(Rows);
+  double *PartG = Scratch, *PartB = Scratch + Parts * H;
+  if (Launch L = elementwiseLaunch(Parts * H); L.Blocks)
+    withStorage(X.Kind, [&](auto ST) {
+      layerNormBackwardPartsKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
+          PartG, PartB, DY, X, Mean, Rstd, Rows, H);
+    });
+  if (DGamma)
+    columnPartsSum(DGamma, PartG, Parts, H, S);
+  if (DBeta)
+    columnPartsSum(DBeta, PartB, Parts, H, S);
 }
 
 void biasBackward(float *DBias, Elems DY, int64_t Rows, int64_t Out,
-                  cudaStream_t S) {
-  if (Launch L = columnsLaunch(Out); L.Blocks)
+                  double *Scratch, cudaStream_t S) {
+  int64_t Parts = columnParts(Rows);
+  if (Launch L = elementwiseLaunch(Parts * Out); L.Blocks)
     withStorage(DY.Kind, [&](auto ST) {
-      biasBackwardKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(DBias, DY, Rows,
-                                                            Out);
+      biasBackwardPartsKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Scratch, DY,
+                                                                 Rows, Out);
     });
+  columnPartsSum(DBias, Scratch, Parts, Out, S);
 }
 
 } // namespace sp::cuda

@@ -61,16 +61,18 @@ __global__ void rmsNormBackwardDxKernel(float *DX, const float *DY,
   }
 }
 
-__global__ void rmsNormBackwardGammaKernel(float *DGamma, const float *DY,
-                                           const float *X, const float *Rstd,
-                                           int64_t Rows, int64_t H) {
-  SP_GRID_LOOP(J, H) {
-    double SG = columnSum(Rows, [&](int64_t R) {
+/// Block E / H of column E % H's gain-gradient sum (LayerNorm.cuh's order).
+__global__ void rmsNormBackwardGammaPartsKernel(double *Part, const float *DY,
+                                                const float *X,
+                                                const float *Rstd, int64_t Rows,
+                                                int64_t H) {
+  SP_GRID_LOOP(E, columnParts(Rows) * H) {
+    int64_t J = E % H;
+    Part[E] = columnPart(E / H, Rows, [&](int64_t R) {
       double S = Rstd[R];
       float Dy = DY[R * H + J];
       return Dy * (X[R * H + J] * S);
     });
-    DGamma[J] += float(SG);
   }
 }
 
@@ -85,15 +87,18 @@ void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
 
 void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
                      const float *Gamma, const float *Rstd, int64_t Rows,
-                     int64_t H, cudaStream_t S) {
+                     int64_t H, double *Scratch, cudaStream_t S) {
   if (DX)
     if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
       rmsNormBackwardDxKernel<<<L.Blocks, L.Threads, 0, S>>>(DX, DY, X, Gamma,
                                                              Rstd, Rows, H);
-  if (DGamma)
-    if (Launch L = columnsLaunch(H); L.Blocks)
-      rmsNormBackwardGammaKernel<<<L.Blocks, L.Threads, 0, S>>>(DGamma, DY, X,
-                                                                Rstd, Rows, H);
+  if (!DGamma)
+    return;
+  int64_t Parts = columnParts(Rows);
+  if (Launch L = elementwiseLaunch(Parts * H); L.Blocks)
+    rmsNormBackwardGammaPartsKernel<<<L.Blocks, L.Threads, 0, S>>>(
+        Scratch, DY, X, Rstd, Rows, H);
+  columnPartsSum(DGamma, Scratch, Parts, H, S);
 }
 
 } // namespace sp::cuda

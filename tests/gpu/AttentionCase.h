@@ -14,7 +14,7 @@
 #include "runtime/comm/Communicator.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cuda/AttentionPlan.h"
-#include "llvm/ADT/ScopeExit.h"
+#include "OpCase.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <cstring>
@@ -33,20 +33,7 @@ struct AttentionCase {
   bool Merged = false, Dropout = false;
   double Fill = -10000, PadFill = -10000;
 
-  struct Run {
-    Program P;
-    std::vector<std::vector<char>> Data;
-    int buffer(DType T, std::vector<int64_t> Shape) {
-      ProgramBuffer B;
-      B.Type = TensorType(T, Shape);
-      B.Bytes = B.Type.numBytes();
-      B.Offset = P.ArenaBytes;
-      P.ArenaBytes += (B.Bytes + 63) / 64 * 64;
-      P.Buffers.push_back(B);
-      Data.emplace_back();
-      return int(P.Buffers.size()) - 1;
-    }
-  };
+  using Run = OpCase;
 
   AttrList attrs() const {
     AttrList At;
@@ -134,15 +121,16 @@ struct AttentionCase {
       }
     }
   }
-  static std::vector<double> get(const Run &R, const char *Arena, int Id) {
+  /// Buffer Id's values, its bytes at At.
+  static std::vector<double> get(const Run &R, const char *At, int Id) {
     const ProgramBuffer &B = R.P.Buffers[Id];
     std::vector<double> V(B.Type.numElements());
     for (size_t K = 0; K < V.size(); ++K) {
       if (B.Type.Dtype == DType::F64) {
-        std::memcpy(&V[K], Arena + B.Offset + 8 * K, 8);
+        std::memcpy(&V[K], At + 8 * K, 8);
       } else {
         float F;
-        std::memcpy(&F, Arena + B.Offset + 4 * K, 4);
+        std::memcpy(&F, At + 4 * K, 4);
         V[K] = F;
       }
     }
@@ -152,30 +140,12 @@ struct AttentionCase {
   /// Runs R's one instruction on Be; returns its results.
   static std::vector<std::vector<double>> run(Backend &Be, Run &R,
                                               const std::vector<int> &Results) {
-    auto Arena = Be.allocate(R.P.ArenaBytes + 64);
-    EXPECT_TRUE(bool(Arena)) << llvm::toString(Arena.takeError());
-    if (!Arena)
-      return {};
-    auto Free = llvm::make_scope_exit([&] { Be.release(*Arena); });
-    for (size_t K = 0; K < R.Data.size(); ++K)
-      if (!R.Data[K].empty())
-        if (llvm::Error E = Be.copyToBackend(*Arena + R.P.Buffers[K].Offset,
-                                       R.Data[K].data(), R.Data[K].size()))
-          ADD_FAILURE() << llvm::toString(std::move(E));
-    auto Tensor = createSingleRankCommunicator();
-    KernelCall C{R.P.Instrs[0], R.P, *Arena, /*Step=*/3, /*Training=*/true,
-                 std::nullopt, /*Seed=*/0x5eed1234abcdull, *Tensor, nullptr,
-                 nullptr};
-    llvm::Error E = Be.run(C);
-    EXPECT_FALSE(bool(E)) << llvm::toString(std::move(E));
-    if (llvm::Error E = Be.synchronize())
-      ADD_FAILURE() << llvm::toString(std::move(E));
-    std::vector<char> Host(R.P.ArenaBytes + 64);
-    if (llvm::Error E = Be.copyToHost(Host.data(), *Arena, R.P.ArenaBytes))
-      ADD_FAILURE() << llvm::toString(std::move(E));
+    auto Bytes = R.run(Be);
+    EXPECT_TRUE(bool(Bytes)) << llvm::toString(Bytes.takeError());
     std::vector<std::vector<double>> Out;
-    for (int Id : Results)
-      Out.push_back(get(R, Host.data(), Id));
+    if (Bytes)
+      for (int Id : Results)
+        Out.push_back(get(R, (*Bytes)[Id].data(), Id));
     return Out;
   }
 
@@ -190,56 +160,46 @@ struct AttentionCase {
       std::memcpy(Arena.data() + R.P.Buffers[K].Offset, R.Data[K].data(),
                   R.Data[K].size());
     auto Tensor = createSingleRankCommunicator();
-    const Instruction &I = R.P.Instrs[0];
-    auto Call = [&](const Instruction &X, const Program &P,
-                    char *const *Where) {
-      KernelCall C{X,    P,    nullptr, /*Step=*/3, /*Training=*/true,
-                   std::nullopt, /*Seed=*/0x5eed1234abcdull, *Tensor, nullptr,
-                   nullptr};
-      C.Where = Where;
-      return Cpu.run(C);
-    };
-    {
-      auto Plan = cuda::planAttention(I, R.P.Buffers);
-      EXPECT_TRUE(bool(Plan)) << llvm::toString(Plan.takeError());
-      if (!Plan)
-        return {};
-      std::vector<char> Work(Plan->WorkspaceBytes + 64);
-      std::vector<char *> Where;
-      for (size_t B = 0; B < Plan->Outer.size(); ++B)
-        Where.push_back(Plan->Outer[B] >= 0
-                            ? Arena.data() + R.P.Buffers[Plan->Outer[B]].Offset
-                            : Work.data() + Plan->Local.Buffers[B].Offset);
-      for (size_t J = 0; J < Plan->Local.Instrs.size(); ++J) {
-        llvm::Error E = Call(Plan->Local.Instrs[J], Plan->Local, Where.data());
-        EXPECT_FALSE(bool(E)) << opName(Plan->Local.Instrs[J].Op).str() << ": "
-                              << llvm::toString(std::move(E));
-        if (int(J) != Plan->LseAfter)
-          continue;
-        // The CUDA backend's rowLogSumExp, restated.
-        const float *S = reinterpret_cast<const float *>(Where[Plan->Scores]);
-        float *L = reinterpret_cast<float *>(Where[Plan->Lse]);
-        for (int64_t Row = 0; Row < Plan->Batch * Plan->Heads * Plan->Sq;
-             ++Row) {
-          float M = -INFINITY;
-          for (int64_t C = 0; C < Plan->Sk; ++C)
-            M = std::max(M, S[Row * Plan->Sk + C]);
-          double Sum = 0;
-          for (int64_t C = 0; C < Plan->Sk; ++C)
-            Sum += std::exp(double(S[Row * Plan->Sk + C]) - M);
-          int64_t At = Row;
-          if (Plan->LseMerged) {
-            int64_t I = Row % Plan->Sq, BA = Row / Plan->Sq;
-            At = ((BA / Plan->Heads) * Plan->Sq + I) * Plan->Heads +
-                 BA % Plan->Heads;
-          }
-          L[At] = M == -INFINITY ? -INFINITY : float(M + std::log(Sum));
+    auto Plan = cuda::planAttention(R.P.Instrs[0], R.P.Buffers);
+    EXPECT_TRUE(bool(Plan)) << llvm::toString(Plan.takeError());
+    if (!Plan)
+      return {};
+    std::vector<char> Work(Plan->WorkspaceBytes + 64);
+    std::vector<char *> Where;
+    for (size_t B = 0; B < Plan->Outer.size(); ++B)
+      Where.push_back(Plan->Outer[B] >= 0
+                          ? Arena.data() + R.P.Buffers[Plan->Outer[B]].Offset
+                          : Work.data() + Plan->Local.Buffers[B].Offset);
+    for (size_t J = 0; J < Plan->Local.Instrs.size(); ++J) {
+      const Instruction &Sub = Plan->Local.Instrs[J];
+      llvm::Error E = Cpu.run(testCall(Sub, Plan->Local, nullptr, *Tensor,
+                                       std::nullopt, Where.data()));
+      EXPECT_FALSE(bool(E)) << opName(Sub.Op).str() << ": "
+                            << llvm::toString(std::move(E));
+      if (int(J) != Plan->LseAfter)
+        continue;
+      // The CUDA backend's rowLogSumExp, restated.
+      const float *S = reinterpret_cast<const float *>(Where[Plan->Scores]);
+      float *L = reinterpret_cast<float *>(Where[Plan->Lse]);
+      for (int64_t Row = 0; Row < Plan->Batch * Plan->Heads * Plan->Sq; ++Row) {
+        float M = -INFINITY;
+        for (int64_t C = 0; C < Plan->Sk; ++C)
+          M = std::max(M, S[Row * Plan->Sk + C]);
+        double Sum = 0;
+        for (int64_t C = 0; C < Plan->Sk; ++C)
+          Sum += std::exp(double(S[Row * Plan->Sk + C]) - M);
+        int64_t At = Row;
+        if (Plan->LseMerged) {
+          int64_t I = Row % Plan->Sq, BA = Row / Plan->Sq;
+          At = ((BA / Plan->Heads) * Plan->Sq + I) * Plan->Heads +
+               BA % Plan->Heads;
         }
+        L[At] = M == -INFINITY ? -INFINITY : float(M + std::log(Sum));
       }
     }
     std::vector<std::vector<double>> Out;
     for (int Id : Results)
-      Out.push_back(get(R, Arena.data(), Id));
+      Out.push_back(get(R, Arena.data() + R.P.Buffers[Id].Offset, Id));
     return Out;
   }
 

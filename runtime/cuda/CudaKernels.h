@@ -1,11 +1,12 @@
 //===- CudaKernels.h - Launchers of the CUDA backend's kernels ---*- C++ -*-===//
 //
 // Host functions that enqueue one kernel of runtime/cuda/kernels/ on a
-// stream (float32; those taking Elems also bfloat16 and half in place). Each matches the CPU kernel of the same name in
-// runtime/cpu/Kernels.h: same arguments, same accumulation rule (parameter
-// gradients accumulate, everything else is overwritten), same arithmetic in
-// the same order where the CPU's order is fixed (see LaunchGeometry.h). The
-// plain reference of each is in its kernels/*.cuh file.
+// stream (float32; those taking Elems also bfloat16 and half in place). Each
+// matches the CPU kernel of the same name in runtime/cpu/Kernels.h: same
+// arguments, same accumulation rule (parameter gradients accumulate,
+// everything else is overwritten), same arithmetic in the same order where
+// the CPU's order is fixed (see LaunchGeometry.h). The plain reference of
+// each is in its kernels/*.cuh file.
 //
 // Launchers do not check for launch errors; the caller checks
 // cudaGetLastError() after each (CudaBackend.cpp, SP_CUDA_TRY). Data errors

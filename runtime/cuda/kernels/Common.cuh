@@ -277,13 +277,6 @@ template <Storage K> __device__ inline void stAs(Elems E, int64_t I, float V) {
     static_cast<uint16_t *>(E.Data)[I] = narrowBits(V, K == Storage::BF16);
 }
 
-/// E from its element Offset on (a row of a matrix), E of storage ST.
-template <Storage ST> __device__ inline Elems atAs(Elems E, int64_t Offset) {
-  E.Data = static_cast<char *>(E.Data) +
-           Offset * (ST == Storage::F32 ? 4 : 2);
-  return E;
-}
-
 /// E from its element Offset on (a row of a matrix).
 __device__ inline Elems at(Elems E, int64_t Offset) {
   E.Data = static_cast<char *>(E.Data) +

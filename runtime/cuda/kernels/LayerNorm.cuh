@@ -37,7 +37,7 @@ __global__ void layerNormKernel(Elems Y, float *Mean, float *Rstd, Elems X,
   for (int64_t It = 0; It < Iters; ++It) {
     int64_t R = laneRow() + It * Stride;
     bool Active = R < Rows;
-    Elems XR = atAs<ST>(X, (Active ? R : 0) * H);
+    Elems XR = at(X, (Active ? R : 0) * H);
     double Mu =
         laneSum(H, Active, [&](int64_t J) { return double(ldAs<ST>(XR, J)); }) /
         double(H);
@@ -49,7 +49,7 @@ __global__ void layerNormKernel(Elems Y, float *Mean, float *Rstd, Elems X,
     if (!Active)
       continue;
     double S = 1.0 / sqrt(Var + Eps);
-    Elems YR = atAs<ST>(Y, R * H);
+    Elems YR = at(Y, R * H);
     for (int64_t J = laneOf(); J < H; J += RowLanes) {
       if (Gamma.Data && Beta.Data) {
         stAs<ST>(YR, J, float((ldAs<ST>(XR, J) - Mu) * S * ldAs<ST>(Gamma, J) + ldAs<ST>(Beta, J)));
@@ -82,7 +82,7 @@ __global__ void layerNormBackwardDxKernel(Elems DX, Elems DY, Elems X,
     int64_t R = laneRow() + It * Stride;
     bool Active = R < Rows;
     int64_t RR = Active ? R : 0;
-    Elems XR = atAs<ST>(X, RR * H), DYR = atAs<ST>(DY, RR * H);
+    Elems XR = at(X, RR * H), DYR = at(DY, RR * H);
     double Mu = Mean[RR], S = Rstd[RR];
     auto G = [&](int64_t J) {
       return Gamma.Data ? double(ldAs<ST>(DYR, J)) * ldAs<ST>(Gamma, J)
@@ -95,7 +95,7 @@ __global__ void layerNormBackwardDxKernel(Elems DX, Elems DY, Elems X,
                     double(H);
     if (!Active)
       continue;
-    Elems DXR = atAs<ST>(DX, R * H);
+    Elems DXR = at(DX, R * H);
     for (int64_t J = laneOf(); J < H; J += RowLanes) {
       double XHat = (ldAs<ST>(XR, J) - Mu) * S;
       stAs<ST>(DXR, J, float(S * (G(J) - MeanG - XHat * MeanGX)));

@@ -222,15 +222,28 @@ GemmTiles gemmTiles(int64_t M, int64_t N, int64_t K) {
   return G;
 }
 
+namespace {
+
+/// gemm's body. With Bias (a row of N values), each tile of C is first set
+/// to the bias broadcast over its rows, by the thread that then computes
+/// it (Beta must be 1): the bias rows are written where the GEMM reads
+/// them next, in parallel, instead of in a serial pass over all of C.
 template <typename T>
-void gemm(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K, T Alpha,
-          const T *A, int64_t Lda, const T *B, int64_t Ldb, T Beta, T *C,
-          int64_t Ldc) {
+void gemmTiled(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K,
+               T Alpha, const T *A, int64_t Lda, const T *B, int64_t Ldb,
+               T Beta, T *C, int64_t Ldc, const T *Bias) {
   checkSizes({M, N, K});
+  SP_CPU_CHECK(!Bias || Beta == T(1), "a bias tile needs beta 1");
+  auto SetBias = [&](int64_t I0, int64_t J0, int64_t Rows, int64_t Cols) {
+    if (Bias)
+      for (int64_t R = I0; R < I0 + Rows; ++R)
+        std::memcpy(C + R * Ldc + J0, Bias + J0, sizeof(T) * Cols);
+  };
   if (M == 0 || N == 0)
     return;
   SP_CPU_CHECK(Ldc >= N, "ldc must be at least n");
   if (K == 0) { // no product: C = Beta * C, as BLAS would do
+    SetBias(0, 0, M, N);
     for (int64_t I = 0; I < M; ++I)
       for (int64_t J = 0; J < N; ++J)
         C[I * Ldc + J] = Beta == T(0) ? T(0) : Beta * C[I * Ldc + J];
@@ -254,6 +267,7 @@ void gemm(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K, T Alpha,
       for (int64_t Tile = T0; Tile < T1; ++Tile) {
         int64_t I0 = Tile / G.Cols * G.TM, J0 = Tile % G.Cols * G.TN;
         int64_t Rows = std::min(G.TM, M - I0), Cols = std::min(G.TN, N - J0);
+        SetBias(I0, J0, Rows, Cols);
         blasGemm(TransA, TransB, int(Rows), int(Cols), int(K), Alpha,
                  TransA ? A + I0 : A + I0 * Lda, int(Lda),
                  TransB ? B + J0 * Ldb : B + J0, int(Ldb), Beta,
@@ -262,8 +276,19 @@ void gemm(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K, T Alpha,
     });
     return;
   }
+  SetBias(0, 0, M, N);
   blasGemm(TransA, TransB, int(M), int(N), int(K), Alpha, A, int(Lda), B,
            int(Ldb), Beta, C, int(Ldc));
+}
+
+} // namespace
+
+template <typename T>
+void gemm(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K, T Alpha,
+          const T *A, int64_t Lda, const T *B, int64_t Ldb, T Beta, T *C,
+          int64_t Ldc) {
+  gemmTiled(TransA, TransB, M, N, K, Alpha, A, Lda, B, Ldb, Beta, C, Ldc,
+            static_cast<const T *>(nullptr));
 }
 
 //===----------------------------------------------------------------------===//
@@ -484,12 +509,10 @@ template <typename T>
 void linear(T *Y, const T *X, const T *W, const T *Bias, int64_t Rows,
             int64_t In, int64_t Out, bool TransW) {
   checkSizes({Rows, In, Out});
-  // With a bias, Y starts as the bias broadcast over rows and the GEMM adds.
-  if (Bias)
-    for (int64_t R = 0; R < Rows; ++R)
-      std::memcpy(Y + R * Out, Bias, sizeof(T) * Out);
-  gemm<T>(false, TransW, Rows, Out, In, T(1), X, In, W, TransW ? In : Out,
-          Bias ? T(1) : T(0), Y, Out);
+  // With a bias, each tile of Y starts as the bias broadcast over its rows
+  // and the GEMM adds.
+  gemmTiled<T>(false, TransW, Rows, Out, In, T(1), X, In, W, TransW ? In : Out,
+               Bias ? T(1) : T(0), Y, Out, Bias);
 }
 
 template <typename T>
@@ -1296,7 +1319,29 @@ Status crossEntropyBackward(T *DLogits, const T *Logits, const int64_t *Targets,
 
 template <typename T> double sumSquares(const T *G, int64_t N) {
   checkSizes({N});
-  return laneSum(N, [&](int64_t I) { return Acc(G[I]) * G[I]; });
+  // Chunks of SquaresChunk elements, each a laneSum, their sums added in
+  // order: the chunks are fixed by N, so the threads (up to Group chunks a
+  // call) do not change the result.
+  constexpr int64_t Group = 64;
+  auto Chunk = [&](int64_t C) {
+    int64_t I0 = C * SquaresChunk, Len = std::min(SquaresChunk, N - I0);
+    return laneSum(Len, [&](int64_t I) { return Acc(G[I0 + I]) * G[I0 + I]; });
+  };
+  int64_t Chunks = (N + SquaresChunk - 1) / SquaresChunk;
+  if (Chunks <= 1)
+    return Chunks ? Chunk(0) : 0.0;
+  Acc Sum = 0;
+  for (int64_t C0 = 0; C0 < Chunks; C0 += Group) {
+    Acc Part[Group];
+    int64_t Count = std::min(Group, Chunks - C0);
+    parallelFor(Count, 1, [&](int64_t K0, int64_t K1) {
+      for (int64_t K = K0; K < K1; ++K)
+        Part[K] = Chunk(C0 + K);
+    });
+    for (int64_t K = 0; K < Count; ++K)
+      Sum += Part[K];
+  }
+  return Sum;
 }
 
 template <typename T> T clipCoefficient(T TotalNorm, T MaxNorm) {

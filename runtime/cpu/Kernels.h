@@ -383,7 +383,11 @@ Status crossEntropyBackward(T *DLogits, const T *Logits, const int64_t *Targets,
 //===----------------------------------------------------------------------===//
 
 /// sum_i G[i]^2 in double (the global gradient norm is the square root of
-/// the sum over all gradients and ranks).
+/// the sum over all gradients and ranks): over chunks of SquaresChunk
+/// elements in parallel, each chunk a sum of 8 lane sums (lane j mod 8)
+/// combined as ((0+1)+(2+3))+((4+5)+(6+7)), the chunks' sums added in
+/// order, whatever the thread count.
+constexpr int64_t SquaresChunk = int64_t(1) << 16;
 template <typename T> double sumSquares(const T *G, int64_t N);
 
 /// torch.nn.utils.clip_grad_norm_'s coefficient, computed in T as torch does

@@ -189,7 +189,8 @@ TEST(MultiTensor, TheTableFitsAKernelArgument) {
 /// each lane in order, then combines the lanes as
 /// ((0+1)+(2+3))+((4+5)+(6+7)) (kernels/Common.cuh). Emulated here, it must
 /// be the CPU's laneSum bit for bit (cpu::sumSquares is a laneSum of
-/// squares), or the "bitwise equal" claims of the kernels would not hold.
+/// squares up to SquaresChunk elements), or the "bitwise equal" claims of
+/// the kernels would not hold.
 TEST(LaunchGeometry, LaneOrderIsTheCpuOrder) {
   std::mt19937 Rng(5);
   std::normal_distribution<float> D(0, 3);

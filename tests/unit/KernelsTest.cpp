@@ -1908,6 +1908,55 @@ TEST(CpuGemmTest, TilesCoverCAndDoNotDependOnTheThreadCount) {
   }
 }
 
+/// A linear layer's bias is written tile by tile, by the thread that then
+/// computes the tile (gemm's SetBias): the result is bit for bit gemm on C
+/// filled with the bias beforehand, on any thread count.
+TEST(CpuGemmTest, BiasTilesAreOneCallOnTheBias) {
+  for (auto [Rows, In, Out] : {std::tuple<int64_t, int64_t, int64_t>{300, 129, 700},
+                               {1024, 256, 1024},
+                               {7, 5, 3}})
+    for (bool TransW : {false, true}) {
+      std::vector<float> X = toFloat(randVec(Rows * In, 80)),
+                         W = toFloat(randVec(In * Out, 81)),
+                         Bias = toFloat(randVec(Out, 82));
+      std::vector<float> Want(Rows * Out);
+      for (int64_t R = 0; R < Rows; ++R)
+        std::copy(Bias.begin(), Bias.end(), Want.begin() + R * Out);
+      gemm<float>(false, TransW, Rows, Out, In, 1.0f, X.data(), In, W.data(),
+                  TransW ? In : Out, 1.0f, Want.data(), Out);
+      auto Run = [&] {
+        std::vector<float> Y(Rows * Out, -1.0f);
+        linear(Y.data(), X.data(), W.data(), Bias.data(), Rows, In, Out,
+               TransW);
+        return Y;
+      };
+      expectSameOnThreads("linear", [&] { return bytesOf(Run()); });
+      EXPECT_TRUE(bytesOf(Run()) == bytesOf(Want)) << Rows << " " << TransW;
+    }
+}
+
+/// sumSquares over several chunks: each chunk a lane sum, the chunks' sums
+/// in order, the same on any thread count.
+TEST(CpuOptimizerTest, SumSquaresChunksInOrder) {
+  const int64_t N = 3 * SquaresChunk + 12345;
+  std::vector<float> G = toFloat(randVec(N, 83, -3, 3));
+  double Want = 0;
+  for (int64_t I0 = 0; I0 < N; I0 += SquaresChunk) {
+    double Lane[8] = {};
+    for (int64_t I = I0; I < std::min(N, I0 + SquaresChunk); ++I)
+      Lane[(I - I0) % 8] += double(G[I]) * G[I];
+    Want += ((Lane[0] + Lane[1]) + (Lane[2] + Lane[3])) +
+            ((Lane[4] + Lane[5]) + (Lane[6] + Lane[7]));
+  }
+  EXPECT_EQ(sumSquares(G.data(), N), Want);
+  expectSameOnThreads("sumSquares", [&] {
+    double S = sumSquares(G.data(), N);
+    std::vector<char> B(sizeof S);
+    std::memcpy(B.data(), &S, sizeof S);
+    return B;
+  });
+}
+
 /// The fused attention softmax (scale, causal mask, softmax in one pass per
 /// row, the masked tail's exps skipped where they are exactly 0) and its
 /// gradient have the bits of the three kernels one after the other: for

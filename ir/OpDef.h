@@ -132,6 +132,16 @@ bool isActivation(OpKind Op);
 /// Those ops, gelu first.
 llvm::SmallVector<OpKind, 4> activationOps();
 
+/// How many operands an attention or attention_grad reads q, k and v from
+/// (after attention_grad's do): 3, or 1 with packed = 1 (the QKV
+/// projection's output). Its padding mask, if any, comes next.
+inline unsigned attentionInputs(OpKind Op, const AttrList &Attrs) {
+  return attrInt(Op, Attrs, "packed") ? 1 : 3;
+}
+inline unsigned attentionInputs(const Node &N) {
+  return attentionInputs(N.op(), N.attrs());
+}
+
 /// The forward values N's gradient rule reads.
 llvm::SmallVector<Value *, 4> savedForBackward(const Node &N);
 

@@ -17,6 +17,13 @@
 //                                        pad_where, pad_first, dropout,
 //                                        ratio, merged}
 //
+// When q, k and v are the three results of one split_heads read only here
+// (GPT's fused QKV projection) and the output is merged, the op reads the
+// projection's output itself, and its gradient writes the projection's
+// input gradient, with no split_heads copies either way:
+//
+//   o, lse = attention(qkv [, keep]) {packed = 1, heads, merged = 1, ...}
+//
 // which computes the same values blockwise and stores only q, k, v, o and a
 // per-row log-sum-exp: the paper's 5as/h term of stored activations goes
 // (runtime/cpu/Attention.h). It runs after the parallel passes, so the heads
@@ -43,6 +50,19 @@ Node *onlyUser(const Graph &G, Value *V, OpKind K) {
     return nullptr;
   Node *U = V->users()[0].User;
   return U->op() == K && U->operand(0) == V ? U : nullptr;
+}
+
+/// The split_heads whose results are Q, K and V, in order, each read only
+/// by the core (once), or null.
+Node *packedSplit(const Graph &G, Value *Q, Value *K, Value *V) {
+  Node *S = Q->producer();
+  if (!S || S->op() != OpKind::SplitHeads || S->numResults() != 3 ||
+      S->result(0) != Q || S->result(1) != K || S->result(2) != V)
+    return nullptr;
+  for (Value *X : {Q, K, V})
+    if (X->users().size() != 1 || G.isOutput(X))
+      return nullptr;
+  return S;
 }
 
 /// X's producer when it is a repeat_heads read only here.
@@ -165,6 +185,15 @@ private:
       RK = RV = nullptr;
     }
     SmallVector<Value *, 4> Operands = {Q, K, Vv};
+    // GPT's fused QKV: read the projection's output in place.
+    Node *Split = RK ? nullptr : packedSplit(G, Q, K, Vv);
+    if (Split && Attrs.has("merged")) {
+      Attrs.set("packed", int64_t(1));
+      Attrs.set("heads", A(*Split, "heads"));
+      Operands = {Split->operand(0)};
+    } else {
+      Split = nullptr;
+    }
     if (Keep)
       Operands.push_back(Keep);
     auto Made = buildNode(G, Last->getIterator(), OpKind::Attention, Operands,
@@ -179,7 +208,7 @@ private:
     G.replaceAllUsesWith(Last->result(), F->result(0));
     for (auto I = Chain.rbegin(); I != Chain.rend(); ++I)
       G.erase(*I);
-    for (Node *R : {RV, RK})
+    for (Node *R : {RV, RK, Split})
       if (R)
         G.erase(R);
     return F;

@@ -1,5 +1,6 @@
 //===- Cost.cpp - FLOPs of a node or an instruction -----------------------===//
 #include "passes/Cost.h"
+#include "ir/OpDef.h"
 
 namespace sp {
 
@@ -24,8 +25,10 @@ double gemmFlops(OpKind Op, const AttrList &Attrs, const TensorType &In0,
     // flops each per query row and head.
     return 4.0 * Out * double(In0.dim(-2));
   case OpKind::AttentionGrad:
-    // q k^T again (recomputeGemmFlops), then dv, dp, dq and dk.
-    return 10.0 * Out * double(In0.dim(-2));
+    // q k^T again (recomputeGemmFlops), then dv, dp, dq and dk; Out is dq
+    // (a third of the packed dqkv).
+    return 10.0 * Out * double(In0.dim(-2)) /
+           (attentionInputs(Op, Attrs) == 1 ? 3 : 1);
   default:
     return 0;
   }

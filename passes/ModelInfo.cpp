@@ -1,5 +1,6 @@
 //===- ModelInfo.cpp ------------------------------------------------------===//
 #include "passes/ModelInfo.h"
+#include "ir/OpDef.h"
 #include "passes/Roles.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -71,7 +72,9 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
       return attrInt(H.op(), H.attrs(), "heads") *
              (S.K == Sharding::Split ? S.Parts : 1);
     };
-    if (N.op() == OpKind::SplitHeads && !M.Heads)
+    if ((N.op() == OpKind::SplitHeads ||
+         (N.op() == OpKind::Attention && attrInt(N.op(), N.attrs(), "packed"))) &&
+        !M.Heads)
       M.Heads = M.KvHeads = Whole(N);
     if (N.op() == OpKind::ToHeads && N.tags().Role == "q_heads" && !M.Heads)
       M.Heads = Whole(N);
@@ -91,7 +94,7 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
       M.FusedAttention = true;
       M.FusedMerged = attrInt(N.op(), N.attrs(), "merged");
       M.Causal |= attrInt(N.op(), N.attrs(), "causal") != 0;
-      M.PaddingMask |= N.numOperands() > 3;
+      M.PaddingMask |= N.numOperands() > attentionInputs(N);
     }
     if (N.op() == OpKind::Gelu && M.Gelu.empty())
       M.Gelu = attrString(N.op(), N.attrs(), "approximate");

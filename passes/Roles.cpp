@@ -119,12 +119,14 @@ const RoleProps &roleProps(StringRef Role) {
 static std::pair<std::string, std::string>
 misfit(const FamilyTemplate &T, ArrayRef<std::string> LayerRoles) {
   std::string Lacks, Extra;
-  // A fused attention core stands for qk, softmax, av and merge_heads.
+  // A fused attention core stands for qk, softmax, av and merge_heads, and
+  // a packed one for split_heads too.
   bool Fused = is_contained(LayerRoles, "attention");
   for (const char *R : T.Required)
     if (!is_contained(LayerRoles, R) &&
         !(Fused && (StringRef(R) == "qk" || StringRef(R) == "softmax" ||
-                    StringRef(R) == "av" || StringRef(R) == "merge_heads")))
+                    StringRef(R) == "av" || StringRef(R) == "merge_heads" ||
+                    StringRef(R) == "split_heads")))
       Lacks += (Lacks.empty() ? "" : " ") + std::string(R);
   SmallVector<StringRef, 4> Seen;
   for (const std::string &R : LayerRoles)

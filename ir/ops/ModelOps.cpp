@@ -57,6 +57,32 @@ Sharding toHeadsLayout(const Node &N) {
   return layoutOf(N, 0);
 }
 
+/// attention {packed = 1}: (qkv [b, s, 3 a d], keep [b, s]?) {heads = a,
+/// merged = 1} -> o [b, s, a d], lse [b, s, a].
+Expected<TypeList> packedAttentionTypes(const ShapeArgs &A) {
+  if (A.Operands.size() > 2)
+    return typeError("attention {packed} expects (qkv, keep?)");
+  const TensorType &X = A.type(0);
+  int64_t Heads = A.attrInt("heads");
+  if (X.rank() != 3 || Heads <= 0 || X.Shape[2] % (3 * Heads) ||
+      !isFloat(X.Dtype))
+    return typeError(formatv("attention {{packed} expects qkv [b, s, 3 * "
+                             "heads * d] with heads = {0}; got {1}",
+                             Heads, X.str()));
+  if (!A.attrInt("merged"))
+    return typeError("attention {packed} writes its output merged: it needs "
+                     "merged = 1");
+  if (A.Operands.size() > 1) {
+    const TensorType &M = A.type(1);
+    if (M.rank() != 2 || M.Shape[0] != X.Shape[0] || M.Shape[1] != X.Shape[1])
+      return typeError(formatv("attention's padding mask must be [b, t] = "
+                               "[{0}, {1}]; got {2}",
+                               X.Shape[0], X.Shape[1], M.str()));
+  }
+  return TypeList{TensorType(X.Dtype, {X.Shape[0], X.Shape[1], X.Shape[2] / 3}),
+                  TensorType(DType::F32, {X.Shape[0], X.Shape[1], Heads})};
+}
+
 Expected<TypeList> ropeShape(const ShapeArgs &A) {
   const TensorType &X = A.type(0);
   if (X.rank() != 4 || X.Shape[3] % 2)
@@ -682,7 +708,10 @@ void addModelOps(OpTable &T) {
   // ops it stands for: scale {alpha}, causal_mask {fill} when causal = 1,
   // padding_mask {fill, where} (pad_fill, pad_where) when keep is given, and
   // dropout {ratio, key, microbatch, microbatches} when dropout = 1 (a site
-  // of the layer's dropout keys, as the dropout it replaced was).
+  // of the layer's dropout keys, as the dropout it replaced was). With
+  // packed = 1 it reads q, k, v from the QKV projection's [b, s, 3 h] output
+  // as split_heads {heads} would cut it (operands (qkv, keep?)), and its
+  // gradient writes one dqkv: the split_heads copies in and out are gone.
   static const std::vector<OpAttrDecl> AttentionAttrs = {
       {"scale", attr::Float(1.0)},
       {"causal", attr::Int(0)},
@@ -692,16 +721,24 @@ void addModelOps(OpTable &T) {
       {"pad_first", attr::Int(0)}, // padding_mask before causal_mask
       // o [b, s, a d] and lse [b, s, a]: merge_heads of the output absorbed
       {"merged", attr::Int(0)},
+      // (qkv [b, s, 3 h], keep?) read as split_heads {heads} cuts it
+      {"packed", attr::Int(0)},
+      {"heads", attr::Int(0)},
       {"dropout", attr::Int(0)},
       {"ratio", attr::Float(0.0)},
       {"key", attr::Ints()},
       {"microbatch", attr::Int(0)},
       {"microbatches", attr::Int(1)}};
   T[size_t(OpKind::Attention)] = {
-      .MinOperands = 3,
+      .MinOperands = 1,
       .MaxOperands = 4,
       .Attrs = AttentionAttrs,
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        if (A.attrInt("packed"))
+          return packedAttentionTypes(A);
+        if (A.Operands.size() < 3)
+          return typeError("attention expects (q, k, v, keep?), or with "
+                           "packed = 1 (qkv, keep?)");
         const TensorType &Q = A.type(0), &K = A.type(1), &V = A.type(2);
         if (Q.rank() != 4 || K.rank() != 4 || V.rank() != 4 ||
             K.Shape != V.Shape || K.Shape[0] != Q.Shape[0] ||
@@ -728,20 +765,27 @@ void addModelOps(OpTable &T) {
                                                    Q.Shape[2]})};
       },
       .Saved = [](const Node &N) -> SmallVector<Value *, 4> {
-        SmallVector<Value *, 4> S = {N.operand(0), N.operand(1), N.operand(2),
-                                     N.result(0), N.result(1)};
-        if (N.numOperands() > 3)
-          S.push_back(N.operand(3));
+        // q, k, v (or qkv), o, lse and keep.
+        unsigned Qkv = attentionInputs(N);
+        SmallVector<Value *, 4> S;
+        for (unsigned I = 0; I < Qkv; ++I)
+          S.push_back(N.operand(I));
+        S.append({N.result(0), N.result(1)});
+        if (N.numOperands() > Qkv)
+          S.push_back(N.operand(Qkv));
         return S;
       },
       .Grad = [](GradBuilder &B) -> Error {
         const Node &N = B.N;
-        SmallVector<Value *, 8> In = {B.grad(0),     N.operand(0), N.operand(1),
-                                      N.operand(2), N.result(0),  N.result(1)};
-        if (N.numOperands() > 3)
-          In.push_back(N.operand(3));
+        unsigned Qkv = attentionInputs(N);
+        SmallVector<Value *, 8> In = {B.grad(0)};
+        for (unsigned I = 0; I < Qkv; ++I)
+          In.push_back(N.operand(I));
+        In.append({N.result(0), N.result(1)});
+        if (N.numOperands() > Qkv)
+          In.push_back(N.operand(Qkv));
         Node *G = B.emit(OpKind::AttentionGrad, In, N.attrs());
-        for (unsigned I = 0; I < 3; ++I)
+        for (unsigned I = 0; I < Qkv; ++I)
           B.accumulate(N.operand(I), G->result(I));
         return Error::success();
       },
@@ -749,17 +793,26 @@ void addModelOps(OpTable &T) {
       // heads axis (the last but one merged, as merge_heads lays it out).
       .Layout =
           [](const Node &N) {
+            // (Packed: qkv's heads are its last axis, as o's and lse's.)
+            bool Packed = attrInt(N.op(), N.attrs(), "packed");
             if (attrInt(N.op(), N.attrs(), "merged") &&
-                isSplit(layoutOf(N, 0), 1))
+                isSplit(layoutOf(N, 0), Packed ? 2 : 1))
               return Sharding::split(2, layoutOf(N, 0).Parts);
             return keepLayout(N);
           },
   };
   T[size_t(OpKind::AttentionGrad)] = {
-      .MinOperands = 6, // (do, q, k, v, o, lse, keep?) -> dq, dk, dv
+      // (do, q, k, v, o, lse, keep?) -> dq, dk, dv; packed:
+      // (do, qkv, o, lse, keep?) -> dqkv
+      .MinOperands = 4,
       .MaxOperands = 7,
       .Attrs = AttentionAttrs,
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        if (A.attrInt("packed"))
+          return TypeList{A.type(1)};
+        if (A.Operands.size() < 6)
+          return typeError("attention_grad expects (do, q, k, v, o, lse, "
+                           "keep?)");
         return TypeList{A.type(1), A.type(2), A.type(3)};
       },
       // dq, dk, dv are laid out as q, k, v (do may be merged).

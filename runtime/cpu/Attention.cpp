@@ -35,6 +35,9 @@ Status checkCore(const AttentionShape &S, const AttentionCore &C) {
     return Status::error("attention: query heads not a multiple of the "
                          "key/value heads",
                          -1, S.KvHeads);
+  if (C.Packed && (S.KvHeads != S.Heads || S.Sk != S.Sq))
+    return Status::error("attention: packed q, k, v need as many key/value "
+                         "heads as query heads and as many keys as queries");
   if (!(C.Dropout >= 0 && C.Dropout <= 1))
     return Status::error("dropout ratio outside [0, 1]");
   if (C.Key.Layer > 0xFFFFu || C.Key.Site > 0xFFFFu)
@@ -123,12 +126,13 @@ SP_SIMD void scaleMask(double *Sc, int64_t Rows, int64_t Cols, double Scale,
 }
 
 /// The scores of one block, op for op as the unfused ops compute them:
-/// Sc[r, c] for query rows I0 + r < I0 + Rows, keys J0 + c.
+/// Sc[r, c] for query rows I0 + r < I0 + Rows, keys J0 + c (row i of the
+/// head's q at Q + i QR, row j of its k at K + j KR).
 template <typename T>
-void scores(T *Sc, const T *Q, const T *K, const T *Bias, int64_t I0,
-            int64_t Rows, int64_t J0, int64_t Cols, int64_t D,
-            const AttentionCore &C) {
-  gemm<T>(false, true, Rows, Cols, D, T(1), Q + I0 * D, D, K + J0 * D, D,
+void scores(T *Sc, const T *Q, int64_t QR, const T *K, int64_t KR,
+            const T *Bias, int64_t I0, int64_t Rows, int64_t J0, int64_t Cols,
+            int64_t D, const AttentionCore &C) {
+  gemm<T>(false, true, Rows, Cols, D, T(1), Q + I0 * QR, QR, K + J0 * KR, KR,
           T(0), Sc, Bc);
   // (Scale * s + b: the product rounded, then the sum, as the ops do.)
   scaleMask(Sc, Rows, Cols, T(C.Scale), Bias ? Bias + J0 : nullptr,
@@ -299,6 +303,17 @@ struct OutLayout {
   int64_t lseStride() const { return Merged ? Heads : 1; }
 };
 
+/// Where head (b, a) of Q, K or V (and of DQ, DK, DV) starts, and the
+/// distance from its row i to row i + 1: [B, A, S, D] each, or with
+/// Packed the column blocks of one [B, S, 3, A, D] tensor.
+struct InLayout {
+  int64_t Batch, Head, Row;
+  InLayout(int64_t Heads, int64_t S, int64_t D, bool Packed)
+      : Batch(Packed ? S * 3 * Heads * D : Heads * S * D),
+        Head(Packed ? D : S * D), Row(Packed ? 3 * Heads * D : D) {}
+  int64_t head(int64_t B, int64_t A) const { return B * Batch + A * Head; }
+};
+
 template <typename T> T maxBias(const T *Bias, int64_t Sk) {
   T M = T(0);
   if (Bias)
@@ -318,7 +333,9 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
   const int64_t D = S.D, Group = S.Heads / S.KvHeads;
   const int64_t QBlocks = (S.Sq + Br - 1) / Br;
   const OutLayout OL{S.Heads, S.Sq, D, C.Merged};
-  const int64_t OS = OL.rowStride(), LS = OL.lseStride();
+  const InLayout QL(S.Heads, S.Sq, D, C.Packed),
+      KL(S.KvHeads, S.Sk, D, C.Packed);
+  const int64_t OS = OL.rowStride(), LS = OL.lseStride(), KR = KL.Row;
   const T KeepScale = C.Dropout >= 1 ? T(0) : T(1.0 / (1.0 - C.Dropout));
   parallelFor(S.Batch * S.Heads * QBlocks, 1, [&](int64_t T0, int64_t T1) {
     std::vector<T> Sc(Br * Bc), Acc(Br * D), M(Br);
@@ -328,8 +345,8 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
       const int64_t B = Task / (S.Heads * QBlocks),
                     A = Task / QBlocks % S.Heads, I0 = Task % QBlocks * Br;
       const int64_t Rows = std::min(Br, S.Sq - I0);
-      const T *Qh = Q + (B * S.Heads + A) * S.Sq * D;
-      const int64_t Kv = (B * S.KvHeads + A / Group) * S.Sk * D;
+      const T *Qh = Q + QL.head(B, A);
+      const int64_t Kv = KL.head(B, A / Group);
       const T *Bias = KeyBias ? KeyBias + B * S.Sk : nullptr;
       const T MaxBias = maxBias(Bias, S.Sk);
       const T Skip = T(C.Fill) + MaxBias - T(Negligible);
@@ -344,7 +361,8 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
             std::all_of(M.begin(), M.begin() + Rows,
                         [&](T Mr) { return Mr > Skip; }))
           break;
-        scores(Sc.data(), Qh, K + Kv, Bias, I0, Rows, J0, Cols, D, C);
+        scores(Sc.data(), Qh, QL.Row, K + Kv, KR, Bias, I0, Rows, J0, Cols, D,
+               C);
         const BlockDropout Drop{C.Dropout, C.Key,
                                 rowIndex(C.Probs, B, A, I0) + uint64_t(J0),
                                 uint64_t(C.Probs.Global[3])};
@@ -352,7 +370,7 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
                       Drop, Keep.data(), KeepScale,
                       causalCut(C, I0, J0, MaxBias));
         gemm<T>(false, false, Rows, D, Cols, T(1), Sc.data(), Bc,
-                V + Kv + J0 * D, D, T(1), Acc.data(), D);
+                V + Kv + J0 * KR, KR, T(1), Acc.data(), D);
       }
       T *Oh = O + OL.row(B, A, I0);
       T *LseH = Lse + OL.lse(B, A, I0);
@@ -380,20 +398,28 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
   const T KeepScale = C.Dropout >= 1 ? T(0) : T(1.0 / (1.0 - C.Dropout));
   const T Scale = T(C.Scale);
   const OutLayout OL{S.Heads, S.Sq, D, C.Merged};
-  const int64_t OS = OL.rowStride(), LS = OL.lseStride();
+  const InLayout QL(S.Heads, S.Sq, D, C.Packed),
+      KL(S.KvHeads, S.Sk, D, C.Packed);
+  const int64_t OS = OL.rowStride(), LS = OL.lseStride(), QR = QL.Row,
+                KR = KL.Row;
+  // Zeroes rows [0, Rows) of one head (row stride R) of a gradient.
+  auto ZeroHead = [D](T *X, int64_t Rows, int64_t R) {
+    for (int64_t I = 0; I < Rows; ++I)
+      std::fill(X + I * R, X + I * R + D, T(0));
+  };
   parallelFor(S.Batch * S.KvHeads, 1, [&](int64_t T0, int64_t T1) {
     std::vector<T> P(Br * Bc), DP(Br * Bc), Delta(S.Sq);
     std::vector<uint8_t> Keep(Br * Bc);
     for (int64_t Task = T0; Task < T1; ++Task) {
       const int64_t B = Task / S.KvHeads, G = Task % S.KvHeads;
-      const int64_t Kv = (B * S.KvHeads + G) * S.Sk * D;
+      const int64_t Kv = KL.head(B, G);
       const T *Bias = KeyBias ? KeyBias + B * S.Sk : nullptr;
       const T MaxBias = maxBias(Bias, S.Sk);
       const T Skip = T(C.Fill) + MaxBias - T(Negligible);
-      std::fill(DK + Kv, DK + Kv + S.Sk * D, T(0));
-      std::fill(DV + Kv, DV + Kv + S.Sk * D, T(0));
+      ZeroHead(DK + Kv, S.Sk, KR);
+      ZeroHead(DV + Kv, S.Sk, KR);
       for (int64_t A = G * Group; A < (G + 1) * Group; ++A) {
-        const int64_t Qo = (B * S.Heads + A) * S.Sq * D;
+        const int64_t Qo = QL.head(B, A);
         const T *LseH = Lse + OL.lse(B, A, 0); // row i at LseH[i LS]
         const int64_t Oo = OL.row(B, A, 0);     // row i at Oo + i OS
         // Delta_i = sum_j p_ij dp_ij = do_i . o_i (dropout included).
@@ -403,7 +429,7 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
             Dot += double(DO[Oo + I * OS + X]) * double(O[Oo + I * OS + X]);
           Delta[I] = T(Dot);
         }
-        std::fill(DQ + Qo, DQ + Qo + S.Sq * D, T(0));
+        ZeroHead(DQ + Qo, S.Sq, QR);
         for (int64_t I0 = 0; I0 < S.Sq; I0 += Br) {
           const int64_t Rows = std::min(Br, S.Sq - I0);
           for (int64_t J0 = 0; J0 < S.Sk; J0 += Bc) {
@@ -415,7 +441,8 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
               if (Negligible)
                 break;
             }
-            scores(P.data(), Q + Qo, K + Kv, Bias, I0, Rows, J0, Cols, D, C);
+            scores(P.data(), Q + Qo, QR, K + Kv, KR, Bias, I0, Rows, J0, Cols,
+                   D, C);
             // DV += dropout(P)^T DO; DP = DO V^T.
             const BlockDropout Drop{C.Dropout, C.Key,
                                     rowIndex(C.Probs, B, A, I0) + uint64_t(J0),
@@ -424,18 +451,18 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
             blockProbs(P.data(), PD, Keep.data(), Rows, Cols, LseH + I0 * LS,
                        LS, Drop, KeepScale, causalCut(C, I0, J0, MaxBias));
             gemm<T>(true, false, Cols, D, Rows, T(1), PD, Bc,
-                    DO + Oo + I0 * OS, OS, T(1), DV + Kv + J0 * D, D);
+                    DO + Oo + I0 * OS, OS, T(1), DV + Kv + J0 * KR, KR);
             gemm<T>(false, true, Rows, Cols, D, T(1), DO + Oo + I0 * OS, OS,
-                    V + Kv + J0 * D, D, T(0), DP.data(), Bc);
+                    V + Kv + J0 * KR, KR, T(0), DP.data(), Bc);
             // DS = P (DP - Delta), zero where the causal mask replaced the
             // score, times the scale; kept in P.
             blockScoreGrad(P.data(), DP.data(), Keep.data(), Rows, Cols,
                            Delta.data() + I0, C.Dropout > 0, KeepScale, Scale,
                            causalCut(C, I0, J0));
             gemm<T>(false, false, Rows, D, Cols, T(1), P.data(), Bc,
-                    K + Kv + J0 * D, D, T(1), DQ + Qo + I0 * D, D);
+                    K + Kv + J0 * KR, KR, T(1), DQ + Qo + I0 * QR, QR);
             gemm<T>(true, false, Cols, D, Rows, T(1), P.data(), Bc,
-                    Q + Qo + I0 * D, D, T(1), DK + Kv + J0 * D, D);
+                    Q + Qo + I0 * QR, QR, T(1), DK + Kv + J0 * KR, KR);
           }
         }
       }

@@ -26,6 +26,11 @@
 // Shapes: Q, O, DQ, DO [B, A, Sq, D]; K, V, DK, DV [B, G, Sk, D] with A a
 // multiple of G (grouped-query attention: query head a reads key/value head
 // a / (A / G)); Lse [B, A, Sq]; KeyBias [B, Sk]. Row-major, contiguous.
+// Two layouts read or write the projections' tensors in place instead:
+// Merged puts O, DO and Lse as [B, Sq, A, D] and [B, Sq, A] (merge_heads'
+// result); Packed reads Q, K, V as the three column blocks of one
+// [B, S, 3, A, D] tensor (the QKV projection's output, split_heads' input)
+// and writes DQ, DK, DV into one so (split_heads_grad's result).
 //
 // Blocks of keys above the causal diagonal are skipped once every row of
 // the query block has seen a score exceeding Fill + max(KeyBias) by more
@@ -53,6 +58,10 @@ struct AttentionCore {
   /// O and DO [B, Sq, A, D] (heads merged: the projection's input) and Lse
   /// [B, Sq, A], instead of [B, A, Sq, D] and [B, A, Sq].
   bool Merged = false;
+  /// Q, K, V (and DQ, DK, DV) are column blocks of one [B, S, 3, A, D]
+  /// tensor X: the caller passes X, X + A D and X + 2 A D; rows are 3 A D
+  /// apart. Needs G = A and Sk = Sq.
+  bool Packed = false;
   double Dropout = 0;         // ratio on the probabilities; 0: none
   DropoutKey Key;             // the dropout's key
   GlobalIndex Probs;          // the [B, A, Sq, Sk] probabilities' global index

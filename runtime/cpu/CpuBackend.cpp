@@ -754,20 +754,31 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   case OpKind::Attention:
   case OpKind::AttentionGrad: {
     // (q, k, v, keep?) -> o, lse, or (do, q, k, v, o, lse, keep?) -> dq,
-    // dk, dv: runtime/cpu/Attention.h.
+    // dk, dv: runtime/cpu/Attention.h. Packed: (qkv, keep?) -> o, lse, or
+    // (do, qkv, o, lse, keep?) -> dqkv.
     const bool Fwd = I.Op == OpKind::Attention;
-    const unsigned Q = Fwd ? 0 : 1;
-    const TensorType &QT = InT(Q), &KT = InT(Q + 1);
-    cpu::AttentionShape Sh{QT.Shape[0], QT.Shape[1], KT.Shape[1],
-                           QT.Shape[2], KT.Shape[2], QT.Shape[3]};
+    const unsigned Q = Fwd ? 0 : 1, Qkv = attentionInputs(I.Op, I.Attrs);
+    const bool Packed = Qkv == 1;
+    cpu::AttentionShape Sh;
+    if (Packed) { // qkv [b, s, 3 a d]
+      const TensorType &X = InT(Q);
+      int64_t Heads = AInt("heads");
+      Sh = {X.Shape[0], Heads, Heads, X.Shape[1], X.Shape[1],
+            X.Shape[2] / (3 * Heads)};
+    } else {
+      const TensorType &QT = InT(Q), &KT = InT(Q + 1);
+      Sh = {QT.Shape[0], QT.Shape[1], KT.Shape[1],
+            QT.Shape[2], KT.Shape[2], QT.Shape[3]};
+    }
     cpu::AttentionCore Core;
     Core.Scale = AFloat("scale");
     Core.Causal = AInt("causal");
     Core.Fill = AFloat("fill");
     Core.PadFirst = AInt("pad_first");
     Core.Merged = AInt("merged");
+    Core.Packed = Packed;
     std::vector<T> Bias;
-    const unsigned KeepAt = Fwd ? 3 : 6;
+    const unsigned KeepAt = Q + Qkv + (Fwd ? 0 : 2);
     if (I.In.size() > KeepAt) {
       Bias.resize(Sh.Batch * Sh.Sk);
       if (auto E = keyBias<T>(Bias.data(), C.buffer(I.In[KeepAt]),
@@ -788,13 +799,14 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       // dropout this op replaced would find it: heads split over the tensor
       // group, rows of the microbatch and the data-parallel replica.
       const Sharding &S = Bufs[I.In[Q]].Shard;
+      const int HeadsDim = Packed ? 2 : 1; // qkv [b, s, 3 h], q [b, a, s, d]
       int64_t Mb = AInt("microbatch"), NumMb = AInt("microbatches");
       if (C.Data) {
         Mb += C.Data->rank() * NumMb;
         NumMb *= C.Data->size();
       }
       if (S.K == Sharding::Split) {
-        if (S.Dim != 1)
+        if (S.Dim != HeadsDim)
           return planError("attention: q is split along a dimension other "
                            "than its heads");
         Full[1] *= S.Parts;
@@ -807,12 +819,22 @@ template <typename T> static Error runKernel(const KernelCall &C) {
                                          cpu::Shape(Local.data(), 4),
                                          cpu::Shape(Offset.data(), 4));
     const T *BiasP = Bias.empty() ? nullptr : Bias.data();
+    // q, k, v (and dq, dk, dv): three tensors, or the packed one's column
+    // blocks.
+    const int64_t H = Sh.Heads * Sh.D;
+    const T *QKV[3];
+    for (int K = 0; K < 3; ++K)
+      QKV[K] = Packed ? In(Q) + K * H : In(Q + K);
     if (Fwd)
-      return Check(cpu::attentionForward(Out(0), Out(1), In(0), In(1), In(2),
-                                         BiasP, Sh, Core));
-    return Check(cpu::attentionBackward(Out(0), Out(1), Out(2), In(0), In(1),
-                                        In(2), In(3), In(4), In(5), BiasP, Sh,
-                                        Core));
+      return Check(cpu::attentionForward(Out(0), Out(1), QKV[0], QKV[1],
+                                         QKV[2], BiasP, Sh, Core));
+    T *D[3];
+    for (int K = 0; K < 3; ++K)
+      D[K] = Packed ? Out(0) + K * H : Out(K);
+    const unsigned O = Q + Qkv; // o, then lse
+    return Check(cpu::attentionBackward(D[0], D[1], D[2], In(0), QKV[0],
+                                        QKV[1], QKV[2], In(O), In(O + 1),
+                                        BiasP, Sh, Core));
   }
   case OpKind::Softmax:
   case OpKind::SoftmaxGrad: {

@@ -71,18 +71,33 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
   const bool Fwd = I.Op == OpKind::Attention;
   if (!Fwd && I.Op != OpKind::AttentionGrad)
     return planError("planAttention: not an attention instruction");
-  const unsigned Q = Fwd ? 0 : 1, KeepAt = Fwd ? 3 : 6;
+  const unsigned Qkv = attentionInputs(I.Op, I.Attrs), Q = Fwd ? 0 : 1,
+                 KeepAt = Q + Qkv + (Fwd ? 0 : 2);
+  const bool Packed = Qkv == 1;
   if (I.In.size() < KeepAt || I.In.size() > KeepAt + 1 ||
-      I.Out.size() != (Fwd ? 2u : 3u))
+      I.Out.size() != (Fwd ? 2u : Qkv))
     return planError(opName(I.Op) + ": unexpected operand or result count");
-  const TensorType &QT = Bufs[I.In[Q]].Type, &KT = Bufs[I.In[Q + 1]].Type;
-  if (QT.rank() != 4 || KT.rank() != 4 || Bufs[I.In[Q + 2]].Type.Shape != KT.Shape)
-    return planError(opName(I.Op) + " expects q [b, a, s, d] and k, v "
-                                    "[b, g, t, d]");
-  const int64_t B = QT.Shape[0], A = QT.Shape[1], Sq = QT.Shape[2],
-                D = QT.Shape[3], G = KT.Shape[1], Sk = KT.Shape[2];
-  if (G <= 0 || A % G != 0 || KT.Shape[0] != B || KT.Shape[3] != D)
-    return planError(opName(I.Op) + ": k and v heads must divide q's");
+  int64_t B, A, Sq, D, G, Sk;
+  if (Packed) { // qkv [b, s, 3 a d]: split_heads' input
+    const TensorType &XT = Bufs[I.In[Q]].Type;
+    A = G = attrInt(I.Op, I.Attrs, "heads");
+    if (XT.rank() != 3 || A <= 0 || XT.Shape[2] % (3 * A))
+      return planError(opName(I.Op) + " {packed} expects qkv [b, s, 3 * "
+                                      "heads * d]");
+    B = XT.Shape[0];
+    Sq = Sk = XT.Shape[1];
+    D = XT.Shape[2] / (3 * A);
+  } else {
+    const TensorType &QT = Bufs[I.In[Q]].Type, &KT = Bufs[I.In[Q + 1]].Type;
+    if (QT.rank() != 4 || KT.rank() != 4 ||
+        Bufs[I.In[Q + 2]].Type.Shape != KT.Shape)
+      return planError(opName(I.Op) + " expects q [b, a, s, d] and k, v "
+                                      "[b, g, t, d]");
+    B = QT.Shape[0], A = QT.Shape[1], Sq = QT.Shape[2], D = QT.Shape[3],
+    G = KT.Shape[1], Sk = KT.Shape[2];
+    if (G <= 0 || A % G != 0 || KT.Shape[0] != B || KT.Shape[3] != D)
+      return planError(opName(I.Op) + ": k and v heads must divide q's");
+  }
   const int64_t R = A / G;
   auto AF = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
   auto AI = [&](StringRef Name) { return attrInt(I.Op, I.Attrs, Name); };
@@ -91,21 +106,35 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
              Merged = AI("merged"), Dropout = AI("dropout"),
              Pad = I.In.size() > KeepAt;
   // The probabilities are sharded as q's heads are (the dropout op finds
-  // their global index from its operand's sharding).
+  // their global index from its operand's sharding; packed qkv's heads are
+  // its last axis).
   Sharding Probs = Bufs[I.In[Q]].Shard;
-  if (Probs.K == Sharding::Split && Probs.Dim != 1)
+  if (Probs.K == Sharding::Split && Probs.Dim != (Packed ? 2 : 1))
     return planError(opName(I.Op) +
                      ": q is split along a dimension other than its heads");
   if (Probs.K != Sharding::Split)
     Probs = Sharding();
+  else if (Packed)
+    Probs = Sharding::split(1, Probs.Parts);
 
   Expander E(I, Bufs);
   E.P.Batch = B;
   E.P.Heads = A;
   E.P.Sq = Sq;
   E.P.Sk = Sk;
-  const int QB = E.outer(I.In[Q]), KB = E.outer(I.In[Q + 1]),
-            VB = E.outer(I.In[Q + 2]);
+  // Packed: q, k, v cut from qkv by split_heads.
+  int QB, KB, VB;
+  if (Packed) {
+    QB = E.work({B, A, Sq, D}, DType::F32, Probs);
+    KB = E.work({B, A, Sk, D});
+    VB = E.work({B, A, Sk, D});
+    E.op(OpKind::SplitHeads, {E.outer(I.In[Q])}, {QB, KB, VB})
+        .Attrs.set("heads", A);
+  } else {
+    QB = E.outer(I.In[Q]);
+    KB = E.outer(I.In[Q + 1]);
+    VB = E.outer(I.In[Q + 2]);
+  }
   const int Keep = Pad ? E.outer(I.In[KeepAt]) : -1;
   auto Repeat = [&](int X) {
     if (R == 1)
@@ -174,15 +203,24 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
     return std::move(E.P);
   }
 
-  // Backward: (do, q, k, v, o, lse, keep?) -> dq, dk, dv.
+  // Backward: (do, q, k, v, o, lse, keep?) -> dq, dk, dv, or packed
+  // (do, qkv, o, lse, keep?) -> dqkv (split_heads_grad of the three).
   int DO = E.outer(I.In[0]);
   if (Merged) {
     int DO4 = E.work({B, A, Sq, D});
     E.op(OpKind::MergeHeadsGrad, {DO}, {DO4}).Attrs.set("heads", A);
     DO = DO4;
   }
-  const int DQ = E.outer(I.Out[0]), DK = E.outer(I.Out[1]),
-            DV = E.outer(I.Out[2]);
+  int DQ, DK, DV;
+  if (Packed) {
+    DQ = E.work({B, A, Sq, D});
+    DK = E.work({B, A, Sk, D});
+    DV = E.work({B, A, Sk, D});
+  } else {
+    DQ = E.outer(I.Out[0]);
+    DK = E.outer(I.Out[1]);
+    DV = E.outer(I.Out[2]);
+  }
   auto SumGroups = [&](int Y, int Into) {
     if (R > 1)
       E.op(OpKind::RepeatHeadsGrad, {Y}, {Into}).Attrs.set("repeats", R);
@@ -210,6 +248,8 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
   const int DKR = R == 1 ? DK : E.work({B, A, Sk, D});
   E.op(OpKind::BatchMatMul, {DS, QB}, {DKR}).Attrs.set("trans_a", int64_t(1));
   SumGroups(DKR, DK);
+  if (Packed)
+    E.op(OpKind::SplitHeadsGrad, {DQ, DK, DV}, {E.outer(I.Out[0])});
   return std::move(E.P);
 }
 

@@ -6,7 +6,8 @@
 // kernel, on score-sized tensors in a per-stream workspace outside the
 // plan's arena (the plan stores none of them):
 //
-//   forward:  kr, vr = repeat_heads(k, v)          (grouped-query heads)
+//   forward:  q, k, v = split_heads(qkv)           (packed = 1)
+//             kr, vr = repeat_heads(k, v)          (grouped-query heads)
 //             s = batch_matmul(q, kr^T); scale; causal_mask and
 //                 padding_mask (in the op's order)
 //             lse = log-sum-exp of s's rows        (rowLogSumExp)
@@ -15,7 +16,8 @@
 //   backward: s, p and the dropout mask again, then
 //             dv = p^T do; dp = do vr^T; dropout_grad; softmax_grad with the
 //             scale and the causal mask; dq = ds kr; dk = ds^T q (summed over
-//             a group's heads by repeat_heads_grad)
+//             a group's heads by repeat_heads_grad); packed, dqkv =
+//             split_heads_grad(dq, dk, dv)
 //
 // These are the ops whose results fused and unfused plans already agree
 // on (tests/e2e, FusedAttention.*), so the results are the fused CPU

@@ -31,6 +31,9 @@ struct AttentionCase {
   int64_t B = 2, A = 4, G = 4, Sq = 24, Sk = 24, D = 8;
   bool Causal = true, Pad = false, PadFirst = false, PadWhere = false;
   bool Merged = false, Dropout = false;
+  /// attention {packed}: q, k, v read from one [B, Sq, 3 A D] tensor (needs
+  /// G = A, Sk = Sq and Merged), the gradient written into one.
+  bool Packed = false;
   double Fill = -10000, PadFill = -10000;
 
   using Run = OpCase;
@@ -46,6 +49,10 @@ struct AttentionCase {
       At.set("pad_first", int64_t(PadFirst));
     }
     At.set("merged", int64_t(Merged));
+    if (Packed) {
+      At.set("packed", int64_t(1));
+      At.set("heads", A);
+    }
     if (Dropout) {
       At.set("dropout", int64_t(1));
       At.set("ratio", 0.2);
@@ -72,19 +79,26 @@ struct AttentionCase {
     std::vector<int64_t> OS = Merged ? std::vector<int64_t>{B, Sq, A * D} : QS,
                          LS = Merged ? std::vector<int64_t>{B, Sq, A}
                                      : std::vector<int64_t>{B, A, Sq};
+    const std::vector<int64_t> XS = {B, Sq, 3 * A * D}; // packed qkv
     int DO = Forward ? -1 : R.buffer(T, OS);
-    int Q = R.buffer(T, QS), K = R.buffer(T, KS), V = R.buffer(T, KS);
-    Draw(Q, 1.5);
-    Draw(K, 1.5);
-    Draw(V, 1.0);
+    std::vector<int> In;
+    if (Packed) {
+      In = {R.buffer(T, XS)};
+      Draw(In[0], 1.5);
+    } else {
+      In = {R.buffer(T, QS), R.buffer(T, KS), R.buffer(T, KS)};
+      Draw(In[0], 1.5);
+      Draw(In[1], 1.5);
+      Draw(In[2], 1.0);
+    }
     if (DO >= 0)
       Draw(DO, 1.0);
-    std::vector<int> In = {Q, K, V};
     if (!Forward) {
       int O = R.buffer(T, OS), L = R.buffer(T, LS);
       set(R, O, (*Fwd)[0]);
       set(R, L, (*Fwd)[1]);
-      In = {DO, Q, K, V, O, L};
+      In.insert(In.begin(), DO);
+      In.insert(In.end(), {O, L});
     }
     if (Pad) {
       int Keep = R.buffer(DType::F32, {B, Sk});
@@ -100,6 +114,8 @@ struct AttentionCase {
     I.In.assign(In.begin(), In.end());
     if (Forward)
       Results = {R.buffer(T, OS), R.buffer(T, LS)};
+    else if (Packed)
+      Results = {R.buffer(T, XS)};
     else
       Results = {R.buffer(T, QS), R.buffer(T, KS), R.buffer(T, KS)};
     I.Out.assign(Results.begin(), Results.end());

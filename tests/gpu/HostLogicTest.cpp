@@ -874,6 +874,29 @@ TEST(AttentionPlan, PaddingInBothOrdersMatchesTheFusedKernel) {
     }
 }
 
+TEST(AttentionPlan, PackedQkvMatchesTheFusedKernel) {
+  // attention {packed}: split_heads into the workspace first, and
+  // split_heads_grad of dq, dk, dv into dqkv last; with and without the
+  // padding mask.
+  for (bool Pad : {false, true}) {
+    SCOPED_TRACE(Pad ? "padding" : "causal");
+    AttentionCase C;
+    C.Packed = C.Merged = C.Dropout = true;
+    C.Pad = Pad;
+    C.check();
+    for (bool Forward : {true, false}) {
+      std::vector<std::vector<double>> Fwd = {{}, {}};
+      std::vector<int> Res;
+      AttentionCase::Run R = C.make(Forward, DType::F32, &Fwd, Res);
+      auto Plan = planAttention(R.P.Instrs[0], R.P.Buffers);
+      ASSERT_TRUE(bool(Plan)) << toString(Plan.takeError());
+      EXPECT_EQ(Forward ? Plan->Local.Instrs.front().Op
+                        : Plan->Local.Instrs.back().Op,
+                Forward ? OpKind::SplitHeads : OpKind::SplitHeadsGrad);
+    }
+  }
+}
+
 TEST(AttentionPlan, NonCausalUnequalLengths) {
   AttentionCase C;
   C.Causal = false;

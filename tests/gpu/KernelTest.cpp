@@ -484,6 +484,9 @@ TEST_F(CudaKernels, FusedAttentionAsUnfusedOps) {
   N.Sq = 9;
   N.Sk = 300; // more keys than one warp's lanes cover in a batch
   N.check(Gpu.get());
+  AttentionCase Packed; // GPT's fused QKV read in place
+  Packed.Packed = Packed.Merged = Packed.Dropout = true;
+  Packed.check(Gpu.get());
 }
 
 TEST_F(CudaKernels, DropoutMasksAreTheCpusBitForBit) {

@@ -309,6 +309,55 @@ TEST(FusedAttention, MergedOutputIsThePermutedOutput) {
   expectClose(M.DV, H.DV, Bound, "DV");
 }
 
+/// Packed q, k, v (the column blocks of one [b, s, 3, a, d] tensor, as
+/// attention {packed} reads the QKV projection's output) give the bits of
+/// the same heads in their own tensors: o, lse, and dq, dk, dv written into
+/// one [b, s, 3, a, d] tensor as split_heads_grad would lay them out.
+TEST(FusedAttention, PackedInputsAreTheSplitHeads) {
+  for (const Case &C : {Case{{2, 3, 3, 70, 70, 8}, true, true, 0.1},
+                        Case{{1, 2, 2, 33, 33, 16}, false, false, 0.0}}) {
+    const AttentionShape &S = C.S;
+    const int64_t P4[] = {S.Batch, S.Heads, S.Sq, S.Sk};
+    AttentionCore A = coreOf(C, GlobalIndex::whole(Shape(P4, 4)));
+    A.Merged = true;
+    Tensors<float> H = inputs<float>(C);
+    H.DO = random<float>(H.DO.size(), 9); // merged [b, s, a, d]
+    fused(H, C, A);
+    const int64_t N = S.Batch * S.Sq * 3 * S.Heads * S.D, Hd = S.Heads * S.D;
+    std::vector<float> QKV(N);
+    splitHeadsBackward(QKV.data(), H.Q.data(), H.K.data(), H.V.data(),
+                       S.Batch, S.Sq, S.Heads, S.D);
+    A.Packed = true;
+    std::vector<float> O(H.O.size(), -7), Lse(H.Lse.size(), -7),
+        DQKV(N, -7);
+    const float *Bias = C.Padding ? H.Bias.data() : nullptr;
+    ASSERT_TRUE(attentionForward(O.data(), Lse.data(), QKV.data(),
+                                 QKV.data() + Hd, QKV.data() + 2 * Hd, Bias,
+                                 S, A)
+                    .ok());
+    ASSERT_TRUE(attentionBackward(DQKV.data(), DQKV.data() + Hd,
+                                  DQKV.data() + 2 * Hd, H.DO.data(),
+                                  QKV.data(), QKV.data() + Hd,
+                                  QKV.data() + 2 * Hd, O.data(), Lse.data(),
+                                  Bias, S, A)
+                    .ok());
+    EXPECT_EQ(0, std::memcmp(O.data(), H.O.data(), O.size() * 4));
+    EXPECT_EQ(0, std::memcmp(Lse.data(), H.Lse.data(), Lse.size() * 4));
+    std::vector<float> Want(N);
+    splitHeadsBackward(Want.data(), H.DQ.data(), H.DK.data(), H.DV.data(),
+                       S.Batch, S.Sq, S.Heads, S.D);
+    EXPECT_EQ(0, std::memcmp(DQKV.data(), Want.data(), N * 4));
+  }
+  // Packed needs one key/value head per query head and Sk = Sq.
+  std::vector<float> X(4096);
+  AttentionCore A;
+  A.Packed = true;
+  EXPECT_FALSE(attentionForward(X.data(), X.data(), X.data(), X.data(),
+                                X.data(), (const float *)nullptr,
+                                AttentionShape{1, 4, 2, 8, 8, 4}, A)
+                   .ok());
+}
+
 TEST(FusedAttention, RejectsBadShapesAndKeys) {
   std::vector<float> X(64);
   AttentionShape S{1, 3, 2, 2, 2, 4}; // 3 heads over 2 key/value heads

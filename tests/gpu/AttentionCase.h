@@ -24,6 +24,55 @@
 
 namespace sp {
 
+/// Runs the float32 attention or attention_grad instruction of C as the
+/// CUDA backend does, as its expansion's ops (AttentionPlan.h), here one by
+/// one on the CPU backend with the workspace in host memory, the
+/// log-sum-exp as the CUDA backend's rowLogSumExp computes it. The
+/// sub-instructions get C's step, seed, dropout and groups.
+inline llvm::Error runAsExpansion(CpuBackend &Cpu, const KernelCall &C) {
+  auto Plan = cuda::planAttention(C.I, C.Prog.Buffers);
+  if (!Plan)
+    return Plan.takeError();
+  std::vector<char> Work(Plan->WorkspaceBytes + 64);
+  std::vector<char *> Where;
+  for (size_t B = 0; B < Plan->Outer.size(); ++B)
+    Where.push_back(Plan->Outer[B] >= 0
+                        ? C.buffer(Plan->Outer[B])
+                        : Work.data() + Plan->Local.Buffers[B].Offset);
+  for (size_t J = 0; J < Plan->Local.Instrs.size(); ++J) {
+    const Instruction &Sub = Plan->Local.Instrs[J];
+    KernelCall SC{Sub,       Plan->Local, C.Arena,   C.Step, C.Training,
+                  C.Dropout, C.Seed,      C.Tensor, C.Pipeline, C.Data};
+    SC.GradScale = C.GradScale;
+    SC.Where = Where.data();
+    if (llvm::Error E = Cpu.run(SC))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     opName(Sub.Op).str() + ": " +
+                                         llvm::toString(std::move(E)));
+    if (int(J) != Plan->LseAfter)
+      continue;
+    // The CUDA backend's rowLogSumExp, restated.
+    const float *S = reinterpret_cast<const float *>(Where[Plan->Scores]);
+    float *L = reinterpret_cast<float *>(Where[Plan->Lse]);
+    for (int64_t Row = 0; Row < Plan->Batch * Plan->Heads * Plan->Sq; ++Row) {
+      float M = -INFINITY;
+      for (int64_t Col = 0; Col < Plan->Sk; ++Col)
+        M = std::max(M, S[Row * Plan->Sk + Col]);
+      double Sum = 0;
+      for (int64_t Col = 0; Col < Plan->Sk; ++Col)
+        Sum += std::exp(double(S[Row * Plan->Sk + Col]) - M);
+      int64_t At = Row;
+      if (Plan->LseMerged) {
+        int64_t I = Row % Plan->Sq, BA = Row / Plan->Sq;
+        At = ((BA / Plan->Heads) * Plan->Sq + I) * Plan->Heads +
+             BA % Plan->Heads;
+      }
+      L[At] = M == -INFINITY ? -INFINITY : float(M + std::log(Sum));
+    }
+  }
+  return llvm::Error::success();
+}
+
 /// One attention configuration: the fused op on the CPU backend (float32
 /// and float64), and its expansion's ops run one by one on the CPU backend
 /// with the workspace in host memory, as the CUDA backend runs them.
@@ -166,8 +215,7 @@ struct AttentionCase {
   }
 
   /// Runs R's instruction as its expansion's ops (AttentionPlan.h), one by
-  /// one on the CPU backend, the workspace in host memory, the log-sum-exp
-  /// as the CUDA backend's rowLogSumExp computes it.
+  /// one on the CPU backend (runAsExpansion).
   static std::vector<std::vector<double>>
   runExpanded(Run &R, const std::vector<int> &Results) {
     CpuBackend Cpu;
@@ -176,43 +224,9 @@ struct AttentionCase {
       std::memcpy(Arena.data() + R.P.Buffers[K].Offset, R.Data[K].data(),
                   R.Data[K].size());
     auto Tensor = createSingleRankCommunicator();
-    auto Plan = cuda::planAttention(R.P.Instrs[0], R.P.Buffers);
-    EXPECT_TRUE(bool(Plan)) << llvm::toString(Plan.takeError());
-    if (!Plan)
-      return {};
-    std::vector<char> Work(Plan->WorkspaceBytes + 64);
-    std::vector<char *> Where;
-    for (size_t B = 0; B < Plan->Outer.size(); ++B)
-      Where.push_back(Plan->Outer[B] >= 0
-                          ? Arena.data() + R.P.Buffers[Plan->Outer[B]].Offset
-                          : Work.data() + Plan->Local.Buffers[B].Offset);
-    for (size_t J = 0; J < Plan->Local.Instrs.size(); ++J) {
-      const Instruction &Sub = Plan->Local.Instrs[J];
-      llvm::Error E = Cpu.run(testCall(Sub, Plan->Local, nullptr, *Tensor,
-                                       std::nullopt, Where.data()));
-      EXPECT_FALSE(bool(E)) << opName(Sub.Op).str() << ": "
-                            << llvm::toString(std::move(E));
-      if (int(J) != Plan->LseAfter)
-        continue;
-      // The CUDA backend's rowLogSumExp, restated.
-      const float *S = reinterpret_cast<const float *>(Where[Plan->Scores]);
-      float *L = reinterpret_cast<float *>(Where[Plan->Lse]);
-      for (int64_t Row = 0; Row < Plan->Batch * Plan->Heads * Plan->Sq; ++Row) {
-        float M = -INFINITY;
-        for (int64_t C = 0; C < Plan->Sk; ++C)
-          M = std::max(M, S[Row * Plan->Sk + C]);
-        double Sum = 0;
-        for (int64_t C = 0; C < Plan->Sk; ++C)
-          Sum += std::exp(double(S[Row * Plan->Sk + C]) - M);
-        int64_t At = Row;
-        if (Plan->LseMerged) {
-          int64_t I = Row % Plan->Sq, BA = Row / Plan->Sq;
-          At = ((BA / Plan->Heads) * Plan->Sq + I) * Plan->Heads +
-               BA % Plan->Heads;
-        }
-        L[At] = M == -INFINITY ? -INFINITY : float(M + std::log(Sum));
-      }
-    }
+    llvm::Error E = runAsExpansion(
+        Cpu, testCall(R.P.Instrs[0], R.P, Arena.data(), *Tensor));
+    EXPECT_FALSE(bool(E)) << llvm::toString(std::move(E));
     std::vector<std::vector<double>> Out;
     for (int Id : Results)
       Out.push_back(get(R, Arena.data() + R.P.Buffers[Id].Offset, Id));

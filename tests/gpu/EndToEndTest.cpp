@@ -41,6 +41,7 @@
 #include "runtime/Executor.h"
 #include "runtime/comm/ProcessGrid.h"
 #include "runtime/cuda/CudaBackend.h"
+#include "TrainCompare.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <cstdio>
@@ -79,14 +80,6 @@ Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
   return std::move(*cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
 }
 
-struct Run {
-  std::vector<double> Losses;
-  /// Per step, every parameter's gradient in float64.
-  std::vector<std::map<std::string, std::vector<double>>> Grads;
-  /// Per step, every parameter after the update, in float64.
-  std::vector<std::map<std::string, std::vector<double>>> Params;
-};
-
 /// An executor of P on the GPU (Cuda) or on the CPU.
 Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda) {
   RunOptions O;
@@ -104,98 +97,11 @@ Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda) {
   return Executor::create(P, O);
 }
 
-/// The one batch every step trains on: seeded random tokens and targets.
-TokenBatch oneBatch(const Executor &E) {
-  std::mt19937 Rng(7);
-  TokenBatch Data;
-  for (int64_t I = 0; I < E.batch() * E.seq(); ++I) {
-    Data.Tokens.push_back(Rng() % E.vocab());
-    Data.Targets.push_back(Rng() % E.vocab());
-  }
-  return Data;
-}
-
 Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
   auto E = makeExecutor(P, Cuda);
   if (!E)
     return E.takeError();
-  TokenBatch Data = oneBatch(**E);
-  Run R;
-  for (int S = 1; S <= Steps; ++S) {
-    auto L = (*E)->trainStep(Data, 1e-3, S);
-    if (!L)
-      return L.takeError();
-    R.Losses.push_back(*L);
-    if (auto Err = (*E)->download())
-      return Err;
-    auto &Step = R.Grads.emplace_back();
-    auto &Values = R.Params.emplace_back();
-    for (const TensorView &Param : (*E)->parameters()) {
-      auto G = (*E)->gradient(Param.Name);
-      if (!G)
-        return createStringError(inconvertibleErrorCode(),
-                                 "no gradient of " + Param.Name);
-      auto Full = (*E)->gather64(*G);
-      if (!Full)
-        return Full.takeError();
-      Step[Param.Name] = std::move(*Full);
-      auto Value = (*E)->gather64(Param);
-      if (!Value)
-        return Value.takeError();
-      Values[Param.Name] = std::move(*Value);
-    }
-  }
-  return R;
-}
-
-double normwise(const std::vector<double> &X, const std::vector<double> &Ref) {
-  double D = 0, S = 0;
-  for (size_t I = 0; I < X.size(); ++I) {
-    D = std::max(D, std::fabs(X[I] - Ref[I]));
-    S = std::max(S, std::fabs(Ref[I]));
-  }
-  return S == 0 ? D : D / S;
-}
-
-/// Every step's loss, and the gradients of the first GradSteps steps, of
-/// the GPU run against the CPU's float32 error from the float64 run.
-void expectMatches(const Run &Gpu, const Run &Cpu, const Run &Ref,
-                   int GradSteps) {
-  const double K = 8, Floor = std::ldexp(1.0, -24);
-  for (size_t S = 0; S < Ref.Losses.size(); ++S) {
-    double L64 = Ref.Losses[S];
-    double CpuErr = std::fabs(Cpu.Losses[S] - L64) / std::fabs(L64);
-    double GpuErr = std::fabs(Gpu.Losses[S] - L64) / std::fabs(L64);
-    EXPECT_LE(GpuErr, K * std::max(CpuErr, Floor))
-        << "loss of step " << S + 1 << ": gpu " << Gpu.Losses[S] << ", cpu "
-        << Cpu.Losses[S] << ", float64 " << L64;
-    std::printf("step %zu: loss error gpu %.3g cpu %.3g\n", S + 1, GpuErr,
-                CpuErr);
-    ASSERT_EQ(Gpu.Grads[S].size(), Ref.Grads[S].size());
-    double Worst = 0;
-    for (auto &[Name, G64] : Ref.Grads[S]) {
-      double C = normwise(Cpu.Grads[S].at(Name), G64);
-      double G = normwise(Gpu.Grads[S].at(Name), G64);
-      Worst = std::max(Worst, G / std::max(C, Floor));
-      if (int(S) < GradSteps)
-        EXPECT_LE(G, K * std::max(C, Floor))
-            << "gradient of " << Name << " at step " << S + 1
-            << ": gpu error " << G << ", cpu error " << C;
-    }
-    std::printf("  gradients: largest gpu/cpu error ratio %.2f%s\n", Worst,
-                int(S) < GradSteps ? "" : " (not compared, see above)");
-    if (S < Ref.Params.size() && S < Gpu.Params.size()) {
-      double DG = 0, DC = 0;
-      for (auto &[Name, P64] : Ref.Params[S])
-        for (size_t I = 0; I < P64.size(); ++I) {
-          DG = std::max(DG, std::fabs(Gpu.Params[S].at(Name)[I] - P64[I]));
-          DC = std::max(DC, std::fabs(Cpu.Params[S].at(Name)[I] - P64[I]));
-        }
-      std::printf("  parameters after the update: largest difference from "
-                  "float64 gpu %.3g cpu %.3g\n",
-                  DG, DC);
-    }
-  }
+  return trainRun(**E, Steps);
 }
 
 /// P trained Steps steps on the GPU, on the CPU and on the CPU in float64,

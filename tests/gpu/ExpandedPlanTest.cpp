@@ -1,0 +1,132 @@
+//===- ExpandedPlanTest.cpp - Fused plans run as the CUDA backend runs them ===//
+//
+// The CUDA backend runs each attention and attention_grad instruction as
+// the unfused ops it stands for (runtime/cuda/AttentionPlan.h). Here a CPU
+// backend that does the same (ExpandingBackend: the attention instructions
+// through runAsExpansion, every other one as the CPU backend's own) trains
+// whole fused plans compiled from exported models, and its losses and
+// gradients are compared with the CPU backend's by the layout rule of
+// TrainCompare.h (within 8 times the CPU's own float32 error from the plan
+// run in float64). This is the expansion's host logic on the models users
+// bring, where AttentionPlan.* covers it on single ops:
+//   - models/tiny/gpt-tiny.onnx always: GPT-2's fused QKV read in place
+//     (attention {packed}), causal, dropout;
+//   - each ONNX file of SP_EXPANSION_MODELS (colon-separated), which
+//     check_expanded_plans.sh exports with models/export_family.py: an
+//     HF-style Llama (grouped-query heads, rotary, the padding bias before
+//     the causal fill) and a BERT encoder (padding mask, no causal mask).
+//
+//===----------------------------------------------------------------------===//
+#include "frontend/OnnxImporter.h"
+#include "passes/Compile.h"
+#include "plan/Plan.h"
+#include "runtime/cpu/CpuBackend.h"
+#include "AttentionCase.h"
+#include "TrainCompare.h"
+#include "gtest/gtest.h"
+#include "llvm/ADT/StringRef.h"
+#include <cstdlib>
+
+using namespace sp;
+using namespace llvm;
+
+namespace {
+
+/// The CPU backend, with attention instructions run as the CUDA backend
+/// runs them.
+class ExpandingBackend : public Backend {
+public:
+  /// Count: attention instructions run (it outlives the executor that owns
+  /// this backend).
+  explicit ExpandingBackend(int &Count) : Count(Count) {}
+  StringRef name() const override { return "cpu (attention expanded)"; }
+  Expected<char *> allocate(size_t Bytes) override {
+    return Cpu.allocate(Bytes);
+  }
+  void release(char *Arena) override { Cpu.release(Arena); }
+  Error copyToBackend(char *Dst, const void *Src, size_t Bytes) override {
+    return Cpu.copyToBackend(Dst, Src, Bytes);
+  }
+  Error copyToHost(void *Dst, const char *Src, size_t Bytes) override {
+    return Cpu.copyToHost(Dst, Src, Bytes);
+  }
+  bool hostMemory() const override { return true; }
+  Error run(const KernelCall &C) override {
+    if (C.I.Op == OpKind::Attention || C.I.Op == OpKind::AttentionGrad) {
+      ++Count;
+      return runAsExpansion(Cpu, C);
+    }
+    return Cpu.run(C);
+  }
+  Error synchronize() override { return Cpu.synchronize(); }
+
+private:
+  int &Count;
+  CpuBackend Cpu;
+};
+
+Plan compileFused(StringRef Path) {
+  registerOnnxDataLoader();
+  auto G = importOnnx(Path, ImportOptions());
+  if (!G)
+    ADD_FAILURE() << toString(G.takeError());
+  PassContext Ctx;
+  Ctx.FusedAttention = true;
+  // AdamW's eps at which one step's rounding cannot flip a later update, so
+  // that every step's gradients compare (EndToEndTest.cpp).
+  Ctx.Optimizer.Eps = 1e-3;
+  return std::move(*cantFail(compileToPlan(**G, Ctx, CompileOptions())).P);
+}
+
+/// Steps of P on the CPU backend, or with Count on the expanding one.
+Expected<Run> trainOn(const Plan &P, int *Count, int Steps) {
+  RunOptions O;
+  O.AllowFloat64 = true;
+  if (Count)
+    O.MakeBackend = [Count] {
+      return std::unique_ptr<Backend>(new ExpandingBackend(*Count));
+    };
+  auto E = Executor::create(P, O);
+  if (!E)
+    return E.takeError();
+  return trainRun(**E, Steps);
+}
+
+/// Trains Path's fused plan three steps on the expanding backend, on the
+/// CPU backend and on the CPU backend in float64, and compares.
+void expectExpansionTrainsAsTheCpu(StringRef Path) {
+  SCOPED_TRACE(Path.str());
+  std::printf("%s\n", Path.str().c_str());
+  Plan P = compileFused(Path);
+  int Attention = 0;
+  for (const Instruction &I : P.Prog.Instrs)
+    Attention += I.Op == OpKind::Attention || I.Op == OpKind::AttentionGrad;
+  ASSERT_GT(Attention, 0) << "the plan has no fused attention";
+  const int Steps = 3;
+  int Expanded = 0;
+  auto Other = trainOn(P, &Expanded, Steps);
+  ASSERT_TRUE(bool(Other)) << toString(Other.takeError());
+  EXPECT_EQ(Expanded, Attention * Steps) << "attention instructions expanded";
+  auto Cpu = trainOn(P, nullptr, Steps);
+  ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+  auto Ref = trainOn(widenToFloat64(P), nullptr, Steps);
+  ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
+  expectMatches(*Other, *Cpu, *Ref, Steps, "expanded");
+}
+
+TEST(ExpandedPlan, GptTinyTrainsAsTheCpu) {
+  expectExpansionTrainsAsTheCpu(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx");
+}
+
+TEST(ExpandedPlan, ExportedFamiliesTrainAsTheCpu) {
+  const char *List = std::getenv("SP_EXPANSION_MODELS");
+  if (!List || !*List)
+    GTEST_SKIP() << "SP_EXPANSION_MODELS is not set: the exported Llama and "
+                    "BERT models are trained by check_expanded_plans.sh";
+  SmallVector<StringRef, 4> Paths;
+  StringRef(List).split(Paths, ':', -1, /*KeepEmpty=*/false);
+  for (StringRef Path : Paths)
+    expectExpansionTrainsAsTheCpu(Path);
+}
+
+} // namespace

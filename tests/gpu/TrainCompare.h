@@ -1,0 +1,129 @@
+//===- TrainCompare.h - A few training steps against the CPU's -*- C++ -*-===//
+//
+// Trains a plan a few steps on one batch and compares another run's losses
+// and gradients with the CPU backend's, by the repository's layout rule:
+// the other run's difference from the float64 run at most 8 times the CPU's
+// own float32 difference from it (EndToEndTest.cpp says why, and which
+// steps' gradients that holds for).
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_TESTS_GPU_TRAINCOMPARE_H
+#define SP_TESTS_GPU_TRAINCOMPARE_H
+
+#include "runtime/Executor.h"
+#include "gtest/gtest.h"
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace sp {
+
+struct Run {
+  std::vector<double> Losses;
+  /// Per step, every parameter's gradient in float64.
+  std::vector<std::map<std::string, std::vector<double>>> Grads;
+  /// Per step, every parameter after the update, in float64.
+  std::vector<std::map<std::string, std::vector<double>>> Params;
+};
+
+/// The one batch every step trains on: seeded random tokens and targets.
+inline TokenBatch oneBatch(const Executor &E) {
+  std::mt19937 Rng(7);
+  TokenBatch Data;
+  for (int64_t I = 0; I < E.batch() * E.seq(); ++I) {
+    Data.Tokens.push_back(Rng() % E.vocab());
+    Data.Targets.push_back(Rng() % E.vocab());
+  }
+  return Data;
+}
+
+/// Steps training steps of E on oneBatch: losses, gradients and parameters.
+inline llvm::Expected<Run> trainRun(Executor &E, int Steps) {
+  TokenBatch Data = oneBatch(E);
+  Run R;
+  for (int S = 1; S <= Steps; ++S) {
+    auto L = E.trainStep(Data, 1e-3, S);
+    if (!L)
+      return L.takeError();
+    R.Losses.push_back(*L);
+    if (auto Err = E.download())
+      return Err;
+    auto &Step = R.Grads.emplace_back();
+    auto &Values = R.Params.emplace_back();
+    for (const TensorView &Param : E.parameters()) {
+      auto G = E.gradient(Param.Name);
+      if (!G)
+        return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                 "no gradient of " + Param.Name);
+      auto Full = E.gather64(*G);
+      if (!Full)
+        return Full.takeError();
+      Step[Param.Name] = std::move(*Full);
+      auto Value = E.gather64(Param);
+      if (!Value)
+        return Value.takeError();
+      Values[Param.Name] = std::move(*Value);
+    }
+  }
+  return R;
+}
+
+inline double normwise(const std::vector<double> &X,
+                       const std::vector<double> &Ref) {
+  double D = 0, S = 0;
+  for (size_t I = 0; I < X.size(); ++I) {
+    D = std::max(D, std::fabs(X[I] - Ref[I]));
+    S = std::max(S, std::fabs(Ref[I]));
+  }
+  return S == 0 ? D : D / S;
+}
+
+/// Every step's loss, and the gradients of the first GradSteps steps, of
+/// the other run (Gpu; Who names it in the messages) against the CPU's
+/// float32 error from the float64 run.
+inline void expectMatches(const Run &Gpu, const Run &Cpu, const Run &Ref,
+                          int GradSteps, const char *Who = "gpu") {
+  const double K = 8, Floor = std::ldexp(1.0, -24);
+  for (size_t S = 0; S < Ref.Losses.size(); ++S) {
+    double L64 = Ref.Losses[S];
+    double CpuErr = std::fabs(Cpu.Losses[S] - L64) / std::fabs(L64);
+    double GpuErr = std::fabs(Gpu.Losses[S] - L64) / std::fabs(L64);
+    EXPECT_LE(GpuErr, K * std::max(CpuErr, Floor))
+        << "loss of step " << S + 1 << ": " << Who << " " << Gpu.Losses[S]
+        << ", cpu "
+        << Cpu.Losses[S] << ", float64 " << L64;
+    std::printf("step %zu: loss error %s %.3g cpu %.3g\n", S + 1, Who,
+                GpuErr, CpuErr);
+    ASSERT_EQ(Gpu.Grads[S].size(), Ref.Grads[S].size());
+    double Worst = 0;
+    for (auto &[Name, G64] : Ref.Grads[S]) {
+      double C = normwise(Cpu.Grads[S].at(Name), G64);
+      double G = normwise(Gpu.Grads[S].at(Name), G64);
+      Worst = std::max(Worst, G / std::max(C, Floor));
+      if (int(S) < GradSteps)
+        EXPECT_LE(G, K * std::max(C, Floor))
+            << "gradient of " << Name << " at step " << S + 1
+            << ": " << Who << " error " << G << ", cpu error " << C;
+    }
+    std::printf("  gradients: largest %s/cpu error ratio %.2f%s\n", Who,
+                Worst, int(S) < GradSteps ? "" : " (not compared)");
+    if (S < Ref.Params.size() && S < Gpu.Params.size()) {
+      double DG = 0, DC = 0;
+      for (auto &[Name, P64] : Ref.Params[S])
+        for (size_t I = 0; I < P64.size(); ++I) {
+          DG = std::max(DG, std::fabs(Gpu.Params[S].at(Name)[I] - P64[I]));
+          DC = std::max(DC, std::fabs(Cpu.Params[S].at(Name)[I] - P64[I]));
+        }
+      std::printf("  parameters after the update: largest difference from "
+                  "float64 %s %.3g cpu %.3g\n",
+                  Who, DG, DC);
+    }
+  }
+}
+
+} // namespace sp
+
+#endif // SP_TESTS_GPU_TRAINCOMPARE_H

@@ -677,20 +677,34 @@ void geluBackward(T *DX, const T *X, const T *DY, int64_t N,
 // 6. Head layouts
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// Runs Body(b, s) for every token (b, s) of a [B, S] batch, the tokens
+/// split over the kernel threads in runs of about 8K elements (a token
+/// moves Elems of them). The head layouts are copies: each element is
+/// written once, so the split changes nothing.
+template <typename F>
+void forTokens(int64_t B, int64_t S, int64_t Elems, F &&Body) {
+  parallelFor(B * S, std::max<int64_t>(1, (1 << 13) / std::max<int64_t>(Elems, 1)),
+              [&](int64_t T0, int64_t T1) {
+                for (int64_t T = T0; T < T1; ++T)
+                  Body(T / S, T % S);
+              });
+}
+} // namespace
+
 template <typename T>
 void splitHeads(T *Q, T *K, T *V, const T *QKV, int64_t B, int64_t S,
                 int64_t Heads, int64_t D) {
   checkSizes({B, S, Heads, D});
   int64_t H = Heads * D;
   T *Dst[3] = {Q, K, V};
-  for (int64_t Bi = 0; Bi < B; ++Bi)
-    for (int64_t Si = 0; Si < S; ++Si) {
-      const T *Row = QKV + (Bi * S + Si) * 3 * H;
-      for (int P = 0; P < 3; ++P)
-        for (int64_t A = 0; A < Heads; ++A)
-          std::memcpy(Dst[P] + ((Bi * Heads + A) * S + Si) * D,
-                      Row + P * H + A * D, sizeof(T) * D);
-    }
+  forTokens(B, S, 3 * H, [&](int64_t Bi, int64_t Si) {
+    const T *Row = QKV + (Bi * S + Si) * 3 * H;
+    for (int P = 0; P < 3; ++P)
+      for (int64_t A = 0; A < Heads; ++A)
+        std::memcpy(Dst[P] + ((Bi * Heads + A) * S + Si) * D,
+                    Row + P * H + A * D, sizeof(T) * D);
+  });
 }
 
 template <typename T>
@@ -699,36 +713,35 @@ void splitHeadsBackward(T *DQKV, const T *DQ, const T *DK, const T *DV,
   checkSizes({B, S, Heads, D});
   int64_t H = Heads * D;
   const T *Src[3] = {DQ, DK, DV};
-  for (int64_t Bi = 0; Bi < B; ++Bi)
-    for (int64_t Si = 0; Si < S; ++Si) {
-      T *Row = DQKV + (Bi * S + Si) * 3 * H;
-      for (int P = 0; P < 3; ++P)
-        for (int64_t A = 0; A < Heads; ++A)
-          std::memcpy(Row + P * H + A * D,
-                      Src[P] + ((Bi * Heads + A) * S + Si) * D, sizeof(T) * D);
-    }
+  forTokens(B, S, 3 * H, [&](int64_t Bi, int64_t Si) {
+    T *Row = DQKV + (Bi * S + Si) * 3 * H;
+    for (int P = 0; P < 3; ++P)
+      for (int64_t A = 0; A < Heads; ++A)
+        std::memcpy(Row + P * H + A * D,
+                    Src[P] + ((Bi * Heads + A) * S + Si) * D, sizeof(T) * D);
+  });
 }
 
 template <typename T>
 void mergeHeads(T *Y, const T *X, int64_t B, int64_t S, int64_t Heads,
                 int64_t D) {
   checkSizes({B, S, Heads, D});
-  for (int64_t Bi = 0; Bi < B; ++Bi)
-    for (int64_t Si = 0; Si < S; ++Si)
-      for (int64_t A = 0; A < Heads; ++A)
-        std::memcpy(Y + ((Bi * S + Si) * Heads + A) * D,
-                    X + ((Bi * Heads + A) * S + Si) * D, sizeof(T) * D);
+  forTokens(B, S, Heads * D, [&](int64_t Bi, int64_t Si) {
+    for (int64_t A = 0; A < Heads; ++A)
+      std::memcpy(Y + ((Bi * S + Si) * Heads + A) * D,
+                  X + ((Bi * Heads + A) * S + Si) * D, sizeof(T) * D);
+  });
 }
 
 template <typename T>
 void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S, int64_t Heads,
                         int64_t D) {
   checkSizes({B, S, Heads, D});
-  for (int64_t Bi = 0; Bi < B; ++Bi)
-    for (int64_t Si = 0; Si < S; ++Si)
-      for (int64_t A = 0; A < Heads; ++A)
-        std::memcpy(DX + ((Bi * Heads + A) * S + Si) * D,
-                    DY + ((Bi * S + Si) * Heads + A) * D, sizeof(T) * D);
+  forTokens(B, S, Heads * D, [&](int64_t Bi, int64_t Si) {
+    for (int64_t A = 0; A < Heads; ++A)
+      std::memcpy(DX + ((Bi * Heads + A) * S + Si) * D,
+                  DY + ((Bi * S + Si) * Heads + A) * D, sizeof(T) * D);
+  });
 }
 
 //===----------------------------------------------------------------------===//

@@ -1782,6 +1782,20 @@ TEST(CpuParallelTest, KernelsAreBitwiseIndependentOfTheThreadCount) {
     biasBackward(DBias.data(), DY.data(), Rows, H);
     return bytesOf(Y, Mean, Rstd, DX, DG, DB, DBias);
   });
+  expectSameOnThreads("head layouts", [&] {
+    // 600 tokens of 3 x 4 heads of 8: split into several runs per thread.
+    const int64_t B = 2, S = 300, Heads = 4, D = 8, E = B * S * Heads * D;
+    std::vector<float> QKV = toFloat(randVec(3 * E, 90)), Q(E), K(E), V(E),
+                       Back(3 * E), M(E), MB(E);
+    splitHeads(Q.data(), K.data(), V.data(), QKV.data(), B, S, Heads, D);
+    splitHeadsBackward(Back.data(), Q.data(), K.data(), V.data(), B, S, Heads,
+                       D);
+    EXPECT_EQ(Back, QKV);
+    mergeHeads(M.data(), Q.data(), B, S, Heads, D);
+    mergeHeadsBackward(MB.data(), M.data(), B, S, Heads, D);
+    EXPECT_EQ(MB, Q);
+    return bytesOf(Q, K, V, M);
+  });
   expectSameOnThreads("cross entropy", [&] {
     std::vector<int64_t> Targets(Rows);
     for (int64_t R = 0; R < Rows; ++R)

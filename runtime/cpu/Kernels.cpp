@@ -354,10 +354,35 @@ Status broadcastBinary(T *Y, Shape YShape, const T *A, Shape AShape,
   if (Status S = broadcastStrides(BShape, YShape, SB); !S.ok())
     return S;
   int R = int(YShape.size());
+  if (R == 0) {
+    Y[0] = Fn(A[0], B[0]);
+    return Status::success();
+  }
   rowMajorStrides(R, YShape.data(), SY);
-  forEachIndex(R, YShape.data(), [&](const int64_t *Idx) {
-    Y[dot(R, Idx, SY)] = Fn(A[dot(R, Idx, SA)], B[dot(R, Idx, SB)]);
-  });
+  // Rows of Y's last dimension (each operand's stride along it is 1 or 0,
+  // broadcast) over the kernel threads; a row's offsets in A and B from
+  // its index over the other dimensions.
+  const int64_t Inner = YShape[R - 1], IA = SA[R - 1], IB = SB[R - 1];
+  int64_t Rows = 1;
+  for (int D = 0; D + 1 < R; ++D)
+    Rows *= YShape[D];
+  if (Inner == 0 || Rows == 0)
+    return Status::success();
+  parallelFor(Rows, std::max<int64_t>(1, (1 << 13) / Inner),
+              [&](int64_t R0, int64_t R1) {
+                for (int64_t Row = R0; Row < R1; ++Row) {
+                  int64_t OffA = 0, OffB = 0, Rest = Row;
+                  for (int D = R - 2; D >= 0; --D) {
+                    int64_t I = Rest % YShape[D];
+                    Rest /= YShape[D];
+                    OffA += I * SA[D];
+                    OffB += I * SB[D];
+                  }
+                  T *YR = Y + Row * Inner;
+                  for (int64_t J = 0; J < Inner; ++J)
+                    YR[J] = Fn(A[OffA + J * IA], B[OffB + J * IB]);
+                }
+              });
   return Status::success();
 }
 } // namespace
@@ -395,13 +420,30 @@ Status reduceToShape(T *DX, Shape XShape, const T *DY, Shape YShape) {
   for (int64_t D : XShape)
     NX *= D;
   std::fill(DX, DX + NX, T(0)); // covers a reduction over an empty dimension
-  forEachIndex(RK, KeptDims, [&](const int64_t *KIdx) {
-    const T *Base = DY + dot(RK, KIdx, KeptSY);
-    Acc Sum = 0;
-    forEachIndex(RR, RedDims, [&](const int64_t *RIdx) {
-      Sum += Base[dot(RR, RIdx, RedSY)];
-    });
-    DX[dot(RK, KIdx, KeptSX)] = T(Sum);
+  int64_t NK = 1, NR = 1;
+  for (int D = 0; D < RK; ++D)
+    NK *= KeptDims[D];
+  for (int D = 0; D < RR; ++D)
+    NR *= RedDims[D];
+  if (NK == 0 || NR == 0)
+    return Status::success();
+  // The DX elements over the kernel threads, each summed by one thread in
+  // the reduced dimensions' row-major order.
+  parallelFor(NK, std::max<int64_t>(1, (1 << 13) / NR), [&](int64_t K0,
+                                                           int64_t K1) {
+    int64_t KIdx[MaxRank];
+    for (int64_t K = K0; K < K1; ++K) {
+      for (int64_t D = RK - 1, Rest = K; D >= 0; --D) {
+        KIdx[D] = Rest % KeptDims[D];
+        Rest /= KeptDims[D];
+      }
+      const T *Base = DY + dot(RK, KIdx, KeptSY);
+      Acc Sum = 0;
+      forEachIndex(RR, RedDims, [&](const int64_t *RIdx) {
+        Sum += Base[dot(RR, RIdx, RedSY)];
+      });
+      DX[dot(RK, KIdx, KeptSX)] = T(Sum);
+    }
   });
   return Status::success();
 }

@@ -83,6 +83,11 @@ void expectClose(const std::vector<float> &F, const Vec &D, double Tol,
 
 void expectOk(const Status &S) { EXPECT_TRUE(S.ok()) << S.Message; }
 
+// (Below, with the other thread-count checks.)
+void expectSameOnThreads(const char *What,
+                         const std::function<std::vector<char>()> &Fn);
+template <typename... V> std::vector<char> bytesOf(const V &...Vs);
+
 //===----------------------------------------------------------------------===//
 // Philox
 //===----------------------------------------------------------------------===//
@@ -184,6 +189,66 @@ TEST(CpuKernelsTest, EmbeddingRejectsBadIds) {
 //===----------------------------------------------------------------------===//
 // 2. Add and reduceToShape
 //===----------------------------------------------------------------------===//
+
+/// addBroadcast and mulBroadcast run rows of the last dimension over the
+/// threads: every element is the one sum or product of its operands'
+/// broadcast elements, for operands broadcast along any dimensions (the
+/// last one too), bit for bit on any thread count; reduceToShape, its
+/// gradient, sums each element in double in Y's order, over the threads.
+TEST(CpuKernelsTest, BroadcastRowsAreElementwise) {
+  struct Case {
+    std::vector<int64_t> Y, A, B;
+  };
+  for (const Case &C : {Case{{8, 128, 256}, {8, 128, 256}, {1, 128, 256}},
+                        Case{{8, 128, 256}, {128, 256}, {8, 128, 256}},
+                        Case{{4, 3, 300}, {4, 3, 1}, {300}},
+                        Case{{2, 5, 7, 9}, {5, 1, 9}, {2, 1, 7, 1}},
+                        Case{{6}, {1}, {6}},
+                        Case{{}, {}, {}}}) {
+    auto Count = [](const std::vector<int64_t> &S) {
+      int64_t N = 1;
+      for (int64_t D : S)
+        N *= D;
+      return N;
+    };
+    int64_t N = Count(C.Y);
+    std::vector<float> A = toFloat(randVec(Count(C.A), 91)),
+                       B = toFloat(randVec(Count(C.B), 92));
+    // The reference: each element's operands by its index.
+    std::vector<float> WantAdd(N), WantMul(N);
+    std::vector<double> SumA(A.size());
+    const int R = int(C.Y.size());
+    for (int64_t I = 0; I < N; ++I) {
+      int64_t Rest = I, OffA = 0, OffB = 0, StrA = 1, StrB = 1;
+      for (int D = R - 1; D >= 0; --D) {
+        int64_t Idx = Rest % C.Y[D];
+        Rest /= C.Y[D];
+        int DA = D - (R - int(C.A.size())), DB = D - (R - int(C.B.size()));
+        if (DA >= 0) {
+          OffA += (C.A[DA] == 1 ? 0 : Idx) * StrA;
+          StrA *= C.A[DA];
+        }
+        if (DB >= 0) {
+          OffB += (C.B[DB] == 1 ? 0 : Idx) * StrB;
+          StrB *= C.B[DB];
+        }
+      }
+      WantAdd[I] = A[OffA] + B[OffB];
+      WantMul[I] = A[OffA] * B[OffB];
+      SumA[OffA] += double(WantAdd[I]); // reduceToShape's order: Y's
+    }
+    std::vector<float> WantDA(SumA.begin(), SumA.end());
+    auto Run = [&] {
+      std::vector<float> Add(N, -1), Mul(N, -1), DA(A.size(), -1);
+      expectOk(addBroadcast(Add.data(), C.Y, A.data(), C.A, B.data(), C.B));
+      expectOk(mulBroadcast(Mul.data(), C.Y, A.data(), C.A, B.data(), C.B));
+      expectOk(reduceToShape(DA.data(), C.A, Add.data(), C.Y));
+      return bytesOf(Add, Mul, DA);
+    };
+    expectSameOnThreads("broadcast", Run);
+    EXPECT_TRUE(Run() == bytesOf(WantAdd, WantMul, WantDA)) << N;
+  }
+}
 
 TEST(CpuKernelsTest, AddBroadcastGradient) {
   std::vector<int64_t> YS = {2, 3, 4}, AS = {3, 1}, BS = {2, 1, 4};

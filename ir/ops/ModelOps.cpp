@@ -808,12 +808,36 @@ void addModelOps(OpTable &T) {
       .MaxOperands = 7,
       .Attrs = AttentionAttrs,
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
-        if (A.attrInt("packed"))
-          return TypeList{A.type(1)};
-        if (A.Operands.size() < 6)
-          return typeError("attention_grad expects (do, q, k, v, o, lse, "
-                           "keep?)");
-        return TypeList{A.type(1), A.type(2), A.type(3)};
+        // The forward's operands must be valid ones, and do, o and lse of
+        // the shapes it computes (the kernels index by them).
+        const unsigned Qkv = A.attrInt("packed") ? 1 : 3;
+        const size_t N = A.Operands.size();
+        if (N < Qkv + 3 || N > Qkv + 4)
+          return typeError(Qkv == 1 ? "attention_grad {packed} expects (do, "
+                                      "qkv, o, lse, keep?)"
+                                    : "attention_grad expects (do, q, k, v, "
+                                      "o, lse, keep?)");
+        SmallVector<Value *, 4> Fwd(A.Operands.begin() + 1,
+                                    A.Operands.begin() + 1 + Qkv);
+        if (N == Qkv + 4)
+          Fwd.push_back(A.Operands.back());
+        auto Out = opDef(OpKind::Attention)
+                       .Shape(ShapeArgs{OpKind::Attention, Fwd, A.Attrs});
+        if (!Out)
+          return Out.takeError();
+        const TensorType &O = (*Out)[0], &Lse = (*Out)[1];
+        if (A.type(0).Shape != O.Shape || A.type(Qkv + 1).Shape != O.Shape ||
+            A.type(Qkv + 2).Shape != Lse.Shape)
+          return typeError(formatv("attention_grad: do, o and lse must be "
+                                   "the forward's {0}, {0} and {1}; got {2}, "
+                                   "{3}, {4}",
+                                   O.str(), Lse.str(), A.type(0).str(),
+                                   A.type(Qkv + 1).str(),
+                                   A.type(Qkv + 2).str()));
+        TypeList R;
+        for (unsigned I = 0; I < Qkv; ++I)
+          R.push_back(A.type(1 + I));
+        return R;
       },
       // dq, dk, dv are laid out as q, k, v (do may be merged).
       .Layout = [](const Node &N) { return layoutOf(N, 1); },

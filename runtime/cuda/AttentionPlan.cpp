@@ -93,8 +93,12 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
         Bufs[I.In[Q + 2]].Type.Shape != KT.Shape)
       return planError(opName(I.Op) + " expects q [b, a, s, d] and k, v "
                                       "[b, g, t, d]");
-    B = QT.Shape[0], A = QT.Shape[1], Sq = QT.Shape[2], D = QT.Shape[3],
-    G = KT.Shape[1], Sk = KT.Shape[2];
+    B = QT.Shape[0];
+    A = QT.Shape[1];
+    Sq = QT.Shape[2];
+    D = QT.Shape[3];
+    G = KT.Shape[1];
+    Sk = KT.Shape[2];
     if (G <= 0 || A % G != 0 || KT.Shape[0] != B || KT.Shape[3] != D)
       return planError(opName(I.Op) + ": k and v heads must divide q's");
   }

@@ -141,6 +141,13 @@ inline unsigned attentionInputs(OpKind Op, const AttrList &Attrs) {
 inline unsigned attentionInputs(const Node &N) {
   return attentionInputs(N.op(), N.attrs());
 }
+/// Where an attention's padding mask (keep) would be among its operands:
+/// after q, k, v (or qkv), and for attention_grad after do before them and
+/// o, lse after them.
+inline unsigned attentionKeepOperand(OpKind Op, const AttrList &Attrs) {
+  bool Grad = Op == OpKind::AttentionGrad;
+  return attentionInputs(Op, Attrs) + (Grad ? 3 : 0);
+}
 
 /// The forward values N's gradient rule reads.
 llvm::SmallVector<Value *, 4> savedForBackward(const Node &N);

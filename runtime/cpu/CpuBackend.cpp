@@ -778,7 +778,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     Core.Merged = AInt("merged");
     Core.Packed = Packed;
     std::vector<T> Bias;
-    const unsigned KeepAt = Q + Qkv + (Fwd ? 0 : 2);
+    const unsigned KeepAt = attentionKeepOperand(I.Op, I.Attrs);
     if (I.In.size() > KeepAt) {
       Bias.resize(Sh.Batch * Sh.Sk);
       if (auto E = keyBias<T>(Bias.data(), C.buffer(I.In[KeepAt]),

@@ -67,6 +67,14 @@ template <typename F> void forEachIndex(int R, const int64_t *Dims, F &&Fn) {
   }
 }
 
+/// Idx = the multi-index of row-major position Flat in Dims (R dimensions).
+void unflatten(int64_t Flat, int R, const int64_t *Dims, int64_t *Idx) {
+  for (int D = R - 1; D >= 0; --D) {
+    Idx[D] = Flat % Dims[D];
+    Flat /= Dims[D];
+  }
+}
+
 int64_t dot(int R, const int64_t *Idx, const int64_t *Strides) {
   int64_t Off = 0;
   for (int D = 0; D < R; ++D)
@@ -370,14 +378,10 @@ Status broadcastBinary(T *Y, Shape YShape, const T *A, Shape AShape,
     return Status::success();
   parallelFor(Rows, std::max<int64_t>(1, (1 << 13) / Inner),
               [&](int64_t R0, int64_t R1) {
+                int64_t Idx[MaxRank];
                 for (int64_t Row = R0; Row < R1; ++Row) {
-                  int64_t OffA = 0, OffB = 0, Rest = Row;
-                  for (int D = R - 2; D >= 0; --D) {
-                    int64_t I = Rest % YShape[D];
-                    Rest /= YShape[D];
-                    OffA += I * SA[D];
-                    OffB += I * SB[D];
-                  }
+                  unflatten(Row, R - 1, YShape.data(), Idx);
+                  int64_t OffA = dot(R - 1, Idx, SA), OffB = dot(R - 1, Idx, SB);
                   T *YR = Y + Row * Inner;
                   for (int64_t J = 0; J < Inner; ++J)
                     YR[J] = Fn(A[OffA + J * IA], B[OffB + J * IB]);
@@ -433,10 +437,7 @@ Status reduceToShape(T *DX, Shape XShape, const T *DY, Shape YShape) {
                                                            int64_t K1) {
     int64_t KIdx[MaxRank];
     for (int64_t K = K0; K < K1; ++K) {
-      for (int64_t D = RK - 1, Rest = K; D >= 0; --D) {
-        KIdx[D] = Rest % KeptDims[D];
-        Rest /= KeptDims[D];
-      }
+      unflatten(K, RK, KeptDims, KIdx);
       const T *Base = DY + dot(RK, KIdx, KeptSY);
       Acc Sum = 0;
       forEachIndex(RR, RedDims, [&](const int64_t *RIdx) {

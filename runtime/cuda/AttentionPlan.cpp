@@ -72,7 +72,7 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
   if (!Fwd && I.Op != OpKind::AttentionGrad)
     return planError("planAttention: not an attention instruction");
   const unsigned Qkv = attentionInputs(I.Op, I.Attrs), Q = Fwd ? 0 : 1,
-                 KeepAt = Q + Qkv + (Fwd ? 0 : 2);
+                 KeepAt = attentionKeepOperand(I.Op, I.Attrs);
   const bool Packed = Qkv == 1;
   if (I.In.size() < KeepAt || I.In.size() > KeepAt + 1 ||
       I.Out.size() != (Fwd ? 2u : Qkv))

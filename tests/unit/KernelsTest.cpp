@@ -1990,7 +1990,7 @@ TEST(CpuGemmTest, TilesCoverCAndDoNotDependOnTheThreadCount) {
 /// A linear layer's bias is written tile by tile, by the thread that then
 /// computes the tile (gemm's SetBias): the result is bit for bit gemm on C
 /// filled with the bias beforehand, on any thread count.
-TEST(CpuGemmTest, BiasTilesAreOneCallOnTheBias) {
+TEST(CpuGemmTest, BiasTilesAreTheGemmOnTheBias) {
   for (auto [Rows, In, Out] : {std::tuple<int64_t, int64_t, int64_t>{300, 129, 700},
                                {1024, 256, 1024},
                                {7, 5, 3}})

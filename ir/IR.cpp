@@ -51,6 +51,7 @@ bool isCollectiveOp(OpKind K) {
 
 bool isGemmOp(OpKind K) {
   return K == OpKind::Linear || K == OpKind::LinearGradW ||
+         K == OpKind::LinearGelu || K == OpKind::LinearGeluGrad ||
          K == OpKind::BatchMatMul;
 }
 

@@ -57,7 +57,8 @@ bool isCollectiveOp(OpKind K);
 /// pipe_all_reduce).
 bool isCommunicationOp(OpKind K);
 /// The GEMMs of a lowered program (a collective may run beside one):
-/// linear, linear_grad_w, batch_matmul.
+/// linear, linear_grad_w, batch_matmul and the fused linear_gelu and
+/// linear_gelu_grad.
 bool isGemmOp(OpKind K);
 
 /// A core op's attribute as its definition declares it (ir/OpDef.h).

@@ -1,6 +1,7 @@
 //===- Finalize.cpp - The last steps of lowering a program -----------------===//
 #include "lower/Finalize.h"
 #include "lower/FuseAttention.h"
+#include "lower/FuseEpilogue.h"
 #include "lower/GradientBuckets.h"
 #include "lower/MemoryPlan.h"
 #include "lower/Overlap.h"
@@ -108,6 +109,7 @@ void finalizeCompact(Program &P) {
       if (P.Buffers[Id].Scope == BufferScope::Step && Local.count(Id))
         Sub.Outputs.push_back({Name, Local[Id]});
     fuseAttentionSoftmax(Sub);
+    fuseGeluEpilogues(Sub);
     bucketGradientSums(Sub);
     bucketParamGathers(Sub);
     placeCollectives(Sub);
@@ -167,6 +169,7 @@ void finalizeProgram(Program &P) {
     return;
   }
   fuseAttentionSoftmax(P);
+  fuseGeluEpilogues(P);
   bucketGradientSums(P);
   bucketParamGathers(P);
   placeCollectives(P);

@@ -1,8 +1,6 @@
 //===- FuseAttention.cpp - One softmax for the attention core --------------===//
 #include "lower/FuseAttention.h"
-#include "lower/MemoryPlan.h"
-#include <string>
-#include <vector>
+#include "lower/Peephole.h"
 
 namespace sp {
 
@@ -14,42 +12,8 @@ bool isPlain(const Instruction &I) {
          !I.Attrs.has("fill");
 }
 
-struct Fuser {
-  Program &P;
-  size_t NI, NB;
-  /// The instruction defining each buffer, how many times it is read (a
-  /// program output counts as a read) and by which instruction (the last).
-  std::vector<int> Producer, Uses, User;
-  std::vector<bool> DeadInstr, DeadBuf;
-
-  explicit Fuser(Program &P)
-      : P(P), NI(P.Instrs.size()), NB(P.Buffers.size()), Producer(NB, -1),
-        Uses(NB, 0), User(NB, -1), DeadInstr(NI, false), DeadBuf(NB, false) {
-    for (size_t K = 0; K < NI; ++K) {
-      for (int B : P.Instrs[K].In) {
-        ++Uses[B];
-        User[B] = int(K);
-      }
-      for (int B : P.Instrs[K].Out)
-        if (Producer[B] < 0)
-          Producer[B] = int(K);
-    }
-    for (const auto &[Name, Id] : P.Outputs)
-      ++Uses[Id];
-  }
-
-  /// An intermediate the fusion may drop: a temporary read once.
-  bool isIntermediate(int B) const {
-    return P.Buffers[B].K == ProgramBuffer::Temp && Uses[B] == 1 &&
-           Producer[B] >= 0;
-  }
-  /// A one-operand, one-result instruction of kind Op in phase Ph, not yet
-  /// fused.
-  bool isLink(int K, OpKind Op, Phase Ph) const {
-    const Instruction &I = P.Instrs[K];
-    return I.Op == Op && I.Ph == Ph && !DeadInstr[K] && I.In.size() == 1 &&
-           I.Out.size() == 1;
-  }
+struct Fuser : Peephole {
+  using Peephole::Peephole;
 
   /// scale? -> causal_mask? -> softmax (at instruction K).
   bool fuseForward(int K) {
@@ -128,44 +92,6 @@ struct Fuser {
       I.Attrs.set("fill", Fill);
     }
   }
-
-  /// Drops the dead instructions and buffers in place (each kept one moves
-  /// down at most once, nothing is reallocated), renumbering the rest, and
-  /// recomputes the live ranges for the new indices.
-  void compact() {
-    std::vector<int> NewId(NB, -1);
-    size_t Kept = 0;
-    for (size_t B = 0; B < NB; ++B) {
-      if (DeadBuf[B])
-        continue;
-      NewId[B] = int(Kept);
-      ProgramBuffer &PB = P.Buffers[B];
-      if (Kept != B && PB.K == ProgramBuffer::Temp &&
-          PB.Name == "%" + std::to_string(B))
-        PB.Name = "%" + std::to_string(Kept);
-      if (Kept != B)
-        P.Buffers[Kept] = std::move(PB);
-      ++Kept;
-    }
-    P.Buffers.resize(Kept);
-    Kept = 0;
-    for (size_t K = 0; K < NI; ++K) {
-      if (DeadInstr[K])
-        continue;
-      Instruction &I = P.Instrs[K];
-      for (int &B : I.In)
-        B = NewId[B];
-      for (int &B : I.Out)
-        B = NewId[B];
-      if (Kept != K)
-        P.Instrs[Kept] = std::move(I);
-      ++Kept;
-    }
-    P.Instrs.resize(Kept);
-    for (auto &[Name, Id] : P.Outputs)
-      Id = NewId[Id];
-    computeLiveRanges(P);
-  }
 };
 
 } // namespace
@@ -181,11 +107,7 @@ int fuseAttentionSoftmax(Program &P) {
     else if (P.Instrs[K].Op == OpKind::SoftmaxGrad)
       Any |= F.fuseBackward(int(K));
   }
-  if (!Any)
-    return 0;
-  size_t Before = P.Instrs.size();
-  F.compact();
-  return int(Before - P.Instrs.size());
+  return Any ? F.compact() : 0;
 }
 
 } // namespace sp

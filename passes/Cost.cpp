@@ -9,6 +9,8 @@ double gemmFlops(OpKind Op, const AttrList &Attrs, const TensorType &In0,
   double Out = double(Out0.numElements());
   switch (Op) {
   case OpKind::Linear:
+  case OpKind::LinearGelu:
+  case OpKind::LinearGeluGrad:
     // Y[.., n] = X[.., k] W: 2 k flops per output element.
     return 2.0 * Out * double(In0.Shape.back());
   case OpKind::LinearGradW:

@@ -25,6 +25,28 @@ Sharding layoutOf(const Node &N, unsigned I) {
   return N.operand(I)->sharding();
 }
 
+/// A linear's result: x [.., in] times w ([in, out], or [out, in] with
+/// trans_w), with a bias [out] as operand 2 when Bias.
+Expected<TensorType> linearResult(const ShapeArgs &A, bool Bias) {
+  if (auto E = expectRank(A, 0, 1))
+    return E;
+  const TensorType &X = A.type(0), &W = A.type(1);
+  if (W.rank() != 2)
+    return typeError("the weight of a linear must have rank 2");
+  bool TransW = A.attrInt("trans_w");
+  int64_t In = TransW ? W.Shape[1] : W.Shape[0];
+  int64_t Out = TransW ? W.Shape[0] : W.Shape[1];
+  if (X.dim(-1) != In)
+    return typeError(formatv("input feature size {0} does not match "
+                             "the weight {1} (trans_w = {2})",
+                             X.dim(-1), W.str(), int(TransW)));
+  if (Bias && !A.type(2).hasShape({Out}))
+    return typeError(formatv("the bias must have shape [{0}]", Out));
+  TensorType T = X;
+  T.Shape.back() = Out;
+  return T;
+}
+
 /// (x, w, b?) -> y, broadcasting; the grad of each is reduced to its shape.
 Expected<TypeList> broadcastShape(const ShapeArgs &A) {
   if (A.type(0).Dtype != A.type(1).Dtype)
@@ -293,23 +315,10 @@ void addModelOps(OpTable &T) {
                                 // lm head: columns past it are padding
                 {"valid_vocab", attr::Int(0)}},
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
-        if (auto E = expectRank(A, 0, 1))
-          return E;
-        const TensorType &X = A.type(0), &W = A.type(1);
-        if (W.rank() != 2)
-          return typeError("the weight of a linear must have rank 2");
-        bool TransW = A.attrInt("trans_w");
-        int64_t In = TransW ? W.Shape[1] : W.Shape[0];
-        int64_t Out = TransW ? W.Shape[0] : W.Shape[1];
-        if (X.dim(-1) != In)
-          return typeError(formatv("input feature size {0} does not match "
-                                   "the weight {1} (trans_w = {2})",
-                                   X.dim(-1), W.str(), int(TransW)));
-        if (A.Operands.size() == 3 && !A.type(2).hasShape({Out}))
-          return typeError(formatv("the bias must have shape [{0}]", Out));
-        TensorType T = X;
-        T.Shape.back() = Out;
-        return TypeList{T};
+        auto T = linearResult(A, A.Operands.size() == 3);
+        if (!T)
+          return T.takeError();
+        return TypeList{*T};
       },
       .Saved = [](const Node &N) -> SmallVector<Value *, 4> {
         // Under sequence parallelism the input of a column-parallel linear
@@ -361,6 +370,36 @@ void addModelOps(OpTable &T) {
         if (A.attrInt("trans_w"))
           return TypeList{TensorType(A.type(0).Dtype, {Out, In})};
         return TypeList{TensorType(A.type(0).Dtype, {In, Out})};
+      },
+  };
+  // The epilogue fusions of a lowered program (lower/FuseEpilogue.h); no
+  // graph has them, so they have no gradient or layout rule.
+  T[size_t(OpKind::LinearGelu)] = {
+      .MinOperands = 2, // (x, w, bias?) -> z, gelu(z)
+      .MaxOperands = 3,
+      .Attrs = {{"trans_w", attr::Int(0)},
+                {"approximate", attr::String("none")}},
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        auto T = linearResult(A, A.Operands.size() == 3);
+        if (!T)
+          return T.takeError();
+        return TypeList{*T, *T};
+      },
+  };
+  T[size_t(OpKind::LinearGeluGrad)] = {
+      .MinOperands = 3, // (dy, w, z) -> gelu_grad(z, linear(dy, w))
+      .MaxOperands = 3,
+      .Attrs = {{"trans_w", attr::Int(0)},
+                {"approximate", attr::String("none")}},
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        auto T = linearResult(A, /*Bias=*/false);
+        if (!T)
+          return T.takeError();
+        if (A.type(2) != *T)
+          return typeError(formatv("the GELU input {0} is not the linear's "
+                                   "result {1}",
+                                   A.type(2).str(), T->str()));
+        return TypeList{*T};
       },
   };
   T[size_t(OpKind::BiasGrad)] = {

@@ -608,6 +608,21 @@ template <typename T> static Error runKernel(const KernelCall &C) {
                 InF, OutF, AInt("trans_w"));
     return Error::success();
   }
+  case OpKind::LinearGelu: {
+    int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    cpu::linearGelu(Out(0), Out(1), In(0), In(1),
+                    I.In.size() > 2 ? In(2) : nullptr, Rows, InF, OutF,
+                    AInt("trans_w"), geluApprox(I));
+    return Error::success();
+  }
+  case OpKind::LinearGeluGrad: {
+    int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    cpu::linearGeluBackward(Out(0), In(0), In(1), In(2), Rows, InF, OutF,
+                            AInt("trans_w"), geluApprox(I));
+    return Error::success();
+  }
   case OpKind::LinearGradW: {
     int64_t InF = InT(0).dim(-1), OutF = InT(1).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;

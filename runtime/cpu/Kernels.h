@@ -195,6 +195,22 @@ template <typename T> void gelu(T *Y, const T *X, int64_t N, GeluApprox Approx);
 template <typename T>
 void geluBackward(T *DX, const T *X, const T *DY, int64_t N, GeluApprox Approx);
 
+/// The epilogue fusions (lower/FuseEpilogue.h), each with the bits of the
+/// pair it stands for: the GELU runs on each tile of the GEMM's result as
+/// soon as the tile is computed, while it is in cache.
+/// Z = linear(X, W, Bias) and Y = gelu(Z).
+template <typename T>
+void linearGelu(T *Z, T *Y, const T *X, const T *W, const T *Bias,
+                int64_t Rows, int64_t In, int64_t Out, bool TransW,
+                GeluApprox Approx);
+/// DX = geluBackward(Z, linear(DY, W)): DX[Rows, Out] is the gradient of
+/// the GELU's input Z[Rows, Out], whose output's gradient is the linear
+/// input gradient DY[Rows, In] op(W) (W as linear reads it with TransW).
+template <typename T>
+void linearGeluBackward(T *DX, const T *DY, const T *W, const T *Z,
+                        int64_t Rows, int64_t In, int64_t Out, bool TransW,
+                        GeluApprox Approx);
+
 //===----------------------------------------------------------------------===//
 // 6. Head layouts (D = H / Heads)
 //===----------------------------------------------------------------------===//

@@ -1733,6 +1733,31 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
                 TransW ? InF : OutF, Bias ? 1.0f : 0.0f, Out(0), OutF,
                 InT(0).Dtype);
   }
+  case OpKind::LinearGelu: { // the linear, then the GELU of its result
+    int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    bool TransW = AInt("trans_w"), Bias = I.In.size() > 2;
+    if (Bias)
+      cuda::broadcastRows(Out(0), In(2), Rows, OutF, S);
+    if (auto E = gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
+                      TransW ? InF : OutF, Bias ? 1.0f : 0.0f, Out(0), OutF,
+                      InT(0).Dtype))
+      return E;
+    cuda::gelu(OutE(1), OutE(0), OutT(0).numElements(), Tanh(), S);
+    return Error::success();
+  }
+  case OpKind::LinearGeluGrad: { // the linear, then the GELU's gradient in
+                                 // place
+    int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
+    int64_t Rows = InT(0).numElements() / InF;
+    bool TransW = AInt("trans_w");
+    if (auto E = gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
+                      TransW ? InF : OutF, 0.0f, Out(0), OutF, InT(0).Dtype))
+      return E;
+    cuda::geluBackward(OutE(0), InE(2), OutE(0), OutT(0).numElements(),
+                       Tanh(), S);
+    return Error::success();
+  }
   case OpKind::LinearGradW: {
     int64_t InF = InT(0).dim(-1), OutF = InT(1).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;

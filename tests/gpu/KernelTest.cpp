@@ -319,6 +319,52 @@ TEST_F(CudaKernels, GeluBothFormsForwardAndBackward) {
   }
 }
 
+TEST_F(CudaKernels, GeluEpiloguesAreTheUnfusedPairOnTheDevice) {
+  // lower/FuseEpilogue.cpp's fused ops against the pair each stands for,
+  // both on the device: the same cuBLAS product, the same GELU kernel, so
+  // bitwise. (The pair's kernels are checked against the CPU above; the
+  // CPU's fused kernels against its pair in tests/unit/FuseEpilogueTest.)
+  const int64_t Rows = 33, In = 48, Out = 20;
+  for (const char *Form : {"none", "tanh"})
+    for (int TransW = 0; TransW < 2; ++TransW) {
+      auto Attrs = [&](Instruction &I) -> Instruction & {
+        I.Attrs.set("trans_w", int64_t(TransW));
+        return I;
+      };
+      auto Gelu = [&](Instruction &I) {
+        I.Attrs.set("approximate", std::string(Form));
+      };
+      OpCase Fused, Pair;
+      for (OpCase *C : {&Fused, &Pair}) {
+        int X = C->floats({Rows, In});
+        int W = TransW ? C->floats({Out, In}) : C->floats({In, Out});
+        int Bias = C->floats({Out});
+        int Z = C->buffer(DType::F32, {Rows, Out});
+        int Y = C->buffer(DType::F32, {Rows, Out});
+        int DY = C->floats({Rows, In});
+        int W2 = TransW ? C->floats({Out, In}) : C->floats({In, Out});
+        int DZ = C->buffer(DType::F32, {Rows, Out});
+        if (C == &Fused) {
+          Gelu(Attrs(C->op(OpKind::LinearGelu, {X, W, Bias}, {Z, Y})));
+          Gelu(Attrs(C->op(OpKind::LinearGeluGrad, {DY, W2, Z}, {DZ})));
+        } else {
+          Attrs(C->op(OpKind::Linear, {X, W, Bias}, {Z}));
+          Gelu(C->op(OpKind::Gelu, {Z}, {Y}));
+          int D = C->buffer(DType::F32, {Rows, Out});
+          Attrs(C->op(OpKind::Linear, {DY, W2}, {D}));
+          Gelu(C->op(OpKind::GeluGrad, {Z, D}, {DZ}));
+        }
+      }
+      auto Got = Fused.run(*Gpu), Want = Pair.run(*Gpu);
+      ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
+      ASSERT_TRUE(bool(Want)) << toString(Want.takeError());
+      // Buffers 3, 4 and 7 are z, y and dz in both programs.
+      for (int B : {3, 4, 7})
+        EXPECT_EQ((*Got)[B], (*Want)[B])
+            << Form << " trans_w " << TransW << " buffer " << B;
+    }
+}
+
 TEST_F(CudaKernels, SiluAndReluForwardAndBackward) {
   for (auto [Fwd, Bwd] : {std::pair{OpKind::Silu, OpKind::SiluGrad},
                           std::pair{OpKind::Relu, OpKind::ReluGrad}}) {

@@ -1,0 +1,102 @@
+//===- FuseEpilogue.cpp - GELU in the GEMM's epilogue ----------------------===//
+#include "lower/FuseEpilogue.h"
+#include "lower/Peephole.h"
+
+namespace sp {
+
+namespace {
+
+struct Fuser : Peephole {
+  using Peephole::Peephole;
+
+  /// A 32- or 64-bit float buffer (see the header for 16-bit ones).
+  bool isWide(int B) const {
+    DType D = P.Buffers[B].Type.Dtype;
+    return D == DType::F32 || D == DType::F64;
+  }
+  bool allWide(const Instruction &I) const {
+    for (const auto *List : {&I.In, &I.Out})
+      for (int B : *List)
+        if (!isWide(B))
+          return false;
+    return true;
+  }
+  /// A linear of Operands operands in phase Ph, not yet fused, without the
+  /// attributes of other uses (a vocabulary-parallel head's).
+  bool isPlainLinear(int K, size_t MinOperands, size_t MaxOperands,
+                     Phase Ph) const {
+    if (K < 0 || DeadInstr[K])
+      return false;
+    const Instruction &L = P.Instrs[K];
+    return L.Op == OpKind::Linear && L.Ph == Ph && L.Out.size() == 1 &&
+           L.In.size() >= MinOperands && L.In.size() <= MaxOperands &&
+           !L.Attrs.has("valid_vocab") && allWide(L);
+  }
+  static AttrList fusedAttrs(const Instruction &Linear,
+                             const Instruction &Gelu) {
+    AttrList A;
+    A.set("trans_w", Linear.Attrs.getInt("trans_w", 0));
+    A.set("approximate", attrString(Gelu.Op, Gelu.Attrs, "approximate"));
+    return A;
+  }
+
+  /// linear -> gelu (at instruction K).
+  bool fuseForward(int K) {
+    const Instruction &G = P.Instrs[K];
+    if (G.In.size() != 1 || G.Out.size() != 1 || !allWide(G))
+      return false;
+    int Z = G.In[0], Y = G.Out[0], L = Producer[Z];
+    if (!isPlainLinear(L, 2, 3, G.Ph) || P.Instrs[L].Out[0] != Z ||
+        Producer[Y] != K || writtenBetween(Z, L, K))
+      return false;
+    Instruction &Lin = P.Instrs[L];
+    AttrList A = fusedAttrs(Lin, G);
+    Lin.Op = OpKind::LinearGelu;
+    Lin.Attrs = std::move(A);
+    Lin.Out.push_back(Y);
+    DeadInstr[K] = true;
+    return true;
+  }
+
+  /// linear -> gelu_grad (at instruction K, reading the linear's result as
+  /// its dy).
+  bool fuseBackward(int K) {
+    const Instruction &G = P.Instrs[K];
+    if (G.In.size() != 2 || G.Out.size() != 1 || !allWide(G))
+      return false;
+    int D = G.In[1], L = Producer[D];
+    if (!isIntermediate(D) || !isPlainLinear(L, 2, 2, G.Ph) ||
+        P.Instrs[L].Out[0] != D || G.In[0] == D)
+      return false;
+    const Instruction &Lin = P.Instrs[L];
+    for (int B : Lin.In)
+      if (writtenBetween(B, L, K))
+        return false;
+    Instruction F = G;
+    F.Op = OpKind::LinearGeluGrad;
+    F.Attrs = fusedAttrs(Lin, G);
+    F.In = {Lin.In[0], Lin.In[1], G.In[0]};
+    DeadInstr[L] = true;
+    DeadBuf[D] = true;
+    P.Instrs[K] = std::move(F);
+    return true;
+  }
+};
+
+} // namespace
+
+int fuseGeluEpilogues(Program &P) {
+  Fuser F(P);
+  bool Any = false;
+  for (size_t K = 0; K < F.NI; ++K) {
+    if (F.DeadInstr[K])
+      continue;
+    if (P.Instrs[K].Op == OpKind::Gelu)
+      Any |= F.fuseForward(int(K));
+    else if (P.Instrs[K].Op == OpKind::GeluGrad)
+      Any |= F.fuseBackward(int(K));
+  }
+  return Any ? F.compact() : 0;
+}
+
+} // namespace sp

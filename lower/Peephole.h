@@ -1,0 +1,50 @@
+//===- Peephole.h - Rewriting a lowered program in place --------*- C++ -*-===//
+//
+// What the peephole fusions of a lowered program share (lower/FuseAttention.h,
+// lower/FuseEpilogue.h): each buffer's producer and readers, marks for the
+// instructions and buffers a fusion removes, and compact(), which drops them
+// and renumbers the rest. They run before the memory plan (offsets are left
+// as they are).
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_LOWER_PEEPHOLE_H
+#define SP_LOWER_PEEPHOLE_H
+
+#include "plan/Program.h"
+#include <vector>
+
+namespace sp {
+
+struct Peephole {
+  Program &P;
+  size_t NI, NB;
+  /// The instruction defining each buffer, how many times it is read (a
+  /// program output counts as a read) and by which instruction (the last).
+  std::vector<int> Producer, Uses, User;
+  std::vector<bool> DeadInstr, DeadBuf;
+
+  explicit Peephole(Program &P);
+
+  /// An intermediate a fusion may drop: a temporary read once.
+  bool isIntermediate(int B) const {
+    return P.Buffers[B].K == ProgramBuffer::Temp && Uses[B] == 1 &&
+           Producer[B] >= 0;
+  }
+  /// A one-operand, one-result instruction of kind Op in phase Ph, not yet
+  /// fused.
+  bool isLink(int K, OpKind Op, Phase Ph) const;
+  /// Whether an instruction strictly between From and To writes buffer B
+  /// (a result, or an accumulate's operand).
+  bool writtenBetween(int B, int From, int To) const;
+
+  /// Drops the dead instructions and buffers in place (each kept one moves
+  /// down at most once, nothing is reallocated), renumbering the rest (a
+  /// temporary named "%N" is renamed after its new number), and recomputes
+  /// the live ranges for the new indices. Returns how many instructions
+  /// were removed.
+  int compact();
+};
+
+} // namespace sp
+
+#endif // SP_LOWER_PEEPHOLE_H

@@ -15,11 +15,11 @@
 //   z, y = linear_gelu {trans_w, approximate} (x, w, b?)
 //   dz   = linear_gelu_grad {trans_w, approximate} (dy, w, z)
 //
-// whose backends run the GELU (or its gradient) on each tile of the GEMM's
-// result as soon as the tile is computed (runtime/cpu: cpu::linearGelu), so
-// the GELU reads its input from cache, and the backward's d is never
-// written to memory at all. The results are bitwise the pair's: the GELU is
-// elementwise and rounds the same float32 GEMM result.
+// whose backends run the GEMM and then the GELU on its result (the
+// gradient in place, runtime/cpu: cpu::linearGeluBackward), so the
+// backward's d needs no buffer of its own: one [b, s, 4h/t] temporary
+// fewer per layer. The results are bitwise the pair's: the GELU is
+// elementwise and reads the same float32 GEMM result.
 //
 // The forward keeps z (gelu_grad reads it) and drops no buffer; the fused
 // instruction takes the linear's place, since y's readers all come after it.

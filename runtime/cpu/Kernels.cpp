@@ -232,24 +232,14 @@ GemmTiles gemmTiles(int64_t M, int64_t N, int64_t K) {
 
 namespace {
 
-/// gemmTiled without an epilogue.
-struct NoEpilogue {
-  void operator()(int64_t, int64_t, int64_t, int64_t) const {}
-};
-
 /// gemm's body. With Bias (a row of N values), each tile of C is first set
 /// to the bias broadcast over its rows, by the thread that then computes
 /// it (Beta must be 1): the bias rows are written where the GEMM reads
 /// them next, in parallel, instead of in a serial pass over all of C.
-/// Epilogue(I0, J0, Rows, Cols) runs on each tile of C once it is computed,
-/// by the thread that computed it (an elementwise op on C's tile reads it
-/// from cache); without tiles, on blocks of C's rows over the threads.
-template <typename T, typename Epi = NoEpilogue>
+template <typename T>
 void gemmTiled(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K,
                T Alpha, const T *A, int64_t Lda, const T *B, int64_t Ldb,
-               T Beta, T *C, int64_t Ldc, const T *Bias,
-               const Epi &Epilogue = {}) {
-  constexpr bool HasEpilogue = !std::is_same_v<Epi, NoEpilogue>;
+               T Beta, T *C, int64_t Ldc, const T *Bias) {
   checkSizes({M, N, K});
   SP_CPU_CHECK(!Bias || Beta == T(1), "a bias tile needs beta 1");
   auto SetBias = [&](int64_t I0, int64_t J0, int64_t Rows, int64_t Cols) {
@@ -265,7 +255,6 @@ void gemmTiled(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K,
     for (int64_t I = 0; I < M; ++I)
       for (int64_t J = 0; J < N; ++J)
         C[I * Ldc + J] = Beta == T(0) ? T(0) : Beta * C[I * Ldc + J];
-    Epilogue(0, 0, M, N);
     return;
   }
   SP_CPU_CHECK(Lda >= (TransA ? M : K), "lda too small for A's stored shape");
@@ -291,7 +280,6 @@ void gemmTiled(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K,
                  TransA ? A + I0 : A + I0 * Lda, int(Lda),
                  TransB ? B + J0 * Ldb : B + J0, int(Ldb), Beta,
                  C + I0 * Ldc + J0, int(Ldc));
-        Epilogue(I0, J0, Rows, Cols);
       }
     });
     return;
@@ -299,9 +287,6 @@ void gemmTiled(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K,
   SetBias(0, 0, M, N);
   blasGemm(TransA, TransB, int(M), int(N), int(K), Alpha, A, int(Lda), B,
            int(Ldb), Beta, C, int(Ldc));
-  if constexpr (HasEpilogue)
-    parallelFor(M, std::max<int64_t>(1, (1 << 13) / N),
-                [&](int64_t I0, int64_t I1) { Epilogue(I0, 0, I1 - I0, N); });
 }
 
 } // namespace
@@ -674,66 +659,30 @@ SP_SIMD void geluTanhBackwardF(float *DX, const float *X, const float *DY,
     DX[I] = float(double(DY[I]) * geluTanhGradD(X[I]));
 }
 
-/// Y[0, N) = gelu(X[0, N)) on the calling thread (gelu's body; Y may alias
-/// X).
-template <typename T>
-void geluSpan(T *Y, const T *X, int64_t N, GeluApprox Approx) {
-  const T Half = T(0.5), One = T(1);
-  if constexpr (std::is_same_v<T, float>) {
-    if (Approx == GeluApprox::None)
-      geluErfF(Y, X, N);
-    else
-      geluTanhF(Y, X, N);
-  } else if (Approx == GeluApprox::None) {
-    for (int64_t I = 0; I < N; ++I) {
-      T X0 = X[I];
-      Y[I] = Half * X0 * (One + std::erf(X0 * T(InvSqrt2)));
-    }
-  } else {
-    for (int64_t I = 0; I < N; ++I) {
-      T X0 = X[I];
-      T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
-      Y[I] = Half * X0 * (One + std::tanh(U));
-    }
-  }
-}
-
-/// DX[0, N) = DY gelu'(X) on the calling thread (geluBackward's body; DX
-/// may alias DY).
-template <typename T>
-void geluBackwardSpan(T *DX, const T *X, const T *DY, int64_t N,
-                      GeluApprox Approx) {
-  const T Half = T(0.5), One = T(1);
-  if constexpr (std::is_same_v<T, float>) {
-    if (Approx == GeluApprox::None)
-      geluErfBackwardF(DX, X, DY, N);
-    else
-      geluTanhBackwardF(DX, X, DY, N);
-  } else if (Approx == GeluApprox::None) {
-    for (int64_t I = 0; I < N; ++I) {
-      T X0 = X[I];
-      T Cdf = Half * (One + std::erf(X0 * T(InvSqrt2)));
-      T Pdf = T(InvSqrt2Pi) * std::exp(-Half * X0 * X0);
-      DX[I] = DY[I] * (Cdf + X0 * Pdf);
-    }
-  } else {
-    for (int64_t I = 0; I < N; ++I) {
-      T X0 = X[I];
-      T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
-      T Th = std::tanh(U);
-      T DU = T(Sqrt2OverPi) * (One + T(3 * GeluCoef) * X0 * X0);
-      DX[I] = DY[I] * (Half * (One + Th) + Half * X0 * (One - Th * Th) * DU);
-    }
-  }
-}
-
 } // namespace
 
 template <typename T>
 void gelu(T *Y, const T *X, int64_t N, GeluApprox Approx) {
   checkSizes({N});
+  const T Half = T(0.5), One = T(1);
   parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
-    geluSpan(Y + I0, X + I0, I1 - I0, Approx);
+    if constexpr (std::is_same_v<T, float>) {
+      if (Approx == GeluApprox::None)
+        geluErfF(Y + I0, X + I0, I1 - I0);
+      else
+        geluTanhF(Y + I0, X + I0, I1 - I0);
+    } else if (Approx == GeluApprox::None) {
+      for (int64_t I = I0; I < I1; ++I) {
+        T X0 = X[I];
+        Y[I] = Half * X0 * (One + std::erf(X0 * T(InvSqrt2)));
+      }
+    } else {
+      for (int64_t I = I0; I < I1; ++I) {
+        T X0 = X[I];
+        T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
+        Y[I] = Half * X0 * (One + std::tanh(U));
+      }
+    }
   });
 }
 
@@ -741,8 +690,29 @@ template <typename T>
 void geluBackward(T *DX, const T *X, const T *DY, int64_t N,
                   GeluApprox Approx) {
   checkSizes({N});
+  const T Half = T(0.5), One = T(1);
   parallelFor(N, 1 << 13, [&](int64_t I0, int64_t I1) {
-    geluBackwardSpan(DX + I0, X + I0, DY + I0, I1 - I0, Approx);
+    if constexpr (std::is_same_v<T, float>) {
+      if (Approx == GeluApprox::None)
+        geluErfBackwardF(DX + I0, X + I0, DY + I0, I1 - I0);
+      else
+        geluTanhBackwardF(DX + I0, X + I0, DY + I0, I1 - I0);
+    } else if (Approx == GeluApprox::None) {
+      for (int64_t I = I0; I < I1; ++I) {
+        T X0 = X[I];
+        T Cdf = Half * (One + std::erf(X0 * T(InvSqrt2)));
+        T Pdf = T(InvSqrt2Pi) * std::exp(-Half * X0 * X0);
+        DX[I] = DY[I] * (Cdf + X0 * Pdf);
+      }
+    } else {
+      for (int64_t I = I0; I < I1; ++I) {
+        T X0 = X[I];
+        T U = T(Sqrt2OverPi) * (X0 + T(GeluCoef) * X0 * X0 * X0);
+        T Th = std::tanh(U);
+        T DU = T(Sqrt2OverPi) * (One + T(3 * GeluCoef) * X0 * X0);
+        DX[I] = DY[I] * (Half * (One + Th) + Half * X0 * (One - Th * Th) * DU);
+      }
+    }
   });
 }
 
@@ -750,31 +720,18 @@ template <typename T>
 void linearGelu(T *Z, T *Y, const T *X, const T *W, const T *Bias,
                 int64_t Rows, int64_t In, int64_t Out, bool TransW,
                 GeluApprox Approx) {
-  checkSizes({Rows, In, Out});
-  auto Epilogue = [&](int64_t I0, int64_t J0, int64_t R, int64_t Cols) {
-    for (int64_t I = I0; I < I0 + R; ++I)
-      geluSpan(Y + I * Out + J0, Z + I * Out + J0, Cols, Approx);
-  };
-  gemmTiled<T>(false, TransW, Rows, Out, In, T(1), X, In, W, TransW ? In : Out,
-               Bias ? T(1) : T(0), Z, Out, Bias, Epilogue);
+  linear(Z, X, W, Bias, Rows, In, Out, TransW);
+  gelu(Y, Z, Rows * Out, Approx);
 }
 
 template <typename T>
 void linearGeluBackward(T *DX, const T *DY, const T *W, const T *Z,
                         int64_t Rows, int64_t In, int64_t Out, bool TransW,
                         GeluApprox Approx) {
-  checkSizes({Rows, In, Out});
-  // The linear input gradient into DX's tile, then the GELU's gradient of
-  // it in place.
-  auto Epilogue = [&](int64_t I0, int64_t J0, int64_t R, int64_t Cols) {
-    for (int64_t I = I0; I < I0 + R; ++I) {
-      T *D = DX + I * Out + J0;
-      geluBackwardSpan(D, Z + I * Out + J0, D, Cols, Approx);
-    }
-  };
-  gemmTiled<T>(false, TransW, Rows, Out, In, T(1), DY, In, W,
-               TransW ? In : Out, T(0), DX, Out, static_cast<const T *>(nullptr),
-               Epilogue);
+  // The linear input gradient into DX, then the GELU's gradient of it in
+  // place.
+  linear(DX, DY, W, static_cast<const T *>(nullptr), Rows, In, Out, TransW);
+  geluBackward(DX, Z, DX, Rows * Out, Approx);
 }
 
 //===----------------------------------------------------------------------===//

@@ -109,7 +109,7 @@ void finalizeCompact(Program &P) {
       if (P.Buffers[Id].Scope == BufferScope::Step && Local.count(Id))
         Sub.Outputs.push_back({Name, Local[Id]});
     fuseAttentionSoftmax(Sub);
-    fuseGeluEpilogues(Sub);
+    fuseEpilogues(Sub);
     bucketGradientSums(Sub);
     bucketParamGathers(Sub);
     placeCollectives(Sub);
@@ -169,7 +169,7 @@ void finalizeProgram(Program &P) {
     return;
   }
   fuseAttentionSoftmax(P);
-  fuseGeluEpilogues(P);
+  fuseEpilogues(P);
   bucketGradientSums(P);
   bucketParamGathers(P);
   placeCollectives(P);

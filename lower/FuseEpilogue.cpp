@@ -1,4 +1,4 @@
-//===- FuseEpilogue.cpp - GELU in the GEMM's epilogue ----------------------===//
+//===- FuseEpilogue.cpp - GELU and residual adds fused -------------------===//
 #include "lower/FuseEpilogue.h"
 #include "lower/Peephole.h"
 
@@ -81,11 +81,51 @@ struct Fuser : Peephole {
     P.Instrs[K] = std::move(F);
     return true;
   }
+
+  /// Whether an instruction strictly between From and To reads B.
+  bool readBetween(int B, int From, int To) const {
+    for (int K = From + 1; K < To; ++K)
+      if (!DeadInstr[K])
+        for (int I : P.Instrs[K].In)
+          if (I == B)
+            return true;
+    return false;
+  }
+
+  /// dropout -> add (at instruction K, reading the dropout's result and a
+  /// residual of the same type).
+  bool fuseDropoutAdd(int K) {
+    const Instruction &A = P.Instrs[K];
+    if (A.In.size() != 2 || A.Out.size() != 1 || !allWide(A) ||
+        A.In[0] == A.In[1])
+      return false;
+    for (int Side = 0; Side < 2; ++Side) {
+      int D = A.In[Side], R = A.In[1 - Side], L = Producer[D];
+      if (!isIntermediate(D) || L < 0 || DeadInstr[L])
+        continue;
+      const Instruction &Drop = P.Instrs[L];
+      if (Drop.Op != OpKind::Dropout || Drop.Ph != A.Ph ||
+          Drop.In.size() != 1 || Drop.Out[0] != D ||
+          P.Buffers[R].Type != P.Buffers[D].Type || !isWide(Drop.In[0]) ||
+          writtenBetween(Drop.In[0], L, K) ||
+          (Drop.Out.size() > 1 && readBetween(Drop.Out[1], L, K)))
+        continue;
+      Instruction F = Drop;
+      F.Op = OpKind::DropoutAdd;
+      F.In = {Drop.In[0], R};
+      F.Out[0] = A.Out[0];
+      DeadInstr[L] = true;
+      DeadBuf[D] = true;
+      P.Instrs[K] = std::move(F);
+      return true;
+    }
+    return false;
+  }
 };
 
 } // namespace
 
-int fuseGeluEpilogues(Program &P) {
+int fuseEpilogues(Program &P) {
   Fuser F(P);
   bool Any = false;
   for (size_t K = 0; K < F.NI; ++K) {
@@ -95,6 +135,8 @@ int fuseGeluEpilogues(Program &P) {
       Any |= F.fuseForward(int(K));
     else if (P.Instrs[K].Op == OpKind::GeluGrad)
       Any |= F.fuseBackward(int(K));
+    else if (P.Instrs[K].Op == OpKind::Add)
+      Any |= F.fuseDropoutAdd(int(K));
   }
   return Any ? F.compact() : 0;
 }

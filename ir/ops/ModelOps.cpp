@@ -709,14 +709,16 @@ void addModelOps(OpTable &T) {
       .Attrs = SoftmaxAttrs,
       .Shape = sameAsOperand0,
   };
+  static const std::vector<OpAttrDecl> DropoutAttrs = {
+      {"ratio", attr::Float(0.0)},
+      {"key", attr::Ints()}, // Philox key [layer + 1, site]
+      // Which rows of the batch (unrolled plans).
+      {"microbatch", attr::Int(0)},
+      {"microbatches", attr::Int(1)}};
   T[size_t(OpKind::Dropout)] = {
       .MinOperands = 1, // x -> y [, keep mask u8]
       .MaxOperands = 1,
-      .Attrs = {{"ratio", attr::Float(0.0)},
-                {"key", attr::Ints()}, // Philox key [layer + 1, site]
-                // Which rows of the batch (unrolled plans).
-                {"microbatch", attr::Int(0)},
-                {"microbatches", attr::Int(1)}},
+      .Attrs = DropoutAttrs,
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         // y, and the 1-byte keep mask the backward uses.
         return TypeList{A.type(0), TensorType(DType::U8, A.type(0).Shape)};
@@ -732,6 +734,20 @@ void addModelOps(OpTable &T) {
             N.operand(0),
             B.emit(OpKind::DropoutGrad, {B.grad(0), N.result(1)}, A)->result());
         return Error::success();
+      },
+  };
+  // A dropout and the residual add after it (lower/FuseEpilogue.h): only
+  // in lowered programs, so no gradient or layout rule.
+  T[size_t(OpKind::DropoutAdd)] = {
+      .MinOperands = 2, // (x, r) -> dropout(x) + r [, keep mask u8]
+      .MaxOperands = 2,
+      .Attrs = DropoutAttrs,
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        if (A.type(1) != A.type(0))
+          return typeError(formatv("the residual {0} is not the dropout's "
+                                   "input type {1}",
+                                   A.type(1).str(), A.type(0).str()));
+        return TypeList{A.type(0), TensorType(DType::U8, A.type(0).Shape)};
       },
   };
   T[size_t(OpKind::DropoutGrad)] = {

@@ -876,7 +876,10 @@ template <typename T> static Error runKernel(const KernelCall &C) {
                                        Sq, N, Alpha, Causal, Fill);
     return Error::success();
   }
-  case OpKind::Dropout: {
+  case OpKind::Dropout:
+  case OpKind::DropoutAdd: {
+    // dropout_add: the residual added as each piece is written.
+    const T *Addend = I.Op == OpKind::DropoutAdd ? In(1) : nullptr;
     auto Key = attrInts(I.Op, I.Attrs, "key");
     if (Key.size() != 2)
       return planError("dropout has no Philox key; recompile the plan");
@@ -899,7 +902,8 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     }
     if (S.K != Sharding::Split && NumMb == 1)
       return Check(cpu::dropout(Out(0), Mask, In(0), Ratio(), K,
-                                cpu::GlobalIndex::whole(ShapeOf(Local))));
+                                cpu::GlobalIndex::whole(ShapeOf(Local)),
+                                Addend));
     SmallVector<int64_t, 4> Full(Local.Shape.begin(), Local.Shape.end()),
         Offset(Local.rank(), 0);
     if (S.K == Sharding::Split) {
@@ -912,7 +916,8 @@ template <typename T> static Error runKernel(const KernelCall &C) {
         Out(0), Mask, In(0), Ratio(), K,
         cpu::GlobalIndex::block(cpu::Shape(Full.data(), Full.size()),
                                 ShapeOf(Local),
-                                cpu::Shape(Offset.data(), Offset.size()))));
+                                cpu::Shape(Offset.data(), Offset.size())),
+        Addend));
   }
   case OpKind::DropoutGrad:
     cpu::dropoutBackward(Out(0), In(0),

@@ -1185,6 +1185,24 @@ SP_SIMD void applyKeep(double *Y, const double *X, const uint8_t *Keep,
   applyKeepBody(Y, X, Keep, N, Scale);
 }
 
+/// Y = (Keep ? X * Scale : 0) + R, rounded as applyKeep and then an add
+/// (Y may alias X or R).
+template <typename T>
+SP_INLINE void applyKeepAddBody(T *Y, const T *X, const T *R,
+                                const uint8_t *__restrict Keep, int64_t N,
+                                T Scale) {
+  for (int64_t I = 0; I < N; ++I)
+    Y[I] = (Keep[I] ? X[I] * Scale : T(0)) + R[I];
+}
+SP_SIMD void applyKeepAdd(float *Y, const float *X, const float *R,
+                          const uint8_t *Keep, int64_t N, float Scale) {
+  applyKeepAddBody(Y, X, R, Keep, N, Scale);
+}
+SP_SIMD void applyKeepAdd(double *Y, const double *X, const double *R,
+                          const uint8_t *Keep, int64_t N, double Scale) {
+  applyKeepAddBody(Y, X, R, Keep, N, Scale);
+}
+
 /// Elements per piece of work of the dropout kernels.
 constexpr int64_t DropoutPiece = 1024;
 
@@ -1250,7 +1268,7 @@ Status dropoutMask(uint8_t *Mask, double Ratio, const DropoutKey &K,
 
 template <typename T>
 Status dropout(T *Y, uint8_t *Mask, const T *X, double Ratio,
-               const DropoutKey &K, const GlobalIndex &G) {
+               const DropoutKey &K, const GlobalIndex &G, const T *Addend) {
   if (Status S = checkDropout(Ratio, K, G); !S.ok())
     return S;
   const T Scale = Ratio >= 1.0 ? T(0) : T(1.0 / (1.0 - Ratio));
@@ -1259,7 +1277,10 @@ Status dropout(T *Y, uint8_t *Mask, const T *X, double Ratio,
     uint8_t Local[DropoutPiece];
     uint8_t *Keep = Mask ? Mask + L0 : Local;
     keepRun(Keep, G0, Len, K, Threshold);
-    applyKeep(Y + L0, X + L0, Keep, Len, Scale);
+    if (Addend)
+      applyKeepAdd(Y + L0, X + L0, Addend + L0, Keep, Len, Scale);
+    else
+      applyKeep(Y + L0, X + L0, Keep, Len, Scale);
   });
   return Status::success();
 }
@@ -1877,7 +1898,8 @@ void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16) {
   template void softmaxBackward<T>(T *, const T *, const T *, int64_t,         \
                                    int64_t);                                   \
   template Status dropout<T>(T *, uint8_t *, const T *, double,                \
-                             const DropoutKey &, const GlobalIndex &);         \
+                             const DropoutKey &, const GlobalIndex &,          \
+                             const T *);                                       \
   template void dropoutBackward<T>(T *, const T *, const uint8_t *, int64_t,   \
                                    double);                                    \
   template Status crossEntropy<T>(T *, const T *, const int64_t *, int64_t,    \

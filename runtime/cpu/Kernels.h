@@ -346,10 +346,12 @@ struct GlobalIndex {
 /// global index of e) >= Ratio (Philox.h). N = G.numLocal(). Mask may be
 /// nullptr (then it is only used internally). Ratio >= 1 drops everything
 /// (Y = 0). Errors on Ratio outside [0, 1], Layer or Site >= 2^16, or a bad G.
-/// Y may alias X.
+/// With Addend (N values; dropout_add, lower/FuseEpilogue.h) Y = dropout(X)
+/// + Addend, rounded as the two ops apart. Y may alias X or Addend.
 template <typename T>
 Status dropout(T *Y, uint8_t *Mask, const T *X, double Ratio,
-               const DropoutKey &K, const GlobalIndex &G);
+               const DropoutKey &K, const GlobalIndex &G,
+               const T *Addend = nullptr);
 
 /// Keep[j] = whether dropout at Ratio keeps global element Global0 + j, for
 /// j < Len: the mask of Len consecutive global elements (fused kernels that

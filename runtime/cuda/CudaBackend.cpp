@@ -1932,6 +1932,11 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   }
   case OpKind::Dropout:
     return dropout(C, S);
+  case OpKind::DropoutAdd: // the dropout, then the residual added in place
+    if (auto E = dropout(C, S))
+      return E;
+    cuda::add(OutE(0), OutE(0), InE(1), OutT(0).numElements(), S);
+    return Error::success();
   case OpKind::Attention:
   case OpKind::AttentionGrad:
     return attention(C, S);

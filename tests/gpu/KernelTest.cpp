@@ -19,8 +19,10 @@
 //    one float rounding: 1e-6; cross entropy and adamw use CUDA's double
 //    log/pow (within 2 ulp of glibc's): 1e-6;
 //  - the fused attention softmax (forward and backward with the scale and
-//    causal mask of lower/FuseAttention.cpp) is required to be bitwise the
-//    CPU's (which is the unfused sequence's, tests/unit/FuseAttentionTest).
+//    causal mask of lower/FuseAttention.cpp) and dropout_add
+//    (lower/FuseEpilogue.cpp) are required to be bitwise the CPU's (which
+//    is the unfused sequence's, tests/unit/FuseAttentionTest and
+//    FuseEpilogueTest).
 //
 // Without a CUDA device every test is skipped with that message.
 //
@@ -572,6 +574,23 @@ TEST_F(CudaKernels, DropoutMasksAreTheCpusBitForBit) {
   int DX = B.buffer(DType::F32, {500});
   B.op(OpKind::DropoutGrad, {DY, M}, {DX}).Attrs.set("ratio", 0.25);
   compare(B, {DX}, 0);
+}
+
+TEST_F(CudaKernels, DropoutAddIsTheCpusBits) {
+  // lower/FuseEpilogue.cpp's dropout + residual add: the device runs the
+  // dropout and then the add in place, the CPU adds as it writes; both
+  // round the same two operations, so bitwise (the CPU's fused kernel is
+  // the unfused pair's bits, tests/unit/FuseEpilogueTest).
+  for (double Ratio : {0.0, 0.1, 1.0}) {
+    OpCase C;
+    int X = C.floats({3, 17, 29}), R = C.floats({3, 17, 29});
+    int Y = C.buffer(DType::F32, {3, 17, 29}),
+        M = C.buffer(DType::U8, {3, 17, 29});
+    auto &I = C.op(OpKind::DropoutAdd, {X, R}, {Y, M});
+    I.Attrs.set("key", std::vector<int64_t>{2, 5});
+    I.Attrs.set("ratio", 0.1);
+    compare(C, {Y, M}, 0, Ratio);
+  }
 }
 
 TEST_F(CudaKernels, CrossEntropyForwardAndBackward) {

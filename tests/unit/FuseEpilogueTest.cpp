@@ -2,9 +2,10 @@
 //
 // lower/FuseEpilogue.cpp on hand-built programs (what fuses, what is left
 // alone, the compaction), the CPU backend's fused kernels against the
-// unfused pair bit for bit (float32 and float64, both GELU forms, shapes
-// the GEMM runs as one block and as tiles with ragged edges), and the
-// compiled default model in its forms.
+// unfused pairs bit for bit (float32 and float64; both GELU forms, shapes
+// the GEMM runs as one block and as tiles with ragged edges; dropout + add
+// with the residual on either side), and the compiled default model in its
+// forms.
 //
 //===----------------------------------------------------------------------===//
 #include "ProgramRun.h"
@@ -15,6 +16,7 @@
 #include "passes/Compile.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "gtest/gtest.h"
+#include <algorithm>
 
 using namespace sp;
 using namespace llvm;
@@ -73,7 +75,7 @@ TEST(FuseEpilogue, LinearAndGeluBecomeOneInstructionEachWay) {
   Program P = mlp({6, 4, 10, true}, "tanh");
   ASSERT_EQ(P.Instrs.size(), 4u);
   size_t Buffers = P.Buffers.size();
-  EXPECT_EQ(fuseGeluEpilogues(P), 2);
+  EXPECT_EQ(fuseEpilogues(P), 2);
   ASSERT_EQ(P.Instrs.size(), 2u);
   // The backward's intermediate d is gone; z is kept for the gradient.
   EXPECT_EQ(P.Buffers.size(), Buffers - 1);
@@ -97,7 +99,7 @@ TEST(FuseEpilogue, LinearAndGeluBecomeOneInstructionEachWay) {
   EXPECT_EQ(P.Outputs[1].second, F.Out[1]);
   EXPECT_EQ(P.Outputs[2].second, B.Out[0]);
   expectConsistent(P);
-  EXPECT_EQ(fuseGeluEpilogues(P), 0);
+  EXPECT_EQ(fuseEpilogues(P), 0);
   // The fused ops' shape rules accept what the pass wrote.
   planMemory(P);
   auto Back = programFromJson(programToJson(P));
@@ -117,7 +119,7 @@ TEST(FuseEpilogue, CpuKernelsGiveTheUnfusedBits) {
                                    S.In, S.Hidden, S.TransW, dtypeName(T),
                                    Approx);
         Program Ref = mlp(S, Approx, T), Fused = mlp(S, Approx, T);
-        ASSERT_EQ(fuseGeluEpilogues(Fused), 2) << What;
+        ASSERT_EQ(fuseEpilogues(Fused), 2) << What;
         planMemory(Ref);
         planMemory(Fused);
         auto Random = [&](int64_t N, unsigned Seed) {
@@ -142,7 +144,7 @@ TEST(FuseEpilogue, UnfusablePairsAreLeftAlone) {
   MlpShape S{6, 4, 10, true};
   auto Unchanged = [](Program P, const char *What) {
     Program Before = P;
-    EXPECT_EQ(fuseGeluEpilogues(P), 0) << What;
+    EXPECT_EQ(fuseEpilogues(P), 0) << What;
     EXPECT_EQ(programToJson(P), programToJson(Before)) << What;
   };
   // bf16: z is rounded to 16 bits before the GELU reads it.
@@ -153,7 +155,7 @@ TEST(FuseEpilogue, UnfusablePairsAreLeftAlone) {
     // z is kept anyway).
     Program P = mlp(S, "none");
     P.Outputs.push_back({"d", P.Instrs[2].Out[0]});
-    EXPECT_EQ(fuseGeluEpilogues(P), 1) << "d read twice";
+    EXPECT_EQ(fuseEpilogues(P), 1) << "d read twice";
     EXPECT_EQ(P.Instrs[0].Op, OpKind::LinearGelu);
     EXPECT_EQ(P.Instrs[2].Op, OpKind::GeluGrad);
   }
@@ -182,21 +184,115 @@ TEST(FuseEpilogue, UnfusablePairsAreLeftAlone) {
     Acc.Ph = Phase::Backward;
     P.Instrs.insert(P.Instrs.begin() + 3, Acc);
     computeLiveRanges(P);
-    EXPECT_EQ(fuseGeluEpilogues(P), 1) << "accumulate between";
+    EXPECT_EQ(fuseEpilogues(P), 1) << "accumulate between";
     EXPECT_EQ(P.Instrs.back().Op, OpKind::GeluGrad);
   }
 }
 
+/// A dropout and a residual add: d, mask = dropout(x), h = add(d, r) (or
+/// add(r, d) with ResidualFirst); outputs h and the mask. R is the residual's
+/// shape (a broadcast when it is not x's).
+Program dropoutAdd(DType T, bool ResidualFirst, std::vector<int64_t> R = {}) {
+  TensorType X(T, {5, 3, 40});
+  TensorType Res = R.empty() ? X : TensorType(T, R);
+  ProgramBuilder B(T);
+  int In = B.addBuffer("x", X, ProgramBuffer::Input);
+  int Rb = B.addBuffer("r", Res, ProgramBuffer::Input);
+  AttrList A;
+  A.set("ratio", 0.25);
+  A.set("key", std::vector<int64_t>{2, 3});
+  auto D = B.emitRaw(OpKind::Dropout, {In},
+                     {X, TensorType(DType::U8, X.Shape)}, A,
+                     tags(Phase::Forward, "mlp_dropout"), "dropout");
+  SmallVector<int, 2> Ops = {D[0], Rb};
+  if (ResidualFirst)
+    std::swap(Ops[0], Ops[1]);
+  int H = B.emitRaw(OpKind::Add, Ops, {X}, {}, tags(Phase::Forward, "residual"),
+                    "add")[0];
+  B.output("h", H);
+  B.output("mask", D[1]);
+  return B.take();
+}
+
+TEST(FuseEpilogue, DropoutAndResidualAddBecomeOneInstruction) {
+  for (DType T : {DType::F32, DType::F64})
+    for (bool ResidualFirst : {false, true}) {
+      std::string What = formatv("{0} residual {1}", dtypeName(T),
+                                 ResidualFirst ? "first" : "second");
+      Program Ref = dropoutAdd(T, ResidualFirst), P = Ref;
+      size_t Buffers = P.Buffers.size();
+      ASSERT_EQ(fuseEpilogues(P), 1) << What;
+      ASSERT_EQ(P.Instrs.size(), 1u);
+      const Instruction &F = P.Instrs[0];
+      EXPECT_EQ(F.Op, OpKind::DropoutAdd);
+      EXPECT_EQ(F.Role, "mlp_dropout");
+      EXPECT_EQ(P.Buffers[F.In[0]].Name, "x");
+      EXPECT_EQ(P.Buffers[F.In[1]].Name, "r");
+      EXPECT_EQ(attrFloat(F.Op, F.Attrs, "ratio"), 0.25);
+      EXPECT_EQ(attrInts(F.Op, F.Attrs, "key"), (std::vector<int64_t>{2, 3}));
+      // The dropped-out d is gone.
+      EXPECT_EQ(P.Buffers.size(), Buffers - 1);
+      EXPECT_EQ(P.Outputs[0].second, F.Out[0]);
+      EXPECT_EQ(P.Outputs[1].second, F.Out[1]);
+      expectConsistent(P);
+      planMemory(Ref);
+      planMemory(P);
+      EXPECT_LT(P.ArenaBytes, Ref.ArenaBytes);
+      auto Back = programFromJson(programToJson(P));
+      ASSERT_TRUE(bool(Back)) << toString(Back.takeError());
+      int64_t N = 5 * 3 * 40;
+      auto Random = [&](unsigned Seed) {
+        return T == DType::F32 ? randomBytes<float>(N, Seed)
+                               : randomBytes<double>(N, Seed);
+      };
+      std::map<std::string, std::vector<char>> In{{"x", Random(1)},
+                                                  {"r", Random(2)}};
+      auto Want = runOnCpu(Ref, In), Got = runOnCpu(P, In);
+      EXPECT_EQ(Got["h"], Want["h"]) << What;
+      EXPECT_EQ(Got["mask"], Want["mask"]) << What;
+      // Dropout did drop (the test would not see a missing mask otherwise).
+      EXPECT_NE(std::count(Want["mask"].begin(), Want["mask"].end(), 0), 0);
+    }
+}
+
+TEST(FuseEpilogue, UnfusableDropoutAddsAreLeftAlone) {
+  auto Unchanged = [](Program P, const char *What) {
+    Program Before = P;
+    EXPECT_EQ(fuseEpilogues(P), 0) << What;
+    EXPECT_EQ(programToJson(P), programToJson(Before)) << What;
+  };
+  Unchanged(dropoutAdd(DType::BF16, false), "bf16");
+  Unchanged(dropoutAdd(DType::F32, false, {40}), "broadcast residual");
+  {
+    Program P = dropoutAdd(DType::F32, false);
+    P.Outputs.push_back({"d", P.Instrs[0].Out[0]});
+    Unchanged(P, "dropped-out value read twice");
+  }
+  {
+    // The mask read between the two.
+    Program P = dropoutAdd(DType::F32, false);
+    Instruction Grad;
+    Grad.Op = OpKind::DropoutGrad;
+    Grad.In = {P.findBuffer("x"), P.Instrs[0].Out[1]};
+    Grad.Out = {P.findBuffer("r")};
+    Grad.Ph = Phase::Forward;
+    P.Instrs.insert(P.Instrs.begin() + 1, Grad);
+    Unchanged(P, "mask read between");
+  }
+}
+
 /// The default model (two layers) compiled with Ctx: every gelu and
-/// gelu_grad is fused, Want[0] linear_gelu and Want[1] linear_gelu_grad.
-void expectFusedModel(PassContext &Ctx, int WantForward, int WantBackward) {
+/// gelu_grad is fused, into WantForward linear_gelu and WantBackward
+/// linear_gelu_grad, and WantDropAdd dropout_add.
+void expectFusedModel(PassContext &Ctx, int WantForward, int WantBackward,
+                      int WantDropAdd) {
   registerOnnxDataLoader();
   auto G = cantFail(
       importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
   auto C = compileToPlan(*G, Ctx, CompileOptions());
   ASSERT_TRUE(bool(C)) << toString(C.takeError());
   const Plan &Pl = *C->P;
-  int Forward = 0, Backward = 0;
+  int Forward = 0, Backward = 0, DropAdd = 0;
   for (int S = 0; S < Pl.numStages(); ++S) {
     auto Flat = expandProgram(Pl.stage(S));
     ASSERT_TRUE(bool(Flat)) << toString(Flat.takeError());
@@ -205,35 +301,40 @@ void expectFusedModel(PassContext &Ctx, int WantForward, int WantBackward) {
       EXPECT_NE(I.Op, OpKind::GeluGrad);
       Forward += I.Op == OpKind::LinearGelu;
       Backward += I.Op == OpKind::LinearGeluGrad;
+      DropAdd += I.Op == OpKind::DropoutAdd;
     }
     expectConsistent(*Flat);
   }
   EXPECT_EQ(Forward, WantForward);
   EXPECT_EQ(Backward, WantBackward);
+  EXPECT_EQ(DropAdd, WantDropAdd);
 }
 
 TEST(FuseEpilogue, TheDefaultModelInEveryForm) {
+  // Each layer's two residual branches end in dropout + add.
   {
     PassContext Ctx;
-    expectFusedModel(Ctx, 2, 2);
+    expectFusedModel(Ctx, 2, 2, 4);
   }
   {
     // Selective recomputes the attention core only; full the whole layer,
-    // its MLP's linear and GELU too.
+    // its MLP's linear and GELU too, and the attention branch's dropout +
+    // add (the MLP branch's dropout is recomputed for its mask alone: the
+    // layer's output is kept, so its add is not recomputed).
     PassContext Ctx;
     Ctx.Recompute.Mode = RecomputeMode::Selective;
-    expectFusedModel(Ctx, 2, 2);
+    expectFusedModel(Ctx, 2, 2, 4);
   }
   {
     PassContext Ctx;
     Ctx.Recompute.Mode = RecomputeMode::Full;
-    expectFusedModel(Ctx, 4, 2);
+    expectFusedModel(Ctx, 4, 2, 6);
   }
   {
     PassContext Ctx;
     Ctx.Pipeline.Stages = 2;
     Ctx.Pipeline.Microbatches = 2;
-    expectFusedModel(Ctx, 4, 4);
+    expectFusedModel(Ctx, 4, 4, 8);
   }
 }
 

@@ -8,6 +8,7 @@
 #ifndef SP_TESTS_UNIT_PROGRAMRUN_H
 #define SP_TESTS_UNIT_PROGRAMRUN_H
 
+#include "lower/MemoryPlan.h"
 #include "lower/ProgramBuilder.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "gtest/gtest.h"
@@ -51,6 +52,18 @@ inline void expectConsistent(const Program &P) {
     EXPECT_EQ(PB.LastUse, std::max(Def[B], Last[B])) << PB.Name;
     EXPECT_EQ(PB.Name, "%" + std::to_string(B));
   }
+}
+
+/// What a fused program must be: consistent, a fixed point of Fuse (a
+/// second run finds nothing), and, memory-planned, a program.json that
+/// reads back (the fused ops' shape rules accept what the pass wrote).
+inline void expectSettled(Program &P, int (*Fuse)(Program &)) {
+  expectConsistent(P);
+  EXPECT_EQ(Fuse(P), 0);
+  planMemory(P);
+  auto Back = programFromJson(programToJson(P));
+  ASSERT_TRUE(bool(Back)) << llvm::toString(Back.takeError());
+  EXPECT_EQ(Back->Instrs.size(), P.Instrs.size());
 }
 
 /// Runs every instruction of P (memory-planned) on the CPU backend with

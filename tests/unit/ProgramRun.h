@@ -8,8 +8,10 @@
 #ifndef SP_TESTS_UNIT_PROGRAMRUN_H
 #define SP_TESTS_UNIT_PROGRAMRUN_H
 
+#include "frontend/OnnxImporter.h"
 #include "lower/MemoryPlan.h"
 #include "lower/ProgramBuilder.h"
+#include "passes/Compile.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "gtest/gtest.h"
 #include <cstring>
@@ -64,6 +66,33 @@ inline void expectSettled(Program &P, int (*Fuse)(Program &)) {
   auto Back = programFromJson(programToJson(P));
   ASSERT_TRUE(bool(Back)) << llvm::toString(Back.takeError());
   EXPECT_EQ(Back->Instrs.size(), P.Instrs.size());
+}
+
+/// The default model (models/tiny/gpt-tiny.onnx) compiled with Ctx: each
+/// stage's program with its steps written out (a compact program's
+/// instructions as they run), each checked consistent and its program.json
+/// to read back.
+inline std::vector<Program> defaultModelPrograms(PassContext &Ctx) {
+  registerOnnxDataLoader();
+  auto G = llvm::cantFail(
+      importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
+  auto C = compileToPlan(*G, Ctx, CompileOptions());
+  EXPECT_TRUE(bool(C)) << llvm::toString(C.takeError());
+  std::vector<Program> Flat;
+  if (!C)
+    return Flat;
+  for (int S = 0; S < C->P->numStages(); ++S) {
+    const Program &P = C->P->stage(S);
+    auto F = expandProgram(P);
+    EXPECT_TRUE(bool(F)) << llvm::toString(F.takeError());
+    if (!F)
+      return {};
+    expectConsistent(*F);
+    auto Back = programFromJson(programToJson(P));
+    EXPECT_TRUE(bool(Back)) << llvm::toString(Back.takeError());
+    Flat.push_back(std::move(*F));
+  }
+  return Flat;
 }
 
 /// Runs every instruction of P (memory-planned) on the CPU backend with

@@ -21,8 +21,9 @@ struct Fuser : Peephole {
           return false;
     return true;
   }
-  /// A linear of Operands operands in phase Ph, not yet fused, without the
-  /// attributes of other uses (a vocabulary-parallel head's).
+  /// A linear of MinOperands to MaxOperands operands in phase Ph, not yet
+  /// fused, without the attributes of other uses (a vocabulary-parallel
+  /// head's).
   bool isPlainLinear(int K, size_t MinOperands, size_t MaxOperands,
                      Phase Ph) const {
     if (K < 0 || DeadInstr[K])

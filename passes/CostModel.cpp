@@ -143,6 +143,17 @@ static void addWork(const Program &P, int Begin, int End, bool Weight,
       for (const auto *Ids : {&I.In, &I.Out})
         for (int Id : *Ids)
           Traffic += Bytes(Id);
+    // The epilogue fusions (lower/FuseEpilogue.h) run on the GPU as the
+    // pairs they replace, so their second pass moves its bytes still: the
+    // GELU reads z and writes y; its gradient reads z and the product and
+    // writes over the product; the add after a dropout reads and writes
+    // the sum again.
+    if (I.Op == OpKind::LinearGelu)
+      Traffic += 2 * Bytes(I.Out[0]);
+    else if (I.Op == OpKind::LinearGeluGrad)
+      Traffic += 3 * Bytes(I.Out[0]);
+    else if (I.Op == OpKind::DropoutAdd)
+      Traffic += 2 * Bytes(I.Out[0]);
     if (Once && I.Ph != Phase::Optimizer) {
       W.StepFlops += F;
       W.StepBytes += Traffic;

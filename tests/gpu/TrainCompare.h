@@ -103,10 +103,11 @@ inline void expectMatches(const Run &Gpu, const Run &Cpu, const Run &Ref,
       double C = normwise(Cpu.Grads[S].at(Name), G64);
       double G = normwise(Gpu.Grads[S].at(Name), G64);
       Worst = std::max(Worst, G / std::max(C, Floor));
-      if (int(S) < GradSteps)
+      if (int(S) < GradSteps) {
         EXPECT_LE(G, K * std::max(C, Floor))
             << "gradient of " << Name << " at step " << S + 1
             << ": " << Who << " error " << G << ", cpu error " << C;
+      }
     }
     std::printf("  gradients: largest %s/cpu error ratio %.2f%s\n", Who,
                 Worst, int(S) < GradSteps ? "" : " (not compared)");

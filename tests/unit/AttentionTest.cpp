@@ -436,7 +436,7 @@ TEST(FusedAttention, InstructionsRunTheKernel) {
   for (const Instruction *I : {&F, &G})
     ASSERT_FALSE(bool(Backend.run(KernelCall{*I, P, Arena, Step, true,
                                              std::nullopt, Seed, *One,
-                                             nullptr})));
+                                             nullptr, nullptr})));
   // The kernel called directly.
   std::vector<float> Bias(B * S);
   for (int64_t E = 0; E < B * S; ++E)

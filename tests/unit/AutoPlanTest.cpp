@@ -236,8 +236,9 @@ TEST_P(AutoPlanCore, SearchEqualsBruteForce) {
   }
   // The budgets between two peaks give the unfused core's stage-aware
   // members something to do (the fused core's need a deeper pipeline).
-  if (!GetParam())
+  if (!GetParam()) {
     EXPECT_GE(Staged, 1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Attention, AutoPlanCore, ::testing::Bool(),

@@ -270,8 +270,9 @@ TEST(CostModel, PlanWorkIsThePlansFlops) {
       EXPECT_EQ(Work[R].StepBytes > 0, X.Dtype != DType::F32 && X.N > 1);
     }
     EXPECT_EQ(Work.back().MessageBytes, 0);
-    if (X.P * X.M > 1)
+    if (X.P * X.M > 1) {
       EXPECT_GT(Work[0].MessageBytes, 0);
+    }
     // ZB-H1's weight-gradient templates are counted apart (rank 0 runs its
     // W right after its B: one unsplit backward).
     EXPECT_EQ(Weights, X.S == PipelineSchedule::ZeroBubbleH1);

@@ -1943,8 +1943,9 @@ TEST(CpuGemmTest, TilesCoverCAndDoNotDependOnTheThreadCount) {
     EXPECT_EQ(G.Cols, (N + G.TN - 1) / G.TN);
     EXPECT_TRUE(G.TM == M || G.TM % 128 == 0) << M << " " << G.TM;
     EXPECT_TRUE(G.TN == N || G.TN % 128 == 0) << N << " " << G.TN;
-    if (G.count() > 1) // no tile smaller than gemm's MinWork
+    if (G.count() > 1) { // no tile smaller than gemm's MinWork
       EXPECT_GE(std::min(G.TM, M) * std::min(G.TN, N) * K, int64_t(1) << 18);
+    }
   }
   for (auto [TA, TB] : {std::pair{false, false}, {true, false}, {false, true},
                         {true, true}}) {

@@ -210,7 +210,8 @@ struct OneInstruction {
   Error run() {
     auto One = createSingleRankCommunicator();
     return B.run(
-        KernelCall{I, P, Arena, 1, true, std::nullopt, 0, *One, nullptr});
+        KernelCall{I, P, Arena, 1, true, std::nullopt, 0, *One, nullptr,
+                   nullptr});
   }
 };
 

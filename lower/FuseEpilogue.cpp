@@ -83,16 +83,6 @@ struct Fuser : Peephole {
     return true;
   }
 
-  /// Whether an instruction strictly between From and To reads B.
-  bool readBetween(int B, int From, int To) const {
-    for (int K = From + 1; K < To; ++K)
-      if (!DeadInstr[K])
-        for (int I : P.Instrs[K].In)
-          if (I == B)
-            return true;
-    return false;
-  }
-
   /// dropout -> add (at instruction K, reading the dropout's result and a
   /// residual of the same type).
   bool fuseDropoutAdd(int K) {

@@ -41,6 +41,15 @@ bool Peephole::writtenBetween(int B, int From, int To) const {
   return false;
 }
 
+bool Peephole::readBetween(int B, int From, int To) const {
+  for (int K = From + 1; K < To; ++K)
+    if (!DeadInstr[K])
+      for (int I : P.Instrs[K].In)
+        if (I == B)
+          return true;
+  return false;
+}
+
 int Peephole::compact() {
   std::vector<int> NewId(NB, -1);
   size_t Kept = 0;

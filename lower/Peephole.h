@@ -36,6 +36,8 @@ struct Peephole {
   /// Whether an instruction strictly between From and To writes buffer B
   /// (a result, or an accumulate's operand).
   bool writtenBetween(int B, int From, int To) const;
+  /// Whether an instruction strictly between From and To reads B.
+  bool readBetween(int B, int From, int To) const;
 
   /// Drops the dead instructions and buffers in place (each kept one moves
   /// down at most once, nothing is reallocated), renumbering the rest (a

@@ -284,9 +284,13 @@ def read(path):
 # ---------------------------------------------------------------------------
 # kill -9 and resume
 
-STEPS = 60
 EVERY = 5
 KILLS = 12
+# Kill k aims at checkpoint step EVERY * k; the run goes two checkpoints past
+# the last one, so that a random kill after checkpoint EVERY * (KILLS - 1)
+# (a sleep of up to one checkpoint interval) cannot come after the run ends.
+# With STEPS = EVERY * KILLS it could, and then only KILLS - 1 kills landed.
+STEPS = EVERY * (KILLS + 2)
 DELAY_MS = 90
 
 

@@ -1,5 +1,6 @@
 //===- Finalize.cpp - The last steps of lowering a program -----------------===//
 #include "lower/Finalize.h"
+#include "lower/CausalProducts.h"
 #include "lower/FuseAttention.h"
 #include "lower/FuseEpilogue.h"
 #include "lower/GradientBuckets.h"
@@ -110,6 +111,7 @@ void finalizeCompact(Program &P) {
         Sub.Outputs.push_back({Name, Local[Id]});
     fuseAttentionSoftmax(Sub);
     fuseEpilogues(Sub);
+    markCausalProducts(Sub);
     bucketGradientSums(Sub);
     bucketParamGathers(Sub);
     placeCollectives(Sub);
@@ -170,6 +172,7 @@ void finalizeProgram(Program &P) {
   }
   fuseAttentionSoftmax(P);
   fuseEpilogues(P);
+  markCausalProducts(P);
   bucketGradientSums(P);
   bucketParamGathers(P);
   placeCollectives(P);

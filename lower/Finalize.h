@@ -2,7 +2,8 @@
 //
 // Every path that makes a program from a graph (the plan's programs, the
 // recompute planner's estimates, the paper table) ends here, so that what
-// it measures is what sp-run runs: the instruction fusions, the placement of
+// it measures is what sp-run runs: the instruction fusions, the causal
+// structure of the attention products (lower/CausalProducts.h), the placement of
 // the collectives beside the GEMMs they overlap, then the memory plan.
 //
 //===----------------------------------------------------------------------===//

@@ -154,6 +154,16 @@ static void addWork(const Program &P, int Begin, int End, bool Weight,
       Traffic += 3 * Bytes(I.Out[0]);
     else if (I.Op == OpKind::DropoutAdd)
       Traffic += 2 * Bytes(I.Out[0]);
+    // A causal product (lower/CausalProducts.h) runs whole on the GPU and
+    // then zeroes its upper triangle in a pass over the result. (The CPU
+    // skips the masked blocks instead; the GEMM's FLOPs stay the model's.)
+    else if (I.Op == OpKind::BatchMatMul &&
+             attrInt(I.Op, I.Attrs, "causal"))
+      Traffic += 2 * Bytes(I.Out[0]);
+    // Likewise a causal dropout's mask (draws not skipped there).
+    else if (I.Op == OpKind::Dropout && I.Out.size() > 1 &&
+             attrInt(I.Op, I.Attrs, "causal"))
+      Traffic += 2 * Bytes(I.Out[1]);
     if (Once && I.Ph != Phase::Optimizer) {
       W.StepFlops += F;
       W.StepBytes += Traffic;

@@ -566,7 +566,15 @@ void addModelOps(OpTable &T) {
   T[size_t(OpKind::BatchMatMul)] = {
       .MinOperands = 2, // (a, b), batched on the leading dims
       .MaxOperands = 2,
-      .Attrs = {{"trans_a", attr::Int(0)}, {"trans_b", attr::Int(0)}},
+      // causal: only the causal lower triangle of each [M, N] result (j <=
+      // i) is computed, the rest is 0; causal_a: the first operand, as
+      // stored, is zero above its diagonal (a causal softmax's result, or
+      // its gradient). Both are set on lowered programs only
+      // (lower/CausalProducts.h).
+      .Attrs = {{"trans_a", attr::Int(0)},
+                {"trans_b", attr::Int(0)},
+                {"causal", attr::Int(0)},
+                {"causal_a", attr::Int(0)}},
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         if (auto E = expectRank(A, 0, 2))
           return E;
@@ -598,6 +606,10 @@ void addModelOps(OpTable &T) {
         if (attrInt(N.op(), N.attrs(), "trans_a"))
           return B.error("batch_matmul with trans_a is not differentiable "
                          "yet");
+        if (attrInt(N.op(), N.attrs(), "causal") ||
+            attrInt(N.op(), N.attrs(), "causal_a"))
+          return B.error("batch_matmul with causal or causal_a (attributes "
+                         "of lowered programs) is not differentiable");
         int64_t TransB = attrInt(N.op(), N.attrs(), "trans_b");
         Value *X = N.operand(0), *Y = N.operand(1), *DY = B.grad(0);
         AttrList DA, DB;
@@ -714,7 +726,11 @@ void addModelOps(OpTable &T) {
       {"key", attr::Ints()}, // Philox key [layer + 1, site]
       // Which rows of the batch (unrolled plans).
       {"microbatch", attr::Int(0)},
-      {"microbatches", attr::Int(1)}};
+      {"microbatches", attr::Int(1)},
+      // The input is zero above the diagonal of its last two dimensions
+      // and the mask there is 0, not drawn (lower/CausalProducts.h; set on
+      // lowered programs only).
+      {"causal", attr::Int(0)}};
   T[size_t(OpKind::Dropout)] = {
       .MinOperands = 1, // x -> y [, keep mask u8]
       .MaxOperands = 1,

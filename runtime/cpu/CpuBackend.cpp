@@ -741,7 +741,8 @@ template <typename T> static Error runKernel(const KernelCall &C) {
         InT(1).numElements() != Batch * K * N)
       return planError("batch_matmul with broadcast batch dimensions is not "
                        "supported by the CPU backend");
-    cpu::batchMatMul(Out(0), In(0), In(1), Batch, M, N, K, TA, TB);
+    cpu::batchMatMul(Out(0), In(0), In(1), Batch, M, N, K, TA, TB,
+                     AInt("causal"), AInt("causal_a"));
     return Error::success();
   }
   case OpKind::Scale:
@@ -900,10 +901,16 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       Mb += C.Data->rank() * NumMb;
       NumMb *= C.Data->size();
     }
+    // causal (lower/CausalProducts.h): no draws above the diagonal of the
+    // last two dimensions, which must be whole on this rank.
+    bool Causal = I.Op == OpKind::Dropout && AInt("causal");
+    if (Causal && S.K == Sharding::Split && S.Dim >= int(Local.rank()) - 2)
+      return planError("dropout {causal} of a tensor split along its last "
+                       "two dimensions; the plan is corrupt");
     if (S.K != Sharding::Split && NumMb == 1)
       return Check(cpu::dropout(Out(0), Mask, In(0), Ratio(), K,
                                 cpu::GlobalIndex::whole(ShapeOf(Local)),
-                                Addend));
+                                Addend, Causal));
     SmallVector<int64_t, 4> Full(Local.Shape.begin(), Local.Shape.end()),
         Offset(Local.rank(), 0);
     if (S.K == Sharding::Split) {
@@ -917,7 +924,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
         cpu::GlobalIndex::block(cpu::Shape(Full.data(), Full.size()),
                                 ShapeOf(Local),
                                 cpu::Shape(Offset.data(), Offset.size())),
-        Addend));
+        Addend, Causal));
   }
   case OpKind::DropoutGrad:
     cpu::dropoutBackward(Out(0), In(0),
@@ -1092,6 +1099,8 @@ static Expected<bool> runBf16Gemm(const KernelCall &C) {
     break;
   }
   default: { // batch_matmul
+    if (AInt("causal") || AInt("causal_a"))
+      return false; // the float32 kernel's causal blocks (runMixed)
     bool TA = AInt("trans_a"), TB = AInt("trans_b");
     int64_t M = Y.dim(-2), N = Y.dim(-1);
     int64_t K = TA ? Type(I.In[0]).dim(-2) : Type(I.In[0]).dim(-1);

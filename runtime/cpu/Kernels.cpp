@@ -809,15 +809,64 @@ void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S, int64_t Heads,
 // 7. Batched matrix product
 //===----------------------------------------------------------------------===//
 
+namespace {
+/// Row blocks of a causal product: small enough that the skipped corner is
+/// most of the masked half, large enough that each block's GEMM stays
+/// efficient.
+constexpr int64_t CausalRowBlock = 64;
+
+/// One causal product (batchMatMul's CausalOut / CausalA, one p).
+template <typename T>
+void causalMatMul(T *C, const T *A, const T *B, int64_t M, int64_t N,
+                  int64_t K, bool TransA, bool TransB, bool CausalOut,
+                  bool CausalA) {
+  const int64_t Lda = TransA ? M : K, Ldb = TransB ? K : N;
+  for (int64_t R0 = 0; R0 < M; R0 += CausalRowBlock) {
+    int64_t R1 = std::min(M, R0 + CausalRowBlock);
+    // Columns: row i keeps j <= i, so the block needs j < R1.
+    int64_t Cols = CausalOut ? std::min(N, R1) : N;
+    // Contraction range [K0, K1): A[i, k] (op(A)) is nonzero only for
+    // k <= i when A is stored [M, K], for k >= i when stored [K, M].
+    int64_t K0 = 0, K1 = K;
+    if (CausalA) {
+      if (TransA)
+        K0 = std::min(K, R0);
+      else
+        K1 = std::min(K, R1);
+    }
+    T *CR = C + R0 * N;
+    if (Cols > 0 && K1 > K0)
+      gemm<T>(TransA, TransB, R1 - R0, Cols, K1 - K0, T(1),
+              TransA ? A + K0 * Lda + R0 : A + R0 * Lda + K0, Lda,
+              TransB ? B + K0 : B + K0 * Ldb, Ldb, T(0), CR, N);
+    else
+      Cols = 0; // nothing to multiply: the block is zero
+    // Zeros: everything right of the causal diagonal (with CausalOut),
+    // and whatever the product did not write.
+    for (int64_t I = R0; I < R1; ++I) {
+      int64_t From = CausalOut ? std::min(N, I + 1) : Cols;
+      From = std::min(From, Cols);
+      std::fill(CR + (I - R0) * N + From, CR + (I - R0) * N + N, T(0));
+    }
+  }
+}
+} // namespace
+
 template <typename T>
 void batchMatMul(T *C, const T *A, const T *B, int64_t Batch, int64_t M,
-                 int64_t N, int64_t K, bool TransA, bool TransB) {
+                 int64_t N, int64_t K, bool TransA, bool TransB,
+                 bool CausalOut, bool CausalA) {
   checkSizes({Batch, M, N, K});
   // The batch (heads) over the kernel threads; each product whole.
   parallelFor(Batch, 1, [&](int64_t P0, int64_t P1) {
-    for (int64_t P = P0; P < P1; ++P)
-      gemm<T>(TransA, TransB, M, N, K, T(1), A + P * M * K, TransA ? M : K,
-              B + P * K * N, TransB ? K : N, T(0), C + P * M * N, N);
+    for (int64_t P = P0; P < P1; ++P) {
+      if (CausalOut || CausalA)
+        causalMatMul<T>(C + P * M * N, A + P * M * K, B + P * K * N, M, N, K,
+                        TransA, TransB, CausalOut, CausalA);
+      else
+        gemm<T>(TransA, TransB, M, N, K, T(1), A + P * M * K, TransA ? M : K,
+                B + P * K * N, TransB ? K : N, T(0), C + P * M * N, N);
+    }
   });
 }
 
@@ -1268,15 +1317,36 @@ Status dropoutMask(uint8_t *Mask, double Ratio, const DropoutKey &K,
 
 template <typename T>
 Status dropout(T *Y, uint8_t *Mask, const T *X, double Ratio,
-               const DropoutKey &K, const GlobalIndex &G, const T *Addend) {
+               const DropoutKey &K, const GlobalIndex &G, const T *Addend,
+               bool Causal) {
   if (Status S = checkDropout(Ratio, K, G); !S.ok())
     return S;
+  if (Causal && G.Rank < 2)
+    return Status::error("causal dropout of a tensor of rank < 2", -1,
+                         G.Rank);
   const T Scale = Ratio >= 1.0 ? T(0) : T(1.0 / (1.0 - Ratio));
   const uint64_t Threshold = philox::dropoutThreshold(Ratio);
+  // The global [Sq, Sk] of the causal mask (Causal).
+  const uint64_t Sq = Causal ? uint64_t(G.Global[G.Rank - 2]) : 1,
+                 Sk = Causal ? uint64_t(G.Global[G.Rank - 1]) : 1;
   forEachRun(G, [&](int64_t L0, uint64_t G0, int64_t Len) {
     uint8_t Local[DropoutPiece];
     uint8_t *Keep = Mask ? Mask + L0 : Local;
-    keepRun(Keep, G0, Len, K, Threshold);
+    if (!Causal) {
+      keepRun(Keep, G0, Len, K, Threshold);
+    } else {
+      // Row by row: keys j <= i are drawn, the rest dropped.
+      for (int64_t J = 0; J < Len;) {
+        uint64_t Gj = G0 + uint64_t(J), Col = Gj % Sk,
+                 Row = Gj / Sk % Sq;
+        int64_t InRow = std::min<int64_t>(Len - J, int64_t(Sk - Col));
+        int64_t Drawn =
+            Col <= Row ? std::min<int64_t>(InRow, int64_t(Row - Col + 1)) : 0;
+        keepRun(Keep + J, Gj, Drawn, K, Threshold);
+        std::memset(Keep + J + Drawn, 0, size_t(InRow - Drawn));
+        J += InRow;
+      }
+    }
     if (Addend)
       applyKeepAdd(Y + L0, X + L0, Addend + L0, Keep, Len, Scale);
     else
@@ -1883,7 +1953,7 @@ void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16) {
   template void mergeHeadsBackward<T>(T *, const T *, int64_t, int64_t,        \
                                       int64_t, int64_t);                       \
   template void batchMatMul<T>(T *, const T *, const T *, int64_t, int64_t,    \
-                               int64_t, int64_t, bool, bool);                  \
+                               int64_t, int64_t, bool, bool, bool, bool);      \
   template void scale<T>(T *, const T *, int64_t, double);                     \
   template void scaledCausalSoftmax<T>(T *, const T *, int64_t, int64_t,      \
                                        int64_t, double, bool, double);         \
@@ -1899,7 +1969,7 @@ void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16) {
                                    int64_t);                                   \
   template Status dropout<T>(T *, uint8_t *, const T *, double,                \
                              const DropoutKey &, const GlobalIndex &,          \
-                             const T *);                                       \
+                             const T *, bool);                                 \
   template void dropoutBackward<T>(T *, const T *, const uint8_t *, int64_t,   \
                                    double);                                    \
   template Status crossEntropy<T>(T *, const T *, const int64_t *, int64_t,    \

@@ -249,9 +249,18 @@ void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S, int64_t Heads,
 /// [Batch, M, K] (or [Batch, K, M] if TransA) and B [Batch, K, N] (or
 /// [Batch, N, K] if TransB). The backward is batchMatMul again (autodiff's
 /// rules), e.g. for C = A B: dA = bmm(dC, B, transB), dB = bmm(A, dC, transA).
+///
+/// Causal structure (batch_matmul's causal and causal_a attributes, set by
+/// lower/CausalProducts.h): with CausalOut, only C[p, i, j] with j <= i are
+/// computed and the rest are set to 0; with CausalA, A as stored is zero
+/// above its diagonal (A[p, r, c] = 0 for c > r), so the products of those
+/// zeros are skipped. Either way the products run over row blocks of C, each
+/// over the columns and contraction range the structure leaves, so about
+/// half the multiply-adds of a square product are skipped.
 template <typename T>
 void batchMatMul(T *C, const T *A, const T *B, int64_t Batch, int64_t M,
-                 int64_t N, int64_t K, bool TransA, bool TransB);
+                 int64_t N, int64_t K, bool TransA, bool TransB,
+                 bool CausalOut = false, bool CausalA = false);
 
 //===----------------------------------------------------------------------===//
 // 8. Scale
@@ -348,10 +357,14 @@ struct GlobalIndex {
 /// (Y = 0). Errors on Ratio outside [0, 1], Layer or Site >= 2^16, or a bad G.
 /// With Addend (N values; dropout_add, lower/FuseEpilogue.h) Y = dropout(X)
 /// + Addend, rounded as the two ops apart. Y may alias X or Addend.
+/// Causal (dropout's causal attribute, lower/CausalProducts.h): X is zero
+/// above the diagonal of its last two (global) dimensions, and there the
+/// mask is 0 without a draw (so Y is 0, as it would be anyway); below it
+/// the mask is the same as without Causal. Errors on rank < 2.
 template <typename T>
 Status dropout(T *Y, uint8_t *Mask, const T *X, double Ratio,
                const DropoutKey &K, const GlobalIndex &G,
-               const T *Addend = nullptr);
+               const T *Addend = nullptr, bool Causal = false);
 
 /// Keep[j] = whether dropout at Ratio keeps global element Global0 + j, for
 /// j < Len: the mask of Len consecutive global elements (fused kernels that

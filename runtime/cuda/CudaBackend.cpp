@@ -1563,9 +1563,24 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
   uint8_t *Mask = I.Out.size() > 1
                       ? reinterpret_cast<uint8_t *>(C.buffer(I.Out[1]))
                       : nullptr;
+  // causal (lower/CausalProducts.h): the input is zero above the diagonal
+  // of its last two dimensions, so the output is 0 there whatever the draw;
+  // the mask is set to 0 there as the CPU leaves it (the draw is not
+  // skipped here).
+  bool Causal = I.Op == OpKind::Dropout &&
+                attrInt(I.Op, I.Attrs, "causal");
+  if (Causal && (Local.rank() < 2 ||
+                 (Sh.K == Sharding::Split && Sh.Dim >= int(Local.rank()) - 2)))
+    return planError("dropout {causal} needs its last two dimensions whole "
+                     "on the rank; the plan is corrupt");
   cuda::dropout(elems(C, I.Out[0]), Mask, elems(C, I.In[0]), Ratio,
                 C.Seed, uint32_t(Key[0]), uint32_t(Key[1]), uint32_t(C.Step),
                 devShape(Full), devShape(Local.Shape), devShape(Offset), S);
+  if (Causal && Mask) {
+    int64_t Sq = Local.dim(-2), Sk = Local.dim(-1);
+    if (Sq > 0 && Sk > 0)
+      cuda::causalMaskBytes(Mask, Local.numElements() / (Sq * Sk), Sq, Sk, S);
+  }
   return Error::success();
 }
 
@@ -1874,8 +1889,20 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
         InT(1).numElements() != Batch * K * N)
       return planError("batch_matmul with broadcast batch dimensions is not "
                        "supported by the CUDA backend");
-    return batchedGemm(S, TA, TB, M, N, K, In(0), In(1), Out(0), Batch,
-                       InT(0).Dtype);
+    // causal_a only says A holds zeros the product may skip: the whole
+    // product is the same. causal keeps the causal triangle of the result
+    // and zeroes the rest, as the CPU's row blocks do.
+    bool Causal = AInt("causal");
+    if (Causal && CT.Dtype != DType::F32)
+      return planError("batch_matmul {causal} on " + CT.str() +
+                       ": the CUDA backend masks float32 results only "
+                       "(sp-compile marks float32 and float64 plans)");
+    if (auto E = batchedGemm(S, TA, TB, M, N, K, In(0), In(1), Out(0), Batch,
+                             InT(0).Dtype))
+      return E;
+    if (Causal)
+      cuda::causalMask(Out(0), Out(0), Batch, M, N, 0.0, S);
+    return Error::success();
   }
   case OpKind::Scale:
     cuda::scale(Out(0), In(0), InT(0).numElements(), AFloat("alpha"), S);

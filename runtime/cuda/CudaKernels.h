@@ -155,6 +155,10 @@ void rope(float *Y, const float *X, const float *Cos, const float *Sin,
 // The attention core (kernels/AttentionSoftmax.cuh).
 void causalMask(float *Y, const float *X, int64_t Batch, int64_t Sq,
                 int64_t Sk, double Fill, cudaStream_t S);
+/// Mask[r, j] = 0 for keys j > i (query i = r mod Sq): dropout {causal}'s
+/// mask above the diagonal, after the ordinary draw (lower/CausalProducts.h).
+void causalMaskBytes(uint8_t *Mask, int64_t Batch, int64_t Sq, int64_t Sk,
+                     cudaStream_t S);
 /// Y = X + bias(keep) per (batch, key); KeepType: 0 i64, 1 i32, 2 bool,
 /// 3 f32.
 void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,

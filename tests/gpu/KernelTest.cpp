@@ -265,6 +265,9 @@ TEST_F(CudaKernels, LinearAndItsWeightGradient) {
 
 TEST_F(CudaKernels, BatchMatMul) {
   const int64_t Batch = 6, M = 9, N = 11, K = 13;
+  // Mode 1: causal (the result's upper triangle is 0); mode 2: causal_a
+  // (A, as stored, is zero above its diagonal: lower/CausalProducts.h).
+  for (int Mode = 0; Mode < 3; ++Mode)
   for (int TA = 0; TA < 2; ++TA)
     for (int TB = 0; TB < 2; ++TB) {
       OpCase C;
@@ -274,6 +277,17 @@ TEST_F(CudaKernels, BatchMatMul) {
       auto &I = C.op(OpKind::BatchMatMul, {A, B}, {Y});
       I.Attrs.set("trans_a", int64_t(TA));
       I.Attrs.set("trans_b", int64_t(TB));
+      if (Mode == 1)
+        I.Attrs.set("causal", int64_t(1));
+      if (Mode == 2) {
+        I.Attrs.set("causal_a", int64_t(1));
+        auto *AD = reinterpret_cast<float *>(C.Data[A].data());
+        int64_t Rows = TA ? K : M, Cols = TA ? M : K;
+        for (int64_t P = 0; P < Batch; ++P)
+          for (int64_t R = 0; R < Rows; ++R)
+            for (int64_t Cc = R + 1; Cc < Cols; ++Cc)
+              AD[(P * Rows + R) * Cols + Cc] = 0;
+      }
       auto Got = C.run(*Gpu);
       ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
       auto AV = asFloats(C.Data[A]), BV = asFloats(C.Data[B]);
@@ -288,10 +302,15 @@ TEST_F(CudaKernels, BatchMatMul) {
               S += X * Z;
               Ab += std::fabs(X * Z);
             }
-            Ref[(P * M + R) * N + Cc] = S;
-            Abs[(P * M + R) * N + Cc] = Ab;
+            bool Masked = Mode == 1 && Cc > R;
+            Ref[(P * M + R) * N + Cc] = Masked ? 0 : S;
+            Abs[(P * M + R) * N + Cc] = Masked ? 0 : Ab;
           }
       checkProduct(asFloats((*Got)[Y]), Ref, Abs, K, "batch_matmul");
+      CpuBackend Cpu;
+      auto Want = C.run(Cpu);
+      ASSERT_TRUE(bool(Want)) << toString(Want.takeError());
+      checkProduct(asFloats((*Want)[Y]), Ref, Abs, K, "cpu batch_matmul");
     }
 }
 
@@ -574,6 +593,28 @@ TEST_F(CudaKernels, DropoutMasksAreTheCpusBitForBit) {
   int DX = B.buffer(DType::F32, {500});
   B.op(OpKind::DropoutGrad, {DY, M}, {DX}).Attrs.set("ratio", 0.25);
   compare(B, {DX}, 0);
+}
+
+TEST_F(CudaKernels, CausalDropoutIsTheCpusBits) {
+  // dropout {causal} (lower/CausalProducts.h) of scores zero above the
+  // diagonal: the CPU draws below it only, the device draws everywhere and
+  // then zeroes the mask above; masks and results bitwise equal.
+  for (double Ratio : {0.0, 0.1, 1.0}) {
+    OpCase C;
+    const int64_t Sq = 37, Sk = 37;
+    int X = C.floats({2, 3, Sq, Sk});
+    auto *XD = reinterpret_cast<float *>(C.Data[X].data());
+    for (int64_t E = 0; E < 2 * 3 * Sq * Sk; ++E)
+      if (E % Sk > E / Sk % Sq)
+        XD[E] = 0;
+    int Y = C.buffer(DType::F32, {2, 3, Sq, Sk}),
+        M = C.buffer(DType::U8, {2, 3, Sq, Sk});
+    auto &I = C.op(OpKind::Dropout, {X}, {Y, M});
+    I.Attrs.set("key", std::vector<int64_t>{2, 5});
+    I.Attrs.set("ratio", 0.1);
+    I.Attrs.set("causal", int64_t(1));
+    compare(C, {Y, M}, 0, Ratio);
+  }
 }
 
 TEST_F(CudaKernels, DropoutAddIsTheCpusBits) {

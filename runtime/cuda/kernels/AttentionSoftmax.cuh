@@ -37,6 +37,17 @@ __global__ void causalMaskKernel(float *Y, const float *X, int64_t Rows,
   }
 }
 
+/// dropout {causal}'s mask: 0 above the diagonal (lower/CausalProducts.h).
+__global__ void causalMaskBytesKernel(uint8_t *M, int64_t Rows, int64_t Sq,
+                                      int64_t Sk) {
+  SP_GRID_LOOP(E, Rows * Sk) {
+    int64_t R = E / Sk, J = E % Sk;
+    int64_t I = R % (Sq > 0 ? Sq : 1);
+    if (J >= I + 1)
+      M[E] = 0;
+  }
+}
+
 __device__ inline float keepValue(const void *Keep, int Type, int64_t E) {
   switch (Type) {
   case 0:
@@ -210,6 +221,13 @@ void causalMask(float *Y, const float *X, int64_t Batch, int64_t Sq,
   if (Launch L = elementwiseLaunch(Batch * Sq * Sk); L.Blocks)
     causalMaskKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, Batch * Sq, Sq, Sk,
                                                     float(Fill));
+}
+
+void causalMaskBytes(uint8_t *Mask, int64_t Batch, int64_t Sq, int64_t Sk,
+                     cudaStream_t S) {
+  if (Launch L = elementwiseLaunch(Batch * Sq * Sk); L.Blocks)
+    causalMaskBytesKernel<<<L.Blocks, L.Threads, 0, S>>>(Mask, Batch * Sq, Sq,
+                                                         Sk);
 }
 
 void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,

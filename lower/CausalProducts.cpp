@@ -100,8 +100,8 @@ struct Marker : Peephole {
   /// masked half: the mask need not be drawn there (dropout {causal}).
   int markDropout(int K) {
     Instruction &I = P.Instrs[K];
-    if (attrInt(I.Op, I.Attrs, "causal") || I.In.size() != 1 ||
-        I.Out.empty() || I.Out.size() > 2)
+    if (attrInt(I.Op, I.Attrs, "causal") || I.In.size() != 1 || I.Out.empty() ||
+        I.Out.size() > 2)
       return 0;
     const TensorType &X = P.Buffers[I.In[0]].Type;
     if ((X.Dtype != DType::F32 && X.Dtype != DType::F64) || X.rank() < 2 ||

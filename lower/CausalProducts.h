@@ -1,4 +1,4 @@
-//===- CausalProducts.h - Causal structure of the attention GEMMs -*- C++ -*-===//
+//===- CausalProducts.h - Causal structure of attention GEMMs -*- C++ -*-===//
 //
 // A peephole pass on a lowered program (finalizeProgram runs it after the
 // fusions, before the memory plan). In a causal attention core half of

@@ -1,4 +1,4 @@
-//===- CausalProductsTest.cpp - Causal attention products ------------------===//
+//===- CausalProductsTest.cpp - Causal attention products ---------------===//
 //
 // lower/CausalProducts.cpp and the CPU kernel behind it: the kernel's causal
 // row blocks against the whole product masked afterwards (exact, on
@@ -45,8 +45,8 @@ template <typename T> void checkKernel() {
                  Case{67, 200, 33}, Case{200, 67, 130}, Case{1, 9, 4}})
     for (bool TA : {false, true})
       for (bool TB : {false, true})
-        for (auto [Out, ZeroA] : {std::pair{true, false}, {false, true},
-                                  {true, true}}) {
+        for (auto [Out, ZeroA] :
+             {std::pair{true, false}, {false, true}, {true, true}}) {
           const int64_t Batch = 3;
           std::string What = formatv("{0}x{1}x{2} ta {3} tb {4} causal {5} "
                                      "causal_a {6}",
@@ -68,8 +68,8 @@ template <typename T> void checkKernel() {
               for (int64_t I = 0; I < S.M; ++I)
                 for (int64_t J = I + 1; J < S.N; ++J)
                   Want[(P * S.M + I) * S.N + J] = 0;
-          cpu::batchMatMul(Got.data(), A.data(), B.data(), Batch, S.M, S.N,
-                           S.K, TA, TB, Out, ZeroA);
+          cpu::batchMatMul(Got.data(), A.data(), B.data(), Batch, S.M, S.N, S.K,
+                           TA, TB, Out, ZeroA);
           EXPECT_EQ(Got, Want) << What;
         }
 }
@@ -85,9 +85,8 @@ template <typename T> void checkDropout() {
   const std::vector<int64_t> Global{4, 9, 37, 37}, Local{2, 3, 37, 37},
       Offset{2, 3, 0, 0};
   for (bool Whole : {true, false}) {
-    cpu::GlobalIndex G =
-        Whole ? cpu::GlobalIndex::whole(Local)
-              : cpu::GlobalIndex::block(Global, Local, Offset);
+    cpu::GlobalIndex G = Whole ? cpu::GlobalIndex::whole(Local)
+                               : cpu::GlobalIndex::block(Global, Local, Offset);
     int64_t N = 2 * 3 * 37 * 37;
     std::vector<T> X(N);
     std::mt19937 Rng(3);
@@ -214,8 +213,8 @@ TEST(CausalProducts, TheAttentionCoreIsMarked) {
   Program P = core({});
   EXPECT_EQ(markCausalProducts(P), 7);
   // qk, dropout, av, dD, dV, dQ, dK
-  EXPECT_EQ(marks(P), (Marks{{1, 0}, {1, -1}, {0, 1}, {1, 0}, {0, 1}, {0, 1},
-                             {0, 1}}));
+  EXPECT_EQ(marks(P),
+            (Marks{{1, 0}, {1, -1}, {0, 1}, {1, 0}, {0, 1}, {0, 1}, {0, 1}}));
   EXPECT_EQ(markCausalProducts(P), 0); // a fixed point
   planMemory(P);
   auto Back = programFromJson(programToJson(P));
@@ -236,8 +235,11 @@ TEST(CausalProducts, WhatIsNotKnownStaysUnmarked) {
   {
     CoreOptions O;
     O.Fill = -1e4;
-    EXPECT_EQ(Count(O), (std::pair{3, Marks{{1, 0}, {0, -1}, {0, 0}, {0, 0},
-                                            {0, 0}, {0, 1}, {0, 1}}}));
+    EXPECT_EQ(
+        Count(O),
+        (std::pair{
+            3,
+            Marks{{1, 0}, {0, -1}, {0, 0}, {0, 0}, {0, 0}, {0, 1}, {0, 1}}}));
   }
   {
     CoreOptions O;
@@ -247,20 +249,29 @@ TEST(CausalProducts, WhatIsNotKnownStaysUnmarked) {
   {
     CoreOptions O; // the scores are read by the program's caller too
     O.ScoresOutput = true;
-    EXPECT_EQ(Count(O), (std::pair{6, Marks{{0, 0}, {1, -1}, {0, 1}, {1, 0},
-                                            {0, 1}, {0, 1}, {0, 1}}}));
+    EXPECT_EQ(
+        Count(O),
+        (std::pair{
+            6,
+            Marks{{0, 0}, {1, -1}, {0, 1}, {1, 0}, {0, 1}, {0, 1}, {0, 1}}}));
   }
   {
     CoreOptions O; // the dropout mask is read by the program's caller too
     O.MaskOutput = true;
-    EXPECT_EQ(Count(O), (std::pair{6, Marks{{1, 0}, {0, -1}, {0, 1}, {1, 0},
-                                            {0, 1}, {0, 1}, {0, 1}}}));
+    EXPECT_EQ(
+        Count(O),
+        (std::pair{
+            6,
+            Marks{{1, 0}, {0, -1}, {0, 1}, {1, 0}, {0, 1}, {0, 1}, {0, 1}}}));
   }
   {
     CoreOptions O; // D is written between the dropout and its readers
     O.WriteBetween = true;
-    EXPECT_EQ(Count(O), (std::pair{5, Marks{{1, 0}, {1, -1}, {0, 0}, {1, 0},
-                                            {0, 0}, {0, 1}, {0, 1}}}));
+    EXPECT_EQ(
+        Count(O),
+        (std::pair{
+            5,
+            Marks{{1, 0}, {1, -1}, {0, 0}, {1, 0}, {0, 0}, {0, 1}, {0, 1}}}));
   }
   {
     CoreOptions O; // 16-bit plans keep their bf16 GEMMs

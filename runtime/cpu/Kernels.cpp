@@ -1397,7 +1397,8 @@ template <typename T>
 SP_INLINE void rowLogSumExpBody(const T *Row, int64_t ValidV, Acc &Max,
                                 Acc &Lse) {
   Max = Acc(rowMax(Row, ValidV));
-  Acc Sum = laneSum(ValidV, [&](int64_t J) { return expD(Acc(Row[J]) - Max); });
+  Acc Sum = laneSumBuffered(ValidV,
+                            [&](int64_t J) { return expD(Acc(Row[J]) - Max); });
   Lse = Max + std::log(Sum);
 }
 SP_SIMD void rowLogSumExp(const float *Row, int64_t ValidV, Acc &Max,

@@ -11,15 +11,6 @@ namespace {
 struct Marker : Peephole {
   using Peephole::Peephole;
 
-  bool allWide(const Instruction &I) const {
-    for (const auto *List : {&I.In, &I.Out})
-      for (int B : *List) {
-        DType D = P.Buffers[B].Type.Dtype;
-        if (D != DType::F32 && D != DType::F64)
-          return false;
-      }
-    return true;
-  }
   bool causal(const Instruction &I) const {
     return attrInt(I.Op, I.Attrs, "causal") != 0;
   }
@@ -103,8 +94,7 @@ struct Marker : Peephole {
     if (attrInt(I.Op, I.Attrs, "causal") || I.In.size() != 1 || I.Out.empty() ||
         I.Out.size() > 2)
       return 0;
-    const TensorType &X = P.Buffers[I.In[0]].Type;
-    if ((X.Dtype != DType::F32 && X.Dtype != DType::F64) || X.rank() < 2 ||
+    if (!isWide(I.In[0]) || P.Buffers[I.In[0]].Type.rank() < 2 ||
         !zeroAbove(I.In[0], K))
       return 0;
     if (I.Out.size() == 2) {

@@ -9,18 +9,6 @@ namespace {
 struct Fuser : Peephole {
   using Peephole::Peephole;
 
-  /// A 32- or 64-bit float buffer (see the header for 16-bit ones).
-  bool isWide(int B) const {
-    DType D = P.Buffers[B].Type.Dtype;
-    return D == DType::F32 || D == DType::F64;
-  }
-  bool allWide(const Instruction &I) const {
-    for (const auto *List : {&I.In, &I.Out})
-      for (int B : *List)
-        if (!isWide(B))
-          return false;
-    return true;
-  }
   /// A linear of MinOperands to MaxOperands operands in phase Ph, not yet
   /// fused, without the attributes of other uses (a vocabulary-parallel
   /// head's).

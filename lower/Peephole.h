@@ -33,6 +33,21 @@ struct Peephole {
   /// A one-operand, one-result instruction of kind Op in phase Ph, not yet
   /// fused.
   bool isLink(int K, OpKind Op, Phase Ph) const;
+  /// A 32- or 64-bit float buffer; all of an instruction's buffers so. (In
+  /// a bf16 or fp16 plan the fusions' intermediates are rounded to 16
+  /// bits, which the fused ops would skip, and the GEMMs take the bf16
+  /// path, so those are left alone.)
+  bool isWide(int B) const {
+    DType D = P.Buffers[B].Type.Dtype;
+    return D == DType::F32 || D == DType::F64;
+  }
+  bool allWide(const Instruction &I) const {
+    for (const auto *List : {&I.In, &I.Out})
+      for (int B : *List)
+        if (!isWide(B))
+          return false;
+    return true;
+  }
   /// Whether an instruction strictly between From and To writes buffer B
   /// (a result, or an accumulate's operand).
   bool writtenBetween(int B, int From, int To) const;

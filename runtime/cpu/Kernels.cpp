@@ -844,8 +844,7 @@ void causalMatMul(T *C, const T *A, const T *B, int64_t M, int64_t N,
     // Zeros: everything right of the causal diagonal (with CausalOut),
     // and whatever the product did not write.
     for (int64_t I = R0; I < R1; ++I) {
-      int64_t From = CausalOut ? std::min(N, I + 1) : Cols;
-      From = std::min(From, Cols);
+      int64_t From = std::min(CausalOut ? I + 1 : N, Cols);
       std::fill(CR + (I - R0) * N + From, CR + (I - R0) * N + N, T(0));
     }
   }

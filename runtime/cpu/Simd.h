@@ -90,17 +90,22 @@ template <int Degree = 13> SP_INLINE double expD(double X) {
   return X < -708.0 ? 0.0 : E;
 }
 
-/// sum_{J < N} Fn(J) in double as Lanes partial sums (J mod Lanes) combined
-/// in a fixed order, so that the loop vectorises; the result depends only
-/// on N and the values.
-template <typename F> SP_INLINE Acc laneSum(int64_t N, F &&Fn) {
-  Acc S[Lanes] = {};
+/// S[J mod Lanes] += Fn(J) for J < N, in increasing J: laneSum's partial
+/// sums.
+template <typename F> SP_INLINE void addLanes(Acc *S, int64_t N, F &&Fn) {
   int64_t J = 0;
   for (; J + Lanes <= N; J += Lanes)
     for (int K = 0; K < Lanes; ++K)
       S[K] += Fn(J + K);
   for (int K = 0; J + K < N; ++K)
     S[K] += Fn(J + K);
+}
+/// sum_{J < N} Fn(J) in double as Lanes partial sums (J mod Lanes) combined
+/// in a fixed order, so that the loop vectorises; the result depends only
+/// on N and the values.
+template <typename F> SP_INLINE Acc laneSum(int64_t N, F &&Fn) {
+  Acc S[Lanes] = {};
+  addLanes(S, N, Fn);
   return sumLanes(S);
 }
 
@@ -117,12 +122,8 @@ template <typename F> SP_INLINE Acc laneSumBuffered(int64_t N, F &&Fn) {
     int64_t Len = N - C0 < Chunk ? N - C0 : Chunk;
     for (int64_t J = 0; J < Len; ++J)
       E[J] = Fn(C0 + J);
-    int64_t J = 0;
-    for (; J + Lanes <= Len; J += Lanes)
-      for (int K = 0; K < Lanes; ++K)
-        S[K] += E[J + K];
-    for (int K = 0; J + K < Len; ++K)
-      S[K] += E[J + K];
+    // Each chunk starts at lane 0: J mod Lanes is (C0 + J) mod Lanes.
+    addLanes(S, Len, [&](int64_t J) { return E[J]; });
   }
   return sumLanes(S);
 }

@@ -268,50 +268,50 @@ TEST_F(CudaKernels, BatchMatMul) {
   // Mode 1: causal (the result's upper triangle is 0); mode 2: causal_a
   // (A, as stored, is zero above its diagonal: lower/CausalProducts.h).
   for (int Mode = 0; Mode < 3; ++Mode)
-  for (int TA = 0; TA < 2; ++TA)
-    for (int TB = 0; TB < 2; ++TB) {
-      OpCase C;
-      int A = TA ? C.floats({2, 3, K, M}) : C.floats({2, 3, M, K});
-      int B = TB ? C.floats({2, 3, N, K}) : C.floats({2, 3, K, N});
-      int Y = C.buffer(DType::F32, {2, 3, M, N});
-      auto &I = C.op(OpKind::BatchMatMul, {A, B}, {Y});
-      I.Attrs.set("trans_a", int64_t(TA));
-      I.Attrs.set("trans_b", int64_t(TB));
-      if (Mode == 1)
-        I.Attrs.set("causal", int64_t(1));
-      if (Mode == 2) {
-        I.Attrs.set("causal_a", int64_t(1));
-        auto *AD = reinterpret_cast<float *>(C.Data[A].data());
-        int64_t Rows = TA ? K : M, Cols = TA ? M : K;
+    for (int TA = 0; TA < 2; ++TA)
+      for (int TB = 0; TB < 2; ++TB) {
+        OpCase C;
+        int A = TA ? C.floats({2, 3, K, M}) : C.floats({2, 3, M, K});
+        int B = TB ? C.floats({2, 3, N, K}) : C.floats({2, 3, K, N});
+        int Y = C.buffer(DType::F32, {2, 3, M, N});
+        auto &I = C.op(OpKind::BatchMatMul, {A, B}, {Y});
+        I.Attrs.set("trans_a", int64_t(TA));
+        I.Attrs.set("trans_b", int64_t(TB));
+        if (Mode == 1)
+          I.Attrs.set("causal", int64_t(1));
+        if (Mode == 2) {
+          I.Attrs.set("causal_a", int64_t(1));
+          auto *AD = reinterpret_cast<float *>(C.Data[A].data());
+          int64_t Rows = TA ? K : M, Cols = TA ? M : K;
+          for (int64_t P = 0; P < Batch; ++P)
+            for (int64_t R = 0; R < Rows; ++R)
+              for (int64_t Cc = R + 1; Cc < Cols; ++Cc)
+                AD[(P * Rows + R) * Cols + Cc] = 0;
+        }
+        auto Got = C.run(*Gpu);
+        ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
+        auto AV = asFloats(C.Data[A]), BV = asFloats(C.Data[B]);
+        std::vector<double> Ref(Batch * M * N), Abs(Batch * M * N);
         for (int64_t P = 0; P < Batch; ++P)
-          for (int64_t R = 0; R < Rows; ++R)
-            for (int64_t Cc = R + 1; Cc < Cols; ++Cc)
-              AD[(P * Rows + R) * Cols + Cc] = 0;
-      }
-      auto Got = C.run(*Gpu);
-      ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
-      auto AV = asFloats(C.Data[A]), BV = asFloats(C.Data[B]);
-      std::vector<double> Ref(Batch * M * N), Abs(Batch * M * N);
-      for (int64_t P = 0; P < Batch; ++P)
-        for (int64_t R = 0; R < M; ++R)
-          for (int64_t Cc = 0; Cc < N; ++Cc) {
-            double S = 0, Ab = 0;
-            for (int64_t Kk = 0; Kk < K; ++Kk) {
-              double X = AV[P * M * K + (TA ? Kk * M + R : R * K + Kk)];
-              double Z = BV[P * K * N + (TB ? Cc * K + Kk : Kk * N + Cc)];
-              S += X * Z;
-              Ab += std::fabs(X * Z);
+          for (int64_t R = 0; R < M; ++R)
+            for (int64_t Cc = 0; Cc < N; ++Cc) {
+              double S = 0, Ab = 0;
+              for (int64_t Kk = 0; Kk < K; ++Kk) {
+                double X = AV[P * M * K + (TA ? Kk * M + R : R * K + Kk)];
+                double Z = BV[P * K * N + (TB ? Cc * K + Kk : Kk * N + Cc)];
+                S += X * Z;
+                Ab += std::fabs(X * Z);
+              }
+              bool Masked = Mode == 1 && Cc > R;
+              Ref[(P * M + R) * N + Cc] = Masked ? 0 : S;
+              Abs[(P * M + R) * N + Cc] = Masked ? 0 : Ab;
             }
-            bool Masked = Mode == 1 && Cc > R;
-            Ref[(P * M + R) * N + Cc] = Masked ? 0 : S;
-            Abs[(P * M + R) * N + Cc] = Masked ? 0 : Ab;
-          }
-      checkProduct(asFloats((*Got)[Y]), Ref, Abs, K, "batch_matmul");
-      CpuBackend Cpu;
-      auto Want = C.run(Cpu);
-      ASSERT_TRUE(bool(Want)) << toString(Want.takeError());
-      checkProduct(asFloats((*Want)[Y]), Ref, Abs, K, "cpu batch_matmul");
-    }
+        checkProduct(asFloats((*Got)[Y]), Ref, Abs, K, "batch_matmul");
+        CpuBackend Cpu;
+        auto Want = C.run(Cpu);
+        ASSERT_TRUE(bool(Want)) << toString(Want.takeError());
+        checkProduct(asFloats((*Want)[Y]), Ref, Abs, K, "cpu batch_matmul");
+      }
 }
 
 TEST_F(CudaKernels, BiasGrad) {

@@ -12,6 +12,7 @@
 #include "TrainHarness.h"
 #include "lower/CausalProducts.h"
 #include "runtime/cpu/Kernels.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "gtest/gtest.h"
 #include <array>
@@ -393,6 +394,29 @@ TEST(CausalProducts, TheDefaultModelTrainsAsUnmarked) {
     test::expectEqualRuns(test::trainBoth(Marked, 0.1, 3),
                           test::trainBoth(Plain, 0.1, 3));
   }
+}
+
+TEST(CausalProducts, AnHfGpt2ExportTrainsAsUnmarked) {
+  // GPT2LMHeadModel as transformers writes it (models/hf_gpt2.py) masks
+  // with torch.finfo(float32).min, not -inf: its masked probabilities need
+  // not be exactly 0 (a row whose kept scores all overflowed to -inf would
+  // spread over every key), so only the scores (read by the causal softmax
+  // alone) and dS k, dS^T q (the gradient's masked half is alpha * 0) are
+  // marked.
+  SmallString<128> Dir;
+  ASSERT_FALSE(sys::fs::createUniqueDirectory("sp-causal-hf", Dir));
+  std::string Model = (Dir + "/gpt2.onnx").str();
+  ASSERT_TRUE(test::runPython(
+      {SP_SOURCE_DIR "/models/export_family.py", "--family", "gpt2", "-o",
+       Model, "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32",
+       "--vocab", "64", "--batch", "2", "--dropout", "0.1"}))
+      << "the torch export failed (is python3-torch installed?)";
+  PassContext Ctx;
+  Plan Marked = test::compile(Model, Ctx);
+  EXPECT_EQ(countMarks(Marked), (std::array<int, 3>{2, 4, 0}));
+  test::expectEqualRuns(test::trainBoth(Marked, 0.1, 3),
+                        test::trainBoth(unmarked(Marked), 0.1, 3));
+  sys::fs::remove_directories(Dir);
 }
 
 } // namespace

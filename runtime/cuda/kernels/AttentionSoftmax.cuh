@@ -28,23 +28,15 @@
 namespace sp::cuda {
 namespace {
 
-__global__ void causalMaskKernel(float *Y, const float *X, int64_t Rows,
-                                 int64_t Sq, int64_t Sk, float Fill) {
+/// Y = causal_mask(X) (Y may be X); on bytes with fill 0, dropout {causal}'s
+/// mask above the diagonal (lower/CausalProducts.h).
+template <typename T>
+__global__ void causalMaskKernel(T *Y, const T *X, int64_t Rows, int64_t Sq,
+                                 int64_t Sk, T Fill) {
   SP_GRID_LOOP(E, Rows * Sk) {
     int64_t R = E / Sk, J = E % Sk;
     int64_t I = R % (Sq > 0 ? Sq : 1);
     Y[E] = J < I + 1 ? X[E] : Fill;
-  }
-}
-
-/// dropout {causal}'s mask: 0 above the diagonal (lower/CausalProducts.h).
-__global__ void causalMaskBytesKernel(uint8_t *M, int64_t Rows, int64_t Sq,
-                                      int64_t Sk) {
-  SP_GRID_LOOP(E, Rows * Sk) {
-    int64_t R = E / Sk, J = E % Sk;
-    int64_t I = R % (Sq > 0 ? Sq : 1);
-    if (J >= I + 1)
-      M[E] = 0;
   }
 }
 
@@ -226,8 +218,8 @@ void causalMask(float *Y, const float *X, int64_t Batch, int64_t Sq,
 void causalMaskBytes(uint8_t *Mask, int64_t Batch, int64_t Sq, int64_t Sk,
                      cudaStream_t S) {
   if (Launch L = elementwiseLaunch(Batch * Sq * Sk); L.Blocks)
-    causalMaskBytesKernel<<<L.Blocks, L.Threads, 0, S>>>(Mask, Batch * Sq, Sq,
-                                                         Sk);
+    causalMaskKernel<uint8_t><<<L.Blocks, L.Threads, 0, S>>>(
+        Mask, Mask, Batch * Sq, Sq, Sk, uint8_t(0));
 }
 
 void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,

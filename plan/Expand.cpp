@@ -15,20 +15,19 @@ static Error expandError(const Twine &Msg) {
                            "compact program: " + Msg);
 }
 
-Error checkNoOverlap(const Program &P) {
-  int End = P.Instrs.size();
-  struct Live {
-    int64_t Begin, End; // bytes
-    int From, Until;    // instructions
-    int Id;
-  };
-  std::vector<Live> All;
-  for (size_t Id = 0; Id < P.Buffers.size(); ++Id) {
-    const ProgramBuffer &B = P.Buffers[Id];
-    bool Temp = B.K == ProgramBuffer::Temp;
-    All.push_back({B.Offset, B.Offset + std::max<int64_t>(B.Bytes, 1),
-                   Temp ? B.Def : 0, Temp ? B.LastUse : End, int(Id)});
-  }
+namespace {
+/// A buffer (or instance) live over instructions [From, Until] in bytes
+/// [Begin, End).
+struct Live {
+  int64_t Begin, End;
+  int From, Until;
+  int Id;
+};
+} // namespace
+
+/// Fails when two of All share a byte while both live; Name(Id) names one.
+static Error checkDisjoint(std::vector<Live> &All,
+                           function_ref<std::string(int)> Name) {
   llvm::stable_sort(All, [](const Live &A, const Live &B) {
     return A.From < B.From;
   });
@@ -40,8 +39,8 @@ Error checkNoOverlap(const Program &P) {
     return expandError(formatv(
         "buffers '{0}' and '{1}' are live together (instructions {2}-{3} and "
         "{4}-{5}) but share bytes {6}-{7}; the plan is corrupt",
-        P.Buffers[A.Id].Name, P.Buffers[B.Id].Name, A.From, A.Until, B.From,
-        B.Until, std::max(A.Begin, B.Begin), std::min(A.End, B.End)));
+        Name(A.Id), Name(B.Id), A.From, A.Until, B.From, B.Until,
+        std::max(A.Begin, B.Begin), std::min(A.End, B.End)));
   };
   for (const Live &L : All) {
     while (!Deaths.empty() && Deaths.top().first < L.From) {
@@ -57,6 +56,18 @@ Error checkNoOverlap(const Program &P) {
     Deaths.push({L.Until, L.Begin});
   }
   return Error::success();
+}
+
+Error checkNoOverlap(const Program &P) {
+  int End = P.Instrs.size();
+  std::vector<Live> All;
+  for (size_t Id = 0; Id < P.Buffers.size(); ++Id) {
+    const ProgramBuffer &B = P.Buffers[Id];
+    bool Temp = B.K == ProgramBuffer::Temp;
+    All.push_back({B.Offset, B.Offset + std::max<int64_t>(B.Bytes, 1),
+                   Temp ? B.Def : 0, Temp ? B.LastUse : End, int(Id)});
+  }
+  return checkDisjoint(All, [&](int Id) { return P.Buffers[Id].Name; });
 }
 
 Error checkCompactProgram(const Program &C) {
@@ -331,6 +342,99 @@ walkSteps(const Program &C, function_ref<void(const InstanceInfo &)> Made,
   return Outputs;
 }
 
+bool bindsPerStep(const Instruction &T) {
+  return T.Op == OpKind::Send || T.Op == OpKind::Recv ||
+         T.Op == OpKind::Accumulate || T.Attrs.has("microbatches");
+}
+
+void bindStep(const Instruction &T, int Microbatch, int64_t TagStride,
+              bool FirstStep, Instruction &X) {
+  if (Microbatch >= 0) {
+    if (T.Op == OpKind::Send || T.Op == OpKind::Recv)
+      X.Attrs.set("tag", T.Attrs.getInt("tag", 0) + Microbatch * TagStride);
+    if (T.Attrs.has("microbatches"))
+      X.Attrs.set("microbatch", int64_t(Microbatch));
+  }
+  if (T.Op == OpKind::Accumulate)
+    X.Attrs.set("first", int64_t(FirstStep));
+}
+
+Expected<CompactRun> prepareCompactRun(const Program &C) {
+  CompactRun R;
+  R.WholeInstance.assign(C.Buffers.size(), -1);
+  R.FirstStep.assign(C.Templates.size(), -1);
+  for (size_t K = 0; K < C.Steps.size(); ++K) {
+    int &First = R.FirstStep[C.Steps[K].Template];
+    if (First < 0)
+      First = K;
+  }
+  auto Made = [&](const InstanceInfo &N) {
+    if (C.Buffers[N.Buffer].Scope == BufferScope::Whole)
+      R.WholeInstance[N.Buffer] = R.Instances.size();
+    R.Instances.push_back({N.Buffer, N.Microbatch, N.Offset, -1, -1});
+  };
+  // Steps K..Step begin at Position (a step of an empty template visits
+  // nothing).
+  auto Enter = [&](size_t Step, int Position) {
+    while (R.StepBegin.size() <= Step) {
+      R.StepBegin.push_back(Position);
+      R.UseBegin.push_back(R.Uses.size());
+    }
+  };
+  auto Visit = [&](const StepInstr &S) {
+    Enter(S.Step, S.Position);
+    const Instruction &X = C.Instrs[S.Instr];
+    int Until = std::max(S.Position, X.Beside + S.Position - S.Instr);
+    for (const auto *Ids : {&X.In, &X.Out})
+      for (int Id : *Ids) {
+        int N = S.Instance(Id);
+        CompactRun::Instance &I = R.Instances[N];
+        if (C.Buffers[Id].Scope != BufferScope::Whole &&
+            !is_contained(ArrayRef(R.Uses).drop_front(R.UseBegin.back()),
+                          std::pair{Id, N}))
+          R.Uses.push_back({Id, N});
+        if (I.Def < 0)
+          I.Def = S.Position;
+        I.LastUse = std::max(I.LastUse, Until);
+      }
+  };
+  auto Outputs = walkSteps(C, Made, Visit);
+  if (!Outputs)
+    return Outputs.takeError();
+  int End = 0;
+  for (const ProgramStep &S : C.Steps)
+    End += C.Templates[S.Template].End - C.Templates[S.Template].Begin;
+  Enter(C.Steps.size(), End); // and the end
+  R.Outputs = std::move(*Outputs);
+  for (CompactRun::Instance &I : R.Instances) {
+    if (C.Buffers[I.Buffer].K != ProgramBuffer::Temp)
+      I.Def = 0, I.LastUse = End;
+    else if (I.Def < 0)
+      I.Def = I.LastUse = 0; // never used
+  }
+  for (int N : R.Outputs)
+    R.Instances[N].LastUse = End;
+  std::vector<Live> All;
+  for (size_t N = 0; N < R.Instances.size(); ++N) {
+    const CompactRun::Instance &I = R.Instances[N];
+    int64_t Bytes = C.Buffers[I.Buffer].Bytes;
+    if (I.Offset < 0 || I.Offset + Bytes > C.ArenaBytes)
+      return expandError("buffer '" + C.Buffers[I.Buffer].Name +
+                         "' lies outside the arena; the plan is corrupt");
+    All.push_back({I.Offset, I.Offset + std::max<int64_t>(Bytes, 1), I.Def,
+                   I.LastUse, int(N)});
+  }
+  if (auto E = checkDisjoint(All, [&](int N) {
+        const CompactRun::Instance &I = R.Instances[N];
+        std::string Name = C.Buffers[I.Buffer].Name;
+        return I.Microbatch < 0 ? Name
+                                : Name + " of microbatch " +
+                                      std::to_string(I.Microbatch);
+      }))
+    return E;
+  return R;
+}
+
 Expected<Program> expandProgram(const Program &C) {
   if (!C.compact())
     return C;
@@ -352,22 +456,16 @@ Expected<Program> expandProgram(const Program &C) {
     F.Buffers.push_back(std::move(X));
   };
   auto Visit = [&](const StepInstr &S) {
-    Instruction X = C.Instrs[S.Instr];
+    const Instruction &T = C.Instrs[S.Instr];
+    Instruction X = T;
     for (auto *Ids : {&X.In, &X.Out})
       for (int &Id : *Ids)
         Id = S.Instance(Id);
     if (X.Beside >= 0)
       X.Beside += S.Position - S.Instr;
-    if (int Mb = C.Steps[S.Step].Microbatch; Mb >= 0) {
-      if (X.Op == OpKind::Send || X.Op == OpKind::Recv)
-        X.Attrs.set("tag", X.Attrs.getInt("tag", 0) + Mb * C.TagStride);
-      if (X.Attrs.has("microbatches"))
-        X.Attrs.set("microbatch", int64_t(Mb));
-    }
-    if (X.Op == OpKind::Accumulate) {
-      X.Attrs.set("first", int64_t(!Accumulated[S.Instr]));
-      Accumulated[S.Instr] = true;
-    }
+    bindStep(T, C.Steps[S.Step].Microbatch, C.TagStride,
+             !Accumulated[S.Instr], X);
+    Accumulated[S.Instr] = true;
     F.Instrs.push_back(std::move(X));
   };
   auto Outputs = walkSteps(C, Made, Visit);

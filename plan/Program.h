@@ -126,10 +126,11 @@ struct SlotRegion {
 /// compact: a pipelined rank's program as templates over the schedule's
 /// steps (lower/UnrollSchedule.h). A compact program's Instrs are its
 /// templates one after another; a run binds each step's template to that
-/// step's microbatch and slot, which expandProgram writes out as the flat
-/// program the executor runs. Send and recv tags then gain Microbatch x
-/// TagStride, dropouts learn their microbatch, and each accumulate is told
-/// whether it is the first of its template's steps.
+/// step's microbatch and slot (bindStep): send and recv tags gain
+/// Microbatch x TagStride, dropouts learn their microbatch, and each
+/// accumulate is told whether it is the first of its template's steps. The
+/// CPU executor runs the steps so (prepareCompactRun); expandProgram
+/// writes them out as a flat program, for the CUDA backend and the tests.
 struct Program {
   std::vector<ProgramBuffer> Buffers;
   std::vector<Instruction> Instrs;
@@ -212,6 +213,49 @@ llvm::Expected<SlotAssignment> assignSlots(const Program &C,
 /// every temporary, picked or not, "%<its id>".
 void setUseRanges(Program &P,
                   llvm::function_ref<bool(const ProgramBuffer &)> Pick);
+
+/// How a compact program runs without being written out: what the executor
+/// keeps instead of expandProgram's flat program. A position counts the
+/// instructions in run order, step by step, as in the written-out program.
+struct CompactRun {
+  struct Instance {
+    int Buffer, Microbatch; // as InstanceInfo
+    int64_t Offset;
+    /// Live range in positions, as setUseRanges gives the written-out
+    /// program's buffer: a temporary's from its first use to its last (an
+    /// output's to the end); a persistent buffer's the whole run.
+    int Def, LastUse;
+  };
+  std::vector<Instance> Instances;
+  /// Per buffer: its instance when it is whole-run, else -1.
+  std::vector<int> WholeInstance;
+  /// Per step: the position of its first instruction; back() = positions.
+  std::vector<int> StepBegin;
+  /// Per step K: Uses[UseBegin[K], UseBegin[K + 1]) lists (buffer,
+  /// instance) for every buffer of another scope its template uses.
+  std::vector<int> UseBegin;
+  std::vector<std::pair<int, int>> Uses;
+  /// The instance of each of Program::Outputs.
+  std::vector<int> Outputs;
+  /// Per template: the first step that runs it (-1: none).
+  std::vector<int> FirstStep;
+  int positions() const { return StepBegin.back(); }
+};
+
+/// Walks a compact program's steps once (walkSteps) and checks, as
+/// expandProgram does, that no two live instances share a byte, and that
+/// every instance lies in the arena. Errors name what is inconsistent.
+llvm::Expected<CompactRun> prepareCompactRun(const Program &C);
+
+/// What a step changes in a template instruction T when it runs it on
+/// Microbatch (-1: the prologue or epilogue) into X, a copy of T: send and
+/// recv tags gain Microbatch x TagStride, an op over microbatches learns
+/// its microbatch, and an accumulate whether it runs in its template's
+/// first step.
+void bindStep(const Instruction &T, int Microbatch, int64_t TagStride,
+              bool FirstStep, Instruction &X);
+/// Whether bindStep may change T.
+bool bindsPerStep(const Instruction &T);
 
 /// Checks a compact program's templates, steps, slots and buffer scopes
 /// (what expandProgram relies on).

@@ -108,6 +108,11 @@ public:
   /// views (parameters(), gradient(), logits()) point into the arena when
   /// it is host memory, else into a host mirror.
   virtual bool hostMemory() const = 0;
+  /// Whether it runs a compact program's steps over their templates, with
+  /// every buffer's address in KernelCall::Where. A backend that plans per
+  /// instruction of the whole program (the CUDA one: its streams and
+  /// events) runs compact programs written out.
+  virtual bool runsCompactPrograms() const { return false; }
   /// Whether it runs mixed-precision plans (bf16 or fp16 activations).
   virtual bool runsMixedPrecision() const { return false; }
 

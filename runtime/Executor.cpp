@@ -110,18 +110,35 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                              "(--pp {0}); it runs on {1}",
                              PP, Stages));
   E->PipeComm = PP > 1 ? Opts.PipeComm : nullptr;
-  // A pipelined rank's compact program runs as its steps written out.
-  auto Flat = expandProgram(P.stage(E->stage()));
-  if (!Flat)
-    return planError(toString(Flat.takeError()));
-  E->Prog = std::move(*Flat);
+  E->Back = Opts.MakeBackend ? Opts.MakeBackend()
+                             : std::make_unique<CpuBackend>();
+  if (!E->Back)
+    return planError("RunOptions::MakeBackend made no backend (a factory "
+                     "called twice, or one whose backend failed to start)");
+  // A pipelined rank's compact program runs step by step over its
+  // templates, or as its steps written out.
+  const Program &Stage = P.stage(E->stage());
+  if (Stage.compact() && E->Back->runsCompactPrograms() &&
+      !Opts.ExpandCompact) {
+    auto Run = prepareCompactRun(Stage);
+    if (!Run)
+      return planError(toString(Run.takeError()));
+    E->Compact = std::move(*Run);
+    E->Prog = Stage;
+  } else {
+    auto Flat = expandProgram(Stage);
+    if (!Flat)
+      return planError(toString(Flat.takeError()));
+    E->Prog = std::move(*Flat);
+  }
   E->Microbatches = P.Manifest.value("microbatches", int64_t(1));
   const Program &Prog = E->Prog;
   // One real type throughout: f32, or f64 in a float64 plan.
   DType Real = Wide ? DType::F64 : DType::F32, Other = Wide ? DType::F32
                                                             : DType::F64;
   for (const ProgramBuffer &B : Prog.Buffers) {
-    if (B.Offset < 0 || B.Offset + B.Bytes > Prog.ArenaBytes)
+    // (prepareCompactRun placed a compact program's instances)
+    if (!E->Compact && (B.Offset < 0 || B.Offset + B.Bytes > Prog.ArenaBytes))
       return planError("buffer '" + B.Name +
                        "' lies outside the arena; the plan is corrupt");
     bool OtherHalf = (B.Type.Dtype == DType::BF16 ||
@@ -220,11 +237,6 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     E->Scaling = S;
   }
 
-  E->Back = Opts.MakeBackend ? Opts.MakeBackend()
-                             : std::make_unique<CpuBackend>();
-  if (!E->Back)
-    return planError("RunOptions::MakeBackend made no backend (a factory "
-                     "called twice, or one whose backend failed to start)");
   if (Half && !E->Back->runsMixedPrecision())
     return planError("the plan has " + Dtype + " activations; the " +
                      E->Back->name().str() +
@@ -236,6 +248,30 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   E->Arena = *Arena;
   if (!E->Back->hostMemory())
     E->Mirror.assign(Prog.ArenaBytes, 0);
+  if (E->Compact) {
+    const CompactRun &R = *E->Compact;
+    E->Where.assign(Prog.Buffers.size(), nullptr);
+    E->InstanceOf = R.WholeInstance;
+    for (size_t B = 0; B < Prog.Buffers.size(); ++B)
+      if (R.WholeInstance[B] >= 0)
+        E->Where[B] = E->Arena + Prog.Buffers[B].Offset;
+    E->BoundOf.assign(Prog.Instrs.size(), -1);
+    for (size_t I = 0; I < Prog.Instrs.size(); ++I)
+      if (bindsPerStep(Prog.Instrs[I])) {
+        E->BoundOf[I] = E->Bound.size();
+        E->Bound.push_back(Prog.Instrs[I]);
+      }
+  }
+  for (size_t Id = 0; Id < Prog.Buffers.size(); ++Id) {
+    const ProgramBuffer &B = Prog.Buffers[Id];
+    if (B.K != ProgramBuffer::Input)
+      continue;
+    if (E->Compact && B.Scope == BufferScope::Microbatch)
+      for (int K = 0; K < Prog.Microbatches; ++K)
+        E->Feeds.push_back({int(Id), K, B.Offset + K * B.Stride});
+    else
+      E->Feeds.push_back({int(Id), B.Microbatch, B.Offset});
+  }
   E->Stats.ArenaBytes = Prog.ArenaBytes;
   E->Stats.PersistentBytes = Prog.PersistentBytes;
 
@@ -331,16 +367,14 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
   if (Opts.DataComm)
     if (auto E = Opts.DataComm->allReduceSum(&StepCounted, 1))
       return E;
-  for (size_t Id = 0; Id < Prog.Buffers.size(); ++Id) {
-    const ProgramBuffer &B = Prog.Buffers[Id];
-    if (B.K != ProgramBuffer::Input)
-      continue;
+  for (const Feed &F : Feeds) {
+    const ProgramBuffer &B = Prog.Buffers[F.Buffer];
     // Written on the host (Staging holds the largest input), then copied
     // into the backend's arena.
     char *Dst = Staging.data();
     // A microbatch's buffer holds rows [K b, (K + 1) b) of the batch.
     int64_t Rows = Batch / Microbatches;
-    int64_t Row0 = B.Microbatch >= 0 ? B.Microbatch * Rows : 0;
+    int64_t Row0 = F.Microbatch >= 0 ? F.Microbatch * Rows : 0;
     switch (B.Feed) {
     case InputRole::Tokens:
     case InputRole::Targets: {
@@ -395,7 +429,7 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
     case InputRole::None:
       llvm_unreachable("checked when the executor was created");
     }
-    if (auto E = Back->copyToBackend(Arena + B.Offset, Dst, B.Type.numBytes()))
+    if (auto E = Back->copyToBackend(Arena + F.Offset, Dst, B.Type.numBytes()))
       return E;
   }
   return Error::success();
@@ -468,11 +502,27 @@ Expected<double> Executor::evalLoss(const TokenBatch &Data) {
   return loss();
 }
 
+void Executor::enterStep(size_t K) {
+  const CompactRun &R = *Compact;
+  for (int U = R.UseBegin[K]; U < R.UseBegin[K + 1]; ++U) {
+    auto [B, N] = R.Uses[U];
+    Where[B] = Arena + R.Instances[N].Offset;
+    InstanceOf[B] = N;
+  }
+  const ProgramStep &S = Prog.Steps[K];
+  const ProgramTemplate &T = Prog.Templates[S.Template];
+  for (int I = T.Begin; I < T.End; ++I)
+    if (BoundOf[I] >= 0)
+      bindStep(Prog.Instrs[I], S.Microbatch, Prog.TagStride,
+               R.FirstStep[S.Template] == int(K), Bound[BoundOf[I]]);
+}
+
 Error Executor::run(Phase Last, int64_t Step, bool Training) {
   // A backend that times its calls on the device traces without a wait per
   // call, so that the trace shows what it ran at the same time.
   bool DeviceTrace = Training && Opts.Trace && Back->timesOnDevice();
-  std::vector<int> Timed; // the instructions it timed, in call order
+  // The calls it timed, in call order: (instruction, schedule step).
+  std::vector<std::pair<int, int>> Timed;
   double TraceStartUs = 0;
   // Trace times: microseconds of the steady clock.
   auto Us = [](std::chrono::steady_clock::time_point T) {
@@ -486,96 +536,161 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
     if (auto E = Back->startTiming())
       return E;
   }
+  // A flat program runs as one step of all its instructions; a compact one
+  // step by step, each its template's instructions over the step's buffer
+  // instances. The memory counts are over instances, at positions in run
+  // order (a flat program's buffers and instructions).
+  const CompactRun *R = Compact ? &*Compact : nullptr;
+  size_t NumSteps = R ? Prog.Steps.size() : 1;
+  int NumPositions = R ? R->positions() : int(Prog.Instrs.size());
+  size_t NumInstances = R ? R->Instances.size() : Prog.Buffers.size();
+  auto BufferOf = [&](int N) { return R ? R->Instances[N].Buffer : N; };
+  auto OffsetOf = [&](int N) {
+    return R ? R->Instances[N].Offset : Prog.Buffers[N].Offset;
+  };
+  auto LastUseOf = [&](int N) {
+    return R ? R->Instances[N].LastUse : Prog.Buffers[N].LastUse;
+  };
+  auto InstanceOfBuffer = [&](int B) { return R ? InstanceOf[B] : B; };
+  // The instructions of step K: Prog.Instrs[Begin, End) at positions from
+  // Base.
+  auto Range = [&](size_t K) {
+    if (!R)
+      return std::tuple{0, int(Prog.Instrs.size()), 0};
+    const ProgramTemplate &T = Prog.Templates[Prog.Steps[K].Template];
+    return std::tuple{T.Begin, T.End, R->StepBegin[K]};
+  };
+  auto Describe = [&](const Instruction &In, size_t K, int I) {
+    if (!R)
+      return describe(In, I);
+    const ProgramStep &S = Prog.Steps[K];
+    const ProgramTemplate &T = Prog.Templates[S.Template];
+    std::string At =
+        formatv("schedule step {0} ({1}", K, templateKindName(T.Kind)).str();
+    if (T.Chunk >= 0)
+      At += formatv(" of chunk {0}, microbatch {1}", T.Chunk, S.Microbatch)
+                .str();
+    return At + "), " + describe(In, I);
+  };
   int64_t Live = 0, CapturedLogits = 0;
-  size_t NumInstrs = Prog.Instrs.size();
-  std::vector<int64_t> FreeAt(NumInstrs + 1, 0);
-  // What the instructions write and read, for the stored-activation count.
-  std::vector<int> WrittenAt(Prog.Buffers.size(), -1),
-      LastRead(Prog.Buffers.size(), -1), FirstBackRead(Prog.Buffers.size(), -1);
-  for (size_t I = 0; I < NumInstrs; ++I) {
-    const Instruction &In = Prog.Instrs[I];
-    // An unrolled schedule interleaves the phases: the ones after Last are
-    // skipped, not the rest of the program.
-    if (In.Ph > Last || (SkipUpdate && In.Ph == Phase::Optimizer))
-      continue;
-    for (int B : In.Out) {
-      const ProgramBuffer &PB = Prog.Buffers[B];
-      Live += PB.Bytes;
-      FreeAt[std::min<size_t>(PB.LastUse, NumInstrs)] += PB.Bytes;
-      Stats.HighWaterBytes =
-          std::max(Stats.HighWaterBytes, PB.Offset + PB.Bytes);
-      WrittenAt[B] = I;
-    }
-    bool BackSide = In.Ph == Phase::Backward || In.Ph == Phase::Recompute;
-    for (int B : In.In) {
-      LastRead[B] = I;
-      if (BackSide && FirstBackRead[B] < 0 && WrittenAt[B] >= 0 &&
-          Prog.Instrs[WrittenAt[B]].Ph == Phase::Forward)
-        FirstBackRead[B] = I;
-    }
-    if (Training)
-      Stats.PeakLiveTempBytes = std::max(Stats.PeakLiveTempBytes, Live);
-    auto Start = std::chrono::steady_clock::now();
-    if (auto E = runInstruction(In, Step, Training))
-      return createStringError(inconvertibleErrorCode(), "%s: %s",
-                               describe(In, I).c_str(),
-                               toString(std::move(E)).c_str());
-    // The gradients' global norm, for the log; with loss scaling every
-    // rank reads the same norm (grad_norm sums over every group), so every
-    // rank skips the same steps.
-    if (Training && In.Op == OpKind::GradNorm) {
-      if (auto E = Back->synchronize())
-        return E;
-      const char *Src = Arena + Prog.Buffers[In.Out[0]].Offset;
-      double Norm = 0;
-      if (Prog.Buffers[In.Out[0]].Type.Dtype == DType::F64) {
-        if (auto E = Back->copyToHost(&Norm, Src, sizeof Norm))
-          return E;
-      } else {
-        float F = 0;
-        if (auto E = Back->copyToHost(&F, Src, sizeof F))
-          return E;
-        Norm = F;
+  std::vector<int64_t> FreeAt(NumPositions + 1, 0);
+  // What the instructions write and read, for the stored-activation count:
+  // per instance, the position that last wrote it (its phase, and whether
+  // a cast), the last that read it, and the layer of the first backward or
+  // recompute instruction that read it after a forward one wrote it.
+  struct Access {
+    int WrittenAt = -1, LastRead = -1, BackLayer = 0;
+    bool BackRead = false, Forward = false, Cast = false;
+  };
+  std::vector<Access> Seen(NumInstances);
+  for (size_t K = 0; K < NumSteps; ++K) {
+    if (R)
+      enterStep(K);
+    auto [Begin, End, Base] = Range(K);
+    for (int I = Begin; I < End; ++I) {
+      const Instruction &In = instr(I);
+      int Pos = Base + I - Begin;
+      // An unrolled schedule interleaves the phases: the ones after Last
+      // are skipped, not the rest of the program.
+      if (In.Ph > Last || (SkipUpdate && In.Ph == Phase::Optimizer))
+        continue;
+      for (int B : In.Out) {
+        int N = InstanceOfBuffer(B);
+        int64_t Bytes = Prog.Buffers[B].Bytes;
+        Live += Bytes;
+        FreeAt[std::min<size_t>(LastUseOf(N), NumPositions)] += Bytes;
+        Stats.HighWaterBytes =
+            std::max(Stats.HighWaterBytes, OffsetOf(N) + Bytes);
+        Seen[N].WrittenAt = Pos;
+        Seen[N].Forward = In.Ph == Phase::Forward;
+        Seen[N].Cast = In.Op == OpKind::Cast;
       }
-      LastGradNorm = Norm;
-      if (Scaling)
-        SkipUpdate = !std::isfinite(Norm);
-    }
-    if (!Training && Unrolled && In.Role == "lm_head" &&
-        In.Ph == Phase::Forward) {
-      // This microbatch's logits, before the arena reuses their bytes.
-      const ProgramBuffer &L = Prog.Buffers[In.Out[0]];
-      size_t Bytes = L.Type.numBytes();
-      EvalLogits.resize(Bytes * Microbatches);
-      if (CapturedLogits >= Microbatches)
-        return planError("the program computes more logits than it has "
-                         "microbatches");
-      if (auto E = Back->copyToHost(EvalLogits.data() + CapturedLogits * Bytes,
-                                    Arena + L.Offset, Bytes))
-        return E;
-      ++CapturedLogits;
-    }
-    if (Training) {
-      // A device backend queues its calls: the trace waits for each one,
-      // the phase times for the last of each run of one phase (so a
-      // phase's total is its wall time, the in-between calls' their
-      // queueing time).
-      bool PhaseEnds = I + 1 == NumInstrs || Prog.Instrs[I + 1].Ph != In.Ph;
-      bool HostTrace = Opts.Trace && !DeviceTrace;
-      if (!Back->hostMemory() && (HostTrace || PhaseEnds))
+      bool BackSide = In.Ph == Phase::Backward || In.Ph == Phase::Recompute;
+      for (int B : In.In) {
+        Access &A = Seen[InstanceOfBuffer(B)];
+        A.LastRead = Pos;
+        if (BackSide && !A.BackRead && A.WrittenAt >= 0 && A.Forward) {
+          A.BackRead = true;
+          A.BackLayer = In.Layer;
+        }
+      }
+      if (Training)
+        Stats.PeakLiveTempBytes = std::max(Stats.PeakLiveTempBytes, Live);
+      auto Start = std::chrono::steady_clock::now();
+      if (auto E = runInstruction(In, Step, Training))
+        return createStringError(inconvertibleErrorCode(), "%s: %s",
+                                 Describe(In, K, I).c_str(),
+                                 toString(std::move(E)).c_str());
+      // The gradients' global norm, for the log; with loss scaling every
+      // rank reads the same norm (grad_norm sums over every group), so
+      // every rank skips the same steps.
+      if (Training && In.Op == OpKind::GradNorm) {
         if (auto E = Back->synchronize())
-          return createStringError(inconvertibleErrorCode(), "%s: %s",
-                                   describe(In, I).c_str(),
-                                   toString(std::move(E)).c_str());
-      auto End = std::chrono::steady_clock::now();
-      Times.PhaseSeconds[int(In.Ph)] +=
-          std::chrono::duration<double>(End - Start).count();
-      if (DeviceTrace)
-        Timed.push_back(int(I));
-      else if (Opts.Trace)
-        Events.push_back({int(I), Us(Start), Us(End) - Us(Start), Step});
+          return E;
+        const char *Src = at(In.Out[0]);
+        double Norm = 0;
+        if (Prog.Buffers[In.Out[0]].Type.Dtype == DType::F64) {
+          if (auto E = Back->copyToHost(&Norm, Src, sizeof Norm))
+            return E;
+        } else {
+          float F = 0;
+          if (auto E = Back->copyToHost(&F, Src, sizeof F))
+            return E;
+          Norm = F;
+        }
+        LastGradNorm = Norm;
+        if (Scaling)
+          SkipUpdate = !std::isfinite(Norm);
+      }
+      if (!Training && Unrolled && In.Role == "lm_head" &&
+          In.Ph == Phase::Forward) {
+        // This microbatch's logits, before the arena reuses their bytes.
+        const ProgramBuffer &L = Prog.Buffers[In.Out[0]];
+        size_t Bytes = L.Type.numBytes();
+        EvalLogits.resize(Bytes * Microbatches);
+        if (CapturedLogits >= Microbatches)
+          return planError("the program computes more logits than it has "
+                           "microbatches");
+        if (auto E = Back->copyToHost(EvalLogits.data() +
+                                          CapturedLogits * Bytes,
+                                      at(In.Out[0]), Bytes))
+          return E;
+        ++CapturedLogits;
+      }
+      if (Training) {
+        // A device backend queues its calls: the trace waits for each one,
+        // the phase times for the last of each run of one phase (so a
+        // phase's total is its wall time, the in-between calls' their
+        // queueing time).
+        bool PhaseEnds = I + 1 == End ? K + 1 == NumSteps
+                                      : Prog.Instrs[I + 1].Ph != In.Ph;
+        if (I + 1 == End && K + 1 < NumSteps) {
+          // (the next instruction is the next step's first that runs)
+          size_t Next = K + 1;
+          while (Next < NumSteps && std::get<0>(Range(Next)) ==
+                                        std::get<1>(Range(Next)))
+            ++Next;
+          PhaseEnds = Next == NumSteps ||
+                      Prog.Instrs[std::get<0>(Range(Next))].Ph != In.Ph;
+        }
+        bool HostTrace = Opts.Trace && !DeviceTrace;
+        if (!Back->hostMemory() && (HostTrace || PhaseEnds))
+          if (auto E = Back->synchronize())
+            return createStringError(inconvertibleErrorCode(), "%s: %s",
+                                     Describe(In, K, I).c_str(),
+                                     toString(std::move(E)).c_str());
+        auto Stop = std::chrono::steady_clock::now();
+        Times.PhaseSeconds[int(In.Ph)] +=
+            std::chrono::duration<double>(Stop - Start).count();
+        int Sched = R ? int(K) : -1;
+        if (DeviceTrace)
+          Timed.push_back({I, Sched});
+        else if (Opts.Trace)
+          Events.push_back(
+              {I, Us(Start), Us(Stop) - Us(Start), Step, -1, Sched});
+      }
+      Live -= FreeAt[Pos];
     }
-    Live -= FreeAt[I];
   }
   if (CapturedLogits && CapturedLogits != Microbatches)
     return planError(formatv("the program computed the logits of {0} of its "
@@ -593,24 +708,23 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
                                Timed.size());
     for (size_t K = 0; K < Timed.size(); ++K) {
       const Backend::DeviceTime &T = (*Times)[K];
-      Events.push_back({Timed[K], TraceStartUs + T.StartUs, T.DurationUs,
-                        Step, T.Stream});
+      Events.push_back({Timed[K].first, TraceStartUs + T.StartUs,
+                        T.DurationUs, Step, T.Stream, Timed[K].second});
     }
   }
   if (Training) {
     ++Times.Steps;
-    std::vector<int64_t> Delta(NumInstrs + 2, 0);
+    std::vector<int64_t> Delta(NumPositions + 2, 0);
     Stats.StoredActivationBytesByLayer.clear();
-    for (size_t B = 0; B < Prog.Buffers.size(); ++B) {
+    for (size_t N = 0; N < NumInstances; ++N) {
+      const Access &A = Seen[N];
+      const ProgramBuffer &B = Prog.Buffers[BufferOf(N)];
       // (a parameter's 16-bit copy is model state, not an activation)
-      if (FirstBackRead[B] < 0 || Prog.Buffers[B].isPersistent() ||
-          Prog.Instrs[WrittenAt[B]].Op == OpKind::Cast)
+      if (!A.BackRead || B.isPersistent() || A.Cast)
         continue;
-      int64_t Bytes = Prog.Buffers[B].Bytes;
-      Delta[WrittenAt[B]] += Bytes;
-      Delta[LastRead[B] + 1] -= Bytes;
-      Stats.StoredActivationBytesByLayer[Prog.Instrs[FirstBackRead[B]].Layer] +=
-          Bytes;
+      Delta[A.WrittenAt] += B.Bytes;
+      Delta[A.LastRead + 1] -= B.Bytes;
+      Stats.StoredActivationBytesByLayer[A.BackLayer] += B.Bytes;
     }
     int64_t Cur = 0, Peak = 0;
     for (int64_t D : Delta)
@@ -624,7 +738,8 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
                                bool Training) {
   return Back->run(KernelCall{I, Prog, Arena, Step, Training, Opts.Dropout,
                               Opts.Seed, *Comm, PipeComm, Opts.DataComm,
-                              1 / FeedScale});
+                              1 / FeedScale,
+                              Compact ? Where.data() : nullptr});
 }
 
 void Executor::setData(TensorView &V, int B) const {

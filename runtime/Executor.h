@@ -3,8 +3,19 @@
 // Has its backend (runtime/Backend.h; the CPU one by default) allocate the
 // plan's arena once (exactly ArenaBytes), loads the parameters into it,
 // zeroes the optimizer state, feeds the inputs by role, and runs the
-// program's instructions in order: each is a backend call, except the
-// pipeline messages, which the executor sends through the pipeline group.
+// program's instructions in order: each is a backend call (the pipeline
+// messages too, over the pipeline group).
+//
+// A pipelined rank's compact program (plan/Program.h) runs step by step:
+// each schedule step runs its template's instructions with every buffer at
+// the step's instance (KernelCall::Where: a slot of its region, its
+// microbatch's input, the step scratch) and the step's send and recv tags,
+// dropout microbatch and first accumulate bound into a copy of the few
+// instructions that have them. Nothing is written out per microbatch, so
+// the executor holds the templates and one small table of instances, not
+// microbatches x layers instructions. A backend that plans over the whole
+// instruction list (the CUDA one) runs the program written out
+// (expandProgram), which makes the same calls in the same order.
 //
 // Gradient rule: every instruction fully writes its outputs. Kernels that
 // accumulate (weight, bias, embedding and LayerNorm-parameter gradients) get
@@ -52,6 +63,10 @@ struct RunOptions {
   /// rounding. Its views have Data64, not Data; checkpoints and exports,
   /// which hold float32, do not take them.
   bool AllowFloat64 = false;
+  /// Run a compact (pipelined) program written out (expandProgram), as on a
+  /// backend that does not run templates, instead of step by step over its
+  /// templates; the two runs are the same calls in the same order.
+  bool ExpandCompact = false;
 };
 
 /// One instruction's run, for a timeline (Chrome's trace format).
@@ -62,6 +77,9 @@ struct TraceEvent {
   /// Timed on the device: the stream it ran on (0 compute, 1
   /// communication); -1: timed on the host, around the call and a wait.
   int Stream = -1;
+  /// A compact program's run: the schedule step that ran the instruction
+  /// (Program::Steps), whose template holds it; -1 in a flat program.
+  int ScheduleStep = -1;
 };
 
 struct MemoryStats {
@@ -225,6 +243,19 @@ private:
   llvm::Error run(Phase Last, int64_t Step, bool Training);
   llvm::Error runInstruction(const Instruction &I, int64_t Step,
                              bool Training);
+  /// A compact program: points Where and InstanceOf at schedule step K's
+  /// instances and binds its template's instructions to the step.
+  void enterStep(size_t K);
+  /// Where buffer B is in the arena (in a compact program, this step's
+  /// instance of it).
+  char *at(int B) const {
+    return Compact ? Where[B] : Arena + Prog.Buffers[B].Offset;
+  }
+  /// The instruction the backend runs for Prog.Instrs[I] (bound to this
+  /// step in a compact program).
+  const Instruction &instr(int I) const {
+    return Compact && BoundOf[I] >= 0 ? Bound[BoundOf[I]] : Prog.Instrs[I];
+  }
   /// Refuses a plan with an input the runtime cannot feed (no role, or a
   /// type its role does not allow).
   llvm::Error checkInputs() const;
@@ -243,7 +274,23 @@ private:
   TensorView view(int Buffer, std::string Name) const;
   /// Points V at buffer B's data (Data or Data64, by the plan's precision).
   void setData(TensorView &V, int B) const;
+  /// A flat program, or a pipelined rank's compact one, which runs step by
+  /// step over its templates (or written out: RunOptions::ExpandCompact,
+  /// or a backend that does not run templates).
   Program Prog;
+  /// Set for a compact program: its instances and steps, each buffer's
+  /// address and instance in the step running now, and the instructions a
+  /// step binds (Bound[BoundOf[I]] is instruction I's, -1: none).
+  std::optional<CompactRun> Compact;
+  std::vector<char *> Where;
+  std::vector<int> InstanceOf, BoundOf;
+  std::vector<Instruction> Bound;
+  /// The inputs to feed: every instance of a microbatch's input.
+  struct Feed {
+    int Buffer, Microbatch;
+    int64_t Offset;
+  };
+  std::vector<Feed> Feeds;
   RunOptions Opts;
   TimeStats Times;
   std::vector<TraceEvent> Events;

@@ -718,8 +718,15 @@ static nlohmann::json traceEvents(const Executor &E, int Rank, int TP) {
                            {"phase", phaseName(I.Ph).str()}};
     if (I.Layer >= 0)
       Args["layer"] = I.Layer;
-    if (I.Attrs.has("microbatch"))
+    if (T.ScheduleStep >= 0) {
+      // A compact program's step: its template's instruction I on the
+      // step's microbatch.
+      Args["schedule_step"] = T.ScheduleStep;
+      if (int Mb = P.Steps[T.ScheduleStep].Microbatch; Mb >= 0)
+        Args["microbatch"] = Mb;
+    } else if (I.Attrs.has("microbatch")) {
       Args["microbatch"] = I.Attrs.getInt("microbatch", 0);
+    }
     if (I.Beside >= 0) {
       // The GEMM the plan runs this collective beside (lower/Overlap.h).
       const Instruction &G = P.Instrs[I.Beside];
@@ -862,6 +869,7 @@ Error Trainer::runRank(Communicator *World) {
   RO.PipeComm = Groups.Pipeline.get();
   RO.DataComm = Groups.Data.get();
   RO.Trace = !O.TraceFile.empty();
+  RO.ExpandCompact = O.ExpandSteps;
   RO.Seed = O.Seed;
   RO.Dropout = O.Dropout;
   RO.AllowFloat64 = O.Float64;

@@ -74,6 +74,9 @@ struct TrainerOptions {
   std::string HtmlPath, CommandLine;
   /// The plan is widened to float64 (sp-run --float64, widenToFloat64).
   bool Float64 = false;
+  /// --expand-steps: a compact program runs written out
+  /// (RunOptions::ExpandCompact).
+  bool ExpandSteps = false;
   /// --device cuda[:N]: each rank runs on a GPU (its local rank's, or
   /// CudaDevice), with TF32 GEMMs when AllowTF32.
   bool Cuda = false;

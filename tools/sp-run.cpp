@@ -226,6 +226,13 @@ static cl::opt<bool> Float64(
              "measure how far float32 rounding moves its losses, gradients "
              "and logits"),
     cl::cat(Cat));
+static cl::opt<bool> ExpandSteps(
+    "expand-steps",
+    cl::desc("Run a pipelined plan's schedule steps written out as one flat "
+             "instruction list (as the CUDA backend does) instead of step by "
+             "step over its templates: the same calls in the same order, "
+             "more memory; for checking and measuring"),
+    cl::cat(Cat));
 static cl::opt<int> Threads("threads",
                             cl::desc("Kernel threads, GEMMs included (default: all cores, shared by the ranks of one process)"),
                             cl::init(0), cl::value_desc("n"), cl::cat(Cat));
@@ -646,6 +653,7 @@ int main(int Argc, char **Argv) {
   O.Source = Source;
   O.ThreadsPerRank = NumThreads;
   O.Float64 = Float64;
+  O.ExpandSteps = ExpandSteps;
   O.Cuda = Cuda;
   if (int N = *deviceIndex(Device); N >= 0) // checked by checkFlags
     O.CudaDevice = N;

@@ -196,8 +196,11 @@ namespace {
 
 /// A compact program that the reader or a bad edit got wrong is refused
 /// before it runs, naming what is wrong: a microbatch out of range, a
-/// region with fewer slots than the schedule keeps in flight, and slots
-/// laid over the parameters (two live buffers sharing bytes).
+/// region with fewer slots than the schedule keeps in flight, slots laid
+/// over the parameters (two live buffers sharing bytes), and (stepping
+/// through the templates) an instance outside the arena. Written out
+/// (expandProgram) or walked for the executor's run (prepareCompactRun),
+/// the same error.
 TEST(Pipeline, CompactProgramsAreChecked) {
   Config C{2, 1, 1, RecomputeMode::None};
   Plan P = compile(model(), context(C), MicroBatchSize, Seq);
@@ -207,13 +210,28 @@ TEST(Pipeline, CompactProgramsAreChecked) {
   auto Flat = expandProgram(Good);
   ASSERT_TRUE(bool(Flat)) << toString(Flat.takeError());
   EXPECT_FALSE(bool(checkNoOverlap(*Flat)));
+  auto Run = prepareCompactRun(Good);
+  ASSERT_TRUE(bool(Run)) << toString(Run.takeError());
+  EXPECT_EQ(Run->positions(), int(Flat->Instrs.size()));
+  EXPECT_EQ(Run->Instances.size(), Flat->Buffers.size());
+  for (size_t N = 0; N < Flat->Buffers.size(); ++N) {
+    const ProgramBuffer &B = Flat->Buffers[N];
+    EXPECT_EQ(Run->Instances[N].Offset, B.Offset) << B.Name;
+    if (B.K == ProgramBuffer::Temp) {
+      EXPECT_EQ(Run->Instances[N].Def, B.Def) << B.Name;
+      EXPECT_EQ(Run->Instances[N].LastUse, B.LastUse) << B.Name;
+    }
+  }
+  auto BothRefuse = [](const Program &Bad, StringRef Want) {
+    std::string Msg = toString(expandProgram(Bad).takeError());
+    EXPECT_NE(Msg.find(Want.str()), std::string::npos) << Msg;
+    Msg = toString(prepareCompactRun(Bad).takeError());
+    EXPECT_NE(Msg.find(Want.str()), std::string::npos) << Msg;
+  };
 
   Program Mb = Good;
   Mb.Steps[1].Microbatch = Microbatches;
-  std::string Msg = toString(expandProgram(Mb).takeError());
-  EXPECT_NE(Msg.find("step 1 (forward) has microbatch 4 of 4"),
-            std::string::npos)
-      << Msg;
+  BothRefuse(Mb, "step 1 (forward) has microbatch 4 of 4");
 
   Program Few = Good;
   int R = 0;
@@ -221,15 +239,22 @@ TEST(Pipeline, CompactProgramsAreChecked) {
     ++R;
   ASSERT_LT(R, int(Few.Slots.size()));
   Few.Slots[R].Count = 1;
-  Msg = toString(expandProgram(Few).takeError());
-  EXPECT_NE(Msg.find("which has 1"), std::string::npos) << Msg;
+  BothRefuse(Few, "which has 1");
 
   // The region moved onto the parameters: the activations would overwrite
   // them.
   Program Laid = Good;
   Laid.Slots[R].Offset = 0;
-  Msg = toString(expandProgram(Laid).takeError());
-  EXPECT_NE(Msg.find("are live together"), std::string::npos) << Msg;
+  BothRefuse(Laid, "are live together");
+
+  // The scratch region past the arena's end (the written-out program is
+  // refused by the executor, which checks every buffer's place).
+  Program Past = Good;
+  for (ProgramBuffer &B : Past.Buffers)
+    if (B.Scope == BufferScope::Step)
+      B.Offset += Past.ArenaBytes;
+  std::string Msg = toString(prepareCompactRun(Past).takeError());
+  EXPECT_NE(Msg.find("lies outside the arena"), std::string::npos) << Msg;
 }
 
 /// The compiler's report walks each rank's compact program over its steps
@@ -263,6 +288,64 @@ TEST(Pipeline, RunStatsWalkEqualsTheWrittenOutProgram) {
       EXPECT_EQ(Walk->PeakLiveTempBytes, Want->PeakLiveTempBytes);
       EXPECT_EQ(Walk->StoredPeakBytes, Want->StoredPeakBytes);
       EXPECT_GT(Walk->StoredPeakBytes, 0);
+    }
+  }
+}
+
+/// The executor runs a compact program step by step over its templates
+/// (each step's buffer instances through KernelCall::Where, its tags,
+/// microbatch and first accumulate bound per step); written out, the same
+/// program makes the same calls in the same order. So the two runs agree
+/// bit for bit: 3 training steps' losses, the first step's gradients, the
+/// evaluation loss and logits, and every rank's measured memory, on 1F1B,
+/// interleaved (t = 2, SP, selective), ZB-H1 (full recompute) and a bf16
+/// mixed-precision 1F1B plan.
+TEST(Pipeline, StepsOverTemplatesEqualTheWrittenOutProgram) {
+  struct Case {
+    Config C;
+    PipelineSchedule S;
+    DType Activations;
+  };
+  for (Case X : {Case{{2, 1, 1, RecomputeMode::None},
+                      PipelineSchedule::OneFOneB, DType::F32},
+                 Case{{2, 2, 2, RecomputeMode::Selective},
+                      PipelineSchedule::Interleaved, DType::F32},
+                 Case{{4, 1, 1, RecomputeMode::Full},
+                      PipelineSchedule::ZeroBubbleH1, DType::F32},
+                 Case{{2, 1, 1, RecomputeMode::Selective},
+                      PipelineSchedule::OneFOneB, DType::BF16}}) {
+    SCOPED_TRACE(formatv("p {0} M {1} t {2} {3}", X.C.P, X.C.M, X.C.T,
+                         dtypeName(X.Activations))
+                     .str());
+    PassContext Ctx = context(X.C);
+    Ctx.Pipeline.Schedule = X.S;
+    Ctx.ActivationDtype = X.Activations;
+    Plan P = compile(model(), Ctx, MicroBatchSize, Seq);
+    ASSERT_TRUE(P.stage(0).compact());
+    RunResult Steps = train(P, Dropout, 3);
+    RunResult Flat = train(P, Dropout, 3, /*ExpandCompact=*/true);
+    ASSERT_EQ(Steps.Losses.size(), 3u);
+    EXPECT_EQ(Steps.Losses, Flat.Losses);
+    EXPECT_EQ(Steps.Grads.size(), Flat.Grads.size());
+    EXPECT_FALSE(Steps.Grads.empty());
+    for (const auto &[Name, G] : Flat.Grads) {
+      auto It = Steps.Grads.find(Name);
+      ASSERT_NE(It, Steps.Grads.end()) << Name;
+      EXPECT_EQ(It->second, G) << Name;
+    }
+    EXPECT_EQ(Steps.EvalLoss, Flat.EvalLoss);
+    EXPECT_FALSE(Steps.Logits.empty());
+    EXPECT_EQ(Steps.Logits, Flat.Logits);
+    ASSERT_EQ(Steps.RankMemory.size(), Flat.RankMemory.size());
+    for (size_t R = 0; R < Flat.RankMemory.size(); ++R) {
+      const MemoryStats &A = Steps.RankMemory[R], &B = Flat.RankMemory[R];
+      SCOPED_TRACE(formatv("rank {0}", R).str());
+      EXPECT_EQ(A.ArenaBytes, B.ArenaBytes);
+      EXPECT_EQ(A.HighWaterBytes, B.HighWaterBytes);
+      EXPECT_EQ(A.PeakLiveTempBytes, B.PeakLiveTempBytes);
+      EXPECT_EQ(A.StoredActivationBytes, B.StoredActivationBytes);
+      EXPECT_EQ(A.StoredActivationBytesByLayer, B.StoredActivationBytesByLayer);
+      EXPECT_GT(A.StoredActivationBytes, 0);
     }
   }
 }

@@ -44,9 +44,11 @@ Plan compile(StringRef Model, const PassContext &Ctx, int64_t Batch,
   return std::move(*P);
 }
 
-RunResult train(const Plan &P, double Dropout, int Steps) {
+RunResult train(const Plan &P, double Dropout, int Steps,
+                bool ExpandCompact) {
   int TP = P.Manifest.value("tp", 1), PP = P.numStages();
   RunResult R;
+  R.RankMemory.resize(TP * PP);
   std::mutex M;
   // As sp-run does: the process's kernel threads shared by its ranks.
   // SP_TEST_THREADS sets them (tests/tolerance_matrix.sh varies it).
@@ -67,6 +69,7 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
     O.PipeComm = Groups->Pipeline.get();
     O.Dropout = Dropout;
     O.AllowFloat64 = true;
+    O.ExpandCompact = ExpandCompact;
     auto E = Executor::create(P, O);
     if (!E)
       return E.takeError();
@@ -101,8 +104,25 @@ RunResult train(const Plan &P, double Dropout, int Steps) {
           R.Grads[Param.Name] = std::move(*Full);
       }
     }
+    {
+      std::lock_guard<std::mutex> Lock(M);
+      R.RankMemory[World.rank()] = (*E)->memory();
+      if (World.rank() == 0)
+        R.Memory = (*E)->memory();
+    }
+    auto Eval = (*E)->evalLoss(Data);
+    if (!Eval)
+      return Eval.takeError();
+    if (auto L = (*E)->logits()) {
+      auto Full = (*E)->gather64(*L);
+      if (!Full)
+        return Full.takeError();
+      std::lock_guard<std::mutex> Lock(M);
+      if (TPRank == 0)
+        R.Logits = std::move(*Full);
+    }
     if (World.rank() == 0)
-      R.Memory = (*E)->memory();
+      R.EvalLoss = *Eval;
     return Error::success();
   });
   EXPECT_FALSE(bool(E)) << toString(std::move(E));

@@ -33,12 +33,21 @@ struct RunResult {
   /// After step 1, gathered (float32 values held exactly in double).
   std::map<std::string, std::vector<double>> Grads;
   MemoryStats Memory; // rank 0's, after the run
+  /// Every rank's, by world rank.
+  std::vector<MemoryStats> RankMemory;
+  /// evalLoss on the same batch after the last step, and the logits it
+  /// made (gathered on the rank that has them).
+  double EvalLoss = 0;
+  std::vector<double> Logits;
 };
 
 /// Trains on t x p thread ranks (sp-run's layout); the tokens are the same
 /// random ones for any layout of the same batch. A float64 plan
 /// (widenToFloat64) trains in float64.
-RunResult train(const Plan &P, double Dropout, int Steps);
+/// ExpandCompact: a pipelined plan's compact programs run written out
+/// (RunOptions::ExpandCompact).
+RunResult train(const Plan &P, double Dropout, int Steps,
+                bool ExpandCompact = false);
 
 /// A run in float32 and the same plan's run in float64: the float64 run
 /// measures how far float32 rounding moved this computation.

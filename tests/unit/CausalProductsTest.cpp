@@ -419,4 +419,26 @@ TEST(CausalProducts, AnHfGpt2ExportTrainsAsUnmarked) {
   sys::fs::remove_directories(Dir);
 }
 
+TEST(CausalProducts, AnHfLlamaExportTrainsAsUnmarked) {
+  // LlamaForCausalLM as transformers writes it (models/llama.py), with
+  // grouped keys and values (4 query heads over 2, repeat_kv) and rotary
+  // embeddings, and no dropout: its causal mask is torch.finfo(float32).min
+  // too, so the same products as GPT-2's are marked, here over the
+  // repeated heads.
+  SmallString<128> Dir;
+  ASSERT_FALSE(sys::fs::createUniqueDirectory("sp-causal-llama", Dir));
+  std::string Model = (Dir + "/llama.onnx").str();
+  ASSERT_TRUE(test::runPython(
+      {SP_SOURCE_DIR "/models/export_family.py", "--family", "llama", "-o",
+       Model, "--layers", "2", "--hidden", "64", "--heads", "4",
+       "--kv-heads", "2", "--seq", "32", "--vocab", "64", "--batch", "2"}))
+      << "the torch export failed (is python3-torch installed?)";
+  PassContext Ctx;
+  Plan Marked = test::compile(Model, Ctx);
+  EXPECT_EQ(countMarks(Marked), (std::array<int, 3>{2, 4, 0}));
+  test::expectEqualRuns(test::trainBoth(Marked, 0.1, 3),
+                        test::trainBoth(unmarked(Marked), 0.1, 3));
+  sys::fs::remove_directories(Dir);
+}
+
 } // namespace

@@ -252,8 +252,9 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     const CompactRun &R = *E->Compact;
     E->Where.assign(Prog.Buffers.size(), nullptr);
     E->InstanceOf = R.WholeInstance;
+    // (a step buffer's instances are all at its offset)
     for (size_t B = 0; B < Prog.Buffers.size(); ++B)
-      if (R.WholeInstance[B] >= 0)
+      if (R.WholeInstance[B] >= 0 || Prog.Buffers[B].Scope == BufferScope::Step)
         E->Where[B] = E->Arena + Prog.Buffers[B].Offset;
     E->BoundOf.assign(Prog.Instrs.size(), -1);
     for (size_t I = 0; I < Prog.Instrs.size(); ++I)
@@ -435,21 +436,27 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
   return Error::success();
 }
 
+Expected<double> Executor::readReal(int B) const {
+  const char *Src = at(B);
+  if (Prog.Buffers[B].Type.Dtype == DType::F64) {
+    double D = 0;
+    if (auto E = Back->copyToHost(&D, Src, sizeof D))
+      return E;
+    return D;
+  }
+  float F = 0;
+  if (auto E = Back->copyToHost(&F, Src, sizeof F))
+    return E;
+  return double(F);
+}
+
 Expected<double> Executor::loss() const {
   if (auto E = Back->synchronize())
     return E;
-  const char *Src = Arena + Prog.Buffers[Prog.output("loss")].Offset;
-  double L = 0;
-  if (Wide) {
-    if (auto E = Back->copyToHost(&L, Src, sizeof L))
-      return E;
-  } else {
-    float F = 0;
-    if (auto E = Back->copyToHost(&F, Src, sizeof F))
-      return E;
-    L = F;
-  }
-  L /= FeedScale;
+  auto Read = readReal(Prog.output("loss"));
+  if (!Read)
+    return Read.takeError();
+  double L = *Read / FeedScale;
   // Each replica's loss is its rows' part of the step's mean.
   if (Opts.DataComm)
     if (auto E = Opts.DataComm->allReduceSum(&L, 1))
@@ -627,20 +634,12 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
       if (Training && In.Op == OpKind::GradNorm) {
         if (auto E = Back->synchronize())
           return E;
-        const char *Src = at(In.Out[0]);
-        double Norm = 0;
-        if (Prog.Buffers[In.Out[0]].Type.Dtype == DType::F64) {
-          if (auto E = Back->copyToHost(&Norm, Src, sizeof Norm))
-            return E;
-        } else {
-          float F = 0;
-          if (auto E = Back->copyToHost(&F, Src, sizeof F))
-            return E;
-          Norm = F;
-        }
-        LastGradNorm = Norm;
+        auto Norm = readReal(In.Out[0]);
+        if (!Norm)
+          return Norm.takeError();
+        LastGradNorm = *Norm;
         if (Scaling)
-          SkipUpdate = !std::isfinite(Norm);
+          SkipUpdate = !std::isfinite(*Norm);
       }
       if (!Training && Unrolled && In.Role == "lm_head" &&
           In.Ph == Phase::Forward) {

@@ -263,6 +263,9 @@ private:
   /// mask from the batch, positions 0..seq-1, zero token types, each
   /// microbatch's loss weight, lr and step.
   llvm::Error feedInputs(const TokenBatch &B, double LR, int64_t Step);
+  /// The f32 or f64 scalar in buffer B (this step's instance of it), read
+  /// back from the backend.
+  llvm::Expected<double> readReal(int B) const;
   /// The loss of the last step, read back from the backend.
   llvm::Expected<double> loss() const;
   /// Buffer's host memory: in the arena, or in the mirror.

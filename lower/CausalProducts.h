@@ -33,10 +33,12 @@
 //   softmax_grad: the masked elements' bits meet only y's zeros. The mask
 //   below the diagonal is unchanged, so are the dropout's results.
 //
-// Values made by another template of a compact program (a pipelined
-// forward's probabilities read by its backward) are left unmarked: their
-// producer is not in view. Only float32 and float64 products are marked
-// (16-bit plans keep their bf16 GEMM path).
+// A compact program's templates are marked each on its own, then once more
+// assembled (finalizeCompact), where a pipelined backward sees the
+// probabilities and the mask its chunk's forward left in the slots (the
+// forward template comes first in the instructions, as its steps run first
+// for each microbatch, and nothing else writes a slot value). Only float32
+// and float64 products are marked (16-bit plans keep their bf16 GEMM path).
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_LOWER_CAUSALPRODUCTS_H

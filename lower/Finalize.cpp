@@ -149,6 +149,13 @@ void finalizeCompact(Program &P) {
   }
   for (auto &[Name, Id] : P.Outputs)
     Out.Outputs.push_back({Name, NewId[Id]});
+  // The causal marks a template cannot see alone: a backward's products
+  // of the probabilities its chunk's forward made (in the slots), and the
+  // forward's dropout whose mask only that backward reads. A template
+  // precedes the later ones of its chunk in the instructions, as its
+  // steps precede theirs for each microbatch, and a slot value is written
+  // by its chunk's forward alone.
+  markCausalProducts(Out);
   // The other temporaries' live ranges, along the templates (the slot
   // plan reads them): the compact program's instructions that touch them.
   setUseRanges(Out, [](const ProgramBuffer &B) {

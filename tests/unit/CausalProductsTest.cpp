@@ -374,12 +374,14 @@ TEST(CausalProducts, TheDefaultModelTrainsAsUnmarked) {
   // Per layer: the scores (and recomputed scores) and dD are causal; O, dV,
   // dQ and dK read zeros above the diagonal; the core's dropouts (forward
   // and recomputed) draw below the diagonal only. A pipelined backward
-  // reads the forward's probabilities and mask from another template, so
-  // its dD, dV and the forward's dropout are left unmarked there.
+  // reads the forward's probabilities and mask from another template (the
+  // slots): marked the same, once the templates are assembled.
   for (Form F : {Form{"none", RecomputeMode::None, 1, {4, 8, 2}},
                  Form{"selective", RecomputeMode::Selective, 1, {6, 8, 4}},
                  Form{"full", RecomputeMode::Full, 1, {6, 10, 4}},
-                 Form{"pipeline", RecomputeMode::None, 2, {2, 6, 0}}}) {
+                 Form{"pipeline", RecomputeMode::None, 2, {4, 8, 2}},
+                 Form{"pipeline, selective", RecomputeMode::Selective, 2,
+                      {6, 8, 4}}}) {
     PassContext Ctx;
     Ctx.Recompute.Mode = F.Mode;
     if (F.Stages > 1) {

@@ -106,57 +106,46 @@ Expected<RunStats> runStats(const Program &P) {
     S.StoredPeakBytes = analyzeActivations(P).StoredPeakBytes;
     return S;
   }
-  // Each temporary instance's live range, as setUseRanges and
-  // analyzeActivations give it in the written-out program.
-  struct Range {
-    int Def = -1, LastUse = -1;
-    int DefInstr = -1; // the template instruction at Def
-    bool Stored = false;
-  };
-  std::vector<Range> Ranges;
-  std::vector<int64_t> Bytes; // 0: not a temporary
-  auto Made = [&](const InstanceInfo &N) {
-    const ProgramBuffer &B = P.Buffers[N.Buffer];
-    Ranges.emplace_back();
-    Bytes.push_back(B.K == ProgramBuffer::Temp ? B.Bytes : 0);
-  };
-  auto Visit = [&](const StepInstr &X) {
-    const Instruction &In = P.Instrs[X.Instr];
-    int Until = std::max(X.Position, In.Beside >= 0
-                                         ? In.Beside + X.Position - X.Instr
-                                         : X.Position);
-    for (const auto *Ids : {&In.In, &In.Out})
-      for (int Id : *Ids) {
-        int K = X.Instance(Id);
-        if (!Bytes[K])
-          continue;
-        Range &R = Ranges[K];
-        if (R.Def < 0) {
-          R.Def = X.Position;
-          R.DefInstr = X.Instr;
+  // Each temporary instance's live range (prepareCompactRun, as in the
+  // written-out program), and whether it is stored, as analyzeActivations
+  // finds it there: the template instruction that first touches it, and
+  // its readers.
+  auto Run = prepareCompactRun(P, /*CheckPlaces=*/false);
+  if (!Run)
+    return Run.takeError();
+  S.Instructions = Run->positions();
+  S.Buffers = Run->Instances.size();
+  std::vector<int> DefInstr(S.Buffers, -1), InstanceOf = Run->WholeInstance;
+  std::vector<bool> IsStored(S.Buffers, false);
+  for (size_t K = 0; K < P.Steps.size(); ++K) {
+    for (int U = Run->UseBegin[K]; U < Run->UseBegin[K + 1]; ++U)
+      InstanceOf[Run->Uses[U].first] = Run->Uses[U].second;
+    const ProgramTemplate &T = P.Templates[P.Steps[K].Template];
+    for (int I = T.Begin; I < T.End; ++I) {
+      const Instruction &In = P.Instrs[I];
+      for (const auto *Ids : {&In.In, &In.Out})
+        for (int Id : *Ids) {
+          int N = InstanceOf[Id];
+          if (P.Buffers[Id].K != ProgramBuffer::Temp)
+            continue;
+          if (DefInstr[N] < 0)
+            DefInstr[N] = I;
+          if (Ids == &In.In && !IsStored[N])
+            IsStored[N] = storedBy(P.Instrs[DefInstr[N]], In);
         }
-        R.LastUse = std::max(R.LastUse, Until);
-        if (Ids == &In.In && !R.Stored)
-          R.Stored = storedBy(P.Instrs[R.DefInstr], In);
-      }
-    S.Instructions = X.Position + 1;
-  };
-  auto Outputs = walkSteps(P, Made, Visit);
-  if (!Outputs)
-    return Outputs.takeError();
-  for (int K : *Outputs)
-    Ranges[K].LastUse = S.Instructions; // read after the last instruction
-  S.Buffers = Ranges.size();
+    }
+  }
   std::vector<int64_t> All(S.Instructions + 2, 0), Stored(S.Instructions + 2);
-  for (size_t K = 0; K < Ranges.size(); ++K) {
-    Range R = Ranges[K];
-    if (R.Def < 0)
-      R.Def = R.LastUse = 0; // never used
-    All[R.Def] += Bytes[K];
-    All[R.LastUse + 1] -= Bytes[K];
-    if (R.Stored) {
-      Stored[R.Def] += Bytes[K];
-      Stored[R.LastUse + 1] -= Bytes[K];
+  for (size_t N = 0; N < Run->Instances.size(); ++N) {
+    const CompactRun::Instance &R = Run->Instances[N];
+    const ProgramBuffer &B = P.Buffers[R.Buffer];
+    if (B.K != ProgramBuffer::Temp)
+      continue;
+    All[R.Def] += B.Bytes;
+    All[R.LastUse + 1] -= B.Bytes;
+    if (IsStored[N]) {
+      Stored[R.Def] += B.Bytes;
+      Stored[R.LastUse + 1] -= B.Bytes;
     }
   }
   auto Peak = [](const std::vector<int64_t> &Delta) {

@@ -55,8 +55,8 @@ ActivationReport analyzeActivations(const Program &P);
 /// A program as it runs, one training step: its instructions and buffers
 /// written out, the largest sum of temporaries live at one instruction, and
 /// the largest sum of stored activations (ActivationReport::StoredPeakBytes).
-/// A compact program is walked step by step (walkSteps), not written out,
-/// and gives the numbers of expandProgram's flat program.
+/// A compact program is walked step by step (prepareCompactRun), not written
+/// out, and gives the numbers of expandProgram's flat program.
 struct RunStats {
   int64_t Instructions = 0, Buffers = 0;
   int64_t PeakLiveTempBytes = 0, StoredPeakBytes = 0;

@@ -359,7 +359,7 @@ void bindStep(const Instruction &T, int Microbatch, int64_t TagStride,
     X.Attrs.set("first", int64_t(FirstStep));
 }
 
-Expected<CompactRun> prepareCompactRun(const Program &C) {
+Expected<CompactRun> prepareCompactRun(const Program &C, bool CheckPlaces) {
   CompactRun R;
   R.WholeInstance.assign(C.Buffers.size(), -1);
   R.FirstStep.assign(C.Templates.size(), -1);
@@ -381,6 +381,9 @@ Expected<CompactRun> prepareCompactRun(const Program &C) {
       R.UseBegin.push_back(R.Uses.size());
     }
   };
+  // The last step that listed each buffer in Uses (a buffer has one
+  // instance in a step).
+  std::vector<int> ListedIn(C.Buffers.size(), -1);
   auto Visit = [&](const StepInstr &S) {
     Enter(S.Step, S.Position);
     const Instruction &X = C.Instrs[S.Instr];
@@ -390,9 +393,10 @@ Expected<CompactRun> prepareCompactRun(const Program &C) {
         int N = S.Instance(Id);
         CompactRun::Instance &I = R.Instances[N];
         if (C.Buffers[Id].Scope != BufferScope::Whole &&
-            !is_contained(ArrayRef(R.Uses).drop_front(R.UseBegin.back()),
-                          std::pair{Id, N}))
+            ListedIn[Id] != S.Step) {
+          ListedIn[Id] = S.Step;
           R.Uses.push_back({Id, N});
+        }
         if (I.Def < 0)
           I.Def = S.Position;
         I.LastUse = std::max(I.LastUse, Until);
@@ -414,6 +418,8 @@ Expected<CompactRun> prepareCompactRun(const Program &C) {
   }
   for (int N : R.Outputs)
     R.Instances[N].LastUse = End;
+  if (!CheckPlaces)
+    return R;
   std::vector<Live> All;
   for (size_t N = 0; N < R.Instances.size(); ++N) {
     const CompactRun::Instance &I = R.Instances[N];
@@ -438,44 +444,53 @@ Expected<CompactRun> prepareCompactRun(const Program &C) {
 Expected<Program> expandProgram(const Program &C) {
   if (!C.compact())
     return C;
+  // The walk places and checks every instance; writing the steps out is
+  // then a renaming of each template's buffers to the step's instances.
+  auto Run = prepareCompactRun(C);
+  if (!Run)
+    return Run.takeError();
   Program F;
   F.PersistentBytes = C.PersistentBytes;
   F.ArenaBytes = C.ArenaBytes;
   F.Microbatches = C.Microbatches;
-  std::vector<bool> Accumulated(C.Instrs.size(), false);
-  auto Made = [&](const InstanceInfo &N) {
-    ProgramBuffer X = C.Buffers[N.Buffer];
+  for (size_t N = 0; N < Run->Instances.size(); ++N) {
+    const CompactRun::Instance &I = Run->Instances[N];
+    ProgramBuffer X = C.Buffers[I.Buffer];
     if (X.Scope == BufferScope::Microbatch) {
-      X.Name += "." + std::to_string(N.Microbatch);
-      X.Microbatch = N.Microbatch;
+      X.Name += "." + std::to_string(I.Microbatch);
+      X.Microbatch = I.Microbatch;
     }
-    X.Offset = N.Offset;
+    if (X.K == ProgramBuffer::Temp) {
+      X.Name = "%" + std::to_string(N);
+      X.Def = I.Def;
+      X.LastUse = I.LastUse;
+    }
+    X.Offset = I.Offset;
     X.Scope = BufferScope::Whole;
     X.Region = -1;
     X.Stride = 0;
     F.Buffers.push_back(std::move(X));
-  };
-  auto Visit = [&](const StepInstr &S) {
-    const Instruction &T = C.Instrs[S.Instr];
-    Instruction X = T;
-    for (auto *Ids : {&X.In, &X.Out})
-      for (int &Id : *Ids)
-        Id = S.Instance(Id);
-    if (X.Beside >= 0)
-      X.Beside += S.Position - S.Instr;
-    bindStep(T, C.Steps[S.Step].Microbatch, C.TagStride,
-             !Accumulated[S.Instr], X);
-    Accumulated[S.Instr] = true;
-    F.Instrs.push_back(std::move(X));
-  };
-  auto Outputs = walkSteps(C, Made, Visit);
-  if (!Outputs)
-    return Outputs.takeError();
+  }
+  std::vector<int> InstanceOf = Run->WholeInstance;
+  for (size_t K = 0; K < C.Steps.size(); ++K) {
+    for (int U = Run->UseBegin[K]; U < Run->UseBegin[K + 1]; ++U)
+      InstanceOf[Run->Uses[U].first] = Run->Uses[U].second;
+    const ProgramStep &S = C.Steps[K];
+    const ProgramTemplate &T = C.Templates[S.Template];
+    for (int I = T.Begin; I < T.End; ++I) {
+      Instruction X = C.Instrs[I];
+      for (auto *Ids : {&X.In, &X.Out})
+        for (int &Id : *Ids)
+          Id = InstanceOf[Id];
+      if (X.Beside >= 0)
+        X.Beside += Run->StepBegin[K] - T.Begin;
+      bindStep(C.Instrs[I], S.Microbatch, C.TagStride,
+               Run->FirstStep[S.Template] == int(K), X);
+      F.Instrs.push_back(std::move(X));
+    }
+  }
   for (size_t K = 0; K < C.Outputs.size(); ++K)
-    F.Outputs.push_back({C.Outputs[K].first, (*Outputs)[K]});
-  setUseRanges(F, [](const ProgramBuffer &) { return true; });
-  if (auto E = checkNoOverlap(F))
-    return E;
+    F.Outputs.push_back({C.Outputs[K].first, Run->Outputs[K]});
   return F;
 }
 

@@ -160,8 +160,9 @@ llvm::Expected<Program> programFromJson(const nlohmann::json &J);
 /// The flat program a compact program runs (a flat program is returned as
 /// it is): every step's template instructions with the step's buffer
 /// instances, their live ranges, and the offsets the compact memory plan
-/// gives them. Errors name what is inconsistent (a step's template, slot or
-/// microbatch out of range, a slot buffer of another chunk, two live
+/// gives them, as prepareCompactRun finds and checks them. Errors name what
+/// is inconsistent (a step's template, slot or microbatch out of range, a
+/// slot buffer of another chunk, an instance outside the arena, two live
 /// buffers sharing bytes).
 llvm::Expected<Program> expandProgram(const Program &C);
 
@@ -242,10 +243,13 @@ struct CompactRun {
   int positions() const { return StepBegin.back(); }
 };
 
-/// Walks a compact program's steps once (walkSteps) and checks, as
-/// expandProgram does, that no two live instances share a byte, and that
-/// every instance lies in the arena. Errors name what is inconsistent.
-llvm::Expected<CompactRun> prepareCompactRun(const Program &C);
+/// Walks a compact program's steps once (walkSteps) and, with CheckPlaces,
+/// checks that no two live instances share a byte and that every instance
+/// lies in the arena (what a run relies on; the compiler's own analyses of
+/// a program it has just planned skip it). Errors name what is
+/// inconsistent.
+llvm::Expected<CompactRun> prepareCompactRun(const Program &C,
+                                             bool CheckPlaces = true);
 
 /// What a step changes in a template instruction T when it runs it on
 /// Microbatch (-1: the prologue or epilogue) into X, a copy of T: send and

@@ -46,20 +46,10 @@ void readLikeTheRuntime(const Plan &P) {
   (void)Planned.value("stored_bytes_by_layer", json::array());
   for (int K = 0; K < P.numStages(); ++K) {
     (void)planFingerprint(P.stage(K));
-    // The executor walks a compact program's steps (the CPU backend) or
-    // writes them out (the CUDA one) before it allocates. The walk must
-    // refuse whatever the written-out program fails (it also checks that
-    // every instance lies in the arena, which the executor checks of a
-    // written-out program after).
+    // The executor walks a compact program's steps (prepareCompactRun, the
+    // CPU backend) or writes them out on that walk (expandProgram, the CUDA
+    // one) before it allocates.
     auto Flat = expandProgram(P.stage(K));
-    if (P.stage(K).compact()) {
-      auto Run = prepareCompactRun(P.stage(K));
-      if (Run && !Flat)
-        invariantFailed("prepareCompactRun accepts a program expandProgram "
-                        "refuses: " + toString(Flat.takeError()));
-      if (!Run)
-        checkMessage(Run.takeError());
-    }
     if (!Flat)
       checkMessage(Flat.takeError());
   }

@@ -1163,12 +1163,18 @@ Error Trainer::runRank(Communicator *World) {
   std::string Dtype = P.Manifest.value("dtype", "f32");
   if (!O.Cuda && Dtype == "bf16")
     Out << (cpu::bf16DotEnabled()
-                ? "bf16 compute: GEMMs on AVX-512 BF16 (VDPBF16PS, float32 "
-                  "sums); other ops in float32; each result rounded once\n"
+                ? formatv("bf16 compute: GEMMs on {0} (float32 sums){1}; "
+                          "other ops in float32; each result rounded once\n",
+                          cpu::bf16KernelName(cpu::Bf16Kernel::Best),
+                          cpu::hasAmxBf16() && !cpu::amxEnabled()
+                              ? ", not AMX (SP_CPU_AMX=0)"
+                              : "")
+                      .str()
                 : formatv("bf16 compute: float32 on widened copies, each "
                           "result rounded once ({0})\n",
-                          cpu::hasBf16Dot() ? "SP_CPU_BF16_DOT=0"
-                                            : "this CPU has no AVX-512 BF16")
+                          cpu::hasBf16Dot() || cpu::hasAmxBf16()
+                              ? "SP_CPU_BF16_DOT=0"
+                              : "this CPU has no AVX-512 BF16 or AMX")
                       .str());
   else if (!O.Cuda && Dtype == "f16")
     Out << "fp16 compute: float32 on widened copies, each result rounded "

@@ -12,9 +12,10 @@ It prints one row per plan and each 16-bit plan's ratios to fp32.
 
 The CPU backend computes a 16-bit plan's instructions in float32 on widened copies of their
 16-bit buffers and rounds each result once (runtime/cpu/CpuBackend.cpp runMixed), except the
-GEMMs of a bf16 plan on a CPU with AVX-512 BF16, which run on VDPBF16PS over the bf16 operands
-as stored (runtime/cpu/Bf16Gemm.h). On such a CPU the bf16 plan is timed both ways: "bf16"
-with the dot product, "bf16w" with SP_CPU_BF16_DOT=0 (every instruction widened).
+GEMMs of a bf16 plan on a CPU with AVX-512 BF16 or AMX, which run on VDPBF16PS or AMX tiles
+over the bf16 operands as stored (runtime/cpu/Bf16Gemm.h). On such a CPU the bf16 plan is also
+timed with SP_CPU_BF16_DOT=0 ("bf16w", every instruction widened), and on a CPU with AMX with
+SP_CPU_AMX=0 ("bf16dp", the GEMMs on VDPBF16PS instead of the tiles).
 
     /usr/bin/python3 tools/bench_precision.py --sp-bin build/bin [--threads 2] [--models tiny medium]
 """
@@ -32,13 +33,22 @@ import bench_train as bt  # noqa: E402  (model export, token files, sp-run timin
 DTYPES = ("fp32", "bf16", "fp16")
 
 
-def has_bf16_dot():
-    """Whether this CPU has AVX-512 BF16 (sp-run then runs bf16 GEMMs on VDPBF16PS)."""
+def cpu_flags():
     try:
         with open("/proc/cpuinfo") as f:
-            return "avx512_bf16" in f.read().split()
+            return set(f.read().split())
     except OSError:
-        return False
+        return set()
+
+
+def has_bf16_dot():
+    """Whether this CPU has AVX-512 BF16 (sp-run then runs bf16 GEMMs on VDPBF16PS)."""
+    return "avx512_bf16" in cpu_flags()
+
+
+def has_amx_bf16():
+    """Whether this CPU has AMX-BF16 (sp-run then runs bf16 GEMMs on its tiles)."""
+    return {"amx_bf16", "amx_tile"} <= cpu_flags()
 
 
 def compile_plan(sp_compile, onnx_path, plan, dtype, report):
@@ -76,7 +86,7 @@ def main():
     load_before = os.getloadavg()[0]
     print(f"mixed precision on the CPU backend: step time and memory, dropout {bt.DROPOUT}, "
           f"{args.threads} thread(s), N steps timed after {args.warmup} (fastest of {args.repeat})")
-    print(f"{'model':>7} {'dtype':>5} {'ms/step':>8} {'x fp32':>7} {'arena':>10} {'x fp32':>7} "
+    print(f"{'model':>7} {'dtype':>6} {'ms/step':>8} {'x fp32':>7} {'arena':>10} {'x fp32':>7} "
           f"{'high-water':>10} {'stored act.':>11} {'x fp32':>7} {'model state':>11}")
     try:
         for name in args.models:
@@ -98,6 +108,10 @@ def main():
                 rows.insert(2, "bf16w")
                 plans["bf16w"], reports["bf16w"], mems["bf16w"] = plans["bf16"], reports["bf16"], mems["bf16"]
                 env["bf16w"] = {"SP_CPU_BF16_DOT": "0"}
+            if has_amx_bf16():  # the same bf16 plan, its GEMMs on VDPBF16PS
+                rows.insert(2, "bf16dp")
+                plans["bf16dp"], reports["bf16dp"], mems["bf16dp"] = plans["bf16"], reports["bf16"], mems["bf16"]
+                env["bf16dp"] = {"SP_CPU_AMX": "0"}
             short = {d: [] for d in rows}
             long = {d: [] for d in rows}
             for _ in range(args.repeat):
@@ -111,7 +125,7 @@ def main():
                 m, r = mems[d], reports[d]["model_state"]
                 state = (r["formula_parameter_bytes"] + r["formula_gradient_bytes"] +
                          r["formula_optimizer_state_bytes"] + r.get("formula_compute_copy_bytes", 0))
-                print(f"{name:>7} {d:>5} {ms[d]:>8.2f} {ms[d] / ms['fp32']:>7.2f} "
+                print(f"{name:>7} {d:>6} {ms[d]:>8.2f} {ms[d] / ms['fp32']:>7.2f} "
                       f"{m['arena_bytes'] / 2**20:>8.2f}Mi {m['arena_bytes'] / mems['fp32']['arena_bytes']:>7.2f} "
                       f"{m['high_water_bytes'] / 2**20:>8.2f}Mi {m['stored_activation_bytes'] / 2**20:>9.2f}Mi "
                       f"{m['stored_activation_bytes'] / mems['fp32']['stored_activation_bytes']:>7.2f} "

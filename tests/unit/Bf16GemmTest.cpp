@@ -1,8 +1,8 @@
-//===- Bf16GemmTest.cpp - the bfloat16 GEMM (VDPBF16PS) and its twin ------===//
+//===- Bf16GemmTest.cpp - the bfloat16 GEMMs (VDPBF16PS, AMX) and twins ---===//
 //
-// cpu::gemmBf16 against a float64 reference, for both micro-kernels: the
-// portable twin of the instruction on every CPU, the AVX-512 BF16 one where
-// the CPU has it. The bound is the classical one for a float32 sum in any
+// cpu::gemmBf16 against a float64 reference, for every micro-kernel: the
+// portable twins of the instructions on every CPU, the AVX-512 BF16 and the
+// AMX ones where the CPU has them. The bound is the classical one for a float32 sum in any
 // order: |C - exact| <= gamma(n) (sum_k |a_k||b_k| + |C0|), gamma(n) =
 // n u / (1 - n u), u = 2^-24, n the roundings on one element's path
 // (bf16GemmRoundings: one per k, one per k-block added to C). The products
@@ -102,12 +102,13 @@ std::vector<float> check(const Case &T, Bf16Kernel Kernel, bool Denormals) {
 
 /// Shapes at and across every blocking edge: the 12 x 32 micro-tile, the
 /// 144-row A block, the 512-column and 576-row tiles, the 256-k block, odd
-/// K, a single row, column or k.
+/// K, a single row, column or k; for AMX the 16 x 16 tiles, the 32 x 32
+/// blocks, the 32-k tile step and the 128-row A block.
 std::vector<Case> cases() {
   std::vector<Case> Out;
-  const int64_t Ms[] = {1, 12, 13, 150, 600};
-  const int64_t Ns[] = {1, 31, 33, 520};
-  const int64_t Ks[] = {1, 2, 7, 256, 259, 600};
+  const int64_t Ms[] = {1, 12, 16, 33, 150, 600};
+  const int64_t Ns[] = {1, 16, 31, 33, 520};
+  const int64_t Ks[] = {1, 2, 7, 32, 33, 256, 259, 600};
   int Pick = 0;
   for (int64_t M : Ms)
     for (int64_t N : Ns)
@@ -155,25 +156,68 @@ TEST(Bf16Gemm, NativeKernelWithinFloat32Bound) {
               (long long)Same, (long long)All);
 }
 
+TEST(Bf16Gemm, AmxTwinWithinFloat32Bound) {
+  for (const Case &T : cases()) {
+    check(T, Bf16Kernel::AmxEmulated, /*Denormals=*/true);
+    if (HasFailure())
+      return;
+  }
+}
+
+/// The AMX tiles themselves, and how often they agree bit for bit with
+/// their twin (reported, as for VDPBF16PS).
+TEST(Bf16Gemm, AmxKernelWithinFloat32Bound) {
+  if (!hasAmxBf16())
+    GTEST_SKIP() << "this CPU has no AMX-BF16 (or Linux does not let this "
+                    "process use its tiles)";
+  int64_t Same = 0, All = 0;
+  for (const Case &T : cases()) {
+    auto Native = check(T, Bf16Kernel::Amx, /*Denormals=*/true);
+    if (HasFailure())
+      return;
+    auto Twin = check(T, Bf16Kernel::AmxEmulated, true);
+    for (int64_t I = 0; I < T.M; ++I)
+      for (int64_t J = 0; J < T.N; ++J) {
+        int64_t E = I * (T.N + 7) + J;
+        Same += std::memcmp(&Native[E], &Twin[E], 4) == 0;
+        ++All;
+      }
+  }
+  RecordProperty("bitwise_equal_to_twin", std::to_string(Same) + "/" +
+                                              std::to_string(All));
+  std::printf("native TDPBF16PS equals its twin on %lld of %lld elements\n",
+              (long long)Same, (long long)All);
+}
+
 /// The tiles split over threads, never the sums: any thread count gives the
-/// same bits.
+/// same bits, with every kernel.
 TEST(Bf16Gemm, ThreadCountDoesNotChangeTheResult) {
   const Case T{false, true, 700, 1100, 300, 0};
-  const Bf16Kernel Kernel =
-      hasBf16Dot() ? Bf16Kernel::Native : Bf16Kernel::Emulated;
   auto A = randomBf16(T.M * T.K, 1, false), B = randomBf16(T.N * T.K, 2, false);
-  std::vector<std::vector<float>> Runs;
+  std::vector<Bf16Kernel> Kernels = {Bf16Kernel::Emulated,
+                                     Bf16Kernel::AmxEmulated};
+  if (hasBf16Dot())
+    Kernels.push_back(Bf16Kernel::Native);
+  if (hasAmxBf16())
+    Kernels.push_back(Bf16Kernel::Amx);
   int Before = kernelThreads();
-  for (int Threads : {1, 2, 3}) {
-    setKernelThreads(Threads);
-    std::vector<float> C(T.M * T.N);
-    gemmBf16(T.TA, T.TB, T.M, T.N, T.K, A.data(), T.K, B.data(), T.K, 0,
-             C.data(), T.N, Kernel);
-    Runs.push_back(std::move(C));
+  for (Bf16Kernel Kernel : Kernels) {
+    std::vector<std::vector<float>> Runs;
+    for (int Threads : {1, 2, 3}) {
+      setKernelThreads(Threads);
+      std::vector<float> C(T.M * T.N);
+      gemmBf16(T.TA, T.TB, T.M, T.N, T.K, A.data(), T.K, B.data(), T.K, 0,
+               C.data(), T.N, Kernel);
+      Runs.push_back(std::move(C));
+    }
+    EXPECT_EQ(0,
+              std::memcmp(Runs[0].data(), Runs[1].data(), Runs[0].size() * 4))
+        << bf16KernelName(Kernel);
+    EXPECT_EQ(0,
+              std::memcmp(Runs[0].data(), Runs[2].data(), Runs[0].size() * 4))
+        << bf16KernelName(Kernel);
   }
   setKernelThreads(Before);
-  EXPECT_EQ(0, std::memcmp(Runs[0].data(), Runs[1].data(), Runs[0].size() * 4));
-  EXPECT_EQ(0, std::memcmp(Runs[0].data(), Runs[2].data(), Runs[0].size() * 4));
 }
 
 /// The twin follows the instruction's definition: a denormal input is zero,
@@ -183,18 +227,21 @@ TEST(Bf16Gemm, TwinFlushesDenormals) {
   const uint16_t One = floatToBFloat16(1.0f);
   uint16_t A[2] = {Tiny, One}, B[2] = {One, One};
   float C = -7;
-  gemmBf16(false, false, 1, 1, 2, A, 2, B, 1, 0, &C, 1, Bf16Kernel::Emulated);
-  EXPECT_EQ(C, 1.0f); // Tiny * 1 read as 0
   // 2^-100 * 2^-30 = 2^-130: a float32 denormal, flushed.
   uint16_t P[1] = {floatToBFloat16(std::ldexp(1.0f, -100))},
            Q[1] = {floatToBFloat16(std::ldexp(1.0f, -30))};
-  gemmBf16(false, false, 1, 1, 1, P, 1, Q, 1, 0, &C, 1, Bf16Kernel::Emulated);
-  EXPECT_EQ(C, 0.0f);
-  if (hasBf16Dot()) {
-    gemmBf16(false, false, 1, 1, 2, A, 2, B, 1, 0, &C, 1, Bf16Kernel::Native);
-    EXPECT_EQ(C, 1.0f);
-    gemmBf16(false, false, 1, 1, 1, P, 1, Q, 1, 0, &C, 1, Bf16Kernel::Native);
-    EXPECT_EQ(C, 0.0f);
+  std::vector<Bf16Kernel> Kernels = {Bf16Kernel::Emulated,
+                                     Bf16Kernel::AmxEmulated};
+  if (hasBf16Dot())
+    Kernels.push_back(Bf16Kernel::Native);
+  if (hasAmxBf16())
+    Kernels.push_back(Bf16Kernel::Amx);
+  for (Bf16Kernel Kernel : Kernels) {
+    C = -7;
+    gemmBf16(false, false, 1, 1, 2, A, 2, B, 1, 0, &C, 1, Kernel);
+    EXPECT_EQ(C, 1.0f) << bf16KernelName(Kernel); // Tiny * 1 read as 0
+    gemmBf16(false, false, 1, 1, 1, P, 1, Q, 1, 0, &C, 1, Kernel);
+    EXPECT_EQ(C, 0.0f) << bf16KernelName(Kernel);
   }
 }
 

@@ -282,17 +282,20 @@ TEST(MixedPrecision, CastAndFloat32Results) {
     ASSERT_EQ(Z[E], bfloat16ToFloat(A[E]) + bfloat16ToFloat(B[E])) << E;
 }
 
-/// The GEMM instructions of a bf16 plan, on both paths the CPU backend has:
-/// the AVX-512 BF16 dot product (where the CPU has it) and float32 GEMMs on
-/// widened copies. Each bf16 result is within one bf16 rounding (u = 2^-8)
+/// The GEMM instructions of a bf16 plan, on every path the CPU backend has:
+/// the AVX-512 BF16 dot product and the AMX tiles (where the CPU has them)
+/// and float32 GEMMs on widened copies. Each bf16 result is within one bf16 rounding (u = 2^-8)
 /// of a float32 sum, itself within gamma(n) sum |a||b| of the exact sum in
 /// any order (n = K + 2 covers the bias and the dot kernel's block adds at
 /// these sizes); a float32 result (a weight's gradient) within gamma(n).
 TEST(MixedPrecision, Bf16GemmsOnBothPaths) {
-  const bool Before = cpu::bf16DotEnabled();
-  std::vector<bool> Paths = {false};
+  const bool Before = cpu::bf16DotEnabled(), AmxBefore = cpu::amxEnabled();
+  // 0: widened; 1: VDPBF16PS; 2: AMX.
+  std::vector<int> Paths = {0};
   if (cpu::hasBf16Dot())
-    Paths.push_back(true);
+    Paths.push_back(1);
+  if (cpu::hasAmxBf16())
+    Paths.push_back(2);
   std::mt19937 Rng(5);
   std::uniform_real_distribution<float> U(-2, 2);
   auto Fill = [&](OneInstruction &K, int B) {
@@ -315,8 +318,9 @@ TEST(MixedPrecision, Bf16GemmsOnBothPaths) {
     return std::fabs(Got - Exact) <= Bound;
   };
   const int64_t Rows = 150, In = 259, Out = 70;
-  for (bool Dot : Paths) {
-    cpu::setBf16DotEnabled(Dot);
+  for (int Dot : Paths) {
+    cpu::setBf16DotEnabled(Dot > 0);
+    cpu::setAmxEnabled(Dot == 2);
     for (int TransW : {0, 1}) {
       SCOPED_TRACE(formatv("dot {0} trans_w {1}", Dot, TransW).str());
       TensorType WT(DType::BF16, TransW ? std::vector<int64_t>{Out, In}
@@ -401,6 +405,7 @@ TEST(MixedPrecision, Bf16GemmsOnBothPaths) {
       }
   }
   cpu::setBf16DotEnabled(Before);
+  cpu::setAmxEnabled(AmxBefore);
 }
 
 } // namespace

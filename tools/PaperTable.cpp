@@ -58,7 +58,7 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
       return createStringError(inconvertibleErrorCode(), "%s (%s): %s",
                                Path.str().c_str(), What.str().c_str(),
                                toString(std::move(E)).c_str());
-    return std::move(G);
+    return G;
   };
   for (const PaperConfig &C : paperConfigs()) {
     auto G = Compile(C.TensorParallel ? M.T : 1, C.SequenceParallel,

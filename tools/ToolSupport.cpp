@@ -97,7 +97,7 @@ lockDirectory(StringRef Dir, StringRef What, StringRef Flag) {
   std::string Me = "pid " + std::to_string(::getpid()) + "\n";
   if (::ftruncate(FD, 0) == 0)
     (void)!::pwrite(FD, Me.data(), Me.size(), 0);
-  return std::move(Lock);
+  return Lock;
 }
 
 int reportError(StringRef Tool, Error E) {

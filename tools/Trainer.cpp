@@ -140,7 +140,7 @@ static Expected<int> agreedStop(Communicator *World) {
     return int(Mine);
   std::vector<int64_t> All(World->size());
   if (auto Err = World->allGather(All.data(), &Mine, 1, CommType::I64))
-    return std::move(Err);
+    return Err;
   for (int64_t S : All)
     if (S)
       return int(S);
@@ -193,19 +193,19 @@ gatherOnRankZero(Communicator *World, std::string Mine, int Tag) {
   if (World->rank() != 0) {
     int64_t Bytes = Mine.size();
     if (auto Err = World->send(&Bytes, sizeof Bytes, 0, Tag))
-      return std::move(Err);
+      return Err;
     if (auto Err = World->send(Mine.data(), Bytes, 0, Tag))
-      return std::move(Err);
+      return Err;
     return std::vector<std::string>{};
   }
   std::vector<std::string> All{std::move(Mine)};
   for (int R = 1; R < World->size(); ++R) {
     int64_t Bytes = 0;
     if (auto Err = World->recv(&Bytes, sizeof Bytes, R, Tag))
-      return std::move(Err);
+      return Err;
     std::string Text(size_t(Bytes), '\0');
     if (auto Err = World->recv(Text.data(), Bytes, R, Tag))
-      return std::move(Err);
+      return Err;
     All.push_back(std::move(Text));
   }
   return All;

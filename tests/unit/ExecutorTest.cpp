@@ -445,7 +445,7 @@ TEST(CpuBackend, CollectivesUseTheGroupTheyName) {
     auto Sum = [&](Communicator *Data) -> Expected<std::vector<float>> {
       if (auto E = B.run(KernelCall{I, P, Arena, 1, true, std::nullopt, 0,
                                     *One, nullptr, Data}))
-        return std::move(E);
+        return E;
       std::vector<float> Y(4);
       cantFail(B.copyToHost(Y.data(), Arena + 64, 16));
       return Y;

@@ -117,8 +117,9 @@ TEST(PipelineSchedule, EveryKindVerifies) {
             for (const ScheduleStep &St : S->Steps[R])
               (St.isCompute() ? Compute : Comm) += 1;
             EXPECT_EQ(Compute, (S->splitsBackward() ? 3 : 2) * N * M);
-            if (P == 1)
+            if (P == 1) {
               EXPECT_EQ(Comm, 0);
+            }
           }
         }
   EXPECT_EQ(Built, 3 * 2 * 6 + 2 * 3 * 6 + /*interleaved M=2*/ 6 + 4 + 3);

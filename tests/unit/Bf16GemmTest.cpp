@@ -131,29 +131,48 @@ TEST(Bf16Gemm, EmulatedKernelWithinFloat32Bound) {
   }
 }
 
-/// The instruction itself, and how often it agrees bit for bit with its
-/// twin (reported, not asserted: the SDM defines the order of the two FMAs
-/// per pair, and a CPU may fuse them).
-TEST(Bf16Gemm, NativeKernelWithinFloat32Bound) {
-  if (!hasBf16Dot())
-    GTEST_SKIP() << "this CPU has no AVX-512 BF16 (VDPBF16PS)";
+/// Checks Native within the bound over every case and reports how often it
+/// agrees bit for bit with Twin (reported, not asserted: the SDM defines an
+/// order of the FMAs, and a CPU may fuse them or order them otherwise).
+void checkNativeAgainstTwin(Bf16Kernel Native, Bf16Kernel Twin,
+                            const char *Instruction) {
   int64_t Same = 0, All = 0;
   for (const Case &T : cases()) {
-    auto Native = check(T, Bf16Kernel::Native, /*Denormals=*/true);
-    if (HasFailure())
+    auto Got = check(T, Native, /*Denormals=*/true);
+    if (::testing::Test::HasFailure())
       return;
-    auto Twin = check(T, Bf16Kernel::Emulated, true);
+    auto Ref = check(T, Twin, true);
     for (int64_t I = 0; I < T.M; ++I)
       for (int64_t J = 0; J < T.N; ++J) {
         int64_t E = I * (T.N + 7) + J;
-        Same += std::memcmp(&Native[E], &Twin[E], 4) == 0;
+        Same += std::memcmp(&Got[E], &Ref[E], 4) == 0;
         ++All;
       }
   }
-  RecordProperty("bitwise_equal_to_twin", std::to_string(Same) + "/" +
-                                              std::to_string(All));
-  std::printf("native VDPBF16PS equals its twin on %lld of %lld elements\n",
-              (long long)Same, (long long)All);
+  ::testing::Test::RecordProperty("bitwise_equal_to_twin",
+                                  std::to_string(Same) + "/" +
+                                      std::to_string(All));
+  std::printf("native %s equals its twin on %lld of %lld elements\n",
+              Instruction, (long long)Same, (long long)All);
+}
+
+/// Every kernel this CPU runs: the twins everywhere, the instructions where
+/// it has them.
+std::vector<Bf16Kernel> kernelsHere() {
+  std::vector<Bf16Kernel> Kernels = {Bf16Kernel::Emulated,
+                                     Bf16Kernel::AmxEmulated};
+  if (hasBf16Dot())
+    Kernels.push_back(Bf16Kernel::Native);
+  if (hasAmxBf16())
+    Kernels.push_back(Bf16Kernel::Amx);
+  return Kernels;
+}
+
+TEST(Bf16Gemm, NativeKernelWithinFloat32Bound) {
+  if (!hasBf16Dot())
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 (VDPBF16PS)";
+  checkNativeAgainstTwin(Bf16Kernel::Native, Bf16Kernel::Emulated,
+                         "VDPBF16PS");
 }
 
 TEST(Bf16Gemm, AmxTwinWithinFloat32Bound) {
@@ -164,29 +183,12 @@ TEST(Bf16Gemm, AmxTwinWithinFloat32Bound) {
   }
 }
 
-/// The AMX tiles themselves, and how often they agree bit for bit with
-/// their twin (reported, as for VDPBF16PS).
 TEST(Bf16Gemm, AmxKernelWithinFloat32Bound) {
   if (!hasAmxBf16())
     GTEST_SKIP() << "this CPU has no AMX-BF16 (or Linux does not let this "
                     "process use its tiles)";
-  int64_t Same = 0, All = 0;
-  for (const Case &T : cases()) {
-    auto Native = check(T, Bf16Kernel::Amx, /*Denormals=*/true);
-    if (HasFailure())
-      return;
-    auto Twin = check(T, Bf16Kernel::AmxEmulated, true);
-    for (int64_t I = 0; I < T.M; ++I)
-      for (int64_t J = 0; J < T.N; ++J) {
-        int64_t E = I * (T.N + 7) + J;
-        Same += std::memcmp(&Native[E], &Twin[E], 4) == 0;
-        ++All;
-      }
-  }
-  RecordProperty("bitwise_equal_to_twin", std::to_string(Same) + "/" +
-                                              std::to_string(All));
-  std::printf("native TDPBF16PS equals its twin on %lld of %lld elements\n",
-              (long long)Same, (long long)All);
+  checkNativeAgainstTwin(Bf16Kernel::Amx, Bf16Kernel::AmxEmulated,
+                         "TDPBF16PS");
 }
 
 /// The tiles split over threads, never the sums: any thread count gives the
@@ -194,14 +196,8 @@ TEST(Bf16Gemm, AmxKernelWithinFloat32Bound) {
 TEST(Bf16Gemm, ThreadCountDoesNotChangeTheResult) {
   const Case T{false, true, 700, 1100, 300, 0};
   auto A = randomBf16(T.M * T.K, 1, false), B = randomBf16(T.N * T.K, 2, false);
-  std::vector<Bf16Kernel> Kernels = {Bf16Kernel::Emulated,
-                                     Bf16Kernel::AmxEmulated};
-  if (hasBf16Dot())
-    Kernels.push_back(Bf16Kernel::Native);
-  if (hasAmxBf16())
-    Kernels.push_back(Bf16Kernel::Amx);
   int Before = kernelThreads();
-  for (Bf16Kernel Kernel : Kernels) {
+  for (Bf16Kernel Kernel : kernelsHere()) {
     std::vector<std::vector<float>> Runs;
     for (int Threads : {1, 2, 3}) {
       setKernelThreads(Threads);
@@ -230,13 +226,7 @@ TEST(Bf16Gemm, TwinFlushesDenormals) {
   // 2^-100 * 2^-30 = 2^-130: a float32 denormal, flushed.
   uint16_t P[1] = {floatToBFloat16(std::ldexp(1.0f, -100))},
            Q[1] = {floatToBFloat16(std::ldexp(1.0f, -30))};
-  std::vector<Bf16Kernel> Kernels = {Bf16Kernel::Emulated,
-                                     Bf16Kernel::AmxEmulated};
-  if (hasBf16Dot())
-    Kernels.push_back(Bf16Kernel::Native);
-  if (hasAmxBf16())
-    Kernels.push_back(Bf16Kernel::Amx);
-  for (Bf16Kernel Kernel : Kernels) {
+  for (Bf16Kernel Kernel : kernelsHere()) {
     C = -7;
     gemmBf16(false, false, 1, 1, 2, A, 2, B, 1, 0, &C, 1, Kernel);
     EXPECT_EQ(C, 1.0f) << bf16KernelName(Kernel); // Tiny * 1 read as 0

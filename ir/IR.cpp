@@ -46,7 +46,8 @@ std::string collectiveGroup(OpKind K, const AttrList &Attrs) {
 
 bool isCollectiveOp(OpKind K) {
   return K == OpKind::AllReduce || K == OpKind::AllGather ||
-         K == OpKind::ReduceScatter || K == OpKind::GatherParam;
+         K == OpKind::ReduceScatter || K == OpKind::GatherParam ||
+         K == OpKind::RingShift;
 }
 
 bool isGemmOp(OpKind K) {

@@ -50,7 +50,7 @@ llvm::StringRef defaultGroup(OpKind K);
 /// The group a collective node or instruction communicates over.
 std::string collectiveGroup(OpKind K, const AttrList &Attrs);
 /// The concrete collectives of a lowered program: all_reduce, all_gather,
-/// reduce_scatter, gather_param.
+/// reduce_scatter, gather_param, ring_shift.
 bool isCollectiveOp(OpKind K);
 /// The ops of a lowered program that are communication calls: the concrete
 /// collectives and the pipeline messages (send, recv, pipe_broadcast,

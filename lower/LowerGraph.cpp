@@ -45,7 +45,8 @@ static bool feedsOptimizer(const Value *V, OptimizerFeeds *Memo) {
   return Feeds;
 }
 
-/// Values that keep f32 whatever the activation dtype: norm statistics, the
+/// Values that keep f32 whatever the activation dtype (a ring_concat's
+/// operands as its result): norm statistics, the
 /// fused attention's log-sum-exp (its backward rebuilds the probabilities as
 /// exp(score - lse): a 16-bit lse would put its rounding, up to 2^-8
 /// relative in bf16, into every probability), everything the loss computes
@@ -63,6 +64,13 @@ static bool keepsF32(const Value *V, OptimizerFeeds *Memo) {
     return true;
   if (any_of(V->users(), [](const Use &U) {
         return U.User->op() == OpKind::CrossEntropy;
+      }))
+    return true;
+  // A chunk of collective-matmul's ring keeps the type of the whole it is
+  // put into (ring_concat copies bytes): the head's chunks of the logits.
+  if (any_of(V->users(), [&](const Use &U) {
+        return U.User->op() == OpKind::RingConcat &&
+               keepsF32(U.User->result(), Memo);
       }))
     return true;
   return P->tags().Ph != Phase::Forward && feedsOptimizer(V, Memo);

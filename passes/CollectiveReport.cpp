@@ -36,6 +36,11 @@ std::vector<LayerCollectives> collectiveReport(const Program &P, int T) {
     case OpKind::ReduceScatter:
       Full = P.Buffers[I.In[0]].Bytes;
       break;
+    case OpKind::RingShift: // one chunk to the next rank (t - 1 of them
+                            // carry an all-gather's bytes)
+      Full = P.Buffers[I.In[0]].Bytes;
+      Factor = 1;
+      break;
     default:
       continue;
     }

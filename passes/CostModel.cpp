@@ -120,7 +120,9 @@ Link groupLink(const ClusterSpec &C, int Stride, int N) {
 static double tensorSeconds(const CollectiveBytes &B, int T, Link L) {
   return allReduceSeconds(B.AllReduce, T, L, B.AllReduceCalls) +
          allGatherSeconds(B.AllGather, T, L, B.AllGatherCalls) +
-         reduceScatterSeconds(B.ReduceScatter, T, L, B.ReduceScatterCalls);
+         reduceScatterSeconds(B.ReduceScatter, T, L, B.ReduceScatterCalls) +
+         (T > 1 ? B.RingShift / L.Bandwidth + B.RingShiftCalls * L.Latency
+                : 0);
 }
 
 /// Adds instructions [Begin, End) of P to W: their phase says forward or
@@ -135,7 +137,8 @@ static void addWork(const Program &P, int Begin, int End, bool Weight,
     double F = gemmFlops(P, I);
     // A memory-bound instruction: every operand read, every result
     // written (an accumulate reads its result too; close enough).
-    bool Moves = F == 0 && defaultGroup(I.Op).empty() &&
+    bool Moves = F == 0 &&
+                 (defaultGroup(I.Op).empty() || I.Op == OpKind::RingConcat) &&
                  I.Op != OpKind::Send && I.Op != OpKind::Recv &&
                  I.Ph != Phase::Optimizer;
     double Traffic = 0;
@@ -208,6 +211,9 @@ static void addWork(const Program &P, int Begin, int End, bool Weight,
     } else if (I.Op == OpKind::ReduceScatter) {
       C.ReduceScatter += Bytes(I.In[0]);
       ++C.ReduceScatterCalls;
+    } else if (I.Op == OpKind::RingShift) {
+      C.RingShift += Bytes(I.In[0]);
+      ++C.RingShiftCalls;
     }
   }
 }

@@ -114,6 +114,12 @@ Link groupLink(const ClusterSpec &C, int Stride, int N);
 struct CollectiveBytes {
   double AllReduce = 0, AllGather = 0, ReduceScatter = 0;
   int AllReduceCalls = 0, AllGatherCalls = 0, ReduceScatterCalls = 0;
+  /// collective-matmul's ring shifts: the bytes each sends to its neighbour
+  /// (t - 1 of them carry an all-gather's), one latency each. The model
+  /// adds them to the step like the other collectives: it credits no
+  /// overlap, here or beside the backward's GEMMs.
+  double RingShift = 0;
+  int RingShiftCalls = 0;
 };
 
 /// One virtual stage's work on one of its ranks (the t ranks of a stage do

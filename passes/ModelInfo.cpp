@@ -59,9 +59,18 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   M.Tied = Head->operand(1) == Embed->operand(0) ||
            (Head->operand(1)->isParam() && Embed->operand(0)->isParam() &&
             Original(Head->operand(1)) == Original(Embed->operand(0)));
+  // A ring of collective-matmul lists as its first shift and first chunk's
+  // linear (one role each, as the all-gather and linear it replaces).
+  auto FromShift = [](const Value *V) {
+    return V->producer() && V->producer()->op() == OpKind::RingShift;
+  };
   for (const Node &N : G.nodes()) {
     int L = N.tags().Layer;
     if (L < 0 || N.tags().Ph != Phase::Forward)
+      continue;
+    if (N.op() == OpKind::RingConcat ||
+        ((N.op() == OpKind::RingShift || N.op() == OpKind::Linear) &&
+         FromShift(N.operand(0))))
       continue;
     if (size_t(L) >= M.LayerRoles.size())
       M.LayerRoles.resize(L + 1);

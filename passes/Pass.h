@@ -110,6 +110,10 @@ struct PassContext {
   /// (sequence-parallel pass).
   int TensorParallel = 1;
   bool SequenceParallel = false;
+  /// --tp-comm-overlap: the collective-matmul pass cuts each forward
+  /// all-gather that feeds a linear into a ring of chunk shifts and chunk
+  /// GEMMs (passes/CollectiveMatmul.cpp).
+  bool TpCommOverlap = false;
   /// Data-parallel replicas (data-parallel pass): each trains on its own
   /// rows of the step's batch, and gradients are summed over them.
   int DataParallel = 1;

@@ -69,6 +69,13 @@ struct CLOptions {
                    cl::desc("Sequence parallelism in the LayerNorm and dropout "
                             "regions (needs --tp T > 1)"),
                    cl::cat(Cat)};
+  cl::opt<bool> TpCommOverlap{
+      "tp-comm-overlap",
+      cl::desc("With --sp: cut each forward all-gather feeding a linear into "
+               "a ring of T chunk shifts and T chunk GEMMs, so a GPU sends "
+               "the next chunk while it multiplies this one "
+               "(collective-matmul pass)"),
+      cl::cat(Cat)};
   enum class Attention { Unfused, Fused };
   cl::opt<Attention> FusedAttention{
       "attention",
@@ -204,6 +211,11 @@ Error passOptionsFromCL(PassContext &Ctx) {
                              "--sp shards the LayerNorm and dropout regions "
                              "over the tensor-parallel group; it needs --tp "
                              "T with T > 1");
+  if (CL->TpCommOverlap && !CL->SP)
+    return createStringError(inconvertibleErrorCode(),
+                             "--tp-comm-overlap cuts sequence parallelism's "
+                             "forward all-gathers into a ring; it needs --sp "
+                             "(and --tp T with T > 1)");
   if (CL->DP < 1)
     return createStringError(inconvertibleErrorCode(),
                              "--dp must be a positive integer, got %d",
@@ -233,6 +245,7 @@ Error passOptionsFromCL(PassContext &Ctx) {
   Ctx.TensorParallel = CL->TP;
   Ctx.DataParallel = CL->DP;
   Ctx.SequenceParallel = CL->SP;
+  Ctx.TpCommOverlap = CL->TpCommOverlap;
   Ctx.FusedAttention = CL->FusedAttention == CLOptions::Attention::Fused;
   if (CL->Remarks)
     Ctx.Remarks = &errs();

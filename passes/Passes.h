@@ -21,13 +21,14 @@ constexpr const char *LayoutFreePasses =
     "constant-fold,canonicalize,dce,detect-transformer,bind-inputs";
 constexpr const char *LayoutPasses =
     "tensor-parallel,sequence-parallel,fuse-attention,autodiff,"
-    "lower-collectives,optimizer,recompute,pipeline-stages,data-parallel";
+    "lower-collectives,optimizer,recompute,pipeline-stages,data-parallel,"
+    "collective-matmul";
 constexpr const char *DefaultPasses =
     "constant-fold,canonicalize,dce,detect-transformer,bind-inputs,"
     "tensor-parallel,"
     "sequence-parallel,fuse-attention,autodiff,lower-collectives,optimizer,"
     "recompute,"
-    "pipeline-stages,data-parallel";
+    "pipeline-stages,data-parallel,collective-matmul";
 
 } // namespace sp
 

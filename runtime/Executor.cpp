@@ -3,6 +3,7 @@
 #include "runtime/TensorLayout.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <chrono>
 #include <cmath>
@@ -161,6 +162,19 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   for (const Instruction &In : Prog.Instrs)
     if (In.Op == OpKind::Cast && In.In.size() == 1 && In.Out.size() == 1)
       CastOf[In.Out[0]] = In.In[0];
+  // The logits: what the head's last forward instruction writes (a
+  // collective-matmul ring's ring_concat, not its chunk products, which
+  // another instruction of the head reads).
+  DenseSet<int> ReadByHead;
+  for (const Instruction &In : Prog.Instrs)
+    if (In.Role == "lm_head" && In.Ph == Phase::Forward)
+      ReadByHead.insert(In.In.begin(), In.In.end());
+  E->WritesLogits.assign(Prog.Instrs.size(), false);
+  for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
+    const Instruction &In = Prog.Instrs[I];
+    E->WritesLogits[I] = In.Role == "lm_head" && In.Ph == Phase::Forward &&
+                         !In.Out.empty() && !ReadByHead.count(In.Out[0]);
+  }
   for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
     const Instruction &In = Prog.Instrs[I];
     if (In.Op == OpKind::Embedding && In.Role == "embed") {
@@ -174,7 +188,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
       E->Batch = Ids.Type.Shape[0];
       E->Seq = Ids.Type.Shape[1];
     }
-    if (In.Role == "lm_head" && In.Ph == Phase::Forward)
+    if (E->WritesLogits[I])
       E->LogitsBuffer = In.Out[0];
   }
   if (!E->Vocab && Model.is_object()) // a later pipeline stage
@@ -641,8 +655,7 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
         if (Scaling)
           SkipUpdate = !std::isfinite(*Norm);
       }
-      if (!Training && Unrolled && In.Role == "lm_head" &&
-          In.Ph == Phase::Forward) {
+      if (!Training && Unrolled && WritesLogits[I]) {
         // This microbatch's logits, before the arena reuses their bytes.
         const ProgramBuffer &L = Prog.Buffers[In.Out[0]];
         size_t Bytes = L.Type.numBytes();

@@ -309,6 +309,9 @@ private:
   std::vector<char> Staging; // host bytes of one input on its way in
   MemoryStats Stats;
   int LogitsBuffer = -1;
+  /// Per instruction of Prog: whether it writes the logits (the head's
+  /// last forward instruction; a microbatch's in an unrolled program).
+  std::vector<bool> WritesLogits;
   /// A pipelined or microbatched program's logits, one microbatch's
   /// buffer at a time (the arena reuses each after its last reader), copied
   /// here as evalLoss makes them: the whole batch's, microbatch-major.

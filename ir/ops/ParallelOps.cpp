@@ -27,7 +27,8 @@ Expected<TypeList> chunkShape(const ShapeArgs &A) {
   if (Dim < 0 || Dim >= int64_t(T.rank()) || Parts < 1)
     return typeError(
         formatv("needs 'dim' in [0, {0}) and 'parts' >= 1", T.rank()));
-  if (A.Op == OpKind::SpGather || A.Op == OpKind::AllGather) {
+  if (A.Op == OpKind::SpGather || A.Op == OpKind::AllGather ||
+      A.Op == OpKind::RingConcat) {
     T.Shape[Dim] *= Parts;
   } else {
     if (T.Shape[Dim] % Parts)
@@ -156,6 +157,32 @@ void addParallelOps(OpTable &T) {
   T[size_t(OpKind::ReduceScatter)] =
       collective(scatterShape, splitLayout, nullptr, ScatterAttrs);
   T[size_t(OpKind::ReduceScatter)].MaxOperands = OpDef::Variadic;
+  // collective-matmul (passes/CollectiveMatmul.cpp): an all-gather feeding
+  // a linear, cut into a ring. ring_shift sends its operand to the next
+  // rank of the tensor-parallel group and returns the previous rank's, so
+  // after k shifts rank r holds rank (r - k) mod parts's chunk;
+  // ring_concat puts the products of those chunks back in place.
+  T[size_t(OpKind::RingShift)] =
+      collective(sameAsOperand0, replicatedLayout, nullptr,
+                 {{"parts", attr::RequiredInt}});
+  T[size_t(OpKind::RingConcat)] = {
+      .MinOperands = 1,
+      .MaxOperands = OpDef::Variadic,
+      .Attrs = chunkAttrDecls(),
+      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
+        int64_t Parts = A.attrInt("parts");
+        if (Parts < 1 || int64_t(A.Operands.size()) != Parts)
+          return typeError(formatv("needs 'parts' >= 1 operands, one per "
+                                   "rank; has {0} for parts {1}",
+                                   A.Operands.size(), Parts));
+        for (unsigned I = 1; I < A.Operands.size(); ++I)
+          if (A.type(I) != A.type(0))
+            return typeError("its operands differ in type");
+        return chunkShape(A);
+      },
+      .Layout = replicatedLayout,
+      .Group = "tp",
+  };
   // ZeRO: after each data-parallel rank has updated its flat chunk of a
   // parameter (adamw {zero_parts}), every rank gets every chunk, in place.
   // In a lowered program, consecutive ones are buckets of several

@@ -1205,7 +1205,62 @@ static Error runMixed(const KernelCall &C) {
   return Error::success();
 }
 
+/// ring_shift and ring_concat (passes/CollectiveMatmul.cpp) move bytes, in
+/// whatever type the plan stores: the same code for float32, float64 and
+/// the 16-bit types. ring_shift sends to the next rank of the group and
+/// receives from the previous one (sends are buffered, so the ring cannot
+/// deadlock); ring_concat writes operand k at chunk (rank - k) mod parts.
+static Error runRing(const KernelCall &C) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  std::string Name = collectiveGroup(I.Op, I.Attrs);
+  Communicator *G = C.group(Name);
+  if (!G)
+    return planError("no communicator for group '" + Name + "'");
+  int Parts = int(attrInt(I.Op, I.Attrs, "parts"));
+  if (G->size() != Parts)
+    return planError(formatv("{0} of {1} parts over a group of {2}",
+                             opName(I.Op), Parts, G->size()));
+  for (int B : I.In) // bytes are copied: the types must agree
+    if (Bufs[B].Type.Dtype != Bufs[I.Out[0]].Type.Dtype)
+      return planError(formatv("{0} copies bytes, but its operand is {1} and "
+                               "its result {2}",
+                               opName(I.Op), dtypeName(Bufs[B].Type.Dtype),
+                               dtypeName(Bufs[I.Out[0]].Type.Dtype)));
+  int Rank = G->rank();
+  if (I.Op == OpKind::RingShift) {
+    int64_t Bytes = Bufs[I.In[0]].Type.numBytes();
+    if (Parts == 1) {
+      std::memmove(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes);
+      return Error::success();
+    }
+    // The tag keeps the ring's messages apart from any other use of the
+    // group's point-to-point channel.
+    constexpr int RingTag = 0x52494e47; // "RING"
+    if (auto E = G->send(C.buffer(I.In[0]), Bytes, (Rank + 1) % Parts,
+                         RingTag))
+      return E;
+    return G->recv(C.buffer(I.Out[0]), Bytes, (Rank + Parts - 1) % Parts,
+                   RingTag);
+  }
+  const TensorType &Whole = Bufs[I.Out[0]].Type;
+  int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
+  AxisView A = around(Whole, Dim);
+  int64_t Elem = Whole.numBytes() / std::max<int64_t>(1, Whole.numElements());
+  int64_t Chunk = Whole.Shape[Dim] / Parts * A.Inner * Elem; // bytes
+  char *Out = C.buffer(I.Out[0]);
+  for (int K = 0; K < Parts; ++K) {
+    int64_t Slot = (Rank - K + Parts) % Parts;
+    const char *In = C.buffer(I.In[K]);
+    for (int64_t O = 0; O < A.Outer; ++O)
+      std::memcpy(Out + (O * Parts + Slot) * Chunk, In + O * Chunk, Chunk);
+  }
+  return Error::success();
+}
+
 Error CpuBackend::run(const KernelCall &C) {
+  if (C.I.Op == OpKind::RingShift || C.I.Op == OpKind::RingConcat)
+    return runRing(C);
   if (isFloat64(C))
     return runKernel<double>(C);
   for (const auto *List : {&C.I.Out, &C.I.In})

@@ -307,6 +307,10 @@ private:
     return Error::success();
   }
   Error collective(const KernelCall &C, cudaStream_t S);
+  /// ring_shift (an NCCL group of one send to the next rank and one receive
+  /// from the previous) and ring_concat (strided copies), on bytes: the
+  /// CPU's runRing.
+  Error ring(const KernelCall &C, cudaStream_t S);
   /// ZeRO: the flat reduce-scatter of a bucket of gradients, and the
   /// in-place all-gather of an updated parameter's chunks.
   Error reduceScatterFlat(const KernelCall &C, Communicator &G,
@@ -914,6 +918,58 @@ Error CudaBackend::run(const KernelCall &C) {
       return E;
   if (Step.RecordEvent)
     SP_CUDA_TRY(cudaEventRecord(Events[J], S));
+  return Error::success();
+}
+
+Error CudaBackend::ring(const KernelCall &C, cudaStream_t S) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  std::string Name = collectiveGroup(I.Op, I.Attrs);
+  Communicator *G = C.group(Name);
+  if (!G)
+    return planError("no communicator for group '" + Name + "'");
+  int Parts = int(attrInt(I.Op, I.Attrs, "parts"));
+  if (G->size() != Parts)
+    return planError(formatv("{0} of {1} parts over a group of {2}",
+                             opName(I.Op), Parts, G->size()));
+  for (int B : I.In) // bytes are copied: the types must agree
+    if (Bufs[B].Type.Dtype != Bufs[I.Out[0]].Type.Dtype)
+      return planError(formatv("{0} copies bytes, but its operand is {1} and "
+                               "its result {2}",
+                               opName(I.Op), dtypeName(Bufs[B].Type.Dtype),
+                               dtypeName(Bufs[I.Out[0]].Type.Dtype)));
+  int Rank = G->rank();
+  if (I.Op == OpKind::RingShift) {
+    int64_t Bytes = Bufs[I.In[0]].Type.numBytes();
+    if (Parts == 1) {
+      SP_CUDA_TRY(cudaMemcpyAsync(C.buffer(I.Out[0]), C.buffer(I.In[0]),
+                                  Bytes, cudaMemcpyDeviceToDevice, S));
+      return Error::success();
+    }
+    auto N = nccl(*G);
+    if (!N)
+      return N.takeError();
+    if (auto E = cuda::NcclComm::groupStart())
+      return E;
+    Error Err = (*N)->send(C.buffer(I.In[0]), Bytes, (Rank + 1) % Parts, S);
+    if (!Err)
+      Err = (*N)->recv(C.buffer(I.Out[0]), Bytes, (Rank + Parts - 1) % Parts,
+                       S);
+    return joinErrors(std::move(Err), cuda::NcclComm::groupEnd());
+  }
+  const TensorType &Whole = Bufs[I.Out[0]].Type;
+  int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
+  AxisView A = around(Whole, Dim);
+  int64_t Elem = Whole.numBytes() / std::max<int64_t>(1, Whole.numElements());
+  int64_t Chunk = Whole.Shape[Dim] / Parts * A.Inner * Elem; // bytes
+  for (int K = 0; K < Parts; ++K) {
+    int64_t Slot = (Rank - K + Parts) % Parts;
+    SP_CUDA_TRY(cudaMemcpy2DAsync(C.buffer(I.Out[0]) + Slot * Chunk,
+                                  size_t(Parts * Chunk), C.buffer(I.In[K]),
+                                  size_t(Chunk), size_t(Chunk),
+                                  size_t(A.Outer), cudaMemcpyDeviceToDevice,
+                                  S));
+  }
   return Error::success();
 }
 
@@ -1653,6 +1709,9 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::ReduceScatter:
   case OpKind::SpSplit:
     return collective(C, S);
+  case OpKind::RingShift:
+  case OpKind::RingConcat:
+    return ring(C, S);
   case OpKind::GatherParam:
     return gatherParam(C, S);
   case OpKind::Cast: {

@@ -55,6 +55,10 @@ bool runsIn16Bit(const Instruction &I,
   case OpKind::SoftmaxGrad:
     return In.size() == 2 && Out.size() == 1 &&
            OneType({In[0], In[1], Out[0]});
+  case OpKind::RingShift:  // bytes moved as they are (CudaBackend::ring)
+  case OpKind::RingConcat:
+    return !In.empty() && Out.size() == 1 &&
+           llvm::all_of(In, [&](int B) { return Type(B) == Type(Out[0]); });
   default:
     return false;
   }

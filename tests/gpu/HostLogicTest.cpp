@@ -659,18 +659,21 @@ namespace {
 TEST(StreamPlan, StatedOverlapsRunWithoutEvents) {
   struct Case {
     int Stages, Microbatches, TP;
-    bool SP;
+    bool SP, Ring = false; // Ring: --tp-comm-overlap
   };
   for (Case C : {Case{1, 1, 2, true}, Case{1, 1, 2, false},
-                 Case{2, 4, 2, true}}) {
-    SCOPED_TRACE(::testing::Message() << "t = " << C.TP << (C.SP ? " + SP" : "")
-                                      << ", p = " << C.Stages);
+                 Case{2, 4, 2, true}, Case{1, 1, 2, true, true},
+                 Case{2, 4, 2, true, true}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "t = " << C.TP << (C.SP ? " + SP" : "")
+                 << ", p = " << C.Stages << (C.Ring ? ", ring" : ""));
     registerOnnxDataLoader();
     auto G = cantFail(importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx",
                                  ImportOptions()));
     PassContext Ctx;
     Ctx.TensorParallel = C.TP;
     Ctx.SequenceParallel = C.SP;
+    Ctx.TpCommOverlap = C.Ring;
     Ctx.Pipeline.Stages = C.Stages;
     Ctx.Pipeline.Microbatches = C.Microbatches;
     Plan P = std::move(*cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
@@ -688,7 +691,10 @@ TEST(StreamPlan, StatedOverlapsRunWithoutEvents) {
         ASSERT_GT(I.Beside, int(K));
         const Instruction &Gemm = Prog.Instrs[I.Beside];
         ++Pairs[opName(I.Op).str() + "/" + opName(Gemm.Op).str()];
-        EXPECT_EQ(I.Ph, Phase::Backward) << K;
+        // The backward's collectives; the forward's ring shifts.
+        EXPECT_EQ(I.Ph, I.Op == OpKind::RingShift ? Phase::Forward
+                                                  : Phase::Backward)
+            << K;
         EXPECT_EQ(Plan.Steps[K].Stream, StreamKind::Comm) << K;
         EXPECT_EQ(Plan.Steps[I.Beside].Stream, StreamKind::Compute) << K;
         for (int W : Plan.Steps[I.Beside].WaitFor)
@@ -703,7 +709,10 @@ TEST(StreamPlan, StatedOverlapsRunWithoutEvents) {
     if (C.SP) {
       EXPECT_EQ(Pairs["all_gather/linear"], ColumnLinears);
       EXPECT_EQ(Pairs["reduce_scatter/linear_grad_w"], ColumnLinears);
-      EXPECT_EQ(Pairs.size(), 2u);
+      // The forward's all-gathers of the same linears, as t - 1 shifts.
+      if (C.Ring)
+        EXPECT_EQ(Pairs["ring_shift/linear"], ColumnLinears * (C.TP - 1));
+      EXPECT_EQ(Pairs.size(), C.Ring ? 3u : 2u);
     } else {
       EXPECT_EQ(Pairs["all_reduce/linear_grad_w"], ColumnLinears);
       EXPECT_EQ(Pairs.size(), 1u);

@@ -108,6 +108,7 @@ PassContext layoutContext(const PassContext &Base, const AutoCandidate &C) {
   PassContext Ctx = Base;
   Ctx.TensorParallel = C.T;
   Ctx.SequenceParallel = C.SP;
+  Ctx.TpCommOverlap = Base.TpCommOverlap && C.SP && C.T > 1;
   Ctx.DataParallel = C.D;
   Ctx.Zero = C.Zero;
   Ctx.Recompute = RecomputeOptions();

@@ -215,7 +215,8 @@ Error passOptionsFromCL(PassContext &Ctx) {
     return createStringError(inconvertibleErrorCode(),
                              "--tp-comm-overlap cuts sequence parallelism's "
                              "forward all-gathers into a ring; it needs --sp "
-                             "(and --tp T with T > 1)");
+                             "(and --tp T with T > 1), which --auto does not "
+                             "take");
   if (CL->DP < 1)
     return createStringError(inconvertibleErrorCode(),
                              "--dp must be a positive integer, got %d",

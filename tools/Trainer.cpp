@@ -855,7 +855,12 @@ static void removeLogTemporaries(StringRef Dir) {
 
 Error Trainer::runRank(Communicator *World) {
   bool Lead = !World || World->rank() == 0;
-  raw_ostream &Out = Lead ? outs() : nulls();
+  // The other ranks write nowhere: into a null stream of their own thread
+  // (llvm::nulls() is one buffered stream for the process, and thread ranks
+  // writing into it at once race on its buffer: TSan found the progress
+  // bar's writes at t = 4 corrupting the heap).
+  thread_local raw_null_ostream Nowhere;
+  raw_ostream &Out = Lead ? static_cast<raw_ostream &>(outs()) : Nowhere;
   RankGroups Groups;
   if (World) {
     auto G = splitGroups(*World, Grid);
@@ -1216,7 +1221,8 @@ Error Trainer::runRank(Communicator *World) {
                    "the end\n",
                    O.EvalSteps, O.ValDataFile, O.EvalEvery);
   Out.flush();
-  ProgressBar Progress(Lead ? errs() : nulls(), Lead && errs().is_displayed(),
+  ProgressBar Progress(Lead ? static_cast<raw_ostream &>(errs()) : Nowhere,
+                       Lead && errs().is_displayed(),
                        O.LogEvery);
   // The mean loss of the validation batches (every rank takes part).
   TokenBatch ValBatch;

@@ -4,6 +4,8 @@
 
 #include "ir/Types.h"
 #include "plan/Program.h"
+#include <algorithm>
+#include <string>
 #include <vector>
 
 namespace sp {
@@ -46,6 +48,41 @@ inline std::vector<int64_t> wholeShape(const ProgramBuffer &PB) {
     W[PB.Shard.Dim] = PB.Shard.Padded ? PB.Shard.Padded
                                       : W[PB.Shard.Dim] * PB.Shard.Parts;
   return W;
+}
+
+/// collective-matmul's ring (passes/CollectiveMatmul.cpp), as both backends
+/// run it, on bytes. What is wrong with ring_shift or ring_concat I over a
+/// group of GroupSize ranks, or "": its parts must be the group's size and
+/// every operand of its result's type (the bytes are copied as they are).
+inline std::string ringProblem(const Instruction &I,
+                               const std::vector<ProgramBuffer> &Bufs,
+                               int GroupSize) {
+  std::string Op = opName(I.Op).str();
+  int64_t Parts = attrInt(I.Op, I.Attrs, "parts");
+  if (Parts != GroupSize)
+    return Op + " of " + std::to_string(Parts) + " parts over a group of " +
+           std::to_string(GroupSize);
+  DType Out = Bufs[I.Out[0]].Type.Dtype;
+  for (int B : I.In)
+    if (Bufs[B].Type.Dtype != Out)
+      return Op + " copies bytes, but its operand is " +
+             dtypeName(Bufs[B].Type.Dtype).str() + " and its result " +
+             dtypeName(Out).str();
+  return "";
+}
+
+/// ring_concat: on rank Rank, operand K is chunk (Rank - K) mod Parts of
+/// the result along Dim, copied as Outer blocks of ChunkBytes, block O to
+/// byte (O * Parts + Slot) * ChunkBytes of the result.
+struct RingCopy {
+  int64_t Outer, ChunkBytes, Slot;
+};
+inline RingCopy ringCopy(const TensorType &Whole, int Dim, int Parts,
+                         int Rank, int K) {
+  AxisView A = around(Whole, Dim);
+  int64_t Elem = Whole.numBytes() / std::max<int64_t>(1, Whole.numElements());
+  return {A.Outer, Whole.Shape[Dim] / Parts * A.Inner * Elem,
+          ((Rank - K) % Parts + Parts) % Parts};
 }
 
 } // namespace sp

@@ -1217,17 +1217,9 @@ static Error runRing(const KernelCall &C) {
   Communicator *G = C.group(Name);
   if (!G)
     return planError("no communicator for group '" + Name + "'");
-  int Parts = int(attrInt(I.Op, I.Attrs, "parts"));
-  if (G->size() != Parts)
-    return planError(formatv("{0} of {1} parts over a group of {2}",
-                             opName(I.Op), Parts, G->size()));
-  for (int B : I.In) // bytes are copied: the types must agree
-    if (Bufs[B].Type.Dtype != Bufs[I.Out[0]].Type.Dtype)
-      return planError(formatv("{0} copies bytes, but its operand is {1} and "
-                               "its result {2}",
-                               opName(I.Op), dtypeName(Bufs[B].Type.Dtype),
-                               dtypeName(Bufs[I.Out[0]].Type.Dtype)));
-  int Rank = G->rank();
+  if (std::string Why = ringProblem(I, Bufs, G->size()); !Why.empty())
+    return planError(Why);
+  int Parts = G->size(), Rank = G->rank();
   if (I.Op == OpKind::RingShift) {
     int64_t Bytes = Bufs[I.In[0]].Type.numBytes();
     if (Parts == 1) {
@@ -1243,17 +1235,14 @@ static Error runRing(const KernelCall &C) {
     return G->recv(C.buffer(I.Out[0]), Bytes, (Rank + Parts - 1) % Parts,
                    RingTag);
   }
-  const TensorType &Whole = Bufs[I.Out[0]].Type;
-  int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
-  AxisView A = around(Whole, Dim);
-  int64_t Elem = Whole.numBytes() / std::max<int64_t>(1, Whole.numElements());
-  int64_t Chunk = Whole.Shape[Dim] / Parts * A.Inner * Elem; // bytes
   char *Out = C.buffer(I.Out[0]);
+  int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
   for (int K = 0; K < Parts; ++K) {
-    int64_t Slot = (Rank - K + Parts) % Parts;
+    RingCopy R = ringCopy(Bufs[I.Out[0]].Type, Dim, Parts, Rank, K);
     const char *In = C.buffer(I.In[K]);
-    for (int64_t O = 0; O < A.Outer; ++O)
-      std::memcpy(Out + (O * Parts + Slot) * Chunk, In + O * Chunk, Chunk);
+    for (int64_t O = 0; O < R.Outer; ++O)
+      std::memcpy(Out + (O * Parts + R.Slot) * R.ChunkBytes,
+                  In + O * R.ChunkBytes, R.ChunkBytes);
   }
   return Error::success();
 }

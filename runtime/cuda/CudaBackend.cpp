@@ -928,17 +928,9 @@ Error CudaBackend::ring(const KernelCall &C, cudaStream_t S) {
   Communicator *G = C.group(Name);
   if (!G)
     return planError("no communicator for group '" + Name + "'");
-  int Parts = int(attrInt(I.Op, I.Attrs, "parts"));
-  if (G->size() != Parts)
-    return planError(formatv("{0} of {1} parts over a group of {2}",
-                             opName(I.Op), Parts, G->size()));
-  for (int B : I.In) // bytes are copied: the types must agree
-    if (Bufs[B].Type.Dtype != Bufs[I.Out[0]].Type.Dtype)
-      return planError(formatv("{0} copies bytes, but its operand is {1} and "
-                               "its result {2}",
-                               opName(I.Op), dtypeName(Bufs[B].Type.Dtype),
-                               dtypeName(Bufs[I.Out[0]].Type.Dtype)));
-  int Rank = G->rank();
+  if (std::string Why = ringProblem(I, Bufs, G->size()); !Why.empty())
+    return planError(Why);
+  int Parts = G->size(), Rank = G->rank();
   if (I.Op == OpKind::RingShift) {
     int64_t Bytes = Bufs[I.In[0]].Type.numBytes();
     if (Parts == 1) {
@@ -957,18 +949,13 @@ Error CudaBackend::ring(const KernelCall &C, cudaStream_t S) {
                        S);
     return joinErrors(std::move(Err), cuda::NcclComm::groupEnd());
   }
-  const TensorType &Whole = Bufs[I.Out[0]].Type;
   int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
-  AxisView A = around(Whole, Dim);
-  int64_t Elem = Whole.numBytes() / std::max<int64_t>(1, Whole.numElements());
-  int64_t Chunk = Whole.Shape[Dim] / Parts * A.Inner * Elem; // bytes
   for (int K = 0; K < Parts; ++K) {
-    int64_t Slot = (Rank - K + Parts) % Parts;
-    SP_CUDA_TRY(cudaMemcpy2DAsync(C.buffer(I.Out[0]) + Slot * Chunk,
-                                  size_t(Parts * Chunk), C.buffer(I.In[K]),
-                                  size_t(Chunk), size_t(Chunk),
-                                  size_t(A.Outer), cudaMemcpyDeviceToDevice,
-                                  S));
+    RingCopy R = ringCopy(Bufs[I.Out[0]].Type, Dim, Parts, Rank, K);
+    SP_CUDA_TRY(cudaMemcpy2DAsync(
+        C.buffer(I.Out[0]) + R.Slot * R.ChunkBytes,
+        size_t(Parts * R.ChunkBytes), C.buffer(I.In[K]), size_t(R.ChunkBytes),
+        size_t(R.ChunkBytes), size_t(R.Outer), cudaMemcpyDeviceToDevice, S));
   }
   return Error::success();
 }

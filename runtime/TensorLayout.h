@@ -5,6 +5,7 @@
 #include "ir/Types.h"
 #include "plan/Program.h"
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,18 @@ inline std::vector<int64_t> wholeShape(const ProgramBuffer &PB) {
     W[PB.Shard.Dim] = PB.Shard.Padded ? PB.Shard.Padded
                                       : W[PB.Shard.Dim] * PB.Shard.Parts;
   return W;
+}
+
+/// Puts one chunk of a tensor split along an axis into the whole: Outer
+/// blocks of ChunkBytes, block O to byte (O * Parts + Slot) * ChunkBytes of
+/// Whole (all_gather's reorder, ring_concat).
+inline void placeChunk(void *Whole, const void *Chunk, int64_t Outer,
+                       int64_t ChunkBytes, int Parts, int64_t Slot) {
+  char *W = static_cast<char *>(Whole);
+  const char *C = static_cast<const char *>(Chunk);
+  for (int64_t O = 0; O < Outer; ++O)
+    std::memcpy(W + (O * Parts + Slot) * ChunkBytes, C + O * ChunkBytes,
+                ChunkBytes);
 }
 
 /// collective-matmul's ring (passes/CollectiveMatmul.cpp), as both backends

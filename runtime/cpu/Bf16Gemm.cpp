@@ -425,8 +425,8 @@ bool amxPermitted() {
 /// gemmBf16 on AMX tiles (Block: the instruction or its twin).
 void gemmAmx(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K,
              const uint16_t *A, int64_t Lda, const uint16_t *B, int64_t Ldb,
-             float Beta, float *C, int64_t Ldc, AmxBlockFn Block,
-             bool Native) {
+             float Beta, float *C, int64_t Ldc, AmxBlockFn Block) {
+  [[maybe_unused]] const bool Native = Block != amxBlockEmulated; // tiles set up
   const int64_t TilesM = (M + TM - 1) / TM, TilesN = (N + NC - 1) / NC;
   const int64_t MaxSteps = amxSteps(KC);
   parallelFor(TilesM * TilesN, 1, [&](int64_t T0, int64_t T1) {
@@ -573,13 +573,13 @@ void gemmBf16(bool TransA, bool TransB, int64_t M, int64_t N, int64_t K,
   Kernel = resolveBf16Kernel(Kernel);
   if (Kernel == Bf16Kernel::AmxEmulated)
     return gemmAmx(TransA, TransB, M, N, K, A, Lda, B, Ldb, Beta, C, Ldc,
-                   amxBlockEmulated, /*Native=*/false);
+                   amxBlockEmulated);
   if (Kernel == Bf16Kernel::Amx) {
 #ifdef SP_HAVE_AMX_CODE
     if (!hasAmxBf16())
       std::abort(); // a caller's bug: check hasAmxBf16() first
     return gemmAmx(TransA, TransB, M, N, K, A, Lda, B, Ldb, Beta, C, Ldc,
-                   amxBlockNative, /*Native=*/true);
+                   amxBlockNative);
 #else
     std::abort();
 #endif

@@ -57,9 +57,8 @@ static Error allGather(Communicator &Comm, T *Out, const T *In,
     return E;
   int64_t Chunk = Local.Shape[Dim] * A.Inner;
   for (int R = 0; R < Parts; ++R)
-    for (int64_t O = 0; O < A.Outer; ++O)
-      std::memcpy(Out + (O * Parts + R) * Chunk, &Scratch[R * N + O * Chunk],
-                  Chunk * sizeof(T));
+    placeChunk(Out, &Scratch[R * N], A.Outer, Chunk * int64_t(sizeof(T)),
+               Parts, R);
   return Error::success();
 }
 
@@ -1235,14 +1234,11 @@ static Error runRing(const KernelCall &C) {
     return G->recv(C.buffer(I.Out[0]), Bytes, (Rank + Parts - 1) % Parts,
                    RingTag);
   }
-  char *Out = C.buffer(I.Out[0]);
   int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
   for (int K = 0; K < Parts; ++K) {
     RingCopy R = ringCopy(Bufs[I.Out[0]].Type, Dim, Parts, Rank, K);
-    const char *In = C.buffer(I.In[K]);
-    for (int64_t O = 0; O < R.Outer; ++O)
-      std::memcpy(Out + (O * Parts + R.Slot) * R.ChunkBytes,
-                  In + O * R.ChunkBytes, R.ChunkBytes);
+    placeChunk(C.buffer(I.Out[0]), C.buffer(I.In[K]), R.Outer, R.ChunkBytes,
+               Parts, R.Slot);
   }
   return Error::success();
 }

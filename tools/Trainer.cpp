@@ -892,6 +892,7 @@ Error Trainer::runRank(Communicator *World) {
     CO.Pipeline = Groups.Pipeline.get();
     CO.Data = Groups.Data.get();
     CO.AllowTF32 = O.AllowTF32;
+    CO.BlockwiseAttention = O.BlockwiseAttention;
     Error Err = [&]() -> Error {
       auto B = createCudaBackend(CO);
       if (!B)

@@ -82,6 +82,8 @@ struct TrainerOptions {
   bool Cuda = false;
   std::optional<int> CudaDevice;
   bool AllowTF32 = false;
+  /// --cuda-attention blockwise (CudaBackendOptions::BlockwiseAttention).
+  bool BlockwiseAttention = false;
   /// The ranks are threads of this process (--comm threads): with --device
   /// cuda, rank r takes GPU (CudaDevice or 0) + r, since the launcher's
   /// local rank is the whole process's.

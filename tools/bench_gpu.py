@@ -7,7 +7,9 @@ the overheads of the last two, the layer's model TFLOP/s and its MFU against the
 and the same layer written with torch.nn.functional, on the same device, in the same run. A
 fourth sp-run row, "fused", is the layer compiled with sp-compile's default fused attention core
 (--attention fused: no scores stored; on a GPU its core runs as the unfused ops on a workspace,
-runtime/cuda/AttentionPlan.h), its overhead against the unfused "none".
+runtime/cuda/AttentionPlan.h), its overhead against the unfused "none"; on a GPU a fifth,
+"blockwise", runs the same plan with sp-run --cuda-attention blockwise (the blockwise kernels of
+runtime/cuda/kernels/Attention.cuh, which store no scores either).
 
     /usr/bin/python3 tools/bench_gpu.py --device cuda --model 22B [--steps 10] [--repeat 3] [--json r.json]
     /usr/bin/python3 tools/bench_gpu.py --device cpu --model small --steps 2 --repeat 1
@@ -95,6 +97,12 @@ MODES = ["none", "selective", "full"]
 # sp-run's modes: the paper's three with the unfused core, and the fused attention core
 # (sp-compile's default, --attention fused, nothing recomputed but inside the core's backward).
 SP_MODES = MODES + ["fused"]
+# On a GPU also the fused plan with the CUDA backend's blockwise attention kernels.
+GPU_MODES = SP_MODES + ["blockwise"]
+
+
+def sp_modes(args):
+    return GPU_MODES if args.device.startswith("cuda") else SP_MODES
 PHASES = ["forward", "backward", "recompute"]
 TRACE_PHASE = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "opt": "optimizer"}
 TIME_LINE = re.compile(r"time per step: forward ([\d.]+) ms, backward ([\d.]+) ms, "
@@ -168,7 +176,7 @@ def layer_flops(sh):
     forward = (24 * b * s * h * h + 4 * b * s * s * h) // t  # = 24bsh^2 (1 + s/6h) / t, exactly
     return {"forward": forward, "backward": 2 * forward, "model_per_step": 3 * forward,
             "recompute": {"none": 0, "selective": 2 * b * s * s * h // t, "full": forward,
-                          "fused": 2 * b * s * s * h // t},
+                          "fused": 2 * b * s * s * h // t, "blockwise": 2 * b * s * s * h // t},
             "megatron_selective_recompute": 4 * b * s * s * h // t,
             "formula": "forward 24 b s h^2 (1 + s/(6h)) / t; backward 2x; selective recomputes Q K^T "
                        "(2 b s^2 h / t), full the forward; the fused core's backward recomputes Q K^T "
@@ -255,6 +263,8 @@ def prepare(args, sh, work):
             if dtype == "fp32":
                 with open(report) as f:
                     reports[mode] = json.load(f)
+        plans[dtype]["blockwise"] = plans[dtype]["fused"]  # run with --cuda-attention blockwise
+    reports["blockwise"] = reports["fused"]
     return data, plans, reports
 
 
@@ -262,7 +272,7 @@ def tool(args, name):
     return os.path.join(args.sp_bin, name)
 
 
-def sp_run_once(args, plan, data, precision, work, trace=None):
+def sp_run_once(args, plan, data, precision, work, trace=None, mode=None):
     """One sp-run of --steps + 1 steps; returns its phase times per step (ms, first step left out)."""
     cmd = [tool(args, "sp-run"), plan, "--data", data, "--steps", str(args.steps + 1), "--device", args.device,
            "--log-dir", os.path.join(work, "log")]
@@ -270,6 +280,8 @@ def sp_run_once(args, plan, data, precision, work, trace=None):
         cmd += ["--threads", str(args.threads)]
     if precision == "tf32":
         cmd.append("--tf32")
+    if mode == "blockwise":
+        cmd += ["--cuda-attention", "blockwise"]
     if trace:
         cmd += ["--trace", trace]
     m = TIME_LINE.search(run(cmd, env=SP_RUN_ENV))
@@ -297,10 +309,10 @@ def measure_sp(args, plans, data, precision, work):
     """The fastest of --repeat rounds for each mode: the layer's ms per phase, and the rest."""
     best = {}
     for _ in range(args.repeat):
-        for mode in SP_MODES:
-            plain = sp_run_once(args, plans[mode], data, precision, work)
+        for mode in sp_modes(args):
+            plain = sp_run_once(args, plans[mode], data, precision, work, mode=mode)
             trace = os.path.join(work, f"trace-{mode}.json")
-            sp_run_once(args, plans[mode], data, precision, work, trace)
+            sp_run_once(args, plans[mode], data, precision, work, trace, mode=mode)
             split = traced_split(trace)
             layer = {p: plain[p] - split["outside"][p] for p in PHASES}
             # The two runs are timed apart: on a loaded machine (the CPU smoke test beside other
@@ -457,7 +469,7 @@ def print_table(title, rows, with_recompute=True):
     print(title)
     print(f"  {'mode':<10} {'forward ms':>10} {'backward ms':>12} {'(recompute)':>12} {'combined ms':>12} "
           f"{'overhead':>9} {'TFLOP/s':>8} {'MFU':>7}")
-    for mode in SP_MODES:
+    for mode in GPU_MODES:
         if mode not in rows:
             continue
         r = rows[mode]
@@ -515,8 +527,8 @@ def main():
           + (f", {peak:g} TFLOP/s" if peak else ""), flush=True)
     try:
         data, plans, reports = prepare(args, sh, work)
-        from_report = {mode: report_flops(reports[mode], sh) for mode in SP_MODES}
-        for mode in SP_MODES:
+        from_report = {mode: report_flops(reports[mode], sh) for mode in sp_modes(args)}
+        for mode in sp_modes(args):
             r = from_report[mode]
             if r["model_per_step"] != flops["model_per_step"] or r["recompute"] != flops["recompute"][mode]:
                 print(f"  warning: sp-compile --report ({mode}) counts {r['model_per_step']:.6e} model and "
@@ -556,7 +568,9 @@ def main():
             print("  sp / torch combined: " + ", ".join(
                 f"{mode} {sp[prec][mode]['combined_ms'] / torch_rows[prec][mode]['combined_ms']:.2f}"
                 for mode in MODES) +
-                f"; fused / torch none {sp[prec]['fused']['combined_ms'] / torch_rows[prec]['none']['combined_ms']:.2f}")
+                "".join(f"; {mode} / torch none "
+                        f"{sp[prec][mode]['combined_ms'] / torch_rows[prec]['none']['combined_ms']:.2f}"
+                        for mode in ("fused", "blockwise") if mode in sp[prec]))
     if not torch_rows:
         print(f"torch: {torch_note}")
     print("MFU is against the dense BF16 peak (fp32 and TF32 rows included)." if peak and args.device != "cpu" else

@@ -219,6 +219,13 @@ static cl::opt<bool> AllowTF32(
              "mantissa inputs; off by default, as the comparisons with the "
              "CPU backend need)"),
     cl::cat(Cat));
+static cl::opt<std::string> CudaAttention(
+    "cuda-attention",
+    cl::desc("--device cuda: how a plan's fused attention core runs: "
+             "unfused (default: its unfused ops on a score-sized "
+             "workspace) or blockwise (kernels that store no scores; not "
+             "yet run on a GPU)"),
+    cl::init("unfused"), cl::value_desc("unfused|blockwise"), cl::cat(Cat));
 static cl::opt<bool> Float64(
     "float64",
     cl::desc("Numerical check: run the fp32 plan in float64 (every f32 "
@@ -419,6 +426,11 @@ static Error checkFlags() {
                       Device + "'");
   if (AllowTF32 && Device == "cpu")
     return usageError("--tf32 is for --device cuda");
+  if (CudaAttention != "unfused" && CudaAttention != "blockwise")
+    return usageError("--cuda-attention must be unfused or blockwise, got '" +
+                      CudaAttention + "'");
+  if (CudaAttention.getNumOccurrences() && Device == "cpu")
+    return usageError("--cuda-attention is for --device cuda");
   if (Float64 && Device != "cpu")
     return usageError("--float64 runs on --device cpu (the CUDA kernels are "
                       "float32)");
@@ -658,6 +670,7 @@ int main(int Argc, char **Argv) {
   if (int N = *deviceIndex(Device); N >= 0) // checked by checkFlags
     O.CudaDevice = N;
   O.AllowTF32 = AllowTF32;
+  O.BlockwiseAttention = CudaAttention == "blockwise";
   O.ThreadRanks = CommKind == "threads" && Ranks > 1;
   Trainer T(*P, std::move(O));
   auto Timeout = std::chrono::milliseconds(

@@ -64,44 +64,64 @@ struct Expander {
   }
 };
 
+/// The sizes of an attention or attention_grad instruction, checked.
+struct Dims {
+  bool Fwd, Packed;
+  unsigned Qkv, Q, KeepAt;
+  int64_t B, A, Sq, D, G, Sk;
+};
+
+Expected<Dims> attentionDims(const Instruction &I,
+                             const std::vector<ProgramBuffer> &Bufs) {
+  Dims X;
+  X.Fwd = I.Op == OpKind::Attention;
+  if (!X.Fwd && I.Op != OpKind::AttentionGrad)
+    return planError("planAttention: not an attention instruction");
+  X.Qkv = attentionInputs(I.Op, I.Attrs);
+  X.Q = X.Fwd ? 0 : 1;
+  X.KeepAt = attentionKeepOperand(I.Op, I.Attrs);
+  X.Packed = X.Qkv == 1;
+  if (I.In.size() < X.KeepAt || I.In.size() > X.KeepAt + 1 ||
+      I.Out.size() != (X.Fwd ? 2u : X.Qkv))
+    return planError(opName(I.Op) + ": unexpected operand or result count");
+  if (X.Packed) { // qkv [b, s, 3 a d]: split_heads' input
+    const TensorType &XT = Bufs[I.In[X.Q]].Type;
+    X.A = X.G = attrInt(I.Op, I.Attrs, "heads");
+    if (XT.rank() != 3 || X.A <= 0 || XT.Shape[2] % (3 * X.A))
+      return planError(opName(I.Op) + " {packed} expects qkv [b, s, 3 * "
+                                      "heads * d]");
+    X.B = XT.Shape[0];
+    X.Sq = X.Sk = XT.Shape[1];
+    X.D = XT.Shape[2] / (3 * X.A);
+  } else {
+    const TensorType &QT = Bufs[I.In[X.Q]].Type, &KT = Bufs[I.In[X.Q + 1]].Type;
+    if (QT.rank() != 4 || KT.rank() != 4 ||
+        Bufs[I.In[X.Q + 2]].Type.Shape != KT.Shape)
+      return planError(opName(I.Op) + " expects q [b, a, s, d] and k, v "
+                                      "[b, g, t, d]");
+    X.B = QT.Shape[0];
+    X.A = QT.Shape[1];
+    X.Sq = QT.Shape[2];
+    X.D = QT.Shape[3];
+    X.G = KT.Shape[1];
+    X.Sk = KT.Shape[2];
+    if (X.G <= 0 || X.A % X.G != 0 || KT.Shape[0] != X.B || KT.Shape[3] != X.D)
+      return planError(opName(I.Op) + ": k and v heads must divide q's");
+  }
+  return X;
+}
+
 } // namespace
 
 Expected<AttentionPlan> planAttention(const Instruction &I,
                                       const std::vector<ProgramBuffer> &Bufs) {
-  const bool Fwd = I.Op == OpKind::Attention;
-  if (!Fwd && I.Op != OpKind::AttentionGrad)
-    return planError("planAttention: not an attention instruction");
-  const unsigned Qkv = attentionInputs(I.Op, I.Attrs), Q = Fwd ? 0 : 1,
-                 KeepAt = attentionKeepOperand(I.Op, I.Attrs);
-  const bool Packed = Qkv == 1;
-  if (I.In.size() < KeepAt || I.In.size() > KeepAt + 1 ||
-      I.Out.size() != (Fwd ? 2u : Qkv))
-    return planError(opName(I.Op) + ": unexpected operand or result count");
-  int64_t B, A, Sq, D, G, Sk;
-  if (Packed) { // qkv [b, s, 3 a d]: split_heads' input
-    const TensorType &XT = Bufs[I.In[Q]].Type;
-    A = G = attrInt(I.Op, I.Attrs, "heads");
-    if (XT.rank() != 3 || A <= 0 || XT.Shape[2] % (3 * A))
-      return planError(opName(I.Op) + " {packed} expects qkv [b, s, 3 * "
-                                      "heads * d]");
-    B = XT.Shape[0];
-    Sq = Sk = XT.Shape[1];
-    D = XT.Shape[2] / (3 * A);
-  } else {
-    const TensorType &QT = Bufs[I.In[Q]].Type, &KT = Bufs[I.In[Q + 1]].Type;
-    if (QT.rank() != 4 || KT.rank() != 4 ||
-        Bufs[I.In[Q + 2]].Type.Shape != KT.Shape)
-      return planError(opName(I.Op) + " expects q [b, a, s, d] and k, v "
-                                      "[b, g, t, d]");
-    B = QT.Shape[0];
-    A = QT.Shape[1];
-    Sq = QT.Shape[2];
-    D = QT.Shape[3];
-    G = KT.Shape[1];
-    Sk = KT.Shape[2];
-    if (G <= 0 || A % G != 0 || KT.Shape[0] != B || KT.Shape[3] != D)
-      return planError(opName(I.Op) + ": k and v heads must divide q's");
-  }
+  auto Sz = attentionDims(I, Bufs);
+  if (!Sz)
+    return Sz.takeError();
+  const bool Fwd = Sz->Fwd, Packed = Sz->Packed;
+  const unsigned Q = Sz->Q, KeepAt = Sz->KeepAt;
+  const int64_t B = Sz->B, A = Sz->A, Sq = Sz->Sq, D = Sz->D, G = Sz->G,
+                Sk = Sz->Sk;
   const int64_t R = A / G;
   auto AF = [&](StringRef Name) { return attrFloat(I.Op, I.Attrs, Name); };
   auto AI = [&](StringRef Name) { return attrInt(I.Op, I.Attrs, Name); };
@@ -255,6 +275,193 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
   if (Packed)
     E.op(OpKind::SplitHeadsGrad, {DQ, DK, DV}, {E.outer(I.Out[0])});
   return std::move(E.P);
+}
+
+namespace {
+
+bool isKernelFloat(DType T) {
+  return T == DType::F32 || T == DType::BF16 || T == DType::F16;
+}
+bool isKeepType(DType T) {
+  return T == DType::I64 || T == DType::I32 || T == DType::Bool ||
+         T == DType::F32;
+}
+
+} // namespace
+
+Expected<BlockwisePlan> planBlockwise(const Instruction &I,
+                                      const std::vector<ProgramBuffer> &Bufs) {
+  auto Sz = attentionDims(I, Bufs);
+  if (!Sz)
+    return Sz.takeError();
+  const Dims &X = *Sz;
+  if (X.D > AttentionMaxHeadDim)
+    return planError(opName(I.Op) + ": heads of " + Twine(X.D) +
+                     " exceed the blockwise kernels' " +
+                     Twine(AttentionMaxHeadDim));
+  // The grid: query or key blocks, heads, batch.
+  const int64_t Blocks =
+      (std::max(X.Sq, X.Sk) + AttentionBlock - 1) / AttentionBlock;
+  if (X.A > 65535 || X.B > 65535 || Blocks > 0x7fffffff)
+    return planError(opName(I.Op) + ": more heads or batch rows than a CUDA "
+                                    "grid holds (65535)");
+  BlockwisePlan P;
+  P.Forward = X.Fwd;
+  AttentionGeometry &G = P.G;
+  G.Batch = X.B;
+  G.Heads = X.A;
+  G.KvHeads = X.G;
+  G.Sq = X.Sq;
+  G.Sk = X.Sk;
+  G.D = X.D;
+  const int64_t H = X.A * X.D;
+  if (X.Packed) { // [b, s, 3, a, d]: q, k, v at 0, a d, 2 a d of each row
+    const int64_t Row = 3 * H;
+    for (int64_t *S : {G.Q, G.K}) {
+      S[0] = X.Sq * Row;
+      S[1] = X.D;
+      S[2] = Row;
+    }
+  } else {
+    G.Q[0] = X.A * X.Sq * X.D;
+    G.Q[1] = X.Sq * X.D;
+    G.Q[2] = X.D;
+    G.K[0] = X.G * X.Sk * X.D;
+    G.K[1] = X.Sk * X.D;
+    G.K[2] = X.D;
+  }
+  const bool Merged = attrInt(I.Op, I.Attrs, "merged");
+  if (Merged) { // o [b, s, a d], lse [b, s, a]
+    G.O[0] = X.Sq * H;
+    G.O[1] = X.D;
+    G.O[2] = H;
+    G.L[0] = X.Sq * X.A;
+    G.L[1] = 1;
+    G.L[2] = X.A;
+  } else { // o [b, a, s, d], lse [b, a, s]
+    G.O[0] = X.A * X.Sq * X.D;
+    G.O[1] = X.Sq * X.D;
+    G.O[2] = X.D;
+    G.L[0] = X.A * X.Sq;
+    G.L[1] = X.Sq;
+    G.L[2] = 1;
+  }
+  G.Scale = float(attrFloat(I.Op, I.Attrs, "scale"));
+  G.Fill = float(attrFloat(I.Op, I.Attrs, "fill"));
+  G.Causal = attrInt(I.Op, I.Attrs, "causal");
+  G.PadFirst = attrInt(I.Op, I.Attrs, "pad_first");
+  P.Dropout = attrInt(I.Op, I.Attrs, "dropout");
+
+  // The operands: (q, k, v | qkv, keep?) -> o, lse; (do, q, k, v | qkv, o,
+  // lse, keep?) -> dq, dk, dv | dqkv.
+  auto Three = [&](unsigned First, ArrayRef<int> List, BlockwiseOperand &A0,
+                   BlockwiseOperand &A1, BlockwiseOperand &A2) {
+    BlockwiseOperand *Ops[3] = {&A0, &A1, &A2};
+    for (int K = 0; K < 3; ++K) {
+      Ops[K]->Id = List[X.Packed ? First : First + K];
+      Ops[K]->Offset = X.Packed ? K * H : 0;
+    }
+  };
+  Three(X.Q, I.In, P.Q, P.K, P.V);
+  const unsigned AfterQkv = X.Q + X.Qkv;
+  if (X.Fwd) {
+    P.O.Id = I.Out[0];
+    P.Lse.Id = I.Out[1];
+  } else {
+    P.DO.Id = I.In[0];
+    P.O.Id = I.In[AfterQkv];
+    P.Lse.Id = I.In[AfterQkv + 1];
+    Three(0, I.Out, P.DQ, P.DK, P.DV);
+  }
+  if (I.In.size() > X.KeepAt) {
+    P.Keep = I.In[X.KeepAt];
+    P.PadFill = attrFloat(I.Op, I.Attrs, "pad_fill");
+    P.PadWhere = attrInt(I.Op, I.Attrs, "pad_where");
+  }
+
+  // Types and sizes: the kernels index the tensors by the strides above.
+  const DType T = Bufs[P.Q.Id].Type.Dtype;
+  if (!isKernelFloat(T))
+    return planError(opName(I.Op) + ": q is not a float tensor");
+  auto Check = [&](const BlockwiseOperand &Op, int64_t Elements, bool SameType,
+                   const char *What) -> Error {
+    if (Op.Id < 0)
+      return Error::success();
+    const TensorType &Ty = Bufs[Op.Id].Type;
+    if (SameType ? Ty.Dtype != T : !isKernelFloat(Ty.Dtype))
+      return planError(opName(I.Op) + ": " + What + " is " + Ty.str() +
+                       (SameType ? ", not q's type" : ", not a float tensor"));
+    if (Ty.numElements() != Elements)
+      return planError(opName(I.Op) + ": " + What + " has " +
+                       Twine(Ty.numElements()) + " elements, not " +
+                       Twine(Elements));
+    return Error::success();
+  };
+  const int64_t QN = X.Packed ? X.B * X.Sq * 3 * H : X.B * X.Sq * H,
+                KN = X.Packed ? QN : X.B * X.Sk * X.G * X.D,
+                ON = X.B * X.Sq * H, LN = X.B * X.Sq * X.A;
+  for (auto [Op, N, Same, What] : {std::tuple{&P.Q, QN, true, "q"},
+                                   {&P.K, KN, true, "k"},
+                                   {&P.V, KN, true, "v"},
+                                   {&P.O, ON, true, "o"},
+                                   {&P.Lse, LN, false, "the log-sum-exp"},
+                                   {&P.DO, ON, true, "do"},
+                                   {&P.DQ, QN, true, "dq"},
+                                   {&P.DK, KN, true, "dk"},
+                                   {&P.DV, KN, true, "dv"}})
+    if (Error E = Check(*Op, N, Same, What))
+      return E;
+  if (P.Keep >= 0) {
+    const TensorType &KT = Bufs[P.Keep].Type;
+    if (!isKeepType(KT.Dtype) || KT.numElements() != X.B * X.Sk)
+      return planError(opName(I.Op) + ": the padding mask is " + KT.str() +
+                       "; the blockwise kernels take [b, keys] of int64, "
+                       "int32, bool or float32");
+  }
+  return P;
+}
+
+bool runsBlockwise(const Instruction &I,
+                   const std::vector<ProgramBuffer> &Buffers) {
+  if (I.Op != OpKind::Attention && I.Op != OpKind::AttentionGrad)
+    return false;
+  auto P = planBlockwise(I, Buffers);
+  if (!P) {
+    consumeError(P.takeError());
+    return false;
+  }
+  return true;
+}
+
+Error probsBlock(const Instruction &I, const std::vector<ProgramBuffer> &Bufs,
+                 int TensorRank, int DataRank, int DataSize,
+                 AttentionGeometry &G) {
+  const unsigned Q = I.Op == OpKind::Attention ? 0 : 1;
+  const bool Packed = attentionInputs(I.Op, I.Attrs) == 1;
+  int64_t Full[4] = {G.Batch, G.Heads, G.Sq, G.Sk}, Offset[4] = {0, 0, 0, 0};
+  // Heads split over the tensor group (q's heads are packed qkv's last
+  // axis, q's second), rows of the microbatch and the data-parallel
+  // replica.
+  const Sharding &S = Bufs[I.In[Q]].Shard;
+  const int HeadsDim = Packed ? 2 : 1;
+  int64_t Mb = attrInt(I.Op, I.Attrs, "microbatch"),
+          NumMb = attrInt(I.Op, I.Attrs, "microbatches");
+  Mb += int64_t(DataRank) * NumMb;
+  NumMb *= DataSize;
+  if (S.K == Sharding::Split) {
+    if (S.Dim != HeadsDim)
+      return planError(opName(I.Op) +
+                       ": q is split along a dimension other than its heads");
+    Full[1] *= S.Parts;
+    Offset[1] = int64_t(TensorRank) * G.Heads;
+  }
+  Full[0] *= NumMb;
+  Offset[0] += Mb * G.Batch;
+  for (int K = 0; K < 4; ++K) {
+    G.ProbGlobal[K] = Full[K];
+    G.ProbOffset[K] = Offset[K];
+  }
+  return Error::success();
 }
 
 } // namespace sp::cuda

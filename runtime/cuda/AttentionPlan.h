@@ -1,10 +1,20 @@
-//===- AttentionPlan.h - The fused attention core as unfused ops --*- C++ -*-===//
+//===- AttentionPlan.h - How the GPU runs the attention core --*- C++ -*-===//
 //
-// The CUDA backend has no blockwise kernel for the fused attention core
-// (`attention`, `attention_grad`; runtime/cpu/Attention.h) yet. It runs one
-// by the unfused ops the fuse-attention pass replaced, each with its tested
-// kernel, on score-sized tensors in a per-stream workspace outside the
-// plan's arena (the plan stores none of them):
+// The fused attention core (`attention`, `attention_grad`;
+// runtime/cpu/Attention.h) runs on the GPU in one of two ways, decided here
+// on the host from the instruction and its buffers:
+//
+// 1. Blockwise (runsBlockwise, planBlockwise): the kernels of
+//    kernels/Attention.cuh, which store no scores, read and write the
+//    instruction's tensors where they are (16-bit ones too) and take heads
+//    of up to AttentionMaxHeadDim. planBlockwise gives their geometry: the
+//    strides of the packed [b, s, 3, a, d] and merged [b, s, a, d] layouts,
+//    where each operand is, and the padding mask's operand.
+//
+// 2. Otherwise (larger heads) as the unfused ops the fuse-attention pass
+//    replaced, each with its tested kernel, on score-sized tensors in a
+//    per-stream workspace outside the plan's arena (the plan stores none of
+//    them), in float32 (a 16-bit instruction on float32 copies):
 //
 //   forward:  q, k, v = split_heads(qkv)           (packed = 1)
 //             kr, vr = repeat_heads(k, v)          (grouped-query heads)
@@ -33,6 +43,7 @@
 #define SP_RUNTIME_CUDA_ATTENTIONPLAN_H
 
 #include "plan/Program.h"
+#include "runtime/cuda/AttentionGeometry.h"
 #include "llvm/Support/Error.h"
 #include <cstdint>
 #include <vector>
@@ -59,6 +70,51 @@ struct AttentionPlan {
 /// computes its scores and probabilities in float32 in every plan).
 llvm::Expected<AttentionPlan>
 planAttention(const Instruction &I, const std::vector<ProgramBuffer> &Buffers);
+
+/// An operand of the blockwise kernels: buffer Id from element Offset on
+/// (packed q, k and v are one buffer at three offsets).
+struct BlockwiseOperand {
+  int Id = -1;
+  int64_t Offset = 0;
+};
+
+struct BlockwisePlan {
+  bool Forward = true;
+  /// The geometry but for the dropout's key, ratio and block, which
+  /// depend on the step and the rank (CudaBackend fills them, with
+  /// probsBlock).
+  AttentionGeometry G;
+  BlockwiseOperand Q, K, V, O, Lse, DO, DQ, DK, DV;
+  /// The padding mask's keep operand (-1: none), its fill and form
+  /// (padding_mask's fill and where).
+  int Keep = -1;
+  double PadFill = 0;
+  bool PadWhere = false;
+  bool Dropout = false;
+};
+
+/// Whether the blockwise kernels run I: an attention or attention_grad
+/// with heads of at most AttentionMaxHeadDim, its q, k, v, o and their
+/// gradients of one float type (float32, bf16 or fp16), its log-sum-exp of
+/// any, its keep mask of a type padding_mask takes, and a grid the device
+/// launches.
+bool runsBlockwise(const Instruction &I,
+                   const std::vector<ProgramBuffer> &Buffers);
+
+/// The blockwise kernels' plan of I (an error where runsBlockwise is
+/// false or the shapes disagree).
+llvm::Expected<BlockwisePlan>
+planBlockwise(const Instruction &I, const std::vector<ProgramBuffer> &Buffers);
+
+/// The [Batch, Heads, Sq, Sk] probabilities' block in the whole tensor
+/// (the dropout's global index, as runtime/cpu/CpuBackend.cpp finds it):
+/// heads split over the tensor group as q is (TensorRank), microbatch mb of
+/// the instruction's microbatches, of data-parallel replica DataRank of
+/// DataSize. Errors where q is split along another dimension.
+llvm::Error probsBlock(const Instruction &I,
+                       const std::vector<ProgramBuffer> &Buffers,
+                       int TensorRank, int DataRank, int DataSize,
+                       AttentionGeometry &G);
 
 } // namespace sp::cuda
 

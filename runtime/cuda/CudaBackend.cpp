@@ -265,6 +265,18 @@ private:
   /// The fused attention core (attention, attention_grad) as its unfused
   /// ops on a workspace (AttentionPlan.h), one region per stream.
   Error attention(const KernelCall &C, cudaStream_t S);
+  /// The same by the blockwise kernels (kernels/Attention.cuh).
+  Error attentionBlockwise(const KernelCall &C, cudaStream_t S);
+  /// Whether I's kernel reads and writes its 16-bit buffers in place
+  /// (cuda::runsIn16Bit; the attention core only by the blockwise
+  /// kernels, when they are on).
+  bool inPlace16(const Instruction &I,
+                 const std::vector<ProgramBuffer> &Bufs) const {
+    if ((I.Op == OpKind::Attention || I.Op == OpKind::AttentionGrad) &&
+        !Blockwise)
+      return false;
+    return cuda::runsIn16Bit(I, Bufs);
+  }
   /// Region (at least Bytes) grown in place: the old one is freed after the
   /// queued work that may use it.
   Expected<char *> grow(char *&Region, int64_t &Size, int64_t Bytes);
@@ -342,7 +354,7 @@ private:
                           int64_t N, int64_t V, int64_t Valid, int64_t Ignore);
 
   int Device = 0;
-  bool Overlap = true, TF32 = false;
+  bool Overlap = true, TF32 = false, Blockwise = false;
   cudaStream_t Compute = nullptr, Comm = nullptr;
   cublasHandle_t Blas = nullptr;
   const CublasApi *Cublas = nullptr;
@@ -457,6 +469,7 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
   Cublas = *Api;
   SP_CUBLAS_TRY(Cublas->Create(&Blas));
   TF32 = O.AllowTF32;
+  Blockwise = O.BlockwiseAttention;
   SP_CUBLAS_TRY(Cublas->SetMathMode(Blas, mathMode()));
   SP_CUDA_TRY(cudaMalloc(&Err, sizeof(cuda::DeviceError)));
   SP_CUDA_TRY(cudaMemset(Err, 0, sizeof(cuda::DeviceError)));
@@ -685,8 +698,12 @@ Expected<char *> CudaBackend::mixedScratch(int K, int64_t Bytes) {
 }
 
 Error CudaBackend::attention(const KernelCall &C, cudaStream_t S) {
-  // A 16-bit attention reaches here through dispatchMixed, on float32
-  // copies: every buffer below is float32 (or the mask's bytes).
+  if (Blockwise && cuda::runsBlockwise(C.I, C.Prog.Buffers))
+    return attentionBlockwise(C, S);
+  // Unless asked for the blockwise kernels (or for larger heads): the
+  // unfused ops. A 16-bit attention reaches here through
+  // dispatchMixed, on float32 copies: every buffer below is float32 (or the
+  // mask's bytes).
   auto Plan = cuda::planAttention(C.I, C.Prog.Buffers);
   if (!Plan)
     return Plan.takeError();
@@ -715,6 +732,79 @@ Error CudaBackend::attention(const KernelCall &C, cudaStream_t S) {
                          Plan->Batch * Plan->Heads * Plan->Sq, Plan->Sk,
                          Plan->Heads, Plan->Sq, Plan->LseMerged, S);
   }
+  return Error::success();
+}
+
+static cuda::Elems elems(const KernelCall &C, int Id);
+
+Error CudaBackend::attentionBlockwise(const KernelCall &C, cudaStream_t S) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  auto Plan = cuda::planBlockwise(I, Bufs);
+  if (!Plan)
+    return Plan.takeError();
+  cuda::AttentionGeometry G = Plan->G;
+  if (Plan->Dropout) {
+    auto Key = attrInts(I.Op, I.Attrs, "key");
+    if (Key.size() != 2)
+      return planError("attention has no Philox key; recompile the plan");
+    if (Key[0] < 0 || Key[0] > 0xFFFF || Key[1] < 0 || Key[1] > 0xFFFF)
+      return planError("dropout key: layer or site above 65535");
+    G.Ratio = C.Training ? C.Dropout.value_or(attrFloat(I.Op, I.Attrs, "ratio"))
+                         : 0.0;
+    if (!(G.Ratio >= 0.0 && G.Ratio <= 1.0))
+      return planError("dropout ratio outside [0, 1]");
+    G.Seed = C.Seed;
+    G.Layer = uint32_t(Key[0]);
+    G.Site = uint32_t(Key[1]);
+    G.Stream = uint32_t(C.Step);
+    if (auto E = cuda::probsBlock(I, Bufs, C.Tensor.rank(),
+                                  C.Data ? C.Data->rank() : 0,
+                                  C.Data ? C.Data->size() : 1, G))
+      return E;
+  }
+  // Scratch: the padding bias [b, keys], then the backward's Delta.
+  const int64_t BiasN = Plan->Keep >= 0 ? G.Batch * G.Sk : 0,
+                DeltaN = Plan->Forward ? 0 : G.Batch * G.Heads * G.Sq;
+  auto Tmp = scratch(S == Comm, BiasN + DeltaN + 1);
+  if (!Tmp)
+    return Tmp.takeError();
+  float *Bias = BiasN ? *Tmp : nullptr, *Delta = *Tmp + BiasN;
+  if (Bias) {
+    // padding_mask's bias, added to zeros (its kernel; the same floats as
+    // the CPU's keyBias).
+    int KeepType = 0;
+    switch (Bufs[Plan->Keep].Type.Dtype) {
+    case DType::I64:
+      KeepType = 0;
+      break;
+    case DType::I32:
+      KeepType = 1;
+      break;
+    case DType::Bool:
+      KeepType = 2;
+      break;
+    default:
+      KeepType = 3;
+      break;
+    }
+    SP_CUDA_TRY(cudaMemsetAsync(Bias, 0, size_t(BiasN) * sizeof(float), S));
+    cuda::paddingMask(Bias, Bias, C.buffer(Plan->Keep), KeepType, G.Batch, 1,
+                      G.Sk, Plan->PadFill, Plan->PadWhere, S);
+  }
+  auto Op = [&](const cuda::BlockwiseOperand &X) {
+    cuda::Elems E = elems(C, X.Id);
+    E.Data = static_cast<char *>(E.Data) +
+             X.Offset * (E.Kind == cuda::Storage::F32 ? 4 : 2);
+    return E;
+  };
+  if (Plan->Forward)
+    cuda::attentionForward(Op(Plan->O), Op(Plan->Lse), Op(Plan->Q), Op(Plan->K),
+                           Op(Plan->V), Bias, G, S);
+  else
+    cuda::attentionBackward(Op(Plan->DQ), Op(Plan->DK), Op(Plan->DV),
+                            Op(Plan->DO), Op(Plan->Q), Op(Plan->K), Op(Plan->V),
+                            Op(Plan->O), Op(Plan->Lse), Bias, Delta, G, S);
   return Error::success();
 }
 
@@ -846,7 +936,7 @@ Error CudaBackend::run(const KernelCall &C) {
   // An instruction with bf16 or fp16 buffers runs on float32 copies, unless
   // its kernel reads and writes them in place.
   bool Mixed = cuda::touches16Bit(C.I, C.Prog.Buffers) &&
-               !cuda::runsIn16Bit(C.I, C.Prog.Buffers);
+               !inPlace16(C.I, C.Prog.Buffers);
   const Instruction *First = C.Prog.Instrs.data();
   size_t NumInstrs = C.Prog.Instrs.size();
   bool InProgram = &C.I >= First && &C.I < First + NumInstrs;

@@ -54,6 +54,11 @@ struct CudaBackendOptions {
   /// Collectives on a communication stream beside the compute stream
   /// (ordered by events); off: everything on the compute stream.
   bool Overlap = true;
+  /// The fused attention core (attention, attention_grad) by the blockwise
+  /// kernels (kernels/Attention.cuh: no scores stored, 16-bit tensors read
+  /// in place). Off, the default until they have run on a GPU: as the
+  /// unfused ops (AttentionPlan.h), as heads above 128 always run.
+  bool BlockwiseAttention = false;
 };
 
 /// Whether this build has the CUDA backend.

@@ -21,6 +21,7 @@
 #ifndef SP_RUNTIME_CUDA_CUDAKERNELS_H
 #define SP_RUNTIME_CUDA_CUDAKERNELS_H
 
+#include "runtime/cuda/AttentionGeometry.h"
 #include <cstddef>
 #include <cstdint>
 #include <cuda_runtime_api.h>
@@ -182,6 +183,20 @@ void softmaxBackward(Elems DX, Elems Y, Elems DY, int64_t Rows, int64_t N,
 /// core's statistic, for its unfused expansion (AttentionPlan.h).
 void rowLogSumExp(float *Lse, const float *X, int64_t Rows, int64_t N,
                   int64_t Heads, int64_t Sq, bool Merged, cudaStream_t S);
+
+// The fused attention core, blockwise (kernels/Attention.cuh): the CPU's
+// attentionForward and attentionBackward (runtime/cpu/Attention.h), the
+// scores never stored. Q, K, V, O, DO, DQ, DK, DV share one storage, Lse
+// any; G.D <= AttentionMaxHeadDim. KeyBias: the padding bias [Batch, Sk] in
+// float32, or null.
+void attentionForward(Elems O, Elems Lse, Elems Q, Elems K, Elems V,
+                      const float *KeyBias, const AttentionGeometry &G,
+                      cudaStream_t S);
+/// DQ, DK, DV overwritten. Delta: Batch Heads Sq floats of scratch.
+void attentionBackward(Elems DQ, Elems DK, Elems DV, Elems DO, Elems Q, Elems K,
+                       Elems V, Elems O, Elems Lse, const float *KeyBias,
+                       float *Delta, const AttentionGeometry &G,
+                       cudaStream_t S);
 
 // Dropout (kernels/Dropout.cuh): Philox-4x32-10 of runtime/cpu/Philox.h.
 /// The local tensor is the block [Offset, Offset + Local) of Global.

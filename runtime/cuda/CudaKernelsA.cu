@@ -1,8 +1,8 @@
 //===- CudaKernelsA.cu - First translation unit of the CUDA kernels -------===//
 //
 // The kernels live one family per file in kernels/*.cuh (each with its plain
-// reference); they are compiled in two translation units, so nvcc runs
-// twice for the whole backend (a short build on two cores, and one less
+// reference); they are compiled in three translation units, so nvcc runs
+// three times for the whole backend (a short build on two cores, and one less
 // device-link step than a file per kernel).
 //
 //===----------------------------------------------------------------------===//

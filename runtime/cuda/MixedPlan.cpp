@@ -1,5 +1,6 @@
 //===- MixedPlan.cpp - How a 16-bit instruction runs on the GPU -----------===//
 #include "runtime/cuda/MixedPlan.h"
+#include "runtime/cuda/AttentionPlan.h"
 #include "llvm/ADT/STLExtras.h"
 #include <algorithm>
 
@@ -55,6 +56,9 @@ bool runsIn16Bit(const Instruction &I,
   case OpKind::SoftmaxGrad:
     return In.size() == 2 && Out.size() == 1 &&
            OneType({In[0], In[1], Out[0]});
+  case OpKind::Attention: // the blockwise kernels (AttentionPlan.h)
+  case OpKind::AttentionGrad:
+    return runsBlockwise(I, Buffers);
   case OpKind::RingShift:  // bytes moved as they are (CudaBackend::ring)
   case OpKind::RingConcat:
     return !In.empty() && Out.size() == 1 &&

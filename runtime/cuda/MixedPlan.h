@@ -57,8 +57,10 @@ bool touches16Bit(const Instruction &I,
 
 /// Whether I's kernel reads and writes its bf16 and fp16 buffers in place
 /// (the kernels taking cuda::Elems: same-shape add and mul, GELU, LayerNorm,
-/// bias grad, softmax, dropout, their gradients, and a cast to or from
-/// float32), with the bits of the copies' path, so it needs no plan. Its
+/// bias grad, softmax, dropout, their gradients, a cast to or from float32,
+/// and the blockwise attention core), with the bits of the copies' path
+/// (the attention core: its float32 arithmetic on the widened operands,
+/// each result rounded once), so it needs no plan. Its
 /// tensors must share one type, its parameter gradients be float32; other
 /// mixes run on copies.
 bool runsIn16Bit(const Instruction &I,

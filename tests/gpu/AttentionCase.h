@@ -1,15 +1,18 @@
-//===- AttentionCase.h - An attention op against its float64 run -*- C++ -*-===//
+//===- AttentionCase.h - An attention op against its float64 run -*- C++
+//-*-===//
 //
 // One configuration of the fused attention core (runtime/cpu/Attention.h)
-// run by the CPU backend in float32 and float64, and its unfused expansion
-// (runtime/cuda/AttentionPlan.h) run either op by op on the CPU backend
-// (HostLogicTest) or by the CUDA backend (KernelTest), which runs the
-// attention ops that way.
+// run by the CPU backend in float32 and float64, against either its unfused
+// expansion (runtime/cuda/AttentionPlan.h) run op by op on the CPU backend
+// (HostLogicTest), or the CUDA backend (KernelTest), which runs it with its
+// blockwise kernels (kernels/Attention.cuh), or as the expansion for heads
+// larger than they take.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_TESTS_GPU_ATTENTIONCASE_H
 #define SP_TESTS_GPU_ATTENTIONCASE_H
 
+#include "ir/Float16.h"
 #include "ir/OpDef.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/cpu/CpuBackend.h"
@@ -84,6 +87,9 @@ struct AttentionCase {
   /// G = A, Sk = Sq and Merged), the gradient written into one.
   bool Packed = false;
   double Fill = -10000, PadFill = -10000;
+  /// BF16 or F16: the inputs drawn are rounded to that format (so that a
+  /// 16-bit run and the float32 and float64 runs read the same values).
+  DType Inputs16 = DType::F32;
 
   using Run = OpCase;
 
@@ -120,8 +126,13 @@ struct AttentionCase {
     auto Draw = [&](int Id, double Scale) {
       int64_t N = R.P.Buffers[Id].Type.numElements();
       std::vector<double> V(N);
-      for (double &X : V)
+      for (double &X : V) {
         X = N01(Rng) * Scale;
+        if (Inputs16 == DType::BF16)
+          X = bfloat16ToFloat(floatToBFloat16(float(X)));
+        else if (Inputs16 == DType::F16)
+          X = halfToFloat(floatToHalf(float(X)));
+      }
       set(R, Id, V);
     };
     std::vector<int64_t> QS = {B, A, Sq, D}, KS = {B, G, Sk, D};
@@ -174,12 +185,17 @@ struct AttentionCase {
   }
 
   static void set(Run &R, int Id, const std::vector<double> &V) {
-    bool F64 = R.P.Buffers[Id].Type.Dtype == DType::F64;
+    const DType T = R.P.Buffers[Id].Type.Dtype;
+    bool F64 = T == DType::F64, Half = T == DType::BF16 || T == DType::F16;
     auto &Bytes = R.Data[Id];
-    Bytes.resize(V.size() * (F64 ? 8 : 4));
+    Bytes.resize(V.size() * (F64 ? 8 : Half ? 2 : 4));
     for (size_t K = 0; K < V.size(); ++K) {
       if (F64) {
         std::memcpy(Bytes.data() + 8 * K, &V[K], 8);
+      } else if (Half) {
+        uint16_t H = T == DType::BF16 ? floatToBFloat16(float(V[K]))
+                                      : floatToHalf(float(V[K]));
+        std::memcpy(Bytes.data() + 2 * K, &H, 2);
       } else {
         float F = float(V[K]);
         std::memcpy(Bytes.data() + 4 * K, &F, 4);
@@ -193,6 +209,11 @@ struct AttentionCase {
     for (size_t K = 0; K < V.size(); ++K) {
       if (B.Type.Dtype == DType::F64) {
         std::memcpy(&V[K], At + 8 * K, 8);
+      } else if (B.Type.Dtype == DType::BF16 || B.Type.Dtype == DType::F16) {
+        uint16_t H;
+        std::memcpy(&H, At + 2 * K, 2);
+        V[K] =
+            B.Type.Dtype == DType::BF16 ? bfloat16ToFloat(H) : halfToFloat(H);
       } else {
         float F;
         std::memcpy(&F, At + 4 * K, 4);
@@ -273,7 +294,103 @@ struct AttentionCase {
         Fwd64 = Ref;
     }
   }
+
+  /// The same core in 16 bits (T: BF16 or F16), every tensor but the mask
+  /// stored so: Gpu's results against the CPU backend's (its float32
+  /// kernel on the widened operands, each result rounded once). Each is a
+  /// 16-bit rounding (unit roundoff u) of a float32 result; those two
+  /// differ by at most 8 times the fused op's own float32 error (check()'s
+  /// bound, measured here on the same 16-bit inputs), so the two roundings
+  /// differ by at most that plus 2u, relative to the largest element.
+  void check16(Backend &Gpu, DType T) const {
+    AttentionCase C = *this;
+    C.Inputs16 = T;
+    const double U = T == DType::BF16 ? 0x1p-8 : 0x1p-11;
+    CpuBackend Cpu;
+    std::vector<std::vector<double>> Fwd16;
+    for (bool Forward : {true, false}) {
+      SCOPED_TRACE(Forward ? "forward" : "backward");
+      std::vector<int> Res;
+      Run R64 = C.make(Forward, DType::F64, &Fwd16, Res);
+      auto Ref = run(Cpu, R64, Res);
+      Run R32 = C.make(Forward, DType::F32, &Fwd16, Res);
+      auto F32 = run(Cpu, R32, Res);
+      Run R16 = C.make(Forward, T, &Fwd16, Res);
+      auto Want = run(Cpu, R16, Res);
+      auto Got = run(Gpu, R16, Res);
+      ASSERT_EQ(Got.size(), Want.size());
+      ASSERT_EQ(F32.size(), Ref.size());
+      for (size_t K = 0; K < Want.size(); ++K) {
+        double Own = error(F32[K], Ref[K]);
+        double Bound = 2 * U + 8 * std::max(Own, 4 * 0x1p-24);
+        EXPECT_LE(error(Got[K], Want[K]), Bound)
+            << "result " << K << ": the fused op's own float32 error is "
+            << Own;
+      }
+      if (Forward)
+        Fwd16 = Want;
+    }
+  }
 };
+
+/// Cases across the blockwise kernels' tiles of 64 rows and keys
+/// (kernels/Attention.cuh): several blocks and a partial one, the causal
+/// skipping of blocks above the diagonal, head sizes that fill one or two
+/// column groups or neither a multiple of 16 nor of 64, grouped-query
+/// heads, and rows that see no key.
+inline std::vector<AttentionCase> acrossBlocksCases() {
+  std::vector<AttentionCase> Cases;
+  AttentionCase Gqa;
+  Gqa.A = 4;
+  Gqa.G = 2;
+  Gqa.Sq = Gqa.Sk = 150;
+  Gqa.D = 96;
+  Gqa.Merged = Gqa.Dropout = true;
+  Cases.push_back(Gqa);
+  AttentionCase Cross; // unequal lengths, padding, a head of 20
+  Cross.Causal = false;
+  Cross.Sq = 70;
+  Cross.Sk = 200;
+  Cross.D = 20;
+  Cross.Pad = Cross.Dropout = true;
+  Cases.push_back(Cross);
+  AttentionCase Packed; // GPT's layout over three blocks
+  Packed.A = Packed.G = 2;
+  Packed.Sq = Packed.Sk = 130;
+  Packed.D = 64;
+  Packed.Packed = Packed.Merged = Packed.Dropout = true;
+  Cases.push_back(Packed);
+  AttentionCase Inf; // the -inf causal fill, a head of 128
+  Inf.A = Inf.G = 2;
+  Inf.Sq = Inf.Sk = 100;
+  Inf.D = 128;
+  Inf.Fill = -INFINITY;
+  Cases.push_back(Inf);
+  AttentionCase Masked; // batch 0's keys all padded: its rows see none
+  Masked.Causal = false;
+  Masked.Pad = Masked.PadWhere = true;
+  Masked.PadFill = -INFINITY;
+  Masked.Sq = 20;
+  Masked.Sk = 5;
+  Cases.push_back(Masked);
+  return Cases;
+}
+
+/// 16-bit cases (check16): grouped heads of 96 over two blocks, and GPT's
+/// packed layout with padding.
+inline std::vector<AttentionCase> sixteenBitCases() {
+  AttentionCase C;
+  C.G = 2;
+  C.Sq = C.Sk = 100;
+  C.D = 96;
+  C.Merged = C.Dropout = true;
+  AttentionCase Packed;
+  Packed.A = Packed.G = 2;
+  Packed.Sq = Packed.Sk = 70;
+  Packed.D = 64;
+  Packed.Packed = Packed.Merged = Packed.Dropout = Packed.Pad = true;
+  return {C, Packed};
+}
 
 } // namespace sp
 

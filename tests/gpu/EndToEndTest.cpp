@@ -80,15 +80,19 @@ Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
   return std::move(*cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
 }
 
-/// An executor of P on the GPU (Cuda) or on the CPU.
-Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda) {
+/// An executor of P on the GPU (Cuda) or on the CPU; Blockwise: the GPU
+/// runs the attention core with its blockwise kernels.
+Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda,
+                                                 bool Blockwise = false) {
   RunOptions O;
   O.AllowFloat64 = true;
   // The backend is made first, so that a failure is an error here; the
   // executor takes it through MakeBackend (as sp-run --device cuda would).
   std::unique_ptr<Backend> Made;
   if (Cuda) {
-    auto B = createCudaBackend(CudaBackendOptions());
+    CudaBackendOptions CO;
+    CO.BlockwiseAttention = Blockwise;
+    auto B = createCudaBackend(CO);
     if (!B)
       return B.takeError();
     Made = std::move(*B);
@@ -97,8 +101,9 @@ Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda) {
   return Executor::create(P, O);
 }
 
-Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
-  auto E = makeExecutor(P, Cuda);
+Expected<Run> train(const Plan &P, bool Cuda, int Steps,
+                    bool Blockwise = false) {
+  auto E = makeExecutor(P, Cuda, Blockwise);
   if (!E)
     return E.takeError();
   return trainRun(**E, Steps);
@@ -106,8 +111,9 @@ Expected<Run> train(const Plan &P, bool Cuda, int Steps) {
 
 /// P trained Steps steps on the GPU, on the CPU and on the CPU in float64,
 /// compared by expectMatches.
-void expectTrainsAsTheCpu(const Plan &P, int Steps, int GradSteps) {
-  auto Gpu = train(P, /*Cuda=*/true, Steps);
+void expectTrainsAsTheCpu(const Plan &P, int Steps, int GradSteps,
+                          bool Blockwise = false) {
+  auto Gpu = train(P, /*Cuda=*/true, Steps, Blockwise);
   ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
   auto Cpu = train(P, /*Cuda=*/false, Steps);
   ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
@@ -132,8 +138,9 @@ TEST(CudaEndToEnd, DefaultModelMatchesTheCpuBackend) {
 
 /// The default plan of sp-compile, with the fused attention core: the CUDA
 /// backend runs attention and attention_grad as their unfused ops
-/// (AttentionPlan.h), so its results are the fused CPU kernel's up to the
-/// order of the softmax sums. Dropout on: both draw the same masks.
+/// (AttentionPlan.h), or with its blockwise kernels (kernels/Attention.cuh),
+/// so its results are the fused CPU kernel's up to the order of the float
+/// additions. Dropout on: both draw the same masks.
 TEST(CudaEndToEnd, FusedAttentionPlanMatchesTheCpuBackend) {
   if (Error E = checkCudaDevice())
     GTEST_SKIP() << "no CUDA device is present, skipping the GPU end-to-end "
@@ -144,13 +151,16 @@ TEST(CudaEndToEnd, FusedAttentionPlanMatchesTheCpuBackend) {
   ASSERT_TRUE(llvm::any_of(P.Prog.Instrs, [](const Instruction &I) {
     return I.Op == OpKind::Attention;
   }));
-  expectTrainsAsTheCpu(P, /*Steps=*/3, /*GradSteps=*/3);
+  for (bool Blockwise : {false, true}) {
+    SCOPED_TRACE(Blockwise ? "blockwise" : "unfused ops");
+    expectTrainsAsTheCpu(P, /*Steps=*/3, /*GradSteps=*/3, Blockwise);
+  }
 }
 
 /// The losses of Steps training steps on one batch (as train's).
-Expected<std::vector<double>> trainLosses(const Plan &P, bool Cuda,
-                                          int Steps) {
-  auto E = makeExecutor(P, Cuda);
+Expected<std::vector<double>> trainLosses(const Plan &P, bool Cuda, int Steps,
+                                          bool Blockwise = false) {
+  auto E = makeExecutor(P, Cuda, Blockwise);
   if (!E)
     return E.takeError();
   TokenBatch Data = oneBatch(**E);
@@ -171,37 +181,39 @@ Expected<std::vector<double>> trainLosses(const Plan &P, bool Cuda,
 /// within u L, each window of 20 steps' mean within 4u. The two differ only
 /// in the GEMMs' summation order (the other kernels are the CPU's bits,
 /// MixedPrecisionIsTheCpusBits), far less than the 16-bit rounding the band
-/// allows for.
+/// allows for. The fused plan's attention core runs blockwise in 16 bits.
 TEST(CudaEndToEnd, MixedPrecisionTracksTheCpu) {
   if (Error E = checkCudaDevice())
     GTEST_SKIP() << "no CUDA device is present, skipping the GPU "
                     "mixed-precision test: "
                  << toString(std::move(E));
   const int Steps = 40, Window = 20;
-  for (auto [T, U] : {std::pair<DType, double>{DType::BF16, 0x1p-8},
-                      {DType::F16, 0x1p-11}}) {
-    SCOPED_TRACE(dtypeName(T).str());
-    Plan P = compileTiny(1, false, 1, 1, 1, 0, OptimizerOptions().Eps, T);
-    auto Gpu = trainLosses(P, /*Cuda=*/true, Steps);
-    ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
-    auto Cpu = trainLosses(P, /*Cuda=*/false, Steps);
-    ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
-    EXPECT_LE(std::fabs((*Gpu)[0] - (*Cpu)[0]), U * (*Cpu)[0])
-        << "step 1: gpu " << (*Gpu)[0] << ", cpu " << (*Cpu)[0];
-    for (int K = 0; K + Window <= Steps; K += Window) {
-      double G = 0, C = 0;
-      for (int J = K; J < K + Window; ++J) {
-        G += (*Gpu)[J] / Window;
-        C += (*Cpu)[J] / Window;
+  for (auto [T, U] :
+       {std::pair<DType, double>{DType::BF16, 0x1p-8}, {DType::F16, 0x1p-11}})
+    for (bool Fused : {false, true}) {
+      SCOPED_TRACE(dtypeName(T).str() + (Fused ? ", fused, blockwise" : ""));
+      Plan P =
+          compileTiny(1, false, 1, 1, 1, 0, OptimizerOptions().Eps, T, Fused);
+      auto Gpu = trainLosses(P, /*Cuda=*/true, Steps, /*Blockwise=*/Fused);
+      ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+      auto Cpu = trainLosses(P, /*Cuda=*/false, Steps);
+      ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+      EXPECT_LE(std::fabs((*Gpu)[0] - (*Cpu)[0]), U * (*Cpu)[0])
+          << "step 1: gpu " << (*Gpu)[0] << ", cpu " << (*Cpu)[0];
+      for (int K = 0; K + Window <= Steps; K += Window) {
+        double G = 0, C = 0;
+        for (int J = K; J < K + Window; ++J) {
+          G += (*Gpu)[J] / Window;
+          C += (*Cpu)[J] / Window;
+        }
+        EXPECT_LE(std::fabs(G - C), 4 * U * C)
+            << "steps " << K + 1 << "-" << K + Window << ": gpu mean " << G
+            << ", cpu mean " << C;
+        std::printf("%s%s steps %d-%d: gpu %.6f cpu %.6f (%.3f of 4u)\n",
+                    dtypeName(T).str().c_str(), Fused ? " fused" : "", K + 1,
+                    K + Window, G, C, std::fabs(G - C) / (4 * U * C));
       }
-      EXPECT_LE(std::fabs(G - C), 4 * U * C)
-          << "steps " << K + 1 << "-" << K + Window << ": gpu mean " << G
-          << ", cpu mean " << C;
-      std::printf("%s steps %d-%d: gpu %.6f cpu %.6f (%.3f of 4u)\n",
-                  dtypeName(T).str().c_str(), K + 1, K + Window, G, C,
-                  std::fabs(G - C) / (4 * U * C));
     }
-  }
 }
 
 /// A traced step on the GPU is timed on the device: one event per

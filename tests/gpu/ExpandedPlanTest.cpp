@@ -1,7 +1,8 @@
 //===- ExpandedPlanTest.cpp - Fused plans run as the CUDA backend runs them ===//
 //
-// The CUDA backend runs each attention and attention_grad instruction as
-// the unfused ops it stands for (runtime/cuda/AttentionPlan.h). Here a CPU
+// The CUDA backend runs an attention or attention_grad instruction whose
+// heads exceed its blockwise kernels' as the unfused ops it stands for
+// (runtime/cuda/AttentionPlan.h). Here a CPU
 // backend that does the same (ExpandingBackend: the attention instructions
 // through runAsExpansion, every other one as the CPU backend's own) trains
 // whole fused plans compiled from exported models, and its losses and

@@ -915,6 +915,23 @@ TEST(AttentionPlan, NonCausalUnequalLengths) {
   C.check();
 }
 
+TEST(AttentionPlan, AcrossBlocksMatchesTheFusedKernel) {
+  // The cases of CudaKernels.FusedAttentionAcrossBlocks, through the
+  // expansion here: they hold within check()'s bound in another summation
+  // order than the fused kernel's.
+  for (const AttentionCase &C : acrossBlocksCases())
+    C.check();
+}
+
+TEST(AttentionPlan, SixteenBitCasesOnTheCpu) {
+  // check16's harness (16-bit inputs, the CPU's mixed-precision run and its
+  // bound) with the CPU backend in the GPU's place: the same bits.
+  CpuBackend Cpu;
+  for (DType T : {DType::BF16, DType::F16})
+    for (const AttentionCase &C : sixteenBitCases())
+      C.check16(Cpu, T);
+}
+
 TEST(AttentionPlan, ExpansionIsDescribed) {
   // Forward, causal, 2 groups, merged: repeats, the scores, their mask,
   // the softmax, the output and its merge; the workspace holds the
@@ -943,6 +960,139 @@ TEST(AttentionPlan, ExpansionIsDescribed) {
   auto Refused = planAttention(RB.P.Instrs[0], RB.P.Buffers);
   EXPECT_FALSE(bool(Refused));
   consumeError(Refused.takeError());
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// The blockwise kernels' plan (AttentionPlan.h, planBlockwise)
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The forward and backward instructions of C in dtype T, planned.
+std::pair<AttentionCase::Run, AttentionCase::Run>
+attentionRuns(const AttentionCase &C, DType T) {
+  std::vector<int> Res;
+  std::vector<std::vector<double>> Fwd = {
+      std::vector<double>(C.B * C.Sq * C.A * C.D),
+      std::vector<double>(C.B * C.Sq * C.A)};
+  return {C.make(true, T, nullptr, Res), C.make(false, T, &Fwd, Res)};
+}
+
+TEST(BlockwiseAttention, PackedMergedLayoutsAreStrides) {
+  // GPT's core: q, k, v read in place from qkv [b, s, 3, a, d]; o and lse
+  // merged [b, s, a, d] and [b, s, a]; dqkv written in place.
+  AttentionCase C;
+  C.A = C.G = 3;
+  C.D = 8;
+  C.Packed = C.Merged = C.Dropout = C.Pad = true;
+  auto [F, B] = attentionRuns(C, DType::F32);
+  auto P = planBlockwise(F.P.Instrs[0], F.P.Buffers);
+  ASSERT_TRUE(bool(P)) << toString(P.takeError());
+  const int64_t H = C.A * C.D;
+  EXPECT_TRUE(P->Forward);
+  EXPECT_TRUE(P->Dropout);
+  EXPECT_EQ(std::vector<int64_t>(P->G.Q, P->G.Q + 3),
+            (std::vector<int64_t>{C.Sq * 3 * H, C.D, 3 * H}));
+  EXPECT_EQ(std::vector<int64_t>(P->G.K, P->G.K + 3),
+            (std::vector<int64_t>{C.Sq * 3 * H, C.D, 3 * H}));
+  EXPECT_EQ(std::vector<int64_t>(P->G.O, P->G.O + 3),
+            (std::vector<int64_t>{C.Sq * H, C.D, H}));
+  EXPECT_EQ(std::vector<int64_t>(P->G.L, P->G.L + 3),
+            (std::vector<int64_t>{C.Sq * C.A, 1, C.A}));
+  const Instruction &I = F.P.Instrs[0];
+  EXPECT_EQ(P->Q.Id, I.In[0]);
+  EXPECT_EQ(P->K.Id, I.In[0]);
+  EXPECT_EQ(P->V.Id, I.In[0]);
+  EXPECT_EQ(P->K.Offset, H);
+  EXPECT_EQ(P->V.Offset, 2 * H);
+  EXPECT_EQ(P->Keep, I.In[1]);
+  EXPECT_EQ(P->O.Id, I.Out[0]);
+  EXPECT_EQ(P->Lse.Id, I.Out[1]);
+  auto PB = planBlockwise(B.P.Instrs[0], B.P.Buffers);
+  ASSERT_TRUE(bool(PB)) << toString(PB.takeError());
+  const Instruction &IB = B.P.Instrs[0];
+  EXPECT_FALSE(PB->Forward);
+  EXPECT_EQ(PB->DO.Id, IB.In[0]);
+  EXPECT_EQ(PB->Q.Id, IB.In[1]);
+  EXPECT_EQ(PB->O.Id, IB.In[2]);
+  EXPECT_EQ(PB->Lse.Id, IB.In[3]);
+  EXPECT_EQ(PB->Keep, IB.In[4]);
+  for (const BlockwiseOperand *Op : {&PB->DQ, &PB->DK, &PB->DV})
+    EXPECT_EQ(Op->Id, IB.Out[0]);
+  EXPECT_EQ(PB->DV.Offset, 2 * H);
+}
+
+TEST(BlockwiseAttention, GroupedHeadsAndTheRefusals) {
+  AttentionCase C; // q [b, 4, s, d], k and v [b, 2, t, d]
+  C.G = 2;
+  C.Sk = 30;
+  C.Causal = false;
+  auto [F, B] = attentionRuns(C, DType::F32);
+  auto P = planBlockwise(F.P.Instrs[0], F.P.Buffers);
+  ASSERT_TRUE(bool(P)) << toString(P.takeError());
+  EXPECT_EQ(P->G.KvHeads, 2);
+  EXPECT_EQ(std::vector<int64_t>(P->G.Q, P->G.Q + 3),
+            (std::vector<int64_t>{C.A * C.Sq * C.D, C.Sq * C.D, C.D}));
+  EXPECT_EQ(std::vector<int64_t>(P->G.K, P->G.K + 3),
+            (std::vector<int64_t>{2 * C.Sk * C.D, C.Sk * C.D, C.D}));
+  EXPECT_EQ(std::vector<int64_t>(P->G.L, P->G.L + 3),
+            (std::vector<int64_t>{C.A * C.Sq, C.Sq, 1}));
+  EXPECT_FALSE(P->G.Causal);
+  EXPECT_FLOAT_EQ(P->G.Scale, float(1 / std::sqrt(double(C.D))));
+  EXPECT_EQ(P->Keep, -1);
+  EXPECT_TRUE(runsBlockwise(B.P.Instrs[0], B.P.Buffers));
+  // Heads above 128 run as the expansion.
+  AttentionCase Large;
+  Large.D = 160;
+  auto [LF, LB] = attentionRuns(Large, DType::F32);
+  EXPECT_FALSE(runsBlockwise(LF.P.Instrs[0], LF.P.Buffers));
+  auto Refused = planBlockwise(LF.P.Instrs[0], LF.P.Buffers);
+  ASSERT_FALSE(bool(Refused));
+  EXPECT_NE(toString(Refused.takeError()).find("heads of 160"),
+            std::string::npos);
+  EXPECT_TRUE(bool(planAttention(LF.P.Instrs[0], LF.P.Buffers)));
+  // A 16-bit core runs in place; mixed q and k types do not run blockwise.
+  auto [HF, HB] = attentionRuns(C, DType::BF16);
+  EXPECT_TRUE(runsBlockwise(HF.P.Instrs[0], HF.P.Buffers));
+  EXPECT_TRUE(runsIn16Bit(HF.P.Instrs[0], HF.P.Buffers));
+  EXPECT_TRUE(runsIn16Bit(HB.P.Instrs[0], HB.P.Buffers));
+  HF.P.Buffers[HF.P.Instrs[0].In[1]].Type.Dtype = DType::F32;
+  EXPECT_FALSE(runsBlockwise(HF.P.Instrs[0], HF.P.Buffers));
+  EXPECT_FALSE(runsIn16Bit(HF.P.Instrs[0], HF.P.Buffers));
+  // A log-sum-exp kept in float32 by a 16-bit plan is fine.
+  HB.P.Buffers[HB.P.Instrs[0].In[5]].Type.Dtype = DType::F32;
+  EXPECT_TRUE(runsBlockwise(HB.P.Instrs[0], HB.P.Buffers));
+}
+
+TEST(BlockwiseAttention, ProbabilitiesBlockOfTheWholeTensor) {
+  // Heads split over two tensor ranks (rank 1), microbatch 1 of 2, data
+  // replica 1 of 2: the probabilities are batch rows [3 b, 4 b) of 4 b,
+  // heads [a, 2 a) of 2 a, as the dropout op finds them.
+  AttentionCase C;
+  C.Dropout = true;
+  auto [F, B] = attentionRuns(C, DType::F32);
+  Instruction &I = F.P.Instrs[0];
+  I.Attrs.set("microbatch", int64_t(1));
+  I.Attrs.set("microbatches", int64_t(2));
+  Sharding &S = F.P.Buffers[I.In[0]].Shard;
+  S.K = Sharding::Split;
+  S.Dim = 1;
+  S.Parts = 2;
+  auto P = planBlockwise(I, F.P.Buffers);
+  ASSERT_TRUE(bool(P)) << toString(P.takeError());
+  AttentionGeometry G = P->G;
+  ASSERT_FALSE(bool(probsBlock(I, F.P.Buffers, 1, 1, 2, G)));
+  EXPECT_EQ(std::vector<int64_t>(G.ProbGlobal, G.ProbGlobal + 4),
+            (std::vector<int64_t>{4 * C.B, 2 * C.A, C.Sq, C.Sk}));
+  EXPECT_EQ(std::vector<int64_t>(G.ProbOffset, G.ProbOffset + 4),
+            (std::vector<int64_t>{3 * C.B, C.A, 0, 0}));
+  S.Dim = 2; // split along the rows: refused
+  Error E = probsBlock(I, F.P.Buffers, 1, 0, 1, G);
+  ASSERT_TRUE(bool(E));
+  EXPECT_NE(toString(std::move(E)).find("other than its heads"),
+            std::string::npos);
 }
 
 } // namespace

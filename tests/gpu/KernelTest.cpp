@@ -29,6 +29,7 @@
 //===----------------------------------------------------------------------===//
 #include "ir/Float16.h"
 #include "runtime/cpu/CpuBackend.h"
+#include "runtime/cuda/AttentionPlan.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "AttentionCase.h"
 #include "OpCase.h"
@@ -72,6 +73,16 @@ protected:
     auto B = createCudaBackend(CudaBackendOptions());
     ASSERT_TRUE(bool(B)) << toString(B.takeError());
     Gpu = std::move(*B);
+    CudaBackendOptions O;
+    O.BlockwiseAttention = true;
+    auto BW = createCudaBackend(O);
+    ASSERT_TRUE(bool(BW)) << toString(BW.takeError());
+    Blockwise = std::move(*BW);
+  }
+  /// The attention core's two ways on the device: its unfused ops, and
+  /// the blockwise kernels.
+  std::vector<std::pair<const char *, Backend *>> attentionBackends() {
+    return {{"unfused ops", Gpu.get()}, {"blockwise", Blockwise.get()}};
   }
   /// Runs C on both backends and checks the listed buffers within Tol
   /// (normwise relative); Exact: bitwise.
@@ -98,7 +109,7 @@ protected:
                           << B << " (" << PB.Type.str() << ")";
     }
   }
-  std::unique_ptr<Backend> Gpu;
+  std::unique_ptr<Backend> Gpu, Blockwise;
 };
 
 TEST_F(CudaKernels, Embedding) {
@@ -523,37 +534,77 @@ TEST_F(CudaKernels, FusedSoftmaxForwardAndBackwardAreTheCpusBits) {
       }
 }
 
-/// The fused attention core, which the CUDA backend runs as its unfused ops
-/// (AttentionPlan.h), forward and backward, against the fused CPU kernel's
-/// float64 run: within 8 times the CPU's own float32 error.
-TEST_F(CudaKernels, FusedAttentionAsUnfusedOps) {
-  AttentionCase().check(Gpu.get());
-  AttentionCase G;
-  G.G = 2;
-  G.Merged = true;
-  G.Dropout = true;
-  G.check(Gpu.get());
-  for (bool PadFirst : {false, true})
-    for (bool Where : {false, true}) {
-      // Fills small enough that the masks' order matters (as in
-      // AttentionPlan.PaddingInBothOrdersMatchesTheFusedKernel).
-      AttentionCase P;
-      P.Pad = true;
-      P.PadFirst = PadFirst;
-      P.PadWhere = Where;
-      P.Dropout = true;
-      P.Fill = -2;
-      P.PadFill = Where ? -INFINITY : -3;
-      P.check(Gpu.get());
+/// The fused attention core, forward and backward, against the fused CPU
+/// kernel's float64 run: within 8 times the CPU's own float32 error
+/// (AttentionCase.h). The CUDA backend runs it with its blockwise kernels
+/// (kernels/Attention.cuh) for heads of up to 128, else as its unfused ops
+/// (AttentionPlan.h).
+TEST_F(CudaKernels, FusedAttention) {
+  for (auto [Way, Be] : attentionBackends()) {
+    SCOPED_TRACE(Way);
+    AttentionCase().check(Be);
+    AttentionCase G;
+    G.G = 2;
+    G.Merged = true;
+    G.Dropout = true;
+    G.check(Be);
+    for (bool PadFirst : {false, true})
+      for (bool Where : {false, true}) {
+        // Fills small enough that the masks' order matters (as in
+        // AttentionPlan.PaddingInBothOrdersMatchesTheFusedKernel).
+        AttentionCase P;
+        P.Pad = true;
+        P.PadFirst = PadFirst;
+        P.PadWhere = Where;
+        P.Dropout = true;
+        P.Fill = -2;
+        P.PadFill = Where ? -INFINITY : -3;
+        P.check(Be);
+      }
+    AttentionCase N;
+    N.Causal = false;
+    N.Sq = 9;
+    N.Sk = 300; // more keys than one warp's lanes cover in a batch
+    N.check(Be);
+    AttentionCase Packed; // GPT's fused QKV read in place
+    Packed.Packed = Packed.Merged = Packed.Dropout = true;
+    Packed.check(Be);
+    AttentionCase Large; // heads above the blockwise kernels': the expansion
+    Large.A = Large.G = 2;
+    Large.D = 160;
+    Large.Dropout = true;
+    {
+      std::vector<int> Res;
+      AttentionCase::Run R = Large.make(true, DType::F32, nullptr, Res);
+      ASSERT_FALSE(cuda::runsBlockwise(R.P.Instrs[0], R.P.Buffers));
     }
-  AttentionCase N;
-  N.Causal = false;
-  N.Sq = 9;
-  N.Sk = 300; // more keys than one warp's lanes cover in a batch
-  N.check(Gpu.get());
-  AttentionCase Packed; // GPT's fused QKV read in place
-  Packed.Packed = Packed.Merged = Packed.Dropout = true;
-  Packed.check(Gpu.get());
+    Large.check(Be);
+  }
+}
+
+/// Across the blockwise kernels' tiles of 64 rows and keys (both ways): several
+/// blocks and a partial one, the causal skipping of blocks above the
+/// diagonal, head sizes that fill one or two column groups or neither a
+/// multiple of 16 nor of 64, grouped-query heads, and rows that see no key.
+TEST_F(CudaKernels, FusedAttentionAcrossBlocks) {
+  for (auto [Way, Be] : attentionBackends()) {
+    SCOPED_TRACE(Way);
+    for (const AttentionCase &C : acrossBlocksCases())
+      C.check(Be);
+  }
+}
+
+/// The attention core on bf16 and fp16 tensors (the blockwise kernels read
+/// and write them in place, the unfused ops run on float32 copies), against
+/// the CPU backend's run of the same 16-bit instruction
+/// (AttentionCase::check16 derives the bound).
+TEST_F(CudaKernels, FusedAttentionIn16Bit) {
+  for (auto [Way, Be] : attentionBackends())
+    for (DType T : {DType::BF16, DType::F16}) {
+      SCOPED_TRACE(std::string(Way) + (T == DType::BF16 ? ", bf16" : ", fp16"));
+      for (const AttentionCase &C : sixteenBitCases())
+        C.check16(*Be, T);
+    }
 }
 
 TEST_F(CudaKernels, DropoutMasksAreTheCpusBitForBit) {

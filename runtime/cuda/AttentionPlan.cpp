@@ -464,4 +464,27 @@ Error probsBlock(const Instruction &I, const std::vector<ProgramBuffer> &Bufs,
   return Error::success();
 }
 
+Error setBlockwiseDropout(BlockwisePlan &P, const Instruction &I,
+                          const std::vector<ProgramBuffer> &Bufs,
+                          bool Training, std::optional<double> Dropout,
+                          uint64_t Seed, int64_t Step, int TensorRank,
+                          int DataRank, int DataSize) {
+  if (!P.Dropout)
+    return Error::success();
+  auto Key = attrInts(I.Op, I.Attrs, "key");
+  if (Key.size() != 2)
+    return planError("attention has no Philox key; recompile the plan");
+  if (Key[0] < 0 || Key[0] > 0xFFFF || Key[1] < 0 || Key[1] > 0xFFFF)
+    return planError("dropout key: layer or site above 65535");
+  AttentionGeometry &G = P.G;
+  G.Ratio = Training ? Dropout.value_or(attrFloat(I.Op, I.Attrs, "ratio")) : 0;
+  if (!(G.Ratio >= 0.0 && G.Ratio <= 1.0))
+    return planError("dropout ratio outside [0, 1]");
+  G.Seed = Seed;
+  G.Layer = uint32_t(Key[0]);
+  G.Site = uint32_t(Key[1]);
+  G.Stream = uint32_t(Step);
+  return probsBlock(I, Bufs, TensorRank, DataRank, DataSize, G);
+}
+
 } // namespace sp::cuda

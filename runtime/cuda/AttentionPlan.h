@@ -46,6 +46,7 @@
 #include "runtime/cuda/AttentionGeometry.h"
 #include "llvm/Support/Error.h"
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace sp::cuda {
@@ -115,6 +116,16 @@ llvm::Error probsBlock(const Instruction &I,
                        const std::vector<ProgramBuffer> &Buffers,
                        int TensorRank, int DataRank, int DataSize,
                        AttentionGeometry &G);
+
+/// P's dropout for one run of its instruction I (when the op drops out):
+/// the ratio (0 when not Training; else Dropout, or the op's), the Philox
+/// key (Seed, the op's layer and site, Step) and the probabilities' block
+/// (probsBlock). Errors on a plan without a key or a ratio outside [0, 1].
+llvm::Error setBlockwiseDropout(BlockwisePlan &P, const Instruction &I,
+                                const std::vector<ProgramBuffer> &Buffers,
+                                bool Training, std::optional<double> Dropout,
+                                uint64_t Seed, int64_t Step, int TensorRank,
+                                int DataRank, int DataSize);
 
 } // namespace sp::cuda
 

@@ -743,26 +743,12 @@ Error CudaBackend::attentionBlockwise(const KernelCall &C, cudaStream_t S) {
   auto Plan = cuda::planBlockwise(I, Bufs);
   if (!Plan)
     return Plan.takeError();
-  cuda::AttentionGeometry G = Plan->G;
-  if (Plan->Dropout) {
-    auto Key = attrInts(I.Op, I.Attrs, "key");
-    if (Key.size() != 2)
-      return planError("attention has no Philox key; recompile the plan");
-    if (Key[0] < 0 || Key[0] > 0xFFFF || Key[1] < 0 || Key[1] > 0xFFFF)
-      return planError("dropout key: layer or site above 65535");
-    G.Ratio = C.Training ? C.Dropout.value_or(attrFloat(I.Op, I.Attrs, "ratio"))
-                         : 0.0;
-    if (!(G.Ratio >= 0.0 && G.Ratio <= 1.0))
-      return planError("dropout ratio outside [0, 1]");
-    G.Seed = C.Seed;
-    G.Layer = uint32_t(Key[0]);
-    G.Site = uint32_t(Key[1]);
-    G.Stream = uint32_t(C.Step);
-    if (auto E = cuda::probsBlock(I, Bufs, C.Tensor.rank(),
-                                  C.Data ? C.Data->rank() : 0,
-                                  C.Data ? C.Data->size() : 1, G))
-      return E;
-  }
+  if (auto E = cuda::setBlockwiseDropout(
+          *Plan, I, Bufs, C.Training, C.Dropout, C.Seed, C.Step,
+          C.Tensor.rank(), C.Data ? C.Data->rank() : 0,
+          C.Data ? C.Data->size() : 1))
+    return E;
+  const cuda::AttentionGeometry &G = Plan->G;
   // Scratch: the padding bias [b, keys], then the backward's Delta.
   const int64_t BiasN = Plan->Keep >= 0 ? G.Batch * G.Sk : 0,
                 DeltaN = Plan->Forward ? 0 : G.Batch * G.Heads * G.Sq;

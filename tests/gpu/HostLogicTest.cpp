@@ -728,7 +728,8 @@ std::vector<ProgramBuffer> typed(std::vector<TensorType> Types) {
   std::vector<ProgramBuffer> Bufs;
   for (TensorType &T : Types) {
     ProgramBuffer B;
-    B.Name = "%" + std::to_string(Bufs.size());
+    B.Name = "%"; // (appended: GCC 12's -Wrestrict misfires on "%" + ...)
+    B.Name += std::to_string(Bufs.size());
     B.Type = T;
     B.Bytes = T.numBytes();
     B.Offset = int64_t(Bufs.size()) * 4096;

@@ -41,7 +41,9 @@ struct OpCase {
 
   int buffer(DType T, std::vector<int64_t> Shape) {
     ProgramBuffer B;
-    B.Name = "%" + std::to_string(P.Buffers.size());
+    // (Appended, not "%" + to_string: GCC 12's -Wrestrict misfires on that.)
+    B.Name = "%";
+    B.Name += std::to_string(P.Buffers.size());
     B.Type = TensorType(T, Shape);
     B.Bytes = B.Type.numBytes();
     B.Offset = P.ArenaBytes;

@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(AThreads)
     attentionForwardKernel(Elems O, Elems Lse, Elems Q, Elems K, Elems V,
                            const float *KeyBias, AttentionGeometry G, Tiles T,
                            uint64_t Threshold, float KeepScale) {
-  extern __shared__ float4 SharedF4[];
+  SP_DYNAMIC_SHARED(float4, SharedF4);
   float *Qs = reinterpret_cast<float *>(SharedF4);
   float *KVs = Qs + ABlock * T.Pitch; // K, then V, of the key block
   float *Ps = KVs + ABlock * T.Pitch; // the dropped probabilities
@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(AThreads)
                            Elems V, Elems Lse, const float *KeyBias,
                            const float *Delta, AttentionGeometry G, Tiles T,
                            uint64_t Threshold, float KeepScale) {
-  extern __shared__ float4 SharedF4[];
+  SP_DYNAMIC_SHARED(float4, SharedF4);
   float *Ks = reinterpret_cast<float *>(SharedF4);
   float *Vs = Ks + ABlock * T.Pitch;
   float *Qs = Vs + ABlock * T.Pitch;
@@ -592,7 +592,7 @@ __global__ void __launch_bounds__(AThreads)
                              Elems Lse, const float *KeyBias,
                              const float *Delta, AttentionGeometry G, Tiles T,
                              uint64_t Threshold, float KeepScale) {
-  extern __shared__ float4 SharedF4[];
+  SP_DYNAMIC_SHARED(float4, SharedF4);
   float *Qs = reinterpret_cast<float *>(SharedF4);
   float *DOs = Qs + ABlock * T.Pitch;
   float *Ks = DOs + ABlock * T.Pitch;
@@ -702,8 +702,8 @@ void attentionForward(Elems O, Elems Lse, Elems Q, Elems K, Elems V,
     auto *Kern =
         attentionForwardKernel<decltype(ST)::value, decltype(NG)::value>;
     allowShared(Kern, Bytes);
-    Kern<<<Grid, AThreads, Bytes, S>>>(O, Lse, Q, K, V, KeyBias, G, T,
-                                       Threshold, KeepScale);
+    SP_LAUNCH(Kern, Grid, AThreads, Bytes, S, O, Lse, Q, K, V, KeyBias, G, T,
+              Threshold, KeepScale);
   });
 }
 
@@ -723,23 +723,23 @@ void attentionBackward(Elems DQ, Elems DK, Elems DV, Elems DO, Elems Q, Elems K,
     if (G.Sq > 0)
       if (Launch L = elementwiseLaunch(G.Batch * G.Heads * G.Sq * 32);
           L.Blocks) // a warp per row
-        attentionDeltaKernel<K16>
-            <<<L.Blocks, L.Threads, 0, S>>>(Delta, DO, O, G);
+        SP_LAUNCH(attentionDeltaKernel<K16>, L.Blocks, L.Threads, 0, S, Delta,
+                  DO, O, G);
     if (G.Sk > 0) {
       auto *KeyKern = attentionKeyGradKernel<K16, N>;
       allowShared(KeyKern, Bytes);
       const dim3 Grid(unsigned((G.Sk + ABlock - 1) / ABlock),
                       unsigned(G.KvHeads), unsigned(G.Batch));
-      KeyKern<<<Grid, AThreads, Bytes, S>>>(DK, DV, DO, Q, K, V, Lse, KeyBias,
-                                            Delta, G, T, Threshold, KeepScale);
+      SP_LAUNCH(KeyKern, Grid, AThreads, Bytes, S, DK, DV, DO, Q, K, V, Lse,
+                KeyBias, Delta, G, T, Threshold, KeepScale);
     }
     if (G.Sq > 0) {
       auto *QueryKern = attentionQueryGradKernel<K16, N>;
       allowShared(QueryKern, Bytes);
       const dim3 Grid(unsigned((G.Sq + ABlock - 1) / ABlock), unsigned(G.Heads),
                       unsigned(G.Batch));
-      QueryKern<<<Grid, AThreads, Bytes, S>>>(
-          DQ, DO, Q, K, V, Lse, KeyBias, Delta, G, T, Threshold, KeepScale);
+      SP_LAUNCH(QueryKern, Grid, AThreads, Bytes, S, DQ, DO, Q, K, V, Lse,
+                KeyBias, Delta, G, T, Threshold, KeepScale);
     }
   });
 }

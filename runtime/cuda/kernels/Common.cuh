@@ -19,6 +19,17 @@
 #include <cstdint>
 #include <type_traits>
 
+// A kernel's dynamic shared memory and a launch, as macros so that
+// tests/gpu/CudaEmulator.h can run the same source on the CPU (there they
+// expand to its block's buffer and its scheduler).
+#ifndef SP_DYNAMIC_SHARED
+#define SP_DYNAMIC_SHARED(T, Name) extern __shared__ T Name[]
+#endif
+#ifndef SP_LAUNCH
+#define SP_LAUNCH(Kernel, Grid, Block, Shared, Stream, ...)                    \
+  Kernel<<<Grid, Block, Shared, Stream>>>(__VA_ARGS__)
+#endif
+
 namespace sp::cuda {
 namespace {
 
@@ -119,7 +130,8 @@ __global__ void columnPartsSumKernel(float *Out, const double *Part,
 inline void columnPartsSum(float *Out, const double *Part, int64_t Parts,
                            int64_t W, cudaStream_t S) {
   if (Launch L = columnsLaunch(W); L.Blocks)
-    columnPartsSumKernel<<<L.Blocks, L.Threads, 0, S>>>(Out, Part, Parts, W);
+    SP_LAUNCH(columnPartsSumKernel, L.Blocks, L.Threads, 0, S, Out, Part,
+              Parts, W);
 }
 
 /// The CPU's rowMax: lane partial maxima with `m < x ? x : m`, combined in

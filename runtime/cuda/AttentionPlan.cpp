@@ -295,6 +295,8 @@ Expected<BlockwisePlan> planBlockwise(const Instruction &I,
   if (!Sz)
     return Sz.takeError();
   const Dims &X = *Sz;
+  if (X.D <= 0)
+    return planError(opName(I.Op) + ": heads of no elements");
   if (X.D > AttentionMaxHeadDim)
     return planError(opName(I.Op) + ": heads of " + Twine(X.D) +
                      " exceed the blockwise kernels' " +

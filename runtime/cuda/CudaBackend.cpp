@@ -737,6 +737,22 @@ Error CudaBackend::attention(const KernelCall &C, cudaStream_t S) {
 
 static cuda::Elems elems(const KernelCall &C, int Id);
 
+/// cuda::paddingMask's code of a keep mask's type.
+static Expected<int> paddingKeepType(const TensorType &M) {
+  switch (M.Dtype) {
+  case DType::I64:
+    return 0;
+  case DType::I32:
+    return 1;
+  case DType::Bool:
+    return 2;
+  case DType::F32:
+    return 3;
+  default:
+    return planError("padding_mask: unsupported mask type " + M.str());
+  }
+}
+
 Error CudaBackend::attentionBlockwise(const KernelCall &C, cudaStream_t S) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
@@ -759,23 +775,11 @@ Error CudaBackend::attentionBlockwise(const KernelCall &C, cudaStream_t S) {
   if (Bias) {
     // padding_mask's bias, added to zeros (its kernel; the same floats as
     // the CPU's keyBias).
-    int KeepType = 0;
-    switch (Bufs[Plan->Keep].Type.Dtype) {
-    case DType::I64:
-      KeepType = 0;
-      break;
-    case DType::I32:
-      KeepType = 1;
-      break;
-    case DType::Bool:
-      KeepType = 2;
-      break;
-    default:
-      KeepType = 3;
-      break;
-    }
+    auto KeepType = paddingKeepType(Bufs[Plan->Keep].Type);
+    if (!KeepType)
+      return KeepType.takeError();
     SP_CUDA_TRY(cudaMemsetAsync(Bias, 0, size_t(BiasN) * sizeof(float), S));
-    cuda::paddingMask(Bias, Bias, C.buffer(Plan->Keep), KeepType, G.Batch, 1,
+    cuda::paddingMask(Bias, Bias, C.buffer(Plan->Keep), *KeepType, G.Batch, 1,
                       G.Sk, Plan->PadFill, Plan->PadWhere, S);
   }
   auto Op = [&](const cuda::BlockwiseOperand &X) {
@@ -2037,26 +2041,12 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     return Error::success();
   }
   case OpKind::PaddingMask: {
-    const TensorType &X = InT(0), &M = InT(1);
+    const TensorType &X = InT(0);
     int64_t B = X.Shape[0], K = X.dim(-1);
-    int KeepType;
-    switch (M.Dtype) {
-    case DType::I64:
-      KeepType = 0;
-      break;
-    case DType::I32:
-      KeepType = 1;
-      break;
-    case DType::Bool:
-      KeepType = 2;
-      break;
-    case DType::F32:
-      KeepType = 3;
-      break;
-    default:
-      return planError("padding_mask: unsupported mask type " + M.str());
-    }
-    cuda::paddingMask(Out(0), In(0), C.buffer(I.In[1]), KeepType, B,
+    auto KeepType = paddingKeepType(InT(1));
+    if (!KeepType)
+      return KeepType.takeError();
+    cuda::paddingMask(Out(0), In(0), C.buffer(I.In[1]), *KeepType, B,
                       X.numElements() / (B * K), K, AFloat("fill"),
                       AInt("where"), S);
     return Error::success();

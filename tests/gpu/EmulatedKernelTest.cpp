@@ -21,8 +21,11 @@
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cuda/AttentionPlan.h"
 #include "AttentionCase.h"
+#include "TrainCompare.h"
 #include "gtest/gtest.h"
 #include <cmath>
+#include <cstdlib>
+#include <memory>
 #include <vector>
 
 using namespace sp;
@@ -35,11 +38,16 @@ namespace {
 /// host memory in the device's place and the emulator's launches.
 class EmulatedBlockwiseBackend : public CpuBackend {
 public:
+  /// Count, when given: the attention instructions run (it outlives the
+  /// executor that owns this backend).
+  explicit EmulatedBlockwiseBackend(int *Count = nullptr) : Count(Count) {}
   StringRef name() const override { return "emulated cuda"; }
   Error run(const KernelCall &C) override {
     const Instruction &I = C.I;
     if (I.Op != OpKind::Attention && I.Op != OpKind::AttentionGrad)
       return CpuBackend::run(C);
+    if (Count)
+      ++*Count;
     const auto &Bufs = C.Prog.Buffers;
     if (!cuda::runsBlockwise(I, Bufs))
       return createStringError(inconvertibleErrorCode(),
@@ -53,19 +61,23 @@ public:
             C.Data ? C.Data->size() : 1))
       return E;
     const cuda::AttentionGeometry &G = P->G;
-    // padding_mask's bias from a float32 keep (the CPU's keyBias; the
-    // device computes it with its padding_mask kernel).
+    // padding_mask's bias (the CPU's keyBias, in float; the device
+    // computes it with its padding_mask kernel).
     std::vector<float> Bias;
     if (P->Keep >= 0) {
-      if (Bufs[P->Keep].Type.Dtype != DType::F32)
-        return createStringError(inconvertibleErrorCode(),
-                                 "the emulated path takes a float32 keep");
-      const float *Keep =
-          reinterpret_cast<const float *>(C.buffer(P->Keep));
+      const char *Keep = C.buffer(P->Keep);
+      const DType KT = Bufs[P->Keep].Type.Dtype;
       const float Fill = float(P->PadFill);
       Bias.resize(G.Batch * G.Sk);
       for (size_t E = 0; E < Bias.size(); ++E) {
-        float Inv = 1.0f - Keep[E];
+        float V = KT == DType::I64
+                      ? float(reinterpret_cast<const int64_t *>(Keep)[E])
+                  : KT == DType::I32
+                      ? float(reinterpret_cast<const int32_t *>(Keep)[E])
+                  : KT == DType::Bool
+                      ? (Keep[E] ? 1.0f : 0.0f)
+                      : reinterpret_cast<const float *>(Keep)[E];
+        float Inv = 1.0f - V;
         Bias[E] = P->PadWhere ? (Inv != 0.0f ? Fill : 0.0f) : Inv * Fill;
       }
     }
@@ -89,6 +101,9 @@ public:
                               Op(P->Lse), B, Delta.data(), G, nullptr);
     return Error::success();
   }
+
+private:
+  int *Count;
 };
 
 /// The cases of KernelTest.cpp's FusedAttention.
@@ -140,6 +155,38 @@ INSTANTIATE_TEST_SUITE_P(EmulatedAttention, InBothOrders, ::testing::Bool(),
                          [](const auto &Info) {
                            return Info.param ? "Descending" : "Ascending";
                          });
+
+/// Whole fused plans trained with every attention instruction run by the
+/// emulated blockwise kernels, against the CPU backend (TrainCompare.h's
+/// rule): our GPT-tiny here, and the exported HF-style GPT-2, Llama
+/// (grouped-query heads, the padding bias before the causal fill) and BERT
+/// (padding mask) that check_expanded_plans.sh passes in
+/// SP_EXPANSION_MODELS.
+void expectEmulatedPlanTrainsAsTheCpu(StringRef Path) {
+  auto Count = std::make_shared<int>(0);
+  expectFusedPlanTrainsAsTheCpu(
+      Path,
+      [Count] {
+        return std::unique_ptr<Backend>(
+            new EmulatedBlockwiseBackend(Count.get()));
+      },
+      Count.get(), "emulated");
+}
+
+TEST(EmulatedPlan, GptTinyTrainsAsTheCpu) {
+  expectEmulatedPlanTrainsAsTheCpu(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx");
+}
+
+TEST(EmulatedPlan, ExportedFamiliesTrainAsTheCpu) {
+  const char *List = std::getenv("SP_EXPANSION_MODELS");
+  if (!List || !*List)
+    GTEST_SKIP() << "SP_EXPANSION_MODELS is not set: the exported Llama and "
+                    "BERT models are trained by check_expanded_plans.sh";
+  SmallVector<StringRef, 4> Paths;
+  StringRef(List).split(Paths, ':', -1, /*KeepEmpty=*/false);
+  for (StringRef Path : Paths)
+    expectEmulatedPlanTrainsAsTheCpu(Path);
+}
 
 TEST(EmulatedAttention, BlockwiseKernelsIn16Bit) {
   EmulatedBlockwiseBackend Emu;

@@ -10,10 +10,14 @@
 #ifndef SP_TESTS_GPU_TRAINCOMPARE_H
 #define SP_TESTS_GPU_TRAINCOMPARE_H
 
+#include "frontend/OnnxImporter.h"
+#include "passes/Compile.h"
+#include "plan/Plan.h"
 #include "runtime/Executor.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -123,6 +127,68 @@ inline void expectMatches(const Run &Gpu, const Run &Cpu, const Run &Ref,
                   Who, DG, DC);
     }
   }
+}
+
+/// Path's plan with the fused attention core, on one device; AdamW's eps
+/// at which one step's rounding cannot flip a later update, so that every
+/// step's gradients compare (EndToEndTest.cpp).
+inline llvm::Expected<Plan> compileFusedPlan(llvm::StringRef Path) {
+  registerOnnxDataLoader();
+  auto G = importOnnx(Path, ImportOptions());
+  if (!G)
+    return G.takeError();
+  PassContext Ctx;
+  Ctx.FusedAttention = true;
+  Ctx.Optimizer.Eps = 1e-3;
+  auto C = compileToPlan(**G, Ctx, CompileOptions());
+  if (!C)
+    return C.takeError();
+  return std::move(*C->P);
+}
+
+/// Steps of P on the backend Make makes (the CPU backend when empty).
+inline llvm::Expected<Run>
+trainWith(const Plan &P, std::function<std::unique_ptr<Backend>()> Make,
+          int Steps) {
+  RunOptions O;
+  O.AllowFloat64 = true;
+  if (Make)
+    O.MakeBackend = std::move(Make);
+  auto E = Executor::create(P, O);
+  if (!E)
+    return E.takeError();
+  return trainRun(**E, Steps);
+}
+
+/// Trains Path's fused plan three steps on the backend Make makes, on the
+/// CPU backend and on the CPU backend in float64, and compares (Who names
+/// the first). Count, when given, counts the attention instructions the
+/// other backend runs: every one of the plan's, every step.
+inline void
+expectFusedPlanTrainsAsTheCpu(llvm::StringRef Path,
+                              std::function<std::unique_ptr<Backend>()> Make,
+                              const int *Count, const char *Who) {
+  SCOPED_TRACE(Path.str());
+  std::printf("%s\n", Path.str().c_str());
+  auto Compiled = compileFusedPlan(Path);
+  ASSERT_TRUE(bool(Compiled)) << llvm::toString(Compiled.takeError());
+  const Plan &P = *Compiled;
+  int Attention = 0;
+  for (const Instruction &I : P.Prog.Instrs)
+    Attention += I.Op == OpKind::Attention || I.Op == OpKind::AttentionGrad;
+  ASSERT_GT(Attention, 0) << "the plan has no fused attention";
+  const int Steps = 3;
+  const int Before = Count ? *Count : 0;
+  auto Other = trainWith(P, std::move(Make), Steps);
+  ASSERT_TRUE(bool(Other)) << llvm::toString(Other.takeError());
+  if (Count)
+    EXPECT_EQ(*Count - Before, Attention * Steps)
+        << "attention instructions run by " << Who;
+  auto Cpu = trainWith(P, nullptr, Steps);
+  ASSERT_TRUE(bool(Cpu)) << llvm::toString(Cpu.takeError());
+  auto Ref = trainWith(widenToFloat64(P), nullptr, Steps);
+  ASSERT_TRUE(bool(Ref)) << llvm::toString(Ref.takeError());
+  expectMatches(*Other, *Cpu, *Ref, Steps, Who);
 }
 
 } // namespace sp

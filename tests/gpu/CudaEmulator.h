@@ -26,7 +26,8 @@
 //     std::fma, __fmul_rn: a * b with contraction off), expf and logf the C
 //     library's (not CUDA's: a few units of rounding apart).
 // Streams are ignored (every launch runs to completion when it is made),
-// and so is cudaFuncSetAttribute. Grids and blocks are one-dimensional in
+// and so is cudaFuncSetAttribute. Each OS thread runs its own launches
+// (thread ranks each run theirs). Grids and blocks are one-dimensional in
 // threads (blockDim.y = blockDim.z = 1); grids may be three-dimensional.
 //
 //===----------------------------------------------------------------------===//
@@ -51,8 +52,8 @@
 #define __launch_bounds__(...)
 #define __restrict__
 // Static locals: shared by a block's fibers, and the blocks run one at a
-// time.
-#define __shared__ static
+// time (on each OS thread: thread ranks run kernels side by side).
+#define __shared__ static thread_local
 
 #include <cmath>
 #include <cstdint>
@@ -98,7 +99,7 @@ struct Block {
 };
 
 inline Block *&current() {
-  static Block *B = nullptr;
+  static thread_local Block *B = nullptr;
   return B;
 }
 inline bool &reverseOrder() {

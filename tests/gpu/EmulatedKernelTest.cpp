@@ -177,6 +177,40 @@ TEST(EmulatedPlan, GptTinyTrainsAsTheCpu) {
   expectEmulatedPlanTrainsAsTheCpu(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx");
 }
 
+/// The default model's fused plan on grids of thread ranks, with attention
+/// by the emulated blockwise kernels, against the same grid on the CPU and
+/// in float64: the dropout's block of the probabilities (q's heads split
+/// over the tensor group; the microbatch; the data-parallel replica) as the
+/// CPU's fused kernel draws it.
+TEST(EmulatedPlan, ParallelLayoutsTrainAsTheCpu) {
+  struct Layout {
+    const char *Name;
+    int TP;
+    bool SP;
+    int PP, Microbatches, DP;
+  };
+  GridBackend Emulated = [](Communicator &, const RunOptions &)
+      -> Expected<std::unique_ptr<Backend>> {
+    return std::unique_ptr<Backend>(new EmulatedBlockwiseBackend());
+  };
+  for (Layout L : {Layout{"t = 2 + SP", 2, true, 1, 1, 1},
+                   Layout{"p = 2, 1F1B, 2 microbatches", 1, false, 2, 2, 1},
+                   Layout{"d = 2", 1, false, 1, 1, 2}}) {
+    SCOPED_TRACE(L.Name);
+    std::printf("%s\n", L.Name);
+    Plan P = compileTiny(L.TP, L.SP, L.PP, L.Microbatches, L.DP, 0, 1e-3,
+                         DType::F32, /*Fused=*/true);
+    const int Steps = 2;
+    auto Emu = trainOnGrid(P, L.TP, L.PP, L.DP, Emulated, Steps);
+    ASSERT_TRUE(bool(Emu)) << toString(Emu.takeError());
+    auto Cpu = trainOnGrid(P, L.TP, L.PP, L.DP, nullptr, Steps);
+    ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+    auto Ref = trainOnGrid(widenToFloat64(P), L.TP, L.PP, L.DP, nullptr, Steps);
+    ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
+    expectMatches(*Emu, *Cpu, *Ref, Steps, "emulated");
+  }
+}
+
 TEST(EmulatedPlan, ExportedFamiliesTrainAsTheCpu) {
   const char *List = std::getenv("SP_EXPANSION_MODELS");
   if (!List || !*List)

@@ -57,28 +57,6 @@ namespace {
 /// Adam's eps at which one step's rounding cannot flip a later update.
 constexpr double StableEps = 1e-3;
 
-Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
-                 int Microbatches = 1, int DP = 1, int Zero = 0,
-                 double AdamEps = OptimizerOptions().Eps,
-                 DType Activations = DType::F32, bool Fused = false) {
-  registerOnnxDataLoader();
-  auto G = cantFail(
-      importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
-  PassContext Ctx;
-  Ctx.TensorParallel = TP;
-  Ctx.SequenceParallel = SP;
-  Ctx.DataParallel = DP;
-  Ctx.Zero = Zero;
-  Ctx.Optimizer.Eps = AdamEps;
-  Ctx.ActivationDtype = Activations;
-  Ctx.FusedAttention = Fused;
-  if (PP > 1) {
-    Ctx.Pipeline.Stages = PP;
-    Ctx.Pipeline.Microbatches = Microbatches;
-    Ctx.Pipeline.Schedule = PipelineSchedule::OneFOneB;
-  }
-  return std::move(*cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
-}
 
 /// An executor of P on the GPU (Cuda) or on the CPU; Blockwise: the GPU
 /// runs the attention core with its blockwise kernels.
@@ -264,76 +242,22 @@ TEST(CudaEndToEnd, TracedStepIsTimedOnTheDevice) {
   EXPECT_EQ(Losses[0], Losses[1]);
 }
 
-/// The same plan on DP x PP x TP thread ranks, each on the CPU or on GPU
-/// number (its world rank): the losses and every stage's own parameters'
-/// whole gradients (gathered over the tensor group, and with ZeRO over the
-/// replicas).
+/// P on a DP x PP x TP grid of thread ranks, on GPUs (one each) when Cuda.
 Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps,
                         int DP = 1) {
-  Run R;
-  R.Grads.resize(Steps);
-  std::mutex M;
-  Error E = runOnThreadRanks(DP * PP * TP, [&](Communicator &World) -> Error {
-    ProcessGrid Grid;
-    Grid.Tensor = TP;
-    Grid.Pipeline = PP;
-    Grid.Data = DP;
-    auto Groups = splitGroups(World, Grid);
-    if (!Groups)
-      return Groups.takeError();
-    RunOptions O;
-    O.AllowFloat64 = true;
-    O.Comm = Groups->Tensor.get();
-    O.PipeComm = PP > 1 ? Groups->Pipeline.get() : nullptr;
-    O.DataComm = DP > 1 ? Groups->Data.get() : nullptr;
-    std::unique_ptr<Backend> Made;
-    if (Cuda) {
+  GridBackend Make;
+  if (Cuda)
+    Make = [](Communicator &World, const RunOptions &O)
+        -> Expected<std::unique_ptr<Backend>> {
       CudaBackendOptions CO;
       CO.Device = World.rank(); // thread ranks: one GPU each
       CO.World = &World;
       CO.Tensor = O.Comm;
       CO.Pipeline = O.PipeComm;
       CO.Data = O.DataComm;
-      auto B = createCudaBackend(CO);
-      if (!B)
-        return B.takeError();
-      Made = std::move(*B);
-      O.MakeBackend = [&] { return std::move(Made); };
-    }
-    auto Ex = Executor::create(P, O);
-    if (!Ex)
-      return Ex.takeError();
-    TokenBatch Data = oneBatch(**Ex);
-    for (int S = 1; S <= Steps; ++S) {
-      auto L = (*Ex)->trainStep(Data, 1e-3, S);
-      if (!L)
-        return L.takeError();
-      if (auto Err = (*Ex)->download())
-        return Err;
-      if (World.rank() == 0) {
-        std::lock_guard<std::mutex> Lock(M);
-        R.Losses.push_back(*L);
-      }
-      for (const TensorView &Param : (*Ex)->parameters()) {
-        if (StringRef(Param.Name).contains('@')) // another stage's copy
-          continue;
-        auto G = (*Ex)->gradient(Param.Name);
-        if (!G)
-          return createStringError(inconvertibleErrorCode(),
-                                   "no gradient of " + Param.Name);
-        auto Full = (*Ex)->gather64(*G);
-        if (!Full)
-          return Full.takeError();
-        std::lock_guard<std::mutex> Lock(M);
-        if (Groups->At.Tensor == 0 && Groups->At.Data == 0)
-          R.Grads[S - 1][Param.Name] = std::move(*Full);
-      }
-    }
-    return Error::success();
-  });
-  if (E)
-    return E;
-  return R;
+      return createCudaBackend(CO);
+    };
+  return trainOnGrid(P, TP, PP, DP, Make, Steps);
 }
 
 /// t = 2 with sequence parallelism, p = 2 (1F1B, 2 microbatches) and d = 2

@@ -14,11 +14,13 @@
 #include "passes/Compile.h"
 #include "plan/Plan.h"
 #include "runtime/Executor.h"
+#include "runtime/comm/ProcessGrid.h"
 #include "gtest/gtest.h"
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -127,6 +129,102 @@ inline void expectMatches(const Run &Gpu, const Run &Cpu, const Run &Ref,
                   Who, DG, DC);
     }
   }
+}
+
+/// The default model (models/tiny/gpt-tiny.onnx) compiled for a layout.
+inline Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
+                        int Microbatches = 1, int DP = 1, int Zero = 0,
+                        double AdamEps = OptimizerOptions().Eps,
+                        DType Activations = DType::F32, bool Fused = false) {
+  registerOnnxDataLoader();
+  auto G = llvm::cantFail(
+      importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
+  PassContext Ctx;
+  Ctx.TensorParallel = TP;
+  Ctx.SequenceParallel = SP;
+  Ctx.DataParallel = DP;
+  Ctx.Zero = Zero;
+  Ctx.Optimizer.Eps = AdamEps;
+  Ctx.ActivationDtype = Activations;
+  Ctx.FusedAttention = Fused;
+  if (PP > 1) {
+    Ctx.Pipeline.Stages = PP;
+    Ctx.Pipeline.Microbatches = Microbatches;
+    Ctx.Pipeline.Schedule = PipelineSchedule::OneFOneB;
+  }
+  return std::move(
+      *llvm::cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
+}
+
+/// A rank's backend on a grid of thread ranks, made from its world
+/// communicator and run options (its groups); empty: the CPU backend.
+using GridBackend = std::function<llvm::Expected<std::unique_ptr<Backend>>(
+    Communicator &World, const RunOptions &O)>;
+
+/// The same plan on DP x PP x TP thread ranks, each on the backend Make
+/// makes: the losses and every stage's own parameters' whole gradients
+/// (gathered over the tensor group, and with ZeRO over the replicas).
+inline llvm::Expected<Run> trainOnGrid(const Plan &P, int TP, int PP, int DP,
+                                       const GridBackend &Make, int Steps) {
+  Run R;
+  R.Grads.resize(Steps);
+  std::mutex M;
+  llvm::Error E =
+      runOnThreadRanks(DP * PP * TP, [&](Communicator &World) -> llvm::Error {
+        ProcessGrid Grid;
+        Grid.Tensor = TP;
+        Grid.Pipeline = PP;
+        Grid.Data = DP;
+        auto Groups = splitGroups(World, Grid);
+        if (!Groups)
+          return Groups.takeError();
+        RunOptions O;
+        O.AllowFloat64 = true;
+        O.Comm = Groups->Tensor.get();
+        O.PipeComm = PP > 1 ? Groups->Pipeline.get() : nullptr;
+        O.DataComm = DP > 1 ? Groups->Data.get() : nullptr;
+        std::unique_ptr<Backend> Made;
+        if (Make) {
+          auto B = Make(World, O);
+          if (!B)
+            return B.takeError();
+          Made = std::move(*B);
+          O.MakeBackend = [&] { return std::move(Made); };
+        }
+        auto Ex = Executor::create(P, O);
+        if (!Ex)
+          return Ex.takeError();
+        TokenBatch Data = oneBatch(**Ex);
+        for (int S = 1; S <= Steps; ++S) {
+          auto L = (*Ex)->trainStep(Data, 1e-3, S);
+          if (!L)
+            return L.takeError();
+          if (auto Err = (*Ex)->download())
+            return Err;
+          if (World.rank() == 0) {
+            std::lock_guard<std::mutex> Lock(M);
+            R.Losses.push_back(*L);
+          }
+          for (const TensorView &Param : (*Ex)->parameters()) {
+            if (llvm::StringRef(Param.Name).contains('@')) // another stage's
+              continue;
+            auto G = (*Ex)->gradient(Param.Name);
+            if (!G)
+              return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                             "no gradient of " + Param.Name);
+            auto Full = (*Ex)->gather64(*G);
+            if (!Full)
+              return Full.takeError();
+            std::lock_guard<std::mutex> Lock(M);
+            if (Groups->At.Tensor == 0 && Groups->At.Data == 0)
+              R.Grads[S - 1][Param.Name] = std::move(*Full);
+          }
+        }
+        return llvm::Error::success();
+      });
+  if (E)
+    return std::move(E);
+  return R;
 }
 
 /// Path's plan with the fused attention core, on one device; AdamW's eps

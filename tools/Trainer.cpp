@@ -1189,6 +1189,16 @@ Error Trainer::runRank(Communicator *World) {
     Out << (Dtype == "bf16" ? "bf16" : "fp16")
         << " compute: GEMMs on tensor cores (float32 sums), other ops in "
            "float32 on widened copies; each result rounded once\n";
+  // How the GPU runs a fused attention core (runtime/cuda/AttentionPlan.h).
+  if (O.Cuda && llvm::any_of(P.Prog.Instrs, [](const Instruction &I) {
+        return I.Op == OpKind::Attention;
+      }))
+    Out << (O.BlockwiseAttention
+                ? "attention core: the blockwise kernels (heads above 128 as "
+                  "unfused ops)\n"
+                : "attention core: its unfused ops on a float32 workspace "
+                  "(--cuda-attention blockwise for the blockwise kernels; "
+                  "or compile with --attention unfused)\n");
   if (O.Resumed && O.Resumed->PlanFingerprint != O.Fingerprint) {
     const ProcessGrid &W = O.Resumed->Grid;
     Out << formatv("resharded checkpoint '{0}' (step {1}) of another plan of "

@@ -302,6 +302,15 @@ inline long long __double_as_longlong(double X) {
 inline double __longlong_as_double(long long X) {
   return emuBitCast<double>(X);
 }
+inline uchar4 make_uchar4(unsigned char X, unsigned char Y, unsigned char Z,
+                          unsigned char W) {
+  uchar4 V;
+  V.x = X;
+  V.y = Y;
+  V.z = Z;
+  V.w = W;
+  return V;
+}
 inline int atomicCAS(int *At, int Compare, int Value) {
   int Old = *At; // one OS thread runs every fiber
   if (Old == Compare)
@@ -312,6 +321,12 @@ template <typename K, typename A, typename V>
 inline cudaError_t cudaFuncSetAttribute(K, A, V) {
   return cudaSuccess;
 }
+/// The runtime calls a launcher makes, on host memory (the stream ignored).
+inline cudaError_t emuMemsetAsync(void *P, int V, size_t N, cudaStream_t) {
+  std::memset(P, V, N);
+  return cudaSuccess;
+}
+#define cudaMemsetAsync emuMemsetAsync
 
 #define SP_DYNAMIC_SHARED(T, Name)                                             \
   T *Name = reinterpret_cast<T *>(::sp::emu::current()->SharedAligned)

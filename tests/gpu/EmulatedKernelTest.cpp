@@ -1,10 +1,12 @@
 //===- EmulatedKernelTest.cpp - CUDA kernels run on the CPU ------------===//
 //
-// The CUDA backend's blockwise attention kernels (kernels/Attention.cuh),
-// their source compiled by the host compiler over tests/gpu/CudaEmulator.h
-// and run on the CPU: their indexing, barriers, warp shuffles, shared
-// memory, dropout draws and 16-bit loads and stores, tested on every
-// machine, not only where a GPU is. A CpuBackend whose attention and
+// The CUDA backend's kernels (runtime/cuda/kernels/*.cuh), their source
+// compiled by the host compiler over tests/gpu/CudaEmulator.h and run on
+// the CPU: their indexing, barriers, warp shuffles, shared memory, dropout
+// draws and 16-bit loads and stores, tested on every machine, not only
+// where a GPU is. Most of all the blockwise attention kernels
+// (kernels/Attention.cuh), written where no GPU was; and LayerNorm, GELU,
+// the fused softmax and dropout against the CPU kernels bit for bit. A CpuBackend whose attention and
 // attention_grad run as the CUDA backend runs them blockwise (the same host
 // plan: planBlockwise, setBlockwiseDropout) is compared with the fused CPU
 // kernel by AttentionCase.h, in both orders of the emulator's threads.
@@ -15,10 +17,23 @@
 //
 //===----------------------------------------------------------------------===//
 #include "CudaEmulator.h"
-// The kernels' source, compiled for the host.
+// The kernels' source, compiled for the host: every kernel of the backend
+// (CudaKernelsA.cu, CudaKernelsB.cu, CudaKernelsC.cu).
+#include "runtime/cuda/kernels/Convert.cuh"
+#include "runtime/cuda/kernels/Elementwise.cuh"
+#include "runtime/cuda/kernels/Embedding.cuh"
+#include "runtime/cuda/kernels/Gelu.cuh"
+#include "runtime/cuda/kernels/Heads.cuh"
+#include "runtime/cuda/kernels/Dropout.cuh"
+#include "runtime/cuda/kernels/AdamW.cuh"
+#include "runtime/cuda/kernels/AttentionSoftmax.cuh"
+#include "runtime/cuda/kernels/CrossEntropy.cuh"
+#include "runtime/cuda/kernels/LayerNorm.cuh"
+#include "runtime/cuda/kernels/RmsNorm.cuh"
 #include "runtime/cuda/kernels/Attention.cuh"
 
 #include "runtime/cpu/CpuBackend.h"
+#include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/AttentionPlan.h"
 #include "AttentionCase.h"
 #include "TrainCompare.h"
@@ -26,6 +41,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <vector>
 
 using namespace sp;
@@ -228,6 +244,123 @@ TEST(EmulatedAttention, BlockwiseKernelsIn16Bit) {
     SCOPED_TRACE(T == DType::BF16 ? "bf16" : "fp16");
     for (const AttentionCase &C : sixteenBitCases())
       C.check16(Emu, T);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// The other kernels against the CPU kernels they restate, bit for bit, as
+// KernelTest.cpp checks them on a GPU: here the launchers run on host
+// memory, through the emulator.
+//===----------------------------------------------------------------------===//
+
+std::vector<float> normals(int64_t N, float Scale, unsigned Seed) {
+  std::mt19937 R(Seed);
+  std::normal_distribution<float> D(0.0f, Scale);
+  std::vector<float> V(N);
+  for (float &X : V)
+    X = D(R);
+  return V;
+}
+
+/// Bitwise equality of float vectors (NaNs compared by their bits).
+::testing::AssertionResult sameBits(const std::vector<float> &A,
+                                    const std::vector<float> &B) {
+  if (A.size() != B.size())
+    return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t K = 0; K < A.size(); ++K)
+    if (std::memcmp(&A[K], &B[K], 4))
+      return ::testing::AssertionFailure()
+             << "element " << K << ": " << A[K] << " vs " << B[K];
+  return ::testing::AssertionSuccess();
+}
+
+TEST(EmulatedKernels, LayerNormIsTheCpusBits) {
+  const int64_t Rows = 130, H = 203; // three blocks of column rows
+  auto X = normals(Rows * H, 2, 1), G = normals(H, 1, 2), B = normals(H, 1, 3),
+       DY = normals(Rows * H, 1, 4);
+  std::vector<float> Y(Rows * H), M(Rows), R(Rows), CY(Y), CM(M), CR(R);
+  cuda::layerNorm(Y.data(), M.data(), R.data(), X.data(), G.data(), B.data(),
+                  Rows, H, 1e-5, nullptr);
+  cpu::layerNorm(CY.data(), CM.data(), CR.data(), X.data(), G.data(),
+                 B.data(), Rows, H, 1e-5);
+  EXPECT_TRUE(sameBits(Y, CY));
+  EXPECT_TRUE(sameBits(M, CM));
+  EXPECT_TRUE(sameBits(R, CR));
+  std::vector<float> DX(Rows * H), DG(H), DB(H), CDX(DX), CDG(DG), CDB(DB);
+  std::vector<double> Scratch(2 * cuda::columnParts(Rows) * H);
+  cuda::layerNormBackward(DX.data(), DG.data(), DB.data(), DY.data(),
+                          X.data(), G.data(), M.data(), R.data(), Rows, H,
+                          Scratch.data(), nullptr);
+  cpu::layerNormBackward(CDX.data(), CDG.data(), CDB.data(), DY.data(),
+                         X.data(), G.data(), CM.data(), CR.data(), Rows, H);
+  EXPECT_TRUE(sameBits(DX, CDX));
+  EXPECT_TRUE(sameBits(DG, CDG));
+  EXPECT_TRUE(sameBits(DB, CDB));
+}
+
+TEST(EmulatedKernels, GeluAndSoftmaxAreTheCpusBits) {
+  const int64_t N = 3 * 5 * 70;
+  auto X = normals(N, 3, 5), DY = normals(N, 1, 6);
+  for (bool Tanh : {false, true}) {
+    const cpu::GeluApprox A = Tanh ? cpu::GeluApprox::Tanh
+                                   : cpu::GeluApprox::None;
+    std::vector<float> Y(N), CY(N), DX(N), CDX(N);
+    cuda::gelu(Y.data(), X.data(), N, Tanh, nullptr);
+    cpu::gelu(CY.data(), X.data(), N, A);
+    EXPECT_TRUE(sameBits(Y, CY)) << (Tanh ? "tanh" : "erf");
+    cuda::geluBackward(DX.data(), X.data(), DY.data(), N, Tanh, nullptr);
+    cpu::geluBackward(CDX.data(), X.data(), DY.data(), N, A);
+    EXPECT_TRUE(sameBits(DX, CDX)) << (Tanh ? "tanh" : "erf");
+  }
+  // The attention core's fused scale + causal mask + softmax, and back.
+  const int64_t Batch = 6, Sq = 9, Sk = 9, Rows = Batch * Sq;
+  auto S = normals(Rows * Sk, 3, 7), DS = normals(Rows * Sk, 1, 8);
+  for (bool Causal : {false, true}) {
+    std::vector<float> P(Rows * Sk), CP(P), DP(P), CDP(P);
+    cuda::softmax(P.data(), S.data(), Rows, Sk, 0.125, Causal, Sq, -INFINITY,
+                  nullptr);
+    cpu::scaledCausalSoftmax(CP.data(), S.data(), Batch, Sq, Sk, 0.125,
+                             Causal, -INFINITY);
+    EXPECT_TRUE(sameBits(P, CP)) << (Causal ? "causal" : "plain");
+    cuda::softmaxBackward(DP.data(), CP.data(), DS.data(), Rows, Sk, 0.125,
+                          Causal, Sq, 0.0, nullptr);
+    cpu::scaledCausalSoftmaxBackward(CDP.data(), CP.data(), DS.data(), Batch,
+                                     Sq, Sk, 0.125, Causal, 0.0);
+    EXPECT_TRUE(sameBits(DP, CDP)) << (Causal ? "causal" : "plain");
+  }
+}
+
+TEST(EmulatedKernels, DropoutIsTheCpusBits) {
+  // [3, 17, 29]: one Philox evaluation per element; [5, 7, 12]: one per
+  // four; a block of a split tensor.
+  struct Case {
+    std::vector<int64_t> Local, Global, Offset;
+  };
+  for (const Case &C : {Case{{3, 17, 29}, {3, 17, 29}, {0, 0, 0}},
+                        Case{{5, 7, 12}, {5, 7, 12}, {0, 0, 0}},
+                        Case{{2, 8, 16}, {2, 16, 16}, {0, 8, 0}}}) {
+    int64_t N = 1;
+    for (int64_t D : C.Local)
+      N *= D;
+    auto X = normals(N, 1, 9);
+    std::vector<float> Y(N), CY(N);
+    std::vector<uint8_t> M(N), CM(N);
+    cuda::DevShape G, L, O;
+    G.Rank = L.Rank = O.Rank = int(C.Local.size());
+    for (size_t K = 0; K < C.Local.size(); ++K) {
+      G.Dim[K] = C.Global[K];
+      L.Dim[K] = C.Local[K];
+      O.Dim[K] = C.Offset[K];
+    }
+    cuda::dropout(Y.data(), M.data(), X.data(), 0.3, 77, 2, 5, 3, G, L, O,
+                  nullptr);
+    ASSERT_TRUE(cpu::dropout(CY.data(), CM.data(), X.data(), 0.3,
+                             cpu::DropoutKey{77, 2, 5, 3},
+                             cpu::GlobalIndex::block(C.Global, C.Local,
+                                                     C.Offset))
+                    .ok());
+    EXPECT_TRUE(sameBits(Y, CY));
+    EXPECT_EQ(M, CM);
   }
 }
 

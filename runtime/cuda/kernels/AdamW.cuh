@@ -170,22 +170,24 @@ void sumSquares(double *Sum, const float *G, int64_t N, double *Partials,
                 bool Accumulate, cudaStream_t S) {
   Launch L = sumSquaresLaunch(N);
   if (L.Blocks)
-    sumSquaresBlocksKernel<<<L.Blocks, L.Threads, 0, S>>>(Partials, G, N);
-  sumPartialsKernel<<<1, 32, 0, S>>>(Sum, Partials, L.Blocks, Accumulate);
+    SP_LAUNCH(sumSquaresBlocksKernel, L.Blocks, L.Threads, 0, S, Partials, G,
+              N);
+  SP_LAUNCH(sumPartialsKernel, 1, 32, 0, S, Sum, Partials, L.Blocks,
+            Accumulate);
 }
 
 void doubleToFloat(float *Out, const double *In, cudaStream_t S) {
-  doubleToFloatKernel<<<1, 32, 0, S>>>(Out, In);
+  SP_LAUNCH(doubleToFloatKernel, 1, 32, 0, S, Out, In);
 }
 
 void gradNormTotal(double *Total, const double *SplitD, const float *SplitF,
                    const double *Whole, cudaStream_t S) {
-  gradNormTotalKernel<<<1, 32, 0, S>>>(Total, SplitD, SplitF, Whole);
+  SP_LAUNCH(gradNormTotalKernel, 1, 32, 0, S, Total, SplitD, SplitF, Whole);
 }
 
 void gradNormFinish(float *Norm, const double *Total, const float *TotalF,
                     double Scale, cudaStream_t S) {
-  gradNormFinishKernel<<<1, 32, 0, S>>>(Norm, Total, TotalF, Scale);
+  SP_LAUNCH(gradNormFinishKernel, 1, 32, 0, S, Norm, Total, TotalF, Scale);
 }
 
 void adamw(float *P, const float *G, float *M, float *V, int64_t N,
@@ -193,9 +195,8 @@ void adamw(float *P, const float *G, float *M, float *V, int64_t N,
            double Beta1, double Beta2, double Eps, double WeightDecay,
            double MaxNorm, float GradScale, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    adamwKernel<<<L.Blocks, L.Threads, 0, S>>>(P, G, M, V, N, GradNorm, Lr,
-                                               Step, Beta1, Beta2, Eps,
-                                               WeightDecay, MaxNorm, GradScale);
+    SP_LAUNCH(adamwKernel, L.Blocks, L.Threads, 0, S, P, G, M, V, N, GradNorm,
+              Lr, Step, Beta1, Beta2, Eps, WeightDecay, MaxNorm, GradScale);
 }
 
 void adamwMultiTensor(const AdamwTensor *Tensors, int Count,
@@ -221,8 +222,9 @@ void adamwMultiTensor(const AdamwTensor *Tensors, int Count,
       T.BlockSlot[B] = static_cast<unsigned char>(L.Blocks[B].Slot);
       T.BlockChunk[B] = static_cast<int>(L.Blocks[B].Chunk);
     }
-    adamwMultiTensorKernel<<<unsigned(L.Blocks.size()), BlockThreads, 0, S>>>(
-        T, GradNorm, Lr, Step, Beta1, Beta2, Eps, MaxNorm, GradScale);
+    SP_LAUNCH(adamwMultiTensorKernel, unsigned(L.Blocks.size()), BlockThreads,
+              0, S, T, GradNorm, Lr, Step, Beta1, Beta2, Eps, MaxNorm,
+              GradScale);
   }
 }
 

@@ -204,22 +204,22 @@ __global__ void rowLogSumExpKernel(float *Lse, const float *X, int64_t Rows,
 void rowLogSumExp(float *Lse, const float *X, int64_t Rows, int64_t N,
                   int64_t Heads, int64_t Sq, bool Merged, cudaStream_t S) {
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
-    rowLogSumExpKernel<<<L.Blocks, L.Threads, 0, S>>>(Lse, X, Rows, N, Heads,
-                                                      Sq, Merged);
+    SP_LAUNCH(rowLogSumExpKernel, L.Blocks, L.Threads, 0, S, Lse, X, Rows, N,
+              Heads, Sq, Merged);
 }
 
 void causalMask(float *Y, const float *X, int64_t Batch, int64_t Sq,
                 int64_t Sk, double Fill, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(Batch * Sq * Sk); L.Blocks)
-    causalMaskKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, Batch * Sq, Sq, Sk,
-                                                    float(Fill));
+    SP_LAUNCH(causalMaskKernel<float>, L.Blocks, L.Threads, 0, S, Y, X, Batch * Sq, Sq,
+              Sk, float(Fill));
 }
 
 void causalMaskBytes(uint8_t *Mask, int64_t Batch, int64_t Sq, int64_t Sk,
                      cudaStream_t S) {
   if (Launch L = elementwiseLaunch(Batch * Sq * Sk); L.Blocks)
-    causalMaskKernel<uint8_t><<<L.Blocks, L.Threads, 0, S>>>(
-        Mask, Mask, Batch * Sq, Sq, Sk, uint8_t(0));
+    SP_LAUNCH(causalMaskKernel<uint8_t>, L.Blocks, L.Threads, 0, S, Mask, Mask,
+              Batch * Sq, Sq, Sk, uint8_t(0));
 }
 
 void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,
@@ -227,16 +227,16 @@ void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,
                  cudaStream_t S) {
   int64_t N = B * Inner * K;
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    paddingMaskKernel<<<L.Blocks, L.Threads, 0, S>>>(
-        Y, X, Keep, KeepType, Inner, K, N, float(Fill), Where);
+    SP_LAUNCH(paddingMaskKernel, L.Blocks, L.Threads, 0, S, Y, X, Keep,
+              KeepType, Inner, K, N, float(Fill), Where);
 }
 
 void softmax(Elems Y, Elems X, int64_t Rows, int64_t N, double Alpha,
              bool Causal, int64_t Sq, double Fill, cudaStream_t S) {
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
     withStorage(X.Kind, [&](auto ST) {
-      softmaxKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
-          Y, X, Rows, N, float(Alpha), Alpha != 1.0, Causal, Sq, float(Fill));
+      SP_LAUNCH(softmaxKernel<ST>, L.Blocks, L.Threads, 0, S, Y, X, Rows, N,
+                float(Alpha), Alpha != 1.0, Causal, Sq, float(Fill));
     });
 }
 
@@ -245,9 +245,8 @@ void softmaxBackward(Elems DX, Elems Y, Elems DY, int64_t Rows, int64_t N,
                      cudaStream_t S) {
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
     withStorage(Y.Kind, [&](auto ST) {
-      softmaxBackwardKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
-          DX, Y, DY, Rows, N, float(Alpha), Alpha != 1.0, Causal, Sq,
-          float(Fill));
+      SP_LAUNCH(softmaxBackwardKernel<ST>, L.Blocks, L.Threads, 0, S, DX, Y, DY,
+                Rows, N, float(Alpha), Alpha != 1.0, Causal, Sq, float(Fill));
     });
 }
 

@@ -37,13 +37,13 @@ __global__ void narrow16Kernel(uint16_t *Y, const float *X, int64_t N,
 void widen16(float *Y, const uint16_t *X, int64_t N, bool Bf16,
              cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    widen16Kernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, N, Bf16);
+    SP_LAUNCH(widen16Kernel, L.Blocks, L.Threads, 0, S, Y, X, N, Bf16);
 }
 
 void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16,
               cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    narrow16Kernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, N, Bf16);
+    SP_LAUNCH(narrow16Kernel, L.Blocks, L.Threads, 0, S, Y, X, N, Bf16);
 }
 
 } // namespace sp::cuda

@@ -220,8 +220,8 @@ void vocabParallelMax(float *Max, const float *Logits, const int64_t *Targets,
                       bool HasIgnore, int64_t Ignore, DeviceError *Err,
                       cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    vpMaxKernel<<<L.Blocks, L.Threads, 0, S>>>(Max, Logits, Targets, N, V, Mine,
-                                               Valid, HasIgnore, Ignore, Err);
+    SP_LAUNCH(vpMaxKernel, L.Blocks, L.Threads, 0, S, Max, Logits, Targets, N,
+              V, Mine, Valid, HasIgnore, Ignore, Err);
 }
 
 void vocabParallelSums(float *Sum, float *Target, const float *Logits,
@@ -229,16 +229,15 @@ void vocabParallelSums(float *Sum, float *Target, const float *Logits,
                        int64_t V, int64_t Mine, int64_t Start, bool HasIgnore,
                        int64_t Ignore, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    vpSumsKernel<<<L.Blocks, L.Threads, 0, S>>>(Sum, Target, Logits, Max,
-                                                Targets, N, V, Mine, Start,
-                                                HasIgnore, Ignore);
+    SP_LAUNCH(vpSumsKernel, L.Blocks, L.Threads, 0, S, Sum, Target, Logits, Max,
+              Targets, N, V, Mine, Start, HasIgnore, Ignore);
 }
 
 void vocabParallelLoss(float *Loss, const float *Sum, const float *Max,
                        const float *Target, const int64_t *Targets, int64_t N,
                        bool HasIgnore, int64_t Ignore, cudaStream_t S) {
-  vpLossKernel<<<1, 32, 0, S>>>(Loss, Sum, Max, Target, Targets, N, HasIgnore,
-                                Ignore);
+  SP_LAUNCH(vpLossKernel, 1, 32, 0, S, Loss, Sum, Max, Target, Targets, N,
+            HasIgnore, Ignore);
 }
 
 void vocabParallelGrad(float *DLogits, const float *Logits, const float *Max,
@@ -248,12 +247,12 @@ void vocabParallelGrad(float *DLogits, const float *Logits, const float *Max,
                        double *Scratch, cudaStream_t S) {
   if (N <= 0)
     return;
-  countTargetsKernel<<<1, BlockThreads, 0, S>>>(Scratch, Targets, N, HasIgnore,
-                                                Ignore);
+  SP_LAUNCH(countTargetsKernel, 1, BlockThreads, 0, S, Scratch, Targets, N,
+            HasIgnore, Ignore);
   if (Launch L = elementwiseLaunch(N * V); L.Blocks)
-    vpGradKernel<<<L.Blocks, L.Threads, 0, S>>>(DLogits, Logits, Max, Sum,
-                                                Targets, DLoss, Scratch, N, V,
-                                                Mine, Start, HasIgnore, Ignore);
+    SP_LAUNCH(vpGradKernel, L.Blocks, L.Threads, 0, S, DLogits, Logits, Max,
+              Sum, Targets, DLoss, Scratch, N, V, Mine, Start, HasIgnore,
+              Ignore);
 }
 
 void crossEntropy(float *Loss, const float *Logits, const int64_t *Targets,
@@ -263,10 +262,10 @@ void crossEntropy(float *Loss, const float *Logits, const int64_t *Targets,
   Launch L = laneRowsLaunch(N);
   if (!L.Blocks)
     return;
-  crossEntropyRowsKernel<<<L.Blocks, L.Threads, 0, S>>>(
-      Scratch, Logits, Targets, N, V, ValidV, HasIgnore, Ignore, Err);
-  crossEntropyTotalKernel<<<1, 32, 0, S>>>(Loss, Scratch, Targets, N,
-                                           HasIgnore, Ignore);
+  SP_LAUNCH(crossEntropyRowsKernel, L.Blocks, L.Threads, 0, S, Scratch, Logits,
+            Targets, N, V, ValidV, HasIgnore, Ignore, Err);
+  SP_LAUNCH(crossEntropyTotalKernel, 1, 32, 0, S, Loss, Scratch, Targets, N,
+            HasIgnore, Ignore);
 }
 
 void crossEntropyBackward(float *DLogits, const float *Logits,
@@ -277,11 +276,11 @@ void crossEntropyBackward(float *DLogits, const float *Logits,
   Launch L = laneRowsLaunch(N);
   if (!L.Blocks)
     return;
-  countTargetsKernel<<<1, BlockThreads, 0, S>>>(Scratch, Targets, N,
-                                                HasIgnore, Ignore);
-  crossEntropyBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(
-      DLogits, Logits, Targets, DLoss, Scratch, N, V, ValidV, HasIgnore,
-      Ignore, Err);
+  SP_LAUNCH(countTargetsKernel, 1, BlockThreads, 0, S, Scratch, Targets, N,
+            HasIgnore, Ignore);
+  SP_LAUNCH(crossEntropyBackwardKernel, L.Blocks, L.Threads, 0, S, DLogits,
+            Logits, Targets, DLoss, Scratch, N, V, ValidV, HasIgnore, Ignore,
+            Err);
 }
 
 } // namespace sp::cuda

@@ -117,17 +117,17 @@ void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
   if (Quads) {
     if (Launch L = elementwiseLaunch(N / 4); L.Blocks)
       withStorage(Y.Kind, [&](auto ST) {
-        dropoutQuadKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
-            Y, reinterpret_cast<uchar4 *>(Mask), X, N / 4, G, Seed, Layer,
-            Site, Stream, philox::dropoutThreshold(Ratio), Scale);
+        SP_LAUNCH(dropoutQuadKernel<ST>, L.Blocks, L.Threads, 0, S, Y,
+                  reinterpret_cast<uchar4 *>(Mask), X, N / 4, G, Seed, Layer,
+                  Site, Stream, philox::dropoutThreshold(Ratio), Scale);
       });
     return;
   }
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     withStorage(Y.Kind, [&](auto ST) {
-      dropoutKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
-          Y, Mask, X, N, G, Seed, Layer, Site, Stream,
-          philox::dropoutThreshold(Ratio), Scale);
+      SP_LAUNCH(dropoutKernel<ST>, L.Blocks, L.Threads, 0, S, Y, Mask, X, N, G,
+                Seed, Layer, Site, Stream, philox::dropoutThreshold(Ratio),
+                Scale);
     });
 }
 
@@ -136,8 +136,8 @@ void dropoutBackward(Elems DX, Elems DY, const uint8_t *Mask, int64_t N,
   float Scale = Ratio >= 1.0 ? 0.0f : float(1.0 / (1.0 - Ratio));
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     withStorage(DX.Kind, [&](auto ST) {
-      dropoutBackwardKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(DX, DY, Mask, N,
-                                                              Scale);
+      SP_LAUNCH(dropoutBackwardKernel<ST>, L.Blocks, L.Threads, 0, S, DX, DY,
+                Mask, N, Scale);
     });
 }
 

@@ -138,18 +138,18 @@ __global__ void broadcastRowsKernel(float *Y, const float *Bias, int64_t Rows,
 void add(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     withStorage(Y.Kind, [&](auto ST) {
-      addKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Y, A, B, N);
+      SP_LAUNCH(addKernel<ST>, L.Blocks, L.Threads, 0, S, Y, A, B, N);
     });
 }
 void mul(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     withStorage(Y.Kind, [&](auto ST) {
-      mulKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Y, A, B, N);
+      SP_LAUNCH(mulKernel<ST>, L.Blocks, L.Threads, 0, S, Y, A, B, N);
     });
 }
 void scale(float *Y, const float *X, int64_t N, double Alpha, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    scaleKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, X, N, float(Alpha));
+    SP_LAUNCH(scaleKernel, L.Blocks, L.Threads, 0, S, Y, X, N, float(Alpha));
 }
 void broadcastBinary(float *Y, DevShape YShape, const float *A, DevShape SA,
                      const float *B, DevShape SB, bool Multiply,
@@ -158,8 +158,8 @@ void broadcastBinary(float *Y, DevShape YShape, const float *A, DevShape SA,
   for (int D = 0; D < YShape.Rank; ++D)
     N *= YShape.Dim[D];
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    broadcastKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, YShape, A, SA, B, SB,
-                                                   Multiply, N);
+    SP_LAUNCH(broadcastKernel, L.Blocks, L.Threads, 0, S, Y, YShape, A, SA, B,
+              SB, Multiply, N);
 }
 void reduceTo(float *DX, const float *DY, DevShape Kept, DevShape KeptSX,
               DevShape KeptSY, DevShape Red, DevShape RedSY, int64_t NX,
@@ -174,31 +174,32 @@ void reduceTo(float *DX, const float *DY, DevShape Kept, DevShape KeptSX,
   if (NRed == 0)
     return;
   if (Launch L = elementwiseLaunch(NKept); L.Blocks)
-    reduceToKernel<<<L.Blocks, L.Threads, 0, S>>>(DX, DY, Kept, KeptSX, KeptSY,
-                                                  Red, RedSY, NKept, NRed);
+    SP_LAUNCH(reduceToKernel, L.Blocks, L.Threads, 0, S, DX, DY, Kept, KeptSX,
+              KeptSY, Red, RedSY, NKept, NRed);
 }
 void activation(int Kind, float *Y, const float *X, int64_t N,
                 cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    activationKernel<<<L.Blocks, L.Threads, 0, S>>>(Kind, Y, X, N);
+    SP_LAUNCH(activationKernel, L.Blocks, L.Threads, 0, S, Kind, Y, X, N);
 }
 void activationBackward(int Kind, float *DX, const float *X, const float *DY,
                         int64_t N, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    activationBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(Kind, DX, X, DY,
-                                                            N);
+    SP_LAUNCH(activationBackwardKernel, L.Blocks, L.Threads, 0, S, Kind, DX, X,
+              DY, N);
 }
 void chunkCopy(float *Dst, int64_t DstPitch, const float *Src,
                int64_t SrcPitch, int64_t Chunk, int64_t Outer,
                cudaStream_t S) {
   if (Launch L = elementwiseLaunch(Chunk * Outer); L.Blocks)
-    chunkCopyKernel<<<L.Blocks, L.Threads, 0, S>>>(Dst, DstPitch, Src,
-                                                   SrcPitch, Chunk, Outer);
+    SP_LAUNCH(chunkCopyKernel, L.Blocks, L.Threads, 0, S, Dst, DstPitch, Src,
+              SrcPitch, Chunk, Outer);
 }
 void broadcastRows(float *Y, const float *Bias, int64_t Rows, int64_t Out,
                    cudaStream_t S) {
   if (Launch L = elementwiseLaunch(Rows * Out); L.Blocks)
-    broadcastRowsKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, Bias, Rows, Out);
+    SP_LAUNCH(broadcastRowsKernel, L.Blocks, L.Threads, 0, S, Y, Bias, Rows,
+              Out);
 }
 
 } // namespace sp::cuda

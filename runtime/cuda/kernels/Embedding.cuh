@@ -77,8 +77,8 @@ void embedding(float *Y, const float *Table, const int64_t *Ids, int64_t N,
                DeviceError *Err, cudaStream_t S) {
   Launch L = elementwiseLaunch(N * H);
   if (L.Blocks)
-    embeddingKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, Table, Ids, N, V, H,
-                                                   Offset, OutsideIsZero, Err);
+    SP_LAUNCH(embeddingKernel, L.Blocks, L.Threads, 0, S, Y, Table, Ids, N, V,
+              H, Offset, OutsideIsZero, Err);
 }
 
 void embeddingBackward(float *DTable, const float *DY, const int64_t *Ids,
@@ -86,8 +86,8 @@ void embeddingBackward(float *DTable, const float *DY, const int64_t *Ids,
                        bool OutsideIsZero, DeviceError *Err, cudaStream_t S) {
   Launch L = columnsLaunch(H);
   if (L.Blocks && N > 0)
-    embeddingBackwardKernel<<<L.Blocks, L.Threads, 0, S>>>(
-        DTable, DY, Ids, N, V, H, Offset, OutsideIsZero, Err);
+    SP_LAUNCH(embeddingBackwardKernel, L.Blocks, L.Threads, 0, S, DTable, DY,
+              Ids, N, V, H, Offset, OutsideIsZero, Err);
 }
 
 } // namespace sp::cuda

@@ -60,14 +60,15 @@ __global__ void geluBackwardKernel(Elems DX, Elems X, Elems DY, int64_t N,
 void gelu(Elems Y, Elems X, int64_t N, bool Tanh, cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     withStorage(Y.Kind, [&](auto ST) {
-      geluKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Y, X, N, Tanh);
+      SP_LAUNCH(geluKernel<ST>, L.Blocks, L.Threads, 0, S, Y, X, N, Tanh);
     });
 }
 void geluBackward(Elems DX, Elems X, Elems DY, int64_t N, bool Tanh,
                   cudaStream_t S) {
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     withStorage(DX.Kind, [&](auto ST) {
-      geluBackwardKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(DX, X, DY, N, Tanh);
+      SP_LAUNCH(geluBackwardKernel<ST>, L.Blocks, L.Threads, 0, S, DX, X, DY, N,
+                Tanh);
     });
 }
 

@@ -123,52 +123,53 @@ void splitHeads(float *Q, float *K, float *V, const float *QKV, int64_t B,
                 int64_t S, int64_t Heads, int64_t D, cudaStream_t St) {
   int64_t N = B * Heads * S * D;
   if (Launch L = elementwiseLaunch(3 * N); L.Blocks)
-    splitHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(Q, K, V, QKV, N, S, Heads,
-                                                     D, false);
+    SP_LAUNCH(splitHeadsKernel, L.Blocks, L.Threads, 0, St, Q, K, V, QKV, N, S,
+              Heads, D, false);
 }
 void splitHeadsBackward(float *DQKV, const float *DQ, const float *DK,
                         const float *DV, int64_t B, int64_t S, int64_t Heads,
                         int64_t D, cudaStream_t St) {
   int64_t N = B * Heads * S * D;
   if (Launch L = elementwiseLaunch(3 * N); L.Blocks)
-    splitHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(
-        const_cast<float *>(DQ), const_cast<float *>(DK),
-        const_cast<float *>(DV), DQKV, N, S, Heads, D, true);
+    SP_LAUNCH(splitHeadsKernel, L.Blocks, L.Threads, 0, St,
+              const_cast<float *>(DQ), const_cast<float *>(DK),
+              const_cast<float *>(DV), DQKV, N, S, Heads, D, true);
 }
 void mergeHeads(float *Y, const float *X, int64_t B, int64_t S, int64_t Heads,
                 int64_t D, cudaStream_t St) {
   int64_t N = B * Heads * S * D;
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    mergeHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(Y, X, N, S, Heads, D,
-                                                     false);
+    SP_LAUNCH(mergeHeadsKernel, L.Blocks, L.Threads, 0, St, Y, X, N, S, Heads,
+              D, false);
 }
 void mergeHeadsBackward(float *DX, const float *DY, int64_t B, int64_t S,
                         int64_t Heads, int64_t D, cudaStream_t St) {
   int64_t N = B * Heads * S * D;
   if (Launch L = elementwiseLaunch(N); L.Blocks)
-    mergeHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(DX, DY, N, S, Heads, D,
-                                                     true);
+    SP_LAUNCH(mergeHeadsKernel, L.Blocks, L.Threads, 0, St, DX, DY, N, S, Heads,
+              D, true);
 }
 void repeatHeads(float *Y, const float *X, int64_t B, int64_t G, int64_t R,
                  int64_t S, int64_t D, cudaStream_t St) {
   int64_t Block = S * D, NY = B * G * R * Block;
   if (Launch L = elementwiseLaunch(NY); L.Blocks)
-    repeatHeadsKernel<<<L.Blocks, L.Threads, 0, St>>>(Y, X, NY, R, Block);
+    SP_LAUNCH(repeatHeadsKernel, L.Blocks, L.Threads, 0, St, Y, X, NY, R,
+              Block);
 }
 void repeatHeadsBackward(float *DX, const float *DY, int64_t B, int64_t G,
                          int64_t R, int64_t S, int64_t D, cudaStream_t St) {
   int64_t Block = S * D, NX = B * G * Block;
   if (Launch L = elementwiseLaunch(NX); L.Blocks)
-    repeatHeadsBackwardKernel<<<L.Blocks, L.Threads, 0, St>>>(DX, DY, NX, R,
-                                                              Block);
+    SP_LAUNCH(repeatHeadsBackwardKernel, L.Blocks, L.Threads, 0, St, DX, DY, NX,
+              R, Block);
 }
 void rope(float *Y, const float *X, const float *Cos, const float *Sin,
           int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB,
           bool Interleaved, bool Backward, cudaStream_t St) {
   int64_t Rows = B * A * S;
   if (Launch L = elementwiseLaunch(Rows * D); L.Blocks)
-    ropeKernel<<<L.Blocks, L.Threads, 0, St>>>(Y, X, Cos, Sin, Rows, A, S, D,
-                                               CB, Interleaved, Backward);
+    SP_LAUNCH(ropeKernel, L.Blocks, L.Threads, 0, St, Y, X, Cos, Sin, Rows, A,
+              S, D, CB, Interleaved, Backward);
 }
 
 } // namespace sp::cuda

@@ -160,8 +160,8 @@ void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
                cudaStream_t S) {
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
     withStorage(X.Kind, [&](auto ST) {
-      layerNormKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Y, Mean, Rstd, X, Gamma,
-                                                      Beta, Rows, H, Eps);
+      SP_LAUNCH(layerNormKernel<ST>, L.Blocks, L.Threads, 0, S, Y, Mean, Rstd,
+                X, Gamma, Beta, Rows, H, Eps);
     });
 }
 
@@ -172,8 +172,8 @@ void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY,
   if (DX)
     if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
       withStorage(X.Kind, [&](auto ST) {
-        layerNormBackwardDxKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
-            DX, DY, X, Gamma, Mean, Rstd, Rows, H);
+        SP_LAUNCH(layerNormBackwardDxKernel<ST>, L.Blocks, L.Threads, 0, S, DX,
+                  DY, X, Gamma, Mean, Rstd, Rows, H);
       });
   if (!DGamma && !DBeta)
     return;
@@ -181,8 +181,8 @@ void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY,
   double *PartG = Scratch, *PartB = Scratch + Parts * H;
   if (Launch L = elementwiseLaunch(Parts * H); L.Blocks)
     withStorage(X.Kind, [&](auto ST) {
-      layerNormBackwardPartsKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(
-          PartG, PartB, DY, X, Mean, Rstd, Rows, H);
+      SP_LAUNCH(layerNormBackwardPartsKernel<ST>, L.Blocks, L.Threads, 0, S,
+                PartG, PartB, DY, X, Mean, Rstd, Rows, H);
     });
   if (DGamma)
     columnPartsSum(DGamma, PartG, Parts, H, S);
@@ -195,8 +195,8 @@ void biasBackward(float *DBias, Elems DY, int64_t Rows, int64_t Out,
   int64_t Parts = columnParts(Rows);
   if (Launch L = elementwiseLaunch(Parts * Out); L.Blocks)
     withStorage(DY.Kind, [&](auto ST) {
-      biasBackwardPartsKernel<ST><<<L.Blocks, L.Threads, 0, S>>>(Scratch, DY,
-                                                                 Rows, Out);
+      SP_LAUNCH(biasBackwardPartsKernel<ST>, L.Blocks, L.Threads, 0, S, Scratch,
+                DY, Rows, Out);
     });
   columnPartsSum(DBias, Scratch, Parts, Out, S);
 }

@@ -81,8 +81,8 @@ __global__ void rmsNormBackwardGammaPartsKernel(double *Part, const float *DY,
 void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
              int64_t Rows, int64_t H, double Eps, cudaStream_t S) {
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
-    rmsNormKernel<<<L.Blocks, L.Threads, 0, S>>>(Y, Rstd, X, Gamma, Rows, H,
-                                                 Eps);
+    SP_LAUNCH(rmsNormKernel, L.Blocks, L.Threads, 0, S, Y, Rstd, X, Gamma, Rows,
+              H, Eps);
 }
 
 void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
@@ -90,14 +90,14 @@ void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
                      int64_t H, double *Scratch, cudaStream_t S) {
   if (DX)
     if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
-      rmsNormBackwardDxKernel<<<L.Blocks, L.Threads, 0, S>>>(DX, DY, X, Gamma,
-                                                             Rstd, Rows, H);
+      SP_LAUNCH(rmsNormBackwardDxKernel, L.Blocks, L.Threads, 0, S, DX, DY, X,
+                Gamma, Rstd, Rows, H);
   if (!DGamma)
     return;
   int64_t Parts = columnParts(Rows);
   if (Launch L = elementwiseLaunch(Parts * H); L.Blocks)
-    rmsNormBackwardGammaPartsKernel<<<L.Blocks, L.Threads, 0, S>>>(
-        Scratch, DY, X, Rstd, Rows, H);
+    SP_LAUNCH(rmsNormBackwardGammaPartsKernel, L.Blocks, L.Threads, 0, S,
+              Scratch, DY, X, Rstd, Rows, H);
   columnPartsSum(DGamma, Scratch, Parts, H, S);
 }
 

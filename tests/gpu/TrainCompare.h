@@ -223,7 +223,7 @@ inline llvm::Expected<Run> trainOnGrid(const Plan &P, int TP, int PP, int DP,
         return llvm::Error::success();
       });
   if (E)
-    return std::move(E);
+    return E;
   return R;
 }
 
@@ -279,9 +279,10 @@ expectFusedPlanTrainsAsTheCpu(llvm::StringRef Path,
   const int Before = Count ? *Count : 0;
   auto Other = trainWith(P, std::move(Make), Steps);
   ASSERT_TRUE(bool(Other)) << llvm::toString(Other.takeError());
-  if (Count)
+  if (Count) {
     EXPECT_EQ(*Count - Before, Attention * Steps)
         << "attention instructions run by " << Who;
+  }
   auto Cpu = trainWith(P, nullptr, Steps);
   ASSERT_TRUE(bool(Cpu)) << llvm::toString(Cpu.takeError());
   auto Ref = trainWith(widenToFloat64(P), nullptr, Steps);

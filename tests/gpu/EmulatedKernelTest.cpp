@@ -364,6 +364,74 @@ TEST(EmulatedKernels, DropoutIsTheCpusBits) {
   }
 }
 
+TEST(EmulatedKernels, CrossEntropyIsTheCpusBits) {
+  const int64_t N = 64, V = 256, Valid = 250;
+  auto Logits = normals(N * V, 3, 10);
+  std::vector<int64_t> Targets(N);
+  for (int64_t K = 0; K < N; ++K)
+    Targets[K] = K % 7 == 3 ? -100 : (K * 37) % Valid; // some rows ignored
+  std::vector<double> Scratch(N + 2);
+  cuda::DeviceError Err;
+  float Loss = 0, CLoss = 0;
+  cuda::crossEntropy(&Loss, Logits.data(), Targets.data(), N, V, Valid, true,
+                     -100, Scratch.data(), &Err, nullptr);
+  ASSERT_TRUE(cpu::crossEntropy(&CLoss, Logits.data(), Targets.data(), N, V,
+                                Valid, int64_t(-100))
+                  .ok());
+  EXPECT_EQ(Err.Code, 0);
+  EXPECT_TRUE(sameBits({Loss}, {CLoss}));
+  const float DLoss = 0.75f;
+  std::vector<float> D(N * V), CD(N * V);
+  cuda::crossEntropyBackward(D.data(), Logits.data(), Targets.data(), &DLoss,
+                             N, V, Valid, true, -100, Scratch.data(), &Err,
+                             nullptr);
+  ASSERT_TRUE(cpu::crossEntropyBackward(CD.data(), Logits.data(),
+                                        Targets.data(), DLoss, N, V, Valid,
+                                        int64_t(-100))
+                  .ok());
+  EXPECT_TRUE(sameBits(D, CD));
+}
+
+TEST(EmulatedKernels, SixteenBitInPlaceIsTheWidenedRun) {
+  // LayerNorm and GELU reading and writing bf16 and fp16 where they are:
+  // the bits of widening, running the float32 CPU kernel and rounding once.
+  const int64_t Rows = 35, H = 203, N = Rows * H;
+  for (bool Bf16 : {true, false}) {
+    SCOPED_TRACE(Bf16 ? "bf16" : "fp16");
+    const cuda::Storage K = Bf16 ? cuda::Storage::BF16 : cuda::Storage::F16;
+    auto Narrow = [&](const std::vector<float> &F) {
+      std::vector<uint16_t> B(F.size());
+      cpu::narrow16(B.data(), F.data(), int64_t(F.size()), Bf16);
+      return B;
+    };
+    auto Widen = [&](const std::vector<uint16_t> &B) {
+      std::vector<float> F(B.size());
+      cpu::widen16(F.data(), B.data(), int64_t(B.size()), Bf16);
+      return F;
+    };
+    auto X16 = Narrow(normals(N, 2, 11)), G16 = Narrow(normals(H, 1, 12)),
+         B16 = Narrow(normals(H, 1, 13));
+    std::vector<uint16_t> Y16(N), Z16(N);
+    std::vector<float> M(Rows), R(Rows);
+    cuda::layerNorm(cuda::Elems(Y16.data(), K), M.data(), R.data(),
+                    cuda::Elems(X16.data(), K), cuda::Elems(G16.data(), K),
+                    cuda::Elems(B16.data(), K), Rows, H, 1e-5, nullptr);
+    cuda::gelu(cuda::Elems(Z16.data(), K), cuda::Elems(Y16.data(), K), N,
+               false, nullptr);
+    auto X = Widen(X16), G = Widen(G16), B = Widen(B16);
+    std::vector<float> Y(N), CM(Rows), CR(Rows), Z(N);
+    cpu::layerNorm(Y.data(), CM.data(), CR.data(), X.data(), G.data(),
+                   B.data(), Rows, H, 1e-5);
+    auto CY16 = Narrow(Y);
+    EXPECT_EQ(Y16, CY16);
+    EXPECT_TRUE(sameBits(M, CM));
+    EXPECT_TRUE(sameBits(R, CR));
+    auto YW = Widen(CY16);
+    cpu::gelu(Z.data(), YW.data(), N, cpu::GeluApprox::None);
+    EXPECT_EQ(Z16, Narrow(Z));
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // The emulator itself.
 //===----------------------------------------------------------------------===//

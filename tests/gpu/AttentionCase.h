@@ -333,6 +333,39 @@ struct AttentionCase {
   }
 };
 
+/// The op-level cases of the GPU's (and the emulator's) FusedAttention test:
+/// causal; grouped-query heads with merged output and dropout; padding in
+/// both orders and both forms, with fills small enough that the masks'
+/// order matters (as in AttentionPlan.PaddingInBothOrdersMatchesTheFusedKernel);
+/// unequal lengths with more keys than one warp's lanes cover in a batch;
+/// GPT's packed qkv read in place.
+inline std::vector<AttentionCase> fusedAttentionCases() {
+  std::vector<AttentionCase> Cases(1);
+  AttentionCase G;
+  G.G = 2;
+  G.Merged = G.Dropout = true;
+  Cases.push_back(G);
+  for (bool PadFirst : {false, true})
+    for (bool Where : {false, true}) {
+      AttentionCase P;
+      P.Pad = P.Dropout = true;
+      P.PadFirst = PadFirst;
+      P.PadWhere = Where;
+      P.Fill = -2;
+      P.PadFill = Where ? -INFINITY : -3;
+      Cases.push_back(P);
+    }
+  AttentionCase N;
+  N.Causal = false;
+  N.Sq = 9;
+  N.Sk = 300;
+  Cases.push_back(N);
+  AttentionCase Packed;
+  Packed.Packed = Packed.Merged = Packed.Dropout = true;
+  Cases.push_back(Packed);
+  return Cases;
+}
+
 /// Cases across the blockwise kernels' tiles of 64 rows and keys
 /// (kernels/Attention.cuh): several blocks and a partial one, the causal
 /// skipping of blocks above the diagonal, head sizes that fill one or two

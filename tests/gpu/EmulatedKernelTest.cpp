@@ -122,34 +122,6 @@ private:
   int *Count;
 };
 
-/// The cases of KernelTest.cpp's FusedAttention.
-std::vector<AttentionCase> opCases() {
-  std::vector<AttentionCase> Cases(1);
-  AttentionCase G;
-  G.G = 2;
-  G.Merged = G.Dropout = true;
-  Cases.push_back(G);
-  for (bool PadFirst : {false, true})
-    for (bool Where : {false, true}) {
-      AttentionCase P;
-      P.Pad = P.Dropout = true;
-      P.PadFirst = PadFirst;
-      P.PadWhere = Where;
-      P.Fill = -2;
-      P.PadFill = Where ? -INFINITY : -3;
-      Cases.push_back(P);
-    }
-  AttentionCase N;
-  N.Causal = false;
-  N.Sq = 9;
-  N.Sk = 300;
-  Cases.push_back(N);
-  AttentionCase Packed;
-  Packed.Packed = Packed.Merged = Packed.Dropout = true;
-  Cases.push_back(Packed);
-  return Cases;
-}
-
 struct InBothOrders : ::testing::TestWithParam<bool> {
   void SetUp() override { emu::setReverseOrder(GetParam()); }
   void TearDown() override { emu::setReverseOrder(false); }
@@ -157,7 +129,7 @@ struct InBothOrders : ::testing::TestWithParam<bool> {
 
 TEST_P(InBothOrders, BlockwiseKernelsMatchTheFusedKernel) {
   EmulatedBlockwiseBackend Emu;
-  for (const AttentionCase &C : opCases())
+  for (const AttentionCase &C : fusedAttentionCases())
     C.check(&Emu);
 }
 
@@ -228,13 +200,11 @@ TEST(EmulatedPlan, ParallelLayoutsTrainAsTheCpu) {
 }
 
 TEST(EmulatedPlan, ExportedFamiliesTrainAsTheCpu) {
-  const char *List = std::getenv("SP_EXPANSION_MODELS");
-  if (!List || !*List)
+  auto Paths = exportedFamilyModels();
+  if (Paths.empty())
     GTEST_SKIP() << "SP_EXPANSION_MODELS is not set: the exported Llama and "
                     "BERT models are trained by check_expanded_plans.sh";
-  SmallVector<StringRef, 4> Paths;
-  StringRef(List).split(Paths, ':', -1, /*KeepEmpty=*/false);
-  for (StringRef Path : Paths)
+  for (const std::string &Path : Paths)
     expectEmulatedPlanTrainsAsTheCpu(Path);
 }
 

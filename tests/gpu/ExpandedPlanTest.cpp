@@ -87,13 +87,11 @@ TEST(ExpandedPlan, GptTinyTrainsAsTheCpu) {
 }
 
 TEST(ExpandedPlan, ExportedFamiliesTrainAsTheCpu) {
-  const char *List = std::getenv("SP_EXPANSION_MODELS");
-  if (!List || !*List)
+  auto Paths = exportedFamilyModels();
+  if (Paths.empty())
     GTEST_SKIP() << "SP_EXPANSION_MODELS is not set: the exported Llama and "
                     "BERT models are trained by check_expanded_plans.sh";
-  SmallVector<StringRef, 4> Paths;
-  StringRef(List).split(Paths, ':', -1, /*KeepEmpty=*/false);
-  for (StringRef Path : Paths)
+  for (const std::string &Path : Paths)
     expectExpansionTrainsAsTheCpu(Path);
 }
 

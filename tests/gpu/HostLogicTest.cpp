@@ -710,8 +710,9 @@ TEST(StreamPlan, StatedOverlapsRunWithoutEvents) {
       EXPECT_EQ(Pairs["all_gather/linear"], ColumnLinears);
       EXPECT_EQ(Pairs["reduce_scatter/linear_grad_w"], ColumnLinears);
       // The forward's all-gathers of the same linears, as t - 1 shifts.
-      if (C.Ring)
+      if (C.Ring) {
         EXPECT_EQ(Pairs["ring_shift/linear"], ColumnLinears * (C.TP - 1));
+      }
       EXPECT_EQ(Pairs.size(), C.Ring ? 3u : 2u);
     } else {
       EXPECT_EQ(Pairs["all_reduce/linear_grad_w"], ColumnLinears);

@@ -542,33 +542,8 @@ TEST_F(CudaKernels, FusedSoftmaxForwardAndBackwardAreTheCpusBits) {
 TEST_F(CudaKernels, FusedAttention) {
   for (auto [Way, Be] : attentionBackends()) {
     SCOPED_TRACE(Way);
-    AttentionCase().check(Be);
-    AttentionCase G;
-    G.G = 2;
-    G.Merged = true;
-    G.Dropout = true;
-    G.check(Be);
-    for (bool PadFirst : {false, true})
-      for (bool Where : {false, true}) {
-        // Fills small enough that the masks' order matters (as in
-        // AttentionPlan.PaddingInBothOrdersMatchesTheFusedKernel).
-        AttentionCase P;
-        P.Pad = true;
-        P.PadFirst = PadFirst;
-        P.PadWhere = Where;
-        P.Dropout = true;
-        P.Fill = -2;
-        P.PadFill = Where ? -INFINITY : -3;
-        P.check(Be);
-      }
-    AttentionCase N;
-    N.Causal = false;
-    N.Sq = 9;
-    N.Sk = 300; // more keys than one warp's lanes cover in a batch
-    N.check(Be);
-    AttentionCase Packed; // GPT's fused QKV read in place
-    Packed.Packed = Packed.Merged = Packed.Dropout = true;
-    Packed.check(Be);
+    for (const AttentionCase &C : fusedAttentionCases())
+      C.check(Be);
     AttentionCase Large; // heads above the blockwise kernels': the expansion
     Large.A = Large.G = 2;
     Large.D = 160;

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -225,6 +226,18 @@ inline llvm::Expected<Run> trainOnGrid(const Plan &P, int TP, int PP, int DP,
   if (E)
     return E;
   return R;
+}
+
+/// The exported model families check_expanded_plans.sh passes in
+/// SP_EXPANSION_MODELS (colon-separated ONNX paths); empty when unset.
+inline std::vector<std::string> exportedFamilyModels() {
+  std::vector<std::string> Paths;
+  const char *List = std::getenv("SP_EXPANSION_MODELS");
+  llvm::SmallVector<llvm::StringRef, 4> Parts;
+  llvm::StringRef(List ? List : "").split(Parts, ':', -1, /*KeepEmpty=*/false);
+  for (llvm::StringRef P : Parts)
+    Paths.push_back(P.str());
+  return Paths;
 }
 
 /// Path's plan with the fused attention core, on one device; AdamW's eps

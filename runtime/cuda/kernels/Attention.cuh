@@ -232,6 +232,50 @@ __device__ inline float biasMax(const float *Bias, int64_t Sk) {
   return All;
 }
 
+/// The score above which a row's masked scores are negligible: Fill +
+/// max(0, bias) + 104, in float (Attention.cpp's Skip). Every thread calls
+/// it.
+__device__ inline float skipAbove(const AttentionGeometry &G,
+                                  const float *Bias) {
+  return __fadd_rn(__fadd_rn(G.Fill, biasMax(Bias, G.Sk)), 104.0f);
+}
+
+/// An accumulator of this thread's rows Ty + 16 i and columns
+/// 64 g + 4 Tx + k.
+template <int NG> using RowsAcc = float[4][NG][4];
+
+template <int NG> __device__ inline void zero(RowsAcc<NG> &A) {
+#pragma unroll
+  for (int I = 0; I < 4; ++I)
+#pragma unroll
+    for (int Gr = 0; Gr < NG; ++Gr)
+#pragma unroll
+      for (int X = 0; X < 4; ++X)
+        A[I][Gr][X] = 0.0f;
+}
+
+/// Out[Base + r RowStride + c] = A's element (r, c), for rows r < Rows and
+/// columns c < D, rounded once to Out's storage.
+template <Storage ST, int NG>
+__device__ inline void storeRows(Elems Out, int64_t Base, int64_t RowStride,
+                                 const RowsAcc<NG> &A, int Rows, int D) {
+  const int Tx = threadIdx.x % 16, Ty = threadIdx.x / 16;
+#pragma unroll
+  for (int I = 0; I < 4; ++I) {
+    const int R = Ty + 16 * I;
+    if (R >= Rows)
+      continue;
+#pragma unroll
+    for (int Gr = 0; Gr < NG; ++Gr)
+#pragma unroll
+      for (int X = 0; X < 4; ++X) {
+        const int Col = 64 * Gr + 4 * Tx + X;
+        if (Col < D)
+          stAs<ST>(Out, Base + R * RowStride + Col, A[I][Gr][X]);
+      }
+  }
+}
+
 /// Whether the key block at J0 lies wholly above the causal diagonal of
 /// query rows [I0, I0 + Rows).
 __device__ inline bool aboveDiagonal(const AttentionGeometry &G, int64_t I0,
@@ -304,20 +348,17 @@ __global__ void __launch_bounds__(AThreads)
   const int64_t QBase = B * G.Q[0] + A * G.Q[1] + I0 * G.Q[2],
                 KBase = B * G.K[0] + Kv * G.K[1];
   const float *Bias = KeyBias ? KeyBias + B * G.Sk : nullptr;
-  const float Skip = __fadd_rn(__fadd_rn(G.Fill, biasMax(Bias, G.Sk)), 104.0f);
+  const float Skip = skipAbove(G, Bias);
   loadTile<ST>(Qs, T.Pitch, Q, QBase, G.Q[2], Rows, T.D, T.D4);
 
   const float NegInf = -__int_as_float(0x7f800000);
-  float M[4], L[4], Acc[4][NG][4];
+  float M[4], L[4];
+  RowsAcc<NG> Acc;
+  zero<NG>(Acc);
 #pragma unroll
   for (int I = 0; I < 4; ++I) {
     M[I] = NegInf;
     L[I] = 0.0f;
-#pragma unroll
-    for (int Gr = 0; Gr < NG; ++Gr)
-#pragma unroll
-      for (int X = 0; X < 4; ++X)
-        Acc[I][Gr][X] = 0.0f;
   }
   for (int64_t J0 = 0; J0 < G.Sk; J0 += ABlock) {
     const int Cols = int(G.Sk - J0 < ABlock ? G.Sk - J0 : ABlock);
@@ -387,24 +428,20 @@ __global__ void __launch_bounds__(AThreads)
   }
 #pragma unroll
   for (int I = 0; I < 4; ++I) {
-    const int R = Ty + 16 * I;
-    if (R >= Rows)
-      continue;
     // A row with every score -inf gives zeros, as softmax does.
     const float Inv = L[I] > 0.0f ? __frcp_rn(L[I]) : 0.0f;
-    const int64_t At = B * G.O[0] + A * G.O[1] + (I0 + R) * G.O[2];
 #pragma unroll
     for (int Gr = 0; Gr < NG; ++Gr)
 #pragma unroll
-      for (int X = 0; X < 4; ++X) {
-        const int Col = 64 * Gr + 4 * Tx + X;
-        if (Col < T.D)
-          stAs<ST>(O, At + Col, __fmul_rn(Acc[I][Gr][X], Inv));
-      }
-    if (Tx == 0)
+      for (int X = 0; X < 4; ++X)
+        Acc[I][Gr][X] = __fmul_rn(Acc[I][Gr][X], Inv);
+    const int R = Ty + 16 * I;
+    if (Tx == 0 && R < Rows)
       stAny(Lse, B * G.L[0] + A * G.L[1] + (I0 + R) * G.L[2],
             L[I] > 0.0f ? __fadd_rn(M[I], logf(L[I])) : NegInf);
   }
+  storeRows<ST, NG>(O, B * G.O[0] + A * G.O[1] + I0 * G.O[2], G.O[2], Acc,
+                    Rows, T.D);
 }
 
 //===----------------------------------------------------------------------===//
@@ -520,17 +557,12 @@ __global__ void __launch_bounds__(AThreads)
   const int Cols = int(G.Sk - J0 < ABlock ? G.Sk - J0 : ABlock);
   const int64_t KBase = B * G.K[0] + Kv * G.K[1] + J0 * G.K[2];
   const float *Bias = KeyBias ? KeyBias + B * G.Sk : nullptr;
-  const float Skip = __fadd_rn(__fadd_rn(G.Fill, biasMax(Bias, G.Sk)), 104.0f);
+  const float Skip = skipAbove(G, Bias);
   loadTile<ST>(Ks, T.Pitch, K, KBase, G.K[2], Cols, T.D, T.D4);
   loadTile<ST>(Vs, T.Pitch, V, KBase, G.K[2], Cols, T.D, T.D4);
-  float DKa[4][NG][4], DVa[4][NG][4];
-#pragma unroll
-  for (int I = 0; I < 4; ++I)
-#pragma unroll
-    for (int Gr = 0; Gr < NG; ++Gr)
-#pragma unroll
-      for (int X = 0; X < 4; ++X)
-        DKa[I][Gr][X] = DVa[I][Gr][X] = 0.0f;
+  RowsAcc<NG> DKa, DVa;
+  zero<NG>(DKa);
+  zero<NG>(DVa);
   for (int64_t A = Kv * Group; A < (Kv + 1) * Group; ++A)
     for (int64_t I0 = 0; I0 < G.Sq; I0 += ABlock) {
       const int Rows = int(G.Sq - I0 < ABlock ? G.Sq - I0 : ABlock);
@@ -566,22 +598,8 @@ __global__ void __launch_bounds__(AThreads)
       __syncthreads();
       scoresTimesTile<NG>(DKa, Pt, Qs, T.Pitch, T.D4);
     }
-#pragma unroll
-  for (int I = 0; I < 4; ++I) {
-    const int C = Ty + 16 * I;
-    if (C >= Cols)
-      continue;
-#pragma unroll
-    for (int Gr = 0; Gr < NG; ++Gr)
-#pragma unroll
-      for (int X = 0; X < 4; ++X) {
-        const int Col = 64 * Gr + 4 * Tx + X;
-        if (Col < T.D) {
-          stAs<ST>(DK, KBase + C * G.K[2] + Col, DKa[I][Gr][X]);
-          stAs<ST>(DV, KBase + C * G.K[2] + Col, DVa[I][Gr][X]);
-        }
-      }
-  }
+  storeRows<ST, NG>(DK, KBase, G.K[2], DKa, Cols, T.D);
+  storeRows<ST, NG>(DV, KBase, G.K[2], DVa, Cols, T.D);
 }
 
 /// dq of one query block (of head blockIdx.y, batch blockIdx.z), over the
@@ -609,20 +627,14 @@ __global__ void __launch_bounds__(AThreads)
   const int64_t QBase = B * G.Q[0] + A * G.Q[1] + I0 * G.Q[2],
                 KBase = B * G.K[0] + Kv * G.K[1];
   const float *Bias = KeyBias ? KeyBias + B * G.Sk : nullptr;
-  const float Skip = __fadd_rn(__fadd_rn(G.Fill, biasMax(Bias, G.Sk)), 104.0f);
+  const float Skip = skipAbove(G, Bias);
   loadTile<ST>(Qs, T.Pitch, Q, QBase, G.Q[2], Rows, T.D, T.D4);
   loadTile<ST>(DOs, T.Pitch, DO, B * G.O[0] + A * G.O[1] + I0 * G.O[2], G.O[2],
                Rows, T.D, T.D4);
   const bool Negligible =
       loadRowStats(LseS, DeltaS, Lse, Delta, G, B, A, I0, Rows, Skip);
-  float DQa[4][NG][4];
-#pragma unroll
-  for (int I = 0; I < 4; ++I)
-#pragma unroll
-    for (int Gr = 0; Gr < NG; ++Gr)
-#pragma unroll
-      for (int X = 0; X < 4; ++X)
-        DQa[I][Gr][X] = 0.0f;
+  RowsAcc<NG> DQa;
+  zero<NG>(DQa);
   for (int64_t J0 = 0; J0 < G.Sk; J0 += ABlock) {
     const int Cols = int(G.Sk - J0 < ABlock ? G.Sk - J0 : ABlock);
     if (aboveDiagonal(G, I0, Rows, J0) && Negligible)
@@ -644,20 +656,7 @@ __global__ void __launch_bounds__(AThreads)
     __syncthreads();
     scoresTimesTile<NG>(DQa, Ps, Ks, T.Pitch, T.D4);
   }
-#pragma unroll
-  for (int I = 0; I < 4; ++I) {
-    const int R = Ty + 16 * I;
-    if (R >= Rows)
-      continue;
-#pragma unroll
-    for (int Gr = 0; Gr < NG; ++Gr)
-#pragma unroll
-      for (int X = 0; X < 4; ++X) {
-        const int Col = 64 * Gr + 4 * Tx + X;
-        if (Col < T.D)
-          stAs<ST>(DQ, QBase + R * G.Q[2] + Col, DQa[I][Gr][X]);
-      }
-  }
+  storeRows<ST, NG>(DQ, QBase, G.Q[2], DQa, Rows, T.D);
 }
 
 /// Shared memory of the kernels, in bytes.

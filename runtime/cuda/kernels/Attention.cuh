@@ -517,6 +517,20 @@ __device__ inline void blockGrads(BlockGrads &Out, const AttentionGeometry &G,
   }
 }
 
+/// This thread's places of a 64 x 64 score tile (rows Ty + 16 i, keys
+/// Tx + 16 j) written into Dst (pitch APitch), or its transpose.
+__device__ inline void writeScores(float *Dst, const float (&V)[4][4],
+                                   bool Transposed) {
+  const int Tx = threadIdx.x % 16, Ty = threadIdx.x / 16;
+#pragma unroll
+  for (int I = 0; I < 4; ++I)
+#pragma unroll
+    for (int J = 0; J < 4; ++J) {
+      const int R = Ty + 16 * I, C = Tx + 16 * J;
+      Dst[Transposed ? C * APitch + R : R * APitch + C] = V[I][J];
+    }
+}
+
 /// Loads the rows' log-sum-exp and Delta of the query block at (b, a, I0);
 /// returns whether every row's log-sum-exp exceeds Skip (the block's masked
 /// scores are negligible). Every thread calls it.
@@ -551,7 +565,6 @@ __global__ void __launch_bounds__(AThreads)
   float *LseS = Pt + ABlock * APitch;
   float *DeltaS = LseS + ABlock;
   uint8_t *Keep = reinterpret_cast<uint8_t *>(DeltaS + ABlock);
-  const int Tx = threadIdx.x % 16, Ty = threadIdx.x / 16;
   const int64_t J0 = int64_t(blockIdx.x) * ABlock, Kv = blockIdx.y,
                 B = blockIdx.z, Group = G.Heads / G.KvHeads;
   const int Cols = int(G.Sk - J0 < ABlock ? G.Sk - J0 : ABlock);
@@ -582,19 +595,11 @@ __global__ void __launch_bounds__(AThreads)
       blockGrads(BG, G, T, Qs, DOs, Ks, Vs, LseS, DeltaS, Keep, Bias, I0, Rows,
                  J0, Cols, KeepScale);
       // dv += P^T do, then dk += DS^T q, through Pt.
-#pragma unroll
-      for (int I = 0; I < 4; ++I)
-#pragma unroll
-        for (int J = 0; J < 4; ++J)
-          Pt[(Tx + 16 * J) * APitch + Ty + 16 * I] = BG.P[I][J];
+      writeScores(Pt, BG.P, /*Transposed=*/true);
       __syncthreads();
       scoresTimesTile<NG>(DVa, Pt, DOs, T.Pitch, T.D4);
       __syncthreads();
-#pragma unroll
-      for (int I = 0; I < 4; ++I)
-#pragma unroll
-        for (int J = 0; J < 4; ++J)
-          Pt[(Tx + 16 * J) * APitch + Ty + 16 * I] = BG.DS[I][J];
+      writeScores(Pt, BG.DS, /*Transposed=*/true);
       __syncthreads();
       scoresTimesTile<NG>(DKa, Pt, Qs, T.Pitch, T.D4);
     }
@@ -619,7 +624,6 @@ __global__ void __launch_bounds__(AThreads)
   float *LseS = Ps + ABlock * APitch;
   float *DeltaS = LseS + ABlock;
   uint8_t *Keep = reinterpret_cast<uint8_t *>(DeltaS + ABlock);
-  const int Tx = threadIdx.x % 16, Ty = threadIdx.x / 16;
   const int64_t QBlocks = (G.Sq + ABlock - 1) / ABlock;
   const int64_t I0 = (QBlocks - 1 - int64_t(blockIdx.x)) * ABlock;
   const int64_t A = blockIdx.y, B = blockIdx.z, Kv = A / (G.Heads / G.KvHeads);
@@ -648,11 +652,7 @@ __global__ void __launch_bounds__(AThreads)
     BlockGrads BG;
     blockGrads(BG, G, T, Qs, DOs, Ks, Vs, LseS, DeltaS, Keep, Bias, I0, Rows,
                J0, Cols, KeepScale);
-#pragma unroll
-    for (int I = 0; I < 4; ++I)
-#pragma unroll
-      for (int J = 0; J < 4; ++J)
-        Ps[(Ty + 16 * I) * APitch + Tx + 16 * J] = BG.DS[I][J];
+    writeScores(Ps, BG.DS, /*Transposed=*/false);
     __syncthreads();
     scoresTimesTile<NG>(DQa, Ps, Ks, T.Pitch, T.D4);
   }

@@ -362,6 +362,83 @@ TEST(EmulatedKernels, CrossEntropyIsTheCpusBits) {
   EXPECT_TRUE(sameBits(D, CD));
 }
 
+TEST(EmulatedKernels, NormsEmbeddingAndBiasAreTheCpusBits) {
+  const int64_t Rows = 130, H = 72, V = 50;
+  auto X = normals(Rows * H, 2, 14), G = normals(H, 1, 15),
+       DY = normals(Rows * H, 1, 16), Table = normals(V * H, 1, 17);
+  // RMSNorm and its backward (the gamma gradient over three column blocks).
+  std::vector<float> Y(Rows * H), R(Rows), CY(Y), CR(R);
+  cuda::rmsNorm(Y.data(), R.data(), X.data(), G.data(), Rows, H, 1e-6,
+                nullptr);
+  cpu::rmsNorm(CY.data(), CR.data(), X.data(), G.data(), Rows, H, 1e-6);
+  EXPECT_TRUE(sameBits(Y, CY));
+  EXPECT_TRUE(sameBits(R, CR));
+  std::vector<float> DX(Rows * H), DG(H), CDX(DX), CDG(DG);
+  std::vector<double> Scratch(2 * cuda::columnParts(Rows) * H);
+  cuda::rmsNormBackward(DX.data(), DG.data(), DY.data(), X.data(), G.data(),
+                        R.data(), Rows, H, Scratch.data(), nullptr);
+  cpu::rmsNormBackward(CDX.data(), CDG.data(), DY.data(), X.data(), G.data(),
+                       CR.data(), Rows, H);
+  EXPECT_TRUE(sameBits(DX, CDX));
+  EXPECT_TRUE(sameBits(DG, CDG));
+  // The bias gradient.
+  std::vector<float> DB(H), CDB(H);
+  cuda::biasBackward(DB.data(), DY.data(), Rows, H, Scratch.data(), nullptr);
+  cpu::biasBackward(CDB.data(), DY.data(), Rows, H);
+  EXPECT_TRUE(sameBits(DB, CDB));
+  // The embedding and its gradient (repeated ids sum in row order).
+  std::vector<int64_t> Ids(Rows);
+  for (int64_t K = 0; K < Rows; ++K)
+    Ids[K] = (K * 7) % V;
+  cuda::DeviceError Err;
+  std::vector<float> E(Rows * H), CE(E), DT(V * H), CDT(DT);
+  cuda::embedding(E.data(), Table.data(), Ids.data(), Rows, V, H, 0, false,
+                  &Err, nullptr);
+  ASSERT_TRUE(
+      cpu::embedding(CE.data(), Table.data(), Ids.data(), Rows, V, H).ok());
+  EXPECT_TRUE(sameBits(E, CE));
+  cuda::embeddingBackward(DT.data(), DY.data(), Ids.data(), Rows, V, H, 0,
+                          false, &Err, nullptr);
+  ASSERT_TRUE(
+      cpu::embeddingBackward(CDT.data(), DY.data(), Ids.data(), Rows, V, H)
+          .ok());
+  EXPECT_TRUE(sameBits(DT, CDT));
+  EXPECT_EQ(Err.Code, 0);
+}
+
+TEST(EmulatedKernels, HeadLayoutsAndRopeAreTheCpusBits) {
+  const int64_t B = 2, S = 9, A = 4, D = 8;
+  auto QKV = normals(B * S * 3 * A * D, 1, 18), X = normals(B * A * S * D, 1, 19);
+  std::vector<float> Q(B * A * S * D), K(Q), V(Q), CQ(Q), CK(Q), CV(Q);
+  cuda::splitHeads(Q.data(), K.data(), V.data(), QKV.data(), B, S, A, D,
+                   nullptr);
+  cpu::splitHeads(CQ.data(), CK.data(), CV.data(), QKV.data(), B, S, A, D);
+  EXPECT_TRUE(sameBits(Q, CQ));
+  EXPECT_TRUE(sameBits(K, CK));
+  EXPECT_TRUE(sameBits(V, CV));
+  std::vector<float> M(B * S * A * D), CM(M);
+  cuda::mergeHeads(M.data(), X.data(), B, S, A, D, nullptr);
+  cpu::mergeHeads(CM.data(), X.data(), B, S, A, D);
+  EXPECT_TRUE(sameBits(M, CM));
+  // Rotary embeddings, both layouts, forward and backward.
+  // Tables [1, S, D] (any values: the kernels multiply and add them).
+  auto Cos = normals(S * D, 1, 20), Sin = normals(S * D, 1, 21);
+  for (bool Interleaved : {false, true}) {
+    std::vector<float> Y(X.size()), CY(X.size()), DX(X.size()),
+        CDX(X.size());
+    cuda::rope(Y.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
+               Interleaved, false, nullptr);
+    cpu::rope(CY.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
+              Interleaved);
+    EXPECT_TRUE(sameBits(Y, CY)) << Interleaved;
+    cuda::rope(DX.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
+               Interleaved, true, nullptr);
+    cpu::ropeBackward(CDX.data(), X.data(), Cos.data(), Sin.data(), B, A, S,
+                      D, 1, Interleaved);
+    EXPECT_TRUE(sameBits(DX, CDX)) << Interleaved;
+  }
+}
+
 TEST(EmulatedKernels, SixteenBitInPlaceIsTheWidenedRun) {
   // LayerNorm and GELU reading and writing bf16 and fp16 where they are:
   // the bits of widening, running the float32 CPU kernel and rounding once.

@@ -51,6 +51,34 @@ inline std::vector<int64_t> wholeShape(const ProgramBuffer &PB) {
   return W;
 }
 
+/// Where a local tensor sits in the whole one whose row-major indices key
+/// dropout's Philox words (runtime/cpu/Philox.h): the block [Offset,
+/// Offset + Local) of Full. The tensor is split as S over the tensor group
+/// (this rank: TensorRank), and its first axis holds microbatch Microbatch
+/// of Microbatches of data-parallel replica DataRank of DataSize, which
+/// holds the step's microbatches [DataRank M, (DataRank + 1) M) of
+/// DataSize M (the rows its data loader reads). Every backend's dropout and
+/// fused attention core index their draws so, whatever the layout.
+struct GlobalBlock {
+  std::vector<int64_t> Full, Offset;
+};
+inline GlobalBlock globalBlock(llvm::ArrayRef<int64_t> Local, const Sharding &S,
+                               int TensorRank, int64_t Microbatch,
+                               int64_t Microbatches, int DataRank,
+                               int DataSize) {
+  GlobalBlock G{std::vector<int64_t>(Local.begin(), Local.end()),
+                std::vector<int64_t>(Local.size(), 0)};
+  if (S.K == Sharding::Split) {
+    G.Full[S.Dim] *= S.Parts;
+    G.Offset[S.Dim] = int64_t(TensorRank) * Local[S.Dim];
+  }
+  if (!Local.empty()) {
+    G.Full[0] *= Microbatches * DataSize;
+    G.Offset[0] += (Microbatch + int64_t(DataRank) * Microbatches) * Local[0];
+  }
+  return G;
+}
+
 /// Puts one chunk of a tensor split along an axis into the whole: Outer
 /// blocks of ChunkBytes, block O to byte (O * Parts + Slot) * ChunkBytes of
 /// Whole (all_gather's reorder, ring_concat).

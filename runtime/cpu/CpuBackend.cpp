@@ -815,20 +815,16 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       // group, rows of the microbatch and the data-parallel replica.
       const Sharding &S = Bufs[I.In[Q]].Shard;
       const int HeadsDim = Packed ? 2 : 1; // qkv [b, s, 3 h], q [b, a, s, d]
-      int64_t Mb = AInt("microbatch"), NumMb = AInt("microbatches");
-      if (C.Data) {
-        Mb += C.Data->rank() * NumMb;
-        NumMb *= C.Data->size();
-      }
-      if (S.K == Sharding::Split) {
-        if (S.Dim != HeadsDim)
-          return planError("attention: q is split along a dimension other "
-                           "than its heads");
-        Full[1] *= S.Parts;
-        Offset[1] = Rank * Local[1];
-      }
-      Full[0] *= NumMb;
-      Offset[0] += Mb * Local[0];
+      if (S.K == Sharding::Split && S.Dim != HeadsDim)
+        return planError("attention: q is split along a dimension other "
+                         "than its heads");
+      GlobalBlock G = globalBlock(
+          Local,
+          S.K == Sharding::Split ? Sharding::split(1, S.Parts) : Sharding(),
+          Rank, AInt("microbatch"), AInt("microbatches"),
+          C.Data ? C.Data->rank() : 0, C.Data ? C.Data->size() : 1);
+      Full.assign(G.Full.begin(), G.Full.end());
+      Offset.assign(G.Offset.begin(), G.Offset.end());
     }
     Core.Probs = cpu::GlobalIndex::block(cpu::Shape(Full.data(), 4),
                                          cpu::Shape(Local.data(), 4),
@@ -894,12 +890,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     // [R M, (R + 1) M) of D M (the rows its data loader reads).
     const TensorType &Local = InT(0);
     const Sharding &S = Bufs[I.In[0]].Shard;
-    int64_t Mb = AInt("microbatch"),
-            NumMb = AInt("microbatches");
-    if (C.Data) {
-      Mb += C.Data->rank() * NumMb;
-      NumMb *= C.Data->size();
-    }
+    const int64_t NumMb = AInt("microbatches") * (C.Data ? C.Data->size() : 1);
     // causal (lower/CausalProducts.h): no draws above the diagonal of the
     // last two dimensions, which must be whole on this rank.
     bool Causal = I.Op == OpKind::Dropout && AInt("causal");
@@ -910,19 +901,14 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       return Check(cpu::dropout(Out(0), Mask, In(0), Ratio(), K,
                                 cpu::GlobalIndex::whole(ShapeOf(Local)),
                                 Addend, Causal));
-    SmallVector<int64_t, 4> Full(Local.Shape.begin(), Local.Shape.end()),
-        Offset(Local.rank(), 0);
-    if (S.K == Sharding::Split) {
-      Full[S.Dim] *= S.Parts;
-      Offset[S.Dim] = Rank * Local.Shape[S.Dim];
-    }
-    Full[0] *= NumMb;
-    Offset[0] += Mb * Local.Shape[0];
+    GlobalBlock G = globalBlock(
+        Local.Shape, S, Rank, AInt("microbatch"), AInt("microbatches"),
+        C.Data ? C.Data->rank() : 0, C.Data ? C.Data->size() : 1);
     return Check(cpu::dropout(
         Out(0), Mask, In(0), Ratio(), K,
-        cpu::GlobalIndex::block(cpu::Shape(Full.data(), Full.size()),
+        cpu::GlobalIndex::block(cpu::Shape(G.Full.data(), G.Full.size()),
                                 ShapeOf(Local),
-                                cpu::Shape(Offset.data(), Offset.size())),
+                                cpu::Shape(G.Offset.data(), G.Offset.size())),
         Addend, Causal));
   }
   case OpKind::DropoutGrad:

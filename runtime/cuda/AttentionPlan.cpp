@@ -1,6 +1,7 @@
 //===- AttentionPlan.cpp - The fused attention core as unfused ops --------===//
 #include "runtime/cuda/AttentionPlan.h"
 #include "ir/OpDef.h"
+#include "runtime/TensorLayout.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/Twine.h"
 
@@ -282,12 +283,22 @@ namespace {
 bool isKernelFloat(DType T) {
   return T == DType::F32 || T == DType::BF16 || T == DType::F16;
 }
-bool isKeepType(DType T) {
-  return T == DType::I64 || T == DType::I32 || T == DType::Bool ||
-         T == DType::F32;
-}
-
 } // namespace
+
+std::optional<int> paddingKeepCode(DType T) {
+  switch (T) {
+  case DType::I64:
+    return 0;
+  case DType::I32:
+    return 1;
+  case DType::Bool:
+    return 2;
+  case DType::F32:
+    return 3;
+  default:
+    return std::nullopt;
+  }
+}
 
 Expected<BlockwisePlan> planBlockwise(const Instruction &I,
                                       const std::vector<ProgramBuffer> &Bufs) {
@@ -415,7 +426,7 @@ Expected<BlockwisePlan> planBlockwise(const Instruction &I,
       return E;
   if (P.Keep >= 0) {
     const TensorType &KT = Bufs[P.Keep].Type;
-    if (!isKeepType(KT.Dtype) || KT.numElements() != X.B * X.Sk)
+    if (!paddingKeepCode(KT.Dtype) || KT.numElements() != X.B * X.Sk)
       return planError(opName(I.Op) + ": the padding mask is " + KT.str() +
                        "; the blockwise kernels take [b, keys] of int64, "
                        "int32, bool or float32");
@@ -440,28 +451,20 @@ Error probsBlock(const Instruction &I, const std::vector<ProgramBuffer> &Bufs,
                  AttentionGeometry &G) {
   const unsigned Q = I.Op == OpKind::Attention ? 0 : 1;
   const bool Packed = attentionInputs(I.Op, I.Attrs) == 1;
-  int64_t Full[4] = {G.Batch, G.Heads, G.Sq, G.Sk}, Offset[4] = {0, 0, 0, 0};
-  // Heads split over the tensor group (q's heads are packed qkv's last
-  // axis, q's second), rows of the microbatch and the data-parallel
-  // replica.
+  // Heads split over the tensor group as q's are (packed qkv's last axis,
+  // q's second), rows of the microbatch and the data-parallel replica.
   const Sharding &S = Bufs[I.In[Q]].Shard;
-  const int HeadsDim = Packed ? 2 : 1;
-  int64_t Mb = attrInt(I.Op, I.Attrs, "microbatch"),
-          NumMb = attrInt(I.Op, I.Attrs, "microbatches");
-  Mb += int64_t(DataRank) * NumMb;
-  NumMb *= DataSize;
-  if (S.K == Sharding::Split) {
-    if (S.Dim != HeadsDim)
-      return planError(opName(I.Op) +
-                       ": q is split along a dimension other than its heads");
-    Full[1] *= S.Parts;
-    Offset[1] = int64_t(TensorRank) * G.Heads;
-  }
-  Full[0] *= NumMb;
-  Offset[0] += Mb * G.Batch;
+  if (S.K == Sharding::Split && S.Dim != (Packed ? 2 : 1))
+    return planError(opName(I.Op) +
+                     ": q is split along a dimension other than its heads");
+  const int64_t Probs[4] = {G.Batch, G.Heads, G.Sq, G.Sk};
+  GlobalBlock B = globalBlock(
+      Probs, S.K == Sharding::Split ? Sharding::split(1, S.Parts) : Sharding(),
+      TensorRank, attrInt(I.Op, I.Attrs, "microbatch"),
+      attrInt(I.Op, I.Attrs, "microbatches"), DataRank, DataSize);
   for (int K = 0; K < 4; ++K) {
-    G.ProbGlobal[K] = Full[K];
-    G.ProbOffset[K] = Offset[K];
+    G.ProbGlobal[K] = B.Full[K];
+    G.ProbOffset[K] = B.Offset[K];
   }
   return Error::success();
 }

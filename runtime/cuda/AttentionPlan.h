@@ -94,6 +94,10 @@ struct BlockwisePlan {
   bool Dropout = false;
 };
 
+/// cuda::paddingMask's code of a keep mask's element type (0 int64, 1
+/// int32, 2 bool, 3 float32), or none for a type it does not take.
+std::optional<int> paddingKeepCode(DType T);
+
 /// Whether the blockwise kernels run I: an attention or attention_grad
 /// with heads of at most AttentionMaxHeadDim, its q, k, v, o and their
 /// gradients of one float type (float32, bf16 or fp16), its log-sum-exp of

@@ -265,8 +265,9 @@ private:
   /// The fused attention core (attention, attention_grad) as its unfused
   /// ops on a workspace (AttentionPlan.h), one region per stream.
   Error attention(const KernelCall &C, cudaStream_t S);
-  /// The same by the blockwise kernels (kernels/Attention.cuh).
-  Error attentionBlockwise(const KernelCall &C, cudaStream_t S);
+  /// The same by the blockwise kernels (kernels/Attention.cuh), by Plan.
+  Error attentionBlockwise(const KernelCall &C, cuda::BlockwisePlan Plan,
+                           cudaStream_t S);
   /// Whether I's kernel reads and writes its 16-bit buffers in place
   /// (cuda::runsIn16Bit; the attention core only by the blockwise
   /// kernels, when they are on).
@@ -698,8 +699,12 @@ Expected<char *> CudaBackend::mixedScratch(int K, int64_t Bytes) {
 }
 
 Error CudaBackend::attention(const KernelCall &C, cudaStream_t S) {
-  if (Blockwise && cuda::runsBlockwise(C.I, C.Prog.Buffers))
-    return attentionBlockwise(C, S);
+  if (Blockwise) {
+    auto Plan = cuda::planBlockwise(C.I, C.Prog.Buffers);
+    if (Plan)
+      return attentionBlockwise(C, std::move(*Plan), S);
+    consumeError(Plan.takeError()); // larger heads
+  }
   // Unless asked for the blockwise kernels (or for larger heads): the
   // unfused ops. A 16-bit attention reaches here through
   // dispatchMixed, on float32 copies: every buffer below is float32 (or the
@@ -739,35 +744,24 @@ static cuda::Elems elems(const KernelCall &C, int Id);
 
 /// cuda::paddingMask's code of a keep mask's type.
 static Expected<int> paddingKeepType(const TensorType &M) {
-  switch (M.Dtype) {
-  case DType::I64:
-    return 0;
-  case DType::I32:
-    return 1;
-  case DType::Bool:
-    return 2;
-  case DType::F32:
-    return 3;
-  default:
-    return planError("padding_mask: unsupported mask type " + M.str());
-  }
+  if (std::optional<int> Code = cuda::paddingKeepCode(M.Dtype))
+    return *Code;
+  return planError("padding_mask: unsupported mask type " + M.str());
 }
 
-Error CudaBackend::attentionBlockwise(const KernelCall &C, cudaStream_t S) {
+Error CudaBackend::attentionBlockwise(const KernelCall &C,
+                                      cuda::BlockwisePlan Plan,
+                                      cudaStream_t S) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
-  auto Plan = cuda::planBlockwise(I, Bufs);
-  if (!Plan)
-    return Plan.takeError();
   if (auto E = cuda::setBlockwiseDropout(
-          *Plan, I, Bufs, C.Training, C.Dropout, C.Seed, C.Step,
-          C.Tensor.rank(), C.Data ? C.Data->rank() : 0,
-          C.Data ? C.Data->size() : 1))
+          Plan, I, Bufs, C.Training, C.Dropout, C.Seed, C.Step, C.Tensor.rank(),
+          C.Data ? C.Data->rank() : 0, C.Data ? C.Data->size() : 1))
     return E;
-  const cuda::AttentionGeometry &G = Plan->G;
+  const cuda::AttentionGeometry &G = Plan.G;
   // Scratch: the padding bias [b, keys], then the backward's Delta.
-  const int64_t BiasN = Plan->Keep >= 0 ? G.Batch * G.Sk : 0,
-                DeltaN = Plan->Forward ? 0 : G.Batch * G.Heads * G.Sq;
+  const int64_t BiasN = Plan.Keep >= 0 ? G.Batch * G.Sk : 0,
+                DeltaN = Plan.Forward ? 0 : G.Batch * G.Heads * G.Sq;
   auto Tmp = scratch(S == Comm, BiasN + DeltaN + 1);
   if (!Tmp)
     return Tmp.takeError();
@@ -775,26 +769,23 @@ Error CudaBackend::attentionBlockwise(const KernelCall &C, cudaStream_t S) {
   if (Bias) {
     // padding_mask's bias, added to zeros (its kernel; the same floats as
     // the CPU's keyBias).
-    auto KeepType = paddingKeepType(Bufs[Plan->Keep].Type);
+    auto KeepType = paddingKeepType(Bufs[Plan.Keep].Type);
     if (!KeepType)
       return KeepType.takeError();
     SP_CUDA_TRY(cudaMemsetAsync(Bias, 0, size_t(BiasN) * sizeof(float), S));
-    cuda::paddingMask(Bias, Bias, C.buffer(Plan->Keep), *KeepType, G.Batch, 1,
-                      G.Sk, Plan->PadFill, Plan->PadWhere, S);
+    cuda::paddingMask(Bias, Bias, C.buffer(Plan.Keep), *KeepType, G.Batch, 1,
+                      G.Sk, Plan.PadFill, Plan.PadWhere, S);
   }
   auto Op = [&](const cuda::BlockwiseOperand &X) {
-    cuda::Elems E = elems(C, X.Id);
-    E.Data = static_cast<char *>(E.Data) +
-             X.Offset * (E.Kind == cuda::Storage::F32 ? 4 : 2);
-    return E;
+    return cuda::at(elems(C, X.Id), X.Offset);
   };
-  if (Plan->Forward)
-    cuda::attentionForward(Op(Plan->O), Op(Plan->Lse), Op(Plan->Q), Op(Plan->K),
-                           Op(Plan->V), Bias, G, S);
+  if (Plan.Forward)
+    cuda::attentionForward(Op(Plan.O), Op(Plan.Lse), Op(Plan.Q), Op(Plan.K),
+                           Op(Plan.V), Bias, G, S);
   else
-    cuda::attentionBackward(Op(Plan->DQ), Op(Plan->DK), Op(Plan->DV),
-                            Op(Plan->DO), Op(Plan->Q), Op(Plan->K), Op(Plan->V),
-                            Op(Plan->O), Op(Plan->Lse), Bias, Delta, G, S);
+    cuda::attentionBackward(Op(Plan.DQ), Op(Plan.DK), Op(Plan.DV), Op(Plan.DO),
+                            Op(Plan.Q), Op(Plan.K), Op(Plan.V), Op(Plan.O),
+                            Op(Plan.Lse), Bias, Delta, G, S);
   return Error::success();
 }
 
@@ -1664,25 +1655,11 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
   if (Local.rank() > size_t(cuda::MaxRank))
     return planError("global index: rank above MaxRank");
   const Sharding &Sh = Bufs[I.In[0]].Shard;
-  int64_t Mb = attrInt(I.Op, I.Attrs, "microbatch"),
-          NumMb = attrInt(I.Op, I.Attrs, "microbatches");
-  // A data-parallel replica R of D holds the step's microbatches
-  // [R M, (R + 1) M) of D M (as CpuBackend).
-  if (C.Data) {
-    Mb += C.Data->rank() * NumMb;
-    NumMb *= C.Data->size();
-  }
-  // The element's index in the whole tensor (CpuBackend's GlobalIndex).
-  SmallVector<int64_t, 4> Full(Local.Shape.begin(), Local.Shape.end()),
-      Offset(Local.rank(), 0);
-  if (Sh.K == Sharding::Split) {
-    Full[Sh.Dim] *= Sh.Parts;
-    Offset[Sh.Dim] = C.Tensor.rank() * Local.Shape[Sh.Dim];
-  }
-  if (Local.rank() > 0) {
-    Full[0] *= NumMb;
-    Offset[0] += Mb * Local.Shape[0];
-  }
+  // The element's index in the whole tensor (as CpuBackend's).
+  GlobalBlock GB = globalBlock(
+      Local.Shape, Sh, C.Tensor.rank(), attrInt(I.Op, I.Attrs, "microbatch"),
+      attrInt(I.Op, I.Attrs, "microbatches"), C.Data ? C.Data->rank() : 0,
+      C.Data ? C.Data->size() : 1);
   uint8_t *Mask = I.Out.size() > 1
                       ? reinterpret_cast<uint8_t *>(C.buffer(I.Out[1]))
                       : nullptr;
@@ -1696,9 +1673,10 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
                  (Sh.K == Sharding::Split && Sh.Dim >= int(Local.rank()) - 2)))
     return planError("dropout {causal} needs its last two dimensions whole "
                      "on the rank; the plan is corrupt");
-  cuda::dropout(elems(C, I.Out[0]), Mask, elems(C, I.In[0]), Ratio,
-                C.Seed, uint32_t(Key[0]), uint32_t(Key[1]), uint32_t(C.Step),
-                devShape(Full), devShape(Local.Shape), devShape(Offset), S);
+  cuda::dropout(elems(C, I.Out[0]), Mask, elems(C, I.In[0]), Ratio, C.Seed,
+                uint32_t(Key[0]), uint32_t(Key[1]), uint32_t(C.Step),
+                devShape(GB.Full), devShape(Local.Shape), devShape(GB.Offset),
+                S);
   if (Causal && Mask) {
     int64_t Sq = Local.dim(-2), Sk = Local.dim(-1);
     if (Sq > 0 && Sk > 0)

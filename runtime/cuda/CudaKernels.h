@@ -61,6 +61,22 @@ struct Elems {
   explicit operator bool() const { return Data != nullptr; }
 };
 
+#ifndef SP_HOST_DEVICE
+#ifdef __CUDACC__
+#define SP_HOST_DEVICE __host__ __device__
+#else
+#define SP_HOST_DEVICE
+#endif
+#endif
+
+/// E from its element Offset on (a row of a matrix, a column block of a
+/// packed tensor), on the host or the device.
+SP_HOST_DEVICE inline Elems at(Elems E, int64_t Offset) {
+  E.Data =
+      static_cast<char *>(E.Data) + Offset * (E.Kind == Storage::F32 ? 4 : 2);
+  return E;
+}
+
 constexpr int MaxRank = 6;
 /// A shape of rank <= MaxRank passed by value to a kernel.
 struct DevShape {

@@ -103,9 +103,7 @@ public:
       cuda::Storage K = T == DType::BF16  ? cuda::Storage::BF16
                         : T == DType::F16 ? cuda::Storage::F16
                                           : cuda::Storage::F32;
-      return cuda::Elems(C.buffer(X.Id) +
-                             X.Offset * (K == cuda::Storage::F32 ? 4 : 2),
-                         K);
+      return cuda::at(cuda::Elems(C.buffer(X.Id), K), X.Offset);
     };
     const float *B = Bias.empty() ? nullptr : Bias.data();
     if (P->Forward)

@@ -925,15 +925,6 @@ TEST(AttentionPlan, AcrossBlocksMatchesTheFusedKernel) {
     C.check();
 }
 
-TEST(AttentionPlan, SixteenBitCasesOnTheCpu) {
-  // check16's harness (16-bit inputs, the CPU's mixed-precision run and its
-  // bound) with the CPU backend in the GPU's place: the same bits.
-  CpuBackend Cpu;
-  for (DType T : {DType::BF16, DType::F16})
-    for (const AttentionCase &C : sixteenBitCases())
-      C.check16(Cpu, T);
-}
-
 TEST(AttentionPlan, ExpansionIsDescribed) {
   // Forward, causal, 2 groups, merged: repeats, the scores, their mask,
   // the softmax, the output and its merge; the workspace holds the

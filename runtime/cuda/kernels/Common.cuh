@@ -289,13 +289,6 @@ template <Storage K> __device__ inline void stAs(Elems E, int64_t I, float V) {
     static_cast<uint16_t *>(E.Data)[I] = narrowBits(V, K == Storage::BF16);
 }
 
-/// E from its element Offset on (a row of a matrix).
-__device__ inline Elems at(Elems E, int64_t Offset) {
-  E.Data = static_cast<char *>(E.Data) +
-           Offset * (E.Kind == Storage::F32 ? 4 : 2);
-  return E;
-}
-
 /// Calls Fn with K as a compile-time constant (a std::integral_constant),
 /// for launching a kernel templated on an operand's storage.
 template <typename F> inline void withStorage(Storage K, F &&Fn) {

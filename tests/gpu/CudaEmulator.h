@@ -26,7 +26,8 @@
 //     std::fma, __fmul_rn: a * b with contraction off), expf and logf the C
 //     library's (not CUDA's: a few units of rounding apart).
 // Streams are ignored (every launch runs to completion when it is made),
-// and so is cudaFuncSetAttribute. Each OS thread runs its own launches
+// unless SP_EMULATED_STREAMS is defined: then launches are queued on their
+// streams, which EmulatedRuntime.cpp runs. cudaFuncSetAttribute is ignored. Each OS thread runs its own launches
 // (thread ranks each run theirs). Grids and blocks are one-dimensional in
 // threads (blockDim.y = blockDim.z = 1); grids may be three-dimensional.
 //
@@ -73,7 +74,7 @@ struct Fiber {
   ucontext_t Ctx;
   uint3 ThreadIdx;
   bool Done = false;
-  std::unique_ptr<char[]> Stack;
+  char *Stack = nullptr; // from the OS thread's pool
 };
 
 struct Barrier {
@@ -169,6 +170,10 @@ void launch(dim3 Grid, dim3 Threads, size_t SharedBytes,
   const int N = int(Threads.x);
   constexpr size_t StackBytes = 256 * 1024;
   std::tuple<std::decay_t<Args>...> Copy(std::forward<Args>(A)...);
+  // The fibers' stacks, kept from launch to launch on each OS thread.
+  static thread_local std::vector<std::unique_ptr<char[]>> Stacks;
+  while (Stacks.size() < size_t(N))
+    Stacks.emplace_back(new char[StackBytes]);
   for (unsigned Z = 0; Z < Grid.z; ++Z)
     for (unsigned Y = 0; Y < Grid.y; ++Y)
       for (unsigned X = 0; X < Grid.x; ++X) {
@@ -191,9 +196,9 @@ void launch(dim3 Grid, dim3 Threads, size_t SharedBytes,
         for (int T = 0; T < N; ++T) {
           Fiber &F = B.Fibers[T];
           F.ThreadIdx = uint3{unsigned(T), 0, 0};
-          F.Stack.reset(new char[StackBytes]);
+          F.Stack = Stacks[T].get();
           getcontext(&F.Ctx);
-          F.Ctx.uc_stack.ss_sp = F.Stack.get();
+          F.Ctx.uc_stack.ss_sp = F.Stack;
           F.Ctx.uc_stack.ss_size = StackBytes;
           F.Ctx.uc_link = &B.Scheduler;
           makecontext(&F.Ctx, trampoline, 0);
@@ -321,17 +326,39 @@ template <typename K, typename A, typename V>
 inline cudaError_t cudaFuncSetAttribute(K, A, V) {
   return cudaSuccess;
 }
+#define SP_DYNAMIC_SHARED(T, Name)                                             \
+  T *Name = reinterpret_cast<T *>(::sp::emu::current()->SharedAligned)
+
+#ifdef SP_EMULATED_STREAMS
+// With EmulatedRuntime.cpp: a launch is queued on its stream, its
+// arguments copied when it is made (as a launch's are), and the runtime's
+// cudaMemsetAsync queues too.
+#include "EmulatedRuntime.h"
+namespace sp::emu {
+template <typename... Params, typename... Args>
+void launchOn(cudaStream_t S, dim3 Grid, dim3 Threads, size_t SharedBytes,
+              void (*Kernel)(Params...), Args &&...A) {
+  enqueue(S, [=, Copy = std::tuple<std::decay_t<Args>...>(
+                     std::forward<Args>(A)...)] {
+    std::apply([&](const auto &...P) { launch(Grid, Threads, SharedBytes,
+                                              Kernel, P...); },
+               Copy);
+  });
+}
+} // namespace sp::emu
+#define SP_LAUNCH(Kernel, Grid, Block, Shared, Stream, ...)                    \
+  ::sp::emu::launchOn((Stream), dim3(Grid), dim3(Block), (Shared), Kernel,     \
+                      __VA_ARGS__)
+#else
 /// The runtime calls a launcher makes, on host memory (the stream ignored).
 inline cudaError_t emuMemsetAsync(void *P, int V, size_t N, cudaStream_t) {
   std::memset(P, V, N);
   return cudaSuccess;
 }
 #define cudaMemsetAsync emuMemsetAsync
-
-#define SP_DYNAMIC_SHARED(T, Name)                                             \
-  T *Name = reinterpret_cast<T *>(::sp::emu::current()->SharedAligned)
 #define SP_LAUNCH(Kernel, Grid, Block, Shared, Stream, ...)                    \
   ((void)(Stream), ::sp::emu::launch(dim3(Grid), dim3(Block), (Shared),        \
                                      Kernel, __VA_ARGS__))
+#endif
 
 #endif // SP_TESTS_GPU_CUDAEMULATOR_H

@@ -571,14 +571,15 @@ TEST_F(CudaKernels, FusedAttentionAcrossBlocks) {
 
 /// The attention core on bf16 and fp16 tensors (the blockwise kernels read
 /// and write them in place, the unfused ops run on float32 copies), against
-/// the CPU backend's run of the same 16-bit instruction
-/// (AttentionCase::check16 derives the bound).
+/// the CPU backend's run of the same 16-bit instruction, or, for the
+/// unfused ops' backward, which recomputes o, against the float64 one
+/// (AttentionCase::check16 derives the bounds).
 TEST_F(CudaKernels, FusedAttentionIn16Bit) {
   for (auto [Way, Be] : attentionBackends())
     for (DType T : {DType::BF16, DType::F16}) {
       SCOPED_TRACE(std::string(Way) + (T == DType::BF16 ? ", bf16" : ", fp16"));
       for (const AttentionCase &C : sixteenBitCases())
-        C.check16(*Be, T);
+        C.check16(*Be, T, /*ReadsForward=*/Be == Blockwise.get());
     }
 }
 

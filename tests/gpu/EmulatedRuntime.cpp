@@ -1,0 +1,1009 @@
+//===- EmulatedRuntime.cpp - The CUDA runtime, NCCL and cuBLAS on the CPU -===//
+//
+// See EmulatedRuntime.h. Only the entry points the CUDA backend and its
+// tests call are defined; a call of any other fails to link.
+//
+//===----------------------------------------------------------------------===//
+#include "EmulatedRuntime.h"
+#include "ir/Float16.h"
+#include <algorithm>
+#include <atomic>
+#include <cblas.h>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cublas_v2.h>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nccl.h>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+[[noreturn]] void fail(const std::string &Why) {
+  std::fprintf(stderr, "emulated CUDA runtime: %s\n", Why.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+/// How long any wait may take before it is taken for a deadlock.
+std::chrono::seconds timeout() {
+  static const long S = [] {
+    const char *V = std::getenv("SP_EMULATED_TIMEOUT");
+    return V ? std::max(1L, std::atol(V)) : 300L;
+  }();
+  return std::chrono::seconds(S);
+}
+
+/// What each thread waits for now (for the message of a deadlock).
+std::mutex WaitsMutex;
+std::map<std::thread::id, std::string> Waits;
+
+/// Waits on CV under Lock until Ready(); after the timeout, aborts naming
+/// What and everything else waited for at the time.
+template <typename F>
+void waitFor(std::condition_variable &CV, std::unique_lock<std::mutex> &Lock,
+             F &&Ready, const std::string &What) {
+  if (Ready())
+    return;
+  {
+    std::lock_guard<std::mutex> G(WaitsMutex);
+    Waits[std::this_thread::get_id()] = What;
+  }
+  bool Done = CV.wait_for(Lock, timeout(), Ready);
+  std::lock_guard<std::mutex> G(WaitsMutex);
+  Waits.erase(std::this_thread::get_id());
+  if (Done)
+    return;
+  std::string Others;
+  for (const auto &[Id, W] : Waits)
+    Others += "\n  also waiting: " + W;
+  fail("waited " + std::to_string(timeout().count()) + " s for " + What +
+       " (a deadlock?)" + Others);
+}
+
+thread_local int CurrentDevice = 0;
+
+int deviceCount() {
+  static const int N = [] {
+    const char *V = std::getenv("SP_EMULATED_DEVICES");
+    return V ? std::max(0, std::atoi(V)) : 8;
+  }();
+  return N;
+}
+
+//===----------------------------------------------------------------------===//
+// Device memory
+//===----------------------------------------------------------------------===//
+
+std::mutex AllocMutex;
+std::map<const char *, size_t> Allocations; // start -> bytes
+
+bool isDevice(const void *P) {
+  const char *C = static_cast<const char *>(P);
+  std::lock_guard<std::mutex> Lock(AllocMutex);
+  auto It = Allocations.upper_bound(C);
+  if (It == Allocations.begin())
+    return false;
+  --It;
+  return C < It->first + It->second;
+}
+
+void checkKind(void *Dst, const void *Src, cudaMemcpyKind Kind) {
+  bool DstDev = isDevice(Dst), SrcDev = isDevice(Src);
+  bool WantDst = Kind == cudaMemcpyHostToDevice ||
+                 Kind == cudaMemcpyDeviceToDevice,
+       WantSrc = Kind == cudaMemcpyDeviceToHost ||
+                 Kind == cudaMemcpyDeviceToDevice;
+  if (Kind == cudaMemcpyDefault)
+    return;
+  if (DstDev != WantDst || SrcDev != WantSrc)
+    fail("a copy of kind " + std::to_string(int(Kind)) + " from " +
+         (SrcDev ? "device" : "host") + " to " + (DstDev ? "device" : "host") +
+         " memory");
+}
+
+//===----------------------------------------------------------------------===//
+// Streams and events
+//===----------------------------------------------------------------------===//
+
+std::atomic<int> DelayOrdinal{-1}, DelayUs{0};
+
+} // namespace
+
+struct CUstream_st {
+  int Device = 0, Ordinal = 0;
+  std::mutex M;
+  std::condition_variable CV;
+  std::deque<std::function<void()>> Queue;
+  bool Running = false, Stop = false;
+  std::thread Worker;
+
+  void loop() {
+    std::unique_lock<std::mutex> Lock(M);
+    for (;;) {
+      CV.wait(Lock, [&] { return Stop || !Queue.empty(); });
+      if (Queue.empty())
+        return;
+      std::function<void()> Work = std::move(Queue.front());
+      Queue.pop_front();
+      Running = true;
+      Lock.unlock();
+      if (Ordinal == DelayOrdinal.load() && DelayUs.load() > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(DelayUs.load()));
+      Work();
+      Lock.lock();
+      Running = false;
+      CV.notify_all();
+    }
+  }
+  void drain() {
+    std::unique_lock<std::mutex> Lock(M);
+    waitFor(
+        CV, Lock, [&] { return Queue.empty() && !Running; },
+        "stream " + std::to_string(Ordinal) + " of device " +
+            std::to_string(Device) + " to finish its work");
+  }
+};
+
+struct CUevent_st {
+  unsigned Flags = 0;
+  std::mutex M;
+  std::condition_variable CV;
+  uint64_t Recorded = 0, Completed = 0;
+  Clock::time_point At;
+};
+
+namespace {
+
+std::mutex StreamsMutex;
+std::vector<CUstream_st *> Streams;
+
+void syncDevice(int Device) {
+  std::vector<CUstream_st *> Of;
+  {
+    std::lock_guard<std::mutex> Lock(StreamsMutex);
+    for (CUstream_st *S : Streams)
+      if (S->Device == Device)
+        Of.push_back(S);
+  }
+  for (CUstream_st *S : Of)
+    S->drain();
+}
+
+} // namespace
+
+void sp::emu::enqueue(cudaStream_t S, std::function<void()> Work) {
+  if (!S) {
+    Work();
+    return;
+  }
+  std::lock_guard<std::mutex> Lock(S->M);
+  S->Queue.push_back(std::move(Work));
+  S->CV.notify_all();
+}
+
+void sp::emu::setStreamDelay(int Ordinal, int Microseconds) {
+  DelayOrdinal = Ordinal;
+  DelayUs = Microseconds;
+}
+
+using sp::emu::enqueue;
+
+//===----------------------------------------------------------------------===//
+// The CUDA runtime
+//===----------------------------------------------------------------------===//
+
+cudaError_t cudaGetDeviceCount(int *Count) {
+  *Count = deviceCount();
+  return deviceCount() ? cudaSuccess : cudaErrorNoDevice;
+}
+
+cudaError_t cudaSetDevice(int Device) {
+  if (Device < 0 || Device >= deviceCount())
+    return cudaErrorInvalidDevice;
+  CurrentDevice = Device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *Value, cudaDeviceAttr Attr,
+                                   int Device) {
+  if (Device < 0 || Device >= deviceCount())
+    return cudaErrorInvalidDevice;
+  switch (Attr) { // an H100 SXM
+  case cudaDevAttrComputeCapabilityMajor:
+    *Value = 9;
+    return cudaSuccess;
+  case cudaDevAttrComputeCapabilityMinor:
+    *Value = 0;
+    return cudaSuccess;
+  case cudaDevAttrMultiProcessorCount:
+    *Value = 132;
+    return cudaSuccess;
+  case cudaDevAttrClockRate:
+    *Value = 1980000;
+    return cudaSuccess;
+  default:
+    return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+const char *cudaGetErrorName(cudaError_t E) {
+  switch (E) {
+  case cudaSuccess:
+    return "cudaSuccess";
+  case cudaErrorNoDevice:
+    return "cudaErrorNoDevice";
+  case cudaErrorInvalidDevice:
+    return "cudaErrorInvalidDevice";
+  case cudaErrorMemoryAllocation:
+    return "cudaErrorMemoryAllocation";
+  case cudaErrorNotReady:
+    return "cudaErrorNotReady";
+  default:
+    return "cudaErrorInvalidValue";
+  }
+}
+
+const char *cudaGetErrorString(cudaError_t E) {
+  return E == cudaSuccess ? "no error" : "error of the emulated CUDA runtime";
+}
+
+cudaError_t cudaMalloc(void **P, size_t Bytes) {
+  size_t Size = std::max<size_t>((Bytes + 255) / 256 * 256, 256);
+  void *M = std::aligned_alloc(256, Size);
+  if (!M)
+    return cudaErrorMemoryAllocation;
+  std::memset(M, 0xFF, Size); // NaN floats: nothing was written yet
+  std::lock_guard<std::mutex> Lock(AllocMutex);
+  Allocations[static_cast<char *>(M)] = Size;
+  *P = M;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *P) {
+  if (!P)
+    return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> Lock(AllocMutex);
+    if (!Allocations.erase(static_cast<char *>(P)))
+      fail("cudaFree of a pointer cudaMalloc did not return");
+  }
+  std::free(P);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **P, size_t Bytes, unsigned) {
+  *P = std::malloc(std::max<size_t>(Bytes, 1));
+  return *P ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFreeHost(void *P) {
+  std::free(P);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *Dst, const void *Src, size_t Bytes,
+                       cudaMemcpyKind Kind) {
+  checkKind(Dst, Src, Kind);
+  std::memcpy(Dst, Src, Bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *Dst, const void *Src, size_t Bytes,
+                            cudaMemcpyKind Kind, cudaStream_t S) {
+  checkKind(Dst, Src, Kind);
+  enqueue(S, [=] { std::memmove(Dst, Src, Bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy2DAsync(void *Dst, size_t DPitch, const void *Src,
+                              size_t SPitch, size_t Width, size_t Height,
+                              cudaMemcpyKind Kind, cudaStream_t S) {
+  if (Width > DPitch || Width > SPitch)
+    return cudaErrorInvalidValue;
+  checkKind(Dst, Src, Kind);
+  enqueue(S, [=] {
+    for (size_t R = 0; R < Height; ++R)
+      std::memmove(static_cast<char *>(Dst) + R * DPitch,
+                   static_cast<const char *>(Src) + R * SPitch, Width);
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *P, int V, size_t Bytes) {
+  if (!isDevice(P))
+    fail("cudaMemset of host memory");
+  std::memset(P, V, Bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *P, int V, size_t Bytes, cudaStream_t S) {
+  if (!isDevice(P))
+    fail("cudaMemsetAsync of host memory");
+  enqueue(S, [=] { std::memset(P, V, Bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *S, unsigned) {
+  auto *N = new CUstream_st;
+  N->Device = CurrentDevice;
+  {
+    std::lock_guard<std::mutex> Lock(StreamsMutex);
+    for (CUstream_st *S : Streams)
+      N->Ordinal += S->Device == CurrentDevice;
+    Streams.push_back(N);
+  }
+  N->Worker = std::thread([N] { N->loop(); });
+  *S = N;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t S) {
+  S->drain();
+  {
+    std::lock_guard<std::mutex> Lock(S->M);
+    S->Stop = true;
+    S->CV.notify_all();
+  }
+  S->Worker.join();
+  {
+    std::lock_guard<std::mutex> Lock(StreamsMutex);
+    Streams.erase(std::find(Streams.begin(), Streams.end(), S));
+  }
+  delete S;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t S) {
+  if (S)
+    S->drain();
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  syncDevice(CurrentDevice);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *E) {
+  *E = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *E, unsigned Flags) {
+  *E = new CUevent_st;
+  (*E)->Flags = Flags;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t E) {
+  delete E;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t E, cudaStream_t S) {
+  uint64_t Gen;
+  {
+    std::lock_guard<std::mutex> Lock(E->M);
+    Gen = ++E->Recorded;
+  }
+  enqueue(S, [E, Gen] {
+    std::lock_guard<std::mutex> Lock(E->M);
+    E->Completed = std::max(E->Completed, Gen);
+    E->At = Clock::now();
+    E->CV.notify_all();
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t S, cudaEvent_t E, unsigned) {
+  uint64_t Gen;
+  {
+    std::lock_guard<std::mutex> Lock(E->M);
+    Gen = E->Recorded; // the latest record at the time of the call
+  }
+  enqueue(S, [E, Gen] {
+    std::unique_lock<std::mutex> Lock(E->M);
+    waitFor(
+        E->CV, Lock, [&] { return E->Completed >= Gen; },
+        "an event (cudaStreamWaitEvent)");
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *Ms, cudaEvent_t Start,
+                                 cudaEvent_t End) {
+  if ((Start->Flags | End->Flags) & cudaEventDisableTiming)
+    return cudaErrorInvalidResourceHandle;
+  std::scoped_lock Lock(Start->M, End->M);
+  if (!Start->Recorded || !End->Recorded)
+    return cudaErrorInvalidResourceHandle;
+  if (Start->Completed < Start->Recorded || End->Completed < End->Recorded)
+    return cudaErrorNotReady;
+  *Ms = float(std::chrono::duration<double, std::milli>(End->At - Start->At)
+                  .count());
+  return cudaSuccess;
+}
+
+//===----------------------------------------------------------------------===//
+// NCCL
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+enum class CollKind { AllReduce, AllGather, ReduceScatter, Broadcast };
+
+/// One collective, as every rank of the group posted it.
+struct Round {
+  CollKind Kind;
+  size_t Count;
+  ncclDataType_t Type;
+  ncclRedOp_t Op;
+  int Root;
+  std::vector<const void *> Send;
+  int Arrived = 0, Computed = 0, Left = 0;
+};
+
+/// A message of ncclSend, until the peer's ncclRecv takes it.
+struct Message {
+  const void *Data;
+  size_t Bytes;
+  bool Taken = false;
+};
+
+/// What the ranks of one communicator share.
+struct Clique {
+  int Size;
+  std::mutex M;
+  std::condition_variable CV;
+  std::map<uint64_t, Round> Rounds;
+  std::map<std::tuple<int, int, uint64_t>, Message> Messages; // src, dst, k
+  int Members = 0;
+};
+
+std::mutex CliquesMutex;
+std::map<std::string, std::shared_ptr<Clique>> Cliques;
+std::atomic<uint64_t> NextId{1};
+
+size_t typeBytes(ncclDataType_t T) {
+  switch (T) {
+  case ncclFloat32:
+    return 4;
+  case ncclFloat64:
+    return 8;
+  case ncclUint8:
+  case ncclInt8:
+    return 1;
+  default:
+    fail("an NCCL datatype the emulation does not implement: " +
+         std::to_string(int(T)));
+  }
+}
+
+const char *kindName(CollKind K) {
+  switch (K) {
+  case CollKind::AllReduce:
+    return "ncclAllReduce";
+  case CollKind::AllGather:
+    return "ncclAllGather";
+  case CollKind::ReduceScatter:
+    return "ncclReduceScatter";
+  case CollKind::Broadcast:
+    return "ncclBroadcast";
+  }
+  return "?";
+}
+
+template <typename T>
+void reduceInto(std::vector<char> &Out, const std::vector<const void *> &Send,
+                size_t Offset, size_t Count, ncclRedOp_t Op) {
+  T *O = reinterpret_cast<T *>(Out.data());
+  for (size_t I = 0; I < Count; ++I) {
+    T Acc = static_cast<const T *>(Send[0])[Offset + I];
+    for (size_t R = 1; R < Send.size(); ++R) {
+      T V = static_cast<const T *>(Send[R])[Offset + I];
+      Acc = Op == ncclMax ? std::max(Acc, V) : T(Acc + V);
+    }
+    O[I] = Acc;
+  }
+}
+
+} // namespace
+
+struct ncclComm {
+  std::shared_ptr<Clique> C;
+  int Rank = 0;
+  std::string Id;
+  // Host-side counters, in posting order: the k-th collective, and the
+  // k-th send to and receive from each peer.
+  uint64_t Collectives = 0;
+  std::map<int, uint64_t> Sent, Received;
+};
+
+namespace {
+
+/// One NCCL operation as posted (host side).
+struct Posted {
+  ncclComm *Comm;
+  cudaStream_t Stream;
+  enum { Coll, Send, Recv } What;
+  CollKind Kind = CollKind::AllReduce;
+  const void *In = nullptr;
+  void *Out = nullptr;
+  size_t Count = 0;
+  ncclDataType_t Type = ncclUint8;
+  ncclRedOp_t Op = ncclSum;
+  int Root = 0, Peer = 0;
+  uint64_t Seq = 0;
+};
+
+thread_local int GroupDepth = 0;
+thread_local std::vector<Posted> Grouped;
+
+void runCollective(const Posted &P) {
+  Clique &Cl = *P.Comm->C;
+  const int N = Cl.Size, Me = P.Comm->Rank;
+  const size_t Elem = typeBytes(P.Type);
+  std::string What = std::string(kindName(P.Kind)) + " #" +
+                     std::to_string(P.Seq) + " of rank " + std::to_string(Me);
+  std::unique_lock<std::mutex> Lock(Cl.M);
+  auto [It, New] = Cl.Rounds.try_emplace(P.Seq);
+  Round &R = It->second;
+  if (New) {
+    R.Kind = P.Kind;
+    R.Count = P.Count;
+    R.Type = P.Type;
+    R.Op = P.Op;
+    R.Root = P.Root;
+    R.Send.assign(N, nullptr);
+  } else if (R.Kind != P.Kind || R.Count != P.Count || R.Type != P.Type ||
+             R.Op != P.Op || R.Root != P.Root) {
+    fail(What + " does not match the other ranks' (" + kindName(R.Kind) +
+         " of " + std::to_string(R.Count) + " elements)");
+  }
+  R.Send[Me] = P.In;
+  ++R.Arrived;
+  Cl.CV.notify_all();
+  waitFor(
+      Cl.CV, Lock, [&] { return R.Arrived == N; },
+      "the other ranks to reach " + What);
+  Lock.unlock();
+  // Every rank computes its result from the others' inputs, then all write:
+  // an in-place operand is read by all before any is overwritten.
+  std::vector<char> Result;
+  switch (P.Kind) {
+  case CollKind::AllReduce:
+  case CollKind::ReduceScatter: {
+    size_t Offset = P.Kind == CollKind::ReduceScatter ? Me * P.Count : 0;
+    Result.resize(P.Count * Elem);
+    if (P.Type == ncclFloat32)
+      reduceInto<float>(Result, R.Send, Offset, P.Count, P.Op);
+    else if (P.Type == ncclFloat64)
+      reduceInto<double>(Result, R.Send, Offset, P.Count, P.Op);
+    else
+      fail(What + ": a reduction of a type the emulation does not implement");
+    break;
+  }
+  case CollKind::AllGather:
+    Result.resize(N * P.Count * Elem);
+    for (int Q = 0; Q < N; ++Q)
+      std::memcpy(Result.data() + Q * P.Count * Elem, R.Send[Q],
+                  P.Count * Elem);
+    break;
+  case CollKind::Broadcast:
+    Result.resize(P.Count * Elem);
+    std::memcpy(Result.data(), R.Send[P.Root], P.Count * Elem);
+    break;
+  }
+  Lock.lock();
+  ++R.Computed;
+  Cl.CV.notify_all();
+  waitFor(
+      Cl.CV, Lock, [&] { return R.Computed == N; },
+      "the other ranks to read their inputs of " + What);
+  std::memcpy(P.Out, Result.data(), Result.size());
+  if (++R.Left == N)
+    Cl.Rounds.erase(It);
+}
+
+/// The operations of one group (or one alone) on one stream, as NCCL runs
+/// them: all together, so that a group of sends and receives completes when
+/// every one of them has.
+void runGroup(const std::vector<Posted> &Ops) {
+  // Sends are posted first, then collectives run, then receives take their
+  // messages; the group ends when its sends have been taken.
+  for (const Posted &P : Ops)
+    if (P.What == Posted::Send) {
+      Clique &Cl = *P.Comm->C;
+      std::lock_guard<std::mutex> Lock(Cl.M);
+      Cl.Messages[{P.Comm->Rank, P.Peer, P.Seq}] =
+          Message{P.In, P.Count * typeBytes(P.Type)};
+      Cl.CV.notify_all();
+    }
+  for (const Posted &P : Ops)
+    if (P.What == Posted::Coll)
+      runCollective(P);
+  for (const Posted &P : Ops)
+    if (P.What == Posted::Recv) {
+      Clique &Cl = *P.Comm->C;
+      std::unique_lock<std::mutex> Lock(Cl.M);
+      auto Key = std::make_tuple(P.Peer, P.Comm->Rank, P.Seq);
+      std::string What = "send #" + std::to_string(P.Seq) + " from rank " +
+                         std::to_string(P.Peer) + " to rank " +
+                         std::to_string(P.Comm->Rank);
+      waitFor(
+          Cl.CV, Lock, [&] { return Cl.Messages.count(Key) != 0; },
+          "the " + What);
+      Message &Msg = Cl.Messages[Key];
+      size_t Bytes = P.Count * typeBytes(P.Type);
+      if (Msg.Bytes != Bytes)
+        fail("the " + What + " has " + std::to_string(Msg.Bytes) +
+             " bytes; its receive wants " + std::to_string(Bytes));
+      std::memcpy(P.Out, Msg.Data, Bytes);
+      Msg.Taken = true;
+      Cl.CV.notify_all();
+    }
+  for (const Posted &P : Ops)
+    if (P.What == Posted::Send) {
+      Clique &Cl = *P.Comm->C;
+      std::unique_lock<std::mutex> Lock(Cl.M);
+      auto Key = std::make_tuple(P.Comm->Rank, P.Peer, P.Seq);
+      waitFor(
+          Cl.CV, Lock, [&] { return Cl.Messages[Key].Taken; },
+          "rank " + std::to_string(P.Peer) + " to receive send #" +
+              std::to_string(P.Seq) + " of rank " +
+              std::to_string(P.Comm->Rank));
+      Cl.Messages.erase(Key);
+    }
+}
+
+/// Queues the grouped operations, one unit per stream.
+void launchGrouped() {
+  std::vector<Posted> Ops = std::move(Grouped);
+  Grouped.clear();
+  std::vector<cudaStream_t> Order;
+  for (const Posted &P : Ops)
+    if (std::find(Order.begin(), Order.end(), P.Stream) == Order.end())
+      Order.push_back(P.Stream);
+  static const bool Log = std::getenv("SP_EMULATED_LOG") != nullptr;
+  for (cudaStream_t S : Order) {
+    std::vector<Posted> Mine;
+    for (const Posted &P : Ops)
+      if (P.Stream == S)
+        Mine.push_back(P);
+    if (Log) {
+      std::string L = "posted on stream " + std::to_string(S->Ordinal) + ":";
+      for (const Posted &P : Mine)
+        L += P.What == Posted::Send   ? " send#" + std::to_string(P.Seq) +
+                                          "->" + std::to_string(P.Peer)
+             : P.What == Posted::Recv ? " recv#" + std::to_string(P.Seq) +
+                                            "<-" + std::to_string(P.Peer)
+                                      : std::string(" ") + kindName(P.Kind);
+      std::fprintf(stderr, "[rank %d of %s] %s\n", Mine[0].Comm->Rank,
+                   Mine[0].Comm->Id.c_str(), L.c_str());
+    }
+    enqueue(S, [Mine] { runGroup(Mine); });
+  }
+}
+
+ncclResult_t post(Posted P) {
+  if (!P.Comm)
+    return ncclInvalidArgument;
+  if (P.What == Posted::Coll)
+    P.Seq = P.Comm->Collectives++;
+  else if (P.What == Posted::Send)
+    P.Seq = P.Comm->Sent[P.Peer]++;
+  else
+    P.Seq = P.Comm->Received[P.Peer]++;
+  if ((P.What != Posted::Coll) &&
+      (P.Peer < 0 || P.Peer >= P.Comm->C->Size || P.Peer == P.Comm->Rank))
+    return ncclInvalidArgument;
+  Grouped.push_back(P);
+  if (GroupDepth == 0)
+    launchGrouped();
+  return ncclSuccess;
+}
+
+} // namespace
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *Id) {
+  std::memset(Id, 0, sizeof *Id);
+  std::snprintf(Id->internal, sizeof Id->internal, "emulated-nccl-%llu",
+                (unsigned long long)NextId++);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *Comm, int NRanks, ncclUniqueId Id,
+                              int Rank) {
+  if (NRanks < 1 || Rank < 0 || Rank >= NRanks)
+    return ncclInvalidArgument;
+  std::string Key(Id.internal, strnlen(Id.internal, sizeof Id.internal));
+  std::shared_ptr<Clique> C;
+  {
+    std::lock_guard<std::mutex> Lock(CliquesMutex);
+    auto &Slot = Cliques[Key];
+    if (!Slot) {
+      Slot = std::make_shared<Clique>();
+      Slot->Size = NRanks;
+    }
+    C = Slot;
+  }
+  if (C->Size != NRanks)
+    return ncclInvalidArgument;
+  {
+    // ncclCommInitRank returns when every rank has joined.
+    std::unique_lock<std::mutex> Lock(C->M);
+    ++C->Members;
+    C->CV.notify_all();
+    waitFor(
+        C->CV, Lock, [&] { return C->Members >= C->Size; },
+        "the other ranks of an ncclCommInitRank");
+  }
+  auto *N = new ncclComm;
+  N->C = C;
+  N->Rank = Rank;
+  N->Id = Key;
+  *Comm = N;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t Comm) {
+  if (!Comm)
+    return ncclSuccess;
+  {
+    std::lock_guard<std::mutex> Lock(CliquesMutex);
+    auto It = Cliques.find(Comm->Id);
+    if (It != Cliques.end() && It->second.use_count() <= 2)
+      Cliques.erase(It);
+  }
+  delete Comm;
+  return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t R) {
+  return R == ncclSuccess ? "no error" : "error of the emulated NCCL";
+}
+
+ncclResult_t ncclGroupStart() {
+  ++GroupDepth;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  if (GroupDepth == 0)
+    return ncclInvalidUsage;
+  if (--GroupDepth == 0)
+    launchGrouped();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *In, void *Out, size_t Count,
+                           ncclDataType_t T, ncclRedOp_t Op, ncclComm_t Comm,
+                           cudaStream_t S) {
+  if (Op != ncclSum && Op != ncclMax)
+    return ncclInvalidArgument;
+  Posted P{Comm, S, Posted::Coll};
+  P.Kind = CollKind::AllReduce;
+  P.In = In;
+  P.Out = Out;
+  P.Count = Count;
+  P.Type = T;
+  P.Op = Op;
+  return post(P);
+}
+
+ncclResult_t ncclAllGather(const void *In, void *Out, size_t Count,
+                           ncclDataType_t T, ncclComm_t Comm, cudaStream_t S) {
+  Posted P{Comm, S, Posted::Coll};
+  P.Kind = CollKind::AllGather;
+  P.In = In;
+  P.Out = Out;
+  P.Count = Count;
+  P.Type = T;
+  return post(P);
+}
+
+ncclResult_t ncclReduceScatter(const void *In, void *Out, size_t Count,
+                               ncclDataType_t T, ncclRedOp_t Op,
+                               ncclComm_t Comm, cudaStream_t S) {
+  if (Op != ncclSum && Op != ncclMax)
+    return ncclInvalidArgument;
+  Posted P{Comm, S, Posted::Coll};
+  P.Kind = CollKind::ReduceScatter;
+  P.In = In;
+  P.Out = Out;
+  P.Count = Count;
+  P.Type = T;
+  P.Op = Op;
+  return post(P);
+}
+
+ncclResult_t ncclBroadcast(const void *In, void *Out, size_t Count,
+                           ncclDataType_t T, int Root, ncclComm_t Comm,
+                           cudaStream_t S) {
+  Posted P{Comm, S, Posted::Coll};
+  P.Kind = CollKind::Broadcast;
+  P.In = In;
+  P.Out = Out;
+  P.Count = Count;
+  P.Type = T;
+  P.Root = Root;
+  return post(P);
+}
+
+ncclResult_t ncclSend(const void *Data, size_t Count, ncclDataType_t T,
+                      int Peer, ncclComm_t Comm, cudaStream_t S) {
+  Posted P{Comm, S, Posted::Send};
+  P.In = Data;
+  P.Count = Count;
+  P.Type = T;
+  P.Peer = Peer;
+  return post(P);
+}
+
+ncclResult_t ncclRecv(void *Data, size_t Count, ncclDataType_t T, int Peer,
+                      ncclComm_t Comm, cudaStream_t S) {
+  Posted P{Comm, S, Posted::Recv};
+  P.Out = Data;
+  P.Count = Count;
+  P.Type = T;
+  P.Peer = Peer;
+  return post(P);
+}
+
+//===----------------------------------------------------------------------===//
+// cuBLAS
+//===----------------------------------------------------------------------===//
+
+struct cublasContext {
+  cudaStream_t Stream = nullptr;
+  cublasMath_t Mode = CUBLAS_DEFAULT_MATH;
+};
+
+namespace {
+
+/// X rounded to TF32 (8 exponent bits, 10 mantissa bits), to nearest even.
+float toTf32(float X) {
+  uint32_t U;
+  std::memcpy(&U, &X, 4);
+  if ((U & 0x7f800000u) != 0x7f800000u) {
+    U += 0xfffu + ((U >> 13) & 1u);
+    U &= ~0x1fffu;
+  }
+  std::memcpy(&X, &U, 4);
+  return X;
+}
+
+/// The Rows x Cols column-major operand at P (leading dimension Ld) of
+/// type T as float32, packed (leading dimension Rows).
+std::vector<float> widen(const void *P, cudaDataType T, int Rows, int Cols,
+                         int Ld, bool Tf32) {
+  std::vector<float> Out(size_t(Rows) * Cols);
+  for (int C = 0; C < Cols; ++C)
+    for (int R = 0; R < Rows; ++R) {
+      size_t At = size_t(C) * Ld + R;
+      float V;
+      if (T == CUDA_R_32F)
+        V = static_cast<const float *>(P)[At];
+      else if (T == CUDA_R_16BF)
+        V = sp::bfloat16ToFloat(static_cast<const uint16_t *>(P)[At]);
+      else if (T == CUDA_R_16F)
+        V = sp::halfToFloat(static_cast<const uint16_t *>(P)[At]);
+      else
+        fail("a GEMM operand type the emulation does not implement");
+      Out[size_t(C) * Rows + R] = Tf32 ? toTf32(V) : V;
+    }
+  return Out;
+}
+
+/// C = alpha op(A) op(B) + beta C, column-major, C float32, on H's stream.
+cublasStatus_t gemmOn(cublasHandle_t H, cublasOperation_t TA,
+                      cublasOperation_t TB, int M, int N, int K, float Alpha,
+                      const void *A, cudaDataType AT, int Lda, long long SA,
+                      const void *B, cudaDataType BT, int Ldb, long long SB,
+                      float Beta, float *C, int Ldc, long long SC, int Batch) {
+  if (M < 0 || N < 0 || K < 0 || Batch < 0 ||
+      (TA != CUBLAS_OP_N && TA != CUBLAS_OP_T) ||
+      (TB != CUBLAS_OP_N && TB != CUBLAS_OP_T) || Ldc < std::max(1, M) ||
+      Lda < std::max(1, TA == CUBLAS_OP_N ? M : K) ||
+      Ldb < std::max(1, TB == CUBLAS_OP_N ? K : N))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const bool Tf32 = AT == CUDA_R_32F &&
+                    (H->Mode & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
+  size_t ABytes = AT == CUDA_R_32F ? 4 : 2, BBytes = BT == CUDA_R_32F ? 4 : 2;
+  enqueue(H->Stream, [=] {
+    for (int I = 0; I < Batch; ++I) {
+      const char *Ai = static_cast<const char *>(A) + I * SA * ABytes;
+      const char *Bi = static_cast<const char *>(B) + I * SB * BBytes;
+      int ARows = TA == CUBLAS_OP_N ? M : K, ACols = TA == CUBLAS_OP_N ? K : M;
+      int BRows = TB == CUBLAS_OP_N ? K : N, BCols = TB == CUBLAS_OP_N ? N : K;
+      std::vector<float> Af = widen(Ai, AT, ARows, ACols, Lda, Tf32);
+      std::vector<float> Bf = widen(Bi, BT, BRows, BCols, Ldb, Tf32);
+      cblas_sgemm(CblasColMajor,
+                  TA == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                  TB == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, M, N, K,
+                  Alpha, Af.data(), std::max(1, ARows), Bf.data(),
+                  std::max(1, BRows), Beta, C + I * SC, Ldc);
+    }
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+} // namespace
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t *H) {
+  *H = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy_v2(cublasHandle_t H) {
+  delete H;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream_v2(cublasHandle_t H, cudaStream_t S) {
+  H->Stream = S;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t H, cublasMath_t Mode) {
+  H->Mode = Mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemm_v2(cublasHandle_t H, cublasOperation_t TA,
+                              cublasOperation_t TB, int M, int N, int K,
+                              const float *Alpha, const float *A, int Lda,
+                              const float *B, int Ldb, const float *Beta,
+                              float *C, int Ldc) {
+  return gemmOn(H, TA, TB, M, N, K, *Alpha, A, CUDA_R_32F, Lda, 0, B,
+                CUDA_R_32F, Ldb, 0, *Beta, C, Ldc, 0, 1);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(
+    cublasHandle_t H, cublasOperation_t TA, cublasOperation_t TB, int M, int N,
+    int K, const float *Alpha, const float *A, int Lda, long long SA,
+    const float *B, int Ldb, long long SB, const float *Beta, float *C,
+    int Ldc, long long SC, int Batch) {
+  return gemmOn(H, TA, TB, M, N, K, *Alpha, A, CUDA_R_32F, Lda, SA, B,
+                CUDA_R_32F, Ldb, SB, *Beta, C, Ldc, SC, Batch);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t H, cublasOperation_t TA,
+                            cublasOperation_t TB, int M, int N, int K,
+                            const void *Alpha, const void *A, cudaDataType AT,
+                            int Lda, const void *B, cudaDataType BT, int Ldb,
+                            const void *Beta, void *C, cudaDataType CT,
+                            int Ldc, cublasComputeType_t Compute,
+                            cublasGemmAlgo_t) {
+  if (CT != CUDA_R_32F || Compute != CUBLAS_COMPUTE_32F || AT != BT)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return gemmOn(H, TA, TB, M, N, K, *static_cast<const float *>(Alpha), A, AT,
+                Lda, 0, B, BT, Ldb, 0, *static_cast<const float *>(Beta),
+                static_cast<float *>(C), Ldc, 0, 1);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t H, cublasOperation_t TA, cublasOperation_t TB, int M, int N,
+    int K, const void *Alpha, const void *A, cudaDataType AT, int Lda,
+    long long SA, const void *B, cudaDataType BT, int Ldb, long long SB,
+    const void *Beta, void *C, cudaDataType CT, int Ldc, long long SC,
+    int Batch, cublasComputeType_t Compute, cublasGemmAlgo_t) {
+  if (CT != CUDA_R_32F || Compute != CUBLAS_COMPUTE_32F || AT != BT)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  return gemmOn(H, TA, TB, M, N, K, *static_cast<const float *>(Alpha), A, AT,
+                Lda, SA, B, BT, Ldb, SB, *static_cast<const float *>(Beta),
+                static_cast<float *>(C), Ldc, SC, Batch);
+}

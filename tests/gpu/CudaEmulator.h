@@ -7,15 +7,18 @@
 //
 // The execution model, emulated:
 //   - a launch runs its blocks one after another; a block's threads are
-//     fibers (ucontext) of one OS thread. Each warp in turn runs as far as
-//     it can, to the block's next barrier (__syncthreads,
+//     fibers of one OS thread (their own stacks). Each warp in turn runs as far
+//     as it can, to the block's next barrier (__syncthreads,
 //     __syncthreads_and) or its end, its lanes in turn, each to the warp's
 //     next shuffle; then the next warp. A barrier releases when every
 //     thread of the block (a shuffle: of the warp) has reached it. Warps
 //     and lanes run in ascending order or, with setReverseOrder,
 //     descending, so that a read of another thread's shared-memory write
 //     without a barrier between sees the old value in one of the two
-//     orders;
+//     orders. A launch whose first block reaches no barrier and no shuffle
+//     runs its other blocks' threads as plain calls, one after another, in
+//     the same order (most kernels: the context switches were most of the
+//     emulator's time); a thread that does reach one there aborts;
 //   - shared memory: a kernel's static __shared__ arrays are static
 //     variables (the blocks run one at a time); its dynamic shared memory
 //     (SP_DYNAMIC_SHARED) is a buffer filled with NaN bytes at each block,
@@ -27,9 +30,10 @@
 //     library's (not CUDA's: a few units of rounding apart).
 // Streams are ignored (every launch runs to completion when it is made),
 // unless SP_EMULATED_STREAMS is defined: then launches are queued on their
-// streams, which EmulatedRuntime.cpp runs. cudaFuncSetAttribute is ignored. Each OS thread runs its own launches
-// (thread ranks each run theirs). Grids and blocks are one-dimensional in
-// threads (blockDim.y = blockDim.z = 1); grids may be three-dimensional.
+// streams, which EmulatedRuntime.cpp runs. cudaFuncSetAttribute is ignored.
+// Each OS thread runs its own launches (thread ranks each run theirs). Grids
+// and blocks are one-dimensional in threads (blockDim.y = blockDim.z = 1);
+// grids may be three-dimensional.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_TESTS_GPU_CUDAEMULATOR_H
@@ -70,8 +74,77 @@
 
 namespace sp::emu {
 
+// A fiber's saved context. On x86-64 (without sanitizers, which follow
+// stacks through ucontext only) a switch saves the callee-saved registers,
+// MXCSR and the x87 control word on the stack it leaves and loads those of
+// the stack it enters: no system call, where swapcontext makes one (to
+// save the signal mask) and was most of the emulator's time.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) &&                   \
+    !defined(__SANITIZE_THREAD__)
+#define SP_EMU_STACK_SWITCH 1
+struct Context {
+  void *Sp = nullptr;
+};
+/// Saves the running context in *From, resumes To.
+__attribute__((naked, noinline)) static void switchStacks(void **, void *) {
+  asm("pushq %rbp\n\t"
+      "pushq %rbx\n\t"
+      "pushq %r12\n\t"
+      "pushq %r13\n\t"
+      "pushq %r14\n\t"
+      "pushq %r15\n\t"
+      "subq $8, %rsp\n\t"
+      "stmxcsr (%rsp)\n\t"
+      "fnstcw 4(%rsp)\n\t"
+      "movq %rsp, (%rdi)\n\t"
+      "movq %rsi, %rsp\n\t"
+      "ldmxcsr (%rsp)\n\t"
+      "fldcw 4(%rsp)\n\t"
+      "addq $8, %rsp\n\t"
+      "popq %r15\n\t"
+      "popq %r14\n\t"
+      "popq %r13\n\t"
+      "popq %r12\n\t"
+      "popq %rbx\n\t"
+      "popq %rbp\n\t"
+      "ret\n\t");
+}
+inline void swapTo(Context &From, Context &To) {
+  switchStacks(&From.Sp, To.Sp);
+}
+/// C starts Entry on the Bytes of stack at Stack (Entry never returns).
+inline void makeContext(Context &C, char *Stack, size_t Bytes,
+                        void (*Entry)()) {
+  uintptr_t Top = (reinterpret_cast<uintptr_t>(Stack) + Bytes) & ~uintptr_t(15);
+  auto *Slot = reinterpret_cast<uint64_t *>(Top);
+  Slot[-1] = 0;                                  // Entry's return address
+  Slot[-2] = reinterpret_cast<uintptr_t>(Entry); // switchStacks' ret
+  for (int R = 3; R <= 8; ++R)                   // rbp, rbx, r12-r15
+    Slot[-R] = 0;
+  uint32_t Mxcsr;
+  uint16_t Fpucw;
+  asm volatile("stmxcsr %0" : "=m"(Mxcsr));
+  asm volatile("fnstcw %0" : "=m"(Fpucw));
+  Slot[-9] = uint64_t(Mxcsr) | uint64_t(Fpucw) << 32;
+  C.Sp = &Slot[-9];
+}
+#else
+struct Context {
+  ucontext_t U;
+};
+inline void swapTo(Context &From, Context &To) { swapcontext(&From.U, &To.U); }
+inline void makeContext(Context &C, char *Stack, size_t Bytes,
+                        void (*Entry)()) {
+  getcontext(&C.U);
+  C.U.uc_stack.ss_sp = Stack;
+  C.U.uc_stack.ss_size = Bytes;
+  C.U.uc_link = nullptr; // Entry never returns
+  makecontext(&C.U, Entry, 0);
+}
+#endif
+
 struct Fiber {
-  ucontext_t Ctx;
+  Context Ctx;
   uint3 ThreadIdx;
   bool Done = false;
   char *Stack = nullptr; // from the OS thread's pool
@@ -89,7 +162,7 @@ struct Block {
   uint3 BlockIdx;
   std::vector<Fiber> Fibers;
   int Current = 0;
-  ucontext_t Scheduler;
+  Context Scheduler;
   std::function<void()> Body;
   Barrier All;
   std::vector<Barrier> Warps;
@@ -97,6 +170,8 @@ struct Block {
   std::vector<char> Shared;
   char *SharedAligned = nullptr;
   uint64_t Events = 0; // arrivals and finished threads: progress
+  uint64_t Arrivals = 0; // at barriers and shuffles
+  bool Direct = false;   // threads run as plain calls (see launch)
 };
 
 inline Block *&current() {
@@ -113,14 +188,23 @@ inline void setReverseOrder(bool R) { reverseOrder() = R; }
 inline Fiber &self() { return current()->Fibers[current()->Current]; }
 inline void yield() {
   Block *B = current();
-  swapcontext(&B->Fibers[B->Current].Ctx, &B->Scheduler);
+  swapTo(B->Fibers[B->Current].Ctx, B->Scheduler);
 }
 
 /// Waits at Bar until Expected threads have arrived; returns the AND of
 /// their predicates.
 inline bool arrive(Barrier &Bar, int Expected, bool Pred) {
   Block *B = current();
+  if (B->Direct) {
+    std::fprintf(stderr,
+                 "CudaEmulator: thread %d of block (%u, %u, %u) reached a "
+                 "barrier or shuffle, but no thread of the launch's first "
+                 "block did\n",
+                 B->Current, B->BlockIdx.x, B->BlockIdx.y, B->BlockIdx.z);
+    std::abort();
+  }
   ++B->Events;
+  ++B->Arrivals;
   Bar.And = Bar.And && Pred;
   unsigned Gen = Bar.Generation;
   if (++Bar.Arrived == Expected) {
@@ -151,10 +235,12 @@ inline void trampoline() {
   B->Body();
   B->Fibers[B->Current].Done = true;
   ++B->Events;
-  // uc_link returns to the scheduler.
+  swapTo(B->Fibers[B->Current].Ctx, B->Scheduler); // never resumed
+  std::abort();
 }
 
-// The scheduler's locals live across swapcontext, which GCC treats as
+// The scheduler's locals live across swapcontext (without the stack
+// switch), which GCC treats as
 // returning twice (as setjmp): they are not clobbered, since the scheduler
 // runs nothing between saving its context and being resumed.
 #pragma GCC diagnostic push
@@ -174,6 +260,7 @@ void launch(dim3 Grid, dim3 Threads, size_t SharedBytes,
   static thread_local std::vector<std::unique_ptr<char[]>> Stacks;
   while (Stacks.size() < size_t(N))
     Stacks.emplace_back(new char[StackBytes]);
+  bool Direct = false;
   for (unsigned Z = 0; Z < Grid.z; ++Z)
     for (unsigned Y = 0; Y < Grid.y; ++Y)
       for (unsigned X = 0; X < Grid.x; ++X) {
@@ -193,16 +280,29 @@ void launch(dim3 Grid, dim3 Threads, size_t SharedBytes,
           std::apply([&](auto &...P) { Kernel(P...); }, Copy);
         };
         current() = &B;
-        for (int T = 0; T < N; ++T) {
+        if (Direct) {
+          // The first block reached no barrier and no shuffle: its threads
+          // ran to their ends one at a time, and so do these, as plain
+          // calls (a thread that does reach one aborts, in arrive).
+          B.Direct = true;
+          for (int K = 0; K < N; ++K) {
+            const int T = reverseOrder() ? N - 1 - K : K;
+            B.Fibers[T].ThreadIdx = uint3{unsigned(T), 0, 0};
+            B.Current = T;
+            B.Body();
+          }
+          current() = nullptr;
+          continue;
+        }
+        // A thread's fiber is made when it first runs.
+        std::vector<bool> Started(N, false);
+        auto Start = [&](int T) {
           Fiber &F = B.Fibers[T];
           F.ThreadIdx = uint3{unsigned(T), 0, 0};
           F.Stack = Stacks[T].get();
-          getcontext(&F.Ctx);
-          F.Ctx.uc_stack.ss_sp = F.Stack;
-          F.Ctx.uc_stack.ss_size = StackBytes;
-          F.Ctx.uc_link = &B.Scheduler;
-          makecontext(&F.Ctx, trampoline, 0);
-        }
+          makeContext(F.Ctx, F.Stack, StackBytes, trampoline);
+          Started[T] = true;
+        };
         // Each warp in turn runs as far as it can (to the block's next
         // barrier, or its end), its lanes in turn to each warp barrier:
         // a warp that gets ahead of the others is what exposes a missing
@@ -219,8 +319,10 @@ void launch(dim3 Grid, dim3 Threads, size_t SharedBytes,
                 const int T = 32 * W + (reverseOrder() ? Lanes - 1 - LK : LK);
                 if (B.Fibers[T].Done)
                   continue;
+                if (!Started[T])
+                  Start(T);
                 B.Current = T;
-                swapcontext(&B.Scheduler, &B.Fibers[T].Ctx);
+                swapTo(B.Scheduler, B.Fibers[T].Ctx);
               }
             }
           }
@@ -235,6 +337,10 @@ void launch(dim3 Grid, dim3 Threads, size_t SharedBytes,
             std::abort();
           }
         }
+        // A launch whose first block reached no barrier and no shuffle runs
+        // its other blocks' threads as plain calls: the context switches
+        // are most of the emulator's time.
+        Direct = B.Arrivals == 0;
         current() = nullptr;
       }
 }
@@ -340,9 +446,11 @@ void launchOn(cudaStream_t S, dim3 Grid, dim3 Threads, size_t SharedBytes,
               void (*Kernel)(Params...), Args &&...A) {
   enqueue(S, [=, Copy = std::tuple<std::decay_t<Args>...>(
                      std::forward<Args>(A)...)] {
-    std::apply([&](const auto &...P) { launch(Grid, Threads, SharedBytes,
-                                              Kernel, P...); },
-               Copy);
+    std::apply(
+        [&](const auto &...P) {
+          launch(Grid, Threads, SharedBytes, Kernel, P...);
+        },
+        Copy);
   });
 }
 } // namespace sp::emu

@@ -100,10 +100,10 @@ bool isDevice(const void *P) {
 
 void checkKind(void *Dst, const void *Src, cudaMemcpyKind Kind) {
   bool DstDev = isDevice(Dst), SrcDev = isDevice(Src);
-  bool WantDst = Kind == cudaMemcpyHostToDevice ||
-                 Kind == cudaMemcpyDeviceToDevice,
-       WantSrc = Kind == cudaMemcpyDeviceToHost ||
-                 Kind == cudaMemcpyDeviceToDevice;
+  bool WantDst =
+           Kind == cudaMemcpyHostToDevice || Kind == cudaMemcpyDeviceToDevice,
+       WantSrc =
+           Kind == cudaMemcpyDeviceToHost || Kind == cudaMemcpyDeviceToDevice;
   if (Kind == cudaMemcpyDefault)
     return;
   if (DstDev != WantDst || SrcDev != WantSrc)
@@ -432,8 +432,8 @@ cudaError_t cudaEventElapsedTime(float *Ms, cudaEvent_t Start,
     return cudaErrorInvalidResourceHandle;
   if (Start->Completed < Start->Recorded || End->Completed < End->Recorded)
     return cudaErrorNotReady;
-  *Ms = float(std::chrono::duration<double, std::milli>(End->At - Start->At)
-                  .count());
+  *Ms = float(
+      std::chrono::duration<double, std::milli>(End->At - Start->At).count());
   return cudaSuccess;
 }
 
@@ -686,8 +686,8 @@ void launchGrouped() {
     if (Log) {
       std::string L = "posted on stream " + std::to_string(S->Ordinal) + ":";
       for (const Posted &P : Mine)
-        L += P.What == Posted::Send   ? " send#" + std::to_string(P.Seq) +
-                                          "->" + std::to_string(P.Peer)
+        L += P.What == Posted::Send ? " send#" + std::to_string(P.Seq) + "->" +
+                                          std::to_string(P.Peer)
              : P.What == Posted::Recv ? " recv#" + std::to_string(P.Seq) +
                                             "<-" + std::to_string(P.Peer)
                                       : std::string(" ") + kindName(P.Kind);
@@ -920,8 +920,8 @@ cublasStatus_t gemmOn(cublasHandle_t H, cublasOperation_t TA,
       Lda < std::max(1, TA == CUBLAS_OP_N ? M : K) ||
       Ldb < std::max(1, TB == CUBLAS_OP_N ? K : N))
     return CUBLAS_STATUS_INVALID_VALUE;
-  const bool Tf32 = AT == CUDA_R_32F &&
-                    (H->Mode & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
+  const bool Tf32 =
+      AT == CUDA_R_32F && (H->Mode & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
   size_t ABytes = AT == CUDA_R_32F ? 4 : 2, BBytes = BT == CUDA_R_32F ? 4 : 2;
   enqueue(H->Stream, [=] {
     for (int I = 0; I < Batch; ++I) {
@@ -931,11 +931,10 @@ cublasStatus_t gemmOn(cublasHandle_t H, cublasOperation_t TA,
       int BRows = TB == CUBLAS_OP_N ? K : N, BCols = TB == CUBLAS_OP_N ? N : K;
       std::vector<float> Af = widen(Ai, AT, ARows, ACols, Lda, Tf32);
       std::vector<float> Bf = widen(Bi, BT, BRows, BCols, Ldb, Tf32);
-      cblas_sgemm(CblasColMajor,
-                  TA == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-                  TB == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, M, N, K,
-                  Alpha, Af.data(), std::max(1, ARows), Bf.data(),
-                  std::max(1, BRows), Beta, C + I * SC, Ldc);
+      cblas_sgemm(CblasColMajor, TA == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                  TB == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, M, N, K, Alpha,
+                  Af.data(), std::max(1, ARows), Bf.data(), std::max(1, BRows),
+                  Beta, C + I * SC, Ldc);
     }
   });
   return CUBLAS_STATUS_SUCCESS;
@@ -972,11 +971,13 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t H, cublasOperation_t TA,
                 CUDA_R_32F, Ldb, 0, *Beta, C, Ldc, 0, 1);
 }
 
-cublasStatus_t cublasSgemmStridedBatched(
-    cublasHandle_t H, cublasOperation_t TA, cublasOperation_t TB, int M, int N,
-    int K, const float *Alpha, const float *A, int Lda, long long SA,
-    const float *B, int Ldb, long long SB, const float *Beta, float *C,
-    int Ldc, long long SC, int Batch) {
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t H, cublasOperation_t TA,
+                                         cublasOperation_t TB, int M, int N,
+                                         int K, const float *Alpha,
+                                         const float *A, int Lda, long long SA,
+                                         const float *B, int Ldb, long long SB,
+                                         const float *Beta, float *C, int Ldc,
+                                         long long SC, int Batch) {
   return gemmOn(H, TA, TB, M, N, K, *Alpha, A, CUDA_R_32F, Lda, SA, B,
                 CUDA_R_32F, Ldb, SB, *Beta, C, Ldc, SC, Batch);
 }
@@ -985,9 +986,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t H, cublasOperation_t TA,
                             cublasOperation_t TB, int M, int N, int K,
                             const void *Alpha, const void *A, cudaDataType AT,
                             int Lda, const void *B, cudaDataType BT, int Ldb,
-                            const void *Beta, void *C, cudaDataType CT,
-                            int Ldc, cublasComputeType_t Compute,
-                            cublasGemmAlgo_t) {
+                            const void *Beta, void *C, cudaDataType CT, int Ldc,
+                            cublasComputeType_t Compute, cublasGemmAlgo_t) {
   if (CT != CUDA_R_32F || Compute != CUBLAS_COMPUTE_32F || AT != BT)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return gemmOn(H, TA, TB, M, N, K, *static_cast<const float *>(Alpha), A, AT,

@@ -1,4 +1,4 @@
-//===- EmulatedRuntime.h - The CUDA runtime, NCCL and cuBLAS on the CPU -*- C++ -*-===//
+//===- EmulatedRuntime.h - CUDA, NCCL and cuBLAS on the CPU ----*- C++ -*-===//
 //
 // EmulatedRuntime.cpp defines the functions of the CUDA runtime, NCCL and
 // cuBLAS that the CUDA backend calls, over host memory and threads, so that

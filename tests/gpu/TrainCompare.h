@@ -136,7 +136,8 @@ inline void expectMatches(const Run &Gpu, const Run &Cpu, const Run &Ref,
 inline Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
                         int Microbatches = 1, int DP = 1, int Zero = 0,
                         double AdamEps = OptimizerOptions().Eps,
-                        DType Activations = DType::F32, bool Fused = false) {
+                        DType Activations = DType::F32, bool Fused = false,
+                        bool TpCommOverlap = false) {
   registerOnnxDataLoader();
   auto G = llvm::cantFail(
       importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
@@ -148,6 +149,7 @@ inline Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
   Ctx.Optimizer.Eps = AdamEps;
   Ctx.ActivationDtype = Activations;
   Ctx.FusedAttention = Fused;
+  Ctx.TpCommOverlap = TpCommOverlap;
   if (PP > 1) {
     Ctx.Pipeline.Stages = PP;
     Ctx.Pipeline.Microbatches = Microbatches;

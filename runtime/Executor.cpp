@@ -673,12 +673,7 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
         // A device backend queues its calls: the trace waits for each one,
         // the phase times for the last of each run of one phase (so a
         // phase's total is its wall time, the in-between calls' their
-        // queueing time). Not on a pipeline stage: waiting for every call
-        // so far there waits for its sends to be received, and a 1F1B
-        // stage ends a run of forwards with sends its peer receives only
-        // after it has sent its own (both stages send first), so the two
-        // would wait for each other; there the phase times are the calls'
-        // queueing times, and the step's wall time is the whole.
+        // queueing time).
         bool PhaseEnds = I + 1 == End ? K + 1 == NumSteps
                                       : Prog.Instrs[I + 1].Ph != In.Ph;
         if (I + 1 == End && K + 1 < NumSteps) {
@@ -691,7 +686,7 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
                       Prog.Instrs[std::get<0>(Range(Next))].Ph != In.Ph;
         }
         bool HostTrace = Opts.Trace && !DeviceTrace;
-        if (!Back->hostMemory() && !PipeComm && (HostTrace || PhaseEnds))
+        if (!Back->hostMemory() && (HostTrace || PhaseEnds))
           if (auto E = Back->synchronize())
             return createStringError(inconvertibleErrorCode(), "%s: %s",
                                      Describe(In, K, I).c_str(),

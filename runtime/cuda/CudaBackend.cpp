@@ -1,4 +1,5 @@
-//===- CudaBackend.cpp - The CUDA backend ----------------------------------===//
+//===- CudaBackend.cpp - The CUDA backend
+//----------------------------------===//
 //
 // Every instruction kind CpuBackend::run handles, on one GPU: the kernels of
 // CudaKernels.h (one family per kernels/*.cuh file), cuBLAS for the GEMMs
@@ -15,13 +16,19 @@
 // not contiguous, so gathers and scatters along an inner axis reorder
 // through a rank-major scratch buffer (chunkCopy), as the CPU backend does.
 //
-// Pipeline sends are buffered as the CPU backend's are: the send copies its
-// data to a staging slot, and the staged sends are posted to NCCL with the
-// rank's next receive in one NCCL group (or before a collective of the
-// pipeline group or a host wait; PipelinePosting.h states the policy and
-// its tests run the compiled schedules through it). Posted one by one,
-// NCCL's sends would wait for their receives and 1F1B would deadlock, both
-// stages sending first.
+// Pipeline sends are buffered as the CPU backend's are, so that no schedule
+// the CPU runs deadlocks here: a send copies its data to a staging slot on
+// the instruction's stream and is posted at once, on a stream of its own
+// for the peer, over an NCCL communicator of just the two ranks for that
+// direction (a channel, made with the backend); the rank's receives are
+// posted on the NCCL stream, over the peer's channel to it. A send then
+// waits for nothing but its receive, and nothing on the rank's other
+// streams waits for a send (an NCCL send blocks its stream until it is
+// received: posted on the NCCL stream, 1F1B's sends would deadlock, both
+// stages sending first; held and posted with the next receive in one NCCL
+// group, the interleaved schedule's did, on emulated GPUs,
+// tests/gpu/EmulatedBackendTest.cpp). A staging slot is reused once its send
+// has completed (cudaEventQuery), else another is made.
 //
 // The optimizer's run of adamw calls (one per parameter) is deferred and
 // launched as one multi-tensor kernel (flushAdamw; MultiTensor.h), as
@@ -340,12 +347,14 @@ private:
   Expected<float *> paddedScratch(ArrayRef<int64_t> Counts, int64_t Parts,
                                   bool ForComm);
   Error pipelineMessage(const KernelCall &C, cudaStream_t S);
-  /// Stages a send of Bytes at Data (see Pending).
-  Error deferSend(cuda::NcclComm &N, const void *Data, int64_t Bytes, int Peer);
-  /// Posts the pending sends, with a receive when Data is non-null, as one
-  /// NCCL group on the NCCL stream.
-  Error flushSends(cuda::NcclComm *N = nullptr, void *Data = nullptr,
-                   int64_t Bytes = 0, int Peer = -1);
+  /// Makes the channels of the pipeline group Pipe (collective over it): one
+  /// for each direction between neighbouring stages, the last and the first
+  /// included.
+  Error makeChannels(Communicator &Pipe);
+  /// A pipeline send of Bytes at Data to stage Peer, its data staged on S
+  /// (see the file comment), and a receive on S (the NCCL stream).
+  Error sendTo(int Peer, const void *Data, int64_t Bytes, cudaStream_t S);
+  Error recvFrom(int Peer, void *Data, int64_t Bytes, cudaStream_t S);
   Error gradNorm(const KernelCall &C, cudaStream_t S);
   /// Whether the adamw call C, to run on stream S after Step's waits, may
   /// join the pending batch; deferAdamw adds it (instruction J).
@@ -376,21 +385,22 @@ private:
   char *Staging = nullptr;
   size_t StagingBytes = 0;
   std::map<Communicator *, std::unique_ptr<cuda::NcclComm>> Nccl;
-  /// Pipeline sends not yet posted to NCCL: their data staged (copied when
-  /// the send instruction ran), posted with the next receive in one NCCL
-  /// group, or before a pipeline-group collective or a host wait
-  /// (PipelinePosting.h). The CPU backend's
-  /// sends are buffered and never block; NCCL's wait for the matching
-  /// receive, so posting them one by one deadlocks 1F1B (both stages send
-  /// first). Slot K of SendSlots holds the K-th pending send.
-  struct PendingSend {
-    cuda::NcclComm *Comm;
-    int Slot;
-    int64_t Bytes;
-    int Peer;
+  /// A direction of pipeline messages between this stage and Peer: its
+  /// two-rank NCCL communicator, and for sends their stream.
+  struct Channel {
+    std::unique_ptr<cuda::NcclComm> Comm;
+    cudaStream_t Stream = nullptr;
   };
-  std::vector<PendingSend> Pending;
-  std::vector<std::pair<char *, int64_t>> SendSlots;
+  std::map<int, Channel> SendChannels, RecvChannels; // by peer stage
+  /// Staging for sends in flight: a slot is free again once Done (recorded
+  /// after its send) has completed.
+  struct SendSlot {
+    char *Data = nullptr;
+    int64_t Bytes = 0;
+    cudaEvent_t Done = nullptr;
+    cudaEvent_t Staged = nullptr; // the copy into it, for the send stream
+  };
+  std::vector<SendSlot> SendSlots;
   /// The adamw calls not yet launched (see the file comment): their
   /// stream, shared operands and hyperparameters, their tensors, and the
   /// instructions whose events are to be recorded after the launch.
@@ -487,18 +497,48 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
     if (G && G->size() > 1)
       if (auto C = nccl(*G); !C)
         return C.takeError();
+  if (O.Pipeline && O.Pipeline->size() > 1)
+    if (auto E = makeChannels(*O.Pipeline))
+      return E;
+  return Error::success();
+}
+
+Error CudaBackend::makeChannels(Communicator &Pipe) {
+  const int P = Pipe.size(), Me = Pipe.rank();
+  // Every direction between neighbours, in one order on every stage.
+  std::vector<std::pair<int, int>> Directions;
+  for (int K = 0; K < P; ++K)
+    for (auto D : {std::pair{K, (K + 1) % P}, std::pair{(K + 1) % P, K}})
+      if (!is_contained(Directions, D))
+        Directions.push_back(D);
+  for (auto [From, To] : Directions) {
+    auto C = cuda::NcclComm::createPair(Pipe, From, To);
+    if (!C)
+      return C.takeError();
+    if (From == Me) {
+      Channel &Ch = SendChannels[To];
+      Ch.Comm = std::move(*C);
+      SP_CUDA_TRY(cudaStreamCreateWithFlags(&Ch.Stream, cudaStreamNonBlocking));
+    } else if (To == Me) {
+      RecvChannels[From].Comm = std::move(*C);
+    }
+  }
   return Error::success();
 }
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(Device);
   consumeError(flushAdamw());
-  // Sends still staged are posted, so that no peer waits for them forever.
-  consumeError(flushSends());
+  for (auto &[Peer, Ch] : SendChannels)
+    cudaStreamSynchronize(Ch.Stream);
   if (Compute)
     cudaStreamSynchronize(Compute);
   if (Comm)
     cudaStreamSynchronize(Comm);
+  for (auto &[Peer, Ch] : SendChannels)
+    cudaStreamDestroy(Ch.Stream);
+  SendChannels.clear();
+  RecvChannels.clear();
   Nccl.clear();
   for (cudaEvent_t E : Events)
     if (E)
@@ -521,8 +561,11 @@ CudaBackend::~CudaBackend() {
   cudaFree(Mixed[1]);
   cudaFree(AttentionWork[0]);
   cudaFree(AttentionWork[1]);
-  for (auto &Slot : SendSlots)
-    cudaFree(Slot.first);
+  for (SendSlot &Slot : SendSlots) {
+    cudaFree(Slot.Data);
+    cudaEventDestroy(Slot.Done);
+    cudaEventDestroy(Slot.Staged);
+  }
   if (Staging)
     cudaFreeHost(Staging);
   if (Compute)
@@ -559,8 +602,6 @@ void CudaBackend::release(char *Arena) {
 Error CudaBackend::drain() {
   SP_CUDA_TRY(cudaSetDevice(Device));
   if (auto E = flushAdamw())
-    return E;
-  if (auto E = flushSends())
     return E;
   SP_CUDA_TRY(cudaStreamSynchronize(Comm));
   SP_CUDA_TRY(cudaStreamSynchronize(Compute));
@@ -657,10 +698,8 @@ Expected<cuda::NcclComm *> CudaBackend::nccl(Communicator &Host) {
   auto It = Nccl.find(&Host);
   if (It != Nccl.end())
     return It->second.get();
-  // Creation waits for the group's other ranks on the host: post what they
-  // may be waiting for first.
-  if (auto E = flushSends())
-    return E;
+  // (Creation waits for the group's other ranks on the host; what they may
+  // wait for on the device, this rank's pipeline sends, is posted.)
   auto C = cuda::NcclComm::create(Host);
   if (!C)
     return C.takeError();
@@ -1291,19 +1330,17 @@ Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
     return planError("a pipeline message off the NCCL stream");
   switch (I.Op) {
   case OpKind::Send:
-    return deferSend(**N, C.buffer(I.In[0]), Bufs[I.In[0]].Type.numBytes(),
-                     attrInt(I.Op, I.Attrs, "peer"));
+    return sendTo(attrInt(I.Op, I.Attrs, "peer"), C.buffer(I.In[0]),
+                  Bufs[I.In[0]].Type.numBytes(), S);
   case OpKind::Recv:
-    return flushSends(*N, C.buffer(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(),
-                      attrInt(I.Op, I.Attrs, "peer"));
+    return recvFrom(attrInt(I.Op, I.Attrs, "peer"), C.buffer(I.Out[0]),
+                    Bufs[I.Out[0]].Type.numBytes(), S);
   case OpKind::PipeBroadcast: {
     int Root = attrInt(I.Op, I.Attrs, "root");
     int64_t Bytes = Bufs[I.Out[0]].Type.numBytes();
     if (Stage == Root)
       SP_CUDA_TRY(cudaMemcpyAsync(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes,
                                   cudaMemcpyDeviceToDevice, S));
-    if (auto E = flushSends())
-      return E;
     return (*N)->broadcast(C.buffer(I.Out[0]), Bytes, Root, S);
   }
   case OpKind::PipeAllReduce: {
@@ -1318,20 +1355,20 @@ Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
     SP_CUDA_TRY(cudaMemcpyAsync(Y, C.buffer(I.In[0]), Bytes,
                                 cudaMemcpyDeviceToDevice, S));
     if (Stage != Ranks[0]) {
-      if (auto E = deferSend(**N, Y, Bytes, int(Ranks[0])))
+      if (auto E = sendTo(int(Ranks[0]), Y, Bytes, S))
         return E;
-      return flushSends(*N, Y, Bytes, int(Ranks[0]));
+      return recvFrom(int(Ranks[0]), Y, Bytes, S);
     }
     auto Part = scratch(S == Comm, Count);
     if (!Part)
       return Part.takeError();
     for (size_t K = 1; K < Ranks.size(); ++K) {
-      if (auto E = flushSends(*N, *Part, Bytes, int(Ranks[K])))
+      if (auto E = recvFrom(int(Ranks[K]), *Part, Bytes, S))
         return E;
       cuda::add(Y, Y, *Part, Count, S);
     }
     for (size_t K = 1; K < Ranks.size(); ++K)
-      if (auto E = deferSend(**N, Y, Bytes, int(Ranks[K])))
+      if (auto E = sendTo(int(Ranks[K]), Y, Bytes, S))
         return E;
     return Error::success();
   }
@@ -1340,48 +1377,55 @@ Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
   }
 }
 
-Error CudaBackend::deferSend(cuda::NcclComm &N, const void *Data,
-                             int64_t Bytes, int Peer) {
-  int Slot = int(Pending.size());
-  if (Slot == int(SendSlots.size()))
-    SendSlots.push_back({nullptr, 0});
-  auto &[Ptr, Size] = SendSlots[Slot];
-  if (Size < Bytes) {
-    // A smaller slot may still be read by a posted send: wait for it.
-    if (Ptr) {
-      SP_CUDA_TRY(cudaStreamSynchronize(ncclStream()));
-      SP_CUDA_TRY(cudaFree(Ptr));
-      Ptr = nullptr;
+Error CudaBackend::sendTo(int Peer, const void *Data, int64_t Bytes,
+                          cudaStream_t S) {
+  auto Ch = SendChannels.find(Peer);
+  if (Ch == SendChannels.end())
+    return planError(formatv("a pipeline send to stage {0}, which does not "
+                             "neighbour this one",
+                             Peer)
+                         .str());
+  // A slot whose send has completed, large enough, else a new one.
+  SendSlot *Slot = nullptr;
+  for (SendSlot &K : SendSlots) {
+    cudaError_t Q = cudaEventQuery(K.Done);
+    if (Q == cudaErrorNotReady)
+      continue;
+    SP_CUDA_TRY(Q);
+    if (K.Bytes >= Bytes) {
+      Slot = &K;
+      break;
     }
-    SP_CUDA_TRY(cudaMalloc(&Ptr, size_t(Bytes)));
-    Size = Bytes;
   }
-  SP_CUDA_TRY(cudaMemcpyAsync(Ptr, Data, size_t(Bytes),
-                              cudaMemcpyDeviceToDevice, ncclStream()));
-  Pending.push_back({&N, Slot, Bytes, Peer});
+  if (!Slot) {
+    SendSlots.emplace_back();
+    Slot = &SendSlots.back();
+    SP_CUDA_TRY(cudaMalloc(&Slot->Data, size_t(Bytes)));
+    Slot->Bytes = Bytes;
+    SP_CUDA_TRY(cudaEventCreateWithFlags(&Slot->Done, cudaEventDisableTiming));
+    SP_CUDA_TRY(
+        cudaEventCreateWithFlags(&Slot->Staged, cudaEventDisableTiming));
+  }
+  SP_CUDA_TRY(cudaMemcpyAsync(Slot->Data, Data, size_t(Bytes),
+                              cudaMemcpyDeviceToDevice, S));
+  SP_CUDA_TRY(cudaEventRecord(Slot->Staged, S));
+  SP_CUDA_TRY(cudaStreamWaitEvent(Ch->second.Stream, Slot->Staged, 0));
+  if (auto E = Ch->second.Comm->send(Slot->Data, Bytes, /*Peer=*/1,
+                                     Ch->second.Stream))
+    return E;
+  SP_CUDA_TRY(cudaEventRecord(Slot->Done, Ch->second.Stream));
   return Error::success();
 }
 
-Error CudaBackend::flushSends(cuda::NcclComm *N, void *Data, int64_t Bytes,
-                              int Peer) {
-  if (Pending.empty() && !Data)
-    return Error::success();
-  if (auto E = cuda::NcclComm::groupStart())
-    return E;
-  Error Failed = Error::success();
-  for (const PendingSend &P : Pending)
-    if (!Failed)
-      Failed = P.Comm->send(SendSlots[P.Slot].first, P.Bytes, P.Peer,
-                            ncclStream());
-  if (!Failed && Data)
-    Failed = N->recv(Data, Bytes, Peer, ncclStream());
-  Pending.clear();
-  Error Ended = cuda::NcclComm::groupEnd();
-  if (Failed) {
-    consumeError(std::move(Ended));
-    return Failed;
-  }
-  return Ended;
+Error CudaBackend::recvFrom(int Peer, void *Data, int64_t Bytes,
+                            cudaStream_t S) {
+  auto Ch = RecvChannels.find(Peer);
+  if (Ch == RecvChannels.end())
+    return planError(formatv("a pipeline receive from stage {0}, which does "
+                             "not neighbour this one",
+                             Peer)
+                         .str());
+  return Ch->second.Comm->recv(Data, Bytes, /*Peer=*/0, S);
 }
 
 Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
@@ -1440,10 +1484,6 @@ Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
       if (!N)
         return N.takeError();
       if (auto E = hopToNccl(S))
-        return E;
-      // A collective of the pipeline group: post the held sends first
-      // (PipelinePosting.h).
-      if (auto E = flushSends())
         return E;
       if (auto E = (*N)->allReduceSum(&Norm->Total, &Norm->Total, 1,
                                       ncclStream()))

@@ -21,23 +21,40 @@ struct Bootstrap {
 } // namespace
 
 Expected<std::unique_ptr<NcclComm>> NcclComm::create(Communicator &Host) {
+  return createOf(Host, 0, -1);
+}
+
+Expected<std::unique_ptr<NcclComm>> NcclComm::createPair(Communicator &Host,
+                                                         int From, int To) {
+  return createOf(Host, From, To);
+}
+
+Expected<std::unique_ptr<NcclComm>> NcclComm::createOf(Communicator &Host,
+                                                       int Root, int To) {
   Bootstrap B;
   std::memset(static_cast<void *>(&B), 0, sizeof B);
-  if (Host.rank() == 0) {
+  if (Host.rank() == Root) {
     ncclResult_t R = ncclGetUniqueId(&B.Id);
     B.Ok = R == ncclSuccess;
     if (!B.Ok)
       std::snprintf(B.Why, sizeof B.Why, "%s", ncclGetErrorString(R));
   }
-  if (auto E = Host.broadcast(&B, sizeof B, 0))
+  if (auto E = Host.broadcast(&B, sizeof B, Root))
     return E;
   if (!B.Ok)
     return createStringError(inconvertibleErrorCode(),
-                             "ncclGetUniqueId failed on rank 0 of %s: %s",
-                             Host.name().c_str(), (const char *)B.Why);
+                             "ncclGetUniqueId failed on rank %d of %s: %s",
+                             Root, Host.name().c_str(), (const char *)B.Why);
   std::unique_ptr<NcclComm> C(new NcclComm);
-  C->Rank = Host.rank();
-  C->Size = Host.size();
+  if (To < 0) { // the whole group
+    C->Rank = Host.rank();
+    C->Size = Host.size();
+  } else if (Host.rank() == Root || Host.rank() == To) {
+    C->Rank = Host.rank() == Root ? 0 : 1;
+    C->Size = 2;
+  } else {
+    return nullptr;
+  }
   SP_NCCL_TRY(ncclCommInitRank(&C->Comm, C->Size, B.Id, C->Rank));
   return C;
 }

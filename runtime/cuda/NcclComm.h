@@ -26,6 +26,11 @@ class NcclComm {
 public:
   /// Collective over Host's ranks; the current CUDA device is this rank's.
   static llvm::Expected<std::unique_ptr<NcclComm>> create(Communicator &Host);
+  /// Collective over Host's ranks: a communicator of the two ranks From
+  /// (its rank 0) and To (rank 1) of Host, for From's sends to To; null on
+  /// the other ranks.
+  static llvm::Expected<std::unique_ptr<NcclComm>>
+  createPair(Communicator &Host, int From, int To);
   ~NcclComm();
   NcclComm(const NcclComm &) = delete;
   NcclComm &operator=(const NcclComm &) = delete;
@@ -55,6 +60,9 @@ public:
 
 private:
   NcclComm() = default;
+  /// The whole group (To < 0, the id from Root) or the pair Root, To.
+  static llvm::Expected<std::unique_ptr<NcclComm>> createOf(Communicator &Host,
+                                                            int Root, int To);
   ncclComm_t Comm = nullptr;
   int Rank = 0, Size = 1;
 };

@@ -1,13 +1,20 @@
 //===- EmulatedBackendTest.cpp - The CUDA backend on emulated devices -----===//
 //
-// Tests that only the emulated runtime (EmulatedRuntime.h) can run: the
-// layouts of EndToEndTest.cpp's multi-GPU test with one of each device's
-// two streams running late, so that a read across the streams without the
-// event the stream plan owes it reads stale or unwritten data; and the
-// forward's all-gather cut into a ring beside its GEMMs
-// (--tp-comm-overlap: NCCL send/recv groups on the communication stream).
-// Each against the same plan on CPU thread ranks and in float64, by the
-// rule of EndToEndTest.cpp (expectMatches).
+// Tests that only the emulated runtime (EmulatedRuntime.h) can run, on up to
+// eight emulated GPUs, each against the same plan on CPU thread ranks and in
+// float64 by the rule of EndToEndTest.cpp (expectMatches):
+//   - the layouts of EndToEndTest.cpp's multi-GPU test, the forward's
+//     all-gather cut into a ring beside its GEMMs (--tp-comm-overlap: NCCL
+//     send/recv groups on the communication stream) and the 2 x 2 x 2 grid,
+//     with each of a device's two streams in turn running late, so that a
+//     read across the streams without the event the stream plan owes it
+//     reads stale or unwritten data;
+//   - the other schedules (interleaved, ZB-H1), both recomputations and the
+//     fused attention core (as unfused ops and by the blockwise kernels) on
+//     grids, on a 4-layer GPT that check_emulated_grids.sh exports;
+//   - the exported GPT-2, Llama (grouped-query heads, padding mask) and
+//     BERT models' fused plans on t = 2 + SP and p = 2 grids;
+//   - bf16 and fp16 grids against the CPU's losses within the format's band.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatedRuntime.h"
@@ -22,54 +29,89 @@ namespace {
 
 constexpr double StableEps = 1e-3;
 
-Expected<Run> trainGrid(const Plan &P, int TP, int PP, int DP, bool Cuda,
-                        int Steps) {
+/// How a plan is compiled and run.
+struct Layout {
+  const char *Name;
+  int TP = 1;
+  bool SP = false;
+  int PP = 1, Microbatches = 1, DP = 1, Zero = 0;
+  bool Ring = false;
+  PipelineSchedule Schedule = PipelineSchedule::OneFOneB;
+  int Interleave = 1;
+  RecomputeMode Recompute = RecomputeMode::None;
+  bool Fused = false, Blockwise = false;
+  DType Activations = DType::F32;
+};
+
+Expected<Plan> compile(StringRef Path, const Layout &L) {
+  registerOnnxDataLoader();
+  auto G = importOnnx(Path, ImportOptions());
+  if (!G)
+    return G.takeError();
+  PassContext Ctx;
+  Ctx.TensorParallel = L.TP;
+  Ctx.SequenceParallel = L.SP;
+  Ctx.DataParallel = L.DP;
+  Ctx.Zero = L.Zero;
+  Ctx.Optimizer.Eps = StableEps;
+  Ctx.ActivationDtype = L.Activations;
+  Ctx.FusedAttention = L.Fused;
+  Ctx.TpCommOverlap = L.Ring;
+  Ctx.Recompute.Mode = L.Recompute;
+  if (L.PP > 1 || L.Microbatches > 1) {
+    Ctx.Pipeline.Stages = L.PP;
+    Ctx.Pipeline.Microbatches = L.Microbatches;
+    Ctx.Pipeline.Interleave = L.Interleave;
+    Ctx.Pipeline.Schedule = L.Schedule;
+  }
+  auto C = compileToPlan(**G, Ctx, CompileOptions());
+  if (!C)
+    return C.takeError();
+  return std::move(*C->P);
+}
+
+Expected<Run> trainGrid(const Plan &P, const Layout &L, bool Cuda, int Steps) {
   GridBackend Make;
   if (Cuda)
-    Make = [](Communicator &World,
-              const RunOptions &O) -> Expected<std::unique_ptr<Backend>> {
+    Make = [Blockwise = L.Blockwise](
+               Communicator &World,
+               const RunOptions &O) -> Expected<std::unique_ptr<Backend>> {
       CudaBackendOptions CO;
-      CO.Device = World.rank();
+      CO.Device = World.rank(); // thread ranks: one emulated GPU each
       CO.World = &World;
       CO.Tensor = O.Comm;
       CO.Pipeline = O.PipeComm;
       CO.Data = O.DataComm;
+      CO.BlockwiseAttention = Blockwise;
       return createCudaBackend(CO);
     };
-  return trainOnGrid(P, TP, PP, DP, Make, Steps);
+  return trainOnGrid(P, L.TP, L.PP, L.DP, Make, Steps);
 }
 
-struct Layout {
-  const char *Name;
-  int TP;
-  bool SP;
-  int PP, Microbatches, DP = 1, Zero = 0;
-  bool Ring = false;
-};
-
-void expectGridMatches(const Layout &L) {
-  Plan P = compileTiny(L.TP, L.SP, L.PP, L.Microbatches, L.DP, L.Zero,
-                       StableEps, DType::F32, /*Fused=*/false, L.Ring);
+void expectGridMatches(StringRef Path, const Layout &L) {
+  auto P = compile(Path, L);
+  ASSERT_TRUE(bool(P)) << toString(P.takeError());
   const int Steps = 2;
-  auto Gpu = trainGrid(P, L.TP, L.PP, L.DP, true, Steps);
+  auto Gpu = trainGrid(*P, L, true, Steps);
   ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
-  auto Cpu = trainGrid(P, L.TP, L.PP, L.DP, false, Steps);
+  auto Cpu = trainGrid(*P, L, false, Steps);
   ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
-  auto Ref = trainGrid(widenToFloat64(P), L.TP, L.PP, L.DP, false, Steps);
+  auto Ref = trainGrid(widenToFloat64(*P), L, false, Steps);
   ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
   expectMatches(*Gpu, *Cpu, *Ref, Steps);
 }
 
-const Layout Layouts[] = {
-    {"t = 2 + SP", 2, true, 1, 1},
-    {"t = 2 + SP, ring all-gathers", 2, true, 1, 1, 1, 0, true},
-    {"p = 2, 1F1B, 2 microbatches", 1, false, 2, 2},
-    {"d = 2, ZeRO-1", 1, false, 1, 1, 2, 1},
-    {"2 x 2 x 2: t = 2 + SP, p = 2, d = 2", 2, true, 2, 2, 2, 0}};
+const char *const Tiny = SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx";
 
 /// Every layout with the compute stream (ordinal 0), then the
 /// communication stream (1), running each piece of its work 300 us late.
 TEST(EmulatedCuda, GridsMatchTheCpuWithEitherStreamLate) {
+  const Layout Layouts[] = {
+      {"t = 2 + SP", 2, true},
+      {"t = 2 + SP, ring all-gathers", 2, true, 1, 1, 1, 0, true},
+      {"p = 2, 1F1B, 2 microbatches", 1, false, 2, 2},
+      {"d = 2, ZeRO-1", 1, false, 1, 1, 2, 1},
+      {"2 x 2 x 2: t = 2 + SP, p = 2, d = 2", 2, true, 2, 2, 2}};
   for (int Late : {-1, 0, 1}) {
     SCOPED_TRACE(Late < 0    ? "no stream late"
                  : Late == 0 ? "compute stream late"
@@ -77,10 +119,97 @@ TEST(EmulatedCuda, GridsMatchTheCpuWithEitherStreamLate) {
     sp::emu::setStreamDelay(Late, Late < 0 ? 0 : 300);
     for (const Layout &L : Layouts) {
       SCOPED_TRACE(L.Name);
-      expectGridMatches(L);
+      expectGridMatches(Tiny, L);
     }
   }
   sp::emu::setStreamDelay(-1, 0);
+}
+
+/// A model path from the environment (check_emulated_grids.sh sets it).
+std::vector<std::string> modelsFrom(const char *Var) {
+  std::vector<std::string> Paths;
+  SmallVector<StringRef, 4> Parts;
+  StringRef(std::getenv(Var) ? std::getenv(Var) : "")
+      .split(Parts, ':', -1, /*KeepEmpty=*/false);
+  for (StringRef P : Parts)
+    Paths.push_back(P.str());
+  return Paths;
+}
+
+TEST(EmulatedCuda, SchedulesRecomputationAndAttentionOnGrids) {
+  auto Paths = modelsFrom("SP_EMULATED_GPT");
+  if (Paths.empty())
+    GTEST_SKIP() << "SP_EMULATED_GPT is not set: check_emulated_grids.sh "
+                    "exports the 4-layer GPT this test trains";
+  Layout Layouts[] = {
+      {"p = 2 x 2 chunks, interleaved, 4 microbatches", 1, false, 2, 4},
+      {"p = 2, ZB-H1, 4 microbatches", 1, false, 2, 4},
+      {"t = 2 + SP, p = 2, selective recompute", 2, true, 2, 2},
+      {"t = 2 + SP, full recompute", 2, true},
+      {"t = 2 + SP, fused attention as unfused ops", 2, true},
+      {"t = 2 + SP, p = 2, fused attention, blockwise", 2, true, 2, 2}};
+  Layouts[0].Schedule = PipelineSchedule::Interleaved;
+  Layouts[0].Interleave = 2;
+  Layouts[1].Schedule = PipelineSchedule::ZeroBubbleH1;
+  Layouts[2].Recompute = RecomputeMode::Selective;
+  Layouts[3].Recompute = RecomputeMode::Full;
+  Layouts[4].Fused = true;
+  Layouts[5].Fused = Layouts[5].Blockwise = true;
+  for (const Layout &L : Layouts) {
+    SCOPED_TRACE(L.Name);
+    expectGridMatches(Paths[0], L);
+  }
+}
+
+TEST(EmulatedCuda, ExportedFamiliesOnGrids) {
+  auto Paths = modelsFrom("SP_EMULATED_FAMILIES");
+  if (Paths.empty())
+    GTEST_SKIP() << "SP_EMULATED_FAMILIES is not set: check_emulated_grids.sh "
+                    "exports the GPT-2, Llama and BERT models this test trains";
+  Layout Layouts[] = {
+      {"t = 2 + SP, fused attention, blockwise", 2, true},
+      {"p = 2, fused attention as unfused ops", 1, false, 2, 2}};
+  Layouts[0].Fused = Layouts[0].Blockwise = true;
+  Layouts[1].Fused = true;
+  for (const std::string &Path : Paths)
+    for (const Layout &L : Layouts) {
+      SCOPED_TRACE(Path + ": " + L.Name);
+      expectGridMatches(Path, L);
+    }
+}
+
+/// bf16 and fp16 grids (16-bit activations and parameter copies, float32
+/// masters; fp16 with loss scaling) against the same plan on CPU thread
+/// ranks, by EndToEndTest.cpp's MixedPrecisionTracksTheCpu band: step 1
+/// within u L, the mean of the 10 steps within 4u (u: the format's unit
+/// roundoff).
+TEST(EmulatedCuda, MixedPrecisionGridsTrackTheCpu) {
+  const int Steps = 10;
+  for (auto [T, U] :
+       {std::pair<DType, double>{DType::BF16, 0x1p-8}, {DType::F16, 0x1p-11}}) {
+    Layout L{"t = 2 + SP, p = 2, fused attention, blockwise", 2, true, 2, 2};
+    L.Fused = L.Blockwise = true;
+    L.Activations = T;
+    SCOPED_TRACE(dtypeName(T).str() + ", " + L.Name);
+    auto P = compile(Tiny, L);
+    ASSERT_TRUE(bool(P)) << toString(P.takeError());
+    auto Gpu = trainGrid(*P, L, true, Steps);
+    ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+    auto Cpu = trainGrid(*P, L, false, Steps);
+    ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+    ASSERT_EQ(Gpu->Losses.size(), size_t(Steps));
+    ASSERT_EQ(Cpu->Losses.size(), size_t(Steps));
+    EXPECT_LE(std::fabs(Gpu->Losses[0] - Cpu->Losses[0]), U * Cpu->Losses[0]);
+    double G = 0, C = 0;
+    for (int K = 0; K < Steps; ++K) {
+      G += Gpu->Losses[K] / Steps;
+      C += Cpu->Losses[K] / Steps;
+    }
+    EXPECT_LE(std::fabs(G - C), 4 * U * C);
+    std::printf("%s grid steps 1-%d: gpu %.6f cpu %.6f (%.3f of 4u)\n",
+                dtypeName(T).str().c_str(), Steps, G, C,
+                std::fabs(G - C) / (4 * U * C));
+  }
 }
 
 } // namespace

@@ -423,6 +423,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t S, cudaEvent_t E, unsigned) {
   return cudaSuccess;
 }
 
+cudaError_t cudaEventQuery(cudaEvent_t E) {
+  std::lock_guard<std::mutex> Lock(E->M);
+  return E->Completed >= E->Recorded ? cudaSuccess : cudaErrorNotReady;
+}
+
 cudaError_t cudaEventElapsedTime(float *Ms, cudaEvent_t Start,
                                  cudaEvent_t End) {
   if ((Start->Flags | End->Flags) & cudaEventDisableTiming)

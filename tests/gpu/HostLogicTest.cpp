@@ -12,21 +12,20 @@
 // device selection, and the error a machine without a usable device gives.
 //
 //===----------------------------------------------------------------------===//
+#include "AttentionCase.h"
 #include "frontend/OnnxImporter.h"
+#include "ir/OpDef.h"
 #include "passes/Compile.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/cpu/CpuBackend.h"
+#include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/AttentionPlan.h"
-#include "AttentionCase.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "runtime/cuda/DeviceSelect.h"
-#include "ir/OpDef.h"
 #include "runtime/cuda/LaunchGeometry.h"
 #include "runtime/cuda/MixedPlan.h"
 #include "runtime/cuda/MultiTensor.h"
-#include "runtime/cuda/PipelinePosting.h"
 #include "runtime/cuda/StreamPlan.h"
-#include "runtime/cpu/Kernels.h"
 #include "gtest/gtest.h"
 #include <map>
 #include <random>
@@ -557,91 +556,6 @@ TEST(DeviceSelect, CublasLoadsAtRunTime) {
     GTEST_SKIP() << "built without the CUDA backend";
   Error E = loadCudaLibraries();
   EXPECT_FALSE(bool(E)) << toString(std::move(E));
-}
-
-//===----------------------------------------------------------------------===//
-// Pipeline message posting
-//===----------------------------------------------------------------------===//
-
-std::vector<std::vector<std::vector<Message>>>
-postAll(const std::vector<std::vector<Message>> &Stages, bool Buffered) {
-  std::vector<std::vector<std::vector<Message>>> G;
-  for (const auto &M : Stages)
-    G.push_back(postingGroups(M, Buffered));
-  return G;
-}
-
-TEST(PipelinePosting, BufferedSendsUnblockCrossingSends) {
-  // 1F1B's steady state on two stages: each sends before it receives.
-  std::vector<std::vector<Message>> Stages = {
-      {{Message::Send, 1}, {Message::Send, 1}, {Message::Recv, 1},
-       {Message::Recv, 1}},
-      {{Message::Recv, 0}, {Message::Send, 0}, {Message::Recv, 0},
-       {Message::Send, 0}}};
-  EXPECT_NE(simulatePosting(postAll(Stages, false)), "")
-      << "NCCL's own semantics: stage 0 waits in its second send, stage 1 "
-         "in its first";
-  EXPECT_EQ(simulatePosting(postAll(Stages, true)), "");
-  auto G = postingGroups(Stages[0], true);
-  ASSERT_EQ(G.size(), 2u);
-  EXPECT_EQ(G[0].size(), 3u) << "both sends posted with the first receive";
-  EXPECT_EQ(G[1].size(), 1u);
-}
-
-TEST(PipelinePosting, HeldSendsArePostedBeforeAPipelineCollective) {
-  std::vector<Message> M = {{Message::Send, 1}, {Message::Broadcast, -1},
-                            {Message::Send, 1}};
-  auto G = postingGroups(M, true);
-  ASSERT_EQ(G.size(), 3u);
-  EXPECT_EQ(G[0][0].Kind, Message::Send);
-  EXPECT_EQ(G[1][0].Kind, Message::Broadcast);
-  EXPECT_EQ(G[2][0].Kind, Message::Send) << "the last one at the host wait";
-}
-
-Plan compileTinyPipeline(int Stages, int Microbatches,
-                         PipelineSchedule Schedule, int TP = 1) {
-  registerOnnxDataLoader();
-  auto G = cantFail(
-      importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
-  PassContext Ctx;
-  Ctx.TensorParallel = TP;
-  Ctx.SequenceParallel = TP > 1;
-  Ctx.Pipeline.Stages = Stages;
-  Ctx.Pipeline.Microbatches = Microbatches;
-  Ctx.Pipeline.Schedule = Schedule;
-  return std::move(*cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
-}
-
-/// Every schedule sp-compile makes for the default model completes when its
-/// messages are posted as the CUDA backend posts them; 1F1B would not with
-/// NCCL's sends posted one by one.
-TEST(PipelinePosting, CompiledSchedulesComplete) {
-  struct Case {
-    int Stages, Microbatches;
-    PipelineSchedule Schedule;
-    int TP;
-    bool DeadlocksUnbuffered;
-  };
-  for (Case C : {Case{2, 2, PipelineSchedule::OneFOneB, 1, true},
-                 Case{2, 4, PipelineSchedule::OneFOneB, 1, true},
-                 Case{2, 8, PipelineSchedule::OneFOneB, 1, true},
-                 Case{2, 4, PipelineSchedule::GPipe, 1, false},
-                 Case{2, 4, PipelineSchedule::OneFOneB, 2, true}}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "p = " << C.Stages << ", " << C.Microbatches
-                 << " microbatches, t = " << C.TP);
-    Plan P = compileTinyPipeline(C.Stages, C.Microbatches, C.Schedule, C.TP);
-    ASSERT_EQ(P.numStages(), C.Stages);
-    std::vector<std::vector<Message>> Stages;
-    // The programs as the backend runs them: a pipelined rank's compact
-    // program with its steps written out.
-    for (int S = 0; S < C.Stages; ++S)
-      Stages.push_back(pipelineMessages(cantFail(expandProgram(P.stage(S))), S));
-    EXPECT_GT(Stages[0].size(), 0u);
-    EXPECT_EQ(simulatePosting(postAll(Stages, true)), "");
-    EXPECT_EQ(simulatePosting(postAll(Stages, false)) != "",
-              C.DeadlocksUnbuffered);
-  }
 }
 
 } // namespace

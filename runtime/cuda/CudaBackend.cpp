@@ -401,6 +401,12 @@ private:
     cudaEvent_t Staged = nullptr; // the copy into it, for the send stream
   };
   std::vector<SendSlot> SendSlots;
+  /// Device and pinned host memory outgrown while running, freed with the
+  /// backend: cudaFree and cudaFreeHost wait for the whole device, and so
+  /// for pipeline sends in flight, which wait for their peers (NCCL's
+  /// kernels block: a free while one waits for this rank's later work
+  /// would hang).
+  std::vector<void *> Retired, RetiredHost;
   /// The adamw calls not yet launched (see the file comment): their
   /// stream, shared operands and hyperparameters, their tensors, and the
   /// instructions whose events are to be recorded after the launch.
@@ -568,6 +574,10 @@ CudaBackend::~CudaBackend() {
   }
   if (Staging)
     cudaFreeHost(Staging);
+  for (void *P : Retired)
+    cudaFree(P);
+  for (void *P : RetiredHost)
+    cudaFreeHost(P);
   if (Compute)
     cudaStreamDestroy(Compute);
   if (Comm)
@@ -617,7 +627,7 @@ Error CudaBackend::copyToBackend(char *Dst, const void *Src, size_t Bytes) {
   size_t Want = std::min(Bytes, MaxStaging);
   if (Want > StagingBytes) {
     if (Staging)
-      SP_CUDA_TRY(cudaFreeHost(Staging));
+      RetiredHost.push_back(Staging);
     Staging = nullptr;
     SP_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void **>(&Staging), Want,
                               cudaHostAllocDefault));
@@ -639,7 +649,7 @@ Error CudaBackend::copyToHost(void *Dst, const char *Src, size_t Bytes) {
   size_t Want = std::min(Bytes, MaxStaging);
   if (Want > StagingBytes) {
     if (Staging)
-      SP_CUDA_TRY(cudaFreeHost(Staging));
+      RetiredHost.push_back(Staging);
     Staging = nullptr;
     SP_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void **>(&Staging), Want,
                               cudaHostAllocDefault));
@@ -727,10 +737,8 @@ Error CudaBackend::hopBack(cudaStream_t S) {
 Expected<char *> CudaBackend::grow(char *&Region, int64_t &Size,
                                    int64_t Bytes) {
   if (Bytes > Size) {
-    // The old region may still be in use by queued work.
-    if (auto E = drain())
-      return E;
-    SP_CUDA_TRY(cudaFree(Region));
+    // The old region may still be in use by queued work: retired.
+    Retired.push_back(Region);
     Region = nullptr;
     SP_CUDA_TRY(cudaMalloc(&Region, size_t(Bytes)));
     Size = Bytes;
@@ -877,10 +885,8 @@ Error CudaBackend::dispatchMixed(const KernelCall &C, cudaStream_t S) {
 Expected<float *> CudaBackend::scratch(bool ForComm, int64_t Floats) {
   int K = ForComm;
   if (Floats > ScratchFloats[K]) {
-    // The old buffer may still be in use by queued work.
-    if (auto E = drain())
-      return E;
-    SP_CUDA_TRY(cudaFree(Scratch[K]));
+    // The old buffer may still be in use by queued work: retired.
+    Retired.push_back(Scratch[K]);
     Scratch[K] = nullptr;
     SP_CUDA_TRY(cudaMalloc(&Scratch[K], size_t(Floats) * sizeof(float)));
     ScratchFloats[K] = Floats;

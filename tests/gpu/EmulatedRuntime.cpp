@@ -275,6 +275,7 @@ cudaError_t cudaMalloc(void **P, size_t Bytes) {
 cudaError_t cudaFree(void *P) {
   if (!P)
     return cudaSuccess;
+  syncDevice(CurrentDevice); // cudaFree waits for the device's work
   {
     std::lock_guard<std::mutex> Lock(AllocMutex);
     if (!Allocations.erase(static_cast<char *>(P)))
@@ -290,6 +291,8 @@ cudaError_t cudaHostAlloc(void **P, size_t Bytes, unsigned) {
 }
 
 cudaError_t cudaFreeHost(void *P) {
+  if (P)
+    syncDevice(CurrentDevice); // as cudaFree
   std::free(P);
   return cudaSuccess;
 }

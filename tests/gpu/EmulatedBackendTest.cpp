@@ -11,7 +11,7 @@
 //     reads stale or unwritten data;
 //   - the other schedules (interleaved, ZB-H1), both recomputations and the
 //     fused attention core (as unfused ops and by the blockwise kernels) on
-//     grids, on a 4-layer GPT that check_emulated_grids.sh exports;
+//     grids, on an 8-layer GPT that check_emulated_grids.sh exports;
 //   - the exported GPT-2, Llama (grouped-query heads, padding mask) and
 //     BERT models' fused plans on t = 2 + SP and p = 2 grids;
 //   - bf16 and fp16 grids against the CPU's losses within the format's band.
@@ -140,21 +140,26 @@ TEST(EmulatedCuda, SchedulesRecomputationAndAttentionOnGrids) {
   auto Paths = modelsFrom("SP_EMULATED_GPT");
   if (Paths.empty())
     GTEST_SKIP() << "SP_EMULATED_GPT is not set: check_emulated_grids.sh "
-                    "exports the 4-layer GPT this test trains";
+                    "exports the 8-layer GPT this test trains";
   Layout Layouts[] = {
       {"p = 2 x 2 chunks, interleaved, 4 microbatches", 1, false, 2, 4},
+      {"p = 4 x 2 chunks, interleaved, 8 microbatches", 1, false, 4, 8},
       {"p = 2, ZB-H1, 4 microbatches", 1, false, 2, 4},
+      {"p = 4, 1F1B, 8 microbatches", 1, false, 4, 8},
+      {"p = 4, ZB-H1, 8 microbatches", 1, false, 4, 8},
       {"t = 2 + SP, p = 2, selective recompute", 2, true, 2, 2},
       {"t = 2 + SP, full recompute", 2, true},
       {"t = 2 + SP, fused attention as unfused ops", 2, true},
       {"t = 2 + SP, p = 2, fused attention, blockwise", 2, true, 2, 2}};
-  Layouts[0].Schedule = PipelineSchedule::Interleaved;
-  Layouts[0].Interleave = 2;
-  Layouts[1].Schedule = PipelineSchedule::ZeroBubbleH1;
-  Layouts[2].Recompute = RecomputeMode::Selective;
-  Layouts[3].Recompute = RecomputeMode::Full;
-  Layouts[4].Fused = true;
-  Layouts[5].Fused = Layouts[5].Blockwise = true;
+  for (int K : {0, 1}) {
+    Layouts[K].Schedule = PipelineSchedule::Interleaved;
+    Layouts[K].Interleave = 2;
+  }
+  Layouts[2].Schedule = Layouts[4].Schedule = PipelineSchedule::ZeroBubbleH1;
+  Layouts[5].Recompute = RecomputeMode::Selective;
+  Layouts[6].Recompute = RecomputeMode::Full;
+  Layouts[7].Fused = true;
+  Layouts[8].Fused = Layouts[8].Blockwise = true;
   for (const Layout &L : Layouts) {
     SCOPED_TRACE(L.Name);
     expectGridMatches(Paths[0], L);

@@ -261,6 +261,7 @@ const char *cudaGetErrorString(cudaError_t E) {
 }
 
 cudaError_t cudaMalloc(void **P, size_t Bytes) {
+  syncDevice(CurrentDevice); // may wait for the device, as cudaFree
   size_t Size = std::max<size_t>((Bytes + 255) / 256 * 256, 256);
   void *M = std::aligned_alloc(256, Size);
   if (!M)

@@ -17,7 +17,10 @@
 //   - device memory is host memory, filled with 0xFF bytes (float NaNs) by
 //     cudaMalloc, so a read of memory nothing wrote shows; copies are
 //     checked against their kind (a device pointer where the kind says
-//     host, or the reverse, aborts);
+//     host, or the reverse, aborts); cudaMalloc, cudaFree and cudaFreeHost
+//     first wait for all the device's streams (cudaFree does, cudaMalloc
+//     may: either while an NCCL kernel waits for a peer's later work
+//     hangs, so the emulation takes the stricter reading);
 //   - NCCL: a communicator per (unique id, rank); collectives match by
 //     their order on each rank and check that the ranks agree on the op,
 //     count and type; sums are taken in rank order. ncclSend completes only

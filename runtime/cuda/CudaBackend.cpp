@@ -392,6 +392,9 @@ private:
     cudaStream_t Stream = nullptr;
   };
   std::map<int, Channel> SendChannels, RecvChannels; // by peer stage
+  /// The channel to or from Peer in Of (What: the message, for the error).
+  static Expected<Channel *> channelOf(std::map<int, Channel> &Of, int Peer,
+                                       StringRef What);
   /// Staging for sends in flight: a slot is free again once Done (recorded
   /// after its send) has completed.
   struct SendSlot {
@@ -1383,14 +1386,22 @@ Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
   }
 }
 
+Expected<CudaBackend::Channel *>
+CudaBackend::channelOf(std::map<int, Channel> &Of, int Peer, StringRef What) {
+  auto It = Of.find(Peer);
+  if (It == Of.end())
+    return planError(formatv("a pipeline {0} stage {1}, which does not "
+                             "neighbour this one",
+                             What, Peer)
+                         .str());
+  return &It->second;
+}
+
 Error CudaBackend::sendTo(int Peer, const void *Data, int64_t Bytes,
                           cudaStream_t S) {
-  auto Ch = SendChannels.find(Peer);
-  if (Ch == SendChannels.end())
-    return planError(formatv("a pipeline send to stage {0}, which does not "
-                             "neighbour this one",
-                             Peer)
-                         .str());
+  auto Ch = channelOf(SendChannels, Peer, "send to");
+  if (!Ch)
+    return Ch.takeError();
   // A slot whose send has completed, large enough, else a new one.
   SendSlot *Slot = nullptr;
   for (SendSlot &K : SendSlots) {
@@ -1415,23 +1426,19 @@ Error CudaBackend::sendTo(int Peer, const void *Data, int64_t Bytes,
   SP_CUDA_TRY(cudaMemcpyAsync(Slot->Data, Data, size_t(Bytes),
                               cudaMemcpyDeviceToDevice, S));
   SP_CUDA_TRY(cudaEventRecord(Slot->Staged, S));
-  SP_CUDA_TRY(cudaStreamWaitEvent(Ch->second.Stream, Slot->Staged, 0));
-  if (auto E = Ch->second.Comm->send(Slot->Data, Bytes, /*Peer=*/1,
-                                     Ch->second.Stream))
+  SP_CUDA_TRY(cudaStreamWaitEvent((*Ch)->Stream, Slot->Staged, 0));
+  if (auto E = (*Ch)->Comm->send(Slot->Data, Bytes, /*Peer=*/1, (*Ch)->Stream))
     return E;
-  SP_CUDA_TRY(cudaEventRecord(Slot->Done, Ch->second.Stream));
+  SP_CUDA_TRY(cudaEventRecord(Slot->Done, (*Ch)->Stream));
   return Error::success();
 }
 
 Error CudaBackend::recvFrom(int Peer, void *Data, int64_t Bytes,
                             cudaStream_t S) {
-  auto Ch = RecvChannels.find(Peer);
-  if (Ch == RecvChannels.end())
-    return planError(formatv("a pipeline receive from stage {0}, which does "
-                             "not neighbour this one",
-                             Peer)
-                         .str());
-  return Ch->second.Comm->recv(Data, Bytes, /*Peer=*/0, S);
+  auto Ch = channelOf(RecvChannels, Peer, "receive from");
+  if (!Ch)
+    return Ch.takeError();
+  return (*Ch)->Comm->recv(Data, Bytes, /*Peer=*/0, S);
 }
 
 Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {

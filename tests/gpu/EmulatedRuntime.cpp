@@ -798,58 +798,48 @@ ncclResult_t ncclGroupEnd() {
   return ncclSuccess;
 }
 
-ncclResult_t ncclAllReduce(const void *In, void *Out, size_t Count,
-                           ncclDataType_t T, ncclRedOp_t Op, ncclComm_t Comm,
-                           cudaStream_t S) {
+namespace {
+ncclResult_t postCollective(CollKind K, const void *In, void *Out, size_t Count,
+                            ncclDataType_t T, ncclRedOp_t Op, int Root,
+                            ncclComm_t Comm, cudaStream_t S) {
   if (Op != ncclSum && Op != ncclMax)
     return ncclInvalidArgument;
   Posted P{Comm, S, Posted::Coll};
-  P.Kind = CollKind::AllReduce;
+  P.Kind = K;
   P.In = In;
   P.Out = Out;
   P.Count = Count;
   P.Type = T;
   P.Op = Op;
+  P.Root = Root;
   return post(P);
+}
+} // namespace
+
+ncclResult_t ncclAllReduce(const void *In, void *Out, size_t Count,
+                           ncclDataType_t T, ncclRedOp_t Op, ncclComm_t Comm,
+                           cudaStream_t S) {
+  return postCollective(CollKind::AllReduce, In, Out, Count, T, Op, 0, Comm, S);
 }
 
 ncclResult_t ncclAllGather(const void *In, void *Out, size_t Count,
                            ncclDataType_t T, ncclComm_t Comm, cudaStream_t S) {
-  Posted P{Comm, S, Posted::Coll};
-  P.Kind = CollKind::AllGather;
-  P.In = In;
-  P.Out = Out;
-  P.Count = Count;
-  P.Type = T;
-  return post(P);
+  return postCollective(CollKind::AllGather, In, Out, Count, T, ncclSum, 0,
+                        Comm, S);
 }
 
 ncclResult_t ncclReduceScatter(const void *In, void *Out, size_t Count,
                                ncclDataType_t T, ncclRedOp_t Op,
                                ncclComm_t Comm, cudaStream_t S) {
-  if (Op != ncclSum && Op != ncclMax)
-    return ncclInvalidArgument;
-  Posted P{Comm, S, Posted::Coll};
-  P.Kind = CollKind::ReduceScatter;
-  P.In = In;
-  P.Out = Out;
-  P.Count = Count;
-  P.Type = T;
-  P.Op = Op;
-  return post(P);
+  return postCollective(CollKind::ReduceScatter, In, Out, Count, T, Op, 0, Comm,
+                        S);
 }
 
 ncclResult_t ncclBroadcast(const void *In, void *Out, size_t Count,
                            ncclDataType_t T, int Root, ncclComm_t Comm,
                            cudaStream_t S) {
-  Posted P{Comm, S, Posted::Coll};
-  P.Kind = CollKind::Broadcast;
-  P.In = In;
-  P.Out = Out;
-  P.Count = Count;
-  P.Type = T;
-  P.Root = Root;
-  return post(P);
+  return postCollective(CollKind::Broadcast, In, Out, Count, T, ncclSum, Root,
+                        Comm, S);
 }
 
 ncclResult_t ncclSend(const void *Data, size_t Count, ncclDataType_t T,

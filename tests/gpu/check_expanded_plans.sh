@@ -13,15 +13,7 @@ set -eu
 PY=$1 SRC=$2 TESTS=$3 WORK=$4 EMULATED=${5:-}
 rm -rf "$WORK"
 mkdir -p "$WORK"
-"$PY" "$SRC/models/export_family.py" --family gpt2 -o "$WORK/gpt2.onnx" \
-  --layers 2 --hidden 32 --heads 4 --seq 16 --batch 2 --vocab 64 > /dev/null
-"$PY" "$SRC/models/export_family.py" --family llama -o "$WORK/llama.onnx" \
-  --layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --batch 2 \
-  --vocab 64 --input-name input_ids --attention-mask input --opset 14 > /dev/null
-"$PY" "$SRC/models/export_family.py" --family bert -o "$WORK/bert.onnx" \
-  --layers 2 --hidden 32 --heads 4 --seq 16 --batch 2 --vocab 64 \
-  --input-name input_ids > /dev/null
-MODELS="$WORK/gpt2.onnx:$WORK/llama.onnx:$WORK/bert.onnx"
+MODELS=$("$(dirname "$0")/export_families.sh" "$PY" "$SRC" "$WORK")
 # run BINARY TEST: the test on the three models; a skipped test would pass
 # too, so make sure it ran.
 run() {

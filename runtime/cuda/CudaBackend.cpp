@@ -69,14 +69,15 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
-#include <cmath>
 #include <climits>
-#include <dlfcn.h>
-#include <mutex>
-#include <type_traits>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <map>
+#include <mutex>
+#include <thread>
+#include <type_traits>
 
 using namespace llvm;
 
@@ -290,11 +291,22 @@ private:
       return false;
     return cuda::runsIn16Bit(I, Bufs);
   }
-  /// Region (at least Bytes) grown in place: the old one is freed after the
-  /// queued work that may use it.
+  /// Device memory while work may be queued: cudaMallocAsync on the legacy
+  /// stream (which the backend's non-blocking streams do not wait for, nor
+  /// it for them), then a wait for that stream alone. cudaMalloc may wait
+  /// for the whole device, and so hang behind an NCCL kernel waiting for a
+  /// dead peer, past any timeout.
+  Error allocateWhileRunning(void **P, size_t Bytes);
+  /// Region (at least Bytes) grown in place: the old one is retired (freed
+  /// with the backend), as queued work may still use it.
   Expected<char *> grow(char *&Region, int64_t &Size, int64_t Bytes);
   /// Waits for both streams (host copies).
   Error drain();
+  /// Waits for stream S (Name: which, for the error) for at most Timeout:
+  /// past it the NCCL communicators are aborted (their kernels waiting for
+  /// peers end) and the wait is an error, so that a dead or stuck peer
+  /// fails this rank instead of hanging it.
+  Error waitFor(cudaStream_t S, const char *Name);
   /// Row-major C = op(A) op(B) + Beta C with float32 C. A and B are float32,
   /// or both bf16 or both fp16 (AB): then tensor-core products summed in
   /// float32 (cublasGemmEx, CUBLAS_COMPUTE_32F), the mixed-precision path's
@@ -370,6 +382,7 @@ private:
 
   int Device = 0;
   bool Overlap = true, TF32 = false, Blockwise = false;
+  std::chrono::milliseconds Timeout = Communicator::DefaultTimeout;
   cudaStream_t Compute = nullptr, Comm = nullptr;
   cublasHandle_t Blas = nullptr;
   const CublasApi *Cublas = nullptr;
@@ -483,6 +496,10 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
     return Dev.takeError();
   Device = *Dev;
   Overlap = O.Overlap;
+  // The groups' timeout (sp-run's --comm-timeout), for waits on the device.
+  for (Communicator *G : {O.World, O.Tensor, O.Pipeline, O.Data})
+    if (G)
+      Timeout = G->timeout();
   SP_CUDA_TRY(cudaSetDevice(Device));
   SP_CUDA_TRY(cudaStreamCreateWithFlags(&Compute, cudaStreamNonBlocking));
   SP_CUDA_TRY(cudaStreamCreateWithFlags(&Comm, cudaStreamNonBlocking));
@@ -564,21 +581,23 @@ CudaBackend::~CudaBackend() {
     Cublas->Destroy(Blas);
   cudaFree(Err);
   cudaFree(Norm);
-  cudaFree(Scratch[0]);
-  cudaFree(Scratch[1]);
-  cudaFree(Mixed[0]);
-  cudaFree(Mixed[1]);
-  cudaFree(AttentionWork[0]);
-  cudaFree(AttentionWork[1]);
+  // What allocateWhileRunning allocated, in the legacy stream's order.
+  for (void *P :
+       {(void *)Scratch[0], (void *)Scratch[1], (void *)Mixed[0],
+        (void *)Mixed[1], (void *)AttentionWork[0], (void *)AttentionWork[1]})
+    if (P)
+      cudaFreeAsync(P, nullptr);
   for (SendSlot &Slot : SendSlots) {
-    cudaFree(Slot.Data);
+    cudaFreeAsync(Slot.Data, nullptr);
     cudaEventDestroy(Slot.Done);
     cudaEventDestroy(Slot.Staged);
   }
+  for (void *P : Retired)
+    if (P)
+      cudaFreeAsync(P, nullptr);
+  cudaStreamSynchronize(nullptr);
   if (Staging)
     cudaFreeHost(Staging);
-  for (void *P : Retired)
-    cudaFree(P);
   for (void *P : RetiredHost)
     cudaFreeHost(P);
   if (Compute)
@@ -616,9 +635,39 @@ Error CudaBackend::drain() {
   SP_CUDA_TRY(cudaSetDevice(Device));
   if (auto E = flushAdamw())
     return E;
-  SP_CUDA_TRY(cudaStreamSynchronize(Comm));
-  SP_CUDA_TRY(cudaStreamSynchronize(Compute));
-  return Error::success();
+  if (auto E = waitFor(Comm, "communication"))
+    return E;
+  return waitFor(Compute, "compute");
+}
+
+Error CudaBackend::waitFor(cudaStream_t S, const char *Name) {
+  auto Start = std::chrono::steady_clock::now();
+  for (auto Pause = std::chrono::microseconds(20);;
+       Pause = std::min(2 * Pause, std::chrono::microseconds(5000))) {
+    cudaError_t Q = cudaStreamQuery(S);
+    if (Q != cudaErrorNotReady) {
+      SP_CUDA_TRY(Q);
+      return Error::success();
+    }
+    auto Waited = std::chrono::steady_clock::now() - Start;
+    if (Waited >= Timeout)
+      break;
+    std::this_thread::sleep_for(Pause);
+  }
+  // What the stream waits for never came: a peer's part of a collective or
+  // of a pipeline message, most likely. Abort NCCL, so that the stream and
+  // this rank can end.
+  for (auto &[G, C] : Nccl)
+    C->abort();
+  for (auto *Channels : {&SendChannels, &RecvChannels})
+    for (auto &[Peer, Ch] : *Channels)
+      Ch.Comm->abort();
+  return createStringError(
+      inconvertibleErrorCode(),
+      "timed out after %.1f s waiting for the %s stream of CUDA device %d "
+      "(an NCCL collective or pipeline message whose other ranks never came?); "
+      "NCCL aborted (raise the wait with --comm-timeout)",
+      std::chrono::duration<double>(Timeout).count(), Name, Device);
 }
 
 /// Pinned staging of at most this many bytes; larger copies go in pieces.
@@ -737,13 +786,21 @@ Error CudaBackend::hopBack(cudaStream_t S) {
   return Error::success();
 }
 
+Error CudaBackend::allocateWhileRunning(void **P, size_t Bytes) {
+  SP_CUDA_TRY(cudaMallocAsync(P, Bytes, nullptr));
+  SP_CUDA_TRY(cudaStreamSynchronize(nullptr));
+  return Error::success();
+}
+
 Expected<char *> CudaBackend::grow(char *&Region, int64_t &Size,
                                    int64_t Bytes) {
   if (Bytes > Size) {
     // The old region may still be in use by queued work: retired.
     Retired.push_back(Region);
     Region = nullptr;
-    SP_CUDA_TRY(cudaMalloc(&Region, size_t(Bytes)));
+    if (auto E = allocateWhileRunning(reinterpret_cast<void **>(&Region),
+                                      size_t(Bytes)))
+      return E;
     Size = Bytes;
   }
   return Region;
@@ -891,7 +948,9 @@ Expected<float *> CudaBackend::scratch(bool ForComm, int64_t Floats) {
     // The old buffer may still be in use by queued work: retired.
     Retired.push_back(Scratch[K]);
     Scratch[K] = nullptr;
-    SP_CUDA_TRY(cudaMalloc(&Scratch[K], size_t(Floats) * sizeof(float)));
+    if (auto E = allocateWhileRunning(reinterpret_cast<void **>(&Scratch[K]),
+                                      size_t(Floats) * sizeof(float)))
+      return E;
     ScratchFloats[K] = Floats;
   }
   return Scratch[K];
@@ -1417,7 +1476,9 @@ Error CudaBackend::sendTo(int Peer, const void *Data, int64_t Bytes,
   if (!Slot) {
     SendSlots.emplace_back();
     Slot = &SendSlots.back();
-    SP_CUDA_TRY(cudaMalloc(&Slot->Data, size_t(Bytes)));
+    if (auto E = allocateWhileRunning(reinterpret_cast<void **>(&Slot->Data),
+                                      size_t(Bytes)))
+      return E;
     Slot->Bytes = Bytes;
     SP_CUDA_TRY(cudaEventCreateWithFlags(&Slot->Done, cudaEventDisableTiming));
     SP_CUDA_TRY(

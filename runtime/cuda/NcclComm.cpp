@@ -64,6 +64,12 @@ NcclComm::~NcclComm() {
     ncclCommDestroy(Comm);
 }
 
+void NcclComm::abort() {
+  if (Comm)
+    ncclCommAbort(Comm);
+  Comm = nullptr;
+}
+
 Error NcclComm::allReduceSum(float *Out, const float *In, int64_t Count,
                              cudaStream_t S) {
   SP_NCCL_TRY(ncclAllReduce(In, Out, size_t(Count), ncclFloat32, ncclSum, Comm,

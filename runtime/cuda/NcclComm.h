@@ -57,6 +57,9 @@ public:
   /// progress together (none waits for the others to be matched first).
   static llvm::Error groupStart();
   static llvm::Error groupEnd();
+  /// ncclCommAbort: its kernels waiting for peers end, and the communicator
+  /// is gone (every later call on it is an error).
+  void abort();
 
 private:
   NcclComm() = default;

@@ -260,8 +260,8 @@ const char *cudaGetErrorString(cudaError_t E) {
   return E == cudaSuccess ? "no error" : "error of the emulated CUDA runtime";
 }
 
-cudaError_t cudaMalloc(void **P, size_t Bytes) {
-  syncDevice(CurrentDevice); // may wait for the device, as cudaFree
+namespace {
+cudaError_t allocate(void **P, size_t Bytes) {
   size_t Size = std::max<size_t>((Bytes + 255) / 256 * 256, 256);
   void *M = std::aligned_alloc(256, Size);
   if (!M)
@@ -271,6 +271,24 @@ cudaError_t cudaMalloc(void **P, size_t Bytes) {
   Allocations[static_cast<char *>(M)] = Size;
   *P = M;
   return cudaSuccess;
+}
+} // namespace
+
+cudaError_t cudaMalloc(void **P, size_t Bytes) {
+  syncDevice(CurrentDevice); // may wait for the device, as cudaFree
+  return allocate(P, Bytes);
+}
+
+cudaError_t cudaMallocAsync(void **P, size_t Bytes, cudaStream_t S) {
+  if (S) // (the backend allocates on the legacy stream)
+    fail("cudaMallocAsync on a stream: the emulation allocates at once");
+  return allocate(P, Bytes);
+}
+
+cudaError_t cudaFreeAsync(void *P, cudaStream_t S) {
+  if (S)
+    fail("cudaFreeAsync on a stream: the emulation frees at once");
+  return cudaFree(P);
 }
 
 cudaError_t cudaFree(void *P) {
@@ -368,6 +386,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t S) {
   }
   delete S;
   return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t S) {
+  if (!S)
+    return cudaSuccess;
+  std::lock_guard<std::mutex> Lock(S->M);
+  return S->Queue.empty() && !S->Running ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t S) {
@@ -480,6 +505,7 @@ struct Clique {
   std::map<uint64_t, Round> Rounds;
   std::map<std::tuple<int, int, uint64_t>, Message> Messages; // src, dst, k
   int Members = 0;
+  bool Aborted = false; // ncclCommAbort: every wait on it ends
 };
 
 std::mutex CliquesMutex;
@@ -556,14 +582,18 @@ struct Posted {
   ncclRedOp_t Op = ncclSum;
   int Root = 0, Peer = 0;
   uint64_t Seq = 0;
+  // Copied from Comm when posted (ncclCommAbort frees Comm).
+  std::shared_ptr<Clique> Cl;
+  int Rank = 0;
+  std::string Id;
 };
 
 thread_local int GroupDepth = 0;
 thread_local std::vector<Posted> Grouped;
 
 void runCollective(const Posted &P) {
-  Clique &Cl = *P.Comm->C;
-  const int N = Cl.Size, Me = P.Comm->Rank;
+  Clique &Cl = *P.Cl;
+  const int N = Cl.Size, Me = P.Rank;
   const size_t Elem = typeBytes(P.Type);
   std::string What = std::string(kindName(P.Kind)) + " #" +
                      std::to_string(P.Seq) + " of rank " + std::to_string(Me);
@@ -586,8 +616,10 @@ void runCollective(const Posted &P) {
   ++R.Arrived;
   Cl.CV.notify_all();
   waitFor(
-      Cl.CV, Lock, [&] { return R.Arrived == N; },
+      Cl.CV, Lock, [&] { return R.Arrived == N || Cl.Aborted; },
       "the other ranks to reach " + What);
+  if (Cl.Aborted)
+    return;
   Lock.unlock();
   // Every rank computes its result from the others' inputs, then all write:
   // an in-place operand is read by all before any is overwritten.
@@ -620,8 +652,10 @@ void runCollective(const Posted &P) {
   ++R.Computed;
   Cl.CV.notify_all();
   waitFor(
-      Cl.CV, Lock, [&] { return R.Computed == N; },
+      Cl.CV, Lock, [&] { return R.Computed == N || Cl.Aborted; },
       "the other ranks to read their inputs of " + What);
+  if (Cl.Aborted)
+    return;
   std::memcpy(P.Out, Result.data(), Result.size());
   if (++R.Left == N)
     Cl.Rounds.erase(It);
@@ -635,9 +669,9 @@ void runGroup(const std::vector<Posted> &Ops) {
   // messages; the group ends when its sends have been taken.
   for (const Posted &P : Ops)
     if (P.What == Posted::Send) {
-      Clique &Cl = *P.Comm->C;
+      Clique &Cl = *P.Cl;
       std::lock_guard<std::mutex> Lock(Cl.M);
-      Cl.Messages[{P.Comm->Rank, P.Peer, P.Seq}] =
+      Cl.Messages[{P.Rank, P.Peer, P.Seq}] =
           Message{P.In, P.Count * typeBytes(P.Type)};
       Cl.CV.notify_all();
     }
@@ -646,15 +680,18 @@ void runGroup(const std::vector<Posted> &Ops) {
       runCollective(P);
   for (const Posted &P : Ops)
     if (P.What == Posted::Recv) {
-      Clique &Cl = *P.Comm->C;
+      Clique &Cl = *P.Cl;
       std::unique_lock<std::mutex> Lock(Cl.M);
-      auto Key = std::make_tuple(P.Peer, P.Comm->Rank, P.Seq);
+      auto Key = std::make_tuple(P.Peer, P.Rank, P.Seq);
       std::string What = "send #" + std::to_string(P.Seq) + " from rank " +
                          std::to_string(P.Peer) + " to rank " +
-                         std::to_string(P.Comm->Rank);
+                         std::to_string(P.Rank);
       waitFor(
-          Cl.CV, Lock, [&] { return Cl.Messages.count(Key) != 0; },
+          Cl.CV, Lock,
+          [&] { return Cl.Messages.count(Key) != 0 || Cl.Aborted; },
           "the " + What);
+      if (Cl.Aborted)
+        return;
       Message &Msg = Cl.Messages[Key];
       size_t Bytes = P.Count * typeBytes(P.Type);
       if (Msg.Bytes != Bytes)
@@ -666,14 +703,13 @@ void runGroup(const std::vector<Posted> &Ops) {
     }
   for (const Posted &P : Ops)
     if (P.What == Posted::Send) {
-      Clique &Cl = *P.Comm->C;
+      Clique &Cl = *P.Cl;
       std::unique_lock<std::mutex> Lock(Cl.M);
-      auto Key = std::make_tuple(P.Comm->Rank, P.Peer, P.Seq);
+      auto Key = std::make_tuple(P.Rank, P.Peer, P.Seq);
       waitFor(
-          Cl.CV, Lock, [&] { return Cl.Messages[Key].Taken; },
+          Cl.CV, Lock, [&] { return Cl.Messages[Key].Taken || Cl.Aborted; },
           "rank " + std::to_string(P.Peer) + " to receive send #" +
-              std::to_string(P.Seq) + " of rank " +
-              std::to_string(P.Comm->Rank));
+              std::to_string(P.Seq) + " of rank " + std::to_string(P.Rank));
       Cl.Messages.erase(Key);
     }
 }
@@ -700,8 +736,8 @@ void launchGrouped() {
              : P.What == Posted::Recv ? " recv#" + std::to_string(P.Seq) +
                                             "<-" + std::to_string(P.Peer)
                                       : std::string(" ") + kindName(P.Kind);
-      std::fprintf(stderr, "[rank %d of %s] %s\n", Mine[0].Comm->Rank,
-                   Mine[0].Comm->Id.c_str(), L.c_str());
+      std::fprintf(stderr, "[rank %d of %s] %s\n", Mine[0].Rank,
+                   Mine[0].Id.c_str(), L.c_str());
     }
     enqueue(S, [Mine] { runGroup(Mine); });
   }
@@ -716,8 +752,12 @@ ncclResult_t post(Posted P) {
     P.Seq = P.Comm->Sent[P.Peer]++;
   else
     P.Seq = P.Comm->Received[P.Peer]++;
+  P.Cl = P.Comm->C;
+  P.Rank = P.Comm->Rank;
+  P.Id = P.Comm->Id;
+  P.Comm = nullptr;
   if ((P.What != Posted::Coll) &&
-      (P.Peer < 0 || P.Peer >= P.Comm->C->Size || P.Peer == P.Comm->Rank))
+      (P.Peer < 0 || P.Peer >= P.Cl->Size || P.Peer == P.Rank))
     return ncclInvalidArgument;
   Grouped.push_back(P);
   if (GroupDepth == 0)
@@ -779,6 +819,17 @@ ncclResult_t ncclCommDestroy(ncclComm_t Comm) {
   }
   delete Comm;
   return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t Comm) {
+  if (!Comm)
+    return ncclSuccess;
+  {
+    std::lock_guard<std::mutex> Lock(Comm->C->M);
+    Comm->C->Aborted = true;
+    Comm->C->CV.notify_all();
+  }
+  return ncclCommDestroy(Comm);
 }
 
 const char *ncclGetErrorString(ncclResult_t R) {

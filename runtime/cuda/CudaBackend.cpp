@@ -307,6 +307,9 @@ private:
   /// peers end) and the wait is an error, so that a dead or stuck peer
   /// fails this rank instead of hanging it.
   Error waitFor(cudaStream_t S, const char *Name);
+  /// waitFor, then a wait for S to end (after an abort, its kernels do):
+  /// for the backend's end, where nothing reports an error.
+  void settle(cudaStream_t S, const char *Name);
   /// Row-major C = op(A) op(B) + Beta C with float32 C. A and B are float32,
   /// or both bf16 or both fp16 (AB): then tensor-core products summed in
   /// float32 (cublasGemmEx, CUBLAS_COMPUTE_32F), the mixed-precision path's
@@ -555,12 +558,13 @@ Error CudaBackend::makeChannels(Communicator &Pipe) {
 CudaBackend::~CudaBackend() {
   cudaSetDevice(Device);
   consumeError(flushAdamw());
+  // The queued work, sends to peers included, ends or is given up (a peer
+  // that failed never receives: waitFor aborts NCCL after the timeout, and
+  // the aborted kernels end).
   for (auto &[Peer, Ch] : SendChannels)
-    cudaStreamSynchronize(Ch.Stream);
-  if (Compute)
-    cudaStreamSynchronize(Compute);
-  if (Comm)
-    cudaStreamSynchronize(Comm);
+    settle(Ch.Stream, "pipeline send");
+  settle(Compute, "compute");
+  settle(Comm, "communication");
   for (auto &[Peer, Ch] : SendChannels)
     cudaStreamDestroy(Ch.Stream);
   SendChannels.clear();
@@ -626,9 +630,16 @@ Expected<char *> CudaBackend::allocate(size_t Bytes) {
 void CudaBackend::release(char *Arena) {
   cudaSetDevice(Device);
   consumeError(flushAdamw());
-  cudaStreamSynchronize(Compute);
-  cudaStreamSynchronize(Comm);
+  settle(Compute, "compute");
+  settle(Comm, "communication");
   cudaFree(Arena);
+}
+
+void CudaBackend::settle(cudaStream_t S, const char *Name) {
+  if (!S)
+    return;
+  consumeError(waitFor(S, Name));
+  cudaStreamSynchronize(S);
 }
 
 Error CudaBackend::drain() {

@@ -128,51 +128,57 @@ TEST(EmulatedCuda, GridsMatchTheCpuWithEitherStreamLate) {
 
 /// A rank whose peer never comes (here: it made its backend, then
 /// returned) fails with an error naming the wait, within --comm-timeout,
-/// instead of waiting in an NCCL collective forever: its waits for the
-/// device give up and abort NCCL.
+/// instead of waiting in an NCCL collective or receive forever: its waits
+/// for the device give up and abort NCCL; then its backend ends, with
+/// sends in flight to the dead peer on the pipeline.
 TEST(EmulatedCuda, ADeadPeerFailsTheRankInsteadOfHangingIt) {
-  Plan P = compileTiny(2, true);
-  std::mutex M;
-  std::string Failure;
-  Error E = runOnThreadRanks(2, [&](Communicator &World) -> Error {
-    World.setTimeout(std::chrono::milliseconds(1000));
-    ProcessGrid Grid;
-    Grid.Tensor = 2;
-    auto Groups = splitGroups(World, Grid);
-    if (!Groups)
-      return Groups.takeError();
-    CudaBackendOptions CO;
-    CO.Device = World.rank();
-    CO.World = &World;
-    CO.Tensor = Groups->Tensor.get();
-    auto B = createCudaBackend(CO);
-    if (!B)
-      return B.takeError();
-    if (World.rank() == 1)
-      return Error::success(); // dead: it never trains
-    RunOptions O;
-    O.Comm = Groups->Tensor.get();
-    auto Held = std::make_shared<std::unique_ptr<Backend>>(std::move(*B));
-    O.MakeBackend = [Held] { return std::move(*Held); };
-    auto Ex = Executor::create(P, O);
-    if (!Ex)
-      return Ex.takeError();
-    auto L = (*Ex)->trainStep(oneBatch(**Ex), 1e-3, 1);
-    if (L)
-      return createStringError(inconvertibleErrorCode(),
-                               "trained a step without its peer");
-    std::lock_guard<std::mutex> Lock(M);
-    Failure = toString(L.takeError());
-    return Error::success();
-  });
-  ASSERT_FALSE(bool(E)) << toString(std::move(E));
-  std::printf("rank 0: %s\n", Failure.c_str());
-  EXPECT_NE(Failure.find("timed out after 1.0 s waiting for the "),
-            std::string::npos)
-      << Failure;
-  EXPECT_NE(Failure.find("NCCL aborted (raise the wait with --comm-timeout)"),
-            std::string::npos)
-      << Failure;
+  for (bool Pipeline : {false, true}) {
+    SCOPED_TRACE(Pipeline ? "p = 2, 1F1B" : "t = 2 + SP");
+    Plan P = Pipeline ? compileTiny(1, false, 2, 2) : compileTiny(2, true);
+    std::mutex M;
+    std::string Failure;
+    Error E = runOnThreadRanks(2, [&](Communicator &World) -> Error {
+      World.setTimeout(std::chrono::milliseconds(1000));
+      ProcessGrid Grid;
+      (Pipeline ? Grid.Pipeline : Grid.Tensor) = 2;
+      auto Groups = splitGroups(World, Grid);
+      if (!Groups)
+        return Groups.takeError();
+      RunOptions O;
+      O.Comm = Groups->Tensor.get();
+      O.PipeComm = Pipeline ? Groups->Pipeline.get() : nullptr;
+      CudaBackendOptions CO;
+      CO.Device = World.rank();
+      CO.World = &World;
+      CO.Tensor = O.Comm;
+      CO.Pipeline = O.PipeComm;
+      auto B = createCudaBackend(CO);
+      if (!B)
+        return B.takeError();
+      if (World.rank() == 1)
+        return Error::success(); // dead: it never trains
+      auto Held = std::make_shared<std::unique_ptr<Backend>>(std::move(*B));
+      O.MakeBackend = [Held] { return std::move(*Held); };
+      auto Ex = Executor::create(P, O);
+      if (!Ex)
+        return Ex.takeError();
+      auto L = (*Ex)->trainStep(oneBatch(**Ex), 1e-3, 1);
+      if (L)
+        return createStringError(inconvertibleErrorCode(),
+                                 "trained a step without its peer");
+      std::lock_guard<std::mutex> Lock(M);
+      Failure = toString(L.takeError());
+      return Error::success(); // and its backend ends, sends in flight
+    });
+    ASSERT_FALSE(bool(E)) << toString(std::move(E));
+    std::printf("rank 0: %s\n", Failure.c_str());
+    EXPECT_NE(Failure.find("timed out after 1.0 s waiting for the "),
+              std::string::npos)
+        << Failure;
+    EXPECT_NE(Failure.find("NCCL aborted (raise the wait with --comm-timeout)"),
+              std::string::npos)
+        << Failure;
+  }
 }
 
 /// A model path from the environment (check_emulated_grids.sh sets it).

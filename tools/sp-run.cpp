@@ -254,7 +254,9 @@ static cl::opt<std::string>
 static cl::opt<double> CommTimeout(
     "comm-timeout",
     cl::desc("Seconds a rank waits in a collective or a receive for the other "
-             "ranks before it ends the job, naming the call (default 300)"),
+             "ranks before it ends the job, naming the call (default 300); "
+             "with --device cuda also its waits for the GPU (then NCCL is "
+             "aborted)"),
     cl::init(Communicator::DefaultTimeout.count() / 1000.0),
     cl::value_desc("s"), cl::cat(Cat));
 

@@ -392,8 +392,8 @@ private:
   cudaEvent_t ToNccl = nullptr, FromNccl = nullptr;
   cuda::DeviceError *Err = nullptr;
   NormScalars *Norm = nullptr;
-  float *Scratch[2] = {nullptr, nullptr};
-  int64_t ScratchFloats[2] = {0, 0};
+  char *Scratch[2] = {nullptr, nullptr};
+  int64_t ScratchBytes[2] = {0, 0};
   char *Mixed[2] = {nullptr, nullptr};
   int64_t MixedBytes[2] = {0, 0};
   char *AttentionWork[2] = {nullptr, nullptr};
@@ -586,9 +586,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(Err);
   cudaFree(Norm);
   // What allocateWhileRunning allocated, in the legacy stream's order.
-  for (void *P :
-       {(void *)Scratch[0], (void *)Scratch[1], (void *)Mixed[0],
-        (void *)Mixed[1], (void *)AttentionWork[0], (void *)AttentionWork[1]})
+  for (char *P : {Scratch[0], Scratch[1], Mixed[0], Mixed[1], AttentionWork[0],
+                  AttentionWork[1]})
     if (P)
       cudaFreeAsync(P, nullptr);
   for (SendSlot &Slot : SendSlots) {
@@ -597,8 +596,7 @@ CudaBackend::~CudaBackend() {
     cudaEventDestroy(Slot.Staged);
   }
   for (void *P : Retired)
-    if (P)
-      cudaFreeAsync(P, nullptr);
+    cudaFreeAsync(P, nullptr);
   cudaStreamSynchronize(nullptr);
   if (Staging)
     cudaFreeHost(Staging);
@@ -807,7 +805,8 @@ Expected<char *> CudaBackend::grow(char *&Region, int64_t &Size,
                                    int64_t Bytes) {
   if (Bytes > Size) {
     // The old region may still be in use by queued work: retired.
-    Retired.push_back(Region);
+    if (Region)
+      Retired.push_back(Region);
     Region = nullptr;
     if (auto E = allocateWhileRunning(reinterpret_cast<void **>(&Region),
                                       size_t(Bytes)))
@@ -954,17 +953,11 @@ Error CudaBackend::dispatchMixed(const KernelCall &C, cudaStream_t S) {
 }
 
 Expected<float *> CudaBackend::scratch(bool ForComm, int64_t Floats) {
-  int K = ForComm;
-  if (Floats > ScratchFloats[K]) {
-    // The old buffer may still be in use by queued work: retired.
-    Retired.push_back(Scratch[K]);
-    Scratch[K] = nullptr;
-    if (auto E = allocateWhileRunning(reinterpret_cast<void **>(&Scratch[K]),
-                                      size_t(Floats) * sizeof(float)))
-      return E;
-    ScratchFloats[K] = Floats;
-  }
-  return Scratch[K];
+  auto R = grow(Scratch[ForComm], ScratchBytes[ForComm],
+                Floats * int64_t(sizeof(float)));
+  if (!R)
+    return R.takeError();
+  return reinterpret_cast<float *>(*R);
 }
 
 /// The cuBLAS type of a 16-bit float dtype.

@@ -81,7 +81,6 @@ namespace sp::emu {
 // save the signal mask) and was most of the emulator's time.
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) &&                   \
     !defined(__SANITIZE_THREAD__)
-#define SP_EMU_STACK_SWITCH 1
 struct Context {
   void *Sp = nullptr;
 };
@@ -146,8 +145,7 @@ inline void makeContext(Context &C, char *Stack, size_t Bytes,
 struct Fiber {
   Context Ctx;
   uint3 ThreadIdx;
-  bool Done = false;
-  char *Stack = nullptr; // from the OS thread's pool
+  bool Started = false, Done = false;
 };
 
 struct Barrier {
@@ -294,14 +292,13 @@ void launch(dim3 Grid, dim3 Threads, size_t SharedBytes,
           current() = nullptr;
           continue;
         }
-        // A thread's fiber is made when it first runs.
-        std::vector<bool> Started(N, false);
+        // A thread's fiber is made when it first runs, on the OS thread's
+        // T-th stack.
         auto Start = [&](int T) {
           Fiber &F = B.Fibers[T];
           F.ThreadIdx = uint3{unsigned(T), 0, 0};
-          F.Stack = Stacks[T].get();
-          makeContext(F.Ctx, F.Stack, StackBytes, trampoline);
-          Started[T] = true;
+          makeContext(F.Ctx, Stacks[T].get(), StackBytes, trampoline);
+          F.Started = true;
         };
         // Each warp in turn runs as far as it can (to the block's next
         // barrier, or its end), its lanes in turn to each warp barrier:
@@ -319,7 +316,7 @@ void launch(dim3 Grid, dim3 Threads, size_t SharedBytes,
                 const int T = 32 * W + (reverseOrder() ? Lanes - 1 - LK : LK);
                 if (B.Fibers[T].Done)
                   continue;
-                if (!Started[T])
+                if (!B.Fibers[T].Started)
                   Start(T);
                 B.Current = T;
                 swapTo(B.Scheduler, B.Fibers[T].Ctx);

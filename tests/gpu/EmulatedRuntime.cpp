@@ -35,12 +35,16 @@ namespace {
   std::abort();
 }
 
+/// The environment variable Name as an integer of at least Min (Default
+/// when unset).
+long envInt(const char *Name, long Default, long Min) {
+  const char *V = std::getenv(Name);
+  return V ? std::max(Min, std::atol(V)) : Default;
+}
+
 /// How long any wait may take before it is taken for a deadlock.
 std::chrono::seconds timeout() {
-  static const long S = [] {
-    const char *V = std::getenv("SP_EMULATED_TIMEOUT");
-    return V ? std::max(1L, std::atol(V)) : 300L;
-  }();
+  static const long S = envInt("SP_EMULATED_TIMEOUT", 300, 1);
   return std::chrono::seconds(S);
 }
 
@@ -74,10 +78,7 @@ void waitFor(std::condition_variable &CV, std::unique_lock<std::mutex> &Lock,
 thread_local int CurrentDevice = 0;
 
 int deviceCount() {
-  static const int N = [] {
-    const char *V = std::getenv("SP_EMULATED_DEVICES");
-    return V ? std::max(0, std::atoi(V)) : 8;
-  }();
+  static const int N = int(envInt("SP_EMULATED_DEVICES", 8, 0));
   return N;
 }
 
@@ -285,23 +286,30 @@ cudaError_t cudaMallocAsync(void **P, size_t Bytes, cudaStream_t S) {
   return allocate(P, Bytes);
 }
 
-cudaError_t cudaFreeAsync(void *P, cudaStream_t S) {
-  if (S)
-    fail("cudaFreeAsync on a stream: the emulation frees at once");
-  return cudaFree(P);
-}
-
-cudaError_t cudaFree(void *P) {
+namespace {
+cudaError_t release(void *P) {
   if (!P)
     return cudaSuccess;
-  syncDevice(CurrentDevice); // cudaFree waits for the device's work
   {
     std::lock_guard<std::mutex> Lock(AllocMutex);
     if (!Allocations.erase(static_cast<char *>(P)))
-      fail("cudaFree of a pointer cudaMalloc did not return");
+      fail("a free of a pointer cudaMalloc did not return");
   }
   std::free(P);
   return cudaSuccess;
+}
+} // namespace
+
+cudaError_t cudaFreeAsync(void *P, cudaStream_t S) {
+  if (S) // (the backend frees on the legacy stream)
+    fail("cudaFreeAsync on a stream: the emulation frees at once");
+  return release(P);
+}
+
+cudaError_t cudaFree(void *P) {
+  if (P)
+    syncDevice(CurrentDevice); // cudaFree waits for the device's work
+  return release(P);
 }
 
 cudaError_t cudaHostAlloc(void **P, size_t Bytes, unsigned) {
@@ -571,9 +579,12 @@ namespace {
 
 /// One NCCL operation as posted (host side).
 struct Posted {
+  enum WhatT { Coll, Send, Recv };
+  Posted(ncclComm *Comm, cudaStream_t Stream, WhatT What)
+      : Comm(Comm), Stream(Stream), What(What) {}
   ncclComm *Comm;
   cudaStream_t Stream;
-  enum { Coll, Send, Recv } What;
+  WhatT What;
   CollKind Kind = CollKind::AllReduce;
   const void *In = nullptr;
   void *Out = nullptr;
@@ -744,7 +755,9 @@ void launchGrouped() {
 }
 
 ncclResult_t post(Posted P) {
-  if (!P.Comm)
+  if (!P.Comm ||
+      (P.What != Posted::Coll &&
+       (P.Peer < 0 || P.Peer >= P.Comm->C->Size || P.Peer == P.Comm->Rank)))
     return ncclInvalidArgument;
   if (P.What == Posted::Coll)
     P.Seq = P.Comm->Collectives++;
@@ -756,9 +769,6 @@ ncclResult_t post(Posted P) {
   P.Rank = P.Comm->Rank;
   P.Id = P.Comm->Id;
   P.Comm = nullptr;
-  if ((P.What != Posted::Coll) &&
-      (P.Peer < 0 || P.Peer >= P.Cl->Size || P.Peer == P.Rank))
-    return ncclInvalidArgument;
   Grouped.push_back(P);
   if (GroupDepth == 0)
     launchGrouped();
@@ -937,10 +947,10 @@ float toTf32(float X) {
 }
 
 /// The Rows x Cols column-major operand at P (leading dimension Ld) of
-/// type T as float32, packed (leading dimension Rows).
-std::vector<float> widen(const void *P, cudaDataType T, int Rows, int Cols,
-                         int Ld, bool Tf32) {
-  std::vector<float> Out(size_t(Rows) * Cols);
+/// type T as float32, packed (leading dimension Rows), into Out.
+void widen(const void *P, cudaDataType T, int Rows, int Cols, int Ld, bool Tf32,
+           std::vector<float> &Out) {
+  Out.resize(size_t(Rows) * Cols);
   for (int C = 0; C < Cols; ++C)
     for (int R = 0; R < Rows; ++R) {
       size_t At = size_t(C) * Ld + R;
@@ -955,7 +965,6 @@ std::vector<float> widen(const void *P, cudaDataType T, int Rows, int Cols,
         fail("a GEMM operand type the emulation does not implement");
       Out[size_t(C) * Rows + R] = Tf32 ? toTf32(V) : V;
     }
-  return Out;
 }
 
 /// C = alpha op(A) op(B) + beta C, column-major, C float32, on H's stream.
@@ -974,17 +983,31 @@ cublasStatus_t gemmOn(cublasHandle_t H, cublasOperation_t TA,
       AT == CUDA_R_32F && (H->Mode & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
   size_t ABytes = AT == CUDA_R_32F ? 4 : 2, BBytes = BT == CUDA_R_32F ? 4 : 2;
   enqueue(H->Stream, [=] {
+    const int ARows = TA == CUBLAS_OP_N ? M : K,
+              ACols = TA == CUBLAS_OP_N ? K : M,
+              BRows = TB == CUBLAS_OP_N ? K : N,
+              BCols = TB == CUBLAS_OP_N ? N : K;
+    // float32 operands as they are; 16-bit or TF32 ones widened first.
+    std::vector<float> Af, Bf;
     for (int I = 0; I < Batch; ++I) {
       const char *Ai = static_cast<const char *>(A) + I * SA * ABytes;
       const char *Bi = static_cast<const char *>(B) + I * SB * BBytes;
-      int ARows = TA == CUBLAS_OP_N ? M : K, ACols = TA == CUBLAS_OP_N ? K : M;
-      int BRows = TB == CUBLAS_OP_N ? K : N, BCols = TB == CUBLAS_OP_N ? N : K;
-      std::vector<float> Af = widen(Ai, AT, ARows, ACols, Lda, Tf32);
-      std::vector<float> Bf = widen(Bi, BT, BRows, BCols, Ldb, Tf32);
+      const float *Ap = reinterpret_cast<const float *>(Ai),
+                  *Bp = reinterpret_cast<const float *>(Bi);
+      int La = Lda, Lb = Ldb;
+      if (AT != CUDA_R_32F || Tf32) {
+        widen(Ai, AT, ARows, ACols, Lda, Tf32, Af);
+        Ap = Af.data();
+        La = std::max(1, ARows);
+      }
+      if (BT != CUDA_R_32F || Tf32) {
+        widen(Bi, BT, BRows, BCols, Ldb, Tf32, Bf);
+        Bp = Bf.data();
+        Lb = std::max(1, BRows);
+      }
       cblas_sgemm(CblasColMajor, TA == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
                   TB == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, M, N, K, Alpha,
-                  Af.data(), std::max(1, ARows), Bf.data(), std::max(1, BRows),
-                  Beta, C + I * SC, Ldc);
+                  Ap, La, Bp, Lb, Beta, C + I * SC, Ldc);
     }
   });
   return CUBLAS_STATUS_SUCCESS;

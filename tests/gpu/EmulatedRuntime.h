@@ -20,7 +20,8 @@
 //     host, or the reverse, aborts); cudaMalloc, cudaFree and cudaFreeHost
 //     first wait for all the device's streams (cudaFree does, cudaMalloc
 //     may: either while an NCCL kernel waits for a peer's later work
-//     hangs, so the emulation takes the stricter reading);
+//     hangs, so the emulation takes the stricter reading); cudaMallocAsync
+//     and cudaFreeAsync (on the legacy stream only) do not wait;
 //   - NCCL: a communicator per (unique id, rank); collectives match by
 //     their order on each rank and check that the ranks agree on the op,
 //     count and type; sums are taken in rank order. ncclSend completes only

@@ -41,6 +41,7 @@
 #include "runtime/Executor.h"
 #include "runtime/comm/ProcessGrid.h"
 #include "runtime/cuda/CudaBackend.h"
+#include "CudaGrid.h"
 #include "TrainCompare.h"
 #include "gtest/gtest.h"
 #include <cmath>
@@ -176,21 +177,8 @@ TEST(CudaEndToEnd, MixedPrecisionTracksTheCpu) {
       ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
       auto Cpu = trainLosses(P, /*Cuda=*/false, Steps);
       ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
-      EXPECT_LE(std::fabs((*Gpu)[0] - (*Cpu)[0]), U * (*Cpu)[0])
-          << "step 1: gpu " << (*Gpu)[0] << ", cpu " << (*Cpu)[0];
-      for (int K = 0; K + Window <= Steps; K += Window) {
-        double G = 0, C = 0;
-        for (int J = K; J < K + Window; ++J) {
-          G += (*Gpu)[J] / Window;
-          C += (*Cpu)[J] / Window;
-        }
-        EXPECT_LE(std::fabs(G - C), 4 * U * C)
-            << "steps " << K + 1 << "-" << K + Window << ": gpu mean " << G
-            << ", cpu mean " << C;
-        std::printf("%s%s steps %d-%d: gpu %.6f cpu %.6f (%.3f of 4u)\n",
-                    dtypeName(T).str().c_str(), Fused ? " fused" : "", K + 1,
-                    K + Window, G, C, std::fabs(G - C) / (4 * U * C));
-      }
+      expectLossesWithinBand(*Gpu, *Cpu, U, Window,
+                             dtypeName(T).str() + (Fused ? " fused" : ""));
     }
 }
 
@@ -245,19 +233,8 @@ TEST(CudaEndToEnd, TracedStepIsTimedOnTheDevice) {
 /// P on a DP x PP x TP grid of thread ranks, on GPUs (one each) when Cuda.
 Expected<Run> trainGrid(const Plan &P, int TP, int PP, bool Cuda, int Steps,
                         int DP = 1) {
-  GridBackend Make;
-  if (Cuda)
-    Make = [](Communicator &World, const RunOptions &O)
-        -> Expected<std::unique_ptr<Backend>> {
-      CudaBackendOptions CO;
-      CO.Device = World.rank(); // thread ranks: one GPU each
-      CO.World = &World;
-      CO.Tensor = O.Comm;
-      CO.Pipeline = O.PipeComm;
-      CO.Data = O.DataComm;
-      return createCudaBackend(CO);
-    };
-  return trainOnGrid(P, TP, PP, DP, Make, Steps);
+  return trainOnGrid(P, TP, PP, DP, Cuda ? cudaGridBackend() : GridBackend(),
+                     Steps);
 }
 
 /// t = 2 with sequence parallelism, p = 2 (1F1B, 2 microbatches) and d = 2

@@ -132,31 +132,74 @@ inline void expectMatches(const Run &Gpu, const Run &Cpu, const Run &Ref,
   }
 }
 
-/// The default model (models/tiny/gpt-tiny.onnx) compiled for a layout.
+/// How a plan is compiled: the layout, the pipeline schedule, the
+/// recomputation, the attention core and the activations' dtype.
+struct GridLayout {
+  const char *Name = "";
+  int TP = 1;
+  bool SP = false;
+  int PP = 1, Microbatches = 1, DP = 1, Zero = 0;
+  bool Ring = false; // --tp-comm-overlap
+  PipelineSchedule Schedule = PipelineSchedule::OneFOneB;
+  int Interleave = 1;
+  RecomputeMode Recompute = RecomputeMode::None;
+  bool Fused = false;
+  bool Blockwise = false; // a CUDA backend's attention core (CudaGrid.h)
+  DType Activations = DType::F32;
+  double AdamEps = OptimizerOptions().Eps;
+};
+
+/// The model at Path compiled for L.
+inline llvm::Expected<Plan> compileLayout(llvm::StringRef Path,
+                                          const GridLayout &L) {
+  registerOnnxDataLoader();
+  auto G = importOnnx(Path, ImportOptions());
+  if (!G)
+    return G.takeError();
+  PassContext Ctx;
+  Ctx.TensorParallel = L.TP;
+  Ctx.SequenceParallel = L.SP;
+  Ctx.DataParallel = L.DP;
+  Ctx.Zero = L.Zero;
+  Ctx.Optimizer.Eps = L.AdamEps;
+  Ctx.ActivationDtype = L.Activations;
+  Ctx.FusedAttention = L.Fused;
+  Ctx.TpCommOverlap = L.Ring;
+  Ctx.Recompute.Mode = L.Recompute;
+  if (L.PP > 1 || L.Microbatches > 1) {
+    Ctx.Pipeline.Stages = L.PP;
+    Ctx.Pipeline.Microbatches = L.Microbatches;
+    Ctx.Pipeline.Interleave = L.Interleave;
+    Ctx.Pipeline.Schedule = L.Schedule;
+  }
+  auto C = compileToPlan(**G, Ctx, CompileOptions());
+  if (!C)
+    return C.takeError();
+  return std::move(*C->P);
+}
+
+/// The default model (models/tiny/gpt-tiny.onnx).
+inline const char *const TinyModel = SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx";
+
+/// The default model compiled for a layout (1F1B when PP > 1; the
+/// microbatches count only then).
 inline Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
                         int Microbatches = 1, int DP = 1, int Zero = 0,
                         double AdamEps = OptimizerOptions().Eps,
                         DType Activations = DType::F32, bool Fused = false,
                         bool TpCommOverlap = false) {
-  registerOnnxDataLoader();
-  auto G = llvm::cantFail(
-      importOnnx(SP_SOURCE_DIR "/models/tiny/gpt-tiny.onnx", ImportOptions()));
-  PassContext Ctx;
-  Ctx.TensorParallel = TP;
-  Ctx.SequenceParallel = SP;
-  Ctx.DataParallel = DP;
-  Ctx.Zero = Zero;
-  Ctx.Optimizer.Eps = AdamEps;
-  Ctx.ActivationDtype = Activations;
-  Ctx.FusedAttention = Fused;
-  Ctx.TpCommOverlap = TpCommOverlap;
-  if (PP > 1) {
-    Ctx.Pipeline.Stages = PP;
-    Ctx.Pipeline.Microbatches = Microbatches;
-    Ctx.Pipeline.Schedule = PipelineSchedule::OneFOneB;
-  }
-  return std::move(
-      *llvm::cantFail(compileToPlan(*G, Ctx, CompileOptions())).P);
+  GridLayout L;
+  L.TP = TP;
+  L.SP = SP;
+  L.PP = PP;
+  L.Microbatches = PP > 1 ? Microbatches : 1;
+  L.DP = DP;
+  L.Zero = Zero;
+  L.AdamEps = AdamEps;
+  L.Activations = Activations;
+  L.Fused = Fused;
+  L.Ring = TpCommOverlap;
+  return llvm::cantFail(compileLayout(TinyModel, L));
 }
 
 /// A rank's backend on a grid of thread ranks, made from its world
@@ -230,11 +273,11 @@ inline llvm::Expected<Run> trainOnGrid(const Plan &P, int TP, int PP, int DP,
   return R;
 }
 
-/// The exported model families check_expanded_plans.sh passes in
-/// SP_EXPANSION_MODELS (colon-separated ONNX paths); empty when unset.
-inline std::vector<std::string> exportedFamilyModels() {
+/// The ONNX paths, colon-separated, in the environment variable Var (a
+/// test script exports the models and sets it); empty when unset.
+inline std::vector<std::string> modelsFromEnv(const char *Var) {
   std::vector<std::string> Paths;
-  const char *List = std::getenv("SP_EXPANSION_MODELS");
+  const char *List = std::getenv(Var);
   llvm::SmallVector<llvm::StringRef, 4> Parts;
   llvm::StringRef(List ? List : "").split(Parts, ':', -1, /*KeepEmpty=*/false);
   for (llvm::StringRef P : Parts)
@@ -242,6 +285,38 @@ inline std::vector<std::string> exportedFamilyModels() {
   return Paths;
 }
 
+/// The exported model families check_expanded_plans.sh passes in
+/// SP_EXPANSION_MODELS.
+inline std::vector<std::string> exportedFamilyModels() {
+  return modelsFromEnv("SP_EXPANSION_MODELS");
+}
+
+/// A 16-bit run's losses (Got) against the CPU's of the same plan (Want),
+/// by the band of tests/lit/tools/Inputs/precision_band.py with u the
+/// format's unit roundoff: step 1 within u L, the mean of each window of
+/// Window steps within 4u of the CPU's (Label names the run in the lines
+/// printed).
+inline void expectLossesWithinBand(const std::vector<double> &Got,
+                                   const std::vector<double> &Want, double U,
+                                   int Window, const std::string &Label) {
+  ASSERT_EQ(Got.size(), Want.size());
+  ASSERT_FALSE(Want.empty());
+  EXPECT_LE(std::fabs(Got[0] - Want[0]), U * Want[0])
+      << "step 1: gpu " << Got[0] << ", cpu " << Want[0];
+  for (int K = 0; K + Window <= int(Want.size()); K += Window) {
+    double G = 0, C = 0;
+    for (int J = K; J < K + Window; ++J) {
+      G += Got[J] / Window;
+      C += Want[J] / Window;
+    }
+    EXPECT_LE(std::fabs(G - C), 4 * U * C)
+        << "steps " << K + 1 << "-" << K + Window << ": gpu mean " << G
+        << ", cpu mean " << C;
+    std::printf("%s steps %d-%d: gpu %.6f cpu %.6f (%.3f of 4u)\n",
+                Label.c_str(), K + 1, K + Window, G, C,
+                std::fabs(G - C) / (4 * U * C));
+  }
+}
 /// Path's plan with the fused attention core, on one device; AdamW's eps
 /// at which one step's rounding cannot flip a later update, so that every
 /// step's gradients compare (EndToEndTest.cpp).

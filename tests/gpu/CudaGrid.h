@@ -1,0 +1,41 @@
+//===- CudaGrid.h - CUDA backends for thread-rank grids ---------*- C++ -*-===//
+//
+// The CUDA backend of a thread rank on a grid (TrainCompare.h's
+// trainOnGrid): one GPU per rank, its groups' NCCL communicators made from
+// the rank's run options. Shared by the GPU tests (EndToEndTest.cpp) and the
+// ones that only emulated GPUs run (EmulatedBackendTest.cpp).
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_TESTS_GPU_CUDAGRID_H
+#define SP_TESTS_GPU_CUDAGRID_H
+
+#include "runtime/cuda/CudaBackend.h"
+#include "TrainCompare.h"
+
+namespace sp {
+
+/// World's rank's CUDA backend: GPU World.rank(), O's groups; Blockwise:
+/// the attention core by the blockwise kernels.
+inline llvm::Expected<std::unique_ptr<Backend>>
+cudaBackendOf(Communicator &World, const RunOptions &O,
+              bool Blockwise = false) {
+  CudaBackendOptions CO;
+  CO.Device = World.rank(); // thread ranks: one GPU each
+  CO.World = &World;
+  CO.Tensor = O.Comm;
+  CO.Pipeline = O.PipeComm;
+  CO.Data = O.DataComm;
+  CO.BlockwiseAttention = Blockwise;
+  return createCudaBackend(CO);
+}
+
+/// trainOnGrid's maker of those backends.
+inline GridBackend cudaGridBackend(bool Blockwise = false) {
+  return [Blockwise](Communicator &World, const RunOptions &O) {
+    return cudaBackendOf(World, O, Blockwise);
+  };
+}
+
+} // namespace sp
+
+#endif // SP_TESTS_GPU_CUDAGRID_H

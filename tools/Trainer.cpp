@@ -893,6 +893,9 @@ Error Trainer::runRank(Communicator *World) {
     CO.Data = Groups.Data.get();
     CO.AllowTF32 = O.AllowTF32;
     CO.BlockwiseAttention = O.BlockwiseAttention;
+    CO.AgreeBeforeCollectives = [World](Error Own) {
+      return agreeOnError(World, std::move(Own));
+    };
     Error Err = [&]() -> Error {
       auto B = createCudaBackend(CO);
       if (!B)

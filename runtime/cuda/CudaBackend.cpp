@@ -267,7 +267,11 @@ public:
 
 private:
   CudaBackend() = default;
+  /// initDevice, then (every rank agreeing it succeeded) the NCCL
+  /// communicators.
   Error init(const CudaBackendOptions &O);
+  /// The rank's own part: device, streams, events, cuBLAS.
+  Error initDevice(const CudaBackendOptions &O);
   Error dispatch(const KernelCall &C, cudaStream_t S);
   /// An instruction that touches a bf16 or fp16 buffer: dispatch on float32
   /// copies of its 16-bit buffers, as CpuBackend's runMixed.
@@ -486,6 +490,23 @@ CudaBackend::create(const CudaBackendOptions &O) {
 }
 
 Error CudaBackend::init(const CudaBackendOptions &O) {
+  Error Own = initDevice(O);
+  if (O.AgreeBeforeCollectives)
+    Own = O.AgreeBeforeCollectives(std::move(Own));
+  if (Own)
+    return Own;
+  // The groups' NCCL communicators, collectively, in a fixed order.
+  for (Communicator *G : {O.Tensor, O.Pipeline, O.Data})
+    if (G && G->size() > 1)
+      if (auto C = nccl(*G); !C)
+        return C.takeError();
+  if (O.Pipeline && O.Pipeline->size() > 1)
+    if (auto E = makeChannels(*O.Pipeline))
+      return E;
+  return Error::success();
+}
+
+Error CudaBackend::initDevice(const CudaBackendOptions &O) {
   if (auto E = checkCudaDevice())
     return E;
   int Count = 0;
@@ -521,14 +542,6 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
   SP_CUDA_TRY(cudaMalloc(&Norm, sizeof(NormScalars)));
   SP_CUDA_TRY(cudaMemset(Norm, 0, sizeof(NormScalars)));
   SP_CUDA_TRY(cudaDeviceSynchronize());
-  // The groups' NCCL communicators, collectively, in a fixed order.
-  for (Communicator *G : {O.Tensor, O.Pipeline, O.Data})
-    if (G && G->size() > 1)
-      if (auto C = nccl(*G); !C)
-        return C.takeError();
-  if (O.Pipeline && O.Pipeline->size() > 1)
-    if (auto E = makeChannels(*O.Pipeline))
-      return E;
   return Error::success();
 }
 

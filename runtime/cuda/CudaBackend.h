@@ -30,6 +30,7 @@
 
 #include "runtime/Backend.h"
 #include "llvm/Support/Error.h"
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -59,6 +60,14 @@ struct CudaBackendOptions {
   /// in place). Off, the default until they have run on a GPU: as the
   /// unfused ops (AttentionPlan.h), as heads above 128 always run.
   bool BlockwiseAttention = false;
+  /// Called on every rank between the backend's own set-up (the device, its
+  /// streams, cuBLAS) and its collective part (the groups' NCCL
+  /// communicators), with the outcome of the first; what it returns is the
+  /// outcome. sp-run agrees on it over the world, so that a rank that could
+  /// not set up its GPU (a local rank without one) fails every rank instead
+  /// of leaving the others waiting in ncclCommInitRank for it. Unset: the
+  /// rank's own outcome.
+  std::function<llvm::Error(llvm::Error)> AgreeBeforeCollectives;
 };
 
 /// Whether this build has the CUDA backend.

@@ -7,6 +7,7 @@
 #include "EmulatedRuntime.h"
 #include "ir/Float16.h"
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cblas.h>
 #include <chrono>
@@ -24,6 +25,10 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+#ifdef SP_EMULATED_MPI
+#include <climits>
+#include <mpi.h>
+#endif
 
 using Clock = std::chrono::steady_clock;
 
@@ -514,6 +519,16 @@ struct Clique {
   std::map<std::tuple<int, int, uint64_t>, Message> Messages; // src, dst, k
   int Members = 0;
   bool Aborted = false; // ncclCommAbort: every wait on it ends
+#ifdef SP_EMULATED_MPI
+  // Across processes: this process's rank of the clique; its operations
+  // are MPI messages on this communicator, whose ranks are the clique's.
+  MPI_Comm Mpi = MPI_COMM_NULL;
+#endif
+
+  bool aborted() {
+    std::lock_guard<std::mutex> Lock(M);
+    return Aborted;
+  }
 };
 
 std::mutex CliquesMutex;
@@ -672,10 +687,358 @@ void runCollective(const Posted &P) {
     Cl.Rounds.erase(It);
 }
 
+#ifdef SP_EMULATED_MPI
+//===----------------------------------------------------------------------===//
+// NCCL across processes, over MPI
+//===----------------------------------------------------------------------===//
+//
+// A process launched by mpirun (or srun) among two or more is one rank of
+// the job with devices of its own, as on a real cluster, and a communicator
+// of the job's ranks carries its operations as MPI messages between the
+// processes: ncclGetUniqueId names the process that made the id, the ranks
+// of ncclCommInitRank meet there (each sends its rank, the maker answers
+// with every rank's process) and make an MPI communicator of the clique's
+// processes in rank order. A collective sends each peer a header (kind,
+// count, type, op, root), checked against the receiver's, and the data
+// each peer needs, and takes the result from what it received, summing in
+// rank order; ncclSend is MPI_Issend, complete only once the peer's
+// receive has matched it. Every operation of a group is posted before any
+// is waited for. Tags are the operation's index (collectives even, the
+// k-th send between two ranks odd), so operations on concurrent streams
+// never match each other's messages. Waits poll, end on ncclCommAbort and
+// give up after SP_EMULATED_TIMEOUT. MPI is initialised here, before
+// main, with MPI_THREAD_MULTIPLE (each stream's worker thread sends and
+// receives), and finalised at exit; sp's own MPI communicator finds it
+// initialised and uses it as it is.
+
+/// The number of processes the launcher started (1 when none did).
+int launchedProcesses() {
+  for (const char *V : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char *N = std::getenv(V))
+      return std::max(1, std::atoi(N));
+  if (std::getenv("SLURM_STEP_ID"))
+    if (const char *N = std::getenv("SLURM_NTASKS"))
+      return std::max(1, std::atoi(N));
+  return 1;
+}
+
+MPI_Comm EmuWorld = MPI_COMM_NULL;
+int EmuWorldRank = 0;
+
+std::string mpiError(int Code) {
+  char Text[MPI_MAX_ERROR_STRING];
+  int Len = 0;
+  if (MPI_Error_string(Code, Text, &Len) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(Code);
+  return std::string(Text, Len);
+}
+
+void mpiCheck(int Code, const std::string &What) {
+  if (Code != MPI_SUCCESS)
+    fail(What + ": " + mpiError(Code));
+}
+
+const bool MpiStarted = [] {
+  if (launchedProcesses() < 2)
+    return false;
+  int Provided = 0;
+  mpiCheck(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &Provided),
+           "MPI_Init_thread");
+  if (Provided < MPI_THREAD_MULTIPLE)
+    fail("NCCL across processes needs MPI_THREAD_MULTIPLE; the MPI library "
+         "provides thread level " +
+         std::to_string(Provided));
+  mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &EmuWorld), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(EmuWorld, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(EmuWorld, &EmuWorldRank);
+  std::atexit([] {
+    int Finalized = 0;
+    MPI_Finalized(&Finalized);
+    if (!Finalized)
+      MPI_Finalize();
+  });
+  return true;
+}();
+
+/// Waits until every request of Reqs is complete, polling; false when one
+/// of Cls is aborted first. After the timeout, aborts naming What().
+template <typename F>
+bool mpiWait(std::vector<MPI_Request> &Reqs, std::vector<MPI_Status> &Statuses,
+             const std::vector<Clique *> &Cls, F &&What) {
+  Statuses.resize(Reqs.size());
+  const Clock::time_point Deadline = Clock::now() + timeout();
+  bool Registered = false;
+  auto Unregister = [&] {
+    if (!Registered)
+      return;
+    std::lock_guard<std::mutex> G(WaitsMutex);
+    Waits.erase(std::this_thread::get_id());
+  };
+  for (;;) {
+    int Done = 0;
+    int Code =
+        MPI_Testall(int(Reqs.size()), Reqs.data(), &Done, Statuses.data());
+    if (Code == MPI_ERR_IN_STATUS)
+      for (const MPI_Status &S : Statuses)
+        if (S.MPI_ERROR != MPI_SUCCESS && S.MPI_ERROR != MPI_ERR_PENDING)
+          fail(What() + ": " + mpiError(S.MPI_ERROR) +
+               " (a message bigger than its receive: the ranks disagree)");
+    mpiCheck(Code, What());
+    if (Done) {
+      Unregister();
+      return true;
+    }
+    for (Clique *C : Cls)
+      if (C->aborted()) {
+        Unregister();
+        return false;
+      }
+    if (!Registered) {
+      std::lock_guard<std::mutex> G(WaitsMutex);
+      Waits[std::this_thread::get_id()] = What();
+      Registered = true;
+    }
+    if (Clock::now() > Deadline) {
+      std::string Others;
+      {
+        std::lock_guard<std::mutex> G(WaitsMutex);
+        for (const auto &[Id, W] : Waits)
+          if (Id != std::this_thread::get_id())
+            Others += "\n  also waiting in this process: " + W;
+      }
+      fail("process " + std::to_string(EmuWorldRank) + " waited " +
+           std::to_string(timeout().count()) + " s for " + What() +
+           " (a deadlock?)" + Others);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+int bytesOf(size_t Bytes, const std::string &What) {
+  if (Bytes > size_t(INT_MAX))
+    fail(What + ": " + std::to_string(Bytes) +
+         " bytes, more than one MPI message of the emulation carries");
+  return int(Bytes);
+}
+
+/// ncclCommInitRank for an id made by process Maker of the job.
+ncclResult_t initOverMpi(ncclComm_t *Comm, int NRanks, const std::string &Key,
+                         int Maker, int Index, int Rank) {
+  const int Tag = Maker * 65536 + Index % 65536;
+  std::string What = "the other ranks of ncclCommInitRank " + Key + " (rank " +
+                     std::to_string(Rank) + " of " + std::to_string(NRanks) +
+                     ")";
+  auto C = std::make_shared<Clique>();
+  C->Size = NRanks;
+  std::vector<int> Procs(NRanks, -1); // the process of each rank
+  std::vector<MPI_Request> Reqs;
+  std::vector<MPI_Status> Statuses;
+  auto Describe = [&] { return What; };
+  if (EmuWorldRank == Maker) {
+    Procs[Rank] = Maker;
+    for (int I = 1; I < NRanks; ++I) {
+      int Msg[2];
+      Reqs.assign(1, MPI_REQUEST_NULL);
+      mpiCheck(
+          MPI_Irecv(Msg, 2, MPI_INT, MPI_ANY_SOURCE, Tag, EmuWorld, &Reqs[0]),
+          What);
+      mpiWait(Reqs, Statuses, {}, Describe);
+      if (Msg[1] != NRanks || Msg[0] < 0 || Msg[0] >= NRanks ||
+          Procs[Msg[0]] != -1)
+        fail(What + ": process " + std::to_string(Statuses[0].MPI_SOURCE) +
+             " joined as rank " + std::to_string(Msg[0]) + " of " +
+             std::to_string(Msg[1]));
+      Procs[Msg[0]] = Statuses[0].MPI_SOURCE;
+    }
+    Reqs.clear();
+    for (int R = 0; R < NRanks; ++R)
+      if (R != Rank) {
+        Reqs.push_back(MPI_REQUEST_NULL);
+        mpiCheck(MPI_Isend(Procs.data(), NRanks, MPI_INT, Procs[R], Tag,
+                           EmuWorld, &Reqs.back()),
+                 What);
+      }
+    mpiWait(Reqs, Statuses, {}, Describe);
+  } else {
+    int Msg[2] = {Rank, NRanks};
+    Reqs.assign(2, MPI_REQUEST_NULL);
+    mpiCheck(MPI_Isend(Msg, 2, MPI_INT, Maker, Tag, EmuWorld, &Reqs[0]), What);
+    mpiCheck(MPI_Irecv(Procs.data(), NRanks, MPI_INT, Maker, Tag, EmuWorld,
+                       &Reqs[1]),
+             What);
+    mpiWait(Reqs, Statuses, {}, Describe);
+  }
+  MPI_Group World, Group;
+  MPI_Comm_group(EmuWorld, &World);
+  mpiCheck(MPI_Group_incl(World, NRanks, Procs.data(), &Group), What);
+  mpiCheck(MPI_Comm_create_group(EmuWorld, Group, Tag, &C->Mpi), What);
+  MPI_Comm_set_errhandler(C->Mpi, MPI_ERRORS_RETURN);
+  MPI_Group_free(&Group);
+  MPI_Group_free(&World);
+  C->Members = NRanks;
+  auto *N = new ncclComm;
+  N->C = std::move(C);
+  N->Rank = Rank;
+  N->Id = Key;
+  *Comm = N;
+  return ncclSuccess;
+}
+
+/// One group's operations (see runGroup) as MPI messages.
+void runGroupOverMpi(const std::vector<Posted> &Ops) {
+  // What a collective's ranks must agree on, sent ahead of its data.
+  using Header = std::array<int64_t, 5>;
+  auto headerOf = [](const Posted &P) {
+    return Header{int64_t(P.Kind), int64_t(P.Count), int64_t(P.Type),
+                  int64_t(P.Op), int64_t(P.Root)};
+  };
+  struct Expect { // a received message and the bytes it must have
+    size_t Request;
+    size_t Bytes;
+    std::string What;
+  };
+  std::vector<MPI_Request> Reqs;
+  std::vector<Expect> Expected;
+  std::vector<Clique *> Cls;
+  // Per operation, per peer: its header and data, received.
+  std::vector<std::vector<Header>> Headers(Ops.size());
+  std::vector<std::vector<std::vector<char>>> From(Ops.size());
+  std::string Group;
+  for (const Posted &P : Ops)
+    Group +=
+        std::string(Group.empty() ? "" : ", ") +
+        (P.What == Posted::Send ? "send #" + std::to_string(P.Seq) +
+                                      " to rank " + std::to_string(P.Peer)
+         : P.What == Posted::Recv
+             ? "receive #" + std::to_string(P.Seq) + " from rank " +
+                   std::to_string(P.Peer)
+             : std::string(kindName(P.Kind)) + " #" + std::to_string(P.Seq)) +
+        " of rank " + std::to_string(P.Rank) + " of " + P.Id;
+  auto isend = [&](const void *Data, size_t Bytes, int To, int Tag, MPI_Comm C,
+                   bool Synchronous) {
+    Reqs.push_back(MPI_REQUEST_NULL);
+    int N = bytesOf(Bytes, Group);
+    mpiCheck(Synchronous
+                 ? MPI_Issend(Data, N, MPI_BYTE, To, Tag, C, &Reqs.back())
+                 : MPI_Isend(Data, N, MPI_BYTE, To, Tag, C, &Reqs.back()),
+             Group);
+  };
+  auto irecv = [&](void *Data, size_t Bytes, int From, int Tag, MPI_Comm C,
+                   std::string What) {
+    Reqs.push_back(MPI_REQUEST_NULL);
+    mpiCheck(MPI_Irecv(Data, bytesOf(Bytes, Group), MPI_BYTE, From, Tag, C,
+                       &Reqs.back()),
+             Group);
+    Expected.push_back({Reqs.size() - 1, Bytes, std::move(What)});
+  };
+  for (size_t I = 0; I < Ops.size(); ++I) {
+    const Posted &P = Ops[I];
+    Clique &Cl = *P.Cl;
+    if (Cl.Mpi == MPI_COMM_NULL)
+      fail("a group of NCCL operations mixes communicators within a process "
+           "and across processes");
+    Cls.push_back(&Cl);
+    const int N = Cl.Size, Me = P.Rank;
+    const size_t Bytes = P.Count * typeBytes(P.Type);
+    const int Tag =
+        int(P.Seq % (uint64_t(1) << 28)) * 2 + (P.What == Posted::Coll ? 0 : 1);
+    if (P.What == Posted::Send) {
+      isend(P.In, Bytes, P.Peer, Tag, Cl.Mpi, true);
+      continue;
+    }
+    if (P.What == Posted::Recv) {
+      irecv(P.Out, Bytes, P.Peer, Tag, Cl.Mpi,
+            "send #" + std::to_string(P.Seq) + " from rank " +
+                std::to_string(P.Peer) + " to rank " + std::to_string(Me));
+      continue;
+    }
+    Headers[I].assign(N, headerOf(P));
+    From[I].resize(N);
+    for (int Q = 0; Q < N; ++Q) {
+      if (Q == Me)
+        continue;
+      const bool Sends = P.Kind != CollKind::Broadcast || Me == P.Root,
+                 Receives = P.Kind != CollKind::Broadcast || Q == P.Root;
+      std::string Of = std::string(kindName(P.Kind)) + " #" +
+                       std::to_string(P.Seq) + " of rank " + std::to_string(Q);
+      // The header goes first on the same tag: MPI keeps their order.
+      isend(&Headers[I][Me], sizeof(Header), Q, Tag, Cl.Mpi, false);
+      irecv(&Headers[I][Q], sizeof(Header), Q, Tag, Cl.Mpi, Of);
+      if (Sends)
+        isend(static_cast<const char *>(P.In) +
+                  (P.Kind == CollKind::ReduceScatter ? Q * Bytes : 0),
+              Bytes, Q, Tag, Cl.Mpi, false);
+      if (Receives) {
+        From[I][Q].resize(Bytes);
+        irecv(From[I][Q].data(), Bytes, Q, Tag, Cl.Mpi, Of);
+      }
+    }
+  }
+  std::vector<MPI_Status> Statuses;
+  if (!mpiWait(Reqs, Statuses, Cls, [&] { return Group; }))
+    return; // aborted
+  for (const Expect &E : Expected) {
+    int Got = 0;
+    MPI_Get_count(&Statuses[E.Request], MPI_BYTE, &Got);
+    if (size_t(Got) != E.Bytes)
+      fail("the " + E.What + " of " + Group + " has " + std::to_string(Got) +
+           " bytes; its receive wants " + std::to_string(E.Bytes));
+  }
+  for (size_t I = 0; I < Ops.size(); ++I) {
+    const Posted &P = Ops[I];
+    if (P.What != Posted::Coll)
+      continue;
+    const int N = P.Cl->Size, Me = P.Rank;
+    const size_t Elem = typeBytes(P.Type), Bytes = P.Count * Elem;
+    for (int Q = 0; Q < N; ++Q)
+      if (Headers[I][Q] != headerOf(P))
+        fail(std::string(kindName(P.Kind)) + " #" + std::to_string(P.Seq) +
+             " of rank " + std::to_string(Me) + " of " + P.Id +
+             " does not match rank " + std::to_string(Q) + "'s (" +
+             kindName(CollKind(Headers[I][Q][0])) + " of " +
+             std::to_string(Headers[I][Q][1]) + " elements)");
+    std::vector<const void *> Ptrs(N);
+    for (int Q = 0; Q < N; ++Q)
+      Ptrs[Q] = Q != Me
+                    ? static_cast<const void *>(From[I][Q].data())
+                    : static_cast<const char *>(P.In) +
+                          (P.Kind == CollKind::ReduceScatter ? Me * Bytes : 0);
+    std::vector<char> Result;
+    switch (P.Kind) {
+    case CollKind::AllReduce:
+    case CollKind::ReduceScatter:
+      Result.resize(Bytes);
+      if (P.Type == ncclFloat32)
+        reduceInto<float>(Result, Ptrs, 0, P.Count, P.Op);
+      else if (P.Type == ncclFloat64)
+        reduceInto<double>(Result, Ptrs, 0, P.Count, P.Op);
+      else
+        fail("a reduction of a type the emulation does not implement");
+      break;
+    case CollKind::AllGather:
+      Result.resize(N * Bytes);
+      for (int Q = 0; Q < N; ++Q)
+        std::memcpy(Result.data() + Q * Bytes, Ptrs[Q], Bytes);
+      break;
+    case CollKind::Broadcast:
+      Result.assign(static_cast<const char *>(Ptrs[P.Root]),
+                    static_cast<const char *>(Ptrs[P.Root]) + Bytes);
+      break;
+    }
+    std::memcpy(P.Out, Result.data(), Result.size());
+  }
+}
+
+#endif // SP_EMULATED_MPI
+
 /// The operations of one group (or one alone) on one stream, as NCCL runs
 /// them: all together, so that a group of sends and receives completes when
 /// every one of them has.
 void runGroup(const std::vector<Posted> &Ops) {
+#ifdef SP_EMULATED_MPI
+  if (Ops[0].Cl->Mpi != MPI_COMM_NULL)
+    return runGroupOverMpi(Ops);
+#endif
   // Sends are posted first, then collectives run, then receives take their
   // messages; the group ends when its sends have been taken.
   for (const Posted &P : Ops)
@@ -779,6 +1142,14 @@ ncclResult_t post(Posted P) {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *Id) {
   std::memset(Id, 0, sizeof *Id);
+#ifdef SP_EMULATED_MPI
+  if (MpiStarted) { // the job's processes: this one made it
+    std::snprintf(Id->internal, sizeof Id->internal,
+                  "emulated-nccl-mpi-%d-%llu", EmuWorldRank,
+                  (unsigned long long)NextId++);
+    return ncclSuccess;
+  }
+#endif
   std::snprintf(Id->internal, sizeof Id->internal, "emulated-nccl-%llu",
                 (unsigned long long)NextId++);
   return ncclSuccess;
@@ -789,6 +1160,17 @@ ncclResult_t ncclCommInitRank(ncclComm_t *Comm, int NRanks, ncclUniqueId Id,
   if (NRanks < 1 || Rank < 0 || Rank >= NRanks)
     return ncclInvalidArgument;
   std::string Key(Id.internal, strnlen(Id.internal, sizeof Id.internal));
+#ifdef SP_EMULATED_MPI
+  int Maker = 0;
+  unsigned long long Index = 0;
+  if (std::sscanf(Key.c_str(), "emulated-nccl-mpi-%d-%llu", &Maker, &Index) ==
+      2) {
+    if (!MpiStarted)
+      fail("ncclCommInitRank " + Key +
+           ": an id of another process, and this one was not launched by MPI");
+    return initOverMpi(Comm, NRanks, Key, Maker, int(Index), Rank);
+  }
+#endif
   std::shared_ptr<Clique> C;
   {
     std::lock_guard<std::mutex> Lock(CliquesMutex);

@@ -30,6 +30,14 @@
 //     posting that deadlocks NCCL deadlocks here: every wait gives up after
 //     SP_EMULATED_TIMEOUT seconds (default 300) with a message naming what
 //     it waited for, and aborts;
+//   - NCCL across processes (built with MPI): a process launched by mpirun
+//     or srun among two or more is one rank with devices of its own, and a
+//     communicator whose id another process made carries its operations as
+//     MPI messages between the processes (ncclCommInitRank meets at the
+//     id's maker; a collective sends each peer a header it checks and the
+//     data; ncclSend is MPI_Issend), so that sp-run --comm mpi --device
+//     cuda runs as on a cluster, NCCL bootstrap over MPI included. MPI is
+//     then initialised before main with MPI_THREAD_MULTIPLE;
 //   - cuBLAS: column-major GEMMs on OpenBLAS in float32; 16-bit operands
 //     are widened exactly (their products are exact in float32, as on
 //     tensor cores), TF32 mode rounds both operands to TF32 first.

@@ -7,25 +7,35 @@
 # attention ops; t = 2 + SP with the fused core by the blockwise kernels; and
 # the 2 x 2 x 2 grid (t = 2 + SP, p = 2, d = 2 with ZeRO-1). The numerics are
 # checked by sp-gpu-emulated-tests; this checks the tool's path.
-#   check_sp_run_emulated.sh BIN_DIR SP_RUN_EMULATED SOURCE_DIR WORK_DIR
+#
+# With MPIEXEC, the launch a cluster uses: one process per rank (mpirun,
+# --comm mpi), each with emulated GPUs of its own and the NCCL
+# communicators bootstrapped over MPI (the unique id broadcast by each
+# group's rank 0), their operations MPI messages between the processes
+# (EmulatedRuntime.h): the 2 x 2 x 2 grid with ZeRO-1, t = 2 + SP with the
+# ring all-gathers at d = 2, and ZB-H1 at p = 2, against the CPU.
+# And a launch with more ranks per node than GPUs: one error, no hang.
+#   check_sp_run_emulated.sh BIN_DIR SP_RUN_EMULATED SOURCE_DIR WORK_DIR [MPIEXEC]
 set -euo pipefail
-BIN=$1 EMU=$2 SRC=$3 WORK=$4
+BIN=$1 EMU=$2 SRC=$3 WORK=$4 MPIEXEC=${5:-}
 rm -rf "$WORK" && mkdir -p "$WORK"
 "$BIN/sp-tokenize" "$SRC/models/data/python-reference.txt" -o "$WORK/data.bin" > /dev/null
 # check NAME STEPS RUN_FLAGS -- COMPILE_FLAGS...
+# (LAUNCH, when set: the launcher and its flags, for one process per rank.)
+LAUNCH=
 check() {
   local Name=$1 Steps=$2 RunFlags=$3
   shift 3
   "$BIN/sp-compile" "$SRC/models/tiny/gpt-tiny.onnx" "$@" -o "$WORK/$Name" --quiet
   local Out G C
-  Out=$("$EMU" "$WORK/$Name" --data "$WORK/data.bin" --steps "$Steps" --device cuda $RunFlags --log-dir "$WORK/log-$Name-cuda" 2>&1) ||
+  Out=$($LAUNCH "$EMU" "$WORK/$Name" --data "$WORK/data.bin" --steps "$Steps" --device cuda $RunFlags --log-dir "$WORK/log-$Name-cuda" 2>&1) ||
     { echo "$Out"; exit 1; }
   grep -q "the GPUs' dense GEMM peak" <<<"$Out" || { echo "$Out"; echo "not on the CUDA backend"; exit 1; }
   G=$(sed -n 's/.*final loss \([0-9.]*\),.*/\1/p' <<<"$Out")
   Out=$("$BIN/sp-run" "$WORK/$Name" --data "$WORK/data.bin" --steps "$Steps" --device cpu --log-dir "$WORK/log-$Name-cpu" 2>&1) ||
     { echo "$Out"; exit 1; }
   C=$(sed -n 's/.*final loss \([0-9.]*\),.*/\1/p' <<<"$Out")
-  echo "$Name: final loss after $Steps steps: emulated cuda $G, cpu $C"
+  echo "$Name: final loss after $Steps steps: emulated cuda${LAUNCH:+ (one process per rank)} $G, cpu $C"
   # The same plan, data and dropout keys: the losses agree but for GEMM
   # rounding; 1e-3 relative is a sanity bound only.
   awk -v g="$G" -v c="$C" 'BEGIN { d = g - c; if (d < 0) d = -d; exit !(g != "" && d <= 1e-3 * c) }'
@@ -33,3 +43,24 @@ check() {
 check one 20 "" --attention unfused
 check tp2sp 10 "--cuda-attention blockwise" --tp 2 --sp
 check grid 6 "" --tp 2 --sp --pp 2 --microbatches 2 --dp 2 --zero 1
+
+# More ranks than GPUs (2 emulated GPUs, 4 thread ranks): the ranks that have
+# one must not wait in ncclCommInitRank for those that do not.
+few() {
+  local Out Status=0
+  Out=$(SP_EMULATED_DEVICES=2 SP_EMULATED_TIMEOUT=60 timeout 120 "$@" 2>&1) || Status=$?
+  if [ "$Status" != 1 ] || ! grep -q "has no GPU\|this machine shows 2 CUDA device" <<<"$Out"; then
+    echo "$Out"; echo "4 ranks on 2 GPUs: exit $Status, expected 1 and the error"; exit 1
+  fi
+  echo "4 ranks on 2 GPUs: $(grep -m1 error <<<"$Out")"
+}
+"$BIN/sp-compile" "$SRC/models/tiny/gpt-tiny.onnx" --tp 2 --pp 2 --microbatches 2 -o "$WORK/four" --quiet
+few "$EMU" "$WORK/four" --data "$WORK/data.bin" --steps 1 --device cuda
+
+[ -n "$MPIEXEC" ] || exit 0
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+LAUNCH="$MPIEXEC --oversubscribe$( [ "$(id -u)" = 0 ] && echo " --allow-run-as-root") -np"
+few $LAUNCH 4 "$EMU" "$WORK/four" --comm mpi --data "$WORK/data.bin" --steps 1 --device cuda
+LAUNCH="$LAUNCH 8" check grid-mpi 6 "--comm mpi" --tp 2 --sp --pp 2 --microbatches 2 --dp 2 --zero 1
+LAUNCH="$LAUNCH 4" check ring-mpi 6 "--comm mpi" --tp 2 --sp --tp-comm-overlap --dp 2
+LAUNCH="$LAUNCH 2" check zb-mpi 6 "--comm mpi" --pp 2 --schedule zb1p --microbatches 4

@@ -893,6 +893,7 @@ Error Trainer::runRank(Communicator *World) {
     CO.Data = Groups.Data.get();
     CO.AllowTF32 = O.AllowTF32;
     CO.BlockwiseAttention = O.BlockwiseAttention;
+    CO.CublasLtEpilogues = O.CublasLtEpilogues;
     CO.AgreeBeforeCollectives = [World](Error Own) {
       return agreeOnError(World, std::move(Own));
     };
@@ -1202,6 +1203,9 @@ Error Trainer::runRank(Communicator *World) {
                 : "attention core: its unfused ops on a float32 workspace "
                   "(--cuda-attention blockwise for the blockwise kernels; "
                   "or compile with --attention unfused)\n");
+  if (O.Cuda && O.CublasLtEpilogues)
+    Out << "linear biases: in the GEMM's epilogue (cuBLASLt) where it offers "
+           "an algorithm\n";
   if (O.Resumed && O.Resumed->PlanFingerprint != O.Fingerprint) {
     const ProcessGrid &W = O.Resumed->Grid;
     Out << formatv("resharded checkpoint '{0}' (step {1}) of another plan of "

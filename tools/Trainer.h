@@ -84,6 +84,8 @@ struct TrainerOptions {
   bool AllowTF32 = false;
   /// --cuda-attention blockwise (CudaBackendOptions::BlockwiseAttention).
   bool BlockwiseAttention = false;
+  /// --cuda-epilogues (CudaBackendOptions::CublasLtEpilogues).
+  bool CublasLtEpilogues = false;
   /// The ranks are threads of this process (--comm threads): with --device
   /// cuda, rank r takes GPU (CudaDevice or 0) + r, since the launcher's
   /// local rank is the whole process's.

@@ -40,9 +40,9 @@ if [[ $WHAT == tests || $WHAT == all ]]; then
   : > "$OUT/sp-run.log"
   "$B/sp-tokenize" models/data/python-reference.txt -o "$ROOT/data.bin" > /dev/null
   for P in ${PRECISIONS:-fp32 bf16 fp16}; do
-    say "sp-run: the default model in $P, 20 steps on the CPU and on the GPU"
+    say "sp-run: the default model in $P, 20 steps on the CPU, on the GPU, and with the biases in cuBLASLt's epilogue"
     "$B/sp-compile" models/tiny/gpt-tiny.onnx --attention unfused --dtype $P -o "$ROOT/tiny-$P.plan" --quiet
-    for D in cpu cuda; do
+    for D in cpu cuda "cuda --cuda-epilogues"; do
       "$B/sp-run" "$ROOT/tiny-$P.plan" --data "$ROOT/data.bin" --steps 20 --device $D 2>&1 | tee -a "$OUT/sp-run.log" | grep -E "^(trained|memory|time per step)"
     done
   done

@@ -226,6 +226,12 @@ static cl::opt<std::string> CudaAttention(
              "workspace) or blockwise (kernels that store no scores; not "
              "yet run on a GPU)"),
     cl::init("unfused"), cl::value_desc("unfused|blockwise"), cl::cat(Cat));
+static cl::opt<bool> CudaEpilogues(
+    "cuda-epilogues",
+    cl::desc("--device cuda: add a linear layer's bias in the GEMM's "
+             "epilogue (cuBLASLt) instead of writing it into the output "
+             "first; off by default until it has run on a GPU"),
+    cl::cat(Cat));
 static cl::opt<bool> Float64(
     "float64",
     cl::desc("Numerical check: run the fp32 plan in float64 (every f32 "
@@ -433,6 +439,8 @@ static Error checkFlags() {
                       CudaAttention + "'");
   if (CudaAttention.getNumOccurrences() && Device == "cpu")
     return usageError("--cuda-attention is for --device cuda");
+  if (CudaEpilogues && Device == "cpu")
+    return usageError("--cuda-epilogues is for --device cuda");
   if (Float64 && Device != "cpu")
     return usageError("--float64 runs on --device cpu (the CUDA kernels are "
                       "float32)");
@@ -673,6 +681,7 @@ int main(int Argc, char **Argv) {
     O.CudaDevice = N;
   O.AllowTF32 = AllowTF32;
   O.BlockwiseAttention = CudaAttention == "blockwise";
+  O.CublasLtEpilogues = CudaEpilogues;
   O.ThreadRanks = CommKind == "threads" && Ranks > 1;
   Trainer T(*P, std::move(O));
   auto Timeout = std::chrono::milliseconds(

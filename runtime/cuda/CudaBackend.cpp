@@ -58,6 +58,7 @@
 #include "ir/OpDef.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/cuda/AttentionPlan.h"
+#include "runtime/cuda/CublasLt.h"
 #include "runtime/cuda/CudaCheck.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/DeviceSelect.h"
@@ -387,8 +388,17 @@ private:
   Error vocabParallelLoss(const KernelCall &C, cudaStream_t S, bool Grad,
                           int64_t N, int64_t V, int64_t Valid, int64_t Ignore);
 
+  /// --cuda-epilogues: Out = X op(W) + Bias as one cublasLtMatmul (its
+  /// bias epilogue, CublasLt.h); false when it is off or cuBLASLt has no
+  /// algorithm for the shape (the caller writes the bias and runs gemm).
+  Expected<bool> linearBias(cudaStream_t S, bool TransW, int64_t Rows,
+                            int64_t OutF, int64_t InF, const void *X,
+                            const void *W, const void *Bias, float *Out,
+                            DType AB);
+
   int Device = 0;
   bool Overlap = true, TF32 = false, Blockwise = false;
+  std::unique_ptr<cuda::CublasLt> Lt; // with --cuda-epilogues
   std::chrono::milliseconds Timeout = Communicator::DefaultTimeout;
   cudaStream_t Compute = nullptr, Comm = nullptr;
   cublasHandle_t Blas = nullptr;
@@ -536,6 +546,12 @@ Error CudaBackend::initDevice(const CudaBackendOptions &O) {
   SP_CUBLAS_TRY(Cublas->Create(&Blas));
   TF32 = O.AllowTF32;
   Blockwise = O.BlockwiseAttention;
+  if (O.CublasLtEpilogues) {
+    auto L = cuda::CublasLt::create();
+    if (!L)
+      return L.takeError();
+    Lt = std::move(*L);
+  }
   SP_CUBLAS_TRY(Cublas->SetMathMode(Blas, mathMode()));
   SP_CUDA_TRY(cudaMalloc(&Err, sizeof(cuda::DeviceError)));
   SP_CUDA_TRY(cudaMemset(Err, 0, sizeof(cuda::DeviceError)));
@@ -1005,6 +1021,17 @@ Error CudaBackend::gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
                           int(Lda), &Beta, Cm, CUDA_R_32F, int(Ldc),
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   });
+}
+
+Expected<bool> CudaBackend::linearBias(cudaStream_t S, bool TransW,
+                                       int64_t Rows, int64_t OutF, int64_t InF,
+                                       const void *X, const void *W,
+                                       const void *Bias, float *Out, DType AB) {
+  if (!Lt || (AB != DType::F32 && AB != DType::BF16 && AB != DType::F16))
+    return false;
+  return Lt->linearBias(S, TransW, Rows, OutF, InF, X, W,
+                        AB == DType::F32 ? CUDA_R_32F : cudaType16(AB),
+                        static_cast<const float *>(Bias), Out, TF32);
 }
 
 Error CudaBackend::batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M,
@@ -1982,6 +2009,14 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;
     bool TransW = AInt("trans_w"), Bias = I.In.size() > 2;
+    if (Bias) {
+      auto Fused = linearBias(S, TransW, Rows, OutF, InF, In(0), In(1), In(2),
+                              Out(0), InT(0).Dtype);
+      if (!Fused)
+        return Fused.takeError();
+      if (*Fused)
+        return Error::success();
+    }
     if (Bias)
       cuda::broadcastRows(Out(0), In(2), Rows, OutF, S);
     return gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
@@ -1992,12 +2027,19 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;
     bool TransW = AInt("trans_w"), Bias = I.In.size() > 2;
-    if (Bias)
-      cuda::broadcastRows(Out(0), In(2), Rows, OutF, S);
-    if (auto E = gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
-                      TransW ? InF : OutF, Bias ? 1.0f : 0.0f, Out(0), OutF,
-                      InT(0).Dtype))
-      return E;
+    auto Fused = Bias ? linearBias(S, TransW, Rows, OutF, InF, In(0), In(1),
+                                   In(2), Out(0), InT(0).Dtype)
+                      : Expected<bool>(false);
+    if (!Fused)
+      return Fused.takeError();
+    if (!*Fused) {
+      if (Bias)
+        cuda::broadcastRows(Out(0), In(2), Rows, OutF, S);
+      if (auto E = gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
+                        TransW ? InF : OutF, Bias ? 1.0f : 0.0f, Out(0), OutF,
+                        InT(0).Dtype))
+        return E;
+    }
     cuda::gelu(OutE(1), OutE(0), OutT(0).numElements(), Tanh(), S);
     return Error::success();
   }

@@ -60,6 +60,10 @@ struct CudaBackendOptions {
   /// in place). Off, the default until they have run on a GPU: as the
   /// unfused ops (AttentionPlan.h), as heads above 128 always run.
   bool BlockwiseAttention = false;
+  /// A linear layer's bias added in the GEMM's epilogue (cuBLASLt's
+  /// CUBLASLT_EPILOGUE_BIAS, CublasLt.h) instead of written into the output
+  /// before the GEMM. Off, the default until it has run on a GPU.
+  bool CublasLtEpilogues = false;
   /// Called on every rank between the backend's own set-up (the device, its
   /// streams, cuBLAS) and its collective part (the groups' NCCL
   /// communicators), with the outcome of the first; what it returns is the

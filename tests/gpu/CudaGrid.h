@@ -15,10 +15,11 @@
 namespace sp {
 
 /// World's rank's CUDA backend: GPU World.rank(), O's groups; Blockwise:
-/// the attention core by the blockwise kernels.
+/// the attention core by the blockwise kernels; Epilogues: linear biases
+/// in cuBLASLt's epilogue.
 inline llvm::Expected<std::unique_ptr<Backend>>
-cudaBackendOf(Communicator &World, const RunOptions &O,
-              bool Blockwise = false) {
+cudaBackendOf(Communicator &World, const RunOptions &O, bool Blockwise = false,
+              bool Epilogues = false) {
   CudaBackendOptions CO;
   CO.Device = World.rank(); // thread ranks: one GPU each
   CO.World = &World;
@@ -26,13 +27,15 @@ cudaBackendOf(Communicator &World, const RunOptions &O,
   CO.Pipeline = O.PipeComm;
   CO.Data = O.DataComm;
   CO.BlockwiseAttention = Blockwise;
+  CO.CublasLtEpilogues = Epilogues;
   return createCudaBackend(CO);
 }
 
 /// trainOnGrid's maker of those backends.
-inline GridBackend cudaGridBackend(bool Blockwise = false) {
-  return [Blockwise](Communicator &World, const RunOptions &O) {
-    return cudaBackendOf(World, O, Blockwise);
+inline GridBackend cudaGridBackend(bool Blockwise = false,
+                                   bool Epilogues = false) {
+  return [Blockwise, Epilogues](Communicator &World, const RunOptions &O) {
+    return cudaBackendOf(World, O, Blockwise, Epilogues);
   };
 }
 

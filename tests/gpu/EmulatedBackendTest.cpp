@@ -14,7 +14,9 @@
 //     grids, on an 8-layer GPT that check_emulated_grids.sh exports;
 //   - the exported GPT-2, Llama (grouped-query heads, padding mask) and
 //     BERT models' fused plans on t = 2 + SP and p = 2 grids;
-//   - bf16 and fp16 grids against the CPU's losses within the format's band.
+//   - bf16 and fp16 grids against the CPU's losses within the format's band;
+//   - linear biases in cuBLASLt's epilogue (--cuda-epilogues), float32 by
+//     the rule above and bf16 within its band.
 //
 //===----------------------------------------------------------------------===//
 #include "EmulatedRuntime.h"
@@ -40,9 +42,9 @@ Expected<Plan> compile(StringRef Path, GridLayout L) {
 
 Expected<Run> trainGrid(const Plan &P, const GridLayout &L, bool Cuda,
                         int Steps) {
-  return trainOnGrid(P, L.TP, L.PP, L.DP,
-                     Cuda ? cudaGridBackend(L.Blockwise) : GridBackend(),
-                     Steps);
+  return trainOnGrid(
+      P, L.TP, L.PP, L.DP,
+      Cuda ? cudaGridBackend(L.Blockwise, L.Epilogues) : GridBackend(), Steps);
 }
 
 void expectGridMatches(StringRef Path, const GridLayout &L) {
@@ -201,6 +203,39 @@ TEST(EmulatedCuda, MixedPrecisionGridsTrackTheCpu) {
     expectLossesWithinBand(Gpu->Losses, Cpu->Losses, U, Steps,
                            dtypeName(T).str() + " grid");
   }
+}
+
+/// --cuda-epilogues: every linear with a bias one cublasLtMatmul with the
+/// bias epilogue (the emulation's count of them shows they ran), a float32
+/// t = 2 + SP grid and GPT-2's exported plan by expectMatches, and a bf16
+/// grid within its band of the CPU's losses.
+TEST(EmulatedCuda, LinearBiasesInTheEpilogueTrackTheCpu) {
+  GridLayout L{"t = 2 + SP, biases in the epilogue", 2, true};
+  L.Epilogues = true;
+  int64_t Before = sp::emu::ltMatmuls();
+  expectGridMatches(TinyModel, L);
+  EXPECT_GT(sp::emu::ltMatmuls(), Before) << "no cublasLtMatmul ran";
+  auto Paths = modelsFromEnv("SP_EMULATED_FAMILIES");
+  if (!Paths.empty()) { // GPT-2: Conv1D's addmm, its bias, the tanh GELU
+    GridLayout G{"GPT-2, p = 2, biases in the epilogue", 1, false, 2, 2};
+    G.Fused = G.Epilogues = true;
+    SCOPED_TRACE(Paths[0] + ": " + G.Name);
+    expectGridMatches(Paths[0], G);
+  }
+  const int Steps = 10;
+  GridLayout B{"bf16, t = 2 + SP, p = 2, biases in the epilogue", 2, true, 2,
+               2};
+  B.Epilogues = true;
+  B.Activations = DType::BF16;
+  auto P = compile(TinyModel, B);
+  ASSERT_TRUE(bool(P)) << toString(P.takeError());
+  Before = sp::emu::ltMatmuls();
+  auto Gpu = trainGrid(*P, B, true, Steps);
+  ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+  EXPECT_GT(sp::emu::ltMatmuls(), Before) << "no bf16 cublasLtMatmul ran";
+  auto Cpu = trainGrid(*P, B, false, Steps);
+  ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+  expectLossesWithinBand(Gpu->Losses, Cpu->Losses, 0x1p-8, Steps, "bf16 grid");
 }
 
 } // namespace

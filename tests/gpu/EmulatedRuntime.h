@@ -50,6 +50,7 @@
 #ifndef SP_TESTS_GPU_EMULATEDRUNTIME_H
 #define SP_TESTS_GPU_EMULATEDRUNTIME_H
 
+#include <cstdint>
 #include <cuda_runtime_api.h>
 #include <functional>
 
@@ -65,6 +66,9 @@ void enqueue(cudaStream_t S, std::function<void()> Work);
 /// them reads them before they are written, and work of its that reads
 /// another stream's results reads them after they were overwritten.
 void setStreamDelay(int Ordinal, int Microseconds);
+
+/// How many cublasLtMatmul calls have run in this process.
+int64_t ltMatmuls();
 
 } // namespace sp::emu
 

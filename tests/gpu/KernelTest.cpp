@@ -78,6 +78,11 @@ protected:
     auto BW = createCudaBackend(O);
     ASSERT_TRUE(bool(BW)) << toString(BW.takeError());
     Blockwise = std::move(*BW);
+    CudaBackendOptions EO;
+    EO.CublasLtEpilogues = true;
+    auto EB = createCudaBackend(EO);
+    ASSERT_TRUE(bool(EB)) << toString(EB.takeError());
+    Epilogues = std::move(*EB);
   }
   /// The attention core's two ways on the device: its unfused ops, and
   /// the blockwise kernels.
@@ -110,6 +115,7 @@ protected:
     }
   }
   std::unique_ptr<Backend> Gpu, Blockwise;
+  std::unique_ptr<Backend> Epilogues; // --cuda-epilogues
 };
 
 TEST_F(CudaKernels, Embedding) {
@@ -272,6 +278,84 @@ TEST_F(CudaKernels, LinearAndItsWeightGradient) {
       }
     checkProduct(asFloats((*Got)[DW]), Ref, Abs, Rows, "linear_grad_w");
   }
+}
+
+TEST_F(CudaKernels, LinearBiasInCublasLtsEpilogue) {
+  // --cuda-epilogues: the bias added by cuBLASLt's epilogue after the
+  // GEMM's sum (the CPU adds it first), within the same bound of the exact
+  // product as LinearAndItsWeightGradient's; linear_gelu's y is the GELU
+  // kernel's of its z, bit for bit. Then bf16 operands read in place, the
+  // result rounded once to bf16 (the float32 bound, then bf16's unit
+  // roundoff, 2^-8, of the float32 result).
+  const int64_t Rows = 33, In = 48, Out = 24;
+  for (int TransW = 0; TransW < 2; ++TransW) {
+    OpCase C;
+    int X = C.floats({Rows, In});
+    int W = TransW ? C.floats({Out, In}) : C.floats({In, Out});
+    int Bias = C.floats({Out});
+    int Z = C.buffer(DType::F32, {Rows, Out});
+    int Y = C.buffer(DType::F32, {Rows, Out});
+    int Z2 = C.buffer(DType::F32, {Rows, Out});
+    Instruction &LG = C.op(OpKind::LinearGelu, {X, W, Bias}, {Z, Y});
+    LG.Attrs.set("trans_w", int64_t(TransW));
+    LG.Attrs.set("approximate", std::string("none"));
+    C.op(OpKind::Linear, {X, W, Bias}, {Z2})
+        .Attrs.set("trans_w", int64_t(TransW));
+    auto Got = C.run(*Epilogues);
+    ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
+    auto XV = asFloats(C.Data[X]), WV = asFloats(C.Data[W]),
+         BV = asFloats(C.Data[Bias]);
+    std::vector<double> Ref(Rows * Out), Abs(Rows * Out);
+    for (int64_t R = 0; R < Rows; ++R)
+      for (int64_t O = 0; O < Out; ++O) {
+        double S = BV[O], A = std::fabs(BV[O]);
+        for (int64_t I = 0; I < In; ++I) {
+          double Wv = TransW ? WV[O * In + I] : WV[I * Out + O];
+          S += double(XV[R * In + I]) * Wv;
+          A += std::fabs(double(XV[R * In + I]) * Wv);
+        }
+        Ref[R * Out + O] = S;
+        Abs[R * Out + O] = A;
+      }
+    checkProduct(asFloats((*Got)[Z]), Ref, Abs, In, "linear_gelu's z");
+    checkProduct(asFloats((*Got)[Z2]), Ref, Abs, In, "linear");
+    OpCase G;
+    int GZ = G.buffer(DType::F32, {Rows, Out});
+    G.Data[GZ] = (*Got)[Z];
+    int GY = G.buffer(DType::F32, {Rows, Out});
+    G.op(OpKind::Gelu, {GZ}, {GY})
+        .Attrs.set("approximate", std::string("none"));
+    auto Want = G.run(*Gpu);
+    ASSERT_TRUE(bool(Want)) << toString(Want.takeError());
+    EXPECT_EQ((*Got)[Y], (*Want)[GY]) << "trans_w " << TransW;
+  }
+  OpCase C;
+  int X = C.halfs(DType::BF16, {Rows, In});
+  int W = C.halfs(DType::BF16, {In, Out});
+  int Bias = C.halfs(DType::BF16, {Out});
+  int Y = C.buffer(DType::BF16, {Rows, Out});
+  C.op(OpKind::Linear, {X, W, Bias}, {Y}).Attrs.set("trans_w", int64_t(0));
+  auto Got = C.run(*Epilogues);
+  ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
+  auto Wide = [&](int B, int64_t K) {
+    return double(bfloat16ToFloat(
+        reinterpret_cast<const uint16_t *>(C.Data[B].data())[K]));
+  };
+  const double U = std::ldexp(1.0, -24),
+               Gamma = (In + 1) * U / (1 - (In + 1) * U);
+  for (int64_t R = 0; R < Rows; ++R)
+    for (int64_t O = 0; O < Out; ++O) {
+      double S = Wide(Bias, O), A = std::fabs(S);
+      for (int64_t I = 0; I < In; ++I) {
+        S += Wide(X, R * In + I) * Wide(W, I * Out + O);
+        A += std::fabs(Wide(X, R * In + I) * Wide(W, I * Out + O));
+      }
+      double G = bfloat16ToFloat(
+          reinterpret_cast<const uint16_t *>((*Got)[Y].data())[R * Out + O]);
+      double F = Gamma * A; // the float32 result's distance from S
+      ASSERT_LE(std::fabs(G - S), F + 0x1p-8 * (std::fabs(S) + F) + 1e-30)
+          << "bf16 linear element " << R * Out + O;
+    }
 }
 
 TEST_F(CudaKernels, BatchMatMul) {

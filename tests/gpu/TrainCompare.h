@@ -145,6 +145,7 @@ struct GridLayout {
   RecomputeMode Recompute = RecomputeMode::None;
   bool Fused = false;
   bool Blockwise = false; // a CUDA backend's attention core (CudaGrid.h)
+  bool Epilogues = false; // a CUDA backend's --cuda-epilogues (CudaGrid.h)
   DType Activations = DType::F32;
   double AdamEps = OptimizerOptions().Eps;
 };

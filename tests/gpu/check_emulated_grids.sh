@@ -24,3 +24,4 @@ run() {
 }
 run EmulatedCuda.SchedulesRecomputationAndAttentionOnGrids
 run EmulatedCuda.ExportedFamiliesOnGrids
+run EmulatedCuda.LinearBiasesInTheEpilogueTrackTheCpu

@@ -4,7 +4,8 @@
 # (EmulatedRuntime.h) instead of the real ones. The default model trained on
 # the tool's path, thread ranks each on an emulated GPU, against sp-run
 # --device cpu on the same plan and data: one device with the paper's
-# attention ops; t = 2 + SP with the fused core by the blockwise kernels; and
+# attention ops; t = 2 + SP with the fused core by the blockwise kernels, and
+# with the linear biases in cuBLASLt's epilogue (--cuda-epilogues); and
 # the 2 x 2 x 2 grid (t = 2 + SP, p = 2, d = 2 with ZeRO-1). The numerics are
 # checked by sp-gpu-emulated-tests; this checks the tool's path.
 #
@@ -31,6 +32,9 @@ check() {
   Out=$($LAUNCH "$EMU" "$WORK/$Name" --data "$WORK/data.bin" --steps "$Steps" --device cuda $RunFlags --log-dir "$WORK/log-$Name-cuda" 2>&1) ||
     { echo "$Out"; exit 1; }
   grep -q "the GPUs' dense GEMM peak" <<<"$Out" || { echo "$Out"; echo "not on the CUDA backend"; exit 1; }
+  if [ -n "${EXPECT:-}" ] && ! grep -q "$EXPECT" <<<"$Out"; then
+    echo "$Out"; echo "sp-run did not say: $EXPECT"; exit 1
+  fi
   G=$(sed -n 's/.*final loss \([0-9.]*\),.*/\1/p' <<<"$Out")
   Out=$("$BIN/sp-run" "$WORK/$Name" --data "$WORK/data.bin" --steps "$Steps" --device cpu --log-dir "$WORK/log-$Name-cpu" 2>&1) ||
     { echo "$Out"; exit 1; }
@@ -42,6 +46,7 @@ check() {
 }
 check one 20 "" --attention unfused
 check tp2sp 10 "--cuda-attention blockwise" --tp 2 --sp
+EXPECT="linear biases: in the GEMM's epilogue" check epilogues 10 "--cuda-epilogues" --tp 2 --sp --attention unfused
 check grid 6 "" --tp 2 --sp --pp 2 --microbatches 2 --dp 2 --zero 1
 
 # More ranks than GPUs (2 emulated GPUs, 4 thread ranks): the ranks that have

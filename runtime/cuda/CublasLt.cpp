@@ -1,0 +1,226 @@
+//===- CublasLt.cpp - A linear layer's bias in the GEMM's epilogue --------===//
+//
+// See CublasLt.h.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/CublasLt.h"
+#include "runtime/cuda/CudaCheck.h"
+#include <dlfcn.h>
+#include <mutex>
+#include <optional>
+#include <string>
+
+using namespace llvm;
+
+namespace sp::cuda {
+
+struct CublasLtApi {
+  decltype(&cublasLtCreate) Create;
+  decltype(&cublasLtDestroy) Destroy;
+  decltype(&cublasLtMatmulDescCreate) DescCreate;
+  decltype(&cublasLtMatmulDescDestroy) DescDestroy;
+  decltype(&cublasLtMatmulDescSetAttribute) DescSet;
+  decltype(&cublasLtMatrixLayoutCreate) LayoutCreate;
+  decltype(&cublasLtMatrixLayoutDestroy) LayoutDestroy;
+  decltype(&cublasLtMatmulPreferenceCreate) PrefCreate;
+  decltype(&cublasLtMatmulPreferenceDestroy) PrefDestroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) PrefSet;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) Heuristic;
+  decltype(&cublasLtMatmul) Matmul;
+};
+
+namespace {
+
+Error ltError(const std::string &Why) {
+  return createStringError(inconvertibleErrorCode(), "%s", Why.c_str());
+}
+
+/// cuBLASLt's entry points: the process's own when it has them (the
+/// emulated runtime of tests/gpu), else from libcublasLt, loaded once.
+Expected<const CublasLtApi *> loadCublasLt() {
+  static std::mutex M;
+  static std::optional<CublasLtApi> Api;
+  static std::string Failure;
+  std::lock_guard<std::mutex> Lock(M);
+  if (Api)
+    return &*Api;
+  if (!Failure.empty())
+    return ltError(Failure);
+  const bool Linked = dlsym(RTLD_DEFAULT, "cublasLtCreate") != nullptr;
+  void *H = RTLD_DEFAULT;
+  std::string Why;
+  for (const char *Name : {"libcublasLt.so.13", "libcublasLt.so"}) {
+    if (Linked)
+      break;
+    H = dlopen(Name, RTLD_NOW | RTLD_LOCAL);
+    if (H)
+      break;
+    if (const char *E = dlerror())
+      Why = E;
+  }
+  if (!Linked && !H) {
+    Failure = "--cuda-epilogues: cannot load cuBLASLt (" + Why +
+              "); install the CUDA toolkit's libcublasLt, add its folder to "
+              "LD_LIBRARY_PATH, or run without --cuda-epilogues";
+    return ltError(Failure);
+  }
+  CublasLtApi A;
+  bool Ok = true;
+  auto Get = [&](auto &Fn, const char *Symbol) {
+    Fn = reinterpret_cast<std::remove_reference_t<decltype(Fn)>>(
+        dlsym(H, Symbol));
+    if (!Fn) {
+      Ok = false;
+      Why = Symbol;
+    }
+  };
+  Get(A.Create, "cublasLtCreate");
+  Get(A.Destroy, "cublasLtDestroy");
+  Get(A.DescCreate, "cublasLtMatmulDescCreate");
+  Get(A.DescDestroy, "cublasLtMatmulDescDestroy");
+  Get(A.DescSet, "cublasLtMatmulDescSetAttribute");
+  Get(A.LayoutCreate, "cublasLtMatrixLayoutCreate");
+  Get(A.LayoutDestroy, "cublasLtMatrixLayoutDestroy");
+  Get(A.PrefCreate, "cublasLtMatmulPreferenceCreate");
+  Get(A.PrefDestroy, "cublasLtMatmulPreferenceDestroy");
+  Get(A.PrefSet, "cublasLtMatmulPreferenceSetAttribute");
+  Get(A.Heuristic, "cublasLtMatmulAlgoGetHeuristic");
+  Get(A.Matmul, "cublasLtMatmul");
+  if (!Ok) {
+    Failure = "--cuda-epilogues: the loaded cuBLASLt has no " + Why;
+    return ltError(Failure);
+  }
+  Api = A;
+  return &*Api;
+}
+
+/// log2 of the largest power of two up to 256 bytes that P is aligned to
+/// (the heuristic's choice depends on it).
+int alignmentOf(const void *P) {
+  uintptr_t U = reinterpret_cast<uintptr_t>(P);
+  int L = 0;
+  while (L < 8 && !(U & (uintptr_t(1) << L)))
+    ++L;
+  return L;
+}
+
+bool fitsInt(int64_t V) { return V >= 0 && V <= INT32_MAX; }
+
+} // namespace
+
+Expected<std::unique_ptr<CublasLt>> CublasLt::create() {
+  auto Api = loadCublasLt();
+  if (!Api)
+    return Api.takeError();
+  std::unique_ptr<CublasLt> L(new CublasLt);
+  L->Api = *Api;
+  SP_CUBLAS_TRY(L->Api->Create(&L->Handle));
+  return L;
+}
+
+CublasLt::~CublasLt() {
+  for (auto &[K, P] : Plans) {
+    for (cublasLtMatrixLayout_t M : {P.A, P.B, P.D})
+      if (M)
+        Api->LayoutDestroy(M);
+    if (P.Desc)
+      Api->DescDestroy(P.Desc);
+  }
+  if (Handle)
+    Api->Destroy(Handle);
+}
+
+Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, bool TransW,
+                                            int64_t Rows, int64_t OutF,
+                                            int64_t InF, cudaDataType_t AB,
+                                            bool TF32, const float *Bias) {
+  auto [It, New] = Plans.try_emplace(K);
+  Plan &P = It->second;
+  if (!New)
+    return &P;
+  // Column-major D [OutF, Rows] = op(W^T) [OutF, InF] X^T [InF, Rows]: the
+  // row-major W [InF, OutF] is W^T column-major with leading dimension
+  // OutF (no transpose), [OutF, InF] is W column-major (transposed).
+  cublasOperation_t OpA = TransW ? CUBLAS_OP_T : CUBLAS_OP_N, OpB = CUBLAS_OP_N;
+  cublasComputeType_t Compute = AB == CUDA_R_32F && TF32
+                                    ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                    : CUBLAS_COMPUTE_32F;
+  SP_CUBLAS_TRY(Api->DescCreate(&P.Desc, Compute, CUDA_R_32F));
+  cublasLtEpilogue_t Epi = CUBLASLT_EPILOGUE_BIAS;
+  cudaDataType_t BiasType = CUDA_R_32F;
+  SP_CUBLAS_TRY(
+      Api->DescSet(P.Desc, CUBLASLT_MATMUL_DESC_TRANSA, &OpA, sizeof OpA));
+  SP_CUBLAS_TRY(
+      Api->DescSet(P.Desc, CUBLASLT_MATMUL_DESC_TRANSB, &OpB, sizeof OpB));
+  SP_CUBLAS_TRY(
+      Api->DescSet(P.Desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &Epi, sizeof Epi));
+  SP_CUBLAS_TRY(Api->DescSet(P.Desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                             &BiasType, sizeof BiasType));
+  SP_CUBLAS_TRY(Api->DescSet(P.Desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &Bias,
+                             sizeof Bias));
+  if (TransW)
+    SP_CUBLAS_TRY(Api->LayoutCreate(&P.A, AB, InF, OutF, InF));
+  else
+    SP_CUBLAS_TRY(Api->LayoutCreate(&P.A, AB, OutF, InF, OutF));
+  SP_CUBLAS_TRY(Api->LayoutCreate(&P.B, AB, InF, Rows, InF));
+  SP_CUBLAS_TRY(Api->LayoutCreate(&P.D, CUDA_R_32F, OutF, Rows, OutF));
+  cublasLtMatmulPreference_t Pref = nullptr;
+  SP_CUBLAS_TRY(Api->PrefCreate(&Pref));
+  size_t NoWorkspace = 0;
+  cublasStatus_t St =
+      Api->PrefSet(Pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &NoWorkspace,
+                   sizeof NoWorkspace);
+  cublasLtMatmulHeuristicResult_t Result{};
+  int Count = 0;
+  if (St == CUBLAS_STATUS_SUCCESS)
+    St = Api->Heuristic(Handle, P.Desc, P.A, P.B, P.D, P.D, Pref, 1, &Result,
+                        &Count);
+  Api->PrefDestroy(Pref);
+  // No algorithm is an answer (the caller runs the pair); other failures
+  // are errors.
+  if (St != CUBLAS_STATUS_SUCCESS && St != CUBLAS_STATUS_NOT_SUPPORTED)
+    return cublasFailure("cublasLtMatmulAlgoGetHeuristic", St, __FILE__,
+                         __LINE__);
+  P.Found = St == CUBLAS_STATUS_SUCCESS && Count > 0 &&
+            Result.state == CUBLAS_STATUS_SUCCESS;
+  if (P.Found)
+    P.Algo = Result.algo;
+  return &P;
+}
+
+Expected<bool> CublasLt::linearBias(cudaStream_t S, bool TransW, int64_t Rows,
+                                    int64_t OutF, int64_t InF, const void *X,
+                                    const void *W, cudaDataType_t AB,
+                                    const float *Bias, float *Out, bool TF32) {
+  if (Rows == 0 || OutF == 0)
+    return true;
+  if (!fitsInt(Rows) || !fitsInt(OutF) || !fitsInt(InF))
+    return false;
+  Key K{Rows,
+        OutF,
+        InF,
+        TransW,
+        int(AB),
+        TF32,
+        alignmentOf(X),
+        alignmentOf(W),
+        alignmentOf(Bias),
+        alignmentOf(Out)};
+  auto P = planOf(K, TransW, Rows, OutF, InF, AB, TF32, Bias);
+  if (!P)
+    return P.takeError();
+  if (!(*P)->Found) {
+    ++Declined;
+    return false;
+  }
+  SP_CUBLAS_TRY(Api->DescSet((*P)->Desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                             &Bias, sizeof Bias));
+  float One = 1.0f, Zero = 0.0f;
+  SP_CUBLAS_TRY(Api->Matmul(Handle, (*P)->Desc, &One, W, (*P)->A, X, (*P)->B,
+                            &Zero, Out, (*P)->D, Out, (*P)->D, &(*P)->Algo,
+                            nullptr, 0, S));
+  ++Fused;
+  return true;
+}
+
+} // namespace sp::cuda

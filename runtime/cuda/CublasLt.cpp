@@ -5,7 +5,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CublasLt.h"
 #include "runtime/cuda/CudaCheck.h"
-#include <dlfcn.h>
+#include "runtime/cuda/DynamicLibrary.h"
 #include <mutex>
 #include <optional>
 #include <string>
@@ -35,8 +35,7 @@ Error ltError(const std::string &Why) {
   return createStringError(inconvertibleErrorCode(), "%s", Why.c_str());
 }
 
-/// cuBLASLt's entry points: the process's own when it has them (the
-/// emulated runtime of tests/gpu), else from libcublasLt, loaded once.
+/// cuBLASLt's entry points (DynamicLibrary.h), loaded once.
 Expected<const CublasLtApi *> loadCublasLt() {
   static std::mutex M;
   static std::optional<CublasLtApi> Api;
@@ -46,33 +45,18 @@ Expected<const CublasLtApi *> loadCublasLt() {
     return &*Api;
   if (!Failure.empty())
     return ltError(Failure);
-  const bool Linked = dlsym(RTLD_DEFAULT, "cublasLtCreate") != nullptr;
-  void *H = RTLD_DEFAULT;
-  std::string Why;
-  for (const char *Name : {"libcublasLt.so.13", "libcublasLt.so"}) {
-    if (Linked)
-      break;
-    H = dlopen(Name, RTLD_NOW | RTLD_LOCAL);
-    if (H)
-      break;
-    if (const char *E = dlerror())
-      Why = E;
-  }
-  if (!Linked && !H) {
+  std::string Why, Missing;
+  void *H = nullptr;
+  if (!openLibrary({"libcublasLt.so.13", "libcublasLt.so"}, "cublasLtCreate", H,
+                   Why)) {
     Failure = "--cuda-epilogues: cannot load cuBLASLt (" + Why +
               "); install the CUDA toolkit's libcublasLt, add its folder to "
               "LD_LIBRARY_PATH, or run without --cuda-epilogues";
     return ltError(Failure);
   }
   CublasLtApi A;
-  bool Ok = true;
   auto Get = [&](auto &Fn, const char *Symbol) {
-    Fn = reinterpret_cast<std::remove_reference_t<decltype(Fn)>>(
-        dlsym(H, Symbol));
-    if (!Fn) {
-      Ok = false;
-      Why = Symbol;
-    }
+    bindSymbol(H, Fn, Symbol, Missing);
   };
   Get(A.Create, "cublasLtCreate");
   Get(A.Destroy, "cublasLtDestroy");
@@ -86,8 +70,8 @@ Expected<const CublasLtApi *> loadCublasLt() {
   Get(A.PrefSet, "cublasLtMatmulPreferenceSetAttribute");
   Get(A.Heuristic, "cublasLtMatmulAlgoGetHeuristic");
   Get(A.Matmul, "cublasLtMatmul");
-  if (!Ok) {
-    Failure = "--cuda-epilogues: the loaded cuBLASLt has no " + Why;
+  if (!Missing.empty()) {
+    Failure = "--cuda-epilogues: the loaded cuBLASLt has no " + Missing;
     return ltError(Failure);
   }
   Api = A;

@@ -62,6 +62,7 @@
 #include "runtime/cuda/CudaCheck.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/DeviceSelect.h"
+#include "runtime/cuda/DynamicLibrary.h"
 #include "runtime/cuda/LaunchGeometry.h"
 #include "runtime/cuda/MixedPlan.h"
 #include "runtime/cuda/MultiTensor.h"
@@ -74,7 +75,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <dlfcn.h>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -177,35 +177,18 @@ Expected<const CublasApi *> loadCublas() {
     return &*Api;
   if (!Failure.empty())
     return planError(Failure);
-  // A process that has cuBLAS already (the emulated runtime of tests/gpu
-  // defines its entry points) uses it.
-  const bool Linked = dlsym(RTLD_DEFAULT, "cublasCreate_v2") != nullptr;
-  void *H = RTLD_DEFAULT;
-  std::string Why;
-  for (const char *Name : {"libcublas.so.13", "libcublas.so"}) {
-    if (Linked)
-      break;
-    H = dlopen(Name, RTLD_NOW | RTLD_LOCAL);
-    if (H)
-      break;
-    if (const char *E = dlerror())
-      Why = E;
-  }
-  if (!Linked && !H) {
+  std::string Why, Missing;
+  void *H = nullptr;
+  if (!cuda::openLibrary({"libcublas.so.13", "libcublas.so"}, "cublasCreate_v2",
+                         H, Why)) {
     Failure = "--device cuda: cannot load cuBLAS (" + Why +
               "); install the CUDA toolkit's libcublas or add its folder to "
               "LD_LIBRARY_PATH";
     return planError(Failure);
   }
   CublasApi A;
-  bool Ok = true;
   auto Get = [&](auto &Fn, const char *Symbol) {
-    Fn = reinterpret_cast<std::remove_reference_t<decltype(Fn)>>(
-        dlsym(H, Symbol));
-    if (!Fn) {
-      Ok = false;
-      Why = Symbol;
-    }
+    cuda::bindSymbol(H, Fn, Symbol, Missing);
   };
   Get(A.Create, "cublasCreate_v2");
   Get(A.Destroy, "cublasDestroy_v2");
@@ -215,8 +198,8 @@ Expected<const CublasApi *> loadCublas() {
   Get(A.SgemmStridedBatched, "cublasSgemmStridedBatched");
   Get(A.GemmEx, "cublasGemmEx");
   Get(A.GemmStridedBatchedEx, "cublasGemmStridedBatchedEx");
-  if (!Ok) {
-    Failure = "--device cuda: the loaded cuBLAS has no " + Why;
+  if (!Missing.empty()) {
+    Failure = "--device cuda: the loaded cuBLAS has no " + Missing;
     return planError(Failure);
   }
   Api = A;

@@ -223,6 +223,32 @@ void checkProduct(const std::vector<float> &Got, const std::vector<double> &Ref,
         << What << " element " << I;
 }
 
+/// A linear layer's exact result in double, Ref = X op(W) + Bias, and
+/// the sums of its terms' magnitudes, Abs (for checkProduct), from case C's
+/// float32 buffers X [Rows, In], W ([In, Out], or [Out, In] with TransW)
+/// and Bias [Out].
+void linearReference(const OpCase &C, int X, int W, int Bias, bool TransW,
+                     std::vector<double> &Ref, std::vector<double> &Abs) {
+  const int64_t In = C.P.Buffers[X].Type.dim(-1),
+                Rows = C.P.Buffers[X].Type.numElements() / In,
+                Out = C.P.Buffers[Bias].Type.numElements();
+  auto XV = asFloats(C.Data[X]), WV = asFloats(C.Data[W]),
+       BV = asFloats(C.Data[Bias]);
+  Ref.assign(Rows * Out, 0);
+  Abs.assign(Rows * Out, 0);
+  for (int64_t R = 0; R < Rows; ++R)
+    for (int64_t O = 0; O < Out; ++O) {
+      double S = BV[O], A = std::fabs(BV[O]);
+      for (int64_t I = 0; I < In; ++I) {
+        double Wv = TransW ? WV[O * In + I] : WV[I * Out + O];
+        S += double(XV[R * In + I]) * Wv;
+        A += std::fabs(double(XV[R * In + I]) * Wv);
+      }
+      Ref[R * Out + O] = S;
+      Abs[R * Out + O] = A;
+    }
+}
+
 TEST_F(CudaKernels, LinearAndItsWeightGradient) {
   const int64_t Rows = 33, In = 48, Out = 20;
   for (int TransW = 0; TransW < 2; ++TransW) {
@@ -237,20 +263,8 @@ TEST_F(CudaKernels, LinearAndItsWeightGradient) {
     auto Want = C.run(Cpu);
     auto Got = C.run(*Gpu);
     ASSERT_TRUE(bool(Want) && bool(Got));
-    auto XV = asFloats(C.Data[X]), WV = asFloats(C.Data[W]),
-         BV = asFloats(C.Data[Bias]);
-    std::vector<double> Ref(Rows * Out), Abs(Rows * Out);
-    for (int64_t R = 0; R < Rows; ++R)
-      for (int64_t O = 0; O < Out; ++O) {
-        double S = BV[O], A = std::fabs(BV[O]);
-        for (int64_t I = 0; I < In; ++I) {
-          double Wv = TransW ? WV[O * In + I] : WV[I * Out + O];
-          S += double(XV[R * In + I]) * Wv;
-          A += std::fabs(double(XV[R * In + I]) * Wv);
-        }
-        Ref[R * Out + O] = S;
-        Abs[R * Out + O] = A;
-      }
+    std::vector<double> Ref, Abs;
+    linearReference(C, X, W, Bias, TransW, Ref, Abs);
     checkProduct(asFloats((*Got)[Y]), Ref, Abs, In, "cuda linear");
     checkProduct(asFloats((*Want)[Y]), Ref, Abs, In, "cpu linear");
   }
@@ -303,20 +317,8 @@ TEST_F(CudaKernels, LinearBiasInCublasLtsEpilogue) {
         .Attrs.set("trans_w", int64_t(TransW));
     auto Got = C.run(*Epilogues);
     ASSERT_TRUE(bool(Got)) << toString(Got.takeError());
-    auto XV = asFloats(C.Data[X]), WV = asFloats(C.Data[W]),
-         BV = asFloats(C.Data[Bias]);
-    std::vector<double> Ref(Rows * Out), Abs(Rows * Out);
-    for (int64_t R = 0; R < Rows; ++R)
-      for (int64_t O = 0; O < Out; ++O) {
-        double S = BV[O], A = std::fabs(BV[O]);
-        for (int64_t I = 0; I < In; ++I) {
-          double Wv = TransW ? WV[O * In + I] : WV[I * Out + O];
-          S += double(XV[R * In + I]) * Wv;
-          A += std::fabs(double(XV[R * In + I]) * Wv);
-        }
-        Ref[R * Out + O] = S;
-        Abs[R * Out + O] = A;
-      }
+    std::vector<double> Ref, Abs;
+    linearReference(C, X, W, Bias, TransW, Ref, Abs);
     checkProduct(asFloats((*Got)[Z]), Ref, Abs, In, "linear_gelu's z");
     checkProduct(asFloats((*Got)[Z2]), Ref, Abs, In, "linear");
     OpCase G;

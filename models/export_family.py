@@ -18,6 +18,7 @@ any name); the other inputs keep HF's names attention_mask, position_ids and tok
 Variant switches (each family accepts only its own; see the model files for the exact forms):
     gpt2   --buffers hf430|nonpersistent   --attention-mask none|input   --position-ids internal|input
            --activation gelu_new|gelu|relu|silu (GPT2Config.activation_function)
+           --residual sequential|parallel|parallel-one-norm (GPT-NeoX's and GPT-J's blocks; sp refuses them)
     llama  --rmsnorm hf|div  --silu module|manual  --rope half|interleaved
            --rope-tables position_ids|sliced  --mask finfo|triu  --attention-mask none|input|ones
     bert   --mask 10000|finfo  --token-types input|buffer  --pad-token-id N
@@ -49,6 +50,7 @@ TOKENS, POSITIONS, MASK, TOKEN_TYPES = "tokens", "positions", "mask", "token_typ
 VARIANTS = {
     "gpt2": {"buffers": (gpt2_lib.BUFFER_FORMS, "hf430"),
              "activation": (gpt2_lib.ACTIVATIONS, "gelu_new"),
+             "residual": (gpt2_lib.RESIDUAL_FORMS, "sequential"),
              "attention_mask": (("none", "input"), "none"),
              "position_ids": (("internal", "input"), "internal")},
     "llama": {"rmsnorm": (llama_lib.RMSNORM_FORMS, "hf"),
@@ -193,7 +195,8 @@ def build_model(family, sizes, variants, dropout, tied, pad_token_id=None):
                                      n_layer=s["layers"], n_head=s["heads"], n_inner=s["ffn"],
                                      resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
                                      tie_word_embeddings=tied, buffers=variants["buffers"],
-                                     activation_function=variants["activation"])
+                                     activation_function=variants["activation"],
+                                     residual=variants["residual"])
         return gpt2_lib.GPT2LMHeadModel(config)
     if family == "llama":
         config = llama_lib.LlamaConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"],

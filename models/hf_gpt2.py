@@ -30,6 +30,10 @@ Switches that are not HF's own (for tests only):
 
     buffers  "hf430": HF 4.30's persistent `bias`/`masked_bias` buffers (ONNX initializers)
              "nonpersistent": 4.31+'s persistent=False buffers (torch inlines them as Constants)
+    residual "sequential": GPT-2's blocks, x + attn(ln_1(x)), then h + mlp(ln_2(h))
+             "parallel": x + attn(ln_1(x)) + mlp(ln_2(x)), as GPT-NeoX/Pythia write it
+             "parallel-one-norm": x + attn(ln_1(x)) + mlp(ln_1(x)), as GPT-J, Falcon and Phi do
+             (sp refuses both parallel forms with an error saying so; the tests check it)
 """
 
 import math
@@ -40,6 +44,7 @@ import torch.nn as nn
 
 BUFFER_FORMS = ("hf430", "nonpersistent")
 ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")  # GPT2Config.activation_function (ACT2FN keys)
+RESIDUAL_FORMS = ("sequential", "parallel", "parallel-one-norm")
 
 
 @dataclass
@@ -59,8 +64,11 @@ class GPT2Config:
     tie_word_embeddings: bool = True
     buffers: str = "hf430"
     activation_function: str = "gelu_new"
+    residual: str = "sequential"
 
     def __post_init__(self):
+        if self.residual not in RESIDUAL_FORMS:
+            raise ValueError(f"residual must be one of {RESIDUAL_FORMS}, got {self.residual!r}")
         if self.buffers not in BUFFER_FORMS:
             raise ValueError(f"buffers must be one of {BUFFER_FORMS}, got {self.buffers!r}")
         if self.activation_function not in ACTIVATIONS:
@@ -212,10 +220,16 @@ class GPT2Block(nn.Module):
 
         self.ln_1 = nn.LayerNorm(hidden_size, eps=config.layer_norm_epsilon)
         self.attn = GPT2Attention(config, layer_idx=layer_idx)
-        self.ln_2 = nn.LayerNorm(hidden_size, eps=config.layer_norm_epsilon)
+        self.ln_2 = (nn.LayerNorm(hidden_size, eps=config.layer_norm_epsilon)
+                     if config.residual != "parallel-one-norm" else None)
         self.mlp = GPT2MLP(inner_dim, config)
+        self.residual = config.residual
 
     def forward(self, hidden_states, attention_mask=None):
+        if self.residual != "sequential":
+            attn_output = self.attn(self.ln_1(hidden_states), attention_mask=attention_mask)
+            mlp_in = self.ln_2(hidden_states) if self.residual == "parallel" else self.ln_1(hidden_states)
+            return hidden_states + attn_output + self.mlp(mlp_in)
         residual = hidden_states
         hidden_states = self.ln_1(hidden_states)
         attn_output = self.attn(hidden_states, attention_mask=attention_mask)

@@ -50,6 +50,8 @@ public:
     if (auto E = embedding(X))
       return E;
     for (int L = 0;; ++L) {
+      if (auto E = refuseParallelResidual(L, X))
+        return E;
       if (startsLayer(X)) {
         if (auto E = layer(L, X))
           return E;
@@ -110,6 +112,40 @@ private:
     return all_of(X->users(), [](const Use &U) {
       return U.User->op() == OpKind::Linear || U.User->op() == OpKind::Add;
     });
+  }
+
+  /// A parallel residual block, x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX,
+  /// Pythia) or with one norm for both (GPT-J, Falcon, Phi): the layer's
+  /// input X feeds a residual add and two norms, or a norm whose output
+  /// also feeds an MLP's first linear (a linear whose only user is an
+  /// activation). The parallel rules and memory formulas are written for
+  /// sequential blocks; say so instead of failing further on.
+  Error refuseParallelResidual(int L, Value *X) {
+    if (!findUser(X, OpKind::Add))
+      return Error::success();
+    int Norms = 0;
+    bool NormFeedsMlp = false;
+    for (const Use &U : X->users()) {
+      Node *N = U.User;
+      if (N->op() != OpKind::LayerNorm && N->op() != OpKind::RmsNorm)
+        continue;
+      ++Norms;
+      for (const Use &NU : N->result()->users())
+        if (NU.User->op() == OpKind::Linear &&
+            NU.User->result()->users().size() == 1 &&
+            isActivation(NU.User->result()->users()[0].User->op()))
+          NormFeedsMlp = true;
+    }
+    if (Norms < 2 && !(Norms == 1 && NormFeedsMlp))
+      return Error::success();
+    return fail(L, "layer", X,
+                "a parallel residual block: the attention and the MLP both "
+                "read the layer's input (x + attn(ln1(x)) + mlp(ln2(x)), or "
+                "one norm for both, as GPT-J, GPT-NeoX/Pythia, Falcon and Phi "
+                "write it), which sp does not support: its tensor- and "
+                "sequence-parallel rules and memory formulas are written for "
+                "sequential blocks (x + attn(ln1(x)), then h + mlp(ln2(h)): "
+                "GPT-2, Llama, BERT)");
   }
 
   /// The users of a block's input V other than the residual add Res.

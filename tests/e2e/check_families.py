@@ -168,6 +168,10 @@ CASES = [
 
 FAMILY_ALIASES = {"gpt2": "gpt2", "hf_gpt2": "gpt2", "llama": "llama", "bert": "bert"}
 
+# Forms the exporter writes that sp refuses, with one error naming them
+# (tests/lit/tools/parallel-residual.test): not trained here.
+REFUSED = {("gpt2", "residual", "parallel"), ("gpt2", "residual", "parallel-one-norm")}
+
 
 def uncovered(cases):
     """(family, switch, value) and (family, opset) pairs that no case has."""
@@ -180,7 +184,7 @@ def uncovered(cases):
     want = {(f, k, v) for f, switches in export_family.VARIANTS.items() for k, (choices, _) in switches.items()
             for v in choices}
     want |= {(f, "opset", o) for f in export_family.FAMILIES for o in OPSETS}
-    return sorted(want - have, key=str)
+    return sorted(want - have - REFUSED, key=str)
 
 
 class FamilyCheck(ct.ModelCheck):

@@ -78,14 +78,15 @@ Expected<const CublasLtApi *> loadCublasLt() {
   return &*Api;
 }
 
-/// log2 of the largest power of two up to 256 bytes that P is aligned to
-/// (the heuristic's choice depends on it).
-int alignmentOf(const void *P) {
+/// The largest power of two up to 256 bytes that P is aligned to. The
+/// heuristic assumes 256 unless told (the plan's arena aligns buffers to
+/// 64), and its algorithm may need what it assumed.
+uint32_t alignmentOf(const void *P) {
   uintptr_t U = reinterpret_cast<uintptr_t>(P);
-  int L = 0;
-  while (L < 8 && !(U & (uintptr_t(1) << L)))
-    ++L;
-  return L;
+  uint32_t A = 1;
+  while (A < 256 && !(U & uintptr_t(A)))
+    A *= 2;
+  return A;
 }
 
 bool fitsInt(int64_t V) { return V >= 0 && V <= INT32_MAX; }
@@ -118,6 +119,9 @@ Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, bool TransW,
                                             int64_t Rows, int64_t OutF,
                                             int64_t InF, cudaDataType_t AB,
                                             bool TF32, const float *Bias) {
+  // The alignments of W, X and Out (the key's).
+  const uint32_t AlignA = std::get<7>(K), AlignB = std::get<6>(K),
+                 AlignD = std::get<9>(K);
   auto [It, New] = Plans.try_emplace(K);
   Plan &P = It->second;
   if (!New)
@@ -154,6 +158,13 @@ Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, bool TransW,
   cublasStatus_t St =
       Api->PrefSet(Pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &NoWorkspace,
                    sizeof NoWorkspace);
+  for (auto [Attr, Align] :
+       {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, AlignA},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, AlignB},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, AlignD},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, AlignD}})
+    if (St == CUBLAS_STATUS_SUCCESS)
+      St = Api->PrefSet(Pref, Attr, &Align, sizeof Align);
   cublasLtMatmulHeuristicResult_t Result{};
   int Count = 0;
   if (St == CUBLAS_STATUS_SUCCESS)
@@ -200,9 +211,15 @@ Expected<bool> CublasLt::linearBias(cudaStream_t S, bool TransW, int64_t Rows,
   SP_CUBLAS_TRY(Api->DescSet((*P)->Desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                              &Bias, sizeof Bias));
   float One = 1.0f, Zero = 0.0f;
-  SP_CUBLAS_TRY(Api->Matmul(Handle, (*P)->Desc, &One, W, (*P)->A, X, (*P)->B,
-                            &Zero, Out, (*P)->D, Out, (*P)->D, &(*P)->Algo,
-                            nullptr, 0, S));
+  cublasStatus_t St =
+      Api->Matmul(Handle, (*P)->Desc, &One, W, (*P)->A, X, (*P)->B, &Zero, Out,
+                  (*P)->D, Out, (*P)->D, &(*P)->Algo, nullptr, 0, S);
+  if (St == CUBLAS_STATUS_NOT_SUPPORTED) { // the algorithm refuses it after all
+    (*P)->Found = false;
+    ++Declined;
+    return false;
+  }
+  SP_CUBLAS_TRY(St);
   ++Fused;
   return true;
 }

@@ -18,10 +18,11 @@
 // kernel gives the CPU's bits (README, "Running on a GPU cluster").
 //
 // cuBLASLt is loaded (dlopen) when the first backend that asks for it is
-// made, as cuBLAS is. The heuristic's choice is kept per shape, operand
-// type and pointer alignment; when it offers no algorithm the caller runs
-// the bias and the GEMM as before. No workspace: the plan's memory stays
-// the arena.
+// made, as cuBLAS is. The heuristic is told the pointers' alignments (it
+// assumes 256 bytes otherwise; the arena aligns to 64) and its choice is
+// kept per shape, operand type and alignments; when it offers no algorithm
+// (or the algorithm refuses the call) the caller runs the bias and the
+// GEMM as before. No workspace: the plan's memory stays the arena.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CUDA_CUBLASLT_H
@@ -71,8 +72,10 @@ private:
     cublasLtMatmulAlgo_t Algo{};
     bool Found = false;
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, bool, int, int,
-                         int, int>;
+  /// Rows, OutF, InF, TransW, AB, TF32, and the alignments of X, W, Bias
+  /// and Out.
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, bool, uint32_t,
+                         uint32_t, uint32_t, uint32_t>;
   llvm::Expected<Plan *> planOf(const Key &K, bool TransW, int64_t Rows,
                                 int64_t OutF, int64_t InF, cudaDataType_t AB,
                                 bool TF32, const float *Bias);

@@ -206,7 +206,8 @@ TEST(EmulatedCuda, MixedPrecisionGridsTrackTheCpu) {
 }
 
 /// --cuda-epilogues: every linear with a bias one cublasLtMatmul with the
-/// bias epilogue (the emulation's count of them shows they ran), a float32
+/// bias epilogue (the emulation's count of them shows they ran, and that
+/// none was refused for its pointers' alignment), a float32
 /// t = 2 + SP grid and GPT-2's exported plan by expectMatches, and a bf16
 /// grid within its band of the CPU's losses.
 TEST(EmulatedCuda, LinearBiasesInTheEpilogueTrackTheCpu) {
@@ -215,6 +216,8 @@ TEST(EmulatedCuda, LinearBiasesInTheEpilogueTrackTheCpu) {
   int64_t Before = sp::emu::ltMatmuls();
   expectGridMatches(TinyModel, L);
   EXPECT_GT(sp::emu::ltMatmuls(), Before) << "no cublasLtMatmul ran";
+  EXPECT_EQ(sp::emu::ltRefused(), 0)
+      << "the heuristic was told other alignments than the arena's";
   auto Paths = modelsFromEnv("SP_EMULATED_FAMILIES");
   if (!Paths.empty()) { // GPT-2: Conv1D's addmm, its bias, the tanh GELU
     GridLayout G{"GPT-2, p = 2, biases in the epilogue", 1, false, 2, 2};

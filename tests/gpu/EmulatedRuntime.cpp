@@ -1486,10 +1486,11 @@ cublasStatus_t cublasGemmStridedBatchedEx(
 struct cublasLtContext {};
 
 namespace {
-std::atomic<int64_t> LtMatmuls{0};
+std::atomic<int64_t> LtMatmuls{0}, LtRefused{0};
 } // namespace
 
 int64_t sp::emu::ltMatmuls() { return LtMatmuls.load(); }
+int64_t sp::emu::ltRefused() { return LtRefused.load(); }
 
 namespace {
 
@@ -1508,6 +1509,19 @@ struct LtLayout {
   uint64_t Rows, Cols;
   int64_t Ld;
 };
+
+/// A heuristic's preferences: its workspace, and the alignments in bytes
+/// the pointers of A, B, C and D will have (cuBLASLt assumes 256 unless
+/// told, and an algorithm chosen for an alignment may need it).
+struct LtPref {
+  size_t Workspace = 0;
+  uint32_t Align[4] = {256, 256, 256, 256};
+};
+
+/// Whether P is aligned to A bytes.
+bool alignedTo(const void *P, uint32_t A) {
+  return reinterpret_cast<uintptr_t>(P) % A == 0;
+}
 
 LtDesc &descOf(cublasLtMatmulDesc_t D) {
   return *reinterpret_cast<LtDesc *>(D);
@@ -1614,12 +1628,12 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t L) {
 }
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *P) {
-  *P = reinterpret_cast<cublasLtMatmulPreference_t>(new size_t(0));
+  *P = reinterpret_cast<cublasLtMatmulPreference_t>(new LtPref);
   return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t P) {
-  delete reinterpret_cast<size_t *>(P);
+  delete reinterpret_cast<LtPref *>(P);
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1627,17 +1641,29 @@ cublasStatus_t
 cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t P,
                                      cublasLtMatmulPreferenceAttributes_t A,
                                      const void *Buf, size_t Bytes) {
-  if (A != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+  LtPref &Pref = *reinterpret_cast<LtPref *>(P);
+  bool Ok = false;
+  switch (A) {
+  case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+    Ok = setFrom(Pref.Workspace, Buf, Bytes);
+    break;
+  case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+  case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+  case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+  case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+    Ok = setFrom(Pref.Align[A - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES],
+                 Buf, Bytes);
+    break;
+  default: // a preference the emulation does not model
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  return setFrom(*reinterpret_cast<size_t *>(P), Buf, Bytes)
-             ? CUBLAS_STATUS_SUCCESS
-             : CUBLAS_STATUS_INVALID_VALUE;
+  }
+  return Ok ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t, cublasLtMatmulDesc_t D, cublasLtMatrixLayout_t A,
     cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
-    cublasLtMatrixLayout_t Dl, cublasLtMatmulPreference_t, int Requested,
+    cublasLtMatrixLayout_t Dl, cublasLtMatmulPreference_t P, int Requested,
     cublasLtMatmulHeuristicResult_t *Results, int *Count) {
   *Count = 0;
   if (Requested < 1)
@@ -1647,6 +1673,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   if (St != CUBLAS_STATUS_SUCCESS)
     return St;
   std::memset(&Results[0], 0, sizeof Results[0]);
+  // The algorithm needs the alignments it was chosen for.
+  const LtPref &Pref = *reinterpret_cast<const LtPref *>(P);
+  for (int K = 0; K < 4; ++K)
+    Results[0].algo.data[K] = Pref.Align[K];
   Results[0].state = CUBLAS_STATUS_SUCCESS;
   Results[0].wavesCount = 1.0f;
   *Count = 1;
@@ -1677,6 +1707,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t D,
             K = int(Desc.TA == CUBLAS_OP_N ? AL.Cols : AL.Rows);
   if (C != Dp && Be0 != 0.0f) // the backend passes C = D
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  const void *Ptrs[4] = {A, B, C, Dp};
+  for (int K = 0; K < 4; ++K)
+    if (!alignedTo(Ptrs[K], uint32_t(Algo->data[K]))) {
+      ++LtRefused; // less aligned than the algorithm was chosen for
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
   ++LtMatmuls;
   enqueue(S, [=] {
     float *Out = static_cast<float *>(Dp);

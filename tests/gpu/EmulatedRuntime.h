@@ -67,8 +67,11 @@ void enqueue(cudaStream_t S, std::function<void()> Work);
 /// another stream's results reads them after they were overwritten.
 void setStreamDelay(int Ordinal, int Microseconds);
 
-/// How many cublasLtMatmul calls have run in this process.
+/// How many cublasLtMatmul calls have run in this process, and how many
+/// were refused for pointers less aligned than their algorithm was chosen
+/// for (the heuristic assumes 256 bytes unless told).
 int64_t ltMatmuls();
+int64_t ltRefused();
 
 } // namespace sp::emu
 

@@ -5,7 +5,8 @@
 #          comparisons), and the default model trained 20 steps by sp-run on
 #          the CPU and on the GPU in each of $PRECISIONS (default fp32 bf16 fp16),
 #          and with the default, fused attention core (on the GPU as its
-#          unfused ops, and by the blockwise kernels, also in bf16);
+#          unfused ops, and by the blockwise kernels, also in bf16); with two
+#          or more GPUs also t = 2 + SP, p = 2 and ZB-H1 on thread ranks;
 #   bench  tools/bench_gpu.py for each of $BENCH_MODELS (default 22B), with
 #          $BENCH_ARGS (default --steps 8 --repeat 1 --dtype bf16);
 #   all    both.
@@ -46,6 +47,15 @@ if [[ $WHAT == tests || $WHAT == all ]]; then
       "$B/sp-run" "$ROOT/tiny-$P.plan" --data "$ROOT/data.bin" --steps 20 --device $D 2>&1 | tee -a "$OUT/sp-run.log" | grep -E "^(trained|memory|time per step)"
     done
   done
+  if (( $(nvidia-smi -L | grep -c '^GPU') >= 2 )); then
+    for L in "--tp 2 --sp" "--pp 2 --microbatches 4" "--pp 2 --schedule zb1p --microbatches 4"; do
+      say "sp-run: the default model at $L on 2 GPUs (thread ranks: NCCL groups, pipeline channels) and on the CPU"
+      "$B/sp-compile" models/tiny/gpt-tiny.onnx --attention unfused $L -o "$ROOT/tiny-grid.plan" --quiet
+      for D in cpu cuda "cuda --cuda-epilogues"; do
+        "$B/sp-run" "$ROOT/tiny-grid.plan" --data "$ROOT/data.bin" --steps 20 --device $D 2>&1 | tee -a "$OUT/sp-run.log" | grep -E "^(trained|memory|time per step)"
+      done
+    done
+  fi
   for P in fp32 bf16; do
     say "sp-run: the default model with sp-compile's default, fused attention core, $P: CPU, GPU (unfused ops), GPU (blockwise)"
     "$B/sp-compile" models/tiny/gpt-tiny.onnx --dtype $P -o "$ROOT/tiny-fused-$P.plan" --quiet

@@ -1,7 +1,8 @@
 //===- EmulatedRuntime.h - CUDA, NCCL and cuBLAS on the CPU ----*- C++ -*-===//
 //
-// EmulatedRuntime.cpp defines the functions of the CUDA runtime, NCCL and
-// cuBLAS that the CUDA backend calls, over host memory and threads, so that
+// EmulatedRuntime.cpp (the CUDA runtime), EmulatedNccl.cpp (NCCL) and
+// EmulatedCublas.cpp (cuBLAS, cuBLASLt) define the functions the CUDA
+// backend calls, over host memory and threads, so that
 // the whole backend (runtime/cuda/CudaBackend.cpp, its kernels through
 // CudaEmulator.h) runs on the CPU: sp-gpu-emulated-tests is the GPU test
 // suite (KernelTest.cpp, EndToEndTest.cpp) linked against it instead of

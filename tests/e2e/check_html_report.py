@@ -91,17 +91,25 @@ class Chromium:
         self.workdir = workdir
         self.calls = 0
 
-    def _run(self, args, timeout=180):
-        self.calls += 1
-        profile = os.path.join(self.workdir, f"chromium-profile-{self.calls}")
-        shutil.rmtree(profile, ignore_errors=True)
-        cmd = [self.binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-               "--no-first-run", "--disable-extensions", "--disable-background-networking",
-               f"--user-data-dir={profile}"] + args
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        finally:
+    def _run(self, args, timeout=90, attempts=2):
+        """A call takes a second or two. Headless Chromium itself sometimes never exits (seen
+        once in CI on a loaded 2-core VM: a screenshot that took 5 s when rerun): such a call
+        is killed after `timeout` seconds and made again, in a fresh profile, once."""
+        for attempt in range(1, attempts + 1):
+            self.calls += 1
+            profile = os.path.join(self.workdir, f"chromium-profile-{self.calls}")
             shutil.rmtree(profile, ignore_errors=True)
+            cmd = [self.binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                   "--no-first-run", "--disable-extensions", "--disable-background-networking",
+                   f"--user-data-dir={profile}"] + args
+            try:
+                return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                if attempt == attempts:
+                    raise
+                print(f"note: chromium did not exit within {timeout} s; running it again", flush=True)
+            finally:
+                shutil.rmtree(profile, ignore_errors=True)
 
     def dump_dom(self, path):
         return self._run(["--virtual-time-budget=5000", "--dump-dom", "file://" + path])

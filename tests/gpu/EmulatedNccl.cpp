@@ -267,6 +267,10 @@ int launchedProcesses() {
 
 MPI_Comm EmuWorld = MPI_COMM_NULL;
 int EmuWorldRank = 0;
+/// Operation tags are 2 k (collectives) and 2 k + 1 (sends), k the
+/// operation's index modulo this (within the library's MPI_TAG_UB).
+uint64_t TagSpace = uint64_t(1) << 28;
+int64_t MaxTag = INT32_MAX;
 
 std::string mpiError(int Code) {
   char Text[MPI_MAX_ERROR_STRING];
@@ -294,6 +298,12 @@ const bool MpiStarted = [] {
   mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &EmuWorld), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(EmuWorld, MPI_ERRORS_RETURN);
   MPI_Comm_rank(EmuWorld, &EmuWorldRank);
+  int *TagUb = nullptr, Found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &TagUb, &Found);
+  if (Found && TagUb) {
+    MaxTag = *TagUb;
+    TagSpace = std::min<uint64_t>(TagSpace, uint64_t(*TagUb - 1) / 2);
+  }
   std::atexit([] {
     int Finalized = 0;
     MPI_Finalized(&Finalized);
@@ -358,7 +368,13 @@ int bytesOf(size_t Bytes, const std::string &What) {
 /// ncclCommInitRank for an id made by process Maker of the job.
 ncclResult_t initOverMpi(ncclComm_t *Comm, int NRanks, const std::string &Key,
                          int Maker, int Index, int Rank) {
-  const int Tag = Maker * 65536 + Index % 65536;
+  const int64_t Wide = int64_t(Maker) * 65536 + Index % 65536;
+  if (Wide > MaxTag)
+    fail("ncclCommInitRank " + Key + ": its meeting tag " +
+         std::to_string(Wide) + " exceeds MPI_TAG_UB " +
+         std::to_string(MaxTag) +
+         " (the emulation's tags allow about MPI_TAG_UB / 65536 processes)");
+  const int Tag = int(Wide);
   std::string What = "the other ranks of ncclCommInitRank " + Key + " (rank " +
                      std::to_string(Rank) + " of " + std::to_string(NRanks) +
                      ")";
@@ -475,7 +491,7 @@ void runGroupOverMpi(const std::vector<Posted> &Ops) {
     const int N = Cl.Size, Me = P.Rank;
     const size_t Bytes = P.Count * typeBytes(P.Type);
     const int Tag =
-        int(P.Seq % (uint64_t(1) << 28)) * 2 + (P.What == Posted::Coll ? 0 : 1);
+        int(P.Seq % TagSpace) * 2 + (P.What == Posted::Coll ? 0 : 1);
     if (P.What == Posted::Send) {
       isend(P.In, Bytes, P.Peer, Tag, Cl.Mpi, true);
       continue;

@@ -115,13 +115,7 @@ CublasLt::~CublasLt() {
     Api->Destroy(Handle);
 }
 
-Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, bool TransW,
-                                            int64_t Rows, int64_t OutF,
-                                            int64_t InF, cudaDataType_t AB,
-                                            bool TF32, const float *Bias) {
-  // The alignments of W, X and Out (the key's).
-  const uint32_t AlignA = std::get<7>(K), AlignB = std::get<6>(K),
-                 AlignD = std::get<9>(K);
+Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, const float *Bias) {
   auto [It, New] = Plans.try_emplace(K);
   Plan &P = It->second;
   if (!New)
@@ -129,8 +123,9 @@ Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, bool TransW,
   // Column-major D [OutF, Rows] = op(W^T) [OutF, InF] X^T [InF, Rows]: the
   // row-major W [InF, OutF] is W^T column-major with leading dimension
   // OutF (no transpose), [OutF, InF] is W column-major (transposed).
-  cublasOperation_t OpA = TransW ? CUBLAS_OP_T : CUBLAS_OP_N, OpB = CUBLAS_OP_N;
-  cublasComputeType_t Compute = AB == CUDA_R_32F && TF32
+  cublasOperation_t OpA = K.TransW ? CUBLAS_OP_T : CUBLAS_OP_N,
+                    OpB = CUBLAS_OP_N;
+  cublasComputeType_t Compute = K.AB == CUDA_R_32F && K.TF32
                                     ? CUBLAS_COMPUTE_32F_FAST_TF32
                                     : CUBLAS_COMPUTE_32F;
   SP_CUBLAS_TRY(Api->DescCreate(&P.Desc, Compute, CUDA_R_32F));
@@ -146,12 +141,12 @@ Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, bool TransW,
                              &BiasType, sizeof BiasType));
   SP_CUBLAS_TRY(Api->DescSet(P.Desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &Bias,
                              sizeof Bias));
-  if (TransW)
-    SP_CUBLAS_TRY(Api->LayoutCreate(&P.A, AB, InF, OutF, InF));
+  if (K.TransW)
+    SP_CUBLAS_TRY(Api->LayoutCreate(&P.A, K.AB, K.InF, K.OutF, K.InF));
   else
-    SP_CUBLAS_TRY(Api->LayoutCreate(&P.A, AB, OutF, InF, OutF));
-  SP_CUBLAS_TRY(Api->LayoutCreate(&P.B, AB, InF, Rows, InF));
-  SP_CUBLAS_TRY(Api->LayoutCreate(&P.D, CUDA_R_32F, OutF, Rows, OutF));
+    SP_CUBLAS_TRY(Api->LayoutCreate(&P.A, K.AB, K.OutF, K.InF, K.OutF));
+  SP_CUBLAS_TRY(Api->LayoutCreate(&P.B, K.AB, K.InF, K.Rows, K.InF));
+  SP_CUBLAS_TRY(Api->LayoutCreate(&P.D, CUDA_R_32F, K.OutF, K.Rows, K.OutF));
   cublasLtMatmulPreference_t Pref = nullptr;
   SP_CUBLAS_TRY(Api->PrefCreate(&Pref));
   size_t NoWorkspace = 0;
@@ -159,10 +154,10 @@ Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, bool TransW,
       Api->PrefSet(Pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &NoWorkspace,
                    sizeof NoWorkspace);
   for (auto [Attr, Align] :
-       {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, AlignA},
-        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, AlignB},
-        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, AlignD},
-        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, AlignD}})
+       {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, K.AlignW},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, K.AlignX},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, K.AlignOut},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, K.AlignOut}})
     if (St == CUBLAS_STATUS_SUCCESS)
       St = Api->PrefSet(Pref, Attr, &Align, sizeof Align);
   cublasLtMatmulHeuristicResult_t Result{};
@@ -195,19 +190,17 @@ Expected<bool> CublasLt::linearBias(cudaStream_t S, bool TransW, int64_t Rows,
         OutF,
         InF,
         TransW,
-        int(AB),
+        AB,
         TF32,
         alignmentOf(X),
         alignmentOf(W),
         alignmentOf(Bias),
         alignmentOf(Out)};
-  auto P = planOf(K, TransW, Rows, OutF, InF, AB, TF32, Bias);
+  auto P = planOf(K, Bias);
   if (!P)
     return P.takeError();
-  if (!(*P)->Found) {
-    ++Declined;
+  if (!(*P)->Found)
     return false;
-  }
   SP_CUBLAS_TRY(Api->DescSet((*P)->Desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                              &Bias, sizeof Bias));
   float One = 1.0f, Zero = 0.0f;
@@ -216,11 +209,9 @@ Expected<bool> CublasLt::linearBias(cudaStream_t S, bool TransW, int64_t Rows,
                   (*P)->D, Out, (*P)->D, &(*P)->Algo, nullptr, 0, S);
   if (St == CUBLAS_STATUS_NOT_SUPPORTED) { // the algorithm refuses it after all
     (*P)->Found = false;
-    ++Declined;
     return false;
   }
   SP_CUBLAS_TRY(St);
-  ++Fused;
   return true;
 }
 

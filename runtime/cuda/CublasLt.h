@@ -57,11 +57,6 @@ public:
                                   const void *W, cudaDataType_t AB,
                                   const float *Bias, float *Out, bool TF32);
 
-  /// How many calls ran as one cublasLtMatmul, and how many found no
-  /// algorithm (the caller ran them unfused).
-  int64_t fused() const { return Fused; }
-  int64_t declined() const { return Declined; }
-
 private:
   CublasLt() = default;
   /// The descriptors and the heuristic's algorithm of one shape, operand
@@ -72,17 +67,26 @@ private:
     cublasLtMatmulAlgo_t Algo{};
     bool Found = false;
   };
-  /// Rows, OutF, InF, TransW, AB, TF32, and the alignments of X, W, Bias
-  /// and Out.
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, bool, uint32_t,
-                         uint32_t, uint32_t, uint32_t>;
-  llvm::Expected<Plan *> planOf(const Key &K, bool TransW, int64_t Rows,
-                                int64_t OutF, int64_t InF, cudaDataType_t AB,
-                                bool TF32, const float *Bias);
+  /// What a plan depends on: the shape, the operand type, TF32, and the
+  /// alignments in bytes of X, W, Bias and Out.
+  struct Key {
+    int64_t Rows, OutF, InF;
+    bool TransW;
+    cudaDataType_t AB;
+    bool TF32;
+    uint32_t AlignX, AlignW, AlignBias, AlignOut;
+    auto tie() const {
+      return std::tie(Rows, OutF, InF, TransW, AB, TF32, AlignX, AlignW,
+                      AlignBias, AlignOut);
+    }
+    bool operator<(const Key &O) const { return tie() < O.tie(); }
+  };
+  /// K's plan, made on first use (Bias: a bias pointer of K's alignment,
+  /// which the heuristic reads).
+  llvm::Expected<Plan *> planOf(const Key &K, const float *Bias);
   const CublasLtApi *Api = nullptr;
   cublasLtHandle_t Handle = nullptr;
   std::map<Key, Plan> Plans;
-  int64_t Fused = 0, Declined = 0;
 };
 
 } // namespace sp::cuda

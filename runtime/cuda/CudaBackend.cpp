@@ -371,13 +371,13 @@ private:
   Error vocabParallelLoss(const KernelCall &C, cudaStream_t S, bool Grad,
                           int64_t N, int64_t V, int64_t Valid, int64_t Ignore);
 
-  /// --cuda-epilogues: Out = X op(W) + Bias as one cublasLtMatmul (its
-  /// bias epilogue, CublasLt.h); false when it is off or cuBLASLt has no
-  /// algorithm for the shape (the caller writes the bias and runs gemm).
-  Expected<bool> linearBias(cudaStream_t S, bool TransW, int64_t Rows,
-                            int64_t OutF, int64_t InF, const void *X,
-                            const void *W, const void *Bias, float *Out,
-                            DType AB);
+  /// A linear layer, Out[Rows, OutF] = X op(W) (+ Bias, when not null):
+  /// with --cuda-epilogues one cublasLtMatmul with the bias in its epilogue
+  /// (CublasLt.h), where cuBLASLt has an algorithm for it; else the bias
+  /// written into every row, then gemm with beta = 1.
+  Error linear(cudaStream_t S, bool TransW, int64_t Rows, int64_t OutF,
+               int64_t InF, const void *X, const void *W, const float *Bias,
+               float *Out, DType AB);
 
   int Device = 0;
   bool Overlap = true, TF32 = false, Blockwise = false;
@@ -1006,15 +1006,24 @@ Error CudaBackend::gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
   });
 }
 
-Expected<bool> CudaBackend::linearBias(cudaStream_t S, bool TransW,
-                                       int64_t Rows, int64_t OutF, int64_t InF,
-                                       const void *X, const void *W,
-                                       const void *Bias, float *Out, DType AB) {
-  if (!Lt || (AB != DType::F32 && AB != DType::BF16 && AB != DType::F16))
-    return false;
-  return Lt->linearBias(S, TransW, Rows, OutF, InF, X, W,
-                        AB == DType::F32 ? CUDA_R_32F : cudaType16(AB),
-                        static_cast<const float *>(Bias), Out, TF32);
+Error CudaBackend::linear(cudaStream_t S, bool TransW, int64_t Rows,
+                          int64_t OutF, int64_t InF, const void *X,
+                          const void *W, const float *Bias, float *Out,
+                          DType AB) {
+  if (Bias && Lt &&
+      (AB == DType::F32 || AB == DType::BF16 || AB == DType::F16)) {
+    auto Fused = Lt->linearBias(S, TransW, Rows, OutF, InF, X, W,
+                                AB == DType::F32 ? CUDA_R_32F : cudaType16(AB),
+                                Bias, Out, TF32);
+    if (!Fused)
+      return Fused.takeError();
+    if (*Fused)
+      return Error::success();
+  }
+  if (Bias)
+    cuda::broadcastRows(Out, Bias, Rows, OutF, S);
+  return gemm(S, false, TransW, Rows, OutF, InF, X, InF, W, TransW ? InF : OutF,
+              Bias ? 1.0f : 0.0f, Out, OutF, AB);
 }
 
 Error CudaBackend::batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M,
@@ -1991,38 +2000,16 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::Linear: {
     int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;
-    bool TransW = AInt("trans_w"), Bias = I.In.size() > 2;
-    if (Bias) {
-      auto Fused = linearBias(S, TransW, Rows, OutF, InF, In(0), In(1), In(2),
-                              Out(0), InT(0).Dtype);
-      if (!Fused)
-        return Fused.takeError();
-      if (*Fused)
-        return Error::success();
-    }
-    if (Bias)
-      cuda::broadcastRows(Out(0), In(2), Rows, OutF, S);
-    return gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
-                TransW ? InF : OutF, Bias ? 1.0f : 0.0f, Out(0), OutF,
-                InT(0).Dtype);
+    return linear(S, AInt("trans_w"), Rows, OutF, InF, In(0), In(1),
+                  I.In.size() > 2 ? In(2) : nullptr, Out(0), InT(0).Dtype);
   }
   case OpKind::LinearGelu: { // the linear, then the GELU of its result
     int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;
-    bool TransW = AInt("trans_w"), Bias = I.In.size() > 2;
-    auto Fused = Bias ? linearBias(S, TransW, Rows, OutF, InF, In(0), In(1),
-                                   In(2), Out(0), InT(0).Dtype)
-                      : Expected<bool>(false);
-    if (!Fused)
-      return Fused.takeError();
-    if (!*Fused) {
-      if (Bias)
-        cuda::broadcastRows(Out(0), In(2), Rows, OutF, S);
-      if (auto E = gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
-                        TransW ? InF : OutF, Bias ? 1.0f : 0.0f, Out(0), OutF,
-                        InT(0).Dtype))
-        return E;
-    }
+    if (auto E =
+            linear(S, AInt("trans_w"), Rows, OutF, InF, In(0), In(1),
+                   I.In.size() > 2 ? In(2) : nullptr, Out(0), InT(0).Dtype))
+      return E;
     cuda::gelu(OutE(1), OutE(0), OutT(0).numElements(), Tanh(), S);
     return Error::success();
   }
@@ -2030,9 +2017,8 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
                                  // place
     int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;
-    bool TransW = AInt("trans_w");
-    if (auto E = gemm(S, false, TransW, Rows, OutF, InF, In(0), InF, In(1),
-                      TransW ? InF : OutF, 0.0f, Out(0), OutF, InT(0).Dtype))
+    if (auto E = linear(S, AInt("trans_w"), Rows, OutF, InF, In(0), In(1),
+                        nullptr, Out(0), InT(0).Dtype))
       return E;
     cuda::geluBackward(OutE(0), InE(2), OutE(0), OutT(0).numElements(),
                        Tanh(), S);

@@ -109,12 +109,12 @@ const char *kindName(CollKind K) {
 
 template <typename T>
 void reduceInto(std::vector<char> &Out, const std::vector<const void *> &Send,
-                size_t Offset, size_t Count, ncclRedOp_t Op) {
+                size_t Count, ncclRedOp_t Op) {
   T *O = reinterpret_cast<T *>(Out.data());
   for (size_t I = 0; I < Count; ++I) {
-    T Acc = static_cast<const T *>(Send[0])[Offset + I];
+    T Acc = static_cast<const T *>(Send[0])[I];
     for (size_t R = 1; R < Send.size(); ++R) {
-      T V = static_cast<const T *>(Send[R])[Offset + I];
+      T V = static_cast<const T *>(Send[R])[I];
       Acc = Op == ncclMax ? std::max(Acc, V) : T(Acc + V);
     }
     O[I] = Acc;
@@ -160,12 +160,57 @@ struct Posted {
 thread_local int GroupDepth = 0;
 thread_local std::vector<Posted> Grouped;
 
+/// "ncclAllReduce #k of rank r", collective P's name in messages.
+std::string collectiveName(const Posted &P) {
+  return std::string(kindName(P.Kind)) + " #" + std::to_string(P.Seq) +
+         " of rank " + std::to_string(P.Rank);
+}
+
+/// Collective P's result on its rank from Parts, what each rank Q gives
+/// it (Q's input; for a reduce-scatter, Q's chunk for this rank): the sum
+/// (or maximum) in rank order, the concatenation, or the root's.
+std::vector<char> collectiveResult(const Posted &P,
+                                   const std::vector<const void *> &Parts) {
+  const size_t Bytes = P.Count * typeBytes(P.Type);
+  std::vector<char> Result;
+  switch (P.Kind) {
+  case CollKind::AllReduce:
+  case CollKind::ReduceScatter:
+    Result.resize(Bytes);
+    if (P.Type == ncclFloat32)
+      reduceInto<float>(Result, Parts, P.Count, P.Op);
+    else if (P.Type == ncclFloat64)
+      reduceInto<double>(Result, Parts, P.Count, P.Op);
+    else
+      fail(collectiveName(P) +
+           ": a reduction of a type the emulation does not implement");
+    break;
+  case CollKind::AllGather:
+    Result.resize(Parts.size() * Bytes);
+    for (size_t Q = 0; Q < Parts.size(); ++Q)
+      std::memcpy(Result.data() + Q * Bytes, Parts[Q], Bytes);
+    break;
+  case CollKind::Broadcast:
+    Result.resize(Bytes);
+    std::memcpy(Result.data(), Parts[P.Root], Bytes);
+    break;
+  }
+  return Result;
+}
+
+/// Aborts unless collective P agrees with what another rank posted for it.
+void checkAgrees(const Posted &P, CollKind Kind, size_t Count,
+                 ncclDataType_t Type, ncclRedOp_t Op, int Root) {
+  if (Kind != P.Kind || Count != P.Count || Type != P.Type || Op != P.Op ||
+      Root != P.Root)
+    fail(collectiveName(P) + " of " + P.Id +
+         " does not match the other ranks' (" + kindName(Kind) + " of " +
+         std::to_string(Count) + " elements)");
+}
+
 void runCollective(const Posted &P) {
   Clique &Cl = *P.Cl;
   const int N = Cl.Size, Me = P.Rank;
-  const size_t Elem = typeBytes(P.Type);
-  std::string What = std::string(kindName(P.Kind)) + " #" +
-                     std::to_string(P.Seq) + " of rank " + std::to_string(Me);
   std::unique_lock<std::mutex> Lock(Cl.M);
   auto [It, New] = Cl.Rounds.try_emplace(P.Seq);
   Round &R = It->second;
@@ -176,53 +221,31 @@ void runCollective(const Posted &P) {
     R.Op = P.Op;
     R.Root = P.Root;
     R.Send.assign(N, nullptr);
-  } else if (R.Kind != P.Kind || R.Count != P.Count || R.Type != P.Type ||
-             R.Op != P.Op || R.Root != P.Root) {
-    fail(What + " does not match the other ranks' (" + kindName(R.Kind) +
-         " of " + std::to_string(R.Count) + " elements)");
+  } else {
+    checkAgrees(P, R.Kind, R.Count, R.Type, R.Op, R.Root);
   }
   R.Send[Me] = P.In;
   ++R.Arrived;
   Cl.CV.notify_all();
   waitFor(
       Cl.CV, Lock, [&] { return R.Arrived == N || Cl.Aborted; },
-      "the other ranks to reach " + What);
+      "the other ranks to reach " + collectiveName(P));
   if (Cl.Aborted)
     return;
   Lock.unlock();
   // Every rank computes its result from the others' inputs, then all write:
   // an in-place operand is read by all before any is overwritten.
-  std::vector<char> Result;
-  switch (P.Kind) {
-  case CollKind::AllReduce:
-  case CollKind::ReduceScatter: {
-    size_t Offset = P.Kind == CollKind::ReduceScatter ? Me * P.Count : 0;
-    Result.resize(P.Count * Elem);
-    if (P.Type == ncclFloat32)
-      reduceInto<float>(Result, R.Send, Offset, P.Count, P.Op);
-    else if (P.Type == ncclFloat64)
-      reduceInto<double>(Result, R.Send, Offset, P.Count, P.Op);
-    else
-      fail(What + ": a reduction of a type the emulation does not implement");
-    break;
-  }
-  case CollKind::AllGather:
-    Result.resize(N * P.Count * Elem);
-    for (int Q = 0; Q < N; ++Q)
-      std::memcpy(Result.data() + Q * P.Count * Elem, R.Send[Q],
-                  P.Count * Elem);
-    break;
-  case CollKind::Broadcast:
-    Result.resize(P.Count * Elem);
-    std::memcpy(Result.data(), R.Send[P.Root], P.Count * Elem);
-    break;
-  }
+  std::vector<const void *> Parts(R.Send);
+  if (P.Kind == CollKind::ReduceScatter)
+    for (const void *&Q : Parts)
+      Q = static_cast<const char *>(Q) + Me * P.Count * typeBytes(P.Type);
+  std::vector<char> Result = collectiveResult(P, Parts);
   Lock.lock();
   ++R.Computed;
   Cl.CV.notify_all();
   waitFor(
       Cl.CV, Lock, [&] { return R.Computed == N || Cl.Aborted; },
-      "the other ranks to read their inputs of " + What);
+      "the other ranks to read their inputs of " + collectiveName(P));
   if (Cl.Aborted)
     return;
   std::memcpy(P.Out, Result.data(), Result.size());
@@ -358,13 +381,6 @@ bool mpiWait(std::vector<MPI_Request> &Reqs, std::vector<MPI_Status> &Statuses,
   }
 }
 
-int bytesOf(size_t Bytes, const std::string &What) {
-  if (Bytes > size_t(INT_MAX))
-    fail(What + ": " + std::to_string(Bytes) +
-         " bytes, more than one MPI message of the emulation carries");
-  return int(Bytes);
-}
-
 /// ncclCommInitRank for an id made by process Maker of the job.
 ncclResult_t initOverMpi(ncclComm_t *Comm, int NRanks, const std::string &Key,
                          int Maker, int Index, int Rank) {
@@ -453,32 +469,44 @@ void runGroupOverMpi(const std::vector<Posted> &Ops) {
   // Per operation, per peer: its header and data, received.
   std::vector<std::vector<Header>> Headers(Ops.size());
   std::vector<std::vector<std::vector<char>>> From(Ops.size());
-  std::string Group;
-  for (const Posted &P : Ops)
-    Group +=
-        std::string(Group.empty() ? "" : ", ") +
-        (P.What == Posted::Send ? "send #" + std::to_string(P.Seq) +
-                                      " to rank " + std::to_string(P.Peer)
-         : P.What == Posted::Recv
-             ? "receive #" + std::to_string(P.Seq) + " from rank " +
-                   std::to_string(P.Peer)
-             : std::string(kindName(P.Kind)) + " #" + std::to_string(P.Seq)) +
-        " of rank " + std::to_string(P.Rank) + " of " + P.Id;
+  // The group, for messages (made only when one is written).
+  auto Group = [&] {
+    std::string G;
+    for (const Posted &P : Ops)
+      G += std::string(G.empty() ? "" : ", ") +
+           (P.What == Posted::Coll ? collectiveName(P)
+            : P.What == Posted::Send
+                ? "send #" + std::to_string(P.Seq) + " to rank " +
+                      std::to_string(P.Peer) + " of rank " +
+                      std::to_string(P.Rank)
+                : "receive #" + std::to_string(P.Seq) + " from rank " +
+                      std::to_string(P.Peer) + " of rank " +
+                      std::to_string(P.Rank)) +
+           " of " + P.Id;
+    return G;
+  };
+  auto check = [&](int Code) {
+    if (Code != MPI_SUCCESS)
+      fail(Group() + ": " + mpiError(Code));
+  };
+  auto count = [&](size_t Bytes) {
+    if (Bytes > size_t(INT_MAX))
+      fail(Group() + ": " + std::to_string(Bytes) +
+           " bytes, more than one MPI message of the emulation carries");
+    return int(Bytes);
+  };
   auto isend = [&](const void *Data, size_t Bytes, int To, int Tag, MPI_Comm C,
                    bool Synchronous) {
     Reqs.push_back(MPI_REQUEST_NULL);
-    int N = bytesOf(Bytes, Group);
-    mpiCheck(Synchronous
-                 ? MPI_Issend(Data, N, MPI_BYTE, To, Tag, C, &Reqs.back())
-                 : MPI_Isend(Data, N, MPI_BYTE, To, Tag, C, &Reqs.back()),
-             Group);
+    check(Synchronous ? MPI_Issend(Data, count(Bytes), MPI_BYTE, To, Tag, C,
+                                   &Reqs.back())
+                      : MPI_Isend(Data, count(Bytes), MPI_BYTE, To, Tag, C,
+                                  &Reqs.back()));
   };
   auto irecv = [&](void *Data, size_t Bytes, int From, int Tag, MPI_Comm C,
                    std::string What) {
     Reqs.push_back(MPI_REQUEST_NULL);
-    mpiCheck(MPI_Irecv(Data, bytesOf(Bytes, Group), MPI_BYTE, From, Tag, C,
-                       &Reqs.back()),
-             Group);
+    check(MPI_Irecv(Data, count(Bytes), MPI_BYTE, From, Tag, C, &Reqs.back()));
     Expected.push_back({Reqs.size() - 1, Bytes, std::move(What)});
   };
   for (size_t I = 0; I < Ops.size(); ++I) {
@@ -510,7 +538,8 @@ void runGroupOverMpi(const std::vector<Posted> &Ops) {
       const bool Sends = P.Kind != CollKind::Broadcast || Me == P.Root,
                  Receives = P.Kind != CollKind::Broadcast || Q == P.Root;
       std::string Of = std::string(kindName(P.Kind)) + " #" +
-                       std::to_string(P.Seq) + " of rank " + std::to_string(Q);
+                       std::to_string(P.Seq) + " from rank " +
+                       std::to_string(Q);
       // The header goes first on the same tag: MPI keeps their order.
       isend(&Headers[I][Me], sizeof(Header), Q, Tag, Cl.Mpi, false);
       irecv(&Headers[I][Q], sizeof(Header), Q, Tag, Cl.Mpi, Of);
@@ -525,13 +554,13 @@ void runGroupOverMpi(const std::vector<Posted> &Ops) {
     }
   }
   std::vector<MPI_Status> Statuses;
-  if (!mpiWait(Reqs, Statuses, Cls, [&] { return Group; }))
+  if (!mpiWait(Reqs, Statuses, Cls, Group))
     return; // aborted
   for (const Expect &E : Expected) {
     int Got = 0;
     MPI_Get_count(&Statuses[E.Request], MPI_BYTE, &Got);
     if (size_t(Got) != E.Bytes)
-      fail("the " + E.What + " of " + Group + " has " + std::to_string(Got) +
+      fail("the " + E.What + " of " + Group() + " has " + std::to_string(Got) +
            " bytes; its receive wants " + std::to_string(E.Bytes));
   }
   for (size_t I = 0; I < Ops.size(); ++I) {
@@ -539,42 +568,18 @@ void runGroupOverMpi(const std::vector<Posted> &Ops) {
     if (P.What != Posted::Coll)
       continue;
     const int N = P.Cl->Size, Me = P.Rank;
-    const size_t Elem = typeBytes(P.Type), Bytes = P.Count * Elem;
-    for (int Q = 0; Q < N; ++Q)
-      if (Headers[I][Q] != headerOf(P))
-        fail(std::string(kindName(P.Kind)) + " #" + std::to_string(P.Seq) +
-             " of rank " + std::to_string(Me) + " of " + P.Id +
-             " does not match rank " + std::to_string(Q) + "'s (" +
-             kindName(CollKind(Headers[I][Q][0])) + " of " +
-             std::to_string(Headers[I][Q][1]) + " elements)");
-    std::vector<const void *> Ptrs(N);
-    for (int Q = 0; Q < N; ++Q)
-      Ptrs[Q] = Q != Me
-                    ? static_cast<const void *>(From[I][Q].data())
-                    : static_cast<const char *>(P.In) +
-                          (P.Kind == CollKind::ReduceScatter ? Me * Bytes : 0);
-    std::vector<char> Result;
-    switch (P.Kind) {
-    case CollKind::AllReduce:
-    case CollKind::ReduceScatter:
-      Result.resize(Bytes);
-      if (P.Type == ncclFloat32)
-        reduceInto<float>(Result, Ptrs, 0, P.Count, P.Op);
-      else if (P.Type == ncclFloat64)
-        reduceInto<double>(Result, Ptrs, 0, P.Count, P.Op);
-      else
-        fail("a reduction of a type the emulation does not implement");
-      break;
-    case CollKind::AllGather:
-      Result.resize(N * Bytes);
-      for (int Q = 0; Q < N; ++Q)
-        std::memcpy(Result.data() + Q * Bytes, Ptrs[Q], Bytes);
-      break;
-    case CollKind::Broadcast:
-      Result.assign(static_cast<const char *>(Ptrs[P.Root]),
-                    static_cast<const char *>(Ptrs[P.Root]) + Bytes);
-      break;
+    const size_t Bytes = P.Count * typeBytes(P.Type);
+    std::vector<const void *> Parts(N);
+    for (int Q = 0; Q < N; ++Q) {
+      const Header &H = Headers[I][Q];
+      checkAgrees(P, CollKind(H[0]), size_t(H[1]), ncclDataType_t(H[2]),
+                  ncclRedOp_t(H[3]), int(H[4]));
+      Parts[Q] = Q != Me
+                     ? static_cast<const void *>(From[I][Q].data())
+                     : static_cast<const char *>(P.In) +
+                           (P.Kind == CollKind::ReduceScatter ? Me * Bytes : 0);
     }
+    std::vector<char> Result = collectiveResult(P, Parts);
     std::memcpy(P.Out, Result.data(), Result.size());
   }
 }

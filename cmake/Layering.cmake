@@ -2,7 +2,9 @@
 # graph at configure time: a link that breaks it fails the configure with the
 # chain that breaks it.
 #
-#   sp_ir  <-  sp_plan  <-  sp_lower  <-  sp_passes   (the compiler)
+#   sp_ir  <-  sp_plan  <-  sp_lower  <-  sp_passes  <-  sp_reports  <-
+#                       <-  sp_analysis <-'          sp_driver  <-  sp_planner
+#                                                   (the compiler)
 #                       <-  sp_runtime                (the runtime: executor,
 #                                                      kernels, communicators)
 #                              <-  sp_runtime_cuda    (the CUDA backend, and
@@ -58,11 +60,17 @@ function(sp_forbid_links Target)
 endfunction()
 
 function(sp_check_layering)
-  set(Compiler sp_lower sp_passes)
+  set(Compiler sp_lower sp_analysis sp_passes sp_reports sp_driver sp_planner)
   set(Runtime sp_runtime sp_runtime_cpu sp_comm sp_cuda_host sp_runtime_cuda)
   sp_forbid_links(sp_plan ${Compiler} ${Runtime} sp_frontend)
-  sp_forbid_links(sp_lower ${Runtime} sp_passes sp_frontend)
-  sp_forbid_links(sp_passes ${Runtime})
+  sp_forbid_links(sp_lower ${Runtime} sp_analysis sp_passes sp_reports
+                  sp_driver sp_planner sp_frontend)
+  sp_forbid_links(sp_analysis ${Runtime} sp_lower sp_passes sp_reports
+                  sp_driver sp_planner sp_frontend)
+  sp_forbid_links(sp_passes ${Runtime} sp_reports sp_driver sp_planner)
+  sp_forbid_links(sp_reports ${Runtime} sp_driver sp_planner)
+  sp_forbid_links(sp_driver ${Runtime} sp_planner)
+  sp_forbid_links(sp_planner ${Runtime})
   sp_forbid_links(sp_runtime ${Compiler} sp_runtime_cuda)
   sp_forbid_links(sp_runtime_cuda ${Compiler} sp_frontend)
   sp_forbid_links(sp_cuda_host ${Compiler} sp_frontend)

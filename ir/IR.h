@@ -14,6 +14,7 @@
 #define SP_IR_IR_H
 
 #include "ir/Attribute.h"
+#include "ir/Role.h"
 #include "ir/TensorData.h"
 #include "ir/Types.h"
 #include "llvm/ADT/ArrayRef.h"
@@ -199,7 +200,7 @@ private:
 /// Stage -1 means "not assigned to a pipeline stage".
 struct Tags {
   int Layer = -1;
-  std::string Role;
+  sp::Role Role = sp::Role::None;
   Phase Ph = Phase::Forward;
   int Stage = -1;
 };

@@ -877,7 +877,10 @@ private:
           auto S = expectString();
           if (!S)
             return S.takeError();
-          T.Role = *S;
+          auto R = parseRole(*S);
+          if (!R)
+            return fail("unknown role '" + *S + "' (ir/Roles.def lists the roles)");
+          T.Role = *R;
         } else if (Key == "phase") {
           auto P = Tok.K == Token::Ident ? parsePhase(Tok.Text) : std::nullopt;
           if (!P)

@@ -263,11 +263,11 @@ private:
     SmallVector<std::string, 4> Parts;
     if (T.Layer >= 0)
       Parts.push_back("layer = " + std::to_string(T.Layer));
-    if (!T.Role.empty()) {
+    if (T.Role != Role::None) {
       std::string S;
       raw_string_ostream SOS(S);
       SOS << "role = ";
-      printQuotedTo(SOS, T.Role);
+      printQuotedTo(SOS, roleName(T.Role));
       Parts.push_back(SOS.str());
     }
     if (T.Ph != Phase::Forward)

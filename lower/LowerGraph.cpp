@@ -60,7 +60,7 @@ static bool keepsF32(const Value *V, OptimizerFeeds *Memo) {
       V->resultIndex() > 0)
     return true;
   if (P->op() == OpKind::CrossEntropy || P->op() == OpKind::CrossEntropyGrad ||
-      P->tags().Role == "loss" || P->tags().Ph == Phase::Optimizer)
+      P->tags().Role == Role::Loss || P->tags().Ph == Phase::Optimizer)
     return true;
   if (any_of(V->users(), [](const Use &U) {
         return U.User->op() == OpKind::CrossEntropy;
@@ -154,7 +154,7 @@ int ProgramBuilder::computeCopy(int Param, const Tags &User) {
   Tags Tg;
   Tg.Layer = User.Layer;
   Tg.Stage = User.Stage;
-  Tg.Role = "cast";
+  Tg.Role = Role::Cast;
   Tg.Ph = Phase::Forward; // also run when evaluating
   int Id = emitRaw(OpKind::Cast, {Param}, {T}, std::move(A), Tg,
                    "cast." + PB.Name, {T.numBytes()})[0];

@@ -382,7 +382,6 @@ private:
         Acc = Accumulators.insert({V, Id}).first;
       }
       Tags T = V->producer()->tags();
-      T.Role += "_accumulate";
       B.emitRaw(OpKind::Accumulate, {Acc->second, It->second}, {}, {}, T,
                 "accumulate");
     }

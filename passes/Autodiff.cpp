@@ -77,7 +77,7 @@ public:
         // Used on sequence-sharded data: each rank's gradient is partial.
         Node *Sum = cantFail(buildNode(G, G.nodes().end(), OpKind::AllReduce,
                                        {D}, {}, P->name()));
-        Sum->tags().Role = "grad_sum";
+        Sum->tags().Role = Role::GradSum;
         Sum->tags().Ph = Phase::Backward;
         D = Sum->result();
       }
@@ -122,7 +122,7 @@ private:
                         {Logits, Targets}, A, "loss");
     if (!CE)
       return CE.takeError();
-    (*CE)->tags().Role = "loss";
+    (*CE)->tags().Role = Role::Loss;
     // The step's loss is the mean over every counted target of the step:
     // the sum over microbatches of weight * (the microbatch's mean), where
     // the runtime feeds weight = (the microbatch's counted targets) / (the
@@ -134,7 +134,7 @@ private:
                               {(*CE)->result(), Weight}, {}, "loss");
     if (!Weighted)
       return Weighted.takeError();
-    (*Weighted)->tags().Role = "loss";
+    (*Weighted)->tags().Role = Role::Loss;
     return (*Weighted)->result();
   }
 
@@ -282,7 +282,7 @@ private:
         A.set("dim", attrInt(G.op(), G.attrs(), "dim"));
         A.set("parts", attrInt(G.op(), G.attrs(), "parts"));
         Node *AG = D.emit(G, OpKind::AllGather, {G.operand(0)}, A);
-        AG->tags().Role = G.tags().Role + "_regather";
+        AG->tags().Role = roleProps(G.tags().Role).Regather;
         Again = AG->result();
       }
       return Again;

@@ -55,24 +55,24 @@ DenseMap<Value *, Found> structuralRoles(Graph &G) {
       R[V] = {Role, Why.str(), Guess};
   };
   for (Node &N : G.nodes()) {
-    const std::string &Role = N.tags().Role;
+    Role R = N.tags().Role;
     if (N.tags().Ph != Phase::Forward)
       continue;
-    if (Role == "embed")
+    if (R == Role::Embed)
       Mark(N.operand(1), InputRole::Tokens, "the ids of the token embedding");
-    else if (Role == "pos_embed")
+    else if (R == Role::PosEmbed)
       Mark(N.operand(1), InputRole::Positions,
            "the ids of a table with a row per position added to the tokens",
            &N);
-    else if (Role == "type_embed")
+    else if (R == Role::TypeEmbed)
       Mark(N.operand(1), InputRole::TokenTypes,
            "the ids of a table with fewer rows than positions added to the "
            "tokens",
            &N);
-    else if (Role == "pad_mask")
+    else if (R == Role::PadMask)
       Mark(N.operand(1), InputRole::Mask,
            "the attention mask added to the scores as (1 - m) * fill");
-    else if (Role == "rope_cos" || Role == "rope_sin")
+    else if (R == Role::RopeCos || R == Role::RopeSin)
       Mark(N.operand(1), InputRole::Positions,
            "the positions the rotary tables are looked up by");
   }
@@ -142,7 +142,8 @@ public:
       }
       if (Overrule) {
         It->second.Guess->tags().Role =
-            Role == InputRole::Positions ? "pos_embed" : "type_embed";
+            Role == InputRole::Positions ? sp::Role::PosEmbed
+                                         : sp::Role::TypeEmbed;
         It->second.Role = Role;
       }
       if (It != Structural.end() && It->second.Role != Role)

@@ -40,7 +40,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ShapeInference.h"
-#include "passes/LazyElements.h"
+#include "analysis/LazyElements.h"
 #include "passes/Passes.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/ADT/DenseMap.h"

@@ -94,7 +94,7 @@ public:
       Node *Sum = cantFail(buildNode(G, Norm->getIterator(),
                                      OpKind::AllReduce, {Grad}, A,
                                      "dp_sum." + Update->operand(0)->name()));
-      Sum->tags().Role = "dp_grad_sum";
+      Sum->tags().Role = Role::DpGradSum;
       Sum->tags().Ph = Phase::Optimizer;
       Sum->tags().Stage = Update->tags().Stage;
       Sum->result()->setSharding(Grad->sharding());
@@ -121,7 +121,7 @@ private:
       if (!RS)
         return RS.takeError();
       Node *Sum = *RS;
-      Sum->tags().Role = "dp_grad_scatter";
+      Sum->tags().Role = Role::DpGradScatter;
       Sum->tags().Ph = Phase::Optimizer;
       Sum->tags().Stage = Update->tags().Stage;
       Sharding S = Grad->sharding();
@@ -158,7 +158,7 @@ private:
                               "dp_gather." + P->name());
       if (!Gather)
         return Gather.takeError();
-      (*Gather)->tags().Role = "dp_param_gather";
+      (*Gather)->tags().Role = Role::DpParamGather;
       (*Gather)->tags().Ph = Phase::Optimizer;
       (*Gather)->tags().Stage = U->tags().Stage;
     }

@@ -24,14 +24,14 @@
 // When the structure does not match, the error says which part of which
 // layer failed and what was found instead. Every node must end up with a
 // role, so nothing the later passes do not understand slips through, and
-// every layer's roles must fit a family template (passes/Roles.h): the walk
+// every layer's roles must fit a family template (ir/Family.h): the walk
 // accepts any combination of the blocks above, and a family is one the
 // parallel rules and memory formulas are written for.
 //
 //===----------------------------------------------------------------------===//
 #include "ir/OpDef.h"
 #include "passes/Passes.h"
-#include "passes/Roles.h"
+#include "ir/Family.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
@@ -45,7 +45,7 @@ public:
 
   Error run() {
     for (Node &N : G.nodes())
-      N.tags() = Tags{-1, "", N.tags().Ph, N.tags().Stage};
+      N.tags() = Tags{-1, Role::None, N.tags().Ph, N.tags().Stage};
     Value *X;
     if (auto E = embedding(X))
       return E;
@@ -183,26 +183,27 @@ private:
     return isActivation(U->op()) ? U : nullptr;
   }
 
-  void tag(Node *N, int Layer, StringRef Role) {
+  void tag(Node *N, int Layer, Role R) {
     N->tags().Layer = Layer;
-    N->tags().Role = Role.str();
+    N->tags().Role = R;
   }
 
   /// Requires that V's only user is a K node; tags and returns it.
   Expected<Node *> expect(int Layer, StringRef Part, Value *V, OpKind K,
-                          StringRef Role) {
+                          Role R) {
     Node *N = onlyUser(V, K);
     if (!N)
       return fail(Layer, Part, V,
-                  formatv("expected {0} ({1}); {2}", opName(K), Role, found(V)));
-    tag(N, Layer, Role);
+                  formatv("expected {0} ({1}); {2}", opName(K), roleName(R),
+                          found(V)));
+    tag(N, Layer, R);
     return N;
   }
 
   /// Tags an optional dropout on V and returns the value after it.
-  Value *optionalDropout(Value *V, int Layer, StringRef Role) {
+  Value *optionalDropout(Value *V, int Layer, Role R) {
     if (Node *D = onlyUser(V, OpKind::Dropout)) {
-      tag(D, Layer, Role);
+      tag(D, Layer, R);
       return D->result();
     }
     return V;
@@ -251,7 +252,7 @@ private:
                       Candidates[1]->describe() +
                       "): none is tied to the head or as wide as the "
                       "vocabulary");
-    tag(Tok, -1, "embed");
+    tag(Tok, -1, Role::Embed);
     X = Tok->result();
     // Embeddings added to the tokens': positions and token types (BERT),
     // in either order. Each add's other operand is an embedding indexed by
@@ -260,7 +261,7 @@ private:
     while (Node *Add = onlyUser(X, OpKind::Add)) {
       Value *P = Add->operand(0) == X ? Add->operand(1) : Add->operand(0);
       Node *E = P->producer();
-      if (!E || E->op() != OpKind::Embedding || !E->tags().Role.empty() ||
+      if (!E || E->op() != OpKind::Embedding || E->tags().Role != Role::None ||
           !(E->operand(1)->isConst() || E->operand(1)->isInput()))
         break;
       bool IsPos = isPositionLookup(E, Pos != nullptr);
@@ -271,15 +272,15 @@ private:
                         (IsPos ? Pos : Types)->describe() + ", " +
                         E->describe() + ")");
       (IsPos ? Pos : Types) = E;
-      tag(E, -1, IsPos ? "pos_embed" : "type_embed");
-      tag(Add, -1, "embed_add");
+      tag(E, -1, IsPos ? Role::PosEmbed : Role::TypeEmbed);
+      tag(Add, -1, Role::EmbedAdd);
       X = Add->result();
     }
     if (Node *LN = onlyUser(X, OpKind::LayerNorm)) { // BERT's embedding norm
-      tag(LN, -1, "embed_norm");
+      tag(LN, -1, Role::EmbedNorm);
       X = LN->result();
     }
-    X = optionalDropout(X, -1, "embed_dropout");
+    X = optionalDropout(X, -1, Role::EmbedDropout);
     return Error::success();
   }
 
@@ -368,22 +369,31 @@ private:
       return fail(L, "attention", Normed,
                   "unsupported rotary/repeat layout: rope on q and k, the "
                   "kv-head repeat on k and v");
-    for (auto [P, Name] : {std::pair{Q, "q"}, {K, "k"}, {Vp, "v"}}) {
-      tag(P->Lin, L, Name);
-      tag(P->Heads, L, std::string(Name) + "_heads");
+    // (Only q and k are rotated and only k and v repeated: refused above.)
+    struct ProjectionRoles {
+      Path *P;
+      Role Lin, Heads, Rope, Repeat;
+    };
+    for (auto [P, Lin, Heads, Rope, Repeat] :
+         {ProjectionRoles{Q, Role::Q, Role::QHeads, Role::QRope, Role::None},
+          ProjectionRoles{K, Role::K, Role::KHeads, Role::KRope, Role::KRepeat},
+          ProjectionRoles{Vp, Role::V, Role::VHeads, Role::None,
+                          Role::VRepeat}}) {
+      tag(P->Lin, L, Lin);
+      tag(P->Heads, L, Heads);
       if (P->Rope)
-        tag(P->Rope, L, std::string(Name) + "_rope");
+        tag(P->Rope, L, Rope);
       if (P->Repeat)
-        tag(P->Repeat, L, std::string(Name) + "_repeat");
+        tag(P->Repeat, L, Repeat);
     }
     // The rotary tables: lookups of fixed tables by position ids.
     for (Node *R : {Q->Rope, K->Rope})
       for (unsigned I : {1u, 2u})
         if (R)
           if (Node *T = R->operand(I)->producer();
-              T && T->op() == OpKind::Embedding && T->tags().Role.empty())
-            tag(T, L, I == 1 ? "rope_cos" : "rope_sin");
-    tag(Q->Reader, L, "qk");
+              T && T->op() == OpKind::Embedding && T->tags().Role == Role::None)
+            tag(T, L, I == 1 ? Role::RopeCos : Role::RopeSin);
+    tag(Q->Reader, L, Role::Qk);
     QK = Q->Reader;
     V = Vp->Repeat ? Vp->Repeat->result() : Vp->Heads->result();
     return Error::success();
@@ -404,7 +414,7 @@ private:
                       "-norm");
     Value *AttnIn = X;
     if (LN1) {
-      tag(LN1, L, "ln1");
+      tag(LN1, L, Role::Ln1);
       AttnIn = LN1->result();
     }
     // Attention block: a fused QKV linear and split_heads (GPT), or
@@ -423,14 +433,14 @@ private:
         return fail(L, "attention", AttnIn,
                     "expected a fused qkv linear or q, k and v linears; " +
                         found(AttnIn));
-      tag(QKV, L, "qkv");
+      tag(QKV, L, Role::Qkv);
       auto SH = expect(L, "attention", QKV->result(), OpKind::SplitHeads,
-                       "split_heads");
+                       Role::SplitHeads);
       if (!SH)
         return SH.takeError();
       Value *Q = (*SH)->result(0), *K = (*SH)->result(1);
       V = (*SH)->result(2);
-      auto QK = expect(L, "attention core", Q, OpKind::BatchMatMul, "qk");
+      auto QK = expect(L, "attention core", Q, OpKind::BatchMatMul, Role::Qk);
       if (!QK)
         return QK.takeError();
       if ((*QK)->operand(1) != K || !attrInt((*QK)->op(), (*QK)->attrs(), "trans_b"))
@@ -442,7 +452,7 @@ private:
     if (!Proj)
       return Proj.takeError();
     auto X1 = closeBlock(L, "attention", (*Proj)->result(), Res1, PostNorm,
-                         {"attn_dropout", "residual1", "ln1", "layer"});
+                         {Role::AttnDropout, Role::Residual1, Role::Ln1, "layer"});
     if (!X1)
       return X1.takeError();
     X = *X1;
@@ -458,7 +468,7 @@ private:
                              "add; " + found(X));
     Value *MlpIn = X;
     if (LN2) {
-      tag(LN2, L, "ln2");
+      tag(LN2, L, Role::Ln2);
       MlpIn = LN2->result();
     }
     auto MlpUsers = blockUsers(MlpIn, PostNorm ? Res2 : nullptr);
@@ -479,11 +489,11 @@ private:
       if (!Glu || onlyUser(Up->result(), OpKind::Mul) != Glu)
         return fail(L, "mlp", Act->result(),
                     "expected silu(gate(x)) * up(x); " + found(Act->result()));
-      tag(Gate, L, "gate");
-      tag(Up, L, "up");
-      tag(Act, L, "act");
-      tag(Glu, L, "glu");
-      auto FC2 = expect(L, "mlp", Glu->result(), OpKind::Linear, "fc2");
+      tag(Gate, L, Role::Gate);
+      tag(Up, L, Role::Up);
+      tag(Act, L, Role::Act);
+      tag(Glu, L, Role::Glu);
+      auto FC2 = expect(L, "mlp", Glu->result(), OpKind::Linear, Role::Fc2);
       if (!FC2)
         return FC2.takeError();
       Down = *FC2;
@@ -493,20 +503,20 @@ private:
                     "expected an fc1 linear or gate and up linears; " +
                         found(MlpIn));
       Node *FC1 = MlpUsers[0];
-      tag(FC1, L, "fc1");
+      tag(FC1, L, Role::Fc1);
       Node *Act = activationUser(FC1->result());
       if (!Act)
         return fail(L, "mlp", FC1->result(),
                     "expected an activation: " + activationNames() +
                         " (act); " + found(FC1->result()));
-      tag(Act, L, "act");
-      auto FC2 = expect(L, "mlp", Act->result(), OpKind::Linear, "fc2");
+      tag(Act, L, Role::Act);
+      auto FC2 = expect(L, "mlp", Act->result(), OpKind::Linear, Role::Fc2);
       if (!FC2)
         return FC2.takeError();
       Down = *FC2;
     }
     auto X2 = closeBlock(L, "mlp", Down->result(), Res2, PostNorm,
-                         {"mlp_dropout", "residual2", "ln2", "block"});
+                         {Role::MlpDropout, Role::Residual2, Role::Ln2, "block"});
     if (!X2)
       return X2.takeError();
     X = *X2;
@@ -515,7 +525,8 @@ private:
 
   /// The roles at a block's end, and what its residual adds (for errors).
   struct BlockEnd {
-    const char *Dropout, *Residual, *PostNorm, *Input;
+    Role Dropout, Residual, PostNorm;
+    const char *Input;
   };
 
   /// The end of a block: an optional dropout, the residual add Res found at
@@ -548,16 +559,16 @@ private:
     Value *Cur = QK->result();
     struct Optional {
       OpKind Op;
-      const char *Role;
+      Role R;
       bool Found = false;
-    } Steps[] = {{OpKind::Scale, "scale"},
-                 {OpKind::CausalMask, "mask"},
-                 {OpKind::PaddingMask, "pad_mask"}};
+    } Steps[] = {{OpKind::Scale, Role::Scale},
+                 {OpKind::CausalMask, Role::Mask},
+                 {OpKind::PaddingMask, Role::PadMask}};
     for (bool More = true; More;) {
       More = false;
       for (Optional &S : Steps)
         if (Node *N = onlyUser(Cur, S.Op); N && !S.Found) {
-          tag(N, L, S.Role);
+          tag(N, L, S.R);
           S.Found = More = true;
           Cur = N->result();
         }
@@ -576,20 +587,20 @@ private:
       return fail(L, "attention core", Cur,
                   "expected softmax after the scores, their scaling and the "
                   "masks; " + found(Cur) + unsupportedMaskHint(Cur));
-    tag(SM, L, "softmax");
-    Cur = optionalDropout(SM->result(), L, "attn_core_dropout");
-    auto AV = expect(L, "attention core", Cur, OpKind::BatchMatMul, "av");
+    tag(SM, L, Role::Softmax);
+    Cur = optionalDropout(SM->result(), L, Role::AttnCoreDropout);
+    auto AV = expect(L, "attention core", Cur, OpKind::BatchMatMul, Role::Av);
     if (!AV)
       return AV.takeError();
     if ((*AV)->operand(1) != V || attrInt((*AV)->op(), (*AV)->attrs(), "trans_b"))
       return fail(L, "attention core", Cur,
                   "av must multiply the attention probabilities by the values");
     auto MH = expect(L, "attention", (*AV)->result(), OpKind::MergeHeads,
-                     "merge_heads");
+                     Role::MergeHeads);
     if (!MH)
       return MH.takeError();
     auto Proj =
-        expect(L, "attention", (*MH)->result(), OpKind::Linear, "proj");
+        expect(L, "attention", (*MH)->result(), OpKind::Linear, Role::Proj);
     if (!Proj)
       return Proj.takeError();
     return *Proj;
@@ -628,7 +639,7 @@ private:
     if (!LN)
       LN = onlyUser(Cur, OpKind::RmsNorm);
     if (LN) {
-      tag(LN, -1, "final_norm");
+      tag(LN, -1, Role::FinalNorm);
       Cur = LN->result();
     }
     // BERT's prediction head transform: linear, gelu, layer_norm.
@@ -636,13 +647,13 @@ private:
       Node *Act = activationUser(D->result());
       Node *N = Act ? onlyUser(Act->result(), OpKind::LayerNorm) : nullptr;
       if (N) {
-        tag(D, -1, "head_dense");
-        tag(Act, -1, "head_act");
-        tag(N, -1, "head_norm");
+        tag(D, -1, Role::HeadDense);
+        tag(Act, -1, Role::HeadAct);
+        tag(N, -1, Role::HeadNorm);
         Cur = N->result();
       }
     }
-    auto Head = expect(-1, "lm head", Cur, OpKind::Linear, "lm_head");
+    auto Head = expect(-1, "lm head", Cur, OpKind::Linear, Role::LmHead);
     if (!Head)
       return Head.takeError();
     Node *H = *Head;
@@ -655,15 +666,15 @@ private:
       return fail(-1, "lm head", Cur, "unexpected logits shape");
     // Everything must be accounted for.
     for (Node &N : G.nodes())
-      if (N.tags().Role.empty()) {
+      if (N.tags().Role == Role::None) {
         std::string Near;
         for (Value *Op : N.operands())
-          if (Op->producer() && !Op->producer()->tags().Role.empty()) {
+          if (Op->producer() && Op->producer()->tags().Role != Role::None) {
             const Tags &T = Op->producer()->tags();
             Near = " (it uses the result of " +
                    (T.Layer >= 0 ? formatv("layer {0} ", T.Layer).str()
                                  : std::string()) +
-                   T.Role + ")";
+                   roleName(T.Role).str() + ")";
             break;
           }
         return fail(-1, "structure", nullptr,
@@ -675,11 +686,11 @@ private:
   }
 
   /// Every layer's roles must fit the same family template
-  /// (passes/Roles.h): the walk accepts any combination of the blocks it
+  /// (ir/Family.h): the walk accepts any combination of the blocks it
   /// knows, a family is one that the parallel rules and the memory formulas
   /// cover.
   Error checkFamily() {
-    std::vector<std::vector<std::string>> Roles;
+    std::vector<std::vector<Role>> Roles;
     for (const Node &N : G.nodes())
       if (N.tags().Layer >= 0) {
         if (Roles.size() <= size_t(N.tags().Layer))

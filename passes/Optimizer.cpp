@@ -64,7 +64,7 @@ public:
       Grads.push_back(PG.second);
     Node *Norm = cantFail(
         buildNode(G, G.nodes().end(), OpKind::GradNorm, Grads, {}, "grad_norm"));
-    tag(Norm, "grad_norm");
+    tag(Norm, Role::GradNorm);
     for (auto [P, Grad] : ParamGrads) {
       Value *M = G.addState(G.uniqueLeafName("adam.m." + P->name()), P->type());
       Value *V = G.addState(G.uniqueLeafName("adam.v." + P->name()), P->type());
@@ -77,14 +77,14 @@ public:
       Node *U = cantFail(buildNode(G, G.nodes().end(), OpKind::AdamW,
                                    {P, Grad, M, V, Norm->result(), LR, Step}, A,
                                    "adamw." + P->name()));
-      tag(U, "adamw");
+      tag(U, Role::AdamW);
     }
     return Error::success();
   }
 
 private:
-  static void tag(Node *N, StringRef Role) {
-    N->tags().Role = Role.str();
+  static void tag(Node *N, Role R) {
+    N->tags().Role = R;
     N->tags().Ph = Phase::Optimizer;
   }
 };

@@ -25,8 +25,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ShapeInference.h"
-#include "passes/Cost.h"
-#include "passes/Partition.h"
+#include "analysis/Cost.h"
+#include "analysis/Partition.h"
 #include "passes/Passes.h"
 #include "lower/ProgramBuilder.h"
 #include "llvm/ADT/DenseMap.h"
@@ -290,7 +290,7 @@ private:
         Node *Sum = cantFail(buildNode(G, Norm->getIterator(),
                                        OpKind::PipeAllReduce, {V}, A,
                                        W->name()));
-        Sum->tags().Role = "tied_grad_sum";
+        Sum->tags().Role = Role::TiedGradSum;
         Sum->tags().Ph = Phase::Optimizer;
         Sum->tags().Stage = V->producer()->tags().Stage;
         // Laid out like the gradient it replaces (split over the

@@ -33,11 +33,10 @@
 //    error gives the smallest budget that does.
 //
 //===----------------------------------------------------------------------===//
-#include "passes/Cost.h"
+#include "analysis/Cost.h"
 #include "lower/Finalize.h"
 #include "lower/LowerGraph.h"
 #include "lower/MemoryPlan.h"
-#include "passes/MemoryReport.h"
 #include "passes/Passes.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"

@@ -15,7 +15,7 @@
 // (norm scales and biases, row-parallel biases, BERT's head transform) get
 // partial gradients on each rank: they are marked #replicated(sum_grad) and
 // autodiff sums their gradients over the group. Which nodes these are comes
-// from their roles' properties (passes/Roles.h).
+// from their roles' properties (ir/Role.h).
 //
 // Each g before a column-parallel linear is marked regather: the linear's
 // backward needs the full input, but autodiff saves the sequence shard and
@@ -24,10 +24,10 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ShapeInference.h"
-#include "passes/ModelInfo.h"
+#include "analysis/ModelInfo.h"
 #include "passes/Passes.h"
-#include "passes/Roles.h"
-#include "passes/Sharding.h"
+#include "ir/Role.h"
+#include "analysis/Sharding.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
@@ -68,7 +68,7 @@ public:
         Found = true;
       } else if (N->op() == OpKind::TpReduce) {
         replace(G, *N, OpKind::SpScatter, T, false);
-      } else if (P.SplitBySequence) {
+      } else if (P.Split != Role::None) {
         splitAfter(G, *N, T);
       } else if (P.SeqShardedParams) {
         for (Value *Op : N->operands()) // norm scales and biases, linears
@@ -117,7 +117,7 @@ private:
     Node *C = G.create(std::next(N.getIterator()), OpKind::SpSplit,
                        {N.result()}, {N.result()->type()}, N.name());
     C->attrs() = seqAttrs(T, N.result()->type().rank() - 2);
-    C->tags().Role = N.tags().Role == "pos_embed" ? "pos_split" : "type_split";
+    C->tags().Role = roleProps(N.tags().Role).Split;
     G.replaceAllUsesWith(N.result(), C->result(), C);
   }
 };

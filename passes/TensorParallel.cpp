@@ -20,7 +20,7 @@
 // with zero rows, and the padding logits are masked out of the loss
 // (valid_vocab), as Megatron does.
 //
-// Which node is which comes from its role's properties (passes/Roles.h):
+// Which node is which comes from its role's properties (ir/Role.h):
 // column, row, heads, vocabulary embedding or head; everything else is
 // replicated.
 //
@@ -30,10 +30,9 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ShapeInference.h"
-#include "passes/ModelInfo.h"
+#include "analysis/ModelInfo.h"
 #include "passes/Passes.h"
-#include "passes/Roles.h"
-#include "passes/Sharding.h"
+#include "analysis/Sharding.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -61,22 +60,22 @@ public:
     for (Node *N : Work) {
       const RoleProps &P = roleProps(N->tags().Role);
       switch (P.Parallel) {
-      case RoleProps::Tp::Column:
+      case RoleTp::Column:
         column(*N, P.Blocks, P.F);
         break;
-      case RoleProps::Tp::Row:
+      case RoleTp::Row:
         row(*N, P.F, P.Bias);
         break;
-      case RoleProps::Tp::Heads:
+      case RoleTp::Heads:
         N->attrs().set("heads", attrInt(N->op(), N->attrs(), "heads") / T);
         break;
-      case RoleProps::Tp::VocabEmbedding:
+      case RoleTp::VocabEmbedding:
         embedding(*N, Info->Vocab);
         break;
-      case RoleProps::Tp::VocabHead:
+      case RoleTp::VocabHead:
         head(*N, Info->Vocab);
         break;
-      case RoleProps::Tp::Replicated:
+      case RoleTp::Replicated:
         break;
       }
     }
@@ -103,13 +102,13 @@ private:
     // Every column-parallel linear's output (each block of a fused qkv).
     for (const Node &N : G.nodes()) {
       const RoleProps &P = roleProps(N.tags().Role);
-      if (P.Parallel != RoleProps::Tp::Column)
+      if (P.Parallel != RoleTp::Column)
         continue;
       int64_t Width = N.result()->type().dim(-1) / P.Blocks;
       if (Width % T)
         return err(formatv("--tp {0}: the output width {1} of {2} (layer "
                            "{3}) is not divisible by t; t can be {4}",
-                           T, Width, N.tags().Role, N.tags().Layer,
+                           T, Width, roleName(N.tags().Role), N.tags().Layer,
                            divisorsOf(Width)));
     }
     return Error::success();
@@ -128,25 +127,25 @@ private:
     P->setSharding(Sharding::split(Dim, T, Blocks, Padded));
   }
 
-  Node *insertBefore(Node &N, unsigned Operand, OpKind Op, StringRef Role) {
+  Node *insertBefore(Node &N, unsigned Operand, OpKind Op, Role R) {
     Node *C = cantFail(buildNode(G, N.getIterator(), Op, {N.operand(Operand)},
                                  {}, N.name()));
     C->tags().Layer = N.tags().Layer;
-    C->tags().Role = Role.str();
+    C->tags().Role = R;
     N.setOperand(Operand, C->result());
     return C;
   }
 
-  Node *insertAfter(Node &N, OpKind Op, StringRef Role) {
+  Node *insertAfter(Node &N, OpKind Op, Role R) {
     Node *C = cantFail(buildNode(G, std::next(N.getIterator()), Op,
                                  {N.result()}, {}, N.name()));
     C->tags().Layer = N.tags().Layer;
-    C->tags().Role = Role.str();
+    C->tags().Role = R;
     G.replaceAllUsesWith(N.result(), C->result(), C);
     return C;
   }
 
-  void column(Node &N, int Blocks, StringRef FRole) {
+  void column(Node &N, int Blocks, Role FRole) {
     bool TransW = attrInt(N.op(), N.attrs(), "trans_w");
     splitParam(N.operand(1), TransW ? 0 : 1, Blocks);
     if (N.numOperands() > 2)
@@ -161,7 +160,7 @@ private:
     SharedF[In] = insertBefore(N, 0, OpKind::TpCopy, FRole);
   }
 
-  void row(Node &N, StringRef FBarRole, StringRef BiasRole) {
+  void row(Node &N, Role FBarRole, Role BiasRole) {
     bool TransW = attrInt(N.op(), N.attrs(), "trans_w");
     splitParam(N.operand(1), TransW ? 1 : 0, 1);
     // Types are placeholders until retypeGraph: the input is not yet sharded.
@@ -176,7 +175,7 @@ private:
       Node *A = cantFail(buildNode(G, std::next(R->getIterator()), OpKind::Add,
                                    {Out, N.operand(2)}, {}, N.name()));
       A->tags().Layer = N.tags().Layer;
-      A->tags().Role = BiasRole.str();
+      A->tags().Role = BiasRole;
       Out = A->result();
     }
     G.replaceAllUsesWith(N.result(), Out);
@@ -186,7 +185,7 @@ private:
   void embedding(Node &N, int64_t Vocab) {
     splitParam(N.operand(0), 0, 1, /*Pad=*/true);
     N.attrs().set("vocab_parallel", int64_t(1));
-    insertAfter(N, OpKind::TpReduce, "embed_fbar");
+    insertAfter(N, OpKind::TpReduce, Role::EmbedFBar);
   }
 
   void head(Node &N, int64_t Vocab) {
@@ -195,7 +194,7 @@ private:
     if (N.numOperands() > 2) // BERT's decoder bias: one per vocabulary row
       splitParam(N.operand(2), 0, 1, /*Pad=*/true);
     N.attrs().set("valid_vocab", Vocab);
-    insertBefore(N, 0, OpKind::TpCopy, "head_f");
+    insertBefore(N, 0, OpKind::TpCopy, Role::HeadF);
   }
 
   Graph &G;

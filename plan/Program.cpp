@@ -138,7 +138,7 @@ json programToJson(const Program &P) {
       J["def"] = B.Def;
       J["last_use"] = B.LastUse;
       J["layer"] = B.Layer;
-      J["role"] = B.Role;
+      J["role"] = roleName(B.Role).str();
     }
     if (B.K == ProgramBuffer::Input) {
       J["feed"] = inputRoleName(B.Feed).str();
@@ -167,8 +167,8 @@ json programToJson(const Program &P) {
       J["attrs"] = attrsToJson(I.Attrs);
     if (I.Layer >= 0)
       J["layer"] = I.Layer;
-    if (!I.Role.empty())
-      J["role"] = I.Role;
+    if (I.Role != Role::None)
+      J["role"] = roleName(I.Role).str();
     if (!I.Name.empty())
       J["name"] = I.Name;
     if (I.Beside >= 0)
@@ -395,6 +395,16 @@ std::shared_ptr<TensorData> dataFromJson(const json &J, const TensorType &T,
   return TensorData::makeRef(SourceType, R);
 }
 
+/// The role named Name; an unknown one is malformed (a plan from another
+/// version of sp, or edited by hand).
+Role role(const std::string &Name, const std::string &Where) {
+  auto R = parseRole(Name);
+  if (!R)
+    malformed(Where + " has an unknown role '" + Name +
+              "'; recompile the plan with this sp-compile");
+  return *R;
+}
+
 /// A reference's data is the buffer's whole source tensor
 /// (runtime/ExecutorParallel.cpp reads it): the buffer's own type, or for a
 /// split buffer the same dtype and rank with the split axis Parts times as
@@ -559,7 +569,7 @@ Program programFromJsonOrThrow(const json &J) {
       B.Def = F.integer("def", 0, IntMax);
       B.LastUse = F.integer("last_use", B.Def, IntMax);
       B.Layer = F.integer("layer", -1, IntMax);
-      B.Role = F.string("role");
+      B.Role = role(F.string("role"), Where);
     }
     if (B.K == ProgramBuffer::Input) {
       std::string Feed = F.string("feed");
@@ -610,7 +620,7 @@ Program programFromJsonOrThrow(const json &J) {
     if (F.has("attrs"))
       I.Attrs = attrsFromJson(F.at("attrs"), Where);
     I.Layer = F.integer("layer", -1, IntMax, -1);
-    I.Role = F.string("role", "");
+    I.Role = role(F.string("role", ""), Where);
     I.Name = F.string("name", "");
     I.Beside = F.integer("beside", -1, IntMax, -1);
     P.Instrs.push_back(std::move(I));

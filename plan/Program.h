@@ -50,7 +50,7 @@ struct ProgramBuffer {
   Sharding Shard;
   /// Layer and role of the producing node (memory accounting by role).
   int Layer = -1;
-  std::string Role;
+  sp::Role Role = sp::Role::None;
   /// Input: what the runtime feeds it with, and for a pipelined plan the
   /// microbatch whose rows it holds (-1: the whole batch, or not batched).
   InputRole Feed = InputRole::None;
@@ -70,7 +70,7 @@ struct Instruction {
   llvm::SmallVector<int, 4> In, Out; // buffer ids
   AttrList Attrs;
   int Layer = -1;
-  std::string Role;
+  sp::Role Role = sp::Role::None;
   Phase Ph = Phase::Forward;
   std::string Name;
   /// A collective: the index of the later GEMM it runs beside

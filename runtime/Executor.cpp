@@ -23,8 +23,8 @@ std::string describe(const Instruction &I, size_t Index) {
   std::string S = formatv("instruction {0} ({1}", Index, opName(I.Op)).str();
   if (I.Layer >= 0)
     S += formatv(", layer {0}", I.Layer).str();
-  if (!I.Role.empty())
-    S += ", " + I.Role;
+  if (I.Role != Role::None)
+    S += ", " + roleName(I.Role).str();
   return S + ", " + phaseName(I.Ph).str() + ")";
 }
 
@@ -167,17 +167,17 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   // another instruction of the head reads).
   DenseSet<int> ReadByHead;
   for (const Instruction &In : Prog.Instrs)
-    if (In.Role == "lm_head" && In.Ph == Phase::Forward)
+    if (In.Role == Role::LmHead && In.Ph == Phase::Forward)
       ReadByHead.insert(In.In.begin(), In.In.end());
   E->WritesLogits.assign(Prog.Instrs.size(), false);
   for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
     const Instruction &In = Prog.Instrs[I];
-    E->WritesLogits[I] = In.Role == "lm_head" && In.Ph == Phase::Forward &&
+    E->WritesLogits[I] = In.Role == Role::LmHead && In.Ph == Phase::Forward &&
                          !In.Out.empty() && !ReadByHead.count(In.Out[0]);
   }
   for (size_t I = 0; I < Prog.Instrs.size(); ++I) {
     const Instruction &In = Prog.Instrs[I];
-    if (In.Op == OpKind::Embedding && In.Role == "embed") {
+    if (In.Op == OpKind::Embedding && In.Role == Role::Embed) {
       const ProgramBuffer &Ids = Prog.Buffers[In.In[1]];
       auto Cast = CastOf.find(In.In[0]);
       const ProgramBuffer &Table =

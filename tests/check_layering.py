@@ -6,7 +6,11 @@ same on the link graph):
   plan/      ir/
   frontend/  ir/, plan/
   lower/     ir/, plan/
-  passes/    ir/, plan/, lower/
+  analysis/  ir/, plan/
+  passes/    ir/, plan/, lower/, analysis/
+  reports/   ir/, plan/, lower/, analysis/, passes/
+  driver/    ir/, plan/, lower/, analysis/, passes/, reports/
+  planner/   ir/, plan/, lower/, analysis/, passes/, reports/, driver/
   runtime/   ir/, plan/ (runtime/cuda/ too: the CUDA backend)
   tools/, tests/  anything
 
@@ -25,7 +29,11 @@ ALLOWED = {
     "plan": {"ir", "plan"},
     "frontend": {"ir", "plan", "frontend"},
     "lower": {"ir", "plan", "lower"},
-    "passes": {"ir", "plan", "lower", "passes"},
+    "analysis": {"ir", "plan", "analysis"},
+    "passes": {"ir", "plan", "lower", "analysis", "passes"},
+    "reports": {"ir", "plan", "lower", "analysis", "passes", "reports"},
+    "driver": {"ir", "plan", "lower", "analysis", "passes", "reports", "driver"},
+    "planner": {"ir", "plan", "lower", "analysis", "passes", "reports", "driver", "planner"},
     "runtime": {"ir", "plan", "runtime"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/')

@@ -986,7 +986,7 @@ Section estimateSection(const json &E) {
     T.add("HFU", esc(percentText(*M)), "recomputation counted");
   return {"estimate", "Estimate on a GPU cluster",
           "<p>The plan's step by the cost model of <code>--estimate</code> "
-          "(passes/CostModel.h).</p>\n" +
+          "(planner/CostModel.h).</p>\n" +
               T.str()};
 }
 

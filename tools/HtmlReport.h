@@ -38,7 +38,7 @@
 
 namespace sp {
 
-/// S with &, <, >, " and ' replaced by their entities (passes/Charts.h's
+/// S with &, <, >, " and ' replaced by their entities (reports/Charts.h's
 /// escapeXml, which sp-run cannot link): safe as HTML text and as a quoted
 /// attribute value.
 std::string escapeHtml(llvm::StringRef S);

@@ -8,8 +8,8 @@
 // and a JSON report when asked.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_TOOLS_PAPERTABLE_H
-#define SP_TOOLS_PAPERTABLE_H
+#ifndef SP_REPORTS_PAPERTABLE_H
+#define SP_REPORTS_PAPERTABLE_H
 
 #include "frontend/OnnxImporter.h"
 #include "passes/Pass.h"
@@ -27,4 +27,4 @@ llvm::Error runPaperTable(llvm::ArrayRef<std::string> Models,
 
 } // namespace sp
 
-#endif // SP_TOOLS_PAPERTABLE_H
+#endif // SP_REPORTS_PAPERTABLE_H

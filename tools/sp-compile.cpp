@@ -6,7 +6,7 @@
 //              [--html FILE.html]
 //   sp-compile --paper-table MODEL.onnx... [--figure7 FILE.svg] [--pp ...]
 //
-// Imports the model and compiles it (passes/Compile.h: the passes of
+// Imports the model and compiles it (driver/Compile.h: the passes of
 // passes/Passes.h, lowering to one planned program per pipeline rank, the
 // reports), prints what it recognised with the memory, FLOP and collective
 // reports and, with -o, writes the plan directory. --paper-table compiles the
@@ -16,13 +16,13 @@
 //===----------------------------------------------------------------------===//
 #include "frontend/GraphExport.h"
 #include "lower/MemoryPlan.h"
-#include "passes/Charts.h"
-#include "passes/CollectiveReport.h"
-#include "passes/AutoPlan.h"
-#include "passes/Compile.h"
-#include "passes/CostModel.h"
-#include "passes/LowerTraining.h"
-#include "passes/MemoryReport.h"
+#include "reports/Charts.h"
+#include "reports/CollectiveReport.h"
+#include "planner/AutoPlan.h"
+#include "driver/Compile.h"
+#include "planner/CostModel.h"
+#include "driver/LowerTraining.h"
+#include "reports/MemoryReport.h"
 #include "passes/Passes.h"
 #include "plan/Plan.h"
 #include "tools/HtmlReport.h"
@@ -72,7 +72,7 @@ static cl::opt<std::string> Html(
 static cl::opt<bool> Estimate(
     "estimate",
     cl::desc("Print the plan's predicted step time and MFU on a GPU cluster "
-             "(passes/CostModel.h; DGX A100 80GB unless --cluster)"),
+             "(planner/CostModel.h; DGX A100 80GB unless --cluster)"),
     cl::init(false), cl::cat(Cat));
 static cl::opt<std::string> Cluster(
     "cluster",
@@ -216,7 +216,7 @@ static void printPipeline(const Graph &G, const PipelineOptions &PO,
                 100 * Bubble["one_f_one_b"].get<double>());
 }
 
-/// The plan's step on cluster M by the cost model (passes/CostModel.h): the
+/// The plan's step on cluster M by the cost model (planner/CostModel.h): the
 /// summary's lines, and "estimate" in the report.
 static Expected<std::string> printEstimate(const ClusterSpec &M,
                                           const PassContext &Ctx,
@@ -298,7 +298,7 @@ static Error writeHtmlReport(StringRef Path, const Compilation &C,
                     : "Activation memory per layer, as a percentage of no "
                       "recomputation";
     B.YLabel = formatv("% of {0} (t = {1})", T > 1 ? "TP" : "none", T).str();
-    B.Series = {C.Info.Family + " formula", "this plan"};
+    B.Series = {std::string(C.Info.Family->Name) + " formula", "this plan"};
     B.Width = 900;
     B.Height = 380;
     const std::pair<RecomputeMode, const char *> Modes[] = {
@@ -327,7 +327,7 @@ static Error writeHtmlReport(StringRef Path, const Compilation &C,
                 "activations by the {1} formula ({2}-byte activations, "
                 "1-byte masks), as a percentage of {3}; the second bar is "
                 "this plan's layer {4}, read off its program.{5}",
-                T, C.Info.Family, int(E), T > 1 ? "tensor parallelism alone" :
+                T, C.Info.Family->Name, int(E), T > 1 ? "tensor parallelism alone" :
                 "no recomputation", R.middleLayer(),
                 C.Info.FusedAttention
                     ? " With the fused attention core, selective "
@@ -628,7 +628,7 @@ int main(int Argc, char **Argv) {
                                      : std::string());
       printCollectives(collectiveReport(Prog, Ctx.TensorParallel),
                        Ctx.TensorParallel, outs());
-      printActivations(*C->Activations, Prog, C->Formula, C->Info.Family,
+      printActivations(*C->Activations, Prog, C->Formula, C->Info.Family->Name,
                        outs());
       if (Ctx.Pipeline.enabled())
         printPipeline(**G, Ctx.Pipeline, *C->Lowered, *C->P, C->Ranks[0],

@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/AsmFormat.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "passes/Passes.h"
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"

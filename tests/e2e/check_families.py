@@ -149,7 +149,7 @@ CASES = [
          {"rope": "interleaved", "mask": "triu"}, sizes=dict(heads=4, kv_heads=1), tied=True,
          expect=LLAMA_EXPECT),
     # s 1088 (> 1024): the causal mask HF builds at run time has more elements than the folder
-    # materialises; the canonicalizer checks it one element at a time (passes/LazyElements.h).
+    # materialises; the canonicalizer checks it one element at a time (analysis/LazyElements.h).
     Case("llama-o17-input_ids-hf-seq1088", "llama", 17, "input_ids",
          sizes=dict(layers=1, seq=1088, max_positions=1088, batch=1), expect=LLAMA_EXPECT),
     Case("llama-o14-idx-triu-seq1088", "llama", 14, "idx", {"mask": "triu"},

@@ -22,8 +22,8 @@
 #include "frontend/OnnxImporter.h"
 #include "ir/AsmFormat.h"
 #include "ir/Verifier.h"
-#include "passes/Compile.h"
-#include "passes/ModelInfo.h"
+#include "driver/Compile.h"
+#include "analysis/ModelInfo.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include <cstdint>
@@ -82,7 +82,6 @@ void checkUtf8(const Graph &G) {
     }
   for (const Node &N : G.nodes()) {
     Check("a node name", N.name());
-    Check("a role", N.tags().Role);
     for (const auto &[Name, A] : N.attrs().entries()) {
       Check("an attribute name", Name);
       if (auto *S = std::get_if<std::string>(&A))

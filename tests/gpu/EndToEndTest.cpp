@@ -36,7 +36,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "frontend/OnnxImporter.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "plan/Plan.h"
 #include "runtime/Executor.h"
 #include "runtime/comm/ProcessGrid.h"

@@ -26,7 +26,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "frontend/OnnxImporter.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "plan/Plan.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "AttentionCase.h"

@@ -15,7 +15,7 @@
 #include "AttentionCase.h"
 #include "frontend/OnnxImporter.h"
 #include "ir/OpDef.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cpu/Kernels.h"

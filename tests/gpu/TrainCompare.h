@@ -11,7 +11,7 @@
 #define SP_TESTS_GPU_TRAINCOMPARE_H
 
 #include "frontend/OnnxImporter.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "plan/Plan.h"
 #include "runtime/Executor.h"
 #include "runtime/comm/ProcessGrid.h"

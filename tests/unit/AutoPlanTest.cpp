@@ -9,7 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
-#include "passes/AutoPlan.h"
+#include "planner/AutoPlan.h"
 #include "frontend/OnnxImporter.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -149,7 +149,7 @@ Program core(const CoreOptions &O) {
       A.set("trans_a", int64_t(1));
     if (TB)
       A.set("trans_b", int64_t(1));
-    return B.emitRaw(OpKind::BatchMatMul, {X, Y}, {R}, A, tags(Ph, Role),
+    return B.emitRaw(OpKind::BatchMatMul, {X, Y}, {R}, A, tags(Ph, *parseRole(Role)),
                      Role)[0];
   };
   AttrList Soft;
@@ -163,25 +163,25 @@ Program core(const CoreOptions &O) {
   Drop.set("key", std::vector<int64_t>{4, 5});
   int S = Bmm(Q, K, Scores, false, true, Phase::Forward, "qk");
   int P = B.emitRaw(OpKind::Softmax, {S}, {Scores}, Soft,
-                    tags(Phase::Forward, "softmax"), "softmax")[0];
+                    tags(Phase::Forward, Role::Softmax), "softmax")[0];
   auto D = B.emitRaw(OpKind::Dropout, {P},
                      {Scores, TensorType(DType::U8, Scores.Shape)}, Drop,
-                     tags(Phase::Forward, "attn_core_dropout"), "dropout");
+                     tags(Phase::Forward, Role::AttnCoreDropout), "dropout");
   if (O.WriteBetween)
     B.emitRaw(OpKind::Accumulate, {D[0], P}, {}, {},
-              tags(Phase::Forward, "acc"), "acc");
+              tags(Phase::Forward, Role::Av), "acc");
   int Out = Bmm(D[0], V, Head, false, false, Phase::Forward, "av");
   int DD = Bmm(DO, V, Scores, false, true, Phase::Backward, "av");
   int DV = Bmm(D[0], DO, Head, true, false, Phase::Backward, "av");
   AttrList DropGrad;
   DropGrad.set("ratio", 0.25);
   int G = B.emitRaw(OpKind::DropoutGrad, {DD, D[1]}, {Scores}, DropGrad,
-                    tags(Phase::Backward, "attn_core_dropout"), "dgrad")[0];
+                    tags(Phase::Backward, Role::AttnCoreDropout), "dgrad")[0];
   AttrList SoftGrad = Soft;
   if (O.Causal)
     SoftGrad.set("fill", 0.0);
   int DS = B.emitRaw(OpKind::SoftmaxGrad, {P, G}, {Scores}, SoftGrad,
-                     tags(Phase::Backward, "softmax"), "sgrad")[0];
+                     tags(Phase::Backward, Role::Softmax), "sgrad")[0];
   int DQ = Bmm(DS, K, Head, false, false, Phase::Backward, "qk");
   int DK = Bmm(DS, Q, Head, true, false, Phase::Backward, "qk");
   B.output("o", Out);

@@ -1,12 +1,12 @@
 //===- CostModelTest.cpp - The planner's cost model by hand ---------------===//
 //
 // Every number below is worked out by hand from the formulas stated in
-// passes/CostModel.h; the tolerances are a few float64 roundings of sums of
+// planner/CostModel.h; the tolerances are a few float64 roundings of sums of
 // a dozen terms (1e-12 relative).
 //
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
-#include "passes/CostModel.h"
+#include "planner/CostModel.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "gtest/gtest.h"
 

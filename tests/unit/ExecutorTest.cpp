@@ -1,7 +1,7 @@
 //===- ExecutorTest.cpp - The CPU executor on the default model -----------===//
 #include "frontend/OnnxImporter.h"
 #include "lower/MemoryPlan.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "runtime/Executor.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cpu/Parallel.h"

@@ -12,7 +12,7 @@
 #include "lower/FuseAttention.h"
 #include "lower/MemoryPlan.h"
 #include "lower/ProgramBuilder.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "llvm/ADT/ScopeExit.h"
 #include "gtest/gtest.h"
 
@@ -39,18 +39,18 @@ Program attentionCore(DType T = DType::F32) {
   int X = B.addBuffer("x", S, ProgramBuffer::Input);
   int DY = B.addBuffer("dy", S, ProgramBuffer::Input);
   int S1 = B.emitRaw(OpKind::Scale, {X}, {S}, floatAttr("alpha", 0.125),
-                     tags(Phase::Forward, "scale"), "scale")[0];
+                     tags(Phase::Forward, Role::Scale), "scale")[0];
   int M1 = B.emitRaw(OpKind::CausalMask, {S1}, {S},
                      floatAttr("fill", -INFINITY),
-                     tags(Phase::Forward, "mask"), "mask")[0];
+                     tags(Phase::Forward, Role::Mask), "mask")[0];
   int Y = B.emitRaw(OpKind::Softmax, {M1}, {S}, {},
-                    tags(Phase::Forward, "softmax"), "softmax")[0];
+                    tags(Phase::Forward, Role::Softmax), "softmax")[0];
   int G = B.emitRaw(OpKind::SoftmaxGrad, {Y, DY}, {S}, {},
-                    tags(Phase::Backward, "softmax"), "softmax")[0];
+                    tags(Phase::Backward, Role::Softmax), "softmax")[0];
   int M2 = B.emitRaw(OpKind::CausalMask, {G}, {S}, floatAttr("fill", 0.0),
-                     tags(Phase::Backward, "mask"), "mask")[0];
+                     tags(Phase::Backward, Role::Mask), "mask")[0];
   int DX = B.emitRaw(OpKind::Scale, {M2}, {S}, floatAttr("alpha", 0.125),
-                     tags(Phase::Backward, "scale"), "scale")[0];
+                     tags(Phase::Backward, Role::Scale), "scale")[0];
   B.output("y", Y);
   B.output("dx", DX);
   return B.take();
@@ -107,13 +107,13 @@ TEST(FuseAttention, ScaleOrMaskAloneFuses) {
   ProgramBuilder B(DType::F32);
   int X = B.addBuffer("x", Scores, ProgramBuffer::Input);
   int S = B.emitRaw(OpKind::Scale, {X}, {Scores}, floatAttr("alpha", 0.5),
-                    tags(Phase::Recompute, "scale"), "scale")[0];
+                    tags(Phase::Recompute, Role::Scale), "scale")[0];
   int Y = B.emitRaw(OpKind::Softmax, {S}, {Scores}, {},
-                    tags(Phase::Recompute, "softmax"), "softmax")[0];
+                    tags(Phase::Recompute, Role::Softmax), "softmax")[0];
   int M = B.emitRaw(OpKind::CausalMask, {X}, {Scores}, floatAttr("fill", -1e4),
-                    tags(Phase::Forward, "mask"), "mask")[0];
+                    tags(Phase::Forward, Role::Mask), "mask")[0];
   int Z = B.emitRaw(OpKind::Softmax, {M}, {Scores}, {},
-                    tags(Phase::Forward, "softmax"), "softmax")[0];
+                    tags(Phase::Forward, Role::Softmax), "softmax")[0];
   B.output("y", Y);
   B.output("z", Z);
   Program P = B.take();
@@ -146,7 +146,7 @@ TEST(FuseAttention, UnfusableChainsAreLeftAlone) {
   int Keep = B.addBuffer("keep", TensorType(DType::I64, {2, 5}),
                          ProgramBuffer::Input);
   int DY = B.addBuffer("dy", Scores, ProgramBuffer::Input);
-  Tags F = tags(Phase::Forward, "x"), Bw = tags(Phase::Backward, "x");
+  Tags F = tags(Phase::Forward, Role::None), Bw = tags(Phase::Backward, Role::None);
   int S1 = B.emitRaw(OpKind::Scale, {X}, {Scores}, floatAttr("alpha", 2), F,
                      "s1")[0];
   int Y1 = B.emitRaw(OpKind::Softmax, {S1}, {Scores}, {}, F, "y1")[0];
@@ -180,9 +180,9 @@ TEST(FuseAttention, PhasesAreNotMixed) {
   ProgramBuilder B(DType::F32);
   int X = B.addBuffer("x", Scores, ProgramBuffer::Input);
   int S = B.emitRaw(OpKind::Scale, {X}, {Scores}, floatAttr("alpha", 0.5),
-                    tags(Phase::Forward, "scale"), "scale")[0];
+                    tags(Phase::Forward, Role::Scale), "scale")[0];
   int Y = B.emitRaw(OpKind::Softmax, {S}, {Scores}, {},
-                    tags(Phase::Recompute, "softmax"), "softmax")[0];
+                    tags(Phase::Recompute, Role::Softmax), "softmax")[0];
   B.output("y", Y);
   Program P = B.take();
   EXPECT_EQ(fuseAttentionSoftmax(P), 0);

@@ -13,7 +13,7 @@
 #include "lower/FuseEpilogue.h"
 #include "lower/MemoryPlan.h"
 #include "lower/ProgramBuilder.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "gtest/gtest.h"
 #include <algorithm>
@@ -58,9 +58,9 @@ Program mlp(const MlpShape &S, const char *Approx, DType T = DType::F32,
   int W2 = B.addBuffer("w2", W(S.Hidden, S.In), ProgramBuffer::Input);
   int DY = B.addBuffer("dy", Io, ProgramBuffer::Input);
   int Z = B.emitRaw(OpKind::Linear, {X, W1, B1}, {Hid}, linearAttrs(S.TransW),
-                    tags(Phase::Forward, "fc1"), "fc1")[0];
+                    tags(Phase::Forward, Role::Fc1), "fc1")[0];
   int Y = B.emitRaw(OpKind::Gelu, {Z}, {Hid}, geluAttrs(Approx),
-                    tags(Phase::Forward, "gelu"), "gelu")[0];
+                    tags(Phase::Forward, Role::Act), "gelu")[0];
   int D = B.emitRaw(OpKind::Linear, {DY, W2}, {Hid}, linearAttrs(!S.TransW),
                     tags(Back, "fc2"), "fc2")[0];
   int DZ = B.emitRaw(OpKind::GeluGrad, {Z, D}, {Hid}, geluAttrs(Approx),
@@ -81,7 +81,7 @@ TEST(FuseEpilogue, LinearAndGeluBecomeOneInstructionEachWay) {
   EXPECT_EQ(P.Buffers.size(), Buffers - 1);
   const Instruction &F = P.Instrs[0], &B = P.Instrs[1];
   EXPECT_EQ(F.Op, OpKind::LinearGelu);
-  EXPECT_EQ(F.Role, "fc1");
+  EXPECT_EQ(F.Role, Role::Fc1);
   ASSERT_EQ(F.In.size(), 3u);
   ASSERT_EQ(F.Out.size(), 2u);
   EXPECT_EQ(P.Buffers[F.In[0]].Name, "x");
@@ -197,11 +197,11 @@ Program dropoutAdd(DType T, bool ResidualFirst, std::vector<int64_t> R = {}) {
   A.set("key", std::vector<int64_t>{2, 3});
   auto D = B.emitRaw(OpKind::Dropout, {In},
                      {X, TensorType(DType::U8, X.Shape)}, A,
-                     tags(Phase::Forward, "mlp_dropout"), "dropout");
+                     tags(Phase::Forward, Role::MlpDropout), "dropout");
   SmallVector<int, 2> Ops = {D[0], Rb};
   if (ResidualFirst)
     std::swap(Ops[0], Ops[1]);
-  int H = B.emitRaw(OpKind::Add, Ops, {X}, {}, tags(Phase::Forward, "residual"),
+  int H = B.emitRaw(OpKind::Add, Ops, {X}, {}, tags(Phase::Forward, Role::Residual2),
                     "add")[0];
   B.output("h", H);
   B.output("mask", D[1]);
@@ -219,7 +219,7 @@ TEST(FuseEpilogue, DropoutAndResidualAddBecomeOneInstruction) {
       ASSERT_EQ(P.Instrs.size(), 1u);
       const Instruction &F = P.Instrs[0];
       EXPECT_EQ(F.Op, OpKind::DropoutAdd);
-      EXPECT_EQ(F.Role, "mlp_dropout");
+      EXPECT_EQ(F.Role, Role::MlpDropout);
       EXPECT_EQ(P.Buffers[F.In[0]].Name, "x");
       EXPECT_EQ(P.Buffers[F.In[1]].Name, "r");
       EXPECT_EQ(attrFloat(F.Op, F.Attrs, "ratio"), 0.25);

@@ -9,7 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "tools/HtmlReport.h"
 #include "frontend/OnnxImporter.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -41,7 +41,7 @@ std::unique_ptr<Graph> buildSmallGraph() {
       buildNode(*G, G->nodes().end(), OpKind::LayerNorm, {X, Gamma, Beta}, LNA,
                 "ln"));
   LN->tags().Layer = 0;
-  LN->tags().Role = "ln1";
+  LN->tags().Role = Role::Ln1;
   AttrList LA;
   LA.set("trans_w", int64_t(1));
   Node *L = cantFail(buildNode(*G, G->nodes().end(), OpKind::Linear,

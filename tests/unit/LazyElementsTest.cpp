@@ -1,6 +1,6 @@
 //===- LazyElementsTest.cpp - Elements of constant subgraphs, one at a time ===//
 //
-// passes/LazyElements.h evaluates single elements of a value computed from
+// analysis/LazyElements.h evaluates single elements of a value computed from
 // constants without materialising it. Each op it supports is checked here
 // against the constant folder (ir/Fold.h), which materialises the same
 // values at a small size: every element of every output equal, on a graph
@@ -8,7 +8,7 @@
 // ConstantOfShape, Where) and then passes it through the other ops.
 //
 //===----------------------------------------------------------------------===//
-#include "passes/LazyElements.h"
+#include "analysis/LazyElements.h"
 #include "ir/AsmFormat.h"
 #include "passes/Passes.h"
 #include "gtest/gtest.h"

@@ -13,7 +13,7 @@
 #include "lower/LowerGraph.h"
 #include "lower/MemoryPlan.h"
 #include "lower/Overlap.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "gtest/gtest.h"
 
 using namespace sp;

@@ -17,8 +17,8 @@
 //  - the SVG writers produce balanced tags, escaped text and their labels.
 //
 //===----------------------------------------------------------------------===//
-#include "passes/Charts.h"
-#include "passes/Partition.h"
+#include "reports/Charts.h"
+#include "analysis/Partition.h"
 #include "lower/Schedule.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"

@@ -19,8 +19,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
-#include "passes/MemoryReport.h"
-#include "passes/LowerTraining.h"
+#include "reports/MemoryReport.h"
+#include "driver/LowerTraining.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "gtest/gtest.h"

@@ -11,7 +11,7 @@
 #include "frontend/OnnxImporter.h"
 #include "lower/MemoryPlan.h"
 #include "lower/ProgramBuilder.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "gtest/gtest.h"
 #include <cstring>
@@ -22,10 +22,10 @@
 
 namespace sp::testing {
 
-inline Tags tags(Phase Ph, std::string Role) {
+inline Tags tags(Phase Ph, Role R) {
   Tags T;
   T.Layer = 0;
-  T.Role = std::move(Role);
+  T.Role = R;
   T.Ph = Ph;
   return T;
 }

@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
-#include "passes/MemoryReport.h"
+#include "reports/MemoryReport.h"
 #include "gtest/gtest.h"
 #include <cstring>
 

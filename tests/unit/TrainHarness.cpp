@@ -1,7 +1,7 @@
 //===- TrainHarness.cpp - Compile and train a model in-process ------------===//
 #include "TrainHarness.h"
 #include "frontend/OnnxImporter.h"
-#include "passes/Compile.h"
+#include "driver/Compile.h"
 #include "runtime/comm/ProcessGrid.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "gtest/gtest.h"

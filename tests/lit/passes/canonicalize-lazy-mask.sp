@@ -1,6 +1,6 @@
 // A causal mask built at run time from constants with more elements than
 // the folder materialises (1040^2 > 2^20; HF Llama's _make_causal_mask at
-// s > 1024) is checked one element at a time (passes/LazyElements.h) and
+// s > 1024) is checked one element at a time (analysis/LazyElements.h) and
 // becomes causal_mask (canonicalize-lazy-mask-future.sp: the same mask
 // letting each query see one future key is left alone).
 // RUN: sp-opt %s --passes=constant-fold,canonicalize,dce --verify-each | FileCheck %s

@@ -3,7 +3,7 @@
 
   check_formula.py PLAN DUMP
 
-PLAN/manifest.json's memory.formula (the family's formula, passes/MemoryReport.cpp layerFormula)
+PLAN/manifest.json's memory.formula (the family's formula, reports/MemoryReport.cpp layerFormula)
 must equal DUMP/memory.json's activation_bytes_per_layer, the bytes the executor measured as
 stored between the forward and the backward of that layer: both count whole bytes of the same
 buffers, so the comparison is exact. Prints "<family> <layout>: measured N bytes = formula".

@@ -1,0 +1,144 @@
+//===- CollectiveReport.cpp -----------------------------------------------===//
+#include "reports/CollectiveReport.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace llvm;
+
+namespace sp {
+
+std::vector<LayerCollectives> collectiveReport(const Program &P, int T) {
+  int MaxLayer = -1;
+  for (const Instruction &I : P.Instrs)
+    MaxLayer = std::max(MaxLayer, I.Layer);
+  std::vector<LayerCollectives> R(MaxLayer + 2);
+  for (int L = -1; L <= MaxLayer; ++L)
+    R[L + 1].Layer = L;
+  if (T <= 1)
+    return R;
+  for (const Instruction &I : P.Instrs) {
+    // The tensor-parallel group's (the data-parallel sums are another
+    // group's, of another size).
+    if (collectiveGroup(I.Op, I.Attrs) != "tp")
+      continue;
+    int64_t Full;
+    double Factor = double(T - 1) / T;
+    switch (I.Op) {
+    case OpKind::AllReduce: // one tensor, or a bucket of them
+      Full = 0;
+      for (int B : I.Out)
+        Full += P.Buffers[B].Bytes;
+      Factor *= 2;
+      break;
+    case OpKind::AllGather:
+      Full = P.Buffers[I.Out[0]].Bytes;
+      break;
+    case OpKind::ReduceScatter:
+      Full = P.Buffers[I.In[0]].Bytes;
+      break;
+    case OpKind::RingShift: // one chunk to the next rank (t - 1 of them
+                            // carry an all-gather's bytes)
+      Full = P.Buffers[I.In[0]].Bytes;
+      Factor = 1;
+      break;
+    default:
+      continue;
+    }
+    CollectiveUse U{I.Op, roleName(I.Role).str(), I.Ph, isRegatherRole(I.Role),
+                    int64_t(Full * Factor), ""};
+    if (I.Beside >= 0) {
+      const Instruction &G = P.Instrs[I.Beside];
+      U.Beside = (opName(G.Op) + " " + roleName(G.Role)).str();
+    }
+    LayerCollectives &L = R[I.Layer + 1];
+    if (!U.Beside.empty())
+      L.Overlapped += U.Bytes;
+    (U.Regather ? L.Regather : I.Ph == Phase::Forward ? L.Forward
+                                                      : L.Backward) += U.Bytes;
+    L.Uses.push_back(std::move(U));
+  }
+  return R;
+}
+
+nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R) {
+  nlohmann::json Layers = nlohmann::json::array();
+  int64_t F = 0, B = 0, G = 0, O = 0;
+  for (const LayerCollectives &L : R) {
+    Layers.push_back({{"layer", L.Layer},
+                      {"forward_bytes", L.Forward},
+                      {"backward_bytes", L.Backward},
+                      {"regather_bytes", L.Regather},
+                      {"overlapped_bytes", L.Overlapped}});
+    F += L.Forward;
+    B += L.Backward;
+    G += L.Regather;
+    O += L.Overlapped;
+  }
+  return {{"per_layer", Layers},
+          {"total_forward_bytes", F},
+          {"total_backward_bytes", B},
+          {"total_regather_bytes", G},
+          {"total_overlapped_bytes", O}};
+}
+
+static std::string kib(int64_t B) {
+  return formatv("{0:F1} KiB", B / 1024.0).str();
+}
+
+void printCollectives(const std::vector<LayerCollectives> &R, int T,
+                      raw_ostream &OS) {
+  if (T <= 1)
+    return;
+  OS << formatv("collectives (bytes sent per rank, ring algorithms, t = {0}):\n",
+                T);
+  // Layers with the same collectives print once, with their range.
+  auto Same = [](const LayerCollectives &A, const LayerCollectives &B) {
+    if (A.Uses.size() != B.Uses.size())
+      return false;
+    for (size_t I = 0; I < A.Uses.size(); ++I)
+      if (A.Uses[I].Op != B.Uses[I].Op || A.Uses[I].Bytes != B.Uses[I].Bytes ||
+          A.Uses[I].Role != B.Uses[I].Role || A.Uses[I].Ph != B.Uses[I].Ph ||
+          A.Uses[I].Beside != B.Uses[I].Beside)
+        return false;
+    return true;
+  };
+  size_t I = 0;
+  while (I < R.size()) {
+    size_t End = I;
+    while (R[I].Layer >= 0 && End + 1 < R.size() && Same(R[I], R[End + 1]))
+      ++End;
+    const LayerCollectives &L = R[I];
+    std::string Name = L.Layer < 0 ? "outside layers"
+                       : I == End  ? formatv("layer {0}", L.Layer).str()
+                                   : formatv("layers {0}-{1} (each)", L.Layer,
+                                             R[End].Layer)
+                                         .str();
+    OS << formatv("  {0}: forward {1}, backward {2}, regather {3}", Name,
+                  kib(L.Forward), kib(L.Backward), kib(L.Regather));
+    if (L.Overlapped)
+      OS << formatv("; {0} of it beside GEMMs", kib(L.Overlapped));
+    OS << "\n";
+    // Repeated collectives of one kind (the gradient sums) print once.
+    for (size_t U = 0; U < L.Uses.size();) {
+      const CollectiveUse &C = L.Uses[U];
+      size_t Next = U;
+      int64_t Bytes = 0;
+      while (Next < L.Uses.size() && L.Uses[Next].Op == C.Op &&
+             L.Uses[Next].Role == C.Role && L.Uses[Next].Ph == C.Ph &&
+             L.Uses[Next].Beside == C.Beside)
+        Bytes += L.Uses[Next++].Bytes;
+      std::string Count =
+          Next - U > 1 ? formatv(" ({0} calls)", Next - U).str() : "";
+      std::string Beside = C.Beside.empty() ? "" : "  beside " + C.Beside;
+      std::string Line =
+          formatv("    {0,-4} {1,-15} {2,-22} {3,-9}{4}{5}", phaseName(C.Ph),
+                  opName(C.Op), C.Role, kib(Bytes), Count, Beside)
+              .str();
+      OS << StringRef(Line).rtrim() << "\n";
+      U = Next;
+    }
+    I = End + 1;
+  }
+}
+
+} // namespace sp

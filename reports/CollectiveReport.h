@@ -1,0 +1,57 @@
+//===- CollectiveReport.h - Bytes each rank moves per layer ----*- C++ -*-===//
+//
+// Computed from the lowered program: every all_reduce, all_gather and
+// reduce_scatter instruction, with the bytes one rank sends under ring
+// algorithms on a group of t:
+//
+//   all_reduce      2 (t - 1) / t * bytes of the tensor
+//   all_gather      (t - 1) / t * bytes of the gathered (full) tensor
+//   reduce_scatter  (t - 1) / t * bytes of the full input
+//
+// (the bytes use the plan's activation dtype). Communication recomputation
+// (the backward all-gathers that rebuild a saved sequence shard) is counted
+// apart from the forward and backward conjugates, so that TP and TP+SP can
+// be compared as the paper does: both move 8 (t - 1) / t * s*b*h*bytes per
+// layer in their conjugate collectives. The collectives the plan runs
+// beside a GEMM (lower/Overlap.h) are named with it.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_REPORTS_COLLECTIVEREPORT_H
+#define SP_REPORTS_COLLECTIVEREPORT_H
+
+#include "plan/Program.h"
+#include "llvm/Support/raw_ostream.h"
+#include <nlohmann/json.hpp>
+#include <vector>
+
+namespace sp {
+
+struct CollectiveUse {
+  OpKind Op;
+  std::string Role;
+  Phase Ph;
+  bool Regather = false;
+  int64_t Bytes = 0; // sent per rank
+  /// The GEMM it runs beside (lower/Overlap.h), "op role"; empty: none.
+  std::string Beside;
+};
+
+struct LayerCollectives {
+  int Layer = -1; // -1: embedding, head, gradient sums
+  int64_t Forward = 0, Backward = 0, Regather = 0;
+  /// Of these, the bytes of the collectives that run beside a GEMM.
+  int64_t Overlapped = 0;
+  std::vector<CollectiveUse> Uses;
+};
+
+/// Per layer (index Layer + 1, so the non-layer part is first), for a group
+/// of T ranks.
+std::vector<LayerCollectives> collectiveReport(const Program &P, int T);
+
+nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R);
+void printCollectives(const std::vector<LayerCollectives> &R, int T,
+                      llvm::raw_ostream &OS);
+
+} // namespace sp
+
+#endif // SP_REPORTS_COLLECTIVEREPORT_H

@@ -2,7 +2,7 @@
 #include "analysis/ModelInfo.h"
 #include "ir/OpDef.h"
 #include "ir/Family.h"
-#include "llvm/ADT/DenseMap.h"
+#include <array>
 #include "llvm/Support/FormatVariadic.h"
 #include <set>
 
@@ -17,11 +17,11 @@ static Error infoError(const Twine &Msg) {
 Expected<ModelInfo> summarizeModel(const Graph &G) {
   ModelInfo M;
   // The first node of every role, in one sweep.
-  DenseMap<Role, const Node *> First;
+  std::array<const Node *, NumRoles> First{};
   for (const Node &N : G.nodes())
-    if (N.tags().Role != Role::None)
-      First.try_emplace(N.tags().Role, &N);
-  auto findRole = [&](Role R) { return First.lookup(R); };
+    if (!First[size_t(N.tags().Role)])
+      First[size_t(N.tags().Role)] = &N;
+  auto findRole = [&](Role R) { return First[size_t(R)]; };
   const Node *Embed = findRole(Role::Embed);
   const Node *Head = findRole(Role::LmHead);
   if (!Embed || !Head)

@@ -209,8 +209,8 @@ private:
        << " offset=" << B.Offset;
     if (B.Layer >= 0)
       OS << " layer=" << B.Layer;
-    if (!B.Role.empty())
-      OS << " role=" << B.Role;
+    if (B.Role != Role::None)
+      OS << " role=" << roleName(B.Role);
     if (B.Feed != InputRole::None)
       OS << " feed=" << inputRoleName(B.Feed);
     if (P.compact()) {
@@ -259,8 +259,8 @@ private:
     std::vector<std::pair<std::string, std::string>> Meta;
     if (I.Layer >= 0)
       Meta.push_back({"layer", std::to_string(I.Layer)});
-    if (!I.Role.empty())
-      Meta.push_back({"role", I.Role});
+    if (I.Role != Role::None)
+      Meta.push_back({"role", roleName(I.Role).str()});
     Meta.push_back({"phase", phaseLongName(I.Ph)});
     Meta.push_back({"stage", std::to_string(Stage)});
     if (P.compact())

@@ -29,6 +29,7 @@
 #include "analysis/Partition.h"
 #include "passes/Passes.h"
 #include "lower/ProgramBuilder.h"
+#include <map>
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringMap.h"
@@ -159,7 +160,7 @@ private:
   }
 
   Error tagStages(Graph &G) {
-    StringMap<int> RoleStage;
+    std::map<Role, int> RoleStage;
     bool SeenLayer = false;
     for (Node &N : G.nodes()) {
       Tags &T = N.tags();

@@ -33,6 +33,7 @@
 //    error gives the smallest budget that does.
 //
 //===----------------------------------------------------------------------===//
+#include "analysis/Activations.h"
 #include "analysis/Cost.h"
 #include "lower/Finalize.h"
 #include "lower/LowerGraph.h"

@@ -1,22 +1,16 @@
-//===- MemoryReport.h - Activation memory and FLOPs of a program -*- C++ -*-===//
+//===- MemoryReport.h - The memory and FLOP reports of a plan ---*- C++ -*-===//
 //
-// What a plan stores between its forward and its backward, read off the
-// lowered program rather than any formula: a stored activation is a
-// temporary that a forward instruction defines and a backward or recompute
-// instruction reads. Which forward values those are is exactly what the
-// gradient rules declare (savedForBackward) after the recompute pass has
-// redirected the backward to its clones; their sizes are the planned buffer
-// sizes (the plan's activation dtype, 1-byte masks, f32 LayerNorm
-// statistics and logits).
-//
-// A stored value belongs to the layer whose backward (or recomputation)
-// reads it first, and is filed under that reader's role: a layer's input
-// belongs to the layer (its ln1 saves it), as Table 2 counts it.
+// The "memory" and "flops" objects of the compile report, from the stored
+// activations of a program (analysis/Activations.h); a program's run
+// statistics; the model state as ZeRO counts it; and the paper's per-layer
+// formulas (Table 2, and each family's formula from its FamilyDef record)
+// that the report compares with the plan.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_REPORTS_MEMORYREPORT_H
 #define SP_REPORTS_MEMORYREPORT_H
 
+#include "analysis/Activations.h"
 #include "analysis/ModelInfo.h"
 #include "passes/Pass.h"
 #include "plan/Program.h"
@@ -27,30 +21,6 @@
 
 namespace sp {
 
-struct ActivationReport {
-  /// Stored bytes by layer (-1: outside the layers: embedding, final norm,
-  /// head, loss), then by the role of the first reader.
-  std::map<int, std::map<std::string, int64_t>> Stored;
-  /// Every stored activation of one microbatch, and the largest sum of them
-  /// live at one instruction (equal unless the backward frees some before
-  /// the forward ends).
-  int64_t StoredBytes = 0, StoredPeakBytes = 0;
-  /// The largest sum of live temporaries that recompute instructions define
-  /// (the transient recomputation buffers, not counted as stored).
-  int64_t RecomputeTransientBytes = 0;
-  /// GEMM FLOPs of this rank's program, by phase.
-  double ForwardFlops = 0, BackwardFlops = 0, RecomputeFlops = 0;
-  int Layers = 0;
-  /// What each layer recomputes: "none", "selective" (the attention core
-  /// only) or "full".
-  std::vector<std::string> LayerRecompute;
-
-  int64_t layerBytes(int Layer) const;
-  /// The layer Table 2 describes: one in the middle.
-  int middleLayer() const { return Layers / 2; }
-};
-
-ActivationReport analyzeActivations(const Program &P);
 
 /// A program as it runs, one training step: its instructions and buffers
 /// written out, the largest sum of temporaries live at one instruction, and

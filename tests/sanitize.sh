@@ -44,7 +44,8 @@ JOBS=${JOBS:-$(nproc)}
 if ! grep -qs "^SP_SANITIZE:STRING=$SANITIZE\$" "$BUILD_DIR/CMakeCache.txt"; then
   echo "== configuring $BUILD_DIR (-fsanitize=$SANITIZE)"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DSP_SANITIZE="$SANITIZE" -DSP_ENABLE_CUDA=OFF >/dev/null
+    -DSP_SANITIZE="$SANITIZE" -DSP_ENABLE_CUDA=OFF \
+    $(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache) >/dev/null
 fi
 echo "== building sp-unit-tests in $BUILD_DIR"
 cmake --build "$BUILD_DIR" --target sp-unit-tests -j "$JOBS"

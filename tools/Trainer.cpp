@@ -711,8 +711,8 @@ static nlohmann::json traceEvents(const Executor &E, int Rank, int TP) {
     const Instruction &I = P.Instrs[T.Instruction];
     bool Comm = isCommunicationOp(I.Op);
     std::string Label = opName(I.Op).str();
-    if (!I.Role.empty())
-      Label += " " + I.Role;
+    if (I.Role != Role::None)
+      Label += " " + roleName(I.Role).str();
     nlohmann::json Args = {{"instruction", T.Instruction},
                            {"step", T.Step},
                            {"phase", phaseName(I.Ph).str()}};
@@ -731,7 +731,7 @@ static nlohmann::json traceEvents(const Executor &E, int Rank, int TP) {
       // The GEMM the plan runs this collective beside (lower/Overlap.h).
       const Instruction &G = P.Instrs[I.Beside];
       Args["beside"] = formatv("{0} {1} (instruction {2})", opName(G.Op),
-                               G.Role, I.Beside)
+                               roleName(G.Role), I.Beside)
                            .str();
     }
     Events.push_back({{"name", Label},

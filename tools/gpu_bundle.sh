@@ -9,7 +9,7 @@
 #
 #   tools/gpu_bundle.sh [BUILD_DIR] [OUT.tar.gz]     (default: build, gpu-bundle.tar.gz)
 #
-# This is how the H200 numbers in the README were produced: the build of
+# This is how the H200 numbers in docs/benchmarks.md were produced: the build of
 # this Debian 12 machine, carried to the GPU machine with the repository.
 set -euo pipefail
 BUILD=${1:-build}

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The README's tutorial model: a small GPT written the way a user writes one in
+"""The tutorial's model (docs/tutorial.md): a small GPT written the way a user writes one in
 PyTorch (nanoGPT's layout, nothing sp-specific), exported with torch.onnx.export.
 
     /usr/bin/python3 models/tutorial/my_gpt.py -o my_gpt.onnx

@@ -19,7 +19,7 @@ page in headless Chromium (Debian's `chromium`, which tools/dev.sh installs):
 
 The screenshots stay in the workdir (the test's artifacts); their paths are printed.
 With --readme-screenshots DIR it also writes DIR/report-compile.png (the pipelined compile page)
-and DIR/report-run.png at 1280x1600, the README's pictures.
+and DIR/report-run.png at 1280x1600, the pictures of the README and docs/inspecting.md.
 
 Prints one PASS/FAIL line per check and a final `N passed, M failed`; exits 1 if any check failed
 (or Chromium is missing: run tools/dev.sh test, which installs it), 2 if a tool is missing from

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fault tests of sp-run (README, "Reliability"): kill -9 and resume, signals
+"""Fault tests of sp-run (docs/reliability.md): kill -9 and resume, signals
 and --checkpoint-on-exit, dead and stopped MPI ranks, directory locks, a full
 disk and an unwritable directory.
 

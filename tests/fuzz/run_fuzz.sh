@@ -53,7 +53,8 @@ if ! grep -qs '^SP_FUZZ:BOOL=ON$' "$BUILD_DIR/CMakeCache.txt" ||
   echo "== configuring $BUILD_DIR (clang-14, ASan + UBSan, libFuzzer)"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DSP_FUZZ=ON \
-    -DSP_ENABLE_CUDA=OFF >/dev/null
+    -DSP_ENABLE_CUDA=OFF \
+    $(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache) >/dev/null
 fi
 echo "== building the fuzz targets in $BUILD_DIR"
 cmake --build "$BUILD_DIR" --target "${TARGETS[@]/#/sp-fuzz-}" -j "$JOBS"

@@ -167,7 +167,7 @@ Program lowerTiny(int TP, bool SP, int DP) {
   return P;
 }
 
-/// What the README says placing the collectives costs in memory, measured
+/// What docs/passes.md ("Collectives beside GEMMs") says placing the collectives costs in memory, measured
 /// by planning the same program without and with the placement: on the
 /// default model at t = 2 + SP, 32 KiB, the saved sequence shard
 /// [b, s/t, h] of one column-parallel linear (4 x 32 x 64 floats), which
@@ -186,7 +186,7 @@ TEST(Overlap, MemoryCostOfThePlacement) {
   }
 }
 
-/// What the README says the data-parallel buckets cost in memory: nothing,
+/// What docs/parallelism.md ("Data parallelism") says the data-parallel buckets cost in memory: nothing,
 /// at the default bucket size, on the default model at d = 2 and
 /// d = 2 x t = 2 + SP (each gradient dies at its sum instead of living
 /// until the optimizer).

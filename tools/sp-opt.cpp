@@ -1,14 +1,27 @@
 //===- sp-opt.cpp - Run passes on textual IR ------------------------------===//
 //
 //   sp-opt IN.sp --passes=canonicalize,dce [-o OUT.sp]
+//   sp-opt IN.sp --passes=...,autodiff,optimizer --lower
+//          [--program-passes=fuse-softmax,fuse-epilogue] [--dtype bf16]
 //
 // Reads textual IR (or an .onnx model, imported first), runs the named passes
 // and prints the result. With no --passes it round-trips the IR.
 //
+// With --lower the graph (a training graph, after autodiff and the
+// optimizer) is then lowered to one program (lower/LowerGraph.h: no pipeline
+// schedule) without any of the rewrites finalizeProgram runs; only the
+// program passes named by --program-passes run on it (lower/ProgramPass.h),
+// in the order given, and the program is printed as text
+// (plan/ProgramPrinter.h) instead of the graph: the lit tests of the program
+// passes (tests/lit/lower/).
+//
 //===----------------------------------------------------------------------===//
 #include "ir/AsmFormat.h"
+#include "lower/LowerGraph.h"
+#include "lower/ProgramPass.h"
 #include "passes/Compile.h"
 #include "passes/Passes.h"
+#include "plan/ProgramPrinter.h"
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
@@ -22,8 +35,41 @@ static cl::opt<std::string> Input(cl::Positional, cl::desc("<input .sp or .onnx>
 static cl::opt<std::string> Output("o", cl::desc("Output file (default stdout)"),
                                    cl::value_desc("file"), cl::init("-"),
                                    cl::cat(Cat));
-static cl::opt<bool> ListPasses("list-passes", cl::desc("List the registered passes"),
+static cl::opt<bool> ListPasses("list-passes",
+                                cl::desc("List the registered passes and "
+                                         "program passes"),
                                 cl::cat(Cat));
+static cl::opt<bool> Lower(
+    "lower",
+    cl::desc("After the passes, lower the training graph to one program "
+             "(no pipeline schedule), run only the --program-passes on it, "
+             "and print the program instead of the graph"),
+    cl::cat(Cat));
+static cl::list<std::string> ProgramPasses(
+    "program-passes",
+    cl::desc("With --lower: the program passes to run, in this order (see "
+             "--list-passes; none by default)"),
+    cl::value_desc("a,b,c"), cl::CommaSeparated, cl::cat(Cat));
+static cl::opt<DType> LowerDtype(
+    "dtype",
+    cl::desc("With --lower: the activation dtype of the program, as "
+             "sp-compile --dtype"),
+    cl::values(clEnumValN(DType::F32, "fp32", "32-bit float"),
+               clEnumValN(DType::BF16, "bf16", "bfloat16"),
+               clEnumValN(DType::F16, "fp16", "IEEE half")),
+    cl::init(DType::F32), cl::cat(Cat));
+
+/// The graph after the passes, lowered (--lower) and rewritten by the
+/// --program-passes, printed to Output.
+static Error lowerAndPrint(const Graph &G) {
+  auto P = lowerGraph(G, LowerDtype);
+  if (!P)
+    return P.takeError();
+  if (Error E = runProgramPasses(*P, ProgramPasses))
+    return E;
+  return writeFileAtomically(Output,
+                             [&](raw_ostream &OS) { printProgram(*P, OS); });
+}
 
 int main(int Argc, char **Argv) {
   InitLLVM X(Argc, Argv);
@@ -34,8 +80,22 @@ int main(int Argc, char **Argv) {
   if (ListPasses) {
     for (const PassInfo &P : registeredPasses())
       outs() << "  " << P.Name << " - " << P.Summary << "\n";
+    outs() << "Program passes (--lower --program-passes), in the order "
+              "sp-compile runs them:\n";
+    for (const ProgramPassInfo &P : registeredProgramPasses())
+      outs() << "  " << P.Name << " - " << P.Summary << "\n";
     return 0;
   }
+  for (auto [Given, Flag] :
+       {std::pair<bool, const char *>{ProgramPasses.getNumOccurrences(),
+                                      "--program-passes"},
+        {LowerDtype.getNumOccurrences(), "--dtype"}})
+    if (Given && !Lower)
+      return reportError("sp-opt",
+                         createStringError(inconvertibleErrorCode(),
+                                           "%s applies to the lowered "
+                                           "program; it needs --lower",
+                                           Flag));
   auto IO = importOptionsFromCL();
   if (!IO)
     return reportError("sp-opt", IO.takeError());
@@ -50,6 +110,11 @@ int main(int Argc, char **Argv) {
   CO.PassManager = passManagerOptionsFromCL();
   if (auto E = runPasses(**G, Ctx, CO))
     return reportError("sp-opt", std::move(E));
+  if (Lower) {
+    if (auto E = lowerAndPrint(**G))
+      return reportError("sp-opt", std::move(E));
+    return 0;
+  }
   if (auto E = writeFileAtomically(Output, [&](raw_ostream &OS) {
         printGraph(**G, OS);
       }))

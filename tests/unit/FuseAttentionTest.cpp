@@ -9,7 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "ProgramRun.h"
 #include "frontend/OnnxImporter.h"
-#include "lower/FuseAttention.h"
+#include "lower/FuseSoftmax.h"
 #include "lower/MemoryPlan.h"
 #include "lower/ProgramBuilder.h"
 #include "passes/Compile.h"

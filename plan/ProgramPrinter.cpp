@@ -1,4 +1,4 @@
-//===- ProgramPrinter.cpp - A program as text, one line an instruction ----===//
+//===- ProgramPrinter.cpp - A program as text -----------------------------===//
 #include "plan/ProgramPrinter.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"

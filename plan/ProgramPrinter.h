@@ -1,4 +1,4 @@
-//===- ProgramPrinter.h - A program as text, one line an instruction -*- C++ -*-===//
+//===- ProgramPrinter.h - A program as text ---------------------*- C++ -*-===//
 //
 // What sp-opt --lower prints: a lowered program (plan/Program.h) in the
 // spelling of the textual IR (ir/AsmFormat.h), so that the lit tests of the
@@ -9,10 +9,11 @@
 //     input %idx : i64[1, 4] as tokens
 //     param %attn.w : f32[24, 8]
 //     state %adam.m.attn.w : f32[24, 8]
-//     %9 : f32[1, 2, 4, 4] = batch_matmul(%6, %7) {trans_b = 1} [layer = 0, role = "qk"]
-//     %10 : f32[1, 2, 4, 4] = softmax(%9) {alpha = 0.5, causal = 1, fill = -inf} [layer = 0, role = "softmax"]
-//     %40 : f32[1, 4, 8] = all_reduce(%39) {group = "tp"} [layer = 0, role = "attn_f", phase = bwd, beside = %41]
-//     output "loss" = %31
+//     %67 : f32[1, 2, 4, 4] = batch_matmul(%64, %65) {trans_b = 1} [layer = 0, role = "qk"]
+//     %68 : f32[1, 2, 4, 4] = softmax(%67) {alpha = 0.5, causal = 1, fill = -inf} [layer = 0, role = "softmax"]
+//     %119 : f32[1, 4, 8] = all_gather(%84) {dim = 1, parts = 2} [layer = 0, role = "mlp_f_regather", phase = bwd, beside = %118]
+//     %118 : f32[1, 4, 8] = linear(%117, %fc.w) {trans_w = 0} [layer = 0, role = "fc1", phase = bwd]
+//     output "loss" = %89
 //   }
 //
 // The persistent buffers (inputs, parameters, state, constants) are declared

@@ -59,6 +59,35 @@ static cl::opt<DType> LowerDtype(
                clEnumValN(DType::F16, "fp16", "IEEE half")),
     cl::init(DType::F32), cl::cat(Cat));
 
+/// --program-passes and --dtype need --lower, and a graph pass given to
+/// --program-passes, or a program pass to --passes, is named as such.
+static Error checkLowerOptions(StringRef GraphPasses) {
+  for (auto [Given, Flag] :
+       {std::pair<bool, const char *>{ProgramPasses.getNumOccurrences(),
+                                      "--program-passes"},
+        {LowerDtype.getNumOccurrences(), "--dtype"}})
+    if (Given && !Lower)
+      return createStringError(inconvertibleErrorCode(),
+                               "%s applies to the lowered program; it needs "
+                               "--lower",
+                               Flag);
+  for (const std::string &Name : ProgramPasses)
+    if (!lookupProgramPass(Name) && lookupPass(Name))
+      return createStringError(inconvertibleErrorCode(),
+                               "'%s' is a pass on the graph: give it to "
+                               "--passes, not --program-passes",
+                               Name.c_str());
+  SmallVector<StringRef, 16> Names;
+  GraphPasses.split(Names, ',', -1, /*KeepEmpty=*/false);
+  for (StringRef Name : Names)
+    if (!lookupPass(Name) && lookupProgramPass(Name))
+      return createStringError(inconvertibleErrorCode(),
+                               "'%s' is a pass on the lowered program: give "
+                               "it to --program-passes, with --lower",
+                               Name.str().c_str());
+  return Error::success();
+}
+
 /// The graph after the passes, lowered (--lower) and rewritten by the
 /// --program-passes, printed to Output.
 static Error lowerAndPrint(const Graph &G) {
@@ -78,6 +107,7 @@ int main(int Argc, char **Argv) {
   cl::HideUnrelatedOptions({&Cat, &ImportCat, &PMCat});
   cl::ParseCommandLineOptions(Argc, Argv, "sp-opt: run sp passes on textual IR\n");
   if (ListPasses) {
+    outs() << "Passes (--passes), in pipeline order:\n";
     for (const PassInfo &P : registeredPasses())
       outs() << "  " << P.Name << " - " << P.Summary << "\n";
     outs() << "Program passes (--lower --program-passes), in the order "
@@ -86,16 +116,8 @@ int main(int Argc, char **Argv) {
       outs() << "  " << P.Name << " - " << P.Summary << "\n";
     return 0;
   }
-  for (auto [Given, Flag] :
-       {std::pair<bool, const char *>{ProgramPasses.getNumOccurrences(),
-                                      "--program-passes"},
-        {LowerDtype.getNumOccurrences(), "--dtype"}})
-    if (Given && !Lower)
-      return reportError("sp-opt",
-                         createStringError(inconvertibleErrorCode(),
-                                           "%s applies to the lowered "
-                                           "program; it needs --lower",
-                                           Flag));
+  if (auto E = checkLowerOptions(passesFromCL("")))
+    return reportError("sp-opt", std::move(E));
   auto IO = importOptionsFromCL();
   if (!IO)
     return reportError("sp-opt", IO.takeError());

@@ -11,7 +11,8 @@
 //
 // As the graph passes (passes/Pass.h), a program pass is a stateless object
 // made by the factory the table names; each is defined in the file of its
-// rewrite, which is a function of the program (rewritePass wraps it).
+// rewrite, which is a function of the program (rewritePass wraps it), but
+// for the gradient buckets' two, in ProgramPass.cpp for now.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_LOWER_PROGRAMPASS_H

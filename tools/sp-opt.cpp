@@ -52,8 +52,8 @@ static cl::list<std::string> ProgramPasses(
     cl::value_desc("a,b,c"), cl::CommaSeparated, cl::cat(Cat));
 static cl::opt<DType> LowerDtype(
     "dtype",
-    cl::desc("With --lower: the activation dtype of the program, as "
-             "sp-compile --dtype"),
+    cl::desc("With --lower: the activation dtype of the program (and of "
+             "the passes that size with it), as sp-compile --dtype"),
     cl::values(clEnumValN(DType::F32, "fp32", "32-bit float"),
                clEnumValN(DType::BF16, "bf16", "bfloat16"),
                clEnumValN(DType::F16, "fp16", "IEEE half")),
@@ -127,6 +127,9 @@ int main(int Argc, char **Argv) {
   PassContext Ctx;
   if (auto E = passOptionsFromCL(Ctx))
     return reportError("sp-opt", std::move(E));
+  // The passes that size with it (recompute auto, the pipeline split) see
+  // the dtype the program is lowered with, as in sp-compile.
+  Ctx.ActivationDtype = LowerDtype;
   CompileOptions CO;
   CO.Passes = passesFromCL("");
   CO.PassManager = passManagerOptionsFromCL();

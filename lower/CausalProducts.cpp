@@ -1,6 +1,12 @@
-//===- CausalProducts.cpp - Causal structure of the attention GEMMs ------===//
+//===- CausalProducts.cpp - Causal structure of the attention GEMMs -------===//
+//
+// The program pass causal-products; what it marks and why:
+// lower/CausalProducts.h.
+//
+//===----------------------------------------------------------------------===//
 #include "lower/CausalProducts.h"
 #include "lower/Peephole.h"
+#include "lower/ProgramPass.h"
 #include <cmath>
 #include <limits>
 
@@ -147,6 +153,10 @@ int markCausalProducts(Program &P) {
       Set += M.markDropout(int(K));
   }
   return Set;
+}
+
+std::unique_ptr<ProgramPass> createCausalProductsPass() {
+  return rewritePass("causal-products", markCausalProducts);
 }
 
 } // namespace sp

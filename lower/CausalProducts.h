@@ -1,7 +1,8 @@
 //===- CausalProducts.h - Causal structure of attention GEMMs -*- C++ -*-===//
 //
-// A peephole pass on a lowered program (finalizeProgram runs it after the
-// fusions, before the memory plan). In a causal attention core half of
+// The program pass causal-products (lower/ProgramPasses.def; finalizeProgram
+// runs it after the fusions, before the memory plan): a peephole pass on a
+// lowered program. In a causal attention core half of
 // every [s, s] matrix is known: the scores above the diagonal are masked,
 // so the probabilities there are 0 and so are their gradients. The batched
 // products around the core need not compute or read that half:

@@ -1,11 +1,8 @@
 //===- Finalize.cpp - The last steps of lowering a program -----------------===//
 #include "lower/Finalize.h"
 #include "lower/CausalProducts.h"
-#include "lower/FuseAttention.h"
-#include "lower/FuseEpilogue.h"
-#include "lower/GradientBuckets.h"
 #include "lower/MemoryPlan.h"
-#include "lower/Overlap.h"
+#include "lower/ProgramPass.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/MathExtras.h"
 
@@ -14,6 +11,13 @@ using namespace llvm;
 namespace sp {
 
 namespace {
+
+/// The rewrites of lower/ProgramPasses.def, in order. None of them fails (a
+/// rewrite that can must make finalizeProgram return its error).
+void runRewrites(Program &P) {
+  if (Error E = runProgramPasses(P))
+    report_fatal_error(std::move(E));
+}
 
 /// A compact program's arena, bottom up: the persistent buffers, the
 /// per-microbatch inputs (every microbatch's), the Whole temporaries (the
@@ -109,12 +113,7 @@ void finalizeCompact(Program &P) {
     for (auto &[Name, Id] : P.Outputs)
       if (P.Buffers[Id].Scope == BufferScope::Step && Local.count(Id))
         Sub.Outputs.push_back({Name, Local[Id]});
-    fuseAttentionSoftmax(Sub);
-    fuseEpilogues(Sub);
-    markCausalProducts(Sub);
-    bucketGradientSums(Sub);
-    bucketParamGathers(Sub);
-    placeCollectives(Sub);
+    runRewrites(Sub);
     computeLiveRanges(Sub);
     planMemory(Sub);
     Scratch = std::max(Scratch, Sub.ArenaBytes - Sub.PersistentBytes);
@@ -177,12 +176,7 @@ void finalizeProgram(Program &P) {
     finalizeCompact(P);
     return;
   }
-  fuseAttentionSoftmax(P);
-  fuseEpilogues(P);
-  markCausalProducts(P);
-  bucketGradientSums(P);
-  bucketParamGathers(P);
-  placeCollectives(P);
+  runRewrites(P);
   planMemory(P);
 }
 

@@ -1,6 +1,12 @@
-//===- FuseEpilogue.cpp - GELU and residual adds fused -------------------===//
+//===- FuseEpilogue.cpp - GELU and residual adds fused --------------------===//
+//
+// The program pass fuse-epilogue; what it fuses and when:
+// lower/FuseEpilogue.h.
+//
+//===----------------------------------------------------------------------===//
 #include "lower/FuseEpilogue.h"
 #include "lower/Peephole.h"
+#include "lower/ProgramPass.h"
 
 namespace sp {
 
@@ -118,6 +124,10 @@ int fuseEpilogues(Program &P) {
       Any |= F.fuseDropoutAdd(int(K));
   }
   return Any ? F.compact() : 0;
+}
+
+std::unique_ptr<ProgramPass> createFuseEpiloguePass() {
+  return rewritePass("fuse-epilogue", fuseEpilogues);
 }
 
 } // namespace sp

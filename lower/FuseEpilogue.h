@@ -1,7 +1,8 @@
 //===- FuseEpilogue.h - GELU and residual adds fused ------------*- C++ -*-===//
 //
-// Peephole fusions on a lowered program (finalizeProgram runs them after
-// fuseAttentionSoftmax, before the memory plan). An MLP's first linear and
+// The program pass fuse-epilogue (lower/ProgramPasses.def; finalizeProgram
+// runs it after fuse-softmax, before the memory plan): peephole fusions on a
+// lowered program. An MLP's first linear and
 // its GELU, in the backward the second linear's input gradient and the
 // GELU's gradient, and a dropout and the residual add after it lower to
 //

@@ -1,6 +1,12 @@
-//===- Overlap.cpp - Collectives placed beside the GEMMs they overlap ------===//
+//===- Overlap.cpp - Collectives placed beside the GEMMs they overlap -----===//
+//
+// The program pass place-collectives; where a collective moves and why:
+// lower/Overlap.h.
+//
+//===----------------------------------------------------------------------===//
 #include "lower/Overlap.h"
 #include "lower/MemoryPlan.h"
+#include "lower/ProgramPass.h"
 #include "llvm/ADT/SmallVector.h"
 #include <algorithm>
 
@@ -85,6 +91,10 @@ void placeCollectives(Program &P) {
   }
   P.Instrs = std::move(Instrs);
   computeLiveRanges(P);
+}
+
+std::unique_ptr<ProgramPass> createPlaceCollectivesPass() {
+  return rewritePass("place-collectives", placeCollectives);
 }
 
 } // namespace sp

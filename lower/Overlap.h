@@ -5,9 +5,11 @@
 // parallelism, the re-all-gather of the saved input shard runs beside the
 // dgrad GEMM (dX = dY W), and the reduce-scatter of dX runs beside the wgrad
 // GEMM (dW = dY^T X); without sequence parallelism, the all-reduce of dX runs
-// beside the wgrad GEMM. This step states those overlaps in the program, so
-// that a backend with a communication stream can run them and the trace and
-// the memory plan agree with what it runs:
+// beside the wgrad GEMM. This step, the program pass place-collectives
+// (lower/ProgramPasses.def: the last rewrite finalizeProgram runs, so that it
+// sees the final order), states those overlaps in the program, so that a
+// backend with a communication stream can run them and the trace and the
+// memory plan agree with what it runs:
 //
 //  - A tensor-parallel collective (all_gather, reduce_scatter, all_reduce of
 //    group "tp") moves up, past instructions it does not depend on, to just

@@ -1,10 +1,10 @@
 //===- Peephole.h - Rewriting a lowered program in place --------*- C++ -*-===//
 //
-// What the peephole fusions of a lowered program share (lower/FuseAttention.h,
-// lower/FuseEpilogue.h): each buffer's producer and readers, marks for the
-// instructions and buffers a fusion removes, and compact(), which drops them
-// and renumbers the rest. They run before the memory plan (offsets are left
-// as they are).
+// What the peephole rewrites of a lowered program share (the program passes
+// of lower/FuseSoftmax.h, lower/FuseEpilogue.h, lower/CausalProducts.h):
+// each buffer's producer and readers, marks for the instructions and buffers
+// a fusion removes, and compact(), which drops them and renumbers the rest.
+// They run before the memory plan (offsets are left as they are).
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_LOWER_PEEPHOLE_H

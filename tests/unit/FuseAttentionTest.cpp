@@ -1,6 +1,6 @@
 //===- FuseAttentionTest.cpp - The attention core's fused softmax ---------===//
 //
-// lower/FuseAttention.cpp on hand-built programs (what fuses, what is left
+// lower/FuseSoftmax.cpp on hand-built programs (what fuses, what is left
 // alone, the compaction of buffers and live ranges), the CPU backend's fused
 // kernels against the unfused sequence bit for bit (float32 and float64),
 // and the compiled default model in its forward, selective and full
@@ -9,7 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "ProgramRun.h"
 #include "frontend/OnnxImporter.h"
-#include "lower/FuseAttention.h"
+#include "lower/FuseSoftmax.h"
 #include "lower/MemoryPlan.h"
 #include "lower/ProgramBuilder.h"
 #include "driver/Compile.h"

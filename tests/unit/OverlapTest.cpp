@@ -8,7 +8,7 @@
 //===----------------------------------------------------------------------===//
 #include "TrainHarness.h"
 #include "frontend/OnnxImporter.h"
-#include "lower/FuseAttention.h"
+#include "lower/FuseSoftmax.h"
 #include "lower/GradientBuckets.h"
 #include "lower/LowerGraph.h"
 #include "lower/MemoryPlan.h"

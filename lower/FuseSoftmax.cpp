@@ -1,6 +1,11 @@
-//===- FuseAttention.cpp - One softmax for the attention core --------------===//
-#include "lower/FuseAttention.h"
+//===- FuseSoftmax.cpp - One softmax for the attention core ---------------===//
+//
+// The program pass fuse-softmax; what it fuses and when: lower/FuseSoftmax.h.
+//
+//===----------------------------------------------------------------------===//
+#include "lower/FuseSoftmax.h"
 #include "lower/Peephole.h"
+#include "lower/ProgramPass.h"
 
 namespace sp {
 
@@ -108,6 +113,10 @@ int fuseAttentionSoftmax(Program &P) {
       Any |= F.fuseBackward(int(K));
   }
   return Any ? F.compact() : 0;
+}
+
+std::unique_ptr<ProgramPass> createFuseSoftmaxPass() {
+  return rewritePass("fuse-softmax", fuseAttentionSoftmax);
 }
 
 } // namespace sp

@@ -1,7 +1,10 @@
-//===- FuseAttention.h - One softmax for the attention core -----*- C++ -*-===//
+//===- FuseSoftmax.h - One softmax for the attention core -------*- C++ -*-===//
 //
-// A peephole fusion on a lowered program (finalizeProgram runs it first,
-// before the memory plan). The attention core lowers to
+// The program pass fuse-softmax (lower/ProgramPasses.def; the first rewrite
+// finalizeProgram runs, before the memory plan): a peephole fusion on a
+// lowered program of the unfused attention core (--attention unfused; not to
+// be confused with the graph pass fuse-attention, which replaces the whole
+// core by one attention op before autodiff). The core lowers to
 //
 //   forward (and recompute):  s = scale {alpha} (x); m = causal_mask {fill} (s);
 //                             y = softmax (m)
@@ -29,8 +32,8 @@
 // memory plan never sees the removed tensors.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_LOWER_FUSEATTENTION_H
-#define SP_LOWER_FUSEATTENTION_H
+#ifndef SP_LOWER_FUSESOFTMAX_H
+#define SP_LOWER_FUSESOFTMAX_H
 
 #include "plan/Program.h"
 
@@ -43,4 +46,4 @@ int fuseAttentionSoftmax(Program &P);
 
 } // namespace sp
 
-#endif // SP_LOWER_FUSEATTENTION_H
+#endif // SP_LOWER_FUSESOFTMAX_H

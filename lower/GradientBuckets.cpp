@@ -1,6 +1,7 @@
 //===- GradientBuckets.cpp - Data-parallel gradient sums in buckets -------===//
 #include "lower/GradientBuckets.h"
 #include "lower/MemoryPlan.h"
+#include "lower/ProgramPass.h"
 #include <algorithm>
 #include <map>
 
@@ -133,6 +134,14 @@ int bucketParamGathers(Program &P) {
   P.Instrs = std::move(Instrs);
   computeLiveRanges(P);
   return Buckets;
+}
+
+std::unique_ptr<ProgramPass> createBucketGradientsPass() {
+  return rewritePass("bucket-gradients", bucketGradientSums);
+}
+
+std::unique_ptr<ProgramPass> createBucketParamGathersPass() {
+  return rewritePass("bucket-param-gathers", bucketParamGathers);
 }
 
 } // namespace sp

@@ -58,15 +58,4 @@ Error runProgramPasses(Program &P) {
   return Error::success();
 }
 
-// The gradient buckets' passes live here until lower/GradientBuckets.cpp
-// (being reworked) defines them beside its rewrites, as the other rewrite
-// files do.
-std::unique_ptr<ProgramPass> createBucketGradientsPass() {
-  return rewritePass("bucket-gradients", bucketGradientSums);
-}
-
-std::unique_ptr<ProgramPass> createBucketParamGathersPass() {
-  return rewritePass("bucket-param-gathers", bucketParamGathers);
-}
-
 } // namespace sp

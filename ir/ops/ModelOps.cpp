@@ -684,8 +684,8 @@ void addModelOps(OpTable &T) {
         return Error::success();
       },
   };
-  // The attention core's scale and causal mask fused in (lower/
-  // FuseAttention.cpp sets them on the lowered program): softmax(x) {alpha,
+  // The attention core's scale and causal mask fused in
+  // (lower/FuseSoftmax.cpp sets them on the lowered program): softmax(x) {alpha,
   // causal, fill} is softmax(causal_mask {fill} (scale {alpha} (x))), the
   // mask only when causal = 1; softmax_grad {alpha, causal, fill} is
   // scale {alpha} (causal_mask {fill} (softmax_grad (y, dy))).

@@ -5,7 +5,6 @@
 //
 //===----------------------------------------------------------------------===//
 #include "lower/ProgramPass.h"
-#include "lower/GradientBuckets.h"
 
 using namespace llvm;
 

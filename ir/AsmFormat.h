@@ -30,6 +30,12 @@
 namespace sp {
 
 void printGraph(const Graph &G, llvm::raw_ostream &OS);
+/// A string as the parser reads it: in double quotes, with \\, \", \n, \t
+/// and \HH escapes.
+void printQuoted(llvm::raw_ostream &OS, llvm::StringRef S);
+/// An attribute's value as the textual IR writes it (a float as the
+/// shortest decimal that reads back to the same double).
+void printAttribute(llvm::raw_ostream &OS, const Attribute &A);
 std::string graphToString(const Graph &G);
 
 /// Parses one graph. Errors read "BufferName:line:col: message".

@@ -19,6 +19,8 @@ bool isIdentifier(StringRef S) {
   });
 }
 
+} // namespace
+
 /// A string in the escapes the parser reads: \\, \", \n, \t, and \HH (two
 /// hex digits) for other control characters. Bytes from 0x80 up are written
 /// as they are, so UTF-8 names stay readable (raw_ostream::write_escaped
@@ -42,7 +44,7 @@ void printQuoted(raw_ostream &OS, StringRef S) {
 
 /// Shortest decimal that reads back to the same double, always marked as a
 /// float (".0" appended to integral values).
-template <typename T> void printFloat(raw_ostream &OS, T V) {
+template <typename T> static void printFloat(raw_ostream &OS, T V) {
   char Buf[64];
   auto R = std::to_chars(Buf, Buf + sizeof(Buf), V);
   StringRef S(Buf, R.ptr - Buf);
@@ -50,6 +52,27 @@ template <typename T> void printFloat(raw_ostream &OS, T V) {
   if (S.find_first_of(".eEn") == StringRef::npos) // "n" covers inf and nan
     OS << ".0";
 }
+
+void printAttribute(raw_ostream &OS, const Attribute &A) {
+  if (auto *I = std::get_if<int64_t>(&A))
+    OS << *I;
+  else if (auto *F = std::get_if<double>(&A))
+    printFloat(OS, *F);
+  else if (auto *S = std::get_if<std::string>(&A))
+    printQuoted(OS, *S);
+  else if (auto *L = std::get_if<std::vector<int64_t>>(&A)) {
+    OS << '[';
+    interleaveComma(*L, OS);
+    OS << ']';
+  } else if (auto *FL = std::get_if<std::vector<double>>(&A)) {
+    OS << '[';
+    interleave(
+        *FL, OS, [&](double D) { printFloat(OS, D); }, ", ");
+    OS << ']';
+  }
+}
+
+namespace {
 
 class Printer {
 public:
@@ -202,24 +225,7 @@ private:
     OS << '>';
   }
 
-  void printAttr(const Attribute &A) {
-    if (auto *I = std::get_if<int64_t>(&A))
-      OS << *I;
-    else if (auto *F = std::get_if<double>(&A))
-      printFloat(OS, *F);
-    else if (auto *S = std::get_if<std::string>(&A))
-      printQuoted(OS, *S);
-    else if (auto *L = std::get_if<std::vector<int64_t>>(&A)) {
-      OS << '[';
-      interleaveComma(*L, OS);
-      OS << ']';
-    } else if (auto *FL = std::get_if<std::vector<double>>(&A)) {
-      OS << '[';
-      interleave(
-          *FL, OS, [&](double D) { printFloat(OS, D); }, ", ");
-      OS << ']';
-    }
-  }
+  void printAttr(const Attribute &A) { printAttribute(OS, A); }
 
   void printNode(const Node &N) {
     OS << "  ";

@@ -1,8 +1,8 @@
 //===- ProgramPrinter.cpp - A program as text -----------------------------===//
 #include "plan/ProgramPrinter.h"
+#include "ir/AsmFormat.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
-#include <charconv>
 
 using namespace llvm;
 
@@ -46,12 +46,10 @@ private:
   static std::string quoted(StringRef S) {
     std::string Q;
     raw_string_ostream QS(Q);
-    QS << '"';
-    printEscapedString(S, QS);
-    QS << '"';
+    sp::printQuoted(QS, S);
     return Q;
   }
-  void printQuoted(StringRef S) { OS << quoted(S); }
+  void printQuoted(StringRef S) { sp::printQuoted(OS, S); }
 
   /// A buffer: a temporary's name is "%N" already.
   std::string ref(int Id) const {
@@ -80,34 +78,8 @@ private:
     OS << "\n";
   }
 
-  /// As the textual IR writes a float: the shortest decimal that reads back
-  /// to the same double, ".0" after an integral one (inf, -inf, nan).
-  void printFloat(double D) {
-    char Buf[64];
-    auto R = std::to_chars(Buf, Buf + sizeof(Buf), D);
-    StringRef S(Buf, R.ptr - Buf);
-    OS << S;
-    if (S.find_first_of(".eEn") == StringRef::npos)
-      OS << ".0";
-  }
+  void printAttr(const Attribute &A) { printAttribute(OS, A); }
 
-  void printAttr(const Attribute &A) {
-    if (auto *I = std::get_if<int64_t>(&A))
-      OS << *I;
-    else if (auto *F = std::get_if<double>(&A))
-      printFloat(*F);
-    else if (auto *S = std::get_if<std::string>(&A))
-      printQuoted(*S);
-    else if (auto *L = std::get_if<std::vector<int64_t>>(&A)) {
-      OS << '[';
-      interleaveComma(*L, OS);
-      OS << ']';
-    } else if (auto *FL = std::get_if<std::vector<double>>(&A)) {
-      OS << '[';
-      interleaveComma(*FL, OS, [&](double D) { printFloat(D); });
-      OS << ']';
-    }
-  }
 
   void printInstr(const Instruction &I) {
     OS << "  ";

@@ -62,9 +62,9 @@ Program mlp(const MlpShape &S, const char *Approx, DType T = DType::F32,
   int Y = B.emitRaw(OpKind::Gelu, {Z}, {Hid}, geluAttrs(Approx),
                     tags(Phase::Forward, Role::Act), "gelu")[0];
   int D = B.emitRaw(OpKind::Linear, {DY, W2}, {Hid}, linearAttrs(!S.TransW),
-                    tags(Back, "fc2"), "fc2")[0];
+                    tags(Back, Role::Fc2), "fc2")[0];
   int DZ = B.emitRaw(OpKind::GeluGrad, {Z, D}, {Hid}, geluAttrs(Approx),
-                     tags(Back, "gelu"), "gelu")[0];
+                     tags(Back, Role::Act), "gelu")[0];
   B.output("z", Z);
   B.output("y", Y);
   B.output("dz", DZ);

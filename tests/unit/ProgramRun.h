@@ -1,6 +1,6 @@
 //===- ProgramRun.h - Hand-built programs run on the CPU backend -*- C++ -*-===//
 //
-// What the peephole fusion tests (FuseAttentionTest, FuseEpilogueTest)
+// What the peephole fusion tests (FuseSoftmaxTest, FuseEpilogueTest)
 // share: instruction tags, the consistency of a rewritten program's live
 // ranges, a run of every instruction on the CPU backend, random inputs.
 //

@@ -1,4 +1,4 @@
-//===- FuseAttentionTest.cpp - The attention core's fused softmax ---------===//
+//===- FuseSoftmaxTest.cpp - The attention core's fused softmax ----------===//
 //
 // lower/FuseSoftmax.cpp on hand-built programs (what fuses, what is left
 // alone, the compaction of buffers and live ranges), the CPU backend's fused
@@ -56,7 +56,7 @@ Program attentionCore(DType T = DType::F32) {
   return B.take();
 }
 
-TEST(FuseAttention, ForwardAndBackwardChainsBecomeOneInstructionEach) {
+TEST(FuseSoftmax, ForwardAndBackwardChainsBecomeOneInstructionEach) {
   Program P = attentionCore();
   ASSERT_EQ(P.Instrs.size(), 6u);
   ASSERT_EQ(P.Buffers.size(), 8u);
@@ -83,7 +83,7 @@ TEST(FuseAttention, ForwardAndBackwardChainsBecomeOneInstructionEach) {
   expectSettled(P, fuseAttentionSoftmax);
 }
 
-TEST(FuseAttention, CpuKernelsGiveTheUnfusedBits) {
+TEST(FuseSoftmax, CpuKernelsGiveTheUnfusedBits) {
   for (DType T : {DType::F32, DType::F64}) {
     Program Ref = attentionCore(T), Fused = attentionCore(T);
     ASSERT_EQ(fuseAttentionSoftmax(Fused), 4);
@@ -103,7 +103,7 @@ TEST(FuseAttention, CpuKernelsGiveTheUnfusedBits) {
   }
 }
 
-TEST(FuseAttention, ScaleOrMaskAloneFuses) {
+TEST(FuseSoftmax, ScaleOrMaskAloneFuses) {
   ProgramBuilder B(DType::F32);
   int X = B.addBuffer("x", Scores, ProgramBuffer::Input);
   int S = B.emitRaw(OpKind::Scale, {X}, {Scores}, floatAttr("alpha", 0.5),
@@ -135,7 +135,7 @@ TEST(FuseAttention, ScaleOrMaskAloneFuses) {
   EXPECT_EQ(Got["z"], Want["z"]);
 }
 
-TEST(FuseAttention, UnfusableChainsAreLeftAlone) {
+TEST(FuseSoftmax, UnfusableChainsAreLeftAlone) {
   // The scale's result has a second reader; the mask's result is an output;
   // a padding mask sits between the scale and the softmax; the backward
   // softmax_grad's result has a second reader. (A chain stops at the first
@@ -175,7 +175,7 @@ TEST(FuseAttention, UnfusableChainsAreLeftAlone) {
   EXPECT_EQ(programToJson(P), programToJson(Before));
 }
 
-TEST(FuseAttention, PhasesAreNotMixed) {
+TEST(FuseSoftmax, PhasesAreNotMixed) {
   // A forward scale feeding a recompute softmax stays two instructions.
   ProgramBuilder B(DType::F32);
   int X = B.addBuffer("x", Scores, ProgramBuffer::Input);
@@ -209,7 +209,7 @@ void expectFusedModel(PassContext &Ctx, int WantSoftmax, int WantGrad) {
   EXPECT_EQ(Grad, WantGrad);
 }
 
-TEST(FuseAttention, TheDefaultModelInEveryForm) {
+TEST(FuseSoftmax, TheDefaultModelInEveryForm) {
   // Two layers: two forward softmaxes, two backward.
   {
     PassContext Ctx;

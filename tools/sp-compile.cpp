@@ -25,7 +25,7 @@
 #include "passes/MemoryReport.h"
 #include "passes/Passes.h"
 #include "plan/Plan.h"
-#include "tools/HtmlReport.h"
+#include "reports/HtmlReport.h"
 #include "tools/PaperTable.h"
 #include "tools/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"

@@ -22,8 +22,8 @@
 // (#selfcheck); the page reads fully without it.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_TOOLS_HTMLREPORT_H
-#define SP_TOOLS_HTMLREPORT_H
+#ifndef SP_REPORTS_HTMLREPORT_H
+#define SP_REPORTS_HTMLREPORT_H
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -121,4 +121,4 @@ std::string commandLine(int Argc, const char *const *Argv);
 
 } // namespace sp
 
-#endif // SP_TOOLS_HTMLREPORT_H
+#endif // SP_REPORTS_HTMLREPORT_H

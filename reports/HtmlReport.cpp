@@ -9,9 +9,9 @@
 // embedded by inlineSvg. The table of contents lists the sections present.
 //
 //===----------------------------------------------------------------------===//
-#include "tools/HtmlReport.h"
+#include "reports/HtmlReport.h"
 #include "plan/AtomicFile.h"
-#include "tools/ToolSupport.h"
+#include "support/Format.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"

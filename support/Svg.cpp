@@ -29,6 +29,8 @@ void openSvgDocument(XmlWriter &W, double Width, double Height) {
 std::vector<double> niceTicks(double Lo, double Hi, int Want, double &Step) {
   double Range = Hi - Lo;
   double Raw = Range / std::max(1, Want);
+  if (!(Raw > 0) || !std::isfinite(Raw))
+    Raw = 1; // an empty or unbounded range: unit steps
   double Mag = std::pow(10.0, std::floor(std::log10(Raw)));
   Step = Mag;
   for (double M : {1.0, 2.0, 5.0, 10.0})

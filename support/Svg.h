@@ -20,7 +20,8 @@ namespace sp {
 void openSvgDocument(XmlWriter &W, double Width, double Height);
 
 /// Tick positions over [Lo, Hi]: a step of 1, 2 or 5 times a power of ten
-/// giving about Want ticks; Step is set to it.
+/// giving about Want ticks (a step of 1 for an empty range); Step is set
+/// to it.
 std::vector<double> niceTicks(double Lo, double Hi, int Want, double &Step);
 
 /// A tick's label: as many decimals as Step needs (at most 6).

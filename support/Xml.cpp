@@ -11,7 +11,7 @@ using namespace llvm;
 
 namespace sp {
 
-void writeEscapedXml(raw_ostream &OS, StringRef S) {
+void writeXmlEscaped(raw_ostream &OS, StringRef S) {
   size_t Start = 0;
   for (size_t I = 0; I < S.size(); ++I) {
     const char *Entity = nullptr;
@@ -40,13 +40,13 @@ void writeEscapedXml(raw_ostream &OS, StringRef S) {
   OS << S.substr(Start);
 }
 
-std::string escapeXml(StringRef S) {
+std::string xmlEscape(StringRef S) {
   if (S.find_first_of("&<>\"'") == StringRef::npos)
     return S.str();
   std::string R;
   R.reserve(S.size() + 16);
   raw_string_ostream OS(R);
-  writeEscapedXml(OS, S);
+  writeXmlEscaped(OS, S);
   return OS.str();
 }
 
@@ -58,7 +58,7 @@ void XmlWriter::startTag(StringRef Tag, ArrayRef<XmlAttr> Attrs) {
   OS << '<' << Tag;
   for (const XmlAttr &A : Attrs) {
     OS << ' ' << A.Name << "=\"";
-    writeEscapedXml(OS, A.Value);
+    writeXmlEscaped(OS, A.Value);
     OS << '"';
   }
 }
@@ -96,14 +96,14 @@ XmlWriter &XmlWriter::textElement(StringRef Tag, ArrayRef<XmlAttr> Attrs,
                                   StringRef Text) {
   startTag(Tag, Attrs);
   OS << '>';
-  writeEscapedXml(OS, Text);
+  writeXmlEscaped(OS, Text);
   OS << "</" << Tag << '>';
   endLine();
   return *this;
 }
 
 XmlWriter &XmlWriter::text(StringRef Text) {
-  writeEscapedXml(OS, Text);
+  writeXmlEscaped(OS, Text);
   return *this;
 }
 

@@ -34,9 +34,10 @@
 namespace sp {
 
 /// S with &, <, >, " and ' replaced by their entities: safe as XML or HTML
-/// text and as a quoted attribute value.
-std::string escapeXml(llvm::StringRef S);
-void writeEscapedXml(llvm::raw_ostream &OS, llvm::StringRef S);
+/// text and as a quoted attribute value. (passes/Charts.h still has an
+/// escapeXml of its own, to be replaced by this one.)
+std::string xmlEscape(llvm::StringRef S);
+void writeXmlEscaped(llvm::raw_ostream &OS, llvm::StringRef S);
 
 /// One attribute, its value as text (escaped when written). Numbers: an
 /// integer as is; a double with Decimals digits after the point (as

@@ -2,12 +2,16 @@
 """The include layering of the source folders (README "Layout"; cmake/Layering.cmake checks the
 same on the link graph):
 
-  ir/        nothing of ours
-  plan/      ir/
-  frontend/  ir/, plan/
-  lower/     ir/, plan/
-  passes/    ir/, plan/, lower/
-  runtime/   ir/, plan/ (runtime/cuda/ too: the CUDA backend)
+  support/   nothing of ours (number formats, errors, the XML/SVG writer)
+  ir/        support/
+  plan/      ir/, support/
+  frontend/  ir/, plan/, support/
+  lower/     ir/, plan/, support/
+  passes/    ir/, plan/, lower/, support/
+  runtime/   ir/, plan/, support/ (runtime/cuda/ too: the CUDA backend)
+  reports/   plan/, support/ (ir/ through the plan's headers): the HTML page
+  train/     ir/, plan/, runtime/, frontend/, support/, reports/ (the
+             training library; no backend header: runtime/BackendRegistry.h)
   tools/, tests/  anything
 
 Every `#include "DIR/..."` of a .h, .cpp, .cu or .cuh file under a layered folder must name an allowed DIR.
@@ -21,14 +25,21 @@ import re
 import sys
 
 ALLOWED = {
-    "ir": {"ir"},
-    "plan": {"ir", "plan"},
-    "frontend": {"ir", "plan", "frontend"},
-    "lower": {"ir", "plan", "lower"},
-    "passes": {"ir", "plan", "lower", "passes"},
-    "runtime": {"ir", "plan", "runtime"},
+    "support": {"support"},
+    "ir": {"ir", "support"},
+    "plan": {"ir", "plan", "support"},
+    "frontend": {"ir", "plan", "frontend", "support"},
+    "lower": {"ir", "plan", "lower", "support"},
+    "passes": {"ir", "plan", "lower", "passes", "support"},
+    "runtime": {"ir", "plan", "runtime", "support"},
+    "reports": {"ir", "plan", "reports", "support"},
+    "train": {"ir", "plan", "runtime", "frontend", "support", "reports", "train"},
 }
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/')
+# Headers of the backends, which train/ reaches only through the registry.
+FORBIDDEN_PREFIXES = {
+    "train": ("runtime/cpu/", "runtime/cuda/"),
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"(([^"/]+)/[^"]*)"')
 
 
 def violations(repo):
@@ -41,7 +52,11 @@ def violations(repo):
                 with open(path, encoding="utf-8") as f:
                     for number, line in enumerate(f, 1):
                         m = INCLUDE.match(line)
-                        if m and m.group(1) in ALLOWED and m.group(1) not in allowed:
+                        if not m:
+                            continue
+                        if m.group(2) in ALLOWED and m.group(2) not in allowed:
+                            yield os.path.relpath(path, repo), number, line.strip(), folder
+                        elif m.group(1).startswith(FORBIDDEN_PREFIXES.get(folder, ())):
                             yield os.path.relpath(path, repo), number, line.strip(), folder
 
 
@@ -50,7 +65,8 @@ def main():
     bad = list(violations(repo))
     for path, number, line, folder in bad:
         print(f"{path}:{number}: {line}: {folder}/ may include only from "
-              f"{', '.join(d + '/' for d in sorted(ALLOWED[folder]))}")
+              f"{', '.join(d + '/' for d in sorted(ALLOWED[folder]))}"
+              + "".join(f", not {p}" for p in FORBIDDEN_PREFIXES.get(folder, ())))
     files = sum(1 for folder in ALLOWED for _, _, fs in os.walk(os.path.join(repo, folder)) for _ in fs)
     print(f"layering: {len(bad)} violation(s) in {files} files of {', '.join(ALLOWED)}")
     sys.exit(1 if bad else 0)

@@ -2,18 +2,23 @@
 # graph at configure time: a link that breaks it fails the configure with the
 # chain that breaks it.
 #
+#   sp_support  <-  everything                        (formats, errors, XML)
 #   sp_ir  <-  sp_plan  <-  sp_lower  <-  sp_analysis  <-  sp_passes  <-
-#                           sp_reports  <-  sp_driver  <-  sp_planner
-#                                                         (the compiler)
+#              sp_reports  <-  sp_driver  <-  sp_planner  (the compiler)
+#                       <-  sp_html_report            (the HTML page)
 #                       <-  sp_runtime                (the runtime: executor,
-#                                                      kernels, communicators)
+#                                                      kernels, communicators,
+#                                                      the backend registry)
+#                              <-  sp_train           (the training library)
 #                              <-  sp_runtime_cuda    (the CUDA backend, and
 #                                                      sp_cuda_host, its
 #                                                      host-side logic)
 #
-# sp-run is built from the runtime, the plan library and the ONNX frontend
-# (weights are read from the model, and written back by --export-onnx), never
-# from the compiler.
+# sp-run is built from the training library (the runtime, the plan library,
+# the ONNX frontend: weights are read from the model, and written back by
+# --export-onnx; the report page) and the CUDA backend, never from the
+# compiler; the training library reaches the backends only through the
+# registry.
 
 # Every target T links, directly or not, as "T -> A -> B" chains in OUT.
 function(sp_link_closure Target Out)
@@ -62,16 +67,22 @@ endfunction()
 function(sp_check_layering)
   set(Compiler sp_lower sp_analysis sp_passes sp_reports sp_driver sp_planner)
   set(Runtime sp_runtime sp_runtime_cpu sp_comm sp_cuda_host sp_runtime_cuda)
-  sp_forbid_links(sp_plan ${Compiler} ${Runtime} sp_frontend)
+  set(Above sp_train sp_html_report)
+  sp_forbid_links(sp_support sp_ir sp_plan sp_frontend ${Compiler} ${Runtime}
+                  ${Above})
+  sp_forbid_links(sp_plan ${Compiler} ${Runtime} sp_frontend ${Above})
   sp_forbid_links(sp_lower ${Runtime} sp_analysis sp_passes sp_reports
-                  sp_driver sp_planner sp_frontend)
+                  sp_driver sp_planner sp_frontend ${Above})
   sp_forbid_links(sp_analysis ${Runtime} sp_passes sp_reports
-                  sp_driver sp_planner sp_frontend)
-  sp_forbid_links(sp_passes ${Runtime} sp_reports sp_driver sp_planner)
-  sp_forbid_links(sp_reports ${Runtime} sp_driver sp_planner)
-  sp_forbid_links(sp_driver ${Runtime} sp_planner)
-  sp_forbid_links(sp_planner ${Runtime})
-  sp_forbid_links(sp_runtime ${Compiler} sp_runtime_cuda)
+                  sp_driver sp_planner sp_frontend ${Above})
+  sp_forbid_links(sp_passes ${Runtime} sp_reports sp_driver sp_planner
+                  ${Above})
+  sp_forbid_links(sp_reports ${Runtime} sp_driver sp_planner ${Above})
+  sp_forbid_links(sp_driver ${Runtime} sp_planner sp_train)
+  sp_forbid_links(sp_planner ${Runtime} sp_train)
+  sp_forbid_links(sp_runtime ${Compiler} sp_runtime_cuda ${Above})
+  sp_forbid_links(sp_html_report ${Compiler} ${Runtime} sp_frontend sp_train)
+  sp_forbid_links(sp_train ${Compiler} sp_runtime_cuda sp_cuda_host)
   sp_forbid_links(sp_runtime_cuda ${Compiler} sp_frontend)
   sp_forbid_links(sp_cuda_host ${Compiler} sp_frontend)
   sp_forbid_links(sp-run ${Compiler})

@@ -3,7 +3,7 @@
 #include "lower/Schedule.h"
 #include "reports/Charts.h"
 #include "reports/CollectiveReport.h"
-#include "reports/HtmlReport.h"
+#include "html/HtmlReport.h"
 #include "support/Format.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"

@@ -3,7 +3,7 @@
 // The summary sp-compile prints after a compilation (the model, the plan's
 // arena and model state, the collectives, the stored activations beside
 // the family's formula, the FLOPs, the pipeline's stages and bubble) and
-// the self-contained HTML report page of --html (reports/HtmlReport.h),
+// the self-contained HTML report page of --html (html/HtmlReport.h),
 // both from a Compilation.
 //
 //===----------------------------------------------------------------------===//

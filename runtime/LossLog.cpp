@@ -1,5 +1,12 @@
 //===- LossLog.cpp - Learning-rate schedule, loss log, progress -----------===//
+//
+// See LossLog.h. loss.svg is written with the repository's XML writer and
+// chart axes (support/Svg.h).
+//
+//===----------------------------------------------------------------------===//
 #include "runtime/LossLog.h"
+#include "support/Format.h"
+#include "support/Svg.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Support/Format.h"
@@ -144,42 +151,6 @@ void ProgressBar::finish() {
 // The SVG plot
 //===----------------------------------------------------------------------===//
 
-namespace {
-
-std::string xmlEscape(StringRef S) {
-  std::string R;
-  raw_string_ostream OS(R);
-  printHTMLEscaped(S, OS); // &, <, >, " and '
-  return OS.str();
-}
-
-/// Tick positions over [Lo, Hi]: a step of 1, 2 or 5 times a power of ten
-/// giving about Want ticks.
-std::vector<double> niceTicks(double Lo, double Hi, int Want, double &Step) {
-  double Range = Hi - Lo;
-  double Raw = Range / std::max(1, Want);
-  double Mag = std::pow(10.0, std::floor(std::log10(Raw)));
-  Step = Mag;
-  for (double M : {1.0, 2.0, 5.0, 10.0})
-    if (M * Mag >= Raw) {
-      Step = M * Mag;
-      break;
-    }
-  std::vector<double> T;
-  for (double V = std::ceil(Lo / Step - 1e-9) * Step; V <= Hi + Step * 1e-9;
-       V += Step)
-    T.push_back(std::abs(V) < Step * 1e-9 ? 0.0 : V);
-  return T;
-}
-
-std::string tickLabel(double V, double Step) {
-  int Decimals = Step >= 1 ? 0 : int(std::ceil(-std::log10(Step) - 1e-9));
-  char Text[64];
-  std::snprintf(Text, sizeof(Text), "%.*f", Decimals, V);
-  return Text;
-}
-
-} // namespace
 
 /// The trailing mean of the last Window finite losses at each row's step
 /// (from the Window-th on).
@@ -244,68 +215,84 @@ std::string lossSvg(ArrayRef<LossRow> Rows, StringRef Title) {
 
   std::string S;
   raw_string_ostream OS(S);
-  OS << formatv("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" "
-                "height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-                "font-family=\"sans-serif\" font-size=\"12\">\n",
-                W, H);
-  OS << formatv("<rect x=\"0\" y=\"0\" width=\"{0}\" height=\"{1}\" "
-                "fill=\"white\"/>\n",
-                W, H);
-  OS << formatv("<text x=\"{0}\" y=\"24\" text-anchor=\"middle\" "
-                "font-size=\"16\">{1}</text>\n",
-                W / 2, xmlEscape(Title));
+  XmlWriter Svg(OS);
+  openSvgDocument(Svg, W, H);
+  Svg.textElement("text",
+                  {{"x", W / 2},
+                   {"y", "24"},
+                   {"text-anchor", "middle"},
+                   {"font-size", "16"}},
+                  Title);
   // Grid, ticks and labels.
   double XStep, YStep;
   for (double T : niceTicks(X0, X1, 8, XStep)) {
     if (XStep < 1)
       continue; // steps are integers
     double X = PX(T);
-    OS << formatv("<line x1=\"{0:F1}\" y1=\"{1}\" x2=\"{0:F1}\" y2=\"{2}\" "
-                  "stroke=\"#e0e0e0\"/>\n",
-                  X, Top, Top + PH);
-    OS << formatv("<text x=\"{0:F1}\" y=\"{1}\" text-anchor=\"middle\">{2}"
-                  "</text>\n",
-                  X, Top + PH + 18, tickLabel(T, XStep));
+    Svg.leaf("line", {{"x1", X, 1},
+                      {"y1", Top},
+                      {"x2", X, 1},
+                      {"y2", Top + PH},
+                      {"stroke", "#e0e0e0"}});
+    Svg.textElement(
+        "text", {{"x", X, 1}, {"y", Top + PH + 18}, {"text-anchor", "middle"}},
+        tickLabel(T, XStep));
   }
   for (double T : niceTicks(Y0, Y1, 6, YStep)) {
     double Y = PY(T);
-    OS << formatv("<line x1=\"{0}\" y1=\"{1:F1}\" x2=\"{2}\" y2=\"{1:F1}\" "
-                  "stroke=\"#e0e0e0\"/>\n",
-                  Left, Y, Left + PW);
-    OS << formatv("<text x=\"{0}\" y=\"{1:F1}\" text-anchor=\"end\">{2}"
-                  "</text>\n",
-                  Left - 6, Y + 4, tickLabel(T, YStep));
+    Svg.leaf("line", {{"x1", Left},
+                      {"y1", Y, 1},
+                      {"x2", Left + PW},
+                      {"y2", Y, 1},
+                      {"stroke", "#e0e0e0"}});
+    Svg.textElement(
+        "text", {{"x", Left - 6}, {"y", Y + 4, 1}, {"text-anchor", "end"}},
+        tickLabel(T, YStep));
   }
   // Axes and their names.
-  OS << formatv("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" "
-                "stroke=\"black\"/>\n",
-                Left, Top, Top + PH);
-  OS << formatv("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" "
-                "stroke=\"black\"/>\n",
-                Left, Top + PH, Left + PW);
-  OS << formatv("<text x=\"{0}\" y=\"{1}\" text-anchor=\"middle\">step"
-                "</text>\n",
-                Left + PW / 2, H - 10);
-  OS << formatv("<text x=\"16\" y=\"{0}\" text-anchor=\"middle\" "
-                "transform=\"rotate(-90 16 {0})\">loss</text>\n",
-                Top + PH / 2);
+  Svg.leaf("line", {{"x1", Left},
+                    {"y1", Top},
+                    {"x2", Left},
+                    {"y2", Top + PH},
+                    {"stroke", "black"}});
+  Svg.leaf("line", {{"x1", Left},
+                    {"y1", Top + PH},
+                    {"x2", Left + PW},
+                    {"y2", Top + PH},
+                    {"stroke", "black"}});
+  Svg.textElement("text",
+                  {{"x", Left + PW / 2}, {"y", H - 10}, {"text-anchor", "middle"}},
+                  "step");
+  Svg.textElement("text",
+                  {{"x", "16"},
+                   {"y", Top + PH / 2},
+                   {"text-anchor", "middle"},
+                   {"transform",
+                    "rotate(-90 16 " + fixedNumber(Top + PH / 2, 2) + ")"}},
+                  "loss");
   // The curves: the training loss (pale once its average is drawn over
   // it), the moving average, the validation losses.
   auto Polyline = [&](ArrayRef<std::pair<double, double>> XY,
                       StringRef Color, double Width) {
-    OS << formatv("<polyline fill=\"none\" stroke=\"{0}\" "
-                  "stroke-width=\"{1}\" points=\"",
-                  Color, Width);
-    for (size_t I = 0; I < XY.size(); ++I)
-      OS << formatv("{0}{1:F1},{2:F1}", I ? " " : "", PX(XY[I].first),
-                    PY(XY[I].second));
-    OS << "\"/>\n";
+    std::string Points;
+    for (size_t I = 0; I < XY.size(); ++I) {
+      if (I)
+        Points += ' ';
+      Points += fixedNumber(PX(XY[I].first), 1);
+      Points += ',';
+      Points += fixedNumber(PY(XY[I].second), 1);
+    }
+    Svg.leaf("polyline", {{"fill", "none"},
+                          {"stroke", Color},
+                          {"stroke-width", Width},
+                          {"points", Points}});
   };
   auto Dots = [&](ArrayRef<std::pair<double, double>> XY, StringRef Color) {
     for (const auto &P : XY)
-      OS << formatv("<circle cx=\"{0:F1}\" cy=\"{1:F1}\" r=\"3\" "
-                    "fill=\"{2}\"/>\n",
-                    PX(P.first), PY(P.second), Color);
+      Svg.leaf("circle", {{"cx", PX(P.first), 1},
+                          {"cy", PY(P.second), 1},
+                          {"r", "3"},
+                          {"fill", Color}});
   };
   std::vector<std::pair<double, double>> Train;
   for (const LossRow *R : Pts)
@@ -321,9 +308,11 @@ std::string lossSvg(ArrayRef<LossRow> Rows, StringRef Title) {
     Polyline(Val, "#ff7f0e", 1.5);
   Dots(Val, "#ff7f0e");
   if (Train.empty() && Val.empty())
-    OS << formatv("<text x=\"{0}\" y=\"{1}\" text-anchor=\"middle\">no "
-                  "data</text>\n",
-                  Left + PW / 2, Top + PH / 2);
+    Svg.textElement("text",
+                    {{"x", Left + PW / 2},
+                     {"y", Top + PH / 2},
+                     {"text-anchor", "middle"}},
+                    "no data");
   // The legend, top right, one entry per curve drawn.
   std::vector<std::pair<std::string, const char *>> Legend;
   if (!Train.empty())
@@ -339,13 +328,15 @@ std::string lossSvg(ArrayRef<LossRow> Rows, StringRef Title) {
   if (Legend.size() > 1 || !Val.empty())
     for (size_t I = 0; I < Legend.size(); ++I) {
       double Y = Top + 14 + 16 * double(I), X = Left + PW - 190;
-      OS << formatv("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" "
-                    "stroke=\"{3}\" stroke-width=\"2\"/>\n",
-                    X, Y - 4, X + 20, Legend[I].second);
-      OS << formatv("<text x=\"{0}\" y=\"{1}\">{2}</text>\n", X + 26, Y,
-                    xmlEscape(Legend[I].first));
+      Svg.leaf("line", {{"x1", X},
+                        {"y1", Y - 4},
+                        {"x2", X + 20},
+                        {"y2", Y - 4},
+                        {"stroke", Legend[I].second},
+                        {"stroke-width", "2"}});
+      Svg.textElement("text", {{"x", X + 26}, {"y", Y}}, Legend[I].first);
     }
-  OS << "</svg>\n";
+  Svg.close();
   return OS.str();
 }
 

@@ -7,7 +7,7 @@
 // rendering in a browser is tests/e2e/check_html_report.py's.
 //
 //===----------------------------------------------------------------------===//
-#include "tools/HtmlReport.h"
+#include "html/HtmlReport.h"
 #include "frontend/OnnxImporter.h"
 #include "driver/Compile.h"
 #include "llvm/ADT/StringExtras.h"

@@ -21,9 +21,12 @@
 // small inline script sorts tables and checks that every chart rendered
 // (#selfcheck); the page reads fully without it.
 //
+// The library (sp_html_report) depends on the plan library and support/
+// only; its parts are described in HtmlParts.h.
+//
 //===----------------------------------------------------------------------===//
-#ifndef SP_TOOLS_HTMLREPORT_H
-#define SP_TOOLS_HTMLREPORT_H
+#ifndef SP_HTML_HTMLREPORT_H
+#define SP_HTML_HTMLREPORT_H
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
@@ -38,9 +41,8 @@
 
 namespace sp {
 
-/// S with &, <, >, " and ' replaced by their entities (reports/Charts.h's
-/// escapeXml, which sp-run cannot link): safe as HTML text and as a quoted
-/// attribute value.
+/// S with &, <, >, " and ' replaced by their entities (support/Xml.h's
+/// xmlEscape): safe as HTML text and as a quoted attribute value.
 std::string escapeHtml(llvm::StringRef S);
 
 /// Svg made fit to sit inside an HTML page as the chart Id: the XML prolog
@@ -121,4 +123,4 @@ std::string commandLine(int Argc, const char *const *Argv);
 
 } // namespace sp
 
-#endif // SP_TOOLS_HTMLREPORT_H
+#endif // SP_HTML_HTMLREPORT_H

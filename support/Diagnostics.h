@@ -1,0 +1,26 @@
+//===- Diagnostics.h - One-line errors of the command-line tools -*- C++ -*-===//
+//
+// The tools and the training library report what the user got wrong (a
+// flag, a file, a value) as one line, "TOOL: error: MESSAGE", and exit 1.
+// usageError makes such an error; reportError prints one.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_SUPPORT_DIAGNOSTICS_H
+#define SP_SUPPORT_DIAGNOSTICS_H
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/ADT/Twine.h"
+#include "llvm/Support/Error.h"
+
+namespace sp {
+
+/// An error of the user's own (bad flags, files, values), said in Msg.
+llvm::Error usageError(const llvm::Twine &Msg);
+
+/// Prints "TOOL: error: MESSAGE" on one line (newlines in the message become
+/// spaces) and returns the exit code 1.
+int reportError(llvm::StringRef Tool, llvm::Error E);
+
+} // namespace sp
+
+#endif // SP_SUPPORT_DIAGNOSTICS_H

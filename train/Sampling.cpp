@@ -1,0 +1,112 @@
+//===- Sampling.cpp - sp-run --sample: text drawn from the model ----------===//
+//
+// RankRun::generate (RankRun.h): the prompt's continuation, one byte-level
+// token at a time from the last position's logits (runtime/Sample.h),
+// printed by the lead; with --dump, the drawn positions' logits.
+//
+//===----------------------------------------------------------------------===//
+#include "train/RankRun.h"
+#include "runtime/Npy.h"
+#include "runtime/Sample.h"
+#include "support/Diagnostics.h"
+#include "llvm/Support/FormatVariadic.h"
+#include <chrono>
+#include <random>
+
+using namespace llvm;
+
+namespace sp {
+
+Error RankRun::generate() {
+  Executor &E = *Exec;
+  const std::string &Prompt = O.SamplePrompt;
+  uint64_t Seed = T.R.Seed;
+  // Every rank runs the same forwards: each step's batch holds the last
+  // seq() tokens of the text in every row, the rest of the row padding
+  // that a causal model's earlier positions never see. The last stage's
+  // first tensor-parallel rank of the first replica draws the next token
+  // from the logits of the text's last position, and the ranks agree on it
+  // with a sum (the others add 0).
+  int64_t B = E.batch(), Seq = E.seq(),
+          Allowed = std::min<int64_t>(E.vocab(), 256); // bytes
+  bool LastStage = E.stage() == E.numStages() - 1;
+  bool Draws = LastStage && (E.groupSize() == 1 || E.rank() == 0) &&
+               Groups.At.Data == 0;
+  std::vector<int64_t> Text;
+  for (unsigned char C : Prompt)
+    Text.push_back(C);
+  std::mt19937_64 Rng(Seed);
+  std::vector<float> Drawn; // the logits of each drawn position (--dump)
+  auto Start = std::chrono::steady_clock::now();
+  for (int64_t K = 0; K < O.SampleTokens; ++K) {
+    int64_t First = std::max<int64_t>(0, int64_t(Text.size()) - Seq);
+    int64_t Len = int64_t(Text.size()) - First;
+    Batch.Tokens.assign(B * Seq, 0);
+    Batch.Targets.assign(B * Seq, IgnoreTarget);
+    Batch.Real.clear();
+    for (int64_t Row = 0; Row < B; ++Row)
+      std::copy(Text.begin() + First, Text.end(),
+                Batch.Tokens.begin() + Row * Seq);
+    if (auto L = E.evalLoss(Batch); !L)
+      return L.takeError();
+    double Token = 0;
+    if (LastStage) {
+      if (auto Err = E.download())
+        return Err;
+      auto Logits = E.logits();
+      if (!Logits)
+        return usageError("the plan exposes no logits to sample from");
+      auto Whole = E.gather(*Logits); // every tensor-parallel part
+      if (!Whole)
+        return Whole.takeError();
+      int64_t V = int64_t(Whole->size()) / (B * Seq);
+      if (Draws) {
+        ArrayRef<float> Row(Whole->data() + (Len - 1) * V, size_t(V));
+        double U = double(Rng() >> 11) * 0x1.0p-53;
+        Token = double(
+            sampleToken(Row, Allowed, O.Temperature, O.TopK, U));
+        Drawn.insert(Drawn.end(), Row.begin(), Row.end());
+      }
+    }
+    if (World)
+      if (auto Err = World->allReduceSum(&Token, 1))
+        return Err;
+    Text.push_back(int64_t(Token));
+  }
+  double Seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
+          .count();
+  if (Draws && !O.DumpDir.empty()) {
+    int64_t V = O.SampleTokens ? int64_t(Drawn.size()) / O.SampleTokens : 0;
+    if (auto Err = makeDir(O.DumpDir, "--dump"))
+      return Err;
+    if (auto Err = writeNpy(O.DumpDir + "/sample_logits.npy",
+                            {O.SampleTokens, V}, Drawn))
+      return Err;
+  }
+  if (!Lead)
+    return Error::success();
+  std::string Generated;
+  for (size_t I = Prompt.size(); I < Text.size(); ++I)
+    Generated += char(Text[I]);
+  std::string WeightsFrom =
+      T.R.Resumed
+          ? formatv("the weights of checkpoint '{0}' (step {1})",
+                    O.checkpointDir(), T.R.Resumed->Step)
+                .str()
+          : std::string("the model's own weights (no --checkpoint)");
+  Out << formatv("sp-run: sampling {0}: {1} tokens after a {2}-byte prompt, "
+                 "{3}, seed {4}, {5} ({6:F2} s)\n",
+                 ModelName, O.SampleTokens, Prompt.size(),
+                 O.Temperature <= 0
+                     ? std::string("greedy")
+                     : formatv("temperature {0}, top-k {1}", O.Temperature,
+                               O.TopK ? std::to_string(O.TopK) : "all")
+                           .str(),
+                 Seed, WeightsFrom, Seconds);
+  Out << Prompt << Generated << "\n";
+  Out.flush();
+  return Error::success();
+}
+
+} // namespace sp

@@ -9,6 +9,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "reports/Charts.h"
+#include "support/Format.h"
+#include "support/Svg.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -52,54 +54,18 @@ std::string lighten(StringRef Hex, double Amount) {
   return Out;
 }
 
-/// Ticks over [0, Hi]: a step of 1, 2 or 5 times a power of ten, giving
-/// about Want ticks.
-std::vector<double> niceTicks(double Hi, int Want, double &Step) {
-  double Raw = Hi / std::max(1, Want);
-  if (!(Raw > 0))
-    Raw = 1;
-  double Mag = std::pow(10.0, std::floor(std::log10(Raw)));
-  Step = 10 * Mag;
-  for (double M : {1.0, 2.0, 5.0})
-    if (M * Mag >= Raw) {
-      Step = M * Mag;
-      break;
-    }
-  std::vector<double> T;
-  for (int I = 0; I * Step <= Hi * (1 + 1e-9); ++I)
-    T.push_back(I * Step);
-  return T;
-}
-
-std::string number(double V, double Step) {
-  int Decimals =
-      Step >= 1 ? 0 : std::min(6, int(std::ceil(-std::log10(Step) - 1e-9)));
-  char Text[64];
-  std::snprintf(Text, sizeof(Text), "%.*f", Decimals, V);
-  return Text;
-}
-
-std::string shortNumber(double V) {
-  char Text[32];
-  std::snprintf(Text, sizeof(Text), "%.4g", V);
-  return Text;
-}
-
+/// The chart's <svg> element and background (support/Svg.h); the caller
+/// writes the closing tag after its elements.
 void svgOpen(raw_ostream &OS, double W, double H) {
-  OS << formatv("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" "
-                "height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-                "font-family=\"sans-serif\" font-size=\"12\">\n",
-                W, H);
-  OS << formatv("<rect x=\"0\" y=\"0\" width=\"{0}\" height=\"{1}\" "
-                "fill=\"white\"/>\n",
-                W, H);
+  XmlWriter X(OS);
+  openSvgDocument(X, W, H);
 }
 
 void text(raw_ostream &OS, double X, double Y, StringRef Anchor, StringRef S,
           StringRef Extra = "") {
   OS << formatv("<text x=\"{0:F1}\" y=\"{1:F1}\" text-anchor=\"{2}\"{3}>{4}"
                 "</text>\n",
-                X, Y, Anchor, Extra, escapeXml(S));
+                X, Y, Anchor, Extra, xmlEscape(S));
 }
 
 // A pipelined plan's chart has a block per step of every rank (about 100k
@@ -116,7 +82,7 @@ void rect(raw_ostream &OS, double X, double Y, double W, double H,
     OS << "/>\n";
     return;
   }
-  OS << "><title>" << escapeXml(Title) << "</title></rect>\n";
+  OS << "><title>" << xmlEscape(Title) << "</title></rect>\n";
 }
 
 /// A row of legend entries (swatch, label) starting at X.
@@ -139,15 +105,6 @@ void legend(raw_ostream &OS, double X, double Y,
 }
 
 } // namespace
-
-std::string escapeXml(StringRef S) {
-  if (S.find_first_of("&<>\"'") == StringRef::npos)
-    return S.str();
-  std::string R;
-  raw_string_ostream OS(R);
-  printHTMLEscaped(S, OS); // &, <, >, " and '
-  return OS.str();
-}
 
 Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
                     const ScheduleTimes &T, const GanttOptions &O) {
@@ -239,12 +196,12 @@ Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
                 "stroke=\"black\"/>\n",
                 Left, AxisY, Left + PW);
   double Step;
-  for (double Tick : niceTicks(Span, 10, Step)) {
+  for (double Tick : niceTicks(0, Span, 10, Step)) {
     double X = PX(Tick);
     OS << formatv("<line x1=\"{0:F1}\" y1=\"{1:F1}\" x2=\"{0:F1}\" "
                   "y2=\"{2:F1}\" stroke=\"black\"/>\n",
                   X, AxisY, AxisY + 4);
-    text(OS, X, AxisY + 17, "middle", number(Tick, Step));
+    text(OS, X, AxisY + 17, "middle", tickLabel(Tick, Step));
   }
   text(OS, Left + PW / 2, AxisY + 34, "middle", Unit("time"));
   std::vector<std::pair<std::string, std::string>> Entries = {
@@ -307,19 +264,19 @@ Error writeBarChartSvg(raw_ostream &OS, const BarChart &C) {
   double Step;
   double YMax = C.YMax;
   if (!(YMax > 0)) {
-    std::vector<double> Ticks = niceTicks(Max * 1.08, 6, Step);
+    std::vector<double> Ticks = niceTicks(0, Max * 1.08, 6, Step);
     YMax = Ticks.back() < Max * 1.08 ? Ticks.back() + Step : Ticks.back();
     if (!(YMax > 0))
       YMax = 1;
   }
-  std::vector<double> Ticks = niceTicks(YMax, 6, Step);
+  std::vector<double> Ticks = niceTicks(0, YMax, 6, Step);
 
   const double W = C.Width, H = C.Height, Left = 70, Right = 20, Top = 64,
                Bottom = 64;
   const double PW = W - Left - Right, PH = H - Top - Bottom;
   auto PY = [&](double V) { return Top + (1 - std::min(V, YMax) / YMax) * PH; };
   auto Label = [&](double V, double S) {
-    return number(V, S) + (C.Percent ? "%" : "");
+    return tickLabel(V, S) + (C.Percent ? "%" : "");
   };
 
   svgOpen(OS, W, H);
@@ -359,7 +316,7 @@ Error writeBarChartSvg(raw_ostream &OS, const BarChart &C) {
                       "y2=\"{1:F1}\" stroke=\"black\" stroke-width=\"2\">"
                       "<title>{3}</title></line>\n",
                       X + 1, Y, X + BarW - 1,
-                      escapeXml(formatv("{0}, {1}: {2} {3}", C.Groups[I],
+                      xmlEscape(formatv("{0}, {1}: {2} {3}", C.Groups[I],
                                         C.Series[J], C.MarkerLabel,
                                         Label(C.Markers[I][J], 0.1))
                                     .str()));

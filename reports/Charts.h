@@ -5,7 +5,7 @@
 // the empty space) and a grouped bar chart of percentages (the paper's
 // Figure 7: each configuration's activation memory relative to the
 // tensor-parallel baseline, per model). Every piece of text goes through
-// escapeXml, so the files are well-formed whatever the titles hold.
+// xmlEscape (support/Xml.h), so the files are well-formed whatever the titles hold.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_REPORTS_CHARTS_H
@@ -22,9 +22,6 @@ class raw_ostream;
 } // namespace llvm
 
 namespace sp {
-
-/// S with &, <, >, " and ' replaced by their XML entities.
-std::string escapeXml(llvm::StringRef S);
 
 struct GanttOptions {
   std::string Title = "pipeline schedule";

@@ -34,8 +34,7 @@
 namespace sp {
 
 /// S with &, <, >, " and ' replaced by their entities: safe as XML or HTML
-/// text and as a quoted attribute value. (passes/Charts.h still has an
-/// escapeXml of its own, to be replaced by this one.)
+/// text and as a quoted attribute value.
 std::string xmlEscape(llvm::StringRef S);
 void writeXmlEscaped(llvm::raw_ostream &OS, llvm::StringRef S);
 

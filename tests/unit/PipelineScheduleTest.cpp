@@ -18,6 +18,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "reports/Charts.h"
+#include "support/Xml.h"
 #include "analysis/Partition.h"
 #include "lower/Schedule.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -829,7 +830,7 @@ std::string checkXml(StringRef X) {
 }
 
 TEST(Charts, EscapeXml) {
-  EXPECT_EQ(escapeXml("a<b & \"c\" 'd'>"),
+  EXPECT_EQ(xmlEscape("a<b & \"c\" 'd'>"),
             "a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;");
   EXPECT_EQ(checkXml("<svg><text>a & b</text></svg>"),
             "raw & in text: & b");

@@ -9,13 +9,13 @@
 // each is in its kernels/*.cuh file.
 //
 // Launchers do not check for launch errors; the caller checks
-// cudaGetLastError() after each (CudaBackend.cpp, SP_CUDA_TRY). Data errors
-// the CPU returns as a Status (an id or target out of range) are written to
-// a DeviceError in device memory, first one wins, and reported by the
-// backend at its next synchronize().
+// cudaGetLastError() after each (CudaBackend::issue, SP_CUDA_TRY). Data
+// errors the CPU returns as a Status (an id or target out of range) are
+// written to a DeviceError in device memory, first one wins, and reported by
+// the backend at its next synchronize().
 //
-// This header is plain C++ (no CUDA syntax): CudaBackend.cpp is compiled by
-// the host compiler, the kernels by nvcc.
+// This header is plain C++ (no CUDA syntax): the backend's host code
+// (CudaBackendImpl.h) is compiled by the host compiler, the kernels by nvcc.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CUDA_CUDAKERNELS_H
@@ -102,7 +102,7 @@ void add(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S);
 void mul(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S);
 void scale(float *Y, const float *X, int64_t N, double Alpha, cudaStream_t S);
 /// Y = A + B (or A * B when Multiply) under numpy broadcasting; the shapes
-/// are checked by the caller (broadcastStrides in CudaBackend.cpp).
+/// are checked by the caller (broadcastStrides in Dispatch.cpp).
 void broadcastBinary(float *Y, DevShape YShape, const float *A,
                      DevShape AStrides, const float *B, DevShape BStrides,
                      bool Multiply, cudaStream_t S);
@@ -236,7 +236,7 @@ void crossEntropyBackward(float *DLogits, const float *Logits,
                           cudaStream_t S);
 
 // The vocabulary-parallel loss (kernels/CrossEntropy.cuh), in the CPU's
-// three phases around the group reductions CudaBackend.cpp makes: this
+// three phases around the group reductions Dispatch.cpp makes: this
 // rank holds columns [Start, Start + V) of which the first Mine are real.
 /// Max[n] = max over this rank's real columns (float); checks the targets.
 void vocabParallelMax(float *Max, const float *Logits, const int64_t *Targets,

@@ -111,16 +111,26 @@ void broadcastBinary(float *Y, DevShape YShape, const float *A,
 void reduceTo(float *DX, const float *DY, DevShape KeptDims,
               DevShape KeptSX, DevShape KeptSY, DevShape RedDims,
               DevShape RedSY, int64_t NX, cudaStream_t S);
-/// Activation 0: SiLU, 1: ReLU (the Activation enum of Kernels.h).
-void activation(int Kind, float *Y, const float *X, int64_t N,
-                cudaStream_t S);
-void activationBackward(int Kind, float *DX, const float *X, const float *DY,
-                        int64_t N, cudaStream_t S);
 /// Strided chunk copy: Outer blocks of Chunk floats from Src + o * SrcPitch
 /// to Dst + o * DstPitch (the SP split and the gather reorders).
 void chunkCopy(float *Dst, int64_t DstPitch, const float *Src,
                int64_t SrcPitch, int64_t Chunk, int64_t Outer,
                cudaStream_t S);
+
+// Activations (kernels/Activations.cuh): one enumerator per SP_UNARY_OP
+// line of ir/Ops.def, its kernel the device struct of the same name, as
+// the CPU's cpu::Activation.
+enum class Activation : uint8_t {
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName) Enum,
+#include "ir/Ops.def"
+};
+/// Y = f(X), in double rounded once.
+void activation(Activation F, float *Y, const float *X, int64_t N,
+                cudaStream_t S);
+/// DX = DY f'(X), in double rounded once.
+void activationBackward(Activation F, float *DX, const float *X,
+                        const float *DY, int64_t N, cudaStream_t S);
 
 // GELU (kernels/Gelu.cuh): Tanh selects the tanh form.
 void gelu(Elems Y, Elems X, int64_t N, bool Tanh, cudaStream_t S);

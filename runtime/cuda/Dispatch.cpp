@@ -434,16 +434,18 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
                           *Tmp, S);
     return Error::success();
   }
-  case OpKind::Silu:
-  case OpKind::Relu:
-    cuda::activation(I.Op == OpKind::Silu ? 0 : 1, Out(0), In(0),
-                     InT(0).numElements(), S);
+    // The activations of ir/Ops.def's SP_UNARY_OP lines.
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName)                                      \
+  case OpKind::Enum:                                                           \
+    cuda::activation(Activation::Enum, Out(0), In(0), InT(0).numElements(),    \
+                     S);                                                       \
+    return Error::success();                                                   \
+  case OpKind::Enum##Grad:                                                     \
+    cuda::activationBackward(Activation::Enum, Out(0), In(0), In(1),           \
+                             InT(0).numElements(), S);                         \
     return Error::success();
-  case OpKind::SiluGrad:
-  case OpKind::ReluGrad:
-    cuda::activationBackward(I.Op == OpKind::SiluGrad ? 0 : 1, Out(0), In(0),
-                             In(1), InT(0).numElements(), S);
-    return Error::success();
+#include "ir/Ops.def"
   case OpKind::Rope:
   case OpKind::RopeGrad: {
     const TensorType &X = InT(0);

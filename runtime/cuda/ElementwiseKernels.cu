@@ -11,6 +11,7 @@
 // AttentionKernels.cu's.
 //
 //===----------------------------------------------------------------------===//
+#include "runtime/cuda/kernels/Activations.cuh"
 #include "runtime/cuda/kernels/Convert.cuh"
 #include "runtime/cuda/kernels/Dropout.cuh"
 #include "runtime/cuda/kernels/Elementwise.cuh"

@@ -201,7 +201,8 @@ private:
   /// included.
   Error makeChannels(Communicator &Pipe);
   /// A pipeline send of Bytes at Data to stage Peer, its data staged on S
-  /// (see the file comment), and a receive on S (the NCCL stream).
+  /// (PipelineChannels.cpp's comment), and a receive on S (the NCCL
+  /// stream).
   Error sendTo(int Peer, const void *Data, int64_t Bytes, cudaStream_t S);
   Error recvFrom(int Peer, void *Data, int64_t Bytes, cudaStream_t S);
   Error gradNorm(const KernelCall &C, cudaStream_t S);
@@ -269,9 +270,6 @@ private:
   /// kernels block: a free while one waits for this rank's later work
   /// would hang).
   std::vector<void *> Retired, RetiredHost;
-  /// The adamw calls not yet launched (see the file comment): their
-  /// stream, shared operands and hyperparameters, their tensors, and the
-  /// instructions whose events are to be recorded after the launch.
   /// What the adamw calls of one batch share: the stream, the grad norm,
   /// lr and step buffers, and the hyperparameters.
   struct AdamwShared {
@@ -295,6 +293,9 @@ private:
   /// The timed instructions of each launched batch, to share its span.
   std::vector<std::pair<std::vector<size_t>, std::vector<int64_t>>>
       AdamwLaunches;
+  /// The adamw calls not yet launched (Optimizer.cpp's comment): what they
+  /// share, their tensors, and the instructions whose events are to be
+  /// recorded after the launch.
   AdamwBatch Adamw;
   // The stream plan of the program last run, and its events.
   const Program *Planned = nullptr;

@@ -225,12 +225,15 @@ void runCollective(const Posted &P) {
     checkAgrees(P, R.Kind, R.Count, R.Type, R.Op, R.Root);
   }
   R.Send[Me] = P.In;
-  ++R.Arrived;
-  Cl.CV.notify_all();
-  waitFor(
-      Cl.CV, Lock, [&] { return R.Arrived == N || Cl.Aborted; },
-      "the other ranks to reach " + collectiveName(P));
-  if (Cl.Aborted)
+  // A meeting of the round's ranks: this one counted in Count, then a wait
+  // for the others (What); false when the clique was aborted meanwhile.
+  auto Meet = [&](int &Count, const std::string &What) {
+    ++Count;
+    Cl.CV.notify_all();
+    waitFor(Cl.CV, Lock, [&] { return Count == N || Cl.Aborted; }, What);
+    return !Cl.Aborted;
+  };
+  if (!Meet(R.Arrived, "the other ranks to reach " + collectiveName(P)))
     return;
   Lock.unlock();
   // Every rank computes its result from the others' inputs, then all write:
@@ -241,12 +244,8 @@ void runCollective(const Posted &P) {
       Q = static_cast<const char *>(Q) + Me * P.Count * typeBytes(P.Type);
   std::vector<char> Result = collectiveResult(P, Parts);
   Lock.lock();
-  ++R.Computed;
-  Cl.CV.notify_all();
-  waitFor(
-      Cl.CV, Lock, [&] { return R.Computed == N || Cl.Aborted; },
-      "the other ranks to read their inputs of " + collectiveName(P));
-  if (Cl.Aborted)
+  if (!Meet(R.Computed,
+            "the other ranks to read their inputs of " + collectiveName(P)))
     return;
   std::memcpy(P.Out, Result.data(), Result.size());
   if (++R.Left == N)

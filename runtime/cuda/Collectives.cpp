@@ -41,14 +41,6 @@ Error inGroup(bool Group, function_ref<Error()> Calls) {
   return Ended;
 }
 
-/// The communicator of C's collective group.
-Expected<Communicator *> groupOf(const KernelCall &C) {
-  std::string Name = collectiveGroup(C.I.Op, C.I.Attrs);
-  if (Communicator *G = C.group(Name))
-    return G;
-  return planError("no communicator for group '" + Name + "'");
-}
-
 } // namespace
 
 Expected<cuda::NcclComm *> CudaBackend::nccl(Communicator &Host) {
@@ -100,13 +92,17 @@ Error CudaBackend::sumAside(Communicator &G, double *X, cudaStream_t S) {
   });
 }
 
-Error CudaBackend::ring(const KernelCall &C, cudaStream_t S) {
+Expected<Communicator *> CudaBackend::groupOf(const KernelCall &C) {
+  std::string Name = collectiveGroup(C.I.Op, C.I.Attrs);
+  if (Communicator *G = C.group(Name))
+    return G;
+  return planError("no communicator for group '" + Name + "'");
+}
+
+Error CudaBackend::ring(const KernelCall &C, Communicator *G,
+                         cudaStream_t S) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
-  auto Group = groupOf(C);
-  if (!Group)
-    return Group.takeError();
-  Communicator *G = *Group;
   if (std::string Why = ringProblem(I, Bufs, G->size()); !Why.empty())
     return planError(Why);
   int Parts = G->size(), Rank = G->rank();
@@ -138,13 +134,10 @@ Error CudaBackend::ring(const KernelCall &C, cudaStream_t S) {
   return Error::success();
 }
 
-Error CudaBackend::collective(const KernelCall &C, cudaStream_t S) {
+Error CudaBackend::collective(const KernelCall &C, Communicator *G,
+                               cudaStream_t S) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
-  auto Group = groupOf(C);
-  if (!Group)
-    return Group.takeError();
-  Communicator *G = *Group;
   float *Out = reinterpret_cast<float *>(C.buffer(I.Out[0]));
   const float *In = reinterpret_cast<const float *>(C.buffer(I.In[0]));
   const TensorType &InT = Bufs[I.In[0]].Type;
@@ -239,10 +232,7 @@ Error CudaBackend::reduceScatterFlat(const KernelCall &C, Communicator &G,
     return planError(formatv("a flat reduce_scatter of {0} parts over a "
                              "group of {1}",
                              attrInt(I.Op, I.Attrs, "parts"), Parts));
-  std::vector<int64_t> Counts;
-  for (int B : I.In)
-    Counts.push_back(Bufs[B].Type.numElements());
-  auto T = paddedScratch(Counts, Parts, S == Comm);
+  auto T = paddedScratch(C, Parts, S == Comm);
   if (!T)
     return T.takeError();
   float *Tmp = *T;
@@ -287,10 +277,7 @@ Error CudaBackend::gatherParam(const KernelCall &C, cudaStream_t S) {
                              "data-parallel group of that size",
                              Parts));
   int Rank = G->rank();
-  std::vector<int64_t> Counts;
-  for (int B : I.In)
-    Counts.push_back(Bufs[B].Type.numElements());
-  auto T = paddedScratch(Counts, Parts, S == Comm);
+  auto T = paddedScratch(C, Parts, S == Comm);
   if (!T)
     return T.takeError();
   float *Tmp = *T;

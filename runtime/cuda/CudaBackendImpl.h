@@ -180,20 +180,24 @@ private:
     SP_CUBLAS_TRY(St);
     return Error::success();
   }
-  Error collective(const KernelCall &C, cudaStream_t S);
+  /// The communicator of C's collective group.
+  static Expected<Communicator *> groupOf(const KernelCall &C);
+  /// all_reduce, all_gather, reduce_scatter and sp_split over G (C's
+  /// group).
+  Error collective(const KernelCall &C, Communicator *G, cudaStream_t S);
   /// ring_shift (an NCCL group of one send to the next rank and one receive
   /// from the previous) and ring_concat (strided copies), on bytes: the
   /// CPU's runRing.
-  Error ring(const KernelCall &C, cudaStream_t S);
+  Error ring(const KernelCall &C, Communicator *G, cudaStream_t S);
   /// ZeRO: the flat reduce-scatter of a bucket of gradients, and the
   /// in-place all-gather of an updated parameter's chunks.
   Error reduceScatterFlat(const KernelCall &C, Communicator &G,
                           cudaStream_t S);
   Error gatherParam(const KernelCall &C, cudaStream_t S);
-  /// Scratch for the flat tensors of Counts elements that Parts does not
-  /// divide: Parts x ceil(n / Parts) floats each, one region after another
-  /// (null when none needs it).
-  Expected<float *> paddedScratch(ArrayRef<int64_t> Counts, int64_t Parts,
+  /// Scratch for the inputs of C (flat tensors of n elements) that Parts
+  /// does not divide: Parts x ceil(n / Parts) floats each, one region after
+  /// another (null when none needs it).
+  Expected<float *> paddedScratch(const KernelCall &C, int64_t Parts,
                                   bool ForComm);
   Error pipelineMessage(const KernelCall &C, cudaStream_t S);
   /// Makes the channels of the pipeline group Pipe (collective over it): one

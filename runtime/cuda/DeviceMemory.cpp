@@ -110,10 +110,11 @@ Expected<float *> CudaBackend::scratch(bool ForComm, int64_t Floats) {
   return reinterpret_cast<float *>(*R);
 }
 
-Expected<float *> CudaBackend::paddedScratch(ArrayRef<int64_t> Counts,
+Expected<float *> CudaBackend::paddedScratch(const KernelCall &C,
                                              int64_t Parts, bool ForComm) {
   int64_t Padded = 0;
-  for (int64_t N : Counts) {
+  for (int B : C.I.In) {
+    int64_t N = C.Prog.Buffers[B].Type.numElements();
     int64_t Chunk = dataChunkElements(N, Parts);
     if (N != Chunk * Parts)
       Padded += Chunk * Parts;

@@ -272,10 +272,14 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::AllGather:
   case OpKind::ReduceScatter:
   case OpKind::SpSplit:
-    return collective(C, S);
   case OpKind::RingShift:
-  case OpKind::RingConcat:
-    return ring(C, S);
+  case OpKind::RingConcat: {
+    auto G = groupOf(C);
+    if (!G)
+      return G.takeError();
+    bool Ring = I.Op == OpKind::RingShift || I.Op == OpKind::RingConcat;
+    return Ring ? ring(C, *G, S) : collective(C, *G, S);
+  }
   case OpKind::GatherParam:
     return gatherParam(C, S);
   case OpKind::Cast: {

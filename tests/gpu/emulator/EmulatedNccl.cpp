@@ -797,6 +797,16 @@ ncclResult_t ncclGroupEnd() {
 }
 
 namespace {
+/// P (its kind, and its peer or root and op, set) posted with its operands.
+ncclResult_t postWith(Posted P, const void *In, void *Out, size_t Count,
+                      ncclDataType_t T) {
+  P.In = In;
+  P.Out = Out;
+  P.Count = Count;
+  P.Type = T;
+  return post(P);
+}
+
 ncclResult_t postCollective(CollKind K, const void *In, void *Out, size_t Count,
                             ncclDataType_t T, ncclRedOp_t Op, int Root,
                             ncclComm_t Comm, cudaStream_t S) {
@@ -804,13 +814,18 @@ ncclResult_t postCollective(CollKind K, const void *In, void *Out, size_t Count,
     return ncclInvalidArgument;
   Posted P{Comm, S, Posted::Coll};
   P.Kind = K;
-  P.In = In;
-  P.Out = Out;
-  P.Count = Count;
-  P.Type = T;
   P.Op = Op;
   P.Root = Root;
-  return post(P);
+  return postWith(P, In, Out, Count, T);
+}
+
+/// A send (of In) or a receive (into Out) of Count elements with Peer.
+ncclResult_t postMessage(Posted::WhatT What, const void *In, void *Out,
+                         size_t Count, ncclDataType_t T, int Peer,
+                         ncclComm_t Comm, cudaStream_t S) {
+  Posted P{Comm, S, What};
+  P.Peer = Peer;
+  return postWith(P, In, Out, Count, T);
 }
 } // namespace
 
@@ -842,20 +857,10 @@ ncclResult_t ncclBroadcast(const void *In, void *Out, size_t Count,
 
 ncclResult_t ncclSend(const void *Data, size_t Count, ncclDataType_t T,
                       int Peer, ncclComm_t Comm, cudaStream_t S) {
-  Posted P{Comm, S, Posted::Send};
-  P.In = Data;
-  P.Count = Count;
-  P.Type = T;
-  P.Peer = Peer;
-  return post(P);
+  return postMessage(Posted::Send, Data, nullptr, Count, T, Peer, Comm, S);
 }
 
 ncclResult_t ncclRecv(void *Data, size_t Count, ncclDataType_t T, int Peer,
                       ncclComm_t Comm, cudaStream_t S) {
-  Posted P{Comm, S, Posted::Recv};
-  P.Out = Data;
-  P.Count = Count;
-  P.Type = T;
-  P.Peer = Peer;
-  return post(P);
+  return postMessage(Posted::Recv, nullptr, Data, Count, T, Peer, Comm, S);
 }

@@ -6,9 +6,6 @@
 #include "runtime/cuda/CublasLt.h"
 #include "runtime/cuda/CudaCheck.h"
 #include "runtime/cuda/DynamicLibrary.h"
-#include <mutex>
-#include <optional>
-#include <string>
 
 using namespace llvm;
 
@@ -31,51 +28,27 @@ struct CublasLtApi {
 
 namespace {
 
-Error ltError(const std::string &Why) {
-  return createStringError(inconvertibleErrorCode(), "%s", Why.c_str());
-}
-
 /// cuBLASLt's entry points (DynamicLibrary.h), loaded once.
 Expected<const CublasLtApi *> loadCublasLt() {
-  static std::mutex M;
-  static std::optional<CublasLtApi> Api;
-  static std::string Failure;
-  std::lock_guard<std::mutex> Lock(M);
-  if (Api)
-    return &*Api;
-  if (!Failure.empty())
-    return ltError(Failure);
-  std::string Why, Missing;
-  void *H = nullptr;
-  if (!openLibrary({"libcublasLt.so.13", "libcublasLt.so"}, "cublasLtCreate", H,
-                   Why)) {
-    Failure = "--cuda-epilogues: cannot load cuBLASLt (" + Why +
-              "); install the CUDA toolkit's libcublasLt, add its folder to "
-              "LD_LIBRARY_PATH, or run without --cuda-epilogues";
-    return ltError(Failure);
-  }
-  CublasLtApi A;
-  auto Get = [&](auto &Fn, const char *Symbol) {
-    bindSymbol(H, Fn, Symbol, Missing);
-  };
-  Get(A.Create, "cublasLtCreate");
-  Get(A.Destroy, "cublasLtDestroy");
-  Get(A.DescCreate, "cublasLtMatmulDescCreate");
-  Get(A.DescDestroy, "cublasLtMatmulDescDestroy");
-  Get(A.DescSet, "cublasLtMatmulDescSetAttribute");
-  Get(A.LayoutCreate, "cublasLtMatrixLayoutCreate");
-  Get(A.LayoutDestroy, "cublasLtMatrixLayoutDestroy");
-  Get(A.PrefCreate, "cublasLtMatmulPreferenceCreate");
-  Get(A.PrefDestroy, "cublasLtMatmulPreferenceDestroy");
-  Get(A.PrefSet, "cublasLtMatmulPreferenceSetAttribute");
-  Get(A.Heuristic, "cublasLtMatmulAlgoGetHeuristic");
-  Get(A.Matmul, "cublasLtMatmul");
-  if (!Missing.empty()) {
-    Failure = "--cuda-epilogues: the loaded cuBLASLt has no " + Missing;
-    return ltError(Failure);
-  }
-  Api = A;
-  return &*Api;
+  static const LibrarySpec Spec{
+      {"libcublasLt.so.13", "libcublasLt.so"}, "cublasLtCreate",
+      "--cuda-epilogues", "cuBLASLt",
+      "install the CUDA toolkit's libcublasLt, add its folder to "
+      "LD_LIBRARY_PATH, or run without --cuda-epilogues"};
+  return loadOnce<CublasLtApi>(Spec, [](CublasLtApi &A, auto Get) {
+    Get(A.Create, "cublasLtCreate");
+    Get(A.Destroy, "cublasLtDestroy");
+    Get(A.DescCreate, "cublasLtMatmulDescCreate");
+    Get(A.DescDestroy, "cublasLtMatmulDescDestroy");
+    Get(A.DescSet, "cublasLtMatmulDescSetAttribute");
+    Get(A.LayoutCreate, "cublasLtMatrixLayoutCreate");
+    Get(A.LayoutDestroy, "cublasLtMatrixLayoutDestroy");
+    Get(A.PrefCreate, "cublasLtMatmulPreferenceCreate");
+    Get(A.PrefDestroy, "cublasLtMatmulPreferenceDestroy");
+    Get(A.PrefSet, "cublasLtMatmulPreferenceSetAttribute");
+    Get(A.Heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    Get(A.Matmul, "cublasLtMatmul");
+  });
 }
 
 /// The largest power of two up to 256 bytes that P is aligned to. The

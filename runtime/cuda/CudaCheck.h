@@ -31,7 +31,7 @@ inline llvm::Error cudaFailure(const char *Call, cudaError_t E,
                      Line);
 }
 
-/// cuBLAS is loaded only when a backend is made (CudaBackend.cpp: its
+/// cuBLAS is loaded only when a backend is made (CublasLoader.h: its
 /// static initialisation costs every process half a second), so its status
 /// names are spelled here rather than asked of the library.
 inline const char *cublasStatusName(cublasStatus_t S) {

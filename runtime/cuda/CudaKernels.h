@@ -9,13 +9,13 @@
 // each is in its kernels/*.cuh file.
 //
 // Launchers do not check for launch errors; the caller checks
-// cudaGetLastError() after each (CudaBackend.cpp, SP_CUDA_TRY). Data errors
-// the CPU returns as a Status (an id or target out of range) are written to
-// a DeviceError in device memory, first one wins, and reported by the
-// backend at its next synchronize().
+// cudaGetLastError() after each (CudaBackend::issue, SP_CUDA_TRY). Data
+// errors the CPU returns as a Status (an id or target out of range) are
+// written to a DeviceError in device memory, first one wins, and reported by
+// the backend at its next synchronize().
 //
-// This header is plain C++ (no CUDA syntax): CudaBackend.cpp is compiled by
-// the host compiler, the kernels by nvcc.
+// This header is plain C++ (no CUDA syntax): the backend's host code
+// (CudaBackendImpl.h) is compiled by the host compiler, the kernels by nvcc.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CUDA_CUDAKERNELS_H
@@ -102,7 +102,7 @@ void add(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S);
 void mul(Elems Y, Elems A, Elems B, int64_t N, cudaStream_t S);
 void scale(float *Y, const float *X, int64_t N, double Alpha, cudaStream_t S);
 /// Y = A + B (or A * B when Multiply) under numpy broadcasting; the shapes
-/// are checked by the caller (broadcastStrides in CudaBackend.cpp).
+/// are checked by the caller (broadcastStrides in Dispatch.cpp).
 void broadcastBinary(float *Y, DevShape YShape, const float *A,
                      DevShape AStrides, const float *B, DevShape BStrides,
                      bool Multiply, cudaStream_t S);
@@ -111,16 +111,26 @@ void broadcastBinary(float *Y, DevShape YShape, const float *A,
 void reduceTo(float *DX, const float *DY, DevShape KeptDims,
               DevShape KeptSX, DevShape KeptSY, DevShape RedDims,
               DevShape RedSY, int64_t NX, cudaStream_t S);
-/// Activation 0: SiLU, 1: ReLU (the Activation enum of Kernels.h).
-void activation(int Kind, float *Y, const float *X, int64_t N,
-                cudaStream_t S);
-void activationBackward(int Kind, float *DX, const float *X, const float *DY,
-                        int64_t N, cudaStream_t S);
 /// Strided chunk copy: Outer blocks of Chunk floats from Src + o * SrcPitch
 /// to Dst + o * DstPitch (the SP split and the gather reorders).
 void chunkCopy(float *Dst, int64_t DstPitch, const float *Src,
                int64_t SrcPitch, int64_t Chunk, int64_t Outer,
                cudaStream_t S);
+
+// Activations (kernels/Activations.cuh): one enumerator per SP_UNARY_OP
+// line of ir/Ops.def, its kernel the device struct of the same name, as
+// the CPU's cpu::Activation.
+enum class Activation : uint8_t {
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName) Enum,
+#include "ir/Ops.def"
+};
+/// Y = f(X), in double rounded once.
+void activation(Activation F, float *Y, const float *X, int64_t N,
+                cudaStream_t S);
+/// DX = DY f'(X), in double rounded once.
+void activationBackward(Activation F, float *DX, const float *X,
+                        const float *DY, int64_t N, cudaStream_t S);
 
 // GELU (kernels/Gelu.cuh): Tanh selects the tanh form.
 void gelu(Elems Y, Elems X, int64_t N, bool Tanh, cudaStream_t S);
@@ -236,7 +246,7 @@ void crossEntropyBackward(float *DLogits, const float *Logits,
                           cudaStream_t S);
 
 // The vocabulary-parallel loss (kernels/CrossEntropy.cuh), in the CPU's
-// three phases around the group reductions CudaBackend.cpp makes: this
+// three phases around the group reductions Dispatch.cpp makes: this
 // rank holds columns [Start, Start + V) of which the first Mine are real.
 /// Max[n] = max over this rank's real columns (float); checks the targets.
 void vocabParallelMax(float *Max, const float *Logits, const int64_t *Targets,

@@ -1,7 +1,7 @@
 //===- MultiTensor.h - Many tensors in one kernel launch ---------*- C++ -*-===//
 //
 // The CUDA backend updates the parameters with one AdamW kernel over many
-// tensors (kernels/AdamW.cuh, CudaBackend.cpp's run of consecutive adamw
+// tensors (kernels/AdamW.cuh, Optimizer.cpp's run of consecutive adamw
 // calls) instead of a launch per tensor, as apex's and Megatron-LM's
 // multi_tensor_apply do: the tensors are cut into chunks of MultiTensorChunk
 // elements, each block of a launch updates one chunk of one tensor, and a

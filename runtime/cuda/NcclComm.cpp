@@ -70,25 +70,26 @@ void NcclComm::abort() {
   Comm = nullptr;
 }
 
+Error NcclComm::allReduce(void *Out, const void *In, int64_t Count,
+                          ncclDataType_t Type, ncclRedOp_t Op,
+                          cudaStream_t S) {
+  SP_NCCL_TRY(ncclAllReduce(In, Out, size_t(Count), Type, Op, Comm, S));
+  return Error::success();
+}
+
 Error NcclComm::allReduceSum(float *Out, const float *In, int64_t Count,
                              cudaStream_t S) {
-  SP_NCCL_TRY(ncclAllReduce(In, Out, size_t(Count), ncclFloat32, ncclSum, Comm,
-                            S));
-  return Error::success();
+  return allReduce(Out, In, Count, ncclFloat32, ncclSum, S);
 }
 
 Error NcclComm::allReduceSum(double *Out, const double *In, int64_t Count,
                              cudaStream_t S) {
-  SP_NCCL_TRY(ncclAllReduce(In, Out, size_t(Count), ncclFloat64, ncclSum, Comm,
-                            S));
-  return Error::success();
+  return allReduce(Out, In, Count, ncclFloat64, ncclSum, S);
 }
 
 Error NcclComm::allReduceMax(float *Out, const float *In, int64_t Count,
                              cudaStream_t S) {
-  SP_NCCL_TRY(ncclAllReduce(In, Out, size_t(Count), ncclFloat32, ncclMax, Comm,
-                            S));
-  return Error::success();
+  return allReduce(Out, In, Count, ncclFloat32, ncclMax, S);
 }
 
 Error NcclComm::allGather(float *Out, const float *In, int64_t Count,

@@ -66,6 +66,8 @@ private:
   /// The whole group (To < 0, the id from Root) or the pair Root, To.
   static llvm::Expected<std::unique_ptr<NcclComm>> createOf(Communicator &Host,
                                                             int Root, int To);
+  llvm::Error allReduce(void *Out, const void *In, int64_t Count,
+                        ncclDataType_t Type, ncclRedOp_t Op, cudaStream_t S);
   ncclComm_t Comm = nullptr;
   int Rank = 0, Size = 1;
 };

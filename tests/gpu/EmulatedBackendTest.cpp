@@ -19,7 +19,7 @@
 //     the rule above and bf16 within its band.
 //
 //===----------------------------------------------------------------------===//
-#include "EmulatedRuntime.h"
+#include "emulator/EmulatedRuntime.h"
 #include "CudaGrid.h"
 #include "runtime/comm/ProcessGrid.h"
 #include "runtime/cuda/CudaBackend.h"

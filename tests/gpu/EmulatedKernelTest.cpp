@@ -1,8 +1,8 @@
 //===- EmulatedKernelTest.cpp - CUDA kernels run on the CPU ------------===//
 //
 // The CUDA backend's kernels (runtime/cuda/kernels/*.cuh), their source
-// compiled by the host compiler over tests/gpu/CudaEmulator.h and run on
-// the CPU: their indexing, barriers, warp shuffles, shared memory, dropout
+// compiled by the host compiler over tests/gpu/emulator/CudaEmulator.h and
+// run on the CPU: their indexing, barriers, warp shuffles, shared memory, dropout
 // draws and 16-bit loads and stores, tested on every machine, not only
 // where a GPU is. Most of all the blockwise attention kernels
 // (kernels/Attention.cuh), written where no GPU was; and LayerNorm, GELU,
@@ -16,21 +16,11 @@
 // The same cases run on a GPU in KernelTest.cpp.
 //
 //===----------------------------------------------------------------------===//
-#include "CudaEmulator.h"
-// The kernels' source, compiled for the host: every kernel of the backend
-// (CudaKernelsA.cu, CudaKernelsB.cu, CudaKernelsC.cu).
-#include "runtime/cuda/kernels/Convert.cuh"
-#include "runtime/cuda/kernels/Elementwise.cuh"
-#include "runtime/cuda/kernels/Embedding.cuh"
-#include "runtime/cuda/kernels/Gelu.cuh"
-#include "runtime/cuda/kernels/Heads.cuh"
-#include "runtime/cuda/kernels/Dropout.cuh"
-#include "runtime/cuda/kernels/AdamW.cuh"
-#include "runtime/cuda/kernels/AttentionSoftmax.cuh"
-#include "runtime/cuda/kernels/CrossEntropy.cuh"
-#include "runtime/cuda/kernels/LayerNorm.cuh"
-#include "runtime/cuda/kernels/RmsNorm.cuh"
-#include "runtime/cuda/kernels/Attention.cuh"
+#include "emulator/CudaEmulator.h"
+// The kernels' source, compiled for the host: every kernel of the backend.
+#include "runtime/cuda/AttentionKernels.cu"
+#include "runtime/cuda/ElementwiseKernels.cu"
+#include "runtime/cuda/RowReductionKernels.cu"
 
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cpu/Kernels.h"

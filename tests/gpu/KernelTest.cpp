@@ -483,9 +483,14 @@ TEST_F(CudaKernels, GeluEpiloguesAreTheUnfusedPairOnTheDevice) {
     }
 }
 
-TEST_F(CudaKernels, SiluAndReluForwardAndBackward) {
-  for (auto [Fwd, Bwd] : {std::pair{OpKind::Silu, OpKind::SiluGrad},
-                          std::pair{OpKind::Relu, OpKind::ReluGrad}}) {
+TEST_F(CudaKernels, ActivationsForwardAndBackward) {
+  // Every SP_UNARY_OP of ir/Ops.def, and its gradient op.
+  for (auto [Fwd, Bwd] : {
+#define SP_OP(Enum, Name)
+#define SP_UNARY_OP(Enum, Name, OnnxName)                                      \
+  std::pair{OpKind::Enum, OpKind::Enum##Grad},
+#include "ir/Ops.def"
+       }) {
     OpCase F;
     int X = F.floats({777}, 5);
     int Y = F.buffer(DType::F32, {777});

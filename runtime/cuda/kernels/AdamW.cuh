@@ -5,7 +5,7 @@
 //   sumSquares(G) = sum_i double(G[i])^2
 //   grad_norm = float(sqrt(split + whole)), the split part all-reduced over
 //               the tensor group in float, the total over the pipeline in
-//               float (CudaBackend.cpp drives the collectives)
+//               float (Optimizer.cpp drives the collectives)
 //   clip = max_norm > 0 ? min(1, (1 / (norm + 1e-6f)) * max_norm) : 1
 //   AdamW, in float with torch's scalars computed in double:
 //     g = G * clip; P = P * (1 - lr wd); M = b1 M + (1 - b1) g;

@@ -12,7 +12,7 @@
 // nearest, no flush to zero), so the bits are the CPU's (widenBits and
 // narrowBits in Common.cuh, which the kernels taking Elems also use). The
 // CUDA backend's mixed-precision path runs an instruction that touches a
-// 16-bit buffer on float32 copies made by these (CudaBackend.cpp,
+// 16-bit buffer on float32 copies made by these (Dispatch.cpp,
 // dispatchMixed), as the CPU backend does, unless its kernel reads and
 // writes the 16-bit buffers in place (MixedPlan.h, runsIn16Bit).
 //

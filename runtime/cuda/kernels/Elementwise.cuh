@@ -1,6 +1,7 @@
-//===- Elementwise.cuh - Add, mul, scale, broadcasts, activations -*- CUDA -*-===//
+//===- Elementwise.cuh - Add, mul, scale, broadcasts, copies ---*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, sections 2, 8, 15, 16):
+// Reference (runtime/cpu/Kernels.cpp, sections 2, 8, 16; section 15, the
+// activations, is Activations.cuh's):
 //
 //   add:    Y[i] = A[i] + B[i]          mul: Y[i] = A[i] * B[i]
 //   scale:  Y[i] = float(Alpha) * X[i]
@@ -8,9 +9,6 @@
 //           the broadcast axes (the caller computes the strides)
 //   reduce_to: DX[kept] = float(sum over the reduced multi-indices, in
 //           row-major order, of DY) in double, one thread per DX element
-//   silu:   x * sigmoid(x) in double from exp(-|x|), rounded once;
-//           grad s (1 + x (1 - s))
-//   relu:   max(x, 0); grad 1 for x > 0 else 0
 //   chunk copy: Dst[o * DstPitch + c] = Src[o * SrcPitch + c], c < Chunk
 //
 // Every element is computed by the same operations as on the CPU, so the
@@ -81,44 +79,6 @@ __global__ void reduceToKernel(float *DX, const float *DY, DevShape Kept,
   }
 }
 
-/// Kernels.cpp's sigmoidPair.
-__device__ inline void sigmoidPair(double X, double &Sig, double &OneMinus) {
-  double E = expD(X < 0.0 ? X : -X);
-  double Inv = 1.0 / (1.0 + E);
-  double Big = Inv, Small = E * Inv;
-  Sig = X < 0.0 ? Small : Big;
-  OneMinus = X < 0.0 ? Big : Small;
-}
-
-__global__ void activationKernel(int Kind, float *Y, const float *X,
-                                 int64_t N) {
-  SP_GRID_LOOP(I, N) {
-    double V = X[I];
-    if (Kind == 0) {
-      double Sig, OneMinus;
-      sigmoidPair(V, Sig, OneMinus);
-      Y[I] = float(V * Sig);
-    } else {
-      Y[I] = float(V > 0.0 ? V : 0.0);
-    }
-  }
-}
-
-__global__ void activationBackwardKernel(int Kind, float *DX, const float *X,
-                                         const float *DY, int64_t N) {
-  SP_GRID_LOOP(I, N) {
-    double V = X[I], G;
-    if (Kind == 0) {
-      double Sig, OneMinus;
-      sigmoidPair(V, Sig, OneMinus);
-      G = Sig * (1.0 + V * OneMinus);
-    } else {
-      G = V > 0.0 ? 1.0 : 0.0;
-    }
-    DX[I] = float(double(DY[I]) * G);
-  }
-}
-
 __global__ void chunkCopyKernel(float *Dst, int64_t DstPitch,
                                 const float *Src, int64_t SrcPitch,
                                 int64_t Chunk, int64_t Outer) {
@@ -176,17 +136,6 @@ void reduceTo(float *DX, const float *DY, DevShape Kept, DevShape KeptSX,
   if (Launch L = elementwiseLaunch(NKept); L.Blocks)
     SP_LAUNCH(reduceToKernel, L.Blocks, L.Threads, 0, S, DX, DY, Kept, KeptSX,
               KeptSY, Red, RedSY, NKept, NRed);
-}
-void activation(int Kind, float *Y, const float *X, int64_t N,
-                cudaStream_t S) {
-  if (Launch L = elementwiseLaunch(N); L.Blocks)
-    SP_LAUNCH(activationKernel, L.Blocks, L.Threads, 0, S, Kind, Y, X, N);
-}
-void activationBackward(int Kind, float *DX, const float *X, const float *DY,
-                        int64_t N, cudaStream_t S) {
-  if (Launch L = elementwiseLaunch(N); L.Blocks)
-    SP_LAUNCH(activationBackwardKernel, L.Blocks, L.Threads, 0, S, Kind, DX, X,
-              DY, N);
 }
 void chunkCopy(float *Dst, int64_t DstPitch, const float *Src,
                int64_t SrcPitch, int64_t Chunk, int64_t Outer,

@@ -36,8 +36,8 @@
 // grids may be three-dimensional.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_TESTS_GPU_CUDAEMULATOR_H
-#define SP_TESTS_GPU_CUDAEMULATOR_H
+#ifndef SP_TESTS_GPU_EMULATOR_CUDAEMULATOR_H
+#define SP_TESTS_GPU_EMULATOR_CUDAEMULATOR_H
 
 #include <cuda_runtime_api.h> // dim3, uint3, float4, uchar4, cudaStream_t
 
@@ -466,4 +466,4 @@ inline cudaError_t emuMemsetAsync(void *P, int V, size_t N, cudaStream_t) {
                                      Kernel, __VA_ARGS__))
 #endif
 
-#endif // SP_TESTS_GPU_CUDAEMULATOR_H
+#endif // SP_TESTS_GPU_EMULATOR_CUDAEMULATOR_H

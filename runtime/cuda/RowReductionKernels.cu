@@ -1,7 +1,8 @@
-//===- CudaKernelsB.cu - Second translation unit of the CUDA kernels ------===//
+//===- RowReductionKernels.cu - The CUDA kernels that reduce rows ---------===//
 //
-// The row reductions: norms, softmax, cross entropy, and the optimizer (see
-// CudaKernelsA.cu for why two units).
+// The row reductions: the norms, softmax and the attention core's masks,
+// cross entropy, and the optimizer's sums and updates (see
+// ElementwiseKernels.cu for why the kernels are in three units).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/AdamW.cuh"

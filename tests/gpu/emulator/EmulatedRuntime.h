@@ -2,9 +2,9 @@
 //
 // EmulatedRuntime.cpp (the CUDA runtime), EmulatedNccl.cpp (NCCL) and
 // EmulatedCublas.cpp (cuBLAS, cuBLASLt) define the functions the CUDA
-// backend calls, over host memory and threads, so that
-// the whole backend (runtime/cuda/CudaBackend.cpp, its kernels through
-// CudaEmulator.h) runs on the CPU: sp-gpu-emulated-tests is the GPU test
+// backend calls, over host memory and threads, so that the whole backend
+// (runtime/cuda/CudaBackendImpl.h, its kernels through CudaEmulator.h) runs
+// on the CPU: sp-gpu-emulated-tests is the GPU test
 // suite (KernelTest.cpp, EndToEndTest.cpp) linked against it instead of
 // libcudart, libnccl and libcublas.
 //
@@ -48,8 +48,8 @@
 // asynchronous errors, and NCCL's summation order (any order is NCCL's).
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_TESTS_GPU_EMULATEDRUNTIME_H
-#define SP_TESTS_GPU_EMULATEDRUNTIME_H
+#ifndef SP_TESTS_GPU_EMULATOR_EMULATEDRUNTIME_H
+#define SP_TESTS_GPU_EMULATOR_EMULATEDRUNTIME_H
 
 #include <cstdint>
 #include <cuda_runtime_api.h>
@@ -76,4 +76,4 @@ int64_t ltRefused();
 
 } // namespace sp::emu
 
-#endif // SP_TESTS_GPU_EMULATEDRUNTIME_H
+#endif // SP_TESTS_GPU_EMULATOR_EMULATEDRUNTIME_H

@@ -225,12 +225,15 @@ void runCollective(const Posted &P) {
     checkAgrees(P, R.Kind, R.Count, R.Type, R.Op, R.Root);
   }
   R.Send[Me] = P.In;
-  ++R.Arrived;
-  Cl.CV.notify_all();
-  waitFor(
-      Cl.CV, Lock, [&] { return R.Arrived == N || Cl.Aborted; },
-      "the other ranks to reach " + collectiveName(P));
-  if (Cl.Aborted)
+  // A meeting of the round's ranks: this one counted in Count, then a wait
+  // for the others (What); false when the clique was aborted meanwhile.
+  auto Meet = [&](int &Count, const std::string &What) {
+    ++Count;
+    Cl.CV.notify_all();
+    waitFor(Cl.CV, Lock, [&] { return Count == N || Cl.Aborted; }, What);
+    return !Cl.Aborted;
+  };
+  if (!Meet(R.Arrived, "the other ranks to reach " + collectiveName(P)))
     return;
   Lock.unlock();
   // Every rank computes its result from the others' inputs, then all write:
@@ -241,12 +244,8 @@ void runCollective(const Posted &P) {
       Q = static_cast<const char *>(Q) + Me * P.Count * typeBytes(P.Type);
   std::vector<char> Result = collectiveResult(P, Parts);
   Lock.lock();
-  ++R.Computed;
-  Cl.CV.notify_all();
-  waitFor(
-      Cl.CV, Lock, [&] { return R.Computed == N || Cl.Aborted; },
-      "the other ranks to read their inputs of " + collectiveName(P));
-  if (Cl.Aborted)
+  if (!Meet(R.Computed,
+            "the other ranks to read their inputs of " + collectiveName(P)))
     return;
   std::memcpy(P.Out, Result.data(), Result.size());
   if (++R.Left == N)
@@ -798,6 +797,16 @@ ncclResult_t ncclGroupEnd() {
 }
 
 namespace {
+/// P (its kind, and its peer or root and op, set) posted with its operands.
+ncclResult_t postWith(Posted P, const void *In, void *Out, size_t Count,
+                      ncclDataType_t T) {
+  P.In = In;
+  P.Out = Out;
+  P.Count = Count;
+  P.Type = T;
+  return post(P);
+}
+
 ncclResult_t postCollective(CollKind K, const void *In, void *Out, size_t Count,
                             ncclDataType_t T, ncclRedOp_t Op, int Root,
                             ncclComm_t Comm, cudaStream_t S) {
@@ -805,13 +814,18 @@ ncclResult_t postCollective(CollKind K, const void *In, void *Out, size_t Count,
     return ncclInvalidArgument;
   Posted P{Comm, S, Posted::Coll};
   P.Kind = K;
-  P.In = In;
-  P.Out = Out;
-  P.Count = Count;
-  P.Type = T;
   P.Op = Op;
   P.Root = Root;
-  return post(P);
+  return postWith(P, In, Out, Count, T);
+}
+
+/// A send (of In) or a receive (into Out) of Count elements with Peer.
+ncclResult_t postMessage(Posted::WhatT What, const void *In, void *Out,
+                         size_t Count, ncclDataType_t T, int Peer,
+                         ncclComm_t Comm, cudaStream_t S) {
+  Posted P{Comm, S, What};
+  P.Peer = Peer;
+  return postWith(P, In, Out, Count, T);
 }
 } // namespace
 
@@ -843,20 +857,10 @@ ncclResult_t ncclBroadcast(const void *In, void *Out, size_t Count,
 
 ncclResult_t ncclSend(const void *Data, size_t Count, ncclDataType_t T,
                       int Peer, ncclComm_t Comm, cudaStream_t S) {
-  Posted P{Comm, S, Posted::Send};
-  P.In = Data;
-  P.Count = Count;
-  P.Type = T;
-  P.Peer = Peer;
-  return post(P);
+  return postMessage(Posted::Send, Data, nullptr, Count, T, Peer, Comm, S);
 }
 
 ncclResult_t ncclRecv(void *Data, size_t Count, ncclDataType_t T, int Peer,
                       ncclComm_t Comm, cudaStream_t S) {
-  Posted P{Comm, S, Posted::Recv};
-  P.Out = Data;
-  P.Count = Count;
-  P.Type = T;
-  P.Peer = Peer;
-  return post(P);
+  return postMessage(Posted::Recv, nullptr, Data, Count, T, Peer, Comm, S);
 }

@@ -1,8 +1,8 @@
-//===- CudaKernelsC.cu - Third translation unit of the CUDA kernels -------===//
+//===- AttentionKernels.cu - The blockwise attention core's kernels -------===//
 //
 // The blockwise attention core (kernels/Attention.cuh), the largest
 // kernels, on their own so that the three units compile side by side (see
-// CudaKernelsA.cu).
+// ElementwiseKernels.cu).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Attention.cuh"

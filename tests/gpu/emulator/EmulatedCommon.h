@@ -8,8 +8,8 @@
 // SP_EMULATED_TIMEOUT seconds naming what every thread waited for.
 //
 //===----------------------------------------------------------------------===//
-#ifndef SP_TESTS_GPU_EMULATEDCOMMON_H
-#define SP_TESTS_GPU_EMULATEDCOMMON_H
+#ifndef SP_TESTS_GPU_EMULATOR_EMULATEDCOMMON_H
+#define SP_TESTS_GPU_EMULATOR_EMULATEDCOMMON_H
 
 #include "EmulatedRuntime.h"
 #include <chrono>
@@ -58,4 +58,4 @@ int streamOrdinal(cudaStream_t S);
 
 } // namespace sp::emu
 
-#endif // SP_TESTS_GPU_EMULATEDCOMMON_H
+#endif // SP_TESTS_GPU_EMULATOR_EMULATEDCOMMON_H

@@ -1,0 +1,170 @@
+//===- PipelineChannels.cpp - Pipeline messages over NCCL -----------------===//
+//
+// Pipeline sends are buffered as the CPU backend's are, so that no schedule
+// the CPU runs deadlocks here: a send copies its data to a staging slot on
+// the instruction's stream and is posted at once, on a stream of its own
+// for the peer, over an NCCL communicator of just the two ranks for that
+// direction (a channel, made with the backend); the rank's receives are
+// posted on the NCCL stream, over the peer's channel to it. A send then
+// waits for nothing but its receive, and nothing on the rank's other
+// streams waits for a send (an NCCL send blocks its stream until it is
+// received: posted on the NCCL stream, 1F1B's sends would deadlock, both
+// stages sending first; held and posted with the next receive in one NCCL
+// group, the interleaved schedule's did, on emulated GPUs,
+// tests/gpu/EmulatedBackendTest.cpp). A staging slot is reused once its send
+// has completed (cudaEventQuery), else another is made.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cuda/CudaBackendImpl.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace llvm;
+
+namespace sp::cuda {
+
+Error CudaBackend::makeChannels(Communicator &Pipe) {
+  const int P = Pipe.size(), Me = Pipe.rank();
+  // Every direction between neighbours, in one order on every stage.
+  std::vector<std::pair<int, int>> Directions;
+  for (int K = 0; K < P; ++K)
+    for (auto D : {std::pair{K, (K + 1) % P}, std::pair{(K + 1) % P, K}})
+      if (!is_contained(Directions, D))
+        Directions.push_back(D);
+  for (auto [From, To] : Directions) {
+    auto C = cuda::NcclComm::createPair(Pipe, From, To);
+    if (!C)
+      return C.takeError();
+    if (From == Me) {
+      Channel &Ch = SendChannels[To];
+      Ch.Comm = std::move(*C);
+      SP_CUDA_TRY(cudaStreamCreateWithFlags(&Ch.Stream, cudaStreamNonBlocking));
+    } else if (To == Me) {
+      RecvChannels[From].Comm = std::move(*C);
+    }
+  }
+  return Error::success();
+}
+
+Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
+  const Instruction &I = C.I;
+  Communicator *Pipe = C.Pipeline;
+  if (!Pipe)
+    return planError("a pipeline instruction in a plan run without pipeline "
+                     "stages");
+  const auto &Bufs = C.Prog.Buffers;
+  int Stage = Pipe->rank();
+  if (Pipe->size() == 1)
+    return planError("a pipeline message in a one-stage pipeline group");
+  auto N = nccl(*Pipe);
+  if (!N)
+    return N.takeError();
+  if (S != ncclStream())
+    return planError("a pipeline message off the NCCL stream");
+  switch (I.Op) {
+  case OpKind::Send:
+    return sendTo(attrInt(I.Op, I.Attrs, "peer"), C.buffer(I.In[0]),
+                  Bufs[I.In[0]].Type.numBytes(), S);
+  case OpKind::Recv:
+    return recvFrom(attrInt(I.Op, I.Attrs, "peer"), C.buffer(I.Out[0]),
+                    Bufs[I.Out[0]].Type.numBytes(), S);
+  case OpKind::PipeBroadcast: {
+    int Root = attrInt(I.Op, I.Attrs, "root");
+    int64_t Bytes = Bufs[I.Out[0]].Type.numBytes();
+    if (Stage == Root)
+      SP_CUDA_TRY(cudaMemcpyAsync(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes,
+                                  cudaMemcpyDeviceToDevice, S));
+    return (*N)->broadcast(C.buffer(I.Out[0]), Bytes, Root, S);
+  }
+  case OpKind::PipeAllReduce: {
+    // As the CPU: the first listed stage sums the parts in list order and
+    // sends the sum back, so every stage gets the same bits.
+    auto Ranks = attrInts(I.Op, I.Attrs, "ranks");
+    float *Y = reinterpret_cast<float *>(C.buffer(I.Out[0]));
+    int64_t Count = Bufs[I.Out[0]].Type.numElements(),
+            Bytes = Count * int64_t(sizeof(float));
+    if (Ranks.empty() || !is_contained(Ranks, int64_t(Stage)))
+      return planError("pipe_all_reduce does not list this stage");
+    SP_CUDA_TRY(cudaMemcpyAsync(Y, C.buffer(I.In[0]), Bytes,
+                                cudaMemcpyDeviceToDevice, S));
+    if (Stage != Ranks[0]) {
+      if (auto E = sendTo(int(Ranks[0]), Y, Bytes, S))
+        return E;
+      return recvFrom(int(Ranks[0]), Y, Bytes, S);
+    }
+    auto Part = scratch(S == Comm, Count);
+    if (!Part)
+      return Part.takeError();
+    for (size_t K = 1; K < Ranks.size(); ++K) {
+      if (auto E = recvFrom(int(Ranks[K]), *Part, Bytes, S))
+        return E;
+      cuda::add(Y, Y, *Part, Count, S);
+    }
+    for (size_t K = 1; K < Ranks.size(); ++K)
+      if (auto E = sendTo(int(Ranks[K]), Y, Bytes, S))
+        return E;
+    return Error::success();
+  }
+  default:
+    llvm_unreachable("not a pipeline message");
+  }
+}
+
+Expected<CudaBackend::Channel *>
+CudaBackend::channelOf(std::map<int, Channel> &Of, int Peer, StringRef What) {
+  auto It = Of.find(Peer);
+  if (It == Of.end())
+    return planError(formatv("a pipeline {0} stage {1}, which does not "
+                             "neighbour this one",
+                             What, Peer)
+                         .str());
+  return &It->second;
+}
+
+Error CudaBackend::sendTo(int Peer, const void *Data, int64_t Bytes,
+                          cudaStream_t S) {
+  auto Ch = channelOf(SendChannels, Peer, "send to");
+  if (!Ch)
+    return Ch.takeError();
+  // A slot whose send has completed, large enough, else a new one.
+  SendSlot *Slot = nullptr;
+  for (SendSlot &K : SendSlots) {
+    cudaError_t Q = cudaEventQuery(K.Done);
+    if (Q == cudaErrorNotReady)
+      continue;
+    SP_CUDA_TRY(Q);
+    if (K.Bytes >= Bytes) {
+      Slot = &K;
+      break;
+    }
+  }
+  if (!Slot) {
+    SendSlots.emplace_back();
+    Slot = &SendSlots.back();
+    if (auto E = allocateWhileRunning(reinterpret_cast<void **>(&Slot->Data),
+                                      size_t(Bytes)))
+      return E;
+    Slot->Bytes = Bytes;
+    SP_CUDA_TRY(cudaEventCreateWithFlags(&Slot->Done, cudaEventDisableTiming));
+    SP_CUDA_TRY(
+        cudaEventCreateWithFlags(&Slot->Staged, cudaEventDisableTiming));
+  }
+  SP_CUDA_TRY(cudaMemcpyAsync(Slot->Data, Data, size_t(Bytes),
+                              cudaMemcpyDeviceToDevice, S));
+  SP_CUDA_TRY(cudaEventRecord(Slot->Staged, S));
+  SP_CUDA_TRY(cudaStreamWaitEvent((*Ch)->Stream, Slot->Staged, 0));
+  if (auto E = (*Ch)->Comm->send(Slot->Data, Bytes, /*Peer=*/1, (*Ch)->Stream))
+    return E;
+  SP_CUDA_TRY(cudaEventRecord(Slot->Done, (*Ch)->Stream));
+  return Error::success();
+}
+
+Error CudaBackend::recvFrom(int Peer, void *Data, int64_t Bytes,
+                            cudaStream_t S) {
+  auto Ch = channelOf(RecvChannels, Peer, "receive from");
+  if (!Ch)
+    return Ch.takeError();
+  return (*Ch)->Comm->recv(Data, Bytes, /*Peer=*/0, S);
+}
+
+} // namespace sp::cuda

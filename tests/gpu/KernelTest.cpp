@@ -19,9 +19,9 @@
 //    one float rounding: 1e-6; cross entropy and adamw use CUDA's double
 //    log/pow (within 2 ulp of glibc's): 1e-6;
 //  - the fused attention softmax (forward and backward with the scale and
-//    causal mask of lower/FuseAttention.cpp) and dropout_add
+//    causal mask of lower/FuseSoftmax.cpp) and dropout_add
 //    (lower/FuseEpilogue.cpp) are required to be bitwise the CPU's (which
-//    is the unfused sequence's, tests/unit/FuseAttentionTest and
+//    is the unfused sequence's, tests/unit/FuseSoftmaxTest and
 //    FuseEpilogueTest).
 //
 // Without a CUDA device every test is skipped with that message.

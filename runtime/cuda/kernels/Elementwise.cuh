@@ -81,40 +81,22 @@ __global__ void reduceToKernel(float *DX, const float *DY, DevShape Kept,
   }
 }
 
-/// Kernels.cpp's sigmoidPair.
-__device__ inline void sigmoidPair(double X, double &Sig, double &OneMinus) {
-  double E = expD(X < 0.0 ? X : -X);
-  double Inv = 1.0 / (1.0 + E);
-  double Big = Inv, Small = E * Inv;
-  Sig = X < 0.0 ? Small : Big;
-  OneMinus = X < 0.0 ? Big : Small;
-}
-
+/// Kind 0 silu, 1 relu: runtime/Numerics.h's structs, which the CPU's
+/// kernels call.
 __global__ void activationKernel(int Kind, float *Y, const float *X,
                                  int64_t N) {
   SP_GRID_LOOP(I, N) {
     double V = X[I];
-    if (Kind == 0) {
-      double Sig, OneMinus;
-      sigmoidPair(V, Sig, OneMinus);
-      Y[I] = float(V * Sig);
-    } else {
-      Y[I] = float(V > 0.0 ? V : 0.0);
-    }
+    Y[I] = float(Kind == 0 ? numerics::Silu::value(V)
+                           : numerics::Relu::value(V));
   }
 }
 
 __global__ void activationBackwardKernel(int Kind, float *DX, const float *X,
                                          const float *DY, int64_t N) {
   SP_GRID_LOOP(I, N) {
-    double V = X[I], G;
-    if (Kind == 0) {
-      double Sig, OneMinus;
-      sigmoidPair(V, Sig, OneMinus);
-      G = Sig * (1.0 + V * OneMinus);
-    } else {
-      G = V > 0.0 ? 1.0 : 0.0;
-    }
+    double V = X[I];
+    double G = Kind == 0 ? numerics::Silu::grad(V) : numerics::Relu::grad(V);
     DX[I] = float(double(DY[I]) * G);
   }
 }

@@ -19,13 +19,21 @@ using namespace detail;
 //===----------------------------------------------------------------------===//
 
 namespace {
-/// Runs Body(b, s) for every token (b, s) of a [B, S] batch, the tokens
-/// split over the kernel threads in runs of about 8K elements (a token
-/// moves Elems of them). The head layouts are copies: each element is
-/// written once, so the split changes nothing.
+/// The head layouts are copies between token-major rows and head-major
+/// blocks: for every token t = (b, s) and head a, Copy(Tok, Hd) copies
+/// head a's D values between column a D of the token's row of Width
+/// (offset t Width + a D) and row s of block (b, a) of a [B, Heads, S, D]
+/// tensor (offset ((b Heads + a) S + s) D), in the direction the kernel
+/// needs. The tokens go over the kernel threads; each element is written
+/// once, so the split changes nothing.
 template <typename F>
-void forTokens(int64_t B, int64_t S, int64_t Elems, F &&Body) {
-  forEachRow(B * S, Elems, [&](int64_t T) { Body(T / S, T % S); });
+void forHeadRows(int64_t B, int64_t S, int64_t Heads, int64_t D,
+                 int64_t Width, F &&Copy) {
+  forEachRow(B * S, Width, [&](int64_t T) {
+    int64_t Bi = T / S, Si = T % S;
+    for (int64_t A = 0; A < Heads; ++A)
+      Copy(T * Width + A * D, ((Bi * Heads + A) * S + Si) * D);
+  });
 }
 } // namespace
 
@@ -33,14 +41,11 @@ template <typename T>
 void splitHeads(T *Q, T *K, T *V, const T *QKV, int64_t B, int64_t S,
                 int64_t Heads, int64_t D) {
   checkSizes({B, S, Heads, D});
-  int64_t H = Heads * D;
+  const int64_t H = Heads * D;
   T *Dst[3] = {Q, K, V};
-  forTokens(B, S, 3 * H, [&](int64_t Bi, int64_t Si) {
-    const T *Row = QKV + (Bi * S + Si) * 3 * H;
+  forHeadRows(B, S, Heads, D, 3 * H, [&](int64_t Tok, int64_t Hd) {
     for (int P = 0; P < 3; ++P)
-      for (int64_t A = 0; A < Heads; ++A)
-        std::memcpy(Dst[P] + ((Bi * Heads + A) * S + Si) * D,
-                    Row + P * H + A * D, sizeof(T) * D);
+      std::memcpy(Dst[P] + Hd, QKV + Tok + P * H, sizeof(T) * D);
   });
 }
 
@@ -48,14 +53,11 @@ template <typename T>
 void splitHeadsBackward(T *DQKV, const T *DQ, const T *DK, const T *DV,
                         int64_t B, int64_t S, int64_t Heads, int64_t D) {
   checkSizes({B, S, Heads, D});
-  int64_t H = Heads * D;
+  const int64_t H = Heads * D;
   const T *Src[3] = {DQ, DK, DV};
-  forTokens(B, S, 3 * H, [&](int64_t Bi, int64_t Si) {
-    T *Row = DQKV + (Bi * S + Si) * 3 * H;
+  forHeadRows(B, S, Heads, D, 3 * H, [&](int64_t Tok, int64_t Hd) {
     for (int P = 0; P < 3; ++P)
-      for (int64_t A = 0; A < Heads; ++A)
-        std::memcpy(Row + P * H + A * D,
-                    Src[P] + ((Bi * Heads + A) * S + Si) * D, sizeof(T) * D);
+      std::memcpy(DQKV + Tok + P * H, Src[P] + Hd, sizeof(T) * D);
   });
 }
 
@@ -63,10 +65,8 @@ template <typename T>
 void mergeHeads(T *Y, const T *X, int64_t B, int64_t S, int64_t Heads,
                 int64_t D) {
   checkSizes({B, S, Heads, D});
-  forTokens(B, S, Heads * D, [&](int64_t Bi, int64_t Si) {
-    for (int64_t A = 0; A < Heads; ++A)
-      std::memcpy(Y + ((Bi * S + Si) * Heads + A) * D,
-                  X + ((Bi * Heads + A) * S + Si) * D, sizeof(T) * D);
+  forHeadRows(B, S, Heads, D, Heads * D, [&](int64_t Tok, int64_t Hd) {
+    std::memcpy(Y + Tok, X + Hd, sizeof(T) * D);
   });
 }
 
@@ -74,10 +74,8 @@ template <typename T>
 void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S, int64_t Heads,
                         int64_t D) {
   checkSizes({B, S, Heads, D});
-  forTokens(B, S, Heads * D, [&](int64_t Bi, int64_t Si) {
-    for (int64_t A = 0; A < Heads; ++A)
-      std::memcpy(DX + ((Bi * Heads + A) * S + Si) * D,
-                  DY + ((Bi * S + Si) * Heads + A) * D, sizeof(T) * D);
+  forHeadRows(B, S, Heads, D, Heads * D, [&](int64_t Tok, int64_t Hd) {
+    std::memcpy(DX + Hd, DY + Tok, sizeof(T) * D);
   });
 }
 

@@ -46,6 +46,10 @@ bool fitsInt(int64_t V) { return V >= 0 && V <= INT_MAX; }
 
 } // namespace
 
+//===----------------------------------------------------------------------===//
+// GEMM
+//===----------------------------------------------------------------------===//
+
 GemmTiles gemmTiles(int64_t M, int64_t N, int64_t K) {
   // A tile's side stays a multiple of Unit; C is cut into at least Tiles
   // tiles, and further while a tile would still do BigTile multiply-adds,

@@ -31,9 +31,11 @@
 
 // Sanitizer builds (SP_NO_TARGET_CLONES) have one clone: an ifunc resolver
 // runs before the sanitizer's runtime is set up, and its instrumentation
-// crashes there.
+// crashes there. Clang (14) has one too: it does not clone function
+// templates, and the kernels' SP_SIMD loops are templates over T.
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) &&          \
-    defined(__has_attribute) && !defined(SP_NO_TARGET_CLONES)
+    !defined(__clang__) && defined(__has_attribute) &&                         \
+    !defined(SP_NO_TARGET_CLONES)
 #if __has_attribute(target_clones)
 #define SP_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif

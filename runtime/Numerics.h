@@ -70,8 +70,9 @@ namespace sp::numerics {
 // Bits
 //===----------------------------------------------------------------------===//
 
-/// The bits of a value as another type of the same size: the device's
-/// reinterpreting intrinsics, memcpy on the host.
+/// The bits of a value as another type of the same size: memcpy on the
+/// host; on the device the reinterpreting intrinsics, between double and a
+/// 64-bit integer or float and a 32-bit one (what this header casts).
 template <typename To, typename From> SP_NUMERIC To bitCast(From V) {
   static_assert(sizeof(To) == sizeof(From));
 #ifdef __CUDA_ARCH__

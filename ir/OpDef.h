@@ -15,7 +15,7 @@
 // An elementwise activation without attributes is one line of ir/Ops.def,
 // SP_UNARY_OP: it defines the op and its gradient op with the generic rules
 // of unaryOp (same shape, layout kept, dx = op_grad(x, dy), x saved), and the
-// CPU backend finds its kernel by name (runtime/cpu/Kernels.cpp).
+// CPU backend finds its kernel by name (runtime/cpu/kernels/).
 //
 // The models are MLIR's op definitions and ONNX Runtime's gradient builders.
 //

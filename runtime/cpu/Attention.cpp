@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Attention.h"
 #include "runtime/cpu/Parallel.h"
+#include "runtime/cpu/Philox.h"
 #include "runtime/cpu/Simd.h"
 
 #include <algorithm>
@@ -96,9 +97,8 @@ CausalCut causalCut(const AttentionCore &C, int64_t I0, int64_t J0,
 /// Sc[r, c] = Scale * Sc[r, c], then the padding bias and the causal fill
 /// in the unfused ops' order (Bias points at key J0's, or is null).
 template <typename T>
-SP_INLINE void scaleMaskBody(T *Sc, int64_t Rows, int64_t Cols, T Scale,
-                             const T *Bias, bool PadFirst, T Fill,
-                             CausalCut Cut) {
+SP_SIMD void scaleMask(T *Sc, int64_t Rows, int64_t Cols, T Scale,
+                       const T *Bias, bool PadFirst, T Fill, CausalCut Cut) {
   for (int64_t R = 0; R < Rows; ++R) {
     T *Row = Sc + R * Bc;
     if (Bias && PadFirst)
@@ -113,16 +113,6 @@ SP_INLINE void scaleMaskBody(T *Sc, int64_t Rows, int64_t Cols, T Scale,
       for (int64_t Cc = 0; Cc < Cols; ++Cc)
         Row[Cc] = Row[Cc] + Bias[Cc];
   }
-}
-SP_SIMD void scaleMask(float *Sc, int64_t Rows, int64_t Cols, float Scale,
-                       const float *Bias, bool PadFirst, float Fill,
-                       CausalCut Cut) {
-  scaleMaskBody(Sc, Rows, Cols, Scale, Bias, PadFirst, Fill, Cut);
-}
-SP_SIMD void scaleMask(double *Sc, int64_t Rows, int64_t Cols, double Scale,
-                       const double *Bias, bool PadFirst, double Fill,
-                       CausalCut Cut) {
-  scaleMaskBody(Sc, Rows, Cols, Scale, Bias, PadFirst, Fill, Cut);
 }
 
 /// The scores of one block, op for op as the unfused ops compute them:
@@ -152,10 +142,9 @@ struct BlockDropout {
 /// block's probabilities (dropped out when Drop.Ratio > 0) left in Sc for
 /// the product with V.
 template <typename T>
-SP_INLINE void onlineSoftmaxBody(T *Sc, int64_t Rows, int64_t Cols, T *M,
-                                 double *L, T *Acc, int64_t D,
-                                 const BlockDropout &Drop, uint8_t *Keep,
-                                 T KeepScale, CausalCut Cut) {
+SP_SIMD void onlineSoftmax(T *Sc, int64_t Rows, int64_t Cols, T *M, double *L,
+                           T *Acc, int64_t D, const BlockDropout &Drop,
+                           uint8_t *Keep, T KeepScale, CausalCut Cut) {
   for (int64_t R = 0; R < Rows; ++R) {
     T *Row = Sc + R * Bc;
     const T RowMax = rowMax(Row, Cols);
@@ -183,27 +172,14 @@ SP_INLINE void onlineSoftmaxBody(T *Sc, int64_t Rows, int64_t Cols, T *M,
     }
   }
 }
-SP_SIMD void onlineSoftmax(float *Sc, int64_t Rows, int64_t Cols, float *M,
-                           double *L, float *Acc, int64_t D,
-                           const BlockDropout &Drop, uint8_t *Keep,
-                           float KeepScale, CausalCut Cut) {
-  onlineSoftmaxBody(Sc, Rows, Cols, M, L, Acc, D, Drop, Keep, KeepScale, Cut);
-}
-SP_SIMD void onlineSoftmax(double *Sc, int64_t Rows, int64_t Cols, double *M,
-                           double *L, double *Acc, int64_t D,
-                           const BlockDropout &Drop, uint8_t *Keep,
-                           double KeepScale, CausalCut Cut) {
-  onlineSoftmaxBody(Sc, Rows, Cols, M, L, Acc, D, Drop, Keep, KeepScale, Cut);
-}
 
 /// The backward's probabilities of one block from its scores in P and the
 /// rows' log-sum-exp (Lse[r LS]): P = exp(s - lse) in place, Keep the
 /// block's dropout, and PD = the dropped-out P.
 template <typename T>
-SP_INLINE void blockProbsBody(T *P, T *PD, uint8_t *Keep, int64_t Rows,
-                              int64_t Cols, const T *Lse, int64_t LS,
-                              const BlockDropout &Drop, T KeepScale,
-                              CausalCut Cut) {
+SP_SIMD void blockProbs(T *P, T *PD, uint8_t *Keep, int64_t Rows, int64_t Cols,
+                        const T *Lse, int64_t LS, const BlockDropout &Drop,
+                        T KeepScale, CausalCut Cut) {
   for (int64_t R = 0; R < Rows; ++R) {
     T *Row = P + R * Bc, *Out = PD + R * Bc;
     const T Lr = Lse[R * LS];
@@ -228,26 +204,13 @@ SP_INLINE void blockProbsBody(T *P, T *PD, uint8_t *Keep, int64_t Rows,
       Out[Cc] = T(0);
   }
 }
-SP_SIMD void blockProbs(float *P, float *PD, uint8_t *Keep, int64_t Rows,
-                        int64_t Cols, const float *Lse, int64_t LS,
-                        const BlockDropout &Drop, float KeepScale,
-                        CausalCut Cut) {
-  blockProbsBody(P, PD, Keep, Rows, Cols, Lse, LS, Drop, KeepScale, Cut);
-}
-SP_SIMD void blockProbs(double *P, double *PD, uint8_t *Keep, int64_t Rows,
-                        int64_t Cols, const double *Lse, int64_t LS,
-                        const BlockDropout &Drop, double KeepScale,
-                        CausalCut Cut) {
-  blockProbsBody(P, PD, Keep, Rows, Cols, Lse, LS, Drop, KeepScale, Cut);
-}
 
 /// DS = Scale * P (DP' - Delta), DP' the dropout's gradient of DP, zero
 /// where the causal mask replaced the score; written over P.
 template <typename T>
-SP_INLINE void blockScoreGradBody(T *P, const T *DP, const uint8_t *Keep,
-                                  int64_t Rows, int64_t Cols, const T *Delta,
-                                  bool Dropped, T KeepScale, T Scale,
-                                  CausalCut Cut) {
+SP_SIMD void blockScoreGrad(T *P, const T *DP, const uint8_t *Keep,
+                            int64_t Rows, int64_t Cols, const T *Delta,
+                            bool Dropped, T KeepScale, T Scale, CausalCut Cut) {
   for (int64_t R = 0; R < Rows; ++R) {
     T *Row = P + R * Bc;
     const T *DpR = DP + R * Bc;
@@ -265,20 +228,6 @@ SP_INLINE void blockScoreGradBody(T *P, const T *DP, const uint8_t *Keep,
     for (int64_t Cc = First; Cc < Cols; ++Cc)
       Row[Cc] = T(0);
   }
-}
-SP_SIMD void blockScoreGrad(float *P, const float *DP, const uint8_t *Keep,
-                            int64_t Rows, int64_t Cols, const float *Delta,
-                            bool Dropped, float KeepScale, float Scale,
-                            CausalCut Cut) {
-  blockScoreGradBody(P, DP, Keep, Rows, Cols, Delta, Dropped, KeepScale, Scale,
-                     Cut);
-}
-SP_SIMD void blockScoreGrad(double *P, const double *DP, const uint8_t *Keep,
-                            int64_t Rows, int64_t Cols, const double *Delta,
-                            bool Dropped, double KeepScale, double Scale,
-                            CausalCut Cut) {
-  blockScoreGradBody(P, DP, Keep, Rows, Cols, Delta, Dropped, KeepScale, Scale,
-                     Cut);
 }
 
 /// Whether the key block at J0 lies wholly above the causal diagonal of the
@@ -336,7 +285,7 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
   const InLayout QL(S.Heads, S.Sq, D, C.Packed),
       KL(S.KvHeads, S.Sk, D, C.Packed);
   const int64_t OS = OL.rowStride(), LS = OL.lseStride(), KR = KL.Row;
-  const T KeepScale = C.Dropout >= 1 ? T(0) : T(1.0 / (1.0 - C.Dropout));
+  const T KeepScale = T(philox::dropoutScale(C.Dropout));
   parallelFor(S.Batch * S.Heads * QBlocks, 1, [&](int64_t T0, int64_t T1) {
     std::vector<T> Sc(Br * Bc), Acc(Br * D), M(Br);
     std::vector<double> L(Br);
@@ -395,7 +344,7 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
   if (Status St = checkCore(S, C); !St.ok())
     return St;
   const int64_t D = S.D, Group = S.Heads / S.KvHeads;
-  const T KeepScale = C.Dropout >= 1 ? T(0) : T(1.0 / (1.0 - C.Dropout));
+  const T KeepScale = T(philox::dropoutScale(C.Dropout));
   const T Scale = T(C.Scale);
   const OutLayout OL{S.Heads, S.Sq, D, C.Merged};
   const InLayout QL(S.Heads, S.Sq, D, C.Packed),

@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cpu/Bf16Gemm.h"
+#include "runtime/Numerics.h"
 #include "runtime/cpu/Parallel.h"
 
 #include <algorithm>
@@ -103,10 +104,8 @@ float flushDenormal(float X) {
 }
 
 float bf16Value(uint32_t Bits16) {
-  uint32_t Bits = Bits16 << 16;
-  float F;
-  std::memcpy(&F, &Bits, 4);
-  return flushDenormal(F); // inputs: denormals are zero
+  // inputs: denormals are zero
+  return flushDenormal(numerics::widenBits(Bits16, /*Bf16=*/true));
 }
 
 /// One lane of VDPBF16PS, as the Intel SDM defines it.

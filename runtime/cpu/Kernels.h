@@ -8,6 +8,12 @@
 // the finite-difference tests. Reductions (means, variances, softmax sums,
 // losses, norms) accumulate in double whatever T is.
 //
+// The definitions are in runtime/cpu/kernels/, one file per family, named
+// as runtime/cuda/kernels/ where the CUDA backend has the family: sections
+// 4 and 7 in Linear.cpp; 2, 8, 15 and 16 in Elementwise.cpp; 9 and 10 in
+// AttentionSoftmax.cpp; 6, 17 and 18 in Heads.cpp; 13 in AdamW.cpp; 19 in
+// Convert.cpp; the others in a file named as their section.
+//
 // Conventions:
 //  - Arguments: outputs first, then inputs, then sizes, then attributes.
 //  - "rows" is the product of all leading dimensions.
@@ -467,9 +473,10 @@ void rmsNormBackward(T *DX, T *DGamma, const T *DY, const T *X, const T *Gamma,
 //===----------------------------------------------------------------------===//
 
 /// One enumerator per SP_UNARY_OP line of ir/Ops.def. Its kernel is the
-/// struct of the same name in Kernels.cpp ("15. Activations"): the value f(x)
-/// and the derivative f'(x), both in double (float rounds once), finite for
-/// every finite x.
+/// struct of the same name in runtime/Numerics.h (sp::numerics, shared with
+/// the CUDA kernels; kernels/Elementwise.cpp generates the dispatch): the
+/// value f(x) and the derivative f'(x), both in double (float rounds once),
+/// finite for every finite x.
 enum class Activation : uint8_t {
 #define SP_OP(Enum, Name)
 #define SP_UNARY_OP(Enum, Name, OnnxName) Enum,

@@ -26,15 +26,9 @@
 #ifndef SP_RUNTIME_CPU_PHILOX_H
 #define SP_RUNTIME_CPU_PHILOX_H
 
-#include <cstdint>
+#include "runtime/Numerics.h" // SP_HOST_DEVICE
 
-#ifndef SP_HOST_DEVICE
-#ifdef __CUDACC__
-#define SP_HOST_DEVICE __host__ __device__
-#else
-#define SP_HOST_DEVICE
-#endif
-#endif
+#include <cstdint>
 
 namespace sp::philox {
 
@@ -103,6 +97,12 @@ SP_HOST_DEVICE constexpr uint64_t dropoutThreshold(double Ratio) {
   double S = Ratio * 4294967296.0; // exact: a power-of-two scaling
   uint64_t T = uint64_t(S);
   return double(T) < S ? T + 1 : T;
+}
+
+/// The factor of a kept element, 1 / (1 - Ratio), in double (the callers
+/// round it to their type); 0 for Ratio >= 1, where nothing is kept.
+SP_HOST_DEVICE constexpr double dropoutScale(double Ratio) {
+  return Ratio >= 1.0 ? 0.0 : 1.0 / (1.0 - Ratio);
 }
 
 } // namespace sp::philox

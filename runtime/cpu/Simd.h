@@ -15,22 +15,27 @@
 // exactly the same IEEE operations: results do not depend on the machine's
 // vector width, the thread count, or the clone picked.
 //
-// Kernels.cpp and Attention.cpp share these; they are internal to the CPU
-// backend (namespace sp::cpu::simd).
+// The kernel files (runtime/cpu/kernels/) and Attention.cpp share these;
+// they are internal to the CPU backend (namespace sp::cpu::simd). The
+// per-element math they build on (expD) is runtime/Numerics.h's, shared
+// with the CUDA kernels.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CPU_SIMD_H
 #define SP_RUNTIME_CPU_SIMD_H
 
+#include "runtime/Numerics.h"
+
 #include <cstdint>
-#include <cstring>
 #include <limits>
 
 // Sanitizer builds (SP_NO_TARGET_CLONES) have one clone: an ifunc resolver
 // runs before the sanitizer's runtime is set up, and its instrumentation
-// crashes there.
+// crashes there. Clang (14) has one too: it does not clone function
+// templates, and the kernels' SP_SIMD loops are templates over T.
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) &&          \
-    defined(__has_attribute) && !defined(SP_NO_TARGET_CLONES)
+    !defined(__clang__) && defined(__has_attribute) &&                         \
+    !defined(SP_NO_TARGET_CLONES)
 #if __has_attribute(target_clones)
 #define SP_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
@@ -53,42 +58,10 @@ SP_INLINE Acc sumLanes(const Acc *S) {
   return ((S[0] + S[1]) + (S[2] + S[3])) + ((S[4] + S[5]) + (S[6] + S[7]));
 }
 
-template <typename To, typename From> SP_INLINE To bitCast(From V) {
-  static_assert(sizeof(To) == sizeof(From));
-  To R;
-  std::memcpy(&R, &V, sizeof(R));
-  return R;
-}
-
-/// exp(X) in double, branch-free: X = n ln2 + r with |r| <= ln2 / 2
-/// (Cody-Waite), a Taylor polynomial of the given degree for e^r, and 2^n
-/// built in the exponent bits. Degree 13 is within about 2 ulp. For X < -708 it
-/// returns 0 (exp is subnormal there) and X > 709 is clamped to 709; the
-/// callers only need X <= 0 (softmax, cross entropy, the GELU's Gaussian).
-template <int Degree = 13> SP_INLINE double expD(double X) {
-  constexpr double Log2e = 1.4426950408889634074;
-  constexpr double Ln2Hi = 6.93147180369123816490e-01; // ln2's top 32 bits
-  constexpr double Ln2Lo = 1.90821492927058770002e-10; // ln2 - Ln2Hi
-  constexpr double Shifter = 6755399441055744.0;       // 1.5 * 2^52
-  double C = X > 709.0 ? 709.0 : X;
-  C = C < -708.0 ? -708.0 : C;
-  // Adding 1.5 * 2^52 rounds C * log2(e) to an integer n held in the low
-  // bits of the double's mantissa.
-  double Kd = C * Log2e + Shifter;
-  uint64_t Ki = bitCast<uint64_t>(Kd);
-  Kd -= Shifter;
-  double R = (C - Kd * Ln2Hi) - Kd * Ln2Lo;
-  double InvFact[Degree + 1];
-  InvFact[0] = 1.0;
-  for (int K = 1; K <= Degree; ++K)
-    InvFact[K] = InvFact[K - 1] / K;
-  double P = InvFact[Degree];
-  for (int K = Degree - 1; K >= 0; --K)
-    P = P * R + InvFact[K];
-  double Scale = bitCast<double>((Ki + 1023) << 52); // 2^n
-  double E = P * Scale;
-  return X < -708.0 ? 0.0 : E;
-}
+// The scalar math shared with the CUDA kernels (runtime/Numerics.h): exp in
+// double and the bit casts.
+using numerics::bitCast;
+using numerics::expD;
 
 /// S[J mod Lanes] += Fn(J) for J < N, in increasing J: laneSum's partial
 /// sums.
@@ -130,7 +103,7 @@ template <typename F> SP_INLINE Acc laneSumBuffered(int64_t N, F &&Fn) {
 
 /// Y[j] = exp(X[j] - Shift) rounded to T, j < N (Y may be X), through
 /// expD; returns the sum of the unrounded values in laneSum's order: the
-/// numerator and denominator of a softmax row (Kernels.cpp) and of a fused
+/// numerator and denominator of a softmax row (kernels/AttentionSoftmax.cpp) and of a fused
 /// attention block (Attention.cpp).
 template <typename T>
 SP_INLINE Acc expShiftedSum(T *Y, const T *X, int64_t N, T Shift) {

@@ -21,6 +21,7 @@
 #ifndef SP_RUNTIME_CUDA_CUDAKERNELS_H
 #define SP_RUNTIME_CUDA_CUDAKERNELS_H
 
+#include "runtime/Numerics.h"
 #include "runtime/cuda/AttentionGeometry.h"
 #include <cstddef>
 #include <cstdint>
@@ -60,14 +61,6 @@ struct Elems {
   Elems(void *P, Storage K) : Data(P), Kind(K) {}
   explicit operator bool() const { return Data != nullptr; }
 };
-
-#ifndef SP_HOST_DEVICE
-#ifdef __CUDACC__
-#define SP_HOST_DEVICE __host__ __device__
-#else
-#define SP_HOST_DEVICE
-#endif
-#endif
 
 /// E from its element Offset on (a row of a matrix, a column block of a
 /// packed tensor), on the host or the device.

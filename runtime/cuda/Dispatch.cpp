@@ -31,7 +31,7 @@ Error noKernel(OpKind Op) {
 }
 
 /// numpy broadcasting strides of In read at Out's multi-indices (0 along
-/// broadcast axes), as Kernels.cpp's broadcastStrides, with its errors.
+/// broadcast axes), as runtime/cpu/kernels/Common.h's broadcastStrides, with its errors.
 Error broadcastStrides(const TensorType &In, const TensorType &Out,
                        cuda::DevShape &Strides) {
   int R = int(Out.rank());

@@ -10,7 +10,7 @@
 //  - lane rows: 8 threads per row, 32 rows a block of 256. Thread k of a
 //    row sums the elements j = k (mod 8) in order, and the 8 partial sums
 //    are combined as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)): exactly the CPU
-//    kernels' laneSum (runtime/cpu/Kernels.cpp), so the row reductions are
+//    kernels' laneSum (runtime/cpu/Simd.h), so the row reductions are
 //    the CPU's bit for bit;
 //  - columns: one thread per column summing its rows in order (the CPU's
 //    column sums of bias, LayerNorm-parameter and embedding gradients).

@@ -1,9 +1,9 @@
 //===- Activations.cuh - The SP_UNARY_OP activations -----------*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, section 15): one struct per
-// SP_UNARY_OP line of ir/Ops.def, named as its enumerator, with the value
-// f(x) and the derivative f'(x) of one element in double, the CPU's struct
-// of that name operation for operation:
+// One struct per SP_UNARY_OP line of ir/Ops.def, named as its enumerator,
+// with the value f(x) and the derivative f'(x) of one element in double:
+// runtime/Numerics.h's, the ones the CPU's kernels
+// (runtime/cpu/kernels/Elementwise.cpp) call:
 //
 //   silu:   x * sigmoid(x), sigmoid from exp(-|x|); grad s (1 + x (1 - s))
 //   relu:   max(x, 0); grad 1 for x > 0 else 0
@@ -11,9 +11,9 @@
 //   Y = float(f(double(X)))    DX = float(double(DY) * f'(double(X)))
 //
 // The kernels and the launchers' cases are generated from ir/Ops.def, so an
-// activation is its .def line, its struct here and its struct in
-// Kernels.cpp; every element is computed by the CPU's operations, so the
-// results are bitwise equal.
+// activation is its .def line and its struct in runtime/Numerics.h, and
+// every element is computed by the CPU's operations: the results are
+// bitwise equal.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Common.cuh"
@@ -21,33 +21,9 @@
 namespace sp::cuda {
 namespace {
 
-/// Kernels.cpp's sigmoidPair: sigmoid(X) and 1 - sigmoid(X) from
-/// E = exp(-|X|).
-__device__ inline void sigmoidPair(double X, double &Sig, double &OneMinus) {
-  double E = expD(X < 0.0 ? X : -X);
-  double Inv = 1.0 / (1.0 + E);
-  double Big = Inv, Small = E * Inv;
-  Sig = X < 0.0 ? Small : Big;
-  OneMinus = X < 0.0 ? Big : Small;
-}
-
-struct Silu {
-  __device__ static double value(double X) {
-    double Sig, OneMinus;
-    sigmoidPair(X, Sig, OneMinus);
-    return X * Sig;
-  }
-  __device__ static double grad(double X) {
-    double Sig, OneMinus;
-    sigmoidPair(X, Sig, OneMinus);
-    return Sig * (1.0 + X * OneMinus);
-  }
-};
-
-struct Relu {
-  __device__ static double value(double X) { return X > 0.0 ? X : 0.0; }
-  __device__ static double grad(double X) { return X > 0.0 ? 1.0 : 0.0; }
-};
+// The structs are the CPU's own (runtime/Numerics.h, host and device).
+using numerics::Relu;
+using numerics::Silu;
 
 template <typename F>
 __global__ void activationKernel(float *Y, const float *X, int64_t N) {

@@ -1,6 +1,6 @@
 //===- AdamW.cuh - Gradient norm and the AdamW update -----------*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, section 13, and CpuBackend's
+// Reference (runtime/cpu/kernels/AdamW.cpp, and CpuBackend's
 // grad_norm / adamw):
 //   sumSquares(G) = sum_i double(G[i])^2
 //   grad_norm = float(sqrt(split + whole)), the split part all-reduced over
@@ -14,7 +14,8 @@
 // lr, t and the norm are read from the plan's device buffers, so the update
 // needs no host round trip. The multi-tensor form (adamwMultiTensor, the
 // chunked table of MultiTensor.h) makes the same per-element arithmetic
-// (adamwScalars, adamwElement) over many tensors in one launch. Elementwise, the update is the CPU's bits
+// (adamwScalars, adamwElement: runtime/Numerics.h's, which the CPU calls)
+// over many tensors in one launch. Elementwise, the update is the CPU's bits
 // (CUDA's double pow is within 2 ulp of glibc's, far below float's
 // resolution once rounded to float).
 //
@@ -76,10 +77,9 @@ __global__ void gradNormFinishKernel(float *Norm, const double *Total,
 }
 
 /// torch's scalars of one step, computed on the device from the plan's
-/// buffers (lr, step, grad norm) in double, then rounded to float.
-struct AdamwScalars {
-  float Decay, B1, OneMinusB1, B2, OneMinusB2, StepSize, Bc2Sqrt, E, Scale;
-};
+/// buffers (lr, step, grad norm) in double, then rounded to float
+/// (runtime/Numerics.h, as the CPU's adamw).
+using AdamwScalars = numerics::AdamScalars<float>;
 
 __device__ inline AdamwScalars adamwScalars(const float *GradNorm,
                                             const float *Lr,
@@ -87,34 +87,19 @@ __device__ inline AdamwScalars adamwScalars(const float *GradNorm,
                                             double Beta2, double Eps,
                                             double WeightDecay,
                                             double MaxNorm, float GradScale) {
-  float Clip = 1.0f;
-  if (MaxNorm > 0) {
-    float Coef = (1.0f / (*GradNorm + 1e-6f)) * float(MaxNorm);
-    Clip = Coef < 1.0f ? Coef : 1.0f;
-  }
-  double LrD = *Lr;
-  double Step = double(int64_t(*StepP));
-  double Bc1 = 1.0 - pow(Beta1, Step);
-  double Bc2 = 1.0 - pow(Beta2, Step);
-  return {float(1.0 - LrD * WeightDecay), float(Beta1),
-          float(1.0 - Beta1),             float(Beta2),
-          float(1.0 - Beta2),             float(LrD / Bc1),
-          float(sqrt(Bc2)),               float(Eps),
-          Clip * GradScale};
+  float Clip = MaxNorm > 0
+                   ? numerics::clipCoefficient(*GradNorm, float(MaxNorm))
+                   : 1.0f;
+  return numerics::adamScalars<float>(*Lr, double(int64_t(*StepP)), Beta1,
+                                      Beta2, Eps, WeightDecay,
+                                      Clip * GradScale);
 }
 
-/// The update of element I, in float (the CPU's adamwBody).
+/// The update of element I, in float (the CPU's, runtime/Numerics.h).
 __device__ inline void adamwElement(float *P, const float *G, float *M,
                                     float *V, int64_t I,
                                     const AdamwScalars &C) {
-  float Grad = G[I] * C.Scale;
-  float PI = P[I] * C.Decay;
-  float MI = C.B1 * M[I] + C.OneMinusB1 * Grad;
-  float VI = C.B2 * V[I] + C.OneMinusB2 * Grad * Grad;
-  float Denom = sqrtf(VI) / C.Bc2Sqrt + C.E;
-  P[I] = PI - C.StepSize * (MI / Denom);
-  M[I] = MI;
-  V[I] = VI;
+  numerics::adamwElement(P[I], G[I], M[I], V[I], C);
 }
 
 __global__ void adamwKernel(float *P, const float *G, float *M, float *V,

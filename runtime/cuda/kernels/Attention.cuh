@@ -693,7 +693,7 @@ void attentionForward(Elems O, Elems Lse, Elems Q, Elems K, Elems V,
     return;
   const Tiles T{tilePitch(G.D), int(G.D), int((G.D + 3) / 4 * 4)};
   const uint64_t Threshold = philox::dropoutThreshold(G.Ratio);
-  const float KeepScale = G.Ratio >= 1 ? 0.0f : float(1.0 / (1.0 - G.Ratio));
+  const float KeepScale = float(philox::dropoutScale(G.Ratio));
   const dim3 Grid(unsigned((G.Sq + ABlock - 1) / ABlock), unsigned(G.Heads),
                   unsigned(G.Batch));
   const size_t Bytes = forwardShared(T);
@@ -714,7 +714,7 @@ void attentionBackward(Elems DQ, Elems DK, Elems DV, Elems DO, Elems Q, Elems K,
     return;
   const Tiles T{tilePitch(G.D), int(G.D), int((G.D + 3) / 4 * 4)};
   const uint64_t Threshold = philox::dropoutThreshold(G.Ratio);
-  const float KeepScale = G.Ratio >= 1 ? 0.0f : float(1.0 / (1.0 - G.Ratio));
+  const float KeepScale = float(philox::dropoutScale(G.Ratio));
   const size_t Bytes = backwardShared(T);
   withAttention(Q.Kind, G.D, [&](auto ST, auto NG) {
     constexpr Storage K16 = decltype(ST)::value;

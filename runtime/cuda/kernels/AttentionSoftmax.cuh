@@ -1,6 +1,6 @@
 //===- AttentionSoftmax.cuh - Scale, masks and softmax of attention -*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, sections 8-10, CpuBackend's
+// Reference (runtime/cpu/kernels/AttentionSoftmax.cpp, CpuBackend's
 // padding_mask), rows of N = Sk keys, query i = row mod Sq:
 //   causal_mask: Y[r, j] = j < i + 1 ? X[r, j] : float(fill)
 //   padding_mask: bias[b, k] = where ? ((1 - keep) != 0 ? fill : 0)

@@ -1,19 +1,20 @@
 //===- Common.cuh - Shared device helpers of the CUDA kernels ---*- CUDA -*-===//
 //
 // Grid-stride loops, the 8-lane row reduction that reproduces the CPU's
-// laneSum bit for bit (LaunchGeometry.h), and the double-precision exp,
-// normal CDF and 1 + tanh of runtime/cpu/Kernels.cpp ("Vectorisable
-// building blocks"), restated here operation for operation because they
-// live in an anonymous namespace of the CPU library (which this backend does
-// not own). With nvcc's -fmad=false (runtime/cuda/CMakeLists.txt) every
-// a * b + c rounds twice, as the CPU library's -ffp-contract=off, so these
-// give the CPU's bits; tests/gpu checks the kernels built on them against
-// the CPU kernels.
+// laneSum bit for bit (LaunchGeometry.h), the loads and stores of an
+// operand in its storage, and the scalar math of runtime/Numerics.h (the
+// double-precision exp, normal CDF, 1 + tanh, GELU, activations and 16-bit
+// conversions), which the CPU kernels call too: one definition, so the
+// elements get the CPU's bits. With nvcc's -fmad=false
+// (runtime/cuda/CMakeLists.txt) every a * b + c rounds twice, as the CPU
+// library's -ffp-contract=off; tests/gpu checks the kernels built on them
+// against the CPU kernels.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CUDA_KERNELS_COMMON_CUH
 #define SP_RUNTIME_CUDA_KERNELS_COMMON_CUH
 
+#include "runtime/Numerics.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/LaunchGeometry.h"
 #include <cstdint>
@@ -32,6 +33,11 @@
 
 namespace sp::cuda {
 namespace {
+
+// The shared scalar math (runtime/Numerics.h), by its plain names.
+using numerics::expD;
+using numerics::narrowBits;
+using numerics::widenBits;
 
 __device__ inline int64_t globalThread() {
   return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -164,67 +170,6 @@ __device__ inline float laneMax(const float *Row, int64_t N, bool Active) {
   return Max;
 }
 
-/// Kernels.cpp's expD<13>: Cody-Waite reduction and a degree-13 Taylor
-/// polynomial, 0 below -708, clamped at 709.
-__device__ inline double expD(double X) {
-  constexpr double Log2e = 1.4426950408889634074;
-  constexpr double Ln2Hi = 6.93147180369123816490e-01;
-  constexpr double Ln2Lo = 1.90821492927058770002e-10;
-  constexpr double Shifter = 6755399441055744.0;
-  double C = X > 709.0 ? 709.0 : X;
-  C = C < -708.0 ? -708.0 : C;
-  double Kd = C * Log2e + Shifter;
-  uint64_t Ki = uint64_t(__double_as_longlong(Kd));
-  Kd -= Shifter;
-  double R = (C - Kd * Ln2Hi) - Kd * Ln2Lo;
-  constexpr int Degree = 13;
-  double InvFact[Degree + 1];
-  InvFact[0] = 1.0;
-#pragma unroll
-  for (int K = 1; K <= Degree; ++K)
-    InvFact[K] = InvFact[K - 1] / K;
-  double P = InvFact[Degree];
-#pragma unroll
-  for (int K = Degree - 1; K >= 0; --K)
-    P = P * R + InvFact[K];
-  double Scale = __longlong_as_double((long long)((Ki + 1023) << 52));
-  double E = P * Scale;
-  return X < -708.0 ? 0.0 : E;
-}
-
-/// Kernels.cpp's normalCdf (Phi(x) and Gauss = exp(-x^2 / 2)).
-__device__ inline double normalCdf(double X, double &Gauss) {
-  constexpr double InvSqrt2D = 0.70710678118654752440;
-  double Z = X * InvSqrt2D;
-  double A = Z < 0.0 ? -Z : Z;
-  A = A > 10.0 ? 10.0 : A;
-  double T = 1.0 / (1.0 + 0.3 * A);
-  double Q = -0.024791171375631214;
-  Q = Q * T + 0.18965657743677838;
-  Q = Q * T - 0.5979185471623412;
-  Q = Q * T + 1.0080039024326917;
-  Q = Q * T - 1.077466910704484;
-  Q = Q * T + 0.8853258797015948;
-  Q = Q * T - 0.39418524669208055;
-  Q = Q * T + 0.2845972437538755;
-  Q = Q * T + 0.07058738544308457;
-  Q = Q * T + 0.15741777629678796;
-  Q = Q * T + 0.16014172331997442;
-  Q = Q * T + 0.16937901772487515;
-  Q = Q * T + 0.16925236982847486;
-  Gauss = expD(-(Z * Z));
-  double HalfErfc = 0.5 * (T * Q * Gauss);
-  return Z < 0.0 ? HalfErfc : 1.0 - HalfErfc;
-}
-
-/// Kernels.cpp's onePlusTanh.
-__device__ inline double onePlusTanh(double U) {
-  double A = U < 0.0 ? -U : U;
-  double E = expD(-2.0 * A);
-  double Inv = 2.0 / (1.0 + E);
-  return U < 0.0 ? E * Inv : Inv;
-}
-
 /// Records the first data error (later ones are dropped).
 __device__ inline void reportError(DeviceError *Err, int Code, int64_t Index,
                                    int64_t Value) {
@@ -232,40 +177,6 @@ __device__ inline void reportError(DeviceError *Err, int Code, int64_t Index,
     Err->Index = Index;
     Err->Value = Value;
   }
-}
-
-/// Convert.cuh's widening of 16-bit bits (bfloat16 when Bf16, else half):
-/// exact.
-__device__ inline float widenBits(uint32_t H, bool Bf16) {
-  if (Bf16)
-    return __uint_as_float(H << 16);
-  uint32_t Sign = (H & 0x8000u) << 16, Exp = (H >> 10) & 0x1fu,
-           Man = H & 0x3ffu;
-  uint32_t Normal = Sign | (Exp + 127 - 15) << 23 | Man << 13;
-  uint32_t Special = Sign | 0x7f800000u | Man << 13; // inf, nan
-  // A subnormal (or zero) is Man 2^-24, exactly.
-  uint32_t Sub = Sign | __float_as_uint(float(int32_t(Man)) * 0x1p-24f);
-  return __uint_as_float(Exp == 0 ? Sub : Exp == 31 ? Special : Normal);
-}
-
-/// Convert.cuh's narrowing: round to nearest even, as the CPU's narrow16.
-__device__ inline uint16_t narrowBits(float X, bool Bf16) {
-  uint32_t B = __float_as_uint(X);
-  if (Bf16) {
-    uint32_t Rounded = (B + 0x7fffu + ((B >> 16) & 1)) >> 16;
-    return uint16_t((B & 0x7fffffffu) > 0x7f800000u ? (B >> 16) | 0x40u
-                                                     : Rounded);
-  }
-  uint32_t Sign = (B >> 16) & 0x8000u, Abs = B & 0x7fffffffu;
-  uint32_t Normal = (Abs + 0xc8000fffu + ((Abs >> 13) & 1)) >> 13;
-  // Adding 0.5 aligns a subnormal half's bits with the float's mantissa
-  // and rounds to nearest even (__fadd_rn: never contracted or flushed).
-  uint32_t Sub = __float_as_uint(__fadd_rn(__uint_as_float(Abs), 0.5f)) -
-                 0x3f000000u;
-  uint32_t R = Abs < 0x38800000u ? Sub : Normal;
-  R = Abs >= 0x477ff000u ? 0x7c00u : R;
-  R = Abs >= 0x7f800000u ? (Abs > 0x7f800000u ? 0x7e00u : 0x7c00u) : R;
-  return uint16_t(Sign | R);
 }
 
 /// Element I of E (Elems: CudaKernels.h) as float32, and V stored as

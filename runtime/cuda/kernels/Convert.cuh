@@ -1,6 +1,6 @@
 //===- Convert.cuh - float32 to and from bfloat16 and half ------*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, widenRange and narrowRange; the rules
+// Reference (runtime/cpu/kernels/Convert.cpp, widenRange and narrowRange; the rules
 // of ir/Float16.h), per element:
 //   widen,  bf16: bits << 16 (exact)
 //           f16:  normal (e + 112) << 23 | m << 13; exponent 31: inf/nan;

@@ -1,6 +1,6 @@
 //===- CrossEntropy.cuh - Mean cross entropy and its gradient ---*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, section 12), Logits[N, V] of which
+// Reference (runtime/cpu/kernels/CrossEntropy.cpp), Logits[N, V] of which
 // the first ValidV columns count, C the rows whose target is not ignored:
 //   m_n   = max_{j<ValidV} l[n, j];  lse_n = m_n + log(sum_j expD(l - m_n))
 //   Loss  = float((sum_{n in C, in order} (lse_n - l[n, t_n])) / |C|), 0 if

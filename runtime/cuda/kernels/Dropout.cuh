@@ -1,6 +1,6 @@
 //===- Dropout.cuh - Philox dropout, forward and backward -------*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, section 11, and runtime/cpu/Philox.h,
+// Reference (runtime/cpu/kernels/Dropout.cpp, and runtime/cpu/Philox.h,
 // shared here: its functions are __host__ __device__ under nvcc):
 //   g     = the row-major index in Global of local element e (the local
 //           tensor is the block [Offset, Offset + Local) of Global)
@@ -106,7 +106,7 @@ void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
     Stride *= Global.Dim[D];
     N *= Local.Dim[D];
   }
-  float Scale = Ratio >= 1.0 ? 0.0f : float(1.0 / (1.0 - Ratio));
+  float Scale = float(philox::dropoutScale(Ratio));
   bool Quads = G.Rank > 0 && G.Local[G.Rank - 1] % 4 == 0 &&
                G.Offset[G.Rank - 1] % 4 == 0 &&
                reinterpret_cast<uintptr_t>(Y.Data) % 16 == 0 &&
@@ -133,7 +133,7 @@ void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
 
 void dropoutBackward(Elems DX, Elems DY, const uint8_t *Mask, int64_t N,
                      double Ratio, cudaStream_t S) {
-  float Scale = Ratio >= 1.0 ? 0.0f : float(1.0 / (1.0 - Ratio));
+  float Scale = float(philox::dropoutScale(Ratio));
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     withStorage(DX.Kind, [&](auto ST) {
       SP_LAUNCH(dropoutBackwardKernel<ST>, L.Blocks, L.Threads, 0, S, DX, DY,

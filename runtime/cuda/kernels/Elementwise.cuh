@@ -1,7 +1,7 @@
 //===- Elementwise.cuh - Add, mul, scale, broadcasts, copies ---*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, sections 2, 8, 16; section 15, the
-// activations, is Activations.cuh's):
+// Reference (runtime/cpu/kernels/Elementwise.cpp; the activations are
+// Activations.cuh's):
 //
 //   add:    Y[i] = A[i] + B[i]          mul: Y[i] = A[i] * B[i]
 //   scale:  Y[i] = float(Alpha) * X[i]

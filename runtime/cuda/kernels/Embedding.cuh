@@ -1,6 +1,6 @@
 //===- Embedding.cuh - Token embedding, forward and backward ---*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, embedding / embeddingBackward, and
+// Reference (runtime/cpu/kernels/Embedding.cpp, and
 // CpuBackend's vocabulary-parallel form, Offset = rank * V):
 //
 //   for n < N: id = Ids[n] - Offset

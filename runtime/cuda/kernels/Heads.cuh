@@ -1,6 +1,6 @@
 //===- Heads.cuh - Head layouts, GQA repeat and RoPE ------------*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, sections 6, 17, 18), H = Heads * D:
+// Reference (runtime/cpu/kernels/Heads.cpp), H = Heads * D:
 //   split_heads: Q[b,a,s,t] = QKV[b,s,0H + aD + t], K: 1H, V: 2H
 //   merge_heads: Y[b,s,aD + t] = X[b,a,s,t]; its backward (and to_heads) the
 //                inverse permutation

@@ -1,6 +1,6 @@
 //===- LayerNorm.cuh - LayerNorm forward and backward, bias grad -*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, sections 3 and 4), per row r of
+// Reference (runtime/cpu/kernels/LayerNorm.cpp), per row r of
 // X[Rows, H], sums in double as the CPU's laneSum:
 //   mu   = sum_j X[r,j] / H
 //   var  = sum_j (X[r,j] - mu)^2 / H          (two passes)

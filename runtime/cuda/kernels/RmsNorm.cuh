@@ -1,6 +1,6 @@
 //===- RmsNorm.cuh - RMSNorm forward and backward ---------------*- CUDA -*-===//
 //
-// Reference (runtime/cpu/Kernels.cpp, section 14), per row r of X[Rows, H]:
+// Reference (runtime/cpu/kernels/RmsNorm.cpp), per row r of X[Rows, H]:
 //   s  = 1 / sqrt(sum_j X[r,j]^2 / H + eps)      (double, laneSum order)
 //   Y  = float(X * s * gamma), Rstd[r] = float(s)
 // backward, xhat = X * s:

@@ -1,0 +1,205 @@
+//===- Heads.cpp - Head layouts, GQA repeat and RoPE ----------------------===//
+//
+// Kernels.h, sections 6, 17 and 18: the attention heads' layouts (copies,
+// each element written once), the rotary position embedding and the
+// grouped-query heads' repeat and its summing backward. The CUDA twin is
+// runtime/cuda/kernels/Heads.cuh.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/cpu/kernels/Common.h"
+
+#include <cstring>
+
+namespace sp::cpu {
+
+using namespace detail;
+
+//===----------------------------------------------------------------------===//
+// 6. Head layouts
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// The head layouts are copies between token-major rows and head-major
+/// blocks: for every token t = (b, s) and head a, Copy(Tok, Hd) copies
+/// head a's D values between column a D of the token's row of Width
+/// (offset t Width + a D) and row s of block (b, a) of a [B, Heads, S, D]
+/// tensor (offset ((b Heads + a) S + s) D), in the direction the kernel
+/// needs. The tokens go over the kernel threads; each element is written
+/// once, so the split changes nothing.
+template <typename F>
+void forHeadRows(int64_t B, int64_t S, int64_t Heads, int64_t D,
+                 int64_t Width, F &&Copy) {
+  forEachRow(B * S, Width, [&](int64_t T) {
+    int64_t Bi = T / S, Si = T % S;
+    for (int64_t A = 0; A < Heads; ++A)
+      Copy(T * Width + A * D, ((Bi * Heads + A) * S + Si) * D);
+  });
+}
+} // namespace
+
+template <typename T>
+void splitHeads(T *Q, T *K, T *V, const T *QKV, int64_t B, int64_t S,
+                int64_t Heads, int64_t D) {
+  checkSizes({B, S, Heads, D});
+  const int64_t H = Heads * D;
+  T *Dst[3] = {Q, K, V};
+  forHeadRows(B, S, Heads, D, 3 * H, [&](int64_t Tok, int64_t Hd) {
+    for (int P = 0; P < 3; ++P)
+      std::memcpy(Dst[P] + Hd, QKV + Tok + P * H, sizeof(T) * D);
+  });
+}
+
+template <typename T>
+void splitHeadsBackward(T *DQKV, const T *DQ, const T *DK, const T *DV,
+                        int64_t B, int64_t S, int64_t Heads, int64_t D) {
+  checkSizes({B, S, Heads, D});
+  const int64_t H = Heads * D;
+  const T *Src[3] = {DQ, DK, DV};
+  forHeadRows(B, S, Heads, D, 3 * H, [&](int64_t Tok, int64_t Hd) {
+    for (int P = 0; P < 3; ++P)
+      std::memcpy(DQKV + Tok + P * H, Src[P] + Hd, sizeof(T) * D);
+  });
+}
+
+template <typename T>
+void mergeHeads(T *Y, const T *X, int64_t B, int64_t S, int64_t Heads,
+                int64_t D) {
+  checkSizes({B, S, Heads, D});
+  forHeadRows(B, S, Heads, D, Heads * D, [&](int64_t Tok, int64_t Hd) {
+    std::memcpy(Y + Tok, X + Hd, sizeof(T) * D);
+  });
+}
+
+template <typename T>
+void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S, int64_t Heads,
+                        int64_t D) {
+  checkSizes({B, S, Heads, D});
+  forHeadRows(B, S, Heads, D, Heads * D, [&](int64_t Tok, int64_t Hd) {
+    std::memcpy(DX + Hd, DY + Tok, sizeof(T) * D);
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// 17. Rotary position embedding
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+void checkRope(int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB) {
+  checkSizes({B, A, S, D, CB});
+  SP_CPU_CHECK(D % 2 == 0, "rope needs an even head dimension");
+  SP_CPU_CHECK(CB == 1 || CB == B,
+               "rope tables must have batch dimension 1 or B");
+}
+
+/// Calls Fn(Out, In, C, N) for every (b, a, s) row of [B, A, S, D], rows over
+/// the threads, with the row's Cos and Sin rows.
+template <typename T, typename F>
+void forEachRopeRow(T *Out, const T *In, const T *Cos, const T *Sin, int64_t B,
+                    int64_t A, int64_t S, int64_t D, int64_t CB, F &&Fn) {
+  forEachRow(B * A * S, D, [&](int64_t R) {
+    int64_t Si = R % S, Bi = R / (A * S);
+    int64_t Table = ((CB == 1 ? 0 : Bi) * S + Si) * D;
+    Fn(Out + R * D, In + R * D, Cos + Table, Sin + Table);
+  });
+}
+
+} // namespace
+
+template <typename T>
+void rope(T *Y, const T *X, const T *Cos, const T *Sin, int64_t B, int64_t A,
+          int64_t S, int64_t D, int64_t CB, bool Interleaved) {
+  checkRope(B, A, S, D, CB);
+  const int64_t Half = D / 2;
+  forEachRopeRow(Y, X, Cos, Sin, B, A, S, D, CB,
+                 [&](T *YR, const T *XR, const T *C, const T *N) {
+    if (Interleaved)
+      for (int64_t J = 0; J < D; J += 2) {
+        YR[J] = XR[J] * C[J] - XR[J + 1] * N[J];
+        YR[J + 1] = XR[J + 1] * C[J + 1] + XR[J] * N[J + 1];
+      }
+    else
+      for (int64_t I = 0; I < Half; ++I) {
+        YR[I] = XR[I] * C[I] - XR[I + Half] * N[I];
+        YR[I + Half] = XR[I + Half] * C[I + Half] + XR[I] * N[I + Half];
+      }
+  });
+}
+
+template <typename T>
+void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
+                  int64_t A, int64_t S, int64_t D, int64_t CB,
+                  bool Interleaved) {
+  checkRope(B, A, S, D, CB);
+  const int64_t Half = D / 2;
+  forEachRopeRow(DX, DY, Cos, Sin, B, A, S, D, CB,
+                 [&](T *DXR, const T *DYR, const T *C, const T *N) {
+    if (Interleaved)
+      for (int64_t J = 0; J < D; J += 2) {
+        DXR[J] = DYR[J] * C[J] + DYR[J + 1] * N[J + 1];
+        DXR[J + 1] = DYR[J + 1] * C[J + 1] - DYR[J] * N[J];
+      }
+    else
+      for (int64_t I = 0; I < Half; ++I) {
+        DXR[I] = DYR[I] * C[I] + DYR[I + Half] * N[I + Half];
+        DXR[I + Half] = DYR[I + Half] * C[I + Half] - DYR[I] * N[I];
+      }
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// 18. Grouped-query attention's head repeat
+//===----------------------------------------------------------------------===//
+
+template <typename T>
+void repeatHeads(T *Y, const T *X, int64_t B, int64_t G, int64_t R, int64_t S,
+                 int64_t D) {
+  checkSizes({B, G, R, S, D});
+  // Each [S, D] head block copied R times, as mergeHeads copies.
+  const int64_t Block = S * D;
+  for (int64_t P = 0; P < B * G; ++P)
+    for (int64_t Ri = 0; Ri < R; ++Ri)
+      std::memcpy(Y + (P * R + Ri) * Block, X + P * Block, sizeof(T) * Block);
+}
+
+template <typename T>
+void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
+                         int64_t S, int64_t D) {
+  checkSizes({B, G, R, S, D});
+  const int64_t Block = S * D;
+  for (int64_t P = 0; P < B * G; ++P) {
+    const T *Src = DY + P * R * Block;
+    T *Dst = DX + P * Block;
+    for (int64_t E = 0; E < Block; ++E) {
+      Acc Sum = 0;
+      for (int64_t Ri = 0; Ri < R; ++Ri)
+        Sum += Src[Ri * Block + E];
+      Dst[E] = T(Sum);
+    }
+  }
+}
+
+#define SP_INSTANTIATE(T)                                                      \
+  template void splitHeads<T>(T *, T *, T *, const T *, int64_t, int64_t,      \
+                              int64_t, int64_t);                               \
+  template void splitHeadsBackward<T>(T *, const T *, const T *, const T *,    \
+                                      int64_t, int64_t, int64_t, int64_t);     \
+  template void mergeHeads<T>(T *, const T *, int64_t, int64_t, int64_t,       \
+                              int64_t);                                        \
+  template void mergeHeadsBackward<T>(T *, const T *, int64_t, int64_t,        \
+                                      int64_t, int64_t);                       \
+  template void rope<T>(T *, const T *, const T *, const T *, int64_t,         \
+                        int64_t, int64_t, int64_t, int64_t, bool);             \
+  template void ropeBackward<T>(T *, const T *, const T *, const T *, int64_t, \
+                                int64_t, int64_t, int64_t, int64_t, bool);     \
+  template void repeatHeads<T>(T *, const T *, int64_t, int64_t, int64_t,      \
+                               int64_t, int64_t);                              \
+  template void repeatHeadsBackward<T>(T *, const T *, int64_t, int64_t,       \
+                                       int64_t, int64_t, int64_t);
+
+SP_INSTANTIATE(float)
+SP_INSTANTIATE(double)
+
+#undef SP_INSTANTIATE
+
+} // namespace sp::cpu

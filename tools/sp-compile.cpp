@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 #include "driver/CompileSummary.h"
 #include "driver/CompileTool.h"
+#include "html/HtmlReport.h"
 #include "planner/AutoPlan.h"
 #include "planner/Estimate.h"
 #include "tools/PaperTable.h"

@@ -1,0 +1,279 @@
+//===- Collectives.h - The CPU backend's collective instructions -*- C++ -*-===//
+//
+// What the CPU backend (CpuBackend.cpp) does for the instructions that
+// communicate: the all-gather and reduce-scatter of sequence parallelism
+// and of ZeRO-1's chunks over a Communicator, the vocabulary-parallel cross
+// entropy (each rank's logits are a vocabulary slice: the row maxima and
+// sums of exponentials are reduced over the group), and the pipeline
+// messages (send, recv, and the broadcast of a tied weight's gradient over
+// its stages). Included by CpuBackend.cpp alone.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_CPU_COLLECTIVES_H
+#define SP_RUNTIME_CPU_COLLECTIVES_H
+
+#include "ir/OpDef.h"
+#include "runtime/Backend.h"
+#include "runtime/TensorLayout.h"
+#include "runtime/comm/Communicator.h"
+#include "runtime/cpu/Kernels.h"
+#include "llvm/Support/FormatVariadic.h"
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace sp::cpu::comm {
+
+using namespace llvm;
+
+/// A plan the CPU backend cannot run as it is (one line, naming what).
+inline llvm::Error planError(const llvm::Twine &Msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), Msg);
+}
+
+template <typename T>
+inline Error allGather(Communicator &Comm, T *Out, const T *In,
+                       const TensorType &Local, int Dim, int Parts) {
+  int64_t N = Local.numElements();
+  AxisView A = around(Local, Dim);
+  if (A.Outer == 1)
+    return Comm.allGather(Out, In, N);
+  std::vector<T> Scratch(N * Parts); // [rank][outer][local][inner]
+  if (auto E = Comm.allGather(Scratch.data(), In, N))
+    return E;
+  int64_t Chunk = Local.Shape[Dim] * A.Inner;
+  for (int R = 0; R < Parts; ++R)
+    placeChunk(Out, &Scratch[R * N], A.Outer, Chunk * int64_t(sizeof(T)),
+               Parts, R);
+  return Error::success();
+}
+
+template <typename T>
+inline Error reduceScatter(Communicator &Comm, T *Out, const T *In,
+                           const TensorType &Full, int Dim, int Parts) {
+  int64_t N = Full.numElements() / Parts;
+  AxisView A = around(Full, Dim);
+  if (A.Outer == 1)
+    return Comm.reduceScatterSum(Out, In, N);
+  std::vector<T> Scratch(N * Parts); // rank-major
+  int64_t Chunk = Full.Shape[Dim] / Parts * A.Inner;
+  for (int R = 0; R < Parts; ++R)
+    for (int64_t O = 0; O < A.Outer; ++O)
+      std::memcpy(&Scratch[R * N + O * Chunk], In + (O * Parts + R) * Chunk,
+                  Chunk * sizeof(T));
+  return Comm.reduceScatterSum(Out, Scratch.data(), N);
+}
+
+/// ZeRO's gradient sums (reduce_scatter {flat = 1}): each operand read flat
+/// and zero-padded to Parts chunks; all of them packed rank-major (rank r's
+/// chunks of every operand together) into one reduce-scatter, so that a
+/// bucket is one call.
+template <typename T>
+inline Error reduceScatterFlat(Communicator &Comm, const KernelCall &C) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  int Parts = Comm.size();
+  int64_t Packed = 0; // this rank's elements: its chunk of every operand
+  for (unsigned K = 0; K < I.Out.size(); ++K)
+    Packed += Bufs[I.Out[K]].Type.numElements();
+  std::vector<T> In(Packed * Parts, T(0)), Out(Packed);
+  int64_t At = 0;
+  for (unsigned K = 0; K < I.In.size(); ++K) {
+    const T *X = reinterpret_cast<const T *>(C.buffer(I.In[K]));
+    int64_t N = Bufs[I.In[K]].Type.numElements(),
+            Chunk = Bufs[I.Out[K]].Type.numElements();
+    for (int R = 0; R < Parts; ++R) {
+      int64_t Begin = std::min(N, R * Chunk), End = std::min(N, Begin + Chunk);
+      std::copy(X + Begin, X + End, &In[R * Packed + At]);
+    }
+    At += Chunk;
+  }
+  if (auto E = Comm.reduceScatterSum(Out.data(), In.data(), Packed))
+    return E;
+  At = 0;
+  for (unsigned K = 0; K < I.Out.size(); ++K) {
+    int64_t Chunk = Bufs[I.Out[K]].Type.numElements();
+    std::copy(&Out[At], &Out[At] + Chunk,
+              reinterpret_cast<T *>(C.buffer(I.Out[K])));
+    At += Chunk;
+  }
+  return Error::success();
+}
+
+/// ZeRO's gather of updated parameters: every rank's flat chunk of each, in
+/// place; a bucket's chunks packed into one all-gather.
+template <typename T>
+inline Error gatherParams(Communicator &Comm, const KernelCall &C) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  int Parts = Comm.size(), Rank = Comm.rank();
+  int64_t Packed = 0; // one rank's chunks of every parameter
+  for (int B : I.In)
+    Packed += dataChunkElements(Bufs[B].Type.numElements(), Parts);
+  std::vector<T> Mine(Packed, T(0)), All(Packed * Parts);
+  int64_t At = 0;
+  for (int B : I.In) {
+    const T *P = reinterpret_cast<const T *>(C.buffer(B));
+    int64_t N = Bufs[B].Type.numElements(), Chunk = dataChunkElements(N, Parts);
+    int64_t Begin = std::min(N, Rank * Chunk), End = std::min(N, Begin + Chunk);
+    std::copy(P + Begin, P + End, &Mine[At]);
+    At += Chunk;
+  }
+  if (auto E = Comm.allGather(All.data(), Mine.data(), Packed))
+    return E;
+  At = 0;
+  for (int B : I.In) {
+    T *P = reinterpret_cast<T *>(C.buffer(B));
+    int64_t N = Bufs[B].Type.numElements(), Chunk = dataChunkElements(N, Parts);
+    for (int R = 0; R < Parts; ++R) {
+      int64_t Begin = std::min(N, R * Chunk), End = std::min(N, Begin + Chunk);
+      std::copy(&All[R * Packed + At], &All[R * Packed + At] + (End - Begin),
+                P + Begin);
+    }
+    At += Chunk;
+  }
+  return Error::success();
+}
+
+template <typename T>
+inline void takeChunk(int Rank, T *Out, const T *In, const TensorType &Full,
+                      int Dim, int Parts) {
+  AxisView A = around(Full, Dim);
+  int64_t Chunk = Full.Shape[Dim] / Parts * A.Inner;
+  for (int64_t O = 0; O < A.Outer; ++O)
+    std::memcpy(Out + O * Chunk, In + (O * Parts + Rank) * Chunk,
+                Chunk * sizeof(T));
+}
+
+/// Each rank holds the logits of vocabulary rows [r V, (r + 1) V); columns
+/// at or past Valid (global) are padding. The row maximum, the sum of
+/// exponentials and the target logit are reduced over the group, so no rank
+/// holds the full logits. Computes the mean loss over the rows whose target
+/// is not Ignore (Loss) or its gradient (DLogits), whichever is non-null.
+/// The maximum is only a shift (any value near it gives the same loss), so
+/// it is reduced in float32 whatever T is.
+template <typename T>
+inline Error vocabParallelCrossEntropy(Communicator &Comm, T *Loss,
+                                       T *DLogits, const T *Logits,
+                                       const int64_t *Targets, int64_t N,
+                                       int64_t V, int64_t Valid,
+                                       std::optional<int64_t> Ignore,
+                                       double DLoss) {
+  int64_t Start = Comm.rank() * V;
+  int64_t Mine = std::clamp<int64_t>(Valid - Start, 0, V);
+  std::vector<float> Max(N, -std::numeric_limits<float>::infinity());
+  std::vector<T> Sum(N, T(0)), Target(N, T(0));
+  auto Counted = [&](int64_t I) { return !Ignore || Targets[I] != *Ignore; };
+  int64_t NumCounted = 0;
+  for (int64_t I = 0; I < N; ++I) {
+    if (Counted(I) && (Targets[I] < 0 || Targets[I] >= Valid))
+      return createStringError(inconvertibleErrorCode(),
+                               "target %lld of row %lld is outside the "
+                               "vocabulary",
+                               (long long)Targets[I], (long long)I);
+    NumCounted += Counted(I);
+    for (int64_t J = 0; J < Mine; ++J)
+      Max[I] = std::max(Max[I], float(Logits[I * V + J]));
+  }
+  if (auto E = Comm.allReduceMax(Max.data(), N))
+    return E;
+  for (int64_t I = 0; I < N; ++I) {
+    double S = 0;
+    for (int64_t J = 0; J < Mine; ++J)
+      S += std::exp(double(Logits[I * V + J]) - Max[I]);
+    Sum[I] = T(S);
+    int64_t Col = Targets[I] - Start;
+    if (Counted(I) && Col >= 0 && Col < Mine)
+      Target[I] = Logits[I * V + Col];
+  }
+  if (auto E = Comm.allReduceSum(Sum.data(), N))
+    return E;
+  // As the one-device kernel: the mean over the counted rows, 0 (and zero
+  // gradients) when none is counted.
+  if (Loss) {
+    if (auto E = Comm.allReduceSum(Target.data(), N))
+      return E;
+    double L = 0;
+    for (int64_t I = 0; I < N; ++I)
+      if (Counted(I))
+        L += std::log(double(Sum[I])) + Max[I] - Target[I];
+    *Loss = NumCounted ? T(L / NumCounted) : T(0);
+    return Error::success();
+  }
+  double Scale = NumCounted ? DLoss / NumCounted : 0.0;
+  for (int64_t I = 0; I < N; ++I)
+    for (int64_t J = 0; J < V; ++J) {
+      if (!Counted(I)) {
+        DLogits[I * V + J] = T(0);
+        continue;
+      }
+      double P = J < Mine ? std::exp(double(Logits[I * V + J]) - Max[I]) / Sum[I]
+                          : 0.0;
+      if (Start + J == Targets[I])
+        P -= 1;
+      DLogits[I * V + J] = T(P * Scale);
+    }
+  return Error::success();
+}
+
+/// The pipeline messages, between the stages of one tensor-parallel rank
+/// through the pipeline group: whole buffers sent, received or broadcast,
+/// and the sum of a weight's gradient parts over the stages that hold it.
+template <typename T> inline Error pipelineMessage(const KernelCall &C) {
+  const Instruction &I = C.I;
+  Communicator *Pipe = C.Pipeline;
+  if (!Pipe)
+    return planError("a pipeline instruction in a plan run without pipeline "
+                     "stages");
+  const auto &Bufs = C.Prog.Buffers;
+  int Stage = Pipe->rank();
+  auto Tag = [&] { return int(attrInt(I.Op, I.Attrs, "tag")); };
+  switch (I.Op) {
+  case OpKind::Send:
+    return Pipe->send(C.buffer(I.In[0]), Bufs[I.In[0]].Type.numBytes(),
+                      attrInt(I.Op, I.Attrs, "peer"), Tag());
+  case OpKind::Recv:
+    return Pipe->recv(C.buffer(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(),
+                      attrInt(I.Op, I.Attrs, "peer"), Tag());
+  case OpKind::PipeBroadcast: {
+    int Root = attrInt(I.Op, I.Attrs, "root");
+    int64_t Bytes = Bufs[I.Out[0]].Type.numBytes();
+    if (Stage == Root)
+      std::memcpy(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes);
+    return Pipe->broadcast(C.buffer(I.Out[0]), Bytes, Root);
+  }
+  case OpKind::PipeAllReduce: {
+    // The first listed rank sums the parts in list order and sends the sum
+    // back: every rank gets the same bits.
+    auto Ranks = attrInts(I.Op, I.Attrs, "ranks");
+    T *Y = reinterpret_cast<T *>(C.buffer(I.Out[0]));
+    int64_t N = Bufs[I.Out[0]].Type.numElements(), Bytes = N * sizeof(T);
+    std::memcpy(Y, C.buffer(I.In[0]), Bytes);
+    if (Ranks.empty() || !is_contained(Ranks, int64_t(Stage)))
+      return planError("pipe_all_reduce does not list this stage");
+    if (Stage != Ranks[0]) {
+      if (auto E = Pipe->send(Y, Bytes, Ranks[0], Tag()))
+        return E;
+      return Pipe->recv(Y, Bytes, Ranks[0], Tag());
+    }
+    std::vector<T> Part(N);
+    for (size_t K = 1; K < Ranks.size(); ++K) {
+      if (auto E = Pipe->recv(Part.data(), Bytes, Ranks[K], Tag()))
+        return E;
+      for (int64_t J = 0; J < N; ++J)
+        Y[J] += Part[J];
+    }
+    for (size_t K = 1; K < Ranks.size(); ++K)
+      if (auto E = Pipe->send(Y, Bytes, Ranks[K], Tag()))
+        return E;
+    return Error::success();
+  }
+  default:
+    llvm_unreachable("not a pipeline message");
+  }
+}
+
+} // namespace sp::cpu::comm
+
+#endif // SP_RUNTIME_CPU_COLLECTIVES_H

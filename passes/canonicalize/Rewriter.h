@@ -96,7 +96,7 @@ inline bool isLastAxis(const Node *N, unsigned Rank) {
          (Axes[0] == -1 || Axes[0] == int64_t(Rank) - 1);
 }
 
-int64_t normAxis(int64_t A, unsigned Rank) { return A < 0 ? A + Rank : A; }
+inline int64_t normAxis(int64_t A, unsigned Rank) { return A < 0 ? A + Rank : A; }
 
 class Rewriter {
 public:

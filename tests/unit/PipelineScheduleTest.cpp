@@ -788,7 +788,7 @@ std::string checkXml(StringRef X) {
       StringRef Rest = Text.drop_front(A);
       if (!Rest.startswith("&lt;") && !Rest.startswith("&gt;") &&
           !Rest.startswith("&amp;") && !Rest.startswith("&quot;") &&
-          !Rest.startswith("&apos;"))
+          !Rest.startswith("&#39;"))
         return "raw & in text: " + Rest.take_front(20).str();
     }
     if (Text.contains('>'))
@@ -831,7 +831,7 @@ std::string checkXml(StringRef X) {
 
 TEST(Charts, EscapeXml) {
   EXPECT_EQ(xmlEscape("a<b & \"c\" 'd'>"),
-            "a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;");
+            "a&lt;b &amp; &quot;c&quot; &#39;d&#39;&gt;");
   EXPECT_EQ(checkXml("<svg><text>a & b</text></svg>"),
             "raw & in text: & b");
   EXPECT_EQ(checkXml("<svg><g></svg>"), "closing svg but open is g");

@@ -145,7 +145,7 @@ void printCompileSummary(const Compilation &C, const Graph &G,
                     G.numNodes());
 }
 
-/// --html: the report page of the compiled plan (tools/HtmlReport.h). Its
+/// --html: the report page of the compiled plan (html/HtmlReport.h). Its
 /// memory chart is in the style of the paper's Figure 7: one layer's stored
 /// activation bytes under each configuration at this t (sequence
 /// parallelism or not; no, selective or full recomputation) by the family's

@@ -24,7 +24,7 @@ using json = nlohmann::json;
 
 namespace {
 
-/// The reads of tools/sp-run.cpp, tools/Trainer.cpp and
+/// The reads of tools/sp-run.cpp, train/ and
 /// runtime/Executor.cpp, with the defaults they use.
 void readLikeTheRuntime(const Plan &P) {
   const json &M = P.Manifest;

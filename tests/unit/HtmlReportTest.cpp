@@ -1,6 +1,6 @@
 //===- HtmlReportTest.cpp - The --html report page ------------------------===//
 //
-// The page of tools/HtmlReport.h from the facts of the default model compiled
+// The page of html/HtmlReport.h from the facts of the default model compiled
 // in process (one device, and t = 2 + SP with p = 2): every section and chart
 // where it belongs and nowhere else, hostile names escaped, nothing that
 // reaches outside the file, and SVG with scripts or references refused. The

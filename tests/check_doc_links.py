@@ -1,8 +1,8 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Checks that every relative link of README.md and docs/*.md resolves: the file exists and,
 for a .md target, the #anchor is one of its headings (GitHub slug rules).
 
-    python3 docs/check_links.py .     # from the repository root; exits 1 on a broken link
+    /usr/bin/python3 tests/check_doc_links.py REPO     # exits 1 on a broken link (ctest doc-links)
 """
 import re, os, sys
 root = sys.argv[1]

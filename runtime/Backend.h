@@ -75,6 +75,20 @@ struct KernelCall {
   char *buffer(int Id) const {
     return Where ? Where[Id] : Arena + Prog.Buffers[Id].Offset;
   }
+  /// The instruction's K-th operand and result, as T elements, and their
+  /// types.
+  template <typename T> T *in(unsigned K) const {
+    return reinterpret_cast<T *>(buffer(I.In[K]));
+  }
+  template <typename T> T *out(unsigned K) const {
+    return reinterpret_cast<T *>(buffer(I.Out[K]));
+  }
+  const TensorType &inType(unsigned K) const {
+    return Prog.Buffers[I.In[K]].Type;
+  }
+  const TensorType &outType(unsigned K) const {
+    return Prog.Buffers[I.Out[K]].Type;
+  }
   /// The communicator of a group named in the IR ("tp", "pp", "dp"), or
   /// null when this run has none by that name.
   Communicator *group(llvm::StringRef Name) const {

@@ -195,18 +195,10 @@ static Error keyBias(T *Bias, const char *Keep, const TensorType &M,
 template <typename T> static Error runKernel(const KernelCall &C) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
-  auto In = [&](unsigned K) {
-    return reinterpret_cast<T *>(C.buffer(I.In[K]));
-  };
-  auto Out = [&](unsigned K) {
-    return reinterpret_cast<T *>(C.buffer(I.Out[K]));
-  };
-  auto InT = [&](unsigned K) -> const TensorType & {
-    return Bufs[I.In[K]].Type;
-  };
-  auto OutT = [&](unsigned K) -> const TensorType & {
-    return Bufs[I.Out[K]].Type;
-  };
+  auto In = [&](unsigned K) { return C.in<T>(K); };
+  auto Out = [&](unsigned K) { return C.out<T>(K); };
+  auto InT = [&](unsigned K) -> const TensorType & { return C.inType(K); };
+  auto OutT = [&](unsigned K) -> const TensorType & { return C.outType(K); };
   auto Ids = [&](unsigned K) {
     return reinterpret_cast<const int64_t *>(In(K));
   };

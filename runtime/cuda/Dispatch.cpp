@@ -206,19 +206,10 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
 
 Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   const Instruction &I = C.I;
-  const auto &Bufs = C.Prog.Buffers;
-  auto In = [&](unsigned K) {
-    return reinterpret_cast<float *>(C.buffer(I.In[K]));
-  };
-  auto Out = [&](unsigned K) {
-    return reinterpret_cast<float *>(C.buffer(I.Out[K]));
-  };
-  auto InT = [&](unsigned K) -> const TensorType & {
-    return Bufs[I.In[K]].Type;
-  };
-  auto OutT = [&](unsigned K) -> const TensorType & {
-    return Bufs[I.Out[K]].Type;
-  };
+  auto In = [&](unsigned K) { return C.in<float>(K); };
+  auto Out = [&](unsigned K) { return C.out<float>(K); };
+  auto InT = [&](unsigned K) -> const TensorType & { return C.inType(K); };
+  auto OutT = [&](unsigned K) -> const TensorType & { return C.outType(K); };
   // A float operand as the kernels taking cuda::Elems see it: float32, or
   // bf16/fp16 read and written in place (cuda::runsIn16Bit).
   auto InE = [&](unsigned K) { return elems(C, I.In[K]); };

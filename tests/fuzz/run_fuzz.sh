@@ -51,7 +51,10 @@ fi
 if ! grep -qs '^SP_FUZZ:BOOL=ON$' "$BUILD_DIR/CMakeCache.txt" ||
    ! grep -qs "^CMAKE_CXX_COMPILER:[A-Z]*=$CXX\$" "$BUILD_DIR/CMakeCache.txt"; then
   echo "== configuring $BUILD_DIR (clang-14, ASan + UBSan, libFuzzer)"
+  # Line tables only: a report's stack names file and line.
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only" \
     -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DSP_FUZZ=ON \
     -DSP_ENABLE_CUDA=OFF \
     $(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache) >/dev/null

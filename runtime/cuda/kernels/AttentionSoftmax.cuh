@@ -92,19 +92,7 @@ __global__ void softmaxKernel(Elems Y, Elems X, int64_t Rows, int64_t N,
     int64_t I = RR % (Sq > 0 ? Sq : 1);
     SoftmaxInput<ST> In{at(X, RR * N), Alpha, Scaled, Causal,
                     I + 1 < N ? I + 1 : N, Fill};
-    // Lane maxima as the CPU's rowMax.
-    float M = NegInf;
-    if (Active)
-      for (int64_t J = laneOf(); J < N; J += RowLanes) {
-        float V = In(J);
-        M = M < V ? V : M;
-      }
-    float Max = __shfl_sync(0xffffffffu, M, 0, RowLanes);
-#pragma unroll
-    for (int K = 1; K < RowLanes; ++K) {
-      float P = __shfl_sync(0xffffffffu, M, K, RowLanes);
-      Max = Max < P ? P : Max;
-    }
+    float Max = laneMax(N, Active, In);
     Elems YR = at(Y, RR * N);
     // A float32 Y holds the exps between the two passes; a 16-bit one
     // cannot (they would be rounded twice), so they are evaluated again.
@@ -183,7 +171,7 @@ __global__ void rowLogSumExpKernel(float *Lse, const float *X, int64_t Rows,
     int64_t R = laneRow() + It * Stride;
     bool Active = R < Rows;
     const float *XR = X + (Active ? R : 0) * N;
-    float Max = laneMax(XR, N, Active);
+    float Max = laneMax(N, Active, [&](int64_t J) { return XR[J]; });
     bool Masked = Max == NegInf;
     double Sum = laneSum(N, Active && !Masked, [&](int64_t J) {
       return expD(double(XR[J]) - double(Max));

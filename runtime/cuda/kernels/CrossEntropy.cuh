@@ -38,7 +38,7 @@ __device__ inline bool counted(const int64_t *Targets, int64_t R,
 /// The row's max and log-sum-exp (every lane gets them).
 __device__ inline void rowLse(const float *Row, int64_t ValidV, bool Active,
                               double &Max, double &Lse) {
-  Max = double(laneMax(Row, ValidV, Active));
+  Max = double(laneMax(ValidV, Active, [&](int64_t J) { return Row[J]; }));
   double M = Max;
   double Sum = laneSum(ValidV, Active, [&](int64_t J) {
     return expD(double(Row[J]) - M);

@@ -55,6 +55,22 @@ __device__ inline int64_t laneRow() { return globalThread() / RowLanes; }
 __device__ inline int laneOf() { return int(threadIdx.x % RowLanes); }
 __device__ inline int64_t laneRowStride() { return gridThreads() / RowLanes; }
 
+/// Fn(R, Active, RR) for each row R = laneRow() + k laneRowStride() of this
+/// thread's group, Active = R < Rows. Every thread of a warp runs Fn while
+/// any row of the warp is live (the shuffles of laneSum and laneMax need
+/// the whole warp), so R may be past the end; RR is R where Active, else 0:
+/// a row that exists, for the loads of an inactive group.
+template <typename F>
+__device__ inline void forLaneRows(int64_t Rows, F &&Fn) {
+  int64_t Stride = laneRowStride();
+  int64_t Iters = (Rows + Stride - 1) / Stride;
+  for (int64_t It = 0; It < Iters; ++It) {
+    int64_t R = laneRow() + It * Stride;
+    bool Active = R < Rows;
+    Fn(R, Active, Active ? R : int64_t(0));
+  }
+}
+
 /// Each lane evaluates LaneBatch terms before adding them, in order: the
 /// same additions as one term at a time, with LaneBatch loads in flight
 /// instead of one (the sums are memory-bound; measured on an H200, a

@@ -240,6 +240,35 @@ __device__ inline float skipAbove(const AttentionGeometry &G,
   return __fadd_rn(__fadd_rn(G.Fill, biasMax(Bias, G.Sk)), 104.0f);
 }
 
+/// The query block of a forward or dq thread block: blockIdx.x counts the
+/// query blocks from the last (under a causal mask, the longest first),
+/// blockIdx.y is the head, blockIdx.z the batch. I0: its first row; Rows:
+/// its rows (up to 64); QBase: q's element (b, a, I0, 0); KBase: k's and
+/// v's (b, kv head of a, 0, 0); Bias: the batch's key bias (or null); Skip:
+/// skipAbove's. Every thread calls it.
+struct QueryBlock {
+  int64_t I0, A, B;
+  int Rows;
+  int64_t QBase, KBase;
+  const float *Bias;
+  float Skip;
+};
+__device__ inline QueryBlock queryBlock(const AttentionGeometry &G,
+                                        const float *KeyBias) {
+  QueryBlock Q;
+  const int64_t QBlocks = (G.Sq + ABlock - 1) / ABlock;
+  Q.I0 = (QBlocks - 1 - int64_t(blockIdx.x)) * ABlock;
+  Q.A = blockIdx.y;
+  Q.B = blockIdx.z;
+  const int64_t Kv = Q.A / (G.Heads / G.KvHeads);
+  Q.Rows = int(G.Sq - Q.I0 < ABlock ? G.Sq - Q.I0 : ABlock);
+  Q.QBase = Q.B * G.Q[0] + Q.A * G.Q[1] + Q.I0 * G.Q[2];
+  Q.KBase = Q.B * G.K[0] + Kv * G.K[1];
+  Q.Bias = KeyBias ? KeyBias + Q.B * G.Sk : nullptr;
+  Q.Skip = skipAbove(G, Q.Bias);
+  return Q;
+}
+
 /// An accumulator of this thread's rows Ty + 16 i and columns
 /// 64 g + 4 Tx + k.
 template <int NG> using RowsAcc = float[4][NG][4];
@@ -340,15 +369,8 @@ __global__ void __launch_bounds__(AThreads)
   float *Ps = KVs + ABlock * T.Pitch; // the dropped probabilities
   uint8_t *Keep = reinterpret_cast<uint8_t *>(Ps + ABlock * APitch);
   const int Tx = threadIdx.x % 16, Ty = threadIdx.x / 16;
-  const int64_t QBlocks = (G.Sq + ABlock - 1) / ABlock;
-  // The longest (causal: the last) query blocks first.
-  const int64_t I0 = (QBlocks - 1 - int64_t(blockIdx.x)) * ABlock;
-  const int64_t A = blockIdx.y, B = blockIdx.z, Kv = A / (G.Heads / G.KvHeads);
-  const int Rows = int(G.Sq - I0 < ABlock ? G.Sq - I0 : ABlock);
-  const int64_t QBase = B * G.Q[0] + A * G.Q[1] + I0 * G.Q[2],
-                KBase = B * G.K[0] + Kv * G.K[1];
-  const float *Bias = KeyBias ? KeyBias + B * G.Sk : nullptr;
-  const float Skip = skipAbove(G, Bias);
+  const auto [I0, A, B, Rows, QBase, KBase, Bias, Skip] =
+      queryBlock(G, KeyBias);
   loadTile<ST>(Qs, T.Pitch, Q, QBase, G.Q[2], Rows, T.D, T.D4);
 
   const float NegInf = -__int_as_float(0x7f800000);
@@ -471,30 +493,74 @@ __global__ void attentionDeltaKernel(float *Delta, Elems DO, Elems O,
   }
 }
 
+/// The backward kernels' shared memory (backwardShared bytes): the query
+/// block's q and do and the key block's k and v (tiles of pitch T.Pitch),
+/// a score tile (pitch APitch), the query rows' log-sum-exp and Delta, and
+/// the block's dropout mask (blockKeep's).
+struct BackwardTiles {
+  float *Qs, *DOs, *Ks, *Vs, *Ps, *LseS, *DeltaS;
+  uint8_t *Keep;
+};
+__device__ inline BackwardTiles backwardTiles(float4 *Shared, const Tiles &T) {
+  BackwardTiles S;
+  S.Qs = reinterpret_cast<float *>(Shared);
+  S.DOs = S.Qs + ABlock * T.Pitch;
+  S.Ks = S.DOs + ABlock * T.Pitch;
+  S.Vs = S.Ks + ABlock * T.Pitch;
+  S.Ps = S.Vs + ABlock * T.Pitch;
+  S.LseS = S.Ps + ABlock * APitch;
+  S.DeltaS = S.LseS + ABlock;
+  S.Keep = reinterpret_cast<uint8_t *>(S.DeltaS + ABlock);
+  return S;
+}
+
+/// Loads the q and do tiles of the query block at (b, a, I0).
+template <Storage ST>
+__device__ inline void loadQueryTiles(const BackwardTiles &Sh, Elems Q,
+                                      Elems DO, const AttentionGeometry &G,
+                                      const Tiles &T, int64_t B, int64_t A,
+                                      int64_t I0, int Rows) {
+  loadTile<ST>(Sh.Qs, T.Pitch, Q, B * G.Q[0] + A * G.Q[1] + I0 * G.Q[2],
+               G.Q[2], Rows, T.D, T.D4);
+  loadTile<ST>(Sh.DOs, T.Pitch, DO, B * G.O[0] + A * G.O[1] + I0 * G.O[2],
+               G.O[2], Rows, T.D, T.D4);
+}
+
+/// Loads the k and v tiles of the key block whose first element is KBase.
+template <Storage ST>
+__device__ inline void loadKeyTiles(const BackwardTiles &Sh, Elems K, Elems V,
+                                    const AttentionGeometry &G, const Tiles &T,
+                                    int64_t KBase, int Cols) {
+  loadTile<ST>(Sh.Ks, T.Pitch, K, KBase, G.K[2], Cols, T.D, T.D4);
+  loadTile<ST>(Sh.Vs, T.Pitch, V, KBase, G.K[2], Cols, T.D, T.D4);
+}
+
 /// One block's recomputed probabilities and score gradients, in this
 /// thread's places (rows Ty + 16 i, keys Tx + 16 j): P the dropped-out
-/// probabilities, DS the scores' gradient. Qs, DOs: the query block's q and
-/// do; Ks, Vs: the key block's k and v; LseS, DeltaS: the rows'.
+/// probabilities, DS the scores' gradient. Draws the block's dropout mask,
+/// then waits for it and the tiles (Sh: the query block's q, do, log-sum-exp
+/// and Delta, the key block's k and v). Every thread calls it.
 struct BlockGrads {
   float P[4][4], DS[4][4];
 };
 __device__ inline void blockGrads(BlockGrads &Out, const AttentionGeometry &G,
-                                  const Tiles &T, const float *Qs,
-                                  const float *DOs, const float *Ks,
-                                  const float *Vs, const float *LseS,
-                                  const float *DeltaS, const uint8_t *Keep,
-                                  const float *Bias, int64_t I0, int Rows,
-                                  int64_t J0, int Cols, float KeepScale) {
+                                  const Tiles &T, const BackwardTiles &Sh,
+                                  const float *Bias, int64_t B, int64_t A,
+                                  int64_t I0, int Rows, int64_t J0, int Cols,
+                                  uint64_t Threshold, float KeepScale) {
+  if (G.Ratio > 0)
+    blockKeep(Sh.Keep, G, B, A, I0, J0, Threshold);
+  __syncthreads();
   const int Tx = threadIdx.x % 16, Ty = threadIdx.x / 16;
   const float NegInf = -__int_as_float(0x7f800000);
   float S[4][4], DP[4][4];
-  tileProduct(S, Qs, Ks, T.Pitch, T.D4);
-  tileProduct(DP, DOs, Vs, T.Pitch, T.D4);
+  tileProduct(S, Sh.Qs, Sh.Ks, T.Pitch, T.D4);
+  tileProduct(DP, Sh.DOs, Sh.Vs, T.Pitch, T.D4);
 #pragma unroll
   for (int I = 0; I < 4; ++I) {
     const int R = Ty + 16 * I;
-    const float Lr = R < Rows ? LseS[R] : NegInf;
-    const float Dr = R < Rows ? DeltaS[R] : 0.0f;
+    const float Lr = R < Rows ? Sh.LseS[R] : NegInf;
+    const float Dr = R < Rows ? Sh.DeltaS[R] : 0.0f;
 #pragma unroll
     for (int J = 0; J < 4; ++J) {
       const int C = Tx + 16 * J;
@@ -505,7 +571,7 @@ __device__ inline void blockGrads(BlockGrads &Out, const AttentionGeometry &G,
       const float P = Live ? expf(__fadd_rn(Sc, -Lr)) : 0.0f;
       float PD = P, DPd = DP[I][J];
       if (G.Ratio > 0) {
-        const bool Kept = Live && Keep[R * ABlock + C];
+        const bool Kept = Live && Sh.Keep[R * ABlock + C];
         PD = Kept ? __fmul_rn(P, KeepScale) : 0.0f;
         DPd = Kept ? __fmul_rn(DPd, KeepScale) : 0.0f;
       }
@@ -531,19 +597,19 @@ __device__ inline void writeScores(float *Dst, const float (&V)[4][4],
     }
 }
 
-/// Loads the rows' log-sum-exp and Delta of the query block at (b, a, I0);
-/// returns whether every row's log-sum-exp exceeds Skip (the block's masked
-/// scores are negligible). Every thread calls it.
-__device__ inline bool loadRowStats(float *LseS, float *DeltaS, Elems Lse,
+/// Loads the rows' log-sum-exp and Delta of the query block at (b, a, I0)
+/// into Sh; returns whether every row's log-sum-exp exceeds Skip (the
+/// block's masked scores are negligible). Every thread calls it.
+__device__ inline bool loadRowStats(const BackwardTiles &Sh, Elems Lse,
                                     const float *Delta,
                                     const AttentionGeometry &G, int64_t B,
                                     int64_t A, int64_t I0, int Rows,
                                     float Skip) {
   bool Above = true;
   for (int R = threadIdx.x; R < Rows; R += AThreads) {
-    LseS[R] = ldAny(Lse, B * G.L[0] + A * G.L[1] + (I0 + R) * G.L[2]);
-    DeltaS[R] = Delta[(B * G.Heads + A) * G.Sq + I0 + R];
-    Above = Above && LseS[R] > Skip;
+    Sh.LseS[R] = ldAny(Lse, B * G.L[0] + A * G.L[1] + (I0 + R) * G.L[2]);
+    Sh.DeltaS[R] = Delta[(B * G.Heads + A) * G.Sq + I0 + R];
+    Above = Above && Sh.LseS[R] > Skip;
   }
   return __syncthreads_and(Above);
 }
@@ -557,22 +623,15 @@ __global__ void __launch_bounds__(AThreads)
                            const float *Delta, AttentionGeometry G, Tiles T,
                            uint64_t Threshold, float KeepScale) {
   SP_DYNAMIC_SHARED(float4, SharedF4);
-  float *Ks = reinterpret_cast<float *>(SharedF4);
-  float *Vs = Ks + ABlock * T.Pitch;
-  float *Qs = Vs + ABlock * T.Pitch;
-  float *DOs = Qs + ABlock * T.Pitch;
-  float *Pt = DOs + ABlock * T.Pitch; // [key][row]: P, then DS, transposed
-  float *LseS = Pt + ABlock * APitch;
-  float *DeltaS = LseS + ABlock;
-  uint8_t *Keep = reinterpret_cast<uint8_t *>(DeltaS + ABlock);
+  const BackwardTiles Sh = backwardTiles(SharedF4, T);
+  float *Pt = Sh.Ps; // [key][row]: P, then DS, transposed
   const int64_t J0 = int64_t(blockIdx.x) * ABlock, Kv = blockIdx.y,
                 B = blockIdx.z, Group = G.Heads / G.KvHeads;
   const int Cols = int(G.Sk - J0 < ABlock ? G.Sk - J0 : ABlock);
   const int64_t KBase = B * G.K[0] + Kv * G.K[1] + J0 * G.K[2];
   const float *Bias = KeyBias ? KeyBias + B * G.Sk : nullptr;
   const float Skip = skipAbove(G, Bias);
-  loadTile<ST>(Ks, T.Pitch, K, KBase, G.K[2], Cols, T.D, T.D4);
-  loadTile<ST>(Vs, T.Pitch, V, KBase, G.K[2], Cols, T.D, T.D4);
+  loadKeyTiles<ST>(Sh, K, V, G, T, KBase, Cols);
   RowsAcc<NG> DKa, DVa;
   zero<NG>(DKa);
   zero<NG>(DVa);
@@ -581,27 +640,21 @@ __global__ void __launch_bounds__(AThreads)
       const int Rows = int(G.Sq - I0 < ABlock ? G.Sq - I0 : ABlock);
       __syncthreads(); // the last block's tiles are read
       const bool Negligible =
-          loadRowStats(LseS, DeltaS, Lse, Delta, G, B, A, I0, Rows, Skip);
+          loadRowStats(Sh, Lse, Delta, G, B, A, I0, Rows, Skip);
       if (aboveDiagonal(G, I0, Rows, J0) && Negligible)
         continue;
-      const int64_t QBase = B * G.Q[0] + A * G.Q[1] + I0 * G.Q[2];
-      loadTile<ST>(Qs, T.Pitch, Q, QBase, G.Q[2], Rows, T.D, T.D4);
-      loadTile<ST>(DOs, T.Pitch, DO, B * G.O[0] + A * G.O[1] + I0 * G.O[2],
-                   G.O[2], Rows, T.D, T.D4);
-      if (G.Ratio > 0)
-        blockKeep(Keep, G, B, A, I0, J0, Threshold);
-      __syncthreads();
+      loadQueryTiles<ST>(Sh, Q, DO, G, T, B, A, I0, Rows);
       BlockGrads BG;
-      blockGrads(BG, G, T, Qs, DOs, Ks, Vs, LseS, DeltaS, Keep, Bias, I0, Rows,
-                 J0, Cols, KeepScale);
+      blockGrads(BG, G, T, Sh, Bias, B, A, I0, Rows, J0, Cols, Threshold,
+                 KeepScale);
       // dv += P^T do, then dk += DS^T q, through Pt.
       writeScores(Pt, BG.P, /*Transposed=*/true);
       __syncthreads();
-      scoresTimesTile<NG>(DVa, Pt, DOs, T.Pitch, T.D4);
+      scoresTimesTile<NG>(DVa, Pt, Sh.DOs, T.Pitch, T.D4);
       __syncthreads();
       writeScores(Pt, BG.DS, /*Transposed=*/true);
       __syncthreads();
-      scoresTimesTile<NG>(DKa, Pt, Qs, T.Pitch, T.D4);
+      scoresTimesTile<NG>(DKa, Pt, Sh.Qs, T.Pitch, T.D4);
     }
   storeRows<ST, NG>(DK, KBase, G.K[2], DKa, Cols, T.D);
   storeRows<ST, NG>(DV, KBase, G.K[2], DVa, Cols, T.D);
@@ -616,27 +669,11 @@ __global__ void __launch_bounds__(AThreads)
                              const float *Delta, AttentionGeometry G, Tiles T,
                              uint64_t Threshold, float KeepScale) {
   SP_DYNAMIC_SHARED(float4, SharedF4);
-  float *Qs = reinterpret_cast<float *>(SharedF4);
-  float *DOs = Qs + ABlock * T.Pitch;
-  float *Ks = DOs + ABlock * T.Pitch;
-  float *Vs = Ks + ABlock * T.Pitch;
-  float *Ps = Vs + ABlock * T.Pitch; // DS, row-major
-  float *LseS = Ps + ABlock * APitch;
-  float *DeltaS = LseS + ABlock;
-  uint8_t *Keep = reinterpret_cast<uint8_t *>(DeltaS + ABlock);
-  const int64_t QBlocks = (G.Sq + ABlock - 1) / ABlock;
-  const int64_t I0 = (QBlocks - 1 - int64_t(blockIdx.x)) * ABlock;
-  const int64_t A = blockIdx.y, B = blockIdx.z, Kv = A / (G.Heads / G.KvHeads);
-  const int Rows = int(G.Sq - I0 < ABlock ? G.Sq - I0 : ABlock);
-  const int64_t QBase = B * G.Q[0] + A * G.Q[1] + I0 * G.Q[2],
-                KBase = B * G.K[0] + Kv * G.K[1];
-  const float *Bias = KeyBias ? KeyBias + B * G.Sk : nullptr;
-  const float Skip = skipAbove(G, Bias);
-  loadTile<ST>(Qs, T.Pitch, Q, QBase, G.Q[2], Rows, T.D, T.D4);
-  loadTile<ST>(DOs, T.Pitch, DO, B * G.O[0] + A * G.O[1] + I0 * G.O[2], G.O[2],
-               Rows, T.D, T.D4);
-  const bool Negligible =
-      loadRowStats(LseS, DeltaS, Lse, Delta, G, B, A, I0, Rows, Skip);
+  const BackwardTiles Sh = backwardTiles(SharedF4, T);
+  const auto [I0, A, B, Rows, QBase, KBase, Bias, Skip] =
+      queryBlock(G, KeyBias);
+  loadQueryTiles<ST>(Sh, Q, DO, G, T, B, A, I0, Rows);
+  const bool Negligible = loadRowStats(Sh, Lse, Delta, G, B, A, I0, Rows, Skip);
   RowsAcc<NG> DQa;
   zero<NG>(DQa);
   for (int64_t J0 = 0; J0 < G.Sk; J0 += ABlock) {
@@ -644,22 +681,19 @@ __global__ void __launch_bounds__(AThreads)
     if (aboveDiagonal(G, I0, Rows, J0) && Negligible)
       break;
     __syncthreads(); // the last block's tiles are read
-    loadTile<ST>(Ks, T.Pitch, K, KBase + J0 * G.K[2], G.K[2], Cols, T.D, T.D4);
-    loadTile<ST>(Vs, T.Pitch, V, KBase + J0 * G.K[2], G.K[2], Cols, T.D, T.D4);
-    if (G.Ratio > 0)
-      blockKeep(Keep, G, B, A, I0, J0, Threshold);
-    __syncthreads();
+    loadKeyTiles<ST>(Sh, K, V, G, T, KBase + J0 * G.K[2], Cols);
     BlockGrads BG;
-    blockGrads(BG, G, T, Qs, DOs, Ks, Vs, LseS, DeltaS, Keep, Bias, I0, Rows,
-               J0, Cols, KeepScale);
-    writeScores(Ps, BG.DS, /*Transposed=*/false);
+    blockGrads(BG, G, T, Sh, Bias, B, A, I0, Rows, J0, Cols, Threshold,
+               KeepScale);
+    // DS, row-major, times k.
+    writeScores(Sh.Ps, BG.DS, /*Transposed=*/false);
     __syncthreads();
-    scoresTimesTile<NG>(DQa, Ps, Ks, T.Pitch, T.D4);
+    scoresTimesTile<NG>(DQa, Sh.Ps, Sh.Ks, T.Pitch, T.D4);
   }
   storeRows<ST, NG>(DQ, QBase, G.Q[2], DQa, Rows, T.D);
 }
 
-/// Shared memory of the kernels, in bytes.
+/// Shared memory of the kernels, in bytes (the backward's: BackwardTiles).
 inline size_t forwardShared(const Tiles &T) {
   return size_t(2 * ABlock * T.Pitch + ABlock * APitch) * 4 + ABlock * ABlock;
 }

@@ -82,29 +82,12 @@ template <Storage ST>
 __global__ void softmaxKernel(Elems Y, Elems X, int64_t Rows, int64_t N,
                               float Alpha, bool Scaled, bool Causal,
                               int64_t Sq, float Fill) {
-  int64_t Stride = laneRowStride();
-  int64_t Iters = (Rows + Stride - 1) / Stride;
   const float NegInf = -__int_as_float(0x7f800000);
-  for (int64_t It = 0; It < Iters; ++It) {
-    int64_t R = laneRow() + It * Stride;
-    bool Active = R < Rows;
-    int64_t RR = Active ? R : 0;
+  forLaneRows(Rows, [&](int64_t R, bool Active, int64_t RR) {
     int64_t I = RR % (Sq > 0 ? Sq : 1);
     SoftmaxInput<ST> In{at(X, RR * N), Alpha, Scaled, Causal,
                     I + 1 < N ? I + 1 : N, Fill};
-    // Lane maxima as the CPU's rowMax.
-    float M = NegInf;
-    if (Active)
-      for (int64_t J = laneOf(); J < N; J += RowLanes) {
-        float V = In(J);
-        M = M < V ? V : M;
-      }
-    float Max = __shfl_sync(0xffffffffu, M, 0, RowLanes);
-#pragma unroll
-    for (int K = 1; K < RowLanes; ++K) {
-      float P = __shfl_sync(0xffffffffu, M, K, RowLanes);
-      Max = Max < P ? P : Max;
-    }
+    float Max = laneMax(N, Active, In);
     Elems YR = at(Y, RR * N);
     // A float32 Y holds the exps between the two passes; a 16-bit one
     // cannot (they would be rounded twice), so they are evaluated again.
@@ -118,14 +101,14 @@ __global__ void softmaxKernel(Elems Y, Elems X, int64_t Rows, int64_t N,
       return E;
     });
     if (!Active)
-      continue;
+      return;
     // Each lane rescales the elements it wrote itself: no other thread
     // touched them, so no barrier is needed (and Y may alias X: every lane
     // finished reading X for the sum before the shuffles returned).
     if (Masked) {
       for (int64_t J = laneOf(); J < N; J += RowLanes)
         stAs<ST>(YR, J, 0.0f);
-      continue;
+      return;
     }
     double Inv = 1.0 / Sum;
     for (int64_t J = laneOf(); J < N; J += RowLanes) {
@@ -136,7 +119,7 @@ __global__ void softmaxKernel(Elems Y, Elems X, int64_t Rows, int64_t N,
         E = float(expD(double(In(J)) - double(Max)));
       stAs<ST>(YR, J, float(double(E) * Inv));
     }
-  }
+  });
 }
 
 template <Storage ST>
@@ -144,18 +127,13 @@ __global__ void softmaxBackwardKernel(Elems DX, Elems Y, Elems DY,
                                       int64_t Rows, int64_t N, float Alpha,
                                       bool Scaled, bool Causal, int64_t Sq,
                                       float Fill) {
-  int64_t Stride = laneRowStride();
-  int64_t Iters = (Rows + Stride - 1) / Stride;
-  for (int64_t It = 0; It < Iters; ++It) {
-    int64_t R = laneRow() + It * Stride;
-    bool Active = R < Rows;
-    int64_t RR = Active ? R : 0;
+  forLaneRows(Rows, [&](int64_t R, bool Active, int64_t RR) {
     Elems YR = at(Y, RR * N), DYR = at(DY, RR * N);
     double Dot = laneSum(N, Active, [&](int64_t J) {
       return double(ldAs<ST>(DYR, J)) * ldAs<ST>(YR, J);
     });
     if (!Active)
-      continue;
+      return;
     // Each lane reads only the DY elements it overwrites (DX may alias DY),
     // and all lanes finished reading for Dot before the shuffles returned.
     // Fused: columns past the causal boundary get the fill (the CPU's
@@ -168,7 +146,7 @@ __global__ void softmaxBackwardKernel(Elems DX, Elems Y, Elems DY,
                          : Fill;
       stAs<ST>(DXR, J, Scaled ? Alpha * V : V);
     }
-  }
+  });
 }
 
 /// Lse of each row of X [Rows, N]; row r = (b Heads + a) Sq + i goes to
@@ -176,27 +154,23 @@ __global__ void softmaxBackwardKernel(Elems DX, Elems Y, Elems DY,
 __global__ void rowLogSumExpKernel(float *Lse, const float *X, int64_t Rows,
                                    int64_t N, int64_t Heads, int64_t Sq,
                                    bool Merged) {
-  int64_t Stride = laneRowStride();
-  int64_t Iters = (Rows + Stride - 1) / Stride;
   const float NegInf = -__int_as_float(0x7f800000);
-  for (int64_t It = 0; It < Iters; ++It) {
-    int64_t R = laneRow() + It * Stride;
-    bool Active = R < Rows;
-    const float *XR = X + (Active ? R : 0) * N;
-    float Max = laneMax(XR, N, Active);
+  forLaneRows(Rows, [&](int64_t R, bool Active, int64_t RR) {
+    const float *XR = X + RR * N;
+    float Max = laneMax(N, Active, [&](int64_t J) { return XR[J]; });
     bool Masked = Max == NegInf;
     double Sum = laneSum(N, Active && !Masked, [&](int64_t J) {
       return expD(double(XR[J]) - double(Max));
     });
     if (!Active || laneOf() != 0)
-      continue;
+      return;
     int64_t At = R;
     if (Merged) {
       int64_t I = R % Sq, BA = R / Sq;
       At = ((BA / Heads) * Sq + I) * Heads + BA % Heads;
     }
     Lse[At] = Masked ? NegInf : float(double(Max) + log(Sum));
-  }
+  });
 }
 
 } // namespace

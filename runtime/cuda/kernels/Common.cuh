@@ -55,39 +55,71 @@ __device__ inline int64_t laneRow() { return globalThread() / RowLanes; }
 __device__ inline int laneOf() { return int(threadIdx.x % RowLanes); }
 __device__ inline int64_t laneRowStride() { return gridThreads() / RowLanes; }
 
-/// The CPU's laneSum: lane k holds the sum of Fn(j), j = k (mod 8), in
-/// order; the eight are combined ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)). Every
-/// thread of the warp must call it (shuffles), Active false for lanes whose
-/// row is past the end (they contribute nothing and get garbage).
-///
+/// Fn(R, Active, RR) for each row R = laneRow() + k laneRowStride() of this
+/// thread's group, Active = R < Rows. Every thread of a warp runs Fn while
+/// any row of the warp is live (the shuffles of laneSum and laneMax need
+/// the whole warp), so R may be past the end; RR is R where Active, else 0:
+/// a row that exists, for the loads of an inactive group.
+template <typename F>
+__device__ inline void forLaneRows(int64_t Rows, F &&Fn) {
+  int64_t Stride = laneRowStride();
+  int64_t Iters = (Rows + Stride - 1) / Stride;
+  for (int64_t It = 0; It < Iters; ++It) {
+    int64_t R = laneRow() + It * Stride;
+    bool Active = R < Rows;
+    Fn(R, Active, Active ? R : int64_t(0));
+  }
+}
+
 /// Each lane evaluates LaneBatch terms before adding them, in order: the
 /// same additions as one term at a time, with LaneBatch loads in flight
 /// instead of one (the sums are memory-bound; measured on an H200, a
 /// LayerNorm backward over [8192, 6144] took 4.4 ms one term at a time).
 constexpr int LaneBatch = 8;
 
-template <typename F>
-__device__ inline double laneSum(int64_t N, bool Active, F &&Fn) {
-  int Lane = laneOf();
-  double S = 0;
+/// This lane's fold of Fn(j), j = laneOf() (mod RowLanes), j < N, in order:
+/// Acc = Combine(Acc, Fn(j)) from Init (Init alone where !Active), LaneBatch
+/// terms evaluated before they are combined.
+template <typename T, typename F, typename Op>
+__device__ inline T laneFold(int64_t N, bool Active, T Init, F &&Fn,
+                             Op Combine) {
+  T Acc = Init;
   if (Active) {
-    int64_t J = Lane;
+    int64_t J = laneOf();
     for (; J + (LaneBatch - 1) * RowLanes < N; J += LaneBatch * RowLanes) {
-      double V[LaneBatch];
+      T V[LaneBatch];
 #pragma unroll
       for (int K = 0; K < LaneBatch; ++K)
         V[K] = Fn(J + K * RowLanes);
 #pragma unroll
       for (int K = 0; K < LaneBatch; ++K)
-        S += V[K];
+        Acc = Combine(Acc, V[K]);
     }
     for (; J < N; J += RowLanes)
-      S += Fn(J);
+      Acc = Combine(Acc, Fn(J));
   }
-  double P[RowLanes];
+  return Acc;
+}
+
+/// P[k] = lane k's V, for the RowLanes lanes of this thread's group. Every
+/// thread of the warp must call it (shuffles).
+template <typename T>
+__device__ inline void laneValues(T V, T (&P)[RowLanes]) {
 #pragma unroll
   for (int K = 0; K < RowLanes; ++K)
-    P[K] = __shfl_sync(0xffffffffu, S, K, RowLanes);
+    P[K] = __shfl_sync(0xffffffffu, V, K, RowLanes);
+}
+
+/// The CPU's laneSum: lane k holds the sum of Fn(j), j = k (mod 8), in
+/// order; the eight are combined ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)). Every
+/// thread of the warp must call it (shuffles), Active false for lanes whose
+/// row is past the end (they contribute nothing and get garbage).
+template <typename F>
+__device__ inline double laneSum(int64_t N, bool Active, F &&Fn) {
+  double S = laneFold(N, Active, 0.0, Fn,
+                      [](double A, double B) { return A + B; });
+  double P[RowLanes];
+  laneValues(S, P);
   return ((P[0] + P[1]) + (P[2] + P[3])) + ((P[4] + P[5]) + (P[6] + P[7]));
 }
 
@@ -140,34 +172,19 @@ inline void columnPartsSum(float *Out, const double *Part, int64_t Parts,
               Parts, W);
 }
 
-/// The CPU's rowMax: lane partial maxima with `m < x ? x : m`, combined in
-/// lane order (the same NaN behaviour).
-__device__ inline float laneMax(const float *Row, int64_t N, bool Active) {
-  int Lane = laneOf();
-  float M = -__int_as_float(0x7f800000);
-  if (Active) {
-    int64_t J = Lane;
-    for (; J + (LaneBatch - 1) * RowLanes < N; J += LaneBatch * RowLanes) {
-      float V[LaneBatch];
-#pragma unroll
-      for (int K = 0; K < LaneBatch; ++K)
-        V[K] = Row[J + K * RowLanes];
-#pragma unroll
-      for (int K = 0; K < LaneBatch; ++K)
-        M = M < V[K] ? V[K] : M;
-    }
-    for (; J < N; J += RowLanes)
-      M = M < Row[J] ? Row[J] : M;
-  }
+/// The CPU's rowMax of Fn(j), j < N: lane partial maxima with
+/// `m < x ? x : m`, combined in lane order (the same NaN behaviour). Every
+/// thread of the warp must call it, as laneSum.
+template <typename F>
+__device__ inline float laneMax(int64_t N, bool Active, F &&Fn) {
+  auto Max = [](float M, float X) { return M < X ? X : M; };
   float P[RowLanes];
-#pragma unroll
-  for (int K = 0; K < RowLanes; ++K)
-    P[K] = __shfl_sync(0xffffffffu, M, K, RowLanes);
-  float Max = P[0];
+  laneValues(laneFold(N, Active, -__int_as_float(0x7f800000), Fn, Max), P);
+  float All = P[0];
 #pragma unroll
   for (int K = 1; K < RowLanes; ++K)
-    Max = Max < P[K] ? P[K] : Max;
-  return Max;
+    All = Max(All, P[K]);
+  return All;
 }
 
 /// Records the first data error (later ones are dropped).

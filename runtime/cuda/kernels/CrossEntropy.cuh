@@ -35,15 +35,59 @@ __device__ inline bool counted(const int64_t *Targets, int64_t R,
   return !HasIgnore || Targets[R] != Ignore;
 }
 
-/// The row's max and log-sum-exp (every lane gets them).
-__device__ inline void rowLse(const float *Row, int64_t ValidV, bool Active,
-                              double &Max, double &Lse) {
-  Max = double(laneMax(Row, ValidV, Active));
-  double M = Max;
-  double Sum = laneSum(ValidV, Active, [&](int64_t J) {
-    return expD(double(Row[J]) - M);
+/// Row R's target T and log-sum-exp Lse (every lane gets them), in
+/// Logits[N, V] whose first ValidV columns count; R past the end reads row
+/// 0 and is inactive. Bad: a counted target outside [0, ValidV); Active:
+/// counted and in range (only there is Lse meaningful).
+struct TargetRow {
+  int64_t T;
+  bool Bad, Active;
+  const float *Row;
+  double Lse;
+};
+__device__ inline TargetRow targetRow(const float *Logits,
+                                      const int64_t *Targets, int64_t R,
+                                      int64_t N, int64_t V, int64_t ValidV,
+                                      bool HasIgnore, int64_t Ignore) {
+  TargetRow Out;
+  bool Counted = R < N && counted(Targets, R, HasIgnore, Ignore);
+  int64_t RR = R < N ? R : 0;
+  Out.T = Targets[RR];
+  Out.Bad = Counted && (Out.T < 0 || Out.T >= ValidV);
+  Out.Active = Counted && !Out.Bad;
+  Out.Row = Logits + RR * V;
+  const float *Row = Out.Row;
+  double Max = double(
+      laneMax(ValidV, Out.Active, [&](int64_t J) { return Row[J]; }));
+  double Sum = laneSum(ValidV, Out.Active, [&](int64_t J) {
+    return expD(double(Row[J]) - Max);
   });
-  Lse = Max + log(Sum);
+  Out.Lse = Max + log(Sum);
+  return Out;
+}
+
+/// *Loss = float((sum of Term(R) over the counted rows R, in order) / their
+/// count), 0 without any; one thread.
+template <typename F>
+__device__ inline void countedMean(float *Loss, const int64_t *Targets,
+                                   int64_t N, bool HasIgnore, int64_t Ignore,
+                                   F &&Term) {
+  if (globalThread() != 0)
+    return;
+  double Total = 0;
+  int64_t Count = 0;
+  for (int64_t R = 0; R < N; ++R)
+    if (counted(Targets, R, HasIgnore, Ignore)) {
+      Total += Term(R);
+      ++Count;
+    }
+  *Loss = Count ? float(Total / double(Count)) : 0.0f;
+}
+
+/// The gradient's factor DLoss / |C| (Count: countTargetsKernel's), 0 when
+/// no row counts.
+__device__ inline double perCounted(const float *DLoss, const double *Count) {
+  return *Count > 0 ? double(*DLoss) / *Count : 0.0;
 }
 
 __global__ void crossEntropyRowsKernel(double *RowLoss, const float *Logits,
@@ -51,39 +95,22 @@ __global__ void crossEntropyRowsKernel(double *RowLoss, const float *Logits,
                                        int64_t V, int64_t ValidV,
                                        bool HasIgnore, int64_t Ignore,
                                        DeviceError *Err) {
-  int64_t Stride = laneRowStride();
-  int64_t Iters = (N + Stride - 1) / Stride;
-  for (int64_t It = 0; It < Iters; ++It) {
-    int64_t R = laneRow() + It * Stride;
-    bool Active = R < N && counted(Targets, R, HasIgnore, Ignore);
-    int64_t RR = R < N ? R : 0;
-    int64_t T = Targets[RR];
-    bool Bad = Active && (T < 0 || T >= ValidV);
-    Active = Active && !Bad;
-    const float *Row = Logits + RR * V;
-    double Max, Lse;
-    rowLse(Row, ValidV, Active, Max, Lse);
-    if (laneOf() != 0 || R >= N)
-      continue;
-    if (Bad)
-      reportError(Err, CrossEntropyTargetOutOfRange, R, T);
-    RowLoss[R] = Active ? Lse - double(Row[T]) : 0.0;
-  }
+  forLaneRows(N, [&](int64_t R, bool InRange, int64_t) {
+    const TargetRow Tr =
+        targetRow(Logits, Targets, R, N, V, ValidV, HasIgnore, Ignore);
+    if (laneOf() != 0 || !InRange)
+      return;
+    if (Tr.Bad)
+      reportError(Err, CrossEntropyTargetOutOfRange, R, Tr.T);
+    RowLoss[R] = Tr.Active ? Tr.Lse - double(Tr.Row[Tr.T]) : 0.0;
+  });
 }
 
 __global__ void crossEntropyTotalKernel(float *Loss, const double *RowLoss,
                                         const int64_t *Targets, int64_t N,
                                         bool HasIgnore, int64_t Ignore) {
-  if (globalThread() != 0)
-    return;
-  double Total = 0;
-  int64_t Count = 0;
-  for (int64_t R = 0; R < N; ++R)
-    if (counted(Targets, R, HasIgnore, Ignore)) {
-      Total += RowLoss[R];
-      ++Count;
-    }
-  *Loss = Count ? float(Total / double(Count)) : 0.0f;
+  countedMean(Loss, Targets, N, HasIgnore, Ignore,
+              [&](int64_t R) { return RowLoss[R]; });
 }
 
 /// *Count = |C| (as a double; exact), one block.
@@ -110,38 +137,29 @@ __global__ void crossEntropyBackwardKernel(float *DLogits, const float *Logits,
                                            int64_t V, int64_t ValidV,
                                            bool HasIgnore, int64_t Ignore,
                                            DeviceError *Err) {
-  double Factor = *Count > 0 ? double(*DLoss) / *Count : 0.0;
-  int64_t Stride = laneRowStride();
-  int64_t Iters = (N + Stride - 1) / Stride;
-  for (int64_t It = 0; It < Iters; ++It) {
-    int64_t R = laneRow() + It * Stride;
-    bool Counted = R < N && counted(Targets, R, HasIgnore, Ignore);
-    int64_t RR = R < N ? R : 0;
-    int64_t T = Targets[RR];
-    bool Bad = Counted && (T < 0 || T >= ValidV);
-    bool Active = Counted && !Bad;
-    const float *Row = Logits + RR * V;
-    double Max, Lse;
-    rowLse(Row, ValidV, Active, Max, Lse);
-    if (R >= N)
-      continue;
+  double Factor = perCounted(DLoss, Count);
+  forLaneRows(N, [&](int64_t R, bool InRange, int64_t) {
+    const TargetRow Tr =
+        targetRow(Logits, Targets, R, N, V, ValidV, HasIgnore, Ignore);
+    if (!InRange)
+      return;
     float *DRow = DLogits + R * V;
-    if (!Active) {
+    if (!Tr.Active) {
       for (int64_t J = laneOf(); J < V; J += RowLanes)
         DRow[J] = 0.0f;
-      if (Bad && laneOf() == 0)
-        reportError(Err, CrossEntropyTargetOutOfRange, R, T);
-      continue;
+      if (Tr.Bad && laneOf() == 0)
+        reportError(Err, CrossEntropyTargetOutOfRange, R, Tr.T);
+      return;
     }
     for (int64_t J = laneOf(); J < V; J += RowLanes) {
       if (J >= ValidV)
         DRow[J] = 0.0f;
-      else if (J == T)
-        DRow[J] = float(Factor * (expD(double(Row[J]) - Lse) - 1.0));
+      else if (J == Tr.T)
+        DRow[J] = float(Factor * (expD(double(Tr.Row[J]) - Tr.Lse) - 1.0));
       else
-        DRow[J] = float(Factor * expD(double(Row[J]) - Lse));
+        DRow[J] = float(Factor * expD(double(Tr.Row[J]) - Tr.Lse));
     }
-  }
+  });
 }
 
 __global__ void vpMaxKernel(float *Max, const float *Logits,
@@ -181,16 +199,9 @@ __global__ void vpSumsKernel(float *Sum, float *Target, const float *Logits,
 __global__ void vpLossKernel(float *Loss, const float *Sum, const float *Max,
                              const float *Target, const int64_t *Targets,
                              int64_t N, bool HasIgnore, int64_t Ignore) {
-  if (globalThread() != 0)
-    return;
-  double L = 0;
-  int64_t Count = 0;
-  for (int64_t R = 0; R < N; ++R)
-    if (counted(Targets, R, HasIgnore, Ignore)) {
-      L += log(double(Sum[R])) + Max[R] - Target[R];
-      ++Count;
-    }
-  *Loss = Count ? float(L / double(Count)) : 0.0f;
+  countedMean(Loss, Targets, N, HasIgnore, Ignore, [&](int64_t R) {
+    return log(double(Sum[R])) + Max[R] - Target[R];
+  });
 }
 
 __global__ void vpGradKernel(float *DLogits, const float *Logits,
@@ -199,7 +210,7 @@ __global__ void vpGradKernel(float *DLogits, const float *Logits,
                              const double *Count, int64_t N, int64_t V,
                              int64_t Mine, int64_t Start, bool HasIgnore,
                              int64_t Ignore) {
-  double Scale = *Count > 0 ? double(*DLoss) / *Count : 0.0;
+  double Scale = perCounted(DLoss, Count);
   SP_GRID_LOOP(E, N * V) {
     int64_t R = E / V, J = E % V;
     if (!counted(Targets, R, HasIgnore, Ignore)) {
@@ -211,6 +222,13 @@ __global__ void vpGradKernel(float *DLogits, const float *Logits,
       P -= 1;
     DLogits[E] = float(P * Scale);
   }
+}
+
+/// Scratch[0] = |C| for perCounted.
+inline void countTargets(double *Scratch, const int64_t *Targets, int64_t N,
+                         bool HasIgnore, int64_t Ignore, cudaStream_t S) {
+  SP_LAUNCH(countTargetsKernel, 1, BlockThreads, 0, S, Scratch, Targets, N,
+            HasIgnore, Ignore);
 }
 
 } // namespace
@@ -247,8 +265,7 @@ void vocabParallelGrad(float *DLogits, const float *Logits, const float *Max,
                        double *Scratch, cudaStream_t S) {
   if (N <= 0)
     return;
-  SP_LAUNCH(countTargetsKernel, 1, BlockThreads, 0, S, Scratch, Targets, N,
-            HasIgnore, Ignore);
+  countTargets(Scratch, Targets, N, HasIgnore, Ignore, S);
   if (Launch L = elementwiseLaunch(N * V); L.Blocks)
     SP_LAUNCH(vpGradKernel, L.Blocks, L.Threads, 0, S, DLogits, Logits, Max,
               Sum, Targets, DLoss, Scratch, N, V, Mine, Start, HasIgnore,
@@ -259,13 +276,12 @@ void crossEntropy(float *Loss, const float *Logits, const int64_t *Targets,
                   int64_t N, int64_t V, int64_t ValidV, bool HasIgnore,
                   int64_t Ignore, double *Scratch, DeviceError *Err,
                   cudaStream_t S) {
-  Launch L = laneRowsLaunch(N);
-  if (!L.Blocks)
-    return;
-  SP_LAUNCH(crossEntropyRowsKernel, L.Blocks, L.Threads, 0, S, Scratch, Logits,
-            Targets, N, V, ValidV, HasIgnore, Ignore, Err);
-  SP_LAUNCH(crossEntropyTotalKernel, 1, 32, 0, S, Loss, Scratch, Targets, N,
-            HasIgnore, Ignore);
+  if (Launch L = laneRowsLaunch(N); L.Blocks) {
+    SP_LAUNCH(crossEntropyRowsKernel, L.Blocks, L.Threads, 0, S, Scratch,
+              Logits, Targets, N, V, ValidV, HasIgnore, Ignore, Err);
+    SP_LAUNCH(crossEntropyTotalKernel, 1, 32, 0, S, Loss, Scratch, Targets, N,
+              HasIgnore, Ignore);
+  }
 }
 
 void crossEntropyBackward(float *DLogits, const float *Logits,
@@ -273,14 +289,12 @@ void crossEntropyBackward(float *DLogits, const float *Logits,
                           int64_t N, int64_t V, int64_t ValidV, bool HasIgnore,
                           int64_t Ignore, double *Scratch, DeviceError *Err,
                           cudaStream_t S) {
-  Launch L = laneRowsLaunch(N);
-  if (!L.Blocks)
-    return;
-  SP_LAUNCH(countTargetsKernel, 1, BlockThreads, 0, S, Scratch, Targets, N,
-            HasIgnore, Ignore);
-  SP_LAUNCH(crossEntropyBackwardKernel, L.Blocks, L.Threads, 0, S, DLogits,
-            Logits, Targets, DLoss, Scratch, N, V, ValidV, HasIgnore, Ignore,
-            Err);
+  if (Launch L = laneRowsLaunch(N); L.Blocks) {
+    countTargets(Scratch, Targets, N, HasIgnore, Ignore, S);
+    SP_LAUNCH(crossEntropyBackwardKernel, L.Blocks, L.Threads, 0, S, DLogits,
+              Logits, Targets, DLoss, Scratch, N, V, ValidV, HasIgnore, Ignore,
+              Err);
+  }
 }
 
 } // namespace sp::cuda

@@ -40,17 +40,23 @@ __device__ inline void unravel(int64_t E, const DevShape &Shape,
   }
 }
 
+/// sum_d Idx[d] Strides[d] over d < Rank: a multi-index's offset.
+__device__ inline int64_t offsetOf(const int64_t *Idx, int Rank,
+                                   const DevShape &Strides) {
+  int64_t Off = 0;
+  for (int D = 0; D < Rank; ++D)
+    Off += Idx[D] * Strides.Dim[D];
+  return Off;
+}
+
 __global__ void broadcastKernel(float *Y, DevShape YShape, const float *A,
                                 DevShape SA, const float *B, DevShape SB,
                                 bool Multiply, int64_t N) {
   SP_GRID_LOOP(E, N) {
     int64_t Idx[MaxRank];
     unravel(E, YShape, Idx);
-    int64_t OA = 0, OB = 0;
-    for (int D = 0; D < YShape.Rank; ++D) {
-      OA += Idx[D] * SA.Dim[D];
-      OB += Idx[D] * SB.Dim[D];
-    }
+    const int64_t OA = offsetOf(Idx, YShape.Rank, SA),
+                  OB = offsetOf(Idx, YShape.Rank, SB);
     Y[E] = Multiply ? A[OA] * B[OB] : A[OA] + B[OB];
   }
 }
@@ -62,18 +68,12 @@ __global__ void reduceToKernel(float *DX, const float *DY, DevShape Kept,
   SP_GRID_LOOP(E, NKept) {
     int64_t Idx[MaxRank];
     unravel(E, Kept, Idx);
-    int64_t Base = 0, Out = 0;
-    for (int D = 0; D < Kept.Rank; ++D) {
-      Base += Idx[D] * KeptSY.Dim[D];
-      Out += Idx[D] * KeptSX.Dim[D];
-    }
+    const int64_t Base = offsetOf(Idx, Kept.Rank, KeptSY),
+                  Out = offsetOf(Idx, Kept.Rank, KeptSX);
     double Sum = columnSum(NRed, [&](int64_t R) {
       int64_t RIdx[MaxRank];
       unravel(R, Red, RIdx);
-      int64_t Off = 0;
-      for (int D = 0; D < Red.Rank; ++D)
-        Off += RIdx[D] * RedSY.Dim[D];
-      return double(DY[Base + Off]);
+      return double(DY[Base + offsetOf(RIdx, Red.Rank, RedSY)]);
     });
     DX[Out] = float(Sum);
   }

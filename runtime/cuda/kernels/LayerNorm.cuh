@@ -30,14 +30,8 @@ template <Storage ST>
 __global__ void layerNormKernel(Elems Y, float *Mean, float *Rstd, Elems X,
                                 Elems Gamma, Elems Beta, int64_t Rows,
                                 int64_t H, double Eps) {
-  // Every thread of a warp stays in the loop while any row of it is live
-  // (the shuffles need the whole warp).
-  int64_t Stride = laneRowStride();
-  int64_t Iters = (Rows + Stride - 1) / Stride;
-  for (int64_t It = 0; It < Iters; ++It) {
-    int64_t R = laneRow() + It * Stride;
-    bool Active = R < Rows;
-    Elems XR = at(X, (Active ? R : 0) * H);
+  forLaneRows(Rows, [&](int64_t R, bool Active, int64_t RR) {
+    Elems XR = at(X, RR * H);
     double Mu =
         laneSum(H, Active, [&](int64_t J) { return double(ldAs<ST>(XR, J)); }) /
         double(H);
@@ -47,7 +41,7 @@ __global__ void layerNormKernel(Elems Y, float *Mean, float *Rstd, Elems X,
                  }) /
                  double(H);
     if (!Active)
-      continue;
+      return;
     double S = 1.0 / sqrt(Var + Eps);
     Elems YR = at(Y, R * H);
     for (int64_t J = laneOf(); J < H; J += RowLanes) {
@@ -68,7 +62,7 @@ __global__ void layerNormKernel(Elems Y, float *Mean, float *Rstd, Elems X,
       if (Rstd)
         Rstd[R] = float(S);
     }
-  }
+  });
 }
 
 template <Storage ST>
@@ -76,12 +70,7 @@ __global__ void layerNormBackwardDxKernel(Elems DX, Elems DY, Elems X,
                                           Elems Gamma, const float *Mean,
                                           const float *Rstd, int64_t Rows,
                                           int64_t H) {
-  int64_t Stride = laneRowStride();
-  int64_t Iters = (Rows + Stride - 1) / Stride;
-  for (int64_t It = 0; It < Iters; ++It) {
-    int64_t R = laneRow() + It * Stride;
-    bool Active = R < Rows;
-    int64_t RR = Active ? R : 0;
+  forLaneRows(Rows, [&](int64_t R, bool Active, int64_t RR) {
     Elems XR = at(X, RR * H), DYR = at(DY, RR * H);
     double Mu = Mean[RR], S = Rstd[RR];
     auto G = [&](int64_t J) {
@@ -94,13 +83,13 @@ __global__ void layerNormBackwardDxKernel(Elems DX, Elems DY, Elems X,
                     }) /
                     double(H);
     if (!Active)
-      continue;
+      return;
     Elems DXR = at(DX, R * H);
     for (int64_t J = laneOf(); J < H; J += RowLanes) {
       double XHat = (ldAs<ST>(XR, J) - Mu) * S;
       stAs<ST>(DXR, J, float(S * (G(J) - MeanG - XHat * MeanGX)));
     }
-  }
+  });
 }
 
 /// Block K of column J's two sums (PartG, PartB at K H + J): the rows

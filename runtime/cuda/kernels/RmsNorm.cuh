@@ -16,37 +16,28 @@ namespace {
 __global__ void rmsNormKernel(float *Y, float *Rstd, const float *X,
                               const float *Gamma, int64_t Rows, int64_t H,
                               double Eps) {
-  int64_t Stride = laneRowStride();
-  int64_t Iters = (Rows + Stride - 1) / Stride;
-  for (int64_t It = 0; It < Iters; ++It) {
-    int64_t R = laneRow() + It * Stride;
-    bool Active = R < Rows;
-    const float *XR = X + (Active ? R : 0) * H;
+  forLaneRows(Rows, [&](int64_t R, bool Active, int64_t RR) {
+    const float *XR = X + RR * H;
     double MeanSq = laneSum(H, Active, [&](int64_t J) {
                       return double(XR[J]) * XR[J];
                     }) /
                     double(H);
     if (!Active)
-      continue;
+      return;
     double S = 1.0 / sqrt(MeanSq + Eps);
     float *YR = Y + R * H;
     for (int64_t J = laneOf(); J < H; J += RowLanes)
       YR[J] = float(XR[J] * S * Gamma[J]);
     if (Rstd && laneOf() == 0)
       Rstd[R] = float(S);
-  }
+  });
 }
 
 __global__ void rmsNormBackwardDxKernel(float *DX, const float *DY,
                                         const float *X, const float *Gamma,
                                         const float *Rstd, int64_t Rows,
                                         int64_t H) {
-  int64_t Stride = laneRowStride();
-  int64_t Iters = (Rows + Stride - 1) / Stride;
-  for (int64_t It = 0; It < Iters; ++It) {
-    int64_t R = laneRow() + It * Stride;
-    bool Active = R < Rows;
-    int64_t RR = Active ? R : 0;
+  forLaneRows(Rows, [&](int64_t R, bool Active, int64_t RR) {
     const float *XR = X + RR * H, *DYR = DY + RR * H;
     double S = Rstd[RR];
     double MeanGX = laneSum(H, Active, [&](int64_t J) {
@@ -54,11 +45,11 @@ __global__ void rmsNormBackwardDxKernel(float *DX, const float *DY,
                     }) /
                     double(H);
     if (!Active)
-      continue;
+      return;
     float *DXR = DX + R * H;
     for (int64_t J = laneOf(); J < H; J += RowLanes)
       DXR[J] = float(S * (double(DYR[J]) * Gamma[J] - (XR[J] * S) * MeanGX));
-  }
+  });
 }
 
 /// Block E / H of column E % H's gain-gradient sum (LayerNorm.cuh's order).

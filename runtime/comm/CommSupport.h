@@ -84,6 +84,26 @@ inline std::string firstProblem(std::initializer_list<std::string> Causes) {
   return "";
 }
 
+/// The buffers of a collective that reads InCount elements of ElemBytes
+/// bytes at In and writes OutCount ones at Out (allGather: Count and Count
+/// ranks; reduceScatterSum: the other way round): the input, the output,
+/// and that they do not overlap, in that order.
+inline std::string checkInOut(const void *Out, int64_t OutCount, const void *In,
+                              int64_t InCount, int64_t ElemBytes) {
+  return firstProblem(
+      {checkBuffer("input", In, InCount, ElemBytes),
+       checkBuffer("output", Out, OutCount, ElemBytes),
+       checkDisjoint(Out, OutCount * ElemBytes, In, InCount * ElemBytes)});
+}
+
+/// A send or receive of Bytes at Data with rank Peer of a communicator of
+/// Size ranks, under Tag.
+inline std::string checkMessage(const void *Data, int64_t Bytes, int Peer,
+                                int Tag, int Size) {
+  return firstProblem({checkBuffer("data", Data, Bytes),
+                       checkRank("peer", Peer, Size), checkTag(Tag)});
+}
+
 /// Out = In[0] + In[1] + ... in rank order, element-wise over Count
 /// elements of type T: the sum allReduceSum and reduceScatterSum define
 /// (16-bit floats widened, summed in float, rounded once). Out may be In[0]

@@ -157,14 +157,7 @@ public:
   Error allGather(void *Out, const void *In, int64_t Count,
                   CommType T) override {
     StringRef Op = "allGather";
-    int64_t B = commTypeBytes(T);
-    if (Error E = check(Op, comm::firstProblem(
-                                {comm::checkBuffer("input", In, Count, B),
-                                 comm::checkBuffer("output", Out,
-                                                   Count * Size, B),
-                                 comm::checkDisjoint(Out, Count * Size * B,
-                                                     In, Count * B),
-                                 fitsInt(Count)})))
+    if (Error E = checkChunks(Op, Out, Count * Size, In, Count, Count, T))
       return E;
     MPI_Datatype Type = sumOf(T).first;
     MPI_Request R;
@@ -177,14 +170,7 @@ public:
   Error reduceScatterSum(void *Out, const void *In, int64_t Count,
                          CommType T) override {
     StringRef Op = "reduceScatterSum";
-    int64_t B = commTypeBytes(T);
-    if (Error E = check(Op, comm::firstProblem(
-                                {comm::checkBuffer("input", In, Count * Size,
-                                                   B),
-                                 comm::checkBuffer("output", Out, Count, B),
-                                 comm::checkDisjoint(Out, Count * B, In,
-                                                     Count * Size * B),
-                                 fitsInt(Count)})))
+    if (Error E = checkChunks(Op, Out, Count, In, Count * Size, Count, T))
       return E;
     auto [Type, Sum] = sumOf(T);
     MPI_Request R;
@@ -373,12 +359,21 @@ private:
     return "";
   }
 
+  /// The checks of allGather and reduceScatterSum, which move Count
+  /// elements of type T a rank: their buffers (comm::checkInOut), and a
+  /// Count that MPI's int counts hold.
+  Error checkChunks(StringRef Op, const void *Out, int64_t OutCount,
+                    const void *In, int64_t InCount, int64_t Count,
+                    CommType T) const {
+    return check(Op, comm::firstProblem({comm::checkInOut(Out, OutCount, In,
+                                                          InCount,
+                                                          commTypeBytes(T)),
+                                         fitsInt(Count)}));
+  }
+
   std::string pointToPointProblem(const void *Data, int64_t Bytes, int Peer,
                                   int Tag) const {
-    std::string Problem =
-        comm::firstProblem({comm::checkBuffer("data", Data, Bytes),
-                            comm::checkRank("peer", Peer, Size),
-                            comm::checkTag(Tag)});
+    std::string Problem = comm::checkMessage(Data, Bytes, Peer, Tag, Size);
     if (!Problem.empty())
       return Problem;
     void *Value = nullptr;

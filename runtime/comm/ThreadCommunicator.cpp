@@ -253,10 +253,7 @@ public:
     StringRef Op = "allGather";
     int64_t B = commTypeBytes(T);
     OpDesc D = desc(OpKind::AllGather, Count, In, T);
-    D.Problem = comm::firstProblem(
-        {comm::checkBuffer("input", In, Count, B),
-         comm::checkBuffer("output", Out, Count * G->Size, B),
-         comm::checkDisjoint(Out, Count * G->Size * B, In, Count * B)});
+    D.Problem = comm::checkInOut(Out, Count * G->Size, In, Count, B);
     if (Error E = arrive(Op, &D))
       return E;
     if (Count > 0)
@@ -271,10 +268,7 @@ public:
     StringRef Op = "reduceScatterSum";
     int64_t B = commTypeBytes(T);
     OpDesc D = desc(OpKind::ReduceScatterSum, Count, In, T);
-    D.Problem = comm::firstProblem(
-        {comm::checkBuffer("input", In, Count * G->Size, B),
-         comm::checkBuffer("output", Out, Count, B),
-         comm::checkDisjoint(Out, Count * B, In, Count * G->Size * B)});
+    D.Problem = comm::checkInOut(Out, Count, In, Count * G->Size, B);
     if (Error E = arrive(Op, &D))
       return E;
     // Out is this rank's own and nobody else reads it: sum into it directly.
@@ -298,10 +292,8 @@ public:
 
   Error send(const void *Data, int64_t Bytes, int Peer, int Tag) override {
     StringRef Op = "send";
-    if (Error E = local(Op, comm::firstProblem(
-                                {comm::checkBuffer("data", Data, Bytes),
-                                 comm::checkRank("peer", Peer, G->Size),
-                                 comm::checkTag(Tag)})))
+    if (Error E =
+            local(Op, comm::checkMessage(Data, Bytes, Peer, Tag, G->Size)))
       return E;
     const char *Bytes0 = static_cast<const char *>(Data);
     std::vector<char> Message(Bytes0, Bytes0 + Bytes);
@@ -313,10 +305,8 @@ public:
 
   Error recv(void *Data, int64_t Bytes, int Peer, int Tag) override {
     StringRef Op = "recv";
-    if (Error E = local(Op, comm::firstProblem(
-                                {comm::checkBuffer("data", Data, Bytes),
-                                 comm::checkRank("peer", Peer, G->Size),
-                                 comm::checkTag(Tag)})))
+    if (Error E =
+            local(Op, comm::checkMessage(Data, Bytes, Peer, Tag, G->Size)))
       return E;
     std::unique_lock<std::mutex> L(G->M);
     auto Key = std::make_tuple(Peer, Rank, Tag);

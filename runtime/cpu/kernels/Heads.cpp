@@ -9,6 +9,7 @@
 #include "runtime/cpu/kernels/Common.h"
 
 #include <cstring>
+#include <type_traits>
 
 namespace sp::cpu {
 
@@ -35,48 +36,49 @@ void forHeadRows(int64_t B, int64_t S, int64_t Heads, int64_t D,
       Copy(T * Width + A * D, ((Bi * Heads + A) * S + Si) * D);
   });
 }
+
+/// Every head layout is one such copy between a token-major tensor Tok
+/// [B, S, Parts H], H = Heads D, and Parts head-major tensors Hd[p] [B,
+/// Heads, S, D], the p-th being columns [p H, (p + 1) H) of Tok: into the
+/// heads when ToHeads, else into Tok.
+template <bool ToHeads, typename T, int Parts>
+void copyHeads(std::conditional_t<ToHeads, const T, T> *Tok,
+               std::conditional_t<ToHeads, T, const T> *const (&Hd)[Parts],
+               int64_t B, int64_t S, int64_t Heads, int64_t D) {
+  checkSizes({B, S, Heads, D});
+  const int64_t H = Heads * D;
+  forHeadRows(B, S, Heads, D, Parts * H, [&](int64_t TokAt, int64_t HdAt) {
+    for (int P = 0; P < Parts; ++P)
+      if constexpr (ToHeads)
+        std::memcpy(Hd[P] + HdAt, Tok + TokAt + P * H, sizeof(T) * D);
+      else
+        std::memcpy(Tok + TokAt + P * H, Hd[P] + HdAt, sizeof(T) * D);
+  });
+}
 } // namespace
 
 template <typename T>
 void splitHeads(T *Q, T *K, T *V, const T *QKV, int64_t B, int64_t S,
                 int64_t Heads, int64_t D) {
-  checkSizes({B, S, Heads, D});
-  const int64_t H = Heads * D;
-  T *Dst[3] = {Q, K, V};
-  forHeadRows(B, S, Heads, D, 3 * H, [&](int64_t Tok, int64_t Hd) {
-    for (int P = 0; P < 3; ++P)
-      std::memcpy(Dst[P] + Hd, QKV + Tok + P * H, sizeof(T) * D);
-  });
+  copyHeads</*ToHeads=*/true, T, 3>(QKV, {Q, K, V}, B, S, Heads, D);
 }
 
 template <typename T>
 void splitHeadsBackward(T *DQKV, const T *DQ, const T *DK, const T *DV,
                         int64_t B, int64_t S, int64_t Heads, int64_t D) {
-  checkSizes({B, S, Heads, D});
-  const int64_t H = Heads * D;
-  const T *Src[3] = {DQ, DK, DV};
-  forHeadRows(B, S, Heads, D, 3 * H, [&](int64_t Tok, int64_t Hd) {
-    for (int P = 0; P < 3; ++P)
-      std::memcpy(DQKV + Tok + P * H, Src[P] + Hd, sizeof(T) * D);
-  });
+  copyHeads</*ToHeads=*/false, T, 3>(DQKV, {DQ, DK, DV}, B, S, Heads, D);
 }
 
 template <typename T>
 void mergeHeads(T *Y, const T *X, int64_t B, int64_t S, int64_t Heads,
                 int64_t D) {
-  checkSizes({B, S, Heads, D});
-  forHeadRows(B, S, Heads, D, Heads * D, [&](int64_t Tok, int64_t Hd) {
-    std::memcpy(Y + Tok, X + Hd, sizeof(T) * D);
-  });
+  copyHeads</*ToHeads=*/false, T, 1>(Y, {X}, B, S, Heads, D);
 }
 
 template <typename T>
 void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S, int64_t Heads,
                         int64_t D) {
-  checkSizes({B, S, Heads, D});
-  forHeadRows(B, S, Heads, D, Heads * D, [&](int64_t Tok, int64_t Hd) {
-    std::memcpy(DX + Hd, DY + Tok, sizeof(T) * D);
-  });
+  copyHeads</*ToHeads=*/true, T, 1>(DY, {DX}, B, S, Heads, D);
 }
 
 //===----------------------------------------------------------------------===//

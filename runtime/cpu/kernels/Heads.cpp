@@ -94,15 +94,26 @@ void checkRope(int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB) {
                "rope tables must have batch dimension 1 or B");
 }
 
-/// Calls Fn(Out, In, C, N) for every (b, a, s) row of [B, A, S, D], rows over
-/// the threads, with the row's Cos and Sin rows.
+/// Calls Fn(Out, In, C, N, I, J) for every rotated pair (I, J) of every
+/// (b, a, s) row of [B, A, S, D] ((2k, 2k + 1) when Interleaved, else (k,
+/// k + D / 2)), rows over the threads, with the row's Cos and Sin rows.
 template <typename T, typename F>
-void forEachRopeRow(T *Out, const T *In, const T *Cos, const T *Sin, int64_t B,
-                    int64_t A, int64_t S, int64_t D, int64_t CB, F &&Fn) {
+void forEachRopePair(T *Out, const T *In, const T *Cos, const T *Sin,
+                     int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB,
+                     bool Interleaved, F &&Fn) {
+  checkRope(B, A, S, D, CB);
+  const int64_t Half = D / 2;
   forEachRow(B * A * S, D, [&](int64_t R) {
     int64_t Si = R % S, Bi = R / (A * S);
     int64_t Table = ((CB == 1 ? 0 : Bi) * S + Si) * D;
-    Fn(Out + R * D, In + R * D, Cos + Table, Sin + Table);
+    T *O = Out + R * D;
+    const T *X = In + R * D, *C = Cos + Table, *N = Sin + Table;
+    if (Interleaved)
+      for (int64_t J = 0; J < D; J += 2)
+        Fn(O, X, C, N, J, J + 1);
+    else
+      for (int64_t I = 0; I < Half; ++I)
+        Fn(O, X, C, N, I, I + Half);
   });
 }
 
@@ -111,42 +122,24 @@ void forEachRopeRow(T *Out, const T *In, const T *Cos, const T *Sin, int64_t B,
 template <typename T>
 void rope(T *Y, const T *X, const T *Cos, const T *Sin, int64_t B, int64_t A,
           int64_t S, int64_t D, int64_t CB, bool Interleaved) {
-  checkRope(B, A, S, D, CB);
-  const int64_t Half = D / 2;
-  forEachRopeRow(Y, X, Cos, Sin, B, A, S, D, CB,
-                 [&](T *YR, const T *XR, const T *C, const T *N) {
-    if (Interleaved)
-      for (int64_t J = 0; J < D; J += 2) {
-        YR[J] = XR[J] * C[J] - XR[J + 1] * N[J];
-        YR[J + 1] = XR[J + 1] * C[J + 1] + XR[J] * N[J + 1];
-      }
-    else
-      for (int64_t I = 0; I < Half; ++I) {
-        YR[I] = XR[I] * C[I] - XR[I + Half] * N[I];
-        YR[I + Half] = XR[I + Half] * C[I + Half] + XR[I] * N[I + Half];
-      }
-  });
+  forEachRopePair(Y, X, Cos, Sin, B, A, S, D, CB, Interleaved,
+                  [](T *YR, const T *XR, const T *C, const T *N, int64_t I,
+                     int64_t J) {
+                    YR[I] = XR[I] * C[I] - XR[J] * N[I];
+                    YR[J] = XR[J] * C[J] + XR[I] * N[J];
+                  });
 }
 
 template <typename T>
 void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
                   int64_t A, int64_t S, int64_t D, int64_t CB,
                   bool Interleaved) {
-  checkRope(B, A, S, D, CB);
-  const int64_t Half = D / 2;
-  forEachRopeRow(DX, DY, Cos, Sin, B, A, S, D, CB,
-                 [&](T *DXR, const T *DYR, const T *C, const T *N) {
-    if (Interleaved)
-      for (int64_t J = 0; J < D; J += 2) {
-        DXR[J] = DYR[J] * C[J] + DYR[J + 1] * N[J + 1];
-        DXR[J + 1] = DYR[J + 1] * C[J + 1] - DYR[J] * N[J];
-      }
-    else
-      for (int64_t I = 0; I < Half; ++I) {
-        DXR[I] = DYR[I] * C[I] + DYR[I + Half] * N[I + Half];
-        DXR[I + Half] = DYR[I + Half] * C[I + Half] - DYR[I] * N[I];
-      }
-  });
+  forEachRopePair(DX, DY, Cos, Sin, B, A, S, D, CB, Interleaved,
+                  [](T *DXR, const T *DYR, const T *C, const T *N, int64_t I,
+                     int64_t J) {
+                    DXR[I] = DYR[I] * C[I] + DYR[J] * N[J];
+                    DXR[J] = DYR[J] * C[J] - DYR[I] * N[I];
+                  });
 }
 
 //===----------------------------------------------------------------------===//

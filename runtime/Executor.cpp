@@ -15,10 +15,6 @@ namespace sp {
 
 namespace {
 
-Error planError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
-
 std::string describe(const Instruction &I, size_t Index) {
   std::string S = formatv("instruction {0} ({1}", Index, opName(I.Op)).str();
   if (I.Layer >= 0)

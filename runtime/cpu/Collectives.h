@@ -27,11 +27,6 @@ namespace sp::cpu::comm {
 
 using namespace llvm;
 
-/// A plan the CPU backend cannot run as it is (one line, naming what).
-inline llvm::Error planError(const llvm::Twine &Msg) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), Msg);
-}
-
 template <typename T>
 inline Error allGather(Communicator &Comm, T *Out, const T *In,
                        const TensorType &Local, int Dim, int Parts) {

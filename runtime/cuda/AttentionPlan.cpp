@@ -1,6 +1,7 @@
 //===- AttentionPlan.cpp - The fused attention core as unfused ops --------===//
 #include "runtime/cuda/AttentionPlan.h"
 #include "ir/OpDef.h"
+#include "runtime/Backend.h"
 #include "runtime/TensorLayout.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/Twine.h"
@@ -10,10 +11,6 @@ using namespace llvm;
 namespace sp::cuda {
 
 namespace {
-
-Error planError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 struct Expander {
   const Instruction &I;

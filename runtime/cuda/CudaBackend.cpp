@@ -19,10 +19,6 @@ using namespace llvm;
 
 namespace sp::cuda {
 
-Error planError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
-
 namespace {
 
 /// FNV-1a over what the stream plan depends on: the instructions' ops and

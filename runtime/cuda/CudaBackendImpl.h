@@ -43,9 +43,6 @@ using llvm::Error;
 using llvm::Expected;
 using llvm::StringRef;
 
-/// An error of the plan or of its run (a string error).
-Error planError(const llvm::Twine &Msg);
-
 /// Buffer Id of C's program as a kernel operand of its own storage.
 Elems elems(const KernelCall &C, int Id);
 

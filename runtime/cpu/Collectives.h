@@ -6,7 +6,8 @@
 // entropy (each rank's logits are a vocabulary slice: the row maxima and
 // sums of exponentials are reduced over the group), and the pipeline
 // messages (send, recv, and the broadcast of a tied weight's gradient over
-// its stages). Included by CpuBackend.cpp alone.
+// its stages: runtime/CollectiveWalk.h's walk, with the steps here).
+// Included by CpuBackend.cpp alone.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CPU_COLLECTIVES_H
@@ -14,6 +15,7 @@
 
 #include "ir/OpDef.h"
 #include "runtime/Backend.h"
+#include "runtime/CollectiveWalk.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/cpu/Kernels.h"
@@ -212,61 +214,38 @@ inline Error vocabParallelCrossEntropy(Communicator &Comm, T *Loss,
   return Error::success();
 }
 
-/// The pipeline messages, between the stages of one tensor-parallel rank
-/// through the pipeline group: whole buffers sent, received or broadcast,
-/// and the sum of a weight's gradient parts over the stages that hold it.
+/// The pipeline messages (runtime/CollectiveWalk.h's pipelineWalk) through
+/// the pipeline group's point-to-point calls, which buffer their sends.
 template <typename T> inline Error pipelineMessage(const KernelCall &C) {
-  const Instruction &I = C.I;
-  Communicator *Pipe = C.Pipeline;
+  auto Pipe = pipelineGroup(C);
   if (!Pipe)
-    return planError("a pipeline instruction in a plan run without pipeline "
-                     "stages");
-  const auto &Bufs = C.Prog.Buffers;
-  int Stage = Pipe->rank();
-  auto Tag = [&] { return int(attrInt(I.Op, I.Attrs, "tag")); };
-  switch (I.Op) {
-  case OpKind::Send:
-    return Pipe->send(C.buffer(I.In[0]), Bufs[I.In[0]].Type.numBytes(),
-                      attrInt(I.Op, I.Attrs, "peer"), Tag());
-  case OpKind::Recv:
-    return Pipe->recv(C.buffer(I.Out[0]), Bufs[I.Out[0]].Type.numBytes(),
-                      attrInt(I.Op, I.Attrs, "peer"), Tag());
-  case OpKind::PipeBroadcast: {
-    int Root = attrInt(I.Op, I.Attrs, "root");
-    int64_t Bytes = Bufs[I.Out[0]].Type.numBytes();
-    if (Stage == Root)
-      std::memcpy(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes);
-    return Pipe->broadcast(C.buffer(I.Out[0]), Bytes, Root);
-  }
-  case OpKind::PipeAllReduce: {
-    // The first listed rank sums the parts in list order and sends the sum
-    // back: every rank gets the same bits.
-    auto Ranks = attrInts(I.Op, I.Attrs, "ranks");
-    T *Y = reinterpret_cast<T *>(C.buffer(I.Out[0]));
-    int64_t N = Bufs[I.Out[0]].Type.numElements(), Bytes = N * sizeof(T);
-    std::memcpy(Y, C.buffer(I.In[0]), Bytes);
-    if (Ranks.empty() || !is_contained(Ranks, int64_t(Stage)))
-      return planError("pipe_all_reduce does not list this stage");
-    if (Stage != Ranks[0]) {
-      if (auto E = Pipe->send(Y, Bytes, Ranks[0], Tag()))
-        return E;
-      return Pipe->recv(Y, Bytes, Ranks[0], Tag());
+    return Pipe.takeError();
+  struct Steps {
+    Communicator &Pipe;
+    std::vector<T> Part;
+    Error send(int Peer, const void *Data, int64_t Bytes, int Tag) {
+      return Pipe.send(Data, Bytes, Peer, Tag);
     }
-    std::vector<T> Part(N);
-    for (size_t K = 1; K < Ranks.size(); ++K) {
-      if (auto E = Pipe->recv(Part.data(), Bytes, Ranks[K], Tag()))
-        return E;
-      for (int64_t J = 0; J < N; ++J)
-        Y[J] += Part[J];
+    Error recv(int Peer, void *Data, int64_t Bytes, int Tag) {
+      return Pipe.recv(Data, Bytes, Peer, Tag);
     }
-    for (size_t K = 1; K < Ranks.size(); ++K)
-      if (auto E = Pipe->send(Y, Bytes, Ranks[K], Tag()))
-        return E;
-    return Error::success();
-  }
-  default:
-    llvm_unreachable("not a pipeline message");
-  }
+    Error copy(void *Dst, const void *Src, int64_t Bytes) {
+      std::memcpy(Dst, Src, Bytes);
+      return Error::success();
+    }
+    Error broadcast(void *Data, int64_t Bytes, int Root) {
+      return Pipe.broadcast(Data, Bytes, Root);
+    }
+    Expected<T *> scratch(int64_t Count) {
+      Part.resize(Count);
+      return Part.data();
+    }
+    void add(T *Y, const T *X, int64_t Count) {
+      for (int64_t J = 0; J < Count; ++J)
+        Y[J] += X[J];
+    }
+  };
+  return pipelineWalk<T>(C, **Pipe, Steps{**Pipe, {}});
 }
 
 } // namespace sp::cpu::comm

@@ -12,6 +12,7 @@
 #include "runtime/cpu/CpuBackend.h"
 #include "ir/Float16.h"
 #include "ir/OpDef.h"
+#include "runtime/CollectiveWalk.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/cpu/Attention.h"
 #include "runtime/cpu/Bf16Gemm.h"
@@ -276,10 +277,10 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   case OpKind::AllGather:
   case OpKind::ReduceScatter:
   case OpKind::SpSplit: {
-    std::string Name = collectiveGroup(I.Op, I.Attrs);
-    Communicator *G = C.group(Name);
-    if (!G)
-      return planError("no communicator for group '" + Name + "'");
+    auto Group = groupOf(C);
+    if (!Group)
+      return Group.takeError();
+    Communicator *G = *Group;
     if (I.Op == OpKind::AllReduce) {
       if (I.In.size() == 1) {
         std::memcpy(Out(0), In(0), InT(0).numBytes());
@@ -940,43 +941,35 @@ static Error runMixed(const KernelCall &C) {
   return Error::success();
 }
 
-/// ring_shift and ring_concat (passes/CollectiveMatmul.cpp) move bytes, in
-/// whatever type the plan stores: the same code for float32, float64 and
-/// the 16-bit types. ring_shift sends to the next rank of the group and
-/// receives from the previous one (sends are buffered, so the ring cannot
-/// deadlock); ring_concat writes operand k at chunk (rank - k) mod parts.
+/// ring_shift and ring_concat (runtime/CollectiveWalk.h's ringWalk) move
+/// bytes, in whatever type the plan stores: the same code for float32,
+/// float64 and the 16-bit types. The shift's sends are buffered, so the
+/// ring cannot deadlock.
 static Error runRing(const KernelCall &C) {
-  const Instruction &I = C.I;
-  const auto &Bufs = C.Prog.Buffers;
-  std::string Name = collectiveGroup(I.Op, I.Attrs);
-  Communicator *G = C.group(Name);
+  auto G = groupOf(C);
   if (!G)
-    return planError("no communicator for group '" + Name + "'");
-  if (std::string Why = ringProblem(I, Bufs, G->size()); !Why.empty())
-    return planError(Why);
-  int Parts = G->size(), Rank = G->rank();
-  if (I.Op == OpKind::RingShift) {
-    int64_t Bytes = Bufs[I.In[0]].Type.numBytes();
-    if (Parts == 1) {
-      std::memmove(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes);
+    return G.takeError();
+  struct Steps {
+    Communicator &G;
+    Error copy(void *Dst, const void *Src, int64_t Bytes) {
+      std::memmove(Dst, Src, Bytes);
       return Error::success();
     }
-    // The tag keeps the ring's messages apart from any other use of the
-    // group's point-to-point channel.
-    constexpr int RingTag = 0x52494e47; // "RING"
-    if (auto E = G->send(C.buffer(I.In[0]), Bytes, (Rank + 1) % Parts,
-                         RingTag))
-      return E;
-    return G->recv(C.buffer(I.Out[0]), Bytes, (Rank + Parts - 1) % Parts,
-                   RingTag);
-  }
-  int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
-  for (int K = 0; K < Parts; ++K) {
-    RingCopy R = ringCopy(Bufs[I.Out[0]].Type, Dim, Parts, Rank, K);
-    placeChunk(C.buffer(I.Out[0]), C.buffer(I.In[K]), R.Outer, R.ChunkBytes,
-               Parts, R.Slot);
-  }
-  return Error::success();
+    Error shift(const void *Send, int Next, void *Recv, int Prev,
+                int64_t Bytes) {
+      // The tag keeps the ring's messages apart from any other use of the
+      // group's point-to-point channel.
+      constexpr int RingTag = 0x52494e47; // "RING"
+      if (auto E = G.send(Send, Bytes, Next, RingTag))
+        return E;
+      return G.recv(Recv, Bytes, Prev, RingTag);
+    }
+    Error place(void *Whole, const void *Chunk, const RingCopy &R, int Parts) {
+      placeChunk(Whole, Chunk, R.Outer, R.ChunkBytes, Parts, R.Slot);
+      return Error::success();
+    }
+  };
+  return ringWalk(C, **G, Steps{**G});
 }
 
 Error CpuBackend::run(const KernelCall &C) {

@@ -14,6 +14,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackendImpl.h"
+#include "runtime/CollectiveWalk.h"
 #include "runtime/TensorLayout.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
@@ -92,46 +93,37 @@ Error CudaBackend::sumAside(Communicator &G, double *X, cudaStream_t S) {
   });
 }
 
-Expected<Communicator *> CudaBackend::groupOf(const KernelCall &C) {
-  std::string Name = collectiveGroup(C.I.Op, C.I.Attrs);
-  if (Communicator *G = C.group(Name))
-    return G;
-  return planError("no communicator for group '" + Name + "'");
-}
-
 Error CudaBackend::ring(const KernelCall &C, Communicator *G,
                          cudaStream_t S) {
-  const Instruction &I = C.I;
-  const auto &Bufs = C.Prog.Buffers;
-  if (std::string Why = ringProblem(I, Bufs, G->size()); !Why.empty())
-    return planError(Why);
-  int Parts = G->size(), Rank = G->rank();
-  if (I.Op == OpKind::RingShift) {
-    int64_t Bytes = Bufs[I.In[0]].Type.numBytes();
-    if (Parts == 1) {
-      SP_CUDA_TRY(cudaMemcpyAsync(C.buffer(I.Out[0]), C.buffer(I.In[0]),
-                                  Bytes, cudaMemcpyDeviceToDevice, S));
+  struct Steps {
+    CudaBackend &B;
+    Communicator &G;
+    cudaStream_t S;
+    Error copy(void *Dst, const void *Src, int64_t Bytes) {
+      SP_CUDA_TRY(
+          cudaMemcpyAsync(Dst, Src, Bytes, cudaMemcpyDeviceToDevice, S));
       return Error::success();
     }
-    auto N = nccl(*G);
-    if (!N)
-      return N.takeError();
-    return inGroup(true, [&] {
-      if (auto E = (*N)->send(C.buffer(I.In[0]), Bytes, (Rank + 1) % Parts, S))
-        return E;
-      return (*N)->recv(C.buffer(I.Out[0]), Bytes, (Rank + Parts - 1) % Parts,
-                        S);
-    });
-  }
-  int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
-  for (int K = 0; K < Parts; ++K) {
-    RingCopy R = ringCopy(Bufs[I.Out[0]].Type, Dim, Parts, Rank, K);
-    SP_CUDA_TRY(cudaMemcpy2DAsync(
-        C.buffer(I.Out[0]) + R.Slot * R.ChunkBytes,
-        size_t(Parts * R.ChunkBytes), C.buffer(I.In[K]), size_t(R.ChunkBytes),
-        size_t(R.ChunkBytes), size_t(R.Outer), cudaMemcpyDeviceToDevice, S));
-  }
-  return Error::success();
+    Error shift(const void *Send, int Next, void *Recv, int Prev,
+                int64_t Bytes) {
+      auto N = B.nccl(G);
+      if (!N)
+        return N.takeError();
+      return inGroup(true, [&] {
+        if (auto E = (*N)->send(Send, Bytes, Next, S))
+          return E;
+        return (*N)->recv(Recv, Bytes, Prev, S);
+      });
+    }
+    Error place(void *Whole, const void *Chunk, const RingCopy &R, int Parts) {
+      SP_CUDA_TRY(cudaMemcpy2DAsync(
+          static_cast<char *>(Whole) + R.Slot * R.ChunkBytes,
+          size_t(Parts * R.ChunkBytes), Chunk, size_t(R.ChunkBytes),
+          size_t(R.ChunkBytes), size_t(R.Outer), cudaMemcpyDeviceToDevice, S));
+      return Error::success();
+    }
+  };
+  return ringWalk(C, *G, Steps{*this, *G, S});
 }
 
 Error CudaBackend::collective(const KernelCall &C, Communicator *G,

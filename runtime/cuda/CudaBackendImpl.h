@@ -177,14 +177,12 @@ private:
     SP_CUBLAS_TRY(St);
     return Error::success();
   }
-  /// The communicator of C's collective group.
-  static Expected<Communicator *> groupOf(const KernelCall &C);
   /// all_reduce, all_gather, reduce_scatter and sp_split over G (C's
   /// group).
   Error collective(const KernelCall &C, Communicator *G, cudaStream_t S);
   /// ring_shift (an NCCL group of one send to the next rank and one receive
-  /// from the previous) and ring_concat (strided copies), on bytes: the
-  /// CPU's runRing.
+  /// from the previous) and ring_concat (strided copies), on bytes:
+  /// runtime/CollectiveWalk.h's ringWalk, as the CPU's runRing.
   Error ring(const KernelCall &C, Communicator *G, cudaStream_t S);
   /// ZeRO: the flat reduce-scatter of a bucket of gradients, and the
   /// in-place all-gather of an updated parameter's chunks.

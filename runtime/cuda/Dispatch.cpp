@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackendImpl.h"
 #include "ir/OpDef.h"
+#include "runtime/CollectiveWalk.h"
 #include "runtime/TensorLayout.h"
 #include <algorithm>
 

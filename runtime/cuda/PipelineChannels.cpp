@@ -16,6 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackendImpl.h"
+#include "runtime/CollectiveWalk.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -47,67 +48,44 @@ Error CudaBackend::makeChannels(Communicator &Pipe) {
 }
 
 Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
-  const Instruction &I = C.I;
-  Communicator *Pipe = C.Pipeline;
+  auto Pipe = pipelineGroup(C);
   if (!Pipe)
-    return planError("a pipeline instruction in a plan run without pipeline "
-                     "stages");
-  const auto &Bufs = C.Prog.Buffers;
-  int Stage = Pipe->rank();
-  if (Pipe->size() == 1)
+    return Pipe.takeError();
+  if ((*Pipe)->size() == 1)
     return planError("a pipeline message in a one-stage pipeline group");
-  auto N = nccl(*Pipe);
+  auto N = nccl(**Pipe);
   if (!N)
     return N.takeError();
   if (S != ncclStream())
     return planError("a pipeline message off the NCCL stream");
-  switch (I.Op) {
-  case OpKind::Send:
-    return sendTo(attrInt(I.Op, I.Attrs, "peer"), C.buffer(I.In[0]),
-                  Bufs[I.In[0]].Type.numBytes(), S);
-  case OpKind::Recv:
-    return recvFrom(attrInt(I.Op, I.Attrs, "peer"), C.buffer(I.Out[0]),
-                    Bufs[I.Out[0]].Type.numBytes(), S);
-  case OpKind::PipeBroadcast: {
-    int Root = attrInt(I.Op, I.Attrs, "root");
-    int64_t Bytes = Bufs[I.Out[0]].Type.numBytes();
-    if (Stage == Root)
-      SP_CUDA_TRY(cudaMemcpyAsync(C.buffer(I.Out[0]), C.buffer(I.In[0]), Bytes,
-                                  cudaMemcpyDeviceToDevice, S));
-    return (*N)->broadcast(C.buffer(I.Out[0]), Bytes, Root, S);
-  }
-  case OpKind::PipeAllReduce: {
-    // As the CPU: the first listed stage sums the parts in list order and
-    // sends the sum back, so every stage gets the same bits.
-    auto Ranks = attrInts(I.Op, I.Attrs, "ranks");
-    float *Y = reinterpret_cast<float *>(C.buffer(I.Out[0]));
-    int64_t Count = Bufs[I.Out[0]].Type.numElements(),
-            Bytes = Count * int64_t(sizeof(float));
-    if (Ranks.empty() || !is_contained(Ranks, int64_t(Stage)))
-      return planError("pipe_all_reduce does not list this stage");
-    SP_CUDA_TRY(cudaMemcpyAsync(Y, C.buffer(I.In[0]), Bytes,
-                                cudaMemcpyDeviceToDevice, S));
-    if (Stage != Ranks[0]) {
-      if (auto E = sendTo(int(Ranks[0]), Y, Bytes, S))
-        return E;
-      return recvFrom(int(Ranks[0]), Y, Bytes, S);
+  // runtime/CollectiveWalk.h's walk, as the CPU's: the sends and receives
+  // over the channels (no tags: a channel per peer and direction).
+  struct Steps {
+    CudaBackend &B;
+    cuda::NcclComm &N;
+    cudaStream_t S;
+    Error send(int Peer, const void *Data, int64_t Bytes, int) {
+      return B.sendTo(Peer, Data, Bytes, S);
     }
-    auto Part = scratch(S == Comm, Count);
-    if (!Part)
-      return Part.takeError();
-    for (size_t K = 1; K < Ranks.size(); ++K) {
-      if (auto E = recvFrom(int(Ranks[K]), *Part, Bytes, S))
-        return E;
-      cuda::add(Y, Y, *Part, Count, S);
+    Error recv(int Peer, void *Data, int64_t Bytes, int) {
+      return B.recvFrom(Peer, Data, Bytes, S);
     }
-    for (size_t K = 1; K < Ranks.size(); ++K)
-      if (auto E = sendTo(int(Ranks[K]), Y, Bytes, S))
-        return E;
-    return Error::success();
-  }
-  default:
-    llvm_unreachable("not a pipeline message");
-  }
+    Error copy(void *Dst, const void *Src, int64_t Bytes) {
+      SP_CUDA_TRY(
+          cudaMemcpyAsync(Dst, Src, Bytes, cudaMemcpyDeviceToDevice, S));
+      return Error::success();
+    }
+    Error broadcast(void *Data, int64_t Bytes, int Root) {
+      return N.broadcast(Data, Bytes, Root, S);
+    }
+    Expected<float *> scratch(int64_t Count) {
+      return B.scratch(S == B.Comm, Count);
+    }
+    void add(float *Y, const float *Part, int64_t Count) {
+      cuda::add(Y, Y, Part, Count, S);
+    }
+  };
+  return pipelineWalk<float>(C, **Pipe, Steps{*this, **N, S});
 }
 
 Expected<CudaBackend::Channel *>

@@ -1,13 +1,13 @@
 //===- Collectives.h - The CPU backend's collective instructions -*- C++ -*-===//
 //
 // What the CPU backend (CpuBackend.cpp) does for the instructions that
-// communicate: the all-gather and reduce-scatter of sequence parallelism
-// and of ZeRO-1's chunks over a Communicator, the vocabulary-parallel cross
-// entropy (each rank's logits are a vocabulary slice: the row maxima and
-// sums of exponentials are reduced over the group), and the pipeline
-// messages (send, recv, and the broadcast of a tied weight's gradient over
-// its stages: runtime/CollectiveWalk.h's walk, with the steps here).
-// Included by CpuBackend.cpp alone.
+// communicate: the all-reduce, the all-gather and reduce-scatter of
+// sequence parallelism and of ZeRO-1's chunks over a Communicator, the
+// vocabulary-parallel cross entropy (each rank's logits are a vocabulary
+// slice: the row maxima and sums of exponentials are reduced over the
+// group), and the pipeline messages (send, recv, and the broadcast of a
+// tied weight's gradient over its stages: runtime/CollectiveWalk.h's walk,
+// with the steps here). Included by CpuBackend.cpp alone.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CPU_COLLECTIVES_H
@@ -141,6 +141,57 @@ inline void takeChunk(int Rank, T *Out, const T *In, const TensorType &Full,
   for (int64_t O = 0; O < A.Outer; ++O)
     std::memcpy(Out + O * Chunk, In + (O * Parts + Rank) * Chunk,
                 Chunk * sizeof(T));
+}
+
+/// all_reduce (one operand, or a bucket of them), all_gather,
+/// reduce_scatter (along an axis, or ZeRO's flat one) and sp_split over
+/// C's group.
+template <typename T> inline Error collective(const KernelCall &C) {
+  const Instruction &I = C.I;
+  auto Group = groupOf(C);
+  if (!Group)
+    return Group.takeError();
+  Communicator *G = *Group;
+  if (I.Op == OpKind::AllReduce) {
+    if (I.In.size() == 1) {
+      std::memcpy(C.out<T>(0), C.in<T>(0), C.inType(0).numBytes());
+      return G->allReduceSum(C.out<T>(0), C.outType(0).numElements());
+    }
+    // A bucket: its operands packed into one sum, elementwise as theirs.
+    std::vector<T> Packed;
+    for (unsigned K = 0; K < I.In.size(); ++K)
+      Packed.insert(Packed.end(), C.in<T>(K),
+                    C.in<T>(K) + C.inType(K).numElements());
+    if (auto E = G->allReduceSum(Packed.data(), int64_t(Packed.size())))
+      return E;
+    const T *From = Packed.data();
+    for (unsigned K = 0; K < I.Out.size(); ++K) {
+      std::copy(From, From + C.outType(K).numElements(), C.out<T>(K));
+      From += C.outType(K).numElements();
+    }
+    return Error::success();
+  }
+  int Dim = attrInt(I.Op, I.Attrs, "dim"),
+      Parts = attrInt(I.Op, I.Attrs, "parts");
+  if (I.Op == OpKind::ReduceScatter && attrInt(I.Op, I.Attrs, "flat")) {
+    if (G->size() != Parts)
+      return planError(formatv("a flat reduce_scatter of {0} parts over a "
+                               "group of {1}",
+                               Parts, G->size()));
+    return reduceScatterFlat<T>(*G, C);
+  }
+  T *Out = C.out<T>(0);
+  const T *In = C.in<T>(0);
+  const TensorType &InT = C.inType(0);
+  switch (I.Op) {
+  case OpKind::AllGather:
+    return allGather(*G, Out, In, InT, Dim, Parts);
+  case OpKind::ReduceScatter:
+    return reduceScatter(*G, Out, In, InT, Dim, Parts);
+  default:
+    takeChunk(G->rank(), Out, In, InT, Dim, Parts);
+    return Error::success();
+  }
 }
 
 /// Each rank holds the logits of vocabulary rows [r V, (r + 1) V); columns

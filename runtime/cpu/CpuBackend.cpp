@@ -276,47 +276,8 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   case OpKind::AllReduce:
   case OpKind::AllGather:
   case OpKind::ReduceScatter:
-  case OpKind::SpSplit: {
-    auto Group = groupOf(C);
-    if (!Group)
-      return Group.takeError();
-    Communicator *G = *Group;
-    if (I.Op == OpKind::AllReduce) {
-      if (I.In.size() == 1) {
-        std::memcpy(Out(0), In(0), InT(0).numBytes());
-        return G->allReduceSum(Out(0), OutT(0).numElements());
-      }
-      // A bucket: its operands packed into one sum, elementwise as theirs.
-      std::vector<T> Packed;
-      for (unsigned K = 0; K < I.In.size(); ++K)
-        Packed.insert(Packed.end(), In(K), In(K) + InT(K).numElements());
-      if (auto E = G->allReduceSum(Packed.data(), int64_t(Packed.size())))
-        return E;
-      const T *From = Packed.data();
-      for (unsigned K = 0; K < I.Out.size(); ++K) {
-        std::copy(From, From + OutT(K).numElements(), Out(K));
-        From += OutT(K).numElements();
-      }
-      return Error::success();
-    }
-    int Dim = AInt("dim"), Parts = AInt("parts");
-    if (I.Op == OpKind::ReduceScatter && AInt("flat")) {
-      if (G->size() != Parts)
-        return planError(formatv("a flat reduce_scatter of {0} parts over a "
-                                 "group of {1}",
-                                 Parts, G->size()));
-      return reduceScatterFlat<T>(*G, C);
-    }
-    switch (I.Op) {
-    case OpKind::AllGather:
-      return allGather(*G, Out(0), In(0), InT(0), Dim, Parts);
-    case OpKind::ReduceScatter:
-      return reduceScatter(*G, Out(0), In(0), InT(0), Dim, Parts);
-    default:
-      takeChunk(G->rank(), Out(0), In(0), InT(0), Dim, Parts);
-      return Error::success();
-    }
-  }
+  case OpKind::SpSplit:
+    return collective<T>(C);
   case OpKind::Add:
     if (InT(0).Shape == InT(1).Shape) {
       cpu::add(Out(0), In(0), In(1), OutT(0).numElements());

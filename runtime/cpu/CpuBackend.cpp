@@ -13,6 +13,7 @@
 #include "ir/Float16.h"
 #include "ir/OpDef.h"
 #include "runtime/CollectiveWalk.h"
+#include "runtime/KernelShapes.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/cpu/Attention.h"
 #include "runtime/cpu/Bf16Gemm.h"
@@ -443,17 +444,11 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     return Error::success();
   }
   case OpKind::BatchMatMul: {
-    bool TA = AInt("trans_a"), TB = AInt("trans_b");
-    const TensorType &C = OutT(0);
-    int64_t M = C.dim(-2), N = C.dim(-1);
-    int64_t K = TA ? InT(0).dim(-2) : InT(0).dim(-1);
-    int64_t Batch = C.numElements() / (M * N);
-    if (InT(0).numElements() != Batch * M * K ||
-        InT(1).numElements() != Batch * K * N)
-      return planError("batch_matmul with broadcast batch dimensions is not "
-                       "supported by the CPU backend");
-    cpu::batchMatMul(Out(0), In(0), In(1), Batch, M, N, K, TA, TB,
-                     AInt("causal"), AInt("causal_a"));
+    auto G = batchMatMulShape(C, "CPU");
+    if (!G)
+      return G.takeError();
+    cpu::batchMatMul(Out(0), In(0), In(1), G->Batch, G->M, G->N, G->K,
+                     G->TransA, G->TransB, AInt("causal"), AInt("causal_a"));
     return Error::success();
   }
   case OpKind::Scale:
@@ -630,21 +625,17 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     return Error::success();
   case OpKind::CrossEntropy:
   case OpKind::CrossEntropyGrad: {
-    int64_t V = InT(0).dim(-1), N = InT(1).numElements();
-    int64_t Valid = AInt("valid_vocab");
-    if (!Valid)
-      Valid = V; // every column
-    std::optional<int64_t> Ignore = AInt("ignore_index");
-    bool Grad = I.Op == OpKind::CrossEntropyGrad;
-    if (AInt("vocab_parallel"))
-      return vocabParallelCrossEntropy(C.Tensor, Grad ? nullptr : Out(0),
-                                       Grad ? Out(0) : nullptr, In(0), Ids(1),
-                                       N, V, Valid, Ignore,
-                                       Grad ? *In(2) : 0.0);
-    if (Grad)
-      return Check(cpu::crossEntropyBackward(Out(0), In(0), Ids(1), *In(2), N,
-                                             V, Valid, Ignore));
-    return Check(cpu::crossEntropy(Out(0), In(0), Ids(1), N, V, Valid, Ignore));
+    CrossEntropyShape X = crossEntropyShape(C);
+    if (X.VocabParallel)
+      return vocabParallelCrossEntropy(C.Tensor, X.Grad ? nullptr : Out(0),
+                                       X.Grad ? Out(0) : nullptr, In(0),
+                                       Ids(1), X.N, X.V, X.Valid, X.Ignore,
+                                       X.Grad ? *In(2) : 0.0);
+    if (X.Grad)
+      return Check(cpu::crossEntropyBackward(Out(0), In(0), Ids(1), *In(2),
+                                             X.N, X.V, X.Valid, X.Ignore));
+    return Check(
+        cpu::crossEntropy(Out(0), In(0), Ids(1), X.N, X.V, X.Valid, X.Ignore));
   }
   case OpKind::GradNorm: {
     // Split gradients: every rank holds a part, sum them over the group;

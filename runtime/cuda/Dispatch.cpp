@@ -10,6 +10,7 @@
 #include "runtime/cuda/CudaBackendImpl.h"
 #include "ir/OpDef.h"
 #include "runtime/CollectiveWalk.h"
+#include "runtime/KernelShapes.h"
 #include "runtime/TensorLayout.h"
 #include <algorithm>
 
@@ -493,15 +494,10 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     return Error::success();
   }
   case OpKind::BatchMatMul: {
-    bool TA = AInt("trans_a"), TB = AInt("trans_b");
+    auto G = batchMatMulShape(C, "CUDA");
+    if (!G)
+      return G.takeError();
     const TensorType &CT = OutT(0);
-    int64_t M = CT.dim(-2), N = CT.dim(-1);
-    int64_t K = TA ? InT(0).dim(-2) : InT(0).dim(-1);
-    int64_t Batch = CT.numElements() / (M * N);
-    if (InT(0).numElements() != Batch * M * K ||
-        InT(1).numElements() != Batch * K * N)
-      return planError("batch_matmul with broadcast batch dimensions is not "
-                       "supported by the CUDA backend");
     // causal_a only says A holds zeros the product may skip: the whole
     // product is the same. causal keeps the causal triangle of the result
     // and zeroes the rest, as the CPU's row blocks do.
@@ -510,11 +506,11 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
       return planError("batch_matmul {causal} on " + CT.str() +
                        ": the CUDA backend masks float32 results only "
                        "(sp-compile marks float32 and float64 plans)");
-    if (auto E = batchedGemm(S, TA, TB, M, N, K, In(0), In(1), Out(0), Batch,
-                             InT(0).Dtype))
+    if (auto E = batchedGemm(S, G->TransA, G->TransB, G->M, G->N, G->K, In(0),
+                             In(1), Out(0), G->Batch, InT(0).Dtype))
       return E;
     if (Causal)
-      cuda::causalMask(Out(0), Out(0), Batch, M, N, 0.0, S);
+      cuda::causalMask(Out(0), Out(0), G->Batch, G->M, G->N, 0.0, S);
     return Error::success();
   }
   case OpKind::Scale:
@@ -576,29 +572,24 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   }
   case OpKind::CrossEntropy:
   case OpKind::CrossEntropyGrad: {
-    int64_t V = InT(0).dim(-1), N = InT(1).numElements();
-    int64_t Valid = AInt("valid_vocab");
-    if (!Valid)
-      Valid = V;
-    int64_t Ignore = AInt("ignore_index");
-    bool Grad = I.Op == OpKind::CrossEntropyGrad;
-    if (AInt("vocab_parallel"))
-      return vocabParallelLoss(C, S, Grad, N, V, Valid, Ignore);
-    if (N <= 0)
+    CrossEntropyShape X = crossEntropyShape(C);
+    if (X.VocabParallel)
+      return vocabParallelLoss(C, S, X.Grad, X.N, X.V, X.Valid, X.Ignore);
+    if (X.N <= 0)
       return planError("cross entropy over no rows");
-    if (Valid < 1 || Valid > V)
+    if (X.Valid < 1 || X.Valid > X.V)
       return planError("cross entropy valid vocabulary not in [1, V]");
     // Scratch: N row losses (doubles) or the count.
-    auto Tmp = scratch(false, 2 * N + 2);
+    auto Tmp = scratch(false, 2 * X.N + 2);
     if (!Tmp)
       return Tmp.takeError();
     double *D = reinterpret_cast<double *>(*Tmp);
-    if (Grad)
-      cuda::crossEntropyBackward(Out(0), In(0), Ids(1), In(2), N, V, Valid,
-                                 true, Ignore, D, Err, S);
+    if (X.Grad)
+      cuda::crossEntropyBackward(Out(0), In(0), Ids(1), In(2), X.N, X.V,
+                                 X.Valid, true, X.Ignore, D, Err, S);
     else
-      cuda::crossEntropy(Out(0), In(0), Ids(1), N, V, Valid, true, Ignore, D,
-                         Err, S);
+      cuda::crossEntropy(Out(0), In(0), Ids(1), X.N, X.V, X.Valid, true,
+                         X.Ignore, D, Err, S);
     return Error::success();
   }
   case OpKind::GradNorm:

@@ -40,9 +40,6 @@ case "$MODE" in
 esac
 BUILD_DIR=${BUILD_DIR:-$DIR}
 JOBS=${JOBS:-$(nproc)}
-# ccache may cache the compiles that use the precompiled headers
-# (cmake/Pch.cmake) only with these.
-export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 
 # Configured on every run (seconds; the flags stay those written here).
 # Line tables only (-g1): the reports' stacks name file and line, and the

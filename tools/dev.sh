@@ -5,9 +5,10 @@
 #   tools/dev.sh run    install what is missing, build, and run the main job:
 #                       compile the committed default model, train it on the
 #                       CPU on a bundled text, and show the loss falling
-#   tools/dev.sh test   install what is missing, build, and run ctest: every
-#                       unit, lit, end-to-end, MPI and emulated-GPU test
-#   tools/dev.sh check  test, then the reliability runs (the tolerance
+#   tools/dev.sh test   install what is missing, build, and run ctest: the
+#                       unit, lit, end-to-end, MPI and emulated-GPU tests but
+#                       the slowest (SP_QUICK=1, ctest -LE slow)
+#   tools/dev.sh check  every test, then the reliability runs (the tolerance
 #                       matrix, the unit tests under ASan + UBSan and the
 #                       multi-rank ones under TSan, 60 s of each fuzzer);
 #                       what CI runs (.ci/run)
@@ -91,9 +92,16 @@ case "${1:-}" in
     install_missing
     build
     elapsed
-    echo "== running every test"
-    # (No test takes a minute here; one past 10 is stuck.)
-    (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "$JOBS")
+    # (No test takes two minutes here; one past 10 is stuck.)
+    if [ "$1" = test ]; then
+      # The quick tier: all but the slowest tests (label slow, and those
+      # that skip themselves under SP_QUICK=1; tests/CMakeLists.txt).
+      echo "== running the tests (all but the slow ones, which check runs)"
+      (cd "$BUILD_DIR" && SP_QUICK=1 ctest --output-on-failure --timeout 600 -j "$JOBS" -LE slow)
+    else
+      echo "== running every test"
+      (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "$JOBS")
+    fi
     elapsed
     [ "$1" = test ] && exit 0
     # The same bounds under other OpenBLAS kernels: every kernel set this CPU

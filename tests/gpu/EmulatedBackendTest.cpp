@@ -63,6 +63,7 @@ void expectGridMatches(StringRef Path, const GridLayout &L) {
 /// Every layout with the compute stream (ordinal 0), then the
 /// communication stream (1), running each piece of its work 300 us late.
 TEST(EmulatedCuda, GridsMatchTheCpuWithEitherStreamLate) {
+  SP_SKIP_IF_QUICK();
   const GridLayout Layouts[] = {
       {"t = 2 + SP", 2, true},
       {"t = 2 + SP, ring all-gathers", 2, true, 1, 1, 1, 0, true},
@@ -185,6 +186,7 @@ TEST(EmulatedCuda, ExportedFamiliesOnGrids) {
 /// within u L, the mean of the 10 steps within 4u (u: the format's unit
 /// roundoff).
 TEST(EmulatedCuda, MixedPrecisionGridsTrackTheCpu) {
+  SP_SKIP_IF_QUICK();
   const int Steps = 10;
   for (auto [T, U] :
        {std::pair<DType, double>{DType::BF16, 0x1p-8}, {DType::F16, 0x1p-11}}) {

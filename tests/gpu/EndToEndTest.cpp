@@ -162,6 +162,7 @@ Expected<std::vector<double>> trainLosses(const Plan &P, bool Cuda, int Steps,
 /// MixedPrecisionIsTheCpusBits), far less than the 16-bit rounding the band
 /// allows for. The fused plan's attention core runs blockwise in 16 bits.
 TEST(CudaEndToEnd, MixedPrecisionTracksTheCpu) {
+  SP_SKIP_IF_QUICK();
   if (Error E = checkCudaDevice())
     GTEST_SKIP() << "no CUDA device is present, skipping the GPU "
                     "mixed-precision test: "

@@ -28,6 +28,17 @@
 
 namespace sp {
 
+/// True under SP_QUICK=1 (tools/dev.sh test): the slowest tests (half a
+/// minute or more on 2 cores) skip themselves; tools/dev.sh check and a
+/// plain ctest run them.
+inline bool quickRun() {
+  const char *Q = std::getenv("SP_QUICK");
+  return Q && Q[0] == '1' && Q[1] == 0;
+}
+#define SP_SKIP_IF_QUICK()                                                     \
+  if (::sp::quickRun())                                                        \
+  GTEST_SKIP() << "slow: tools/dev.sh check runs it (SP_QUICK=1 skips it)"
+
 struct Run {
   std::vector<double> Losses;
   /// Per step, every parameter's gradient in float64.

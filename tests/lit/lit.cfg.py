@@ -20,6 +20,11 @@ config.substitutions.append(("%python", config.python))
 config.substitutions.append(("%models", os.path.join(config.sp_source_dir, "models")))
 config.substitutions.append(("%inputs", os.path.join(config.sp_source_dir, "tests", "lit", "Inputs")))
 
+# The slow tool tests (each half a minute or more on 2 cores; REQUIRES:
+# slow) run unless SP_QUICK=1: tools/dev.sh test leaves them to check.
+if os.environ.get("SP_QUICK") != "1":
+    config.available_features.add("slow")
+
 # MPI runs: mpirun with what CI needs (root, 2 cores, containers).
 if config.mpiexec:
     config.available_features.add("mpi")

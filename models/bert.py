@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from common import PreTrainedModel, check_divisible, check_switches
+
 MASK_FORMS = ("10000", "finfo")
 TOKEN_TYPE_FORMS = ("input", "buffer")
 
@@ -59,12 +61,8 @@ class BertConfig:
     token_types: str = "input"
 
     def __post_init__(self):
-        for name, forms in (("mask", MASK_FORMS), ("token_types", TOKEN_TYPE_FORMS)):
-            if getattr(self, name) not in forms:
-                raise ValueError(f"{name} must be one of {forms}, got {getattr(self, name)!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
-                             f"num_attention_heads {self.num_attention_heads}")
+        check_switches(self, (("mask", MASK_FORMS), ("token_types", TOKEN_TYPE_FORMS)))
+        check_divisible(self, "hidden_size", "num_attention_heads")
 
 
 class GELUActivation(nn.Module):
@@ -295,26 +293,9 @@ class BertOnlyMLMHead(nn.Module):
         return prediction_scores
 
 
-class BertPreTrainedModel(nn.Module):
-    def _init_weights(self, module):
-        """Initialize the weights"""
-        if isinstance(module, nn.Linear):
-            # Slightly different from the TF version which uses truncated_normal for initialization
-            # cf https://github.com/pytorch/pytorch/pull/5617
-            module.weight.data.normal_(mean=0.0, std=self.config.initializer_range)
-            if module.bias is not None:
-                module.bias.data.zero_()
-        elif isinstance(module, nn.Embedding):
-            module.weight.data.normal_(mean=0.0, std=self.config.initializer_range)
-            if module.padding_idx is not None:
-                module.weight.data[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            module.bias.data.zero_()
-            module.weight.data.fill_(1.0)
-
-    def num_params(self):
-        """Trainable parameters (tied weights counted once), buffers not counted."""
-        return sum(p.numel() for p in self.parameters())
+class BertPreTrainedModel(PreTrainedModel):
+    """An abstract class to handle weights initialization: HF's BertPreTrainedModel._init_weights is
+    models/common.py's PreTrainedModel._init_weights (nn.Linear, nn.Embedding, nn.LayerNorm)."""
 
 
 class BertModel(BertPreTrainedModel):

@@ -65,21 +65,8 @@ double roundTo(DType T, double X) {
   }
 }
 
-bool isBinary(OpKind K) {
-  switch (K) {
-  case OpKind::OnnxAdd:
-  case OpKind::OnnxSub:
-  case OpKind::OnnxMul:
-  case OpKind::OnnxDiv:
-  case OpKind::OnnxLess:
-  case OpKind::OnnxGreater:
-  case OpKind::OnnxEqual:
-  case OpKind::OnnxAnd:
-    return true;
-  default:
-    return false;
-  }
-}
+/// The binary ops evaluated here: the onnx.* ones but pow.
+bool isBinary(OpKind K) { return isOnnxBinary(K) && K != OpKind::OnnxPow; }
 
 std::optional<double> scalarOf(const Value *V) {
   if (!V->isConst() || V->type().numElements() != 1 || !V->data())

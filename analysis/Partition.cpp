@@ -8,10 +8,10 @@
 //
 //===----------------------------------------------------------------------===//
 #include "analysis/Partition.h"
+#include "support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
@@ -34,12 +34,6 @@ std::string divisorsOf(int L) {
   return S;
 }
 
-std::string shortNumber(double V) {
-  char Text[32];
-  std::snprintf(Text, sizeof(Text), "%g", V);
-  return Text;
-}
-
 } // namespace
 
 Expected<SmallVector<int>> partitionLayers(ArrayRef<double> LayerCost,
@@ -58,13 +52,13 @@ Expected<SmallVector<int>> partitionLayers(ArrayRef<double> LayerCost,
     if (!std::isfinite(LayerCost[I]) || LayerCost[I] < 0)
       return partitionError(formatv(
           "layer {0} has cost {1}; costs must be finite and non-negative", I,
-          shortNumber(LayerCost[I])));
+          generalNumber(LayerCost[I])));
   if (!std::isfinite(FirstExtra) || FirstExtra < 0 ||
       !std::isfinite(LastExtra) || LastExtra < 0)
-    return partitionError(formatv(
-        "embedding cost {0} and head cost {1} must be finite and "
-        "non-negative",
-        shortNumber(FirstExtra), shortNumber(LastExtra)));
+    return partitionError(
+        formatv("embedding cost {0} and head cost {1} must be finite and "
+                "non-negative",
+                generalNumber(FirstExtra), generalNumber(LastExtra)));
 
   SmallVector<int> Starts;
   if (Uniform) {

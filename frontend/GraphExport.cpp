@@ -1,5 +1,6 @@
 //===- GraphExport.cpp - A plan's programs as ONNX graphs to look at ------===//
 #include "frontend/GraphExport.h"
+#include "frontend/OnnxProto.h"
 #include "plan/AtomicFile.h"
 #include "plan/Plan.h"
 #include "llvm/ADT/DenseMap.h"
@@ -21,31 +22,6 @@ namespace {
 
 constexpr const char *Domain = "sp";
 constexpr int64_t OnnxOpset = 17;
-
-int32_t onnxType(DType T) {
-  using TP = onnx::TensorProto;
-  switch (T) {
-  case DType::F32:
-    return TP::FLOAT;
-  case DType::F16:
-    return TP::FLOAT16;
-  case DType::BF16:
-    return TP::BFLOAT16;
-  case DType::F64:
-    return TP::DOUBLE;
-  case DType::I64:
-    return TP::INT64;
-  case DType::I32:
-    return TP::INT32;
-  case DType::I8:
-    return TP::INT8;
-  case DType::U8:
-    return TP::UINT8;
-  case DType::Bool:
-    return TP::BOOL;
-  }
-  return TP::UNDEFINED;
-}
 
 /// The ONNX op an sp op is, when it is one exactly: elementwise with numpy
 /// broadcasting (add, mul, relu), softmax along the last axis. Only when
@@ -197,7 +173,7 @@ private:
     const ProgramBuffer &B = P.Buffers[Id];
     V.set_name(Name);
     onnx::TypeProto_Tensor *T = V.mutable_type()->mutable_tensor_type();
-    T->set_elem_type(onnxType(B.Type.Dtype));
+    T->set_elem_type(onnxio::onnxDataType(B.Type.Dtype));
     onnx::TensorShapeProto *S = T->mutable_shape();
     for (int64_t D : B.Type.Shape)
       S->add_dim()->set_dim_value(D);

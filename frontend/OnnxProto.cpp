@@ -174,14 +174,18 @@ WireScan scanModelWire(ArrayRef<uint8_t> Buf) {
     int Want = ExpectedWireType(Field);
     if (Want >= 0 && Want != WireType)
       return Malformed();
+    // What a varint of the field that ReadVarint could not read (E) means.
+    auto VarintError = [&](int E) {
+      return E == 1 ? Truncated(formatv("field {0} at offset {1} is cut off",
+                                        Field, FieldStart))
+                    : Malformed();
+    };
     uint64_t Skip = 0;
     switch (WireType) {
     case 0: {
       uint64_t V;
       if (int E = ReadVarint(V))
-        return E == 1 ? Truncated(formatv("field {0} at offset {1} is cut off",
-                                          Field, FieldStart))
-                      : Malformed();
+        return VarintError(E);
       continue;
     }
     case 1:
@@ -189,9 +193,7 @@ WireScan scanModelWire(ArrayRef<uint8_t> Buf) {
       break;
     case 2:
       if (int E = ReadVarint(Skip))
-        return E == 1 ? Truncated(formatv("field {0} at offset {1} is cut off",
-                                          Field, FieldStart))
-                      : Malformed();
+        return VarintError(E);
       break;
     case 5:
       Skip = 4;
@@ -251,29 +253,31 @@ Expected<std::unique_ptr<onnx::ModelProto>> readModel(StringRef Path) {
 // Tensors
 //===----------------------------------------------------------------------===//
 
+/// Every IR dtype and its ONNX element type, one to one.
+const std::pair<int32_t, DType> ElementTypes[] = {
+    {onnx::TensorProto::FLOAT, DType::F32},
+    {onnx::TensorProto::FLOAT16, DType::F16},
+    {onnx::TensorProto::BFLOAT16, DType::BF16},
+    {onnx::TensorProto::DOUBLE, DType::F64},
+    {onnx::TensorProto::INT64, DType::I64},
+    {onnx::TensorProto::INT32, DType::I32},
+    {onnx::TensorProto::INT8, DType::I8},
+    {onnx::TensorProto::UINT8, DType::U8},
+    {onnx::TensorProto::BOOL, DType::Bool},
+};
+
 std::optional<DType> dtypeOf(int32_t T) {
-  switch (T) {
-  case onnx::TensorProto::FLOAT:
-    return DType::F32;
-  case onnx::TensorProto::FLOAT16:
-    return DType::F16;
-  case onnx::TensorProto::BFLOAT16:
-    return DType::BF16;
-  case onnx::TensorProto::DOUBLE:
-    return DType::F64;
-  case onnx::TensorProto::INT64:
-    return DType::I64;
-  case onnx::TensorProto::INT32:
-    return DType::I32;
-  case onnx::TensorProto::INT8:
-    return DType::I8;
-  case onnx::TensorProto::UINT8:
-    return DType::U8;
-  case onnx::TensorProto::BOOL:
-    return DType::Bool;
-  default:
-    return std::nullopt;
-  }
+  for (const auto &[Onnx, D] : ElementTypes)
+    if (Onnx == T)
+      return D;
+  return std::nullopt;
+}
+
+int32_t onnxDataType(DType D) {
+  for (const auto &[Onnx, Ir] : ElementTypes)
+    if (Ir == D)
+      return Onnx;
+  return onnx::TensorProto::UNDEFINED;
 }
 
 std::string onnxTypeName(int32_t T) {

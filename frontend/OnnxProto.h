@@ -43,6 +43,8 @@ readModel(llvm::StringRef Path);
 
 /// The IR dtype of an ONNX element type, if sp has one.
 std::optional<DType> dtypeOf(int32_t T);
+/// The ONNX element type of an IR dtype (dtypeOf's inverse).
+int32_t onnxDataType(DType D);
 std::string onnxTypeName(int32_t T);
 /// The element count fits int64 bytes.
 bool sizeFits(llvm::ArrayRef<int64_t> Shape);

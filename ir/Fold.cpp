@@ -567,6 +567,8 @@ Dense foldTrilu(const Dense &X, int64_t K, bool Upper) {
 } // namespace
 
 bool isFoldable(OpKind Op) {
+  if (isOnnxBinary(Op) || isOnnxUnary(Op))
+    return true;
   switch (Op) {
   case OpKind::OnnxShape:
   case OpKind::OnnxGather:
@@ -580,25 +582,8 @@ bool isFoldable(OpKind Op) {
   case OpKind::OnnxSlice:
   case OpKind::OnnxReshape:
   case OpKind::OnnxTranspose:
-  case OpKind::OnnxIdentity:
-  case OpKind::OnnxEqual:
-  case OpKind::OnnxLess:
-  case OpKind::OnnxGreater:
-  case OpKind::OnnxNot:
-  case OpKind::OnnxAnd:
   case OpKind::OnnxWhere:
   case OpKind::OnnxTrilu:
-  case OpKind::OnnxAdd:
-  case OpKind::OnnxSub:
-  case OpKind::OnnxMul:
-  case OpKind::OnnxDiv:
-  case OpKind::OnnxPow:
-  case OpKind::OnnxSqrt:
-  case OpKind::OnnxNeg:
-  case OpKind::OnnxErf:
-  case OpKind::OnnxTanh:
-  case OpKind::OnnxSigmoid:
-  case OpKind::OnnxReciprocal:
   case OpKind::OnnxSplit:
     return true;
   default:
@@ -657,30 +642,15 @@ Expected<FoldResult> foldOp(OpKind Op, ArrayRef<Value *> Operands,
     return FoldResult(std::move(Out));
   }
 
-  switch (Op) {
-  case OpKind::OnnxAdd:
-  case OpKind::OnnxSub:
-  case OpKind::OnnxMul:
-  case OpKind::OnnxDiv:
-  case OpKind::OnnxPow:
-  case OpKind::OnnxEqual:
-  case OpKind::OnnxAnd:
-  case OpKind::OnnxLess:
-  case OpKind::OnnxGreater: {
+  if (isOnnxBinary(Op)) {
     auto R = foldBinary(Op, X[0], X[1], RT);
     if (!R)
       return R.takeError();
     return Single(std::move(*R));
   }
-  case OpKind::OnnxNot:
-  case OpKind::OnnxNeg:
-  case OpKind::OnnxSqrt:
-  case OpKind::OnnxErf:
-  case OpKind::OnnxTanh:
-  case OpKind::OnnxSigmoid:
-  case OpKind::OnnxReciprocal:
-  case OpKind::OnnxIdentity:
+  if (isOnnxUnary(Op))
     return Single(foldUnary(Op, X[0], RT));
+  switch (Op) {
   case OpKind::OnnxWhere:
     return Single(foldWhere(X[0], X[1], X[2], RT));
   case OpKind::OnnxCast:

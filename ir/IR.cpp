@@ -36,6 +36,20 @@ std::optional<OpKind> parseOpName(StringRef Name) {
 
 bool isOnnxOp(OpKind K) { return opName(K).startswith("onnx."); }
 
+namespace {
+/// How many operands each op is elementwise on, if it is an onnx.* op of
+/// SP_ONNX_BINARY_OP or SP_ONNX_UNARY_OP; 0 otherwise.
+const uint8_t OnnxElementwiseArity[] = {
+#define SP_OP(Enum, Name) 0,
+#define SP_ONNX_BINARY_OP(Enum, Name) 2,
+#define SP_ONNX_UNARY_OP(Enum, Name) 1,
+#include "ir/Ops.def"
+};
+} // namespace
+
+bool isOnnxBinary(OpKind K) { return OnnxElementwiseArity[unsigned(K)] == 2; }
+bool isOnnxUnary(OpKind K) { return OnnxElementwiseArity[unsigned(K)] == 1; }
+
 bool hasSideEffects(OpKind K) { return opDef(K).SideEffects; }
 
 StringRef defaultGroup(OpKind K) { return opDef(K).Group; }

@@ -38,6 +38,12 @@ enum class OpKind : uint16_t {
 llvm::StringRef opName(OpKind K);
 std::optional<OpKind> parseOpName(llvm::StringRef Name);
 bool isOnnxOp(OpKind K);
+/// The onnx.* ops elementwise on two operands, with numpy broadcasting (Add,
+/// Sub, Mul, Div, Pow, Equal, And, Less, Greater: SP_ONNX_BINARY_OP in
+/// ir/Ops.def), and on one (Identity, Neg, Not, Sqrt, Erf, Tanh, Sigmoid,
+/// Reciprocal: SP_ONNX_UNARY_OP).
+bool isOnnxBinary(OpKind K);
+bool isOnnxUnary(OpKind K);
 /// Ops that write to their operands (the optimizer update). They have no
 /// results and are never dead.
 bool hasSideEffects(OpKind K);

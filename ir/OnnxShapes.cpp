@@ -174,7 +174,7 @@ Error expectInteger(const Value *V, unsigned I) {
 // Elementwise ops
 //===----------------------------------------------------------------------===//
 
-/// Add, Sub, Mul, Div, Pow, Equal, And: numpy broadcasting.
+/// The binary ops (isOnnxBinary): numpy broadcasting.
 Expected<TypeList> inferBinary(OpKind Op, ArrayRef<Value *> Ops) {
   if (auto E = expectOperands(Ops, 2, 2))
     return E;
@@ -199,7 +199,7 @@ Expected<TypeList> inferBinary(OpKind Op, ArrayRef<Value *> Ops) {
   return TypeList{TensorType(D, *S)};
 }
 
-/// Identity, Neg, Not, Sqrt, Erf, Tanh, Sigmoid, Reciprocal.
+/// The unary ops (isOnnxUnary).
 Expected<TypeList> inferUnary(OpKind Op, ArrayRef<Value *> Ops) {
   if (auto E = expectOperands(Ops, 1, 1))
     return E;
@@ -852,26 +852,11 @@ Expected<TypeList> inferTrilu(ArrayRef<Value *> Ops) {
 
 Expected<TypeList> inferOnnxTypesOf(OpKind Op, ArrayRef<Value *> Ops,
                                     const AttrList &Attrs) {
-  switch (Op) {
-  case OpKind::OnnxAdd:
-  case OpKind::OnnxSub:
-  case OpKind::OnnxMul:
-  case OpKind::OnnxDiv:
-  case OpKind::OnnxPow:
-  case OpKind::OnnxEqual:
-  case OpKind::OnnxAnd:
-  case OpKind::OnnxLess:
-  case OpKind::OnnxGreater:
+  if (isOnnxBinary(Op))
     return inferBinary(Op, Ops);
-  case OpKind::OnnxIdentity:
-  case OpKind::OnnxNeg:
-  case OpKind::OnnxNot:
-  case OpKind::OnnxSqrt:
-  case OpKind::OnnxErf:
-  case OpKind::OnnxTanh:
-  case OpKind::OnnxSigmoid:
-  case OpKind::OnnxReciprocal:
+  if (isOnnxUnary(Op))
     return inferUnary(Op, Ops);
+  switch (Op) {
   case OpKind::OnnxWhere:
     return inferWhere(Ops);
   case OpKind::OnnxCast:

@@ -14,6 +14,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <variant>
 
 using namespace llvm;
 
@@ -248,6 +249,59 @@ private:
       return fail("expected '" + K + "'");
     return consume();
   }
+  /// The identifier at hand as Lookup (parseDType, parseOpName) reads it:
+  /// fails with Missing if there is none, with "Unknown 'name'" if Lookup
+  /// knows no such name.
+  template <typename T>
+  Expected<T> expectName(std::optional<T> (*Lookup)(StringRef),
+                         const char *Missing, const char *Unknown) {
+    if (Tok.K != Token::Ident)
+      return fail(Missing);
+    std::optional<T> V = Lookup(Tok.Text);
+    if (!V)
+      return fail(Twine(Unknown) + " '" + Tok.Text + "'");
+    if (auto E = consume())
+      return E;
+    return *V;
+  }
+  /// "(" A, B, ... ")": a string or an integer each, as the Args point to.
+  Error parseArgs(
+      std::initializer_list<std::variant<std::string *, int64_t *>> Args) {
+    if (auto E = expectPunct('('))
+      return E;
+    bool First = true;
+    for (auto Arg : Args) {
+      if (!First)
+        if (auto E = expectPunct(','))
+          return E;
+      First = false;
+      if (auto **S = std::get_if<std::string *>(&Arg)) {
+        auto V = expectString();
+        if (!V)
+          return V.takeError();
+        **S = std::move(*V);
+      } else {
+        auto V = expectInt();
+        if (!V)
+          return V.takeError();
+        *std::get<int64_t *>(Arg) = *V;
+      }
+    }
+    return expectPunct(')');
+  }
+  /// Open, then Element for each item of a comma-separated list, then Close.
+  Error parseList(char Open, char Close, function_ref<Error()> Element) {
+    if (auto E = expectPunct(Open))
+      return E;
+    for (bool First = true; !isPunct(Close); First = false) {
+      if (!First)
+        if (auto E = expectPunct(','))
+          return E;
+      if (auto E = Element())
+        return E;
+    }
+    return consume();
+  }
   Expected<std::string> expectString() {
     if (Tok.K != Token::String)
       return fail("expected a string");
@@ -303,35 +357,40 @@ private:
   }
 
   Expected<TensorType> parseType() {
-    if (Tok.K != Token::Ident)
-      return fail("expected a type such as f32[4, 8]");
-    auto D = parseDType(Tok.Text);
+    auto D = expectName(parseDType, "expected a type such as f32[4, 8]",
+                        "unknown element type");
     if (!D)
-      return fail("unknown element type '" + Tok.Text + "'");
-    if (auto E = consume())
-      return E;
-    if (auto E = expectPunct('['))
-      return E;
+      return D.takeError();
     TensorType T;
     T.Dtype = *D;
     int64_t Elements = 1;
-    while (!isPunct(']')) {
-      if (!T.Shape.empty())
-        if (auto E = expectPunct(','))
-          return E;
-      auto Dim = expectInt();
-      if (!Dim)
-        return Dim.takeError();
-      if (*Dim < 0)
-        return fail("dimensions must be non-negative");
-      if (__builtin_mul_overflow(Elements, *Dim, &Elements) ||
-          Elements > MaxElements)
-        return fail("the type has more than 2^48 elements");
-      T.Shape.push_back(*Dim);
-    }
-    if (auto E = consume())
+    if (auto E = parseList('[', ']', [&]() -> Error {
+          auto Dim = expectInt();
+          if (!Dim)
+            return Dim.takeError();
+          if (*Dim < 0)
+            return fail("dimensions must be non-negative");
+          if (__builtin_mul_overflow(Elements, *Dim, &Elements) ||
+              Elements > MaxElements)
+            return fail("the type has more than 2^48 elements");
+          T.Shape.push_back(*Dim);
+          return Error::success();
+        }))
       return E;
     return T;
+  }
+
+  /// ": type" and an optional sharding, after the name of a value.
+  Expected<std::pair<TensorType, Sharding>> parseValueType() {
+    if (auto E = expectPunct(':'))
+      return E;
+    auto T = parseType();
+    if (!T)
+      return T.takeError();
+    auto S = parseOptionalSharding(*T);
+    if (!S)
+      return S.takeError();
+    return std::make_pair(std::move(*T), *S);
   }
 
   /// A sharding after a value's type T: a split names one of T's axes.
@@ -355,51 +414,9 @@ private:
     // Fields: a split's dim, parts, blocks and padded; a replicated value's
     // sum_grad; either's dp_chunks.
     bool Split = S.K == Sharding::Split;
-    if (Split || (S.K == Sharding::Replicated && isPunct('('))) {
-      if (auto E = expectPunct('('))
+    if (Split || (S.K == Sharding::Replicated && isPunct('(')))
+      if (auto E = parseList('(', ')', [&] { return parseShardingField(S); }))
         return E;
-      bool First = true;
-      while (!isPunct(')')) {
-        if (!First)
-          if (auto E = expectPunct(','))
-            return E;
-        First = false;
-        if (Tok.K != Token::Ident)
-          return fail(Split ? "expected dim, parts, blocks, padded or dp_chunks"
-                            : "expected sum_grad or dp_chunks");
-        std::string Key = Tok.Text;
-        if (auto E = consume())
-          return E;
-        if (!Split && Key == "sum_grad") {
-          S.SumGrad = true;
-          continue;
-        }
-        if (auto E = expectPunct('='))
-          return E;
-        auto V = expectInt();
-        if (!V)
-          return V.takeError();
-        if (Key != "padded" && (*V < INT_MIN || *V > INT_MAX))
-          return fail("'" + Key + "' is out of range");
-        if (Key == "dp_chunks" && *V < 1)
-          return fail("'dp_chunks' must be a positive int");
-        if (Key == "dp_chunks")
-          S.DataChunks = *V;
-        else if (Split && Key == "dim")
-          S.Dim = *V;
-        else if (Split && Key == "parts")
-          S.Parts = *V;
-        else if (Split && Key == "blocks")
-          S.Blocks = *V;
-        else if (Split && Key == "padded")
-          S.Padded = *V;
-        else
-          return fail("unknown " + std::string(Split ? "split" : "replicated") +
-                      " field '" + Key + "'");
-      }
-      if (auto E = consume())
-        return E;
-    }
     if (Split) {
       if (S.Dim < 0 || S.Parts < 1 || S.Blocks < 1)
         return fail("a split needs dim >= 0, parts >= 1 and blocks >= 1");
@@ -410,6 +427,44 @@ private:
                     Twine(S.Dim + 1) + " or more; the type is " + T.str()));
     }
     return S;
+  }
+
+  /// One field of a split's or a replicated value's (...).
+  Error parseShardingField(Sharding &S) {
+    bool Split = S.K == Sharding::Split;
+    if (Tok.K != Token::Ident)
+      return fail(Split ? "expected dim, parts, blocks, padded or dp_chunks"
+                        : "expected sum_grad or dp_chunks");
+    std::string Key = Tok.Text;
+    if (auto E = consume())
+      return E;
+    if (!Split && Key == "sum_grad") {
+      S.SumGrad = true;
+      return Error::success();
+    }
+    if (auto E = expectPunct('='))
+      return E;
+    auto V = expectInt();
+    if (!V)
+      return V.takeError();
+    if (Key != "padded" && (*V < INT_MIN || *V > INT_MAX))
+      return fail("'" + Key + "' is out of range");
+    if (Key == "dp_chunks" && *V < 1)
+      return fail("'dp_chunks' must be a positive int");
+    if (Key == "dp_chunks")
+      S.DataChunks = *V;
+    else if (Split && Key == "dim")
+      S.Dim = *V;
+    else if (Split && Key == "parts")
+      S.Parts = *V;
+    else if (Split && Key == "blocks")
+      S.Blocks = *V;
+    else if (Split && Key == "padded")
+      S.Padded = *V;
+    else
+      return fail("unknown " + std::string(Split ? "split" : "replicated") +
+                  " field '" + Key + "'");
+    return Error::success();
   }
 
   Error define(const Token &Name, Value *V) {
@@ -456,14 +511,10 @@ private:
                   "with a digit unless quoted");
     if (auto E = consume())
       return E;
-    if (auto E = expectPunct(':'))
-      return E;
-    auto T = parseType();
-    if (!T)
-      return T.takeError();
-    auto S = parseOptionalSharding(*T);
-    if (!S)
-      return S.takeError();
+    auto TS = parseValueType();
+    if (!TS)
+      return TS.takeError();
+    const auto &[T, S] = *TS;
     Value *V;
     if (Kind == "input") {
       InputRole Role = InputRole::None;
@@ -478,16 +529,16 @@ private:
         if (auto E = consume())
           return E;
       }
-      V = G->addInput(Name.Text, *T, Role);
+      V = G->addInput(Name.Text, T, Role);
     } else if (Kind == "state") {
-      V = G->addState(Name.Text, *T);
+      V = G->addState(Name.Text, T);
     } else {
       if (auto E = expectPunct('='))
         return E;
       // The payload's type is the leaf's, unless a ": type" after it names
       // the whole source tensor of a sharded parameter.
       auto Saved = std::make_pair(Lex, Tok);
-      auto D = parsePayload(*T);
+      auto D = parsePayload(T);
       if (!D)
         return D.takeError();
       if (isPunct(':')) {
@@ -506,60 +557,24 @@ private:
         if (auto E = parseType().takeError())
           return E;
       }
-      V = Kind == "param" ? G->addParam(Name.Text, *T, std::move(*D))
-                          : G->addConst(Name.Text, *T, std::move(*D));
+      V = Kind == "param" ? G->addParam(Name.Text, T, std::move(*D))
+                          : G->addConst(Name.Text, T, std::move(*D));
     }
-    V->setSharding(*S);
+    V->setSharding(S);
     return define(Name, V);
   }
 
   Expected<std::shared_ptr<TensorData>> parsePayload(const TensorType &T) {
-    if (isKeyword("external")) {
+    // external("path", offset, length) or onnx("path", "initializer").
+    bool External = isKeyword("external");
+    if (External || isKeyword("onnx")) {
       if (auto E = consume())
         return E;
       DataRef R;
-      R.K = DataRef::External;
-      if (auto E = expectPunct('('))
+      R.K = External ? DataRef::External : DataRef::OnnxInitializer;
+      if (auto E = External ? parseArgs({&R.Path, &R.Offset, &R.Length})
+                            : parseArgs({&R.Path, &R.Key}))
         return E;
-      auto Path = expectString();
-      if (!Path)
-        return Path.takeError();
-      R.Path = *Path;
-      if (auto E = expectPunct(','))
-        return E;
-      auto Off = expectInt();
-      if (!Off)
-        return Off.takeError();
-      if (auto E = expectPunct(','))
-        return E;
-      auto Len = expectInt();
-      if (!Len)
-        return Len.takeError();
-      if (auto E = expectPunct(')'))
-        return E;
-      R.Offset = *Off;
-      R.Length = *Len;
-      return TensorData::makeRef(T, R);
-    }
-    if (isKeyword("onnx")) {
-      if (auto E = consume())
-        return E;
-      DataRef R;
-      R.K = DataRef::OnnxInitializer;
-      if (auto E = expectPunct('('))
-        return E;
-      auto Path = expectString();
-      if (!Path)
-        return Path.takeError();
-      if (auto E = expectPunct(','))
-        return E;
-      auto Key = expectString();
-      if (!Key)
-        return Key.takeError();
-      if (auto E = expectPunct(')'))
-        return E;
-      R.Path = *Path;
-      R.Key = *Key;
       return TensorData::makeRef(T, R);
     }
     if (isKeyword("dense"))
@@ -657,16 +672,7 @@ private:
         std::memcpy(Bytes.data() + Done, Bytes.data(),
                     std::min(Done, Bytes.size() - Done));
     } else if (isPunct('[')) {
-      if (auto E = consume())
-        return E;
-      while (!isPunct(']')) {
-        if (!Bytes.empty())
-          if (auto E = expectPunct(','))
-            return E;
-        if (auto E = appendElement(T, Bytes))
-          return E;
-      }
-      if (auto E = consume())
+      if (auto E = parseList('[', ']', [&] { return appendElement(T, Bytes); }))
         return E;
     } else {
       if (auto E = appendElement(T, Bytes))
@@ -703,33 +709,26 @@ private:
       return Attribute(*S);
     }
     if (isPunct('[')) {
-      if (auto E = consume())
-        return E;
       std::vector<int64_t> Ints;
       std::vector<double> Floats;
       bool AnyFloat = false;
-      unsigned N = 0;
-      while (!isPunct(']')) {
-        if (N++)
-          if (auto E = expectPunct(','))
-            return E;
-        bool F = isFloatSpelling(Tok.Text) || Tok.K == Token::Ident;
-        if (F) {
-          auto V = expectNumber();
-          if (!V)
-            return V.takeError();
-          AnyFloat = true;
-          Floats.push_back(*V);
-          Ints.push_back(0);
-        } else {
-          auto V = expectInt();
-          if (!V)
-            return V.takeError();
-          Ints.push_back(*V);
-          Floats.push_back(double(*V));
-        }
-      }
-      if (auto E = consume())
+      if (auto E = parseList('[', ']', [&]() -> Error {
+            if (isFloatSpelling(Tok.Text) || Tok.K == Token::Ident) {
+              auto V = expectNumber();
+              if (!V)
+                return V.takeError();
+              AnyFloat = true;
+              Floats.push_back(*V);
+              Ints.push_back(0);
+            } else {
+              auto V = expectInt();
+              if (!V)
+                return V.takeError();
+              Ints.push_back(*V);
+              Floats.push_back(double(*V));
+            }
+            return Error::success();
+          }))
         return E;
       if (AnyFloat)
         return Attribute(Floats);
@@ -759,16 +758,11 @@ private:
       Names.push_back(Tok);
       if (auto E = consume())
         return E;
-      if (auto E = expectPunct(':'))
-        return E;
-      auto T = parseType();
-      if (!T)
-        return T.takeError();
-      auto S = parseOptionalSharding(*T);
-      if (!S)
-        return S.takeError();
-      Types.push_back(*T);
-      Shards.push_back(*S);
+      auto TS = parseValueType();
+      if (!TS)
+        return TS.takeError();
+      Types.push_back(TS->first);
+      Shards.push_back(TS->second);
       if (isPunct(',')) {
         if (auto E = consume())
           return E;
@@ -779,26 +773,17 @@ private:
       break;
     }
     // Op.
-    if (Tok.K != Token::Ident)
-      return fail("expected an op name");
-    auto Op = parseOpName(Tok.Text);
+    auto Op = expectName(parseOpName, "expected an op name", "unknown op");
     if (!Op)
-      return fail("unknown op '" + Tok.Text + "'");
-    if (auto E = consume())
-      return E;
+      return Op.takeError();
     SmallVector<Value *, 4> Operands;
-    if (auto E = expectPunct('('))
-      return E;
-    while (!isPunct(')')) {
-      if (!Operands.empty())
-        if (auto E = expectPunct(','))
-          return E;
-      auto V = parseRef();
-      if (!V)
-        return V.takeError();
-      Operands.push_back(*V);
-    }
-    if (auto E = consume())
+    if (auto E = parseList('(', ')', [&]() -> Error {
+          auto V = parseRef();
+          if (!V)
+            return V.takeError();
+          Operands.push_back(*V);
+          return Error::success();
+        }))
       return E;
     Node *N = G->append(*Op, Operands, Types);
     for (unsigned I = 0; I < Names.size(); ++I) {
@@ -807,93 +792,76 @@ private:
         return E;
     }
     // Attributes.
-    if (isPunct('{')) {
-      if (auto E = consume())
+    if (isPunct('{'))
+      if (auto E = parseList('{', '}', [&] { return parseAttribute(*N); }))
         return E;
-      while (!isPunct('}')) {
-        if (!N->attrs().empty())
-          if (auto E = expectPunct(','))
-            return E;
-        std::string Name;
-        if (Tok.K == Token::Ident)
-          Name = Tok.Text;
-        else if (Tok.K == Token::String)
-          Name = Tok.Text;
-        else
-          return fail("expected an attribute name");
-        if (N->attrs().has(Name))
-          return fail("duplicate attribute '" + Name + "'");
-        if (auto E = consume())
-          return E;
-        if (auto E = expectPunct('='))
-          return E;
-        auto A = parseAttrValue();
-        if (!A)
-          return A.takeError();
-        N->attrs().set(Name, std::move(*A));
-      }
-      if (auto E = consume())
-        return E;
-    }
     // Location.
     if (isKeyword("loc")) {
       if (auto E = consume())
         return E;
-      if (auto E = expectPunct('('))
+      std::string Loc;
+      if (auto E = parseArgs({&Loc}))
         return E;
+      N->setName(Loc);
+    }
+    // Tags.
+    if (isPunct('['))
+      if (auto E = parseList('[', ']', [&] { return parseTag(N->tags()); }))
+        return E;
+    return Error::success();
+  }
+
+  /// name = value, in a node's {...}.
+  Error parseAttribute(Node &N) {
+    if (Tok.K != Token::Ident && Tok.K != Token::String)
+      return fail("expected an attribute name");
+    std::string Name = Tok.Text;
+    if (N.attrs().has(Name))
+      return fail("duplicate attribute '" + Name + "'");
+    if (auto E = consume())
+      return E;
+    if (auto E = expectPunct('='))
+      return E;
+    auto A = parseAttrValue();
+    if (!A)
+      return A.takeError();
+    N.attrs().set(Name, std::move(*A));
+    return Error::success();
+  }
+
+  /// layer = N, stage = N, role = "name" or phase = name, in a node's [...].
+  Error parseTag(Tags &T) {
+    if (Tok.K != Token::Ident)
+      return fail("expected a tag: layer, role, phase or stage");
+    std::string Key = Tok.Text;
+    if (auto E = consume())
+      return E;
+    if (auto E = expectPunct('='))
+      return E;
+    if (Key == "layer" || Key == "stage") {
+      auto V = expectInt();
+      if (!V)
+        return V.takeError();
+      if (*V < -1 || *V > INT_MAX)
+        return fail("'" + Key + "' is out of range");
+      (Key == "layer" ? T.Layer : T.Stage) = int(*V);
+    } else if (Key == "role") {
       auto S = expectString();
       if (!S)
         return S.takeError();
-      N->setName(*S);
-      if (auto E = expectPunct(')'))
-        return E;
-    }
-    // Tags.
-    if (isPunct('[')) {
+      auto R = parseRole(*S);
+      if (!R)
+        return fail("unknown role '" + *S + "' (ir/Roles.def lists the roles)");
+      T.Role = *R;
+    } else if (Key == "phase") {
+      auto P = Tok.K == Token::Ident ? parsePhase(Tok.Text) : std::nullopt;
+      if (!P)
+        return fail("expected a phase: fwd, bwd, recompute or opt");
+      T.Ph = *P;
       if (auto E = consume())
         return E;
-      bool First = true;
-      while (!isPunct(']')) {
-        if (!First)
-          if (auto E = expectPunct(','))
-            return E;
-        First = false;
-        if (Tok.K != Token::Ident)
-          return fail("expected a tag: layer, role, phase or stage");
-        std::string Key = Tok.Text;
-        if (auto E = consume())
-          return E;
-        if (auto E = expectPunct('='))
-          return E;
-        Tags &T = N->tags();
-        if (Key == "layer" || Key == "stage") {
-          auto V = expectInt();
-          if (!V)
-            return V.takeError();
-          if (*V < -1 || *V > INT_MAX)
-            return fail("'" + Key + "' is out of range");
-          (Key == "layer" ? T.Layer : T.Stage) = int(*V);
-        } else if (Key == "role") {
-          auto S = expectString();
-          if (!S)
-            return S.takeError();
-          auto R = parseRole(*S);
-          if (!R)
-            return fail("unknown role '" + *S + "' (ir/Roles.def lists the roles)");
-          T.Role = *R;
-        } else if (Key == "phase") {
-          auto P = Tok.K == Token::Ident ? parsePhase(Tok.Text) : std::nullopt;
-          if (!P)
-            return fail("expected a phase: fwd, bwd, recompute or opt");
-          T.Ph = *P;
-          if (auto E = consume())
-            return E;
-        } else {
-          return fail("unknown tag '" + Key + "'");
-        }
-      }
-      if (auto E = consume())
-        return E;
+    } else {
+      return fail("unknown tag '" + Key + "'");
     }
     return Error::success();
   }

@@ -41,6 +41,15 @@ Expected<std::vector<int64_t>> constInts(const Value *V) {
   return R;
 }
 
+std::optional<std::vector<int64_t>> knownConstInts(const Value *V) {
+  auto R = constInts(V);
+  if (!R) {
+    consumeError(R.takeError());
+    return std::nullopt;
+  }
+  return std::move(*R);
+}
+
 /// The operand count the definition declares, each operand present.
 static Error checkOperands(const OpDef &D, ArrayRef<Value *> Ops) {
   unsigned Min = D.MinOperands, Max = D.MaxOperands;

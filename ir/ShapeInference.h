@@ -12,6 +12,7 @@
 
 #include "ir/IR.h"
 #include "llvm/Support/Error.h"
+#include <optional>
 
 namespace sp {
 
@@ -34,6 +35,10 @@ broadcastShapes(llvm::ArrayRef<int64_t> A, llvm::ArrayRef<int64_t> B);
 /// Reads a constant operand as a list of integers (shape and axes operands).
 /// Fails if V is not a loaded constant.
 llvm::Expected<std::vector<int64_t>> constInts(const Value *V);
+
+/// The same, or nothing when V is not a loaded constant: for the rewrites
+/// and evaluators that only look for a form and leave what they cannot read.
+std::optional<std::vector<int64_t>> knownConstInts(const Value *V);
 
 /// Creates a node before InsertPt with inferred result types. MaxResults
 /// drops optional trailing results (layer_norm statistics, dropout mask).

@@ -54,18 +54,12 @@ Error verifyGraph(const Graph &G) {
     Defined.insert(&V);
     return Error::success();
   };
-  for (const auto &V : G.inputs())
-    if (auto E = CheckLeaf(*V, "input"))
-      return E;
-  for (const auto &V : G.params())
-    if (auto E = CheckLeaf(*V, "param"))
-      return E;
-  for (const auto &V : G.consts())
-    if (auto E = CheckLeaf(*V, "const"))
-      return E;
-  for (const auto &V : G.states())
-    if (auto E = CheckLeaf(*V, "state"))
-      return E;
+  for (auto [Leaves, Kind] :
+       {std::pair{G.inputs(), "input"}, std::pair{G.params(), "param"},
+        std::pair{G.consts(), "const"}, std::pair{G.states(), "state"}})
+    for (const auto &V : Leaves)
+      if (auto E = CheckLeaf(*V, Kind))
+        return E;
 
   for (const Node &N : G.nodes()) {
     if (N.parent() != &G)

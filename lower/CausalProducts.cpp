@@ -143,16 +143,13 @@ struct Marker : Peephole {
 
 int markCausalProducts(Program &P) {
   Marker M(P);
-  int Set = 0;
-  for (size_t K = 0; K < M.NI; ++K) {
-    if (M.DeadInstr[K])
-      continue;
+  return M.forEachLive([&](int K) {
     if (P.Instrs[K].Op == OpKind::BatchMatMul)
-      Set += M.mark(int(K));
-    else if (P.Instrs[K].Op == OpKind::Dropout)
-      Set += M.markDropout(int(K));
-  }
-  return Set;
+      return M.mark(K);
+    if (P.Instrs[K].Op == OpKind::Dropout)
+      return M.markDropout(K);
+    return 0;
+  });
 }
 
 std::unique_ptr<ProgramPass> createCausalProductsPass() {

@@ -112,18 +112,18 @@ struct Fuser : Peephole {
 
 int fuseEpilogues(Program &P) {
   Fuser F(P);
-  bool Any = false;
-  for (size_t K = 0; K < F.NI; ++K) {
-    if (F.DeadInstr[K])
-      continue;
-    if (P.Instrs[K].Op == OpKind::Gelu)
-      Any |= F.fuseForward(int(K));
-    else if (P.Instrs[K].Op == OpKind::GeluGrad)
-      Any |= F.fuseBackward(int(K));
-    else if (P.Instrs[K].Op == OpKind::Add)
-      Any |= F.fuseDropoutAdd(int(K));
-  }
-  return Any ? F.compact() : 0;
+  return F.fuseEachLive([&](int K) -> int {
+    switch (P.Instrs[K].Op) {
+    case OpKind::Gelu:
+      return F.fuseForward(K);
+    case OpKind::GeluGrad:
+      return F.fuseBackward(K);
+    case OpKind::Add:
+      return F.fuseDropoutAdd(K);
+    default:
+      return 0;
+    }
+  });
 }
 
 std::unique_ptr<ProgramPass> createFuseEpiloguePass() {

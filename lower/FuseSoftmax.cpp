@@ -6,6 +6,7 @@
 #include "lower/FuseSoftmax.h"
 #include "lower/Peephole.h"
 #include "lower/ProgramPass.h"
+#include <optional>
 
 namespace sp {
 
@@ -26,28 +27,12 @@ struct Fuser : Peephole {
     if (S.In.size() != 1 || !isPlain(S))
       return false;
     int X = S.In[0];
-    bool Causal = false, Scaled = false;
-    double Fill = 0, Alpha = 1;
-    if (isIntermediate(X) && isLink(Producer[X], OpKind::CausalMask, S.Ph)) {
-      int M = Producer[X];
-      Causal = true;
-      Fill = attrFloat(OpKind::CausalMask, P.Instrs[M].Attrs, "fill");
-      DeadInstr[M] = true;
-      DeadBuf[X] = true;
-      X = P.Instrs[M].In[0];
-    }
-    if (isIntermediate(X) && isLink(Producer[X], OpKind::Scale, S.Ph)) {
-      int C = Producer[X];
-      Scaled = true;
-      Alpha = attrFloat(OpKind::Scale, P.Instrs[C].Attrs, "alpha");
-      DeadInstr[C] = true;
-      DeadBuf[X] = true;
-      X = P.Instrs[C].In[0];
-    }
-    if (!Causal && !Scaled)
+    auto Fill = takeProducer(X, OpKind::CausalMask, "fill", S.Ph);
+    auto Alpha = takeProducer(X, OpKind::Scale, "alpha", S.Ph);
+    if (!Fill && !Alpha)
       return false;
     S.In[0] = X;
-    setAttrs(S, Scaled, Alpha, Causal, Fill);
+    setAttrs(S, Alpha, Fill);
     return true;
   }
 
@@ -58,43 +43,56 @@ struct Fuser : Peephole {
     if (G.Out.size() != 1 || !isPlain(G))
       return false;
     int D = G.Out[0], Last = K;
-    bool Causal = false, Scaled = false;
-    double Fill = 0, Alpha = 1;
-    if (isIntermediate(D) && isLink(User[D], OpKind::CausalMask, G.Ph)) {
-      int M = User[D];
-      Causal = true;
-      Fill = attrFloat(OpKind::CausalMask, P.Instrs[M].Attrs, "fill");
-      DeadBuf[D] = true;
-      D = P.Instrs[M].Out[0];
-      Last = M;
-    }
-    if (isIntermediate(D) && isLink(User[D], OpKind::Scale, G.Ph)) {
-      int C = User[D];
-      Scaled = true;
-      Alpha = attrFloat(OpKind::Scale, P.Instrs[C].Attrs, "alpha");
-      DeadBuf[D] = true;
-      D = P.Instrs[C].Out[0];
-      if (Last != K)
-        DeadInstr[Last] = true;
-      Last = C;
-    }
-    if (!Causal && !Scaled)
+    auto Fill = takeUser(D, Last, K, OpKind::CausalMask, "fill", G.Ph);
+    auto Alpha = takeUser(D, Last, K, OpKind::Scale, "alpha", G.Ph);
+    if (!Fill && !Alpha)
       return false;
     Instruction F = G;
     F.Out[0] = D;
-    setAttrs(F, Scaled, Alpha, Causal, Fill);
+    setAttrs(F, Alpha, Fill);
     DeadInstr[K] = true;
     P.Instrs[Last] = std::move(F);
     return true;
   }
 
-  static void setAttrs(Instruction &I, bool Scaled, double Alpha, bool Causal,
-                       double Fill) {
-    if (Scaled)
-      I.Attrs.set("alpha", Alpha);
-    if (Causal) {
+  /// If the intermediate X is made by a link Op of phase Ph: marks the link
+  /// and X dead, moves X to the link's input and returns the link's
+  /// attribute Attr.
+  std::optional<double> takeProducer(int &X, OpKind Op, llvm::StringRef Attr,
+                                     Phase Ph) {
+    if (!isIntermediate(X) || !isLink(Producer[X], Op, Ph))
+      return std::nullopt;
+    int L = Producer[X];
+    DeadInstr[L] = true;
+    DeadBuf[X] = true;
+    X = P.Instrs[L].In[0];
+    return attrFloat(Op, P.Instrs[L].Attrs, Attr);
+  }
+
+  /// If the intermediate D is read by a link Op of phase Ph: marks D dead,
+  /// moves D to the link's result and Last (the chain's last instruction so
+  /// far, dead unless it is the chain's First) to the link, and returns the
+  /// link's attribute Attr.
+  std::optional<double> takeUser(int &D, int &Last, int First, OpKind Op,
+                                 llvm::StringRef Attr, Phase Ph) {
+    if (!isIntermediate(D) || !isLink(User[D], Op, Ph))
+      return std::nullopt;
+    int L = User[D];
+    DeadBuf[D] = true;
+    D = P.Instrs[L].Out[0];
+    if (Last != First)
+      DeadInstr[Last] = true;
+    Last = L;
+    return attrFloat(Op, P.Instrs[L].Attrs, Attr);
+  }
+
+  static void setAttrs(Instruction &I, std::optional<double> Alpha,
+                       std::optional<double> Fill) {
+    if (Alpha)
+      I.Attrs.set("alpha", *Alpha);
+    if (Fill) {
       I.Attrs.set("causal", int64_t(1));
-      I.Attrs.set("fill", Fill);
+      I.Attrs.set("fill", *Fill);
     }
   }
 };
@@ -103,16 +101,13 @@ struct Fuser : Peephole {
 
 int fuseAttentionSoftmax(Program &P) {
   Fuser F(P);
-  bool Any = false;
-  for (size_t K = 0; K < F.NI; ++K) {
-    if (F.DeadInstr[K])
-      continue;
+  return F.fuseEachLive([&](int K) -> int {
     if (P.Instrs[K].Op == OpKind::Softmax)
-      Any |= F.fuseForward(int(K));
-    else if (P.Instrs[K].Op == OpKind::SoftmaxGrad)
-      Any |= F.fuseBackward(int(K));
-  }
-  return Any ? F.compact() : 0;
+      return F.fuseForward(K);
+    if (P.Instrs[K].Op == OpKind::SoftmaxGrad)
+      return F.fuseBackward(K);
+    return 0;
+  });
 }
 
 std::unique_ptr<ProgramPass> createFuseSoftmaxPass() {

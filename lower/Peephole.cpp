@@ -50,6 +50,14 @@ bool Peephole::readBetween(int B, int From, int To) const {
   return false;
 }
 
+int Peephole::forEachLive(llvm::function_ref<int(int K)> Rule) {
+  int Changes = 0;
+  for (size_t K = 0; K < NI; ++K)
+    if (!DeadInstr[K])
+      Changes += Rule(int(K));
+  return Changes;
+}
+
 int Peephole::compact() {
   std::vector<int> NewId(NB, -1);
   size_t Kept = 0;

@@ -11,6 +11,7 @@
 #define SP_LOWER_PEEPHOLE_H
 
 #include "plan/Program.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include <vector>
 
 namespace sp {
@@ -60,6 +61,15 @@ struct Peephole {
   /// the live ranges for the new indices. Returns how many instructions
   /// were removed.
   int compact();
+
+  /// Calls Rule(K) on each instruction K, in order, that no earlier call
+  /// marked dead; returns the sum of what it returned (its changes).
+  int forEachLive(llvm::function_ref<int(int K)> Rule);
+  /// The same for rules that fuse, then compact() if any did; returns how
+  /// many instructions the fusions removed.
+  int fuseEachLive(llvm::function_ref<int(int K)> Rule) {
+    return forEachLive(Rule) ? compact() : 0;
+  }
 };
 
 } // namespace sp

@@ -21,6 +21,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "lower/Schedule.h"
+#include "support/Format.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
@@ -30,7 +31,6 @@
 #include "llvm/Support/raw_ostream.h"
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <map>
 
@@ -42,12 +42,6 @@ namespace {
 
 Error scheduleError(const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(), Msg);
-}
-
-std::string shortNumber(double V) {
-  char Text[32];
-  std::snprintf(Text, sizeof(Text), "%g", V);
-  return Text;
 }
 
 /// One compute step before communication is placed. An interleaved
@@ -777,12 +771,12 @@ Expected<ScheduleTimes> simulateTimes(const Schedule &S,
       if (!std::isfinite(C) || C < 0)
         return scheduleError(formatv("{0} cost {1} is not a finite "
                                      "non-negative time",
-                                     Name, shortNumber(C)));
+                                     Name, generalNumber(C)));
   }
   if (!std::isfinite(Costs.Comm) || Costs.Comm < 0)
     return scheduleError(formatv("communication cost {0} is not a finite "
                                  "non-negative time",
-                                 shortNumber(Costs.Comm)));
+                                 generalNumber(Costs.Comm)));
   auto Cost = [](ArrayRef<double> L, int Stage) {
     return L.size() == 1 ? L[0] : L[Stage];
   };

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from common import PreTrainedModel, check_divisible, check_switches
+
 MASK_FORMS = ("10000", "finfo")
 TOKEN_TYPE_FORMS = ("input", "buffer")
 
@@ -59,12 +61,8 @@ class BertConfig:
     token_types: str = "input"
 
     def __post_init__(self):
-        for name, forms in (("mask", MASK_FORMS), ("token_types", TOKEN_TYPE_FORMS)):
-            if getattr(self, name) not in forms:
-                raise ValueError(f"{name} must be one of {forms}, got {getattr(self, name)!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
-                             f"num_attention_heads {self.num_attention_heads}")
+        check_switches(self, (("mask", MASK_FORMS), ("token_types", TOKEN_TYPE_FORMS)))
+        check_divisible(self, "hidden_size", "num_attention_heads")
 
 
 class GELUActivation(nn.Module):
@@ -94,6 +92,18 @@ class BertEmbeddings(nn.Module):
             "token_type_ids", torch.zeros(self.position_ids.size(), dtype=torch.long), persistent=False
         )
 
+    def default_token_type_ids(self, input_shape, device):
+        """The token types [B, T] of a forward given none (BertEmbeddings and BertModel both ask)."""
+        # Setting the token_type_ids to the registered buffer in constructor where it is all zeros, which usually occurs
+        # when its auto-generated, registered buffer helps users when tracing the model without passing token_type_ids,
+        # solves issue #5664
+        batch_size, seq_length = input_shape
+        if hasattr(self, "token_type_ids"):
+            buffered_token_type_ids = self.token_type_ids[:, :seq_length]
+            buffered_token_type_ids_expanded = buffered_token_type_ids.expand(batch_size, seq_length)
+            return buffered_token_type_ids_expanded
+        return torch.zeros(input_shape, dtype=torch.long, device=device)
+
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, past_key_values_length=0):
         input_shape = input_ids.size()
         seq_length = input_shape[1]
@@ -101,16 +111,8 @@ class BertEmbeddings(nn.Module):
         if position_ids is None:
             position_ids = self.position_ids[:, past_key_values_length : seq_length + past_key_values_length]
 
-        # Setting the token_type_ids to the registered buffer in constructor where it is all zeros, which usually occurs
-        # when its auto-generated, registered buffer helps users when tracing the model without passing token_type_ids,
-        # solves issue #5664
         if token_type_ids is None:
-            if hasattr(self, "token_type_ids"):
-                buffered_token_type_ids = self.token_type_ids[:, :seq_length]
-                buffered_token_type_ids_expanded = buffered_token_type_ids.expand(input_shape[0], seq_length)
-                token_type_ids = buffered_token_type_ids_expanded
-            else:
-                token_type_ids = torch.zeros(input_shape, dtype=torch.long, device=self.position_ids.device)
+            token_type_ids = self.default_token_type_ids(input_shape, self.position_ids.device)
 
         inputs_embeds = self.word_embeddings(input_ids)
         token_type_embeddings = self.token_type_embeddings(token_type_ids)
@@ -174,9 +176,10 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, input_size=None):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        # input_size: HF's BertOutput is this module on the intermediate_size output of the MLP
+        self.dense = nn.Linear(config.hidden_size if input_size is None else input_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -211,18 +214,11 @@ class BertIntermediate(nn.Module):
         return hidden_states
 
 
-class BertOutput(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+class BertOutput(BertSelfOutput):
+    """HF writes BertSelfOutput out again with dense: intermediate_size -> hidden_size."""
 
-    def forward(self, hidden_states, input_tensor):
-        hidden_states = self.dense(hidden_states)
-        hidden_states = self.dropout(hidden_states)
-        hidden_states = self.LayerNorm(hidden_states + input_tensor)
-        return hidden_states
+    def __init__(self, config):
+        super().__init__(config, input_size=config.intermediate_size)
 
 
 class BertLayer(nn.Module):
@@ -295,26 +291,9 @@ class BertOnlyMLMHead(nn.Module):
         return prediction_scores
 
 
-class BertPreTrainedModel(nn.Module):
-    def _init_weights(self, module):
-        """Initialize the weights"""
-        if isinstance(module, nn.Linear):
-            # Slightly different from the TF version which uses truncated_normal for initialization
-            # cf https://github.com/pytorch/pytorch/pull/5617
-            module.weight.data.normal_(mean=0.0, std=self.config.initializer_range)
-            if module.bias is not None:
-                module.bias.data.zero_()
-        elif isinstance(module, nn.Embedding):
-            module.weight.data.normal_(mean=0.0, std=self.config.initializer_range)
-            if module.padding_idx is not None:
-                module.weight.data[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            module.bias.data.zero_()
-            module.weight.data.fill_(1.0)
-
-    def num_params(self):
-        """Trainable parameters (tied weights counted once), buffers not counted."""
-        return sum(p.numel() for p in self.parameters())
+class BertPreTrainedModel(PreTrainedModel):
+    """An abstract class to handle weights initialization: HF's BertPreTrainedModel._init_weights is
+    models/common.py's PreTrainedModel._init_weights (nn.Linear, nn.Embedding, nn.LayerNorm)."""
 
 
 class BertModel(BertPreTrainedModel):
@@ -368,12 +347,7 @@ class BertModel(BertPreTrainedModel):
             attention_mask = torch.ones(((batch_size, seq_length)), device=device)
 
         if token_type_ids is None:
-            if hasattr(self.embeddings, "token_type_ids"):
-                buffered_token_type_ids = self.embeddings.token_type_ids[:, :seq_length]
-                buffered_token_type_ids_expanded = buffered_token_type_ids.expand(batch_size, seq_length)
-                token_type_ids = buffered_token_type_ids_expanded
-            else:
-                token_type_ids = torch.zeros(input_shape, dtype=torch.long, device=device)
+            token_type_ids = self.embeddings.default_token_type_ids(input_shape, device)
 
         # We can provide a self-attention mask of dimensions [batch_size, from_seq_length, to_seq_length]
         # ourselves in which case we just need to make it broadcastable to all heads.

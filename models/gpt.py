@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from common import check_divisible, check_switches, num_params
+
 LAYERNORM_FORMS = ("module", "manual")
 GELU_FORMS = ("erf", "tanh")
 LINEAR_FORMS = ("matmul", "gemm")
@@ -50,13 +52,9 @@ class GPTConfig:
     tied: bool = True
 
     def __post_init__(self):
-        for name, forms in (("layernorm", LAYERNORM_FORMS), ("gelu", GELU_FORMS),
-                            ("linear", LINEAR_FORMS), ("mask", MASK_FORMS),
-                            ("scale", SCALE_FORMS)):
-            if getattr(self, name) not in forms:
-                raise ValueError(f"{name} must be one of {forms}, got {getattr(self, name)!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        check_switches(self, (("layernorm", LAYERNORM_FORMS), ("gelu", GELU_FORMS), ("linear", LINEAR_FORMS),
+                              ("mask", MASK_FORMS), ("scale", SCALE_FORMS)))
+        check_divisible(self, "n_embd", "n_head")
 
 
 class ManualLayerNorm(nn.Module):
@@ -204,7 +202,7 @@ class GPT(nn.Module):
 
     def num_params(self):
         """Trainable parameters, a tied embedding counted once, buffers not counted."""
-        return sum(p.numel() for p in self.parameters())
+        return num_params(self)
 
     def forward(self, idx):
         """Token ids [B, T] (int64) to logits [B, T, vocab]."""

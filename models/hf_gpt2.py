@@ -42,6 +42,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from common import PreTrainedModel, check_divisible, check_switches
+
 BUFFER_FORMS = ("hf430", "nonpersistent")
 ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")  # GPT2Config.activation_function (ACT2FN keys)
 RESIDUAL_FORMS = ("sequential", "parallel", "parallel-one-norm")
@@ -67,14 +69,9 @@ class GPT2Config:
     residual: str = "sequential"
 
     def __post_init__(self):
-        if self.residual not in RESIDUAL_FORMS:
-            raise ValueError(f"residual must be one of {RESIDUAL_FORMS}, got {self.residual!r}")
-        if self.buffers not in BUFFER_FORMS:
-            raise ValueError(f"buffers must be one of {BUFFER_FORMS}, got {self.buffers!r}")
-        if self.activation_function not in ACTIVATIONS:
-            raise ValueError(f"activation_function must be one of {ACTIVATIONS}, got {self.activation_function!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        check_switches(self, (("residual", RESIDUAL_FORMS), ("buffers", BUFFER_FORMS),
+                              ("activation_function", ACTIVATIONS)))
+        check_divisible(self, "n_embd", "n_head")
 
     @property
     def hidden_size(self):
@@ -244,25 +241,15 @@ class GPT2Block(nn.Module):
         return hidden_states
 
 
-class GPT2PreTrainedModel(nn.Module):
+class GPT2PreTrainedModel(PreTrainedModel):
+    LINEAR_TYPES = (nn.Linear, Conv1D)
+
     def _init_weights(self, module):
         """HF's GPT2PreTrainedModel._init_weights (with the GPT-2 paper's scaled c_proj init)."""
-        if isinstance(module, (nn.Linear, Conv1D)):
-            module.weight.data.normal_(mean=0.0, std=self.config.initializer_range)
-            if module.bias is not None:
-                module.bias.data.zero_()
-        elif isinstance(module, nn.Embedding):
-            module.weight.data.normal_(mean=0.0, std=self.config.initializer_range)
-        elif isinstance(module, nn.LayerNorm):
-            module.bias.data.zero_()
-            module.weight.data.fill_(1.0)
+        super()._init_weights(module)
         for name, p in module.named_parameters():
             if name == "c_proj.weight":
                 p.data.normal_(mean=0.0, std=(self.config.initializer_range / math.sqrt(2 * self.config.n_layer)))
-
-    def num_params(self):
-        """Trainable parameters, a tied embedding counted once, buffers not counted."""
-        return sum(p.numel() for p in self.parameters())
 
 
 class GPT2Model(GPT2PreTrainedModel):

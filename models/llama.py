@@ -52,6 +52,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from common import PreTrainedModel, check_divisible, check_switches
+
 RMSNORM_FORMS = ("hf", "div")
 SILU_FORMS = ("module", "manual")
 ROPE_FORMS = ("half", "interleaved")
@@ -82,17 +84,11 @@ class LlamaConfig:
     attention_mask: str = "none"
 
     def __post_init__(self):
-        for name, forms in (("rmsnorm", RMSNORM_FORMS), ("silu", SILU_FORMS), ("rope", ROPE_FORMS),
-                            ("rope_tables", ROPE_TABLE_FORMS), ("mask", MASK_FORMS),
-                            ("attention_mask", ATTENTION_MASK_FORMS)):
-            if getattr(self, name) not in forms:
-                raise ValueError(f"{name} must be one of {forms}, got {getattr(self, name)!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
-                             f"num_attention_heads {self.num_attention_heads}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
-                             f"num_key_value_heads {self.num_key_value_heads}")
+        check_switches(self, (("rmsnorm", RMSNORM_FORMS), ("silu", SILU_FORMS), ("rope", ROPE_FORMS),
+                              ("rope_tables", ROPE_TABLE_FORMS), ("mask", MASK_FORMS),
+                              ("attention_mask", ATTENTION_MASK_FORMS)))
+        check_divisible(self, "hidden_size", "num_attention_heads")
+        check_divisible(self, "num_attention_heads", "num_key_value_heads")
         if (self.hidden_size // self.num_attention_heads) % 2:
             raise ValueError("rotary embeddings need an even head size")
 
@@ -356,21 +352,10 @@ class LlamaDecoderLayer(nn.Module):
         return hidden_states
 
 
-class LlamaPreTrainedModel(nn.Module):
-    def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            module.weight.data.normal_(mean=0.0, std=std)
-            if module.bias is not None:
-                module.bias.data.zero_()
-        elif isinstance(module, nn.Embedding):
-            module.weight.data.normal_(mean=0.0, std=std)
-            if module.padding_idx is not None:
-                module.weight.data[module.padding_idx].zero_()
+class LlamaPreTrainedModel(PreTrainedModel):
+    """HF's LlamaPreTrainedModel._init_weights is models/common.py's PreTrainedModel._init_weights (the
+    model has no nn.LayerNorm, so only its nn.Linear and nn.Embedding branches apply)."""
 
-    def num_params(self):
-        """Trainable parameters (a tied embedding counted once), buffers not counted."""
-        return sum(p.numel() for p in self.parameters())
 
     def set_upcast_dtype(self, dtype):
         """HF upcasts RMSNorm and softmax to float32; a float64 reference model upcasts to float64."""

@@ -188,6 +188,15 @@ private:
     N->tags().Role = R;
   }
 
+  /// The input of a block of layer L: X itself (post-norm, Norm null) or
+  /// the result of X's Norm (pre-norm), which it tags R.
+  Value *blockInput(int L, Value *X, Node *Norm, Role R) {
+    if (!Norm)
+      return X;
+    tag(Norm, L, R);
+    return Norm->result();
+  }
+
   /// Requires that V's only user is a K node; tags and returns it.
   Expected<Node *> expect(int Layer, StringRef Part, Value *V, OpKind K,
                           Role R) {
@@ -412,11 +421,7 @@ private:
                   Twine("the layer is ") + (PostNorm ? "post" : "pre") +
                       "-norm but layer 0 is " + (PostNorm ? "pre" : "post") +
                       "-norm");
-    Value *AttnIn = X;
-    if (LN1) {
-      tag(LN1, L, Role::Ln1);
-      AttnIn = LN1->result();
-    }
+    Value *AttnIn = blockInput(L, X, LN1, Role::Ln1);
     // Attention block: a fused QKV linear and split_heads (GPT), or
     // separate q, k, v projections (Llama, BERT).
     auto AttnUsers = blockUsers(AttnIn, PostNorm ? Res1 : nullptr);
@@ -466,11 +471,7 @@ private:
                            : "expected the residual stream to feed a "
                              "layer_norm or rms_norm (ln2) and a residual "
                              "add; " + found(X));
-    Value *MlpIn = X;
-    if (LN2) {
-      tag(LN2, L, Role::Ln2);
-      MlpIn = LN2->result();
-    }
+    Value *MlpIn = blockInput(L, X, LN2, Role::Ln2);
     auto MlpUsers = blockUsers(MlpIn, PostNorm ? Res2 : nullptr);
     Node *Down = nullptr;
     if (MlpUsers.size() == 2) {

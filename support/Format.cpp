@@ -36,6 +36,12 @@ std::string shortNumber(double V) {
   return Text;
 }
 
+std::string generalNumber(double V) {
+  char Text[32];
+  std::snprintf(Text, sizeof(Text), "%g", V);
+  return Text;
+}
+
 std::string sci(double V) {
   char Text[32];
   std::snprintf(Text, sizeof(Text), "%.1e", V);

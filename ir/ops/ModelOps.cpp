@@ -122,6 +122,29 @@ Expected<TypeList> ropeShape(const ShapeArgs &A) {
   return TypeList{X};
 }
 
+/// merge_heads and split_heads_grad: each operand [b, a, s, d] becomes
+/// [b, s, a d], and the operands are concatenated (dq, dk, dv -> dqkv).
+Expected<TypeList> mergeHeadsShape(const ShapeArgs &A) {
+  const TensorType &X = A.type(0);
+  if (X.rank() != 4)
+    return typeError(opName(A.Op) + " expects [batch, heads, seq, head size]");
+  int64_t Parts = A.Operands.size();
+  return TypeList{TensorType(
+      X.Dtype, {X.Shape[0], X.Shape[2], Parts * X.Shape[1] * X.Shape[3]})};
+}
+
+/// to_heads and merge_heads_grad: [b, s, n d] {heads = n} -> [b, n, s, d].
+Expected<TypeList> toHeadsShape(const ShapeArgs &A) {
+  const TensorType &X = A.type(0);
+  int64_t Heads = A.attrInt("heads");
+  if (X.rank() != 3 || Heads <= 0 || X.Shape[2] % Heads)
+    return typeError(opName(A.Op) +
+                     " expects [batch, seq, heads * head size] and a "
+                     "positive 'heads' dividing the last axis");
+  return TypeList{
+      TensorType(X.Dtype, {X.Shape[0], Heads, X.Shape[1], X.Shape[2] / Heads})};
+}
+
 Expected<TypeList> repeatHeadsShape(const ShapeArgs &A) {
   TensorType T = A.type(0);
   int64_t R = A.attrInt("repeats");
@@ -449,28 +472,13 @@ void addModelOps(OpTable &T) {
   T[size_t(OpKind::SplitHeadsGrad)] = {
       .MinOperands = 3, // (dq, dk, dv) -> dqkv[b, s, 3h]
       .MaxOperands = 3,
-      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
-        const TensorType &Q = A.type(0);
-        if (Q.rank() != 4)
-          return typeError(
-              "split_heads_grad expects [batch, heads, seq, head size]");
-        return TypeList{TensorType(
-            Q.Dtype, {Q.Shape[0], Q.Shape[2], 3 * Q.Shape[1] * Q.Shape[3]})};
-      },
+      .Shape = mergeHeadsShape,
   };
   T[size_t(OpKind::ToHeads)] = {
       .MinOperands = 1, // [b, s, n d] -> [b, n, s, d]
       .MaxOperands = 1,
       .Attrs = {{"heads", attr::RequiredInt}},
-      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
-        const TensorType &X = A.type(0);
-        int64_t Heads = A.attrInt("heads");
-        if (X.rank() != 3 || Heads <= 0 || X.Shape[2] % Heads)
-          return typeError("to_heads expects [batch, seq, heads * head size] "
-                           "and a positive 'heads' dividing the last axis");
-        return TypeList{TensorType(
-            X.Dtype, {X.Shape[0], Heads, X.Shape[1], X.Shape[2] / Heads})};
-      },
+      .Shape = toHeadsShape,
       .Grad = [](GradBuilder &B) -> Error {
         B.accumulate(B.N.operand(0),
                      B.emit(OpKind::MergeHeads, {B.grad(0)})->result());
@@ -481,14 +489,7 @@ void addModelOps(OpTable &T) {
   T[size_t(OpKind::MergeHeads)] = {
       .MinOperands = 1, // [b, a, s, d] -> [b, s, a d]
       .MaxOperands = 1,
-      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
-        const TensorType &X = A.type(0);
-        if (X.rank() != 4)
-          return typeError(
-              "merge_heads expects [batch, heads, seq, head size]");
-        return TypeList{TensorType(
-            X.Dtype, {X.Shape[0], X.Shape[2], X.Shape[1] * X.Shape[3]})};
-      },
+      .Shape = mergeHeadsShape,
       .Grad = [](GradBuilder &B) -> Error {
         AttrList A;
         A.set("heads", B.N.operand(0)->type().Shape[1]);
@@ -507,15 +508,7 @@ void addModelOps(OpTable &T) {
       .MinOperands = 1, // (dy[b, s, h]) {heads} -> [b, a, s, d]
       .MaxOperands = 1,
       .Attrs = {{"heads", attr::RequiredInt}},
-      .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
-        const TensorType &Y = A.type(0);
-        int64_t Heads = A.attrInt("heads");
-        if (Y.rank() != 3 || Heads <= 0 || Y.Shape[2] % Heads)
-          return typeError("merge_heads_grad expects [batch, seq, heads * "
-                           "head size] and a 'heads' attribute");
-        return TypeList{TensorType(
-            Y.Dtype, {Y.Shape[0], Heads, Y.Shape[1], Y.Shape[2] / Heads})};
-      },
+      .Shape = toHeadsShape,
   };
   T[size_t(OpKind::RepeatHeads)] = {
       .MinOperands = 1, // [b, g, s, d] -> [b, g r, s, d]: head g r + i is g

@@ -242,12 +242,8 @@ bool repeatHeads(Rewriter &R, Node &N) {
 bool isInts(const Value *V, ArrayRef<int64_t> Want) {
   if (!V->isConst())
     return false;
-  auto I = constInts(V);
-  if (!I) {
-    consumeError(I.takeError());
-    return false;
-  }
-  return ArrayRef<int64_t>(*I) == Want;
+  auto I = knownConstInts(V);
+  return I && ArrayRef<int64_t>(*I) == Want;
 }
 
 /// A Slice of half the last axis of X from Start (x[..., Start::Step]; a

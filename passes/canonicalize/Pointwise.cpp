@@ -77,20 +77,12 @@ bool isTrilBufferSlice(Value *Sliced) {
   Value *Buf = Sliced;
   unsigned Slices = 0;
   while (Node *Slice = Buf ? def(Buf, OpKind::OnnxSlice) : nullptr) {
-    auto Starts = constInts(Slice->operand(1));
-    if (!Starts) {
-      consumeError(Starts.takeError());
-      return false;
-    }
-    if (!all_of(*Starts, [](int64_t S) { return S == 0; }))
+    auto Starts = knownConstInts(Slice->operand(1));
+    if (!Starts || !all_of(*Starts, [](int64_t S) { return S == 0; }))
       return false;
     if (Slice->numOperands() > 4) {
-      auto Steps = constInts(Slice->operand(4));
-      if (!Steps) {
-        consumeError(Steps.takeError());
-        return false;
-      }
-      if (!all_of(*Steps, [](int64_t S) { return S == 1; }))
+      auto Steps = knownConstInts(Slice->operand(4));
+      if (!Steps || !all_of(*Steps, [](int64_t S) { return S == 1; }))
         return false;
     }
     Buf = Slice->operand(0);

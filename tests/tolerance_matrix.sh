@@ -16,8 +16,9 @@
 # Sandybridge (AVX), Haswell (AVX2 + FMA) and SkylakeX (AVX-512), those this
 # CPU executes. Zen and Cooperlake are left out by default: they run the
 # Haswell and SkylakeX single-precision kernels again (Cooperlake adds a
-# bf16 GEMM sp does not call), and every measured ratio under them equalled
-# those kernel sets' (docs/testing.md); "native" is whichever of these
+# bf16 GEMM sp does not call), and the largest ratios measured under them
+# equalled those kernel sets' on one AVX-512 machine (docs/testing.md; a
+# maximum, not every value); "native" is whichever of these
 # OpenBLAS picks by itself, and what ctest runs.
 # The numerical tests (NUMERICAL below) are every unit test whose result
 # goes through a float kernel: the layouts against one device, the kernels

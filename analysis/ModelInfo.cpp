@@ -1,18 +1,15 @@
 //===- ModelInfo.cpp ------------------------------------------------------===//
 #include "analysis/ModelInfo.h"
-#include "ir/OpDef.h"
 #include "ir/Family.h"
-#include <array>
+#include "ir/OpDef.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
+#include <array>
 #include <set>
 
 using namespace llvm;
 
 namespace sp {
-
-static Error infoError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 Expected<ModelInfo> summarizeModel(const Graph &G) {
   ModelInfo M;
@@ -25,7 +22,7 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   const Node *Embed = findRole(Role::Embed);
   const Node *Head = findRole(Role::LmHead);
   if (!Embed || !Head)
-    return infoError("the graph has no detected Transformer structure; run "
+    return makeError("the graph has no detected Transformer structure; run "
                      "detect-transformer first");
   // Facts of the whole model: a parameter's data is the unsharded source.
   auto Global = [](const Value *P) -> const TensorType & {
@@ -36,7 +33,7 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   M.Vocab = Table.Shape[0];
   M.Hidden = Table.Shape[1];
   if (Ids.rank() != 2)
-    return infoError("token ids must have shape [batch, seq], got " +
+    return makeError("token ids must have shape [batch, seq], got " +
                      Ids.str());
   M.Batch = Ids.Shape[0];
   M.Seq = Ids.Shape[1];
@@ -119,7 +116,7 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   // The family is the template every layer fits (ir/Family.h).
   FamilyFit Fit = fitFamily(M.LayerRoles);
   if (!Fit.Family)
-    return infoError(formatv("layer {0}: {1}", Fit.Layer, Fit.Why));
+    return makeError(formatv("layer {0}: {1}", Fit.Layer, Fit.Why));
   M.Family = Fit.Family;
   for (const auto &P : G.params())
     if (!StringRef(P->name()).contains('@'))

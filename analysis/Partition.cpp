@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "analysis/Partition.h"
+#include "support/Diagnostics.h"
 #include "support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
@@ -21,10 +22,6 @@ using namespace llvm;
 namespace sp {
 
 namespace {
-
-Error partitionError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 std::string divisorsOf(int L) {
   std::string S;
@@ -41,21 +38,21 @@ Expected<SmallVector<int>> partitionLayers(ArrayRef<double> LayerCost,
                                            int Stages, bool Uniform) {
   int L = LayerCost.size();
   if (Stages < 1)
-    return partitionError(
+    return makeError(
         formatv("a pipeline needs at least 1 stage, got {0}", Stages));
   if (Stages > L)
-    return partitionError(formatv(
+    return makeError(formatv(
         "more stages than layers: {0} stages (P x M) for {1} layers; use at "
         "most {1} stages",
         Stages, L));
   for (int I = 0; I < L; ++I)
     if (!std::isfinite(LayerCost[I]) || LayerCost[I] < 0)
-      return partitionError(formatv(
+      return makeError(formatv(
           "layer {0} has cost {1}; costs must be finite and non-negative", I,
           generalNumber(LayerCost[I])));
   if (!std::isfinite(FirstExtra) || FirstExtra < 0 ||
       !std::isfinite(LastExtra) || LastExtra < 0)
-    return partitionError(
+    return makeError(
         formatv("embedding cost {0} and head cost {1} must be finite and "
                 "non-negative",
                 generalNumber(FirstExtra), generalNumber(LastExtra)));
@@ -63,7 +60,7 @@ Expected<SmallVector<int>> partitionLayers(ArrayRef<double> LayerCost,
   SmallVector<int> Starts;
   if (Uniform) {
     if (L % Stages != 0)
-      return partitionError(formatv(
+      return makeError(formatv(
           "uniform partition: {0} layers do not split evenly into {1} stages "
           "(P x M); use a stage count that divides {0} ({2}) or the "
           "cost-balanced partition",

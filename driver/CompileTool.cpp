@@ -2,6 +2,7 @@
 #include "driver/CompileTool.h"
 #include "frontend/GraphExport.h"
 #include "plan/AtomicFile.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <cmath>
@@ -9,10 +10,6 @@
 using namespace llvm;
 
 namespace sp {
-
-static Error flagError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 /// AdamW's settings: a decay rate outside [0, 1), a non-positive epsilon
 /// or a negative weight decay or clipping norm trains nonsense (or NaN).
@@ -37,7 +34,7 @@ static Error checkOptimizer(const OptimizerOptions &O) {
 /// and a window of at least one step; the other dtypes need none.
 static Error checkLossScale(const CompileToolOptions &O, PassContext &Ctx) {
   if ((O.LossScale || O.LossScaleWindow) && O.ActDtype != DType::F16)
-    return flagError("--loss-scale and --loss-scale-window apply to --dtype "
+    return makeError("--loss-scale and --loss-scale-window apply to --dtype "
                      "fp16 (fp32 and bf16 have fp32's exponent range and need "
                      "no loss scaling)");
   double Scale = O.LossScale.value_or(65536);
@@ -49,7 +46,7 @@ static Error checkLossScale(const CompileToolOptions &O, PassContext &Ctx) {
                              "2^64] (so that scaling is exact), got %g",
                              Scale);
   if (Window < 1)
-    return flagError("--loss-scale-window must be >= 1");
+    return makeError("--loss-scale-window must be >= 1");
   Ctx.LossScale = Scale;
   Ctx.LossScaleWindow = Window;
   return Error::success();
@@ -71,19 +68,19 @@ static Error checkAuto(const CompileToolOptions &O, const PassContext &Ctx) {
                 Ctx.Pipeline.enabled() || Ctx.DataParallel != 1 || Ctx.Zero ||
                 Ctx.Recompute.Mode != RecomputeMode::None;
   if (Chosen)
-    return flagError("--auto chooses --tp, --sp, --pp, --interleave, "
+    return makeError("--auto chooses --tp, --sp, --pp, --interleave, "
                      "--microbatches, --dp, --zero and --recompute; drop them");
   if (O.PaperTable)
-    return flagError("--auto and --paper-table do not go together");
+    return makeError("--auto and --paper-table do not go together");
   if (O.AutoGpus.value_or(0) < 1)
-    return flagError("--auto needs --gpus N (N >= 1)");
+    return makeError("--auto needs --gpus N (N >= 1)");
   if (O.AutoMemory.value_or("").empty())
-    return flagError("--auto needs --gpu-memory BYTES (e.g. 80GiB)");
+    return makeError("--auto needs --gpu-memory BYTES (e.g. 80GiB)");
   if (auto Mem = byteFlag("--gpu-memory", *O.AutoMemory, "80GiB or 40GB");
       !Mem)
     return Mem.takeError();
   if (O.AutoBatch.value_or(0) < 0)
-    return flagError("--global-batch must be positive");
+    return makeError("--global-batch must be positive");
   return Error::success();
 }
 
@@ -99,9 +96,9 @@ Error CompileToolOptions::validate(PassContext &Ctx) const {
   if (auto E = checkLossScale(*this, Ctx))
     return E;
   if (!Figure7.empty() && !PaperTable)
-    return flagError("--figure7 needs --paper-table");
+    return makeError("--figure7 needs --paper-table");
   if (!Gantt.empty() && !Ctx.Pipeline.enabled())
-    return flagError("--gantt needs a pipelined training plan (--pp P or "
+    return makeError("--gantt needs a pipelined training plan (--pp P or "
                      "--microbatches N)");
   // Every output file can be written, checked before any is: a bad
   // --report must not fail after the plan is written.
@@ -127,14 +124,14 @@ Error checkCompileOutputs(const CompileToolOptions &O) {
       return createStringError(inconvertibleErrorCode(), "--export-graphs %s",
                                toString(std::move(E)).c_str());
     if (O.PaperTable)
-      return flagError("--export-graphs writes one plan's programs; "
+      return makeError("--export-graphs writes one plan's programs; "
                        "--paper-table compiles several (drop one of them)");
   }
   if (O.PaperTable) {
     if (!O.Output.empty())
-      return flagError("--paper-table writes no plan; drop -o");
+      return makeError("--paper-table writes no plan; drop -o");
     if (!O.Html.empty())
-      return flagError("--html describes one compiled plan and --paper-table "
+      return makeError("--html describes one compiled plan and --paper-table "
                        "compiles several; drop --html and write the table's "
                        "chart with --figure7 FILE.svg (its numbers with "
                        "--report FILE.json)");
@@ -183,7 +180,7 @@ Error writeCompileOutputs(const CompileToolOptions &O, const PassContext &Ctx,
   }
   if (!O.Gantt.empty()) {
     if (!C.Lowered || !Ctx.Pipeline.enabled())
-      return flagError("--gantt needs a pipelined training plan (--pp P or "
+      return makeError("--gantt needs a pipelined training plan (--pp P or "
                        "--microbatches N)");
     // The chart the plan holds (compileToPlan drew it).
     auto Chart = find_if(C.P->Files, [](const auto &F) {

@@ -1,6 +1,7 @@
 //===- OnnxExport.cpp - Trained weights back into an ONNX model -----------===//
 #include "frontend/OnnxExport.h"
 #include "plan/AtomicFile.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Endian.h"
@@ -21,10 +22,6 @@ using namespace llvm;
 namespace sp {
 
 namespace {
-
-Error fail(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 /// Writes Bytes to Path through a temporary file beside it and a rename.
 Error writeAtomically(StringRef Path, StringRef Bytes) {
@@ -78,30 +75,32 @@ Error inlineExternal(onnx::TensorProto &T, StringRef Dir, StringRef Source) {
     else if (E.key() == "offset" || E.key() == "length")
       if (StringRef(E.value()).getAsInteger(10, E.key() == "offset" ? Offset
                                                                     : Length))
-        return fail(formatv("'{0}': external data {1} of initializer '{2}' is "
-                            "not a number",
-                            Source, E.key(), T.name()));
+        return makeError(
+            formatv("'{0}': external data {1} of initializer '{2}' is "
+                    "not a number",
+                    Source, E.key(), T.name()));
   }
   SmallString<128> Rel(Location);
   sys::path::remove_dots(Rel, /*remove_dot_dot=*/true);
   if (Location.empty() || sys::path::is_absolute(Location) ||
       *sys::path::begin(Rel) == "..")
-    return fail(formatv("'{0}': initializer '{1}' has an invalid external "
-                        "data location '{2}'",
-                        Source, T.name(), Location));
+    return makeError(formatv("'{0}': initializer '{1}' has an invalid external "
+                             "data location '{2}'",
+                             Source, T.name(), Location));
   if (Length < 0)
     Length = numElements(T) * elementSize(T.data_type());
   SmallString<256> Path(Dir);
   sys::path::append(Path, Rel);
   auto Buf = MemoryBuffer::getFileSlice(Path, Length, Offset);
   if (!Buf)
-    return fail(formatv("'{0}': cannot read the external data of initializer "
-                        "'{1}' from '{2}': {3}",
-                        Source, T.name(), Path, Buf.getError().message()));
+    return makeError(
+        formatv("'{0}': cannot read the external data of initializer "
+                "'{1}' from '{2}': {3}",
+                Source, T.name(), Path, Buf.getError().message()));
   if (int64_t((*Buf)->getBufferSize()) != Length)
-    return fail(formatv("'{0}': external data file '{1}' is too short for "
-                        "initializer '{2}'",
-                        Source, Path, T.name()));
+    return makeError(formatv("'{0}': external data file '{1}' is too short for "
+                             "initializer '{2}'",
+                             Source, Path, T.name()));
   T.clear_external_data();
   T.set_data_location(onnx::TensorProto::DEFAULT);
   T.set_raw_data((*Buf)->getBufferStart(), Length);
@@ -116,10 +115,11 @@ Error exportOnnxWeights(StringRef Source, StringRef Output,
   auto Buf = MemoryBuffer::getFile(Source, /*IsText=*/false,
                                    /*RequiresNullTerminator=*/false);
   if (!Buf)
-    return fail(formatv("cannot read the source model '{0}': {1}", Source,
-                        Buf.getError().message()));
+    return makeError(formatv("cannot read the source model '{0}': {1}", Source,
+                             Buf.getError().message()));
   if ((*Buf)->getBufferSize() > size_t(INT_MAX))
-    return fail(formatv("the source model '{0}' is larger than 2 GB", Source));
+    return makeError(
+        formatv("the source model '{0}' is larger than 2 GB", Source));
   onnx::ModelProto Model;
   {
     google::protobuf::io::CodedInputStream In(
@@ -128,7 +128,7 @@ Error exportOnnxWeights(StringRef Source, StringRef Output,
     In.SetTotalBytesLimit(INT_MAX);
     if (!Model.ParseFromCodedStream(&In) || !In.ConsumedEntireMessage() ||
         !Model.has_graph())
-      return fail(formatv("'{0}' is not an ONNX model", Source));
+      return makeError(formatv("'{0}' is not an ONNX model", Source));
   }
   Buf->reset();
   SmallString<256> SourceDir(Source);
@@ -146,13 +146,15 @@ Error exportOnnxWeights(StringRef Source, StringRef Output,
     }
     ArrayRef<float> Data = It->second;
     if (T.data_type() != onnx::TensorProto::FLOAT)
-      return fail(formatv("'{0}': initializer '{1}' is not float32; cannot "
-                          "write float32 weights into it",
-                          Source, T.name()));
+      return makeError(
+          formatv("'{0}': initializer '{1}' is not float32; cannot "
+                  "write float32 weights into it",
+                  Source, T.name()));
     if (numElements(T) != int64_t(Data.size()))
-      return fail(formatv("'{0}': initializer '{1}' has {2} elements, the new "
-                          "weights have {3}",
-                          Source, T.name(), numElements(T), Data.size()));
+      return makeError(
+          formatv("'{0}': initializer '{1}' has {2} elements, the new "
+                  "weights have {3}",
+                  Source, T.name(), numElements(T), Data.size()));
     std::string Raw(Data.size() * 4, '\0');
     for (size_t I = 0; I < Data.size(); ++I)
       support::endian::write32le(&Raw[4 * I], std::bit_cast<uint32_t>(Data[I]));
@@ -164,7 +166,7 @@ Error exportOnnxWeights(StringRef Source, StringRef Output,
   }
   for (const auto &W : Weights)
     if (!Replaced.count(W.getKey()))
-      return fail(
+      return makeError(
           formatv("'{0}' has no initializer '{1}'", Source, W.getKey()));
 
   // Too big for one protobuf: move the large tensors to OUT.data.
@@ -196,11 +198,11 @@ Error exportOnnxWeights(StringRef Source, StringRef Output,
       return E;
   }
   if (Model.ByteSizeLong() > size_t(INT_MAX))
-    return fail(
+    return makeError(
         formatv("the model written to '{0}' would exceed 2 GB", Output));
   std::string Bytes;
   if (!Model.SerializeToString(&Bytes))
-    return fail(formatv("cannot serialize the model for '{0}'", Output));
+    return makeError(formatv("cannot serialize the model for '{0}'", Output));
   return writeAtomically(Output, Bytes);
 }
 

@@ -78,6 +78,7 @@
 #include "ir/Fold.h"
 #include "ir/ShapeInference.h"
 #include "ir/Verifier.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"

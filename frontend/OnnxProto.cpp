@@ -1,5 +1,6 @@
 //===- OnnxProto.cpp - Reading ONNX files, tensors and their data ---------===//
 #include "frontend/OnnxProto.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
@@ -10,10 +11,10 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SwapByteOrder.h"
-#include <google/protobuf/descriptor.h>
-#include <google/protobuf/io/coded_stream.h>
 #include <climits>
 #include <cstring>
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/coded_stream.h>
 #include <mutex>
 
 using namespace llvm;
@@ -22,10 +23,6 @@ namespace sp::onnxio {
 
 static_assert(sys::IsLittleEndianHost,
               "tensor bytes are stored little-endian, as in ONNX");
-
-Error makeError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 /// "PATH: message", on one line.
 Error fileError(StringRef Path, const Twine &Msg) {

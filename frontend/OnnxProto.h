@@ -27,7 +27,6 @@
 
 namespace sp::onnxio {
 
-llvm::Error makeError(const llvm::Twine &Msg);
 /// "PATH: MSG".
 llvm::Error fileError(llvm::StringRef Path, const llvm::Twine &Msg);
 bool isUtf8(llvm::StringRef S);

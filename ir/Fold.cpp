@@ -16,6 +16,7 @@
 #include "ir/Fold.h"
 #include "ir/Float16.h"
 #include "ir/ShapeInference.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
@@ -30,10 +31,6 @@ namespace sp {
 namespace {
 
 using FoldResult = std::optional<std::vector<std::shared_ptr<TensorData>>>;
-
-Error foldError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 //===----------------------------------------------------------------------===//
 // Dense tensors
@@ -247,7 +244,7 @@ Expected<Dense> foldBinary(OpKind Op, const Dense &A, const Dense &B,
         break;
       case OpKind::OnnxDiv:
         if (Y == 0)
-          return foldError("integer division by zero");
+          return makeError("integer division by zero");
         Z = (Y == -1) ? wrapSub(0, X) : X / Y;
         break;
       case OpKind::OnnxPow:
@@ -414,7 +411,7 @@ Expected<Dense> foldGather(const Dense &X, const Dense &Idx,
     for (int64_t J = 0; J < NIdx; ++J) {
       int64_t K = Idx.Ints[J];
       if (K < -Dim || K >= Dim)
-        return foldError(formatv("index {0} is out of range for axis {1} of "
+        return makeError(formatv("index {0} is out of range for axis {1} of "
                                  "size {2}",
                                  K, Axis, Dim));
       if (K < 0)
@@ -610,7 +607,7 @@ Expected<FoldResult> foldOp(OpKind Op, ArrayRef<Value *> Operands,
   }
   if (Types->size() < ResultTypes.size() ||
       !std::equal(ResultTypes.begin(), ResultTypes.end(), Types->begin()))
-    return foldError("the result types do not match the operands");
+    return makeError("the result types do not match the operands");
   const TensorType &RT = ResultTypes[0];
   auto Single = [](Dense D) -> FoldResult {
     return std::vector<std::shared_ptr<TensorData>>{toData(D)};

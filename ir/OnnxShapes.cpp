@@ -28,6 +28,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ShapeInference.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
@@ -38,10 +39,6 @@ using namespace llvm;
 namespace sp {
 
 namespace {
-
-Error typeError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 /// The most results a Split may have (its `num_outputs`).
 constexpr int64_t MaxSplitOutputs = 1 << 16;
@@ -59,7 +56,7 @@ Error expectSaneSize(ArrayRef<int64_t> S) {
   int64_t N = 1;
   for (int64_t D : S)
     if (__builtin_mul_overflow(N, D, &N) || N > (int64_t(1) << 48))
-      return typeError(formatv("shape {0} is too large", shapeStr(S)));
+      return makeError(formatv("shape {0} is too large", shapeStr(S)));
   return Error::success();
 }
 
@@ -92,17 +89,17 @@ std::optional<DType> dtypeFromOnnx(int64_t T) {
 Error expectOperands(ArrayRef<Value *> Ops, unsigned Min, unsigned Max) {
   if (Ops.size() < Min || Ops.size() > Max) {
     if (Min == Max)
-      return typeError(
+      return makeError(
           formatv("expected {0} operands, got {1}", Min, Ops.size()));
     if (Max == ~0u)
-      return typeError(
+      return makeError(
           formatv("expected at least {0} operands, got {1}", Min, Ops.size()));
-    return typeError(
+    return makeError(
         formatv("expected {0} to {1} operands, got {2}", Min, Max, Ops.size()));
   }
   for (unsigned I = 0; I < Ops.size(); ++I)
     if (!Ops[I])
-      return typeError(formatv("operand {0} is missing", I));
+      return makeError(formatv("operand {0} is missing", I));
   return Error::success();
 }
 
@@ -112,7 +109,7 @@ Expected<std::vector<int64_t>> constOperand(ArrayRef<Value *> Ops, unsigned I,
   auto V = constInts(Ops[I]);
   if (!V) {
     consumeError(V.takeError());
-    return typeError(formatv("operand {0} ({1}) must be a constant known at "
+    return makeError(formatv("operand {0} ({1}) must be a constant known at "
                              "compile time",
                              I, What));
   }
@@ -126,7 +123,7 @@ Expected<int64_t> constScalar(ArrayRef<Value *> Ops, unsigned I,
   if (!V)
     return V.takeError();
   if (V->size() != 1)
-    return typeError(formatv("operand {0} ({1}) must have one element, it "
+    return makeError(formatv("operand {0} ({1}) must have one element, it "
                              "has {2}",
                              I, What, V->size()));
   return (*V)[0];
@@ -135,28 +132,28 @@ Expected<int64_t> constScalar(ArrayRef<Value *> Ops, unsigned I,
 /// Maps a possibly negative axis into [0, Rank).
 Expected<unsigned> normAxis(int64_t Axis, int64_t Rank) {
   if (Axis < -Rank || Axis >= Rank)
-    return typeError(
+    return makeError(
         formatv("axis {0} is out of range for rank {1}", Axis, Rank));
   return unsigned(Axis < 0 ? Axis + Rank : Axis);
 }
 
 Error expectFloat(const Value *V, unsigned I) {
   if (!isFloat(V->type().Dtype))
-    return typeError(formatv("operand {0} must be floating point, it is {1}", I,
+    return makeError(formatv("operand {0} must be floating point, it is {1}", I,
                              V->type().str()));
   return Error::success();
 }
 
 Error expectDtype(const Value *V, unsigned I, DType D) {
   if (V->type().Dtype != D)
-    return typeError(formatv("operand {0} must be {1}, it is {2}", I,
+    return makeError(formatv("operand {0} must be {1}, it is {2}", I,
                              dtypeName(D), V->type().str()));
   return Error::success();
 }
 
 Error expectSameDtype(ArrayRef<Value *> Ops, unsigned A, unsigned B) {
   if (Ops[A]->type().Dtype != Ops[B]->type().Dtype)
-    return typeError(formatv("operands {0} and {1} have different element "
+    return makeError(formatv("operands {0} and {1} have different element "
                              "types: {2} and {3}",
                              A, B, Ops[A]->type().str(), Ops[B]->type().str()));
   return Error::success();
@@ -165,7 +162,7 @@ Error expectSameDtype(ArrayRef<Value *> Ops, unsigned A, unsigned B) {
 Error expectInteger(const Value *V, unsigned I) {
   DType D = V->type().Dtype;
   if (D != DType::I64 && D != DType::I32)
-    return typeError(formatv("operand {0} must be i64 or i32, it is {1}", I,
+    return makeError(formatv("operand {0} must be i64 or i32, it is {1}", I,
                              V->type().str()));
   return Error::success();
 }
@@ -188,7 +185,7 @@ Expected<TypeList> inferBinary(OpKind Op, ArrayRef<Value *> Ops) {
   if (Op == OpKind::OnnxPow)
     for (unsigned I : {0u, 1u})
       if (Ops[I]->type().Dtype == DType::Bool)
-        return typeError(formatv("operand {0} of pow must be numeric", I));
+        return makeError(formatv("operand {0} of pow must be numeric", I));
   auto S = broadcastShapes(Ops[0]->type().Shape, Ops[1]->type().Shape);
   if (!S)
     return S.takeError();
@@ -219,7 +216,7 @@ Expected<TypeList> inferUnary(OpKind Op, ArrayRef<Value *> Ops) {
   case OpKind::OnnxNeg:
     if (Ops[0]->type().Dtype == DType::Bool ||
         Ops[0]->type().Dtype == DType::U8)
-      return typeError("neg needs a signed operand");
+      return makeError("neg needs a signed operand");
     break;
   default:
     break;
@@ -247,11 +244,11 @@ Expected<TypeList> inferCast(ArrayRef<Value *> Ops, const AttrList &Attrs) {
   if (auto E = expectOperands(Ops, 1, 1))
     return E;
   if (!Attrs.has("to"))
-    return typeError("cast needs the attribute 'to'");
+    return makeError("cast needs the attribute 'to'");
   int64_t To = Attrs.getInt("to", 0);
   auto D = dtypeFromOnnx(To);
   if (!D)
-    return typeError(
+    return makeError(
         formatv("cast to ONNX data type {0} is not supported", To));
   return TypeList{TensorType(*D, Ops[0]->type().Shape)};
 }
@@ -269,14 +266,14 @@ Expected<TypeList> inferMatMul(ArrayRef<Value *> Ops) {
     return E;
   SmallVector<int64_t, 4> A(Ops[0]->type().Shape), B(Ops[1]->type().Shape);
   if (A.empty() || B.empty())
-    return typeError("matmul operands must have rank >= 1");
+    return makeError("matmul operands must have rank >= 1");
   bool VecA = A.size() == 1, VecB = B.size() == 1;
   if (VecA)
     A.insert(A.begin(), 1);
   if (VecB)
     B.push_back(1);
   if (A.back() != B[B.size() - 2])
-    return typeError(formatv("contraction sizes differ: {0} and {1}",
+    return makeError(formatv("contraction sizes differ: {0} and {1}",
                              Ops[0]->type().str(), Ops[1]->type().str()));
   auto Batch = broadcastShapes(ArrayRef<int64_t>(A).drop_back(2),
                                ArrayRef<int64_t>(B).drop_back(2));
@@ -299,13 +296,13 @@ Expected<TypeList> inferGemm(ArrayRef<Value *> Ops, const AttrList &Attrs) {
       return E;
   const TensorType &A = Ops[0]->type(), &B = Ops[1]->type();
   if (A.rank() != 2 || B.rank() != 2)
-    return typeError(formatv("gemm operands must have rank 2: {0} and {1}",
+    return makeError(formatv("gemm operands must have rank 2: {0} and {1}",
                              A.str(), B.str()));
   bool TA = Attrs.getInt("transA", 0), TB = Attrs.getInt("transB", 0);
   int64_t M = TA ? A.Shape[1] : A.Shape[0], K = TA ? A.Shape[0] : A.Shape[1];
   int64_t KB = TB ? B.Shape[1] : B.Shape[0], N = TB ? B.Shape[0] : B.Shape[1];
   if (K != KB)
-    return typeError(formatv("contraction sizes differ: {0} (transA = {1}) "
+    return makeError(formatv("contraction sizes differ: {0} (transA = {1}) "
                              "and {2} (transB = {3})",
                              A.str(), int(TA), B.str(), int(TB)));
   SmallVector<int64_t, 2> Out{M, N};
@@ -315,7 +312,7 @@ Expected<TypeList> inferGemm(ArrayRef<Value *> Ops, const AttrList &Attrs) {
     if (!S || ArrayRef<int64_t>(*S) != ArrayRef<int64_t>(Out)) {
       if (!S)
         consumeError(S.takeError());
-      return typeError(formatv("operand 2 {0} does not broadcast to [{1}, "
+      return makeError(formatv("operand 2 {0} does not broadcast to [{1}, "
                                "{2}]",
                                Ops[2]->type().str(), M, N));
     }
@@ -345,7 +342,7 @@ Expected<TypeList> inferLayerNorm(ArrayRef<Value *> Ops,
     if (!S || ArrayRef<int64_t>(*S) != Normalized) {
       if (!S)
         consumeError(S.takeError());
-      return typeError(formatv("operand {0} {1} does not broadcast to the "
+      return makeError(formatv("operand {0} {1} does not broadcast to the "
                                "normalized shape {2}",
                                I, Ops[I]->type().str(), shapeStr(Normalized)));
     }
@@ -353,7 +350,7 @@ Expected<TypeList> inferLayerNorm(ArrayRef<Value *> Ops,
   int64_t Stash = Attrs.getInt("stash_type", 1);
   auto StashType = dtypeFromOnnx(Stash);
   if (!StashType || !isFloat(*StashType))
-    return typeError(formatv("stash_type {0} is not a supported floating "
+    return makeError(formatv("stash_type {0} is not a supported floating "
                              "point type",
                              Stash));
   TensorType Stat(*StashType, X.Shape);
@@ -386,7 +383,7 @@ Expected<TypeList> inferReduceMean(ArrayRef<Value *> Ops,
     if (!Axis)
       return Axis.takeError();
     if (Reduced[*Axis])
-      return typeError(formatv("axis {0} is reduced twice", A));
+      return makeError(formatv("axis {0} is reduced twice", A));
     Reduced[*Axis] = true;
   }
   bool KeepDims = Attrs.getInt("keepdims", 1);
@@ -408,13 +405,13 @@ Expected<TypeList> inferDropout(ArrayRef<Value *> Ops) {
     if (auto E = expectFloat(Ops[1], 1))
       return E;
     if (Ops[1]->type().numElements() != 1)
-      return typeError("the dropout ratio must be a scalar");
+      return makeError("the dropout ratio must be a scalar");
   }
   if (Ops.size() > 2) {
     if (auto E = expectDtype(Ops[2], 2, DType::Bool))
       return E;
     if (Ops[2]->type().numElements() != 1)
-      return typeError("training_mode must be a scalar");
+      return makeError("training_mode must be a scalar");
   }
   const TensorType &X = Ops[0]->type();
   return TypeList{X, TensorType(DType::Bool, X.Shape)};
@@ -445,7 +442,7 @@ Expected<TypeList> inferReshape(ArrayRef<Value *> Ops, const AttrList &Attrs) {
   if (auto E = expectDtype(Ops[1], 1, DType::I64))
     return E;
   if (Ops[1]->type().rank() != 1)
-    return typeError("operand 1 (shape) must have rank 1");
+    return makeError("operand 1 (shape) must have rank 1");
   auto Shape = constOperand(Ops, 1, "shape");
   if (!Shape)
     return Shape.takeError();
@@ -458,34 +455,34 @@ Expected<TypeList> inferReshape(ArrayRef<Value *> Ops, const AttrList &Attrs) {
     int64_t D = (*Shape)[I];
     if (D == -1) {
       if (Inferred >= 0)
-        return typeError(
+        return makeError(
             formatv("shape {0} has more than one -1", shapeStr(*Shape)));
       Inferred = I;
     } else if (D == 0 && !AllowZero) {
       if (I >= X.rank())
-        return typeError(formatv("shape {0} copies dimension {1} (0) of a "
+        return makeError(formatv("shape {0} copies dimension {1} (0) of a "
                                  "rank {2} operand",
                                  shapeStr(*Shape), I, X.rank()));
       D = X.Shape[I];
     } else if (D < 0) {
-      return typeError(
+      return makeError(
           formatv("shape {0} has a negative dimension", shapeStr(*Shape)));
     }
     Out.push_back(D);
     if (D != -1 && __builtin_mul_overflow(Known, D, &Known))
-      return typeError(formatv("shape {0} is too large", shapeStr(*Shape)));
+      return makeError(formatv("shape {0} is too large", shapeStr(*Shape)));
   }
   int64_t Total = X.numElements();
   if (Inferred >= 0) {
     if (AllowZero && is_contained(*Shape, 0))
-      return typeError("with allowzero = 1 the shape cannot have both 0 and "
+      return makeError("with allowzero = 1 the shape cannot have both 0 and "
                        "-1");
     if (Known == 0 || Total % Known)
-      return typeError(
+      return makeError(
           formatv("cannot reshape {0} to {1}", X.str(), shapeStr(*Shape)));
     Out[Inferred] = Total / Known;
   } else if (Known != Total) {
-    return typeError(
+    return makeError(
         formatv("cannot reshape {0} to {1}", X.str(), shapeStr(*Shape)));
   }
   return TypeList{TensorType(X.Dtype, Out)};
@@ -500,7 +497,7 @@ Expected<TypeList> inferExpand(ArrayRef<Value *> Ops) {
   if (!Shape)
     return Shape.takeError();
   if (any_of(*Shape, [](int64_t D) { return D < 0; }))
-    return typeError(
+    return makeError(
         formatv("shape {0} has a negative dimension", shapeStr(*Shape)));
   auto S = broadcastShapes(Ops[0]->type().Shape, *Shape);
   if (!S)
@@ -520,14 +517,14 @@ Expected<TypeList> inferConstantOfShape(ArrayRef<Value *> Ops,
   if (!Shape)
     return Shape.takeError();
   if (any_of(*Shape, [](int64_t D) { return D < 0; }))
-    return typeError(
+    return makeError(
         formatv("shape {0} has a negative dimension", shapeStr(*Shape)));
   if (auto E = expectSaneSize(*Shape))
     return E;
   int64_t Code = Attrs.getInt("dtype", 1);
   auto D = dtypeFromOnnx(Code);
   if (!D)
-    return typeError(formatv("ONNX data type {0} is not supported", Code));
+    return makeError(formatv("ONNX data type {0} is not supported", Code));
   return TypeList{TensorType(*D, *Shape)};
 }
 
@@ -545,7 +542,7 @@ Expected<TypeList> inferUnsqueeze(ArrayRef<Value *> Ops) {
     if (!Axis)
       return Axis.takeError();
     if (Inserted[*Axis])
-      return typeError(formatv("axis {0} appears twice", A));
+      return makeError(formatv("axis {0} appears twice", A));
     Inserted[*Axis] = true;
   }
   TensorType T(X.Dtype, {});
@@ -569,7 +566,7 @@ Expected<TypeList> inferSqueeze(ArrayRef<Value *> Ops) {
       if (!Axis)
         return Axis.takeError();
       if (X.Shape[*Axis] != 1)
-        return typeError(
+        return makeError(
             formatv("cannot squeeze axis {0} of size {1}", A, X.Shape[*Axis]));
       Removed[*Axis] = true;
     }
@@ -594,13 +591,13 @@ Expected<TypeList> inferTranspose(ArrayRef<Value *> Ops,
     for (int64_t I = X.rank() - 1; I >= 0; --I)
       Perm.push_back(I);
   if (Perm.size() != X.rank())
-    return typeError(
+    return makeError(
         formatv("perm {0} does not match rank {1}", shapeStr(Perm), X.rank()));
   SmallVector<bool, 6> Seen(X.rank(), false);
   TensorType T(X.Dtype, {});
   for (int64_t P : Perm) {
     if (P < 0 || P >= int64_t(X.rank()) || Seen[P])
-      return typeError(
+      return makeError(
           formatv("perm {0} is not a permutation", shapeStr(Perm)));
     Seen[P] = true;
     T.Shape.push_back(X.Shape[P]);
@@ -612,10 +609,10 @@ Expected<TypeList> inferConcat(ArrayRef<Value *> Ops, const AttrList &Attrs) {
   if (auto E = expectOperands(Ops, 1, ~0u))
     return E;
   if (!Attrs.has("axis"))
-    return typeError("concat needs the attribute 'axis'");
+    return makeError("concat needs the attribute 'axis'");
   TensorType T = Ops[0]->type();
   if (T.rank() == 0)
-    return typeError("cannot concatenate scalars");
+    return makeError("cannot concatenate scalars");
   auto Axis = normAxis(Attrs.getInt("axis", 0), T.rank());
   if (!Axis)
     return Axis.takeError();
@@ -627,14 +624,14 @@ Expected<TypeList> inferConcat(ArrayRef<Value *> Ops, const AttrList &Attrs) {
     for (unsigned D = 0; Fits && D < T.rank(); ++D)
       Fits = D == *Axis || O.Shape[D] == T.Shape[D];
     if (!Fits)
-      return typeError(formatv("operand {0} {1} does not fit operand 0 {2} "
+      return makeError(formatv("operand {0} {1} does not fit operand 0 {2} "
                                "along axis {3}",
                                I, O.str(), Ops[0]->type().str(), *Axis));
     // Dimensions are bounded only by the element count, which a 0 dimension
     // makes 0: the sum can overflow.
     if (__builtin_add_overflow(T.Shape[*Axis], O.Shape[*Axis],
                                &T.Shape[*Axis]))
-      return typeError(formatv("the concatenation along axis {0} is too "
+      return makeError(formatv("the concatenation along axis {0} is too "
                                "large",
                                *Axis));
   }
@@ -660,28 +657,28 @@ Expected<TypeList> inferSplit(ArrayRef<Value *> Ops, const AttrList &Attrs) {
     int64_t Sum = 0;
     for (int64_t P : Sizes) {
       if (P < 0)
-        return typeError(
+        return makeError(
             formatv("split sizes {0} have a negative size", shapeStr(Sizes)));
       if (__builtin_add_overflow(Sum, P, &Sum))
-        return typeError(
+        return makeError(
             formatv("split sizes {0} are too large", shapeStr(Sizes)));
     }
     if (Sum != Dim)
-      return typeError(formatv("split sizes {0} do not add up to dimension "
+      return makeError(formatv("split sizes {0} do not add up to dimension "
                                "{1} of size {2}",
                                shapeStr(Sizes), *Axis, Dim));
   } else {
     int64_t N = Attrs.getInt("num_outputs", 0);
     if (N <= 0)
-      return typeError("split needs a 'split' operand or 'num_outputs'");
+      return makeError("split needs a 'split' operand or 'num_outputs'");
     if (N > Dim)
-      return typeError(formatv("cannot split dimension {0} of size {1} into "
+      return makeError(formatv("cannot split dimension {0} of size {1} into "
                                "{2} pieces",
                                *Axis, Dim, N));
     // A tensor with a 0 dimension may have any other dimension, so Dim
     // alone does not bound the number of results.
     if (N > MaxSplitOutputs)
-      return typeError(formatv("split into {0} pieces; at most {1} are "
+      return makeError(formatv("split into {0} pieces; at most {1} are "
                                "supported",
                                N, MaxSplitOutputs));
     int64_t Piece = Dim / N + (Dim % N != 0), Left = Dim;
@@ -721,7 +718,7 @@ Expected<TypeList> inferSlice(ArrayRef<Value *> Ops) {
   size_t N = Starts.size();
   if (Ends.size() != N || (Ops.size() > 3 && Axes.size() != N) ||
       (Ops.size() > 4 && Steps.size() != N))
-    return typeError("starts, ends, axes and steps must have the same length");
+    return makeError("starts, ends, axes and steps must have the same length");
   if (Ops.size() <= 3)
     for (size_t I = 0; I < N; ++I)
       Axes.push_back(I);
@@ -734,11 +731,11 @@ Expected<TypeList> inferSlice(ArrayRef<Value *> Ops) {
     if (!Axis)
       return Axis.takeError();
     if (Seen[*Axis])
-      return typeError(formatv("axis {0} is sliced twice", Axes[I]));
+      return makeError(formatv("axis {0} is sliced twice", Axes[I]));
     Seen[*Axis] = true;
     int64_t Step = Steps[I], Dim = X.Shape[*Axis];
     if (Step == 0)
-      return typeError("slice steps cannot be 0");
+      return makeError("slice steps cannot be 0");
     if (Dim == 0) {
       T.Shape[*Axis] = 0;
       continue;
@@ -774,7 +771,7 @@ Expected<TypeList> inferRange(ArrayRef<Value *> Ops) {
       return E;
   for (unsigned I = 0; I < 3; ++I)
     if (Ops[I]->type().numElements() != 1)
-      return typeError(formatv("operand {0} of range must be a scalar", I));
+      return makeError(formatv("operand {0} of range must be a scalar", I));
   DType D = Ops[0]->type().Dtype;
   static const char *const Names[] = {"start", "limit", "delta"};
   int64_t Count;
@@ -783,16 +780,16 @@ Expected<TypeList> inferRange(ArrayRef<Value *> Ops) {
     for (unsigned I = 0; I < 3; ++I) {
       const Value *Op = Ops[I];
       if (!Op->isConst() || !Op->data() || !Op->data()->isLoaded())
-        return typeError(formatv("operand {0} ({1}) must be a constant known "
+        return makeError(formatv("operand {0} ({1}) must be a constant known "
                                  "at compile time",
                                  I, Names[I]));
       V[I] = Op->data()->getDouble(0);
     }
     if (V[2] == 0)
-      return typeError("range delta cannot be 0");
+      return makeError("range delta cannot be 0");
     double C = std::ceil((V[1] - V[0]) / V[2]);
     if (!(C < 9.0e15))
-      return typeError("range is too large");
+      return makeError("range is too large");
     Count = std::max<int64_t>(int64_t(C), 0);
   } else {
     int64_t V[3];
@@ -803,7 +800,7 @@ Expected<TypeList> inferRange(ArrayRef<Value *> Ops) {
       V[I] = *S;
     }
     if (V[2] == 0)
-      return typeError("range delta cannot be 0");
+      return makeError("range delta cannot be 0");
     // The distance may not fit in int64 (e.g. INT64_MIN to INT64_MAX).
     __int128 Dist = __int128(V[1]) - V[0];
     __int128 C = 0;
@@ -812,7 +809,7 @@ Expected<TypeList> inferRange(ArrayRef<Value *> Ops) {
     else if (V[2] < 0 && Dist < 0)
       C = (-Dist + (-__int128(V[2])) - 1) / -__int128(V[2]);
     if (C > (__int128(1) << 53))
-      return typeError("range is too large");
+      return makeError("range is too large");
     Count = int64_t(C);
   }
   return TypeList{TensorType(D, {Count})};
@@ -825,7 +822,7 @@ Expected<TypeList> inferGather(ArrayRef<Value *> Ops, const AttrList &Attrs) {
     return E;
   const TensorType &X = Ops[0]->type(), &Idx = Ops[1]->type();
   if (X.rank() == 0)
-    return typeError("cannot gather from a scalar");
+    return makeError("cannot gather from a scalar");
   auto Axis = normAxis(Attrs.getInt("axis", 0), X.rank());
   if (!Axis)
     return Axis.takeError();
@@ -840,12 +837,12 @@ Expected<TypeList> inferTrilu(ArrayRef<Value *> Ops) {
   if (auto E = expectOperands(Ops, 1, 2))
     return E;
   if (Ops[0]->type().rank() < 2)
-    return typeError("trilu needs an operand of rank >= 2");
+    return makeError("trilu needs an operand of rank >= 2");
   if (Ops.size() == 2) {
     if (auto E = expectDtype(Ops[1], 1, DType::I64))
       return E;
     if (Ops[1]->type().numElements() != 1)
-      return typeError("operand 1 (k) must be a scalar");
+      return makeError("operand 1 (k) must be a scalar");
   }
   return TypeList{Ops[0]->type()};
 }

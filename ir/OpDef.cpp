@@ -1,6 +1,7 @@
 //===- OpDef.cpp - The table of op definitions ----------------------------===//
 #include "ir/OpDef.h"
 #include "ir/ops/OpTable.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
@@ -16,13 +17,9 @@ Error GradBuilder::error(const Twine &Msg) const {
 
 namespace ops {
 
-Error typeError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
-
 Error expectRank(const ShapeArgs &A, unsigned I, unsigned MinRank) {
   if (A.type(I).rank() < MinRank)
-    return typeError(formatv("operand {0} has rank {1}, expected at least {2}",
+    return makeError(formatv("operand {0} has rank {1}, expected at least {2}",
                              I, A.type(I).rank(), MinRank));
   return Error::success();
 }
@@ -70,7 +67,7 @@ OpDef unaryGradOp(std::vector<OpAttrDecl> Attrs) {
           .Attrs = std::move(Attrs),
           .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
             if (A.type(0) != A.type(1))
-              return typeError(formatv("x {0} and dy {1} differ",
+              return makeError(formatv("x {0} and dy {1} differ",
                                        A.type(0).str(), A.type(1).str()));
             return TypeList{A.type(0)};
           }};

@@ -6,15 +6,12 @@
 //===----------------------------------------------------------------------===//
 #include "ir/ShapeInference.h"
 #include "ir/OpDef.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
 
 namespace sp {
-
-static Error typeError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 Expected<SmallVector<int64_t, 4>> broadcastShapes(ArrayRef<int64_t> A,
                                                   ArrayRef<int64_t> B) {
@@ -24,7 +21,7 @@ Expected<SmallVector<int64_t, 4>> broadcastShapes(ArrayRef<int64_t> A,
     int64_t DA = I < R - A.size() ? 1 : A[I - (R - A.size())];
     int64_t DB = I < R - B.size() ? 1 : B[I - (R - B.size())];
     if (DA != DB && DA != 1 && DB != 1)
-      return typeError(formatv("shapes [{0}] and [{1}] do not broadcast",
+      return makeError(formatv("shapes [{0}] and [{1}] do not broadcast",
                                make_range(A.begin(), A.end()),
                                make_range(B.begin(), B.end())));
     Out[I] = DA == 1 ? DB : DA;
@@ -34,7 +31,7 @@ Expected<SmallVector<int64_t, 4>> broadcastShapes(ArrayRef<int64_t> A,
 
 Expected<std::vector<int64_t>> constInts(const Value *V) {
   if (!V->isConst() || !V->data() || !V->data()->isLoaded())
-    return typeError("operand must be a constant known at compile time");
+    return makeError("operand must be a constant known at compile time");
   std::vector<int64_t> R;
   for (int64_t I = 0, N = V->type().numElements(); I < N; ++I)
     R.push_back(V->data()->getInt(I));
@@ -54,9 +51,9 @@ std::optional<std::vector<int64_t>> knownConstInts(const Value *V) {
 static Error checkOperands(const OpDef &D, ArrayRef<Value *> Ops) {
   unsigned Min = D.MinOperands, Max = D.MaxOperands;
   if (Ops.size() < Min || Ops.size() > Max)
-    return typeError(
-        Min == Max ? formatv("expected {0} operands, got {1}", Min, Ops.size())
-                         .str()
+    return makeError(
+        Min == Max
+            ? formatv("expected {0} operands, got {1}", Min, Ops.size()).str()
         : Max == OpDef::Variadic
             ? formatv("expected at least {0} operands, got {1}", Min,
                       Ops.size())
@@ -66,7 +63,7 @@ static Error checkOperands(const OpDef &D, ArrayRef<Value *> Ops) {
                   .str());
   for (unsigned I = 0; I < Ops.size(); ++I)
     if (!Ops[I])
-      return typeError(formatv("operand {0} is missing", I));
+      return makeError(formatv("operand {0} is missing", I));
   return Error::success();
 }
 
@@ -76,7 +73,7 @@ Expected<TypeList> inferTypes(OpKind Op, ArrayRef<Value *> Operands,
     return inferOnnxTypes(Op, Operands, Attrs);
   const OpDef &D = opDef(Op);
   if (!D.Shape)
-    return typeError(Twine(opName(Op)) +
+    return makeError(Twine(opName(Op)) +
                      " exists only in lowered programs, not in graphs");
   if (auto E = checkOperands(D, Operands))
     return E;

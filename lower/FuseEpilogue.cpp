@@ -12,7 +12,7 @@ namespace sp {
 
 namespace {
 
-struct Fuser : Peephole {
+struct EpilogueFuser : Peephole {
   using Peephole::Peephole;
 
   /// A linear of MinOperands to MaxOperands operands in phase Ph, not yet
@@ -111,7 +111,7 @@ struct Fuser : Peephole {
 } // namespace
 
 int fuseEpilogues(Program &P) {
-  Fuser F(P);
+  EpilogueFuser F(P);
   return F.fuseEachLive([&](int K) -> int {
     switch (P.Instrs[K].Op) {
     case OpKind::Gelu:

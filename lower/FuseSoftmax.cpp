@@ -18,7 +18,7 @@ bool isPlain(const Instruction &I) {
          !I.Attrs.has("fill");
 }
 
-struct Fuser : Peephole {
+struct SoftmaxFuser : Peephole {
   using Peephole::Peephole;
 
   /// scale? -> causal_mask? -> softmax (at instruction K).
@@ -100,7 +100,7 @@ struct Fuser : Peephole {
 } // namespace
 
 int fuseAttentionSoftmax(Program &P) {
-  Fuser F(P);
+  SoftmaxFuser F(P);
   return F.fuseEachLive([&](int K) -> int {
     if (P.Instrs[K].Op == OpKind::Softmax)
       return F.fuseForward(K);

@@ -21,6 +21,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "lower/Schedule.h"
+#include "support/Diagnostics.h"
 #include "support/Format.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
@@ -39,10 +40,6 @@ using namespace llvm;
 namespace sp {
 
 namespace {
-
-Error scheduleError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 /// One compute step before communication is placed. An interleaved
 /// steady-state forward is Paired with the backward after it: the two form
@@ -184,12 +181,12 @@ std::string where(const Schedule &S, int Rank, int Index) {
 /// a receive for every send on its peer (and the converse).
 Error checkStatic(const Schedule &S) {
   if (S.Ranks < 1 || S.Chunks < 1 || S.Microbatches < 1)
-    return scheduleError(formatv("schedule has {0} ranks, {1} chunks and {2} "
-                                 "microbatches; each must be at least 1",
-                                 S.Ranks, S.Chunks, S.Microbatches));
+    return makeError(formatv("schedule has {0} ranks, {1} chunks and {2} "
+                             "microbatches; each must be at least 1",
+                             S.Ranks, S.Chunks, S.Microbatches));
   if (int(S.Steps.size()) != S.Ranks)
-    return scheduleError(formatv("schedule of {0} ranks lists steps for {1}",
-                                 S.Ranks, S.Steps.size()));
+    return makeError(formatv("schedule of {0} ranks lists steps for {1}",
+                             S.Ranks, S.Steps.size()));
   int V = S.numStages(), N = S.Microbatches;
   std::vector<int> Fwd(size_t(N) * V, 0), Bwd(size_t(N) * V, 0),
       Wgt(size_t(N) * V, 0);
@@ -202,7 +199,7 @@ Error checkStatic(const Schedule &S) {
       const ScheduleStep &St = S.Steps[R][I];
       if (St.Microbatch < 0 || St.Microbatch >= N || St.Chunk < 0 ||
           St.Chunk >= S.Chunks)
-        return scheduleError(formatv(
+        return makeError(formatv(
             "rank {0} step {1} names microbatch {2} chunk {3}; the schedule "
             "has microbatches 0-{4} and chunks 0-{5}",
             R, I, St.Microbatch, St.Chunk, N - 1, S.Chunks - 1));
@@ -210,37 +207,36 @@ Error checkStatic(const Schedule &S) {
       size_t Slot = size_t(St.Microbatch) * V + Stage;
       if (St.isCompute()) {
         if (St.Kind == StepKind::WeightGrad && !S.splitsBackward())
-          return scheduleError(formatv(
-              "{0}: the {1} schedule does not split the backward",
-              where(S, R, I), scheduleKindName(S.Kind)));
+          return makeError(
+              formatv("{0}: the {1} schedule does not split the backward",
+                      where(S, R, I), scheduleKindName(S.Kind)));
         int &Count = St.Kind == StepKind::Forward    ? Fwd[Slot]
                      : St.Kind == StepKind::Backward ? Bwd[Slot]
                                                      : Wgt[Slot];
         if (++Count > 1)
-          return scheduleError(formatv("{0} runs a second time",
-                                       where(S, R, I)));
+          return makeError(formatv("{0} runs a second time", where(S, R, I)));
         continue;
       }
       int Other = peerStage(S, R, St);
       if (Other < 0)
-        return scheduleError(formatv("{0}: stage {1} has no neighbour that "
-                                     "way (stages 0-{2})",
-                                     where(S, R, I), Stage, V - 1));
+        return makeError(formatv("{0}: stage {1} has no neighbour that "
+                                 "way (stages 0-{2})",
+                                 where(S, R, I), Stage, V - 1));
       int PeerRank = S.rankOfStage(Other);
       if (PeerRank == R)
-        return scheduleError(formatv(
+        return makeError(formatv(
             "{0}: stages {1} and {2} are both on rank {3}, which hands the "
             "tensor over locally",
             where(S, R, I), Stage, Other, R));
       if (St.Peer != PeerRank)
-        return scheduleError(formatv("{0}: stage {1} is on rank {2}, not "
-                                     "rank {3}",
-                                     where(S, R, I), Other, PeerRank, St.Peer));
+        return makeError(formatv("{0}: stage {1} is on rank {2}, not "
+                                 "rank {3}",
+                                 where(S, R, I), Other, PeerRank, St.Peer));
       int64_t Key = messageOf(S, R, St);
       auto &At = (St.isSend() ? SentAt : RecvAt)[Key];
       if (At.first >= 0)
-        return scheduleError(formatv("{0} repeats {1}", where(S, R, I),
-                                     where(S, At.first, At.second)));
+        return makeError(formatv("{0} repeats {1}", where(S, R, I),
+                                 where(S, At.first, At.second)));
       At = {R, I};
     }
   }
@@ -253,7 +249,7 @@ Error checkStatic(const Schedule &S) {
           : S.splitsBackward() && !Wgt[Slot] ? "weight-gradient step"
                                                   : nullptr;
       if (Missing)
-        return scheduleError(formatv(
+        return makeError(formatv(
             "rank {0} never runs the {1} of microbatch {2} chunk {3} "
             "(stage {4})",
             S.rankOfStage(Stage), Missing, K, S.chunkOfStage(Stage), Stage));
@@ -267,9 +263,9 @@ Error checkStatic(const Schedule &S) {
         continue;
       const auto &Other = St.isSend() ? RecvAt : SentAt;
       if (Other[messageOf(S, R, St)].first < 0)
-        return scheduleError(formatv("{0} has no matching {1} on rank {2}",
-                                     where(S, R, I),
-                                     St.isSend() ? "recv" : "send", St.Peer));
+        return makeError(formatv("{0} has no matching {1} on rank {2}",
+                                 where(S, R, I), St.isSend() ? "recv" : "send",
+                                 St.Peer));
     }
   return Error::success();
 }
@@ -319,8 +315,8 @@ public:
     if (InFlightCount) {
       const auto &Where = *find_if(
           InFlight, [](const std::pair<int, int> &W) { return W.first >= 0; });
-      return scheduleError(formatv("{0} is never received",
-                                   where(S, Where.first, Where.second)));
+      return makeError(formatv("{0} is never received",
+                               where(S, Where.first, Where.second)));
     }
     return Error::success();
   }
@@ -336,8 +332,8 @@ private:
     const ScheduleStep &St = S.Steps[R][I];
     int V = S.stageOf(R, St.Chunk), K = St.Microbatch;
     auto Missing = [&](const Twine &What) {
-      return scheduleError(formatv("{0} runs before {1}", where(S, R, I),
-                                   What.str()));
+      return makeError(
+          formatv("{0} runs before {1}", where(S, R, I), What.str()));
     };
     switch (St.Kind) {
     case StepKind::Forward:
@@ -524,7 +520,7 @@ private:
       }
       Msg += ")";
     }
-    return scheduleError(Msg);
+    return makeError(Msg);
   }
 
   const Schedule &S;
@@ -603,23 +599,23 @@ Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
                                  int Microbatches, ArrayRef<int> WeightDelays) {
   int N = Microbatches;
   if (P < 1)
-    return scheduleError(formatv(
-        "a pipeline needs at least 1 rank, got P = {0}", P));
+    return makeError(
+        formatv("a pipeline needs at least 1 rank, got P = {0}", P));
   if (M < 1)
-    return scheduleError(formatv(
+    return makeError(formatv(
         "a pipeline needs at least 1 model chunk per rank, got M = {0}", M));
   if (N < 1)
-    return scheduleError(formatv(
-        "a pipeline needs at least 1 microbatch, got {0}", N));
+    return makeError(
+        formatv("a pipeline needs at least 1 microbatch, got {0}", N));
   if ((Kind == ScheduleKind::OneFOneB || Kind == ScheduleKind::ZeroBubbleH1) &&
       M != 1)
-    return scheduleError(formatv(
+    return makeError(formatv(
         "the {1} schedule runs 1 model chunk per rank, got M = {0}; use "
         "the interleaved schedule for {0} chunks per rank",
         M, scheduleKindName(Kind)));
   if (Kind == ScheduleKind::Interleaved) {
     if (M < 2)
-      return scheduleError(formatv(
+      return makeError(formatv(
           "the interleaved schedule needs at least 2 model chunks per rank, "
           "got M = {0}; use M >= 2, or the 1f1b schedule for 1 chunk",
           M));
@@ -627,7 +623,7 @@ Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
       int Lower = N / P * P, Upper = Lower + P;
       std::string Use = Lower > 0 ? formatv("{0} or {1}", Lower, Upper).str()
                                   : formatv("{0}", Upper).str();
-      return scheduleError(formatv(
+      return makeError(formatv(
           "the interleaved schedule needs the number of microbatches to be "
           "a multiple of P = {0}, got {1}; use {2} microbatches",
           P, N, Use));
@@ -635,17 +631,17 @@ Expected<Schedule> buildSchedule(ScheduleKind Kind, int P, int M,
   }
   if (!WeightDelays.empty()) {
     if (Kind != ScheduleKind::ZeroBubbleH1)
-      return scheduleError(formatv("the {0} schedule does not split the "
-                                   "backward; it takes no weight delays",
-                                   scheduleKindName(Kind)));
+      return makeError(formatv("the {0} schedule does not split the "
+                               "backward; it takes no weight delays",
+                               scheduleKindName(Kind)));
     if (int(WeightDelays.size()) != P)
-      return scheduleError(formatv("{0} weight delays for {1} ranks",
-                                   WeightDelays.size(), P));
+      return makeError(
+          formatv("{0} weight delays for {1} ranks", WeightDelays.size(), P));
     for (int R = 0; R < P; ++R)
       if (WeightDelays[R] < 0 || WeightDelays[R] > N)
-        return scheduleError(formatv("rank {0}'s weight delay {1} is outside "
-                                     "[0, {2}] (the microbatches)",
-                                     R, WeightDelays[R], N));
+        return makeError(formatv("rank {0}'s weight delay {1} is outside "
+                                 "[0, {2}] (the microbatches)",
+                                 R, WeightDelays[R], N));
   }
   Schedule S;
   S.Kind = Kind;
@@ -763,20 +759,20 @@ Expected<ScheduleTimes> simulateTimes(const Schedule &S,
       {"weight-gradient", &Costs.WeightGrad}};
   for (const auto &[Name, List] : Lists) {
     if (List->size() != 1 && int(List->size()) != V)
-      return scheduleError(formatv(
+      return makeError(formatv(
           "{0} costs list {1} entries; give 1 for every stage or one per "
           "virtual stage ({2})",
           Name, List->size(), V));
     for (double C : *List)
       if (!std::isfinite(C) || C < 0)
-        return scheduleError(formatv("{0} cost {1} is not a finite "
-                                     "non-negative time",
-                                     Name, generalNumber(C)));
+        return makeError(formatv("{0} cost {1} is not a finite "
+                                 "non-negative time",
+                                 Name, generalNumber(C)));
   }
   if (!std::isfinite(Costs.Comm) || Costs.Comm < 0)
-    return scheduleError(formatv("communication cost {0} is not a finite "
-                                 "non-negative time",
-                                 generalNumber(Costs.Comm)));
+    return makeError(formatv("communication cost {0} is not a finite "
+                             "non-negative time",
+                             generalNumber(Costs.Comm)));
   auto Cost = [](ArrayRef<double> L, int Stage) {
     return L.size() == 1 ? L[0] : L[Stage];
   };

@@ -27,6 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -34,10 +35,6 @@ using namespace llvm;
 
 namespace sp {
 namespace {
-
-Error bindError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 /// What the structure says each input is, and why (for diagnostics).
 struct Found {
@@ -92,7 +89,7 @@ Error checkTypes(Graph &G) {
     if (!isModelInputRole(R))
       continue;
     if (!roleShapeOk(R, T, B, S) || !roleDtypeOk(R, T.Dtype))
-      return bindError(formatv(
+      return makeError(formatv(
           "input '{0}' is bound as {1} but is {2}; sp-run feeds {1} as {3}",
           I->name(), inputRoleName(R), T.str(),
           R == InputRole::Mask
@@ -112,7 +109,7 @@ public:
         none_of(Structural, [](const auto &KV) {
           return KV.second.Role == InputRole::Tokens;
         }))
-      return bindError("no input feeds the token embedding; run "
+      return makeError("no input feeds the token embedding; run "
                        "detect-transformer first");
     // Flags first: each must name an input and agree with the structure.
     DenseMap<Value *, InputRole> Flagged;
@@ -122,7 +119,7 @@ public:
         std::string Names;
         for (const auto &I : G.inputs())
           Names += (Names.empty() ? "'" : ", '") + I->name() + "'";
-        return bindError(formatv("--input {0}={1}: the model has no input "
+        return makeError(formatv("--input {0}={1}: the model has no input "
                                  "'{0}'; its inputs are {2}",
                                  Name, inputRoleName(Role), Names));
       }
@@ -134,7 +131,7 @@ public:
         const TensorType &Table = It->second.Guess->operand(0)->type();
         int64_t Seq = V->type().rank() ? V->type().dim(-1) : 1;
         if (Table.Shape[0] < Seq)
-          return bindError(formatv(
+          return makeError(formatv(
               "--input {0}=positions: '{0}' indexes a table of {1} rows, "
               "fewer than the {2} positions sp-run would feed; it is the "
               "token types",
@@ -147,7 +144,7 @@ public:
         It->second.Role = Role;
       }
       if (It != Structural.end() && It->second.Role != Role)
-        return bindError(formatv("--input {0}={1}: input '{0}' is {2}, so "
+        return makeError(formatv("--input {0}={1}: input '{0}' is {2}, so "
                                  "sp feeds it as {3}; drop the flag or bind "
                                  "it as {3}",
                                  Name, inputRoleName(Role), It->second.Why,
@@ -166,7 +163,7 @@ public:
       else if (!V->hasUsers())
         Unused.push_back(V);
       else
-        return bindError(formatv(
+        return makeError(formatv(
             "input '{0}' ({1}) is not the token ids, position ids, attention "
             "mask or token types of the recognised model, so sp-run could not "
             "feed it; remove it from the export, or bind it with --input "
@@ -185,7 +182,7 @@ public:
       for (const auto &I : G.inputs())
         if (I->inputRole() == R) {
           if (First)
-            return bindError(formatv("inputs '{0}' and '{1}' are both bound "
+            return makeError(formatv("inputs '{0}' and '{1}' are both bound "
                                      "as {2}; a model has one",
                                      First->name(), I->name(),
                                      inputRoleName(R)));

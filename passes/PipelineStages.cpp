@@ -24,16 +24,17 @@
 //    gradient norm counts the weight once.
 //
 //===----------------------------------------------------------------------===//
-#include "ir/ShapeInference.h"
 #include "analysis/Cost.h"
 #include "analysis/Partition.h"
-#include "passes/Passes.h"
+#include "ir/ShapeInference.h"
 #include "lower/ProgramBuilder.h"
-#include <map>
+#include "passes/Passes.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
+#include <map>
 
 using namespace llvm;
 
@@ -44,10 +45,6 @@ namespace {
 /// FLOPs one stored byte is worth in the stage cost model: an A100's
 /// 312 TFLOP/s over its 2 TB/s.
 constexpr double BytesWeight = 156;
-
-Error pipelineError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 class PipelinePass : public Pass {
 public:
@@ -60,14 +57,14 @@ public:
     if (!any_of(G.nodes(), [](const Node &N) {
           return N.op() == OpKind::AdamW;
         }))
-      return pipelineError("pipeline-stages needs a training graph with its "
-                           "optimizer (run autodiff and optimizer first)");
+      return makeError("pipeline-stages needs a training graph with its "
+                       "optimizer (run autodiff and optimizer first)");
     int L = 0;
     for (const Node &N : G.nodes())
       L = std::max(L, N.tags().Layer + 1);
     int S = O.Stages * O.Interleave;
     if (S > L)
-      return pipelineError(formatv(
+      return makeError(formatv(
           "--pp {0} x --interleave {1} = {2} stages, but the model has only "
           "{3} layers; use at most {3} stages",
           O.Stages, O.Interleave, S, L));
@@ -124,7 +121,7 @@ private:
     bool Uniformly = R.LayerModes.empty();
     int K = std::max(R.Layers, 1);
     if (Grouped && Groups < NumStages)
-      return pipelineError(
+      return makeError(
           Uniformly
               ? formatv("--recompute-layers {0} makes {1} group{5} of the {2} "
                         "layers, each recomputed from its first layer's "
@@ -142,11 +139,11 @@ private:
     if (!Starts)
       return !Grouped ? Starts.takeError()
              : Uniformly
-                 ? pipelineError(formatv(
+                 ? makeError(formatv(
                        "with --recompute-layers {0} a stage holds whole "
                        "groups of {0} layers ({1} groups): {2}",
                        K, Groups, toString(Starts.takeError())))
-                 : pipelineError(formatv(
+                 : makeError(formatv(
                        "a stage holds whole per-layer recomputation groups "
                        "({0} groups): {1}",
                        Groups, toString(Starts.takeError())));
@@ -200,7 +197,7 @@ private:
           break;
         }
       if (T.Stage < 0)
-        return pipelineError(N.describe() + " has no pipeline stage");
+        return makeError(N.describe() + " has no pipeline stage");
     }
     for (Node &N : G.nodes())
       if (N.op() == OpKind::AdamW) {
@@ -253,8 +250,8 @@ private:
         continue;
       Node *Adam = Update.lookup(W);
       if (!Adam || !Norm)
-        return pipelineError("parameter '" + W->name() +
-                             "' has no optimizer update");
+        return makeError("parameter '" + W->name() +
+                         "' has no optimizer update");
       Value *Grad = Adam->operand(1);
       SmallVector<Value *, 4> Leaves;
       collectLeaves(Grad, Leaves);
@@ -263,9 +260,9 @@ private:
       for (Value *Leaf : Leaves) {
         Node *LP = Leaf->producer();
         if (!LP || LP->tags().Stage < 0)
-          return pipelineError("the gradient of '" + W->name() +
-                               "', used on several pipeline stages, is not "
-                               "a sum of per-stage parts");
+          return makeError("the gradient of '" + W->name() +
+                           "', used on several pipeline stages, is not "
+                           "a sum of per-stage parts");
         int R = rankOf(LP->tags().Stage);
         auto [It, New] = Share.insert({R, Leaf});
         if (New)

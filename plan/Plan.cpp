@@ -1,6 +1,7 @@
 //===- Plan.cpp - Reading and writing plan directories --------------------===//
 #include "plan/Plan.h"
 #include "plan/AtomicFile.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -61,7 +62,7 @@ Error writePlan(StringRef Dir, const Plan &P) {
   });
 }
 
-static Error planError(StringRef Dir, const Twine &Msg) {
+static Error makeError(StringRef Dir, const Twine &Msg) {
   return createStringError(inconvertibleErrorCode(),
                            "plan '" + Dir + "': " + Msg);
 }
@@ -94,7 +95,7 @@ static bool isPlanFileName(const json &J) {
 /// other entry is kept as is.
 static Error checkManifest(StringRef Dir, const json &M) {
   auto Bad = [&](const Twine &Key, StringRef Want) {
-    return planError(Dir, "manifest.json: '" + Key + "' must be " + Want);
+    return makeError(Dir, "manifest.json: '" + Key + "' must be " + Want);
   };
   auto CheckInt = [&](const json &Obj, StringRef Prefix, const char *Key,
                       int64_t Min, int64_t Max) -> Error {
@@ -168,7 +169,7 @@ static Error checkBufferSizes(StringRef Dir, const json &M,
       Size = std::min(Size, dtypeSize(Act));
     int64_t Needs = B.Type.numElements() * Size;
     if (B.Bytes < Needs)
-      return planError(Dir, formatv("malformed program: buffer '{0}' holds "
+      return makeError(Dir, formatv("malformed program: buffer '{0}' holds "
                                     "{1} in {2} bytes; it needs {3}",
                                     B.Name, B.Type.str(), B.Bytes, Needs));
   }
@@ -198,10 +199,10 @@ Expected<Plan> readPlan(StringRef Dir, PlanFileReader ReadFile) {
     return M.takeError();
   P.Manifest = std::move(*M);
   if (!P.Manifest.is_object())
-    return planError(Dir, "manifest.json is not a JSON object");
+    return makeError(Dir, "manifest.json is not a JSON object");
   const json &Version = P.Manifest.value("format_version", json(-1));
   if (!Version.is_number_integer())
-    return planError(Dir, "manifest.json: 'format_version' must be an "
+    return makeError(Dir, "manifest.json: 'format_version' must be an "
                           "integer");
   if (Version != PlanFormatVersion)
     return createStringError(
@@ -217,7 +218,7 @@ Expected<Plan> readPlan(StringRef Dir, PlanFileReader ReadFile) {
       return J.takeError();
     auto Prog = programFromJson(*J);
     if (!Prog)
-      return planError(Dir, toString(Prog.takeError()));
+      return makeError(Dir, toString(Prog.takeError()));
     if (auto E = checkBufferSizes(Dir, P.Manifest, *Prog))
       return E;
     return Prog;

@@ -1,7 +1,8 @@
 //===- AutoPlan.cpp - sp-compile --auto: the fastest plan that fits -------===//
 #include "planner/AutoPlan.h"
-#include "driver/LowerTraining.h"
 #include "analysis/ModelInfo.h"
+#include "driver/LowerTraining.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -16,10 +17,6 @@
 using namespace llvm;
 
 namespace sp {
-
-static Error autoError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 /// Bytes in GiB, or in MiB or KiB below one GiB.
 static std::string gib(double Bytes) {
@@ -137,18 +134,18 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                                    const AutoOptions &O) {
   auto Start = std::chrono::steady_clock::now();
   if (O.Gpus < 1)
-    return autoError("--auto needs --gpus N (N >= 1)");
+    return makeError("--auto needs --gpus N (N >= 1)");
   if (!(O.GpuMemory > 0))
-    return autoError("--auto needs --gpu-memory BYTES (e.g. 80GiB)");
+    return makeError("--auto needs --gpu-memory BYTES (e.g. 80GiB)");
   auto Info = modelFacts(G, Base);
   if (!Info)
     return Info.takeError();
   int64_t B = Info->Batch; // the microbatch: the model's batch
   int64_t Global = O.GlobalBatch ? O.GlobalBatch : O.Gpus * B;
   if (B < 1)
-    return autoError("the model's batch is not known; bind it with --batch");
+    return makeError("the model's batch is not known; bind it with --batch");
   if (Global % B)
-    return autoError(formatv("--global-batch {0} is not a multiple of the "
+    return makeError(formatv("--global-batch {0} is not a multiple of the "
                              "model's batch {1} (the microbatch)",
                              Global, B));
   int Node = O.Cluster.GpusPerNode;
@@ -645,7 +642,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
                            gib(Smallest->PeakBytes), Smallest->describe())
                        .str()
                  : "no layout compiled";
-    return autoError(formatv("no layout of this model on {0} GPUs fits {1} "
+    return makeError(formatv("no layout of this model on {0} GPUs fits {1} "
                              "per GPU (global batch {2}): {3}",
                              O.Gpus, gib(O.GpuMemory), Global, Need));
   }

@@ -2,6 +2,7 @@
 #include "planner/CostModel.h"
 #include "analysis/Cost.h"
 #include "driver/LowerTraining.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include <algorithm>
@@ -11,15 +12,11 @@ using namespace llvm;
 
 namespace sp {
 
-static Error costError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
-
 Expected<ClusterSpec> parseClusterSpec(StringRef Text) {
   nlohmann::json J = nlohmann::json::parse(Text.begin(), Text.end(), nullptr,
                                            /*allow_exceptions=*/false);
   if (J.is_discarded() || !J.is_object())
-    return costError("a cluster description is a JSON object");
+    return makeError("a cluster description is a JSON object");
   ClusterSpec C;
   struct Field {
     const char *Name;
@@ -43,14 +40,14 @@ Expected<ClusterSpec> parseClusterSpec(StringRef Text) {
     const nlohmann::json &Value = Item.value();
     if (Key == "name") {
       if (!Value.is_string())
-        return costError("cluster field 'name' must be a string");
+        return makeError("cluster field 'name' must be a string");
       C.Name = Value.get<std::string>();
       continue;
     }
     if (Key == "gpus_per_node") {
       if (!Value.is_number_integer() || Value.get<int64_t>() < 1 ||
           Value.get<int64_t>() > 1 << 20)
-        return costError("cluster field 'gpus_per_node' must be a positive "
+        return makeError("cluster field 'gpus_per_node' must be a positive "
                          "integer");
       C.GpusPerNode = Value.get<int>();
       continue;
@@ -59,7 +56,7 @@ Expected<ClusterSpec> parseClusterSpec(StringRef Text) {
         std::begin(Numbers), std::end(Numbers),
         [&](const Field &X) { return Key == X.Name; });
     if (F == std::end(Numbers))
-      return costError(formatv("unknown cluster field '{0}' (known: name, "
+      return makeError(formatv("unknown cluster field '{0}' (known: name, "
                                "gpus_per_node, memory_bytes, peak_flops, "
                                "fp32_peak_flops, "
                                "gemm_efficiency, hbm_bandwidth, "
@@ -71,7 +68,7 @@ Expected<ClusterSpec> parseClusterSpec(StringRef Text) {
     double V = Value.is_number() ? Value.get<double>() : -1;
     if (!Value.is_number() || !(Latency ? V >= 0 : V > 0) ||
         (F->AtMostOne && V > 1) || !std::isfinite(V))
-      return costError(formatv("cluster field '{0}' must be a {1} number{2}",
+      return makeError(formatv("cluster field '{0}' must be a {1} number{2}",
                                Key, Latency ? "non-negative" : "positive",
                                F->AtMostOne ? " at most 1" : ""));
     *F->Value = V;
@@ -82,11 +79,11 @@ Expected<ClusterSpec> parseClusterSpec(StringRef Text) {
 Expected<ClusterSpec> readClusterSpec(StringRef Path) {
   auto Buf = MemoryBuffer::getFile(Path);
   if (!Buf)
-    return costError("cannot read cluster description '" + Path +
+    return makeError("cannot read cluster description '" + Path +
                      "': " + Buf.getError().message());
   auto C = parseClusterSpec((*Buf)->getBuffer());
   if (!C)
-    return costError(Path + ": " + toString(C.takeError()));
+    return makeError(Path + ": " + toString(C.takeError()));
   return C;
 }
 
@@ -242,12 +239,12 @@ Expected<StepEstimate> estimateStep(const ClusterSpec &C,
                                     const ParallelLayout &Y,
                                     ArrayRef<StageWork> Stages) {
   if (Y.T < 1 || Y.P < 1 || Y.M < 1 || Y.D < 1 || Y.Microbatches < 1)
-    return costError(formatv("layout t {0} p {1} m {2} d {3} with {4} "
+    return makeError(formatv("layout t {0} p {1} m {2} d {3} with {4} "
                              "microbatches: every size must be positive",
                              Y.T, Y.P, Y.M, Y.D, Y.Microbatches));
   int V = Y.P * Y.M;
   if (int(Stages.size()) != V)
-    return costError(formatv("{0} stages of work for p {1} x m {2} = {3} "
+    return makeError(formatv("{0} stages of work for p {1} x m {2} = {3} "
                              "virtual stages",
                              Stages.size(), Y.P, Y.M, V));
   auto S = buildSchedule(Y.Schedule, Y.P, Y.M, Y.Microbatches);

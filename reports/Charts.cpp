@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "reports/Charts.h"
+#include "support/Diagnostics.h"
 #include "support/Format.h"
 #include "support/Svg.h"
 #include "llvm/ADT/StringExtras.h"
@@ -26,10 +27,6 @@ using namespace llvm;
 namespace sp {
 
 namespace {
-
-Error chartError(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 const char *const ForwardColour = "#4c78a8";
 const char *const BackwardColour = "#54a24b";
@@ -109,13 +106,13 @@ void legend(raw_ostream &OS, double X, double Y,
 Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
                     const ScheduleTimes &T, const GanttOptions &O) {
   if (int(T.Times.size()) != S.Ranks)
-    return chartError(formatv("timing has {0} ranks, the schedule {1}",
-                              T.Times.size(), S.Ranks));
+    return makeError(formatv("timing has {0} ranks, the schedule {1}",
+                             T.Times.size(), S.Ranks));
   for (int R = 0; R < S.Ranks; ++R)
     if (T.Times[R].size() != S.Steps[R].size())
-      return chartError(formatv("timing of rank {0} has {1} steps, the "
-                                "schedule {2}",
-                                R, T.Times[R].size(), S.Steps[R].size()));
+      return makeError(formatv("timing of rank {0} has {1} steps, the "
+                               "schedule {2}",
+                               R, T.Times[R].size(), S.Steps[R].size()));
   const double Left = 70, Right = 24, Top = 62, RowH = O.RowHeight,
                Gap = 6;
   const double W = std::max(O.Width, Left + Right + 100);
@@ -227,22 +224,22 @@ Error writeGanttSvg(raw_ostream &OS, const Schedule &S,
 Error writeBarChartSvg(raw_ostream &OS, const BarChart &C) {
   size_t G = C.Groups.size(), NS = C.Series.size();
   if (G == 0 || NS == 0)
-    return chartError("a bar chart needs at least one group and one series");
+    return makeError("a bar chart needs at least one group and one series");
   auto CheckShape = [&](const std::vector<std::vector<double>> &Table,
                         StringRef Name) -> Error {
     if (Table.size() != G)
-      return chartError(formatv("bar chart {0} has {1} rows for {2} groups",
-                                Name, Table.size(), G));
+      return makeError(formatv("bar chart {0} has {1} rows for {2} groups",
+                               Name, Table.size(), G));
     for (size_t I = 0; I < G; ++I) {
       if (Table[I].size() != NS)
-        return chartError(formatv("bar chart {0} of group '{1}' has {2} "
-                                  "entries for {3} series",
-                                  Name, C.Groups[I], Table[I].size(), NS));
+        return makeError(formatv("bar chart {0} of group '{1}' has {2} "
+                                 "entries for {3} series",
+                                 Name, C.Groups[I], Table[I].size(), NS));
       for (double V : Table[I])
         if (!std::isnan(V) && (!std::isfinite(V) || V < 0))
-          return chartError(formatv("bar chart {0} of group '{1}' holds {2}; "
-                                    "values must be finite and non-negative",
-                                    Name, C.Groups[I], shortNumber(V)));
+          return makeError(formatv("bar chart {0} of group '{1}' holds {2}; "
+                                   "values must be finite and non-negative",
+                                   Name, C.Groups[I], shortNumber(V)));
     }
     return Error::success();
   };

@@ -34,12 +34,6 @@
 
 namespace sp {
 
-/// A plan (an instruction, its attributes or its buffers) that a backend or
-/// the executor cannot run as it is: one line, naming what.
-inline llvm::Error planError(const llvm::Twine &Msg) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), Msg);
-}
-
 /// The communicator of a group named in the IR ("tp", "pp", "dp") among a
 /// rank's tensor, pipeline and data-parallel groups, or null when the rank
 /// has none by that name.

@@ -1,6 +1,7 @@
 //===- Checkpoint.cpp - Training checkpoints ------------------------------===//
 #include "runtime/Checkpoint.h"
 #include "runtime/TensorLayout.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
@@ -35,10 +36,6 @@ static const char *IndexName = "checkpoint.json";
 static const char *V1DataName = "tensors.bin";
 static const char *LockName = ".sp-run.lock";
 static const char *IndexTmpPrefix = ".checkpoint.json.tmp-";
-
-static Error fail(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 static uint64_t fnv1a64(StringRef S) {
   uint64_t H = 0xcbf29ce484222325ULL;
@@ -228,8 +225,8 @@ Error checkCheckpointTarget(StringRef Dir) {
   if (!sys::fs::exists(Dir))
     return Error::success();
   auto Refuse = [&] {
-    return fail("refusing to overwrite '" + Dir +
-                "': it exists and is not a checkpoint directory");
+    return makeError("refusing to overwrite '" + Dir +
+                     "': it exists and is not a checkpoint directory");
   };
   if (!sys::fs::is_directory(Dir))
     return Refuse();
@@ -286,11 +283,12 @@ Expected<std::string> writeCheckpointShard(StringRef Dir, int64_t Step,
                                            ArrayRef<Executor::ModelTensor> Model,
                                            GridCoord At) {
   if (!Model.empty() && Model.size() != Tensors.size())
-    return fail(formatv("checkpoint '{0}': {1} tensors but {2} layouts", Dir,
-                        Tensors.size(), Model.size()));
+    return makeError(formatv("checkpoint '{0}': {1} tensors but {2} layouts",
+                             Dir, Tensors.size(), Model.size()));
   auto Failed = [&](const Twine &What, int E) {
-    return fail(formatv("cannot write checkpoint '{0}' (step {1}): {2}: {3}",
-                        Dir, Step, What.str(), errnoText(E)));
+    return makeError(
+        formatv("cannot write checkpoint '{0}' (step {1}): {2}: {3}", Dir, Step,
+                What.str(), errnoText(E)));
   };
   if (auto E = checkCheckpointTarget(Dir))
     return E;
@@ -357,8 +355,8 @@ Error commitCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
   if (auto E = checkCheckpointTarget(Dir))
     return E;
   if (Meta.Ranks < 1 || size_t(Meta.Ranks) != Shards.size())
-    return fail(formatv("checkpoint '{0}': {1} shards for {2} ranks", Dir,
-                        Shards.size(), Meta.Ranks));
+    return makeError(formatv("checkpoint '{0}': {1} shards for {2} ranks", Dir,
+                             Shards.size(), Meta.Ranks));
   json Index;
   Index["format"] = "sp-checkpoint";
   Index["version"] = CheckpointFormatVersion;
@@ -387,8 +385,9 @@ Error commitCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
   std::string Text = Index.dump(1) + "\n";
 
   auto Failed = [&](const Twine &What, int E) {
-    return fail(formatv("cannot write checkpoint '{0}' (step {1}): {2}: {3}",
-                        Dir, Meta.Step, What.str(), errnoText(E)));
+    return makeError(
+        formatv("cannot write checkpoint '{0}' (step {1}): {2}: {3}", Dir,
+                Meta.Step, What.str(), errnoText(E)));
   };
   std::random_device Random;
   std::string Tmp;
@@ -436,7 +435,7 @@ Error writeCheckpoint(StringRef Dir, const CheckpointMeta &Meta,
 static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
                                                             StringRef Text) {
   auto Corrupt = [&](const Twine &Why) {
-    return fail("checkpoint '" + Dir + "' is corrupt: " + Why);
+    return makeError("checkpoint '" + Dir + "' is corrupt: " + Why);
   };
   json Index = json::parse(Text.begin(), Text.end(), nullptr,
                            /*allow_exceptions=*/false);
@@ -453,9 +452,10 @@ static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
   if (!Version.is_number_integer())
     return Corrupt(Twine(IndexName) + ": 'version' is not an integer");
   if (Version != 1 && Version != 2 && Version != CheckpointFormatVersion)
-    return fail(formatv("checkpoint '{0}' has format version {1}, this sp-run "
-                        "reads versions 1 to {2}",
-                        Dir, Version.dump(), CheckpointFormatVersion));
+    return makeError(
+        formatv("checkpoint '{0}' has format version {1}, this sp-run "
+                "reads versions 1 to {2}",
+                Dir, Version.dump(), CheckpointFormatVersion));
   auto Field = [&](const json &J, const char *Key) -> const json * {
     auto It = J.find(Key);
     return It == J.end() ? nullptr : &*It;
@@ -574,8 +574,8 @@ static Expected<std::pair<json, CheckpointMeta>> parseIndex(StringRef Dir,
 /// Reads, parses and checks DIR/checkpoint.json.
 static Expected<std::pair<json, CheckpointMeta>> readIndex(StringRef Dir) {
   if (!checkpointExists(Dir))
-    return fail("there is no checkpoint in '" + Dir +
-                "' (write one with --checkpoint-every N)");
+    return makeError("there is no checkpoint in '" + Dir +
+                     "' (write one with --checkpoint-every N)");
   std::string IndexPath = (Dir + "/" + IndexName).str();
   auto IndexBuf = MemoryBuffer::getFile(IndexPath);
   if (!IndexBuf)
@@ -600,17 +600,19 @@ restore(StringRef Dir, json &Index, CheckpointMeta &Meta,
         StringRef PlanFingerprint, ArrayRef<TensorView> Tensors, int Rank,
         int Ranks) {
   auto Corrupt = [&](const Twine &Why) {
-    return fail("checkpoint '" + Dir + "' is corrupt: " + Why);
+    return makeError("checkpoint '" + Dir + "' is corrupt: " + Why);
   };
   if (Meta.PlanFingerprint != PlanFingerprint)
-    return fail(formatv("checkpoint '{0}' was written for another plan "
-                        "(fingerprint {1}, this plan has {2}); resume with the "
-                        "plan that wrote it",
-                        Dir, Meta.PlanFingerprint, PlanFingerprint));
+    return makeError(
+        formatv("checkpoint '{0}' was written for another plan "
+                "(fingerprint {1}, this plan has {2}); resume with the "
+                "plan that wrote it",
+                Dir, Meta.PlanFingerprint, PlanFingerprint));
   if (Meta.Ranks != Ranks)
-    return fail(formatv("checkpoint '{0}' holds {1} ranks, this run has {2}; "
-                        "resume with the plan that wrote it",
-                        Dir, Meta.Ranks, Ranks));
+    return makeError(
+        formatv("checkpoint '{0}' holds {1} ranks, this run has {2}; "
+                "resume with the plan that wrote it",
+                Dir, Meta.Ranks, Ranks));
   const json &Shard = Index["shards"][size_t(Rank)];
   std::string DataName = Shard["data"].get<std::string>();
 
@@ -652,16 +654,16 @@ restore(StringRef Dir, json &Index, CheckpointMeta &Meta,
     std::string N = Name.get<std::string>();
     const TensorView *V = ByName.lookup(N);
     if (!V)
-      return fail("checkpoint '" + Dir +
-                  "' does not match the plan: the "
-                  "plan has no tensor '" +
-                  N + "'");
+      return makeError("checkpoint '" + Dir +
+                       "' does not match the plan: the "
+                       "plan has no tensor '" +
+                       N + "'");
     if (ArrayRef<int64_t>(Shape.get<std::vector<int64_t>>()) !=
         ArrayRef<int64_t>(V->Type.Shape))
-      return fail("checkpoint '" + Dir +
-                  "' does not match the plan: "
-                  "tensor '" +
-                  N + "' has another shape");
+      return makeError("checkpoint '" + Dir +
+                       "' does not match the plan: "
+                       "tensor '" +
+                       N + "' has another shape");
     if (!Seen.insert(N).second)
       return Corrupt(Twine(IndexName) + " lists tensor '" + N + "' twice");
     Entries.push_back(Entry{V, Offset.get<int64_t>(), Bytes.get<int64_t>(),
@@ -669,10 +671,10 @@ restore(StringRef Dir, json &Index, CheckpointMeta &Meta,
   }
   for (const TensorView &T : Tensors)
     if (!Seen.count(T.Name))
-      return fail("checkpoint '" + Dir +
-                  "' does not match the plan: it has "
-                  "no tensor '" +
-                  T.Name + "'");
+      return makeError("checkpoint '" + Dir +
+                       "' does not match the plan: it has "
+                       "no tensor '" +
+                       T.Name + "'");
 
   auto Data = ReadData(DataName);
   if (!Data)
@@ -704,7 +706,7 @@ Expected<CheckpointMeta> readCheckpoint(StringRef Dir,
                                         ArrayRef<TensorView> Tensors, int Rank,
                                         int Ranks) {
   if (Rank < 0 || Rank >= Ranks)
-    return fail(
+    return makeError(
         formatv("checkpoint '{0}': no rank {1} of {2}", Dir, Rank, Ranks));
   // A writer that commits a newer checkpoint meanwhile removes the data
   // files of the one read here: then read the new index once more.
@@ -819,26 +821,28 @@ readCheckpointResharded(StringRef Dir, StringRef ModelFingerprint,
                         ArrayRef<TensorView> Tensors,
                         ArrayRef<Executor::ModelTensor> Model, GridCoord At) {
   auto Corrupt = [&](const Twine &Why) {
-    return fail("checkpoint '" + Dir + "' is corrupt: " + Why);
+    return makeError("checkpoint '" + Dir + "' is corrupt: " + Why);
   };
   if (Model.size() != Tensors.size())
-    return fail(formatv("checkpoint '{0}': {1} tensors but {2} layouts", Dir,
-                        Tensors.size(), Model.size()));
+    return makeError(formatv("checkpoint '{0}': {1} tensors but {2} layouts",
+                             Dir, Tensors.size(), Model.size()));
   auto R = readIndex(Dir);
   if (!R)
     return R.takeError();
   json &Index = R->first;
   CheckpointMeta &Meta = R->second;
   if (Meta.ModelFingerprint.empty())
-    return fail(formatv("checkpoint '{0}' was written for another plan, by a "
-                        "writer before format 3, which records no layout: "
-                        "resume with the plan that wrote it",
-                        Dir));
+    return makeError(
+        formatv("checkpoint '{0}' was written for another plan, by a "
+                "writer before format 3, which records no layout: "
+                "resume with the plan that wrote it",
+                Dir));
   if (Meta.ModelFingerprint != ModelFingerprint)
-    return fail(formatv("checkpoint '{0}' was written for another model "
-                        "(model fingerprint {1}, this plan's model has {2}): "
-                        "resume with a plan of the model that wrote it",
-                        Dir, Meta.ModelFingerprint, ModelFingerprint));
+    return makeError(
+        formatv("checkpoint '{0}' was written for another model "
+                "(model fingerprint {1}, this plan's model has {2}): "
+                "resume with a plan of the model that wrote it",
+                Dir, Meta.ModelFingerprint, ModelFingerprint));
   // Every piece of every tensor, by key.
   std::map<std::string, std::vector<Piece>> ByKey;
   const json &Shards = Index["shards"];
@@ -955,16 +959,21 @@ readCheckpointResharded(StringRef Dir, StringRef ModelFingerprint,
     const TensorView &V = Tensors[I];
     const Executor::ModelTensor &M = Model[I];
     if (!V.Data)
-      return fail("checkpoints hold float32; a float64 run cannot resume one");
+      return makeError(
+          "checkpoints hold float32; a float64 run cannot resume one");
     auto It = ByKey.find(M.Key);
     if (It == ByKey.end())
-      return fail("checkpoint '" + Dir + "' was written for another model: "
-                  "it has no '" + M.Key + "'");
+      return makeError("checkpoint '" + Dir +
+                       "' was written for another model: "
+                       "it has no '" +
+                       M.Key + "'");
     const std::vector<Piece> &Ps = It->second;
     const Piece &First = Ps.front();
     if (First.Whole != M.Whole)
-      return fail("checkpoint '" + Dir + "' was written for another model: "
-                  "'" + M.Key + "' has another shape");
+      return makeError("checkpoint '" + Dir +
+                       "' was written for another model: "
+                       "'" +
+                       M.Key + "' has another shape");
     // The writer's layout of this tensor; any stage that holds it (a tied
     // weight's copies are equal), replica 0 unless chunked over replicas.
     const Sharding &WS = First.Layout;
@@ -1013,9 +1022,13 @@ readCheckpointResharded(StringRef Dir, StringRef ModelFingerprint,
       Out = std::move(Chunk);
     }
     if (int64_t(Out.size()) != V.size())
-      return fail("checkpoint '" + Dir + "': '" + V.Name + "' of this plan "
-                  "has " + std::to_string(V.size()) + " elements where its "
-                  "layout gives " + std::to_string(Out.size()));
+      return makeError("checkpoint '" + Dir + "': '" + V.Name +
+                       "' of this plan "
+                       "has " +
+                       std::to_string(V.size()) +
+                       " elements where its "
+                       "layout gives " +
+                       std::to_string(Out.size()));
     Values[I] = std::move(Out);
   }
   // All assembled and verified: now write the values.

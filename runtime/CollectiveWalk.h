@@ -17,6 +17,7 @@
 #include "runtime/Backend.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/comm/Communicator.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/STLExtras.h"
 #include <cstdint>
 #include <string>
@@ -29,7 +30,7 @@ inline llvm::Expected<Communicator *> groupOf(const KernelCall &C) {
   std::string Name = collectiveGroup(C.I.Op, C.I.Attrs);
   if (Communicator *G = C.group(Name))
     return G;
-  return planError("no communicator for group '" + Name + "'");
+  return makeError("no communicator for group '" + Name + "'");
 }
 
 /// ring_shift and ring_concat (passes/CollectiveMatmul.cpp) over the group
@@ -50,7 +51,7 @@ template <typename Steps>
 llvm::Error ringWalk(const KernelCall &C, Communicator &G, Steps &&S) {
   const Instruction &I = C.I;
   if (std::string Why = ringProblem(I, C.Prog.Buffers, G.size()); !Why.empty())
-    return planError(Why);
+    return makeError(Why);
   int Parts = G.size(), Rank = G.rank();
   if (I.Op == OpKind::RingShift) {
     int64_t Bytes = C.inType(0).numBytes();
@@ -72,7 +73,7 @@ llvm::Error ringWalk(const KernelCall &C, Communicator &G, Steps &&S) {
 /// pipeline stages.
 inline llvm::Expected<Communicator *> pipelineGroup(const KernelCall &C) {
   if (!C.Pipeline)
-    return planError("a pipeline instruction in a plan run without pipeline "
+    return makeError("a pipeline instruction in a plan run without pipeline "
                      "stages");
   return C.Pipeline;
 }
@@ -117,7 +118,7 @@ llvm::Error pipelineWalk(const KernelCall &C, Communicator &Pipe, Steps &&S) {
   case OpKind::PipeAllReduce: {
     auto Ranks = attrInts(I.Op, I.Attrs, "ranks");
     if (Ranks.empty() || !llvm::is_contained(Ranks, int64_t(Stage)))
-      return planError("pipe_all_reduce does not list this stage");
+      return makeError("pipe_all_reduce does not list this stage");
     T *Y = C.out<T>(0);
     int64_t N = C.outType(0).numElements(), Bytes = N * int64_t(sizeof(T));
     if (auto E = S.copy(Y, C.buffer(I.In[0]), Bytes))

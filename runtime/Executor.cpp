@@ -2,6 +2,7 @@
 #include "runtime/Executor.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/cpu/CpuBackend.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -83,7 +84,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   if (Dtype == "bf16" || Dtype == "f16")
     Half = parseDType(Dtype);
   if (Dtype != "f32" && !Wide && !Half)
-    return planError("the plan has " + Dtype +
+    return makeError("the plan has " + Dtype +
                      " activations; sp-run runs fp32, bf16 and fp16 plans "
                      "(recompile with --dtype fp32)");
   std::unique_ptr<Executor> E(new Executor());
@@ -97,20 +98,20 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   }
   int TP = P.Manifest.value("tp", 1);
   if (TP != E->Comm->size())
-    return planError(formatv("the plan was compiled for a tensor-parallel "
+    return makeError(formatv("the plan was compiled for a tensor-parallel "
                              "group of {0} ranks (--tp {0}); it runs on {1}",
                              TP, E->Comm->size()));
   int PP = P.numStages();
   int Stages = Opts.PipeComm ? Opts.PipeComm->size() : 1;
   if (PP != Stages)
-    return planError(formatv("the plan was compiled for {0} pipeline stages "
+    return makeError(formatv("the plan was compiled for {0} pipeline stages "
                              "(--pp {0}); it runs on {1}",
                              PP, Stages));
   E->PipeComm = PP > 1 ? Opts.PipeComm : nullptr;
   E->Back = Opts.MakeBackend ? Opts.MakeBackend()
                              : std::make_unique<CpuBackend>();
   if (!E->Back)
-    return planError("RunOptions::MakeBackend made no backend (a factory "
+    return makeError("RunOptions::MakeBackend made no backend (a factory "
                      "called twice, or one whose backend failed to start)");
   // A pipelined rank's compact program runs step by step over its
   // templates, or as its steps written out.
@@ -119,13 +120,13 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
       !Opts.ExpandCompact) {
     auto Run = prepareCompactRun(Stage);
     if (!Run)
-      return planError(toString(Run.takeError()));
+      return makeError(toString(Run.takeError()));
     E->Compact = std::move(*Run);
     E->Prog = Stage;
   } else {
     auto Flat = expandProgram(Stage);
     if (!Flat)
-      return planError(toString(Flat.takeError()));
+      return makeError(toString(Flat.takeError()));
     E->Prog = std::move(*Flat);
   }
   E->Microbatches = P.Manifest.value("microbatches", int64_t(1));
@@ -136,17 +137,17 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   for (const ProgramBuffer &B : Prog.Buffers) {
     // (prepareCompactRun placed a compact program's instances)
     if (!E->Compact && (B.Offset < 0 || B.Offset + B.Bytes > Prog.ArenaBytes))
-      return planError("buffer '" + B.Name +
+      return makeError("buffer '" + B.Name +
                        "' lies outside the arena; the plan is corrupt");
     bool OtherHalf = (B.Type.Dtype == DType::BF16 ||
                       B.Type.Dtype == DType::F16) &&
                      B.Type.Dtype != Half;
     if (B.Type.Dtype == Other || OtherHalf)
-      return planError("buffer '" + B.Name + "' is " + B.Type.str() +
+      return makeError("buffer '" + B.Name + "' is " + B.Type.str() +
                        " in a plan of " + Dtype +
                        " activations; the plan is corrupt");
     if (B.Type.Dtype == Half && B.K != ProgramBuffer::Temp)
-      return planError("buffer '" + B.Name + "' is " + B.Type.str() +
+      return makeError("buffer '" + B.Name + "' is " + B.Type.str() +
                        ": a mixed-precision plan keeps its parameters, "
                        "optimizer state and inputs in f32; the plan is "
                        "corrupt");
@@ -180,7 +181,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
           Prog.Buffers[Cast != CastOf.end() ? Cast->second : In.In[0]];
       E->Vocab = (Table.Data ? Table.Data->type() : Table.Type).Shape[0];
       if (Ids.Type.rank() != 2)
-        return planError("the token ids must be [batch, seq]");
+        return makeError("the token ids must be [batch, seq]");
       E->Batch = Ids.Type.Shape[0];
       E->Seq = Ids.Type.Shape[1];
     }
@@ -195,7 +196,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
   E->Batch *= E->Microbatches;
   E->Unrolled = E->Microbatches > 1 || E->PipeComm;
   if (!E->Vocab || !E->Batch || Prog.output("loss") < 0)
-    return planError("the plan is not a training program of a detected "
+    return makeError("the plan is not a training program of a detected "
                      "Transformer (no token embedding or loss)");
   // Every instruction's attributes must be its op's (a required one
   // missing would read as its default), every input one the runtime knows
@@ -204,7 +205,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     const Instruction &In = Prog.Instrs[K];
     std::string Why = checkAttrs(In.Op, In.Attrs);
     if (!Why.empty())
-      return planError(describe(In, K) + ": " + Why);
+      return makeError(describe(In, K) + ": " + Why);
   }
   if (auto Err = E->checkInputs())
     return Err;
@@ -219,7 +220,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
       continue;
     std::string Group = collectiveGroup(In.Op, In.Attrs);
     if (!resolveGroup(Group, E->Comm, E->PipeComm, Opts.DataComm))
-      return planError(formatv("{0} communicates over group '{1}', which "
+      return makeError(formatv("{0} communicates over group '{1}', which "
                                "this run does not have (it has tp{2}{3})",
                                describe(In, K), Group,
                                E->PipeComm ? ", pp" : "",
@@ -229,7 +230,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                    In.Op == OpKind::PipeAllReduce ||
                    In.Op == OpKind::PipeBroadcast;
     if (Message && Group != "pp")
-      return planError(describe(In, K) +
+      return makeError(describe(In, K) +
                        ": stage-to-stage messages go over the pp group");
   }
   E->MissingOptimizerInput = missingOptimizerInput(Prog);
@@ -241,14 +242,14 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     int Exp = 0;
     if (!(S.Scale >= 1) || std::frexp(S.Scale, &Exp) != 0.5 ||
         S.Interval < 1)
-      return planError("the plan's loss_scale needs an initial scale that is "
+      return makeError("the plan's loss_scale needs an initial scale that is "
                        "a power of two >= 1 and a growth_interval >= 1; "
                        "recompile it");
     E->Scaling = S;
   }
 
   if (Half && !E->Back->runsMixedPrecision())
-    return planError("the plan has " + Dtype + " activations; the " +
+    return makeError("the plan has " + Dtype + " activations; the " +
                      E->Back->name().str() +
                      " backend runs fp32 plans only (recompile with --dtype "
                      "fp32, or run it on the CPU backend)");
@@ -290,7 +291,7 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     if (!B.Data)
       continue;
     if (B.K == ProgramBuffer::Param && B.Type.Dtype != Real)
-      return planError("parameter '" + B.Name + "' is " + B.Type.str() +
+      return makeError("parameter '" + B.Name + "' is " + B.Type.str() +
                        "; the CPU backend trains f32 parameters");
     if (auto Err = E->loadParameter(B))
       return Err;
@@ -303,12 +304,12 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
 static Error checkIds(StringRef What, ArrayRef<int64_t> Ids, int64_t Batch,
                       int64_t Seq, int64_t Vocab, bool Ignorable = false) {
   if (int64_t(Ids.size()) != Batch * Seq)
-    return planError(formatv("expected {0} x {1} {2}s, got {3}", Batch, Seq,
+    return makeError(formatv("expected {0} x {1} {2}s, got {3}", Batch, Seq,
                              What, Ids.size()));
   for (size_t I = 0; I < Ids.size(); ++I)
     if ((Ids[I] < 0 || Ids[I] >= Vocab) &&
         !(Ignorable && Ids[I] == IgnoreTarget))
-      return planError(formatv("{0} {1} at position {2} is outside the "
+      return makeError(formatv("{0} {1} at position {2} is outside the "
                                "vocabulary [0, {3})",
                                What, Ids[I], I, Vocab));
   return Error::success();
@@ -319,7 +320,7 @@ Error Executor::checkInputs() const {
     if (B.K != ProgramBuffer::Input)
       continue;
     auto Bad = [&](const Twine &Why) {
-      return planError("input '" + B.Name + "' (" + B.Type.str() + ", fed as " +
+      return makeError("input '" + B.Name + "' (" + B.Type.str() + ", fed as " +
                        inputRoleName(B.Feed) + ") " + Why);
     };
     const TensorType &T = B.Type;
@@ -327,7 +328,7 @@ Error Executor::checkInputs() const {
     DType D = Wide && T.Dtype == DType::F64 ? DType::F32 : T.Dtype;
     switch (B.Feed) {
     case InputRole::None:
-      return planError("input '" + B.Name + "' (" + T.str() +
+      return makeError("input '" + B.Name + "' (" + T.str() +
                        ") has no role, so nothing would feed it; recompile "
                        "the plan with this sp-compile (it binds every input "
                        "or refuses the model)");
@@ -364,7 +365,7 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
                         /*Ignorable=*/true))
     return E;
   if (!Data.Real.empty() && int64_t(Data.Real.size()) != Batch * Seq)
-    return planError(formatv("expected {0} x {1} mask values, got {2}", Batch,
+    return makeError(formatv("expected {0} x {1} mask values, got {2}", Batch,
                              Seq, Data.Real.size()));
   // The counted targets of rows [Row0, Row0 + Rows).
   auto Counted = [&](int64_t Row0, int64_t Rows) {
@@ -477,9 +478,9 @@ Expected<double> Executor::loss() const {
 Expected<double> Executor::trainStep(const TokenBatch &Data, double LR,
                                      int64_t Step) {
   if (Step < 1)
-    return planError("steps are 1-based");
+    return makeError("steps are 1-based");
   if (!MissingOptimizerInput.empty())
-    return planError("the plan has no optimizer step (no '" +
+    return makeError("the plan has no optimizer step (no '" +
                      MissingOptimizerInput + "' input)");
   FeedScale = Scaling ? Scaling->Scale : 1;
   SkipUpdate = false;
@@ -657,7 +658,7 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
         size_t Bytes = L.Type.numBytes();
         EvalLogits.resize(Bytes * Microbatches);
         if (CapturedLogits >= Microbatches)
-          return planError("the program computes more logits than it has "
+          return makeError("the program computes more logits than it has "
                            "microbatches");
         if (auto E = Back->copyToHost(EvalLogits.data() +
                                           CapturedLogits * Bytes,
@@ -701,7 +702,7 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
     }
   }
   if (CapturedLogits && CapturedLogits != Microbatches)
-    return planError(formatv("the program computed the logits of {0} of its "
+    return makeError(formatv("the program computed the logits of {0} of its "
                              "{1} microbatches",
                              CapturedLogits, Microbatches)
                          .str());

@@ -11,6 +11,7 @@
 
 #include "ir/OpDef.h"
 #include "runtime/Backend.h"
+#include "support/Diagnostics.h"
 #include <cstdint>
 
 namespace sp {
@@ -37,7 +38,7 @@ batchMatMulShape(const KernelCall &C, llvm::StringRef Backend) {
   G.Batch = Out.numElements() / (G.M * G.N);
   if (A.numElements() != G.Batch * G.M * G.K ||
       B.numElements() != G.Batch * G.K * G.N)
-    return planError("batch_matmul with broadcast batch dimensions is not "
+    return makeError("batch_matmul with broadcast batch dimensions is not "
                      "supported by the " +
                      Backend + " backend");
   return G;

@@ -1,6 +1,7 @@
 //===- Npy.cpp - NumPy .npy files and atomic file writes ------------------===//
 #include "runtime/Npy.h"
 #include "plan/AtomicFile.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/Endian.h"
 #include "llvm/Support/FileSystem.h"
@@ -12,10 +13,6 @@
 using namespace llvm;
 
 namespace sp {
-
-static Error fail(const Twine &Msg) {
-  return createStringError(inconvertibleErrorCode(), Msg);
-}
 
 /// The .npy bytes of Data (float or double) with dtype Descr.
 template <typename T>
@@ -79,7 +76,7 @@ Error writeNpy(StringRef Path, ArrayRef<int64_t> Shape,
 
 Expected<NpyArray> parseNpy(StringRef Bytes, StringRef What) {
   auto Bad = [&](const Twine &Why) {
-    return fail("'" + What + "' is not a float32 .npy file: " + Why);
+    return makeError("'" + What + "' is not a float32 .npy file: " + Why);
   };
   if (Bytes.size() < 10 || !Bytes.startswith(StringRef("\x93NUMPY", 6)))
     return Bad("no .npy magic");

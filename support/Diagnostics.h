@@ -1,8 +1,10 @@
-//===- Diagnostics.h - One-line errors of the command-line tools -*- C++ -*-===//
+//===- Diagnostics.h - One-line errors of the command-line tools -*- C++
+//-*-===//
 //
 // The tools and the training library report what the user got wrong (a
 // flag, a file, a value) as one line, "TOOL: error: MESSAGE", and exit 1.
-// usageError makes such an error; reportError prints one.
+// usageError makes such an error; reportError prints one. makeError is the
+// one maker of the libraries' other one-line errors.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_SUPPORT_DIAGNOSTICS_H
@@ -13,6 +15,12 @@
 #include "llvm/Support/Error.h"
 
 namespace sp {
+
+/// An error carrying Msg: what a library function returns when it refuses
+/// its input (a graph, a plan, a file), in one line naming what.
+inline llvm::Error makeError(const llvm::Twine &Msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), Msg);
+}
 
 /// An error of the user's own (bad flags, files, values), said in Msg.
 llvm::Error usageError(const llvm::Twine &Msg);

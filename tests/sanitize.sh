@@ -45,7 +45,7 @@ JOBS=${JOBS:-$(nproc)}
 # Line tables only (-g1): the reports' stacks name file and line, and the
 # build takes far less time and disk than with full debug information.
 echo "== configuring $BUILD_DIR (-fsanitize=$SANITIZE)"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1" \
   -DSP_SANITIZE="$SANITIZE" -DSP_ENABLE_CUDA=OFF \
   $(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache) >/dev/null

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ops/OpTable.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
@@ -32,16 +33,16 @@ Expected<TensorType> linearResult(const ShapeArgs &A, bool Bias) {
     return E;
   const TensorType &X = A.type(0), &W = A.type(1);
   if (W.rank() != 2)
-    return typeError("the weight of a linear must have rank 2");
+    return makeError("the weight of a linear must have rank 2");
   bool TransW = A.attrInt("trans_w");
   int64_t In = TransW ? W.Shape[1] : W.Shape[0];
   int64_t Out = TransW ? W.Shape[0] : W.Shape[1];
   if (X.dim(-1) != In)
-    return typeError(formatv("input feature size {0} does not match "
+    return makeError(formatv("input feature size {0} does not match "
                              "the weight {1} (trans_w = {2})",
                              X.dim(-1), W.str(), int(TransW)));
   if (Bias && !A.type(2).hasShape({Out}))
-    return typeError(formatv("the bias must have shape [{0}]", Out));
+    return makeError(formatv("the bias must have shape [{0}]", Out));
   TensorType T = X;
   T.Shape.back() = Out;
   return T;
@@ -50,7 +51,7 @@ Expected<TensorType> linearResult(const ShapeArgs &A, bool Bias) {
 /// (x, w, b?) -> y, broadcasting; the grad of each is reduced to its shape.
 Expected<TypeList> broadcastShape(const ShapeArgs &A) {
   if (A.type(0).Dtype != A.type(1).Dtype)
-    return typeError("operands have different element types");
+    return makeError("operands have different element types");
   auto S = broadcastShapes(A.type(0).Shape, A.type(1).Shape);
   if (!S)
     return S.takeError();
@@ -83,21 +84,21 @@ Sharding toHeadsLayout(const Node &N) {
 /// merged = 1} -> o [b, s, a d], lse [b, s, a].
 Expected<TypeList> packedAttentionTypes(const ShapeArgs &A) {
   if (A.Operands.size() > 2)
-    return typeError("attention {packed} expects (qkv, keep?)");
+    return makeError("attention {packed} expects (qkv, keep?)");
   const TensorType &X = A.type(0);
   int64_t Heads = A.attrInt("heads");
   if (X.rank() != 3 || Heads <= 0 || X.Shape[2] % (3 * Heads) ||
       !isFloat(X.Dtype))
-    return typeError(formatv("attention {{packed} expects qkv [b, s, 3 * "
+    return makeError(formatv("attention {{packed} expects qkv [b, s, 3 * "
                              "heads * d] with heads = {0}; got {1}",
                              Heads, X.str()));
   if (!A.attrInt("merged"))
-    return typeError("attention {packed} writes its output merged: it needs "
+    return makeError("attention {packed} writes its output merged: it needs "
                      "merged = 1");
   if (A.Operands.size() > 1) {
     const TensorType &M = A.type(1);
     if (M.rank() != 2 || M.Shape[0] != X.Shape[0] || M.Shape[1] != X.Shape[1])
-      return typeError(formatv("attention's padding mask must be [b, t] = "
+      return makeError(formatv("attention's padding mask must be [b, t] = "
                                "[{0}, {1}]; got {2}",
                                X.Shape[0], X.Shape[1], M.str()));
   }
@@ -108,14 +109,14 @@ Expected<TypeList> packedAttentionTypes(const ShapeArgs &A) {
 Expected<TypeList> ropeShape(const ShapeArgs &A) {
   const TensorType &X = A.type(0);
   if (X.rank() != 4 || X.Shape[3] % 2)
-    return typeError("rope expects [batch, heads, seq, head size] with an "
+    return makeError("rope expects [batch, heads, seq, head size] with an "
                      "even head size");
   for (unsigned I : {1u, 2u}) {
     const TensorType &T = A.type(I);
     if (T.rank() != 3 || (T.Shape[0] != 1 && T.Shape[0] != X.Shape[0]) ||
         T.Shape[1] != X.Shape[2] || T.Shape[2] != X.Shape[3] ||
         T.Dtype != X.Dtype)
-      return typeError(formatv("rope table {0} must be [1 or {1}, {2}, {3}], "
+      return makeError(formatv("rope table {0} must be [1 or {1}, {2}, {3}], "
                                "got {4}",
                                I, X.Shape[0], X.Shape[2], X.Shape[3], T.str()));
   }
@@ -127,7 +128,7 @@ Expected<TypeList> ropeShape(const ShapeArgs &A) {
 Expected<TypeList> mergeHeadsShape(const ShapeArgs &A) {
   const TensorType &X = A.type(0);
   if (X.rank() != 4)
-    return typeError(opName(A.Op) + " expects [batch, heads, seq, head size]");
+    return makeError(opName(A.Op) + " expects [batch, heads, seq, head size]");
   int64_t Parts = A.Operands.size();
   return TypeList{TensorType(
       X.Dtype, {X.Shape[0], X.Shape[2], Parts * X.Shape[1] * X.Shape[3]})};
@@ -138,7 +139,7 @@ Expected<TypeList> toHeadsShape(const ShapeArgs &A) {
   const TensorType &X = A.type(0);
   int64_t Heads = A.attrInt("heads");
   if (X.rank() != 3 || Heads <= 0 || X.Shape[2] % Heads)
-    return typeError(opName(A.Op) +
+    return makeError(opName(A.Op) +
                      " expects [batch, seq, heads * head size] and a "
                      "positive 'heads' dividing the last axis");
   return TypeList{
@@ -149,13 +150,13 @@ Expected<TypeList> repeatHeadsShape(const ShapeArgs &A) {
   TensorType T = A.type(0);
   int64_t R = A.attrInt("repeats");
   if (T.rank() != 4 || R < 1)
-    return typeError("repeat_heads expects [batch, heads, seq, head size] "
+    return makeError("repeat_heads expects [batch, heads, seq, head size] "
                      "and 'repeats' >= 1");
   if (A.Op == OpKind::RepeatHeads) {
     T.Shape[1] *= R;
   } else {
     if (T.Shape[1] % R)
-      return typeError("repeat_heads_grad: heads not divisible by repeats");
+      return makeError("repeat_heads_grad: heads not divisible by repeats");
     T.Shape[1] /= R;
   }
   return TypeList{T};
@@ -172,9 +173,9 @@ void addModelOps(OpTable &T) {
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         const TensorType &Table = A.type(0), &Ids = A.type(1);
         if (Table.rank() != 2)
-          return typeError("the embedding table must have rank 2");
+          return makeError("the embedding table must have rank 2");
         if (isFloat(Ids.Dtype))
-          return typeError("embedding ids must be integers");
+          return makeError("embedding ids must be integers");
         TensorType T(Table.Dtype, Ids.Shape);
         T.Shape.push_back(Table.Shape[1]);
         return TypeList{T};
@@ -207,7 +208,7 @@ void addModelOps(OpTable &T) {
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         int64_t V = A.attrInt("vocab");
         if (V <= 0)
-          return typeError("embedding_grad needs a positive 'vocab' attribute");
+          return makeError("embedding_grad needs a positive 'vocab' attribute");
         return TypeList{TensorType(A.type(1).Dtype, {V, A.type(1).dim(-1)})};
       },
   };
@@ -252,7 +253,7 @@ void addModelOps(OpTable &T) {
         if (!B)
           return B.takeError();
         if (ArrayRef<int64_t>(*B) != ArrayRef<int64_t>(A.type(0).Shape))
-          return typeError("reduce_to: the target shape must broadcast to the "
+          return makeError("reduce_to: the target shape must broadcast to the "
                            "operand's shape");
         return TypeList{TensorType(A.type(0).Dtype, Shape)};
       },
@@ -268,7 +269,7 @@ void addModelOps(OpTable &T) {
         int64_t H = A.type(0).dim(-1);
         for (unsigned I : {1u, 2u})
           if (!A.type(I).hasShape({H}))
-            return typeError(
+            return makeError(
                 formatv("operand {0} must have shape [{1}]", I, H));
         // y, and the statistics the backward uses (mean, 1/std per row).
         return TypeList{A.type(0), rowStat(A.type(0)), rowStat(A.type(0))};
@@ -305,7 +306,7 @@ void addModelOps(OpTable &T) {
           return E;
         int64_t H = A.type(0).dim(-1);
         if (!A.type(1).hasShape({H}))
-          return typeError(formatv("operand 1 must have shape [{0}]", H));
+          return makeError(formatv("operand 1 must have shape [{0}]", H));
         // y, and 1/rms per row for the backward.
         return TypeList{A.type(0), rowStat(A.type(0))};
       },
@@ -419,7 +420,7 @@ void addModelOps(OpTable &T) {
         if (!T)
           return T.takeError();
         if (A.type(2) != *T)
-          return typeError(formatv("the GELU input {0} is not the linear's "
+          return makeError(formatv("the GELU input {0} is not the linear's "
                                    "result {1}",
                                    A.type(2).str(), T->str()));
         return TypeList{*T};
@@ -449,9 +450,9 @@ void addModelOps(OpTable &T) {
         const TensorType &X = A.type(0);
         int64_t Heads = A.attrInt("heads");
         if (X.rank() != 3)
-          return typeError("split_heads expects [batch, seq, 3 * hidden]");
+          return makeError("split_heads expects [batch, seq, 3 * hidden]");
         if (Heads <= 0 || X.Shape[2] % (3 * Heads))
-          return typeError(formatv("feature size {0} is not 3 * heads ({1}) "
+          return makeError(formatv("feature size {0} is not 3 * heads ({1}) "
                                    "* head size",
                                    X.Shape[2], Heads));
         TensorType T(X.Dtype,
@@ -580,7 +581,7 @@ void addModelOps(OpTable &T) {
         int64_t K = TransB ? Y.dim(-1) : Y.dim(-2);
         int64_t N = TransB ? Y.dim(-2) : Y.dim(-1);
         if (KA != K)
-          return typeError(formatv("contraction sizes differ: {0} and {1}",
+          return makeError(formatv("contraction sizes differ: {0} and {1}",
                                    X.str(), Y.str()));
         auto Batch = broadcastShapes(ArrayRef<int64_t>(X.Shape).drop_back(2),
                                      ArrayRef<int64_t>(Y.Shape).drop_back(2));
@@ -643,7 +644,7 @@ void addModelOps(OpTable &T) {
       .Attrs = {{"fill", attr::Float(0.0)}},
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         if (A.type(0).rank() < 2)
-          return typeError("causal_mask expects rank >= 2 scores");
+          return makeError("causal_mask expects rank >= 2 scores");
         return TypeList{A.type(0)};
       },
       .Grad = [](GradBuilder &B) -> Error {
@@ -667,7 +668,7 @@ void addModelOps(OpTable &T) {
         const TensorType &X = A.type(0), &M = A.type(1);
         if (X.rank() < 2 || !isFloat(X.Dtype) || M.rank() != 2 ||
             M.Shape[0] != X.Shape[0] || M.Shape[1] != X.dim(-1))
-          return typeError(formatv("padding_mask expects scores [b, .., k] "
+          return makeError(formatv("padding_mask expects scores [b, .., k] "
                                    "and a mask [b, k]; got {0} and {1}",
                                    X.str(), M.str()));
         return TypeList{X};
@@ -753,7 +754,7 @@ void addModelOps(OpTable &T) {
       .Attrs = DropoutAttrs,
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         if (A.type(1) != A.type(0))
-          return typeError(formatv("the residual {0} is not the dropout's "
+          return makeError(formatv("the residual {0} is not the dropout's "
                                    "input type {1}",
                                    A.type(1).str(), A.type(0).str()));
         return TypeList{A.type(0), TensorType(DType::U8, A.type(0).Shape)};
@@ -801,14 +802,14 @@ void addModelOps(OpTable &T) {
         if (A.attrInt("packed"))
           return packedAttentionTypes(A);
         if (A.Operands.size() < 3)
-          return typeError("attention expects (q, k, v, keep?), or with "
+          return makeError("attention expects (q, k, v, keep?), or with "
                            "packed = 1 (qkv, keep?)");
         const TensorType &Q = A.type(0), &K = A.type(1), &V = A.type(2);
         if (Q.rank() != 4 || K.rank() != 4 || V.rank() != 4 ||
             K.Shape != V.Shape || K.Shape[0] != Q.Shape[0] ||
             K.Shape[3] != Q.Shape[3] || K.Shape[1] <= 0 ||
             Q.Shape[1] % K.Shape[1] != 0 || !isFloat(Q.Dtype))
-          return typeError(formatv("attention expects q [b, a, s, d] and k, v "
+          return makeError(formatv("attention expects q [b, a, s, d] and k, v "
                                    "[b, g, t, d] with g dividing a; got {0}, "
                                    "{1}, {2}",
                                    Q.str(), K.str(), V.str()));
@@ -816,7 +817,7 @@ void addModelOps(OpTable &T) {
           const TensorType &M = A.type(3);
           if (M.rank() != 2 || M.Shape[0] != Q.Shape[0] ||
               M.Shape[1] != K.Shape[2])
-            return typeError(formatv("attention's padding mask must be [b, "
+            return makeError(formatv("attention's padding mask must be [b, "
                                      "t] = [{0}, {1}]; got {2}",
                                      Q.Shape[0], K.Shape[2], M.str()));
         }
@@ -877,7 +878,7 @@ void addModelOps(OpTable &T) {
         const unsigned Qkv = A.attrInt("packed") ? 1 : 3;
         const size_t N = A.Operands.size();
         if (N < Qkv + 3 || N > Qkv + 4)
-          return typeError(Qkv == 1 ? "attention_grad {packed} expects (do, "
+          return makeError(Qkv == 1 ? "attention_grad {packed} expects (do, "
                                       "qkv, o, lse, keep?)"
                                     : "attention_grad expects (do, q, k, v, "
                                       "o, lse, keep?)");
@@ -892,7 +893,7 @@ void addModelOps(OpTable &T) {
         const TensorType &O = (*Out)[0], &Lse = (*Out)[1];
         if (A.type(0).Shape != O.Shape || A.type(Qkv + 1).Shape != O.Shape ||
             A.type(Qkv + 2).Shape != Lse.Shape)
-          return typeError(formatv("attention_grad: do, o and lse must be "
+          return makeError(formatv("attention_grad: do, o and lse must be "
                                    "the forward's {0}, {0} and {1}; got {2}, "
                                    "{3}, {4}",
                                    O.str(), Lse.str(), A.type(0).str(),

@@ -20,8 +20,6 @@ void addParallelOps(OpTable &T); // ir/ops/ParallelOps.cpp
 
 namespace ops {
 
-llvm::Error typeError(const llvm::Twine &Msg);
-
 /// Fails unless operand I has at least MinRank dimensions.
 llvm::Error expectRank(const ShapeArgs &A, unsigned I, unsigned MinRank);
 

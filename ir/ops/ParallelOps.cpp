@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ops/OpTable.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
@@ -25,14 +26,14 @@ Expected<TypeList> chunkShape(const ShapeArgs &A) {
   TensorType T = A.type(0);
   int64_t Dim = A.attrInt("dim"), Parts = A.attrInt("parts");
   if (Dim < 0 || Dim >= int64_t(T.rank()) || Parts < 1)
-    return typeError(
+    return makeError(
         formatv("needs 'dim' in [0, {0}) and 'parts' >= 1", T.rank()));
   if (A.Op == OpKind::SpGather || A.Op == OpKind::AllGather ||
       A.Op == OpKind::RingConcat) {
     T.Shape[Dim] *= Parts;
   } else {
     if (T.Shape[Dim] % Parts)
-      return typeError(formatv("dimension {0} of size {1} is not divisible "
+      return makeError(formatv("dimension {0} of size {1} is not divisible "
                                "by {2}",
                                Dim, T.Shape[Dim], Parts));
     T.Shape[Dim] /= Parts;
@@ -60,12 +61,12 @@ template <OpKind Op> Error conjugateGrad(GradBuilder &B) {
 Expected<TypeList> scatterShape(const ShapeArgs &A) {
   if (!A.attrInt("flat")) {
     if (A.Operands.size() != 1)
-      return typeError("a reduce_scatter of several operands must be flat");
+      return makeError("a reduce_scatter of several operands must be flat");
     return chunkShape(A);
   }
   int64_t Parts = A.attrInt("parts");
   if (Parts < 1 || A.attrInt("dim") != 0)
-    return typeError("a flat reduce_scatter needs 'dim' 0 and 'parts' >= 1");
+    return makeError("a flat reduce_scatter needs 'dim' 0 and 'parts' >= 1");
   TypeList R;
   for (unsigned I = 0; I < A.Operands.size(); ++I)
     R.push_back(TensorType(A.type(I).Dtype,
@@ -172,12 +173,12 @@ void addParallelOps(OpTable &T) {
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         int64_t Parts = A.attrInt("parts");
         if (Parts < 1 || int64_t(A.Operands.size()) != Parts)
-          return typeError(formatv("needs 'parts' >= 1 operands, one per "
+          return makeError(formatv("needs 'parts' >= 1 operands, one per "
                                    "rank; has {0} for parts {1}",
                                    A.Operands.size(), Parts));
         for (unsigned I = 1; I < A.Operands.size(); ++I)
           if (A.type(I) != A.type(0))
-            return typeError("its operands differ in type");
+            return makeError("its operands differ in type");
         return chunkShape(A);
       },
       .Layout = replicatedLayout,
@@ -193,7 +194,7 @@ void addParallelOps(OpTable &T) {
       .Attrs = {{"parts", attr::RequiredInt}, {"bucket_bytes", attr::Int(0)}},
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         if (A.attrInt("parts") < 1)
-          return typeError("needs 'parts' >= 1");
+          return makeError("needs 'parts' >= 1");
         return TypeList{};
       },
       .Group = "dp",

@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ops/OpTable.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace llvm;
@@ -30,7 +31,7 @@ void addTrainingOps(OpTable &T) {
             ArrayRef<int64_t>(L.Shape).drop_back() !=
                 ArrayRef<int64_t>(T.Shape) ||
             isFloat(T.Dtype))
-          return typeError(formatv("targets {0} must be integers shaped like "
+          return makeError(formatv("targets {0} must be integers shaped like "
                                    "the logits {1} without the vocabulary "
                                    "axis",
                                    T.str(), L.str()));
@@ -74,7 +75,7 @@ void addTrainingOps(OpTable &T) {
       .Attrs = {{"first", attr::Int(0)}},
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         if (A.type(0) != A.type(1))
-          return typeError(formatv("the sum is {0} but the value added is {1}",
+          return makeError(formatv("the sum is {0} but the value added is {1}",
                                    A.type(0).str(), A.type(1).str()));
         return TypeList();
       },
@@ -94,20 +95,19 @@ void addTrainingOps(OpTable &T) {
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         int64_t Parts = A.attrInt("zero_parts");
         if (Parts < 0)
-          return typeError("zero_parts must be >= 0");
+          return makeError("zero_parts must be >= 0");
         TensorType Like = A.type(0);
         if (Parts)
           Like = TensorType(Like.Dtype,
                             {dataChunkElements(Like.numElements(), Parts)});
         for (unsigned I = 1; I < 4; ++I)
           if (A.type(I) != Like)
-            return typeError(formatv("operand {0} must have the {1}type {2}",
-                                     I,
-                                     Parts ? "parameter chunk's " : "parameter's ",
-                                     Like.str()));
+            return makeError(formatv(
+                "operand {0} must have the {1}type {2}", I,
+                Parts ? "parameter chunk's " : "parameter's ", Like.str()));
         for (unsigned I = 4; I < 7; ++I)
           if (A.type(I) != TensorType(DType::F32, {}))
-            return typeError(formatv("operand {0} must be an f32 scalar", I));
+            return makeError(formatv("operand {0} must be an f32 scalar", I));
         return TypeList{};
       },
       .SideEffects = true,
@@ -122,7 +122,7 @@ void addTrainingOps(OpTable &T) {
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         auto To = parseDType(attrString(A.Op, A.Attrs, "to"));
         if (!To || !isFloat(*To) || !isFloat(A.type(0).Dtype))
-          return typeError("casts between float types only");
+          return makeError("casts between float types only");
         return TypeList{TensorType(*To, A.type(0).Shape)};
       },
   };

@@ -19,6 +19,7 @@
 #include "runtime/TensorLayout.h"
 #include "runtime/comm/Communicator.h"
 #include "runtime/cpu/Kernels.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <cmath>
 #include <cstring>
@@ -175,7 +176,7 @@ template <typename T> inline Error collective(const KernelCall &C) {
       Parts = attrInt(I.Op, I.Attrs, "parts");
   if (I.Op == OpKind::ReduceScatter && attrInt(I.Op, I.Attrs, "flat")) {
     if (G->size() != Parts)
-      return planError(formatv("a flat reduce_scatter of {0} parts over a "
+      return makeError(formatv("a flat reduce_scatter of {0} parts over a "
                                "group of {1}",
                                Parts, G->size()));
     return reduceScatterFlat<T>(*G, C);

@@ -20,6 +20,7 @@
 #include "runtime/cpu/Collectives.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Parallel.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MathExtras.h"
 #include <chrono>
@@ -56,7 +57,7 @@ Expected<ParamChunk> adamwChunk(const KernelCall &C) {
   if (!Parts)
     return ParamChunk{0, N};
   if (!C.Data || C.Data->size() != Parts)
-    return planError(formatv("adamw {{zero_parts = {0}} needs a "
+    return makeError(formatv("adamw {{zero_parts = {0}} needs a "
                              "data-parallel group of that size (this run "
                              "has {1})",
                              Parts, C.Data ? C.Data->size() : 1));
@@ -186,7 +187,7 @@ static Error keyBias(T *Bias, const char *Keep, const TensorType &M,
       V = T(reinterpret_cast<const double *>(Keep)[E]);
       break;
     default:
-      return planError("padding mask: unsupported mask type " + M.str());
+      return makeError("padding mask: unsupported mask type " + M.str());
     }
     T Inv = T(1) - V;
     Bias[E] = Where ? (Inv != T(0) ? Fill : T(0)) : Inv * Fill;
@@ -213,7 +214,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     std::string Msg = S.Message;
     if (S.Index >= 0)
       Msg += formatv(" (element {0}, value {1})", S.Index, S.Value).str();
-    return planError(Msg);
+    return makeError(Msg);
   };
   auto ShapeOf = [](const TensorType &Ty) {
     return cpu::Shape(Ty.Shape.data(), Ty.Shape.size());
@@ -269,7 +270,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   case OpKind::GatherParam: {
     Communicator *G = C.group(collectiveGroup(I.Op, I.Attrs));
     if (!G || G->size() != AInt("parts"))
-      return planError(formatv("gather_param of {0} parts needs a "
+      return makeError(formatv("gather_param of {0} parts needs a "
                                "data-parallel group of that size",
                                AInt("parts")));
     return gatherParams<T>(*G, C);
@@ -513,7 +514,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     if (AInt("dropout")) {
       auto Key = attrInts(I.Op, I.Attrs, "key");
       if (Key.size() != 2)
-        return planError("attention has no Philox key; recompile the plan");
+        return makeError("attention has no Philox key; recompile the plan");
       Core.Dropout = Ratio();
       Core.Key = cpu::DropoutKey{C.Seed, uint32_t(Key[0]), uint32_t(Key[1]),
                                  uint32_t(C.Step)};
@@ -523,7 +524,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       const Sharding &S = Bufs[I.In[Q]].Shard;
       const int HeadsDim = Packed ? 2 : 1; // qkv [b, s, 3 h], q [b, a, s, d]
       if (S.K == Sharding::Split && S.Dim != HeadsDim)
-        return planError("attention: q is split along a dimension other "
+        return makeError("attention: q is split along a dimension other "
                          "than its heads");
       GlobalBlock G = globalBlock(
           Local,
@@ -565,7 +566,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     int64_t N = X.dim(-1), Elems = X.numElements();
     bool Causal = AInt("causal");
     if (Causal && X.rank() < 2)
-      return planError(Twine(opName(I.Op)) + " {causal} expects rank >= 2 "
+      return makeError(Twine(opName(I.Op)) + " {causal} expects rank >= 2 "
                                              "scores");
     int64_t Sq = Causal ? X.dim(-2) : 1;
     if (N == 0 || Sq == 0)
@@ -585,7 +586,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     const T *Addend = I.Op == OpKind::DropoutAdd ? In(1) : nullptr;
     auto Key = attrInts(I.Op, I.Attrs, "key");
     if (Key.size() != 2)
-      return planError("dropout has no Philox key; recompile the plan");
+      return makeError("dropout has no Philox key; recompile the plan");
     cpu::DropoutKey K{C.Seed, uint32_t(Key[0]), uint32_t(Key[1]),
                       uint32_t(C.Step)};
     uint8_t *Mask =
@@ -602,7 +603,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     // last two dimensions, which must be whole on this rank.
     bool Causal = I.Op == OpKind::Dropout && AInt("causal");
     if (Causal && S.K == Sharding::Split && S.Dim >= int(Local.rank()) - 2)
-      return planError("dropout {causal} of a tensor split along its last "
+      return makeError("dropout {causal} of a tensor split along its last "
                        "two dimensions; the plan is corrupt");
     if (S.K != Sharding::Split && NumMb == 1)
       return Check(cpu::dropout(Out(0), Mask, In(0), Ratio(), K,
@@ -654,7 +655,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     // ZeRO: each replica holds a chunk of every gradient; sum over them.
     if (AInt("zero")) {
       if (!C.Data)
-        return planError("grad_norm {zero = 1} in a plan run without "
+        return makeError("grad_norm {zero = 1} in a plan run without "
                          "data-parallel replicas");
       if (auto E = C.Data->allReduceSum(&Total, 1))
         return E;
@@ -693,7 +694,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     return Error::success();
   }
   default:
-    return planError("the CPU backend has no kernel for this op");
+    return makeError("the CPU backend has no kernel for this op");
   }
 }
 
@@ -711,8 +712,8 @@ static Expected<char *> scratch(int64_t Bytes) {
         std::aligned_alloc(64, alignTo(std::max<int64_t>(Bytes, 1), 64))));
     if (!Scratch) {
       ScratchBytes = 0;
-      return planError(formatv("cannot allocate {0} bytes of float32 scratch",
-                               Bytes));
+      return makeError(
+          formatv("cannot allocate {0} bytes of float32 scratch", Bytes));
     }
     ScratchBytes = Bytes;
   }

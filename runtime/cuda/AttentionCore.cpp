@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackendImpl.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/SmallVector.h"
 
 using namespace llvm;
@@ -40,7 +41,7 @@ Error CudaBackend::attention(const KernelCall &C, cudaStream_t S) {
   for (size_t J = 0; J < L.Instrs.size(); ++J) {
     const Instruction &Sub = L.Instrs[J];
     if (cuda::touches16Bit(Sub, L.Buffers))
-      return planError("attention on 16-bit buffers runs on float32 copies");
+      return makeError("attention on 16-bit buffers runs on float32 copies");
     KernelCall SC{Sub,       L,         nullptr,          C.Step,
                   C.Training, C.Dropout, C.Seed,          C.Tensor,
                   C.Pipeline, C.Data,    C.GradScale,     Where.data()};
@@ -58,7 +59,7 @@ Error CudaBackend::attention(const KernelCall &C, cudaStream_t S) {
 Expected<int> paddingKeepType(const TensorType &M) {
   if (std::optional<int> Code = cuda::paddingKeepCode(M.Dtype))
     return *Code;
-  return planError("padding_mask: unsupported mask type " + M.str());
+  return makeError("padding_mask: unsupported mask type " + M.str());
 }
 
 Error CudaBackend::attentionBlockwise(const KernelCall &C,

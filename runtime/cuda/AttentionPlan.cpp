@@ -3,6 +3,7 @@
 #include "ir/OpDef.h"
 #include "runtime/Backend.h"
 #include "runtime/TensorLayout.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/Twine.h"
 
@@ -74,19 +75,19 @@ Expected<Dims> attentionDims(const Instruction &I,
   Dims X;
   X.Fwd = I.Op == OpKind::Attention;
   if (!X.Fwd && I.Op != OpKind::AttentionGrad)
-    return planError("planAttention: not an attention instruction");
+    return makeError("planAttention: not an attention instruction");
   X.Qkv = attentionInputs(I.Op, I.Attrs);
   X.Q = X.Fwd ? 0 : 1;
   X.KeepAt = attentionKeepOperand(I.Op, I.Attrs);
   X.Packed = X.Qkv == 1;
   if (I.In.size() < X.KeepAt || I.In.size() > X.KeepAt + 1 ||
       I.Out.size() != (X.Fwd ? 2u : X.Qkv))
-    return planError(opName(I.Op) + ": unexpected operand or result count");
+    return makeError(opName(I.Op) + ": unexpected operand or result count");
   if (X.Packed) { // qkv [b, s, 3 a d]: split_heads' input
     const TensorType &XT = Bufs[I.In[X.Q]].Type;
     X.A = X.G = attrInt(I.Op, I.Attrs, "heads");
     if (XT.rank() != 3 || X.A <= 0 || XT.Shape[2] % (3 * X.A))
-      return planError(opName(I.Op) + " {packed} expects qkv [b, s, 3 * "
+      return makeError(opName(I.Op) + " {packed} expects qkv [b, s, 3 * "
                                       "heads * d]");
     X.B = XT.Shape[0];
     X.Sq = X.Sk = XT.Shape[1];
@@ -95,7 +96,7 @@ Expected<Dims> attentionDims(const Instruction &I,
     const TensorType &QT = Bufs[I.In[X.Q]].Type, &KT = Bufs[I.In[X.Q + 1]].Type;
     if (QT.rank() != 4 || KT.rank() != 4 ||
         Bufs[I.In[X.Q + 2]].Type.Shape != KT.Shape)
-      return planError(opName(I.Op) + " expects q [b, a, s, d] and k, v "
+      return makeError(opName(I.Op) + " expects q [b, a, s, d] and k, v "
                                       "[b, g, t, d]");
     X.B = QT.Shape[0];
     X.A = QT.Shape[1];
@@ -104,7 +105,7 @@ Expected<Dims> attentionDims(const Instruction &I,
     X.G = KT.Shape[1];
     X.Sk = KT.Shape[2];
     if (X.G <= 0 || X.A % X.G != 0 || KT.Shape[0] != X.B || KT.Shape[3] != X.D)
-      return planError(opName(I.Op) + ": k and v heads must divide q's");
+      return makeError(opName(I.Op) + ": k and v heads must divide q's");
   }
   return X;
 }
@@ -132,7 +133,7 @@ Expected<AttentionPlan> planAttention(const Instruction &I,
   // its last axis).
   Sharding Probs = Bufs[I.In[Q]].Shard;
   if (Probs.K == Sharding::Split && Probs.Dim != (Packed ? 2 : 1))
-    return planError(opName(I.Op) +
+    return makeError(opName(I.Op) +
                      ": q is split along a dimension other than its heads");
   if (Probs.K != Sharding::Split)
     Probs = Sharding();
@@ -304,16 +305,16 @@ Expected<BlockwisePlan> planBlockwise(const Instruction &I,
     return Sz.takeError();
   const Dims &X = *Sz;
   if (X.D <= 0)
-    return planError(opName(I.Op) + ": heads of no elements");
+    return makeError(opName(I.Op) + ": heads of no elements");
   if (X.D > AttentionMaxHeadDim)
-    return planError(opName(I.Op) + ": heads of " + Twine(X.D) +
+    return makeError(opName(I.Op) + ": heads of " + Twine(X.D) +
                      " exceed the blockwise kernels' " +
                      Twine(AttentionMaxHeadDim));
   // The grid: query or key blocks, heads, batch.
   const int64_t Blocks =
       (std::max(X.Sq, X.Sk) + AttentionBlock - 1) / AttentionBlock;
   if (X.A > 65535 || X.B > 65535 || Blocks > 0x7fffffff)
-    return planError(opName(I.Op) + ": more heads or batch rows than a CUDA "
+    return makeError(opName(I.Op) + ": more heads or batch rows than a CUDA "
                                     "grid holds (65535)");
   BlockwisePlan P;
   P.Forward = X.Fwd;
@@ -392,17 +393,17 @@ Expected<BlockwisePlan> planBlockwise(const Instruction &I,
   // Types and sizes: the kernels index the tensors by the strides above.
   const DType T = Bufs[P.Q.Id].Type.Dtype;
   if (!isKernelFloat(T))
-    return planError(opName(I.Op) + ": q is not a float tensor");
+    return makeError(opName(I.Op) + ": q is not a float tensor");
   auto Check = [&](const BlockwiseOperand &Op, int64_t Elements, bool SameType,
                    const char *What) -> Error {
     if (Op.Id < 0)
       return Error::success();
     const TensorType &Ty = Bufs[Op.Id].Type;
     if (SameType ? Ty.Dtype != T : !isKernelFloat(Ty.Dtype))
-      return planError(opName(I.Op) + ": " + What + " is " + Ty.str() +
+      return makeError(opName(I.Op) + ": " + What + " is " + Ty.str() +
                        (SameType ? ", not q's type" : ", not a float tensor"));
     if (Ty.numElements() != Elements)
-      return planError(opName(I.Op) + ": " + What + " has " +
+      return makeError(opName(I.Op) + ": " + What + " has " +
                        Twine(Ty.numElements()) + " elements, not " +
                        Twine(Elements));
     return Error::success();
@@ -424,7 +425,7 @@ Expected<BlockwisePlan> planBlockwise(const Instruction &I,
   if (P.Keep >= 0) {
     const TensorType &KT = Bufs[P.Keep].Type;
     if (!paddingKeepCode(KT.Dtype) || KT.numElements() != X.B * X.Sk)
-      return planError(opName(I.Op) + ": the padding mask is " + KT.str() +
+      return makeError(opName(I.Op) + ": the padding mask is " + KT.str() +
                        "; the blockwise kernels take [b, keys] of int64, "
                        "int32, bool or float32");
   }
@@ -452,7 +453,7 @@ Error probsBlock(const Instruction &I, const std::vector<ProgramBuffer> &Bufs,
   // q's second), rows of the microbatch and the data-parallel replica.
   const Sharding &S = Bufs[I.In[Q]].Shard;
   if (S.K == Sharding::Split && S.Dim != (Packed ? 2 : 1))
-    return planError(opName(I.Op) +
+    return makeError(opName(I.Op) +
                      ": q is split along a dimension other than its heads");
   const int64_t Probs[4] = {G.Batch, G.Heads, G.Sq, G.Sk};
   GlobalBlock B = globalBlock(
@@ -475,13 +476,13 @@ Error setBlockwiseDropout(BlockwisePlan &P, const Instruction &I,
     return Error::success();
   auto Key = attrInts(I.Op, I.Attrs, "key");
   if (Key.size() != 2)
-    return planError("attention has no Philox key; recompile the plan");
+    return makeError("attention has no Philox key; recompile the plan");
   if (Key[0] < 0 || Key[0] > 0xFFFF || Key[1] < 0 || Key[1] > 0xFFFF)
-    return planError("dropout key: layer or site above 65535");
+    return makeError("dropout key: layer or site above 65535");
   AttentionGeometry &G = P.G;
   G.Ratio = Training ? Dropout.value_or(attrFloat(I.Op, I.Attrs, "ratio")) : 0;
   if (!(G.Ratio >= 0.0 && G.Ratio <= 1.0))
-    return planError("dropout ratio outside [0, 1]");
+    return makeError("dropout ratio outside [0, 1]");
   G.Seed = Seed;
   G.Layer = uint32_t(Key[0]);
   G.Site = uint32_t(Key[1]);

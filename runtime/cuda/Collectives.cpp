@@ -13,9 +13,10 @@
 // a rank-major scratch buffer (chunkCopy), as the CPU backend does.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/cuda/CudaBackendImpl.h"
 #include "runtime/CollectiveWalk.h"
 #include "runtime/TensorLayout.h"
+#include "runtime/cuda/CudaBackendImpl.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <algorithm>
 
@@ -221,7 +222,7 @@ Error CudaBackend::reduceScatterFlat(const KernelCall &C, Communicator &G,
   const auto &Bufs = C.Prog.Buffers;
   int Parts = G.size();
   if (Parts != attrInt(I.Op, I.Attrs, "parts"))
-    return planError(formatv("a flat reduce_scatter of {0} parts over a "
+    return makeError(formatv("a flat reduce_scatter of {0} parts over a "
                              "group of {1}",
                              attrInt(I.Op, I.Attrs, "parts"), Parts));
   auto T = paddedScratch(C, Parts, S == Comm);
@@ -265,7 +266,7 @@ Error CudaBackend::gatherParam(const KernelCall &C, cudaStream_t S) {
   Communicator *G = C.group(collectiveGroup(I.Op, I.Attrs));
   int64_t Parts = attrInt(I.Op, I.Attrs, "parts");
   if (!G || G->size() != Parts)
-    return planError(formatv("gather_param of {0} parts needs a "
+    return makeError(formatv("gather_param of {0} parts needs a "
                              "data-parallel group of that size",
                              Parts));
   int Rank = G->rank();

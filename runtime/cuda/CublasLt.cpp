@@ -62,8 +62,6 @@ uint32_t alignmentOf(const void *P) {
   return A;
 }
 
-bool fitsInt(int64_t V) { return V >= 0 && V <= INT32_MAX; }
-
 } // namespace
 
 Expected<std::unique_ptr<CublasLt>> CublasLt::create() {
@@ -157,7 +155,7 @@ Expected<bool> CublasLt::linearBias(cudaStream_t S, bool TransW, int64_t Rows,
                                     const float *Bias, float *Out, bool TF32) {
   if (Rows == 0 || OutF == 0)
     return true;
-  if (!fitsInt(Rows) || !fitsInt(OutF) || !fitsInt(InF))
+  if (!fitsBlasInt(Rows) || !fitsBlasInt(OutF) || !fitsBlasInt(InF))
     return false;
   Key K{Rows,
         OutF,

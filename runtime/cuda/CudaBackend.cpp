@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackendImpl.h"
 #include "runtime/cuda/DeviceSelect.h"
+#include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <cstdlib>
 #include <thread>
@@ -277,7 +278,7 @@ Error CudaBackend::run(const KernelCall &C) {
   for (const auto *List : {&C.I.Out, &C.I.In})
     for (int B : *List)
       if (C.Prog.Buffers[B].Type.Dtype == DType::F64)
-        return planError("the CUDA backend runs float32 plans; this one "
+        return makeError("the CUDA backend runs float32 plans; this one "
                          "computes in float64");
   SP_CUDA_TRY(cudaSetDevice(Device));
   // An instruction with bf16 or fp16 buffers runs on float32 copies, unless

@@ -12,11 +12,16 @@
 #define SP_RUNTIME_CUDA_CUDACHECK_H
 
 #include "llvm/Support/Error.h"
+#include <cstdint>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 namespace sp::cuda {
+
+/// Whether V fits a cuBLAS or cuBLASLt dimension, count or leading
+/// dimension (a non-negative int).
+inline bool fitsBlasInt(int64_t V) { return V >= 0 && V <= INT32_MAX; }
 
 inline llvm::Error callFailure(const char *Call, const char *Name,
                                const char *What, const char *File, int Line) {

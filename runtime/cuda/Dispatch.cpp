@@ -7,11 +7,12 @@
 // place runs on float32 copies (dispatchMixed, MixedPlan.h).
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/cuda/CudaBackendImpl.h"
 #include "ir/OpDef.h"
 #include "runtime/CollectiveWalk.h"
 #include "runtime/KernelShapes.h"
 #include "runtime/TensorLayout.h"
+#include "runtime/cuda/CudaBackendImpl.h"
+#include "support/Diagnostics.h"
 #include <algorithm>
 
 using namespace llvm;
@@ -28,7 +29,7 @@ Elems elems(const KernelCall &C, int Id) {
 namespace {
 
 Error noKernel(OpKind Op) {
-  return planError("the CUDA backend has no kernel for op " + opName(Op) +
+  return makeError("the CUDA backend has no kernel for op " + opName(Op) +
                    " yet; run this plan with --device cpu");
 }
 
@@ -38,9 +39,9 @@ Error broadcastStrides(const TensorType &In, const TensorType &Out,
                        cuda::DevShape &Strides) {
   int R = int(Out.rank());
   if (R > cuda::MaxRank)
-    return planError("broadcast: rank above MaxRank");
+    return makeError("broadcast: rank above MaxRank");
   if (In.rank() > Out.rank())
-    return planError("broadcast: input rank above output rank");
+    return makeError("broadcast: input rank above output rank");
   int64_t InStrides[cuda::MaxRank];
   int64_t S = 1;
   for (int D = int(In.rank()) - 1; D >= 0; --D) {
@@ -58,7 +59,7 @@ Error broadcastStrides(const TensorType &In, const TensorType &Out,
     else if (In.Shape[DI] == 1)
       Strides.Dim[D] = 0;
     else
-      return planError("broadcast: shapes do not broadcast");
+      return makeError("broadcast: shapes do not broadcast");
   }
   return Error::success();
 }
@@ -163,18 +164,18 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
   const auto &Bufs = C.Prog.Buffers;
   auto Key = attrInts(I.Op, I.Attrs, "key");
   if (Key.size() != 2)
-    return planError("dropout has no Philox key; recompile the plan");
+    return makeError("dropout has no Philox key; recompile the plan");
   double Ratio =
       C.Training ? C.Dropout.value_or(attrFloat(I.Op, I.Attrs, "ratio")) : 0.0;
   if (!(Ratio >= 0.0 && Ratio <= 1.0))
-    return planError("dropout ratio outside [0, 1]");
+    return makeError("dropout ratio outside [0, 1]");
   if (Key[0] < 0 || Key[0] > 0xFFFF)
-    return planError("dropout key layer above 65535");
+    return makeError("dropout key layer above 65535");
   if (Key[1] < 0 || Key[1] > 0xFFFF)
-    return planError("dropout key site above 65535");
+    return makeError("dropout key site above 65535");
   const TensorType &Local = Bufs[I.In[0]].Type;
   if (Local.rank() > size_t(cuda::MaxRank))
-    return planError("global index: rank above MaxRank");
+    return makeError("global index: rank above MaxRank");
   const Sharding &Sh = Bufs[I.In[0]].Shard;
   // The element's index in the whole tensor (as CpuBackend's).
   GlobalBlock GB = globalBlock(
@@ -192,7 +193,7 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
                 attrInt(I.Op, I.Attrs, "causal");
   if (Causal && (Local.rank() < 2 ||
                  (Sh.K == Sharding::Split && Sh.Dim >= int(Local.rank()) - 2)))
-    return planError("dropout {causal} needs its last two dimensions whole "
+    return makeError("dropout {causal} needs its last two dimensions whole "
                      "on the rank; the plan is corrupt");
   cuda::dropout(elems(C, I.Out[0]), Mask, elems(C, I.In[0]), Ratio, C.Seed,
                 uint32_t(Key[0]), uint32_t(Key[1]), uint32_t(C.Step),
@@ -447,10 +448,10 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::RopeGrad: {
     const TensorType &X = InT(0);
     if (X.Shape[3] % 2)
-      return planError("rope needs an even head dimension");
+      return makeError("rope needs an even head dimension");
     int64_t CB = InT(1).Shape[0];
     if (CB != 1 && CB != X.Shape[0])
-      return planError("rope tables must have batch dimension 1 or B");
+      return makeError("rope tables must have batch dimension 1 or B");
     cuda::rope(Out(0), In(0), In(1), In(2), X.Shape[0], X.Shape[1], X.Shape[2],
                X.Shape[3], CB, AInt("interleaved"), I.Op == OpKind::RopeGrad,
                S);
@@ -503,7 +504,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     // and zeroes the rest, as the CPU's row blocks do.
     bool Causal = AInt("causal");
     if (Causal && CT.Dtype != DType::F32)
-      return planError("batch_matmul {causal} on " + CT.str() +
+      return makeError("batch_matmul {causal} on " + CT.str() +
                        ": the CUDA backend masks float32 results only "
                        "(sp-compile marks float32 and float64 plans)");
     if (auto E = batchedGemm(S, G->TransA, G->TransB, G->M, G->N, G->K, In(0),
@@ -542,7 +543,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t N = X.dim(-1);
     bool Causal = AInt("causal");
     if (Causal && X.rank() < 2)
-      return planError("a causal softmax expects rank >= 2 scores");
+      return makeError("a causal softmax expects rank >= 2 scores");
     int64_t Sq = Causal ? X.dim(-2) : 1;
     if (I.Op == OpKind::Softmax)
       cuda::softmax(OutE(0), InE(0), X.numElements() / N, N, AFloat("alpha"),
@@ -576,9 +577,9 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     if (X.VocabParallel)
       return vocabParallelLoss(C, S, X.Grad, X.N, X.V, X.Valid, X.Ignore);
     if (X.N <= 0)
-      return planError("cross entropy over no rows");
+      return makeError("cross entropy over no rows");
     if (X.Valid < 1 || X.Valid > X.V)
-      return planError("cross entropy valid vocabulary not in [1, V]");
+      return makeError("cross entropy valid vocabulary not in [1, V]");
     // Scratch: N row losses (doubles) or the count.
     auto Tmp = scratch(false, 2 * X.N + 2);
     if (!Tmp)

@@ -8,17 +8,11 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackendImpl.h"
-#include <climits>
+#include "support/Diagnostics.h"
 
 using namespace llvm;
 
 namespace sp::cuda {
-
-namespace {
-
-bool fitsInt(int64_t V) { return V >= 0 && V <= INT_MAX; }
-
-} // namespace
 
 /// The cuBLAS type of a 16-bit float dtype.
 static cudaDataType_t cudaType16(DType T) {
@@ -31,9 +25,9 @@ Error CudaBackend::gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
                         DType AB) {
   if (M == 0 || N == 0)
     return Error::success();
-  if (!fitsInt(M) || !fitsInt(N) || !fitsInt(K) || !fitsInt(Lda) ||
-      !fitsInt(Ldb) || !fitsInt(Ldc))
-    return planError("gemm dimension above INT_MAX");
+  if (!fitsBlasInt(M) || !fitsBlasInt(N) || !fitsBlasInt(K) ||
+      !fitsBlasInt(Lda) || !fitsBlasInt(Ldb) || !fitsBlasInt(Ldc))
+    return makeError("gemm dimension above INT_MAX");
   float One = 1.0f;
   SP_CUBLAS_TRY(Cublas->SetStream(Blas, S));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
@@ -80,8 +74,9 @@ Error CudaBackend::batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M,
                                DType AB) {
   if (M == 0 || N == 0 || Batch == 0)
     return Error::success();
-  if (!fitsInt(M) || !fitsInt(N) || !fitsInt(K) || !fitsInt(Batch))
-    return planError("batch_matmul dimension above INT_MAX");
+  if (!fitsBlasInt(M) || !fitsBlasInt(N) || !fitsBlasInt(K) ||
+      !fitsBlasInt(Batch))
+    return makeError("batch_matmul dimension above INT_MAX");
   float One = 1.0f, Zero = 0.0f;
   SP_CUBLAS_TRY(Cublas->SetStream(Blas, S));
   cublasOperation_t OpB = TB ? CUBLAS_OP_T : CUBLAS_OP_N,

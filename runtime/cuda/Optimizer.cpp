@@ -15,6 +15,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackendImpl.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/STLExtras.h"
 
 using namespace llvm;
@@ -49,7 +50,7 @@ Error CudaBackend::gradNorm(const KernelCall &C, cudaStream_t S) {
     // ZeRO: each replica holds a chunk of every gradient; the sum over them,
     // as CpuBackend.
     if (!C.Data)
-      return planError("grad_norm {zero = 1} in a plan run without "
+      return makeError("grad_norm {zero = 1} in a plan run without "
                        "data-parallel replicas");
     if (auto E = sumAside(*C.Data, &Norm->Total, S))
       return E;

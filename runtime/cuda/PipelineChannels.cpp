@@ -15,8 +15,9 @@
 // has completed (cudaEventQuery), else another is made.
 //
 //===----------------------------------------------------------------------===//
-#include "runtime/cuda/CudaBackendImpl.h"
 #include "runtime/CollectiveWalk.h"
+#include "runtime/cuda/CudaBackendImpl.h"
+#include "support/Diagnostics.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -52,12 +53,12 @@ Error CudaBackend::pipelineMessage(const KernelCall &C, cudaStream_t S) {
   if (!Pipe)
     return Pipe.takeError();
   if ((*Pipe)->size() == 1)
-    return planError("a pipeline message in a one-stage pipeline group");
+    return makeError("a pipeline message in a one-stage pipeline group");
   auto N = nccl(**Pipe);
   if (!N)
     return N.takeError();
   if (S != ncclStream())
-    return planError("a pipeline message off the NCCL stream");
+    return makeError("a pipeline message off the NCCL stream");
   // runtime/CollectiveWalk.h's walk, as the CPU's: the sends and receives
   // over the channels (no tags: a channel per peer and direction).
   struct Steps {
@@ -92,7 +93,7 @@ Expected<CudaBackend::Channel *>
 CudaBackend::channelOf(std::map<int, Channel> &Of, int Peer, StringRef What) {
   auto It = Of.find(Peer);
   if (It == Of.end())
-    return planError(formatv("a pipeline {0} stage {1}, which does not "
+    return makeError(formatv("a pipeline {0} stage {1}, which does not "
                              "neighbour this one",
                              What, Peer)
                          .str());

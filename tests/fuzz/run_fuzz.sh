@@ -5,8 +5,8 @@
 #       ir-parser, plan-reader, checkpoint-reader, token-loader; default all)
 #
 # The build is Debian's clang-14 with ASan, UBSan and assertions, in
-# $BUILD_DIR (default build-fuzz): configured once, then rebuilt
-# incrementally. The targets run one after another, each on a working corpus
+# $BUILD_DIR (default build-fuzz), a unity build configured on every run
+# and rebuilt incrementally. The targets run one after another, each on a working corpus
 # ($FUZZ_WORK/TARGET, default $BUILD_DIR/fuzz-work) seeded from the
 # committed one (tests/fuzz/corpus/TARGET, which is only read), so every run
 # replays the committed inputs, the regression inputs of fixed bugs among
@@ -46,19 +46,15 @@ if [ ! -x "$CXX" ] || ! ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fu
   exit 2
 fi
 
-# Configure once (a cache without SP_FUZZ=ON, or from another compiler, is
-# configured again), then build what changed.
-if ! grep -qs '^SP_FUZZ:BOOL=ON$' "$BUILD_DIR/CMakeCache.txt" ||
-   ! grep -qs "^CMAKE_CXX_COMPILER:[A-Z]*=$CXX\$" "$BUILD_DIR/CMakeCache.txt"; then
-  echo "== configuring $BUILD_DIR (clang-14, ASan + UBSan, libFuzzer)"
-  # Line tables only: a report's stack names file and line.
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only" \
-    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only" \
-    -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DSP_FUZZ=ON \
-    -DSP_ENABLE_CUDA=OFF \
-    $(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache) >/dev/null
-fi
+# Configured on every run (seconds; the flags stay those written here).
+# Line tables only: a report's stack names file and line.
+echo "== configuring $BUILD_DIR (clang-14, ASan + UBSan, libFuzzer)"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only" \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only" \
+  -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DSP_FUZZ=ON \
+  -DSP_ENABLE_CUDA=OFF \
+  $(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache) >/dev/null
 echo "== building the fuzz targets in $BUILD_DIR"
 cmake --build "$BUILD_DIR" --target "${TARGETS[@]/#/sp-fuzz-}" -j "$JOBS"
 

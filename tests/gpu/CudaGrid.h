@@ -14,6 +14,10 @@
 
 namespace sp {
 
+/// AdamW's eps at which one step's rounding cannot flip a later update, so
+/// that every step's gradients of a GPU run compare with the CPU's.
+constexpr double StableEps = 1e-3;
+
 /// World's rank's CUDA backend: GPU World.rank(), O's groups; Blockwise:
 /// the attention core by the blockwise kernels; Epilogues: linear biases
 /// in cuBLASLt's epilogue.

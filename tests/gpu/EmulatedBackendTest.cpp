@@ -30,8 +30,6 @@ using namespace llvm;
 
 namespace {
 
-constexpr double StableEps = 1e-3;
-
 /// The layouts here compile with AdamW's eps at which one step's rounding
 /// cannot flip a later update, so that every step's gradients compare
 /// (EndToEndTest.cpp).

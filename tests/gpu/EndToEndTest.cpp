@@ -55,10 +55,6 @@ using namespace llvm;
 
 namespace {
 
-/// Adam's eps at which one step's rounding cannot flip a later update.
-constexpr double StableEps = 1e-3;
-
-
 /// An executor of P on the GPU (Cuda) or on the CPU; Blockwise: the GPU
 /// runs the attention core with its blockwise kernels.
 Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda,

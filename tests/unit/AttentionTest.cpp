@@ -31,7 +31,7 @@ using namespace llvm;
 
 namespace {
 
-struct Case {
+struct AttentionCase {
   AttentionShape S;
   bool Causal;
   bool Padding;
@@ -54,7 +54,7 @@ template <typename T> std::vector<T> random(size_t N, uint32_t Seed) {
   return V;
 }
 
-AttentionCore coreOf(const Case &C, const GlobalIndex &G) {
+AttentionCore coreOf(const AttentionCase &C, const GlobalIndex &G) {
   AttentionCore A;
   A.Scale = 1 / std::sqrt(double(C.S.D));
   A.Causal = C.Causal;
@@ -66,7 +66,7 @@ AttentionCore coreOf(const Case &C, const GlobalIndex &G) {
   return A;
 }
 
-template <typename T> Tensors<T> inputs(const Case &C) {
+template <typename T> Tensors<T> inputs(const AttentionCase &C) {
   const AttentionShape &S = C.S;
   Tensors<T> X;
   X.Q = random<T>(S.Batch * S.Heads * S.Sq * S.D, 1);
@@ -84,7 +84,7 @@ template <typename T> Tensors<T> inputs(const Case &C) {
 
 /// The unfused sequence.
 template <typename T>
-void unfused(Tensors<T> &X, const Case &C, const AttentionCore &A) {
+void unfused(Tensors<T> &X, const AttentionCase &C, const AttentionCore &A) {
   const AttentionShape &S = C.S;
   const int64_t R = S.Heads / S.KvHeads, BA = S.Batch * S.Heads;
   std::vector<T> Kr(BA * S.Sk * S.D), Vr(Kr.size());
@@ -142,7 +142,7 @@ void unfused(Tensors<T> &X, const Case &C, const AttentionCore &A) {
 }
 
 template <typename T>
-void fused(Tensors<T> &X, const Case &C, const AttentionCore &A) {
+void fused(Tensors<T> &X, const AttentionCase &C, const AttentionCore &A) {
   const AttentionShape &S = C.S;
   X.O.assign(X.Q.size(), T(-7));
   X.Lse.assign(S.Batch * S.Heads * S.Sq, T(-7));
@@ -173,7 +173,7 @@ void expectClose(const std::vector<T> &Got, const std::vector<T> &Want,
         << Want[I];
 }
 
-std::vector<Case> cases() {
+std::vector<AttentionCase> attentionCases() {
   return {
       // causal, several blocks (the ones above the diagonal skipped)
       {{2, 4, 4, 150, 150, 16}, true, false, 0.0},
@@ -194,7 +194,7 @@ std::vector<Case> cases() {
 }
 
 template <typename T> void checkAgainstUnfused(double U) {
-  for (const Case &C : cases()) {
+  for (const AttentionCase &C : attentionCases()) {
     SCOPED_TRACE("B " + std::to_string(C.S.Batch) + " A " +
                  std::to_string(C.S.Heads) + " G " +
                  std::to_string(C.S.KvHeads) + " Sq " +
@@ -231,7 +231,7 @@ TEST(FusedAttention, MatchesTheUnfusedOpsInFloat) {
 /// probabilities' global index, computes exactly those heads of the whole
 /// run, dropout included; and the thread count changes nothing.
 TEST(FusedAttention, HeadBlockAndThreadsAreBitwiseTheWhole) {
-  const Case Whole{{2, 4, 2, 90, 90, 16}, true, true, 0.15};
+  const AttentionCase Whole{{2, 4, 2, 90, 90, 16}, true, true, 0.15};
   const int64_t All[] = {2, 4, 90, 90};
   Tensors<float> W = inputs<float>(Whole);
   int Before = kernelThreads();
@@ -246,7 +246,7 @@ TEST(FusedAttention, HeadBlockAndThreadsAreBitwiseTheWhole) {
     EXPECT_EQ(0, std::memcmp(A->data(), B->data(), A->size() * 4));
 
   // Rank 1 of t = 2: query heads 2, 3 and key/value head 1.
-  Case Half = Whole;
+  AttentionCase Half = Whole;
   Half.S.Heads = 2;
   Half.S.KvHeads = 1;
   const int64_t Local[] = {2, 2, 90, 90}, Off[] = {0, 2, 0, 0};
@@ -277,7 +277,7 @@ TEST(FusedAttention, HeadBlockAndThreadsAreBitwiseTheWhole) {
 /// With Merged, O, DO and Lse are [B, Sq, A, D] and [B, Sq, A] (the layout
 /// the projection reads): the same values, and the same gradients.
 TEST(FusedAttention, MergedOutputIsThePermutedOutput) {
-  const Case C{{2, 4, 2, 70, 70, 8}, true, true, 0.1};
+  const AttentionCase C{{2, 4, 2, 70, 70, 8}, true, true, 0.1};
   const int64_t P4[] = {2, 4, 70, 70};
   const AttentionShape &S = C.S;
   AttentionCore A = coreOf(C, GlobalIndex::whole(Shape(P4, 4)));
@@ -314,8 +314,9 @@ TEST(FusedAttention, MergedOutputIsThePermutedOutput) {
 /// the same heads in their own tensors: o, lse, and dq, dk, dv written into
 /// one [b, s, 3, a, d] tensor as split_heads_grad would lay them out.
 TEST(FusedAttention, PackedInputsAreTheSplitHeads) {
-  for (const Case &C : {Case{{2, 3, 3, 70, 70, 8}, true, true, 0.1},
-                        Case{{1, 2, 2, 33, 33, 16}, false, false, 0.0}}) {
+  for (const AttentionCase &C :
+       {AttentionCase{{2, 3, 3, 70, 70, 8}, true, true, 0.1},
+        AttentionCase{{1, 2, 2, 33, 33, 16}, false, false, 0.0}}) {
     const AttentionShape &S = C.S;
     const int64_t P4[] = {S.Batch, S.Heads, S.Sq, S.Sk};
     AttentionCore A = coreOf(C, GlobalIndex::whole(Shape(P4, 4)));

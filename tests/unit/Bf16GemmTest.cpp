@@ -25,7 +25,7 @@ using namespace sp::cpu;
 
 namespace {
 
-struct Case {
+struct GemmCase {
   bool TA, TB;
   int64_t M, N, K;
   float Beta;
@@ -58,7 +58,7 @@ double readAs(uint16_t B) {
 /// Runs one case with Kernel and checks every element of C against the
 /// float64 sum; C has a leading dimension above N whose padding must stay
 /// untouched. Returns C.
-std::vector<float> check(const Case &T, Bf16Kernel Kernel, bool Denormals) {
+std::vector<float> check(const GemmCase &T, Bf16Kernel Kernel, bool Denormals) {
   const int64_t Lda = (T.TA ? T.M : T.K) + 3, Ldb = (T.TB ? T.K : T.N) + 5,
                 Ldc = T.N + 7;
   auto A = randomBf16((T.TA ? T.K : T.M) * Lda, 11 + T.M, Denormals);
@@ -104,8 +104,8 @@ std::vector<float> check(const Case &T, Bf16Kernel Kernel, bool Denormals) {
 /// 144-row A block, the 512-column and 576-row tiles, the 256-k block, odd
 /// K, a single row, column or k; for AMX the 16 x 16 tiles, the 32 x 32
 /// blocks, the 32-k tile step and the 128-row A block.
-std::vector<Case> cases() {
-  std::vector<Case> Out;
+std::vector<GemmCase> gemmCases() {
+  std::vector<GemmCase> Out;
   const int64_t Ms[] = {1, 12, 16, 33, 150, 600};
   const int64_t Ns[] = {1, 16, 31, 33, 520};
   const int64_t Ks[] = {1, 2, 7, 32, 33, 256, 259, 600};
@@ -124,7 +124,7 @@ std::vector<Case> cases() {
 }
 
 TEST(Bf16Gemm, EmulatedKernelWithinFloat32Bound) {
-  for (const Case &T : cases()) {
+  for (const GemmCase &T : gemmCases()) {
     check(T, Bf16Kernel::Emulated, /*Denormals=*/true);
     if (HasFailure())
       return;
@@ -137,7 +137,7 @@ TEST(Bf16Gemm, EmulatedKernelWithinFloat32Bound) {
 void checkNativeAgainstTwin(Bf16Kernel Native, Bf16Kernel Twin,
                             const char *Instruction) {
   int64_t Same = 0, All = 0;
-  for (const Case &T : cases()) {
+  for (const GemmCase &T : gemmCases()) {
     auto Got = check(T, Native, /*Denormals=*/true);
     if (::testing::Test::HasFailure())
       return;
@@ -176,7 +176,7 @@ TEST(Bf16Gemm, NativeKernelWithinFloat32Bound) {
 }
 
 TEST(Bf16Gemm, AmxTwinWithinFloat32Bound) {
-  for (const Case &T : cases()) {
+  for (const GemmCase &T : gemmCases()) {
     check(T, Bf16Kernel::AmxEmulated, /*Denormals=*/true);
     if (HasFailure())
       return;
@@ -194,7 +194,7 @@ TEST(Bf16Gemm, AmxKernelWithinFloat32Bound) {
 /// The tiles split over threads, never the sums: any thread count gives the
 /// same bits, with every kernel.
 TEST(Bf16Gemm, ThreadCountDoesNotChangeTheResult) {
-  const Case T{false, true, 700, 1100, 300, 0};
+  const GemmCase T{false, true, 700, 1100, 300, 0};
   auto A = randomBf16(T.M * T.K, 1, false), B = randomBf16(T.N * T.K, 2, false);
   int Before = kernelThreads();
   for (Bf16Kernel Kernel : kernelsHere()) {

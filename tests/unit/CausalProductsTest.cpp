@@ -21,7 +21,7 @@
 
 using namespace sp;
 using namespace llvm;
-using namespace sp::testing;
+using namespace sp::test;
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include "runtime/comm/Communicator.h"
 #include "ir/Float16.h"
 #include "gtest/gtest.h"
+#include "TestSupport.h"
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -20,16 +21,10 @@
 #include <thread>
 
 using namespace sp;
+using namespace sp::test;
 using namespace llvm;
 
 namespace {
-
-/// The message of E, or "" on success.
-std::string errorText(Error E) {
-  if (!E)
-    return "";
-  return toString(std::move(E));
-}
 
 /// Rank R's input: values of mixed signs and magnitudes, so that the order of
 /// a float sum changes its bits.

@@ -1,5 +1,6 @@
 //===- FoldTest.cpp - Constant evaluation of the onnx.* ops ---------------===//
 #include "ir/Fold.h"
+#include "TestSupport.h"
 #include "ir/ShapeInference.h"
 #include "gtest/gtest.h"
 #include <cmath>
@@ -7,12 +8,10 @@
 #include <limits>
 
 using namespace sp;
+using namespace sp::test;
 using namespace llvm;
 
 namespace {
-
-constexpr int64_t I64Max = std::numeric_limits<int64_t>::max();
-constexpr int64_t I64Min = std::numeric_limits<int64_t>::min();
 
 template <typename T> std::vector<char> bytesOf(ArrayRef<T> V) {
   std::vector<char> B(V.size() * sizeof(T));
@@ -93,13 +92,6 @@ protected:
 
   Graph G;
 };
-
-AttrList attrs(std::initializer_list<std::pair<const char *, Attribute>> L) {
-  AttrList A;
-  for (const auto &[Name, V] : L)
-    A.set(Name, V);
-  return A;
-}
 
 using IntVec = std::vector<int64_t>;
 using DoubleVec = std::vector<double>;

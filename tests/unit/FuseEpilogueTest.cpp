@@ -20,7 +20,7 @@
 
 using namespace sp;
 using namespace llvm;
-using namespace sp::testing;
+using namespace sp::test;
 
 namespace {
 

@@ -14,33 +14,17 @@
 #include "llvm/Support/Program.h"
 #include "gtest/gtest.h"
 
+#include "TestSupport.h"
 #include "onnx/onnx_pb.h"
 #include <cstring>
 #include <fstream>
 #include <map>
 
 using namespace sp;
+using namespace sp::test;
 using namespace llvm;
 
 namespace {
-
-/// A scratch folder, removed at the end of the test.
-class TempDir {
-public:
-  TempDir() {
-    SmallString<128> P;
-    if (sys::fs::createUniqueDirectory("sp-import-test", P))
-      ADD_FAILURE() << "cannot create a temporary folder";
-    Path = std::string(P);
-  }
-  ~TempDir() { sys::fs::remove_directories(Path); }
-  std::string file(StringRef Name) const {
-    SmallString<128> P(Path);
-    sys::path::append(P, Name);
-    return std::string(P);
-  }
-  std::string Path;
-};
 
 /// Dimension of a graph input: a value or a symbolic name.
 struct Dim {

@@ -1,16 +1,15 @@
 //===- OnnxShapesTest.cpp - Type rules of the onnx.* ops ------------------===//
+#include "TestSupport.h"
 #include "ir/ShapeInference.h"
 #include "gtest/gtest.h"
 #include <cstring>
 #include <limits>
 
 using namespace sp;
+using namespace sp::test;
 using namespace llvm;
 
 namespace {
-
-constexpr int64_t I64Max = std::numeric_limits<int64_t>::max();
-constexpr int64_t I64Min = std::numeric_limits<int64_t>::min();
 
 class OnnxShapesTest : public ::testing::Test {
 protected:
@@ -41,13 +40,6 @@ protected:
 
   Graph G;
 };
-
-AttrList attrs(std::initializer_list<std::pair<const char *, Attribute>> L) {
-  AttrList A;
-  for (const auto &[Name, V] : L)
-    A.set(Name, V);
-  return A;
-}
 
 using Strs = std::vector<std::string>;
 

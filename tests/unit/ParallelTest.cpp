@@ -19,27 +19,27 @@ using namespace llvm;
 
 namespace {
 
-RunPair train(int TP, bool SP, double Dropout, int Steps,
-              StringRef Model = TinyModel) {
+RunPair trainTp(int TP, bool SP, double Dropout, int Steps,
+                StringRef Model = TinyModel) {
   PassContext Ctx;
   Ctx.TensorParallel = TP;
   Ctx.SequenceParallel = SP;
   return trainBoth(compile(Model, Ctx), Dropout, Steps);
 }
 
-struct Config {
+struct TpConfig {
   int TP;
   bool SP;
   double Dropout;
 };
 
-class ParallelEqualsOneDevice : public ::testing::TestWithParam<Config> {};
+class ParallelEqualsOneDevice : public ::testing::TestWithParam<TpConfig> {};
 
 TEST_P(ParallelEqualsOneDevice, LossAndGradients) {
-  Config C = GetParam();
+  TpConfig C = GetParam();
   constexpr int Steps = 3;
-  expectEqualRuns(train(C.TP, C.SP, C.Dropout, Steps),
-                  train(1, false, C.Dropout, Steps));
+  expectEqualRuns(trainTp(C.TP, C.SP, C.Dropout, Steps),
+                  trainTp(1, false, C.Dropout, Steps));
 }
 
 /// A vocabulary of 66 over 4 ranks is padded to 68; the padding logits are
@@ -54,8 +54,8 @@ TEST(ParallelVocabulary, PaddedVocabularyEqualsOneDevice) {
                          "32", "--heads", "4", "--seq", "16", "--vocab", "66",
                          "--batch", "2", "--untied", "--dropout", "0.1"}))
       << "the torch export failed (is python3-torch installed?)";
-  RunPair Ref = train(1, false, 0.1, 2, Model);
-  RunPair Par = train(4, true, 0.1, 2, Model);
+  RunPair Ref = trainTp(1, false, 0.1, 2, Model);
+  RunPair Par = trainTp(4, true, 0.1, 2, Model);
   expectEqualRuns(Par, Ref);
   sys::fs::remove_directories(Dir);
 }
@@ -64,7 +64,7 @@ TEST(ParallelVocabulary, PaddedVocabularyEqualsOneDevice) {
 /// one float32 gradient element moved by 1e-4 of the tensor's largest, or
 /// one float64 element moved by 1e-11, fails.
 TEST(ToleranceRule, CatchesSmallDifferences) {
-  RunPair Ref = train(1, false, 0.0, 1);
+  RunPair Ref = trainTp(1, false, 0.0, 1);
   expectEqualRuns(Ref, Ref);
   auto Perturbed = [&](bool F64, double By) {
     RunPair Run = Ref;
@@ -82,10 +82,10 @@ TEST(ToleranceRule, CatchesSmallDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     TensorSequence, ParallelEqualsOneDevice,
-    ::testing::Values(Config{2, false, 0.0}, Config{2, true, 0.0},
-                      Config{4, false, 0.0}, Config{4, true, 0.0},
-                      Config{2, false, 0.1}, Config{2, true, 0.1},
-                      Config{4, true, 0.1}),
+    ::testing::Values(TpConfig{2, false, 0.0}, TpConfig{2, true, 0.0},
+                      TpConfig{4, false, 0.0}, TpConfig{4, true, 0.0},
+                      TpConfig{2, false, 0.1}, TpConfig{2, true, 0.1},
+                      TpConfig{4, true, 0.1}),
     [](const auto &Info) {
       return "tp" + std::to_string(Info.param.TP) +
              (Info.param.SP ? "_sp" : "") +

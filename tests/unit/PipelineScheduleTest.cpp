@@ -17,10 +17,11 @@
 //  - the SVG writers produce balanced tags, escaped text and their labels.
 //
 //===----------------------------------------------------------------------===//
-#include "reports/Charts.h"
-#include "support/Xml.h"
+#include "TestSupport.h"
 #include "analysis/Partition.h"
 #include "lower/Schedule.h"
+#include "reports/Charts.h"
+#include "support/Xml.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include "gtest/gtest.h"
@@ -29,15 +30,10 @@
 #include <random>
 
 using namespace sp;
+using namespace sp::test;
 using namespace llvm;
 
 namespace {
-
-std::string errorText(Error E) { return toString(std::move(E)); }
-
-template <typename T> std::string errorText(Expected<T> &E) {
-  return E ? std::string() : toString(E.takeError());
-}
 
 Schedule build(ScheduleKind K, int P, int M, int N) {
   Expected<Schedule> S = buildSchedule(K, P, M, N);

@@ -65,12 +65,12 @@ const RunPair &reference() {
   return R;
 }
 
-struct Config {
+struct PipelineConfig {
   int P, M, T;
   RecomputeMode Recompute;
 };
 
-PassContext context(const Config &C) {
+PassContext context(const PipelineConfig &C) {
   PassContext Ctx = baseContext();
   Ctx.TensorParallel = C.T;
   Ctx.SequenceParallel = C.T > 1;
@@ -83,7 +83,8 @@ PassContext context(const Config &C) {
   return Ctx;
 }
 
-class PipelineEqualsOneDevice : public ::testing::TestWithParam<Config> {};
+class PipelineEqualsOneDevice
+    : public ::testing::TestWithParam<PipelineConfig> {};
 
 TEST_P(PipelineEqualsOneDevice, LossAndGradients) {
   const RunPair &Ref = reference();
@@ -91,8 +92,8 @@ TEST_P(PipelineEqualsOneDevice, LossAndGradients) {
   expectEqualRuns(trainBoth(P, Dropout, Steps), Ref);
 }
 
-std::vector<Config> configs() {
-  std::vector<Config> C;
+std::vector<PipelineConfig> configs() {
+  std::vector<PipelineConfig> C;
   for (int P : {1, 2, 4})
     for (int M : {1, 2})
       for (int T : {1, 2})
@@ -105,7 +106,7 @@ std::vector<Config> configs() {
 INSTANTIATE_TEST_SUITE_P(
     Grid, PipelineEqualsOneDevice, ::testing::ValuesIn(configs()),
     [](const auto &Info) {
-      const Config &C = Info.param;
+      const PipelineConfig &C = Info.param;
       return "p" + std::to_string(C.P) + "_m" + std::to_string(C.M) + "_t" +
              std::to_string(C.T) +
              (C.Recompute == RecomputeMode::Selective ? "_selective" : "");
@@ -141,7 +142,7 @@ TEST(Pipeline, PerLayerRecomputeGroupsStayOnOneRank) {
 /// The first stage keeps P microbatches in flight under 1F1B, so its
 /// stored activations are P microbatches' worth of its layers.
 TEST(Pipeline, FirstStageHoldsPMicrobatches) {
-  Config C{4, 1, 1, RecomputeMode::None};
+  PipelineConfig C{4, 1, 1, RecomputeMode::None};
   PassContext Ctx = context(C);
   Plan P = compile(model(), Ctx, MicroBatchSize, Seq);
   ASSERT_EQ(P.numStages(), 4);
@@ -165,9 +166,9 @@ TEST(Pipeline, FirstStageHoldsPMicrobatches) {
 /// (the compiler lowers a rank's delay where the default would exceed it),
 /// and the first rank measures what its plan promises.
 TEST(Pipeline, ZeroBubbleIsBitwiseOneFOneB) {
-  for (Config C : {Config{2, 1, 1, RecomputeMode::None},
-                   Config{4, 1, 1, RecomputeMode::None},
-                   Config{2, 1, 2, RecomputeMode::Selective}}) {
+  for (PipelineConfig C : {PipelineConfig{2, 1, 1, RecomputeMode::None},
+                           PipelineConfig{4, 1, 1, RecomputeMode::None},
+                           PipelineConfig{2, 1, 2, RecomputeMode::Selective}}) {
     SCOPED_TRACE(formatv("p {0} t {1}", C.P, C.T).str());
     PassContext Base = context(C);
     Plan OneF = compile(model(), Base, MicroBatchSize, Seq);
@@ -202,7 +203,7 @@ namespace {
 /// (expandProgram) or walked for the executor's run (prepareCompactRun),
 /// the same error.
 TEST(Pipeline, CompactProgramsAreChecked) {
-  Config C{2, 1, 1, RecomputeMode::None};
+  PipelineConfig C{2, 1, 1, RecomputeMode::None};
   Plan P = compile(model(), context(C), MicroBatchSize, Seq);
   const Program &Good = P.Stages[0];
   ASSERT_TRUE(Good.compact());
@@ -264,7 +265,7 @@ TEST(Pipeline, CompactProgramsAreChecked) {
 /// (with t = 2, SP and selective recomputation) and ZB-H1 plans.
 TEST(Pipeline, RunStatsWalkEqualsTheWrittenOutProgram) {
   struct Case {
-    Config C;
+    PipelineConfig C;
     PipelineSchedule S;
   };
   for (Case X :
@@ -302,7 +303,7 @@ TEST(Pipeline, RunStatsWalkEqualsTheWrittenOutProgram) {
 /// mixed-precision 1F1B plan.
 TEST(Pipeline, StepsOverTemplatesEqualTheWrittenOutProgram) {
   struct Case {
-    Config C;
+    PipelineConfig C;
     PipelineSchedule S;
     DType Activations;
   };
@@ -354,7 +355,7 @@ TEST(Pipeline, StepsOverTemplatesEqualTheWrittenOutProgram) {
 /// one, is caught before anything runs, in the compact programs (their
 /// steps) and in the same programs written out.
 TEST(Pipeline, VerifierCatchesDeadlocksAndLostMessages) {
-  Config C{2, 1, 1, RecomputeMode::None};
+  PipelineConfig C{2, 1, 1, RecomputeMode::None};
   Plan P = compile(model(), context(C), MicroBatchSize, Seq);
   ASSERT_EQ(P.numStages(), 2);
   ASSERT_TRUE(P.Stages[0].compact());

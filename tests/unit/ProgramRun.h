@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace sp::testing {
+namespace sp::test {
 
 inline Tags tags(Phase Ph, Role R) {
   Tags T;
@@ -131,6 +131,6 @@ std::vector<char> randomBytes(int64_t N, unsigned Seed) {
   return B;
 }
 
-} // namespace sp::testing
+} // namespace sp::test
 
 #endif // SP_TESTS_UNIT_PROGRAMRUN_H

@@ -5,13 +5,14 @@
 // ONNX weight export.
 //
 //===----------------------------------------------------------------------===//
+#include "TestSupport.h"
 #include "frontend/OnnxExport.h"
 #include "frontend/OnnxImporter.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/DataLoader.h"
 #include "runtime/LossLog.h"
-#include "runtime/Sample.h"
 #include "runtime/Npy.h"
+#include "runtime/Sample.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CRC.h"
 #include "llvm/Support/FileSystem.h"
@@ -25,20 +26,10 @@
 #include <set>
 
 using namespace sp;
+using namespace sp::test;
 using namespace llvm;
 
 namespace {
-
-/// A fresh temporary directory, removed with the test.
-struct TempDir {
-  SmallString<128> Path;
-  TempDir() {
-    std::error_code EC = sys::fs::createUniqueDirectory("sp-run-test", Path);
-    EXPECT_FALSE(EC) << EC.message();
-  }
-  ~TempDir() { sys::fs::remove_directories(Path); }
-  std::string file(StringRef Name) const { return (Path + "/" + Name).str(); }
-};
 
 void writeBytes(const std::string &Path, StringRef Bytes) {
   std::ofstream OS(Path, std::ios::binary);
@@ -54,8 +45,6 @@ void writeTokens(const std::string &Path, ArrayRef<uint16_t> Ids) {
   }
   writeBytes(Path, B);
 }
-
-std::string errorText(Error E) { return toString(std::move(E)); }
 
 //===----------------------------------------------------------------------===//
 // DataLoader

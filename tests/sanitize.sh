@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The unit tests under sanitizers, each in a build of its own (configured
-# once, then rebuilt incrementally):
+# The unit tests under sanitizers, in clang-14 builds configured by
+# tests/configure_sanitized.sh and rebuilt incrementally:
 #
 #   tests/sanitize.sh address [FILTER]   ASan + UBSan (and LeakSanitizer):
-#                                        every unit test; build-asan/
+#                                        every unit test; build-fuzz/, the
+#                                        fuzzers' tree (its libFuzzer
+#                                        coverage only slows the run)
 #   tests/sanitize.sh thread [FILTER]    TSan: the threaded communicators and
 #                                        the runtime's multi-rank tests,
 #                                        the planner's concurrent search;
@@ -11,11 +13,11 @@
 #
 # FILTER replaces the --gtest_filter. Any report fails the run: ASan and
 # UBSan abort at the first, TSan exits 66 at the end. The libraries are
-# built with -fsanitize=... (CMake's SP_SANITIZE) and assertions on; Open
-# MPI and OpenBLAS are not instrumented (OpenBLAS runs single-threaded under
-# the CPU backend, whose own kernel threads are). The CUDA backend is left
-# out (nvcc takes no -fsanitize; the plain build tests its host logic).
-# Environment: BUILD_DIR (default build-asan or build-tsan), JOBS.
+# instrumented and keep their assertions; Open MPI and OpenBLAS are not
+# instrumented (OpenBLAS runs single-threaded under the CPU backend, whose
+# own kernel threads are). The CUDA backend is left out (nvcc takes no
+# -fsanitize; the plain build tests its host logic).
+# Environment: BUILD_DIR (default build-fuzz or build-tsan), JOBS.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -23,11 +25,13 @@ MODE=${1:-}
 case "$MODE" in
   address)
     SANITIZE=address,undefined
-    DIR=build-asan
+    FLAVOUR=fuzz
+    DIR=build-fuzz
     FILTER=${2:-*}
     ;;
   thread)
     SANITIZE=thread
+    FLAVOUR=thread
     DIR=build-tsan
     # The thread communicator, the executor and every test that trains on
     # thread ranks (tensor-parallel, pipelined, recomputed).
@@ -41,14 +45,7 @@ esac
 BUILD_DIR=${BUILD_DIR:-$DIR}
 JOBS=${JOBS:-$(nproc)}
 
-# Configured on every run (seconds; the flags stay those written here).
-# Line tables only (-g1): the reports' stacks name file and line, and the
-# build takes far less time and disk than with full debug information.
-echo "== configuring $BUILD_DIR (-fsanitize=$SANITIZE)"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1" \
-  -DSP_SANITIZE="$SANITIZE" -DSP_ENABLE_CUDA=OFF \
-  $(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache) >/dev/null
+tests/configure_sanitized.sh "$FLAVOUR" "$BUILD_DIR"
 echo "== building sp-unit-tests in $BUILD_DIR"
 cmake --build "$BUILD_DIR" --target sp-unit-tests -j "$JOBS"
 

@@ -9,8 +9,8 @@
 #                       unit, lit, end-to-end, MPI and emulated-GPU tests but
 #                       the slowest (SP_QUICK=1, ctest -LE slow)
 #   tools/dev.sh check  every test, then the reliability runs (the tolerance
-#                       matrix, the unit tests under ASan + UBSan and the
-#                       multi-rank ones under TSan, 60 s of each fuzzer);
+#                       matrix, 60 s of each fuzzer, the unit tests under
+#                       ASan + UBSan and the multi-rank ones under TSan);
 #                       what CI runs (.ci/run)
 #
 # Builds go through ccache (installed with the rest), so a second build of
@@ -112,13 +112,14 @@ case "${1:-}" in
     SP_MATRIX_THREADS=2 tests/tolerance_matrix.sh "$BUILD_DIR"
     SP_MATRIX_CORETYPES=native SP_MATRIX_THREADS="1 4" tests/tolerance_matrix.sh "$BUILD_DIR"
     elapsed
+    # Fuzzing first: the ASan + UBSan unit tests then build in its tree.
+    echo "== fuzzing (tests/fuzz/run_fuzz.sh ${FUZZ_SECONDS:=60})"
+    FUZZ_ARGS="-seed=1" tests/fuzz/run_fuzz.sh "$FUZZ_SECONDS"
+    elapsed
     echo "== sanitizers (tests/sanitize.sh)"
     tests/sanitize.sh address
     elapsed
     tests/sanitize.sh thread
-    elapsed
-    echo "== fuzzing (tests/fuzz/run_fuzz.sh ${FUZZ_SECONDS:=60})"
-    FUZZ_ARGS="-seed=1" tests/fuzz/run_fuzz.sh "$FUZZ_SECONDS"
     elapsed
     ;;
   *)

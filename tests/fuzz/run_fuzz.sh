@@ -5,8 +5,9 @@
 #       ir-parser, plan-reader, checkpoint-reader, token-loader; default all)
 #
 # The build is Debian's clang-14 with ASan, UBSan and assertions, in
-# $BUILD_DIR (default build-fuzz), a unity build configured on every run
-# and rebuilt incrementally. The targets run one after another, each on a working corpus
+# $BUILD_DIR (default build-fuzz, configured by tests/configure_sanitized.sh
+# fuzz; tests/sanitize.sh address builds the unit tests in the same tree).
+# The targets run one after another, each on a working corpus
 # ($FUZZ_WORK/TARGET, default $BUILD_DIR/fuzz-work) seeded from the
 # committed one (tests/fuzz/corpus/TARGET, which is only read), so every run
 # replays the committed inputs, the regression inputs of fixed bugs among
@@ -39,22 +40,7 @@ FUZZ_WORK=${FUZZ_WORK:-$BUILD_DIR/fuzz-work}
 FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-25}
 JOBS=${JOBS:-$(nproc)}
 
-CXX=/usr/bin/clang++-14
-CC=/usr/bin/clang-14
-if [ ! -x "$CXX" ] || ! ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
-  echo "run_fuzz.sh: needs clang-14 with libFuzzer: apt-get install clang-14 libclang-rt-14-dev" >&2
-  exit 2
-fi
-
-# Configured on every run (seconds; the flags stay those written here).
-# Line tables only: a report's stack names file and line.
-echo "== configuring $BUILD_DIR (clang-14, ASan + UBSan, libFuzzer)"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only" \
-  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only" \
-  -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DSP_FUZZ=ON \
-  -DSP_ENABLE_CUDA=OFF \
-  $(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache) >/dev/null
+tests/configure_sanitized.sh fuzz "$BUILD_DIR"
 echo "== building the fuzz targets in $BUILD_DIR"
 cmake --build "$BUILD_DIR" --target "${TARGETS[@]/#/sp-fuzz-}" -j "$JOBS"
 

@@ -1947,8 +1947,10 @@ TEST(CpuGemmTest, TilesCoverCAndDoNotDependOnTheThreadCount) {
       EXPECT_GE(std::min(G.TM, M) * std::min(G.TN, N) * K, int64_t(1) << 18);
     }
   }
-  for (auto [TA, TB] : {std::pair{false, false}, {true, false}, {false, true},
-                        {true, true}}) {
+  for (std::pair<bool, bool> Flags :
+       {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+    // (Named copies: clang 14's lambdas cannot capture structured bindings.)
+    const bool TA = Flags.first, TB = Flags.second;
     const int64_t M = 300, N = 700, K = 129, Ldc = N + 3;
     ASSERT_GT(gemmTiles(M, N, K).count(), 1);
     Vec AD = randVec(M * K, 60), BD = randVec(K * N, 61),
@@ -1992,10 +1994,15 @@ TEST(CpuGemmTest, TilesCoverCAndDoNotDependOnTheThreadCount) {
 /// computes the tile (gemm's SetBias): the result is bit for bit gemm on C
 /// filled with the bias beforehand, on any thread count.
 TEST(CpuGemmTest, BiasTilesAreTheGemmOnTheBias) {
-  for (auto [Rows, In, Out] : {std::tuple<int64_t, int64_t, int64_t>{300, 129, 700},
-                               {1024, 256, 1024},
-                               {7, 5, 3}})
+  for (std::tuple<int64_t, int64_t, int64_t> Shape :
+       {std::tuple<int64_t, int64_t, int64_t>{300, 129, 700},
+        {1024, 256, 1024},
+        {7, 5, 3}})
     for (bool TransW : {false, true}) {
+      // (Named copies: clang 14's lambdas cannot capture structured
+      // bindings.)
+      const int64_t Rows = std::get<0>(Shape), In = std::get<1>(Shape),
+                    Out = std::get<2>(Shape);
       std::vector<float> X = toFloat(randVec(Rows * In, 80)),
                          W = toFloat(randVec(In * Out, 81)),
                          Bias = toFloat(randVec(Out, 82));

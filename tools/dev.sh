@@ -9,7 +9,7 @@
 #                       unit, lit, end-to-end, MPI and emulated-GPU tests but
 #                       the slowest (SP_QUICK=1, ctest -LE slow)
 #   tools/dev.sh check  every test, then the reliability runs (the tolerance
-#                       matrix, 60 s of each fuzzer, the unit tests under
+#                       matrix, 30 s of each fuzzer, the unit tests under
 #                       ASan + UBSan and the multi-rank ones under TSan);
 #                       what CI runs (.ci/run)
 #
@@ -21,7 +21,7 @@
 #
 # Environment: BUILD_DIR (default build), JOBS (default: number of cores),
 # UNITY (default ON), STEPS (training steps of the main job, default 1500),
-# FUZZ_SECONDS (per fuzzer, default 60).
+# FUZZ_SECONDS (per fuzzer, default 30).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -113,7 +113,7 @@ case "${1:-}" in
     SP_MATRIX_CORETYPES=native SP_MATRIX_THREADS="1 4" tests/tolerance_matrix.sh "$BUILD_DIR"
     elapsed
     # Fuzzing first: the ASan + UBSan unit tests then build in its tree.
-    echo "== fuzzing (tests/fuzz/run_fuzz.sh ${FUZZ_SECONDS:=60})"
+    echo "== fuzzing (tests/fuzz/run_fuzz.sh ${FUZZ_SECONDS:=30})"
     FUZZ_ARGS="-seed=1" tests/fuzz/run_fuzz.sh "$FUZZ_SECONDS"
     elapsed
     echo "== sanitizers (tests/sanitize.sh)"

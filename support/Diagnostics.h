@@ -1,5 +1,4 @@
-//===- Diagnostics.h - One-line errors of the command-line tools -*- C++
-//-*-===//
+//===- Diagnostics.h - One-line errors --------------------------*- C++ -*-===//
 //
 // The tools and the training library report what the user got wrong (a
 // flag, a file, a value) as one line, "TOOL: error: MESSAGE", and exit 1.

@@ -11,7 +11,8 @@
 # needs), assertions on, CUDA left out (nvcc takes no -fsanitize), through
 # ccache when it is installed. Configured on every run (seconds), so the
 # flags are always those written here; the build itself is incremental.
-# Clang, not GCC: these builds compile in less than half GCC's time.
+# Clang, not GCC: GCC took 10 minutes for the ASan unit-test build alone, clang
+# about 6 for the fuzz targets and the unit tests together.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

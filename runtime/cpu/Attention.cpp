@@ -28,6 +28,16 @@ constexpr int64_t Br = 64, Bc = 64;
 /// maximum (or log-sum-exp) have no effect in float.
 constexpr double Negligible = -104;
 
+/// The window of a call: query rows [I0, I1) and keys [J0, J1).
+struct AttentionWindow {
+  int64_t I0, I1, J0, J1;
+};
+AttentionWindow attentionWindow(const AttentionShape &S,
+                                const AttentionCore &C) {
+  return {C.QBegin, C.QEnd < 0 ? S.Sq : C.QEnd, C.KBegin,
+          C.KEnd < 0 ? S.Sk : C.KEnd};
+}
+
 Status checkCore(const AttentionShape &S, const AttentionCore &C) {
   if (S.Batch < 0 || S.Heads <= 0 || S.KvHeads <= 0 || S.Sq < 0 ||
       S.Sk < 0 || S.D <= 0)
@@ -39,6 +49,10 @@ Status checkCore(const AttentionShape &S, const AttentionCore &C) {
   if (C.Packed && (S.KvHeads != S.Heads || S.Sk != S.Sq))
     return Status::error("attention: packed q, k, v need as many key/value "
                          "heads as query heads and as many keys as queries");
+  const AttentionWindow W = attentionWindow(S, C);
+  if (W.I0 < 0 || W.I0 > W.I1 || W.I1 > S.Sq || W.J0 < 0 || W.J0 > W.J1 ||
+      W.J1 > S.Sk)
+    return Status::error("attention: a window outside the queries or keys");
   if (!(C.Dropout >= 0 && C.Dropout <= 1))
     return Status::error("dropout ratio outside [0, 1]");
   if (C.Key.Layer > 0xFFFFu || C.Key.Site > 0xFFFFu)
@@ -263,10 +277,11 @@ struct InLayout {
   int64_t head(int64_t B, int64_t A) const { return B * Batch + A * Head; }
 };
 
-template <typename T> T maxBias(const T *Bias, int64_t Sk) {
+/// The largest of 0 and the bias of keys [J0, J1).
+template <typename T> T maxBias(const T *Bias, int64_t J0, int64_t J1) {
   T M = T(0);
   if (Bias)
-    for (int64_t J = 0; J < Sk; ++J)
+    for (int64_t J = J0; J < J1; ++J)
       M = std::max(M, Bias[J]);
   return M;
 }
@@ -280,7 +295,8 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
   if (Status St = checkCore(S, C); !St.ok())
     return St;
   const int64_t D = S.D, Group = S.Heads / S.KvHeads;
-  const int64_t QBlocks = (S.Sq + Br - 1) / Br;
+  const AttentionWindow W = attentionWindow(S, C);
+  const int64_t QBlocks = (W.I1 - W.I0 + Br - 1) / Br;
   const OutLayout OL{S.Heads, S.Sq, D, C.Merged};
   const InLayout QL(S.Heads, S.Sq, D, C.Packed),
       KL(S.KvHeads, S.Sk, D, C.Packed);
@@ -292,18 +308,19 @@ Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
     std::vector<uint8_t> Keep(Bc);
     for (int64_t Task = T0; Task < T1; ++Task) {
       const int64_t B = Task / (S.Heads * QBlocks),
-                    A = Task / QBlocks % S.Heads, I0 = Task % QBlocks * Br;
-      const int64_t Rows = std::min(Br, S.Sq - I0);
+                    A = Task / QBlocks % S.Heads,
+                    I0 = W.I0 + Task % QBlocks * Br;
+      const int64_t Rows = std::min(Br, W.I1 - I0);
       const T *Qh = Q + QL.head(B, A);
       const int64_t Kv = KL.head(B, A / Group);
       const T *Bias = KeyBias ? KeyBias + B * S.Sk : nullptr;
-      const T MaxBias = maxBias(Bias, S.Sk);
+      const T MaxBias = maxBias(Bias, W.J0, W.J1);
       const T Skip = T(C.Fill) + MaxBias - T(Negligible);
       std::fill(M.begin(), M.end(), -std::numeric_limits<T>::infinity());
       std::fill(L.begin(), L.end(), 0.0);
       std::fill(Acc.begin(), Acc.end(), T(0));
-      for (int64_t J0 = 0; J0 < S.Sk; J0 += Bc) {
-        const int64_t Cols = std::min(Bc, S.Sk - J0);
+      for (int64_t J0 = W.J0; J0 < W.J1; J0 += Bc) {
+        const int64_t Cols = std::min(Bc, W.J1 - J0);
         // Past the diagonal every later block is masked too: stop once the
         // masked scores are negligible in every row.
         if (aboveDiagonal(C, I0, Rows, J0) &&
@@ -344,6 +361,7 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
   if (Status St = checkCore(S, C); !St.ok())
     return St;
   const int64_t D = S.D, Group = S.Heads / S.KvHeads;
+  const AttentionWindow W = attentionWindow(S, C);
   const T KeepScale = T(philox::dropoutScale(C.Dropout));
   const T Scale = T(C.Scale);
   const OutLayout OL{S.Heads, S.Sq, D, C.Merged};
@@ -351,9 +369,9 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
       KL(S.KvHeads, S.Sk, D, C.Packed);
   const int64_t OS = OL.rowStride(), LS = OL.lseStride(), QR = QL.Row,
                 KR = KL.Row;
-  // Zeroes rows [0, Rows) of one head (row stride R) of a gradient.
-  auto ZeroHead = [D](T *X, int64_t Rows, int64_t R) {
-    for (int64_t I = 0; I < Rows; ++I)
+  // Zeroes rows [R0, R1) of one head (row stride R) of a gradient.
+  auto ZeroHead = [D](T *X, int64_t R0, int64_t R1, int64_t R) {
+    for (int64_t I = R0; I < R1; ++I)
       std::fill(X + I * R, X + I * R + D, T(0));
   };
   parallelFor(S.Batch * S.KvHeads, 1, [&](int64_t T0, int64_t T1) {
@@ -363,26 +381,26 @@ Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
       const int64_t B = Task / S.KvHeads, G = Task % S.KvHeads;
       const int64_t Kv = KL.head(B, G);
       const T *Bias = KeyBias ? KeyBias + B * S.Sk : nullptr;
-      const T MaxBias = maxBias(Bias, S.Sk);
+      const T MaxBias = maxBias(Bias, W.J0, W.J1);
       const T Skip = T(C.Fill) + MaxBias - T(Negligible);
-      ZeroHead(DK + Kv, S.Sk, KR);
-      ZeroHead(DV + Kv, S.Sk, KR);
+      ZeroHead(DK + Kv, W.J0, W.J1, KR);
+      ZeroHead(DV + Kv, W.J0, W.J1, KR);
       for (int64_t A = G * Group; A < (G + 1) * Group; ++A) {
         const int64_t Qo = QL.head(B, A);
         const T *LseH = Lse + OL.lse(B, A, 0); // row i at LseH[i LS]
         const int64_t Oo = OL.row(B, A, 0);     // row i at Oo + i OS
         // Delta_i = sum_j p_ij dp_ij = do_i . o_i (dropout included).
-        for (int64_t I = 0; I < S.Sq; ++I) {
+        for (int64_t I = W.I0; I < W.I1; ++I) {
           double Dot = 0;
           for (int64_t X = 0; X < D; ++X)
             Dot += double(DO[Oo + I * OS + X]) * double(O[Oo + I * OS + X]);
           Delta[I] = T(Dot);
         }
-        ZeroHead(DQ + Qo, S.Sq, QR);
-        for (int64_t I0 = 0; I0 < S.Sq; I0 += Br) {
-          const int64_t Rows = std::min(Br, S.Sq - I0);
-          for (int64_t J0 = 0; J0 < S.Sk; J0 += Bc) {
-            const int64_t Cols = std::min(Bc, S.Sk - J0);
+        ZeroHead(DQ + Qo, W.I0, W.I1, QR);
+        for (int64_t I0 = W.I0; I0 < W.I1; I0 += Br) {
+          const int64_t Rows = std::min(Br, W.I1 - I0);
+          for (int64_t J0 = W.J0; J0 < W.J1; J0 += Bc) {
+            const int64_t Cols = std::min(Bc, W.J1 - J0);
             if (aboveDiagonal(C, I0, Rows, J0)) {
               bool Negligible = true;
               for (int64_t R = 0; R < Rows; ++R)

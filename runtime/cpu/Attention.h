@@ -32,6 +32,17 @@
 // [B, S, 3, A, D] tensor (the QKV projection's output, split_heads' input)
 // and writes DQ, DK, DV into one so (split_heads_grad's result).
 //
+// A window restricts a call to query rows [QBegin, QEnd) and keys [KBegin,
+// KEnd): the forward writes those rows of O and Lse, the softmax over the
+// window's keys only; the backward, given the O and Lse of the attention over
+// ALL keys, writes DQ's window rows with the window keys' contribution and
+// DK, DV's window keys with the window rows' contribution (FlashAttention's
+// decomposition: the contributions of a partition of the keys, or of the
+// rows, sum to the whole gradient). Other rows and keys are left untouched.
+// Local row i stays at global position Query0 + i, key j at Key0 + j, and
+// the dropout's Probs block keeps its [B, A, Sq, Sk] meaning (ring attention,
+// ContextAttention.h, calls the kernel on one block pair at a time).
+//
 // Blocks of keys above the causal diagonal are skipped once every row of
 // the query block has seen a score exceeding Fill + max(KeyBias) by more
 // than 104 (exp(-104) < 2^-149: the skipped probabilities are below the
@@ -65,17 +76,22 @@ struct AttentionCore {
   double Dropout = 0;         // ratio on the probabilities; 0: none
   DropoutKey Key;             // the dropout's key
   GlobalIndex Probs;          // the [B, A, Sq, Sk] probabilities' global index
+  /// Only query rows [QBegin, QEnd) and keys [KBegin, KEnd) take part (-1:
+  /// Sq, Sk).
+  int64_t QBegin = 0, QEnd = -1, KBegin = 0, KEnd = -1;
 };
 
-/// O and Lse from Q, K, V (KeyBias may be null). Errors on inconsistent
-/// shapes, a dropout ratio outside [0, 1] or a Probs block that is not
+/// O and Lse from Q, K, V (KeyBias may be null), the window's rows from
+/// its keys. Errors on inconsistent shapes, a window outside [0, Sq) x
+/// [0, Sk), a dropout ratio outside [0, 1] or a Probs block that is not
 /// [B, A, Sq, Sk].
 template <typename T>
 Status attentionForward(T *O, T *Lse, const T *Q, const T *K, const T *V,
                         const T *KeyBias, const AttentionShape &S,
                         const AttentionCore &C);
 
-/// DQ, DK, DV (overwritten) from DO and the forward's Q, K, V, O, Lse.
+/// DQ, DK, DV (overwritten: the window's rows of DQ, its keys of DK and DV)
+/// from DO and the forward's Q, K, V, O, Lse (those of all the keys).
 template <typename T>
 Status attentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
                          const T *K, const T *V, const T *O, const T *Lse,

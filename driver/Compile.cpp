@@ -104,6 +104,7 @@ static Error reportPlan(const Graph &G, const PassContext &Ctx,
                                 {"templates", Prog.Templates.size()},
                                 {"steps", Prog.Steps.size()}};
   Facts["parallel"] = {{"dp", Ctx.DataParallel},
+                       {"cp", Ctx.ContextParallel},
                        {"zero", Ctx.Zero},
                        {"tp", Ctx.TensorParallel},
                        {"sp", Ctx.SequenceParallel},
@@ -128,7 +129,11 @@ static Error reportPlan(const Graph &G, const PassContext &Ctx,
     RecomputeMode Mode = Kind == "full"        ? RecomputeMode::Full
                          : Kind == "selective" ? RecomputeMode::Selective
                                                : RecomputeMode::None;
-    C.Formula = layerFormula(Info, Ctx.TensorParallel, Ctx.SequenceParallel,
+    // Each context-parallel rank stores its s / C positions' activations
+    // (the key/value blocks of the ring are in flight, not stored).
+    ModelInfo RankInfo = Info;
+    RankInfo.Seq /= Ctx.ContextParallel;
+    C.Formula = layerFormula(RankInfo, Ctx.TensorParallel, Ctx.SequenceParallel,
                              Mode, dtypeSize(Ctx.ActivationDtype));
     Facts["memory"]["formula"] = {{"family", Info.Family->Name},
                                   {"text", C.Formula->Text},
@@ -153,6 +158,10 @@ static Error reportPlan(const Graph &G, const PassContext &Ctx,
   if (Ctx.Zero)
     M["zero"] = Ctx.Zero;
   M["sp"] = Ctx.SequenceParallel;
+  if (Ctx.ContextParallel > 1) {
+    M["cp"] = Ctx.ContextParallel;
+    M["cp_comm"] = Ctx.ContextComm;
+  }
   if (Ctx.Pipeline.enabled()) {
     const PipelineOptions &PO = Ctx.Pipeline;
     M["pp"] = PO.Stages;
@@ -174,6 +183,9 @@ Expected<Compilation> compileToPlan(Graph &G, PassContext &Ctx,
   if (!Info)
     return Info.takeError();
   C.Info = std::move(*Info);
+  // Under context parallelism the graph is one rank's s / C positions; the
+  // model (and its manifest) keeps the sequence it was exported with.
+  C.Info.Seq *= Ctx.ContextParallel;
   C.Facts = modelInfoToJson(C.Info);
   // A graph the passes stopped short of training is only summarised.
   bool Training = any_of(G.outputs(), [](const Graph::Output &Out) {

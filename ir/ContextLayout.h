@@ -1,4 +1,4 @@
-//===- ContextLayout.h - Which sequence positions a context rank holds -*- C++ -*-===//
+//===- ContextLayout.h - A cp rank's sequence positions ---------*- C++ -*-===//
 //
 // Context parallelism (sp-compile --cp C) splits the sequence of every
 // activation over the C ranks of the cp group. The layout says which global

@@ -33,8 +33,10 @@ const Role Optional[] = {
     R::Scale, R::Mask, R::PadMask, R::AttnCoreDropout, R::AttnDropout,
     R::MlpDropout, R::RopeCos, R::RopeSin, R::QRope, R::KRope, R::KRepeat,
     R::VRepeat, R::Attention,
-    // What tensor parallelism inserts (f, f-bar, row-parallel bias adds).
-    R::AttnF, R::MlpF, R::AttnFBar, R::MlpFBar, R::ProjBias, R::Fc2Bias};
+    // What tensor parallelism inserts (f, f-bar, row-parallel bias adds),
+    // and context parallelism's cut of the rotary tables' positions.
+    R::AttnF, R::MlpF, R::AttnFBar, R::MlpFBar, R::ProjBias, R::Fc2Bias,
+    R::RopeCpSlice};
 
 const FamilyDef Families[] = {
     {.Name = "gpt",

@@ -63,6 +63,7 @@ struct RoleProps {
   Role F = Role::None, Bias = Role::None;
   Role Regather = Role::None;
   Role Split = Role::None;
+  Role CpSlice = Role::None;
   RecomputeClass Recompute = RecomputeClass::Layer;
   bool SeqShardedParams = false;
 };

@@ -35,8 +35,13 @@
 // them). The moments take 8 bytes per parameter / D instead of 8; the
 // gradient a rank keeps for the optimizer is its chunk.
 //
+// With --cp C, each context-parallel rank's gradients are its positions'
+// part of its replica's, so the sums (and ZeRO's chunks) run over the D x C
+// ranks of the data-parallel x context-parallel group, which the runtime's
+// "dp" group then is.
+//
 // Runs after pipeline-stages (it reads the stage of each update); a no-op
-// without --dp.
+// without --dp or --cp.
 //
 //===----------------------------------------------------------------------===//
 #include "ir/ShapeInference.h"
@@ -48,12 +53,20 @@ using namespace llvm;
 namespace sp {
 namespace {
 
+/// The ranks a gradient is summed over: the replicas, and the
+/// context-parallel ranks of each (each holds its part of the sequence's
+/// contribution), Megatron's data-parallel-with-context-parallel group. The
+/// runtime's "dp" group is that group.
+int64_t gradientRanks(const PassContext &Ctx) {
+  return int64_t(Ctx.DataParallel) * Ctx.ContextParallel;
+}
+
 class DataParallelPass : public Pass {
 public:
   StringRef name() const override { return "data-parallel"; }
 
   Error run(Graph &G, PassContext &Ctx) override {
-    if (Ctx.DataParallel <= 1)
+    if (gradientRanks(Ctx) <= 1)
       return Error::success();
     Node *Norm = nullptr;
     DenseMap<const Node *, size_t> Position; // in the node list
@@ -108,7 +121,7 @@ private:
   /// rank's chunk, gather the updated chunks.
   static Error shardOptimizer(Graph &G, const PassContext &Ctx, Node &Norm,
                               ArrayRef<std::pair<Value *, Node *>> Grads) {
-    int64_t D = Ctx.DataParallel;
+    int64_t D = gradientRanks(Ctx);
     for (auto [Grad, Update] : Grads) {
       AttrList A;
       A.set("group", std::string("dp"));

@@ -86,7 +86,7 @@ public:
       Node &N = *It++;
       if (N.op() != OpKind::BatchMatMul)
         continue;
-      auto Made = fuse(G, N, Ctx.remarks());
+      auto Made = fuse(G, N, Ctx.remarks(), Ctx.ContextParallel > 1);
       if (!Made)
         return Made.takeError();
       if (*Made) {
@@ -103,7 +103,8 @@ public:
 private:
   /// Fuses the core starting at the q k^T product QK into an attention op
   /// and returns it; null if QK does not start one.
-  static Expected<Node *> fuse(Graph &G, Node &QK, raw_ostream &Remarks) {
+  static Expected<Node *> fuse(Graph &G, Node &QK, raw_ostream &Remarks,
+                               bool ContextParallel) {
     auto A = [](const Node &N, StringRef Name) {
       return attrInt(N.op(), N.attrs(), Name);
     };
@@ -185,8 +186,9 @@ private:
       RK = RV = nullptr;
     }
     SmallVector<Value *, 4> Operands = {Q, K, Vv};
-    // GPT's fused QKV: read the projection's output in place.
-    Node *Split = RK ? nullptr : packedSplit(G, Q, K, Vv);
+    // GPT's fused QKV: read the projection's output in place (not under
+    // context parallelism, whose ring passes k and v on without q).
+    Node *Split = RK || ContextParallel ? nullptr : packedSplit(G, Q, K, Vv);
     if (Split && Attrs.has("merged")) {
       Attrs.set("packed", int64_t(1));
       Attrs.set("heads", A(*Split, "heads"));

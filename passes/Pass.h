@@ -110,6 +110,11 @@ struct PassContext {
   /// (sequence-parallel pass).
   int TensorParallel = 1;
   bool SequenceParallel = false;
+  /// Context parallelism (context-parallel pass): every activation holds
+  /// this rank's 1/C of the sequence, and attention gets the other ranks'
+  /// keys and values over the cp group, by ContextComm ("ring").
+  int ContextParallel = 1;
+  std::string ContextComm = "ring";
   /// --tp-comm-overlap: the collective-matmul pass cuts each forward
   /// all-gather that feeds a linear into a ring of chunk shifts and chunk
   /// GEMMs (passes/CollectiveMatmul.cpp).

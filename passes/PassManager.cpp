@@ -52,6 +52,19 @@ struct CLOptions {
                            "the grid is D x P x T ranks, each replica "
                            "training on its own rows of the step's batch"),
                   cl::value_desc("D"), cl::init(1), cl::cat(Cat)};
+  cl::opt<int> CP{
+      "cp",
+      cl::desc("Context-parallel size C (context-parallel pass): every "
+               "activation holds 1/C of the sequence, and attention passes "
+               "keys and values around the C ranks; the grid is D x P x C x "
+               "T ranks"),
+      cl::value_desc("C"), cl::init(1), cl::cat(Cat)};
+  cl::opt<std::string> CPComm{
+      "cp-comm",
+      cl::desc("With --cp: how attention gets the other ranks' keys and "
+               "values: ring (point to point, each block's transfer "
+               "overlapping the previous block's attention; the default)"),
+      cl::value_desc("ring"), cl::init("ring"), cl::cat(Cat)};
   cl::opt<std::string> DPBucket{
       "dp-bucket",
       cl::desc("With --dp: the largest gradient bucket summed over the "
@@ -221,11 +234,27 @@ Error passOptionsFromCL(PassContext &Ctx) {
     return createStringError(inconvertibleErrorCode(),
                              "--dp must be a positive integer, got %d",
                              CL->DP.getValue());
+  if (CL->CP < 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "--cp must be a positive integer, got %d",
+                             CL->CP.getValue());
+  if (CL->CPComm.getNumOccurrences() && CL->CP == 1)
+    return createStringError(inconvertibleErrorCode(),
+                             "--cp-comm chooses how context-parallel ranks "
+                             "exchange keys and values; it needs --cp C with "
+                             "C > 1");
+  if (CL->CPComm != "ring")
+    return createStringError(inconvertibleErrorCode(),
+                             "--cp-comm '%s': expected ring (all-to-all and "
+                             "hierarchical are not implemented yet)",
+                             CL->CPComm.getValue().c_str());
+  // Gradients are summed over the data-parallel x context-parallel ranks.
+  const int GradRanks = CL->DP * CL->CP;
   if (CL->DPBucket.getNumOccurrences()) {
-    if (CL->DP == 1)
+    if (GradRanks == 1)
       return createStringError(inconvertibleErrorCode(),
                                "--dp-bucket sizes the data-parallel gradient "
-                               "sums; it needs --dp D with D > 1");
+                               "sums; it needs --dp D or --cp C above 1");
     auto B = byteFlag("--dp-bucket", CL->DPBucket, "1000000, 25MiB");
     if (!B)
       return B.takeError();
@@ -237,14 +266,16 @@ Error passOptionsFromCL(PassContext &Ctx) {
                              "optimizer state sharded over the replicas), "
                              "got %d",
                              CL->Zero.getValue());
-  if (CL->Zero && CL->DP == 1)
+  if (CL->Zero && GradRanks == 1)
     return createStringError(inconvertibleErrorCode(),
                              "--zero 1 shards the optimizer state over the "
-                             "data-parallel replicas; it needs --dp D with "
-                             "D > 1");
+                             "data-parallel (and context-parallel) ranks; it "
+                             "needs --dp D or --cp C above 1");
   Ctx.Zero = CL->Zero;
   Ctx.TensorParallel = CL->TP;
   Ctx.DataParallel = CL->DP;
+  Ctx.ContextParallel = CL->CP;
+  Ctx.ContextComm = CL->CPComm;
   Ctx.SequenceParallel = CL->SP;
   Ctx.TpCommOverlap = CL->TpCommOverlap;
   Ctx.FusedAttention = CL->FusedAttention == CLOptions::Attention::Fused;

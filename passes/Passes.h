@@ -20,14 +20,14 @@ namespace sp {
 constexpr const char *LayoutFreePasses =
     "constant-fold,canonicalize,dce,detect-transformer,bind-inputs";
 constexpr const char *LayoutPasses =
-    "tensor-parallel,sequence-parallel,fuse-attention,autodiff,"
-    "lower-collectives,optimizer,recompute,pipeline-stages,data-parallel,"
-    "collective-matmul";
+    "tensor-parallel,sequence-parallel,fuse-attention,context-parallel,"
+    "autodiff,lower-collectives,optimizer,recompute,pipeline-stages,"
+    "data-parallel,collective-matmul";
 constexpr const char *DefaultPasses =
     "constant-fold,canonicalize,dce,detect-transformer,bind-inputs,"
     "tensor-parallel,"
-    "sequence-parallel,fuse-attention,autodiff,lower-collectives,optimizer,"
-    "recompute,"
+    "sequence-parallel,fuse-attention,context-parallel,autodiff,"
+    "lower-collectives,optimizer,recompute,"
     "pipeline-stages,data-parallel,collective-matmul";
 
 } // namespace sp

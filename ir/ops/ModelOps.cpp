@@ -95,6 +95,9 @@ Expected<TypeList> packedAttentionTypes(const ShapeArgs &A) {
   if (!A.attrInt("merged"))
     return makeError("attention {packed} writes its output merged: it needs "
                      "merged = 1");
+  if (A.attrInt("cp") > 1)
+    return makeError("attention {packed} reads one rank's whole sequence; "
+                     "under context parallelism q, k and v are separate");
   if (A.Operands.size() > 1) {
     const TensorType &M = A.type(1);
     if (M.rank() != 2 || M.Shape[0] != X.Shape[0] || M.Shape[1] != X.Shape[1])
@@ -724,7 +727,13 @@ void addModelOps(OpTable &T) {
       // The input is zero above the diagonal of its last two dimensions
       // and the mask there is 0, not drawn (lower/CausalProducts.h; set on
       // lowered programs only).
-      {"causal", attr::Int(0)}};
+      {"causal", attr::Int(0)},
+      // Context parallelism: axis cp_dim is this rank's cp positions of the
+      // sequence (ir/ContextLayout.h), so the keep mask is drawn at their
+      // global indices.
+      {"cp", attr::Int(1)},
+      {"cp_zigzag", attr::Int(0)},
+      {"cp_dim", attr::Int(-1)}};
   T[size_t(OpKind::Dropout)] = {
       .MinOperands = 1, // x -> y [, keep mask u8]
       .MaxOperands = 1,
@@ -793,7 +802,14 @@ void addModelOps(OpTable &T) {
       {"ratio", attr::Float(0.0)},
       {"key", attr::Ints()},
       {"microbatch", attr::Int(0)},
-      {"microbatches", attr::Int(1)}};
+      {"microbatches", attr::Int(1)},
+      // Context parallelism (passes/ContextParallel.cpp): q, k, v, o and
+      // lse are this rank's cp positions (ir/ContextLayout.h), keep covers
+      // every key of the sequence, and the keys come from the cp group by
+      // cp_comm ("ring": blocks passed around it).
+      {"cp", attr::Int(1)},
+      {"cp_zigzag", attr::Int(0)},
+      {"cp_comm", attr::String("ring")}};
   T[size_t(OpKind::Attention)] = {
       .MinOperands = 1,
       .MaxOperands = 4,
@@ -815,11 +831,13 @@ void addModelOps(OpTable &T) {
                                    Q.str(), K.str(), V.str()));
         if (A.Operands.size() > 3) {
           const TensorType &M = A.type(3);
-          if (M.rank() != 2 || M.Shape[0] != Q.Shape[0] ||
-              M.Shape[1] != K.Shape[2])
+          // Under cp the mask covers the whole sequence's keys.
+          const int64_t Keys =
+              K.Shape[2] * std::max<int64_t>(1, A.attrInt("cp"));
+          if (M.rank() != 2 || M.Shape[0] != Q.Shape[0] || M.Shape[1] != Keys)
             return makeError(formatv("attention's padding mask must be [b, "
                                      "t] = [{0}, {1}]; got {2}",
-                                     Q.Shape[0], K.Shape[2], M.str()));
+                                     Q.Shape[0], Keys, M.str()));
         }
         if (A.attrInt("merged"))
           return TypeList{

@@ -136,6 +136,55 @@ void addParallelOps(OpTable &T) {
       collective(chunkShape, splitLayout, conjugateGrad<OpKind::AllGather>,
                  chunkAttrDecls());
 
+  // Context parallelism (passes/ContextParallel.cpp): this cp rank's
+  // positions of a full-sequence value along dim, in the layout of
+  // ir/ContextLayout.h (zigzag = 1: chunks r and 2 parts - 1 - r); the
+  // gradient puts them back in place, zero elsewhere: the parameters'
+  // gradients are summed over the cp group anyway (data-parallel pass), so
+  // no rank needs the others' part. No communication either way; the group
+  // gives the rank.
+  std::vector<OpAttrDecl> CpAttrs = chunkAttrDecls();
+  CpAttrs.push_back({"zigzag", attr::Int(0)});
+  auto CpShape = [](const ShapeArgs &A) -> Expected<TypeList> {
+    if (A.Op == OpKind::CpPad) {
+      TensorType T = A.type(0);
+      int64_t Dim = A.attrInt("dim"), Parts = A.attrInt("parts");
+      if (Dim < 0 || Dim >= int64_t(T.rank()) || Parts < 1)
+        return makeError(
+            formatv("needs 'dim' in [0, {0}) and 'parts' >= 1", T.rank()));
+      T.Shape[Dim] *= Parts;
+      return TypeList{T};
+    }
+    auto R = chunkShape(A);
+    if (R && A.attrInt("zigzag") &&
+        A.type(0).Shape[A.attrInt("dim")] % (2 * A.attrInt("parts")))
+      return makeError(formatv("zigzag: dimension {0} of size {1} is not "
+                               "divisible into 2 x {2} chunks",
+                               A.attrInt("dim"),
+                               A.type(0).Shape[A.attrInt("dim")],
+                               A.attrInt("parts")));
+    return R;
+  };
+  T[size_t(OpKind::CpSlice)] = {
+      .MinOperands = 1,
+      .MaxOperands = 1,
+      .Attrs = CpAttrs,
+      .Shape = CpShape,
+      .Grad = [](GradBuilder &B) -> Error {
+        B.accumulate(B.N.operand(0),
+                     B.emit(OpKind::CpPad, {B.grad(0)}, B.N.attrs())->result());
+        return Error::success();
+      },
+      .Group = "cp",
+  };
+  T[size_t(OpKind::CpPad)] = {
+      .MinOperands = 1,
+      .MaxOperands = 1,
+      .Attrs = CpAttrs,
+      .Shape = CpShape,
+      .Group = "cp",
+  };
+
   // The concrete collectives: sum over the group; concatenate the ranks'
   // chunks along dim; sum and keep this rank's chunk.
   // all_reduce sums each operand over the group: one operand in the graph;

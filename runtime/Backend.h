@@ -34,14 +34,16 @@
 
 namespace sp {
 
-/// The communicator of a group named in the IR ("tp", "pp", "dp") among a
-/// rank's tensor, pipeline and data-parallel groups, or null when the rank
-/// has none by that name.
+/// The communicator of a group named in the IR ("tp", "pp", "dp", "cp")
+/// among a rank's tensor, pipeline, data-parallel and context-parallel
+/// groups, or null when the rank has none by that name.
 inline Communicator *resolveGroup(llvm::StringRef Name, Communicator *Tensor,
-                                  Communicator *Pipeline, Communicator *Data) {
+                                  Communicator *Pipeline, Communicator *Data,
+                                  Communicator *Context = nullptr) {
   return Name == "tp"   ? Tensor
          : Name == "pp" ? Pipeline
          : Name == "dp" ? Data
+         : Name == "cp" ? Context
                         : nullptr;
 }
 
@@ -61,7 +63,9 @@ struct KernelCall {
   uint64_t Seed;
   /// The tensor-parallel group (one rank when the plan has no tensor
   /// parallelism), the pipeline group (null without stages) and the
-  /// data-parallel group (null without replicas).
+  /// data-parallel group (null without replicas or context parallelism;
+  /// with both, the ranks of every replica's context group, ordered by
+  /// replica, then context rank: runtime/comm/ProcessGrid.h).
   Communicator &Tensor;
   Communicator *Pipeline;
   Communicator *Data;
@@ -72,6 +76,18 @@ struct KernelCall {
   /// Where each buffer is, when not at its offset in Arena (the CPU
   /// backend's mixed-precision path: float32 copies of 16-bit buffers).
   char *const *Where = nullptr;
+  /// The context-parallel group (null without --cp).
+  Communicator *Context = nullptr;
+
+  /// This rank's data-parallel replica and the replicas: the rows of the
+  /// step's batch it trains on.
+  int replica() const {
+    return Data ? Data->rank() / (Context ? Context->size() : 1) : 0;
+  }
+  int replicas() const {
+    return Data ? Data->size() / (Context ? Context->size() : 1) : 1;
+  }
+
   char *buffer(int Id) const {
     return Where ? Where[Id] : Arena + Prog.Buffers[Id].Offset;
   }
@@ -89,10 +105,10 @@ struct KernelCall {
   const TensorType &outType(unsigned K) const {
     return Prog.Buffers[I.Out[K]].Type;
   }
-  /// The communicator of a group named in the IR ("tp", "pp", "dp"), or
-  /// null when this run has none by that name.
+  /// The communicator of a group named in the IR ("tp", "pp", "dp",
+  /// "cp"), or null when this run has none by that name.
   Communicator *group(llvm::StringRef Name) const {
-    return resolveGroup(Name, &Tensor, Pipeline, Data);
+    return resolveGroup(Name, &Tensor, Pipeline, Data, Context);
   }
 };
 

@@ -188,11 +188,29 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     if (E->WritesLogits[I])
       E->LogitsBuffer = In.Out[0];
   }
+  // Context parallelism: the token ids are this rank's positions of rows
+  // of the plan's (the model's) sequence.
+  const int Cp = P.Manifest.value("cp", 1);
+  if (E->Vocab && Cp > 1)
+    E->Seq *= Cp;
   if (!E->Vocab && Model.is_object()) // a later pipeline stage
     for (auto [Field, Slot] : {std::pair{"vocab", &E->Vocab},
                                {"batch", &E->Batch},
                                {"seq", &E->Seq}})
       *Slot = Model.value(Field, int64_t(0));
+  E->Context = ContextLayout{Cp, Cp > 1, E->Seq};
+  if (Cp > 1) {
+    if (!Opts.ContextComm || Opts.ContextComm->size() != Cp)
+      return makeError(formatv("the plan is context-parallel over {0} ranks "
+                               "(--cp {0}); run it with a context-parallel "
+                               "group of that size (sp-run's grid)",
+                               Cp));
+    if (!E->Context.divides())
+      return makeError(formatv("the plan's sequence {0} does not divide into "
+                               "2 x {1} chunks; the plan is corrupt",
+                               E->Seq, Cp));
+    E->ContextRank = Opts.ContextComm->rank();
+  }
   E->Batch *= E->Microbatches;
   E->Unrolled = E->Microbatches > 1 || E->PipeComm;
   if (!E->Vocab || !E->Batch || Prog.output("loss") < 0)
@@ -219,12 +237,13 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     if (defaultGroup(In.Op).empty())
       continue;
     std::string Group = collectiveGroup(In.Op, In.Attrs);
-    if (!resolveGroup(Group, E->Comm, E->PipeComm, Opts.DataComm))
-      return makeError(formatv("{0} communicates over group '{1}', which "
-                               "this run does not have (it has tp{2}{3})",
-                               describe(In, K), Group,
-                               E->PipeComm ? ", pp" : "",
-                               Opts.DataComm ? ", dp" : ""));
+    if (!resolveGroup(Group, E->Comm, E->PipeComm, Opts.DataComm,
+                      Opts.ContextComm))
+      return makeError(
+          formatv("{0} communicates over group '{1}', which "
+                  "this run does not have (it has tp{2}{3}{4})",
+                  describe(In, K), Group, E->PipeComm ? ", pp" : "",
+                  Opts.DataComm ? ", dp" : "", Opts.ContextComm ? ", cp" : ""));
     // Stage-to-stage messages go through the pipeline group.
     bool Message = In.Op == OpKind::Send || In.Op == OpKind::Recv ||
                    In.Op == OpKind::PipeAllReduce ||
@@ -339,12 +358,19 @@ Error Executor::checkInputs() const {
       if (!roleDtypeOk(B.Feed, D))
         return Bad("must be i64");
       [[fallthrough]];
-    case InputRole::Mask:
-      if (!roleShapeOk(B.Feed, T, Batch / Microbatches, Seq))
-        return Bad(formatv("must be [{0}, {1}]", Batch / Microbatches, Seq));
+    case InputRole::Mask: {
+      // Under context parallelism the tokens and targets are this rank's
+      // positions; positions, token types and the mask stay whole.
+      const int64_t Cols =
+          B.Feed == InputRole::Tokens || B.Feed == InputRole::Targets
+              ? Context.local()
+              : Seq;
+      if (!roleShapeOk(B.Feed, T, Batch / Microbatches, Cols))
+        return Bad(formatv("must be [{0}, {1}]", Batch / Microbatches, Cols));
       if (!roleDtypeOk(B.Feed, D))
         return Bad("must be f32, i64, i32 or bool");
       break;
+    }
     case InputRole::LearningRate:
     case InputRole::Step:
     case InputRole::LossWeight:
@@ -367,15 +393,25 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
   if (!Data.Real.empty() && int64_t(Data.Real.size()) != Batch * Seq)
     return makeError(formatv("expected {0} x {1} mask values, got {2}", Batch,
                              Seq, Data.Real.size()));
-  // The counted targets of rows [Row0, Row0 + Rows).
+  // This rank's positions of a row (all of them without context
+  // parallelism).
+  const auto Runs = Context.runs(ContextRank);
+  // The counted targets of rows [Row0, Row0 + Rows), at this rank's
+  // positions.
   auto Counted = [&](int64_t Row0, int64_t Rows) {
-    return int64_t(count_if(
-        ArrayRef<int64_t>(Data.Targets).slice(Row0 * Seq, Rows * Seq),
-        [](int64_t T) { return T != IgnoreTarget; }));
+    int64_t N = 0;
+    for (int64_t R = Row0; R < Row0 + Rows; ++R)
+      for (const ContextLayout::Run &Run : Runs)
+        N += count_if(ArrayRef<int64_t>(Data.Targets)
+                          .slice(R * Seq + Run.Global, Run.Length),
+                      [](int64_t T) { return T != IgnoreTarget; });
+    return N;
   };
   int64_t StepCounted = Counted(0, Batch);
   // Data parallelism: the step's batch is every replica's rows, and each
   // microbatch's loss weight its share of all of their counted targets.
+  // (With context parallelism the group holds every context rank of each
+  // replica too, so this counts every position of their rows.)
   if (Opts.DataComm)
     if (auto E = Opts.DataComm->allReduceSum(&StepCounted, 1))
       return E;
@@ -392,7 +428,12 @@ Error Executor::feedInputs(const TokenBatch &Data, double LR, int64_t Step) {
     case InputRole::Targets: {
       const int64_t *Src =
           (B.Feed == InputRole::Tokens ? Data.Tokens : Data.Targets).data();
-      std::memcpy(Dst, Src + Row0 * Seq, Rows * Seq * sizeof(int64_t));
+      const int64_t Local = Context.local();
+      for (int64_t R = 0; R < Rows; ++R)
+        for (const ContextLayout::Run &Run : Runs)
+          std::memcpy(Dst + (R * Local + Run.Local) * sizeof(int64_t),
+                      Src + (Row0 + R) * Seq + Run.Global,
+                      Run.Length * sizeof(int64_t));
       break;
     }
     case InputRole::Positions: {
@@ -747,8 +788,8 @@ Error Executor::runInstruction(const Instruction &I, int64_t Step,
                                bool Training) {
   return Back->run(KernelCall{I, Prog, Arena, Step, Training, Opts.Dropout,
                               Opts.Seed, *Comm, PipeComm, Opts.DataComm,
-                              1 / FeedScale,
-                              Compact ? Where.data() : nullptr});
+                              1 / FeedScale, Compact ? Where.data() : nullptr,
+                              Opts.ContextComm});
 }
 
 void Executor::setData(TensorView &V, int B) const {

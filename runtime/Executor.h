@@ -30,9 +30,10 @@
 #ifndef SP_RUNTIME_EXECUTOR_H
 #define SP_RUNTIME_EXECUTOR_H
 
+#include "ir/ContextLayout.h"
+#include "plan/Plan.h"
 #include "runtime/Backend.h"
 #include "runtime/DataLoader.h"
-#include "plan/Plan.h"
 #include "runtime/comm/Communicator.h"
 #include "llvm/Support/Error.h"
 #include <cmath>
@@ -53,8 +54,12 @@ struct RunOptions {
   /// stage; its rank is the stage); null for a plan without stages.
   Communicator *PipeComm = nullptr;
   /// This rank's data-parallel group (the replicas of its stage and
-  /// tensor-parallel rank); null without data parallelism.
+  /// tensor-parallel rank, and with context parallelism every context rank
+  /// of each: runtime/comm/ProcessGrid.h); null without either.
   Communicator *DataComm = nullptr;
+  /// This rank's context-parallel group (its replica's ranks that hold the
+  /// other positions of the sequence); null without context parallelism.
+  Communicator *ContextComm = nullptr;
   /// Record when every instruction of a training step starts and ends.
   bool Trace = false;
   /// Makes the backend the plan runs on; unset: the CPU backend.
@@ -299,6 +304,10 @@ private:
   std::vector<TraceEvent> Events;
   Communicator *PipeComm = nullptr;
   int64_t Microbatches = 1;
+  /// Context parallelism (the plan's cp): which positions of each row of
+  /// Seq this rank's token and target inputs hold; Parts 1 without.
+  ContextLayout Context;
+  int ContextRank = 0;
   std::unique_ptr<Communicator> OwnComm;
   Communicator *Comm = nullptr;
   int64_t Batch = 0, Seq = 0, Vocab = 0;

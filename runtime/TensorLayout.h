@@ -2,6 +2,7 @@
 #ifndef SP_RUNTIME_TENSORLAYOUT_H
 #define SP_RUNTIME_TENSORLAYOUT_H
 
+#include "ir/ContextLayout.h"
 #include "ir/Types.h"
 #include "plan/Program.h"
 #include <algorithm>
@@ -61,6 +62,10 @@ inline std::vector<int64_t> wholeShape(const ProgramBuffer &PB) {
 /// fused attention core index their draws so, whatever the layout.
 struct GlobalBlock {
   std::vector<int64_t> Full, Offset;
+  /// Context parallelism (withContext): along an axis, the block may be
+  /// two runs; from local index Seam on, the global index is Jump further
+  /// (cpu::GlobalIndex's Seam and Jump). 0: one run.
+  std::vector<int64_t> Seam, Jump;
 };
 inline GlobalBlock globalBlock(llvm::ArrayRef<int64_t> Local, const Sharding &S,
                                int TensorRank, int64_t Microbatch,
@@ -76,7 +81,56 @@ inline GlobalBlock globalBlock(llvm::ArrayRef<int64_t> Local, const Sharding &S,
     G.Full[0] *= Microbatches * DataSize;
     G.Offset[0] += (Microbatch + int64_t(DataRank) * Microbatches) * Local[0];
   }
+  G.Seam.assign(Local.size(), 0);
+  G.Jump.assign(Local.size(), 0);
   return G;
+}
+
+/// Context parallelism (ir/ContextLayout.h): axis Dim of G's whole tensor
+/// is context-parallel rank CpRank's positions of a sequence Parts times
+/// longer; G becomes the block in that sequence (a zigzag block, or a
+/// tensor-parallel rank's slice of one, may be two runs). Local is the
+/// block's shape. Errors (as a message) when the sizes do not divide.
+inline std::string withContext(GlobalBlock &G, llvm::ArrayRef<int64_t> Local,
+                               int Dim, int CpRank, int Parts, bool Zigzag) {
+  if (Dim < 0 || Dim >= int(Local.size()))
+    return "its context-parallel axis is outside the tensor";
+  ContextLayout L{Parts, Zigzag, G.Full[Dim] * Parts};
+  if (!L.divides())
+    return "its sequence does not divide into the context-parallel chunks";
+  auto Runs = L.runs(CpRank, G.Offset[Dim], Local[Dim]);
+  G.Full[Dim] = L.Seq;
+  if (Runs.empty())
+    return "";
+  G.Offset[Dim] = Runs[0].Global;
+  if (Runs.size() == 2) {
+    G.Seam[Dim] = Runs[1].Local - Runs[0].Local;
+    G.Jump[Dim] = Runs[1].Global - (Runs[0].Global + Runs[0].Length);
+  }
+  return "";
+}
+
+/// cp_slice and cp_pad (ir/ops/ParallelOps.cpp) on bytes: with Slice, Local
+/// = context-parallel rank CpRank's positions of Whole along axis Dim (of
+/// the whole tensor's shape WholeType); without, Whole = Local at those
+/// positions and zero elsewhere.
+inline void contextCopy(char *Whole, char *Local, const TensorType &WholeType,
+                        int Dim, const ContextLayout &L, int CpRank,
+                        bool Slice) {
+  AxisView A = around(WholeType, Dim);
+  const int64_t E = dtypeSize(WholeType.Dtype) * A.Inner;
+  const int64_t WholeRow = WholeType.Shape[Dim] * E, LocalRow = L.local() * E;
+  if (!Slice)
+    std::memset(Whole, 0, size_t(A.Outer * WholeRow));
+  for (const ContextLayout::Run &R : L.runs(CpRank))
+    for (int64_t O = 0; O < A.Outer; ++O) {
+      char *W = Whole + O * WholeRow + R.Global * E;
+      char *Lc = Local + O * LocalRow + R.Local * E;
+      if (Slice)
+        std::memcpy(Lc, W, size_t(R.Length * E));
+      else
+        std::memcpy(W, Lc, size_t(R.Length * E));
+    }
 }
 
 /// Puts one chunk of a tensor split along an axis into the whole: Outer

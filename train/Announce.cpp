@@ -53,9 +53,12 @@ void RankRun::announce() {
   const Executor &E = *Exec;
   std::string Layout;
   if (Grid.size() > 1)
-    Layout = formatv(", ranks d {0} x p {1} x t {2}", Grid.Data,
-                     Grid.Pipeline, Grid.Tensor)
-                 .str();
+    Layout =
+        formatv(", ranks d {0} x p {1}{2} x t {3}", Grid.Data, Grid.Pipeline,
+                Grid.Context > 1 ? formatv(" x c {0}", Grid.Context).str()
+                                 : std::string(),
+                Grid.Tensor)
+            .str();
   if (Grid.Data > 1)
     Layout += formatv(" ({0} replicas of batch {1})", Grid.Data, E.batch());
   std::string StepsText =

@@ -7,13 +7,14 @@
 // the summary the lead prints at the end of a training run.
 //
 //===----------------------------------------------------------------------===//
-#include "train/RankRun.h"
-#include "train/Stops.h"
 #include "frontend/OnnxExport.h"
+#include "ir/ContextLayout.h"
 #include "plan/AtomicFile.h"
 #include "runtime/Npy.h"
 #include "support/Diagnostics.h"
 #include "support/Format.h"
+#include "train/RankRun.h"
+#include "train/Stops.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <deque>
@@ -62,6 +63,8 @@ Error RankRun::dumpLogits(StringRef Dir) {
                                 Logits->FullType.Shape.end());
   if (Shape.size() == 2 && Shape[0] == E.batch() * E.seq())
     Shape = {E.batch(), E.seq(), Shape[1]};
+  if (Communicator *Cp = Groups.Context.get())
+    return writeContextLogits((Dir + "/logits.npy").str(), *Logits, Shape, *Cp);
   if (Communicator *DataGroup = Groups.Data.get()) {
     // Every replica's rows, in replica order: the whole batch's logits.
     Shape[0] *= DataGroup->size();
@@ -91,6 +94,42 @@ Error RankRun::writeGathered(StringRef Path, const TensorView &T,
       Data = std::move(All);
     }
     return Writes ? writeNpy(Path, Shape, Data) : Error::success();
+  };
+  if (E.float64())
+    return Write(E.gather64(T), CommType::F64);
+  return Write(E.gather(T), CommType::F32);
+}
+
+Error RankRun::writeContextLogits(StringRef Path, const TensorView &T,
+                                  ArrayRef<int64_t> LocalShape,
+                                  Communicator &Cp) {
+  Executor &E = *Exec;
+  // [b, s/C, V] of each rank of the data group, ordered (replica, context
+  // rank): every replica's rows, each position put back in its place.
+  Communicator &All = *Groups.Data; // holds the context group
+  const int C = Cp.size(), Ranks = All.size();
+  const ContextLayout L{C, true, LocalShape[1] * C};
+  SmallVector<int64_t, 4> Shape(LocalShape.begin(), LocalShape.end());
+  Shape[0] *= Ranks / C;
+  Shape[1] = L.Seq;
+  auto Write = [&](auto Full, CommType Type) -> Error {
+    if (!Full)
+      return Full.takeError();
+    auto Mine = std::move(*Full);
+    decltype(Mine) Got(Mine.size() * Ranks), Whole(Mine.size() * Ranks);
+    if (auto Err =
+            All.allGather(Got.data(), Mine.data(), int64_t(Mine.size()), Type))
+      return Err;
+    const int64_t Rows = LocalShape[0], V = LocalShape[2],
+                  Local = LocalShape[1];
+    for (int K = 0; K < Ranks; ++K)
+      for (const ContextLayout::Run &R : L.runs(K % C))
+        for (int64_t B = 0; B < Rows; ++B)
+          std::copy_n(Got.begin() + ((K * Rows + B) * Local + R.Local) * V,
+                      R.Length * V,
+                      Whole.begin() +
+                          (((K / C) * Rows + B) * L.Seq + R.Global) * V);
+    return StageLead ? writeNpy(Path, Shape, Whole) : Error::success();
   };
   if (E.float64())
     return Write(E.gather64(T), CommType::F64);

@@ -70,6 +70,26 @@ static Error checkSampling(const TrainOptions &O, const Plan &P) {
   return Error::success();
 }
 
+/// Context parallelism: what this runtime does not do with such a plan yet,
+/// refused before anything runs.
+static Error checkContextParallel(const TrainOptions &O, const Plan &P) {
+  int Cp = P.Manifest.value("cp", 1);
+  if (Cp == 1)
+    return Error::success();
+  const char *Flag = O.sampling() ? "--sample"
+                     : O.CheckpointEvery > 0 || O.CheckpointOnExit ||
+                             O.Resume || O.given("checkpoint")
+                         ? "checkpoints (--checkpoint, --checkpoint-every, "
+                           "--resume)"
+                         : nullptr;
+  if (Flag)
+    return usageError(formatv("{0}: not yet supported for a context-parallel "
+                              "plan (--cp {1}); train it without, or "
+                              "compile without --cp",
+                              Flag, Cp));
+  return Error::success();
+}
+
 /// Another plan's checkpoint is resharded when it is of the same model
 /// (format 3 records the layout); an older one only resumes its own plan.
 static Error checkResumedPlan(const TrainOptions &O, const PreparedRun &R) {
@@ -157,6 +177,8 @@ Expected<PreparedRun> prepareRun(const TrainOptions &O) {
   if (O.sampling())
     if (auto Err = checkSampling(O, R.P))
       return Err;
+  if (auto Err = checkContextParallel(O, R.P))
+    return Err;
   R.Fingerprint = planFingerprint(R.P);
   R.ModelFingerprint = modelFingerprint(R.P);
   if (auto Err = checkResumedPlan(O, R))

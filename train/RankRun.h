@@ -71,6 +71,12 @@ public:
   llvm::Error writeGathered(llvm::StringRef Path, const TensorView &T,
                             llvm::ArrayRef<int64_t> Shape, bool Writes,
                             Communicator *Across = nullptr);
+  /// The logits of a context-parallel plan (this rank's positions of its
+  /// replica's rows, LocalShape [b, s / C, V]): every replica's rows with
+  /// every position in place.
+  llvm::Error writeContextLogits(llvm::StringRef Path, const TensorView &T,
+                                 llvm::ArrayRef<int64_t> LocalShape,
+                                 Communicator &Cp);
   llvm::Error writeLogs();
   llvm::Error writePage(llvm::StringRef LossSvg);
   llvm::Error writeCheckpointAt(int64_t Step);

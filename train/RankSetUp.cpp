@@ -34,6 +34,7 @@ Error RankRun::setUp() {
   RO.Comm = C;
   RO.PipeComm = Groups.Pipeline.get();
   RO.DataComm = Groups.Data.get();
+  RO.ContextComm = Groups.Context.get();
   RO.Trace = !O.TraceFile.empty();
   RO.ExpandCompact = O.ExpandSteps;
   RO.Seed = T.R.Seed;
@@ -98,8 +99,9 @@ Error RankRun::setUp() {
   ModelName =
       sys::path::stem(P.Manifest.value("source", std::string("model"))).str();
   // The first tensor-parallel rank of each stage of the first replica
-  // (replicas hold the same parameters).
-  StageLead = (!C || C->rank() == 0) && Groups.At.Data == 0;
+  // (replicas, and the context ranks of one, hold the same parameters).
+  StageLead =
+      (!C || C->rank() == 0) && Groups.At.Data == 0 && Groups.At.Context == 0;
   TokensPerStep = E.batch() * E.seq() * Grid.Data; // every replica
   if (Lead && !O.HtmlPath.empty()) {
     WritesPage = true;

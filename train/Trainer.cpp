@@ -21,6 +21,7 @@ ProcessGrid planGrid(const Plan &P) {
   G.Pipeline = P.numStages();
   G.Tensor = P.Manifest.value("tp", 1);
   G.Data = P.Manifest.value("dp", 1);
+  G.Context = P.Manifest.value("cp", 1);
   return G;
 }
 

@@ -1,4 +1,4 @@
-//===- ProcessGrid.cpp - World ranks as a data x pipeline x tensor grid ---===//
+//===- ProcessGrid.cpp - World ranks as a d x p x c x t grid --------------===//
 #include "runtime/comm/ProcessGrid.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -10,23 +10,25 @@ Expected<RankGroups> splitGroups(Communicator &World, const ProcessGrid &Grid) {
   if (World.size() != Grid.size())
     return createStringError(
         inconvertibleErrorCode(),
-        formatv("the run has {0} ranks but the plan's grid needs d x p x t = "
-                "{1} x {2} x {3} = {4}",
-                World.size(), Grid.Data, Grid.Pipeline, Grid.Tensor,
-                Grid.size()));
+        formatv("the run has {0} ranks but the plan's grid needs d x p x c x "
+                "t = {1} x {2} x {3} x {4} = {5}",
+                World.size(), Grid.Data, Grid.Pipeline, Grid.Context,
+                Grid.Tensor, Grid.size()));
   RankGroups R;
   R.At = Grid.coord(World.rank());
   const GridCoord &C = R.At;
-  // Every rank makes the same three splits, in the same order (a split is
+  // Every rank makes the same four splits, in the same order (a split is
   // collective), and keeps the group only when it has more than one rank.
+  const int P = Grid.Pipeline, T = Grid.Tensor, Cp = Grid.Context;
   struct Split {
     int Size, Color, Key;
     std::unique_ptr<Communicator> *Into;
   } Splits[] = {
-      {Grid.Tensor, C.Data * Grid.Pipeline + C.Pipeline, C.Tensor, &R.Tensor},
-      {Grid.Pipeline, C.Data * Grid.Tensor + C.Tensor, C.Pipeline,
-       &R.Pipeline},
-      {Grid.Data, C.Pipeline * Grid.Tensor + C.Tensor, C.Data, &R.Data},
+      {T, (C.Data * P + C.Pipeline) * Cp + C.Context, C.Tensor, &R.Tensor},
+      {P, (C.Data * Cp + C.Context) * T + C.Tensor, C.Pipeline, &R.Pipeline},
+      {Grid.Data * Cp, C.Pipeline * T + C.Tensor, C.Data * Cp + C.Context,
+       &R.Data},
+      {Cp, (C.Data * P + C.Pipeline) * T + C.Tensor, C.Context, &R.Context},
   };
   for (Split &S : Splits) {
     if (S.Size == 1)

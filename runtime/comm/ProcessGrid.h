@@ -1,15 +1,19 @@
-//===- ProcessGrid.h - World ranks as a data x pipeline x tensor grid -*- C++ -*-===//
+//===- ProcessGrid.h - World ranks as a d x p x c x t grid ------*- C++ -*-===//
 //
 // The one place that maps a world rank to its coordinates and groups, for
 // sp-run, the tests and MPI alike. Tensor-parallel ranks are adjacent (they
-// talk most), then pipeline stages, then data-parallel replicas, as Megatron
-// lays them out:
+// talk most), then context-parallel ranks, then pipeline stages, then
+// data-parallel replicas, as Megatron lays them out:
 //
-//   world rank = (d * P + p) * T + t
+//   world rank = ((d * P + p) * C + c) * T + t
 //
-// A rank's tensor-parallel group is the ranks with its (d, p), ordered by t;
-// its pipeline group those with its (d, t), ordered by p; its data-parallel
-// group those with its (p, t), ordered by d.
+// A rank's tensor-parallel group is the ranks with its (d, p, c), ordered by
+// t; its context-parallel group those with its (d, p, t), ordered by c; its
+// pipeline group those with its (d, c, t), ordered by p. Its data-parallel
+// group, over which gradients are summed, is those with its (p, t), ordered
+// by (d, c): the replicas, and the context-parallel ranks of each, whose
+// gradients are each their positions' part (Megatron's data-parallel group
+// with context parallelism). Without --cp it is the replicas.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_COMM_PROCESSGRID_H
@@ -21,22 +25,25 @@
 namespace sp {
 
 struct GridCoord {
-  int Data = 0, Pipeline = 0, Tensor = 0;
+  int Data = 0, Pipeline = 0, Tensor = 0, Context = 0;
   bool operator==(const GridCoord &O) const {
-    return Data == O.Data && Pipeline == O.Pipeline && Tensor == O.Tensor;
+    return Data == O.Data && Pipeline == O.Pipeline && Tensor == O.Tensor &&
+           Context == O.Context;
   }
 };
 
 struct ProcessGrid {
-  int Data = 1, Pipeline = 1, Tensor = 1;
+  int Data = 1, Pipeline = 1, Tensor = 1, Context = 1;
 
-  int size() const { return Data * Pipeline * Tensor; }
+  int size() const { return Data * Pipeline * Context * Tensor; }
   GridCoord coord(int WorldRank) const {
-    return {WorldRank / (Pipeline * Tensor), WorldRank / Tensor % Pipeline,
-            WorldRank % Tensor};
+    return {WorldRank / (Pipeline * Context * Tensor),
+            WorldRank / (Context * Tensor) % Pipeline, WorldRank % Tensor,
+            WorldRank / Tensor % Context};
   }
   int worldRank(GridCoord C) const {
-    return (C.Data * Pipeline + C.Pipeline) * Tensor + C.Tensor;
+    return ((C.Data * Pipeline + C.Pipeline) * Context + C.Context) * Tensor +
+           C.Tensor;
   }
 };
 
@@ -44,7 +51,8 @@ struct ProcessGrid {
 /// to talk to), as the executor expects.
 struct RankGroups {
   GridCoord At;
-  std::unique_ptr<Communicator> Tensor, Pipeline, Data;
+  /// Data: the data-parallel x context-parallel ranks (see above).
+  std::unique_ptr<Communicator> Tensor, Pipeline, Data, Context;
 };
 
 /// Splits World (of Grid.size() ranks) into this rank's groups. A collective

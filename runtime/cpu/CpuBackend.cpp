@@ -18,6 +18,7 @@
 #include "runtime/cpu/Attention.h"
 #include "runtime/cpu/Bf16Gemm.h"
 #include "runtime/cpu/Collectives.h"
+#include "runtime/cpu/ContextAttention.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Parallel.h"
 #include "support/Diagnostics.h"
@@ -493,6 +494,15 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       Sh = {QT.Shape[0], QT.Shape[1], KT.Shape[1],
             QT.Shape[2], KT.Shape[2], QT.Shape[3]};
     }
+    // Context parallelism: q, k, v are this rank's positions, keep covers
+    // the whole sequence's keys.
+    const int Cp = int(AInt("cp"));
+    Communicator *CpGroup = C.group("cp");
+    if (Cp > 1 && (!CpGroup || CpGroup->size() != Cp))
+      return makeError(formatv("attention {{cp = {0}} needs a "
+                               "context-parallel group of {0} ranks",
+                               Cp));
+    const ContextLayout Layout{Cp, AInt("cp_zigzag") != 0, Sh.Sk * Cp};
     cpu::AttentionCore Core;
     Core.Scale = AFloat("scale");
     Core.Causal = AInt("causal");
@@ -503,7 +513,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     std::vector<T> Bias;
     const unsigned KeepAt = attentionKeepOperand(I.Op, I.Attrs);
     if (I.In.size() > KeepAt) {
-      Bias.resize(Sh.Batch * Sh.Sk);
+      Bias.resize(Sh.Batch * Layout.Seq);
       if (auto E = keyBias<T>(Bias.data(), C.buffer(I.In[KeepAt]),
                               InT(KeepAt), AFloat("pad_fill"),
                               AInt("pad_where")))
@@ -511,6 +521,7 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     }
     SmallVector<int64_t, 4> Full = {Sh.Batch, Sh.Heads, Sh.Sq, Sh.Sk},
                             Local = Full, Offset(4, 0);
+    // (Under cp the ring sets the queries' and keys' part per block.)
     if (AInt("dropout")) {
       auto Key = attrInts(I.Op, I.Attrs, "key");
       if (Key.size() != 2)
@@ -529,15 +540,28 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       GlobalBlock G = globalBlock(
           Local,
           S.K == Sharding::Split ? Sharding::split(1, S.Parts) : Sharding(),
-          Rank, AInt("microbatch"), AInt("microbatches"),
-          C.Data ? C.Data->rank() : 0, C.Data ? C.Data->size() : 1);
+          Rank, AInt("microbatch"), AInt("microbatches"), C.replica(),
+          C.replicas());
       Full.assign(G.Full.begin(), G.Full.end());
       Offset.assign(G.Offset.begin(), G.Offset.end());
+      if (Cp > 1)
+        Full[2] = Full[3] = Layout.Seq;
     }
     Core.Probs = cpu::GlobalIndex::block(cpu::Shape(Full.data(), 4),
                                          cpu::Shape(Local.data(), 4),
                                          cpu::Shape(Offset.data(), 4));
     const T *BiasP = Bias.empty() ? nullptr : Bias.data();
+    if (Cp > 1) { // the ring (runtime/cpu/ContextAttention.h)
+      if (Packed)
+        return makeError("attention {cp > 1, packed = 1}: the ring needs q, "
+                         "k and v apart; recompile the plan");
+      if (Fwd)
+        return cpu::ringAttentionForward(Out(0), Out(1), In(0), In(1), In(2),
+                                         BiasP, Sh, Core, *CpGroup, Layout);
+      return cpu::ringAttentionBackward(Out(0), Out(1), Out(2), In(0), In(1),
+                                        In(2), In(3), In(4), In(5), BiasP, Sh,
+                                        Core, *CpGroup, Layout);
+    }
     // q, k, v (and dq, dk, dv): three tensors, or the packed one's column
     // blocks.
     const int64_t H = Sh.Heads * Sh.D;
@@ -598,26 +622,42 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     // [R M, (R + 1) M) of D M (the rows its data loader reads).
     const TensorType &Local = InT(0);
     const Sharding &S = Bufs[I.In[0]].Shard;
-    const int64_t NumMb = AInt("microbatches") * (C.Data ? C.Data->size() : 1);
+    const int64_t NumMb = AInt("microbatches") * C.replicas();
     // causal (lower/CausalProducts.h): no draws above the diagonal of the
     // last two dimensions, which must be whole on this rank.
     bool Causal = I.Op == OpKind::Dropout && AInt("causal");
     if (Causal && S.K == Sharding::Split && S.Dim >= int(Local.rank()) - 2)
       return makeError("dropout {causal} of a tensor split along its last "
                        "two dimensions; the plan is corrupt");
-    if (S.K != Sharding::Split && NumMb == 1)
+    const int Cp = int(AInt("cp"));
+    if (S.K != Sharding::Split && NumMb == 1 && Cp == 1)
       return Check(cpu::dropout(Out(0), Mask, In(0), Ratio(), K,
                                 cpu::GlobalIndex::whole(ShapeOf(Local)),
                                 Addend, Causal));
-    GlobalBlock G = globalBlock(
-        Local.Shape, S, Rank, AInt("microbatch"), AInt("microbatches"),
-        C.Data ? C.Data->rank() : 0, C.Data ? C.Data->size() : 1);
-    return Check(cpu::dropout(
-        Out(0), Mask, In(0), Ratio(), K,
-        cpu::GlobalIndex::block(cpu::Shape(G.Full.data(), G.Full.size()),
-                                ShapeOf(Local),
-                                cpu::Shape(G.Offset.data(), G.Offset.size())),
-        Addend, Causal));
+    GlobalBlock G =
+        globalBlock(Local.Shape, S, Rank, AInt("microbatch"),
+                    AInt("microbatches"), C.replica(), C.replicas());
+    if (Cp > 1) { // axis cp_dim is this rank's positions of the sequence
+      Communicator *CpGroup = C.group("cp");
+      if (!CpGroup || CpGroup->size() != Cp)
+        return makeError(formatv("dropout {{cp = {0}} needs a "
+                                 "context-parallel group of {0} ranks",
+                                 Cp));
+      std::string Why =
+          withContext(G, Local.Shape, int(AInt("cp_dim")), CpGroup->rank(), Cp,
+                      AInt("cp_zigzag") != 0);
+      if (!Why.empty())
+        return makeError("dropout: " + Why);
+    }
+    cpu::GlobalIndex GI = cpu::GlobalIndex::block(
+        cpu::Shape(G.Full.data(), G.Full.size()), ShapeOf(Local),
+        cpu::Shape(G.Offset.data(), G.Offset.size()));
+    for (size_t D = 0; D < G.Seam.size() && D < size_t(cpu::MaxRank); ++D) {
+      GI.Seam[D] = G.Seam[D];
+      GI.Jump[D] = G.Jump[D];
+    }
+    return Check(
+        cpu::dropout(Out(0), Mask, In(0), Ratio(), K, GI, Addend, Causal));
   }
   case OpKind::DropoutGrad:
     cpu::dropoutBackward(Out(0), In(0),
@@ -882,10 +922,9 @@ static Error runMixed(const KernelCall &C) {
     if (Local.Buffers[K].Offset >= 0 &&
         (InPlace || is_contained(I.In, Ids[K])))
       Convert(K, /*ToFloat=*/true);
-  if (auto E = runKernel<float>(KernelCall{LI, Local, nullptr, C.Step,
-                                           C.Training, C.Dropout, C.Seed,
-                                           C.Tensor, C.Pipeline, C.Data,
-                                           C.GradScale, Where.data()}))
+  if (auto E = runKernel<float>(KernelCall{
+          LI, Local, nullptr, C.Step, C.Training, C.Dropout, C.Seed, C.Tensor,
+          C.Pipeline, C.Data, C.GradScale, Where.data(), C.Context}))
     return E;
   for (size_t K = 0; K < Ids.size(); ++K)
     if (Local.Buffers[K].Offset >= 0 &&
@@ -925,9 +964,36 @@ static Error runRing(const KernelCall &C) {
   return ringWalk(C, **G, Steps{**G});
 }
 
+/// cp_slice and cp_pad: copies of bytes along the sequence axis, whatever
+/// the type (token, position ids or activations).
+static Error runContextCopy(const KernelCall &C) {
+  const Instruction &I = C.I;
+  const int Parts = int(attrInt(I.Op, I.Attrs, "parts"));
+  Communicator *G = C.group("cp");
+  if (Parts > 1 && (!G || G->size() != Parts))
+    return makeError(formatv("{0} of {1} parts needs a context-parallel "
+                             "group of that size",
+                             opName(I.Op), Parts));
+  const bool Slice = I.Op == OpKind::CpSlice;
+  const TensorType &Whole = Slice ? C.inType(0) : C.outType(0);
+  const int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
+  const ContextLayout L{Parts, attrInt(I.Op, I.Attrs, "zigzag") != 0,
+                        Whole.Shape[Dim]};
+  if (!L.divides())
+    return makeError(formatv("{0}: axis {1} of {2} does not divide into the "
+                             "context-parallel chunks",
+                             opName(I.Op), Dim, Whole.str()));
+  char *W = C.buffer(Slice ? I.In[0] : I.Out[0]);
+  char *Lc = C.buffer(Slice ? I.Out[0] : I.In[0]);
+  contextCopy(W, Lc, Whole, Dim, L, G ? G->rank() : 0, Slice);
+  return Error::success();
+}
+
 Error CpuBackend::run(const KernelCall &C) {
   if (C.I.Op == OpKind::RingShift || C.I.Op == OpKind::RingConcat)
     return runRing(C);
+  if (C.I.Op == OpKind::CpSlice || C.I.Op == OpKind::CpPad)
+    return runContextCopy(C);
   if (isFloat64(C))
     return runKernel<double>(C);
   for (const auto *List : {&C.I.Out, &C.I.In})

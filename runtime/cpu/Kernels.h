@@ -346,6 +346,11 @@ struct GlobalIndex {
   int64_t Global[MaxRank] = {};
   int64_t Local[MaxRank] = {};
   int64_t Offset[MaxRank] = {};
+  /// A block in two runs along an axis (a context-parallel rank's zigzag
+  /// positions, ir/ContextLayout.h): local index x of axis D is global
+  /// Offset[D] + x, plus Jump[D] from x = Seam[D] on (Seam 0: one run).
+  int64_t Seam[MaxRank] = {};
+  int64_t Jump[MaxRank] = {};
 
   /// The unsharded tensor of this shape.
   static GlobalIndex whole(Shape S);

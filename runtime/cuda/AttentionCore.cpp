@@ -67,9 +67,9 @@ Error CudaBackend::attentionBlockwise(const KernelCall &C,
                                       cudaStream_t S) {
   const Instruction &I = C.I;
   const auto &Bufs = C.Prog.Buffers;
-  if (auto E = cuda::setBlockwiseDropout(
-          Plan, I, Bufs, C.Training, C.Dropout, C.Seed, C.Step, C.Tensor.rank(),
-          C.Data ? C.Data->rank() : 0, C.Data ? C.Data->size() : 1))
+  if (auto E = cuda::setBlockwiseDropout(Plan, I, Bufs, C.Training, C.Dropout,
+                                         C.Seed, C.Step, C.Tensor.rank(),
+                                         C.replica(), C.replicas()))
     return E;
   const cuda::AttentionGeometry &G = Plan.G;
   // Scratch: the padding bias [b, keys], then the backward's Delta.

@@ -106,7 +106,7 @@ Error CudaBackend::dispatchMixed(const KernelCall &C, cudaStream_t S) {
   if (auto E = dispatch(KernelCall{M.Local, M.LocalProgram, nullptr, C.Step,
                                    C.Training, C.Dropout, C.Seed, C.Tensor,
                                    C.Pipeline, C.Data, C.GradScale,
-                                   Where.data()},
+                                   Where.data(), C.Context},
                         S))
     return E;
   for (size_t K = 0; K < M.Buffers.size(); ++K)
@@ -180,8 +180,7 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
   // The element's index in the whole tensor (as CpuBackend's).
   GlobalBlock GB = globalBlock(
       Local.Shape, Sh, C.Tensor.rank(), attrInt(I.Op, I.Attrs, "microbatch"),
-      attrInt(I.Op, I.Attrs, "microbatches"), C.Data ? C.Data->rank() : 0,
-      C.Data ? C.Data->size() : 1);
+      attrInt(I.Op, I.Attrs, "microbatches"), C.replica(), C.replicas());
   uint8_t *Mask = I.Out.size() > 1
                       ? reinterpret_cast<uint8_t *>(C.buffer(I.Out[1]))
                       : nullptr;

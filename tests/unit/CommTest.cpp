@@ -698,13 +698,23 @@ TEST(ProcessGrid, CoordinatesAreMegatronsLayout) {
   }
   EXPECT_EQ(G.coord(5), (GridCoord{0, 1, 1}));
   EXPECT_EQ(G.coord(13), (GridCoord{1, 0, 1}));
+  // Context-parallel ranks sit between the tensor ranks and the stages.
+  ProcessGrid Cp{/*Data=*/2, /*Pipeline=*/2, /*Tensor=*/2, /*Context=*/3};
+  ASSERT_EQ(Cp.size(), 24);
+  for (int R = 0; R < Cp.size(); ++R) {
+    GridCoord C = Cp.coord(R);
+    EXPECT_EQ(R, ((C.Data * 2 + C.Pipeline) * 3 + C.Context) * 2 + C.Tensor);
+    EXPECT_EQ(Cp.worldRank(C), R);
+  }
+  EXPECT_EQ(Cp.coord(7), (GridCoord{0, 1, 1, 0}));
 }
 
-/// Each group holds exactly the ranks that share the other two coordinates,
-/// ordered by its own: the sum of the members' world ranks over a group is
-/// the one computed from the layout.
+/// Each group holds exactly the ranks that share the other coordinates,
+/// ordered by its own (the data group by replica, then context rank): the
+/// sum of the members' world ranks over a group is the one computed from
+/// the layout, and each member's rank in it is its place in that order.
 TEST(ProcessGrid, GroupsHoldTheRanksThatShareTheOtherCoordinates) {
-  ProcessGrid G{2, 2, 2};
+  ProcessGrid G{2, 2, 2, 2};
   auto Body = [&](Communicator &World) -> Error {
     auto Groups = splitGroups(World, G);
     if (!Groups)
@@ -712,42 +722,47 @@ TEST(ProcessGrid, GroupsHoldTheRanksThatShareTheOtherCoordinates) {
     GridCoord C = Groups->At;
     if (!(C == G.coord(World.rank())))
       return createStringError(inconvertibleErrorCode(), "wrong coordinate");
+    // A group: its communicator, this rank's place in it, and the members
+    // (every coordinate of this rank's, with the group's axes varying).
+    enum Axis { D = 1, P = 2, T = 4, C4 = 8 };
     struct {
       Communicator *Comm;
-      int Own;
-      GridCoord Step;
-    } Checks[] = {{Groups->Tensor.get(), C.Tensor, {0, 0, 1}},
-                  {Groups->Pipeline.get(), C.Pipeline, {0, 1, 0}},
-                  {Groups->Data.get(), C.Data, {1, 0, 0}}};
+      int Own, Size, Axes;
+    } Checks[] = {{Groups->Tensor.get(), C.Tensor, 2, T},
+                  {Groups->Pipeline.get(), C.Pipeline, 2, P},
+                  {Groups->Context.get(), C.Context, 2, C4},
+                  {Groups->Data.get(), C.Data * 2 + C.Context, 4, D | C4}};
     for (auto &K : Checks) {
-      if (!K.Comm || K.Comm->size() != 2 || K.Comm->rank() != K.Own)
+      if (!K.Comm || K.Comm->size() != K.Size || K.Comm->rank() != K.Own)
         return createStringError(inconvertibleErrorCode(),
                                  "rank %d: a group of the wrong size or rank",
                                  World.rank());
-      GridCoord First = C, Second = C;
-      int *F = K.Step.Data ? &First.Data : K.Step.Pipeline ? &First.Pipeline
-                                                          : &First.Tensor;
-      int *S = K.Step.Data ? &Second.Data : K.Step.Pipeline ? &Second.Pipeline
-                                                           : &Second.Tensor;
-      *F = 0;
-      *S = 1;
+      int64_t Expected = 0;
+      for (int M = 0; M < 16; ++M) {
+        GridCoord X = G.coord(M);
+        if ((K.Axes & D || X.Data == C.Data) &&
+            (K.Axes & P || X.Pipeline == C.Pipeline) &&
+            (K.Axes & T || X.Tensor == C.Tensor) &&
+            (K.Axes & C4 || X.Context == C.Context))
+          Expected += M;
+      }
       int64_t Sum = World.rank();
       if (auto E = K.Comm->allReduceSum(&Sum, 1))
         return E;
-      if (Sum != G.worldRank(First) + G.worldRank(Second))
+      if (Sum != Expected)
         return createStringError(inconvertibleErrorCode(),
                                  "rank %d: group sum %lld", World.rank(),
                                  (long long)Sum);
     }
     return Error::success();
   };
-  EXPECT_EQ(errorText(runOnThreadRanks(8, Body)), "");
+  EXPECT_EQ(errorText(runOnThreadRanks(16, Body)), "");
   // One rank: no groups to talk to.
   auto One = [&](Communicator &World) -> Error {
     auto Groups = splitGroups(World, ProcessGrid{});
     if (!Groups)
       return Groups.takeError();
-    if (Groups->Tensor || Groups->Pipeline || Groups->Data)
+    if (Groups->Tensor || Groups->Pipeline || Groups->Data || Groups->Context)
       return createStringError(inconvertibleErrorCode(), "a group of one");
     return Error::success();
   };
@@ -757,9 +772,9 @@ TEST(ProcessGrid, GroupsHoldTheRanksThatShareTheOtherCoordinates) {
     return splitGroups(World, G).takeError();
   };
   EXPECT_EQ(errorText(runOnThreadRanks(2, Wrong)),
-            "rank 0: the run has 2 ranks but the plan's grid needs d x p x t "
-            "= 2 x 2 x 2 = 8\nrank 1: the run has 2 ranks but the plan's "
-            "grid needs d x p x t = 2 x 2 x 2 = 8");
+            "rank 0: the run has 2 ranks but the plan's grid needs d x p x c "
+            "x t = 2 x 2 x 2 x 2 = 16\nrank 1: the run has 2 ranks but the "
+            "plan's grid needs d x p x c x t = 2 x 2 x 2 x 2 = 16");
 }
 
 } // namespace

@@ -46,27 +46,34 @@ Plan compile(StringRef Model, const PassContext &Ctx, int64_t Batch,
 
 RunResult train(const Plan &P, double Dropout, int Steps,
                 bool ExpandCompact) {
-  int TP = P.Manifest.value("tp", 1), PP = P.numStages();
+  int TP = P.Manifest.value("tp", 1), PP = P.numStages(),
+      CP = P.Manifest.value("cp", 1);
+  const int Ranks = TP * PP * CP;
   RunResult R;
-  R.RankMemory.resize(TP * PP);
+  R.RankMemory.resize(Ranks);
   std::mutex M;
   // As sp-run does: the process's kernel threads shared by its ranks.
   // SP_TEST_THREADS sets them (tests/tolerance_matrix.sh varies it).
-  int Threads = TP * PP > 1 ? 1 : 2;
+  int Threads = Ranks > 1 ? 1 : 2;
   if (const char *T = std::getenv("SP_TEST_THREADS"))
     Threads = std::max(1, std::atoi(T));
   CpuBackend::setThreads(Threads);
-  Error E = runOnThreadRanks(TP * PP, [&](Communicator &World) -> Error {
+  Error E = runOnThreadRanks(Ranks, [&](Communicator &World) -> Error {
     ProcessGrid Grid;
     Grid.Pipeline = PP;
     Grid.Tensor = TP;
+    Grid.Context = CP;
     auto Groups = splitGroups(World, Grid);
     if (!Groups)
       return Groups.takeError();
-    int TPRank = Groups->At.Tensor;
+    // The first tensor rank of each stage of the first context rank keeps
+    // the results (the context ranks' gradients are summed: the same).
+    const bool Keeps = Groups->At.Tensor == 0 && Groups->At.Context == 0;
     RunOptions O;
     O.Comm = Groups->Tensor.get();
     O.PipeComm = Groups->Pipeline.get();
+    O.DataComm = Groups->Data.get();
+    O.ContextComm = Groups->Context.get();
     O.Dropout = Dropout;
     O.AllowFloat64 = true;
     O.ExpandCompact = ExpandCompact;
@@ -100,7 +107,7 @@ RunResult train(const Plan &P, double Dropout, int Steps,
         if (!Full)
           return Full.takeError();
         std::lock_guard<std::mutex> Lock(M);
-        if (TPRank == 0)
+        if (Keeps)
           R.Grads[Param.Name] = std::move(*Full);
       }
     }
@@ -113,12 +120,13 @@ RunResult train(const Plan &P, double Dropout, int Steps,
     auto Eval = (*E)->evalLoss(Data);
     if (!Eval)
       return Eval.takeError();
-    if (auto L = (*E)->logits()) {
+    // (A context rank's logits are its positions'; left out.)
+    if (auto L = CP == 1 ? (*E)->logits() : std::nullopt) {
       auto Full = (*E)->gather64(*L);
       if (!Full)
         return Full.takeError();
       std::lock_guard<std::mutex> Lock(M);
-      if (TPRank == 0)
+      if (Keeps)
         R.Logits = std::move(*Full);
     }
     if (World.rank() == 0)

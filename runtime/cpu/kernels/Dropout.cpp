@@ -55,8 +55,9 @@ Status GlobalIndex::check() const {
   if (Rank < 0 || Rank > MaxRank)
     return Status::error("global index: rank above MaxRank", -1, Rank);
   for (int D = 0; D < Rank; ++D)
-    if (Global[D] < 0 || Local[D] < 0 || Offset[D] < 0 ||
-        Offset[D] + Local[D] > Global[D])
+    if (Global[D] < 0 || Local[D] < 0 || Offset[D] < 0 || Seam[D] < 0 ||
+        Seam[D] > Local[D] || Jump[D] < 0 ||
+        Offset[D] + Local[D] + (Seam[D] ? Jump[D] : 0) > Global[D])
       return Status::error("global index: block outside the global shape "
                            "(or ranks disagree)",
                            D, Local[D]);
@@ -180,10 +181,13 @@ template <typename F> void forEachRun(const GlobalIndex &G, F &&Fn) {
   }
   int64_t GS[MaxRank];
   rowMajorStrides(R, G.Global, GS);
-  // Dimensions [D, R) form one contiguous run.
+  // Dimensions [D, R) form one contiguous run, unless D is in two (a
+  // seam): then [D + 1, R) do.
   int D = R - 1;
   while (D > 0 && G.Local[D] == G.Global[D])
     --D;
+  if (G.Seam[D] && G.Jump[D])
+    ++D;
   int64_t Run = 1;
   for (int E = D; E < R; ++E)
     Run *= G.Local[E];
@@ -193,9 +197,12 @@ template <typename F> void forEachRun(const GlobalIndex &G, F &&Fn) {
       int64_t RunIdx = P / PerRun, Piece = P % PerRun;
       // The global index of the run's first element: outer dims [0, D)
       // from RunIdx (row-major over Local), dim D at its offset.
-      int64_t Base = G.Offset[D] * GS[D];
+      int64_t Base = D < R ? G.Offset[D] * GS[D] : 0;
       for (int64_t E = D - 1, Rest = RunIdx; E >= 0; --E) {
-        Base += (G.Offset[E] + Rest % G.Local[E]) * GS[E];
+        int64_t X = Rest % G.Local[E];
+        Base +=
+            (G.Offset[E] + X + (G.Seam[E] && X >= G.Seam[E] ? G.Jump[E] : 0)) *
+            GS[E];
         Rest /= G.Local[E];
       }
       int64_t Off = Piece * DropoutPiece;

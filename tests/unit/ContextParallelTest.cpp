@@ -1,0 +1,158 @@
+//===- ContextParallelTest.cpp - Context-parallel runs equal one device ---===//
+//
+// Compiles models with --cp C (passes/ContextParallel.cpp), alone and with
+// tensor + sequence parallelism and pipelines, trains them on thread ranks
+// (the ring attention of runtime/cpu/ContextAttention.h over the cp group),
+// and checks that the losses and every gradient equal the one-device run,
+// dropout on and off: the masks are keyed by global positions, so they are
+// the same on any layout. The bounds are the harness's (TrainHarness.h): a
+// multiple of the one-device run's float32 rounding, measured against its
+// float64 run. The models: the default GPT, and HF-style GPT-2, Llama
+// (grouped-query attention, rotary tables looked up by position ids) and
+// BERT (bidirectional, an attention-mask input, token types) exports.
+//
+//===----------------------------------------------------------------------===//
+#include "TestSupport.h"
+#include "TrainHarness.h"
+#include "gtest/gtest.h"
+
+using namespace sp;
+using namespace sp::test;
+using namespace llvm;
+
+namespace {
+
+struct CpLayout {
+  int CP = 1, TP = 1, PP = 1;
+  bool SP = false;
+};
+
+Plan compileCp(StringRef Model, CpLayout L) {
+  PassContext Ctx;
+  Ctx.FusedAttention = true;
+  Ctx.ContextParallel = L.CP;
+  Ctx.TensorParallel = L.TP;
+  Ctx.SequenceParallel = L.SP;
+  if (L.PP > 1) {
+    Ctx.Pipeline.Stages = L.PP;
+    Ctx.Pipeline.Microbatches = 2;
+  }
+  return compile(Model, Ctx);
+}
+
+/// The layout's run against one device's, over Steps steps.
+void expectCpEqualsOneDevice(StringRef Model, CpLayout L, double Dropout,
+                             int Steps = 2) {
+  CpLayout One;
+  One.PP = L.PP; // the same microbatches: the same batch rows per step
+  expectEqualRuns(trainBoth(compileCp(Model, L), Dropout, Steps),
+                  trainBoth(compileCp(Model, One), Dropout, Steps));
+}
+
+TEST(ContextParallel, TinyGptCp2) {
+  expectCpEqualsOneDevice(TinyModel, {2}, 0.0);
+}
+
+TEST(ContextParallel, TinyGptCp2Dropout) {
+  expectCpEqualsOneDevice(TinyModel, {2}, 0.1);
+}
+
+TEST(ContextParallel, TinyGptCp4Dropout) {
+  expectCpEqualsOneDevice(TinyModel, {4}, 0.1);
+}
+
+/// Each context rank's 32 positions split again over two tensor ranks,
+/// across the zigzag seam.
+TEST(ContextParallel, TinyGptCp2Tp2SequenceParallelDropout) {
+  expectCpEqualsOneDevice(TinyModel, {2, 2, 1, true}, 0.1);
+}
+
+TEST(ContextParallel, TinyGptCp2Pipeline2) {
+  expectCpEqualsOneDevice(TinyModel, {2, 1, 2}, 0.1);
+}
+
+/// The compile-time refusals name what to change.
+TEST(ContextParallel, RefusesWhatItCannotSplit) {
+  PassContext Ctx;
+  Ctx.FusedAttention = true;
+  Ctx.ContextParallel = 3; // 64 positions into 6 chunks
+  auto P = tryCompile(TinyModel, Ctx);
+  ASSERT_FALSE(bool(P));
+  EXPECT_NE(errorText(P).find("2 x cp = 6"), std::string::npos);
+  Ctx.ContextParallel = 2;
+  Ctx.FusedAttention = false; // the unfused core's [s, s] scores
+  P = tryCompile(TinyModel, Ctx);
+  ASSERT_FALSE(bool(P));
+  EXPECT_NE(errorText(P).find("--attention fused"), std::string::npos);
+}
+
+/// HF-style exports (models/export_family.py), made once.
+class ContextParallelFamilies : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() {
+    Dir = std::make_unique<TempDir>();
+    struct Export {
+      const char *Family;
+      std::vector<StringRef> Args;
+    } Exports[] = {
+        {"gpt2", {"--dropout", "0.1"}},
+        {"llama", {"--kv-heads", "2"}},
+        {"bert", {"--dropout", "0.1"}},
+    };
+    for (const Export &E : Exports) {
+      std::string Out = Dir->file(std::string(E.Family) + ".onnx");
+      std::vector<StringRef> Argv = {SP_SOURCE_DIR "/models/export_family.py",
+                                     "--family",
+                                     E.Family,
+                                     "-o",
+                                     Out,
+                                     "--layers",
+                                     "2",
+                                     "--hidden",
+                                     "32",
+                                     "--heads",
+                                     "4",
+                                     "--seq",
+                                     "16",
+                                     "--batch",
+                                     "2",
+                                     "--vocab",
+                                     "64"};
+      Argv.insert(Argv.end(), E.Args.begin(), E.Args.end());
+      Ok &= runPython(Argv);
+    }
+  }
+  static void TearDownTestSuite() { Dir.reset(); }
+  static std::string model(StringRef Family) {
+    return Dir->file(Family.str() + ".onnx");
+  }
+  void SetUp() override {
+    ASSERT_TRUE(Ok) << "the torch exports failed (is python3-torch "
+                       "installed?)";
+  }
+  static std::unique_ptr<TempDir> Dir;
+  static bool Ok;
+};
+std::unique_ptr<TempDir> ContextParallelFamilies::Dir;
+bool ContextParallelFamilies::Ok = true;
+
+TEST_F(ContextParallelFamilies, Gpt2Cp2Dropout) {
+  expectCpEqualsOneDevice(model("gpt2"), {2}, 0.1);
+}
+TEST_F(ContextParallelFamilies, Gpt2Cp4Dropout) {
+  expectCpEqualsOneDevice(model("gpt2"), {4}, 0.1);
+}
+TEST_F(ContextParallelFamilies, LlamaGqaCp2) {
+  expectCpEqualsOneDevice(model("llama"), {2}, 0.0);
+}
+TEST_F(ContextParallelFamilies, LlamaGqaCp4) {
+  expectCpEqualsOneDevice(model("llama"), {4}, 0.0);
+}
+TEST_F(ContextParallelFamilies, BertCp2Dropout) {
+  expectCpEqualsOneDevice(model("bert"), {2}, 0.1);
+}
+TEST_F(ContextParallelFamilies, BertCp4Dropout) {
+  expectCpEqualsOneDevice(model("bert"), {4}, 0.1);
+}
+
+} // namespace

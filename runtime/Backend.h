@@ -145,6 +145,9 @@ public:
   virtual bool runsCompactPrograms() const { return false; }
   /// Whether it runs mixed-precision plans (bf16 or fp16 activations).
   virtual bool runsMixedPrecision() const { return false; }
+  /// Whether it runs context-parallel plans (attention {cp > 1}: the ring,
+  /// cp_slice, cp_pad, dropout at a rank's zigzag positions).
+  virtual bool runsContextParallel() const { return false; }
 
   /// The dense GEMM throughput (FLOP/s) this rank's device peaks at when
   /// the plan computes in Dtype ("f32", "bf16", "f16", "f64"), the

@@ -267,6 +267,11 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
     E->Scaling = S;
   }
 
+  if (Cp > 1 && !E->Back->runsContextParallel())
+    return makeError("the plan is context-parallel (--cp " + Twine(Cp) +
+                     "); the " + E->Back->name() +
+                     " backend does not run that yet (run it with --device "
+                     "cpu, or compile without --cp)");
   if (Half && !E->Back->runsMixedPrecision())
     return makeError("the plan has " + Dtype + " activations; the " +
                      E->Back->name().str() +

@@ -27,6 +27,7 @@ public:
   llvm::Error copyToHost(void *Dst, const char *Src, size_t Bytes) override;
   bool hostMemory() const override { return true; }
   bool runsMixedPrecision() const override { return true; }
+  bool runsContextParallel() const override { return true; }
   bool runsCompactPrograms() const override { return true; }
   llvm::Error run(const KernelCall &C) override;
   llvm::Error synchronize() override { return llvm::Error::success(); }

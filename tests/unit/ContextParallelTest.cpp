@@ -25,6 +25,7 @@ namespace {
 struct CpLayout {
   int CP = 1, TP = 1, PP = 1;
   bool SP = false;
+  RecomputeMode Recompute = RecomputeMode::None;
 };
 
 Plan compileCp(StringRef Model, CpLayout L) {
@@ -33,6 +34,7 @@ Plan compileCp(StringRef Model, CpLayout L) {
   Ctx.ContextParallel = L.CP;
   Ctx.TensorParallel = L.TP;
   Ctx.SequenceParallel = L.SP;
+  Ctx.Recompute.Mode = L.Recompute;
   if (L.PP > 1) {
     Ctx.Pipeline.Stages = L.PP;
     Ctx.Pipeline.Microbatches = 2;
@@ -69,6 +71,14 @@ TEST(ContextParallel, TinyGptCp2Tp2SequenceParallelDropout) {
 
 TEST(ContextParallel, TinyGptCp2Pipeline2) {
   expectCpEqualsOneDevice(TinyModel, {2, 1, 2}, 0.1);
+}
+
+/// Full recomputation runs each layer's forward again in the backward, the
+/// ring included (its dropout drawn again at the same positions).
+TEST(ContextParallel, TinyGptCp2FullRecomputeDropout) {
+  CpLayout L{2};
+  L.Recompute = RecomputeMode::Full;
+  expectCpEqualsOneDevice(TinyModel, L, 0.1);
 }
 
 /// The compile-time refusals name what to change.

@@ -24,12 +24,13 @@ double gemmFlops(OpKind Op, const AttrList &Attrs, const TensorType &In0,
   }
   case OpKind::Attention:
     // The fused core (self-attention: t = s keys): q k^T and p v, 2 s d
-    // flops each per query row and head.
-    return 4.0 * Out * double(In0.dim(-2));
+    // flops each per query row and head. Under context parallelism the
+    // rows are this rank's s / cp, the keys all cp ranks' (the ring).
+    return 4.0 * Out * double(In0.dim(-2)) * double(attrInt(Op, Attrs, "cp"));
   case OpKind::AttentionGrad:
     // q k^T again (recomputeGemmFlops), then dv, dp, dq and dk; Out is dq
     // (a third of the packed dqkv).
-    return 10.0 * Out * double(In0.dim(-2)) /
+    return 10.0 * Out * double(In0.dim(-2)) * double(attrInt(Op, Attrs, "cp")) /
            (attentionInputs(Op, Attrs) == 1 ? 3 : 1);
   default:
     return 0;

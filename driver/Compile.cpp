@@ -113,6 +113,9 @@ static Error reportPlan(const Graph &G, const PassContext &Ctx,
                        {"microbatches", Ctx.Pipeline.Microbatches}};
   Facts["collectives"] =
       collectivesToJson(collectiveReport(OneMicrobatch, Ctx.TensorParallel));
+  if (Ctx.ContextParallel > 1)
+    Facts["context_parallel"] =
+        contextRingToJson(contextRingReport(OneMicrobatch));
   C.Activations = analyzeActivations(OneMicrobatch);
   StageMemory SM;
   SM.FirstStageStored = First.StoredPeakBytes;
@@ -139,11 +142,11 @@ static Error reportPlan(const Graph &G, const PassContext &Ctx,
                                   {"text", C.Formula->Text},
                                   {"bytes_per_layer", C.Formula->Bytes}};
   }
-  Facts["flops"] = flopReportToJson(
-      *C.Activations, Ctx.TensorParallel,
-      {Info.Batch * Ctx.Pipeline.Microbatches, Info.Layers, Info.Seq,
-       Info.Hidden, Info.Vocab},
-      Ctx.Pipeline.Microbatches);
+  Facts["flops"] =
+      flopReportToJson(*C.Activations, Ctx.TensorParallel * Ctx.ContextParallel,
+                       {Info.Batch * Ctx.Pipeline.Microbatches, Info.Layers,
+                        Info.Seq, Info.Hidden, Info.Vocab},
+                       Ctx.Pipeline.Microbatches);
 
   nlohmann::json &M = C.P->Manifest;
   M = Facts;

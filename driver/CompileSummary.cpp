@@ -135,6 +135,7 @@ void printCompileSummary(const Compilation &C, const Graph &G,
                                    : std::string());
     printCollectives(collectiveReport(Prog, Ctx.TensorParallel),
                      Ctx.TensorParallel, OS);
+    printContextRing(contextRingReport(Prog), OS);
     printActivations(*C.Activations, Prog, C.Formula, C.Info.Family->Name,
                      OS);
     if (Ctx.Pipeline.enabled())

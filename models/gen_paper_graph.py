@@ -60,7 +60,7 @@ DEFAULT_MODELS_CSV = os.path.join(REPO_ROOT, "models", "paper", "models.csv")
 
 DTYPE_BYTES = {TensorProto.FLOAT: 4, TensorProto.BOOL: 1}
 SHARED_MASK = "causal_mask"
-MASK_FORMS = ("buffer", "shared")
+MASK_FORMS = ("buffer", "shared", "computed")
 
 
 @dataclasses.dataclass
@@ -233,6 +233,13 @@ def attention(b, size, scope, x, prefix):
     scores = b.node(scope, "Div", [scores, b.constant(scope, math.sqrt(size.head_dim), np.float32)])
     if size.mask == "shared":
         hidden_keys = SHARED_MASK
+    elif size.mask == "computed":
+        # ~torch.ones(s, s, dtype=torch.bool).tril() built at run time from
+        # its shape (ConstantOfShape, Trilu): no [s, s] data in the file.
+        ones = b.node(scope, "ConstantOfShape", [b.constant(scope, [size.seq, size.seq], np.int64)],
+                      value=numpy_helper.from_array(np.array([True])))
+        visible = b.node(scope, "Trilu", [ones, b.constant(scope, 0, np.int64)], upper=0)
+        hidden_keys = b.node(scope, "Not", [visible])
     else:
         visible = slice_last_dims(b, scope, f"{prefix}.bias", size.seq)
         hidden_keys = b.node(scope, "Cast", [b.node(scope, "Not", [visible])], to=TensorProto.BOOL)
@@ -271,7 +278,7 @@ def build_model(size, weights_location, doc=""):
     """The ModelProto of the GPT of `size`, its weights declared in `weights_location`."""
     b = GraphBuilder()
     for name, dtype, shape in state_dict_layout(size):
-        if size.mask == "shared" and name.endswith(".attn.bias"):
+        if size.mask != "buffer" and name.endswith(".attn.bias"):
             continue
         b.external_initializer(name, dtype, shape, weights_location)
     if size.mask == "shared":
@@ -391,7 +398,9 @@ def parse_args(argv=None):
     p.add_argument("--dropout", type=float, default=0.1, help="dropout probability (default %(default)s)")
     p.add_argument("--mask", choices=MASK_FORMS, default="buffer",
                    help="buffer: each layer slices its own weight-free tril buffer (torch's export, default); "
-                        "shared: one [s, s] bool initializer with data, used by every layer's Where")
+                        "shared: one [s, s] bool initializer with data, used by every layer's Where; "
+                        "computed: each layer builds it from its shape (ConstantOfShape, Trilu, opset >= 14), "
+                        "no [s, s] data: for sequences of 100k and more")
     p.add_argument("--shard", type=int, default=1, metavar="T",
                    help="write every layer as one rank of a T-way tensor-parallel group: a/T heads, "
                         "QKV [3h/T, h], projection [h, h/T], fc1 [4h/T, h], fc2 [h, 4h/T] (default 1: whole)")

@@ -42,7 +42,10 @@ std::string AutoCandidate::rankLevel(int R) const {
 }
 
 std::string AutoCandidate::describe() const {
-  std::string S = formatv("t {0}{1}, p {2}", T, SP ? " SP" : "", P).str();
+  std::string S = formatv("t {0}{1}, ", T, SP ? " SP" : "").str();
+  if (Cp > 1)
+    S += formatv("c {0}, ", Cp).str();
+  S += formatv("p {0}", P).str();
   if (M > 1)
     S += formatv(" x m {0}", M).str();
   S += formatv(", d {0}{1}, {2} microbatch{3}, recompute {4}", D,
@@ -107,6 +110,7 @@ PassContext layoutContext(const PassContext &Base, const AutoCandidate &C) {
   Ctx.SequenceParallel = C.SP;
   Ctx.TpCommOverlap = Base.TpCommOverlap && C.SP && C.T > 1;
   Ctx.DataParallel = C.D;
+  Ctx.ContextParallel = C.Cp;
   Ctx.Zero = C.Zero;
   Ctx.Recompute = RecomputeOptions();
   Ctx.Recompute.LayerModes = C.LayerModes;
@@ -174,36 +178,49 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     for (int P = 1; P <= O.Gpus / T; ++P) {
       if ((O.Gpus / T) % P || P > Info->Layers)
         continue;
-      int D = O.Gpus / (T * P);
-      if (Global % (int64_t(D) * B)) {
-        Unsplit[D].push_back({T, P});
-        continue;
-      }
-      int N = int(Global / (int64_t(D) * B));
-      for (int Zero : {0, 1}) {
-        if (Zero && D == 1)
+      for (int Cp = 1; Cp <= O.Gpus / (T * P); ++Cp) {
+        // Context parallelism: long sequences only, the fused core, each
+        // rank's positions two zigzag chunks (split again over t with SP).
+        if ((O.Gpus / (T * P)) % Cp ||
+            (Cp > 1 && (Info->Seq < ContextMinSeq || !Base.FusedAttention ||
+                        Info->Seq % (2 * Cp))))
           continue;
-        double Floor = double(Info->Params) * StateBytes(D, Zero) / (T * P);
-        bool Over = Floor > O.GpuMemory;
-        if (Over)
-          R.Rejected.push_back(formatv(
-              "t {0} x p {1} (d {2}{3}): the parameters and optimizer state "
-              "alone need at least {4} per GPU",
-              T, P, D, Zero ? ", ZeRO-1" : "", gib(Floor)));
-        for (int M = 1; M <= 4; ++M) {
-          if (M > 1 && (P == 1 || P * M > Info->Layers || N % P))
+        int D = O.Gpus / (T * P * Cp);
+        if (Global % (int64_t(D) * B)) {
+          Unsplit[D].push_back({T, P});
+          continue;
+        }
+        int N = int(Global / (int64_t(D) * B));
+        for (int Zero : {0, 1}) {
+          if (Zero && D * Cp == 1)
             continue;
-          for (bool SP : {true, false}) {
-            if (SP && T == 1)
+          double Floor =
+              double(Info->Params) * StateBytes(D * Cp, Zero) / (T * P);
+          bool Over = Floor > O.GpuMemory;
+          if (Over)
+            R.Rejected.push_back(formatv(
+                "t {0} x p {1} (c {5}, d {2}{3}): the parameters and optimizer "
+                "state alone need at least {4} per GPU",
+                T, P, D, Zero ? ", ZeRO-1" : "", gib(Floor), Cp));
+          for (int M = 1; M <= 4; ++M) {
+            if (M > 1 && (P == 1 || P * M > Info->Layers || N % P))
               continue;
-            for (const char *Rc : {"none", "selective", "full"}) {
-              AutoCandidate C;
-              C.T = T, C.P = P, C.M = M, C.D = D, C.Microbatches = N;
-              C.Zero = Zero, C.SP = SP, C.Recompute = Rc;
-              if (Over)
-                Pruned.push_back({Floor, C});
-              else
-                Todo.push_back(C);
+            for (bool SP : {true, false}) {
+              if (SP && T == 1)
+                continue;
+              if (SP && Cp > 1 && (Info->Seq / Cp) % T)
+                continue;
+              for (const char *Rc : {"none", "selective", "full"}) {
+                if (Cp > 1 && StringRef(Rc) == "selective")
+                  continue; // the unfused core's
+                AutoCandidate C;
+                C.T = T, C.P = P, C.M = M, C.D = D, C.Microbatches = N;
+                C.Zero = Zero, C.SP = SP, C.Recompute = Rc, C.Cp = Cp;
+                if (Over)
+                  Pruned.push_back({Floor, C});
+                else
+                  Todo.push_back(C);
+              }
             }
           }
         }
@@ -356,10 +373,10 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   // A family (t, p, m, d, ZeRO) is tried with its smallest member first:
   // SP (when t > 1) and full recomputation store the least. When that does
   // not fit, no other member does, and they are not compiled.
-  using FamilyKey = std::tuple<int, int, int, int, int>;
+  using FamilyKey = std::tuple<int, int, int, int, int, int>;
   std::map<FamilyKey, std::vector<AutoCandidate>> Families;
   for (const AutoCandidate &C : Todo)
-    Families[{C.T, C.P, C.M, C.D, C.Zero}].push_back(C);
+    Families[{C.T, C.P, C.M, C.D, C.Zero, C.Cp}].push_back(C);
   std::vector<std::vector<AutoCandidate> *> Order;
   for (auto &Family : Families)
     Order.push_back(&Family.second);
@@ -445,7 +462,7 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
     // fit when nothing else of the family does.
     SmallVector<Level, 4> Levels = BaseLevels;
     auto Ours = [&](const AutoCandidate &C) {
-      return std::make_tuple(C.T, C.P, C.M, C.D, C.Zero) == Key &&
+      return std::make_tuple(C.T, C.P, C.M, C.D, C.Zero, C.Cp) == Key &&
              C.SP == (C.T > 1) && !C.staged();
     };
     for (const AutoCandidate &C : R.Fits)
@@ -583,24 +600,24 @@ Expected<AutoResult> searchLayouts(const Graph &G, const PassContext &Base,
   for (const AutoCandidate &C : TooBig)
     if (!Smallest || C.PeakBytes < Smallest->PeakBytes)
       Smallest = &C;
-  // The layouts that compiled but do not fit, grouped by (t, p, m, d) where
-  // none of the group fits: the smallest peak of each.
-  using Key = std::tuple<int, int, int, int>;
+  // The layouts that compiled but do not fit, grouped by (t, c, p, m, d)
+  // where none of the group fits: the smallest peak of each.
+  using Key = std::tuple<int, int, int, int, int>;
   std::map<Key, const AutoCandidate *> Groups;
   for (const AutoCandidate &C : TooBig) {
-    auto &Best = Groups[{C.T, C.P, C.M, C.D}];
+    auto &Best = Groups[{C.T, C.Cp, C.P, C.M, C.D}];
     if (!Best || C.PeakBytes < Best->PeakBytes)
       Best = &C;
   }
   for (const AutoCandidate &C : R.Fits)
-    Groups.erase(Key{C.T, C.P, C.M, C.D});
+    Groups.erase(Key{C.T, C.Cp, C.P, C.M, C.D});
   for (auto &[K, C] : Groups)
-    R.Rejected.push_back(formatv("t {0}, p {1}{2}, d {3}: the largest rank "
-                                 "needs at least {4} (as {5})",
-                                 C->T, C->P,
-                                 C->M > 1 ? formatv(" x m {0}", C->M).str()
-                                          : std::string(),
-                                 C->D, gib(C->PeakBytes), C->describe()));
+    R.Rejected.push_back(formatv(
+        "t {0}, {6}p {1}{2}, d {3}: the largest rank "
+        "needs at least {4} (as {5})",
+        C->T, C->P, C->M > 1 ? formatv(" x m {0}", C->M).str() : std::string(),
+        C->D, gib(C->PeakBytes), C->describe(),
+        C->Cp > 1 ? formatv("c {0}, ", C->Cp).str() : std::string()));
   std::stable_sort(R.Fits.begin(), R.Fits.end(),
                    [](const AutoCandidate &A, const AutoCandidate &B) {
                      return A.Step.Seconds < B.Step.Seconds;
@@ -712,6 +729,7 @@ nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
                     {"pp", C.P},
                     {"interleave", C.M},
                     {"dp", C.D},
+                    {"cp", C.Cp},
                     {"zero", C.Zero},
                     {"microbatches", C.Microbatches},
                     {"recompute", C.Recompute},
@@ -719,8 +737,7 @@ nlohmann::json searchToJson(const AutoResult &R, const AutoOptions &O) {
                     {"rank_recompute", RankModes},
                     {"fused_attention",
                      R.FusedAttention && C.Recompute != "selective" &&
-                         !is_contained(C.RankModes,
-                                       RecomputeMode::Selective)},
+                         !is_contained(C.RankModes, RecomputeMode::Selective)},
                     {"peak_bytes", C.PeakBytes},
                     {"step_seconds", C.Step.Seconds},
                     {"mfu", C.Step.Mfu},

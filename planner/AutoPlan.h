@@ -1,4 +1,5 @@
-//===- AutoPlan.h - sp-compile --auto: the fastest plan that fits -*- C++ -*-===//
+//===- AutoPlan.h - sp-compile --auto: the fastest plan that fits -*- C++
+//-*-===//
 //
 // The auto-parallel planner (issue 16), first version. From a model, a GPU
 // count, a memory size and a global batch it searches the layouts:
@@ -9,7 +10,11 @@
 //   p    a divisor of N / t, at most the layers; m chunks per rank (up to 4,
 //        p m at most the layers; interleaved needs the microbatches to be a
 //        multiple of p)
-//   d    N / (t p); the microbatches B / (d b), b the model's batch
+//   c    context parallelism, for long sequences (s >= ContextMinSeq): a
+//        divisor of N / (t p) with s / c positions per rank cut into two
+//        zigzag chunks (s divisible by 2c; by 2c t with SP), the fused
+//        core only
+//   d    N / (t p c); the microbatches B / (d b), b the model's batch
 //   the recomputation: none or full with the fused attention core (with
 //        --attention unfused, the unfused core the CUDA backend runs), or
 //        the paper's selective (unfused core)
@@ -58,6 +63,11 @@
 
 namespace sp {
 
+/// The shortest sequence --auto tries context parallelism on: below it the
+/// activations of one rank's whole sequence are small beside the layer's
+/// weights, and the ring's transfers would outweigh its attention.
+constexpr int64_t ContextMinSeq = 8192;
+
 struct AutoOptions {
   int Gpus = 0;
   /// The most any rank's planned arena may take, in bytes.
@@ -75,6 +85,8 @@ struct AutoOptions {
 /// One layout tried.
 struct AutoCandidate {
   int T = 1, P = 1, M = 1, D = 1, Microbatches = 1, Zero = 0;
+  /// Context-parallel ranks per replica (--cp).
+  int Cp = 1;
   bool SP = false;
   /// "none", "selective" (the unfused core's scores and probabilities) or
   /// "full"; none and full with the fused attention core unless the search

@@ -185,6 +185,22 @@ static void addWork(const Program &P, int Begin, int End, bool Weight,
           2 * (Bytes(I.In[2]) + Bytes(I.In[3])); // ZeRO: the chunk
     if (I.Op == OpKind::Send && Forward)
       W.MessageBytes = std::max(W.MessageBytes, Bytes(I.In[0]));
+    if ((I.Op == OpKind::Attention || I.Op == OpKind::AttentionGrad) &&
+        attrInt(I.Op, I.Attrs, "cp") > 1 && !Once) {
+      // k and v: operands 1, 2 of the forward, 2, 3 of the backward.
+      int C = int(attrInt(I.Op, I.Attrs, "cp"));
+      unsigned K = I.Op == OpKind::Attention ? 1 : 2;
+      double Block = Bytes(I.In[K]) + Bytes(I.In[K + 1]);
+      if (I.Op == OpKind::Attention) {
+        W.RingForwardBytes += (C - 1) * Block;
+        W.RingForwardMessages += C - 1;
+        W.RingForwardFlops += F;
+      } else {
+        W.RingBackwardBytes += (2 * C - 1) * Block;
+        W.RingBackwardMessages += 2 * C - 1;
+        W.RingBackwardFlops += F;
+      }
+    }
     if (defaultGroup(I.Op).empty())
       continue;
     std::string Group = collectiveGroup(I.Op, I.Attrs);
@@ -238,10 +254,10 @@ std::vector<StageWork> planWork(const Plan &Pl) {
 Expected<StepEstimate> estimateStep(const ClusterSpec &C,
                                     const ParallelLayout &Y,
                                     ArrayRef<StageWork> Stages) {
-  if (Y.T < 1 || Y.P < 1 || Y.M < 1 || Y.D < 1 || Y.Microbatches < 1)
-    return makeError(formatv("layout t {0} p {1} m {2} d {3} with {4} "
+  if (Y.T < 1 || Y.P < 1 || Y.M < 1 || Y.D < 1 || Y.C < 1 || Y.Microbatches < 1)
+    return makeError(formatv("layout t {0} p {1} m {2} d {3} c {4} with {5} "
                              "microbatches: every size must be positive",
-                             Y.T, Y.P, Y.M, Y.D, Y.Microbatches));
+                             Y.T, Y.P, Y.M, Y.D, Y.C, Y.Microbatches));
   int V = Y.P * Y.M;
   if (int(Stages.size()) != V)
     return makeError(formatv("{0} stages of work for p {1} x m {2} = {3} "
@@ -251,8 +267,20 @@ Expected<StepEstimate> estimateStep(const ClusterSpec &C,
   if (!S)
     return S.takeError();
   double Rate = C.PeakFlops * C.GemmEfficiency;
-  Link Tensor = groupLink(C, 1, Y.T), Pipe = groupLink(C, Y.T, Y.P),
-       Replicas = groupLink(C, Y.T * Y.P, Y.D);
+  Link Tensor = groupLink(C, 1, Y.T), Context = groupLink(C, Y.T, Y.C),
+       Pipe = groupLink(C, Y.T * Y.C, Y.P),
+       Replicas = groupLink(C, Y.T * Y.C * Y.P, Y.D);
+  // Gradients are summed over the d x c ranks: a ring as slow as its
+  // slowest link.
+  Link Sums = Y.C == 1                                 ? Replicas
+              : Y.D == 1                               ? Context
+              : Replicas.Bandwidth < Context.Bandwidth ? Replicas
+                                                       : Context;
+  // The ring's transfers beyond the attention GEMMs they overlap.
+  auto RingExposed = [&](double Bytes, int Messages, double Flops) {
+    double Comm = Bytes / Context.Bandwidth + Messages * Context.Latency;
+    return std::max(0.0, Comm - Flops / Rate);
+  };
   bool Split = S->splitsBackward();
   StepCosts Costs;
   Costs.Forward.assign(V, 0);
@@ -270,8 +298,12 @@ Expected<StepEstimate> estimateStep(const ClusterSpec &C,
   for (int K = 0; K < V; ++K) {
     const StageWork &W = Stages[K];
     int Rank = K % Y.P;
-    double FwdComm = tensorSeconds(W.ForwardComm, Y.T, Tensor);
-    double BwdComm = tensorSeconds(W.BackwardComm, Y.T, Tensor);
+    double FwdComm = tensorSeconds(W.ForwardComm, Y.T, Tensor) +
+                     RingExposed(W.RingForwardBytes, W.RingForwardMessages,
+                                 W.RingForwardFlops);
+    double BwdComm = tensorSeconds(W.BackwardComm, Y.T, Tensor) +
+                     RingExposed(W.RingBackwardBytes, W.RingBackwardMessages,
+                                 W.RingBackwardFlops);
     double WeightGrad = W.WeightGradFlops / Rate + W.WeightGradBytes / Hbm;
     Costs.Forward[K] = W.ForwardFlops / Rate + W.ForwardBytes / Hbm + FwdComm;
     Costs.Recompute[K] = W.RecomputeFlops / Rate + W.RecomputeBytes / Hbm;
@@ -285,12 +317,12 @@ Expected<StepEstimate> estimateStep(const ClusterSpec &C,
                   W.WeightGradBytes) /
                  Hbm;
     Comm[Rank] += Y.Microbatches * (FwdComm + BwdComm);
-    E.ModelFlops += double(Y.Microbatches) * Flops * Y.T * Y.D;
+    E.ModelFlops += double(Y.Microbatches) * Flops * Y.T * Y.C * Y.D;
     E.HardwareFlops +=
-        double(Y.Microbatches) * (Flops + W.RecomputeFlops) * Y.T * Y.D;
+        double(Y.Microbatches) * (Flops + W.RecomputeFlops) * Y.T * Y.C * Y.D;
     // One ring over all of the stage's gradients (buckets pipeline).
-    Sum[Rank] += allReduceSeconds(W.GradientBytes, Y.D, Replicas,
-                                  W.GradientBytes > 0);
+    Sum[Rank] +=
+        allReduceSeconds(W.GradientBytes, Y.D * Y.C, Sums, W.GradientBytes > 0);
     Update[Rank] += (W.OptimizerBytes + W.StepBytes) / Hbm +
                     W.StepFlops / Rate + tensorSeconds(W.StepComm, Y.T, Tensor);
     LastBackward[Rank] +=
@@ -332,6 +364,7 @@ ParallelLayout layoutOf(const PassContext &Ctx) {
   ParallelLayout Y;
   Y.T = Ctx.TensorParallel;
   Y.D = std::max(1, Ctx.DataParallel);
+  Y.C = std::max(1, Ctx.ContextParallel);
   if (PO.enabled()) {
     Y.P = PO.Stages;
     Y.M = PO.Interleave;

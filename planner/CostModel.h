@@ -1,4 +1,5 @@
-//===- CostModel.h - Step time of a parallel layout on a cluster -*- C++ -*-===//
+//===- CostModel.h - Step time of a parallel layout on a cluster -*- C++
+//-*-===//
 //
 // The cost model of the auto-parallel planner (issue 16), stated in full. A
 // layout is t (tensor), p (pipeline ranks) x m (chunks per rank), d (data
@@ -16,6 +17,12 @@
 //                (S: the gathered tensor) (t-1)/t S / B + (t-1) L, where B
 //                and L are the bandwidth and latency of the link the group
 //                uses: NVLink inside a node, the network across nodes
+//   context      the ring of context parallelism (c ranks): each attention
+//                passes its key/value block on c - 1 times forward and
+//                2c - 1 times backward (with the key/value gradients), each
+//                transfer S / B + L over the link of the cp group, overlapped
+//                with that attention's own GEMMs: only what exceeds them is
+//                exposed
 //   pipeline     a message of S bytes between neighbouring stages takes
 //                S / B + L; the step's schedule (1F1B, interleaved, ZB-H1,
 //                GPipe) is timed by the schedule simulator (lower/Schedule.h)
@@ -34,9 +41,10 @@
 //                GPUs x peak x step time; HFU counts the recomputation too
 //
 // The world's ranks are laid out as sp-run lays them out: rank
-// (d P + p) T + t, so a tensor group is T consecutive ranks, pipeline
-// neighbours are T apart and replicas T P apart; a group lies inside a node
-// when every rank of it does.
+// ((d P + p) C + c) T + t, so a tensor group is T consecutive ranks, context
+// neighbours are T apart, pipeline neighbours T C apart and replicas T C P
+// apart; a group lies inside a node when every rank of it does. Gradients
+// are summed over the d x c ranks of a (p, t).
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_PLANNER_COSTMODEL_H
@@ -100,9 +108,11 @@ double reduceScatterSeconds(double Bytes, int N, Link L, int Calls = 1);
 /// The parallel layout.
 struct ParallelLayout {
   int T = 1, P = 1, M = 1, D = 1;
+  /// Context-parallel ranks per replica (--cp).
+  int C = 1;
   int Microbatches = 1;
   ScheduleKind Schedule = ScheduleKind::OneFOneB;
-  int gpus() const { return T * P * D; }
+  int gpus() const { return T * P * C * D; }
 };
 
 /// The link a group of N ranks Stride apart uses (world rank layout above):
@@ -139,6 +149,12 @@ struct StageWork {
   /// The activation this stage sends to the next (and receives its
   /// gradient back); 0 for the last.
   double MessageBytes = 0;
+  /// Context parallelism's ring (reports/CollectiveReport.h), per
+  /// microbatch: the bytes one rank sends to the next, the messages, and
+  /// the attention GEMM FLOPs each transfer overlaps, forward and backward.
+  double RingForwardBytes = 0, RingBackwardBytes = 0;
+  int RingForwardMessages = 0, RingBackwardMessages = 0;
+  double RingForwardFlops = 0, RingBackwardFlops = 0;
   /// Per step: the gradients summed over the replicas, and the optimizer's
   /// HBM traffic.
   double GradientBytes = 0, OptimizerBytes = 0;

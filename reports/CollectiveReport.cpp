@@ -1,5 +1,6 @@
 //===- CollectiveReport.cpp -----------------------------------------------===//
 #include "reports/CollectiveReport.h"
+#include "ir/OpDef.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -60,6 +61,67 @@ std::vector<LayerCollectives> collectiveReport(const Program &P, int T) {
   return R;
 }
 
+static std::string kib(int64_t B) {
+  return formatv("{0:F1} KiB", B / 1024.0).str();
+}
+
+ContextRing contextRingReport(const Program &P) {
+  ContextRing R;
+  for (const Instruction &I : P.Instrs) {
+    if (I.Op != OpKind::Attention && I.Op != OpKind::AttentionGrad)
+      continue;
+    const int C = int(attrInt(I.Op, I.Attrs, "cp"));
+    if (C <= 1)
+      continue;
+    // k and v: operands 1 and 2 of the forward, 2 and 3 of the backward.
+    const unsigned K = I.Op == OpKind::Attention ? 1 : 2;
+    const int64_t Block =
+        P.Buffers[I.In[K]].Bytes + P.Buffers[I.In[K + 1]].Bytes;
+    R.Parts = C;
+    R.Zigzag = attrInt(I.Op, I.Attrs, "cp_zigzag") != 0;
+    R.PositionsPerRank = P.Buffers[I.In[K]].Type.dim(-2);
+    R.BlockBytes = std::max(R.BlockBytes, Block);
+    if (I.Op == OpKind::Attention) {
+      ++R.Layers;
+      R.ForwardBytes += (C - 1) * Block;
+    } else {
+      R.BackwardBytes += (C - 1) * Block + C * Block;
+    }
+  }
+  R.InFlightBytes = 4 * R.BlockBytes;
+  return R;
+}
+
+nlohmann::json contextRingToJson(const ContextRing &R) {
+  return {{"cp", R.Parts},
+          {"zigzag", R.Zigzag},
+          {"positions_per_rank", R.PositionsPerRank},
+          {"attention_layers", R.Layers},
+          {"block_bytes", R.BlockBytes},
+          {"ring_forward_bytes", R.ForwardBytes},
+          {"ring_backward_bytes", R.BackwardBytes},
+          {"in_flight_bytes", R.InFlightBytes}};
+}
+
+void printContextRing(const ContextRing &R, raw_ostream &OS) {
+  if (R.Parts <= 1)
+    return;
+  OS << formatv(
+      "context parallelism: c = {0}, {1} positions per rank{2}; "
+      "activations are this rank's positions' (stored as the plan "
+      "says)\n",
+      R.Parts, R.PositionsPerRank,
+      R.Zigzag
+          ? formatv(" (zigzag chunks r and {0} - r)", 2 * R.Parts - 1).str()
+          : std::string());
+  OS << formatv("  ring (bytes sent per rank, {0} attention layers): forward "
+                "{1}, backward {2}; in flight beside the arena: {3} (the "
+                "block computed on and the one arriving, with their "
+                "gradients)\n",
+                R.Layers, kib(R.ForwardBytes), kib(R.BackwardBytes),
+                kib(R.InFlightBytes));
+}
+
 nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R) {
   nlohmann::json Layers = nlohmann::json::array();
   int64_t F = 0, B = 0, G = 0, O = 0;
@@ -79,10 +141,6 @@ nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R) {
           {"total_backward_bytes", B},
           {"total_regather_bytes", G},
           {"total_overlapped_bytes", O}};
-}
-
-static std::string kib(int64_t B) {
-  return formatv("{0:F1} KiB", B / 1024.0).str();
 }
 
 void printCollectives(const std::vector<LayerCollectives> &R, int T,

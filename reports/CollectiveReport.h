@@ -48,6 +48,28 @@ struct LayerCollectives {
 /// of T ranks.
 std::vector<LayerCollectives> collectiveReport(const Program &P, int T);
 
+/// Context parallelism's ring (runtime/cpu/ContextAttention.h), read off
+/// the attention instructions {cp > 1} of one microbatch's program: each
+/// rank sends its key/value block on C - 1 times in the forward; in the
+/// backward the block again C - 1 times and its key/value gradients C times
+/// (the last shift hands them to their owner). Bytes in the plan's dtype.
+/// The ring holds the block it computes on and the one arriving: 2 key/value
+/// blocks in flight (4 with their gradients in the backward), outside the
+/// planned arena.
+struct ContextRing {
+  int Parts = 1;
+  bool Zigzag = false;
+  int64_t PositionsPerRank = 0;
+  int Layers = 0;         // attention instructions in the forward
+  int64_t BlockBytes = 0; // one layer's key and value block
+  int64_t ForwardBytes = 0, BackwardBytes = 0; // sent per rank, all layers
+  int64_t InFlightBytes = 0;                   // the backward's, one layer
+};
+/// Parts 1 when the program has no ring.
+ContextRing contextRingReport(const Program &P);
+nlohmann::json contextRingToJson(const ContextRing &R);
+void printContextRing(const ContextRing &R, llvm::raw_ostream &OS);
+
 nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R);
 void printCollectives(const std::vector<LayerCollectives> &R, int T,
                       llvm::raw_ostream &OS);

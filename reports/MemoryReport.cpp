@@ -181,7 +181,7 @@ json flopReportToJson(const ActivationReport &R, int Ranks,
   return {
       {"counted", "GEMM FLOPs (2mnk per matrix product) of the forward, "
                   "backward and recompute instructions, times the "
-                  "tensor-parallel ranks"},
+                  "tensor-parallel (and context-parallel) ranks"},
       {"model_flops_per_iteration", Model},
       {"hardware_flops_per_iteration", Hardware},
       {"recompute_flops_per_iteration", Recompute},

@@ -206,6 +206,9 @@ ArrayRef<PaperConfig> paperConfigs() {
        RecomputeMode::None, /*FusedAttention=*/true},
       {"tensor + sequence parallel + fused attention", "TP+SP+fused", true,
        true, RecomputeMode::None, /*FusedAttention=*/true},
+      {"tensor + sequence + context (c 2) + fused attention", "TP+SP+CP2+fused",
+       true, true, RecomputeMode::None,
+       /*FusedAttention=*/true, /*Context=*/2},
   };
   return Configs;
 }
@@ -290,6 +293,9 @@ LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
 
 double table2Bytes(const PaperConfig &C, double A, double S, double B,
                    double H, double T) {
+  // Context parallelism: every term is a rank's s / c positions' (the
+  // fused core stores no s^2 term).
+  S /= C.Context;
   double SBH = S * B * H, Attn = 5 * A * S / H;
   if (C.Recompute == RecomputeMode::Full)
     return SBH * 2;

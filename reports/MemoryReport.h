@@ -105,6 +105,8 @@ struct PaperConfig {
   bool TensorParallel, SequenceParallel;
   RecomputeMode Recompute;
   bool FusedAttention = false;
+  /// Context-parallel ranks (--cp): each stores its s / c positions'.
+  int Context = 1;
 };
 llvm::ArrayRef<PaperConfig> paperConfigs();
 double table2Bytes(const PaperConfig &C, double A, double S, double B,

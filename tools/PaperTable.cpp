@@ -42,8 +42,8 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
   // The imported graph compiled with Base's options but these parallel ones
   // and fp16 accounting.
   auto Compile = [&](int T, bool SP, RecomputeMode R, bool Fused,
-                     bool Pipelined,
-                     StringRef What) -> Expected<std::unique_ptr<Graph>> {
+                     bool Pipelined, StringRef What,
+                     int Context = 1) -> Expected<std::unique_ptr<Graph>> {
     std::unique_ptr<Graph> G = (*Imported)->clone();
     PassContext Ctx = Base;
     if (!Pipelined)
@@ -53,6 +53,7 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
     Ctx.Recompute = RecomputeOptions();
     Ctx.Recompute.Mode = R;
     Ctx.FusedAttention = Fused;
+    Ctx.ContextParallel = Context;
     Ctx.ActivationDtype = DType::F16;
     if (auto E = runPasses(*G, Ctx, CompileOptions()))
       return createStringError(inconvertibleErrorCode(), "%s (%s): %s",
@@ -61,23 +62,26 @@ static Expected<PaperModel> paperTable(StringRef Path, const ImportOptions &IO,
     return G;
   };
   for (const PaperConfig &C : paperConfigs()) {
-    auto G = Compile(C.TensorParallel ? M.T : 1, C.SequenceParallel,
-                     C.Recompute, C.FusedAttention, /*Pipelined=*/false,
-                     C.Name);
+    auto G =
+        Compile(C.TensorParallel ? M.T : 1, C.SequenceParallel, C.Recompute,
+                C.FusedAttention, /*Pipelined=*/false, C.Name, C.Context);
     if (!G)
       return G.takeError();
     auto Info = summarizeModel(**G);
     if (!Info)
       return Info.takeError();
-    M.Info = *Info;
+    if (C.Context == 1) // (a cp graph's sequence is one rank's)
+      M.Info = *Info;
     auto Prog = lowerGraph(**G, DType::F16);
     if (!Prog)
       return Prog.takeError();
     finalizeProgram(*Prog);
     ActivationReport R = analyzeActivations(*Prog);
+    // (Under cp the graph's sequence is a rank's; the formula takes the
+    // model's.)
     M.Rows.push_back({C.Name, R.layerBytes(R.middleLayer()),
-                      table2Bytes(C, Info->Heads, Info->Seq, Info->Batch,
-                                  Info->Hidden, M.T)});
+                      table2Bytes(C, Info->Heads, Info->Seq * C.Context,
+                                  Info->Batch, Info->Hidden, M.T)});
   }
   // With --pp: the whole first stage (Eq. 5 and 6), from rank 0's expanded
   // program alone.

@@ -38,8 +38,9 @@ Error RankRun::writeCheckpointAt(int64_t Step) {
   if (!Model && !Local)
     Local = Model.takeError();
   if (!Local) {
-    auto Shard = writeCheckpointShard(Dir, Step, Rank, Ranks,
-                                      checkpointTensors(), *Model, Groups.At);
+    auto Shard =
+        writeCheckpointShard(Dir, Step, Rank, Ranks, checkpointTensors(),
+                             *Model, foldContext(Groups.At, Grid));
     if (Shard)
       Mine = std::move(*Shard);
     else
@@ -57,7 +58,7 @@ Error RankRun::writeCheckpointAt(int64_t Step) {
     M.Seed = T.R.Seed;
     M.PlanFingerprint = T.R.Fingerprint;
     M.ModelFingerprint = T.R.ModelFingerprint;
-    M.Grid = Grid;
+    M.Grid = foldContext(Grid);
     M.Losses = Rows;
     M.Ranks = Ranks;
     if (const auto &LS = E.lossScaling()) {

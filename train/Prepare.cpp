@@ -76,17 +76,12 @@ static Error checkContextParallel(const TrainOptions &O, const Plan &P) {
   int Cp = P.Manifest.value("cp", 1);
   if (Cp == 1)
     return Error::success();
-  const char *Flag = O.sampling() ? "--sample"
-                     : O.CheckpointEvery > 0 || O.CheckpointOnExit ||
-                             O.Resume || O.given("checkpoint")
-                         ? "checkpoints (--checkpoint, --checkpoint-every, "
-                           "--resume)"
-                         : nullptr;
-  if (Flag)
-    return usageError(formatv("{0}: not yet supported for a context-parallel "
-                              "plan (--cp {1}); train it without, or "
-                              "compile without --cp",
-                              Flag, Cp));
+  if (O.sampling())
+    return usageError(formatv("--sample: not yet supported for a "
+                              "context-parallel plan (--cp {0}); sample from "
+                              "its checkpoint with a plan compiled without "
+                              "--cp",
+                              Cp));
   return Error::success();
 }
 

@@ -200,9 +200,9 @@ Error RankRun::restore() {
         auto Model = E.modelTensors();
         if (!Model)
           return Model.takeError();
-        Read = readCheckpointResharded(O.checkpointDir(),
-                                       T.R.ModelFingerprint, Tensors, *Model,
-                                       Groups.At);
+        Read = readCheckpointResharded(O.checkpointDir(), T.R.ModelFingerprint,
+                                       Tensors, *Model,
+                                       foldContext(Groups.At, Grid));
       }
       if (!Read)
         return Read.takeError();

@@ -47,6 +47,21 @@ struct ProcessGrid {
   }
 };
 
+/// A checkpoint's view of a grid: context-parallel ranks hold their
+/// replica's parameters as replicas do (and ZeRO-1 chunks them over the
+/// d x c ranks, ordered by replica, then context rank), so a checkpoint
+/// records them folded into d, and reshards across c as across d.
+inline ProcessGrid foldContext(ProcessGrid G) {
+  G.Data *= G.Context;
+  G.Context = 1;
+  return G;
+}
+inline GridCoord foldContext(GridCoord C, const ProcessGrid &G) {
+  C.Data = C.Data * G.Context + C.Context;
+  C.Context = 0;
+  return C;
+}
+
 /// One rank's communicators. A group of one rank is a null pointer (nothing
 /// to talk to), as the executor expects.
 struct RankGroups {

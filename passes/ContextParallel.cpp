@@ -26,8 +26,10 @@
 // runtime weighs each rank's loss by its share of the counted targets, so
 // the update is one device's.
 //
-// The layout is zigzag (rank r holds chunks r and 2C - 1 - r of 2C) for the
-// ring, so that under a causal mask every rank does the same work.
+// The layout is zigzag (rank r holds chunks r and 2C - 1 - r of 2C), so
+// that under a causal mask every ring rank does the same work; the
+// all-to-all (--cp-comm a2a: heads traded for positions) puts each sender's
+// positions back in global order, so it shares the layout.
 //
 // Runs after fuse-attention: the core must be one attention op. The
 // unfused core's [s, s] scores are refused, naming the node. Composes with
@@ -44,6 +46,7 @@
 #include "support/Diagnostics.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
+#include <numeric>
 
 using namespace llvm;
 
@@ -56,9 +59,9 @@ public:
       : G(G), Ctx(Ctx), C(Ctx.ContextParallel) {}
 
   Error run() {
-    if (Ctx.ContextComm != "ring")
-      return makeError(formatv("--cp-comm {0}: only 'ring' is implemented "
-                               "(all-to-all and hierarchical are not yet)",
+    if (Ctx.ContextComm != "ring" && Ctx.ContextComm != "a2a")
+      return makeError(formatv("--cp-comm {0}: 'ring' and 'a2a' are "
+                               "implemented (hierarchical is not yet)",
                                Ctx.ContextComm));
     for (const Node &N : G.nodes())
       if (N.op() == OpKind::CpSlice ||
@@ -82,6 +85,17 @@ public:
                                "positions must split over t; t can be {3}",
                                C, T, Layout.local(),
                                divisorsOf(Layout.local())));
+    // All-to-all: each rank takes a 1/C share of a tensor rank's heads.
+    if (Ctx.ContextComm == "a2a") {
+      int64_t Heads = Info->Heads / T,
+              Kv = (Info->KvHeads ? Info->KvHeads : Info->Heads) / T;
+      if (Heads % C || Kv % C)
+        return makeError(formatv(
+            "--cp {0} --cp-comm a2a: each tensor-parallel rank's {1} heads "
+            "and {2} key/value heads must split over cp (each rank attends "
+            "a 1/cp share of them); cp can be {3}, or use --cp-comm ring",
+            C, Heads, Kv, divisorsOf(std::gcd(Heads, Kv))));
+    }
     Value *Tokens = G.inputWithRole(InputRole::Tokens);
     if (!Tokens || Tokens->type().rank() != 2 ||
         Tokens->type().Shape[1] != Info->Seq)

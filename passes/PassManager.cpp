@@ -63,8 +63,11 @@ struct CLOptions {
       "cp-comm",
       cl::desc("With --cp: how attention gets the other ranks' keys and "
                "values: ring (point to point, each block's transfer "
-               "overlapping the previous block's attention; the default)"),
-      cl::value_desc("ring"), cl::init("ring"), cl::cat(Cat)};
+               "overlapping the previous block's attention; the default) or "
+               "a2a (all-to-all, DeepSpeed-Ulysses: heads traded for "
+               "positions; C must divide the heads and key/value heads of a "
+               "tensor-parallel rank)"),
+      cl::value_desc("ring|a2a"), cl::init("ring"), cl::cat(Cat)};
   cl::opt<std::string> DPBucket{
       "dp-bucket",
       cl::desc("With --dp: the largest gradient bucket summed over the "
@@ -243,10 +246,10 @@ Error passOptionsFromCL(PassContext &Ctx) {
                              "--cp-comm chooses how context-parallel ranks "
                              "exchange keys and values; it needs --cp C with "
                              "C > 1");
-  if (CL->CPComm != "ring")
+  if (CL->CPComm != "ring" && CL->CPComm != "a2a")
     return createStringError(inconvertibleErrorCode(),
-                             "--cp-comm '%s': expected ring (all-to-all and "
-                             "hierarchical are not implemented yet)",
+                             "--cp-comm '%s': expected ring or a2a (the "
+                             "hierarchical a2a+ring is not implemented yet)",
                              CL->CPComm.getValue().c_str());
   // Gradients are summed over the data-parallel x context-parallel ranks.
   const int GradRanks = CL->DP * CL->CP;

@@ -22,7 +22,8 @@
 //                2c - 1 times backward (with the key/value gradients), each
 //                transfer S / B + L over the link of the cp group, overlapped
 //                with that attention's own GEMMs: only what exceeds them is
-//                exposed
+//                exposed. The all-to-all (--cp-comm a2a) trades (c - 1) / c
+//                of every tensor of the core, c - 1 messages each, exposed
 //   pipeline     a message of S bytes between neighbouring stages takes
 //                S / B + L; the step's schedule (1F1B, interleaved, ZB-H1,
 //                GPipe) is timed by the schedule simulator (lower/Schedule.h)

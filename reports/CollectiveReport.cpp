@@ -79,7 +79,23 @@ ContextRing contextRingReport(const Program &P) {
         P.Buffers[I.In[K]].Bytes + P.Buffers[I.In[K + 1]].Bytes;
     R.Parts = C;
     R.Zigzag = attrInt(I.Op, I.Attrs, "cp_zigzag") != 0;
+    R.AllToAll = attrString(I.Op, I.Attrs, "cp_comm") == "a2a";
     R.PositionsPerRank = P.Buffers[I.In[K]].Type.dim(-2);
+    if (R.AllToAll) {
+      // Every tensor but the padding mask, out and back.
+      const unsigned Keep = attentionKeepOperand(I.Op, I.Attrs);
+      int64_t Traded = 0;
+      for (unsigned J = 0; J < I.In.size(); ++J)
+        if (J != Keep)
+          Traded += P.Buffers[I.In[J]].Bytes;
+      for (int Id : I.Out)
+        Traded += P.Buffers[Id].Bytes;
+      const int64_t Sent = Traded * (C - 1) / C;
+      (I.Op == OpKind::Attention ? R.ForwardBytes : R.BackwardBytes) += Sent;
+      R.Layers += I.Op == OpKind::Attention;
+      R.InFlightBytes = std::max(R.InFlightBytes, Traded);
+      continue;
+    }
     R.BlockBytes = std::max(R.BlockBytes, Block);
     if (I.Op == OpKind::Attention) {
       ++R.Layers;
@@ -88,12 +104,14 @@ ContextRing contextRingReport(const Program &P) {
       R.BackwardBytes += (C - 1) * Block + C * Block;
     }
   }
-  R.InFlightBytes = 4 * R.BlockBytes;
+  if (!R.AllToAll)
+    R.InFlightBytes = 4 * R.BlockBytes;
   return R;
 }
 
 nlohmann::json contextRingToJson(const ContextRing &R) {
   return {{"cp", R.Parts},
+          {"cp_comm", R.AllToAll ? "a2a" : "ring"},
           {"zigzag", R.Zigzag},
           {"positions_per_rank", R.PositionsPerRank},
           {"attention_layers", R.Layers},
@@ -114,12 +132,19 @@ void printContextRing(const ContextRing &R, raw_ostream &OS) {
       R.Zigzag
           ? formatv(" (zigzag chunks r and {0} - r)", 2 * R.Parts - 1).str()
           : std::string());
-  OS << formatv("  ring (bytes sent per rank, {0} attention layers): forward "
-                "{1}, backward {2}; in flight beside the arena: {3} (the "
-                "block computed on and the one arriving, with their "
-                "gradients)\n",
-                R.Layers, kib(R.ForwardBytes), kib(R.BackwardBytes),
-                kib(R.InFlightBytes));
+  if (R.AllToAll)
+    OS << formatv("  all-to-all (bytes sent per rank, {0} attention layers): "
+                  "forward {1}, backward {2}; in flight beside the arena: up "
+                  "to {3} (this rank's heads of the whole sequence)\n",
+                  R.Layers, kib(R.ForwardBytes), kib(R.BackwardBytes),
+                  kib(R.InFlightBytes));
+  else
+    OS << formatv("  ring (bytes sent per rank, {0} attention layers): "
+                  "forward {1}, backward {2}; in flight beside the arena: {3} "
+                  "(the block computed on and the one arriving, with their "
+                  "gradients)\n",
+                  R.Layers, kib(R.ForwardBytes), kib(R.BackwardBytes),
+                  kib(R.InFlightBytes));
 }
 
 nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R) {

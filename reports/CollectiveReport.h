@@ -48,7 +48,7 @@ struct LayerCollectives {
 /// of T ranks.
 std::vector<LayerCollectives> collectiveReport(const Program &P, int T);
 
-/// Context parallelism's ring (runtime/cpu/ContextAttention.h), read off
+/// Context parallelism's exchanges (runtime/cpu/ContextAttention.h), read off
 /// the attention instructions {cp > 1} of one microbatch's program: each
 /// rank sends its key/value block on C - 1 times in the forward; in the
 /// backward the block again C - 1 times and its key/value gradients C times
@@ -59,6 +59,11 @@ std::vector<LayerCollectives> collectiveReport(const Program &P, int T);
 struct ContextRing {
   int Parts = 1;
   bool Zigzag = false;
+  /// --cp-comm a2a: all-to-all exchanges instead of the ring; the bytes
+  /// are (C - 1) / C of the tensors traded (q, k, v out and o, lse back;
+  /// the backward's do, q, k, v, o, lse out and dq, dk, dv back), and in
+  /// flight the rank's heads of the whole sequence.
+  bool AllToAll = false;
   int64_t PositionsPerRank = 0;
   int Layers = 0;         // attention instructions in the forward
   int64_t BlockBytes = 0; // one layer's key and value block

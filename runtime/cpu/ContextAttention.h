@@ -65,6 +65,23 @@ llvm::Error ringAttentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
                                   const AttentionShape &S, AttentionCore C,
                                   Communicator &Cp, const ContextLayout &L);
 
+/// The same core by all-to-all (DeepSpeed-Ulysses, --cp-comm a2a;
+/// UlyssesAttention.cpp): heads traded for positions, the kernel on this
+/// rank's A / C heads (and G / C key/value heads) of the whole sequence, and
+/// back. Same arguments and results as the ring; C must divide A and G.
+/// Each head's computation is one device's: the results are its bits.
+template <typename T>
+llvm::Error ulyssesAttentionForward(T *O, T *Lse, const T *Q, const T *K,
+                                    const T *V, const T *KeyBias,
+                                    const AttentionShape &S, AttentionCore C,
+                                    Communicator &Cp, const ContextLayout &L);
+template <typename T>
+llvm::Error ulyssesAttentionBackward(T *DQ, T *DK, T *DV, const T *DO,
+                                     const T *Q, const T *K, const T *V,
+                                     const T *O, const T *Lse, const T *KeyBias,
+                                     const AttentionShape &S, AttentionCore C,
+                                     Communicator &Cp, const ContextLayout &L);
+
 } // namespace sp::cpu
 
 #endif // SP_RUNTIME_CPU_CONTEXTATTENTION_H

@@ -555,12 +555,20 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       if (Packed)
         return makeError("attention {cp > 1, packed = 1}: the ring needs q, "
                          "k and v apart; recompile the plan");
+      const bool AllToAll = attrString(I.Op, I.Attrs, "cp_comm") == "a2a";
       if (Fwd)
-        return cpu::ringAttentionForward(Out(0), Out(1), In(0), In(1), In(2),
-                                         BiasP, Sh, Core, *CpGroup, Layout);
-      return cpu::ringAttentionBackward(Out(0), Out(1), Out(2), In(0), In(1),
-                                        In(2), In(3), In(4), In(5), BiasP, Sh,
-                                        Core, *CpGroup, Layout);
+        return AllToAll ? cpu::ulyssesAttentionForward(Out(0), Out(1), In(0),
+                                                       In(1), In(2), BiasP, Sh,
+                                                       Core, *CpGroup, Layout)
+                        : cpu::ringAttentionForward(Out(0), Out(1), In(0),
+                                                    In(1), In(2), BiasP, Sh,
+                                                    Core, *CpGroup, Layout);
+      return AllToAll ? cpu::ulyssesAttentionBackward(
+                            Out(0), Out(1), Out(2), In(0), In(1), In(2), In(3),
+                            In(4), In(5), BiasP, Sh, Core, *CpGroup, Layout)
+                      : cpu::ringAttentionBackward(
+                            Out(0), Out(1), Out(2), In(0), In(1), In(2), In(3),
+                            In(4), In(5), BiasP, Sh, Core, *CpGroup, Layout);
     }
     // q, k, v (and dq, dk, dv): three tensors, or the packed one's column
     // blocks.

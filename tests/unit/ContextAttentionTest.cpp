@@ -149,7 +149,7 @@ template <typename T> RingResult ringReference(const RingCase &RC) {
 /// ring runs with Ring (the same layout, except to test a wrong mapping).
 template <typename T>
 RingResult ringRun(const RingCase &RC, const ContextLayout &Split,
-                   const ContextLayout &Ring) {
+                   const ContextLayout &Ring, bool AllToAll = false) {
   const AttentionShape G = RC.shape();
   AttentionShape S = G;
   S.Sq = S.Sk = Split.local();
@@ -180,14 +180,16 @@ RingResult ringRun(const RingCase &RC, const ContextLayout &Split,
   const T *Bias = RC.Padding ? X.Bias.data() : nullptr;
   Error E = runOnThreadRanks(Parts, [&](Communicator &Cp) -> Error {
     Local &Lr = Ranks[Cp.rank()];
-    if (Error E = ringAttentionForward(Lr.O.data(), Lr.Lse.data(), Lr.Q.data(),
-                                       Lr.K.data(), Lr.V.data(), Bias, S, C, Cp,
-                                       Ring))
+    auto Forward =
+        AllToAll ? ulyssesAttentionForward<T> : ringAttentionForward<T>;
+    auto Backward =
+        AllToAll ? ulyssesAttentionBackward<T> : ringAttentionBackward<T>;
+    if (Error E = Forward(Lr.O.data(), Lr.Lse.data(), Lr.Q.data(), Lr.K.data(),
+                          Lr.V.data(), Bias, S, C, Cp, Ring))
       return E;
-    return ringAttentionBackward(Lr.DQ.data(), Lr.DK.data(), Lr.DV.data(),
-                                 Lr.DO.data(), Lr.Q.data(), Lr.K.data(),
-                                 Lr.V.data(), Lr.O.data(), Lr.Lse.data(), Bias,
-                                 S, C, Cp, Ring);
+    return Backward(Lr.DQ.data(), Lr.DK.data(), Lr.DV.data(), Lr.DO.data(),
+                    Lr.Q.data(), Lr.K.data(), Lr.V.data(), Lr.O.data(),
+                    Lr.Lse.data(), Bias, S, C, Cp, Ring);
   });
   EXPECT_FALSE(bool(E)) << toString(std::move(E));
   std::vector<T> O(X.Q.size()), Lse(G.Batch * G.Heads * G.Sq), DQ(X.Q.size()),
@@ -257,6 +259,43 @@ TEST(ContextAttention, RingMatchesTheOneDeviceKernel) {
       std::printf("ring attention %s: largest relErr / scale: float %.3g, "
                   "double %.3g (bound %g)\n",
                   RingFields[F].second, Worst[F][0], Worst[F][1], K);
+}
+
+/// The all-to-all (DeepSpeed-Ulysses) runs each head on the whole sequence
+/// as one device does: the same bits, on every layout and option (C
+/// dividing the heads and key/value heads).
+TEST(ContextAttention, AllToAllIsTheOneDeviceKernelBitForBit) {
+  int Cases = 0;
+  for (const RingCase &RC : ringCases()) {
+    if (RC.shape().KvHeads % RC.Parts)
+      continue;
+    SCOPED_TRACE(RC.name());
+    const ContextLayout L{RC.Parts, RC.Zigzag, RC.shape().Sq};
+    RingResult R32 = ringReference<float>(RC),
+               G32 = ringRun<float>(RC, L, L, /*AllToAll=*/true);
+    if (::testing::Test::HasFailure())
+      return;
+    for (auto [X, Name] : RingFields)
+      EXPECT_EQ(G32.*X, R32.*X) << Name;
+    ++Cases;
+  }
+  EXPECT_GT(Cases, 100);
+}
+
+/// C must divide a rank's heads and key/value heads.
+TEST(ContextAttention, AllToAllRefusesHeadsItCannotSplit) {
+  std::vector<float> X(4096);
+  ContextLayout L{4, true, 32};
+  AttentionShape S{1, 4, 2, 8, 8, 8}; // 2 key/value heads over 4 ranks
+  Error E = runOnThreadRanks(4, [&](Communicator &Cp) -> Error {
+    return ulyssesAttentionForward(X.data(), X.data(), X.data(), X.data(),
+                                   X.data(), (const float *)nullptr, S,
+                                   AttentionCore(), Cp, L);
+  });
+  EXPECT_NE(toString(std::move(E))
+                .find("does not divide the 4 heads and 2 "
+                      "key/value heads"),
+            std::string::npos);
 }
 
 /// The same rule fails a ring whose layout is not the inputs' (zigzag

@@ -26,12 +26,14 @@ struct CpLayout {
   int CP = 1, TP = 1, PP = 1;
   bool SP = false;
   RecomputeMode Recompute = RecomputeMode::None;
+  const char *Comm = "ring";
 };
 
 Plan compileCp(StringRef Model, CpLayout L) {
   PassContext Ctx;
   Ctx.FusedAttention = true;
   Ctx.ContextParallel = L.CP;
+  Ctx.ContextComm = L.Comm;
   Ctx.TensorParallel = L.TP;
   Ctx.SequenceParallel = L.SP;
   Ctx.Recompute.Mode = L.Recompute;
@@ -81,6 +83,22 @@ TEST(ContextParallel, TinyGptCp2FullRecomputeDropout) {
   expectCpEqualsOneDevice(TinyModel, L, 0.1);
 }
 
+/// The all-to-all (--cp-comm a2a): heads traded for positions.
+CpLayout allToAll(int CP, int TP = 1, bool SP = false) {
+  CpLayout L{CP, TP, 1, SP};
+  L.Comm = "a2a";
+  return L;
+}
+TEST(ContextParallel, TinyGptAllToAllCp2Dropout) {
+  expectCpEqualsOneDevice(TinyModel, allToAll(2), 0.1);
+}
+TEST(ContextParallel, TinyGptAllToAllCp4Dropout) {
+  expectCpEqualsOneDevice(TinyModel, allToAll(4), 0.1);
+}
+TEST(ContextParallel, TinyGptAllToAllCp2Tp2SequenceParallelDropout) {
+  expectCpEqualsOneDevice(TinyModel, allToAll(2, 2, true), 0.1);
+}
+
 /// The compile-time refusals name what to change.
 TEST(ContextParallel, RefusesWhatItCannotSplit) {
   PassContext Ctx;
@@ -94,6 +112,15 @@ TEST(ContextParallel, RefusesWhatItCannotSplit) {
   P = tryCompile(TinyModel, Ctx);
   ASSERT_FALSE(bool(P));
   EXPECT_NE(errorText(P).find("--attention fused"), std::string::npos);
+  // 4 heads over t 2 and cp 4: 2 heads a tensor rank, not 4 ways.
+  Ctx.FusedAttention = true;
+  Ctx.ContextParallel = 4;
+  Ctx.TensorParallel = 2;
+  Ctx.ContextComm = "a2a";
+  P = tryCompile(TinyModel, Ctx);
+  ASSERT_FALSE(bool(P));
+  EXPECT_NE(errorText(P).find("each tensor-parallel rank's 2 heads"),
+            std::string::npos);
 }
 
 /// HF-style exports (models/export_family.py), each made once per process
@@ -154,6 +181,12 @@ TEST_F(ContextParallelFamilies, BertCp2Dropout) {
 }
 TEST_F(ContextParallelFamilies, BertCp4Dropout) {
   expectCpEqualsOneDevice(model("bert"), {4}, 0.1);
+}
+TEST_F(ContextParallelFamilies, LlamaGqaAllToAllCp2) {
+  expectCpEqualsOneDevice(model("llama"), allToAll(2), 0.0);
+}
+TEST_F(ContextParallelFamilies, BertAllToAllCp4Dropout) {
+  expectCpEqualsOneDevice(model("bert"), allToAll(4), 0.1);
 }
 
 } // namespace

@@ -9,7 +9,7 @@
 // 2 x cp chunks, are refused with what to change.
 // RUN: not sp-opt %inputs/one-layer.sp --passes=detect-transformer,bind-inputs,context-parallel --cp 2 2>&1 | FileCheck %s --check-prefix=UNFUSED
 // RUN: not sp-opt %inputs/one-layer.sp --passes=detect-transformer,bind-inputs,fuse-attention,context-parallel --cp 4 2>&1 | FileCheck %s --check-prefix=CHUNKS
-// RUN: not sp-opt %inputs/one-layer.sp --cp 2 --cp-comm a2a 2>&1 | FileCheck %s --check-prefix=COMM
+// RUN: not sp-opt %inputs/one-layer.sp --cp 2 --cp-comm hier 2>&1 | FileCheck %s --check-prefix=COMM
 
 // CHECK: input %idx : i64[1, 2] #replicated as tokens
 // CHECK: input %targets : i64[1, 2] as targets
@@ -30,4 +30,4 @@
 
 // UNFUSED: error: {{.*}}unfused attention core{{.*}}compile with --attention fused
 // CHUNKS: error: {{.*}}--cp 4: the sequence length 4 must split into 2 x cp = 8 equal chunks
-// COMM: --cp-comm 'a2a': expected ring
+// COMM: --cp-comm 'hier': expected ring or a2a

@@ -142,6 +142,10 @@ public:
   /// Token ids: [batch, seq] each. Token ids must be below vocab().
   int64_t batch() const { return Batch; }
   int64_t seq() const { return Seq; }
+  /// Context parallelism: which positions of a row of seq() this rank's
+  /// tokens, targets and logits hold (Parts 1 without), and its cp rank.
+  const ContextLayout &context() const { return Context; }
+  int contextRank() const { return ContextRank; }
   int64_t vocab() const { return Vocab; }
 
   /// One training step: forward, backward and the AdamW update with learning

@@ -76,8 +76,8 @@ static Error checkContextParallel(const TrainOptions &O, const Plan &P) {
   int Cp = P.Manifest.value("cp", 1);
   if (Cp == 1)
     return Error::success();
-  if (O.sampling())
-    return usageError(formatv("--sample: not yet supported for a "
+  if (O.sampling() && !O.DumpDir.empty())
+    return usageError(formatv("--sample --dump: not yet supported for a "
                               "context-parallel plan (--cp {0}); sample from "
                               "its checkpoint with a plan compiled without "
                               "--cp",

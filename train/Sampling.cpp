@@ -30,8 +30,11 @@ Error RankRun::generate() {
   int64_t B = E.batch(), Seq = E.seq(),
           Allowed = std::min<int64_t>(E.vocab(), 256); // bytes
   bool LastStage = E.stage() == E.numStages() - 1;
-  bool Draws = LastStage && (E.groupSize() == 1 || E.rank() == 0) &&
-               Groups.At.Data == 0;
+  bool Picks =
+      LastStage && (E.groupSize() == 1 || E.rank() == 0) && Groups.At.Data == 0;
+  // Under context parallelism the context rank holding the text's last
+  // position draws (its logits are its positions').
+  const ContextLayout &Cp = E.context();
   std::vector<int64_t> Text;
   for (unsigned char C : Prompt)
     Text.push_back(C);
@@ -50,6 +53,19 @@ Error RankRun::generate() {
     if (auto L = E.evalLoss(Batch); !L)
       return L.takeError();
     double Token = 0;
+    // Every rank steps the generator, so that whichever context rank draws
+    // a token uses the step's number, as one device would.
+    const double U = double(Rng() >> 11) * 0x1.0p-53;
+    int64_t Last = Len - 1; // the row of the logits to draw from
+    bool Draws = Picks;
+    if (Cp.Parts > 1) {
+      Draws = false;
+      for (const ContextLayout::Run &R : Cp.runs(E.contextRank()))
+        if (Len - 1 >= R.Global && Len - 1 < R.Global + R.Length) {
+          Draws = Picks;
+          Last = R.Local + (Len - 1 - R.Global);
+        }
+    }
     if (LastStage) {
       if (auto Err = E.download())
         return Err;
@@ -59,10 +75,9 @@ Error RankRun::generate() {
       auto Whole = E.gather(*Logits); // every tensor-parallel part
       if (!Whole)
         return Whole.takeError();
-      int64_t V = int64_t(Whole->size()) / (B * Seq);
+      int64_t V = int64_t(Whole->size()) / (B * Cp.local());
       if (Draws) {
-        ArrayRef<float> Row(Whole->data() + (Len - 1) * V, size_t(V));
-        double U = double(Rng() >> 11) * 0x1.0p-53;
+        ArrayRef<float> Row(Whole->data() + Last * V, size_t(V));
         Token = double(
             sampleToken(Row, Allowed, O.Temperature, O.TopK, U));
         Drawn.insert(Drawn.end(), Row.begin(), Row.end());
@@ -76,7 +91,8 @@ Error RankRun::generate() {
   double Seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - Start)
           .count();
-  if (Draws && !O.DumpDir.empty()) {
+  // (--dump with a cp plan is refused: the drawn rows are on several ranks.)
+  if (Picks && !O.DumpDir.empty()) {
     int64_t V = O.SampleTokens ? int64_t(Drawn.size()) / O.SampleTokens : 0;
     if (auto Err = makeDir(O.DumpDir, "--dump"))
       return Err;

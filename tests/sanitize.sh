@@ -34,8 +34,9 @@ case "$MODE" in
     FLAVOUR=thread
     DIR=build-tsan
     # The thread communicator, the executor and every test that trains on
-    # thread ranks (tensor-parallel, pipelined, recomputed).
-    FILTER=${2:-CommTest.*:Comm/CommRanks.*:ProcessGrid.*:CpuParallelTest.*:Executor.*:*ParallelEqualsOneDevice.*:*PipelineEqualsOneDevice.*:Pipeline.*:*RecomputeEqualsNone.*:*AutoPlan*}
+    # thread ranks (tensor-parallel, pipelined, recomputed, context-parallel:
+    # the ring and the all-to-all).
+    FILTER=${2:-CommTest.*:Comm/CommRanks.*:ProcessGrid.*:CpuParallelTest.*:Executor.*:*ParallelEqualsOneDevice.*:*PipelineEqualsOneDevice.*:Pipeline.*:*RecomputeEqualsNone.*:*AutoPlan*:ContextParallel.TinyGpt*:ContextAttention.ThreadCountChangesNoBit}
     ;;
   *)
     echo "usage: tests/sanitize.sh address|thread [FILTER]" >&2

@@ -31,80 +31,75 @@ using UlyssesRun = ContextLayout::Run;
 /// Message tags: UlyssesTag + 16 x (the exchange) + 0; the cp group's own.
 constexpr int UlyssesTag = 0x7563'0000;
 
-/// X [B, H, Sl, D] (every head of this rank's positions) to Full
-/// [B, H / C, S, D] (this rank's heads of every position, in global order).
-template <typename T>
-llvm::Error ulyssesToSequence(T *Full, const T *X, int64_t B, int64_t H,
-                              int64_t D, Communicator &Cp,
-                              const ContextLayout &L, int Tag) {
-  const int C = L.Parts, R = Cp.rank();
-  const int64_t Hc = H / C, Sl = L.local(), Block = B * Hc * Sl * D;
-  std::vector<T> Out(Block), In(Block);
-  auto Pack = [&](int J) { // heads block J of X, [B, Hc, Sl, D]
-    for (int64_t Bb = 0; Bb < B; ++Bb)
-      std::copy_n(X + (Bb * H + int64_t(J) * Hc) * Sl * D, Hc * Sl * D,
-                  Out.begin() + Bb * Hc * Sl * D);
-  };
-  auto Place = [&](const T *Got, int J) { // rank J's positions, in place
-    for (int64_t Bh = 0; Bh < B * Hc; ++Bh)
-      for (const UlyssesRun &Run : L.runs(J))
-        std::copy_n(Got + (Bh * Sl + Run.Local) * D, Run.Length * D,
-                    Full + (Bh * L.Seq + Run.Global) * D);
-  };
+/// One all-to-all of blocks of Block elements: Pack(J) fills Out with what
+/// goes to rank J, Place(Got, J) puts what came from rank J (this rank's
+/// own block without a message).
+template <typename T, typename PackFn, typename PlaceFn>
+llvm::Error ulyssesExchange(int64_t Block, Communicator &Cp, int Tag,
+                            std::vector<T> &Out, PackFn Pack, PlaceFn Place) {
+  const int C = Cp.size(), R = Cp.rank();
+  const int64_t Bytes = Block * int64_t(sizeof(T));
+  Out.resize(Block);
   for (int J = 0; J < C; ++J)
     if (J != R) {
       Pack(J);
-      if (llvm::Error E =
-              Cp.send(Out.data(), Block * int64_t(sizeof(T)), J, Tag))
+      if (llvm::Error E = Cp.send(Out.data(), Bytes, J, Tag))
         return E;
     }
   Pack(R);
   Place(Out.data(), R);
+  std::vector<T> In(Block);
   for (int J = 0; J < C; ++J)
     if (J != R) {
-      if (llvm::Error E =
-              Cp.recv(In.data(), Block * int64_t(sizeof(T)), J, Tag))
+      if (llvm::Error E = Cp.recv(In.data(), Bytes, J, Tag))
         return E;
       Place(In.data(), J);
     }
   return llvm::Error::success();
 }
 
+/// X [B, H, Sl, D] (every head of this rank's positions) to Full
+/// [B, H / C, S, D] (this rank's heads of every position, in global order).
+template <typename T>
+llvm::Error ulyssesToSequence(T *Full, const T *X, int64_t B, int64_t H,
+                              int64_t D, Communicator &Cp,
+                              const ContextLayout &L, int Tag) {
+  const int64_t Hc = H / L.Parts, Sl = L.local();
+  std::vector<T> Out;
+  return ulyssesExchange<T>(
+      B * Hc * Sl * D, Cp, Tag, Out,
+      [&](int J) { // heads block J of X, [B, Hc, Sl, D]
+        for (int64_t Bb = 0; Bb < B; ++Bb)
+          std::copy_n(X + (Bb * H + int64_t(J) * Hc) * Sl * D, Hc * Sl * D,
+                      Out.begin() + Bb * Hc * Sl * D);
+      },
+      [&](const T *Got, int J) { // rank J's positions, in place
+        for (int64_t Bh = 0; Bh < B * Hc; ++Bh)
+          for (const UlyssesRun &Run : L.runs(J))
+            std::copy_n(Got + (Bh * Sl + Run.Local) * D, Run.Length * D,
+                        Full + (Bh * L.Seq + Run.Global) * D);
+      });
+}
+
 /// The inverse: Full [B, H / C, S, D] to X [B, H, Sl, D].
 template <typename T>
 llvm::Error ulyssesToHeads(T *X, const T *Full, int64_t B, int64_t H, int64_t D,
                            Communicator &Cp, const ContextLayout &L, int Tag) {
-  const int C = L.Parts, R = Cp.rank();
-  const int64_t Hc = H / C, Sl = L.local(), Block = B * Hc * Sl * D;
-  std::vector<T> Out(Block), In(Block);
-  auto Pack = [&](int J) { // rank J's positions of this rank's heads
-    for (int64_t Bh = 0; Bh < B * Hc; ++Bh)
-      for (const UlyssesRun &Run : L.runs(J))
-        std::copy_n(Full + (Bh * L.Seq + Run.Global) * D, Run.Length * D,
-                    Out.begin() + (Bh * Sl + Run.Local) * D);
-  };
-  auto Place = [&](const T *Got, int J) { // rank J's heads block
-    for (int64_t Bb = 0; Bb < B; ++Bb)
-      std::copy_n(Got + Bb * Hc * Sl * D, Hc * Sl * D,
-                  X + (Bb * H + int64_t(J) * Hc) * Sl * D);
-  };
-  for (int J = 0; J < C; ++J)
-    if (J != R) {
-      Pack(J);
-      if (llvm::Error E =
-              Cp.send(Out.data(), Block * int64_t(sizeof(T)), J, Tag))
-        return E;
-    }
-  Pack(R);
-  Place(Out.data(), R);
-  for (int J = 0; J < C; ++J)
-    if (J != R) {
-      if (llvm::Error E =
-              Cp.recv(In.data(), Block * int64_t(sizeof(T)), J, Tag))
-        return E;
-      Place(In.data(), J);
-    }
-  return llvm::Error::success();
+  const int64_t Hc = H / L.Parts, Sl = L.local();
+  std::vector<T> Out;
+  return ulyssesExchange<T>(
+      B * Hc * Sl * D, Cp, Tag, Out,
+      [&](int J) { // rank J's positions of this rank's heads
+        for (int64_t Bh = 0; Bh < B * Hc; ++Bh)
+          for (const UlyssesRun &Run : L.runs(J))
+            std::copy_n(Full + (Bh * L.Seq + Run.Global) * D, Run.Length * D,
+                        Out.begin() + (Bh * Sl + Run.Local) * D);
+      },
+      [&](const T *Got, int J) { // rank J's heads block
+        for (int64_t Bb = 0; Bb < B; ++Bb)
+          std::copy_n(Got + Bb * Hc * Sl * D, Hc * Sl * D,
+                      X + (Bb * H + int64_t(J) * Hc) * Sl * D);
+      });
 }
 
 /// [B, Sl, H, D] (merged) <-> [B, H, Sl, D]; D = 1 for the log-sum-exp.

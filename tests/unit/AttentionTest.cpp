@@ -15,6 +15,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Attention.h"
+#include "TestSupport.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Parallel.h"
@@ -45,15 +46,6 @@ template <typename T> struct Tensors {
   std::vector<T> O, Lse, DQ, DK, DV;
 };
 
-template <typename T> std::vector<T> random(size_t N, uint32_t Seed) {
-  std::mt19937 Rng(Seed);
-  std::normal_distribution<double> G(0, 1);
-  std::vector<T> V(N);
-  for (auto &X : V)
-    X = T(G(Rng));
-  return V;
-}
-
 AttentionCore coreOf(const AttentionCase &C, const GlobalIndex &G) {
   AttentionCore A;
   A.Scale = 1 / std::sqrt(double(C.S.D));
@@ -69,10 +61,10 @@ AttentionCore coreOf(const AttentionCase &C, const GlobalIndex &G) {
 template <typename T> Tensors<T> inputs(const AttentionCase &C) {
   const AttentionShape &S = C.S;
   Tensors<T> X;
-  X.Q = random<T>(S.Batch * S.Heads * S.Sq * S.D, 1);
-  X.K = random<T>(S.Batch * S.KvHeads * S.Sk * S.D, 2);
-  X.V = random<T>(S.Batch * S.KvHeads * S.Sk * S.D, 3);
-  X.DO = random<T>(S.Batch * S.Heads * S.Sq * S.D, 4);
+  X.Q = test::normalVector<T>(S.Batch * S.Heads * S.Sq * S.D, 1);
+  X.K = test::normalVector<T>(S.Batch * S.KvHeads * S.Sk * S.D, 2);
+  X.V = test::normalVector<T>(S.Batch * S.KvHeads * S.Sk * S.D, 3);
+  X.DO = test::normalVector<T>(S.Batch * S.Heads * S.Sq * S.D, 4);
   if (C.Padding) { // the last keys of each batch row padded, as torch masks
     X.Bias.assign(S.Batch * S.Sk, T(0));
     for (int64_t B = 0; B < S.Batch; ++B)
@@ -322,7 +314,7 @@ TEST(FusedAttention, PackedInputsAreTheSplitHeads) {
     AttentionCore A = coreOf(C, GlobalIndex::whole(Shape(P4, 4)));
     A.Merged = true;
     Tensors<float> H = inputs<float>(C);
-    H.DO = random<float>(H.DO.size(), 9); // merged [b, s, a, d]
+    H.DO = test::normalVector<float>(H.DO.size(), 9); // merged [b, s, a, d]
     fused(H, C, A);
     const int64_t N = S.Batch * S.Sq * 3 * S.Heads * S.D, Hd = S.Heads * S.D;
     std::vector<float> QKV(N);
@@ -424,7 +416,7 @@ TEST(FusedAttention, InstructionsRunTheKernel) {
     return reinterpret_cast<float *>(Arena + P.Buffers[Id].Offset);
   };
   auto Fill = [&](int Id, uint32_t Seed) {
-    auto V = random<float>(QT.numElements(), Seed);
+    auto V = test::normalVector<float>(QT.numElements(), Seed);
     std::copy(V.begin(), V.end(), Buf(Id));
   };
   Fill(Qb, 1), Fill(Kb, 2), Fill(Vb, 3), Fill(DOb, 4);

@@ -16,6 +16,7 @@
 // whole double run.
 //
 //===----------------------------------------------------------------------===//
+#include "TestSupport.h"
 #include "TrainHarness.h"
 #include "runtime/cpu/Attention.h"
 #include "gtest/gtest.h"
@@ -38,15 +39,6 @@ struct WindowCase {
   double Dropout;
   std::vector<int64_t> KeyCuts, RowCuts; // inner cut points of the partitions
 };
-
-template <typename T> std::vector<T> windowRandom(size_t N, uint32_t Seed) {
-  std::mt19937 Rng(Seed);
-  std::normal_distribution<double> G(0, 1);
-  std::vector<T> V(N);
-  for (auto &X : V)
-    X = T(G(Rng));
-  return V;
-}
 
 template <typename T> std::vector<double> windowWiden(const std::vector<T> &V) {
   return std::vector<double>(V.begin(), V.end());
@@ -77,9 +69,10 @@ WindowResult runWindowCase(const WindowCase &WC, bool Windowed) {
   const int64_t NQ = S.Batch * S.Heads * S.Sq * S.D,
                 NK = S.Batch * S.KvHeads * S.Sk * S.D,
                 NL = S.Batch * S.Heads * S.Sq;
-  std::vector<T> Q = windowRandom<T>(NQ, 11), K = windowRandom<T>(NK, 12),
-                 V = windowRandom<T>(NK, 13), DO = windowRandom<T>(NQ, 14),
-                 Bias;
+  std::vector<T> Q = test::normalVector<T>(NQ, 11),
+                 K = test::normalVector<T>(NK, 12),
+                 V = test::normalVector<T>(NK, 13),
+                 DO = test::normalVector<T>(NQ, 14), Bias;
   if (WC.Padding) {
     Bias.assign(S.Batch * S.Sk, T(0));
     for (int64_t B = 0; B < S.Batch; ++B)

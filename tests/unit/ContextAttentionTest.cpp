@@ -19,6 +19,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/ContextAttention.h"
+#include "TestSupport.h"
 #include "TrainHarness.h"
 #include "runtime/cpu/Parallel.h"
 #include "gtest/gtest.h"
@@ -59,15 +60,6 @@ struct RingResult {
   std::vector<double> O, Lse, DQ, DK, DV;
 };
 
-template <typename T> std::vector<T> ringRandom(size_t N, uint32_t Seed) {
-  std::mt19937 Rng(Seed);
-  std::normal_distribution<double> G(0, 1);
-  std::vector<T> V(N);
-  for (auto &X : V)
-    X = T(G(Rng));
-  return V;
-}
-
 /// The global inputs of a case (the same values in float and double: drawn
 /// in double and rounded to float first).
 template <typename T> struct RingInputs { std::vector<T> Q, K, V, DO, Bias; };
@@ -76,7 +68,7 @@ template <typename T> RingInputs<T> ringInputs(const RingCase &RC) {
   const int64_t NQ = S.Batch * S.Heads * S.Sq * S.D,
                 NK = S.Batch * S.KvHeads * S.Sk * S.D;
   auto Draw = [](size_t N, uint32_t Seed) {
-    std::vector<float> F = ringRandom<float>(N, Seed);
+    std::vector<float> F = test::normalVector<float>(N, Seed);
     return std::vector<T>(F.begin(), F.end());
   };
   RingInputs<T> X{Draw(NQ, 21), Draw(NK, 22), Draw(NK, 23), Draw(NQ, 24), {}};

@@ -18,8 +18,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace sp::test {
 
@@ -34,6 +36,18 @@ inline std::string errorText(llvm::Error E) {
 /// The message of E's error, or "" when it holds a value.
 template <typename T> std::string errorText(llvm::Expected<T> &E) {
   return E ? std::string() : llvm::toString(E.takeError());
+}
+
+/// N values drawn from the standard normal distribution (mt19937 seeded
+/// with Seed), in double and rounded to T: the same values in float and
+/// double runs.
+template <typename T> std::vector<T> normalVector(size_t N, uint32_t Seed) {
+  std::mt19937 Rng(Seed);
+  std::normal_distribution<double> G(0, 1);
+  std::vector<T> V(N);
+  for (auto &X : V)
+    X = T(G(Rng));
+  return V;
 }
 
 /// A scratch folder, removed at the end of the test.

@@ -72,6 +72,8 @@ inline GlobalBlock globalBlock(llvm::ArrayRef<int64_t> Local, const Sharding &S,
                                int64_t Microbatches, int DataRank,
                                int DataSize) {
   GlobalBlock G{std::vector<int64_t>(Local.begin(), Local.end()),
+                std::vector<int64_t>(Local.size(), 0),
+                std::vector<int64_t>(Local.size(), 0),
                 std::vector<int64_t>(Local.size(), 0)};
   if (S.K == Sharding::Split) {
     G.Full[S.Dim] *= S.Parts;
@@ -81,8 +83,6 @@ inline GlobalBlock globalBlock(llvm::ArrayRef<int64_t> Local, const Sharding &S,
     G.Full[0] *= Microbatches * DataSize;
     G.Offset[0] += (Microbatch + int64_t(DataRank) * Microbatches) * Local[0];
   }
-  G.Seam.assign(Local.size(), 0);
-  G.Jump.assign(Local.size(), 0);
   return G;
 }
 

@@ -2,7 +2,7 @@
 #include "planner/CostModel.h"
 #include "analysis/Cost.h"
 #include "driver/LowerTraining.h"
-#include "ir/OpDef.h"
+#include "reports/CollectiveReport.h"
 #include "support/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -186,42 +186,14 @@ static void addWork(const Program &P, int Begin, int End, bool Weight,
           2 * (Bytes(I.In[2]) + Bytes(I.In[3])); // ZeRO: the chunk
     if (I.Op == OpKind::Send && Forward)
       W.MessageBytes = std::max(W.MessageBytes, Bytes(I.In[0]));
-    if ((I.Op == OpKind::Attention || I.Op == OpKind::AttentionGrad) &&
-        attrInt(I.Op, I.Attrs, "cp") > 1 && !Once) {
-      // k and v: operands 1, 2 of the forward, 2, 3 of the backward.
-      int C = int(attrInt(I.Op, I.Attrs, "cp"));
-      unsigned K = I.Op == OpKind::Attention ? 1 : 2;
-      double Block = Bytes(I.In[K]) + Bytes(I.In[K + 1]);
-      bool Fwd = I.Op == OpKind::Attention;
-      if (attrString(I.Op, I.Attrs, "cp_comm") == "a2a") {
-        // All-to-all: (C - 1) / C of every tensor traded (all but the
-        // padding mask, out and back), C - 1 messages each, before and
-        // after the kernel: nothing overlaps it.
-        unsigned Keep = attentionKeepOperand(I.Op, I.Attrs);
-        double Traded = 0;
-        int Tensors = 0;
-        for (unsigned J = 0; J < I.In.size(); ++J)
-          if (J != Keep) {
-            Traded += Bytes(I.In[J]);
-            ++Tensors;
-          }
-        for (int Id : I.Out) {
-          Traded += Bytes(Id);
-          ++Tensors;
-        }
-        (Fwd ? W.RingForwardBytes : W.RingBackwardBytes) +=
-            Traded * (C - 1) / C;
-        (Fwd ? W.RingForwardMessages : W.RingBackwardMessages) +=
-            Tensors * (C - 1);
-      } else if (Fwd) {
-        W.RingForwardBytes += (C - 1) * Block;
-        W.RingForwardMessages += C - 1;
-        W.RingForwardFlops += F;
-      } else {
-        W.RingBackwardBytes += (2 * C - 1) * Block;
-        W.RingBackwardMessages += 2 * C - 1;
-        W.RingBackwardFlops += F;
-      }
+    // Context parallelism's exchanges (reports/CollectiveReport.h); the
+    // ring's run beside the attention's own GEMMs.
+    if (ContextTraffic CT = contextTraffic(P, I); CT.Parts > 1 && !Once) {
+      (CT.Forward ? W.RingForwardBytes : W.RingBackwardBytes) += CT.Bytes;
+      (CT.Forward ? W.RingForwardMessages : W.RingBackwardMessages) +=
+          CT.Messages;
+      if (!CT.AllToAll)
+        (CT.Forward ? W.RingForwardFlops : W.RingBackwardFlops) += F;
     }
     if (defaultGroup(I.Op).empty())
       continue;

@@ -65,47 +65,62 @@ static std::string kib(int64_t B) {
   return formatv("{0:F1} KiB", B / 1024.0).str();
 }
 
+ContextTraffic contextTraffic(const Program &P, const Instruction &I) {
+  ContextTraffic T;
+  if (I.Op != OpKind::Attention && I.Op != OpKind::AttentionGrad)
+    return T;
+  const int C = int(attrInt(I.Op, I.Attrs, "cp"));
+  if (C <= 1)
+    return T;
+  T.Parts = C;
+  T.Forward = I.Op == OpKind::Attention;
+  T.AllToAll = attrString(I.Op, I.Attrs, "cp_comm") == "a2a";
+  if (T.AllToAll) {
+    // Every tensor but the padding mask, out and back: (C - 1) / C of each,
+    // C - 1 messages each.
+    const unsigned Keep = attentionKeepOperand(I.Op, I.Attrs);
+    int Tensors = 0;
+    for (unsigned J = 0; J < I.In.size(); ++J)
+      if (J != Keep) {
+        T.InFlightBytes += P.Buffers[I.In[J]].Bytes;
+        ++Tensors;
+      }
+    for (int Id : I.Out) {
+      T.InFlightBytes += P.Buffers[Id].Bytes;
+      ++Tensors;
+    }
+    T.Bytes = T.InFlightBytes * (C - 1) / C;
+    T.Messages = Tensors * (C - 1);
+    return T;
+  }
+  // The ring: the key/value block (operands 1 and 2 of the forward, 2 and 3
+  // of the backward) passed on C - 1 times, and in the backward its
+  // gradients C times; two blocks in flight, with their gradients.
+  const unsigned K = T.Forward ? 1 : 2;
+  const int64_t Block = P.Buffers[I.In[K]].Bytes + P.Buffers[I.In[K + 1]].Bytes;
+  T.Messages = T.Forward ? C - 1 : 2 * C - 1;
+  T.Bytes = T.Messages * Block;
+  T.InFlightBytes = 4 * Block;
+  return T;
+}
+
 ContextRing contextRingReport(const Program &P) {
   ContextRing R;
   for (const Instruction &I : P.Instrs) {
-    if (I.Op != OpKind::Attention && I.Op != OpKind::AttentionGrad)
+    ContextTraffic T = contextTraffic(P, I);
+    if (T.Parts <= 1)
       continue;
-    const int C = int(attrInt(I.Op, I.Attrs, "cp"));
-    if (C <= 1)
-      continue;
-    // k and v: operands 1 and 2 of the forward, 2 and 3 of the backward.
-    const unsigned K = I.Op == OpKind::Attention ? 1 : 2;
-    const int64_t Block =
-        P.Buffers[I.In[K]].Bytes + P.Buffers[I.In[K + 1]].Bytes;
-    R.Parts = C;
+    const unsigned K = T.Forward ? 1 : 2; // k
+    R.Parts = T.Parts;
     R.Zigzag = attrInt(I.Op, I.Attrs, "cp_zigzag") != 0;
-    R.AllToAll = attrString(I.Op, I.Attrs, "cp_comm") == "a2a";
+    R.AllToAll = T.AllToAll;
     R.PositionsPerRank = P.Buffers[I.In[K]].Type.dim(-2);
-    if (R.AllToAll) {
-      // Every tensor but the padding mask, out and back.
-      const unsigned Keep = attentionKeepOperand(I.Op, I.Attrs);
-      int64_t Traded = 0;
-      for (unsigned J = 0; J < I.In.size(); ++J)
-        if (J != Keep)
-          Traded += P.Buffers[I.In[J]].Bytes;
-      for (int Id : I.Out)
-        Traded += P.Buffers[Id].Bytes;
-      const int64_t Sent = Traded * (C - 1) / C;
-      (I.Op == OpKind::Attention ? R.ForwardBytes : R.BackwardBytes) += Sent;
-      R.Layers += I.Op == OpKind::Attention;
-      R.InFlightBytes = std::max(R.InFlightBytes, Traded);
-      continue;
-    }
-    R.BlockBytes = std::max(R.BlockBytes, Block);
-    if (I.Op == OpKind::Attention) {
-      ++R.Layers;
-      R.ForwardBytes += (C - 1) * Block;
-    } else {
-      R.BackwardBytes += (C - 1) * Block + C * Block;
-    }
+    if (!T.AllToAll)
+      R.BlockBytes = std::max(R.BlockBytes, T.InFlightBytes / 4);
+    R.InFlightBytes = std::max(R.InFlightBytes, T.InFlightBytes);
+    R.Layers += T.Forward;
+    (T.Forward ? R.ForwardBytes : R.BackwardBytes) += T.Bytes;
   }
-  if (!R.AllToAll)
-    R.InFlightBytes = 4 * R.BlockBytes;
   return R;
 }
 

@@ -72,6 +72,19 @@ struct ContextRing {
 };
 /// Parts 1 when the program has no ring.
 ContextRing contextRingReport(const Program &P);
+
+/// What one attention instruction {cp > 1} sends per rank (Parts 1, nothing,
+/// for any other instruction): its bytes and messages, whether they are the
+/// all-to-all's (nothing overlaps them) or the ring's (beside the
+/// instruction's own GEMMs), and what it holds in flight. The report above
+/// and the cost model (planner/CostModel.h) both read it.
+struct ContextTraffic {
+  int Parts = 1;
+  bool AllToAll = false, Forward = false;
+  int64_t Bytes = 0, InFlightBytes = 0;
+  int Messages = 0;
+};
+ContextTraffic contextTraffic(const Program &P, const Instruction &I);
 nlohmann::json contextRingToJson(const ContextRing &R);
 void printContextRing(const ContextRing &R, llvm::raw_ostream &OS);
 

@@ -55,6 +55,7 @@ struct BackendContext {
   /// Executor's RunOptions takes them).
   Communicator *World = nullptr;
   Communicator *Tensor = nullptr, *Pipeline = nullptr, *Data = nullptr;
+  Communicator *Context = nullptr; // the cp group (--cp), or null
   /// The backend's own flags that were given: name -> value.
   std::map<std::string, std::string> Flags;
   /// For a backend whose set-up is collective: called on every rank with

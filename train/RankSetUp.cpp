@@ -50,6 +50,7 @@ Error RankRun::setUp() {
   Context.Tensor = Groups.Tensor.get();
   Context.Pipeline = Groups.Pipeline.get();
   Context.Data = Groups.Data.get();
+  Context.Context = Groups.Context.get();
   Context.Flags = O.BackendFlags;
   Communicator *W = World;
   Context.AgreeBeforeCollectives = [W](Error Own) {

@@ -15,6 +15,8 @@ using namespace llvm;
 namespace sp::cuda {
 
 Error CudaBackend::attention(const KernelCall &C, cudaStream_t S) {
+  if (attrInt(C.I.Op, C.I.Attrs, "cp") > 1) // ContextAttention.cpp
+    return contextAttention(C, S);
   if (Blockwise) {
     auto Plan = cuda::planBlockwise(C.I, C.Prog.Buffers);
     if (Plan)

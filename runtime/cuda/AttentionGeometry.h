@@ -38,6 +38,10 @@ struct AttentionGeometry {
   uint64_t Seed = 0;
   uint32_t Layer = 0, Site = 0, Stream = 0;
   int64_t ProbGlobal[4] = {}, ProbOffset[4] = {};
+  /// Device memory (or null): when it holds a non-zero int as the kernels
+  /// start, they do nothing (ring attention's key block whose probabilities
+  /// are all negligible, decided on the device: ContextParallel.cuh).
+  const int *SkipIf = nullptr;
 };
 
 } // namespace sp::cuda

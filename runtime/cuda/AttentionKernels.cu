@@ -6,3 +6,4 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Attention.cuh"
+#include "runtime/cuda/kernels/ContextParallel.cuh"

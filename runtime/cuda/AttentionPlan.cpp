@@ -424,7 +424,10 @@ Expected<BlockwisePlan> planBlockwise(const Instruction &I,
       return E;
   if (P.Keep >= 0) {
     const TensorType &KT = Bufs[P.Keep].Type;
-    if (!paddingKeepCode(KT.Dtype) || KT.numElements() != X.B * X.Sk)
+    // (Under context parallelism: the whole sequence's keys.)
+    const int64_t Keys =
+        X.Sk * std::max<int64_t>(1, attrInt(I.Op, I.Attrs, "cp"));
+    if (!paddingKeepCode(KT.Dtype) || KT.numElements() != X.B * Keys)
       return makeError(opName(I.Op) + ": the padding mask is " + KT.str() +
                        "; the blockwise kernels take [b, keys] of int64, "
                        "int32, bool or float32");

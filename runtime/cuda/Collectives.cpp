@@ -27,20 +27,9 @@ namespace sp::cuda {
 namespace {
 
 /// Calls (NCCL calls) in one NCCL group when Group, so that they launch
-/// as one; the group is ended whatever they return, the first error wins.
+/// as one.
 Error inGroup(bool Group, function_ref<Error()> Calls) {
-  if (Group)
-    if (auto E = NcclComm::groupStart())
-      return E;
-  Error Failed = Calls();
-  if (!Group)
-    return Failed;
-  Error Ended = NcclComm::groupEnd();
-  if (Failed) {
-    consumeError(std::move(Ended));
-    return Failed;
-  }
-  return Ended;
+  return Group ? NcclComm::grouped(Calls) : Calls();
 }
 
 } // namespace

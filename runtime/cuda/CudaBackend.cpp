@@ -62,7 +62,7 @@ Error CudaBackend::init(const CudaBackendOptions &O) {
   if (Own)
     return Own;
   // The groups' NCCL communicators, collectively, in a fixed order.
-  for (Communicator *G : {O.Tensor, O.Pipeline, O.Data})
+  for (Communicator *G : {O.Tensor, O.Pipeline, O.Data, O.Context})
     if (G && G->size() > 1)
       if (auto C = nccl(*G); !C)
         return C.takeError();
@@ -87,7 +87,7 @@ Error CudaBackend::initDevice(const CudaBackendOptions &O) {
   Device = *Dev;
   Overlap = O.Overlap;
   // The groups' timeout (sp-run's --comm-timeout), for waits on the device.
-  for (Communicator *G : {O.World, O.Tensor, O.Pipeline, O.Data})
+  for (Communicator *G : {O.World, O.Tensor, O.Pipeline, O.Data, O.Context})
     if (G)
       Timeout = G->timeout();
   SP_CUDA_TRY(cudaSetDevice(Device));
@@ -150,7 +150,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(Norm);
   // What allocateWhileRunning allocated, in the legacy stream's order.
   for (char *P : {Scratch[0], Scratch[1], Mixed[0], Mixed[1], AttentionWork[0],
-                  AttentionWork[1]})
+                  AttentionWork[1], ContextWork[0], ContextWork[1]})
     if (P)
       cudaFreeAsync(P, nullptr);
   for (SendSlot &Slot : SendSlots) {

@@ -49,6 +49,9 @@ struct CudaBackendOptions {
   /// every rank must create its backend); a group met later that is not
   /// one of these gets its communicator at its first collective.
   Communicator *Tensor = nullptr, *Pipeline = nullptr, *Data = nullptr;
+  /// The context-parallel group (--cp; ContextAttention.cpp's ring and
+  /// all-to-all), or null.
+  Communicator *Context = nullptr;
   /// GEMMs in TF32 (tensor cores, 10-bit mantissa inputs). Off: full fp32,
   /// the mode the comparisons with the CPU backend use.
   bool AllowTF32 = false;

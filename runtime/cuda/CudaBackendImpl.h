@@ -12,7 +12,9 @@
 //   Optimizer.cpp         grad_norm and the deferred multi-tensor AdamW;
 //   Timing.cpp            device timing of traced steps;
 //   Dispatch.cpp          an instruction's kernels (dispatch, dispatchMixed);
-//   AttentionCore.cpp     the fused attention core, unfused or blockwise.
+//   AttentionCore.cpp     the fused attention core, unfused or blockwise;
+//   ContextAttention.cpp  the core over a cp group (ring, all-to-all), and
+//                         cp_slice, cp_pad.
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CUDA_CUDABACKENDIMPL_H
@@ -75,6 +77,7 @@ public:
   Expected<std::vector<DeviceTime>> collectTimes() override;
   double peakFlops(StringRef Dtype) const override;
   bool runsMixedPrecision() const override { return true; }
+  bool runsContextParallel() const override { return true; }
 
 private:
   CudaBackend() = default;
@@ -100,13 +103,23 @@ private:
   /// The same by the blockwise kernels (kernels/Attention.cuh), by Plan.
   Error attentionBlockwise(const KernelCall &C, cuda::BlockwisePlan Plan,
                            cudaStream_t S);
+  /// Context parallelism (ContextAttention.cpp): the attention core over
+  /// the cp group (attention {cp > 1}) by the ring or the all-to-all, on the
+  /// blockwise kernels; the padding bias of the whole sequence; cp_slice
+  /// and cp_pad.
+  struct ContextCall;
+  Error contextAttention(const KernelCall &C, cudaStream_t S);
+  Error ringAttention(const ContextCall &X, cudaStream_t S);
+  Error ulyssesAttention(const ContextCall &X, cudaStream_t S);
+  Error contextBias(const ContextCall &X, float *Bias, cudaStream_t S);
+  Error contextCopy(const KernelCall &C, cudaStream_t S);
   /// Whether I's kernel reads and writes its 16-bit buffers in place
   /// (cuda::runsIn16Bit; the attention core only by the blockwise
   /// kernels, when they are on).
   bool inPlace16(const Instruction &I,
                  const std::vector<ProgramBuffer> &Bufs) const {
     if ((I.Op == OpKind::Attention || I.Op == OpKind::AttentionGrad) &&
-        !Blockwise)
+        !Blockwise && attrInt(I.Op, I.Attrs, "cp") <= 1)
       return false;
     return cuda::runsIn16Bit(I, Bufs);
   }
@@ -241,6 +254,8 @@ private:
   int64_t MixedBytes[2] = {0, 0};
   char *AttentionWork[2] = {nullptr, nullptr};
   int64_t AttentionWorkBytes[2] = {0, 0};
+  char *ContextWork[2] = {nullptr, nullptr};
+  int64_t ContextWorkBytes[2] = {0, 0};
   char *Staging = nullptr;
   size_t StagingBytes = 0;
   std::map<Communicator *, std::unique_ptr<cuda::NcclComm>> Nccl;

@@ -217,11 +217,48 @@ void attentionBackward(Elems DQ, Elems DK, Elems DV, Elems DO, Elems Q, Elems K,
                        float *Delta, const AttentionGeometry &G,
                        cudaStream_t S);
 
+// Context parallelism's attention (kernels/ContextParallel.cuh; used by
+// ContextAttention.cpp).
+/// A box of Dims[0] x .. x Dims[3] elements, at element Base of each side,
+/// with strides for its first three axes (the last is contiguous).
+struct ContextBox {
+  int64_t Dims[4] = {1, 1, 1, 1};
+  int64_t DstBase = 0, SrcBase = 0;
+  int64_t Dst[3] = {}, Src[3] = {};
+};
+/// Rows (b, a, i) of a [Batch, Heads, Rows] set of rows: row (b, a, i)
+/// starts at element Base + b Stride[0] + a Stride[1] + i Stride[2].
+struct ContextRows {
+  int64_t Batch = 0, Heads = 0, Rows = 0, Base = 0;
+  int64_t Stride[3] = {};
+};
+/// Dst's box = Src's, elements of ElementBytes (2 or 4).
+void copyBox(void *Dst, const void *Src, int ElementBytes, const ContextBox &B,
+             cudaStream_t S);
+/// *Flag = 1 when every row R of Lse (any storage) exceeds Fill + max(0,
+/// Bias[b, :]) + 104 (Bias [Batch, Keys] or null), else 0.
+void ringNegligible(int *Flag, Elems Lse, const ContextRows &R,
+                    const float *Bias, int64_t Keys, float Fill,
+                    cudaStream_t S);
+/// The partial rows O (D elements each, of Op) and L (of Lp) merged into
+/// RunO and RunL at the same places (First: RunO and RunL hold nothing yet,
+/// they become the partial), unless *Skip.
+void ringMerge(float *RunO, float *RunL, Elems Op, Elems Lp,
+               const ContextRows &O, const ContextRows &L, int64_t D,
+               bool First, const int *Skip, cudaStream_t S);
+/// Acc += Part over rows R (D elements each), unless *Skip.
+void ringAccumulate(float *Acc, Elems Part, const ContextRows &R, int64_t D,
+                    const int *Skip, cudaStream_t S);
+
 // Dropout (kernels/Dropout.cuh): Philox-4x32-10 of runtime/cpu/Philox.h.
 /// The local tensor is the block [Offset, Offset + Local) of Global.
+/// Context parallelism: along an axis D with Seam.Dim[D] > 0, local
+/// indices from Seam.Dim[D] on are Jump.Dim[D] further in Global (a zigzag
+/// block's two runs; runtime/TensorLayout.h's GlobalBlock).
 void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
              uint32_t Layer, uint32_t Site, uint32_t Stream, DevShape Global,
-             DevShape Local, DevShape Offset, cudaStream_t S);
+             DevShape Local, DevShape Offset, cudaStream_t S,
+             DevShape Seam = {}, DevShape Jump = {});
 void dropoutBackward(Elems DX, Elems DY, const uint8_t *Mask, int64_t N,
                      double Ratio, cudaStream_t S);
 

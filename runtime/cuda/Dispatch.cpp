@@ -181,6 +181,18 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
   GlobalBlock GB = globalBlock(
       Local.Shape, Sh, C.Tensor.rank(), attrInt(I.Op, I.Attrs, "microbatch"),
       attrInt(I.Op, I.Attrs, "microbatches"), C.replica(), C.replicas());
+  if (const int Cp = int(attrInt(I.Op, I.Attrs, "cp")); Cp > 1) {
+    // Axis cp_dim is this rank's positions of the sequence (CpuBackend's).
+    Communicator *G = C.group("cp");
+    if (!G || G->size() != Cp)
+      return makeError("dropout {cp = " + Twine(Cp) +
+                       "} needs a context-parallel group of that size");
+    std::string Why =
+        withContext(GB, Local.Shape, int(attrInt(I.Op, I.Attrs, "cp_dim")),
+                    G->rank(), Cp, attrInt(I.Op, I.Attrs, "cp_zigzag") != 0);
+    if (!Why.empty())
+      return makeError("dropout: " + Why);
+  }
   uint8_t *Mask = I.Out.size() > 1
                       ? reinterpret_cast<uint8_t *>(C.buffer(I.Out[1]))
                       : nullptr;
@@ -197,7 +209,7 @@ Error CudaBackend::dropout(const KernelCall &C, cudaStream_t S) {
   cuda::dropout(elems(C, I.Out[0]), Mask, elems(C, I.In[0]), Ratio, C.Seed,
                 uint32_t(Key[0]), uint32_t(Key[1]), uint32_t(C.Step),
                 devShape(GB.Full), devShape(Local.Shape), devShape(GB.Offset),
-                S);
+                S, devShape(GB.Seam), devShape(GB.Jump));
   if (Causal && Mask) {
     int64_t Sq = Local.dim(-2), Sk = Local.dim(-1);
     if (Sq > 0 && Sk > 0)
@@ -275,6 +287,9 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   }
   case OpKind::GatherParam:
     return gatherParam(C, S);
+  case OpKind::CpSlice:
+  case OpKind::CpPad:
+    return contextCopy(C, S);
   case OpKind::Cast: {
     // float32 to or from bf16/fp16 (cuda::runsIn16Bit), else a copy (on
     // float32 copies, dispatchMixed rounding the result).

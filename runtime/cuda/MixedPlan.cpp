@@ -61,6 +61,8 @@ bool runsIn16Bit(const Instruction &I,
     return runsBlockwise(I, Buffers);
   case OpKind::RingShift:  // bytes moved as they are (CudaBackend::ring)
   case OpKind::RingConcat:
+  case OpKind::CpSlice: // (CudaBackend::contextCopy)
+  case OpKind::CpPad:
     return !In.empty() && Out.size() == 1 &&
            llvm::all_of(In, [&](int B) { return Type(B) == Type(Out[0]); });
   default:

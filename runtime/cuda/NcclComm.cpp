@@ -133,4 +133,16 @@ Error NcclComm::groupEnd() {
   return Error::success();
 }
 
+Error NcclComm::grouped(function_ref<Error()> Calls) {
+  if (auto E = groupStart())
+    return E;
+  Error Failed = Calls();
+  Error Ended = groupEnd();
+  if (Failed) {
+    consumeError(std::move(Ended));
+    return Failed;
+  }
+  return Ended;
+}
+
 } // namespace sp::cuda

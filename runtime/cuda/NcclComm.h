@@ -15,6 +15,7 @@
 #define SP_RUNTIME_CUDA_NCCLCOMM_H
 
 #include "runtime/comm/Communicator.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/Support/Error.h"
 #include <cuda_runtime_api.h>
 #include <memory>
@@ -57,6 +58,9 @@ public:
   /// progress together (none waits for the others to be matched first).
   static llvm::Error groupStart();
   static llvm::Error groupEnd();
+  /// Calls (NCCL calls) between groupStart and groupEnd; the group is ended
+  /// whatever they return, the first error wins.
+  static llvm::Error grouped(llvm::function_ref<llvm::Error()> Calls);
   /// ncclCommAbort: its kernels waiting for peers end, and the communicator
   /// is gone (every later call on it is an error).
   void abort();

@@ -29,6 +29,7 @@ createForRank(const BackendContext &C) {
   O.Tensor = C.Tensor;
   O.Pipeline = C.Pipeline;
   O.Data = C.Data;
+  O.Context = C.Context;
   O.AllowTF32 = C.flag("tf32") == "true";
   O.BlockwiseAttention = C.flag("cuda-attention") == "blockwise";
   O.CublasLtEpilogues = C.flag("cuda-epilogues") == "true";

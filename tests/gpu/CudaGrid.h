@@ -30,6 +30,7 @@ cudaBackendOf(Communicator &World, const RunOptions &O, bool Blockwise = false,
   CO.Tensor = O.Comm;
   CO.Pipeline = O.PipeComm;
   CO.Data = O.DataComm;
+  CO.Context = O.ContextComm;
   CO.BlockwiseAttention = Blockwise;
   CO.CublasLtEpilogues = Epilogues;
   return createCudaBackend(CO);

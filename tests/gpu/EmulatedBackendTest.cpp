@@ -13,7 +13,9 @@
 //     fused attention core (as unfused ops and by the blockwise kernels) on
 //     grids, on an 8-layer GPT that check_emulated_grids.sh exports;
 //   - the exported GPT-2, Llama (grouped-query heads, padding mask) and
-//     BERT models' fused plans on t = 2 + SP and p = 2 grids;
+//     BERT models' fused plans on t = 2 + SP, p = 2 and cp = 2 grids;
+//   - context parallelism: the ring and the all-to-all at cp 2 and 4, and
+//     with t 2 + SP, p 2, d 2 and ZeRO-1, and in bf16;
 //   - bf16 and fp16 grids against the CPU's losses within the format's band;
 //   - linear biases in cuBLASLt's epilogue (--cuda-epilogues), float32 by
 //     the rule above and bf16 within its band.
@@ -40,9 +42,10 @@ Expected<Plan> compile(StringRef Path, GridLayout L) {
 
 Expected<Run> trainGrid(const Plan &P, const GridLayout &L, bool Cuda,
                         int Steps) {
-  return trainOnGrid(
-      P, L.TP, L.PP, L.DP,
-      Cuda ? cudaGridBackend(L.Blockwise, L.Epilogues) : GridBackend(), Steps);
+  return trainOnGrid(P, L.TP, L.PP, L.DP,
+                     Cuda ? cudaGridBackend(L.Blockwise, L.Epilogues)
+                          : GridBackend(),
+                     Steps, L.CP);
 }
 
 void expectGridMatches(StringRef Path, const GridLayout &L) {
@@ -56,6 +59,16 @@ void expectGridMatches(StringRef Path, const GridLayout &L) {
   auto Ref = trainGrid(widenToFloat64(*P), L, false, Steps);
   ASSERT_TRUE(bool(Ref)) << toString(Ref.takeError());
   expectMatches(*Gpu, *Cpu, *Ref, Steps);
+}
+
+/// A fused plan with --cp CP --cp-comm Comm, on the other axes given.
+GridLayout contextLayout(const char *Name, int CP, const char *Comm, int TP = 1,
+                         int PP = 1, int DP = 1) {
+  GridLayout L{Name, TP, TP > 1, PP, PP, DP, DP > 1 ? 1 : 0};
+  L.CP = CP;
+  L.CpComm = Comm;
+  L.Fused = true;
+  return L;
 }
 
 /// Every layout with the compute stream (ordinal 0), then the
@@ -168,7 +181,9 @@ TEST(EmulatedCuda, ExportedFamiliesOnGrids) {
                     "exports the GPT-2, Llama and BERT models this test trains";
   GridLayout Layouts[] = {
       {"t = 2 + SP, fused attention, blockwise", 2, true},
-      {"p = 2, fused attention as unfused ops", 1, false, 2, 2}};
+      {"p = 2, fused attention as unfused ops", 1, false, 2, 2},
+      contextLayout("cp 2, ring", 2, "ring"),
+      contextLayout("cp 2, all-to-all", 2, "a2a")};
   Layouts[0].Fused = Layouts[0].Blockwise = true;
   Layouts[1].Fused = true;
   for (const std::string &Path : Paths)
@@ -176,6 +191,38 @@ TEST(EmulatedCuda, ExportedFamiliesOnGrids) {
       SCOPED_TRACE(Path + ": " + L.Name);
       expectGridMatches(Path, L);
     }
+}
+
+/// Context parallelism (--cp; runtime/cuda/ContextAttention.cpp): the ring
+/// and the all-to-all over NCCL on the blockwise kernels, cp 2 and 4 and
+/// with the other axes, by expectMatches; the dropout's draws (the core's
+/// and the residual ones, across the zigzag seam) are keyed by global
+/// positions, so they are the CPU ranks'.
+TEST(EmulatedCuda, ContextParallelGridsMatchTheCpu) {
+  const GridLayout Layouts[] = {
+      contextLayout("cp 2, ring", 2, "ring"),
+      contextLayout("cp 4, ring", 4, "ring"),
+      contextLayout("cp 2, all-to-all", 2, "a2a"),
+      contextLayout("cp 4, all-to-all", 4, "a2a"),
+      contextLayout("cp 2 x t 2 + SP, ring", 2, "ring", 2),
+      contextLayout("cp 2 x p 2, ring", 2, "ring", 1, 2),
+      contextLayout("cp 2 x d 2, ZeRO-1, all-to-all", 2, "a2a", 1, 1, 2)};
+  for (const GridLayout &L : Layouts) {
+    SCOPED_TRACE(L.Name);
+    expectGridMatches(TinyModel, L);
+  }
+  // A bf16 ring within the format's band of the CPU ranks' losses.
+  GridLayout B = contextLayout("bf16, cp 2, ring", 2, "ring");
+  B.Activations = DType::BF16;
+  const int Steps = 10;
+  auto P = compile(TinyModel, B);
+  ASSERT_TRUE(bool(P)) << toString(P.takeError());
+  auto Gpu = trainGrid(*P, B, true, Steps);
+  ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+  auto Cpu = trainGrid(*P, B, false, Steps);
+  ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+  expectLossesWithinBand(Gpu->Losses, Cpu->Losses, 0x1p-8, Steps,
+                         "bf16 cp grid");
 }
 
 /// bf16 and fp16 grids (16-bit activations and parameter copies, float32

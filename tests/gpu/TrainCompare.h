@@ -151,6 +151,8 @@ struct GridLayout {
   bool SP = false;
   int PP = 1, Microbatches = 1, DP = 1, Zero = 0;
   bool Ring = false; // --tp-comm-overlap
+  int CP = 1;        // --cp (needs Fused)
+  const char *CpComm = "ring"; // --cp-comm
   PipelineSchedule Schedule = PipelineSchedule::OneFOneB;
   int Interleave = 1;
   RecomputeMode Recompute = RecomputeMode::None;
@@ -177,6 +179,8 @@ inline llvm::Expected<Plan> compileLayout(llvm::StringRef Path,
   Ctx.ActivationDtype = L.Activations;
   Ctx.FusedAttention = L.Fused;
   Ctx.TpCommOverlap = L.Ring;
+  Ctx.ContextParallel = L.CP;
+  Ctx.ContextComm = L.CpComm;
   Ctx.Recompute.Mode = L.Recompute;
   if (L.PP > 1 || L.Microbatches > 1) {
     Ctx.Pipeline.Stages = L.PP;
@@ -219,20 +223,22 @@ inline Plan compileTiny(int TP = 1, bool SP = false, int PP = 1,
 using GridBackend = std::function<llvm::Expected<std::unique_ptr<Backend>>(
     Communicator &World, const RunOptions &O)>;
 
-/// The same plan on DP x PP x TP thread ranks, each on the backend Make
-/// makes: the losses and every stage's own parameters' whole gradients
+/// The same plan on DP x PP x CP x TP thread ranks, each on the backend
+/// Make makes: the losses and every stage's own parameters' whole gradients
 /// (gathered over the tensor group, and with ZeRO over the replicas).
 inline llvm::Expected<Run> trainOnGrid(const Plan &P, int TP, int PP, int DP,
-                                       const GridBackend &Make, int Steps) {
+                                       const GridBackend &Make, int Steps,
+                                       int CP = 1) {
   Run R;
   R.Grads.resize(Steps);
   std::mutex M;
-  llvm::Error E =
-      runOnThreadRanks(DP * PP * TP, [&](Communicator &World) -> llvm::Error {
+  llvm::Error E = runOnThreadRanks(
+      DP * PP * CP * TP, [&](Communicator &World) -> llvm::Error {
         ProcessGrid Grid;
         Grid.Tensor = TP;
         Grid.Pipeline = PP;
         Grid.Data = DP;
+        Grid.Context = CP;
         auto Groups = splitGroups(World, Grid);
         if (!Groups)
           return Groups.takeError();
@@ -240,7 +246,8 @@ inline llvm::Expected<Run> trainOnGrid(const Plan &P, int TP, int PP, int DP,
         O.AllowFloat64 = true;
         O.Comm = Groups->Tensor.get();
         O.PipeComm = PP > 1 ? Groups->Pipeline.get() : nullptr;
-        O.DataComm = DP > 1 ? Groups->Data.get() : nullptr;
+        O.DataComm = DP * CP > 1 ? Groups->Data.get() : nullptr;
+        O.ContextComm = CP > 1 ? Groups->Context.get() : nullptr;
         std::unique_ptr<Backend> Made;
         if (Make) {
           auto B = Make(World, O);

@@ -6,7 +6,8 @@
 # --device cpu on the same plan and data: one device with the paper's
 # attention ops; t = 2 + SP with the fused core by the blockwise kernels, and
 # with the linear biases in cuBLASLt's epilogue (--cuda-epilogues); and
-# the 2 x 2 x 2 grid (t = 2 + SP, p = 2, d = 2 with ZeRO-1). The numerics are
+# the 2 x 2 x 2 grid (t = 2 + SP, p = 2, d = 2 with ZeRO-1); context
+# parallelism (cp 2 x t 2 + SP, the ring). The numerics are
 # checked by sp-gpu-emulated-tests; this checks the tool's path.
 #
 # With MPIEXEC, the launch a cluster uses: one process per rank (mpirun,
@@ -14,7 +15,8 @@
 # communicators bootstrapped over MPI (the unique id broadcast by each
 # group's rank 0), their operations MPI messages between the processes
 # (EmulatedRuntime.h): the 2 x 2 x 2 grid with ZeRO-1, t = 2 + SP with the
-# ring all-gathers at d = 2, and ZB-H1 at p = 2, against the CPU.
+# ring all-gathers at d = 2, ZB-H1 at p = 2, and cp 2 by all-to-all x d 2
+# with ZeRO-1, against the CPU.
 # And a launch with more ranks per node than GPUs: one error, no hang.
 #   check_sp_run_emulated.sh BIN_DIR SP_RUN_EMULATED SOURCE_DIR WORK_DIR [MPIEXEC]
 set -euo pipefail
@@ -48,6 +50,7 @@ check one 20 "" --attention unfused
 check tp2sp 10 "--cuda-attention blockwise" --tp 2 --sp
 EXPECT="linear biases: in the GEMM's epilogue" check epilogues 10 "--cuda-epilogues" --tp 2 --sp --attention unfused
 check grid 6 "" --tp 2 --sp --pp 2 --microbatches 2 --dp 2 --zero 1
+check cp 6 "" --cp 2 --tp 2 --sp
 
 # More ranks than GPUs (2 emulated GPUs, 4 thread ranks): the ranks that have
 # one must not wait in ncclCommInitRank for those that do not.
@@ -69,3 +72,4 @@ few $LAUNCH 4 "$EMU" "$WORK/four" --comm mpi --data "$WORK/data.bin" --steps 1 -
 LAUNCH="$LAUNCH 8" check grid-mpi 6 "--comm mpi" --tp 2 --sp --pp 2 --microbatches 2 --dp 2 --zero 1
 LAUNCH="$LAUNCH 4" check ring-mpi 6 "--comm mpi" --tp 2 --sp --tp-comm-overlap --dp 2
 LAUNCH="$LAUNCH 2" check zb-mpi 6 "--comm mpi" --pp 2 --schedule zb1p --microbatches 4
+LAUNCH="$LAUNCH 4" check cp-mpi 6 "--comm mpi" --cp 2 --cp-comm a2a --dp 2 --zero 1

@@ -363,6 +363,8 @@ __global__ void __launch_bounds__(AThreads)
     attentionForwardKernel(Elems O, Elems Lse, Elems Q, Elems K, Elems V,
                            const float *KeyBias, AttentionGeometry G, Tiles T,
                            uint64_t Threshold, float KeepScale) {
+  if (G.SkipIf && *G.SkipIf)
+    return;
   SP_DYNAMIC_SHARED(float4, SharedF4);
   float *Qs = reinterpret_cast<float *>(SharedF4);
   float *KVs = Qs + ABlock * T.Pitch; // K, then V, of the key block
@@ -475,6 +477,8 @@ __global__ void __launch_bounds__(AThreads)
 template <Storage ST>
 __global__ void attentionDeltaKernel(float *Delta, Elems DO, Elems O,
                                      AttentionGeometry G) {
+  if (G.SkipIf && *G.SkipIf)
+    return;
   const int Lane = threadIdx.x % 32;
   const int64_t Rows = G.Batch * G.Heads * G.Sq;
   for (int64_t Row = globalThread() / 32; Row < Rows;
@@ -622,6 +626,8 @@ __global__ void __launch_bounds__(AThreads)
                            Elems V, Elems Lse, const float *KeyBias,
                            const float *Delta, AttentionGeometry G, Tiles T,
                            uint64_t Threshold, float KeepScale) {
+  if (G.SkipIf && *G.SkipIf)
+    return;
   SP_DYNAMIC_SHARED(float4, SharedF4);
   const BackwardTiles Sh = backwardTiles(SharedF4, T);
   float *Pt = Sh.Ps; // [key][row]: P, then DS, transposed
@@ -668,6 +674,8 @@ __global__ void __launch_bounds__(AThreads)
                              Elems Lse, const float *KeyBias,
                              const float *Delta, AttentionGeometry G, Tiles T,
                              uint64_t Threshold, float KeepScale) {
+  if (G.SkipIf && *G.SkipIf)
+    return;
   SP_DYNAMIC_SHARED(float4, SharedF4);
   const BackwardTiles Sh = backwardTiles(SharedF4, T);
   const auto [I0, A, B, Rows, QBase, KBase, Bias, Skip] =

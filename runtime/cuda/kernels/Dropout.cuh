@@ -1,9 +1,11 @@
-//===- Dropout.cuh - Philox dropout, forward and backward -------*- CUDA -*-===//
+//===- Dropout.cuh - Philox dropout, forward and backward -------*- CUDA
+//-*-===//
 //
 // Reference (runtime/cpu/kernels/Dropout.cpp, and runtime/cpu/Philox.h,
 // shared here: its functions are __host__ __device__ under nvcc):
 //   g     = the row-major index in Global of local element e (the local
-//           tensor is the block [Offset, Offset + Local) of Global)
+//           tensor is the block [Offset, Offset + Local) of Global, along
+//           an axis perhaps two runs: context parallelism's Seam, Jump)
 //   word  = philox::dropoutWord(Seed, Layer, Site, Stream, g)
 //   keep  = word >= philox::dropoutThreshold(Ratio)   (Ratio 1: none)
 //   Y[e]  = keep ? X[e] * float(1 / (1 - Ratio)) : 0,  Mask[e] = keep
@@ -23,7 +25,20 @@ namespace {
 struct DropoutGeometry {
   int Rank;
   int64_t Local[MaxRank], Offset[MaxRank], GlobalStride[MaxRank];
+  int64_t Seam[MaxRank], Jump[MaxRank]; // context parallelism's runs
 };
+
+/// The global row-major index of local element E.
+__device__ inline int64_t dropoutIndex(const DropoutGeometry &G, int64_t E) {
+  int64_t Rest = E, Global = 0;
+  for (int D = G.Rank - 1; D >= 0; --D) {
+    const int64_t L = Rest % G.Local[D];
+    const int64_t J = G.Seam[D] > 0 && L >= G.Seam[D] ? G.Jump[D] : 0;
+    Global += (G.Offset[D] + L + J) * G.GlobalStride[D];
+    Rest /= G.Local[D];
+  }
+  return Global;
+}
 
 template <Storage ST>
 __global__ void dropoutKernel(Elems Y, uint8_t *Mask, Elems X, int64_t N,
@@ -31,11 +46,7 @@ __global__ void dropoutKernel(Elems Y, uint8_t *Mask, Elems X, int64_t N,
                               uint32_t Layer, uint32_t Site, uint32_t Stream,
                               uint64_t Threshold, float Scale) {
   SP_GRID_LOOP(E, N) {
-    int64_t Rest = E, Global = 0;
-    for (int D = G.Rank - 1; D >= 0; --D) {
-      Global += (G.Offset[D] + Rest % G.Local[D]) * G.GlobalStride[D];
-      Rest /= G.Local[D];
-    }
+    const int64_t Global = dropoutIndex(G, E);
     bool Keep = false;
     if (Threshold <= 0xFFFFFFFFull)
       Keep = philox::dropoutWord(Seed, Layer, Site, Stream, uint64_t(Global)) >=
@@ -58,11 +69,7 @@ __global__ void dropoutQuadKernel(Elems Y, uchar4 *Mask, Elems X,
                                   uint32_t Stream, uint64_t Threshold,
                                   float Scale) {
   SP_GRID_LOOP(Q, Quads) {
-    int64_t Rest = Q * 4, Global = 0;
-    for (int D = G.Rank - 1; D >= 0; --D) {
-      Global += (G.Offset[D] + Rest % G.Local[D]) * G.GlobalStride[D];
-      Rest /= G.Local[D];
-    }
+    const int64_t Global = dropoutIndex(G, Q * 4);
     philox::Words4 W = philox::philox4x32_10(
         philox::dropoutCounter(Layer, Site, Stream, uint64_t(Global)),
         uint32_t(Seed), uint32_t(Seed >> 32));
@@ -95,20 +102,24 @@ __global__ void dropoutBackwardKernel(Elems DX, Elems DY, const uint8_t *Mask,
 
 void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
              uint32_t Layer, uint32_t Site, uint32_t Stream, DevShape Global,
-             DevShape Local, DevShape Offset, cudaStream_t S) {
+             DevShape Local, DevShape Offset, cudaStream_t S, DevShape Seam,
+             DevShape Jump) {
   DropoutGeometry G{};
   G.Rank = Global.Rank;
   int64_t N = 1, Stride = 1;
   for (int D = G.Rank - 1; D >= 0; --D) {
     G.Local[D] = Local.Dim[D];
     G.Offset[D] = Offset.Dim[D];
+    G.Seam[D] = D < Seam.Rank ? Seam.Dim[D] : 0;
+    G.Jump[D] = D < Jump.Rank ? Jump.Dim[D] : 0;
     G.GlobalStride[D] = Stride;
     Stride *= Global.Dim[D];
     N *= Local.Dim[D];
   }
   float Scale = float(philox::dropoutScale(Ratio));
   bool Quads = G.Rank > 0 && G.Local[G.Rank - 1] % 4 == 0 &&
-               G.Offset[G.Rank - 1] % 4 == 0 &&
+               G.Offset[G.Rank - 1] % 4 == 0 && G.Seam[G.Rank - 1] % 4 == 0 &&
+               G.Jump[G.Rank - 1] % 4 == 0 &&
                reinterpret_cast<uintptr_t>(Y.Data) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(X.Data) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(Mask) % 4 == 0;

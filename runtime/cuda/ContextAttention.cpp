@@ -1,0 +1,564 @@
+//===- ContextAttention.cpp - Context parallelism on the GPU --------------===//
+//
+// attention and attention_grad {cp = C > 1} (passes/ContextParallel.cpp):
+// this rank's q, k, v, o are its positions of the sequence (the zigzag runs
+// of ir/ContextLayout.h), and the core runs over the cp group as the CPU's
+// does (runtime/cpu/ContextAttention.h), on the blockwise kernels
+// (kernels/Attention.cuh) and the group's NCCL communicator, with the
+// kernels of kernels/ContextParallel.cuh around them:
+//
+// ring (cp_comm "ring"). Each rank's K and V go once around the ring: at
+//   each step one NCCL group (the block to the next rank, the next block
+//   from the one before) is posted on the NCCL stream after the compute so
+//   far, then the step's compute is queued on the compute stream, which
+//   waits for the transfer only before the next step: the transfer overlaps
+//   the block's attention. Each (query run, key run) pair of the two ranks'
+//   layouts is one call of the kernels on a window of the tensors (pointers
+//   moved to the runs, the runs' global positions as Query0 and Key0 and as
+//   the probabilities' block, so the causal mask and the dropout draws are
+//   the one-device run's). The forward merges each call's rows into a
+//   running output and log-sum-exp in float32 (ringMerge); the backward
+//   sums dq in float32, and each block's dk, dv in float32 sums that travel
+//   one step behind the block (in the next step's NCCL group, so the
+//   messages between two ranks keep one order) and reach their owner after
+//   one more shift. A pair wholly above the causal diagonal is skipped by
+//   the kernels when the device finds every row's log-sum-exp far enough
+//   above its masked scores (ringNegligible: the kernels' own rule), so
+//   skipping changes no result.
+//
+// all-to-all (cp_comm "a2a", DeepSpeed-Ulysses). Heads traded for
+//   positions: one NCCL group of sends and receives per tensor gives this
+//   rank heads [r A / C, (r + 1) A / C) (and the matching key/value heads)
+//   of the whole sequence, placed in global order from each sender's runs
+//   (copyBox, which reads and writes any layout by its strides, merged o
+//   included); the kernels run on them as on one device; a second exchange
+//   returns each rank's positions of every head.
+//
+// The results match the CPU's ring and all-to-all within a few float32
+// roundings (the kernels' products sum in another order), and are the same
+// bits on every run. Scratch: one region per stream, grown as needed.
+//
+// cp_slice and cp_pad: strided device copies of the runs (TensorLayout.h's
+// contextCopy on the CPU).
+//
+//===----------------------------------------------------------------------===//
+#include "ir/OpDef.h"
+#include "runtime/TensorLayout.h"
+#include "runtime/cuda/CudaBackendImpl.h"
+#include "support/Diagnostics.h"
+#include "llvm/Support/FormatVariadic.h"
+#include <algorithm>
+
+using namespace llvm;
+
+namespace sp::cuda {
+
+namespace {
+
+using CpRun = ContextLayout::Run;
+
+/// Offsets of aligned pieces of one scratch region.
+struct CpCarve {
+  int64_t Bytes = 0;
+  int64_t take(int64_t N) {
+    int64_t At = Bytes;
+    Bytes += (std::max<int64_t>(N, 1) + 255) / 256 * 256;
+    return At;
+  }
+};
+
+int storageBytes(Storage K) { return K == Storage::F32 ? 4 : 2; }
+
+/// Rows [First, First + Count) of every (b, h) of a tensor whose (b, h,
+/// row) strides are St.
+ContextRows cpRows(const int64_t (&St)[3], int64_t Batch, int64_t Heads,
+                   int64_t First, int64_t Count) {
+  ContextRows R;
+  R.Batch = Batch;
+  R.Heads = Heads;
+  R.Rows = Count;
+  R.Base = First * St[2];
+  std::copy_n(St, 3, R.Stride);
+  return R;
+}
+
+/// Dst (N elements of its storage) = Src (float32).
+Error storeFloats(Elems Dst, const float *Src, int64_t N, cudaStream_t S) {
+  if (Dst.Kind == Storage::F32)
+    SP_CUDA_TRY(cudaMemcpyAsync(Dst.Data, Src, size_t(N) * 4,
+                                cudaMemcpyDeviceToDevice, S));
+  else
+    narrow16(static_cast<uint16_t *>(Dst.Data), Src, N,
+             Dst.Kind == Storage::BF16, S);
+  return Error::success();
+}
+
+} // namespace
+
+/// One context-parallel attention call: the blockwise kernels' plan of this
+/// rank's tensors, the layout, the group and its communicator, and the
+/// scratch region of the stream.
+struct CudaBackend::ContextCall {
+  const KernelCall &C;
+  BlockwisePlan P;
+  ContextLayout L;
+  Communicator &Group;
+  NcclComm &Nccl;
+  int Slot;
+  Elems op(const BlockwiseOperand &X) const {
+    return at(elems(C, X.Id), X.Offset);
+  }
+};
+
+Error CudaBackend::contextAttention(const KernelCall &C, cudaStream_t S) {
+  const Instruction &I = C.I;
+  const auto &Bufs = C.Prog.Buffers;
+  const int Cp = int(attrInt(I.Op, I.Attrs, "cp"));
+  Communicator *G = C.group("cp");
+  if (!G || G->size() != Cp)
+    return makeError(formatv("attention {{cp = {0}} needs a context-parallel "
+                             "group of {0} ranks",
+                             Cp));
+  if (attentionInputs(I.Op, I.Attrs) == 1)
+    return makeError("attention {cp > 1, packed = 1}: the ring needs q, k and "
+                     "v apart; recompile the plan");
+  auto Plan = planBlockwise(I, Bufs);
+  if (!Plan)
+    return makeError("attention {cp = " + Twine(Cp) +
+                     "} runs on the blockwise kernels, which refuse it: " +
+                     toString(Plan.takeError()));
+  if (auto E = setBlockwiseDropout(*Plan, I, Bufs, C.Training, C.Dropout,
+                                   C.Seed, C.Step, C.Tensor.rank(), C.replica(),
+                                   C.replicas()))
+    return E;
+  AttentionGeometry &Geo = Plan->G;
+  const ContextLayout L{Cp, attrInt(I.Op, I.Attrs, "cp_zigzag") != 0,
+                        Geo.Sk * Cp};
+  if (!L.divides() || Geo.Sq != L.local())
+    return makeError(formatv("attention {{cp = {0}}: {1} queries and {2} keys "
+                             "on a rank do not cut a sequence into the "
+                             "layout's chunks",
+                             Cp, Geo.Sq, Geo.Sk));
+  Geo.ProbGlobal[2] = Geo.ProbGlobal[3] = L.Seq;
+  auto N = nccl(*G);
+  if (!N)
+    return N.takeError();
+  ContextCall X{C, std::move(*Plan), L, *G, **N, S == Comm ? 1 : 0};
+  return attrString(I.Op, I.Attrs, "cp_comm") == "a2a" ? ulyssesAttention(X, S)
+                                                       : ringAttention(X, S);
+}
+
+Error CudaBackend::contextBias(const ContextCall &X, float *Bias,
+                               cudaStream_t S) {
+  const KernelCall &C = X.C;
+  auto KeepType = paddingKeepType(C.Prog.Buffers[X.P.Keep].Type);
+  if (!KeepType)
+    return KeepType.takeError();
+  const int64_t N = X.P.G.Batch * X.L.Seq;
+  SP_CUDA_TRY(cudaMemsetAsync(Bias, 0, size_t(N) * sizeof(float), S));
+  paddingMask(Bias, Bias, C.buffer(X.P.Keep), *KeepType, X.P.G.Batch, 1,
+              X.L.Seq, X.P.PadFill, X.P.PadWhere, S);
+  return Error::success();
+}
+
+Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
+  const AttentionGeometry &G = X.P.G;
+  const bool Fwd = X.P.Forward;
+  const Elems Q = X.op(X.P.Q), K = X.op(X.P.K), V = X.op(X.P.V),
+              Lse = X.op(X.P.Lse);
+  const int Es = storageBytes(Q.Kind), Ls = storageBytes(Lse.Kind);
+  const int64_t NK = G.Batch * G.KvHeads * G.Sk * G.D,
+                NQ = G.Batch * G.Heads * G.Sq * G.D,
+                NL = G.Batch * G.Heads * G.Sq, KvBytes = 2 * NK * Es;
+  const int Parts = X.L.Parts, Rank = X.Group.rank();
+  const int Next = (Rank + 1) % Parts, Prev = (Rank + Parts - 1) % Parts;
+
+  // The scratch: the block held and the one arriving (K then V), the
+  // padding bias (whole, and of a key run), the negligible flag; forward:
+  // a call's output and log-sum-exp, and the running ones; backward: the
+  // travelling dk, dv sums (two), this step's, a call's dq and dk, dv, the
+  // dq sum, the kernels' Delta.
+  CpCarve W;
+  const int64_t KvAt[2] = {W.take(KvBytes), W.take(KvBytes)};
+  const bool Padded = X.P.Keep >= 0;
+  const int64_t BiasAt = W.take(Padded ? G.Batch * X.L.Seq * 4 : 0),
+                BiasRunAt = W.take(Padded ? G.Batch * G.Sk * 4 : 0),
+                FlagAt = W.take(sizeof(int));
+  int64_t OpAt = 0, LpAt = 0, RunOAt = 0, RunLAt = 0, DkvAt[2] = {}, DkcAt = 0,
+          DqwAt = 0, DkvwAt = 0, DqaAt = 0, DeltaAt = 0;
+  if (Fwd) {
+    OpAt = W.take(NQ * Es);
+    LpAt = W.take(NL * Ls);
+    RunOAt = W.take(NQ * 4);
+    RunLAt = W.take(NL * 4);
+  } else {
+    DkvAt[0] = W.take(2 * NK * 4);
+    DkvAt[1] = W.take(2 * NK * 4);
+    DkcAt = W.take(2 * NK * 4);
+    DqwAt = W.take(NQ * Es);
+    DkvwAt = W.take(2 * NK * Es);
+    DqaAt = W.take(NQ * 4);
+    DeltaAt = W.take(NL * 4);
+  }
+  auto Region = grow(ContextWork[X.Slot], ContextWorkBytes[X.Slot], W.Bytes);
+  if (!Region)
+    return Region.takeError();
+  char *Base = *Region;
+  auto Floats = [&](int64_t At) {
+    return reinterpret_cast<float *>(Base + At);
+  };
+  auto Like = [&](int64_t At, Storage Kind) { return Elems(Base + At, Kind); };
+  char *Kv[2] = {Base + KvAt[0], Base + KvAt[1]};
+  float *Bias = Padded ? Floats(BiasAt) : nullptr;
+  float *BiasRun = Padded ? Floats(BiasRunAt) : nullptr;
+  int *Flag = reinterpret_cast<int *>(Base + FlagAt);
+  if (Padded)
+    if (auto E = contextBias(X, Bias, S))
+      return E;
+  SP_CUDA_TRY(cudaMemcpyAsync(Kv[0], K.Data, size_t(NK) * Es,
+                              cudaMemcpyDeviceToDevice, S));
+  SP_CUDA_TRY(cudaMemcpyAsync(Kv[0] + NK * Es, V.Data, size_t(NK) * Es,
+                              cudaMemcpyDeviceToDevice, S));
+  if (!Fwd) {
+    SP_CUDA_TRY(cudaMemsetAsync(Floats(DqaAt), 0, size_t(NQ) * 4, S));
+  }
+
+  const auto Mine = X.L.runs(Rank);
+  for (int Step = 0; Step < Parts; ++Step) {
+    const int Src = (Rank - Step + Parts) % Parts;
+    char *Cur = Kv[Step % 2], *Arriving = Kv[(Step + 1) % 2];
+    float *DIn = Fwd ? nullptr : Floats(DkvAt[Step % 2]),
+          *DOut = Fwd ? nullptr : Floats(DkvAt[(Step + 1) % 2]);
+    // The transfers of this step, after the compute so far: the next
+    // block; in the backward also the sums of the block held last step to
+    // the next rank, and those of this step's block from the rank before.
+    const bool Shift = Step + 1 < Parts, Sums = !Fwd && Step > 0;
+    if (Shift || Sums) {
+      if (auto E = hopToNccl(S))
+        return E;
+      cudaStream_t NS = ncclStream();
+      if (auto E = NcclComm::grouped([&]() -> Error {
+            if (Shift) {
+              if (auto E = X.Nccl.send(Cur, KvBytes, Next, NS))
+                return E;
+              if (auto E = X.Nccl.recv(Arriving, KvBytes, Prev, NS))
+                return E;
+            }
+            if (Sums) {
+              if (auto E = X.Nccl.send(DOut, 2 * NK * 4, Next, NS))
+                return E;
+              if (auto E = X.Nccl.recv(DIn, 2 * NK * 4, Prev, NS))
+                return E;
+            }
+            return Error::success();
+          }))
+        return E;
+    }
+    if (!Fwd)
+      SP_CUDA_TRY(cudaMemsetAsync(Floats(DkcAt), 0, size_t(2 * NK) * 4, S));
+    const Elems CurK(Cur, Q.Kind), CurV(Cur + NK * Es, Q.Kind);
+    const auto Theirs = X.L.runs(Src);
+    for (const CpRun &Qr : Mine)
+      for (size_t KI = 0; KI < Theirs.size(); ++KI) {
+        const CpRun &Kr = Theirs[KI];
+        AttentionGeometry Wg = G;
+        Wg.Sq = Qr.Length;
+        Wg.Sk = Kr.Length;
+        Wg.Query0 = Wg.ProbOffset[2] = Qr.Global;
+        Wg.Key0 = Wg.ProbOffset[3] = Kr.Global;
+        const ContextRows QRows = cpRows(G.Q, G.Batch, G.Heads, Qr.Local,
+                                         Qr.Length),
+                          ORows = cpRows(G.O, G.Batch, G.Heads, Qr.Local,
+                                         Qr.Length),
+                          LRows = cpRows(G.L, G.Batch, G.Heads, Qr.Local,
+                                         Qr.Length),
+                          KRows = cpRows(G.K, G.Batch, G.KvHeads, Kr.Local,
+                                         Kr.Length);
+        if (Padded)
+          SP_CUDA_TRY(cudaMemcpy2DAsync(BiasRun, size_t(Kr.Length) * 4,
+                                        Bias + Kr.Global, size_t(X.L.Seq) * 4,
+                                        size_t(Kr.Length) * 4, size_t(G.Batch),
+                                        cudaMemcpyDeviceToDevice, S));
+        const bool First = Fwd && Step == 0 && KI == 0;
+        if (!First && G.Causal && Kr.Global > Qr.Global + Qr.Length - 1) {
+          ringNegligible(Flag, Fwd ? Elems(Floats(RunLAt)) : Lse, LRows,
+                         BiasRun, Kr.Length, G.Fill, S);
+          Wg.SkipIf = Flag;
+        }
+        const float *RunBias = Padded ? BiasRun : nullptr;
+        if (Fwd) {
+          const Elems Op = Like(OpAt, Q.Kind), Lp = Like(LpAt, Lse.Kind);
+          attentionForward(at(Op, ORows.Base), at(Lp, LRows.Base),
+                           at(Q, QRows.Base), at(CurK, KRows.Base),
+                           at(CurV, KRows.Base), RunBias, Wg, S);
+          ringMerge(Floats(RunOAt), Floats(RunLAt), Op, Lp, ORows, LRows, G.D,
+                    First, Wg.SkipIf, S);
+          continue;
+        }
+        const Elems DQw = Like(DqwAt, Q.Kind), DKw = Like(DkvwAt, Q.Kind),
+                    DVw = at(DKw, NK), DO = X.op(X.P.DO), O = X.op(X.P.O);
+        attentionBackward(at(DQw, QRows.Base), at(DKw, KRows.Base),
+                          at(DVw, KRows.Base), at(DO, ORows.Base),
+                          at(Q, QRows.Base), at(CurK, KRows.Base),
+                          at(CurV, KRows.Base), at(O, ORows.Base),
+                          at(Lse, LRows.Base), RunBias, Floats(DeltaAt), Wg, S);
+        ringAccumulate(Floats(DqaAt), DQw, QRows, G.D, Wg.SkipIf, S);
+        ringAccumulate(Floats(DkcAt), DKw, KRows, G.D, Wg.SkipIf, S);
+        ringAccumulate(Floats(DkcAt) + NK, DVw, KRows, G.D, Wg.SkipIf, S);
+      }
+    if (Shift || Sums)
+      if (auto E = hopBack(S))
+        return E;
+    if (!Fwd) { // this step's block: the sums so far, plus this rank's
+      if (Step == 0)
+        SP_CUDA_TRY(cudaMemcpyAsync(DIn, Floats(DkcAt), size_t(2 * NK) * 4,
+                                    cudaMemcpyDeviceToDevice, S));
+      else
+        add(DIn, DIn, Floats(DkcAt), 2 * NK, S);
+    }
+  }
+  if (Fwd) {
+    if (auto E = storeFloats(X.op(X.P.O), Floats(RunOAt), NQ, S))
+      return E;
+    return storeFloats(Lse, Floats(RunLAt), NL, S);
+  }
+  // One more shift: this rank's own block's sums, from the rank before it.
+  float *Own = Floats(DkvAt[(Parts - 1) % 2]);
+  if (Parts > 1) {
+    float *Last = Own;
+    Own = Floats(DkvAt[Parts % 2]);
+    if (auto E = onNccl(X.Group, S, [&](NcclComm &Nc, cudaStream_t NS) {
+          return NcclComm::grouped([&]() -> Error {
+            if (auto E = Nc.send(Last, 2 * NK * 4, Next, NS))
+              return E;
+            return Nc.recv(Own, 2 * NK * 4, Prev, NS);
+          });
+        }))
+      return E;
+  }
+  if (auto E = storeFloats(X.op(X.P.DQ), Floats(DqaAt), NQ, S))
+    return E;
+  if (auto E = storeFloats(X.op(X.P.DK), Own, NK, S))
+    return E;
+  return storeFloats(X.op(X.P.DV), Own + NK, NK, S);
+}
+
+Error CudaBackend::ulyssesAttention(const ContextCall &X, cudaStream_t S) {
+  const AttentionGeometry &G = X.P.G;
+  const bool Fwd = X.P.Forward;
+  const int Parts = X.L.Parts, Rank = X.Group.rank();
+  if (G.Heads % Parts || G.KvHeads % Parts)
+    return makeError(formatv("all-to-all attention: cp {0} does not divide "
+                             "the {1} heads and {2} key/value heads of a rank",
+                             Parts, G.Heads, G.KvHeads));
+  const int64_t Hc = G.Heads / Parts, Gc = G.KvHeads / Parts, Seq = X.L.Seq,
+                Sl = X.L.local(), D = G.D;
+  const Elems Q = X.op(X.P.Q), Lse = X.op(X.P.Lse);
+  const int Es = storageBytes(Q.Kind), Ls = storageBytes(Lse.Kind);
+  // The kernels' view: this rank's heads of the whole sequence, compact
+  // [B, Hc, Seq, D] (and [B, Hc, Seq] for the log-sum-exp).
+  AttentionGeometry F = G;
+  F.Heads = Hc, F.KvHeads = Gc, F.Sq = F.Sk = Seq;
+  const int64_t QSt[3] = {Hc * Seq * D, Seq * D, D},
+                KSt[3] = {Gc * Seq * D, Seq * D, D},
+                LSt[3] = {Hc * Seq, Seq, 1};
+  std::copy_n(QSt, 3, F.Q);
+  std::copy_n(QSt, 3, F.O);
+  std::copy_n(KSt, 3, F.K);
+  std::copy_n(LSt, 3, F.L);
+  F.Query0 = F.Key0 = 0;
+  F.ProbOffset[1] += int64_t(Rank) * Hc;
+  F.ProbOffset[2] = F.ProbOffset[3] = 0;
+
+  const int64_t NQf = G.Batch * Hc * Seq * D, NKf = G.Batch * Gc * Seq * D,
+                NLf = G.Batch * Hc * Seq;
+  // The largest message (q's, or the log-sum-exp's when float32 and D 1).
+  const int64_t Block = G.Batch * Hc * Sl * std::max<int64_t>(D * Es, Ls);
+  CpCarve W;
+  const int64_t SendAt = W.take(Parts * Block), RecvAt = W.take(Parts * Block);
+  const bool Padded = X.P.Keep >= 0;
+  const int64_t BiasAt = W.take(Padded ? G.Batch * Seq * 4 : 0);
+  // q, k, v, o, lse; backward also do, dq, dk, dv, Delta.
+  const int64_t QfAt = W.take(NQf * Es), KfAt = W.take(NKf * Es),
+                VfAt = W.take(NKf * Es), OfAt = W.take(NQf * Es),
+                LfAt = W.take(NLf * Ls);
+  int64_t DOfAt = 0, DQfAt = 0, DKfAt = 0, DVfAt = 0, DeltaAt = 0;
+  if (!Fwd) {
+    DOfAt = W.take(NQf * Es);
+    DQfAt = W.take(NQf * Es);
+    DKfAt = W.take(NKf * Es);
+    DVfAt = W.take(NKf * Es);
+    DeltaAt = W.take(NLf * 4);
+  }
+  auto Region = grow(ContextWork[X.Slot], ContextWorkBytes[X.Slot], W.Bytes);
+  if (!Region)
+    return Region.takeError();
+  char *Base = *Region;
+  auto Full = [&](int64_t At, Storage Kind) { return Elems(Base + At, Kind); };
+  float *Bias = Padded ? reinterpret_cast<float *>(Base + BiasAt) : nullptr;
+  if (Padded)
+    if (auto E = contextBias(X, Bias, S))
+      return E;
+
+  // One exchange of a tensor with H heads of RowElems elements per row:
+  // ToSequence, from this rank's positions of every head (Local, strides
+  // St) to its heads of every position (Whole, compact); else back.
+  auto Exchange = [&](Elems Local, const int64_t(&St)[3], Elems Whole,
+                      int64_t H, int64_t RowElems, bool ToSequence) -> Error {
+    const int64_t Hr = H / Parts;
+    const int Eb = storageBytes(Local.Kind);
+    const int64_t Msg = G.Batch * Hr * Sl * RowElems; // elements
+    const int64_t MsgSt[3] = {Hr * Sl * RowElems, Sl * RowElems, RowElems},
+                  WholeSt[3] = {Hr * Seq * RowElems, Seq * RowElems, RowElems};
+    char *Send = Base + SendAt, *Recv = Base + RecvAt;
+    // Rank J's message: its heads of this rank's positions (ToSequence),
+    // or this rank's heads of J's positions.
+    auto Pack = [&](int J) {
+      char *Out = Send + J * Msg * Eb;
+      if (ToSequence) {
+        ContextBox B;
+        B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Sl,
+        B.Dims[3] = RowElems;
+        B.SrcBase = J * Hr * St[1];
+        std::copy_n(St, 3, B.Src);
+        std::copy_n(MsgSt, 3, B.Dst);
+        copyBox(Out, Local.Data, Eb, B, S);
+        return;
+      }
+      for (const CpRun &Run : X.L.runs(J)) {
+        ContextBox B;
+        B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Run.Length,
+        B.Dims[3] = RowElems;
+        B.SrcBase = Run.Global * RowElems;
+        B.DstBase = Run.Local * RowElems;
+        std::copy_n(WholeSt, 3, B.Src);
+        std::copy_n(MsgSt, 3, B.Dst);
+        copyBox(Out, Whole.Data, Eb, B, S);
+      }
+    };
+    // What came from rank J, put in place.
+    auto Place = [&](const char *Got, int J) {
+      if (ToSequence) {
+        for (const CpRun &Run : X.L.runs(J)) {
+          ContextBox B;
+          B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Run.Length,
+          B.Dims[3] = RowElems;
+          B.SrcBase = Run.Local * RowElems;
+          B.DstBase = Run.Global * RowElems;
+          std::copy_n(MsgSt, 3, B.Src);
+          std::copy_n(WholeSt, 3, B.Dst);
+          copyBox(Whole.Data, Got, Eb, B, S);
+        }
+        return;
+      }
+      ContextBox B;
+      B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Sl, B.Dims[3] = RowElems;
+      B.DstBase = J * Hr * St[1];
+      std::copy_n(MsgSt, 3, B.Src);
+      std::copy_n(St, 3, B.Dst);
+      copyBox(Local.Data, Got, Eb, B, S);
+    };
+    for (int J = 0; J < Parts; ++J)
+      Pack(J);
+    if (auto E = onNccl(X.Group, S, [&](NcclComm &Nc, cudaStream_t NS) {
+          return NcclComm::grouped([&]() -> Error {
+            for (int J = 0; J < Parts; ++J)
+              if (J != Rank) {
+                if (auto E = Nc.send(Send + J * Msg * Eb, Msg * Eb, J, NS))
+                  return E;
+                if (auto E = Nc.recv(Recv + J * Msg * Eb, Msg * Eb, J, NS))
+                  return E;
+              }
+            return Error::success();
+          });
+        }))
+      return E;
+    for (int J = 0; J < Parts; ++J)
+      Place((J == Rank ? Send : Recv) + J * Msg * Eb, J);
+    return Error::success();
+  };
+
+  const Elems Qf = Full(QfAt, Q.Kind), Kf = Full(KfAt, Q.Kind),
+              Vf = Full(VfAt, Q.Kind), Of = Full(OfAt, Q.Kind),
+              Lf = Full(LfAt, Lse.Kind);
+  struct Tensor {
+    Elems Local;
+    const int64_t *St;
+    Elems Whole;
+    int64_t Heads, Row;
+  };
+  SmallVector<Tensor, 6> In = {{Q, G.Q, Qf, G.Heads, D},
+                               {X.op(X.P.K), G.K, Kf, G.KvHeads, D},
+                               {X.op(X.P.V), G.K, Vf, G.KvHeads, D}};
+  if (!Fwd) {
+    In.push_back({X.op(X.P.DO), G.O, Full(DOfAt, Q.Kind), G.Heads, D});
+    In.push_back({X.op(X.P.O), G.O, Of, G.Heads, D});
+    In.push_back({Lse, G.L, Lf, G.Heads, 1});
+  }
+  auto Run = [&](const Tensor &T, bool ToSequence) {
+    const int64_t St[3] = {T.St[0], T.St[1], T.St[2]};
+    return Exchange(T.Local, St, T.Whole, T.Heads, T.Row, ToSequence);
+  };
+  for (const Tensor &T : In)
+    if (auto E = Run(T, true))
+      return E;
+  if (Fwd) {
+    attentionForward(Of, Lf, Qf, Kf, Vf, Bias, F, S);
+    for (const Tensor &T : {Tensor{X.op(X.P.O), G.O, Of, G.Heads, D},
+                            Tensor{Lse, G.L, Lf, G.Heads, 1}})
+      if (auto E = Run(T, false))
+        return E;
+    return Error::success();
+  }
+  const Elems DQf = Full(DQfAt, Q.Kind), DKf = Full(DKfAt, Q.Kind),
+              DVf = Full(DVfAt, Q.Kind);
+  attentionBackward(DQf, DKf, DVf, Full(DOfAt, Q.Kind), Qf, Kf, Vf, Of, Lf,
+                    Bias, reinterpret_cast<float *>(Base + DeltaAt), F, S);
+  for (const Tensor &T : {Tensor{X.op(X.P.DQ), G.Q, DQf, G.Heads, D},
+                          Tensor{X.op(X.P.DK), G.K, DKf, G.KvHeads, D},
+                          Tensor{X.op(X.P.DV), G.K, DVf, G.KvHeads, D}})
+    if (auto E = Run(T, false))
+      return E;
+  return Error::success();
+}
+
+Error CudaBackend::contextCopy(const KernelCall &C, cudaStream_t S) {
+  const Instruction &I = C.I;
+  const int Parts = int(attrInt(I.Op, I.Attrs, "parts"));
+  Communicator *G = C.group("cp");
+  if (Parts > 1 && (!G || G->size() != Parts))
+    return makeError(formatv("{0} of {1} parts needs a context-parallel "
+                             "group of that size",
+                             opName(I.Op), Parts));
+  const bool Slice = I.Op == OpKind::CpSlice;
+  const TensorType &WholeT = Slice ? C.inType(0) : C.outType(0);
+  const int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
+  const ContextLayout L{Parts, attrInt(I.Op, I.Attrs, "zigzag") != 0,
+                        WholeT.Shape[Dim]};
+  if (!L.divides())
+    return makeError(formatv("{0}: axis {1} of {2} does not divide into the "
+                             "context-parallel chunks",
+                             opName(I.Op), Dim, WholeT.str()));
+  char *Whole = C.buffer(Slice ? I.In[0] : I.Out[0]);
+  char *Local = C.buffer(Slice ? I.Out[0] : I.In[0]);
+  const AxisView A = around(WholeT, Dim);
+  const int64_t E = dtypeSize(WholeT.Dtype) * A.Inner;
+  const int64_t WholeRow = WholeT.Shape[Dim] * E, LocalRow = L.local() * E;
+  if (!Slice)
+    SP_CUDA_TRY(cudaMemsetAsync(Whole, 0, size_t(A.Outer * WholeRow), S));
+  for (const CpRun &R : L.runs(G ? G->rank() : 0)) {
+    char *W = Whole + R.Global * E, *Lc = Local + R.Local * E;
+    const size_t Width = size_t(R.Length * E);
+    if (Slice)
+      SP_CUDA_TRY(cudaMemcpy2DAsync(Lc, size_t(LocalRow), W, size_t(WholeRow),
+                                    Width, size_t(A.Outer),
+                                    cudaMemcpyDeviceToDevice, S));
+    else
+      SP_CUDA_TRY(cudaMemcpy2DAsync(W, size_t(WholeRow), Lc, size_t(LocalRow),
+                                    Width, size_t(A.Outer),
+                                    cudaMemcpyDeviceToDevice, S));
+  }
+  return Error::success();
+}
+
+} // namespace sp::cuda

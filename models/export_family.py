@@ -20,7 +20,7 @@ Variant switches (each family accepts only its own; see the model files for the 
            --activation gelu_new|gelu|relu|silu (GPT2Config.activation_function)
            --residual sequential|parallel|parallel-one-norm (GPT-NeoX's and GPT-J's blocks; sp refuses them)
     llama  --rmsnorm hf|div  --silu module|manual  --rope half|interleaved
-           --rope-tables position_ids|sliced  --mask finfo|triu  --attention-mask none|input|ones
+           --rope-tables position_ids|sliced  --mask finfo|triu|tril  --attention-mask none|input|ones
     bert   --mask 10000|finfo  --token-types input|buffer  --pad-token-id N
 Combinations torch cannot export at the requested opset are refused before exporting.
 """
@@ -157,10 +157,10 @@ def validate(args):
             return f"llama's rotary embeddings need an even head size, got {args.hidden // args.heads}"
         if args.ffn is None:
             args.ffn = -(-(8 * args.hidden // 3) // 8) * 8
-        if args.mask == "triu" and args.opset < MIN_TRILU_OPSET:
-            return (f"--mask triu builds the causal mask with torch.triu, exported as Trilu, which exists from "
-                    f"opset {MIN_TRILU_OPSET} (torch cannot export it at opset {args.opset}); use --mask finfo "
-                    f"or --opset {MIN_TRILU_OPSET} or later")
+        if args.mask in ("triu", "tril") and args.opset < MIN_TRILU_OPSET:
+            return (f"--mask {args.mask} builds the causal mask with torch.{args.mask}, exported as Trilu, which "
+                    f"exists from opset {MIN_TRILU_OPSET} (torch cannot export it at opset {args.opset}); "
+                    f"use --mask finfo or --opset {MIN_TRILU_OPSET} or later")
     else:
         if args.kv_heads is not None:
             return "--kv-heads is a llama switch"

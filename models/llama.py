@@ -36,6 +36,11 @@ other pairs of dimensions (2i, 2i+1 instead of i, i + d/2): another model with t
     mask         "finfo": HF's `_make_causal_mask` (full(finfo.min), masked_fill_ to 0 on and below
                          the diagonal, expanded to [B, 1, T, T])
                  "triu": `torch.full((s, s), float("-inf")).triu(1)` (Trilu, opset >= 14)
+                 "tril": each attention masks its own scores, as GPT's do:
+                         `w.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), finfo.min)`
+                         (ConstantOfShape, Trilu, Not, Where; opset >= 14). The other two forms
+                         reach the graph as an [s, s] float constant (64 GiB at s = 131072); this
+                         one is built from its shape, so the file stays small at any length
     attention_mask  "none": no padding mask (only the causal one)
                  "input": an attention_mask input [B, T] (1 = keep), HF's `_expand_mask` added to
                          the causal mask
@@ -58,7 +63,7 @@ RMSNORM_FORMS = ("hf", "div")
 SILU_FORMS = ("module", "manual")
 ROPE_FORMS = ("half", "interleaved")
 ROPE_TABLE_FORMS = ("position_ids", "sliced")
-MASK_FORMS = ("finfo", "triu")
+MASK_FORMS = ("finfo", "triu", "tril")
 ATTENTION_MASK_FORMS = ("none", "input", "ones")
 
 
@@ -273,6 +278,7 @@ class LlamaAttention(nn.Module):
         self.max_position_embeddings = config.max_position_embeddings
         self.rope = config.rope
         self.rope_tables = config.rope_tables
+        self.mask = config.mask
         self.upcast_dtype = torch.float32
 
         self.q_proj = nn.Linear(self.hidden_size, self.num_heads * self.head_dim, bias=False)
@@ -308,6 +314,10 @@ class LlamaAttention(nn.Module):
         value_states = repeat_kv(value_states, self.num_key_value_groups)
 
         attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)
+
+        if self.mask == "tril":
+            causal = torch.ones(q_len, kv_seq_len, dtype=torch.bool, device=attn_weights.device).tril()
+            attn_weights = attn_weights.masked_fill(~causal, torch.finfo(attn_weights.dtype).min)
 
         if attention_mask is not None:
             attn_weights = attn_weights + attention_mask
@@ -381,7 +391,7 @@ class LlamaModel(LlamaPreTrainedModel):
         # create causal mask
         # [bsz, seq_len] -> [bsz, 1, tgt_seq_len, src_seq_len]
         combined_attention_mask = None
-        if input_shape[-1] > 1:
+        if input_shape[-1] > 1 and self.config.mask != "tril":  # "tril": each attention masks its scores
             if self.config.mask == "triu":
                 combined_attention_mask = _make_triu_causal_mask(input_shape, inputs_embeds.dtype,
                                                                  device=inputs_embeds.device)

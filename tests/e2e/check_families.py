@@ -148,6 +148,9 @@ CASES = [
     Case("llama-o17-tokens-interleaved-triu-tied-mqa", "llama", 17, "tokens",
          {"rope": "interleaved", "mask": "triu"}, sizes=dict(heads=4, kv_heads=1), tied=True,
          expect=LLAMA_EXPECT),
+    # tril: each attention's causal mask built from its shape (gen_llama_graph.py's form), with padding.
+    Case("llama-o14-input_ids-tril-mask-padded", "llama", 14, "input_ids",
+         {"mask": "tril", "attention_mask": "input"}, objective=PADDED, expect=LLAMA_EXPECT),
     # s 1088 (> 1024): the causal mask HF builds at run time has more elements than the folder
     # materialises; the canonicalizer checks it one element at a time (analysis/LazyElements.h).
     Case("llama-o17-input_ids-hf-seq1088", "llama", 17, "input_ids",

@@ -41,7 +41,11 @@ def torch_export(size, directory):
 
 
 def constant_value(node):
-    array = numpy_helper.to_array(node.attribute[0].t)
+    """The Constant's value as text; a tensor in external data by its type and shape alone."""
+    tensor = node.attribute[0].t
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return f"{onnx.TensorProto.DataType.Name(tensor.data_type)}{list(tensor.dims)}=external"
+    array = numpy_helper.to_array(tensor)
     return f"{array.dtype}{list(array.shape)}={array.tolist()}"
 
 

@@ -164,15 +164,19 @@ class GraphBuilder:
             self._pooled[value] = self.constant(scope, value, np.int64)
         return self._pooled[value]
 
-    def external_initializer(self, name, dtype, shape, location):
-        """Declare an initializer whose data would live at the next aligned offset of `location`."""
+    def external_tensor(self, name, dtype, shape, location):
+        """A tensor whose data would live at the next aligned offset of `location`."""
         length = DTYPE_BYTES[dtype] * math.prod(shape)
         offset = -(-self._weights_end // ALIGNMENT) * ALIGNMENT
         self._weights_end = offset + length
         tensor = TensorProto(name=name, data_type=dtype, dims=shape, data_location=TensorProto.EXTERNAL)
         for key, value in (("location", location), ("offset", offset), ("length", length)):
             tensor.external_data.add(key=key, value=str(value))
-        self.initializers.append(tensor)
+        return tensor
+
+    def external_initializer(self, name, dtype, shape, location):
+        """Declare an initializer whose data would live at the next aligned offset of `location`."""
+        self.initializers.append(self.external_tensor(name, dtype, shape, location))
 
 
 def dropout(b, scope, x, ratio):

@@ -144,8 +144,12 @@ Error CudaBackend::contextAttention(const KernelCall &C, cudaStream_t S) {
   if (!N)
     return N.takeError();
   ContextCall X{C, std::move(*Plan), L, *G, **N, S == Comm ? 1 : 0};
-  return attrString(I.Op, I.Attrs, "cp_comm") == "a2a" ? ulyssesAttention(X, S)
-                                                       : ringAttention(X, S);
+  const std::string Comm = attrString(I.Op, I.Attrs, "cp_comm");
+  if (Comm != "ring" && Comm != "a2a")
+    return makeError("attention {cp_comm = " + Comm +
+                     "}: the CUDA backend runs the ring and the all-to-all; "
+                     "compile with --cp-comm ring or a2a");
+  return Comm == "a2a" ? ulyssesAttention(X, S) : ringAttention(X, S);
 }
 
 Error CudaBackend::contextBias(const ContextCall &X, float *Bias,

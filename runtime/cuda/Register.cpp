@@ -45,9 +45,12 @@ static BackendNotes notesFor(const Plan &P, const BackendContext &C) {
                       std::string(" compute: GEMMs on tensor cores (float32 "
                                   "sums), other ops in float32 on widened "
                                   "copies; each result rounded once"));
-  // How the GPU runs a fused attention core (AttentionPlan.h).
-  if (any_of(P.Prog.Instrs,
-             [](const Instruction &I) { return I.Op == OpKind::Attention; }))
+  // How the GPU runs a fused attention core (AttentionPlan.h; under
+  // context parallelism always the blockwise kernels, said below).
+  const bool Cp = P.Manifest.value("cp", 1) > 1;
+  if (!Cp && any_of(P.Prog.Instrs, [](const Instruction &I) {
+        return I.Op == OpKind::Attention;
+      }))
     N.Lines.push_back(
         C.flag("cuda-attention") == "blockwise"
             ? "attention core: the blockwise kernels (heads above 128 as "
@@ -55,6 +58,14 @@ static BackendNotes notesFor(const Plan &P, const BackendContext &C) {
             : "attention core: its unfused ops on a float32 workspace "
               "(--cuda-attention blockwise for the blockwise kernels; or "
               "compile with --attention unfused)");
+  if (Cp)
+    N.Lines.push_back(
+        P.Manifest.value("cp_comm", std::string("ring")) == "a2a"
+            ? "context parallelism: the all-to-all over NCCL, the blockwise "
+              "attention kernels on this rank's heads"
+            : "context parallelism: the ring over NCCL (each block's "
+              "transfer beside the attention on the one before), on the "
+              "blockwise attention kernels");
   if (C.flag("cuda-epilogues") == "true")
     N.Lines.push_back("linear biases: in the GEMM's epilogue (cuBLASLt) "
                       "where it offers an algorithm");

@@ -15,6 +15,14 @@
 // ones with it: the token and target rows a rank reads, the Philox index of
 // its dropout elements, the causal mask and the key blocks of the ring.
 //
+// Hierarchical context parallelism (--cp-comm a2a+ring, --cp-a2a K) sees
+// the C ranks as C / K groups of K consecutive ranks. The positions of
+// group g together, in global order, are rank g's of the same layout over
+// C / K ranks (grouped(K)): contiguous, ranks gK.. (g + 1)K - 1 hold
+// [gK S/C, (g + 1)K S/C); zigzag, they hold chunks gK.. gK + K - 1 and
+// their mirrors, which are chunks g and 2C/K - 1 - g of 2C/K. Each rank's
+// runs lie inside one run of its group's (the chunks nest).
+//
 // Header-only: shared by the passes and the backends.
 //
 //===----------------------------------------------------------------------===//
@@ -71,6 +79,19 @@ struct ContextLayout {
   }
   /// All of rank R's positions.
   llvm::SmallVector<Run, 2> runs(int R) const { return runs(R, 0, local()); }
+
+  /// The layout of the C / K groups of K consecutive ranks (K divides
+  /// Parts): group g's positions are its rank g's.
+  ContextLayout grouped(int K) const { return {Parts / K, Zigzag, Seq}; }
+
+  /// Rank R's local position of global position P, which R holds.
+  int64_t localOf(int R, int64_t P) const {
+    if (!Zigzag || Parts == 1)
+      return P - int64_t(R) * local();
+    const int64_t K = chunk();
+    return P / K == R ? P - int64_t(R) * K
+                      : K + P - (2 * int64_t(Parts) - 1 - R) * K;
+  }
 
   /// The global position of rank R's local position P.
   int64_t position(int R, int64_t P) const {

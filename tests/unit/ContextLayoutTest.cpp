@@ -13,6 +13,8 @@
 #include "runtime/TensorLayout.h"
 #include "runtime/cpu/Kernels.h"
 #include "gtest/gtest.h"
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 using namespace sp;
@@ -134,6 +136,40 @@ TEST(ContextLayout, ASeamOutsideTheTensorIsRefused) {
   G.Jump[1] = 1;
   G.Seam[1] = 5; // beyond the block
   EXPECT_FALSE(G.check().ok());
+}
+
+/// Hierarchical cp: the union of K consecutive ranks' positions is the
+/// grouped layout's rank, in global order, and every rank's run lies in one
+/// run of its group's (localOf maps it there).
+TEST(ContextLayout, GroupsOfConsecutiveRanksAreALayoutOfFewerRanks) {
+  for (bool Zigzag : {false, true})
+    for (auto [C, K] : std::vector<std::pair<int, int>>{
+             {4, 2}, {8, 2}, {8, 4}, {4, 4}, {4, 1}}) {
+      const ContextLayout L{C, Zigzag, 16 * int64_t(C)}, G = L.grouped(K);
+      ASSERT_EQ(G.Parts, C / K);
+      ASSERT_EQ(G.local(), K * L.local());
+      for (int R = 0; R < C; ++R) {
+        const int Group = R / K;
+        for (int64_t P = 0; P < L.local(); ++P)
+          EXPECT_EQ(L.localOf(R, L.position(R, P)), P);
+        for (const ContextLayout::Run &Run : L.runs(R)) {
+          const int64_t At = G.localOf(Group, Run.Global);
+          for (int64_t X = 0; X < Run.Length; ++X)
+            EXPECT_EQ(G.position(Group, At + X), Run.Global + X)
+                << "C " << C << " K " << K << " rank " << R;
+        }
+      }
+      // The groups' positions in global order: local order is global order.
+      for (int Group = 0; Group < C / K; ++Group) {
+        std::vector<int64_t> Mine;
+        for (int R = Group * K; R < (Group + 1) * K; ++R)
+          for (int64_t P = 0; P < L.local(); ++P)
+            Mine.push_back(L.position(R, P));
+        std::sort(Mine.begin(), Mine.end());
+        for (int64_t P = 0; P < G.local(); ++P)
+          EXPECT_EQ(G.position(Group, P), Mine[P]);
+      }
+    }
 }
 
 } // namespace

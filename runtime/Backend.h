@@ -78,6 +78,11 @@ struct KernelCall {
   char *const *Where = nullptr;
   /// The context-parallel group (null without --cp).
   Communicator *Context = nullptr;
+  /// Hierarchical context parallelism (attention {cp_comm = "a2a+ring"}):
+  /// the cp group's all-to-all group of cp_a2a consecutive ranks and the
+  /// ring across them (runtime/comm/ProcessGrid.h splitContext); null
+  /// otherwise.
+  Communicator *ContextInner = nullptr, *ContextOuter = nullptr;
 
   /// This rank's data-parallel replica and the replicas: the rows of the
   /// step's batch it trains on.
@@ -148,6 +153,9 @@ public:
   /// Whether it runs context-parallel plans (attention {cp > 1}: the ring,
   /// cp_slice, cp_pad, dropout at a rank's zigzag positions).
   virtual bool runsContextParallel() const { return false; }
+  /// Whether it runs hierarchical context parallelism (--cp-comm
+  /// a2a+ring: KernelCall::ContextInner and ContextOuter).
+  virtual bool runsHierarchicalContextParallel() const { return false; }
 
   /// The dense GEMM throughput (FLOP/s) this rank's device peaks at when
   /// the plan computes in Dtype ("f32", "bf16", "f16", "f64"), the

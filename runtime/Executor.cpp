@@ -272,6 +272,22 @@ Expected<std::unique_ptr<Executor>> Executor::create(const Plan &P,
                      "); the " + E->Back->name() +
                      " backend does not run that yet (run it with --device "
                      "cpu, or compile without --cp)");
+  // Hierarchical: the cp group split into its all-to-all groups and the
+  // rings across them (a collective over the cp group, whose ranks all
+  // create this plan's executor).
+  const int CpA2a = P.Manifest.value("cp_a2a", 1);
+  if (Cp > 1 && P.Manifest.value("cp_comm", "ring") == "a2a+ring") {
+    if (!E->Back->runsHierarchicalContextParallel())
+      return makeError("the plan's context parallelism is hierarchical "
+                       "(--cp-comm a2a+ring); the " +
+                       E->Back->name() +
+                       " backend does not run that yet (run it with --device "
+                       "cpu, or recompile with --cp-comm ring or a2a)");
+    auto Split = splitContext(*Opts.ContextComm, CpA2a);
+    if (!Split)
+      return Split.takeError();
+    E->ContextSplit = std::move(*Split);
+  }
   if (Half && !E->Back->runsMixedPrecision())
     return makeError("the plan has " + Dtype + " activations; the " +
                      E->Back->name().str() +
@@ -791,10 +807,10 @@ Error Executor::run(Phase Last, int64_t Step, bool Training) {
 
 Error Executor::runInstruction(const Instruction &I, int64_t Step,
                                bool Training) {
-  return Back->run(KernelCall{I, Prog, Arena, Step, Training, Opts.Dropout,
-                              Opts.Seed, *Comm, PipeComm, Opts.DataComm,
-                              1 / FeedScale, Compact ? Where.data() : nullptr,
-                              Opts.ContextComm});
+  return Back->run(KernelCall{
+      I, Prog, Arena, Step, Training, Opts.Dropout, Opts.Seed, *Comm, PipeComm,
+      Opts.DataComm, 1 / FeedScale, Compact ? Where.data() : nullptr,
+      Opts.ContextComm, ContextSplit.Inner.get(), ContextSplit.Outer.get()});
 }
 
 void Executor::setData(TensorView &V, int B) const {

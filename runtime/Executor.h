@@ -35,6 +35,7 @@
 #include "runtime/Backend.h"
 #include "runtime/DataLoader.h"
 #include "runtime/comm/Communicator.h"
+#include "runtime/comm/ProcessGrid.h"
 #include "llvm/Support/Error.h"
 #include <cmath>
 #include <functional>
@@ -312,6 +313,8 @@ private:
   /// Seq this rank's token and target inputs hold; Parts 1 without.
   ContextLayout Context;
   int ContextRank = 0;
+  /// --cp-comm a2a+ring: the cp group's all-to-all and ring groups.
+  ContextGroupSplit ContextSplit;
   std::unique_ptr<Communicator> OwnComm;
   Communicator *Comm = nullptr;
   int64_t Batch = 0, Seq = 0, Vocab = 0;

@@ -806,10 +806,13 @@ void addModelOps(OpTable &T) {
       // Context parallelism (passes/ContextParallel.cpp): q, k, v, o and
       // lse are this rank's cp positions (ir/ContextLayout.h), keep covers
       // every key of the sequence, and the keys come from the cp group by
-      // cp_comm ("ring": blocks passed around it).
+      // cp_comm ("ring": blocks passed around it; "a2a": heads traded for
+      // positions; "a2a+ring": the all-to-all inside groups of cp_a2a
+      // consecutive ranks, the ring across them).
       {"cp", attr::Int(1)},
       {"cp_zigzag", attr::Int(0)},
-      {"cp_comm", attr::String("ring")}};
+      {"cp_comm", attr::String("ring")},
+      {"cp_a2a", attr::Int(1)}};
   T[size_t(OpKind::Attention)] = {
       .MinOperands = 1,
       .MaxOperands = 4,

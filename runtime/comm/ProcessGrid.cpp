@@ -41,4 +41,28 @@ Expected<RankGroups> splitGroups(Communicator &World, const ProcessGrid &Grid) {
   return R;
 }
 
+Expected<ContextGroupSplit> splitContext(Communicator &Cp, int K) {
+  const int C = Cp.size(), R = Cp.rank();
+  if (K < 1 || C % K)
+    return createStringError(
+        inconvertibleErrorCode(),
+        formatv("an all-to-all group of {0} ranks does not divide the cp "
+                "group of {1}; recompile with a --cp-a2a that divides --cp",
+                K, C));
+  ContextGroupSplit S;
+  // Both splits on every rank, in this order (a split is collective).
+  struct Split {
+    int Size, Color;
+    std::unique_ptr<Communicator> *Into;
+  } Splits[] = {{K, R / K, &S.Inner}, {C / K, R % K, &S.Outer}};
+  for (Split &X : Splits) {
+    auto G = Cp.split(X.Color, R);
+    if (!G)
+      return G.takeError();
+    if (X.Size > 1)
+      *X.Into = std::move(*G);
+  }
+  return S;
+}
+
 } // namespace sp

@@ -70,6 +70,18 @@ struct RankGroups {
   std::unique_ptr<Communicator> Tensor, Pipeline, Data, Context;
 };
 
+/// Hierarchical context parallelism (--cp-comm a2a+ring, --cp-a2a K): the
+/// cp group of C ranks as C / K all-to-all groups of K consecutive ranks
+/// (Inner, ordered by cp rank: cp rank c is inner rank c mod K of group
+/// c / K) and the rings across them between the ranks with the same inner
+/// index (Outer, ordered by group). A group of one rank is null.
+struct ContextGroupSplit {
+  std::unique_ptr<Communicator> Inner, Outer;
+};
+/// Splits Cp so; collective over its ranks. Errors if K does not divide
+/// its size.
+llvm::Expected<ContextGroupSplit> splitContext(Communicator &Cp, int K);
+
 /// Splits World (of Grid.size() ranks) into this rank's groups. A collective
 /// call: every rank of World must make it. Errors if the sizes differ.
 llvm::Expected<RankGroups> splitGroups(Communicator &World,

@@ -24,12 +24,13 @@ using RingRun = ContextLayout::Run;
 constexpr double RingNegligible = -104;
 
 llvm::Error ringCheck(const AttentionShape &S, const AttentionCore &C,
-                      Communicator &Cp, const ContextLayout &L) {
+                      Communicator *Ring, const ContextLayout &L) {
+  const int Size = Ring ? Ring->size() : 1;
   if (C.Packed)
     return makeError("ring attention: packed q, k, v are not supported (the "
                      "ring moves k and v as tensors of their own)");
-  if (L.Parts < 1 || Cp.size() != L.Parts)
-    return makeError("ring attention: a cp group of " + llvm::Twine(Cp.size()) +
+  if (L.Parts < 1 || Size != L.Parts)
+    return makeError("ring attention: a cp group of " + llvm::Twine(Size) +
                      " ranks for a layout over " + llvm::Twine(L.Parts));
   if (L.Seq <= 0 || !L.divides())
     return makeError("ring attention: a sequence of " + llvm::Twine(L.Seq) +
@@ -127,10 +128,10 @@ template <typename T>
 llvm::Error ringAttentionForward(T *O, T *Lse, const T *Q, const T *K,
                                  const T *V, const T *KeyBias,
                                  const AttentionShape &S, AttentionCore C,
-                                 Communicator &Cp, const ContextLayout &L) {
-  if (llvm::Error E = ringCheck(S, C, Cp, L))
+                                 Communicator *Ring, const ContextLayout &L) {
+  if (llvm::Error E = ringCheck(S, C, Ring, L))
     return E;
-  const int Parts = L.Parts, Rank = Cp.rank();
+  const int Parts = L.Parts, Rank = Ring ? Ring->rank() : 0;
   const int Next = (Rank + 1) % Parts, Prev = (Rank + Parts - 1) % Parts;
   const int64_t NK = S.Batch * S.KvHeads * S.Sk * S.D,
                 NQ = S.Batch * S.Heads * S.Sq * S.D,
@@ -146,8 +147,8 @@ llvm::Error ringAttentionForward(T *O, T *Lse, const T *Q, const T *K,
   for (int Step = 0; Step < Parts; ++Step) {
     const int Src = (Rank - Step + Parts) % Parts;
     if (Step + 1 < Parts)
-      if (llvm::Error E = Cp.send(Cur.data(), 2 * NK * int64_t(sizeof(T)), Next,
-                                  RingAttentionTag + Step))
+      if (llvm::Error E = Ring->send(Cur.data(), 2 * NK * int64_t(sizeof(T)),
+                                     Next, RingAttentionTag + Step))
         return E;
     if (KeyBias)
       ringGatherBias(Bias.data(), KeyBias, S, L, Src);
@@ -183,8 +184,9 @@ llvm::Error ringAttentionForward(T *O, T *Lse, const T *Q, const T *K,
             }
       }
     if (Step + 1 < Parts) {
-      if (llvm::Error E = Cp.recv(Arriving.data(), 2 * NK * int64_t(sizeof(T)),
-                                  Prev, RingAttentionTag + Step))
+      if (llvm::Error E =
+              Ring->recv(Arriving.data(), 2 * NK * int64_t(sizeof(T)), Prev,
+                         RingAttentionTag + Step))
         return E;
       std::swap(Cur, Arriving);
     }
@@ -201,10 +203,10 @@ llvm::Error ringAttentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
                                   const T *K, const T *V, const T *O,
                                   const T *Lse, const T *KeyBias,
                                   const AttentionShape &S, AttentionCore C,
-                                  Communicator &Cp, const ContextLayout &L) {
-  if (llvm::Error E = ringCheck(S, C, Cp, L))
+                                  Communicator *Ring, const ContextLayout &L) {
+  if (llvm::Error E = ringCheck(S, C, Ring, L))
     return E;
-  const int Parts = L.Parts, Rank = Cp.rank();
+  const int Parts = L.Parts, Rank = Ring ? Ring->rank() : 0;
   const int Next = (Rank + 1) % Parts, Prev = (Rank + Parts - 1) % Parts;
   const int64_t NK = S.Batch * S.KvHeads * S.Sk * S.D,
                 NQ = S.Batch * S.Heads * S.Sq * S.D;
@@ -223,7 +225,7 @@ llvm::Error ringAttentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
     const int Src = (Rank - Step + Parts) % Parts;
     if (Step + 1 < Parts)
       if (llvm::Error E =
-              Cp.send(Cur.data(), KvBytes, Next, RingAttentionTag + Step))
+              Ring->send(Cur.data(), KvBytes, Next, RingAttentionTag + Step))
         return E;
     if (KeyBias)
       ringGatherBias(Bias.data(), KeyBias, S, L, Src);
@@ -255,7 +257,8 @@ llvm::Error ringAttentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
     T *DKb = Cur.data() + 2 * NK, *DVb = Cur.data() + 3 * NK;
     if (Step == 0) {
       std::fill_n(DKb, 2 * NK, T(0));
-    } else if (llvm::Error E = Cp.recv(DKb, KvBytes, Prev, DTag + Step - 1)) {
+    } else if (llvm::Error E =
+                   Ring->recv(DKb, KvBytes, Prev, DTag + Step - 1)) {
       return E;
     }
     for (int64_t E = 0; E < NK; ++E) {
@@ -263,11 +266,11 @@ llvm::Error ringAttentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
       DVb[E] += DVc[E];
     }
     if (Parts > 1)
-      if (llvm::Error E = Cp.send(DKb, KvBytes, Next, DTag + Step))
+      if (llvm::Error E = Ring->send(DKb, KvBytes, Next, DTag + Step))
         return E;
     if (Step + 1 < Parts) {
-      if (llvm::Error E =
-              Cp.recv(Arriving.data(), KvBytes, Prev, RingAttentionTag + Step))
+      if (llvm::Error E = Ring->recv(Arriving.data(), KvBytes, Prev,
+                                     RingAttentionTag + Step))
         return E;
       std::swap(Cur, Arriving);
     }
@@ -275,7 +278,7 @@ llvm::Error ringAttentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
   // One more shift: this rank's own block's sums, from the rank before it.
   if (Parts > 1) {
     if (llvm::Error E =
-            Cp.recv(Cur.data() + 2 * NK, KvBytes, Prev, DTag + Parts - 1))
+            Ring->recv(Cur.data() + 2 * NK, KvBytes, Prev, DTag + Parts - 1))
       return E;
   }
   std::copy_n(Cur.data() + 2 * NK, NK, DK);
@@ -286,12 +289,12 @@ llvm::Error ringAttentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
 #define SP_INSTANTIATE(T)                                                      \
   template llvm::Error ringAttentionForward<T>(                                \
       T *, T *, const T *, const T *, const T *, const T *,                    \
-      const AttentionShape &, AttentionCore, Communicator &,                   \
+      const AttentionShape &, AttentionCore, Communicator *,                   \
       const ContextLayout &);                                                  \
   template llvm::Error ringAttentionBackward<T>(                               \
       T *, T *, T *, const T *, const T *, const T *, const T *, const T *,    \
       const T *, const T *, const AttentionShape &, AttentionCore,             \
-      Communicator &, const ContextLayout &);
+      Communicator *, const ContextLayout &);
 SP_INSTANTIATE(float)
 SP_INSTANTIATE(double)
 #undef SP_INSTANTIATE

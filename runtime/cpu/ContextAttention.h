@@ -23,6 +23,11 @@
 // bits for the same inputs whatever the kernel thread count: every sum has
 // one order (the ring's).
 //
+// contextAttentionForward and Backward are the one entry of the three
+// --cp-comm variants (ContextGroups below): the ring alone, or the
+// all-to-all of UlyssesAttention.cpp around a ring (of one for a2a, across
+// the groups for a2a+ring). One ring and one all-to-all serve all three.
+//
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CPU_CONTEXTATTENTION_H
 #define SP_RUNTIME_CPU_CONTEXTATTENTION_H
@@ -36,8 +41,28 @@ namespace sp::cpu {
 
 /// The tags of the ring's messages, RingAttentionTag + step and (the
 /// backward's travelling dK, dV) RingAttentionTag + 0x8000 + step: the
-/// communicator is the cp group's own.
+/// communicator is the ring's own.
 constexpr int RingAttentionTag = 0x6370'0000;
+
+/// The cp group as the attention core talks over it (--cp-comm):
+///
+///   ring      Inner null, Outer the cp group: the ring over C ranks
+///   a2a       Inner the cp group, Outer null: the all-to-all, then the
+///             kernel on the whole sequence (a ring of one)
+///   a2a+ring  Inner the all-to-all group of K consecutive cp ranks, Outer
+///             the ring across the C / K groups, between the ranks with the
+///             same inner index (runtime/comm/ProcessGrid.h splitContext)
+///
+/// A null group is one of one rank. The rank's cp rank is
+/// Outer rank x K + Inner rank.
+struct ContextGroups {
+  Communicator *Inner = nullptr, *Outer = nullptr;
+  int innerSize() const { return Inner ? Inner->size() : 1; }
+  int outerSize() const { return Outer ? Outer->size() : 1; }
+  int innerRank() const { return Inner ? Inner->rank() : 0; }
+  int outerRank() const { return Outer ? Outer->rank() : 0; }
+  int rank() const { return outerRank() * innerSize() + innerRank(); }
+};
 
 /// The attention core of one cp rank: Q, K, V, O, Lse (and their gradients)
 /// are this rank's positions (L.runs(rank)) in local order, shapes S (Sq =
@@ -47,40 +72,50 @@ constexpr int RingAttentionTag = 0x6370'0000;
 /// ([B, A, Sq, Sk]) and Offset[2], Offset[3] (Query0, Key0) per call, so
 /// that each (query, key) draws the one-device run's dropout. C.Query0, Key0
 /// and the window are set by the ring (ignored on input). Merged works; Packed
-/// is refused. Errors on a cp group that is not L.Parts ranks, shapes that are
-/// not the layout's, or the kernel's or the communicator's errors.
+/// is refused.
+///
+/// With an all-to-all group of K ranks (G.Inner; UlyssesAttention.cpp)
+/// each rank first trades heads for positions: it gets heads
+/// [i A / K, (i + 1) A / K) (and the matching key/value heads) of its
+/// group's positions, L.grouped(K); the ring then runs over the groups on
+/// those heads, and a second all-to-all returns each rank's positions of
+/// every head. K must divide A and G. With K = C (a ring of one) each
+/// head's computation is one device's: the results are its bits.
+///
+/// Errors on groups whose sizes do not multiply to L.Parts, shapes that are
+/// not the layout's, or the kernel's or the communicators' errors.
+template <typename T>
+llvm::Error contextAttentionForward(T *O, T *Lse, const T *Q, const T *K,
+                                    const T *V, const T *KeyBias,
+                                    const AttentionShape &S, AttentionCore C,
+                                    const ContextGroups &G,
+                                    const ContextLayout &L);
+
+/// DQ, DK, DV (overwritten) of this rank's positions from DO and the
+/// forward's Q, K, V, O, Lse (this rank's, as contextAttentionForward wrote
+/// them).
+template <typename T>
+llvm::Error contextAttentionBackward(T *DQ, T *DK, T *DV, const T *DO,
+                                     const T *Q, const T *K, const T *V,
+                                     const T *O, const T *Lse, const T *KeyBias,
+                                     const AttentionShape &S, AttentionCore C,
+                                     const ContextGroups &G,
+                                     const ContextLayout &L);
+
+/// The ring alone (ContextAttention.cpp): the same arguments over Ring, a
+/// communicator of L.Parts ranks, or null for a ring of one (L.Parts = 1:
+/// the kernel's window calls on the rank's runs, no messages).
 template <typename T>
 llvm::Error ringAttentionForward(T *O, T *Lse, const T *Q, const T *K,
                                  const T *V, const T *KeyBias,
                                  const AttentionShape &S, AttentionCore C,
-                                 Communicator &Cp, const ContextLayout &L);
-
-/// DQ, DK, DV (overwritten) of this rank's positions from DO and the
-/// forward's Q, K, V, O, Lse (this rank's, as ringAttentionForward wrote
-/// them).
+                                 Communicator *Ring, const ContextLayout &L);
 template <typename T>
 llvm::Error ringAttentionBackward(T *DQ, T *DK, T *DV, const T *DO, const T *Q,
                                   const T *K, const T *V, const T *O,
                                   const T *Lse, const T *KeyBias,
                                   const AttentionShape &S, AttentionCore C,
-                                  Communicator &Cp, const ContextLayout &L);
-
-/// The same core by all-to-all (DeepSpeed-Ulysses, --cp-comm a2a;
-/// UlyssesAttention.cpp): heads traded for positions, the kernel on this
-/// rank's A / C heads (and G / C key/value heads) of the whole sequence, and
-/// back. Same arguments and results as the ring; C must divide A and G.
-/// Each head's computation is one device's: the results are its bits.
-template <typename T>
-llvm::Error ulyssesAttentionForward(T *O, T *Lse, const T *Q, const T *K,
-                                    const T *V, const T *KeyBias,
-                                    const AttentionShape &S, AttentionCore C,
-                                    Communicator &Cp, const ContextLayout &L);
-template <typename T>
-llvm::Error ulyssesAttentionBackward(T *DQ, T *DK, T *DV, const T *DO,
-                                     const T *Q, const T *K, const T *V,
-                                     const T *O, const T *Lse, const T *KeyBias,
-                                     const AttentionShape &S, AttentionCore C,
-                                     Communicator &Cp, const ContextLayout &L);
+                                  Communicator *Ring, const ContextLayout &L);
 
 } // namespace sp::cpu
 

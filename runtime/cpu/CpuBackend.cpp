@@ -555,20 +555,32 @@ template <typename T> static Error runKernel(const KernelCall &C) {
       if (Packed)
         return makeError("attention {cp > 1, packed = 1}: the ring needs q, "
                          "k and v apart; recompile the plan");
-      const bool AllToAll = attrString(I.Op, I.Attrs, "cp_comm") == "a2a";
+      // ring: the cp group's ring; a2a: its all-to-all, then a ring of
+      // one; a2a+ring: the all-to-all groups and the rings across them.
+      const std::string Comm = attrString(I.Op, I.Attrs, "cp_comm");
+      cpu::ContextGroups Groups{nullptr, CpGroup};
+      if (Comm == "a2a") {
+        Groups = {CpGroup, nullptr};
+      } else if (Comm == "a2a+ring") {
+        const int64_t K = AInt("cp_a2a");
+        if (!C.ContextInner || !C.ContextOuter || C.ContextInner->size() != K ||
+            C.ContextOuter->size() * K != Cp)
+          return makeError(formatv("attention {{cp = {0}, cp_a2a = {1}} "
+                                   "needs the cp group split into "
+                                   "all-to-all groups of {1} ranks and the "
+                                   "rings across them",
+                                   Cp, K));
+        Groups = {C.ContextInner, C.ContextOuter};
+      } else if (Comm != "ring") {
+        return makeError("attention: cp_comm '" + Comm +
+                         "' is not ring, a2a or a2a+ring; recompile the plan");
+      }
       if (Fwd)
-        return AllToAll ? cpu::ulyssesAttentionForward(Out(0), Out(1), In(0),
-                                                       In(1), In(2), BiasP, Sh,
-                                                       Core, *CpGroup, Layout)
-                        : cpu::ringAttentionForward(Out(0), Out(1), In(0),
-                                                    In(1), In(2), BiasP, Sh,
-                                                    Core, *CpGroup, Layout);
-      return AllToAll ? cpu::ulyssesAttentionBackward(
-                            Out(0), Out(1), Out(2), In(0), In(1), In(2), In(3),
-                            In(4), In(5), BiasP, Sh, Core, *CpGroup, Layout)
-                      : cpu::ringAttentionBackward(
-                            Out(0), Out(1), Out(2), In(0), In(1), In(2), In(3),
-                            In(4), In(5), BiasP, Sh, Core, *CpGroup, Layout);
+        return cpu::contextAttentionForward(Out(0), Out(1), In(0), In(1), In(2),
+                                            BiasP, Sh, Core, Groups, Layout);
+      return cpu::contextAttentionBackward(Out(0), Out(1), Out(2), In(0), In(1),
+                                           In(2), In(3), In(4), In(5), BiasP,
+                                           Sh, Core, Groups, Layout);
     }
     // q, k, v (and dq, dk, dv): three tensors, or the packed one's column
     // blocks.

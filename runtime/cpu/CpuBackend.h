@@ -28,6 +28,7 @@ public:
   bool hostMemory() const override { return true; }
   bool runsMixedPrecision() const override { return true; }
   bool runsContextParallel() const override { return true; }
+  bool runsHierarchicalContextParallel() const override { return true; }
   bool runsCompactPrograms() const override { return true; }
   llvm::Error run(const KernelCall &C) override;
   llvm::Error synchronize() override { return llvm::Error::success(); }

@@ -1,20 +1,26 @@
 //===- UlyssesAttention.cpp - All-to-all attention over a cp group --------===//
 //
-// DeepSpeed-Ulysses (Jacobs et al. 2023; Megatron-Core's --cp-comm-type a2a):
-// instead of moving keys around a ring, the cp ranks trade heads for
-// positions. Each rank holds every head of its s / C positions; an
-// all-to-all gives rank r heads [r A / C, (r + 1) A / C) (and the matching
-// key/value heads) of the whole sequence, put back in global order from
-// each sender's layout runs (ir/ContextLayout.h); the fused kernel runs on
-// them as on one device (the same rows, keys and dropout draws: global
-// positions, the heads' global offset); a second all-to-all returns each
-// rank's positions of every head. The backward exchanges do, q, k, v, o and
-// the log-sum-exp the same way and returns dq, dk, dv.
+// DeepSpeed-Ulysses (Jacobs et al. 2023; Megatron-Core's --cp-comm-type a2a)
+// and its hierarchical form (Megatron-Core's a2a+p2p,
+// hierarchical_context_parallel_sizes): instead of moving keys around a
+// ring of all C ranks, the ranks of an all-to-all group of K consecutive cp
+// ranks trade heads for positions. Each rank holds every head of its s / C
+// positions; an all-to-all gives inner rank i heads [i A / K, (i + 1) A / K)
+// (and the matching key/value heads) of its group's positions, put in the
+// grouped layout's local order (global order: ir/ContextLayout.h grouped)
+// from each sender's runs; the ring (ContextAttention.cpp) runs on them
+// across the C / K groups, between the ranks with the same inner index (with
+// K = C, the plain all-to-all, a ring of one: the fused kernel on the whole
+// sequence, at global positions and the heads' global offset, as on one
+// device); a second all-to-all returns each rank's positions of every head.
+// The backward exchanges do, q, k, v, o and the log-sum-exp the same way,
+// runs the ring's backward and returns dq, dk, dv.
 //
-// Each head's computation is one device's, so the results are one device's
-// bits. The all-to-all is C - 1 sends and receives of a (C - 1) / C share of
-// each tensor (sends are buffered: Communicator.h); it needs C to divide
-// the heads and the key/value heads, which the compiler checks.
+// With K = C each head's computation is one device's, so the results are
+// one device's bits; with K < C they are the ring's over C / K ranks. The
+// all-to-all is K - 1 sends and receives of a (K - 1) / K share of each
+// tensor (sends are buffered: Communicator.h); it needs K to divide the
+// heads and the key/value heads, which the compiler checks.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/ContextAttention.h"
@@ -28,12 +34,13 @@ namespace {
 
 using UlyssesRun = ContextLayout::Run;
 
-/// Message tags: UlyssesTag + 16 x (the exchange) + 0; the cp group's own.
+/// Message tags: UlyssesTag + 16 x (the exchange) + 0; the all-to-all
+/// group's own.
 constexpr int UlyssesTag = 0x7563'0000;
 
-/// One all-to-all of blocks of Block elements: Pack(J) fills Out with what
-/// goes to rank J, Place(Got, J) puts what came from rank J (this rank's
-/// own block without a message).
+/// One all-to-all over the group Cp, of blocks of Block elements: Pack(J)
+/// fills Out with what goes to rank J, Place(Got, J) puts what came from
+/// rank J (this rank's own block without a message).
 template <typename T, typename PackFn, typename PlaceFn>
 llvm::Error ulyssesExchange(int64_t Block, Communicator &Cp, int Tag,
                             std::vector<T> &Out, PackFn Pack, PlaceFn Place) {
@@ -58,13 +65,29 @@ llvm::Error ulyssesExchange(int64_t Block, Communicator &Cp, int Tag,
   return llvm::Error::success();
 }
 
+/// Where the all-to-all moves positions: the cp layout L, and the group's
+/// (L.grouped(K)) whose rank Group the K ranks Group K.. of L make up.
+struct UlyssesGroup {
+  ContextLayout L, Grouped;
+  int Group = 0, K = 1;
+  /// Sender J's (inner rank J's) runs of positions; each lies inside one
+  /// run of the group's, at Grouped.localOf(Group, Run.Global).
+  llvm::SmallVector<ContextLayout::Run, 2> runs(int J) const {
+    return L.runs(Group * K + J);
+  }
+  int64_t at(const UlyssesRun &Run) const {
+    return Grouped.localOf(Group, Run.Global);
+  }
+};
+
 /// X [B, H, Sl, D] (every head of this rank's positions) to Full
-/// [B, H / C, S, D] (this rank's heads of every position, in global order).
+/// [B, H / K, Sg, D] (this rank's heads of its group's Sg positions, in the
+/// group's order).
 template <typename T>
 llvm::Error ulyssesToSequence(T *Full, const T *X, int64_t B, int64_t H,
                               int64_t D, Communicator &Cp,
-                              const ContextLayout &L, int Tag) {
-  const int64_t Hc = H / L.Parts, Sl = L.local();
+                              const UlyssesGroup &U, int Tag) {
+  const int64_t Hc = H / U.K, Sl = U.L.local(), Sg = U.Grouped.local();
   std::vector<T> Out;
   return ulyssesExchange<T>(
       B * Hc * Sl * D, Cp, Tag, Out,
@@ -75,24 +98,24 @@ llvm::Error ulyssesToSequence(T *Full, const T *X, int64_t B, int64_t H,
       },
       [&](const T *Got, int J) { // rank J's positions, in place
         for (int64_t Bh = 0; Bh < B * Hc; ++Bh)
-          for (const UlyssesRun &Run : L.runs(J))
+          for (const UlyssesRun &Run : U.runs(J))
             std::copy_n(Got + (Bh * Sl + Run.Local) * D, Run.Length * D,
-                        Full + (Bh * L.Seq + Run.Global) * D);
+                        Full + (Bh * Sg + U.at(Run)) * D);
       });
 }
 
-/// The inverse: Full [B, H / C, S, D] to X [B, H, Sl, D].
+/// The inverse: Full [B, H / K, Sg, D] to X [B, H, Sl, D].
 template <typename T>
 llvm::Error ulyssesToHeads(T *X, const T *Full, int64_t B, int64_t H, int64_t D,
-                           Communicator &Cp, const ContextLayout &L, int Tag) {
-  const int64_t Hc = H / L.Parts, Sl = L.local();
+                           Communicator &Cp, const UlyssesGroup &U, int Tag) {
+  const int64_t Hc = H / U.K, Sl = U.L.local(), Sg = U.Grouped.local();
   std::vector<T> Out;
   return ulyssesExchange<T>(
       B * Hc * Sl * D, Cp, Tag, Out,
       [&](int J) { // rank J's positions of this rank's heads
         for (int64_t Bh = 0; Bh < B * Hc; ++Bh)
-          for (const UlyssesRun &Run : L.runs(J))
-            std::copy_n(Full + (Bh * L.Seq + Run.Global) * D, Run.Length * D,
+          for (const UlyssesRun &Run : U.runs(J))
+            std::copy_n(Full + (Bh * Sg + U.at(Run)) * D, Run.Length * D,
                         Out.begin() + (Bh * Sl + Run.Local) * D);
       },
       [&](const T *Got, int J) { // rank J's heads block
@@ -116,16 +139,18 @@ void ulyssesTranspose(T *Dst, const T *Src, int64_t B, int64_t Sl, int64_t H,
 }
 
 llvm::Error ulyssesCheck(const AttentionShape &S, const AttentionCore &C,
-                         Communicator &Cp, const ContextLayout &L) {
+                         const ContextGroups &G, const ContextLayout &L) {
   if (C.Packed)
     return makeError("all-to-all attention: packed q, k, v are not "
                      "supported");
-  if (L.Parts < 1 || Cp.size() != L.Parts)
-    return makeError("all-to-all attention: a cp group of " +
-                     llvm::Twine(Cp.size()) + " ranks for a layout over " +
+  const int K = G.innerSize();
+  if (L.Parts < 1 || K * G.outerSize() != L.Parts)
+    return makeError("all-to-all attention: an all-to-all group of " +
+                     llvm::Twine(K) + " ranks and a ring of " +
+                     llvm::Twine(G.outerSize()) + " for a layout over " +
                      llvm::Twine(L.Parts));
-  if (S.Heads % L.Parts || S.KvHeads % L.Parts)
-    return makeError("all-to-all attention: cp " + llvm::Twine(L.Parts) +
+  if (S.Heads % K || S.KvHeads % K)
+    return makeError("all-to-all attention: a group of " + llvm::Twine(K) +
                      " does not divide the " + llvm::Twine(S.Heads) +
                      " heads and " + llvm::Twine(S.KvHeads) +
                      " key/value heads of a rank");
@@ -135,65 +160,62 @@ llvm::Error ulyssesCheck(const AttentionShape &S, const AttentionCore &C,
   return llvm::Error::success();
 }
 
-/// The kernel's view of this rank's heads of the whole sequence.
-void ulyssesWhole(AttentionShape &Sf, AttentionCore &Cf,
-                  const AttentionShape &S, const AttentionCore &C, int Rank,
-                  const ContextLayout &L) {
-  Sf = {S.Batch, S.Heads / L.Parts, S.KvHeads / L.Parts, L.Seq, L.Seq, S.D};
-  Cf = C;
-  Cf.Merged = false;
-  Cf.Query0 = Cf.Key0 = 0;
-  Cf.QBegin = Cf.KBegin = 0;
-  Cf.QEnd = Cf.KEnd = -1;
-  if (C.Dropout > 0) {
-    Cf.Probs.Local[0] = Sf.Batch, Cf.Probs.Local[1] = Sf.Heads;
-    Cf.Probs.Local[2] = Cf.Probs.Local[3] = L.Seq;
-    Cf.Probs.Offset[1] += int64_t(Rank) * Sf.Heads;
-    Cf.Probs.Offset[2] = Cf.Probs.Offset[3] = 0;
-    Cf.Probs.Global[2] = Cf.Probs.Global[3] = L.Seq;
-  }
-}
-
-llvm::Error ulyssesKernelError(Status St) {
-  return makeError(llvm::Twine("all-to-all attention: ") + St.Message);
+/// The ring's view of this rank's heads of its group's positions: shapes
+/// [B, A / K, Sg, D], by head, and the dropout draws of those heads.
+void ulyssesGroupCore(AttentionShape &Sg, AttentionCore &Cg,
+                      const AttentionShape &S, const AttentionCore &C,
+                      const ContextGroups &G, const ContextLayout &Grouped) {
+  const int K = G.innerSize();
+  Sg = {S.Batch,         S.Heads / K,     S.KvHeads / K,
+        Grouped.local(), Grouped.local(), S.D};
+  Cg = C;
+  Cg.Merged = false;
+  if (C.Dropout > 0)
+    Cg.Probs.Offset[1] += int64_t(G.innerRank()) * Sg.Heads;
 }
 
 } // namespace
 
 template <typename T>
-llvm::Error ulyssesAttentionForward(T *O, T *Lse, const T *Q, const T *K,
+llvm::Error contextAttentionForward(T *O, T *Lse, const T *Q, const T *K,
                                     const T *V, const T *KeyBias,
                                     const AttentionShape &S, AttentionCore C,
-                                    Communicator &Cp, const ContextLayout &L) {
-  if (llvm::Error E = ulyssesCheck(S, C, Cp, L))
+                                    const ContextGroups &G,
+                                    const ContextLayout &L) {
+  if (!G.Inner) // the ring alone
+    return ringAttentionForward(O, Lse, Q, K, V, KeyBias, S, C, G.Outer, L);
+  if (llvm::Error E = ulyssesCheck(S, C, G, L))
     return E;
-  AttentionShape Sf;
-  AttentionCore Cf;
-  ulyssesWhole(Sf, Cf, S, C, Cp.rank(), L);
-  const int64_t B = S.Batch, H = S.Heads, G = S.KvHeads, D = S.D;
-  std::vector<T> Qf(B * Sf.Heads * L.Seq * D), Kf(B * Sf.KvHeads * L.Seq * D),
-      Vf(Kf.size()), Of(Qf.size()), Lf(B * Sf.Heads * L.Seq);
+  const UlyssesGroup U{L, L.grouped(G.innerSize()), G.outerRank(),
+                       G.innerSize()};
+  AttentionShape Sg;
+  AttentionCore Cg;
+  ulyssesGroupCore(Sg, Cg, S, C, G, U.Grouped);
+  Communicator &Inner = *G.Inner;
+  const int64_t B = S.Batch, H = S.Heads, Kv = S.KvHeads, D = S.D,
+                Sl = L.local(), N = U.Grouped.local();
+  std::vector<T> Qg(B * Sg.Heads * N * D), Kg(B * Sg.KvHeads * N * D),
+      Vg(Kg.size()), Og(Qg.size()), Lg(B * Sg.Heads * N);
   if (llvm::Error E =
-          ulyssesToSequence(Qf.data(), Q, B, H, D, Cp, L, UlyssesTag))
+          ulyssesToSequence(Qg.data(), Q, B, H, D, Inner, U, UlyssesTag))
     return E;
   if (llvm::Error E =
-          ulyssesToSequence(Kf.data(), K, B, G, D, Cp, L, UlyssesTag + 16))
+          ulyssesToSequence(Kg.data(), K, B, Kv, D, Inner, U, UlyssesTag + 16))
     return E;
   if (llvm::Error E =
-          ulyssesToSequence(Vf.data(), V, B, G, D, Cp, L, UlyssesTag + 32))
+          ulyssesToSequence(Vg.data(), V, B, Kv, D, Inner, U, UlyssesTag + 32))
     return E;
-  if (Status St = attentionForward(Of.data(), Lf.data(), Qf.data(), Kf.data(),
-                                   Vf.data(), KeyBias, Sf, Cf);
-      !St.ok())
-    return ulyssesKernelError(St);
-  const int64_t Sl = L.local();
+  if (llvm::Error E =
+          ringAttentionForward(Og.data(), Lg.data(), Qg.data(), Kg.data(),
+                               Vg.data(), KeyBias, Sg, Cg, G.Outer, U.Grouped))
+    return E;
   std::vector<T> Ou(C.Merged ? B * H * Sl * D : 0),
       Lu(C.Merged ? B * H * Sl : 0);
-  if (llvm::Error E = ulyssesToHeads(C.Merged ? Ou.data() : O, Of.data(), B, H,
-                                     D, Cp, L, UlyssesTag + 48))
+  if (llvm::Error E = ulyssesToHeads(C.Merged ? Ou.data() : O, Og.data(), B, H,
+                                     D, Inner, U, UlyssesTag + 48))
     return E;
-  if (llvm::Error E = ulyssesToHeads(C.Merged ? Lu.data() : Lse, Lf.data(), B,
-                                     H, 1, Cp, L, UlyssesTag + 64))
+  if (llvm::Error E = ulyssesToHeads(C.Merged ? Lu.data() : Lse, Lg.data(), B,
+                                     H, 1, Inner, U, UlyssesTag + 64))
     return E;
   if (C.Merged) {
     ulyssesTranspose(O, Ou.data(), B, Sl, H, D, /*FromMerged=*/false);
@@ -203,18 +225,24 @@ llvm::Error ulyssesAttentionForward(T *O, T *Lse, const T *Q, const T *K,
 }
 
 template <typename T>
-llvm::Error ulyssesAttentionBackward(T *DQ, T *DK, T *DV, const T *DO,
+llvm::Error contextAttentionBackward(T *DQ, T *DK, T *DV, const T *DO,
                                      const T *Q, const T *K, const T *V,
                                      const T *O, const T *Lse, const T *KeyBias,
                                      const AttentionShape &S, AttentionCore C,
-                                     Communicator &Cp, const ContextLayout &L) {
-  if (llvm::Error E = ulyssesCheck(S, C, Cp, L))
+                                     const ContextGroups &G,
+                                     const ContextLayout &L) {
+  if (!G.Inner) // the ring alone
+    return ringAttentionBackward(DQ, DK, DV, DO, Q, K, V, O, Lse, KeyBias, S, C,
+                                 G.Outer, L);
+  if (llvm::Error E = ulyssesCheck(S, C, G, L))
     return E;
-  AttentionShape Sf;
-  AttentionCore Cf;
-  ulyssesWhole(Sf, Cf, S, C, Cp.rank(), L);
-  const int64_t B = S.Batch, H = S.Heads, G = S.KvHeads, D = S.D,
-                Sl = L.local();
+  const UlyssesGroup U{L, L.grouped(G.innerSize()), G.outerRank(),
+                       G.innerSize()};
+  AttentionShape Sg;
+  AttentionCore Cg;
+  ulyssesGroupCore(Sg, Cg, S, C, G, U.Grouped);
+  const int64_t B = S.Batch, H = S.Heads, Kv = S.KvHeads, D = S.D,
+                Sl = L.local(), N = U.Grouped.local();
   // do, o and lse by head (the merged layout transposed first).
   std::vector<T> DOu, Ou, Lu;
   if (C.Merged) {
@@ -226,36 +254,35 @@ llvm::Error ulyssesAttentionBackward(T *DQ, T *DK, T *DV, const T *DO,
     ulyssesTranspose(Lu.data(), Lse, B, Sl, H, 1, /*FromMerged=*/true);
     DO = DOu.data(), O = Ou.data(), Lse = Lu.data();
   }
-  std::vector<T> Qf(B * Sf.Heads * L.Seq * D), Kf(B * Sf.KvHeads * L.Seq * D),
-      Vf(Kf.size()), DOf(Qf.size()), Of(Qf.size()), Lf(B * Sf.Heads * L.Seq),
-      DQf(Qf.size()), DKf(Kf.size()), DVf(Kf.size());
+  std::vector<T> Qg(B * Sg.Heads * N * D), Kg(B * Sg.KvHeads * N * D),
+      Vg(Kg.size()), DOg(Qg.size()), Og(Qg.size()), Lg(B * Sg.Heads * N),
+      DQg(Qg.size()), DKg(Kg.size()), DVg(Kg.size());
   struct Exchange {
-    T *Full;
+    T *Group;
     const T *Local;
     int64_t Heads, D;
-  } In[] = {{Qf.data(), Q, H, D}, {Kf.data(), K, G, D},
-            {Vf.data(), V, G, D}, {DOf.data(), DO, H, D},
-            {Of.data(), O, H, D}, {Lf.data(), Lse, H, 1}};
+  } In[] = {{Qg.data(), Q, H, D},  {Kg.data(), K, Kv, D},
+            {Vg.data(), V, Kv, D}, {DOg.data(), DO, H, D},
+            {Og.data(), O, H, D},  {Lg.data(), Lse, H, 1}};
   int Tag = UlyssesTag + 128;
   for (const Exchange &X : In) {
-    if (llvm::Error E =
-            ulyssesToSequence(X.Full, X.Local, B, X.Heads, X.D, Cp, L, Tag))
+    if (llvm::Error E = ulyssesToSequence(X.Group, X.Local, B, X.Heads, X.D,
+                                          *G.Inner, U, Tag))
       return E;
     Tag += 16;
   }
-  if (Status St = attentionBackward(DQf.data(), DKf.data(), DVf.data(),
-                                    DOf.data(), Qf.data(), Kf.data(), Vf.data(),
-                                    Of.data(), Lf.data(), KeyBias, Sf, Cf);
-      !St.ok())
-    return ulyssesKernelError(St);
+  if (llvm::Error E = ringAttentionBackward(
+          DQg.data(), DKg.data(), DVg.data(), DOg.data(), Qg.data(), Kg.data(),
+          Vg.data(), Og.data(), Lg.data(), KeyBias, Sg, Cg, G.Outer, U.Grouped))
+    return E;
   struct Return {
     T *Local;
-    const T *Full;
+    const T *Group;
     int64_t Heads;
-  } Out[] = {{DQ, DQf.data(), H}, {DK, DKf.data(), G}, {DV, DVf.data(), G}};
+  } Out[] = {{DQ, DQg.data(), H}, {DK, DKg.data(), Kv}, {DV, DVg.data(), Kv}};
   for (const Return &X : Out) {
     if (llvm::Error E =
-            ulyssesToHeads(X.Local, X.Full, B, X.Heads, D, Cp, L, Tag))
+            ulyssesToHeads(X.Local, X.Group, B, X.Heads, D, *G.Inner, U, Tag))
       return E;
     Tag += 16;
   }
@@ -263,14 +290,14 @@ llvm::Error ulyssesAttentionBackward(T *DQ, T *DK, T *DV, const T *DO,
 }
 
 #define SP_INSTANTIATE(T)                                                      \
-  template llvm::Error ulyssesAttentionForward<T>(                             \
+  template llvm::Error contextAttentionForward<T>(                             \
       T *, T *, const T *, const T *, const T *, const T *,                    \
-      const AttentionShape &, AttentionCore, Communicator &,                   \
+      const AttentionShape &, AttentionCore, const ContextGroups &,            \
       const ContextLayout &);                                                  \
-  template llvm::Error ulyssesAttentionBackward<T>(                            \
+  template llvm::Error contextAttentionBackward<T>(                            \
       T *, T *, T *, const T *, const T *, const T *, const T *, const T *,    \
       const T *, const T *, const AttentionShape &, AttentionCore,             \
-      Communicator &, const ContextLayout &);
+      const ContextGroups &, const ContextLayout &);
 SP_INSTANTIATE(float)
 SP_INSTANTIATE(double)
 #undef SP_INSTANTIATE

@@ -13,7 +13,11 @@
 //   relErr(ring float, reference float)   <= 8 scale
 //   relErr(ring double, reference double) <= 8 scale 2^-29
 //
-// (SP_TOLERANCE_REPORT=1 prints the largest ratio relErr / bound.) Also:
+// (SP_TOLERANCE_REPORT=1 prints the largest ratio relErr / bound.) The
+// all-to-all (--cp-comm a2a) is one device's bits; the hierarchical
+// all-to-all + ring (a2a+ring: groups of K consecutive ranks, the ring
+// across them) at C = 4, K = 2 and C = 8, K = 2 and 4 is held to the
+// ring's bound (it is the ring over C / K ranks on A / K heads). Also:
 // the comparison catches a wrong layout mapping, the results are the same
 // bits whatever the kernel thread count, and Packed is refused.
 //
@@ -21,6 +25,7 @@
 #include "runtime/cpu/ContextAttention.h"
 #include "TestSupport.h"
 #include "TrainHarness.h"
+#include "runtime/comm/ProcessGrid.h"
 #include "runtime/cpu/Parallel.h"
 #include "gtest/gtest.h"
 #include <cmath>
@@ -137,11 +142,28 @@ template <typename T> RingResult ringReference(const RingCase &RC) {
           ringWiden(DV)};
 }
 
-/// The ring on RC.Parts thread ranks; the inputs are split by Split and the
-/// ring runs with Ring (the same layout, except to test a wrong mapping).
+/// How the cp group talks: the ring (AllToAll 1), the all-to-all
+/// (AllToAll = Parts), or all-to-all groups of AllToAll ranks and the ring
+/// across them.
+Expected<ContextGroups> ringGroups(Communicator &Cp, int AllToAll,
+                                   ContextGroupSplit &Own) {
+  if (AllToAll == 1)
+    return ContextGroups{nullptr, &Cp};
+  if (AllToAll == Cp.size())
+    return ContextGroups{&Cp, nullptr};
+  auto Split = splitContext(Cp, AllToAll);
+  if (!Split)
+    return Split.takeError();
+  Own = std::move(*Split);
+  return ContextGroups{Own.Inner.get(), Own.Outer.get()};
+}
+
+/// The core on RC.Parts thread ranks; the inputs are split by Split and the
+/// ring runs with Ring (the same layout, except to test a wrong mapping),
+/// over the groups of ringGroups(AllToAll).
 template <typename T>
 RingResult ringRun(const RingCase &RC, const ContextLayout &Split,
-                   const ContextLayout &Ring, bool AllToAll = false) {
+                   const ContextLayout &Ring, int AllToAll = 1) {
   const AttentionShape G = RC.shape();
   AttentionShape S = G;
   S.Sq = S.Sk = Split.local();
@@ -172,16 +194,18 @@ RingResult ringRun(const RingCase &RC, const ContextLayout &Split,
   const T *Bias = RC.Padding ? X.Bias.data() : nullptr;
   Error E = runOnThreadRanks(Parts, [&](Communicator &Cp) -> Error {
     Local &Lr = Ranks[Cp.rank()];
-    auto Forward =
-        AllToAll ? ulyssesAttentionForward<T> : ringAttentionForward<T>;
-    auto Backward =
-        AllToAll ? ulyssesAttentionBackward<T> : ringAttentionBackward<T>;
-    if (Error E = Forward(Lr.O.data(), Lr.Lse.data(), Lr.Q.data(), Lr.K.data(),
-                          Lr.V.data(), Bias, S, C, Cp, Ring))
+    ContextGroupSplit Own;
+    auto Groups = ringGroups(Cp, AllToAll, Own);
+    if (!Groups)
+      return Groups.takeError();
+    if (Error E = contextAttentionForward(Lr.O.data(), Lr.Lse.data(),
+                                          Lr.Q.data(), Lr.K.data(), Lr.V.data(),
+                                          Bias, S, C, *Groups, Ring))
       return E;
-    return Backward(Lr.DQ.data(), Lr.DK.data(), Lr.DV.data(), Lr.DO.data(),
-                    Lr.Q.data(), Lr.K.data(), Lr.V.data(), Lr.O.data(),
-                    Lr.Lse.data(), Bias, S, C, Cp, Ring);
+    return contextAttentionBackward(Lr.DQ.data(), Lr.DK.data(), Lr.DV.data(),
+                                    Lr.DO.data(), Lr.Q.data(), Lr.K.data(),
+                                    Lr.V.data(), Lr.O.data(), Lr.Lse.data(),
+                                    Bias, S, C, *Groups, Ring);
   });
   EXPECT_FALSE(bool(E)) << toString(std::move(E));
   std::vector<T> O(X.Q.size()), Lse(G.Batch * G.Heads * G.Sq), DQ(X.Q.size()),
@@ -223,16 +247,21 @@ std::vector<RingCase> ringCases() {
   return Out;
 }
 
-TEST(ContextAttention, RingMatchesTheOneDeviceKernel) {
+/// Runs Cases (over all-to-all groups of AllToAll(case) ranks) against
+/// the one-device kernel by the file comment's rule.
+template <typename AllToAllFn>
+void expectRingBound(const std::vector<RingCase> &Cases, AllToAllFn AllToAll,
+                     const char *What) {
   const double U = std::ldexp(1.0, -24), F64 = std::ldexp(1.0, -29);
   const double K = test::ToleranceFactor;
   // The largest relErr / scale of each field, float and double (/ 2^-29).
   double Worst[5][2] = {};
-  for (const RingCase &RC : ringCases()) {
-    SCOPED_TRACE(RC.name());
+  for (const RingCase &RC : Cases) {
+    SCOPED_TRACE(RC.name() + " all-to-all " + std::to_string(AllToAll(RC)));
     const ContextLayout L{RC.Parts, RC.Zigzag, RC.shape().Sq};
     RingResult R32 = ringReference<float>(RC), R64 = ringReference<double>(RC),
-               G32 = ringRun<float>(RC, L, L), G64 = ringRun<double>(RC, L, L);
+               G32 = ringRun<float>(RC, L, L, AllToAll(RC)),
+               G64 = ringRun<double>(RC, L, L, AllToAll(RC));
     if (::testing::Test::HasFailure())
       return;
     for (int F = 0; F < 5; ++F) {
@@ -248,9 +277,34 @@ TEST(ContextAttention, RingMatchesTheOneDeviceKernel) {
   }
   if (std::getenv("SP_TOLERANCE_REPORT"))
     for (int F = 0; F < 5; ++F)
-      std::printf("ring attention %s: largest relErr / scale: float %.3g, "
+      std::printf("%s %s: largest relErr / scale: float %.3g, "
                   "double %.3g (bound %g)\n",
-                  RingFields[F].second, Worst[F][0], Worst[F][1], K);
+                  What, RingFields[F].second, Worst[F][0], Worst[F][1], K);
+}
+
+TEST(ContextAttention, RingMatchesTheOneDeviceKernel) {
+  expectRingBound(
+      ringCases(), [](const RingCase &) { return 1; }, "ring attention");
+}
+
+/// All-to-all groups of K consecutive ranks, the ring across them: C = 4,
+/// K = 2 on every layout and option (GQA: 2 key/value heads, one a rank),
+/// and C = 8 with K = 2 and 4 on the hardest cases (causal, GQA, merged,
+/// padding, dropout; both layouts; fills -10000, -12 and -inf).
+TEST(ContextAttention, HierarchicalMatchesTheOneDeviceKernel) {
+  std::vector<RingCase> Four, Eight;
+  for (const RingCase &RC : ringCases())
+    if (RC.Parts == 4)
+      Four.push_back(RC);
+  expectRingBound(
+      Four, [](const RingCase &) { return 2; }, "a2a+ring c 4 k 2");
+  for (bool Zigzag : {false, true})
+    for (double Fill :
+         {-10000.0, -12.0, -std::numeric_limits<double>::infinity()})
+      for (bool Gqa : {false, true})
+        Eight.push_back({8, Zigzag, true, Gqa, true, true, 0.1, Fill});
+  expectRingBound(
+      Eight, [](const RingCase &RC) { return RC.Gqa ? 2 : 4; }, "a2a+ring c 8");
 }
 
 /// The all-to-all (DeepSpeed-Ulysses) runs each head on the whole sequence
@@ -264,7 +318,7 @@ TEST(ContextAttention, AllToAllIsTheOneDeviceKernelBitForBit) {
     SCOPED_TRACE(RC.name());
     const ContextLayout L{RC.Parts, RC.Zigzag, RC.shape().Sq};
     RingResult R32 = ringReference<float>(RC),
-               G32 = ringRun<float>(RC, L, L, /*AllToAll=*/true);
+               G32 = ringRun<float>(RC, L, L, /*AllToAll=*/RC.Parts);
     if (::testing::Test::HasFailure())
       return;
     for (auto [X, Name] : RingFields)
@@ -280,13 +334,55 @@ TEST(ContextAttention, AllToAllRefusesHeadsItCannotSplit) {
   ContextLayout L{4, true, 32};
   AttentionShape S{1, 4, 2, 8, 8, 8}; // 2 key/value heads over 4 ranks
   Error E = runOnThreadRanks(4, [&](Communicator &Cp) -> Error {
-    return ulyssesAttentionForward(X.data(), X.data(), X.data(), X.data(),
+    return contextAttentionForward(X.data(), X.data(), X.data(), X.data(),
                                    X.data(), (const float *)nullptr, S,
-                                   AttentionCore(), Cp, L);
+                                   AttentionCore(), ContextGroups{&Cp, nullptr},
+                                   L);
   });
   EXPECT_NE(toString(std::move(E))
-                .find("does not divide the 4 heads and 2 "
+                .find("a group of 4 does not divide the 4 heads and 2 "
                       "key/value heads"),
+            std::string::npos);
+  // All-to-all groups of 4 of a cp group of 8: the same rule.
+  const ContextLayout L8{8, true, 64};
+  E = runOnThreadRanks(8, [&](Communicator &Cp) -> Error {
+    ContextGroupSplit Own;
+    auto G = ringGroups(Cp, 4, Own);
+    if (!G)
+      return G.takeError();
+    return contextAttentionForward(X.data(), X.data(), X.data(), X.data(),
+                                   X.data(), (const float *)nullptr, S,
+                                   AttentionCore(), *G, L8);
+  });
+  EXPECT_NE(toString(std::move(E))
+                .find("a group of 4 does not divide the 4 heads and 2 "
+                      "key/value heads"),
+            std::string::npos);
+}
+
+/// Groups whose sizes do not multiply to the layout's ranks are refused,
+/// and so is a split of the cp group that does not divide it.
+TEST(ContextAttention, HierarchicalRefusesGroupsNotTheLayouts) {
+  std::vector<float> X(4096);
+  const AttentionShape S{1, 4, 4, 8, 8, 8};
+  Error E = runOnThreadRanks(4, [&](Communicator &Cp) -> Error {
+    ContextGroupSplit Own;
+    auto G = ringGroups(Cp, 2, Own);
+    if (!G)
+      return G.takeError();
+    return contextAttentionForward(X.data(), X.data(), X.data(), X.data(),
+                                   X.data(), (const float *)nullptr, S,
+                                   AttentionCore(), *G,
+                                   ContextLayout{8, true, 64});
+  });
+  EXPECT_NE(toString(std::move(E))
+                .find("an all-to-all group of 2 ranks and a ring of 2 for a "
+                      "layout over 8"),
+            std::string::npos);
+  E = runOnThreadRanks(4, [&](Communicator &Cp) -> Error {
+    return splitContext(Cp, 3).takeError();
+  });
+  EXPECT_NE(toString(std::move(E)).find("does not divide the cp group of 4"),
             std::string::npos);
 }
 
@@ -318,9 +414,14 @@ TEST(ContextAttention, ThreadCountChangesNoBit) {
   RingResult A = ringRun<float>(RC, L, L);
   setKernelThreads(3);
   RingResult B = ringRun<float>(RC, L, L);
+  RingResult H3 = ringRun<float>(RC, L, L, /*AllToAll=*/2);
+  setKernelThreads(1);
+  RingResult H1 = ringRun<float>(RC, L, L, /*AllToAll=*/2);
   setKernelThreads(Before);
-  for (auto [X, Name] : RingFields)
+  for (auto [X, Name] : RingFields) {
     EXPECT_EQ(A.*X, B.*X) << Name;
+    EXPECT_EQ(H1.*X, H3.*X) << Name << " (a2a+ring)";
+  }
 }
 
 TEST(ContextAttention, RefusesPackedAndAWrongGroup) {
@@ -332,20 +433,20 @@ TEST(ContextAttention, RefusesPackedAndAWrongGroup) {
   auto One = createSingleRankCommunicator();
   Error E =
       ringAttentionForward(X.data(), X.data(), X.data(), X.data(), X.data(),
-                           (const float *)nullptr, S, C, *One, L);
+                           (const float *)nullptr, S, C, One.get(), L);
   ASSERT_TRUE(bool(E));
   EXPECT_NE(toString(std::move(E)).find("packed"), std::string::npos);
   C.Packed = false;
   E = ringAttentionBackward(X.data(), X.data(), X.data(), X.data(), X.data(),
                             X.data(), X.data(), X.data(), X.data(),
-                            (const float *)nullptr, S, C, *One,
+                            (const float *)nullptr, S, C, One.get(),
                             ContextLayout{2, false, 16});
   ASSERT_TRUE(bool(E));
   EXPECT_NE(toString(std::move(E)).find("cp group of 1"), std::string::npos);
   // One rank: the ring is the kernel.
   EXPECT_FALSE(bool(ringAttentionForward(X.data(), X.data(), X.data(), X.data(),
                                          X.data(), (const float *)nullptr, S, C,
-                                         *One, L)));
+                                         One.get(), L)));
 }
 
 } // namespace

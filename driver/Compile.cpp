@@ -164,6 +164,8 @@ static Error reportPlan(const Graph &G, const PassContext &Ctx,
   if (Ctx.ContextParallel > 1) {
     M["cp"] = Ctx.ContextParallel;
     M["cp_comm"] = Ctx.ContextComm;
+    if (Ctx.ContextComm == "a2a+ring")
+      M["cp_a2a"] = Ctx.ContextAllToAll;
   }
   if (Ctx.Pipeline.enabled()) {
     const PipelineOptions &PO = Ctx.Pipeline;

@@ -12,10 +12,11 @@
 //   position, token-type
 //   embeddings, rotary  cp_slice of their ids (an embedding lookup) or of
 //   tables              their value (roles with .CpSlice): the rank's rows
-//   attention           {cp = C, cp_zigzag, cp_comm}: q, k, v are the rank's
-//                       positions; the keys and values of the others come
-//                       over the cp group (a ring of blocks); the padding
-//                       mask stays whole (every key's)
+//   attention           {cp = C, cp_zigzag, cp_comm, cp_a2a}: q, k, v are
+//                       the rank's positions; the keys and values of the
+//                       others come over the cp group (a ring of blocks,
+//                       an all-to-all, or both); the padding mask stays
+//                       whole (every key's)
 //   dropout             {cp, cp_zigzag, cp_dim = 1}: the rank's block of the
 //                       global [b, s, h] tensor, so the masks are those of
 //                       one device
@@ -29,7 +30,13 @@
 // The layout is zigzag (rank r holds chunks r and 2C - 1 - r of 2C), so
 // that under a causal mask every ring rank does the same work; the
 // all-to-all (--cp-comm a2a: heads traded for positions) puts each sender's
-// positions back in global order, so it shares the layout.
+// positions back in global order, so it shares the layout. The hierarchical
+// --cp-comm a2a+ring --cp-a2a K (cp_a2a = K) trades heads for positions
+// inside groups of K consecutive ranks and runs the ring across the C / K
+// groups: a group's positions are a zigzag layout's over C / K ranks, so
+// its ring is balanced too. The all-to-all's group (C, or K) must divide a
+// tensor rank's heads and key/value heads, and K must divide C with
+// 1 < K < C; each refusal names the sizes.
 //
 // Runs after fuse-attention: the core must be one attention op. The
 // unfused core's [s, s] scores are refused, naming the node. Composes with
@@ -59,10 +66,8 @@ public:
       : G(G), Ctx(Ctx), C(Ctx.ContextParallel) {}
 
   Error run() {
-    if (Ctx.ContextComm != "ring" && Ctx.ContextComm != "a2a")
-      return makeError(formatv("--cp-comm {0}: 'ring' and 'a2a' are "
-                               "implemented (hierarchical is not yet)",
-                               Ctx.ContextComm));
+    if (auto E = checkComm())
+      return E;
     for (const Node &N : G.nodes())
       if (N.op() == OpKind::CpSlice ||
           (N.op() == OpKind::Attention && attrInt(N.op(), N.attrs(), "cp") > 1))
@@ -85,17 +90,8 @@ public:
                                "positions must split over t; t can be {3}",
                                C, T, Layout.local(),
                                divisorsOf(Layout.local())));
-    // All-to-all: each rank takes a 1/C share of a tensor rank's heads.
-    if (Ctx.ContextComm == "a2a") {
-      int64_t Heads = Info->Heads / T,
-              Kv = (Info->KvHeads ? Info->KvHeads : Info->Heads) / T;
-      if (Heads % C || Kv % C)
-        return makeError(formatv(
-            "--cp {0} --cp-comm a2a: each tensor-parallel rank's {1} heads "
-            "and {2} key/value heads must split over cp (each rank attends "
-            "a 1/cp share of them); cp can be {3}, or use --cp-comm ring",
-            C, Heads, Kv, divisorsOf(std::gcd(Heads, Kv))));
-    }
+    Heads = Info->Heads / T;
+    KvHeads = (Info->KvHeads ? Info->KvHeads : Info->Heads) / T;
     Value *Tokens = G.inputWithRole(InputRole::Tokens);
     if (!Tokens || Tokens->type().rank() != 2 ||
         Tokens->type().Shape[1] != Info->Seq)
@@ -117,6 +113,78 @@ public:
   }
 
 private:
+  /// ring, a2a, or a2a+ring with all-to-all groups of K consecutive ranks,
+  /// 1 < K < C (K = C is a2a, K = 1 the ring: one name for each plan).
+  Error checkComm() const {
+    const std::string &Comm = Ctx.ContextComm;
+    if (Comm == "ring" || Comm == "a2a")
+      return Error::success();
+    if (Comm != "a2a+ring")
+      return makeError(formatv("--cp-comm {0}: expected ring, a2a or "
+                               "a2a+ring",
+                               Comm));
+    const int K = Ctx.ContextAllToAll;
+    if (K == C || K == 1)
+      return makeError(formatv(
+          "--cp {0} --cp-comm a2a+ring --cp-a2a {1}: all-to-all groups of {1} "
+          "{2}; use --cp-comm {3}, or a --cp-a2a strictly between 1 and {0}",
+          C, K, K == 1 ? "leave only the ring" : "are the whole cp group",
+          K == 1 ? "ring" : "a2a"));
+    if (K < 1 || C % K) {
+      const std::string Can = groupSizes(0);
+      return makeError(formatv(
+          "--cp {0} --cp-comm a2a+ring --cp-a2a {1}: the all-to-all groups "
+          "must divide the cp group into equal groups of consecutive ranks; "
+          "{2}",
+          C, K,
+          Can.empty() ? formatv("cp {0} has no such groups: use --cp-comm "
+                                "ring or a2a",
+                                C)
+                            .str()
+                      : "--cp-a2a can be " + Can));
+    }
+    return Error::success();
+  }
+
+  /// All-to-all: each rank of its group (C ranks, or K) takes a 1/K share
+  /// of a tensor rank's heads and key/value heads.
+  Error checkHeads(const Node &N) const {
+    if (Ctx.ContextComm == "ring")
+      return Error::success();
+    const bool Plain = Ctx.ContextComm == "a2a";
+    const int K = Plain ? C : Ctx.ContextAllToAll;
+    if (Heads % K == 0 && KvHeads % K == 0)
+      return Error::success();
+    const int64_t Both = std::gcd(Heads, KvHeads);
+    const std::string Can = Plain ? divisorsOf(Both) : groupSizes(Both);
+    return makeError(
+        N.describe() + ": " +
+        (Plain ? formatv("--cp {0} --cp-comm a2a: each tensor-parallel "
+                         "rank's {1} heads and {2} key/value heads must "
+                         "split over cp (each rank attends a 1/cp share of "
+                         "them); cp can be {3}, or use --cp-comm ring",
+                         C, Heads, KvHeads, Can)
+                     .str()
+               : formatv("--cp-comm a2a+ring --cp-a2a {0}: each "
+                         "tensor-parallel rank's {1} heads and {2} key/value "
+                         "heads must split over the all-to-all group (each "
+                         "rank attends a 1/{0} share of them); {3}",
+                         K, Heads, KvHeads,
+                         Can.empty() ? "no --cp-a2a can: use --cp-comm ring"
+                                     : "--cp-a2a can be " + Can)
+                     .str()));
+  }
+
+  /// The all-to-all group sizes a2a+ring can take that divide Of (0: any): K
+  /// with 1 < K < C dividing C ("2, 4"; empty: none).
+  std::string groupSizes(int64_t Of) const {
+    std::string Can;
+    for (int K = 2; K < C; ++K)
+      if (C % K == 0 && Of % K == 0)
+        Can += (Can.empty() ? "" : ", ") + std::to_string(K);
+    return Can;
+  }
+
   Error visit(Node &N) {
     Role R = N.tags().Role;
     if (N.op() == OpKind::BatchMatMul || N.op() == OpKind::Softmax ||
@@ -130,9 +198,13 @@ private:
       if (attrInt(N.op(), N.attrs(), "packed"))
         return makeError(N.describe() + ": --cp needs q, k and v apart "
                                         "(run fuse-attention with --cp)");
+      if (auto E = checkHeads(N))
+        return E;
       N.attrs().set("cp", int64_t(C));
       N.attrs().set("cp_zigzag", int64_t(Layout.Zigzag));
       N.attrs().set("cp_comm", Ctx.ContextComm);
+      if (Ctx.ContextComm == "a2a+ring")
+        N.attrs().set("cp_a2a", int64_t(Ctx.ContextAllToAll));
       if (N.numOperands() > 3) {
         Value *Keep = N.operand(3);
         if (!Keep->isInput() || Keep->inputRole() != InputRole::Mask)
@@ -208,6 +280,8 @@ private:
   Graph &G;
   const PassContext &Ctx;
   int C;
+  /// A tensor-parallel rank's heads and key/value heads.
+  int64_t Heads = 0, KvHeads = 0;
   ContextLayout Layout;
   DenseMap<Value *, Node *> IdsSlice;
 };

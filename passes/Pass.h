@@ -112,9 +112,12 @@ struct PassContext {
   bool SequenceParallel = false;
   /// Context parallelism (context-parallel pass): every activation holds
   /// this rank's 1/C of the sequence, and attention gets the other ranks'
-  /// keys and values over the cp group, by ContextComm ("ring").
+  /// keys and values over the cp group, by ContextComm ("ring", "a2a" or
+  /// "a2a+ring": the all-to-all inside groups of ContextAllToAll
+  /// consecutive cp ranks, the ring across them).
   int ContextParallel = 1;
   std::string ContextComm = "ring";
+  int ContextAllToAll = 1;
   /// --tp-comm-overlap: the collective-matmul pass cuts each forward
   /// all-gather that feeds a linear into a ring of chunk shifts and chunk
   /// GEMMs (passes/CollectiveMatmul.cpp).

@@ -66,8 +66,17 @@ struct CLOptions {
                "overlapping the previous block's attention; the default) or "
                "a2a (all-to-all, DeepSpeed-Ulysses: heads traded for "
                "positions; C must divide the heads and key/value heads of a "
-               "tensor-parallel rank)"),
-      cl::value_desc("ring|a2a"), cl::init("ring"), cl::cat(Cat)};
+               "tensor-parallel rank) or a2a+ring (hierarchical: the "
+               "all-to-all inside groups of --cp-a2a K consecutive ranks, "
+               "one node's, and the ring across the C / K groups)"),
+      cl::value_desc("ring|a2a|a2a+ring"), cl::init("ring"), cl::cat(Cat)};
+  cl::opt<int> CPA2a{
+      "cp-a2a",
+      cl::desc("With --cp-comm a2a+ring: the size K of the all-to-all groups "
+               "(K consecutive context-parallel ranks; 1 < K < C, K divides "
+               "C and the heads and key/value heads of a tensor-parallel "
+               "rank)"),
+      cl::value_desc("K"), cl::init(1), cl::cat(Cat)};
   cl::opt<std::string> DPBucket{
       "dp-bucket",
       cl::desc("With --dp: the largest gradient bucket summed over the "
@@ -246,11 +255,21 @@ Error passOptionsFromCL(PassContext &Ctx) {
                              "--cp-comm chooses how context-parallel ranks "
                              "exchange keys and values; it needs --cp C with "
                              "C > 1");
-  if (CL->CPComm != "ring" && CL->CPComm != "a2a")
+  if (CL->CPComm != "ring" && CL->CPComm != "a2a" && CL->CPComm != "a2a+ring")
     return createStringError(inconvertibleErrorCode(),
-                             "--cp-comm '%s': expected ring or a2a (the "
-                             "hierarchical a2a+ring is not implemented yet)",
+                             "--cp-comm '%s': expected ring, a2a or a2a+ring",
                              CL->CPComm.getValue().c_str());
+  const bool Hierarchical = CL->CPComm == "a2a+ring";
+  if (CL->CPA2a.getNumOccurrences() && !Hierarchical)
+    return createStringError(inconvertibleErrorCode(),
+                             "--cp-a2a sizes the all-to-all groups of the "
+                             "hierarchical --cp-comm a2a+ring; pass that too "
+                             "(or drop --cp-a2a)");
+  if (Hierarchical && !CL->CPA2a.getNumOccurrences())
+    return createStringError(inconvertibleErrorCode(),
+                             "--cp-comm a2a+ring needs --cp-a2a K, the size "
+                             "of its all-to-all groups (K consecutive "
+                             "context-parallel ranks, e.g. one node's)");
   // Gradients are summed over the data-parallel x context-parallel ranks.
   const int GradRanks = CL->DP * CL->CP;
   if (CL->DPBucket.getNumOccurrences()) {
@@ -279,6 +298,7 @@ Error passOptionsFromCL(PassContext &Ctx) {
   Ctx.DataParallel = CL->DP;
   Ctx.ContextParallel = CL->CP;
   Ctx.ContextComm = CL->CPComm;
+  Ctx.ContextAllToAll = CL->CPA2a;
   Ctx.SequenceParallel = CL->SP;
   Ctx.TpCommOverlap = CL->TpCommOverlap;
   Ctx.FusedAttention = CL->FusedAttention == CLOptions::Attention::Fused;

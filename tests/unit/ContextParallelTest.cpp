@@ -9,7 +9,8 @@
 // multiple of the one-device run's float32 rounding, measured against its
 // float64 run. The models: the default GPT, and HF-style GPT-2, Llama
 // (grouped-query attention, rotary tables looked up by position ids) and
-// BERT (bidirectional, an attention-mask input, token types) exports.
+// BERT (bidirectional, an attention-mask input, token types) exports; the
+// ring, the all-to-all (--cp-comm a2a) and the hierarchical a2a+ring.
 //
 //===----------------------------------------------------------------------===//
 #include "TestSupport.h"
@@ -27,6 +28,7 @@ struct CpLayout {
   bool SP = false;
   RecomputeMode Recompute = RecomputeMode::None;
   const char *Comm = "ring";
+  int AllToAll = 1; // --cp-a2a, with Comm "a2a+ring"
 };
 
 Plan compileCp(StringRef Model, CpLayout L) {
@@ -34,6 +36,7 @@ Plan compileCp(StringRef Model, CpLayout L) {
   Ctx.FusedAttention = true;
   Ctx.ContextParallel = L.CP;
   Ctx.ContextComm = L.Comm;
+  Ctx.ContextAllToAll = L.AllToAll;
   Ctx.TensorParallel = L.TP;
   Ctx.SequenceParallel = L.SP;
   Ctx.Recompute.Mode = L.Recompute;
@@ -99,6 +102,22 @@ TEST(ContextParallel, TinyGptAllToAllCp2Tp2SequenceParallelDropout) {
   expectCpEqualsOneDevice(TinyModel, allToAll(2, 2, true), 0.1);
 }
 
+/// Hierarchical (--cp-comm a2a+ring --cp-a2a 2): all-to-all groups of two
+/// consecutive cp ranks, the ring across the groups.
+CpLayout hierarchical(int CP, int K, int TP = 1, bool SP = false) {
+  CpLayout L{CP, TP, 1, SP};
+  L.Comm = "a2a+ring";
+  L.AllToAll = K;
+  return L;
+}
+TEST(ContextParallel, TinyGptHierarchicalCp4A2a2Dropout) {
+  expectCpEqualsOneDevice(TinyModel, hierarchical(4, 2), 0.1);
+}
+TEST(ContextParallel, TinyGptHierarchicalCp4A2a2Tp2SequenceParallelDropout) {
+  // 4 heads: 2 a tensor rank, 1 a rank of the all-to-all group.
+  expectCpEqualsOneDevice(TinyModel, hierarchical(4, 2, 2, true), 0.1);
+}
+
 /// The compile-time refusals name what to change.
 TEST(ContextParallel, RefusesWhatItCannotSplit) {
   PassContext Ctx;
@@ -121,6 +140,30 @@ TEST(ContextParallel, RefusesWhatItCannotSplit) {
   ASSERT_FALSE(bool(P));
   EXPECT_NE(errorText(P).find("each tensor-parallel rank's 2 heads"),
             std::string::npos);
+  // a2a+ring: groups of 4 over a tensor rank's 2 heads; of 3 in cp 4; of
+  // 4 in cp 4 (that is a2a) and of 1 (the ring).
+  Ctx.ContextParallel = 8;
+  Ctx.ContextComm = "a2a+ring";
+  Ctx.ContextAllToAll = 4;
+  Ctx.TensorParallel = 2;
+  P = tryCompile(TinyModel, Ctx);
+  ASSERT_FALSE(bool(P));
+  EXPECT_NE(errorText(P).find("--cp-a2a 4: each tensor-parallel rank's 2 "
+                              "heads"),
+            std::string::npos);
+  Ctx.TensorParallel = 1;
+  Ctx.ContextParallel = 4;
+  Ctx.ContextAllToAll = 3;
+  P = tryCompile(TinyModel, Ctx);
+  ASSERT_FALSE(bool(P));
+  EXPECT_NE(errorText(P).find("--cp-a2a can be 2"), std::string::npos);
+  for (auto [K, Use] : {std::pair{4, "use --cp-comm a2a"},
+                        std::pair{1, "use --cp-comm ring"}}) {
+    Ctx.ContextAllToAll = K;
+    P = tryCompile(TinyModel, Ctx);
+    ASSERT_FALSE(bool(P));
+    EXPECT_NE(errorText(P).find(Use), std::string::npos);
+  }
 }
 
 /// HF-style exports (models/export_family.py), each made once per process
@@ -187,6 +230,9 @@ TEST_F(ContextParallelFamilies, LlamaGqaAllToAllCp2) {
 }
 TEST_F(ContextParallelFamilies, BertAllToAllCp4Dropout) {
   expectCpEqualsOneDevice(model("bert"), allToAll(4), 0.1);
+}
+TEST_F(ContextParallelFamilies, LlamaGqaHierarchicalCp4A2a2) {
+  expectCpEqualsOneDevice(model("llama"), hierarchical(4, 2), 0.0);
 }
 
 } // namespace

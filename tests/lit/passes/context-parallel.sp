@@ -30,4 +30,4 @@
 
 // UNFUSED: error: {{.*}}unfused attention core{{.*}}compile with --attention fused
 // CHUNKS: error: {{.*}}--cp 4: the sequence length 4 must split into 2 x cp = 8 equal chunks
-// COMM: --cp-comm 'hier': expected ring or a2a
+// COMM: --cp-comm 'hier': expected ring, a2a or a2a+ring

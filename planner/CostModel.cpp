@@ -187,13 +187,17 @@ static void addWork(const Program &P, int Begin, int End, bool Weight,
     if (I.Op == OpKind::Send && Forward)
       W.MessageBytes = std::max(W.MessageBytes, Bytes(I.In[0]));
     // Context parallelism's exchanges (reports/CollectiveReport.h); the
-    // ring's run beside the attention's own GEMMs.
+    // ring's run beside the attention's own GEMMs, the all-to-all's not.
     if (ContextTraffic CT = contextTraffic(P, I); CT.Parts > 1 && !Once) {
-      (CT.Forward ? W.RingForwardBytes : W.RingBackwardBytes) += CT.Bytes;
+      (CT.Forward ? W.RingForwardBytes : W.RingBackwardBytes) += CT.RingBytes;
       (CT.Forward ? W.RingForwardMessages : W.RingBackwardMessages) +=
-          CT.Messages;
-      if (!CT.AllToAll)
+          CT.RingMessages;
+      if (CT.RingMessages)
         (CT.Forward ? W.RingForwardFlops : W.RingBackwardFlops) += F;
+      (CT.Forward ? W.AllToAllForwardBytes : W.AllToAllBackwardBytes) +=
+          CT.AllToAllBytes;
+      (CT.Forward ? W.AllToAllForwardMessages : W.AllToAllBackwardMessages) +=
+          CT.AllToAllMessages;
     }
     if (defaultGroup(I.Op).empty())
       continue;
@@ -252,6 +256,10 @@ Expected<StepEstimate> estimateStep(const ClusterSpec &C,
     return makeError(formatv("layout t {0} p {1} m {2} d {3} c {4} with {5} "
                              "microbatches: every size must be positive",
                              Y.T, Y.P, Y.M, Y.D, Y.C, Y.Microbatches));
+  if (Y.CpAllToAll < 1 || Y.C % Y.CpAllToAll)
+    return makeError(formatv("c {0} with all-to-all groups of {1}: the "
+                             "groups must divide the cp ranks",
+                             Y.C, Y.CpAllToAll));
   int V = Y.P * Y.M;
   if (int(Stages.size()) != V)
     return makeError(formatv("{0} stages of work for p {1} x m {2} = {3} "
@@ -270,10 +278,18 @@ Expected<StepEstimate> estimateStep(const ClusterSpec &C,
               : Y.D == 1                               ? Context
               : Replicas.Bandwidth < Context.Bandwidth ? Replicas
                                                        : Context;
-  // The ring's transfers beyond the attention GEMMs they overlap.
+  // Context parallelism: the all-to-all inside groups of A consecutive cp
+  // ranks (A = C: the plain all-to-all), exposed; the ring across the C / A
+  // groups (A = 1: the plain ring), beyond the attention GEMMs it overlaps.
+  const int A = std::max(1, Y.CpAllToAll);
+  const Link AllToAll = groupLink(C, Y.T, A),
+             Ring = groupLink(C, Y.T * A, Y.C / A);
   auto RingExposed = [&](double Bytes, int Messages, double Flops) {
-    double Comm = Bytes / Context.Bandwidth + Messages * Context.Latency;
+    double Comm = Bytes / Ring.Bandwidth + Messages * Ring.Latency;
     return std::max(0.0, Comm - Flops / Rate);
+  };
+  auto AllToAllSeconds = [&](double Bytes, int Messages) {
+    return Bytes / AllToAll.Bandwidth + Messages * AllToAll.Latency;
   };
   bool Split = S->splitsBackward();
   StepCosts Costs;
@@ -292,12 +308,16 @@ Expected<StepEstimate> estimateStep(const ClusterSpec &C,
   for (int K = 0; K < V; ++K) {
     const StageWork &W = Stages[K];
     int Rank = K % Y.P;
-    double FwdComm = tensorSeconds(W.ForwardComm, Y.T, Tensor) +
-                     RingExposed(W.RingForwardBytes, W.RingForwardMessages,
-                                 W.RingForwardFlops);
-    double BwdComm = tensorSeconds(W.BackwardComm, Y.T, Tensor) +
-                     RingExposed(W.RingBackwardBytes, W.RingBackwardMessages,
-                                 W.RingBackwardFlops);
+    double FwdComm =
+        tensorSeconds(W.ForwardComm, Y.T, Tensor) +
+        RingExposed(W.RingForwardBytes, W.RingForwardMessages,
+                    W.RingForwardFlops) +
+        AllToAllSeconds(W.AllToAllForwardBytes, W.AllToAllForwardMessages);
+    double BwdComm =
+        tensorSeconds(W.BackwardComm, Y.T, Tensor) +
+        RingExposed(W.RingBackwardBytes, W.RingBackwardMessages,
+                    W.RingBackwardFlops) +
+        AllToAllSeconds(W.AllToAllBackwardBytes, W.AllToAllBackwardMessages);
     double WeightGrad = W.WeightGradFlops / Rate + W.WeightGradBytes / Hbm;
     Costs.Forward[K] = W.ForwardFlops / Rate + W.ForwardBytes / Hbm + FwdComm;
     Costs.Recompute[K] = W.RecomputeFlops / Rate + W.RecomputeBytes / Hbm;
@@ -359,6 +379,9 @@ ParallelLayout layoutOf(const PassContext &Ctx) {
   Y.T = Ctx.TensorParallel;
   Y.D = std::max(1, Ctx.DataParallel);
   Y.C = std::max(1, Ctx.ContextParallel);
+  Y.CpAllToAll = Ctx.ContextComm == "a2a"        ? Y.C
+                 : Ctx.ContextComm == "a2a+ring" ? Ctx.ContextAllToAll
+                                                 : 1;
   if (PO.enabled()) {
     Y.P = PO.Stages;
     Y.M = PO.Interleave;

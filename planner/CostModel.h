@@ -23,7 +23,11 @@
 //                transfer S / B + L over the link of the cp group, overlapped
 //                with that attention's own GEMMs: only what exceeds them is
 //                exposed. The all-to-all (--cp-comm a2a) trades (c - 1) / c
-//                of every tensor of the core, c - 1 messages each, exposed
+//                of every tensor of the core, c - 1 messages each, exposed.
+//                The hierarchical a2a+ring (--cp-a2a k) trades (k - 1) / k
+//                of them over the link of its groups of k consecutive cp
+//                ranks (exposed), then runs the ring across the c / k groups
+//                over theirs, as above with c / k ranks
 //   pipeline     a message of S bytes between neighbouring stages takes
 //                S / B + L; the step's schedule (1F1B, interleaved, ZB-H1,
 //                GPipe) is timed by the schedule simulator (lower/Schedule.h)
@@ -109,8 +113,9 @@ double reduceScatterSeconds(double Bytes, int N, Link L, int Calls = 1);
 /// The parallel layout.
 struct ParallelLayout {
   int T = 1, P = 1, M = 1, D = 1;
-  /// Context-parallel ranks per replica (--cp).
-  int C = 1;
+  /// Context-parallel ranks per replica (--cp), and its all-to-all
+  /// groups' size: 1 (the ring), C (--cp-comm a2a) or K (a2a+ring).
+  int C = 1, CpAllToAll = 1;
   int Microbatches = 1;
   ScheduleKind Schedule = ScheduleKind::OneFOneB;
   int gpus() const { return T * P * C * D; }
@@ -156,6 +161,10 @@ struct StageWork {
   double RingForwardBytes = 0, RingBackwardBytes = 0;
   int RingForwardMessages = 0, RingBackwardMessages = 0;
   double RingForwardFlops = 0, RingBackwardFlops = 0;
+  /// Its all-to-all (--cp-comm a2a, a2a+ring): the bytes one rank sends
+  /// and the messages, not overlapped.
+  double AllToAllForwardBytes = 0, AllToAllBackwardBytes = 0;
+  int AllToAllForwardMessages = 0, AllToAllBackwardMessages = 0;
   /// Per step: the gradients summed over the replicas, and the optimizer's
   /// HBM traffic.
   double GradientBytes = 0, OptimizerBytes = 0;

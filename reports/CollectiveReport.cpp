@@ -74,10 +74,14 @@ ContextTraffic contextTraffic(const Program &P, const Instruction &I) {
     return T;
   T.Parts = C;
   T.Forward = I.Op == OpKind::Attention;
-  T.AllToAll = attrString(I.Op, I.Attrs, "cp_comm") == "a2a";
-  if (T.AllToAll) {
-    // Every tensor but the padding mask, out and back: (C - 1) / C of each,
-    // C - 1 messages each.
+  const std::string Comm = attrString(I.Op, I.Attrs, "cp_comm");
+  T.AllToAll = Comm == "a2a"        ? C
+               : Comm == "a2a+ring" ? int(attrInt(I.Op, I.Attrs, "cp_a2a"))
+                                    : 1;
+  const int K = T.AllToAll, Ring = C / std::max(K, 1);
+  if (K > 1) {
+    // Every tensor but the padding mask, out and back: (K - 1) / K of each,
+    // K - 1 messages each.
     const unsigned Keep = attentionKeepOperand(I.Op, I.Attrs);
     int Tensors = 0;
     for (unsigned J = 0; J < I.In.size(); ++J)
@@ -89,19 +93,26 @@ ContextTraffic contextTraffic(const Program &P, const Instruction &I) {
       T.InFlightBytes += P.Buffers[Id].Bytes;
       ++Tensors;
     }
-    T.Bytes = T.InFlightBytes * (C - 1) / C;
-    T.Messages = Tensors * (C - 1);
-    return T;
+    T.AllToAllBytes = T.InFlightBytes * (K - 1) / K;
+    T.AllToAllMessages = Tensors * (K - 1);
   }
-  // The ring: the key/value block (operands 1 and 2 of the forward, 2 and 3
-  // of the backward) passed on C - 1 times, and in the backward its
-  // gradients C times; two blocks in flight, with their gradients.
-  const unsigned K = T.Forward ? 1 : 2;
-  const int64_t Block = P.Buffers[I.In[K]].Bytes + P.Buffers[I.In[K + 1]].Bytes;
-  T.Messages = T.Forward ? C - 1 : 2 * C - 1;
-  T.Bytes = T.Messages * Block;
-  T.InFlightBytes = 4 * Block;
+  if (Ring > 1) {
+    // The ring: the key/value block (operands 1 and 2 of the forward, 2 and
+    // 3 of the backward; after the all-to-all, the same bytes) passed on
+    // Ring - 1 times, and in the backward its gradients Ring times; two
+    // blocks in flight, with their gradients.
+    const unsigned Kv = T.Forward ? 1 : 2;
+    const int64_t Block =
+        P.Buffers[I.In[Kv]].Bytes + P.Buffers[I.In[Kv + 1]].Bytes;
+    T.RingMessages = T.Forward ? Ring - 1 : 2 * Ring - 1;
+    T.RingBytes = T.RingMessages * Block;
+    T.InFlightBytes += 4 * Block;
+  }
   return T;
+}
+
+const char *ContextRing::comm() const {
+  return AllToAll == 1 ? "ring" : AllToAll == Parts ? "a2a" : "a2a+ring";
 }
 
 ContextRing contextRingReport(const Program &P) {
@@ -115,25 +126,33 @@ ContextRing contextRingReport(const Program &P) {
     R.Zigzag = attrInt(I.Op, I.Attrs, "cp_zigzag") != 0;
     R.AllToAll = T.AllToAll;
     R.PositionsPerRank = P.Buffers[I.In[K]].Type.dim(-2);
-    if (!T.AllToAll)
-      R.BlockBytes = std::max(R.BlockBytes, T.InFlightBytes / 4);
+    if (T.RingMessages)
+      R.BlockBytes = std::max(R.BlockBytes, P.Buffers[I.In[K]].Bytes +
+                                                P.Buffers[I.In[K + 1]].Bytes);
     R.InFlightBytes = std::max(R.InFlightBytes, T.InFlightBytes);
     R.Layers += T.Forward;
-    (T.Forward ? R.ForwardBytes : R.BackwardBytes) += T.Bytes;
+    (T.Forward ? R.ForwardBytes : R.BackwardBytes) += T.RingBytes;
+    (T.Forward ? R.AllToAllForwardBytes : R.AllToAllBackwardBytes) +=
+        T.AllToAllBytes;
   }
   return R;
 }
 
 nlohmann::json contextRingToJson(const ContextRing &R) {
-  return {{"cp", R.Parts},
-          {"cp_comm", R.AllToAll ? "a2a" : "ring"},
-          {"zigzag", R.Zigzag},
-          {"positions_per_rank", R.PositionsPerRank},
-          {"attention_layers", R.Layers},
-          {"block_bytes", R.BlockBytes},
-          {"ring_forward_bytes", R.ForwardBytes},
-          {"ring_backward_bytes", R.BackwardBytes},
-          {"in_flight_bytes", R.InFlightBytes}};
+  nlohmann::json J = {{"cp", R.Parts},
+                      {"cp_comm", R.comm()},
+                      {"zigzag", R.Zigzag},
+                      {"positions_per_rank", R.PositionsPerRank},
+                      {"attention_layers", R.Layers},
+                      {"block_bytes", R.BlockBytes},
+                      {"ring_forward_bytes", R.ForwardBytes},
+                      {"ring_backward_bytes", R.BackwardBytes},
+                      {"a2a_forward_bytes", R.AllToAllForwardBytes},
+                      {"a2a_backward_bytes", R.AllToAllBackwardBytes},
+                      {"in_flight_bytes", R.InFlightBytes}};
+  if (R.AllToAll > 1 && R.AllToAll < R.Parts)
+    J["cp_a2a"] = R.AllToAll;
+  return J;
 }
 
 void printContextRing(const ContextRing &R, raw_ostream &OS) {
@@ -147,19 +166,31 @@ void printContextRing(const ContextRing &R, raw_ostream &OS) {
       R.Zigzag
           ? formatv(" (zigzag chunks r and {0} - r)", 2 * R.Parts - 1).str()
           : std::string());
-  if (R.AllToAll)
+  if (R.AllToAll == R.Parts) {
     OS << formatv("  all-to-all (bytes sent per rank, {0} attention layers): "
                   "forward {1}, backward {2}; in flight beside the arena: up "
                   "to {3} (this rank's heads of the whole sequence)\n",
-                  R.Layers, kib(R.ForwardBytes), kib(R.BackwardBytes),
-                  kib(R.InFlightBytes));
-  else
-    OS << formatv("  ring (bytes sent per rank, {0} attention layers): "
-                  "forward {1}, backward {2}; in flight beside the arena: {3} "
-                  "(the block computed on and the one arriving, with their "
-                  "gradients)\n",
-                  R.Layers, kib(R.ForwardBytes), kib(R.BackwardBytes),
-                  kib(R.InFlightBytes));
+                  R.Layers, kib(R.AllToAllForwardBytes),
+                  kib(R.AllToAllBackwardBytes), kib(R.InFlightBytes));
+    return;
+  }
+  if (R.AllToAll > 1)
+    OS << formatv("  all-to-all inside groups of {0} consecutive ranks "
+                  "(bytes sent per rank, {1} attention layers): forward {2}, "
+                  "backward {3}\n",
+                  R.AllToAll, R.Layers, kib(R.AllToAllForwardBytes),
+                  kib(R.AllToAllBackwardBytes));
+  OS << formatv(
+      "  ring{0} (bytes sent per rank, {1} attention layers): "
+      "forward {2}, backward {3}; in flight beside the arena: {4} "
+      "({5}the block computed on and the one arriving, with their "
+      "gradients)\n",
+      R.AllToAll > 1 ? formatv(" across the {0} groups", R.ringSize()).str()
+                     : std::string(),
+      R.Layers, kib(R.ForwardBytes), kib(R.BackwardBytes), kib(R.InFlightBytes),
+      R.AllToAll > 1 ? "this rank's heads of its group's "
+                       "positions, "
+                     : "");
 }
 
 nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R) {

@@ -55,34 +55,44 @@ std::vector<LayerCollectives> collectiveReport(const Program &P, int T);
 /// (the last shift hands them to their owner). Bytes in the plan's dtype.
 /// The ring holds the block it computes on and the one arriving: 2 key/value
 /// blocks in flight (4 with their gradients in the backward), outside the
-/// planned arena.
+/// planned arena. The all-to-all (--cp-comm a2a, group of C; a2a+ring,
+/// groups of K) sends (K - 1) / K of the tensors it trades (q, k, v out and
+/// o, lse back; the backward's do, q, k, v, o, lse out and dq, dk, dv
+/// back), and holds the rank's heads of its group's positions in flight;
+/// a2a+ring's ring then passes the traded key/value block (the same bytes
+/// as the rank's own) around C / K groups.
 struct ContextRing {
   int Parts = 1;
   bool Zigzag = false;
-  /// --cp-comm a2a: all-to-all exchanges instead of the ring; the bytes
-  /// are (C - 1) / C of the tensors traded (q, k, v out and o, lse back;
-  /// the backward's do, q, k, v, o, lse out and dq, dk, dv back), and in
-  /// flight the rank's heads of the whole sequence.
-  bool AllToAll = false;
+  /// The all-to-all group's size: 1 (the ring), C (a2a) or K (a2a+ring).
+  int AllToAll = 1;
   int64_t PositionsPerRank = 0;
   int Layers = 0;         // attention instructions in the forward
-  int64_t BlockBytes = 0; // one layer's key and value block
-  int64_t ForwardBytes = 0, BackwardBytes = 0; // sent per rank, all layers
-  int64_t InFlightBytes = 0;                   // the backward's, one layer
+  int64_t BlockBytes = 0; // one layer's key and value block on the ring
+  /// Sent per rank, all layers: by the ring, and by the all-to-all.
+  int64_t ForwardBytes = 0, BackwardBytes = 0;
+  int64_t AllToAllForwardBytes = 0, AllToAllBackwardBytes = 0;
+  int64_t InFlightBytes = 0; // the backward's, one layer
+  /// The ring's participants: C / all-to-all size.
+  int ringSize() const { return Parts / AllToAll; }
+  /// "ring", "a2a" or "a2a+ring".
+  const char *comm() const;
 };
 /// Parts 1 when the program has no ring.
 ContextRing contextRingReport(const Program &P);
 
 /// What one attention instruction {cp > 1} sends per rank (Parts 1, nothing,
-/// for any other instruction): its bytes and messages, whether they are the
-/// all-to-all's (nothing overlaps them) or the ring's (beside the
-/// instruction's own GEMMs), and what it holds in flight. The report above
-/// and the cost model (planner/CostModel.h) both read it.
+/// for any other instruction): the all-to-all's bytes and messages (nothing
+/// overlaps them; over the all-to-all group), the ring's (beside the
+/// instruction's own GEMMs; over the ring), and what it holds in flight.
+/// The report above and the cost model (planner/CostModel.h) both read it.
 struct ContextTraffic {
   int Parts = 1;
-  bool AllToAll = false, Forward = false;
-  int64_t Bytes = 0, InFlightBytes = 0;
-  int Messages = 0;
+  /// The all-to-all group's size: 1 (the ring), C (a2a) or K (a2a+ring).
+  int AllToAll = 1;
+  bool Forward = false;
+  int64_t AllToAllBytes = 0, RingBytes = 0, InFlightBytes = 0;
+  int AllToAllMessages = 0, RingMessages = 0;
 };
 ContextTraffic contextTraffic(const Program &P, const Instruction &I);
 nlohmann::json contextRingToJson(const ContextRing &R);

@@ -279,6 +279,43 @@ TEST(CostModel, PlanWorkIsThePlansFlops) {
   }
 }
 
+/// Hierarchical context parallelism (a2a+ring) at c = 16, all-to-all
+/// groups of 8: the all-to-all inside a node (NVLink, exposed), the ring
+/// across the 2 groups on the network (exposed beyond its GEMMs: none
+/// here). Plain a2a over 16 ranks and the plain ring cross nodes.
+TEST(CostModel, HierarchicalContextParallelLinks) {
+  ClusterSpec C; // 8 GPUs per node
+  StageWork W;
+  W.RingForwardBytes = 1e9;
+  W.RingForwardMessages = 1;
+  W.AllToAllForwardBytes = 7e8;
+  W.AllToAllForwardMessages = 7;
+  ParallelLayout Y;
+  Y.C = 16;
+  Y.CpAllToAll = 8;
+  auto E = estimateStep(C, Y, {W});
+  ASSERT_TRUE(bool(E)) << toString(E.takeError());
+  const double Ring = 1e9 / C.InterNodeBandwidth + C.InterNodeLatency,
+               A2aIntra = 7e8 / C.IntraNodeBandwidth + 7 * C.IntraNodeLatency,
+               A2aInter = 7e8 / C.InterNodeBandwidth + 7 * C.InterNodeLatency;
+  expectNear(Ring + A2aIntra, E->TensorCommSeconds);
+  StageWork A2a = W, Plain = W;
+  A2a.RingForwardBytes = A2a.RingForwardMessages = 0;
+  Y.CpAllToAll = 16;
+  E = estimateStep(C, Y, {A2a});
+  ASSERT_TRUE(bool(E)) << toString(E.takeError());
+  expectNear(A2aInter, E->TensorCommSeconds);
+  Plain.AllToAllForwardBytes = Plain.AllToAllForwardMessages = 0;
+  Y.CpAllToAll = 1;
+  E = estimateStep(C, Y, {Plain});
+  ASSERT_TRUE(bool(E)) << toString(E.takeError());
+  expectNear(Ring, E->TensorCommSeconds);
+  // Groups of 3 do not divide 16.
+  Y.CpAllToAll = 3;
+  std::string Msg = toString(estimateStep(C, Y, {W}).takeError());
+  EXPECT_NE(Msg.find("all-to-all groups of 3"), std::string::npos) << Msg;
+}
+
 TEST(CostModel, BadLayoutsAreErrors) {
   ClusterSpec C;
   StageWork W;

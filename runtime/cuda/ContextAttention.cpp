@@ -34,6 +34,13 @@
 //   included); the kernels run on them as on one device; a second exchange
 //   returns each rank's positions of every head.
 //
+// all-to-all + ring (cp_comm "a2a+ring", cp_a2a K). The all-to-all inside
+//   each group of K consecutive cp ranks (KernelCall::ContextInner) gives a
+//   rank A / K heads of its group's positions (a rank's positions of the
+//   layout grouped by K: ContextLayout::grouped), and the ring runs across
+//   the C / K groups (ContextOuter) on those, as above; then the all-to-all
+//   back. The plain all-to-all is this with one group and no ring.
+//
 // The results match the CPU's ring and all-to-all within a few float32
 // roundings (the kernels' products sum in another order), and are the same
 // bits on every run. Scratch: one region per stream, grown as needed.
@@ -95,19 +102,20 @@ Error storeFloats(Elems Dst, const float *Src, int64_t N, cudaStream_t S) {
 
 } // namespace
 
-/// One context-parallel attention call: the blockwise kernels' plan of this
-/// rank's tensors, the layout, the group and its communicator, and the
-/// scratch region of the stream.
+/// One context-parallel attention call: the blockwise kernels' geometry of
+/// this rank's tensors (Sq = Sk = L.local()), its operands (null where the
+/// direction has none), the layout and the group (and communicator) the
+/// ring runs over, the padding bias of the whole sequence (or null), and
+/// the scratch region (ContextWork) to use.
 struct CudaBackend::ContextCall {
-  const KernelCall &C;
-  BlockwisePlan P;
+  AttentionGeometry G;
+  bool Forward = true;
+  Elems Q, K, V, O, Lse, DO, DQ, DK, DV;
   ContextLayout L;
-  Communicator &Group;
-  NcclComm &Nccl;
-  int Slot;
-  Elems op(const BlockwiseOperand &X) const {
-    return at(elems(C, X.Id), X.Offset);
-  }
+  Communicator *Group = nullptr;
+  NcclComm *Nccl = nullptr;
+  const float *Bias = nullptr;
+  int Region = 0;
 };
 
 Error CudaBackend::contextAttention(const KernelCall &C, cudaStream_t S) {
@@ -122,6 +130,19 @@ Error CudaBackend::contextAttention(const KernelCall &C, cudaStream_t S) {
   if (attentionInputs(I.Op, I.Attrs) == 1)
     return makeError("attention {cp > 1, packed = 1}: the ring needs q, k and "
                      "v apart; recompile the plan");
+  // The all-to-all's group size: 1 (the ring), C (the all-to-all) or K
+  // (all-to-all inside groups of K, the ring across them).
+  const std::string CommKind = attrString(I.Op, I.Attrs, "cp_comm");
+  const int K = CommKind == "ring"       ? 1
+                : CommKind == "a2a"      ? Cp
+                : CommKind == "a2a+ring" ? int(attrInt(I.Op, I.Attrs, "cp_a2a"))
+                                         : 0;
+  if (K < 1 || Cp % K)
+    return makeError("attention {cp_comm = " + CommKind +
+                     ", cp = " + Twine(Cp) +
+                     "}: not a variant the CUDA backend runs "
+                     "(ring, a2a, or a2a+ring with cp_a2a dividing cp); "
+                     "recompile the plan");
   auto Plan = planBlockwise(I, Bufs);
   if (!Plan)
     return makeError("attention {cp = " + Twine(Cp) +
@@ -131,62 +152,77 @@ Error CudaBackend::contextAttention(const KernelCall &C, cudaStream_t S) {
                                    C.Seed, C.Step, C.Tensor.rank(), C.replica(),
                                    C.replicas()))
     return E;
-  AttentionGeometry &Geo = Plan->G;
-  const ContextLayout L{Cp, attrInt(I.Op, I.Attrs, "cp_zigzag") != 0,
-                        Geo.Sk * Cp};
-  if (!L.divides() || Geo.Sq != L.local())
+  ContextCall X;
+  X.G = Plan->G;
+  X.L =
+      ContextLayout{Cp, attrInt(I.Op, I.Attrs, "cp_zigzag") != 0, X.G.Sk * Cp};
+  if (!X.L.divides() || X.G.Sq != X.L.local())
     return makeError(formatv("attention {{cp = {0}}: {1} queries and {2} keys "
                              "on a rank do not cut a sequence into the "
                              "layout's chunks",
-                             Cp, Geo.Sq, Geo.Sk));
-  Geo.ProbGlobal[2] = Geo.ProbGlobal[3] = L.Seq;
-  auto N = nccl(*G);
-  if (!N)
-    return N.takeError();
-  ContextCall X{C, std::move(*Plan), L, *G, **N, S == Comm ? 1 : 0};
-  const std::string Comm = attrString(I.Op, I.Attrs, "cp_comm");
-  if (Comm != "ring" && Comm != "a2a")
-    return makeError("attention {cp_comm = " + Comm +
-                     "}: the CUDA backend runs the ring and the all-to-all; "
-                     "compile with --cp-comm ring or a2a");
-  return Comm == "a2a" ? ulyssesAttention(X, S) : ringAttention(X, S);
-}
-
-Error CudaBackend::contextBias(const ContextCall &X, float *Bias,
-                               cudaStream_t S) {
-  const KernelCall &C = X.C;
-  auto KeepType = paddingKeepType(C.Prog.Buffers[X.P.Keep].Type);
-  if (!KeepType)
-    return KeepType.takeError();
-  const int64_t N = X.P.G.Batch * X.L.Seq;
-  SP_CUDA_TRY(cudaMemsetAsync(Bias, 0, size_t(N) * sizeof(float), S));
-  paddingMask(Bias, Bias, C.buffer(X.P.Keep), *KeepType, X.P.G.Batch, 1,
-              X.L.Seq, X.P.PadFill, X.P.PadWhere, S);
-  return Error::success();
+                             Cp, X.G.Sq, X.G.Sk));
+  X.G.ProbGlobal[2] = X.G.ProbGlobal[3] = X.L.Seq;
+  X.Forward = Plan->Forward;
+  auto Op = [&](const BlockwiseOperand &B) {
+    return B.Id >= 0 ? at(elems(C, B.Id), B.Offset) : Elems();
+  };
+  X.Q = Op(Plan->Q), X.K = Op(Plan->K), X.V = Op(Plan->V), X.O = Op(Plan->O),
+  X.Lse = Op(Plan->Lse), X.DO = Op(Plan->DO), X.DQ = Op(Plan->DQ),
+  X.DK = Op(Plan->DK), X.DV = Op(Plan->DV);
+  const int Slot = S == Comm ? 1 : 0;
+  if (Plan->Keep >= 0) { // the padding bias of every key, as padding_mask's
+    auto KeepType = paddingKeepType(Bufs[Plan->Keep].Type);
+    if (!KeepType)
+      return KeepType.takeError();
+    const int64_t N = X.G.Batch * X.L.Seq;
+    auto Bias = grow(ContextBias[Slot], ContextBiasBytes[Slot], N * 4);
+    if (!Bias)
+      return Bias.takeError();
+    float *B = reinterpret_cast<float *>(*Bias);
+    SP_CUDA_TRY(cudaMemsetAsync(B, 0, size_t(N) * sizeof(float), S));
+    paddingMask(B, B, C.buffer(Plan->Keep), *KeepType, X.G.Batch, 1, X.L.Seq,
+                Plan->PadFill, Plan->PadWhere, S);
+    X.Bias = B;
+  }
+  if (K == 1) {
+    auto N = nccl(*G);
+    if (!N)
+      return N.takeError();
+    X.Group = G, X.Nccl = *N, X.Region = 2 * Slot;
+    return ringAttention(X, S);
+  }
+  Communicator *Inner = K == Cp ? G : C.ContextInner,
+               *Outer = K == Cp ? nullptr : C.ContextOuter;
+  if (!Inner || Inner->size() != K ||
+      (K < Cp && (!Outer || Outer->size() != Cp / K)))
+    return makeError(formatv("attention {{cp_comm = a2a+ring, cp_a2a = {0}} "
+                             "needs the cp group split into groups of {0} "
+                             "and rings of {1}",
+                             K, Cp / K));
+  X.Region = 2 * Slot + 1;
+  return ulyssesAttention(X, *Inner, Outer, S);
 }
 
 Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
-  const AttentionGeometry &G = X.P.G;
-  const bool Fwd = X.P.Forward;
-  const Elems Q = X.op(X.P.Q), K = X.op(X.P.K), V = X.op(X.P.V),
-              Lse = X.op(X.P.Lse);
+  const AttentionGeometry &G = X.G;
+  const bool Fwd = X.Forward;
+  const Elems Q = X.Q, K = X.K, V = X.V, Lse = X.Lse;
   const int Es = storageBytes(Q.Kind), Ls = storageBytes(Lse.Kind);
   const int64_t NK = G.Batch * G.KvHeads * G.Sk * G.D,
                 NQ = G.Batch * G.Heads * G.Sq * G.D,
                 NL = G.Batch * G.Heads * G.Sq, KvBytes = 2 * NK * Es;
-  const int Parts = X.L.Parts, Rank = X.Group.rank();
+  const int Parts = X.L.Parts, Rank = X.Group->rank();
   const int Next = (Rank + 1) % Parts, Prev = (Rank + Parts - 1) % Parts;
 
   // The scratch: the block held and the one arriving (K then V), the
-  // padding bias (whole, and of a key run), the negligible flag; forward:
+  // padding bias of a key run, the negligible flag; forward:
   // a call's output and log-sum-exp, and the running ones; backward: the
   // travelling dk, dv sums (two), this step's, a call's dq and dk, dv, the
   // dq sum, the kernels' Delta.
   CpCarve W;
   const int64_t KvAt[2] = {W.take(KvBytes), W.take(KvBytes)};
-  const bool Padded = X.P.Keep >= 0;
-  const int64_t BiasAt = W.take(Padded ? G.Batch * X.L.Seq * 4 : 0),
-                BiasRunAt = W.take(Padded ? G.Batch * G.Sk * 4 : 0),
+  const bool Padded = X.Bias != nullptr;
+  const int64_t BiasRunAt = W.take(Padded ? G.Batch * G.Sk * 4 : 0),
                 FlagAt = W.take(sizeof(int));
   int64_t OpAt = 0, LpAt = 0, RunOAt = 0, RunLAt = 0, DkvAt[2] = {}, DkcAt = 0,
           DqwAt = 0, DkvwAt = 0, DqaAt = 0, DeltaAt = 0;
@@ -204,7 +240,8 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
     DqaAt = W.take(NQ * 4);
     DeltaAt = W.take(NL * 4);
   }
-  auto Region = grow(ContextWork[X.Slot], ContextWorkBytes[X.Slot], W.Bytes);
+  auto Region =
+      grow(ContextWork[X.Region], ContextWorkBytes[X.Region], W.Bytes);
   if (!Region)
     return Region.takeError();
   char *Base = *Region;
@@ -213,12 +250,9 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
   };
   auto Like = [&](int64_t At, Storage Kind) { return Elems(Base + At, Kind); };
   char *Kv[2] = {Base + KvAt[0], Base + KvAt[1]};
-  float *Bias = Padded ? Floats(BiasAt) : nullptr;
+  const float *Bias = X.Bias;
   float *BiasRun = Padded ? Floats(BiasRunAt) : nullptr;
   int *Flag = reinterpret_cast<int *>(Base + FlagAt);
-  if (Padded)
-    if (auto E = contextBias(X, Bias, S))
-      return E;
   SP_CUDA_TRY(cudaMemcpyAsync(Kv[0], K.Data, size_t(NK) * Es,
                               cudaMemcpyDeviceToDevice, S));
   SP_CUDA_TRY(cudaMemcpyAsync(Kv[0] + NK * Es, V.Data, size_t(NK) * Es,
@@ -243,15 +277,15 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
       cudaStream_t NS = ncclStream();
       if (auto E = NcclComm::grouped([&]() -> Error {
             if (Shift) {
-              if (auto E = X.Nccl.send(Cur, KvBytes, Next, NS))
+              if (auto E = X.Nccl->send(Cur, KvBytes, Next, NS))
                 return E;
-              if (auto E = X.Nccl.recv(Arriving, KvBytes, Prev, NS))
+              if (auto E = X.Nccl->recv(Arriving, KvBytes, Prev, NS))
                 return E;
             }
             if (Sums) {
-              if (auto E = X.Nccl.send(DOut, 2 * NK * 4, Next, NS))
+              if (auto E = X.Nccl->send(DOut, 2 * NK * 4, Next, NS))
                 return E;
-              if (auto E = X.Nccl.recv(DIn, 2 * NK * 4, Prev, NS))
+              if (auto E = X.Nccl->recv(DIn, 2 * NK * 4, Prev, NS))
                 return E;
             }
             return Error::success();
@@ -300,7 +334,7 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
           continue;
         }
         const Elems DQw = Like(DqwAt, Q.Kind), DKw = Like(DkvwAt, Q.Kind),
-                    DVw = at(DKw, NK), DO = X.op(X.P.DO), O = X.op(X.P.O);
+                    DVw = at(DKw, NK), DO = X.DO, O = X.O;
         attentionBackward(at(DQw, QRows.Base), at(DKw, KRows.Base),
                           at(DVw, KRows.Base), at(DO, ORows.Base),
                           at(Q, QRows.Base), at(CurK, KRows.Base),
@@ -322,7 +356,7 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
     }
   }
   if (Fwd) {
-    if (auto E = storeFloats(X.op(X.P.O), Floats(RunOAt), NQ, S))
+    if (auto E = storeFloats(X.O, Floats(RunOAt), NQ, S))
       return E;
     return storeFloats(Lse, Floats(RunLAt), NL, S);
   }
@@ -331,7 +365,7 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
   if (Parts > 1) {
     float *Last = Own;
     Own = Floats(DkvAt[Parts % 2]);
-    if (auto E = onNccl(X.Group, S, [&](NcclComm &Nc, cudaStream_t NS) {
+    if (auto E = onNccl(*X.Group, S, [&](NcclComm &Nc, cudaStream_t NS) {
           return NcclComm::grouped([&]() -> Error {
             if (auto E = Nc.send(Last, 2 * NK * 4, Next, NS))
               return E;
@@ -340,48 +374,52 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
         }))
       return E;
   }
-  if (auto E = storeFloats(X.op(X.P.DQ), Floats(DqaAt), NQ, S))
+  if (auto E = storeFloats(X.DQ, Floats(DqaAt), NQ, S))
     return E;
-  if (auto E = storeFloats(X.op(X.P.DK), Own, NK, S))
+  if (auto E = storeFloats(X.DK, Own, NK, S))
     return E;
-  return storeFloats(X.op(X.P.DV), Own + NK, NK, S);
+  return storeFloats(X.DV, Own + NK, NK, S);
 }
 
-Error CudaBackend::ulyssesAttention(const ContextCall &X, cudaStream_t S) {
-  const AttentionGeometry &G = X.P.G;
-  const bool Fwd = X.P.Forward;
-  const int Parts = X.L.Parts, Rank = X.Group.rank();
-  if (G.Heads % Parts || G.KvHeads % Parts)
-    return makeError(formatv("all-to-all attention: cp {0} does not divide "
-                             "the {1} heads and {2} key/value heads of a rank",
-                             Parts, G.Heads, G.KvHeads));
-  const int64_t Hc = G.Heads / Parts, Gc = G.KvHeads / Parts, Seq = X.L.Seq,
+Error CudaBackend::ulyssesAttention(const ContextCall &X, Communicator &Inner,
+                                    Communicator *Outer, cudaStream_t S) {
+  const AttentionGeometry &G = X.G;
+  const bool Fwd = X.Forward;
+  // Inner rank I of group Gr (cp rank Gr K + I) trades with its group.
+  const int K = Inner.size(), I = Inner.rank(), Gr = Outer ? Outer->rank() : 0;
+  if (G.Heads % K || G.KvHeads % K)
+    return makeError(formatv("all-to-all attention: a group of {0} does not "
+                             "divide the {1} heads and {2} key/value heads of "
+                             "a rank",
+                             K, G.Heads, G.KvHeads));
+  // The group's positions (the whole sequence for a group of every cp
+  // rank), in global order: its rank's of the grouped layout.
+  const ContextLayout Lg = X.L.grouped(K);
+  const int64_t Hc = G.Heads / K, Gc = G.KvHeads / K, Sw = Lg.local(),
                 Sl = X.L.local(), D = G.D;
-  const Elems Q = X.op(X.P.Q), Lse = X.op(X.P.Lse);
+  const Elems Q = X.Q, Lse = X.Lse;
   const int Es = storageBytes(Q.Kind), Ls = storageBytes(Lse.Kind);
-  // The kernels' view: this rank's heads of the whole sequence, compact
-  // [B, Hc, Seq, D] (and [B, Hc, Seq] for the log-sum-exp).
+  // The kernels' (or the ring's) view: this rank's heads of the group's
+  // positions, compact [B, Hc, Sw, D] (and [B, Hc, Sw] for the
+  // log-sum-exp), their dropout at the heads' global offset.
   AttentionGeometry F = G;
-  F.Heads = Hc, F.KvHeads = Gc, F.Sq = F.Sk = Seq;
-  const int64_t QSt[3] = {Hc * Seq * D, Seq * D, D},
-                KSt[3] = {Gc * Seq * D, Seq * D, D},
-                LSt[3] = {Hc * Seq, Seq, 1};
+  F.Heads = Hc, F.KvHeads = Gc, F.Sq = F.Sk = Sw;
+  const int64_t QSt[3] = {Hc * Sw * D, Sw * D, D},
+                KSt[3] = {Gc * Sw * D, Sw * D, D}, LSt[3] = {Hc * Sw, Sw, 1};
   std::copy_n(QSt, 3, F.Q);
   std::copy_n(QSt, 3, F.O);
   std::copy_n(KSt, 3, F.K);
   std::copy_n(LSt, 3, F.L);
   F.Query0 = F.Key0 = 0;
-  F.ProbOffset[1] += int64_t(Rank) * Hc;
+  F.ProbOffset[1] += int64_t(I) * Hc;
   F.ProbOffset[2] = F.ProbOffset[3] = 0;
 
-  const int64_t NQf = G.Batch * Hc * Seq * D, NKf = G.Batch * Gc * Seq * D,
-                NLf = G.Batch * Hc * Seq;
+  const int64_t NQf = G.Batch * Hc * Sw * D, NKf = G.Batch * Gc * Sw * D,
+                NLf = G.Batch * Hc * Sw;
   // The largest message (q's, or the log-sum-exp's when float32 and D 1).
   const int64_t Block = G.Batch * Hc * Sl * std::max<int64_t>(D * Es, Ls);
   CpCarve W;
-  const int64_t SendAt = W.take(Parts * Block), RecvAt = W.take(Parts * Block);
-  const bool Padded = X.P.Keep >= 0;
-  const int64_t BiasAt = W.take(Padded ? G.Batch * Seq * 4 : 0);
+  const int64_t SendAt = W.take(K * Block), RecvAt = W.take(K * Block);
   // q, k, v, o, lse; backward also do, dq, dk, dv, Delta.
   const int64_t QfAt = W.take(NQf * Es), KfAt = W.take(NKf * Es),
                 VfAt = W.take(NKf * Es), OfAt = W.take(NQf * Es),
@@ -394,80 +432,73 @@ Error CudaBackend::ulyssesAttention(const ContextCall &X, cudaStream_t S) {
     DVfAt = W.take(NKf * Es);
     DeltaAt = W.take(NLf * 4);
   }
-  auto Region = grow(ContextWork[X.Slot], ContextWorkBytes[X.Slot], W.Bytes);
+  auto Region =
+      grow(ContextWork[X.Region], ContextWorkBytes[X.Region], W.Bytes);
   if (!Region)
     return Region.takeError();
   char *Base = *Region;
   auto Full = [&](int64_t At, Storage Kind) { return Elems(Base + At, Kind); };
-  float *Bias = Padded ? reinterpret_cast<float *>(Base + BiasAt) : nullptr;
-  if (Padded)
-    if (auto E = contextBias(X, Bias, S))
-      return E;
 
   // One exchange of a tensor with H heads of RowElems elements per row:
   // ToSequence, from this rank's positions of every head (Local, strides
-  // St) to its heads of every position (Whole, compact); else back.
+  // St) to its heads of the group's positions (Whole, compact); else back.
+  // Member J's runs (of cp rank Gr K + J) lie in the group's at Lg.localOf.
   auto Exchange = [&](Elems Local, const int64_t(&St)[3], Elems Whole,
                       int64_t H, int64_t RowElems, bool ToSequence) -> Error {
-    const int64_t Hr = H / Parts;
+    const int64_t Hr = H / K;
     const int Eb = storageBytes(Local.Kind);
     const int64_t Msg = G.Batch * Hr * Sl * RowElems; // elements
     const int64_t MsgSt[3] = {Hr * Sl * RowElems, Sl * RowElems, RowElems},
-                  WholeSt[3] = {Hr * Seq * RowElems, Seq * RowElems, RowElems};
+                  WholeSt[3] = {Hr * Sw * RowElems, Sw * RowElems, RowElems};
     char *Send = Base + SendAt, *Recv = Base + RecvAt;
-    // Rank J's message: its heads of this rank's positions (ToSequence),
+    // Member J's runs: its local rows and the group's rows they are.
+    auto RunsOf = [&](int J,
+                      llvm::function_ref<void(const CpRun &, int64_t)> Fn) {
+      for (const CpRun &Run : X.L.runs(Gr * K + J))
+        Fn(Run, Lg.localOf(Gr, Run.Global));
+    };
+    auto Box = [&](int64_t Rows, int64_t SrcBase, const int64_t(&Src)[3],
+                   int64_t DstBase, const int64_t(&Dst)[3]) {
+      ContextBox B;
+      B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Rows;
+      B.Dims[3] = RowElems;
+      B.SrcBase = SrcBase, B.DstBase = DstBase;
+      std::copy_n(Src, 3, B.Src);
+      std::copy_n(Dst, 3, B.Dst);
+      return B;
+    };
+    // Member J's message: its heads of this rank's positions (ToSequence),
     // or this rank's heads of J's positions.
     auto Pack = [&](int J) {
       char *Out = Send + J * Msg * Eb;
-      if (ToSequence) {
-        ContextBox B;
-        B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Sl,
-        B.Dims[3] = RowElems;
-        B.SrcBase = J * Hr * St[1];
-        std::copy_n(St, 3, B.Src);
-        std::copy_n(MsgSt, 3, B.Dst);
-        copyBox(Out, Local.Data, Eb, B, S);
-        return;
-      }
-      for (const CpRun &Run : X.L.runs(J)) {
-        ContextBox B;
-        B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Run.Length,
-        B.Dims[3] = RowElems;
-        B.SrcBase = Run.Global * RowElems;
-        B.DstBase = Run.Local * RowElems;
-        std::copy_n(WholeSt, 3, B.Src);
-        std::copy_n(MsgSt, 3, B.Dst);
-        copyBox(Out, Whole.Data, Eb, B, S);
-      }
+      if (ToSequence)
+        return copyBox(Out, Local.Data, Eb,
+                       Box(Sl, J * Hr * St[1], St, 0, MsgSt), S);
+      RunsOf(J, [&](const CpRun &Run, int64_t At) {
+        copyBox(Out, Whole.Data, Eb,
+                Box(Run.Length, At * RowElems, WholeSt, Run.Local * RowElems,
+                    MsgSt),
+                S);
+      });
     };
-    // What came from rank J, put in place.
+    // What came from member J, put in place.
     auto Place = [&](const char *Got, int J) {
-      if (ToSequence) {
-        for (const CpRun &Run : X.L.runs(J)) {
-          ContextBox B;
-          B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Run.Length,
-          B.Dims[3] = RowElems;
-          B.SrcBase = Run.Local * RowElems;
-          B.DstBase = Run.Global * RowElems;
-          std::copy_n(MsgSt, 3, B.Src);
-          std::copy_n(WholeSt, 3, B.Dst);
-          copyBox(Whole.Data, Got, Eb, B, S);
-        }
-        return;
-      }
-      ContextBox B;
-      B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Sl, B.Dims[3] = RowElems;
-      B.DstBase = J * Hr * St[1];
-      std::copy_n(MsgSt, 3, B.Src);
-      std::copy_n(St, 3, B.Dst);
-      copyBox(Local.Data, Got, Eb, B, S);
+      if (!ToSequence)
+        return copyBox(Local.Data, Got, Eb,
+                       Box(Sl, 0, MsgSt, J * Hr * St[1], St), S);
+      RunsOf(J, [&](const CpRun &Run, int64_t At) {
+        copyBox(Whole.Data, Got, Eb,
+                Box(Run.Length, Run.Local * RowElems, MsgSt, At * RowElems,
+                    WholeSt),
+                S);
+      });
     };
-    for (int J = 0; J < Parts; ++J)
+    for (int J = 0; J < K; ++J)
       Pack(J);
-    if (auto E = onNccl(X.Group, S, [&](NcclComm &Nc, cudaStream_t NS) {
+    if (auto E = onNccl(Inner, S, [&](NcclComm &Nc, cudaStream_t NS) {
           return NcclComm::grouped([&]() -> Error {
-            for (int J = 0; J < Parts; ++J)
-              if (J != Rank) {
+            for (int J = 0; J < K; ++J)
+              if (J != I) {
                 if (auto E = Nc.send(Send + J * Msg * Eb, Msg * Eb, J, NS))
                   return E;
                 if (auto E = Nc.recv(Recv + J * Msg * Eb, Msg * Eb, J, NS))
@@ -477,51 +508,62 @@ Error CudaBackend::ulyssesAttention(const ContextCall &X, cudaStream_t S) {
           });
         }))
       return E;
-    for (int J = 0; J < Parts; ++J)
-      Place((J == Rank ? Send : Recv) + J * Msg * Eb, J);
+    for (int J = 0; J < K; ++J)
+      Place((J == I ? Send : Recv) + J * Msg * Eb, J);
     return Error::success();
   };
 
-  const Elems Qf = Full(QfAt, Q.Kind), Kf = Full(KfAt, Q.Kind),
-              Vf = Full(VfAt, Q.Kind), Of = Full(OfAt, Q.Kind),
-              Lf = Full(LfAt, Lse.Kind);
-  struct Tensor {
+  // The traded tensors: q, k, v (and do, o, lse backward) in; o, lse (or
+  // dq, dk, dv) out.
+  ContextCall Y;
+  Y.G = F, Y.Forward = Fwd, Y.L = Lg, Y.Bias = X.Bias;
+  Y.Q = Full(QfAt, Q.Kind), Y.K = Full(KfAt, Q.Kind), Y.V = Full(VfAt, Q.Kind),
+  Y.O = Full(OfAt, Q.Kind), Y.Lse = Full(LfAt, Lse.Kind);
+  if (!Fwd)
+    Y.DO = Full(DOfAt, Q.Kind), Y.DQ = Full(DQfAt, Q.Kind),
+    Y.DK = Full(DKfAt, Q.Kind), Y.DV = Full(DVfAt, Q.Kind);
+  struct Traded {
     Elems Local;
     const int64_t *St;
     Elems Whole;
     int64_t Heads, Row;
   };
-  SmallVector<Tensor, 6> In = {{Q, G.Q, Qf, G.Heads, D},
-                               {X.op(X.P.K), G.K, Kf, G.KvHeads, D},
-                               {X.op(X.P.V), G.K, Vf, G.KvHeads, D}};
-  if (!Fwd) {
-    In.push_back({X.op(X.P.DO), G.O, Full(DOfAt, Q.Kind), G.Heads, D});
-    In.push_back({X.op(X.P.O), G.O, Of, G.Heads, D});
-    In.push_back({Lse, G.L, Lf, G.Heads, 1});
-  }
-  auto Run = [&](const Tensor &T, bool ToSequence) {
+  auto Trade = [&](const Traded &T, bool ToSequence) {
     const int64_t St[3] = {T.St[0], T.St[1], T.St[2]};
     return Exchange(T.Local, St, T.Whole, T.Heads, T.Row, ToSequence);
   };
-  for (const Tensor &T : In)
-    if (auto E = Run(T, true))
-      return E;
+  SmallVector<Traded, 6> In = {{Q, G.Q, Y.Q, G.Heads, D},
+                               {X.K, G.K, Y.K, G.KvHeads, D},
+                               {X.V, G.K, Y.V, G.KvHeads, D}},
+                         Out;
   if (Fwd) {
-    attentionForward(Of, Lf, Qf, Kf, Vf, Bias, F, S);
-    for (const Tensor &T : {Tensor{X.op(X.P.O), G.O, Of, G.Heads, D},
-                            Tensor{Lse, G.L, Lf, G.Heads, 1}})
-      if (auto E = Run(T, false))
-        return E;
-    return Error::success();
+    Out = {{X.O, G.O, Y.O, G.Heads, D}, {Lse, G.L, Y.Lse, G.Heads, 1}};
+  } else {
+    In.append({{X.DO, G.O, Y.DO, G.Heads, D},
+               {X.O, G.O, Y.O, G.Heads, D},
+               {Lse, G.L, Y.Lse, G.Heads, 1}});
+    Out = {{X.DQ, G.Q, Y.DQ, G.Heads, D},
+           {X.DK, G.K, Y.DK, G.KvHeads, D},
+           {X.DV, G.K, Y.DV, G.KvHeads, D}};
   }
-  const Elems DQf = Full(DQfAt, Q.Kind), DKf = Full(DKfAt, Q.Kind),
-              DVf = Full(DVfAt, Q.Kind);
-  attentionBackward(DQf, DKf, DVf, Full(DOfAt, Q.Kind), Qf, Kf, Vf, Of, Lf,
-                    Bias, reinterpret_cast<float *>(Base + DeltaAt), F, S);
-  for (const Tensor &T : {Tensor{X.op(X.P.DQ), G.Q, DQf, G.Heads, D},
-                          Tensor{X.op(X.P.DK), G.K, DKf, G.KvHeads, D},
-                          Tensor{X.op(X.P.DV), G.K, DVf, G.KvHeads, D}})
-    if (auto E = Run(T, false))
+  for (const Traded &T : In)
+    if (auto E = Trade(T, true))
+      return E;
+  if (Outer) { // the ring across the groups, on the group's positions
+    auto N = nccl(*Outer);
+    if (!N)
+      return N.takeError();
+    Y.Group = Outer, Y.Nccl = *N, Y.Region = X.Region - 1;
+    if (auto E = ringAttention(Y, S))
+      return E;
+  } else if (Fwd) { // every position: one device's kernel
+    attentionForward(Y.O, Y.Lse, Y.Q, Y.K, Y.V, X.Bias, F, S);
+  } else {
+    attentionBackward(Y.DQ, Y.DK, Y.DV, Y.DO, Y.Q, Y.K, Y.V, Y.O, Y.Lse, X.Bias,
+                      reinterpret_cast<float *>(Base + DeltaAt), F, S);
+  }
+  for (const Traded &T : Out)
+    if (auto E = Trade(T, false))
       return E;
   return Error::success();
 }

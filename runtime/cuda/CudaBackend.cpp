@@ -149,8 +149,10 @@ CudaBackend::~CudaBackend() {
   cudaFree(Err);
   cudaFree(Norm);
   // What allocateWhileRunning allocated, in the legacy stream's order.
-  for (char *P : {Scratch[0], Scratch[1], Mixed[0], Mixed[1], AttentionWork[0],
-                  AttentionWork[1], ContextWork[0], ContextWork[1]})
+  for (char *P :
+       {Scratch[0], Scratch[1], Mixed[0], Mixed[1], AttentionWork[0],
+        AttentionWork[1], ContextWork[0], ContextWork[1], ContextWork[2],
+        ContextWork[3], ContextBias[0], ContextBias[1]})
     if (P)
       cudaFreeAsync(P, nullptr);
   for (SendSlot &Slot : SendSlots) {

@@ -78,6 +78,7 @@ public:
   double peakFlops(StringRef Dtype) const override;
   bool runsMixedPrecision() const override { return true; }
   bool runsContextParallel() const override { return true; }
+  bool runsHierarchicalContextParallel() const override { return true; }
 
 private:
   CudaBackend() = default;
@@ -110,8 +111,10 @@ private:
   struct ContextCall;
   Error contextAttention(const KernelCall &C, cudaStream_t S);
   Error ringAttention(const ContextCall &X, cudaStream_t S);
-  Error ulyssesAttention(const ContextCall &X, cudaStream_t S);
-  Error contextBias(const ContextCall &X, float *Bias, cudaStream_t S);
+  /// The all-to-all inside Inner; then the kernels on the traded tensors,
+  /// or with Outer the ring across the groups.
+  Error ulyssesAttention(const ContextCall &X, Communicator &Inner,
+                         Communicator *Outer, cudaStream_t S);
   Error contextCopy(const KernelCall &C, cudaStream_t S);
   /// Whether I's kernel reads and writes its 16-bit buffers in place
   /// (cuda::runsIn16Bit; the attention core only by the blockwise
@@ -254,8 +257,10 @@ private:
   int64_t MixedBytes[2] = {0, 0};
   char *AttentionWork[2] = {nullptr, nullptr};
   int64_t AttentionWorkBytes[2] = {0, 0};
-  char *ContextWork[2] = {nullptr, nullptr};
-  int64_t ContextWorkBytes[2] = {0, 0};
+  /// Per stream: the ring's region, then the all-to-all's; the padding
+  /// bias.
+  char *ContextWork[4] = {}, *ContextBias[2] = {};
+  int64_t ContextWorkBytes[4] = {}, ContextBiasBytes[2] = {};
   char *Staging = nullptr;
   size_t StagingBytes = 0;
   std::map<Communicator *, std::unique_ptr<cuda::NcclComm>> Nccl;

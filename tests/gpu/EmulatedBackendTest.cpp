@@ -71,6 +71,12 @@ GridLayout contextLayout(const char *Name, int CP, const char *Comm, int TP = 1,
   return L;
 }
 
+/// L with the all-to-all inside pairs of cp ranks (--cp-a2a 2).
+GridLayout hierarchical(GridLayout L) {
+  L.CpA2a = 2;
+  return L;
+}
+
 /// Every layout with the compute stream (ordinal 0), then the
 /// communication stream (1), running each piece of its work 300 us late.
 TEST(EmulatedCuda, GridsMatchTheCpuWithEitherStreamLate) {
@@ -193,11 +199,11 @@ TEST(EmulatedCuda, ExportedFamiliesOnGrids) {
     }
 }
 
-/// Context parallelism (--cp; runtime/cuda/ContextAttention.cpp): the ring
-/// and the all-to-all over NCCL on the blockwise kernels, cp 2 and 4 and
-/// with the other axes, by expectMatches; the dropout's draws (the core's
-/// and the residual ones, across the zigzag seam) are keyed by global
-/// positions, so they are the CPU ranks'.
+/// Context parallelism (--cp; runtime/cuda/ContextAttention.cpp): the ring,
+/// the all-to-all and the all-to-all + ring over NCCL on the blockwise
+/// kernels, cp 2 and 4 and with the other axes, by expectMatches; the dropout's
+/// draws (the core's and the residual ones, across the zigzag seam) are keyed
+/// by global positions, so they are the CPU ranks'.
 TEST(EmulatedCuda, ContextParallelGridsMatchTheCpu) {
   const GridLayout Layouts[] = {
       contextLayout("cp 2, ring", 2, "ring"),
@@ -206,7 +212,9 @@ TEST(EmulatedCuda, ContextParallelGridsMatchTheCpu) {
       contextLayout("cp 4, all-to-all", 4, "a2a"),
       contextLayout("cp 2 x t 2 + SP, ring", 2, "ring", 2),
       contextLayout("cp 2 x p 2, ring", 2, "ring", 1, 2),
-      contextLayout("cp 2 x d 2, ZeRO-1, all-to-all", 2, "a2a", 1, 1, 2)};
+      contextLayout("cp 2 x d 2, ZeRO-1, all-to-all", 2, "a2a", 1, 1, 2),
+      hierarchical(
+          contextLayout("cp 4, all-to-all in pairs + ring", 4, "a2a+ring"))};
   for (const GridLayout &L : Layouts) {
     SCOPED_TRACE(L.Name);
     expectGridMatches(TinyModel, L);

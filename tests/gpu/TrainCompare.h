@@ -153,6 +153,7 @@ struct GridLayout {
   bool Ring = false; // --tp-comm-overlap
   int CP = 1;        // --cp (needs Fused)
   const char *CpComm = "ring"; // --cp-comm
+  int CpA2a = 1;               // --cp-a2a (with "a2a+ring")
   PipelineSchedule Schedule = PipelineSchedule::OneFOneB;
   int Interleave = 1;
   RecomputeMode Recompute = RecomputeMode::None;
@@ -181,6 +182,7 @@ inline llvm::Expected<Plan> compileLayout(llvm::StringRef Path,
   Ctx.TpCommOverlap = L.Ring;
   Ctx.ContextParallel = L.CP;
   Ctx.ContextComm = L.CpComm;
+  Ctx.ContextAllToAll = L.CpA2a;
   Ctx.Recompute.Mode = L.Recompute;
   if (L.PP > 1 || L.Microbatches > 1) {
     Ctx.Pipeline.Stages = L.PP;

@@ -7,7 +7,8 @@
 # attention ops; t = 2 + SP with the fused core by the blockwise kernels, and
 # with the linear biases in cuBLASLt's epilogue (--cuda-epilogues); and
 # the 2 x 2 x 2 grid (t = 2 + SP, p = 2, d = 2 with ZeRO-1); context
-# parallelism (cp 2 x t 2 + SP, the ring). The numerics are
+# parallelism (cp 2 x t 2 + SP, the ring; cp 4, all-to-all in pairs + ring).
+# The numerics are
 # checked by sp-gpu-emulated-tests; this checks the tool's path.
 #
 # With MPIEXEC, the launch a cluster uses: one process per rank (mpirun,
@@ -51,6 +52,7 @@ check tp2sp 10 "--cuda-attention blockwise" --tp 2 --sp
 EXPECT="linear biases: in the GEMM's epilogue" check epilogues 10 "--cuda-epilogues" --tp 2 --sp --attention unfused
 check grid 6 "" --tp 2 --sp --pp 2 --microbatches 2 --dp 2 --zero 1
 check cp 6 "" --cp 2 --tp 2 --sp
+check cp-a2a-ring 4 "" --cp 4 --cp-comm a2a+ring --cp-a2a 2
 
 # More ranks than GPUs (2 emulated GPUs, 4 thread ranks): the ranks that have
 # one must not wait in ncclCommInitRank for those that do not.

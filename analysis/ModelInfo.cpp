@@ -61,6 +61,7 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
   auto FromShift = [](const Value *V) {
     return V->producer() && V->producer()->op() == OpKind::RingShift;
   };
+  int BlockDropouts = 0, DropoutLayer = -1;
   for (const Node &N : G.nodes()) {
     int L = N.tags().Layer;
     if (L < 0 || N.tags().Ph != Phase::Forward)
@@ -94,6 +95,12 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
     M.Dropout |= N.op() == OpKind::Dropout ||
                  (N.op() == OpKind::Attention &&
                   attrInt(N.op(), N.attrs(), "dropout"));
+    if (N.op() == OpKind::Dropout &&
+        (R == Role::AttnDropout || R == Role::MlpDropout)) {
+      // The count in the last layer that has any (all layers alike).
+      BlockDropouts = L == DropoutLayer ? BlockDropouts + 1 : 1;
+      DropoutLayer = L;
+    }
     M.RopeLookup |= R == Role::RopeCos;
     if (N.op() == OpKind::Attention) {
       // The masks the fused core absorbed.
@@ -113,6 +120,7 @@ Expected<ModelInfo> summarizeModel(const Graph &G) {
               : opName(N.op()).str();
   }
   M.Layers = M.LayerRoles.size();
+  M.BlockDropouts = BlockDropouts;
   // The family is the template every layer fits (ir/Family.h).
   FamilyFit Fit = fitFamily(M.LayerRoles);
   if (!Fit.Family)

@@ -34,6 +34,10 @@ struct ModelInfo {
   /// The layers have dropout; the rotary tables are looked up per layer by
   /// position ids (activations, not constants).
   bool Dropout = false, RopeLookup = false;
+  /// Dropouts at a layer's block ends (attn_dropout, mlp_dropout): 2, or 0
+  /// (none, or a parallel block's ratio-0 ones that tensor parallelism
+  /// drops).
+  int BlockDropouts = 0;
   /// The attention cores are fused (fuse-attention: attention ops).
   bool FusedAttention = false;
   /// ... writing its output merged (the projection's input, stored once).

@@ -1,15 +1,16 @@
 //===- Family.h - Model families as records ---------------------*- C++ -*-===//
 //
-// A family (GPT, Llama, BERT) is one FamilyDef record in ir/Families.cpp:
-// its layer template (the roles every layer has; the roles a layer may have
-// are shared), the blocks it is made of (norm, pre- or post-norm, MLP,
-// grouped-query attention), the terms of its activation-memory formula and
-// the words its summary uses. detect-transformer's walk recognises blocks
-// and tags roles; a model is accepted when every layer fits one family's
-// template (fitFamily), and every later consumer (the memory formula, the
-// model summary, the reports) reads the record instead of the family's name.
-// Adding a family made of known blocks is one record; a new block is a
-// detector rule plus the roles it tags (ir/Roles.def).
+// A family (GPT, Llama, BERT, GPT-NeoX, GPT-J) is one FamilyDef record in
+// ir/Families.cpp: its layer template (the roles every layer has; the roles a
+// layer may have are shared), the blocks it is made of (norm, pre- or
+// post-norm, sequential or parallel residual, MLP, grouped-query attention),
+// the terms of its activation-memory formula and the words its summary uses.
+// detect-transformer's walk recognises blocks and tags roles; a model is
+// accepted when every layer fits one family's template (fitFamily), and every
+// later consumer (the memory formula, the model summary, the reports) reads the
+// record instead of the family's name. Adding a family made of known blocks is
+// one record; a new block is a detector rule plus the roles it tags
+// (ir/Roles.def).
 //
 //===----------------------------------------------------------------------===//
 #ifndef SP_IR_FAMILY_H
@@ -26,6 +27,19 @@ namespace sp {
 enum class NormKind : uint8_t { LayerNorm, RmsNorm };
 /// Plain: fc1, act, fc2. Gated: gate and up, act(gate) * up, fc2.
 enum class MlpKind : uint8_t { Plain, Gated };
+/// The attention's projections: one fused qkv linear split into heads
+/// (qkv, split_heads), separate q, k and v linears (q, k, v and their
+/// heads), or either.
+enum class QkvKind : uint8_t { Fused, Separate, Either };
+/// How a layer's blocks meet the residual stream: one after the other,
+/// x + attn(ln1(x)) then h + mlp(ln2(h)); or both off the layer's input,
+/// x + attn(ln1(x)) + mlp(ln2(x)) with two norms (GPT-NeoX, Pythia) or
+/// x + attn(ln(x)) + mlp(ln(x)) with one (GPT-J, Falcon, Phi).
+enum class ResidualKind : uint8_t {
+  Sequential,
+  ParallelTwoNorms,
+  ParallelOneNorm
+};
 
 struct FamilyDef {
   /// The name the plan, the reports and --help use: "gpt".
@@ -34,11 +48,13 @@ struct FamilyDef {
   const char *Style;
   /// One line for reports and docs.
   const char *Description;
-  /// The roles every layer of the family has.
+  /// The roles every layer of the family has, beside its projections'.
   llvm::ArrayRef<Role> Required;
+  QkvKind Qkv;
   NormKind Norm;
   /// A norm after each residual add (BERT) instead of before each block.
   bool PostNorm;
+  ResidualKind Residual;
   MlpKind Mlp;
   /// Fewer key/value heads than query heads may occur (grouped-query
   /// attention): the k and v a layer stores are counted at kv heads where
@@ -58,6 +74,13 @@ struct FamilyDef {
   /// What those are, after the activation's name.
   const char *MlpStoredText;
 };
+
+/// The norms a layer of F has (1 for a parallel block with one norm), and
+/// the distinct values the norms and the blocks read that its formula
+/// counts: 4 (two norm inputs, two block inputs), 3 (parallel, two norms:
+/// one shared norm input) or 2 (parallel, one norm).
+int layerNorms(const FamilyDef &F);
+int layerNormAndBlockInputs(const FamilyDef &F);
 
 /// Every family, in the order detection tries them.
 llvm::ArrayRef<FamilyDef> families();

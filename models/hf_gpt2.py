@@ -32,8 +32,8 @@ Switches that are not HF's own (for tests only):
              "nonpersistent": 4.31+'s persistent=False buffers (torch inlines them as Constants)
     residual "sequential": GPT-2's blocks, x + attn(ln_1(x)), then h + mlp(ln_2(h))
              "parallel": x + attn(ln_1(x)) + mlp(ln_2(x)), as GPT-NeoX/Pythia write it
-             "parallel-one-norm": x + attn(ln_1(x)) + mlp(ln_1(x)), as GPT-J, Falcon and Phi do
-             (sp refuses both parallel forms with an error saying so; the tests check it)
+             "parallel-one-norm": h = ln_1(x), x + attn(h) + mlp(h), as GPT-J, Falcon and Phi do
+             (sp's gpt-neox and gpt-j families; docs/families.md)
 """
 
 import math
@@ -224,8 +224,9 @@ class GPT2Block(nn.Module):
 
     def forward(self, hidden_states, attention_mask=None):
         if self.residual != "sequential":
-            attn_output = self.attn(self.ln_1(hidden_states), attention_mask=attention_mask)
-            mlp_in = self.ln_2(hidden_states) if self.residual == "parallel" else self.ln_1(hidden_states)
+            attn_in = self.ln_1(hidden_states)
+            attn_output = self.attn(attn_in, attention_mask=attention_mask)
+            mlp_in = self.ln_2(hidden_states) if self.residual == "parallel" else attn_in
             return hidden_states + attn_output + self.mlp(mlp_in)
         residual = hidden_states
         hidden_states = self.ln_1(hidden_states)

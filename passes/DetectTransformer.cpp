@@ -1,7 +1,7 @@
 //===- DetectTransformer.cpp - Find the embedding, layers and head --------===//
 //
 // Walks the residual stream of a canonicalized Transformer and tags every
-// node with its layer and role. Three layer templates share the walk:
+// node with its layer and role. These layer templates share the walk:
 //
 //   embed [pos_embed embed_add] [type_embed embed_add] [embed_norm]
 //         [embed_dropout]
@@ -15,6 +15,11 @@
 //   BERT (post-norm): q k v q_heads k_heads v_heads qk [scale] [pad_mask]
 //          softmax ... proj [attn_dropout] residual1 ln1
 //          fc1 act fc2 [mlp_dropout] residual2 ln2
+//   parallel (pre-norm, GPT-NeoX, GPT-J): ln1 [ln2] (both of the layer's
+//          input x, or one norm feeding both blocks) then the attention
+//          (fused or separate projections, as above) and the MLP side by
+//          side, and x + attn + mlp as two adds in any order: residual1 (any
+//          two of the three), parallel_residual (the third)
 //   [final_norm] [head_dense head_act head_norm] lm_head
 //
 // Dropouts, the scaling and the masks are optional (an inference export has
@@ -50,8 +55,6 @@ public:
     if (auto E = embedding(X))
       return E;
     for (int L = 0;; ++L) {
-      if (auto E = refuseParallelResidual(L, X))
-        return E;
       if (startsLayer(X)) {
         if (auto E = layer(L, X))
           return E;
@@ -107,45 +110,30 @@ private:
   static bool startsLayer(Value *X) {
     if (!findUser(X, OpKind::Add) || X->users().size() < 2)
       return false;
-    if (findNorm(X))
-      return X->users().size() == 2;
+    if (findNorm(X)) // one norm, or two (a parallel block's ln1 and ln2)
+      return X->users().size() == 2 ||
+             (X->users().size() == 3 && normUsers(X).size() == 2);
     return all_of(X->users(), [](const Use &U) {
       return U.User->op() == OpKind::Linear || U.User->op() == OpKind::Add;
     });
   }
 
-  /// A parallel residual block, x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX,
-  /// Pythia) or with one norm for both (GPT-J, Falcon, Phi): the layer's
-  /// input X feeds a residual add and two norms, or a norm whose output
-  /// also feeds an MLP's first linear (a linear whose only user is an
-  /// activation). The parallel rules and memory formulas are written for
-  /// sequential blocks; say so instead of failing further on.
-  Error refuseParallelResidual(int L, Value *X) {
-    if (!findUser(X, OpKind::Add))
-      return Error::success();
-    int Norms = 0;
-    bool NormFeedsMlp = false;
-    for (const Use &U : X->users()) {
-      Node *N = U.User;
-      if (N->op() != OpKind::LayerNorm && N->op() != OpKind::RmsNorm)
-        continue;
-      ++Norms;
-      for (const Use &NU : N->result()->users())
-        if (NU.User->op() == OpKind::Linear &&
-            NU.User->result()->users().size() == 1 &&
-            isActivation(NU.User->result()->users()[0].User->op()))
-          NormFeedsMlp = true;
-    }
-    if (Norms < 2 && !(Norms == 1 && NormFeedsMlp))
-      return Error::success();
-    return fail(L, "layer", X,
-                "a parallel residual block: the attention and the MLP both "
-                "read the layer's input (x + attn(ln1(x)) + mlp(ln2(x)), or "
-                "one norm for both, as GPT-J, GPT-NeoX/Pythia, Falcon and Phi "
-                "write it), which sp does not support: its tensor- and "
-                "sequence-parallel rules and memory formulas are written for "
-                "sequential blocks (x + attn(ln1(x)), then h + mlp(ln2(h)): "
-                "GPT-2, Llama, BERT)");
+  /// The norms (layer_norm, rms_norm) reading V.
+  static SmallVector<Node *, 2> normUsers(Value *V) {
+    SmallVector<Node *, 2> R;
+    for (const Use &U : V->users())
+      if (U.User->op() == OpKind::LayerNorm || U.User->op() == OpKind::RmsNorm)
+        R.push_back(U.User);
+    return R;
+  }
+
+  /// Whether N is one of the attention's projections: a linear whose only
+  /// user makes heads (split_heads of a fused qkv, to_heads of q, k or v).
+  static bool isProjection(Node *N) {
+    if (N->op() != OpKind::Linear || N->result()->users().size() != 1)
+      return false;
+    OpKind U = N->result()->users()[0].User->op();
+    return U == OpKind::SplitHeads || U == OpKind::ToHeads;
   }
 
   /// The users of a block's input V other than the residual add Res.
@@ -411,6 +399,7 @@ private:
   Error layer(int L, Value *&X) {
     // Pre-norm (GPT, Llama): x + attn(ln1(x)), then h + mlp(ln2(h)).
     // Post-norm (BERT): h = ln1(x + attn(x)), then ln2(h + mlp(h)).
+    // Parallel (GPT-NeoX, GPT-J): x + attn(ln1(x)) + mlp(ln2(x) or ln1(x)).
     Node *Res1 = findUser(X, OpKind::Add);
     Node *LN1 = findNorm(X);
     bool PostNorm = !LN1;
@@ -421,15 +410,148 @@ private:
                   Twine("the layer is ") + (PostNorm ? "post" : "pre") +
                       "-norm but layer 0 is " + (PostNorm ? "pre" : "post") +
                       "-norm");
+    if (!PostNorm && (normUsers(X).size() == 2 ||
+                      any_of(LN1->result()->users(), [](const Use &U) {
+                        return !isProjection(U.User);
+                      })))
+      return parallelLayer(L, X);
     Value *AttnIn = blockInput(L, X, LN1, Role::Ln1);
-    // Attention block: a fused QKV linear and split_heads (GPT), or
-    // separate q, k, v projections (Llama, BERT).
-    auto AttnUsers = blockUsers(AttnIn, PostNorm ? Res1 : nullptr);
+    auto Proj = attentionBlock(L, AttnIn,
+                               blockUsers(AttnIn, PostNorm ? Res1 : nullptr));
+    if (!Proj)
+      return Proj.takeError();
+    auto X1 =
+        closeBlock(L, "attention", (*Proj)->result(), Res1, PostNorm,
+                   {Role::AttnDropout, Role::Residual1, Role::Ln1, "layer"});
+    if (!X1)
+      return X1.takeError();
+    X = *X1;
+    // MLP block.
+    Node *Res2 = findUser(X, OpKind::Add);
+    Node *LN2 = PostNorm ? nullptr : findNorm(X);
+    if (X->users().size() < 2 || !Res2 || (!PostNorm && !LN2))
+      return fail(L, "mlp", X,
+                  PostNorm ? "expected the normed stream to feed the mlp and "
+                             "a residual add; " +
+                                 found(X)
+                           : "expected the residual stream to feed a "
+                             "layer_norm or rms_norm (ln2) and a residual "
+                             "add; " +
+                                 found(X));
+    Value *MlpIn = blockInput(L, X, LN2, Role::Ln2);
+    auto Down =
+        mlpBlock(L, MlpIn, blockUsers(MlpIn, PostNorm ? Res2 : nullptr));
+    if (!Down)
+      return Down.takeError();
+    auto X2 =
+        closeBlock(L, "mlp", (*Down)->result(), Res2, PostNorm,
+                   {Role::MlpDropout, Role::Residual2, Role::Ln2, "block"});
+    if (!X2)
+      return X2.takeError();
+    X = *X2;
+    return Error::success();
+  }
+
+  /// A parallel block: two layer_norms of the layer's input X, one feeding
+  /// the attention's projections (ln1), the other the MLP (ln2); or one
+  /// layer_norm feeding both. Then x + attn + mlp (parallelResidual).
+  Error parallelLayer(int L, Value *&X) {
+    auto Norms = normUsers(X);
+    for (Node *N : Norms)
+      if (N->op() != OpKind::LayerNorm)
+        return fail(L, "layer", X,
+                    "a parallel residual block normed by " + N->describe() +
+                        ": the parallel families (gpt-neox, gpt-j) are "
+                        "written for layer_norm; rms_norm is supported in "
+                        "sequential (Llama) blocks only");
+    SmallVector<Node *, 4> AttnUsers, MlpUsers;
+    Value *AttnIn, *MlpIn;
+    if (Norms.size() == 2) {
+      auto FeedsAttention = [](Node *N) {
+        return any_of(N->result()->users(),
+                      [](const Use &U) { return isProjection(U.User); });
+      };
+      bool A0 = FeedsAttention(Norms[0]), A1 = FeedsAttention(Norms[1]);
+      if (A0 == A1)
+        return fail(L, "layer", X,
+                    Twine("two norms of the layer's input (") +
+                        Norms[0]->describe() + ", " + Norms[1]->describe() +
+                        "), but " + (A0 ? "both" : "neither") +
+                        " feed the attention's projections: expected one "
+                        "for the attention (ln1), one for the mlp (ln2)");
+      Node *LN1 = A0 ? Norms[0] : Norms[1], *LN2 = A0 ? Norms[1] : Norms[0];
+      AttnIn = blockInput(L, X, LN1, Role::Ln1);
+      MlpIn = blockInput(L, X, LN2, Role::Ln2);
+      for (const Use &U : AttnIn->users())
+        AttnUsers.push_back(U.User);
+      for (const Use &U : MlpIn->users())
+        MlpUsers.push_back(U.User);
+    } else {
+      AttnIn = MlpIn = blockInput(L, X, Norms[0], Role::Ln1);
+      for (const Use &U : AttnIn->users())
+        (isProjection(U.User) ? AttnUsers : MlpUsers).push_back(U.User);
+    }
+    auto Proj = attentionBlock(L, AttnIn, AttnUsers);
+    if (!Proj)
+      return Proj.takeError();
+    auto Down = mlpBlock(L, MlpIn, MlpUsers);
+    if (!Down)
+      return Down.takeError();
+    return parallelResidual(L, X, (*Proj)->result(), (*Down)->result());
+  }
+
+  /// The end of a parallel block: the attention's and the MLP's outputs,
+  /// each after an optional dropout, added to the layer's input X in two
+  /// adds, residual1 (any two of the three) then parallel_residual (the
+  /// third). Moves X to the sum.
+  Error parallelResidual(int L, Value *&X, Value *AttnOut, Value *MlpOut) {
+    Value *A = optionalDropout(AttnOut, L, Role::AttnDropout);
+    Value *M = optionalDropout(MlpOut, L, Role::MlpDropout);
+    Node *AddA = onlyUser(A, OpKind::Add), *AddM = onlyUser(M, OpKind::Add);
+    if (!AddA || !AddM)
+      return fail(L, "parallel residual", AddA ? M : A,
+                  "expected the attention's and the mlp's outputs each to "
+                  "feed one add (x + attn + mlp); " +
+                      found(AddA ? M : A));
+    // residual1 is the add whose operands are both among x, attn and mlp.
+    auto Leaf = [&](Value *V) { return V == X || V == A || V == M; };
+    Node *R1 = nullptr, *R2 = nullptr;
+    for (Node *C : {AddA, AddM})
+      if (Leaf(C->operand(0)) && Leaf(C->operand(1)) &&
+          C->operand(0) != C->operand(1))
+        R1 = C;
+    if (R1)
+      R2 = onlyUser(R1->result(), OpKind::Add);
+    SmallVector<Value *, 4> Seen;
+    if (R2)
+      for (Node *N : {R1, R2})
+        for (Value *Op : N->operands())
+          if (Op != R1->result())
+            Seen.push_back(Op);
+    if (!R2 || Seen.size() != 3 || !is_contained(Seen, X) ||
+        !is_contained(Seen, A) || !is_contained(Seen, M))
+      return fail(L, "parallel residual", A,
+                  "expected x + attn + mlp as two adds of the layer's input, "
+                  "the attention's output and the mlp's output; found " +
+                      AddA->describe() +
+                      (AddA != AddM ? " and " + AddM->describe() : ""));
+    tag(R1, L, Role::Residual1);
+    tag(R2, L, Role::ParallelResidual);
+    X = R2->result();
+    return Error::success();
+  }
+
+  /// The attention block of layer L from its input AttnIn, read by Users (a
+  /// fused qkv linear, or q, k and v linears): tags it, returns proj.
+  Expected<Node *> attentionBlock(int L, Value *AttnIn,
+                                  ArrayRef<Node *> AttnUsers) {
+    // A fused QKV linear and split_heads (GPT), or separate q, k, v
+    // projections (Llama, BERT).
     Node *QKNode = nullptr;
     Value *V = nullptr;
     if (AttnUsers.size() == 3) {
       if (auto E = separateQKV(L, AttnIn, AttnUsers, QKNode, V))
-        return E;
+        return std::move(E);
     } else {
       Node *QKV = AttnUsers.size() == 1 && AttnUsers[0]->op() == OpKind::Linear
                       ? AttnUsers[0]
@@ -453,27 +575,12 @@ private:
                     "qk must multiply the queries by the transposed keys");
       QKNode = *QK;
     }
-    auto Proj = attentionCore(L, QKNode, V);
-    if (!Proj)
-      return Proj.takeError();
-    auto X1 = closeBlock(L, "attention", (*Proj)->result(), Res1, PostNorm,
-                         {Role::AttnDropout, Role::Residual1, Role::Ln1, "layer"});
-    if (!X1)
-      return X1.takeError();
-    X = *X1;
-    // MLP block.
-    Node *Res2 = findUser(X, OpKind::Add);
-    Node *LN2 = PostNorm ? nullptr : findNorm(X);
-    if (X->users().size() < 2 || !Res2 || (!PostNorm && !LN2))
-      return fail(L, "mlp", X,
-                  PostNorm ? "expected the normed stream to feed the mlp and "
-                             "a residual add; " + found(X)
-                           : "expected the residual stream to feed a "
-                             "layer_norm or rms_norm (ln2) and a residual "
-                             "add; " + found(X));
-    Value *MlpIn = blockInput(L, X, LN2, Role::Ln2);
-    auto MlpUsers = blockUsers(MlpIn, PostNorm ? Res2 : nullptr);
-    Node *Down = nullptr;
+    return attentionCore(L, QKNode, V);
+  }
+
+  /// The MLP block of layer L from its input MlpIn, read by Users (fc1, or
+  /// gate and up): tags it, returns fc2.
+  Expected<Node *> mlpBlock(int L, Value *MlpIn, ArrayRef<Node *> MlpUsers) {
     if (MlpUsers.size() == 2) {
       // SwiGLU: down(silu(gate(x)) * up(x)), or another activation (GeGLU).
       Node *Gate = nullptr, *Up = nullptr;
@@ -494,34 +601,21 @@ private:
       tag(Up, L, Role::Up);
       tag(Act, L, Role::Act);
       tag(Glu, L, Role::Glu);
-      auto FC2 = expect(L, "mlp", Glu->result(), OpKind::Linear, Role::Fc2);
-      if (!FC2)
-        return FC2.takeError();
-      Down = *FC2;
-    } else {
-      if (MlpUsers.size() != 1 || MlpUsers[0]->op() != OpKind::Linear)
-        return fail(L, "mlp", MlpIn,
-                    "expected an fc1 linear or gate and up linears; " +
-                        found(MlpIn));
-      Node *FC1 = MlpUsers[0];
-      tag(FC1, L, Role::Fc1);
-      Node *Act = activationUser(FC1->result());
-      if (!Act)
-        return fail(L, "mlp", FC1->result(),
-                    "expected an activation: " + activationNames() +
-                        " (act); " + found(FC1->result()));
-      tag(Act, L, Role::Act);
-      auto FC2 = expect(L, "mlp", Act->result(), OpKind::Linear, Role::Fc2);
-      if (!FC2)
-        return FC2.takeError();
-      Down = *FC2;
+      return expect(L, "mlp", Glu->result(), OpKind::Linear, Role::Fc2);
     }
-    auto X2 = closeBlock(L, "mlp", Down->result(), Res2, PostNorm,
-                         {Role::MlpDropout, Role::Residual2, Role::Ln2, "block"});
-    if (!X2)
-      return X2.takeError();
-    X = *X2;
-    return Error::success();
+    if (MlpUsers.size() != 1 || MlpUsers[0]->op() != OpKind::Linear)
+      return fail(L, "mlp", MlpIn,
+                  "expected an fc1 linear or gate and up linears; " +
+                      found(MlpIn));
+    Node *FC1 = MlpUsers[0];
+    tag(FC1, L, Role::Fc1);
+    Node *Act = activationUser(FC1->result());
+    if (!Act)
+      return fail(L, "mlp", FC1->result(),
+                  "expected an activation: " + activationNames() + " (act); " +
+                      found(FC1->result()));
+    tag(Act, L, Role::Act);
+    return expect(L, "mlp", Act->result(), OpKind::Linear, Role::Fc2);
   }
 
   /// The roles at a block's end, and what its residual adds (for errors).
@@ -715,7 +809,8 @@ public:
   Error run(Graph &G, PassContext &Ctx) override {
     if (auto E = Detector(G).run())
       return createStringError(inconvertibleErrorCode(),
-                               "not a supported Transformer (GPT, Llama or BERT family): %s",
+                               "not a supported Transformer (GPT, Llama, BERT, "
+                               "GPT-NeoX or GPT-J family): %s",
                                toString(std::move(E)).c_str());
     return Error::success();
   }

@@ -8,8 +8,12 @@
 //              -> proj (row-parallel) -> f-bar -> + bias
 //   mlp        f -> fc1 (column-parallel) -> gelu -> fc2 (row-parallel)
 //              -> f-bar -> + bias
+//   parallel   x + attn + mlp (GPT-NeoX, GPT-J): one f per norm (one for
+//   blocks     both blocks with one norm), and proj's and fc2's partial sums
+//              added before one f-bar, then both biases, then x
 //   embedding  vocabulary-parallel (rows [r V/T, (r+1) V/T)) -> f-bar
-//   lm head    f -> vocabulary-parallel logits (and bias); the cross entropy that
+//   lm head    f -> vocabulary-parallel logits (and bias); the cross entropy
+//   that
 //              autodiff adds reduces max, sum-exp and the target logit over
 //              the group, so no rank holds the full logits
 //
@@ -29,12 +33,13 @@
 // reads, lazily.
 //
 //===----------------------------------------------------------------------===//
-#include "ir/ShapeInference.h"
 #include "analysis/ModelInfo.h"
-#include "passes/Passes.h"
 #include "analysis/Sharding.h"
+#include "ir/ShapeInference.h"
+#include "passes/Passes.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
+#include <optional>
 
 using namespace llvm;
 
@@ -57,7 +62,10 @@ public:
     SmallVector<Node *, 64> Work;
     for (Node &N : G.nodes())
       Work.push_back(&N);
+    SmallVector<Node *, 8> ParallelResiduals;
     for (Node *N : Work) {
+      if (N->tags().Role == Role::ParallelResidual)
+        ParallelResiduals.push_back(N);
       const RoleProps &P = roleProps(N->tags().Role);
       switch (P.Parallel) {
       case RoleTp::Column:
@@ -79,6 +87,8 @@ public:
         break;
       }
     }
+    for (Node *N : ParallelResiduals)
+      joinParallelReductions(*N);
     if (auto E = retypeGraph(G))
       return E;
     propagateSharding(G);
@@ -180,6 +190,93 @@ private:
     }
     G.replaceAllUsesWith(N.result(), Out);
     G.erase(&N);
+  }
+
+  /// A parallel block's branch after row(): partial -> f-bar -> [+ bias].
+  struct ReducedBranch {
+    Value *Partial = nullptr, *Bias = nullptr;
+    Node *Reduce = nullptr, *BiasAdd = nullptr;
+  };
+  static std::optional<ReducedBranch> reducedBranch(Value *V, Role FBar,
+                                                    Role BiasRole) {
+    ReducedBranch B;
+    Node *P = V->producer();
+    if (P && P->op() == OpKind::Add && P->tags().Role == BiasRole) {
+      B.BiasAdd = P;
+      B.Bias = P->operand(1);
+      P = P->operand(0)->producer();
+    }
+    if (!P || P->op() != OpKind::TpReduce || P->tags().Role != FBar)
+      return std::nullopt;
+    B.Reduce = P;
+    B.Partial = P->operand(0);
+    return B;
+  }
+
+  /// x + attn + mlp of a parallel block (R2, parallel_residual, and its
+  /// residual1 operand) with each branch reduced on its own becomes
+  /// x + (f-bar(proj partial + fc2 partial) + proj bias + fc2 bias): one
+  /// all-reduce (one reduce-scatter under sequence parallelism) instead of
+  /// two, as Megatron does for parallel blocks. A dropout on a branch
+  /// applies to its bias too, so such a block keeps its two reductions
+  /// (one of ratio 0 is dropped: it is the identity).
+  void joinParallelReductions(Node &R2) {
+    Node *R1 = nullptr;
+    for (Value *Op : R2.operands())
+      if (Op->producer() && Op->producer()->tags().Role == Role::Residual1)
+        R1 = Op->producer();
+    if (!R1 || R1->result()->users().size() != 1)
+      return;
+    // A dropout of ratio 0 (an export with p = 0) is the identity.
+    for (Node *Add : {R1, &R2})
+      for (Value *Op : Add->operands()) {
+        Node *D = Op->producer();
+        if (D && D->op() == OpKind::Dropout && Op->users().size() == 1 &&
+            (D->numResults() == 1 || D->result(1)->users().empty()) &&
+            attrFloat(D->op(), D->attrs(), "ratio") == 0.0) {
+          G.replaceAllUsesWith(Op, D->operand(0));
+          G.erase(D);
+        }
+      }
+    SmallVector<Value *, 3> Leaves{R1->operand(0), R1->operand(1)};
+    for (Value *Op : R2.operands())
+      if (Op != R1->result())
+        Leaves.push_back(Op);
+    std::optional<ReducedBranch> Attn, Mlp;
+    Value *X = nullptr;
+    for (Value *V : Leaves) {
+      if (V->users().size() != 1)
+        X = V;
+      else if (auto B = reducedBranch(V, Role::AttnFBar, Role::ProjBias))
+        Attn = B;
+      else if (auto B = reducedBranch(V, Role::MlpFBar, Role::Fc2Bias))
+        Mlp = B;
+      else
+        X = V;
+    }
+    if (!Attn || !Mlp || !X)
+      return;
+    int L = R2.tags().Layer;
+    auto Build = [&](OpKind Op, ArrayRef<Value *> In, Role R) {
+      Node *N = cantFail(buildNode(G, R2.getIterator(), Op, In, {}, R2.name()));
+      N->tags().Layer = L;
+      N->tags().Role = R;
+      return N->result();
+    };
+    Value *Out = Build(
+        OpKind::TpReduce,
+        {Build(OpKind::Add, {Attn->Partial, Mlp->Partial}, Role::Residual1)},
+        Role::MlpFBar);
+    for (auto [Bias, R] : {std::pair{Attn->Bias, Role::ProjBias},
+                           std::pair{Mlp->Bias, Role::Fc2Bias}})
+      if (Bias)
+        Out = Build(OpKind::Add, {Out, Bias}, R);
+    G.replaceAllUsesWith(R2.result(),
+                         Build(OpKind::Add, {X, Out}, Role::ParallelResidual));
+    for (Node *N :
+         {&R2, R1, Attn->BiasAdd, Mlp->BiasAdd, Attn->Reduce, Mlp->Reduce})
+      if (N)
+        G.erase(N);
   }
 
   void embedding(Node &N, int64_t Vocab) {

@@ -217,12 +217,13 @@ LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
                           RecomputeMode R, double E) {
   // Per token (s b of them), the values each layer stores, as the paper
   // counts them: the two norm inputs, the attention and MLP inputs (read
-  // by the first linears), q and k (and v) for the attention products, the
-  // projection input, the MLP's inner activations, 1-byte dropout masks,
-  // the rotary tables when looked up per layer; per head and query pair
-  // (a s^2 b), the attention core: the softmax output, and with dropout its
-  // mask and output. Tensor parallelism splits what lies between f and
-  // f-bar; sequence parallelism also the rest, except the rotary tables
+  // by the first linears; a parallel block's norms share their input, and
+  // with one norm its output is both blocks' input), q and k (and v) for the
+  // attention products, the projection input, the MLP's inner activations,
+  // 1-byte dropout masks, the rotary tables when looked up per layer; per head
+  // and query pair (a s^2 b), the attention core: the softmax output, and with
+  // dropout its mask and output. Tensor parallelism splits what lies between f
+  // and f-bar; sequence parallelism also the rest, except the rotary tables
   // (the attention sees whole sequences).
   double H = M.Hidden, F = M.Ffn ? M.Ffn : 4 * M.Hidden, A = M.Heads,
          S = M.Seq, SB = S * M.Batch, D = M.Heads ? H / A : H,
@@ -230,13 +231,14 @@ LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
   const FamilyDef &Fam = *M.Family;
   bool Selective = R == RecomputeMode::Selective;
   bool Repeat = Fam.GroupedKv && G != A;
-  double Masks = M.Dropout ? 2 * H : 0;
+  double Masks = M.BlockDropouts * H;
   double Rope = M.RopeLookup ? 2 * E * D : 0;
   // Norm inputs, attention and mlp inputs, masks, and the norms' f32
   // statistics (mean and 1/std per row; 1/rms for RMSNorm), which the paper
   // leaves out.
-  double Stats = 2 * Fam.NormStatsBytes;
-  double Replicated = E * (2 * H + 2 * H) + Masks + Stats;
+  double Stats = layerNorms(Fam) * Fam.NormStatsBytes;
+  int Inputs = layerNormAndBlockInputs(Fam);
+  double Replicated = E * Inputs * H + Masks + Stats;
   // q, k, v at the query heads (a GQA repeat is stored by the products),
   // or, when selective recomputation recomputes the repeat, at kv heads.
   // A fused core (fuse-attention) reads k, v at the kv heads, and stores
@@ -258,9 +260,18 @@ LayerFormula layerFormula(const ModelInfo &M, int T, bool SP,
   std::string KVTerm = (Selective || Fused) && Repeat
                            ? "2eh g/a (k, v at kv heads)"
                            : "2eh (k, v)";
-  std::string Rep = std::string("4eh (norm, attention and mlp inputs)") +
-                    (M.Dropout ? " + 2h (dropout masks)" : "") +
-                    formatv(" + {0} (norm statistics)", int(Stats)).str();
+  const char *InputsText =
+      Fam.Residual == ResidualKind::Sequential
+          ? "(norm, attention and mlp inputs)"
+      : Fam.Residual == ResidualKind::ParallelTwoNorms
+          ? "(the norms' shared input, attention and mlp inputs)"
+          : "(the norm's input, its output: the attention and mlp input)";
+  std::string Rep =
+      formatv("{0}eh {1}", Inputs, InputsText).str() +
+      (M.BlockDropouts
+           ? formatv(" + {0}h (dropout masks)", M.BlockDropouts).str()
+           : "") +
+      formatv(" + {0} (norm statistics)", int(Stats)).str();
   std::string Shd = "eh (q) + " + KVTerm + " + eh (proj input) + " + InnerTerm +
                     (!Fused           ? ""
                      : M.FusedMerged ? " + 4a (log-sum-exp)"

@@ -137,6 +137,11 @@ CASES = [
          expect=GPT2_EXPECT),
     Case("hf_gpt2-o14-input_ids-silu", "gpt2", 14, "input_ids", {"activation": "silu"}, expect=GPT2_EXPECT),
     Case("hf_gpt2-o13-tokens-gelu", "gpt2", 13, "tokens", {"activation": "gelu"}, expect=GPT2_EXPECT),
+    # Parallel residual blocks (the gpt-neox and gpt-j families) in GPT-2's code.
+    Case("hf_gpt2-o17-idx-parallel", "gpt2", 17, "idx", {"residual": "parallel"}, trajectory=True,
+         expect=GPT2_EXPECT),
+    Case("hf_gpt2-o14-input_ids-parallel-one-norm", "gpt2", 14, "input_ids",
+         {"residual": "parallel-one-norm"}, trajectory=True, expect=GPT2_EXPECT),
     # llama: HF's defaults first, then every switch value at least once across the opsets.
     Case("llama-o17-input_ids-hf", "llama", 17, "input_ids", trajectory=True, expect=LLAMA_EXPECT),
     Case("llama-o14-idx-div-manual-interleaved-sliced-triu-mask-padded", "llama", 14, "idx",
@@ -171,9 +176,8 @@ CASES = [
 
 FAMILY_ALIASES = {"gpt2": "gpt2", "hf_gpt2": "gpt2", "llama": "llama", "bert": "bert"}
 
-# Forms the exporter writes that sp refuses, with one error naming them
-# (tests/lit/tools/parallel-residual.test): not trained here.
-REFUSED = {("gpt2", "residual", "parallel"), ("gpt2", "residual", "parallel-one-norm")}
+# Forms the exporter writes that sp refuses, with one error naming them: not trained here.
+REFUSED = set()
 
 
 def uncovered(cases):

@@ -12,9 +12,9 @@
 //   blocks     both blocks with one norm), and proj's and fc2's partial sums
 //              added before one f-bar, then both biases, then x
 //   embedding  vocabulary-parallel (rows [r V/T, (r+1) V/T)) -> f-bar
-//   lm head    f -> vocabulary-parallel logits (and bias); the cross entropy
-//   that
-//              autodiff adds reduces max, sum-exp and the target logit over
+//   lm head    f -> vocabulary-parallel logits (and bias); the cross
+//              entropy that autodiff adds reduces max, sum-exp and the
+//              target logit over
 //              the group, so no rank holds the full logits
 //
 // f is identity forward and all-reduce backward, f-bar the converse. The

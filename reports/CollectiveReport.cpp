@@ -138,8 +138,56 @@ ContextRing contextRingReport(const Program &P) {
   return R;
 }
 
+/// The transfers of one attention layer, in order, and what each overlaps
+/// (the report's lines and the manifest's "transfers_per_attention_layer").
+struct ContextTransfer {
+  const char *Phase, *What, *Group;
+  int Messages;
+  int64_t Bytes; // all Messages together, per rank
+  const char *Overlaps;
+};
+static std::vector<ContextTransfer> contextTransfers(const ContextRing &R) {
+  std::vector<ContextTransfer> T;
+  const int Ring = R.ringSize(), K = R.AllToAll;
+  const int64_t Layers = std::max(R.Layers, 1);
+  const char *Across = K > 1 ? "across the groups" : "over the cp group";
+  const char *Inside = K == R.Parts ? "over the cp group" : "inside a group";
+  if (K > 1) // q, k, v out, o and lse back: K - 1 messages a tensor
+    T.push_back({"forward", "all-to-all of q, k, v and of o, lse", Inside,
+                 5 * (K - 1), R.AllToAllForwardBytes / Layers,
+                 "nothing (before and after the kernel)"});
+  if (Ring > 1)
+    T.push_back({"forward", "ring: the key/value block to the next rank",
+                 Across, Ring - 1, (Ring - 1) * R.BlockBytes,
+                 "the attention on the block held"});
+  if (K > 1) // do, q, k, v, o, lse out, dq, dk, dv back
+    T.push_back({"backward",
+                 "all-to-all of do, q, k, v, o, lse and of dq, dk, dv", Inside,
+                 9 * (K - 1), R.AllToAllBackwardBytes / Layers,
+                 "nothing (before and after the kernel)"});
+  if (Ring > 1) {
+    T.push_back({"backward", "ring: the key/value block to the next rank",
+                 Across, Ring - 1, (Ring - 1) * R.BlockBytes,
+                 "the attention gradients on the block held"});
+    T.push_back({"backward",
+                 "ring: the block's dK, dV sums, one step behind it", Across,
+                 Ring, Ring * R.BlockBytes,
+                 "the next step's attention gradients (the last one: none)"});
+  }
+  return T;
+}
+
 nlohmann::json contextRingToJson(const ContextRing &R) {
+  nlohmann::json Transfers = nlohmann::json::array();
+  for (const ContextTransfer &X : contextTransfers(R))
+    Transfers.push_back({{"phase", X.Phase},
+                         {"what", X.What},
+                         {"group", X.Group},
+                         {"messages", X.Messages},
+                         {"bytes", X.Bytes},
+                         {"overlaps", X.Overlaps}});
   nlohmann::json J = {{"cp", R.Parts},
+                      {"transfers_per_attention_layer", Transfers},
                       {"cp_comm", R.comm()},
                       {"zigzag", R.Zigzag},
                       {"positions_per_rank", R.PositionsPerRank},
@@ -153,6 +201,15 @@ nlohmann::json contextRingToJson(const ContextRing &R) {
   if (R.AllToAll > 1 && R.AllToAll < R.Parts)
     J["cp_a2a"] = R.AllToAll;
   return J;
+}
+
+/// Each attention layer's transfers, one line each.
+static void printContextTransfers(const ContextRing &R, raw_ostream &OS) {
+  for (const ContextTransfer &X : contextTransfers(R))
+    OS << formatv("    per attention layer, {0}: {1} ({2}): {3} message{4}, "
+                  "{5}; overlaps {6}\n",
+                  X.Phase, X.What, X.Group, X.Messages,
+                  X.Messages == 1 ? "" : "s", kib(X.Bytes), X.Overlaps);
 }
 
 void printContextRing(const ContextRing &R, raw_ostream &OS) {
@@ -172,6 +229,7 @@ void printContextRing(const ContextRing &R, raw_ostream &OS) {
                   "to {3} (this rank's heads of the whole sequence)\n",
                   R.Layers, kib(R.AllToAllForwardBytes),
                   kib(R.AllToAllBackwardBytes), kib(R.InFlightBytes));
+    printContextTransfers(R, OS);
     return;
   }
   if (R.AllToAll > 1)
@@ -191,6 +249,7 @@ void printContextRing(const ContextRing &R, raw_ostream &OS) {
       R.AllToAll > 1 ? "this rank's heads of its group's "
                        "positions, "
                      : "");
+  printContextTransfers(R, OS);
 }
 
 nlohmann::json collectivesToJson(const std::vector<LayerCollectives> &R) {

@@ -3,6 +3,8 @@
 # chain that breaks it.
 #
 #   sp_support  <-  everything                        (formats, errors, XML)
+#   sp_text (the tokenizer), sp_token_file  <-  sp_support only; the runtime
+#              links sp_token_file (the token file's sidecar), never sp_text
 #   sp_ir  <-  sp_plan  <-  sp_lower  <-  sp_analysis  <-  sp_passes  <-
 #              sp_reports  <-  sp_driver  <-  sp_planner  (the compiler)
 #                       <-  sp_html_report            (the HTML page)
@@ -68,6 +70,10 @@ function(sp_check_layering)
   set(Compiler sp_lower sp_analysis sp_passes sp_reports sp_driver sp_planner)
   set(Runtime sp_runtime sp_runtime_cpu sp_comm sp_cuda_host sp_runtime_cuda)
   set(Above sp_train sp_html_report)
+  sp_forbid_links(sp_text sp_token_file sp_ir sp_plan sp_frontend ${Compiler}
+                  ${Runtime} ${Above})
+  # The runtime reads token files' sidecars, never the tokenizer (PCRE2).
+  sp_forbid_links(sp_runtime sp_text)
   sp_forbid_links(sp_support sp_ir sp_plan sp_frontend ${Compiler} ${Runtime}
                   ${Above})
   sp_forbid_links(sp_plan ${Compiler} ${Runtime} sp_frontend ${Above})

@@ -15,7 +15,9 @@ same on the link graph):
   planner/   ir/, plan/, frontend/, lower/, analysis/, passes/, reports/,
              driver/, html/,
              support/
-  runtime/   ir/, plan/, support/ (runtime/cuda/ too: the CUDA backend)
+  text/      support/ (the tokenizer and the token file's sidecar)
+  runtime/   ir/, plan/, text/, support/ (runtime/cuda/ too: the CUDA
+             backend; of text/ only the token file's sidecar)
   html/      plan/, support/ (ir/ through the plan's headers): the HTML page
   train/     ir/, plan/, runtime/, frontend/, support/, html/ (the training
              library; no backend header: runtime/BackendRegistry.h)
@@ -44,7 +46,8 @@ ALLOWED = {
                "support"},
     "planner": {"ir", "plan", "frontend", "lower", "analysis", "passes", "reports", "driver", "planner",
                 "html", "support"},
-    "runtime": {"ir", "plan", "runtime", "support"},
+    "text": {"text", "support"},
+    "runtime": {"ir", "plan", "runtime", "text", "support"},
     "html": {"ir", "plan", "html", "support"},
     "train": {"ir", "plan", "runtime", "frontend", "support", "html", "train"},
 }

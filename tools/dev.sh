@@ -34,6 +34,7 @@ PACKAGES=(
   llvm-14-dev llvm-14-tools             # ADT/Support, cl::opt, FileCheck, lit
   libonnx-dev libprotobuf-dev protobuf-compiler
   nlohmann-json3-dev googletest libgtest-dev
+  libpcre2-dev                          # Unicode regexes of the tokenizer (text/)
   libopenblas-dev                       # GEMMs of the CPU backend
   libopenmpi-dev openmpi-bin            # MPI communicator and tests/mpi (mpirun)
   python3-torch python3-onnx python3-numpy  # reference exports (/usr/bin/python3)

@@ -36,7 +36,10 @@ DataLoader::open(StringRef Path, int64_t Batch, int64_t Seq, int64_t Vocab) {
     return createStringError(Buf.getError(), "cannot read data file '%s': %s",
                              Path.str().c_str(),
                              Buf.getError().message().c_str());
-  return create(std::move(*Buf), Batch, Seq, Vocab);
+  auto Info = readTokenFileInfo(Path);
+  if (!Info)
+    return Info.takeError();
+  return create(std::move(*Buf), Batch, Seq, Vocab, *Info);
 }
 
 Error checkBatchShape(int64_t Batch, int64_t Seq, int64_t Vocab) {
@@ -52,20 +55,69 @@ Error checkBatchShape(int64_t Batch, int64_t Seq, int64_t Vocab) {
   return Error::success();
 }
 
+/// Whether ids read as uint16 look like uint32 ones: among the first 4096,
+/// every second one (a high half) is 0 and some other one is not.
+static bool looksLikeUint32(const uint8_t *Bytes, int64_t N) {
+  int64_t M = std::min<int64_t>(N, 4096) & ~int64_t(1);
+  if (M < 64)
+    return false;
+  bool LowNonZero = false;
+  for (int64_t I = 0; I < M; I += 2) {
+    if (Bytes[2 * I + 2] | Bytes[2 * I + 3])
+      return false;
+    LowNonZero |= (Bytes[2 * I] | Bytes[2 * I + 1]) != 0;
+  }
+  return LowNonZero;
+}
+
 Expected<std::unique_ptr<DataLoader>>
 DataLoader::create(std::unique_ptr<MemoryBuffer> Buf, int64_t Batch,
-                   int64_t Seq, int64_t Vocab) {
+                   int64_t Seq, int64_t Vocab, const TokenFileInfo &Info) {
   if (auto E = checkBatchShape(Batch, Seq, Vocab))
     return E;
   StringRef Path = Buf->getBufferIdentifier();
   size_t Size = Buf->getBufferSize();
-  if (Size % 2)
+  unsigned W = Info.Width;
+  const char *DType = W == 4 ? "uint32" : "uint16";
+  if (W == 2 && Size % 2)
     return createStringError(
         inconvertibleErrorCode(),
         formatv("data file '{0}' has an odd size ({1} bytes); a token file "
                 "holds little-endian uint16 ids (make one with sp-tokenize)",
                 Path, Size));
-  int64_t N = int64_t(Size / 2);
+  if (Size % W)
+    return createStringError(
+        inconvertibleErrorCode(),
+        formatv("data file '{0}' has {1} bytes, not a whole number of the "
+                "uint32 ids its sidecar says it holds; make both again with "
+                "sp-tokenize",
+                Path, Size));
+  int64_t N = int64_t(Size / W);
+  if (Info.Tokens >= 0 && Info.Tokens != N)
+    return createStringError(
+        inconvertibleErrorCode(),
+        formatv("data file '{0}' holds {1} {2} ids but its sidecar '{3}' "
+                "says {4}: they are not of one sp-tokenize run; make both "
+                "again with sp-tokenize",
+                Path, N, DType, tokenSidecarPath(Path), Info.Tokens));
+  if (Info.Vocab > Vocab)
+    return createStringError(
+        inconvertibleErrorCode(),
+        formatv("data file '{0}' was tokenized with a vocabulary of {1} "
+                "({2}), larger than the model's {3}; tokenize the text with "
+                "the model's own tokenizer",
+                Path, Info.Vocab,
+                Info.Tokenizer.empty() ? "its sidecar says" : Info.Tokenizer,
+                Vocab));
+  const auto *Bytes = reinterpret_cast<const uint8_t *>(Buf->getBufferStart());
+  if (!Info.HasSidecar && looksLikeUint32(Bytes, N))
+    return createStringError(
+        inconvertibleErrorCode(),
+        formatv("data file '{0}' has no sidecar '{1}' and looks like uint32 "
+                "ids (every second uint16 is 0), not uint16 ones; restore "
+                "the sidecar sp-tokenize wrote beside it, or make both again "
+                "with sp-tokenize",
+                Path, tokenSidecarPath(Path)));
   if (N <= Seq)
     return createStringError(
         inconvertibleErrorCode(),
@@ -73,7 +125,8 @@ DataLoader::create(std::unique_ptr<MemoryBuffer> Buf, int64_t Batch,
                 Path, N, Seq + 1));
   std::unique_ptr<DataLoader> D(new DataLoader());
   D->Buffer = std::move(Buf);
-  D->Bytes = reinterpret_cast<const uint8_t *>(D->Buffer->getBufferStart());
+  D->Bytes = Bytes;
+  D->Width = W;
   D->NumTokens = N;
   D->Batch = Batch;
   D->Seq = Seq;
@@ -86,7 +139,7 @@ DataLoader::create(std::unique_ptr<MemoryBuffer> Buf, int64_t Batch,
           inconvertibleErrorCode(),
           formatv("data file '{0}': token {1} (byte offset {2}) is {3}, not "
                   "below the model's vocabulary size {4}",
-                  Path, I, 2 * I, T, Vocab));
+                  Path, I, int64_t(W) * I, T, Vocab));
   }
   return D;
 }
@@ -105,7 +158,11 @@ std::unique_ptr<DataLoader> DataLoader::synthetic(uint64_t Seed, int64_t Batch,
 int64_t DataLoader::token(int64_t I) const {
   if (!Bytes)
     return int64_t(mix64(SyntheticSeed ^ mix64(uint64_t(I))) % uint64_t(Vocab));
-  return int64_t(Bytes[2 * I]) | (int64_t(Bytes[2 * I + 1]) << 8);
+  const uint8_t *P = Bytes + Width * I;
+  int64_t T = int64_t(P[0]) | (int64_t(P[1]) << 8);
+  if (Width == 4)
+    T |= (int64_t(P[2]) << 16) | (int64_t(P[3]) << 24);
+  return T;
 }
 
 /// A uniform double in [0, 1) from the top 53 bits of H.

@@ -1,9 +1,13 @@
 //===- DataLoader.h - Token batches for training ---------------*- C++ -*-===//
 //
-// The token file is nanoGPT's .bin: little-endian uint16 token ids, nothing
-// else. It is memory-mapped and checked once when opened (an even size, at
-// least S + 1 tokens, every id below the vocabulary), so no batch can fail
-// later.
+// The token file is little-endian token ids, nothing else: uint16 (nanoGPT's
+// .bin) unless its sidecar FILE.json says uint32 (text/TokenFile.h; what
+// sp-tokenize writes for vocabularies over 65,536). It is memory-mapped and
+// checked once when opened (a whole number of ids, as many as the sidecar
+// says, at least S + 1, every id below the model's vocabulary, the
+// sidecar's vocabulary no larger than the model's, and, without a sidecar,
+// not the look of uint32 ids: every second uint16 zero), so no batch can
+// fail later.
 //
 // Batches (B rows of S tokens; k = step - 1 is the 0-based batch number):
 //   row r of batch k reads inputs [o, o + S) and targets [o + 1, o + S + 1)
@@ -36,6 +40,7 @@
 #define SP_RUNTIME_DATALOADER_H
 
 #include "ir/IR.h"
+#include "text/TokenFile.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -86,15 +91,17 @@ llvm::Error checkBatchShape(int64_t Batch, int64_t Seq, int64_t Vocab);
 
 class DataLoader {
 public:
-  /// Opens and checks a token file for batches of Batch x Seq tokens with
-  /// ids below Vocab (checkBatchShape). Errors name the file.
+  /// Opens and checks a token file (and its sidecar, if any) for batches of
+  /// Batch x Seq tokens with ids below Vocab (checkBatchShape). Errors name
+  /// the file.
   static llvm::Expected<std::unique_ptr<DataLoader>>
   open(llvm::StringRef Path, int64_t Batch, int64_t Seq, int64_t Vocab);
-  /// The same on a token file already read; errors name the buffer's
+  /// The same on a token file already read, of the width and vocabulary
+  /// Info gives (default: uint16, no sidecar); errors name the buffer's
   /// identifier.
   static llvm::Expected<std::unique_ptr<DataLoader>>
-  create(std::unique_ptr<llvm::MemoryBuffer> Buffer, int64_t Batch,
-         int64_t Seq, int64_t Vocab);
+  create(std::unique_ptr<llvm::MemoryBuffer> Buffer, int64_t Batch, int64_t Seq,
+         int64_t Vocab, const TokenFileInfo &Info = {});
   /// Random tokens from Seed (benchmarks without a data file).
   static std::unique_ptr<DataLoader> synthetic(uint64_t Seed, int64_t Batch,
                                                int64_t Seq, int64_t Vocab);
@@ -117,6 +124,8 @@ public:
   }
 
   int64_t numTokens() const { return NumTokens; }
+  /// Bytes per id in the file: 2 or 4.
+  unsigned tokenWidth() const { return Width; }
   int64_t batch() const { return Batch; }
   int64_t seq() const { return Seq; }
 
@@ -135,6 +144,7 @@ private:
 
   std::unique_ptr<llvm::MemoryBuffer> Buffer; // null for synthetic data
   const uint8_t *Bytes = nullptr;
+  unsigned Width = 2;
   int64_t NumTokens = 0;
   int64_t Batch = 0, Seq = 0, Vocab = 0;
   uint64_t SyntheticSeed = 0;

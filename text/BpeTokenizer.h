@@ -67,6 +67,8 @@ public:
   /// The text of Ids; fails on an id that is no token.
   llvm::Expected<std::string> decode(llvm::ArrayRef<uint32_t> Ids) const;
 
+  /// Whether Id is a token (ids may have gaps).
+  bool isToken(uint32_t Id) const { return Id < IsToken.size() && IsToken[Id]; }
   /// One more than the largest id (the embedding rows a model needs).
   uint32_t vocabSize() const { return uint32_t(Pieces.size()); }
   llvm::StringRef name() const { return Name; }

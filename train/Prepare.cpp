@@ -8,6 +8,7 @@
 #include "train/Prepare.h"
 #include "plan/AtomicFile.h"
 #include "support/Diagnostics.h"
+#include "text/TokenizerFiles.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
@@ -52,21 +53,46 @@ readResumed(const TrainOptions &O, uint64_t &Seed) {
 }
 
 /// --sample: drawing a token after the text needs a model whose positions
-/// see only the ones before them, and a prompt of its vocabulary.
-static Error checkSampling(const TrainOptions &O, const Plan &P) {
-  const auto &Model = P.Manifest.value("model", nlohmann::json::object());
+/// see only the ones before them, and a prompt of its vocabulary; the
+/// prompt's ids (by --tokenizer's tokenizer, or bytes) go into R.
+static Error checkSampling(const TrainOptions &O, PreparedRun &R) {
+  const auto &Model = R.P.Manifest.value("model", nlohmann::json::object());
   if (!Model.value("causal", false))
     return usageError(
         "--sample: the model's attention is bidirectional (an encoder, "
         "such as BERT); sampling needs a causal decoder (GPT, Llama)");
   int64_t Vocab = Model.value("vocab", int64_t(0));
-  for (unsigned char C : O.SamplePrompt)
-    if (Vocab > 0 && C >= Vocab)
+  if (O.SampleTokenizer.empty()) {
+    for (unsigned char C : O.SamplePrompt) {
+      if (Vocab > 0 && C >= Vocab)
+        return usageError(formatv(
+            "--sample: the prompt's byte {0} is not below the model's "
+            "vocabulary of {1} (the byte-level tokenizer's ids are byte "
+            "values)",
+            unsigned(C), Vocab));
+      R.PromptIds.push_back(C);
+    }
+    return Error::success();
+  }
+  auto Spec = readTokenizerJson(O.SampleTokenizer);
+  if (!Spec)
+    return usageError("--tokenizer: " + toString(Spec.takeError()));
+  auto Tok = BpeTokenizer::create(std::move(*Spec));
+  if (!Tok)
+    return usageError("--tokenizer: " + toString(Tok.takeError()));
+  auto Ids = (*Tok)->encode(O.SamplePrompt, 1);
+  if (!Ids)
+    return usageError("--sample: " + toString(Ids.takeError()));
+  for (uint32_t Id : *Ids) {
+    if (Vocab > 0 && Id >= Vocab)
       return usageError(formatv(
-          "--sample: the prompt's byte {0} is not below the model's "
-          "vocabulary of {1} (the byte-level tokenizer's ids are byte "
-          "values)",
-          unsigned(C), Vocab));
+          "--sample: the prompt's token {0} (of --tokenizer '{1}') is not "
+          "below the model's vocabulary of {2}; give the model's own "
+          "tokenizer",
+          Id, O.SampleTokenizer, Vocab));
+    R.PromptIds.push_back(Id);
+  }
+  R.Tokenizer = std::move(*Tok);
   return Error::success();
 }
 
@@ -170,7 +196,7 @@ Expected<PreparedRun> prepareRun(const TrainOptions &O) {
     R.P = widenToFloat64(R.P);
   }
   if (O.sampling())
-    if (auto Err = checkSampling(O, R.P))
+    if (auto Err = checkSampling(O, R))
       return Err;
   if (auto Err = checkContextParallel(O, R.P))
     return Err;

@@ -14,9 +14,12 @@
 #include "plan/Plan.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/DataLoader.h"
+#include "text/BpeTokenizer.h"
 #include "train/TrainOptions.h"
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace sp {
 
@@ -31,6 +34,10 @@ struct PreparedRun {
   std::string Fingerprint, ModelFingerprint;
   /// The source model --export-onnx copies (empty without it).
   std::string Source;
+  /// --sample: the prompt's token ids, and the tokenizer that made them
+  /// (null: bytes).
+  std::vector<int64_t> PromptIds;
+  std::shared_ptr<const BpeTokenizer> Tokenizer;
 };
 
 /// Reads and checks the plan and the files O names (O is validated).

@@ -1,16 +1,18 @@
 //===- Sampling.cpp - sp-run --sample: text drawn from the model ----------===//
 //
-// RankRun::generate (RankRun.h): the prompt's continuation, one byte-level
-// token at a time from the last position's logits (runtime/Sample.h),
-// printed by the lead; with --dump, the drawn positions' logits.
+// RankRun::generate (RankRun.h): the prompt's continuation, one token at a
+// time from the last position's logits (runtime/Sample.h), printed by the
+// lead; with --dump, the drawn positions' logits. Tokens are bytes, or those
+// of --tokenizer (the prompt encoded and the text decoded by it).
 //
 //===----------------------------------------------------------------------===//
-#include "train/RankRun.h"
 #include "runtime/Npy.h"
 #include "runtime/Sample.h"
 #include "support/Diagnostics.h"
+#include "train/RankRun.h"
 #include "llvm/Support/FormatVariadic.h"
 #include <chrono>
+#include <limits>
 #include <random>
 
 using namespace llvm;
@@ -27,17 +29,18 @@ Error RankRun::generate() {
   // first tensor-parallel rank of the first replica draws the next token
   // from the logits of the text's last position, and the ranks agree on it
   // with a sum (the others add 0).
+  const BpeTokenizer *Tok = T.R.Tokenizer.get();
   int64_t B = E.batch(), Seq = E.seq(),
-          Allowed = std::min<int64_t>(E.vocab(), 256); // bytes
+          Allowed = std::min<int64_t>(E.vocab(),
+                                      Tok ? int64_t(Tok->vocabSize()) : 256);
   bool LastStage = E.stage() == E.numStages() - 1;
   bool Picks =
       LastStage && (E.groupSize() == 1 || E.rank() == 0) && Groups.At.Data == 0;
   // Under context parallelism the context rank holding the text's last
   // position draws (its logits are its positions').
   const ContextLayout &Cp = E.context();
-  std::vector<int64_t> Text;
-  for (unsigned char C : Prompt)
-    Text.push_back(C);
+  std::vector<int64_t> Text = T.R.PromptIds;
+  const size_t PromptLength = Text.size();
   std::mt19937_64 Rng(Seed);
   std::vector<float> Drawn; // the logits of each drawn position (--dump)
   auto Start = std::chrono::steady_clock::now();
@@ -78,8 +81,16 @@ Error RankRun::generate() {
       int64_t V = int64_t(Whole->size()) / (B * Cp.local());
       if (Draws) {
         ArrayRef<float> Row(Whole->data() + Last * V, size_t(V));
-        Token = double(
-            sampleToken(Row, Allowed, O.Temperature, O.TopK, U));
+        // An id of no token (a gap in --tokenizer's ids) is never drawn.
+        std::vector<float> Masked;
+        if (Tok) {
+          Masked.assign(Row.begin(), Row.end());
+          for (int64_t Id = 0; Id < V; ++Id)
+            if (!Tok->isToken(uint32_t(Id)))
+              Masked[Id] = -std::numeric_limits<float>::infinity();
+        }
+        Token = double(sampleToken(Tok ? ArrayRef<float>(Masked) : Row, Allowed,
+                                   O.Temperature, O.TopK, U));
         Drawn.insert(Drawn.end(), Row.begin(), Row.end());
       }
     }
@@ -103,17 +114,28 @@ Error RankRun::generate() {
   if (!Lead)
     return Error::success();
   std::string Generated;
-  for (size_t I = Prompt.size(); I < Text.size(); ++I)
-    Generated += char(Text[I]);
+  if (Tok) {
+    std::vector<uint32_t> Ids(Text.begin() + PromptLength, Text.end());
+    auto Decoded = Tok->decode(Ids);
+    if (!Decoded)
+      return Decoded.takeError();
+    Generated = std::move(*Decoded);
+  } else {
+    for (size_t I = PromptLength; I < Text.size(); ++I)
+      Generated += char(Text[I]);
+  }
   std::string WeightsFrom =
       T.R.Resumed
           ? formatv("the weights of checkpoint '{0}' (step {1})",
                     O.checkpointDir(), T.R.Resumed->Step)
                 .str()
           : std::string("the model's own weights (no --checkpoint)");
-  Out << formatv("sp-run: sampling {0}: {1} tokens after a {2}-byte prompt, "
+  std::string PromptSize =
+      Tok ? formatv("{0}-token ({1})", PromptLength, Tok->name()).str()
+          : formatv("{0}-byte", Prompt.size()).str();
+  Out << formatv("sp-run: sampling {0}: {1} tokens after a {2} prompt, "
                  "{3}, seed {4}, {5} ({6:F2} s)\n",
-                 ModelName, O.SampleTokens, Prompt.size(),
+                 ModelName, O.SampleTokens, PromptSize,
                  O.Temperature <= 0
                      ? std::string("greedy")
                      : formatv("temperature {0}, top-k {1}", O.Temperature,

@@ -121,6 +121,10 @@ TrainFlags::TrainFlags(TrainOptions &O, cl::OptionCategory &Cat)
                "byte-level tokens drawn one at a time (forward "
                "only; the weights of --checkpoint DIR if given)"),
       cl::value_desc("prompt"));
+  add("tokenizer", O.SampleTokenizer,
+      cl::desc("--sample: encode the prompt and decode the text with this "
+               "byte-level BPE tokenizer.json (default: bytes)"),
+      cl::value_desc("tokenizer.json"));
   add("tokens", O.SampleTokens,
       cl::desc("--sample: tokens to generate (default 200)"),
       cl::value_desc("n"));

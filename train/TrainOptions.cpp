@@ -58,10 +58,11 @@ static Error checkRanges(const TrainOptions &O) {
 /// --sample and its flags.
 static Error checkSampling(const TrainOptions &O) {
   if (!O.sampling()) {
-    if (const char *Flag = firstGiven(
-            {std::pair{O.given("tokens"), "--tokens"},
-             {O.given("temperature"), "--temperature"},
-             {O.given("top-k"), "--top-k"}}))
+    if (const char *Flag =
+            firstGiven({std::pair{O.given("tokens"), "--tokens"},
+                        {O.given("temperature"), "--temperature"},
+                        {O.given("top-k"), "--top-k"},
+                        {O.given("tokenizer"), "--tokenizer"}}))
       return usageError(Twine(Flag) + " is for --sample \"prompt\"");
     return Error::success();
   }

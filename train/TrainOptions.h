@@ -65,6 +65,9 @@ struct TrainOptions {
   /// position's logits at Temperature (0: the most likely token) among the
   /// TopK most likely (0: all), with the run's seed.
   std::string SamplePrompt;
+  /// --sample: the byte-level BPE tokenizer.json that encodes the prompt
+  /// and decodes the text (empty: bytes, token id = byte value).
+  std::string SampleTokenizer;
   int64_t SampleTokens = 200;
   double Temperature = 0.8;
   int64_t TopK = 200;

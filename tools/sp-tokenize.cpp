@@ -194,6 +194,10 @@ int main(int Argc, char **Argv) {
     auto T = Encode(Text);
     if (!T)
       return Fail(T.takeError());
+    if (Output != "-")
+      for (const std::string &F : {Output.getValue(), tokenSidecarPath(Output)})
+        if (auto E = checkWritableFile(F))
+          return Fail(std::move(E));
     if (auto E = writeTokens(Output, *T))
       return Fail(std::move(E));
     if (!Quiet && Output != "-")

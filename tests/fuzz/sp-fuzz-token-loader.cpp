@@ -1,19 +1,22 @@
 //===- sp-fuzz-token-loader.cpp - Fuzz the token-file loader --------------===//
 //
-// An input is a token file (sp-run --data: little-endian uint16 ids) and,
-// taken from its end by FuzzedDataProvider, the settings sp-run gives the
-// loader: the batch, the sequence and the vocabulary (from the plan),
-// --objective, --pad-token, --mask-token, --mask-rate, --shuffle, --seed,
-// the data-parallel rank and size, and three steps. A file that opens
+// An input is a token file (sp-run --data: little-endian uint16 or uint32
+// ids) and, taken from its end by FuzzedDataProvider, the settings sp-run
+// gives the loader: the batch, the sequence and the vocabulary (from the
+// plan), --objective, --pad-token, --mask-token, --mask-rate, --shuffle,
+// --seed, the data-parallel rank and size, three steps, and what a sidecar
+// says (none, or a width, a vocabulary and a count). A file that opens
 // (runtime/DataLoader.cpp) gives those steps' batches; every token must
 // then be an id of the vocabulary (or the mask token), every target one or
 // the ignored -100, and the mask 0 or 1. The whole input is also read as a
-// float32 .npy file (runtime/Npy.cpp, the reader of sp-run's dumps).
+// float32 .npy file (runtime/Npy.cpp, the reader of sp-run's dumps), and as
+// a token file's sidecar (text/TokenFile.cpp).
 //
 //===----------------------------------------------------------------------===//
 #include "FuzzSupport.h"
 #include "runtime/DataLoader.h"
 #include "runtime/Npy.h"
+#include "text/TokenFile.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include <cstdint>
 #include <fuzzer/FuzzedDataProvider.h>
@@ -34,6 +37,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *Data, size_t Size) {
     checkMessage(A.takeError());
   }
 
+  if (auto Info = parseTokenSidecar(
+          StringRef(reinterpret_cast<const char *>(Data), Size), "fuzz.json")) {
+    if ((Info->Width != 2 && Info->Width != 4) ||
+        (Info->Width == 2 && Info->Vocab > 65536) || Info->Vocab < 1)
+      invariantFailed("a sidecar read with an impossible width or vocabulary");
+  } else {
+    checkMessage(Info.takeError());
+  }
+
   FuzzedDataProvider In(Data, Size);
   // Out-of-range settings now and then: the loader must refuse them.
   int64_t Batch = In.ConsumeIntegralInRange<int64_t>(-1, 8);
@@ -51,11 +63,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *Data, size_t Size) {
   int64_t Steps[3];
   for (int64_t &S : Steps)
     S = In.ConsumeIntegralInRange<int64_t>(1, INT64_MAX);
+  TokenFileInfo Info;
+  if (In.ConsumeBool()) {
+    Info.HasSidecar = true;
+    Info.Width = In.ConsumeBool() ? 4 : 2;
+    Info.Vocab = In.ConsumeIntegralInRange<int64_t>(1, 200000);
+    Info.Tokens = In.ConsumeIntegralInRange<int64_t>(-1, 4096);
+  }
   std::string File = In.ConsumeRemainingBytesAsString();
 
-  auto D = DataLoader::create(MemoryBuffer::getMemBuffer(File, "fuzz.bin",
-                                                         /*RequiresNull=*/false),
-                              Batch, Seq, Vocab);
+  auto D =
+      DataLoader::create(MemoryBuffer::getMemBuffer(File, "fuzz.bin",
+                                                    /*RequiresNull=*/false),
+                         Batch, Seq, Vocab, Info);
   if (!D) {
     checkMessage(D.takeError());
     return 0;

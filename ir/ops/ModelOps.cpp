@@ -111,16 +111,19 @@ Expected<TypeList> packedAttentionTypes(const ShapeArgs &A) {
 
 Expected<TypeList> ropeShape(const ShapeArgs &A) {
   const TensorType &X = A.type(0);
-  if (X.rank() != 4 || X.Shape[3] % 2)
-    return makeError("rope expects [batch, heads, seq, head size] with an "
-                     "even head size");
+  if (X.rank() != 4)
+    return makeError("rope expects [batch, heads, seq, head size]");
+  // Tables narrower than the head (R < d) rotate only its first R dims and
+  // pass the rest through: GPT-NeoX's partial rotary.
+  int64_t Rot = A.type(1).rank() == 3 ? A.type(1).Shape[2] : 0;
   for (unsigned I : {1u, 2u}) {
     const TensorType &T = A.type(I);
     if (T.rank() != 3 || (T.Shape[0] != 1 && T.Shape[0] != X.Shape[0]) ||
-        T.Shape[1] != X.Shape[2] || T.Shape[2] != X.Shape[3] ||
-        T.Dtype != X.Dtype)
-      return makeError(formatv("rope table {0} must be [1 or {1}, {2}, {3}], "
-                               "got {4}",
+        T.Shape[1] != X.Shape[2] || T.Shape[2] != Rot || Rot % 2 || Rot <= 0 ||
+        Rot > X.Shape[3] || T.Dtype != X.Dtype)
+      return makeError(formatv("rope table {0} must be [1 or {1}, {2}, R], R "
+                               "even and at most the head size {3}, the same "
+                               "for both tables; got {4}",
                                I, X.Shape[0], X.Shape[2], X.Shape[3], T.str()));
   }
   return TypeList{X};
@@ -448,7 +451,8 @@ void addModelOps(OpTable &T) {
   T[size_t(OpKind::SplitHeads)] = {
       .MinOperands = 1, // [b, s, 3h] -> q, k, v [b, a, s, d]
       .MaxOperands = 1,
-      .Attrs = {{"heads", attr::RequiredInt}},
+      // per_head: GPT-NeoX's [a, 3, d] columns, else q | k | v blocks.
+      .Attrs = {{"heads", attr::RequiredInt}, {"per_head", attr::Int(0)}},
       .Shape = [](const ShapeArgs &A) -> Expected<TypeList> {
         const TensorType &X = A.type(0);
         int64_t Heads = A.attrInt("heads");
@@ -466,9 +470,12 @@ void addModelOps(OpTable &T) {
         for (unsigned I = 0; I < 3; ++I)
           if (!B.grad(I))
             return B.error(formatv("result {0} has no gradient", I));
-        B.accumulate(B.N.operand(0), B.emit(OpKind::SplitHeadsGrad,
-                                            {B.grad(0), B.grad(1), B.grad(2)})
-                                         ->result());
+        AttrList A;
+        A.set("per_head", attrInt(B.N.op(), B.N.attrs(), "per_head"));
+        B.accumulate(
+            B.N.operand(0),
+            B.emit(OpKind::SplitHeadsGrad, {B.grad(0), B.grad(1), B.grad(2)}, A)
+                ->result());
         return Error::success();
       },
       .Layout = toHeadsLayout,
@@ -476,6 +483,7 @@ void addModelOps(OpTable &T) {
   T[size_t(OpKind::SplitHeadsGrad)] = {
       .MinOperands = 3, // (dq, dk, dv) -> dqkv[b, s, 3h]
       .MaxOperands = 3,
+      .Attrs = {{"per_head", attr::Int(0)}},
       .Shape = mergeHeadsShape,
   };
   T[size_t(OpKind::ToHeads)] = {

@@ -394,12 +394,13 @@ template <typename T> static Error runKernel(const KernelCall &C) {
     const TensorType &X = InT(0);
     int64_t B = X.Shape[0], A = X.Shape[1], S = X.Shape[2], D = X.Shape[3];
     int64_t CB = InT(1).Shape[0];
+    int64_t Rot = InT(1).Shape[2]; // the tables' width: partial rotary
     bool Interleaved = AInt("interleaved");
     if (I.Op == OpKind::Rope)
-      cpu::rope(Out(0), In(0), In(1), In(2), B, A, S, D, CB, Interleaved);
+      cpu::rope(Out(0), In(0), In(1), In(2), B, A, S, D, CB, Interleaved, Rot);
     else
       cpu::ropeBackward(Out(0), In(0), In(1), In(2), B, A, S, D, CB,
-                        Interleaved);
+                        Interleaved, Rot);
     return Error::success();
   }
   case OpKind::RepeatHeads: {
@@ -424,13 +425,13 @@ template <typename T> static Error runKernel(const KernelCall &C) {
   case OpKind::SplitHeads: {
     const TensorType &Q = OutT(0);
     cpu::splitHeads(Out(0), Out(1), Out(2), In(0), Q.Shape[0], Q.Shape[2],
-                    Q.Shape[1], Q.Shape[3]);
+                    Q.Shape[1], Q.Shape[3], AInt("per_head"));
     return Error::success();
   }
   case OpKind::SplitHeadsGrad: {
     const TensorType &Q = InT(0);
-    cpu::splitHeadsBackward(Out(0), In(0), In(1), In(2), Q.Shape[0],
-                            Q.Shape[2], Q.Shape[1], Q.Shape[3]);
+    cpu::splitHeadsBackward(Out(0), In(0), In(1), In(2), Q.Shape[0], Q.Shape[2],
+                            Q.Shape[1], Q.Shape[3], AInt("per_head"));
     return Error::success();
   }
   case OpKind::MergeHeads: {

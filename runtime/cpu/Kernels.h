@@ -227,15 +227,18 @@ void linearGeluBackward(T *DX, const T *DY, const T *W, const T *Z,
 ///   Q[b,a,s,t] = QKV[b, s, 0H + a D + t]
 ///   K[b,a,s,t] = QKV[b, s, 1H + a D + t]
 ///   V[b,a,s,t] = QKV[b, s, 2H + a D + t]
+/// or, PerHead (GPT-NeoX's [Heads, 3, D] columns), part p of head a at
+/// QKV[b, s, (3 a + p) D + t].
 template <typename T>
 void splitHeads(T *Q, T *K, T *V, const T *QKV, int64_t B, int64_t S,
-                int64_t Heads, int64_t D);
+                int64_t Heads, int64_t D, bool PerHead = false);
 
 /// The inverse permutation: DQKV[B, S, 3H] from DQ, DK, DV [B, Heads, S, D]
 /// (overwrites).
 template <typename T>
 void splitHeadsBackward(T *DQKV, const T *DQ, const T *DK, const T *DV,
-                        int64_t B, int64_t S, int64_t Heads, int64_t D);
+                        int64_t B, int64_t S, int64_t Heads, int64_t D,
+                        bool PerHead = false);
 
 /// X[B, Heads, S, D] -> Y[B, S, Heads * D]: Y[b, s, a D + t] = X[b, a, s, t].
 template <typename T>
@@ -536,9 +539,12 @@ Status mulBroadcast(T *Y, Shape YShape, const T *A, Shape AShape, const T *B,
 ///      Y[2j+1] = x[2j+1] c[2j+1] + x[2j] n[2j+1]
 /// i.e. Y = x * c + rot(x) * n, evaluated in T in that order (torch's order).
 /// Y may not alias X.
+/// Rot (0: D) rotates only the first Rot dims of each row, with [CB, S, Rot]
+/// tables (h = Rot / 2 above), and copies the rest (GPT-NeoX's partial
+/// rotary).
 template <typename T>
 void rope(T *Y, const T *X, const T *Cos, const T *Sin, int64_t B, int64_t A,
-          int64_t S, int64_t D, int64_t CB, bool Interleaved);
+          int64_t S, int64_t D, int64_t CB, bool Interleaved, int64_t Rot = 0);
 
 /// The transpose: DX = DY * c + rot^T(DY * n) (overwrites), i.e.
 ///  - half form:  DX[i] = dy[i] c[i] + dy[i+h] n[i+h]   for i < h
@@ -548,8 +554,8 @@ void rope(T *Y, const T *X, const T *Cos, const T *Sin, int64_t B, int64_t A,
 /// The tables get no gradient. DX may not alias DY.
 template <typename T>
 void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
-                  int64_t A, int64_t S, int64_t D, int64_t CB,
-                  bool Interleaved);
+                  int64_t A, int64_t S, int64_t D, int64_t CB, bool Interleaved,
+                  int64_t Rot = 0);
 
 //===----------------------------------------------------------------------===//
 // 18. Grouped-query attention's head repeat

@@ -155,11 +155,13 @@ void broadcastRows(float *Y, const float *Bias, int64_t Rows, int64_t Out,
                    cudaStream_t S);
 
 // Head layouts (kernels/Heads.cuh).
+// PerHead: GPT-NeoX's [Heads, 3, D] columns instead of q | k | v blocks.
 void splitHeads(float *Q, float *K, float *V, const float *QKV, int64_t B,
-                int64_t Sq, int64_t Heads, int64_t D, cudaStream_t S);
+                int64_t Sq, int64_t Heads, int64_t D, bool PerHead,
+                cudaStream_t S);
 void splitHeadsBackward(float *DQKV, const float *DQ, const float *DK,
                         const float *DV, int64_t B, int64_t Sq, int64_t Heads,
-                        int64_t D, cudaStream_t S);
+                        int64_t D, bool PerHead, cudaStream_t S);
 void mergeHeads(float *Y, const float *X, int64_t B, int64_t Sq, int64_t Heads,
                 int64_t D, cudaStream_t S);
 void mergeHeadsBackward(float *DX, const float *DY, int64_t B, int64_t Sq,
@@ -168,9 +170,10 @@ void repeatHeads(float *Y, const float *X, int64_t B, int64_t G, int64_t R,
                  int64_t Sq, int64_t D, cudaStream_t S);
 void repeatHeadsBackward(float *DX, const float *DY, int64_t B, int64_t G,
                          int64_t R, int64_t Sq, int64_t D, cudaStream_t S);
+// Rot: the rotated dims (the tables' width, at most D; the rest copied).
 void rope(float *Y, const float *X, const float *Cos, const float *Sin,
           int64_t B, int64_t A, int64_t Sq, int64_t D, int64_t CB,
-          bool Interleaved, bool Backward, cudaStream_t S);
+          bool Interleaved, bool Backward, int64_t Rot, cudaStream_t S);
 
 // The attention core (kernels/AttentionSoftmax.cuh).
 void causalMask(float *Y, const float *X, int64_t Batch, int64_t Sq,

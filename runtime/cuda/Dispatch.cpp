@@ -461,14 +461,16 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::Rope:
   case OpKind::RopeGrad: {
     const TensorType &X = InT(0);
-    if (X.Shape[3] % 2)
-      return makeError("rope needs an even head dimension");
+    int64_t Rot = InT(1).Shape[2]; // the tables' width: partial rotary
+    if (Rot % 2 || Rot > X.Shape[3])
+      return makeError("rope rotates an even number of dims, at most the "
+                       "head size");
     int64_t CB = InT(1).Shape[0];
     if (CB != 1 && CB != X.Shape[0])
       return makeError("rope tables must have batch dimension 1 or B");
     cuda::rope(Out(0), In(0), In(1), In(2), X.Shape[0], X.Shape[1], X.Shape[2],
                X.Shape[3], CB, AInt("interleaved"), I.Op == OpKind::RopeGrad,
-               S);
+               Rot, S);
     return Error::success();
   }
   case OpKind::RepeatHeads: {
@@ -493,13 +495,14 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::SplitHeads: {
     const TensorType &Q = OutT(0);
     cuda::splitHeads(Out(0), Out(1), Out(2), In(0), Q.Shape[0], Q.Shape[2],
-                     Q.Shape[1], Q.Shape[3], S);
+                     Q.Shape[1], Q.Shape[3], AInt("per_head"), S);
     return Error::success();
   }
   case OpKind::SplitHeadsGrad: {
     const TensorType &Q = InT(0);
     cuda::splitHeadsBackward(Out(0), In(0), In(1), In(2), Q.Shape[0],
-                             Q.Shape[2], Q.Shape[1], Q.Shape[3], S);
+                             Q.Shape[2], Q.Shape[1], Q.Shape[3],
+                             AInt("per_head"), S);
     return Error::success();
   }
   case OpKind::MergeHeads: {

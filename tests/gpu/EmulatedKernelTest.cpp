@@ -398,32 +398,37 @@ TEST(EmulatedKernels, HeadLayoutsAndRopeAreTheCpusBits) {
   const int64_t B = 2, S = 9, A = 4, D = 8;
   auto QKV = normals(B * S * 3 * A * D, 1, 18), X = normals(B * A * S * D, 1, 19);
   std::vector<float> Q(B * A * S * D), K(Q), V(Q), CQ(Q), CK(Q), CV(Q);
-  cuda::splitHeads(Q.data(), K.data(), V.data(), QKV.data(), B, S, A, D,
-                   nullptr);
-  cpu::splitHeads(CQ.data(), CK.data(), CV.data(), QKV.data(), B, S, A, D);
-  EXPECT_TRUE(sameBits(Q, CQ));
-  EXPECT_TRUE(sameBits(K, CK));
-  EXPECT_TRUE(sameBits(V, CV));
+  for (bool PerHead : {false, true}) {
+    cuda::splitHeads(Q.data(), K.data(), V.data(), QKV.data(), B, S, A, D,
+                     PerHead, nullptr);
+    cpu::splitHeads(CQ.data(), CK.data(), CV.data(), QKV.data(), B, S, A, D,
+                    PerHead);
+    EXPECT_TRUE(sameBits(Q, CQ)) << PerHead;
+    EXPECT_TRUE(sameBits(K, CK)) << PerHead;
+    EXPECT_TRUE(sameBits(V, CV)) << PerHead;
+  }
   std::vector<float> M(B * S * A * D), CM(M);
   cuda::mergeHeads(M.data(), X.data(), B, S, A, D, nullptr);
   cpu::mergeHeads(CM.data(), X.data(), B, S, A, D);
   EXPECT_TRUE(sameBits(M, CM));
   // Rotary embeddings, both layouts, forward and backward.
   // Tables [1, S, D] (any values: the kernels multiply and add them).
-  auto Cos = normals(S * D, 1, 20), Sin = normals(S * D, 1, 21);
-  for (bool Interleaved : {false, true}) {
-    std::vector<float> Y(X.size()), CY(X.size()), DX(X.size()),
-        CDX(X.size());
-    cuda::rope(Y.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
-               Interleaved, false, nullptr);
-    cpu::rope(CY.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
-              Interleaved);
-    EXPECT_TRUE(sameBits(Y, CY)) << Interleaved;
-    cuda::rope(DX.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
-               Interleaved, true, nullptr);
-    cpu::ropeBackward(CDX.data(), X.data(), Cos.data(), Sin.data(), B, A, S,
-                      D, 1, Interleaved);
-    EXPECT_TRUE(sameBits(DX, CDX)) << Interleaved;
+  // Rot < D: GPT-NeoX's partial rotary, tables [1, S, Rot].
+  for (int64_t Rot : {D, D / 2}) {
+    auto Cos = normals(S * Rot, 1, 20), Sin = normals(S * Rot, 1, 21);
+    for (bool Interleaved : {false, true}) {
+      std::vector<float> Y(X.size()), CY(X.size()), DX(X.size()), CDX(X.size());
+      cuda::rope(Y.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
+                 Interleaved, false, Rot, nullptr);
+      cpu::rope(CY.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
+                Interleaved, Rot);
+      EXPECT_TRUE(sameBits(Y, CY)) << Interleaved << Rot;
+      cuda::rope(DX.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
+                 Interleaved, true, Rot, nullptr);
+      cpu::ropeBackward(CDX.data(), X.data(), Cos.data(), Sin.data(), B, A, S,
+                        D, 1, Interleaved, Rot);
+      EXPECT_TRUE(sameBits(DX, CDX)) << Interleaved << Rot;
+    }
   }
 }
 

@@ -506,21 +506,24 @@ TEST_F(CudaKernels, ActivationsForwardAndBackward) {
 
 TEST_F(CudaKernels, HeadLayouts) {
   const int64_t B = 2, S = 5, Heads = 3, D = 4, H = Heads * D;
-  {
+  for (int64_t PerHead : {0, 1}) { // q | k | v blocks, GPT-NeoX's [a, 3, d]
     OpCase C;
     int QKV = C.floats({B, S, 3 * H});
     int Q = C.buffer(DType::F32, {B, Heads, S, D}),
         K = C.buffer(DType::F32, {B, Heads, S, D}),
         V = C.buffer(DType::F32, {B, Heads, S, D});
-    C.op(OpKind::SplitHeads, {QKV}, {Q, K, V}).Attrs.set("heads", Heads);
+    auto &Op = C.op(OpKind::SplitHeads, {QKV}, {Q, K, V});
+    Op.Attrs.set("heads", Heads);
+    Op.Attrs.set("per_head", PerHead);
     compare(C, {Q, K, V}, 0);
   }
-  {
+  for (int64_t PerHead : {0, 1}) {
     OpCase C;
     int Q = C.floats({B, Heads, S, D}), K = C.floats({B, Heads, S, D}),
         V = C.floats({B, Heads, S, D});
     int QKV = C.buffer(DType::F32, {B, S, 3 * H});
-    C.op(OpKind::SplitHeadsGrad, {Q, K, V}, {QKV});
+    C.op(OpKind::SplitHeadsGrad, {Q, K, V}, {QKV})
+        .Attrs.set("per_head", PerHead);
     compare(C, {QKV}, 0);
   }
   for (OpKind Op : {OpKind::MergeHeads, OpKind::MergeHeadsGrad,
@@ -550,15 +553,16 @@ TEST_F(CudaKernels, HeadLayouts) {
 TEST_F(CudaKernels, RopeBothFormsForwardAndBackward) {
   for (int Interleaved = 0; Interleaved < 2; ++Interleaved)
     for (OpKind Op : {OpKind::Rope, OpKind::RopeGrad})
-      for (int64_t CB : {1, 2}) {
-        OpCase C;
-        int X = C.floats({2, 3, 5, 8}), Cos = C.floats({CB, 5, 8}),
-            Sin = C.floats({CB, 5, 8});
-        int Y = C.buffer(DType::F32, {2, 3, 5, 8});
-        C.op(Op, {X, Cos, Sin}, {Y})
-            .Attrs.set("interleaved", int64_t(Interleaved));
-        compare(C, {Y});
-      }
+      for (int64_t CB : {1, 2})
+        for (int64_t Rot : {8, 4}) { // whole heads, GPT-NeoX's partial rotary
+          OpCase C;
+          int X = C.floats({2, 3, 5, 8}), Cos = C.floats({CB, 5, Rot}),
+              Sin = C.floats({CB, 5, Rot});
+          int Y = C.buffer(DType::F32, {2, 3, 5, 8});
+          C.op(Op, {X, Cos, Sin}, {Y})
+              .Attrs.set("interleaved", int64_t(Interleaved));
+          compare(C, {Y});
+        }
 }
 
 TEST_F(CudaKernels, ScaleMasksAndSoftmax) {

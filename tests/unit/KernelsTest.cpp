@@ -506,6 +506,21 @@ TEST(CpuKernelsTest, SplitHeadsLayoutAndGradient) {
   splitHeadsBackward(DQKV.data(), WQ.data(), WK.data(), WV.data(), B, S, Heads,
                      D);
   expectGradient("split heads", QKV, DQKV, Loss);
+
+  // GPT-NeoX's per-head layout: part p of head a at columns (3a + p) D.
+  splitHeads(Q.data(), K.data(), V.data(), QKV.data(), B, S, Heads, D, true);
+  int64_t PerHead = (1 * S + 2) * 3 * H + 3 * 1 * D + 3;
+  EXPECT_EQ(Q[Dst], QKV[PerHead]);
+  EXPECT_EQ(K[Dst], QKV[PerHead + D]);
+  EXPECT_EQ(V[Dst], QKV[PerHead + 2 * D]);
+  auto PerHeadLoss = [&] {
+    Vec Q(NQ), K(NQ), V(NQ);
+    splitHeads(Q.data(), K.data(), V.data(), QKV.data(), B, S, Heads, D, true);
+    return dotv(WQ, Q) + dotv(WK, K) + dotv(WV, V);
+  };
+  splitHeadsBackward(DQKV.data(), WQ.data(), WK.data(), WV.data(), B, S, Heads,
+                     D, true);
+  expectGradient("per-head split heads", QKV, DQKV, PerHeadLoss);
 }
 
 TEST(CpuKernelsTest, MergeHeadsLayoutAndGradient) {
@@ -1392,6 +1407,32 @@ TEST(CpuKernelsTest, RopeValuesAndGradient) {
   rope(Y1.data(), X.data(), Cos1.data(), Sin1.data(), B, A, S, D, 1, false);
   rope(YB.data(), X.data(), CosB.data(), SinB.data(), B, A, S, D, B, false);
   EXPECT_EQ(Y1, YB);
+}
+
+TEST(CpuKernelsTest, PartialRopeRotatesTheFirstDimsAndPassesTheRest) {
+  // GPT-NeoX's rotary_pct: [1, S, R] tables rotate dims [0, R) of each row
+  // as a rope of width R would, and dims [R, D) are copied, forward and
+  // backward, in both forms.
+  const int64_t B = 2, A = 3, S = 4, D = 8, R = 4, Rows = B * A * S;
+  Vec X = randVec(Rows * D, 91), Cos = randVec(S * R, 92),
+      Sin = randVec(S * R, 93);
+  Vec Narrow(Rows * R);
+  for (int64_t Row = 0; Row < Rows; ++Row)
+    for (int64_t I = 0; I < R; ++I)
+      Narrow[Row * R + I] = X[Row * D + I];
+  for (bool Interleaved : {false, true})
+    for (bool Backward : {false, true}) {
+      Vec Y(X.size()), Want(Narrow.size());
+      auto Run = Backward ? ropeBackward<double> : rope<double>;
+      Run(Y.data(), X.data(), Cos.data(), Sin.data(), B, A, S, D, 1,
+          Interleaved, R);
+      Run(Want.data(), Narrow.data(), Cos.data(), Sin.data(), B, A, S, R, 1,
+          Interleaved, 0);
+      for (int64_t Row = 0; Row < Rows; ++Row)
+        for (int64_t I = 0; I < D; ++I)
+          EXPECT_EQ(Y[Row * D + I], I < R ? Want[Row * R + I] : X[Row * D + I])
+              << Interleaved << Backward << Row << " " << I;
+    }
 }
 
 //===----------------------------------------------------------------------===//

@@ -28,45 +28,54 @@ namespace {
 /// needs. The tokens go over the kernel threads; each element is written
 /// once, so the split changes nothing.
 template <typename F>
-void forHeadRows(int64_t B, int64_t S, int64_t Heads, int64_t D,
-                 int64_t Width, F &&Copy) {
+void forHeadRows(int64_t B, int64_t S, int64_t Heads, int64_t D, int64_t Width,
+                 int64_t HeadStride, F &&Copy) {
   forEachRow(B * S, Width, [&](int64_t T) {
     int64_t Bi = T / S, Si = T % S;
     for (int64_t A = 0; A < Heads; ++A)
-      Copy(T * Width + A * D, ((Bi * Heads + A) * S + Si) * D);
+      Copy(T * Width + A * HeadStride, ((Bi * Heads + A) * S + Si) * D);
   });
 }
 
 /// Every head layout is one such copy between a token-major tensor Tok
 /// [B, S, Parts H], H = Heads D, and Parts head-major tensors Hd[p] [B,
-/// Heads, S, D], the p-th being columns [p H, (p + 1) H) of Tok: into the
-/// heads when ToHeads, else into Tok.
+/// Heads, S, D], the p-th being columns [p H, (p + 1) H) of Tok (or, when
+/// PerHead, GPT-NeoX's [Heads, Parts, D] columns: head a's part p at
+/// (a Parts + p) D): into the heads when ToHeads, else into Tok.
 template <bool ToHeads, typename T, int Parts>
 void copyHeads(std::conditional_t<ToHeads, const T, T> *Tok,
                std::conditional_t<ToHeads, T, const T> *const (&Hd)[Parts],
-               int64_t B, int64_t S, int64_t Heads, int64_t D) {
+               int64_t B, int64_t S, int64_t Heads, int64_t D,
+               bool PerHead = false) {
   checkSizes({B, S, Heads, D});
   const int64_t H = Heads * D;
-  forHeadRows(B, S, Heads, D, Parts * H, [&](int64_t TokAt, int64_t HdAt) {
-    for (int P = 0; P < Parts; ++P)
-      if constexpr (ToHeads)
-        std::memcpy(Hd[P] + HdAt, Tok + TokAt + P * H, sizeof(T) * D);
-      else
-        std::memcpy(Tok + TokAt + P * H, Hd[P] + HdAt, sizeof(T) * D);
-  });
+  const int64_t HeadStride = PerHead ? Parts * D : D;
+  const int64_t PartStride = PerHead ? D : H;
+  forHeadRows(B, S, Heads, D, Parts * H, HeadStride,
+              [&](int64_t TokAt, int64_t HdAt) {
+                for (int P = 0; P < Parts; ++P)
+                  if constexpr (ToHeads)
+                    std::memcpy(Hd[P] + HdAt, Tok + TokAt + P * PartStride,
+                                sizeof(T) * D);
+                  else
+                    std::memcpy(Tok + TokAt + P * PartStride, Hd[P] + HdAt,
+                                sizeof(T) * D);
+              });
 }
 } // namespace
 
 template <typename T>
 void splitHeads(T *Q, T *K, T *V, const T *QKV, int64_t B, int64_t S,
-                int64_t Heads, int64_t D) {
-  copyHeads</*ToHeads=*/true, T, 3>(QKV, {Q, K, V}, B, S, Heads, D);
+                int64_t Heads, int64_t D, bool PerHead) {
+  copyHeads</*ToHeads=*/true, T, 3>(QKV, {Q, K, V}, B, S, Heads, D, PerHead);
 }
 
 template <typename T>
 void splitHeadsBackward(T *DQKV, const T *DQ, const T *DK, const T *DV,
-                        int64_t B, int64_t S, int64_t Heads, int64_t D) {
-  copyHeads</*ToHeads=*/false, T, 3>(DQKV, {DQ, DK, DV}, B, S, Heads, D);
+                        int64_t B, int64_t S, int64_t Heads, int64_t D,
+                        bool PerHead) {
+  copyHeads</*ToHeads=*/false, T, 3>(DQKV, {DQ, DK, DV}, B, S, Heads, D,
+                                     PerHead);
 }
 
 template <typename T>
@@ -87,33 +96,39 @@ void mergeHeadsBackward(T *DX, const T *DY, int64_t B, int64_t S, int64_t Heads,
 
 namespace {
 
-void checkRope(int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB) {
-  checkSizes({B, A, S, D, CB});
-  SP_CPU_CHECK(D % 2 == 0, "rope needs an even head dimension");
+void checkRope(int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB,
+               int64_t Rot) {
+  checkSizes({B, A, S, D, CB, Rot});
+  SP_CPU_CHECK(Rot % 2 == 0 && Rot <= D,
+               "rope rotates an even number of dims, at most the head size");
   SP_CPU_CHECK(CB == 1 || CB == B,
                "rope tables must have batch dimension 1 or B");
 }
 
-/// Calls Fn(Out, In, C, N, I, J) for every rotated pair (I, J) of every
-/// (b, a, s) row of [B, A, S, D] ((2k, 2k + 1) when Interleaved, else (k,
-/// k + D / 2)), rows over the threads, with the row's Cos and Sin rows.
+/// Calls Fn(Out, In, C, N, I, J) for every rotated pair (I, J) of the first
+/// Rot dims of every (b, a, s) row of [B, A, S, D] ((2k, 2k + 1) when
+/// Interleaved, else (k, k + Rot / 2)), rows over the threads, with the
+/// row's Cos and Sin rows ([.., Rot] tables); dims Rot.. are copied.
 template <typename T, typename F>
-void forEachRopePair(T *Out, const T *In, const T *Cos, const T *Sin,
-                     int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB,
-                     bool Interleaved, F &&Fn) {
-  checkRope(B, A, S, D, CB);
-  const int64_t Half = D / 2;
+void forEachRopePair(T *Out, const T *In, const T *Cos, const T *Sin, int64_t B,
+                     int64_t A, int64_t S, int64_t D, int64_t CB,
+                     bool Interleaved, int64_t Rot, F &&Fn) {
+  Rot = Rot ? Rot : D;
+  checkRope(B, A, S, D, CB, Rot);
+  const int64_t Half = Rot / 2;
   forEachRow(B * A * S, D, [&](int64_t R) {
     int64_t Si = R % S, Bi = R / (A * S);
-    int64_t Table = ((CB == 1 ? 0 : Bi) * S + Si) * D;
+    int64_t Table = ((CB == 1 ? 0 : Bi) * S + Si) * Rot;
     T *O = Out + R * D;
     const T *X = In + R * D, *C = Cos + Table, *N = Sin + Table;
     if (Interleaved)
-      for (int64_t J = 0; J < D; J += 2)
+      for (int64_t J = 0; J < Rot; J += 2)
         Fn(O, X, C, N, J, J + 1);
     else
       for (int64_t I = 0; I < Half; ++I)
         Fn(O, X, C, N, I, I + Half);
+    if (Rot < D)
+      std::memcpy(O + Rot, X + Rot, sizeof(T) * (D - Rot));
   });
 }
 
@@ -121,25 +136,25 @@ void forEachRopePair(T *Out, const T *In, const T *Cos, const T *Sin,
 
 template <typename T>
 void rope(T *Y, const T *X, const T *Cos, const T *Sin, int64_t B, int64_t A,
-          int64_t S, int64_t D, int64_t CB, bool Interleaved) {
-  forEachRopePair(Y, X, Cos, Sin, B, A, S, D, CB, Interleaved,
-                  [](T *YR, const T *XR, const T *C, const T *N, int64_t I,
-                     int64_t J) {
-                    YR[I] = XR[I] * C[I] - XR[J] * N[I];
-                    YR[J] = XR[J] * C[J] + XR[I] * N[J];
-                  });
+          int64_t S, int64_t D, int64_t CB, bool Interleaved, int64_t Rot) {
+  forEachRopePair(
+      Y, X, Cos, Sin, B, A, S, D, CB, Interleaved, Rot,
+      [](T *YR, const T *XR, const T *C, const T *N, int64_t I, int64_t J) {
+        YR[I] = XR[I] * C[I] - XR[J] * N[I];
+        YR[J] = XR[J] * C[J] + XR[I] * N[J];
+      });
 }
 
 template <typename T>
 void ropeBackward(T *DX, const T *DY, const T *Cos, const T *Sin, int64_t B,
-                  int64_t A, int64_t S, int64_t D, int64_t CB,
-                  bool Interleaved) {
-  forEachRopePair(DX, DY, Cos, Sin, B, A, S, D, CB, Interleaved,
-                  [](T *DXR, const T *DYR, const T *C, const T *N, int64_t I,
-                     int64_t J) {
-                    DXR[I] = DYR[I] * C[I] + DYR[J] * N[J];
-                    DXR[J] = DYR[J] * C[J] - DYR[I] * N[I];
-                  });
+                  int64_t A, int64_t S, int64_t D, int64_t CB, bool Interleaved,
+                  int64_t Rot) {
+  forEachRopePair(
+      DX, DY, Cos, Sin, B, A, S, D, CB, Interleaved, Rot,
+      [](T *DXR, const T *DYR, const T *C, const T *N, int64_t I, int64_t J) {
+        DXR[I] = DYR[I] * C[I] + DYR[J] * N[J];
+        DXR[J] = DYR[J] * C[J] - DYR[I] * N[I];
+      });
 }
 
 //===----------------------------------------------------------------------===//
@@ -176,17 +191,19 @@ void repeatHeadsBackward(T *DX, const T *DY, int64_t B, int64_t G, int64_t R,
 
 #define SP_INSTANTIATE(T)                                                      \
   template void splitHeads<T>(T *, T *, T *, const T *, int64_t, int64_t,      \
-                              int64_t, int64_t);                               \
+                              int64_t, int64_t, bool);                         \
   template void splitHeadsBackward<T>(T *, const T *, const T *, const T *,    \
-                                      int64_t, int64_t, int64_t, int64_t);     \
+                                      int64_t, int64_t, int64_t, int64_t,      \
+                                      bool);                                   \
   template void mergeHeads<T>(T *, const T *, int64_t, int64_t, int64_t,       \
                               int64_t);                                        \
   template void mergeHeadsBackward<T>(T *, const T *, int64_t, int64_t,        \
                                       int64_t, int64_t);                       \
   template void rope<T>(T *, const T *, const T *, const T *, int64_t,         \
-                        int64_t, int64_t, int64_t, int64_t, bool);             \
+                        int64_t, int64_t, int64_t, int64_t, bool, int64_t);    \
   template void ropeBackward<T>(T *, const T *, const T *, const T *, int64_t, \
-                                int64_t, int64_t, int64_t, int64_t, bool);     \
+                                int64_t, int64_t, int64_t, int64_t, bool,      \
+                                int64_t);                                      \
   template void repeatHeads<T>(T *, const T *, int64_t, int64_t, int64_t,      \
                                int64_t, int64_t);                              \
   template void repeatHeadsBackward<T>(T *, const T *, int64_t, int64_t,       \

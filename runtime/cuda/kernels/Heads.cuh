@@ -1,7 +1,9 @@
-//===- Heads.cuh - Head layouts, GQA repeat and RoPE ------------*- CUDA -*-===//
+//===- Heads.cuh - Head layouts, GQA repeat and RoPE ------------*- CUDA
+//-*-===//
 //
 // Reference (runtime/cpu/kernels/Heads.cpp), H = Heads * D:
-//   split_heads: Q[b,a,s,t] = QKV[b,s,0H + aD + t], K: 1H, V: 2H
+//   split_heads: Q[b,a,s,t] = QKV[b,s,0H + aD + t], K: 1H, V: 2H; per_head
+//                (GPT-NeoX): part p of head a at QKV[b,s,(3a + p)D + t]
 //   merge_heads: Y[b,s,aD + t] = X[b,a,s,t]; its backward (and to_heads) the
 //                inverse permutation
 //   repeat_heads: Y[b, gR + r, s, :] = X[b, g, s, :]; backward DX[b,g,s,:] =
@@ -11,6 +13,8 @@
 //     Y[i] = x[i] c[i] + x[i-h] n[i]     (i >= h)
 //   interleaved: Y[2j] = x[2j] c[2j] - x[2j+1] n[2j],
 //                Y[2j+1] = x[2j+1] c[2j+1] + x[2j] n[2j+1]
+//   partial (tables [.., R], R < D): the above on the first R dims,
+//     h = R/2, and Y[i] = x[i] (i >= R)
 //   backward: DX[i] = dy[i] c[i] + dy[i+h] n[i+h] (i < h),
 //             DX[i] = dy[i] c[i] - dy[i-h] n[i-h] (i >= h); interleaved
 //             DX[2j] = dy[2j] c[2j] + dy[2j+1] n[2j+1],
@@ -24,23 +28,24 @@ namespace sp::cuda {
 namespace {
 
 /// Element e of Q/K/V [B, Heads, S, D] <-> its QKV [B, S, 3H] offset for
-/// part P.
-__device__ inline int64_t qkvOffset(int64_t E, int P, int64_t S,
-                                    int64_t Heads, int64_t D) {
+/// part P (PerHead: GPT-NeoX's [Heads, 3, D] columns).
+__device__ inline int64_t qkvOffset(int64_t E, int P, int64_t S, int64_t Heads,
+                                    int64_t D, bool PerHead) {
   int64_t T = E % D, Si = (E / D) % S, A = (E / (D * S)) % Heads,
           Bi = E / (D * S * Heads);
   int64_t H = Heads * D;
-  return (Bi * S + Si) * 3 * H + P * H + A * D + T;
+  int64_t Col = PerHead ? (3 * A + P) * D + T : P * H + A * D + T;
+  return (Bi * S + Si) * 3 * H + Col;
 }
 
-__global__ void splitHeadsKernel(float *Q, float *K, float *V,
-                                 const float *QKV, int64_t N, int64_t S,
-                                 int64_t Heads, int64_t D, bool Backward) {
+__global__ void splitHeadsKernel(float *Q, float *K, float *V, const float *QKV,
+                                 int64_t N, int64_t S, int64_t Heads, int64_t D,
+                                 bool PerHead, bool Backward) {
   SP_GRID_LOOP(E, 3 * N) {
     int P = int(E / N);
     int64_t Local = E % N;
     float *Part = P == 0 ? Q : P == 1 ? K : V;
-    int64_t Off = qkvOffset(Local, P, S, Heads, D);
+    int64_t Off = qkvOffset(Local, P, S, Heads, D, PerHead);
     if (Backward)
       const_cast<float *>(QKV)[Off] = Part[Local];
     else
@@ -85,18 +90,20 @@ __global__ void repeatHeadsBackwardKernel(float *DX, const float *DY,
 }
 
 __global__ void ropeKernel(float *Y, const float *X, const float *Cos,
-                           const float *Sin, int64_t Rows, int64_t A,
-                           int64_t S, int64_t D, int64_t CB, bool Interleaved,
-                           bool Backward) {
-  int64_t Half = D / 2;
+                           const float *Sin, int64_t Rows, int64_t A, int64_t S,
+                           int64_t D, int64_t CB, bool Interleaved,
+                           bool Backward, int64_t Rot) {
+  int64_t Half = Rot / 2;
   SP_GRID_LOOP(E, Rows * D) {
     int64_t Row = E / D, I = E % D;
     int64_t Si = Row % S, Bi = Row / (A * S);
-    const float *C = Cos + ((CB == 1 ? 0 : Bi) * S + Si) * D;
-    const float *Nn = Sin + ((CB == 1 ? 0 : Bi) * S + Si) * D;
+    const float *C = Cos + ((CB == 1 ? 0 : Bi) * S + Si) * Rot;
+    const float *Nn = Sin + ((CB == 1 ? 0 : Bi) * S + Si) * Rot;
     const float *XR = X + Row * D;
     float V;
-    if (Interleaved) {
+    if (I >= Rot) {
+      V = XR[I]; // past the rotated dims: passed through
+    } else if (Interleaved) {
       bool Even = (I & 1) == 0;
       if (!Backward)
         V = Even ? XR[I] * C[I] - XR[I + 1] * Nn[I]
@@ -120,20 +127,21 @@ __global__ void ropeKernel(float *Y, const float *X, const float *Cos,
 } // namespace
 
 void splitHeads(float *Q, float *K, float *V, const float *QKV, int64_t B,
-                int64_t S, int64_t Heads, int64_t D, cudaStream_t St) {
+                int64_t S, int64_t Heads, int64_t D, bool PerHead,
+                cudaStream_t St) {
   int64_t N = B * Heads * S * D;
   if (Launch L = elementwiseLaunch(3 * N); L.Blocks)
     SP_LAUNCH(splitHeadsKernel, L.Blocks, L.Threads, 0, St, Q, K, V, QKV, N, S,
-              Heads, D, false);
+              Heads, D, PerHead, false);
 }
 void splitHeadsBackward(float *DQKV, const float *DQ, const float *DK,
                         const float *DV, int64_t B, int64_t S, int64_t Heads,
-                        int64_t D, cudaStream_t St) {
+                        int64_t D, bool PerHead, cudaStream_t St) {
   int64_t N = B * Heads * S * D;
   if (Launch L = elementwiseLaunch(3 * N); L.Blocks)
     SP_LAUNCH(splitHeadsKernel, L.Blocks, L.Threads, 0, St,
               const_cast<float *>(DQ), const_cast<float *>(DK),
-              const_cast<float *>(DV), DQKV, N, S, Heads, D, true);
+              const_cast<float *>(DV), DQKV, N, S, Heads, D, PerHead, true);
 }
 void mergeHeads(float *Y, const float *X, int64_t B, int64_t S, int64_t Heads,
                 int64_t D, cudaStream_t St) {
@@ -165,11 +173,11 @@ void repeatHeadsBackward(float *DX, const float *DY, int64_t B, int64_t G,
 }
 void rope(float *Y, const float *X, const float *Cos, const float *Sin,
           int64_t B, int64_t A, int64_t S, int64_t D, int64_t CB,
-          bool Interleaved, bool Backward, cudaStream_t St) {
+          bool Interleaved, bool Backward, int64_t Rot, cudaStream_t St) {
   int64_t Rows = B * A * S;
   if (Launch L = elementwiseLaunch(Rows * D); L.Blocks)
     SP_LAUNCH(ropeKernel, L.Blocks, L.Threads, 0, St, Y, X, Cos, Sin, Rows, A,
-              S, D, CB, Interleaved, Backward);
+              S, D, CB, Interleaved, Backward, Rot);
 }
 
 } // namespace sp::cuda

@@ -310,6 +310,17 @@ private:
     return !HavePositions && E->operand(0)->type().Shape[0] >= Seq;
   }
 
+  /// The rotary tables of q's and k's ropes (either may be null): lookups
+  /// of fixed tables by position ids.
+  void tagRopeTables(int L, Node *QRope, Node *KRope) {
+    for (Node *R : {QRope, KRope})
+      for (unsigned I : {1u, 2u})
+        if (R)
+          if (Node *T = R->operand(I)->producer();
+              T && T->op() == OpKind::Embedding && T->tags().Role == Role::None)
+            tag(T, L, I == 1 ? Role::RopeCos : Role::RopeSin);
+  }
+
   /// Separate q, k and v projections (Llama): each linear's heads, through
   /// an optional rope and an optional repeat (GQA), reach the scores (q as
   /// operand 0, k as operand 1) or the values (operand 1 of av). Tags them
@@ -383,13 +394,7 @@ private:
       if (P->Repeat)
         tag(P->Repeat, L, Repeat);
     }
-    // The rotary tables: lookups of fixed tables by position ids.
-    for (Node *R : {Q->Rope, K->Rope})
-      for (unsigned I : {1u, 2u})
-        if (R)
-          if (Node *T = R->operand(I)->producer();
-              T && T->op() == OpKind::Embedding && T->tags().Role == Role::None)
-            tag(T, L, I == 1 ? Role::RopeCos : Role::RopeSin);
+    tagRopeTables(L, Q->Rope, K->Rope);
     tag(Q->Reader, L, Role::Qk);
     QK = Q->Reader;
     V = Vp->Repeat ? Vp->Repeat->result() : Vp->Heads->result();
@@ -567,6 +572,20 @@ private:
         return SH.takeError();
       Value *Q = (*SH)->result(0), *K = (*SH)->result(1);
       V = (*SH)->result(2);
+      // GPT-NeoX rotates the fused projection's q and k.
+      Node *QRope = onlyUser(Q, OpKind::Rope),
+           *KRope = onlyUser(K, OpKind::Rope);
+      if (bool(QRope) != bool(KRope) || onlyUser(V, OpKind::Rope))
+        return fail(L, "attention", (*SH)->result(0),
+                    "unsupported rotary layout after split_heads: rope on "
+                    "both q and k, not on v");
+      if (QRope) {
+        tag(QRope, L, Role::QRope);
+        tag(KRope, L, Role::KRope);
+        tagRopeTables(L, QRope, KRope);
+        Q = QRope->result();
+        K = KRope->result();
+      }
       auto QK = expect(L, "attention core", Q, OpKind::BatchMatMul, Role::Qk);
       if (!QK)
         return QK.takeError();

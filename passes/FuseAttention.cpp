@@ -56,8 +56,10 @@ Node *onlyUser(const Graph &G, Value *V, OpKind K) {
 /// by the core (once), or null.
 Node *packedSplit(const Graph &G, Value *Q, Value *K, Value *V) {
   Node *S = Q->producer();
+  // The packed core reads q | k | v blocks, not GPT-NeoX's per-head layout.
   if (!S || S->op() != OpKind::SplitHeads || S->numResults() != 3 ||
-      S->result(0) != Q || S->result(1) != K || S->result(2) != V)
+      S->result(0) != Q || S->result(1) != K || S->result(2) != V ||
+      attrInt(S->op(), S->attrs(), "per_head"))
     return nullptr;
   for (Value *X : {Q, K, V})
     if (X->users().size() != 1 || G.isOutput(X))

@@ -69,7 +69,7 @@ public:
       const RoleProps &P = roleProps(N->tags().Role);
       switch (P.Parallel) {
       case RoleTp::Column:
-        column(*N, P.Blocks, P.F);
+        column(*N, columnBlocks(*N, P.Blocks), P.F);
         break;
       case RoleTp::Row:
         row(*N, P.F, P.Bias);
@@ -114,7 +114,7 @@ private:
       const RoleProps &P = roleProps(N.tags().Role);
       if (P.Parallel != RoleTp::Column)
         continue;
-      int64_t Width = N.result()->type().dim(-1) / P.Blocks;
+      int64_t Width = N.result()->type().dim(-1) / columnBlocks(N, P.Blocks);
       if (Width % T)
         return err(formatv("--tp {0}: the output width {1} of {2} (layer "
                            "{3}) is not divisible by t; t can be {4}",
@@ -122,6 +122,20 @@ private:
                            divisorsOf(Width)));
     }
     return Error::success();
+  }
+
+  /// The blocks a column-parallel linear's output is split in: its role's
+  /// (3 for a fused qkv: q | k | v), or 1 for a qkv read by a per-head
+  /// split_heads (GPT-NeoX's [a, 3, d] columns), whose rank r holds heads
+  /// [r a / T, (r + 1) a / T) as one contiguous block of rows.
+  static int columnBlocks(const Node &N, int Blocks) {
+    if (N.tags().Role != Role::Qkv)
+      return Blocks;
+    for (const Use &U : N.result()->users())
+      if (U.User->op() == OpKind::SplitHeads &&
+          attrInt(U.User->op(), U.User->attrs(), "per_head"))
+        return 1;
+    return Blocks;
   }
 
   /// Splits parameter P along Dim into T parts (of each of Blocks blocks),

@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 #include "passes/canonicalize/Rewriter.h"
 #include "llvm/Support/FormatVariadic.h"
+#include <algorithm>
 #include <charconv>
 
 namespace sp::canonicalize {
@@ -32,6 +33,14 @@ Value *linearWeight(Value *W, bool &TransW) {
     }
   }
   return nullptr;
+}
+
+/// Whether V is a constant holding the integers Want.
+bool isInts(const Value *V, ArrayRef<int64_t> Want) {
+  if (!V->isConst())
+    return false;
+  auto I = knownConstInts(V);
+  return I && ArrayRef<int64_t>(*I) == Want;
 }
 
 /// Adds a following bias Add into the linear's operands if there is one.
@@ -173,6 +182,64 @@ bool splitHeads(Rewriter &R, Node &N) {
   return true;
 }
 
+/// V's Slice of its input's last axis with step 1, as [Start, End) clamped
+/// to the axis, or nullptr.
+Node *lastAxisSlice(Value *V, int64_t &Start, int64_t &End) {
+  Node *Sl = def(V, OpKind::OnnxSlice);
+  if (!Sl || Sl->numOperands() < 4)
+    return nullptr;
+  const TensorType &X = Sl->operand(0)->type();
+  int64_t Rank = X.rank();
+  auto Starts = knownConstInts(Sl->operand(1)),
+       Ends = knownConstInts(Sl->operand(2)),
+       Axes = knownConstInts(Sl->operand(3));
+  if (!Starts || !Ends || !Axes || Starts->size() != 1 || Ends->size() != 1 ||
+      Axes->size() != 1 || normAxis((*Axes)[0], Rank) != Rank - 1 ||
+      (Sl->numOperands() >= 5 && !isInts(Sl->operand(4), {1})))
+    return nullptr;
+  int64_t Dim = X.dim(-1);
+  auto Clamp = [Dim](int64_t I) {
+    return std::clamp(I < 0 ? I + Dim : I, int64_t(0), Dim);
+  };
+  Start = Clamp((*Starts)[0]);
+  End = Clamp((*Ends)[0]);
+  return End - Start == V->type().dim(-1) ? Sl : nullptr;
+}
+
+/// GPT-NeoX's per-head fused projection: Reshape [b, s, 3h] -> [b, s, a,
+/// 3d], then q, k and v as the Slices [0, d), [d, 2d) and [2d, 3d) of the
+/// last axis, each Transposed [0, 2, 1, 3] -> split_heads {per_head = 1}.
+bool splitHeadsPerHead(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxReshape || N.result()->users().size() != 3)
+    return false;
+  const TensorType &X = N.operand(0)->type(), &Y = N.result()->type();
+  if (X.rank() != 3 || Y.rank() != 4 || Y.Shape[0] != X.Shape[0] ||
+      Y.Shape[1] != X.Shape[1] || Y.Shape[3] % 3 ||
+      Y.Shape[2] * Y.Shape[3] != X.Shape[2] || N.parent()->isOutput(N.result()))
+    return false;
+  int64_t D = Y.Shape[3] / 3;
+  Node *Trs[3] = {nullptr, nullptr, nullptr};
+  for (const Use &U : N.result()->users()) {
+    int64_t Start, End;
+    if (!lastAxisSlice(U.User->result(), Start, End) || End - Start != D ||
+        Start % D)
+      return false;
+    Node *Tr = singleUser(U.User->result(), OpKind::OnnxTranspose);
+    if (!Tr ||
+        Tr->attrs().getInts("perm") != std::vector<int64_t>{0, 2, 1, 3} ||
+        Trs[Start / D])
+      return false;
+    Trs[Start / D] = Tr;
+  }
+  AttrList A;
+  A.set("heads", Y.Shape[2]);
+  A.set("per_head", int64_t(1));
+  Node *SH = R.build(Trs[0], OpKind::SplitHeads, {N.operand(0)}, A);
+  for (unsigned I = 0; I < 3; ++I)
+    R.replace(Trs[I]->result(), SH->result(I));
+  return true;
+}
+
 bool mergeHeads(Rewriter &R, Node &N) {
   if (N.op() != OpKind::OnnxTranspose || N.operand(0)->type().rank() != 4 ||
       N.attrs().getInts("perm") != std::vector<int64_t>{0, 2, 1, 3})
@@ -236,14 +303,6 @@ bool repeatHeads(Rewriter &R, Node &N) {
   Node *H = R.build(&N, OpKind::RepeatHeads, {Un->operand(0)}, A);
   R.replace(N.result(), H->result());
   return true;
-}
-
-/// Whether V is a constant holding the integers Want.
-bool isInts(const Value *V, ArrayRef<int64_t> Want) {
-  if (!V->isConst())
-    return false;
-  auto I = knownConstInts(V);
-  return I && ArrayRef<int64_t>(*I) == Want;
 }
 
 /// A Slice of half the last axis of X from Start (x[..., Start::Step]; a
@@ -432,6 +491,28 @@ bool rope(Rewriter &R, Node &N) {
   return false;
 }
 
+/// Partial rotary (GPT-NeoX's rotary_pct, GPT-J's rotary_dim):
+/// Concat(rope(x[..., :r]), x[..., r:]) on the last axis -> rope(x) with
+/// the [.., r] tables, which rotates the first r dims and passes the rest.
+bool partialRope(Rewriter &R, Node &N) {
+  Node *Cat = lastAxisConcat(N.result());
+  if (Cat != &N || N.numOperands() != 2)
+    return false;
+  Node *Ro = def(N.operand(0), OpKind::Rope);
+  int64_t RotStart, RotEnd, PassStart, PassEnd;
+  Node *Rot = Ro ? lastAxisSlice(Ro->operand(0), RotStart, RotEnd) : nullptr;
+  Node *Pass = lastAxisSlice(N.operand(1), PassStart, PassEnd);
+  if (!Rot || !Pass || Rot->operand(0) != Pass->operand(0) || RotStart != 0 ||
+      PassStart != RotEnd || N.result()->type() != Rot->operand(0)->type() ||
+      PassEnd != N.result()->type().dim(-1))
+    return false;
+  Node *Whole =
+      R.build(&N, OpKind::Rope,
+              {Rot->operand(0), Ro->operand(1), Ro->operand(2)}, Ro->attrs());
+  R.replace(N.result(), Whole->result());
+  return true;
+}
+
 bool batchMatMul(Rewriter &R, Node &N) {
   if (N.op() != OpKind::OnnxMatMul || N.operand(0)->type().rank() < 3 ||
       N.operand(1)->type().rank() < 3)
@@ -476,8 +557,18 @@ bool embedding(Rewriter &R, Node &N) {
 } // namespace
 
 std::vector<Pattern> layerPatterns() {
-  return {matmulLinear, gemmLinear, unflattenLinear, splitHeads, toHeads,
-          repeatHeads, mergeHeads, batchMatMul, embedding, rope};
+  return {matmulLinear,
+          gemmLinear,
+          unflattenLinear,
+          splitHeads,
+          splitHeadsPerHead,
+          toHeads,
+          repeatHeads,
+          mergeHeads,
+          batchMatMul,
+          embedding,
+          rope,
+          partialRope};
 }
 
 } // namespace sp::canonicalize

@@ -396,6 +396,83 @@ bool dropout(Rewriter &R, Node &N) {
   return true;
 }
 
+/// Whether V is a float constant of zeros whose data is at hand (the
+/// `torch.zeros` GPT-NeoX's baddbmm adds its scores to, traced to an
+/// initializer), read once per constant.
+bool isZeros(Rewriter &R, Value *V) {
+  if (!V->isConst() || !V->data() || V->type().Dtype != DType::F32)
+    return false;
+  return R.memo(V, AllZeros, [&]() {
+    auto D = V->data()->load();
+    if (!D) {
+      consumeError(D.takeError());
+      return false;
+    }
+    const char *P = D->data();
+    for (int64_t I = 0; I < V->type().numElements(); ++I) {
+      float F;
+      std::memcpy(&F, P + I * 4, 4);
+      if (F != 0.0f)
+        return false;
+    }
+    return true;
+  });
+}
+
+/// x + 0 -> x, when the zeros do not broadcast x to a larger shape
+/// (`torch.baddbmm(zeros, q, k^T, beta=1, alpha)`, GPT-NeoX's scores).
+bool addZeros(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxAdd)
+    return false;
+  for (unsigned I : {0u, 1u}) {
+    Value *X = N.operand(1 - I);
+    if (X->type() == N.result()->type() && isZeros(R, N.operand(I))) {
+      R.replace(N.result(), X);
+      return true;
+    }
+  }
+  return false;
+}
+
+/// The [b a, s, t] scores of GPT-NeoX's _attn, q and k viewed to [b a, s, d]
+/// and the product viewed back: Reshape(scale?(batch_matmul(Reshape(q),
+/// Reshape(k))), [b, a, s, t]) with q, k [b, a, s|t, d] ->
+/// scale?(batch_matmul(q, k)).
+bool unmergedScores(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxReshape || N.result()->type().rank() != 4)
+    return false;
+  Value *In = N.operand(0);
+  Node *Sc = def(In, OpKind::Scale);
+  if (Sc && Sc->result()->users().size() != 1)
+    return false;
+  Node *M = def(Sc ? Sc->operand(0) : In, OpKind::BatchMatMul);
+  if (!M || M->result()->users().size() != 1)
+    return false;
+  Node *RA = def(M->operand(0), OpKind::OnnxReshape),
+       *RB = def(M->operand(1), OpKind::OnnxReshape);
+  if (!RA || !RB)
+    return false;
+  Value *A = RA->operand(0), *B = RB->operand(0);
+  const TensorType &Y = N.result()->type(), &TA = A->type(), &TB = B->type();
+  auto Merged = [](const TensorType &Four, const TensorType &Three) {
+    return Four.rank() == 4 && Three.rank() == 3 &&
+           Three.Shape[0] == Four.Shape[0] * Four.Shape[1] &&
+           Three.Shape[1] == Four.Shape[2] && Three.Shape[2] == Four.Shape[3];
+  };
+  if (!Merged(TA, M->operand(0)->type()) ||
+      !Merged(TB, M->operand(1)->type()) || TA.Shape[0] != TB.Shape[0] ||
+      TA.Shape[1] != TB.Shape[1] || !Merged(Y, M->result()->type()) ||
+      Y.Shape[0] != TA.Shape[0] || Y.Shape[1] != TA.Shape[1])
+    return false;
+  Value *V = R.build(&N, OpKind::BatchMatMul, {A, B}, M->attrs())->result();
+  if (Sc)
+    V = R.build(&N, OpKind::Scale, {V}, Sc->attrs())->result();
+  if (V->type() != Y)
+    return false; // the new nodes die unused
+  R.replace(N.result(), V);
+  return true;
+}
+
 /// Elementwise product of two activations (SwiGLU's silu(gate) * up);
 /// runs after scaleOp has taken the products by a scalar constant.
 bool mulOp(Rewriter &R, Node &N) {
@@ -423,7 +500,8 @@ bool addOp(Rewriter &R, Node &N) {
 } // namespace
 
 std::vector<Pattern> pointwisePatterns() {
-  return {scaleOp, causalMask, paddingMask, softmax, dropout, addOp, mulOp};
+  return {addZeros, scaleOp, unmergedScores, causalMask, paddingMask,
+          softmax,  dropout, addOp,          mulOp};
 }
 
 } // namespace sp::canonicalize

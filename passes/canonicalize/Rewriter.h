@@ -180,8 +180,14 @@ private:
 using Pattern = std::function<bool(Rewriter &, Node &)>;
 
 /// Questions patterns ask about a constant (Rewriter::memo keys).
-enum ConstQuestion { MaskUpper, MaskLower, AdditiveCausal, RopeTable, PairsTable };
-
+enum ConstQuestion {
+  MaskUpper,
+  MaskLower,
+  AdditiveCausal,
+  RopeTable,
+  PairsTable,
+  AllZeros
+};
 
 /// The patterns of each phase, in the order they are tried.
 std::vector<Pattern> compositePatterns();

@@ -13,6 +13,7 @@
 #include "ir/Float16.h"
 #include "ir/OpDef.h"
 #include "runtime/CollectiveWalk.h"
+#include "runtime/ContextCopy.h"
 #include "runtime/KernelShapes.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/cpu/Attention.h"
@@ -988,25 +989,11 @@ static Error runRing(const KernelCall &C) {
 /// cp_slice and cp_pad: copies of bytes along the sequence axis, whatever
 /// the type (token, position ids or activations).
 static Error runContextCopy(const KernelCall &C) {
-  const Instruction &I = C.I;
-  const int Parts = int(attrInt(I.Op, I.Attrs, "parts"));
-  Communicator *G = C.group("cp");
-  if (Parts > 1 && (!G || G->size() != Parts))
-    return makeError(formatv("{0} of {1} parts needs a context-parallel "
-                             "group of that size",
-                             opName(I.Op), Parts));
-  const bool Slice = I.Op == OpKind::CpSlice;
-  const TensorType &Whole = Slice ? C.inType(0) : C.outType(0);
-  const int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
-  const ContextLayout L{Parts, attrInt(I.Op, I.Attrs, "zigzag") != 0,
-                        Whole.Shape[Dim]};
-  if (!L.divides())
-    return makeError(formatv("{0}: axis {1} of {2} does not divide into the "
-                             "context-parallel chunks",
-                             opName(I.Op), Dim, Whole.str()));
-  char *W = C.buffer(Slice ? I.In[0] : I.Out[0]);
-  char *Lc = C.buffer(Slice ? I.Out[0] : I.In[0]);
-  contextCopy(W, Lc, Whole, Dim, L, G ? G->rank() : 0, Slice);
+  auto X = contextCopyCall(C);
+  if (!X)
+    return X.takeError();
+  contextCopy(X->Whole, X->Local, X->WholeType, X->Dim, X->Layout, X->Rank,
+              X->Slice);
   return Error::success();
 }
 

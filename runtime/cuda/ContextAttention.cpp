@@ -50,6 +50,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "ir/OpDef.h"
+#include "runtime/ContextCopy.h"
 #include "runtime/TensorLayout.h"
 #include "runtime/cuda/CudaBackendImpl.h"
 #include "support/Diagnostics.h"
@@ -569,33 +570,19 @@ Error CudaBackend::ulyssesAttention(const ContextCall &X, Communicator &Inner,
 }
 
 Error CudaBackend::contextCopy(const KernelCall &C, cudaStream_t S) {
-  const Instruction &I = C.I;
-  const int Parts = int(attrInt(I.Op, I.Attrs, "parts"));
-  Communicator *G = C.group("cp");
-  if (Parts > 1 && (!G || G->size() != Parts))
-    return makeError(formatv("{0} of {1} parts needs a context-parallel "
-                             "group of that size",
-                             opName(I.Op), Parts));
-  const bool Slice = I.Op == OpKind::CpSlice;
-  const TensorType &WholeT = Slice ? C.inType(0) : C.outType(0);
-  const int Dim = int(attrInt(I.Op, I.Attrs, "dim"));
-  const ContextLayout L{Parts, attrInt(I.Op, I.Attrs, "zigzag") != 0,
-                        WholeT.Shape[Dim]};
-  if (!L.divides())
-    return makeError(formatv("{0}: axis {1} of {2} does not divide into the "
-                             "context-parallel chunks",
-                             opName(I.Op), Dim, WholeT.str()));
-  char *Whole = C.buffer(Slice ? I.In[0] : I.Out[0]);
-  char *Local = C.buffer(Slice ? I.Out[0] : I.In[0]);
-  const AxisView A = around(WholeT, Dim);
-  const int64_t E = dtypeSize(WholeT.Dtype) * A.Inner;
-  const int64_t WholeRow = WholeT.Shape[Dim] * E, LocalRow = L.local() * E;
-  if (!Slice)
-    SP_CUDA_TRY(cudaMemsetAsync(Whole, 0, size_t(A.Outer * WholeRow), S));
-  for (const CpRun &R : L.runs(G ? G->rank() : 0)) {
-    char *W = Whole + R.Global * E, *Lc = Local + R.Local * E;
+  auto X = contextCopyCall(C);
+  if (!X)
+    return X.takeError();
+  const AxisView A = around(X->WholeType, X->Dim);
+  const int64_t E = dtypeSize(X->WholeType.Dtype) * A.Inner;
+  const int64_t WholeRow = X->WholeType.Shape[X->Dim] * E,
+                LocalRow = X->Layout.local() * E;
+  if (!X->Slice)
+    SP_CUDA_TRY(cudaMemsetAsync(X->Whole, 0, size_t(A.Outer * WholeRow), S));
+  for (const CpRun &R : X->Layout.runs(X->Rank)) {
+    char *W = X->Whole + R.Global * E, *Lc = X->Local + R.Local * E;
     const size_t Width = size_t(R.Length * E);
-    if (Slice)
+    if (X->Slice)
       SP_CUDA_TRY(cudaMemcpy2DAsync(Lc, size_t(LocalRow), W, size_t(WholeRow),
                                     Width, size_t(A.Outer),
                                     cudaMemcpyDeviceToDevice, S));

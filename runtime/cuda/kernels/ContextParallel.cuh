@@ -25,7 +25,7 @@
 //
 // Each element has one writer and one order of operations, so the results
 // are the same bits on every run. Included after Attention.cuh (in
-// AttentionKernels.cu), whose ldAny and AThreads it uses.
+// AttentionKernels.cu), whose ldAny, biasMax and AThreads it uses.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Common.cuh"
@@ -53,28 +53,11 @@ __global__ void copyBoxKernel(Word *Dst, const Word *Src, ContextBox B,
 __global__ void ringNegligibleKernel(int *Flag, Elems Lse, ContextRows R,
                                      const float *Bias, int64_t Keys,
                                      float Fill) {
-  __shared__ float Part[AThreads / 32];
   __shared__ int Live;
   if (threadIdx.x == 0)
     Live = 0;
   for (int64_t B = 0; B < R.Batch; ++B) {
-    float M = 0.0f;
-    if (Bias)
-      for (int64_t J = threadIdx.x; J < Keys; J += AThreads)
-        M = M < Bias[B * Keys + J] ? Bias[B * Keys + J] : M;
-#pragma unroll
-    for (int Off = 16; Off > 0; Off /= 2) {
-      float O = __shfl_xor_sync(0xffffffffu, M, Off);
-      M = M < O ? O : M;
-    }
-    __syncthreads(); // the last row's Part is read
-    if (threadIdx.x % 32 == 0)
-      Part[threadIdx.x / 32] = M;
-    __syncthreads();
-    float Top = Part[0];
-#pragma unroll
-    for (int K = 1; K < AThreads / 32; ++K)
-      Top = Top < Part[K] ? Part[K] : Top;
+    const float Top = biasMax(Bias ? Bias + B * Keys : nullptr, Keys);
     const float Skip = __fadd_rn(__fadd_rn(Fill, Top), 104.0f);
     for (int64_t E = threadIdx.x; E < R.Heads * R.Rows; E += AThreads) {
       const int64_t A = E / R.Rows, I = E % R.Rows;

@@ -35,8 +35,8 @@ case "$MODE" in
     DIR=build-tsan
     # The thread communicator, the executor and every test that trains on
     # thread ranks (tensor-parallel, pipelined, recomputed, context-parallel:
-    # the ring and the all-to-all).
-    FILTER=${2:-CommTest.*:Comm/CommRanks.*:ProcessGrid.*:CpuParallelTest.*:Executor.*:*ParallelEqualsOneDevice.*:*PipelineEqualsOneDevice.*:Pipeline.*:*RecomputeEqualsNone.*:*AutoPlan*:ContextParallel.TinyGpt*:ContextAttention.ThreadCountChangesNoBit}
+    # the ring and the all-to-all) and the tokenizer's threads.
+    FILTER=${2:-CommTest.*:Comm/CommRanks.*:ProcessGrid.*:CpuParallelTest.*:Executor.*:*ParallelEqualsOneDevice.*:*PipelineEqualsOneDevice.*:Pipeline.*:*RecomputeEqualsNone.*:*AutoPlan*:ContextParallel.TinyGpt*:ContextAttention.ThreadCountChangesNoBit:Tokenizer.ThreadsGiveTheIdsOfOne}
     ;;
   *)
     echo "usage: tests/sanitize.sh address|thread [FILTER]" >&2

@@ -296,10 +296,18 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
     if (!Fwd)
       SP_CUDA_TRY(cudaMemsetAsync(Floats(DkcAt), 0, size_t(2 * NK) * 4, S));
     const Elems CurK(Cur, Q.Kind), CurV(Cur + NK * Es, Q.Kind);
+    // Key run by key run (its padding bias gathered once), each against
+    // this rank's query runs: every row and key sums in the order of the
+    // pairs either way.
     const auto Theirs = X.L.runs(Src);
-    for (const CpRun &Qr : Mine)
-      for (size_t KI = 0; KI < Theirs.size(); ++KI) {
-        const CpRun &Kr = Theirs[KI];
+    for (size_t KI = 0; KI < Theirs.size(); ++KI) {
+      const CpRun &Kr = Theirs[KI];
+      if (BiasRun)
+        SP_CUDA_TRY(cudaMemcpy2DAsync(BiasRun, size_t(Kr.Length) * 4,
+                                      Bias + Kr.Global, size_t(X.L.Seq) * 4,
+                                      size_t(Kr.Length) * 4, size_t(G.Batch),
+                                      cudaMemcpyDeviceToDevice, S));
+      for (const CpRun &Qr : Mine) {
         AttentionGeometry Wg = G;
         Wg.Sq = Qr.Length;
         Wg.Sk = Kr.Length;
@@ -313,23 +321,17 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
                                          Qr.Length),
                           KRows = cpRows(G.K, G.Batch, G.KvHeads, Kr.Local,
                                          Kr.Length);
-        if (Padded)
-          SP_CUDA_TRY(cudaMemcpy2DAsync(BiasRun, size_t(Kr.Length) * 4,
-                                        Bias + Kr.Global, size_t(X.L.Seq) * 4,
-                                        size_t(Kr.Length) * 4, size_t(G.Batch),
-                                        cudaMemcpyDeviceToDevice, S));
         const bool First = Fwd && Step == 0 && KI == 0;
         if (!First && G.Causal && Kr.Global > Qr.Global + Qr.Length - 1) {
           ringNegligible(Flag, Fwd ? Elems(Floats(RunLAt)) : Lse, LRows,
                          BiasRun, Kr.Length, G.Fill, S);
           Wg.SkipIf = Flag;
         }
-        const float *RunBias = Padded ? BiasRun : nullptr;
         if (Fwd) {
           const Elems Op = Like(OpAt, Q.Kind), Lp = Like(LpAt, Lse.Kind);
           attentionForward(at(Op, ORows.Base), at(Lp, LRows.Base),
                            at(Q, QRows.Base), at(CurK, KRows.Base),
-                           at(CurV, KRows.Base), RunBias, Wg, S);
+                           at(CurV, KRows.Base), BiasRun, Wg, S);
           ringMerge(Floats(RunOAt), Floats(RunLAt), Op, Lp, ORows, LRows, G.D,
                     First, Wg.SkipIf, S);
           continue;
@@ -340,11 +342,12 @@ Error CudaBackend::ringAttention(const ContextCall &X, cudaStream_t S) {
                           at(DVw, KRows.Base), at(DO, ORows.Base),
                           at(Q, QRows.Base), at(CurK, KRows.Base),
                           at(CurV, KRows.Base), at(O, ORows.Base),
-                          at(Lse, LRows.Base), RunBias, Floats(DeltaAt), Wg, S);
+                          at(Lse, LRows.Base), BiasRun, Floats(DeltaAt), Wg, S);
         ringAccumulate(Floats(DqaAt), DQw, QRows, G.D, Wg.SkipIf, S);
         ringAccumulate(Floats(DkcAt), DKw, KRows, G.D, Wg.SkipIf, S);
         ringAccumulate(Floats(DkcAt) + NK, DVw, KRows, G.D, Wg.SkipIf, S);
       }
+    }
     if (Shift || Sums)
       if (auto E = hopBack(S))
         return E;
@@ -444,8 +447,8 @@ Error CudaBackend::ulyssesAttention(const ContextCall &X, Communicator &Inner,
   // ToSequence, from this rank's positions of every head (Local, strides
   // St) to its heads of the group's positions (Whole, compact); else back.
   // Member J's runs (of cp rank Gr K + J) lie in the group's at Lg.localOf.
-  auto Exchange = [&](Elems Local, const int64_t(&St)[3], Elems Whole,
-                      int64_t H, int64_t RowElems, bool ToSequence) -> Error {
+  auto Exchange = [&](Elems Local, const int64_t *St, Elems Whole, int64_t H,
+                      int64_t RowElems, bool ToSequence) -> Error {
     const int64_t Hr = H / K;
     const int Eb = storageBytes(Local.Kind);
     const int64_t Msg = G.Batch * Hr * Sl * RowElems; // elements
@@ -458,8 +461,8 @@ Error CudaBackend::ulyssesAttention(const ContextCall &X, Communicator &Inner,
       for (const CpRun &Run : X.L.runs(Gr * K + J))
         Fn(Run, Lg.localOf(Gr, Run.Global));
     };
-    auto Box = [&](int64_t Rows, int64_t SrcBase, const int64_t(&Src)[3],
-                   int64_t DstBase, const int64_t(&Dst)[3]) {
+    auto Box = [&](int64_t Rows, int64_t SrcBase, const int64_t *Src,
+                   int64_t DstBase, const int64_t *Dst) {
       ContextBox B;
       B.Dims[0] = G.Batch, B.Dims[1] = Hr, B.Dims[2] = Rows;
       B.Dims[3] = RowElems;
@@ -530,8 +533,7 @@ Error CudaBackend::ulyssesAttention(const ContextCall &X, Communicator &Inner,
     int64_t Heads, Row;
   };
   auto Trade = [&](const Traded &T, bool ToSequence) {
-    const int64_t St[3] = {T.St[0], T.St[1], T.St[2]};
-    return Exchange(T.Local, St, T.Whole, T.Heads, T.Row, ToSequence);
+    return Exchange(T.Local, T.St, T.Whole, T.Heads, T.Row, ToSequence);
   };
   SmallVector<Traded, 6> In = {{Q, G.Q, Y.Q, G.Heads, D},
                                {X.K, G.K, Y.K, G.KvHeads, D},

@@ -104,7 +104,9 @@ ContextTraffic contextTraffic(const Program &P, const Instruction &I) {
     const unsigned Kv = T.Forward ? 1 : 2;
     const int64_t Block =
         P.Buffers[I.In[Kv]].Bytes + P.Buffers[I.In[Kv + 1]].Bytes;
-    T.RingMessages = T.Forward ? Ring - 1 : 2 * Ring - 1;
+    T.RingGradientMessages = T.Forward ? 0 : Ring;
+    T.RingMessages = Ring - 1 + T.RingGradientMessages;
+    T.BlockBytes = Block;
     T.RingBytes = T.RingMessages * Block;
     T.InFlightBytes += 4 * Block;
   }
@@ -131,6 +133,7 @@ ContextRing contextRingReport(const Program &P) {
                                                 P.Buffers[I.In[K + 1]].Bytes);
     R.InFlightBytes = std::max(R.InFlightBytes, T.InFlightBytes);
     R.Layers += T.Forward;
+    (T.Forward ? R.ForwardLayer : R.BackwardLayer) = T;
     (T.Forward ? R.ForwardBytes : R.BackwardBytes) += T.RingBytes;
     (T.Forward ? R.AllToAllForwardBytes : R.AllToAllBackwardBytes) +=
         T.AllToAllBytes;
@@ -148,32 +151,31 @@ struct ContextTransfer {
 };
 static std::vector<ContextTransfer> contextTransfers(const ContextRing &R) {
   std::vector<ContextTransfer> T;
-  const int Ring = R.ringSize(), K = R.AllToAll;
-  const int64_t Layers = std::max(R.Layers, 1);
-  const char *Across = K > 1 ? "across the groups" : "over the cp group";
-  const char *Inside = K == R.Parts ? "over the cp group" : "inside a group";
-  if (K > 1) // q, k, v out, o and lse back: K - 1 messages a tensor
+  const ContextTraffic &F = R.ForwardLayer, &B = R.BackwardLayer;
+  const char *Across =
+      R.AllToAll > 1 ? "across the groups" : "over the cp group";
+  const char *Inside =
+      R.AllToAll == R.Parts ? "over the cp group" : "inside a group";
+  const char *Nothing = "nothing (before and after the kernel)";
+  const char *Block = "ring: the key/value block to the next rank";
+  if (F.AllToAllMessages)
     T.push_back({"forward", "all-to-all of q, k, v and of o, lse", Inside,
-                 5 * (K - 1), R.AllToAllForwardBytes / Layers,
-                 "nothing (before and after the kernel)"});
-  if (Ring > 1)
-    T.push_back({"forward", "ring: the key/value block to the next rank",
-                 Across, Ring - 1, (Ring - 1) * R.BlockBytes,
+                 F.AllToAllMessages, F.AllToAllBytes, Nothing});
+  if (F.RingMessages)
+    T.push_back({"forward", Block, Across, F.RingMessages, F.RingBytes,
                  "the attention on the block held"});
-  if (K > 1) // do, q, k, v, o, lse out, dq, dk, dv back
+  if (B.AllToAllMessages)
     T.push_back({"backward",
                  "all-to-all of do, q, k, v, o, lse and of dq, dk, dv", Inside,
-                 9 * (K - 1), R.AllToAllBackwardBytes / Layers,
-                 "nothing (before and after the kernel)"});
-  if (Ring > 1) {
-    T.push_back({"backward", "ring: the key/value block to the next rank",
-                 Across, Ring - 1, (Ring - 1) * R.BlockBytes,
+                 B.AllToAllMessages, B.AllToAllBytes, Nothing});
+  if (const int Blocks = B.RingMessages - B.RingGradientMessages; Blocks)
+    T.push_back({"backward", Block, Across, Blocks, Blocks * B.BlockBytes,
                  "the attention gradients on the block held"});
+  if (B.RingGradientMessages)
     T.push_back({"backward",
                  "ring: the block's dK, dV sums, one step behind it", Across,
-                 Ring, Ring * R.BlockBytes,
+                 B.RingGradientMessages, B.RingGradientMessages * B.BlockBytes,
                  "the next step's attention gradients (the last one: none)"});
-  }
   return T;
 }
 

@@ -48,6 +48,23 @@ struct LayerCollectives {
 /// of T ranks.
 std::vector<LayerCollectives> collectiveReport(const Program &P, int T);
 
+/// What one attention instruction {cp > 1} sends per rank (Parts 1, nothing,
+/// for any other instruction): the all-to-all's bytes and messages (nothing
+/// overlaps them; over the all-to-all group), the ring's (beside the
+/// instruction's own GEMMs; over the ring), and what it holds in flight.
+/// The report above and the cost model (planner/CostModel.h) both read it.
+struct ContextTraffic {
+  int Parts = 1;
+  /// The all-to-all group's size: 1 (the ring), C (a2a) or K (a2a+ring).
+  int AllToAll = 1;
+  bool Forward = false;
+  int64_t AllToAllBytes = 0, RingBytes = 0, InFlightBytes = 0;
+  int AllToAllMessages = 0, RingMessages = 0;
+  /// The ring's key/value block, and of RingMessages those that carry its
+  /// dK, dV sums (the backward's).
+  int64_t BlockBytes = 0;
+  int RingGradientMessages = 0;
+};
 /// Context parallelism's exchanges (runtime/cpu/ContextAttention.h), read off
 /// the attention instructions {cp > 1} of one microbatch's program: each
 /// rank sends its key/value block on C - 1 times in the forward; in the
@@ -73,6 +90,9 @@ struct ContextRing {
   int64_t ForwardBytes = 0, BackwardBytes = 0;
   int64_t AllToAllForwardBytes = 0, AllToAllBackwardBytes = 0;
   int64_t InFlightBytes = 0; // the backward's, one layer
+  /// One attention layer's traffic (the program's last), forward and
+  /// backward: the report's transfers in order.
+  ContextTraffic ForwardLayer, BackwardLayer;
   /// The ring's participants: C / all-to-all size.
   int ringSize() const { return Parts / AllToAll; }
   /// "ring", "a2a" or "a2a+ring".
@@ -81,19 +101,6 @@ struct ContextRing {
 /// Parts 1 when the program has no ring.
 ContextRing contextRingReport(const Program &P);
 
-/// What one attention instruction {cp > 1} sends per rank (Parts 1, nothing,
-/// for any other instruction): the all-to-all's bytes and messages (nothing
-/// overlaps them; over the all-to-all group), the ring's (beside the
-/// instruction's own GEMMs; over the ring), and what it holds in flight.
-/// The report above and the cost model (planner/CostModel.h) both read it.
-struct ContextTraffic {
-  int Parts = 1;
-  /// The all-to-all group's size: 1 (the ring), C (a2a) or K (a2a+ring).
-  int AllToAll = 1;
-  bool Forward = false;
-  int64_t AllToAllBytes = 0, RingBytes = 0, InFlightBytes = 0;
-  int AllToAllMessages = 0, RingMessages = 0;
-};
 ContextTraffic contextTraffic(const Program &P, const Instruction &I);
 nlohmann::json contextRingToJson(const ContextRing &R);
 void printContextRing(const ContextRing &R, llvm::raw_ostream &OS);

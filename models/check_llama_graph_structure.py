@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import export_family  # noqa: E402
 import gen_llama_graph  # noqa: E402
-from check_paper_graph_structure import first_difference  # noqa: E402
+from check_paper_graph_structure import report  # noqa: E402
 
 SMALL = [gen_llama_graph.LlamaSize(layers=2, hidden=96, heads=6, kv_heads=2, ffn=256, seq=32, vocab=128, batch=2),
          gen_llama_graph.LlamaSize(layers=2, hidden=64, heads=4, kv_heads=4, ffn=176, seq=16, vocab=64, batch=1)]
@@ -73,13 +73,8 @@ def check(size, directory):
     """Compare one config; returns True if the graphs match."""
     label = (f"L{size.layers} h{size.hidden} a{size.heads} kv{size.kv_heads} F{size.ffn} s{size.seq} "
              f"v{size.vocab} b{size.batch}")
-    expected = with_substitutions(torch_export(size, directory))
-    actual = gen_llama_graph.build_model(size, "weights.bin")
-    onnx.shape_inference.infer_shapes(actual, check_type=True, strict_mode=True)
-    difference = first_difference(expected, actual)
-    counts = f"torch {len(expected.graph.node)} nodes, generated {len(actual.graph.node)}"
-    print(f"{'FAIL' if difference else 'PASS'} {label}: {counts}" + (f"\n{difference}" if difference else ""))
-    return difference is None
+    return report(label, with_substitutions(torch_export(size, directory)),
+                  gen_llama_graph.build_model(size, "weights.bin"))
 
 
 def main(argv=None):

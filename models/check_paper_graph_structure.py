@@ -105,17 +105,20 @@ def first_difference(expected, actual):
     return None
 
 
-def check(size, directory):
-    """Compare one config; returns True if the graphs match."""
-    label = f"L{size.layers} h{size.hidden} a{size.heads} s{size.seq} v{size.vocab} b{size.batch} " \
-            f"{'tied' if size.tied else 'untied'}"
-    expected = torch_export(size, directory)
-    actual = gen_paper_graph.build_model(size, "weights.bin")
+def report(label, expected, actual):
+    """Shape-check the generated graph, compare it with torch's and print one line; True if they match."""
     onnx.shape_inference.infer_shapes(actual, check_type=True, strict_mode=True)  # the checker wants the weights
     difference = first_difference(expected, actual)
     counts = f"torch {len(expected.graph.node)} nodes, generated {len(actual.graph.node)}"
     print(f"{'FAIL' if difference else 'PASS'} {label}: {counts}" + (f"\n{difference}" if difference else ""))
     return difference is None
+
+
+def check(size, directory):
+    """Compare one config; returns True if the graphs match."""
+    label = f"L{size.layers} h{size.hidden} a{size.heads} s{size.seq} v{size.vocab} b{size.batch} " \
+            f"{'tied' if size.tied else 'untied'}"
+    return report(label, torch_export(size, directory), gen_paper_graph.build_model(size, "weights.bin"))
 
 
 def main(argv=None):

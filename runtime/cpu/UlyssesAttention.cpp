@@ -160,18 +160,32 @@ llvm::Error ulyssesCheck(const AttentionShape &S, const AttentionCore &C,
   return llvm::Error::success();
 }
 
-/// The ring's view of this rank's heads of its group's positions: shapes
-/// [B, A / K, Sg, D], by head, and the dropout draws of those heads.
-void ulyssesGroupCore(AttentionShape &Sg, AttentionCore &Cg,
-                      const AttentionShape &S, const AttentionCore &C,
-                      const ContextGroups &G, const ContextLayout &Grouped) {
+/// This rank's group (U), and the ring's view of its heads of the group's
+/// positions: shapes [B, A / K, Sg, D], by head (Sg, Cg), and the dropout
+/// draws of those heads.
+struct UlyssesView {
+  UlyssesGroup U;
+  AttentionShape Sg;
+  AttentionCore Cg;
+};
+llvm::Expected<UlyssesView> ulyssesView(const AttentionShape &S,
+                                        const AttentionCore &C,
+                                        const ContextGroups &G,
+                                        const ContextLayout &L) {
+  if (llvm::Error E = ulyssesCheck(S, C, G, L))
+    return std::move(E);
   const int K = G.innerSize();
-  Sg = {S.Batch,         S.Heads / K,     S.KvHeads / K,
-        Grouped.local(), Grouped.local(), S.D};
-  Cg = C;
-  Cg.Merged = false;
+  UlyssesView W{{L, L.grouped(K), G.outerRank(), K}, {}, C};
+  W.Sg = {S.Batch,
+          S.Heads / K,
+          S.KvHeads / K,
+          W.U.Grouped.local(),
+          W.U.Grouped.local(),
+          S.D};
+  W.Cg.Merged = false;
   if (C.Dropout > 0)
-    Cg.Probs.Offset[1] += int64_t(G.innerRank()) * Sg.Heads;
+    W.Cg.Probs.Offset[1] += int64_t(G.innerRank()) * W.Sg.Heads;
+  return W;
 }
 
 } // namespace
@@ -184,13 +198,12 @@ llvm::Error contextAttentionForward(T *O, T *Lse, const T *Q, const T *K,
                                     const ContextLayout &L) {
   if (!G.Inner) // the ring alone
     return ringAttentionForward(O, Lse, Q, K, V, KeyBias, S, C, G.Outer, L);
-  if (llvm::Error E = ulyssesCheck(S, C, G, L))
-    return E;
-  const UlyssesGroup U{L, L.grouped(G.innerSize()), G.outerRank(),
-                       G.innerSize()};
-  AttentionShape Sg;
-  AttentionCore Cg;
-  ulyssesGroupCore(Sg, Cg, S, C, G, U.Grouped);
+  auto W = ulyssesView(S, C, G, L);
+  if (!W)
+    return W.takeError();
+  const UlyssesGroup &U = W->U;
+  const AttentionShape &Sg = W->Sg;
+  const AttentionCore &Cg = W->Cg;
   Communicator &Inner = *G.Inner;
   const int64_t B = S.Batch, H = S.Heads, Kv = S.KvHeads, D = S.D,
                 Sl = L.local(), N = U.Grouped.local();
@@ -234,13 +247,12 @@ llvm::Error contextAttentionBackward(T *DQ, T *DK, T *DV, const T *DO,
   if (!G.Inner) // the ring alone
     return ringAttentionBackward(DQ, DK, DV, DO, Q, K, V, O, Lse, KeyBias, S, C,
                                  G.Outer, L);
-  if (llvm::Error E = ulyssesCheck(S, C, G, L))
-    return E;
-  const UlyssesGroup U{L, L.grouped(G.innerSize()), G.outerRank(),
-                       G.innerSize()};
-  AttentionShape Sg;
-  AttentionCore Cg;
-  ulyssesGroupCore(Sg, Cg, S, C, G, U.Grouped);
+  auto W = ulyssesView(S, C, G, L);
+  if (!W)
+    return W.takeError();
+  const UlyssesGroup &U = W->U;
+  const AttentionShape &Sg = W->Sg;
+  const AttentionCore &Cg = W->Cg;
   const int64_t B = S.Batch, H = S.Heads, Kv = S.KvHeads, D = S.D,
                 Sl = L.local(), N = U.Grouped.local();
   // do, o and lse by head (the merged layout transposed first).

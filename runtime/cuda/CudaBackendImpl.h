@@ -105,9 +105,8 @@ private:
   Error attentionBlockwise(const KernelCall &C, cuda::BlockwisePlan Plan,
                            cudaStream_t S);
   /// Context parallelism (ContextAttention.cpp): the attention core over
-  /// the cp group (attention {cp > 1}) by the ring or the all-to-all, on the
-  /// blockwise kernels; the padding bias of the whole sequence; cp_slice
-  /// and cp_pad.
+  /// the cp group (attention {cp > 1}) by the ring, the all-to-all or both,
+  /// on the blockwise kernels; cp_slice and cp_pad.
   struct ContextCall;
   Error contextAttention(const KernelCall &C, cudaStream_t S);
   Error ringAttention(const ContextCall &X, cudaStream_t S);

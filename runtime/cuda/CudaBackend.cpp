@@ -102,6 +102,7 @@ Error CudaBackend::initDevice(const CudaBackendOptions &O) {
   SP_CUBLAS_TRY(Cublas->Create(&Blas));
   TF32 = O.AllowTF32;
   Blockwise = O.BlockwiseAttention;
+  Num = O.Numerics;
   if (O.CublasLtEpilogues) {
     auto L = cuda::CublasLt::create();
     if (!L)

@@ -29,6 +29,7 @@
 #define SP_RUNTIME_CUDA_CUDABACKEND_H
 
 #include "runtime/Backend.h"
+#include "runtime/cuda/NumericsMode.h"
 #include "llvm/Support/Error.h"
 #include <functional>
 #include <memory>
@@ -60,13 +61,18 @@ struct CudaBackendOptions {
   bool Overlap = true;
   /// The fused attention core (attention, attention_grad) by the blockwise
   /// kernels (kernels/Attention.cuh: no scores stored, 16-bit tensors read
-  /// in place). Off, the default until they have run on a GPU: as the
-  /// unfused ops (AttentionPlan.h), as heads above 128 always run.
-  bool BlockwiseAttention = false;
+  /// in place), the default since they ran on an H200 (faster than the
+  /// expansion in fp32, TF32 and bf16). Off: as the unfused ops
+  /// (AttentionPlan.h), as heads above 128 always run.
+  bool BlockwiseAttention = true;
   /// A linear layer's bias added in the GEMM's epilogue (cuBLASLt's
   /// CUBLASLT_EPILOGUE_BIAS, CublasLt.h) instead of written into the output
   /// before the GEMM. Off, the default until it has run on a GPU.
   bool CublasLtEpilogues = false;
+  /// The memory-bound kernels' arithmetic (CudaKernels.h, Numerics): Fast,
+  /// the default, in float32 in the GPU's order; Exact, the CPU backend's
+  /// bits (the mode the bitwise comparisons with the CPU use).
+  cuda::Numerics Numerics = cuda::Numerics::Fast;
   /// Called on every rank between the backend's own set-up (the device, its
   /// streams, cuBLAS) and its collective part (the groups' NCCL
   /// communicators), with the outcome of the first; what it returns is the

@@ -242,6 +242,8 @@ private:
 
   int Device = 0;
   bool Overlap = true, TF32 = false, Blockwise = false;
+  /// CudaBackendOptions::Numerics: the form of the kernels that have two.
+  cuda::Numerics Num = cuda::Numerics::Fast;
   std::unique_ptr<cuda::CublasLt> Lt; // with --cuda-epilogues
   std::chrono::milliseconds Timeout = Communicator::DefaultTimeout;
   cudaStream_t Compute = nullptr, Comm = nullptr;

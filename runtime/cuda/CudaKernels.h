@@ -23,6 +23,7 @@
 
 #include "runtime/Numerics.h"
 #include "runtime/cuda/AttentionGeometry.h"
+#include "runtime/cuda/NumericsMode.h"
 #include <cstddef>
 #include <cstdint>
 #include <cuda_runtime_api.h>

@@ -3,7 +3,7 @@
 // --device cuda[:N] (runtime/BackendRegistry.h): one GPU per rank, through
 // the entry points of CudaBackend.h (present in every build: without CUDA
 // they say sp was built without it). Its own flags (--tf32,
-// --cuda-attention, --cuda-epilogues) become CudaBackendOptions, and its
+// --cuda-attention, --cuda-numerics, --cuda-epilogues) become CudaBackendOptions, and its
 // notes say how the GPU runs a plan: 16-bit GEMMs on tensor cores, the
 // fused attention core, biases in cuBLASLt's epilogue.
 //
@@ -31,8 +31,10 @@ createForRank(const BackendContext &C) {
   O.Data = C.Data;
   O.Context = C.Context;
   O.AllowTF32 = C.flag("tf32") == "true";
-  O.BlockwiseAttention = C.flag("cuda-attention") == "blockwise";
+  O.BlockwiseAttention = C.flag("cuda-attention") != "unfused";
   O.CublasLtEpilogues = C.flag("cuda-epilogues") == "true";
+  O.Numerics = C.flag("cuda-numerics") == "exact" ? cuda::Numerics::Exact
+                                                   : cuda::Numerics::Fast;
   O.AgreeBeforeCollectives = C.AgreeBeforeCollectives;
   return createCudaBackend(O);
 }
@@ -52,12 +54,11 @@ static BackendNotes notesFor(const Plan &P, const BackendContext &C) {
         return I.Op == OpKind::Attention;
       }))
     N.Lines.push_back(
-        C.flag("cuda-attention") == "blockwise"
+        C.flag("cuda-attention") != "unfused"
             ? "attention core: the blockwise kernels (heads above 128 as "
               "unfused ops)"
             : "attention core: its unfused ops on a float32 workspace "
-              "(--cuda-attention blockwise for the blockwise kernels; or "
-              "compile with --attention unfused)");
+              "(--cuda-attention unfused)");
   if (Cp)
     N.Lines.push_back(
         P.Manifest.value("cp_comm", std::string("ring")) == "a2a"
@@ -66,6 +67,9 @@ static BackendNotes notesFor(const Plan &P, const BackendContext &C) {
             : "context parallelism: the ring over NCCL (each block's "
               "transfer beside the attention on the one before), on the "
               "blockwise attention kernels");
+  if (C.flag("cuda-numerics") == "exact")
+    N.Lines.push_back("kernels: exact (the CPU backend's bits but for the "
+                      "GEMMs' sums)");
   if (C.flag("cuda-epilogues") == "true")
     N.Lines.push_back("linear biases: in the GEMM's epilogue (cuBLASLt) "
                       "where it offers an algorithm");
@@ -86,11 +90,17 @@ void registerCudaBackend() {
        {},
        ""},
       {"cuda-attention",
-       "--device cuda: how a plan's fused attention core runs: unfused "
-       "(default: its unfused ops on a score-sized workspace) or blockwise "
-       "(kernels that store no scores; not yet run on a GPU)",
-       {"unfused", "blockwise"},
-       "unfused|blockwise"},
+       "--device cuda: how a plan's fused attention core runs: blockwise "
+       "(default: kernels that store no scores) or unfused (its unfused "
+       "ops on a score-sized workspace)",
+       {"blockwise", "unfused"},
+       "blockwise|unfused"},
+      {"cuda-numerics",
+       "--device cuda: the memory-bound kernels' arithmetic: fast (default: "
+       "float32 in the GPU's order, deterministic) or exact (the CPU "
+       "backend's bits, the checking mode)",
+       {"fast", "exact"},
+       "fast|exact"},
       {"cuda-epilogues",
        "--device cuda: add a linear layer's bias in the GEMM's epilogue "
        "(cuBLASLt) instead of writing it into the output first; off by "

@@ -33,6 +33,7 @@ cudaBackendOf(Communicator &World, const RunOptions &O, bool Blockwise = false,
   CO.Context = O.ContextComm;
   CO.BlockwiseAttention = Blockwise;
   CO.CublasLtEpilogues = Epilogues;
+  CO.Numerics = cuda::Numerics::Exact; // the comparisons with the CPU's bits
   return createCudaBackend(CO);
 }
 

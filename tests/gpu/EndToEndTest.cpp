@@ -66,6 +66,7 @@ Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda,
   std::unique_ptr<Backend> Made;
   if (Cuda) {
     CudaBackendOptions CO;
+    CO.Numerics = cuda::Numerics::Exact; // the CPU's bits but the GEMMs'
     CO.BlockwiseAttention = Blockwise;
     auto B = createCudaBackend(CO);
     if (!B)

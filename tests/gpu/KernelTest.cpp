@@ -70,15 +70,23 @@ protected:
       GTEST_SKIP() << "no CUDA device is present, skipping the CUDA kernel "
                       "tests: "
                    << toString(std::move(E));
-    auto B = createCudaBackend(CudaBackendOptions());
+    // The CPU's bits: the exact kernels (the fast ones: Fast, below).
+    CudaBackendOptions XO;
+    XO.Numerics = cuda::Numerics::Exact;
+    XO.BlockwiseAttention = false; // the unfused ops; Blockwise below
+    auto B = createCudaBackend(XO);
     ASSERT_TRUE(bool(B)) << toString(B.takeError());
     Gpu = std::move(*B);
-    CudaBackendOptions O;
+    CudaBackendOptions FO;
+    auto FB = createCudaBackend(FO);
+    ASSERT_TRUE(bool(FB)) << toString(FB.takeError());
+    Fast = std::move(*FB);
+    CudaBackendOptions O = XO;
     O.BlockwiseAttention = true;
     auto BW = createCudaBackend(O);
     ASSERT_TRUE(bool(BW)) << toString(BW.takeError());
     Blockwise = std::move(*BW);
-    CudaBackendOptions EO;
+    CudaBackendOptions EO = XO;
     EO.CublasLtEpilogues = true;
     auto EB = createCudaBackend(EO);
     ASSERT_TRUE(bool(EB)) << toString(EB.takeError());
@@ -115,6 +123,7 @@ protected:
     }
   }
   std::unique_ptr<Backend> Gpu, Blockwise;
+  std::unique_ptr<Backend> Fast; // --cuda-numerics fast (the default)
   std::unique_ptr<Backend> Epilogues; // --cuda-epilogues
 };
 

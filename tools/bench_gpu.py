@@ -6,10 +6,10 @@ GPU of a t = 8 tensor-parallel group, with no recomputation, selective and full 
 the overheads of the last two, the layer's model TFLOP/s and its MFU against the device's peak;
 and the same layer written with torch.nn.functional, on the same device, in the same run. A
 fourth sp-run row, "fused", is the layer compiled with sp-compile's default fused attention core
-(--attention fused: no scores stored; on a GPU its core runs as the unfused ops on a workspace,
-runtime/cuda/AttentionPlan.h), its overhead against the unfused "none"; on a GPU a fifth,
-"blockwise", runs the same plan with sp-run --cuda-attention blockwise (the blockwise kernels of
-runtime/cuda/kernels/Attention.cuh, which store no scores either).
+(--attention fused: no scores stored; on a GPU by the blockwise kernels of
+runtime/cuda/kernels/Attention.cuh, which store no scores either), its overhead against the
+unfused "none"; on a GPU a fifth, "exact", runs the "none" plan with sp-run --cuda-numerics exact
+(the kernels that give the CPU's bits), against the default fast kernels of the other rows.
 
     /usr/bin/python3 tools/bench_gpu.py --device cuda --model 22B [--steps 10] [--repeat 3] [--json r.json]
     /usr/bin/python3 tools/bench_gpu.py --device cpu --model small --steps 2 --repeat 1
@@ -98,8 +98,9 @@ import gen_paper_graph as gen  # noqa: E402
 # sp-run's modes: the paper's three with the unfused core, and the fused attention core
 # (sp-compile's default, --attention fused, nothing recomputed but inside the core's backward).
 SP_MODES = MODES + ["fused"]
-# On a GPU also the fused plan with the CUDA backend's blockwise attention kernels.
-GPU_MODES = SP_MODES + ["blockwise"]
+# On a GPU also the unfused plan with the CUDA backend's exact kernels (--cuda-numerics exact: the
+# CPU's bits), beside the default fast ones.
+GPU_MODES = SP_MODES + ["exact"]
 
 
 def sp_modes(args):
@@ -175,7 +176,7 @@ def layer_flops(sh):
     forward = (24 * b * s * h * h + 4 * b * s * s * h) // t  # = 24bsh^2 (1 + s/6h) / t, exactly
     return {"forward": forward, "backward": 2 * forward, "model_per_step": 3 * forward,
             "recompute": {"none": 0, "selective": 2 * b * s * s * h // t, "full": forward,
-                          "fused": 2 * b * s * s * h // t, "blockwise": 2 * b * s * s * h // t},
+                          "fused": 2 * b * s * s * h // t, "exact": 0},
             "megatron_selective_recompute": 4 * b * s * s * h // t,
             "formula": "forward 24 b s h^2 (1 + s/(6h)) / t; backward 2x; selective recomputes Q K^T "
                        "(2 b s^2 h / t), full the forward; the fused core's backward recomputes Q K^T "
@@ -262,8 +263,8 @@ def prepare(args, sh, work):
             if dtype == "fp32":
                 with open(report) as f:
                     reports[mode] = json.load(f)
-        plans[dtype]["blockwise"] = plans[dtype]["fused"]  # run with --cuda-attention blockwise
-    reports["blockwise"] = reports["fused"]
+        plans[dtype]["exact"] = plans[dtype]["none"]  # run with --cuda-numerics exact
+    reports["exact"] = reports["none"]
     return data, plans, reports
 
 
@@ -279,8 +280,8 @@ def sp_run_once(args, plan, data, precision, work, trace=None, mode=None):
         cmd += ["--threads", str(args.threads)]
     if precision == "tf32":
         cmd.append("--tf32")
-    if mode == "blockwise":
-        cmd += ["--cuda-attention", "blockwise"]
+    if mode == "exact":
+        cmd += ["--cuda-numerics", "exact"]
     if trace:
         cmd += ["--trace", trace]
     m = TIME_LINE.search(run(cmd, env=SP_RUN_ENV))
@@ -452,7 +453,7 @@ def main():
                 for mode in MODES) +
                 "".join(f"; {mode} / torch none "
                         f"{sp[prec][mode]['combined_ms'] / torch_rows[prec]['none']['combined_ms']:.2f}"
-                        for mode in ("fused", "blockwise") if mode in sp[prec]))
+                        for mode in ("fused", "exact") if mode in sp[prec]))
     if not torch_rows:
         print(f"torch: {torch_note}")
     print("MFU is against the dense BF16 peak (fp32 and TF32 rows included)." if peak and args.device != "cpu" else

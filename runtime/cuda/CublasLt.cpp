@@ -86,7 +86,7 @@ CublasLt::~CublasLt() {
     Api->Destroy(Handle);
 }
 
-Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, const float *Bias) {
+Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, const void *Bias) {
   auto [It, New] = Plans.try_emplace(K);
   Plan &P = It->second;
   if (!New)
@@ -101,7 +101,7 @@ Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, const float *Bias) {
                                     : CUBLAS_COMPUTE_32F;
   SP_CUBLAS_TRY(Api->DescCreate(&P.Desc, Compute, CUDA_R_32F));
   cublasLtEpilogue_t Epi = CUBLASLT_EPILOGUE_BIAS;
-  cudaDataType_t BiasType = CUDA_R_32F;
+  cudaDataType_t BiasType = K.DT; // the result's type
   SP_CUBLAS_TRY(
       Api->DescSet(P.Desc, CUBLASLT_MATMUL_DESC_TRANSA, &OpA, sizeof OpA));
   SP_CUBLAS_TRY(
@@ -117,7 +117,7 @@ Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, const float *Bias) {
   else
     SP_CUBLAS_TRY(Api->LayoutCreate(&P.A, K.AB, K.OutF, K.InF, K.OutF));
   SP_CUBLAS_TRY(Api->LayoutCreate(&P.B, K.AB, K.InF, K.Rows, K.InF));
-  SP_CUBLAS_TRY(Api->LayoutCreate(&P.D, CUDA_R_32F, K.OutF, K.Rows, K.OutF));
+  SP_CUBLAS_TRY(Api->LayoutCreate(&P.D, K.DT, K.OutF, K.Rows, K.OutF));
   cublasLtMatmulPreference_t Pref = nullptr;
   SP_CUBLAS_TRY(Api->PrefCreate(&Pref));
   size_t NoWorkspace = 0;
@@ -152,7 +152,8 @@ Expected<CublasLt::Plan *> CublasLt::planOf(const Key &K, const float *Bias) {
 Expected<bool> CublasLt::linearBias(cudaStream_t S, bool TransW, int64_t Rows,
                                     int64_t OutF, int64_t InF, const void *X,
                                     const void *W, cudaDataType_t AB,
-                                    const float *Bias, float *Out, bool TF32) {
+                                    const void *Bias, void *Out,
+                                    cudaDataType_t DT, bool TF32) {
   if (Rows == 0 || OutF == 0)
     return true;
   if (!fitsBlasInt(Rows) || !fitsBlasInt(OutF) || !fitsBlasInt(InF))
@@ -166,7 +167,8 @@ Expected<bool> CublasLt::linearBias(cudaStream_t S, bool TransW, int64_t Rows,
         alignmentOf(X),
         alignmentOf(W),
         alignmentOf(Bias),
-        alignmentOf(Out)};
+        alignmentOf(Out),
+        DT};
   auto P = planOf(K, Bias);
   if (!P)
     return P.takeError();

@@ -49,13 +49,15 @@ public:
 
   /// Out[Rows, OutF] = X[Rows, InF] op(W) + Bias[OutF] on stream S, row
   /// major; W is [InF, OutF], or [OutF, InF] with TransW. X and W are of
-  /// type AB (CUDA_R_32F, or both 16-bit, read in place), Out and Bias
-  /// float32. TF32: float32 operands on the tensor cores. False (nothing
-  /// queued) when cuBLASLt has no algorithm for it.
+  /// type AB (CUDA_R_32F, or both 16-bit, read in place), Out and Bias of
+  /// type DT: float32, or AB's 16-bit type (the float32 sum plus the bias
+  /// rounded once). TF32: float32 operands on the tensor cores. False
+  /// (nothing queued) when cuBLASLt has no algorithm for it.
   llvm::Expected<bool> linearBias(cudaStream_t S, bool TransW, int64_t Rows,
                                   int64_t OutF, int64_t InF, const void *X,
                                   const void *W, cudaDataType_t AB,
-                                  const float *Bias, float *Out, bool TF32);
+                                  const void *Bias, void *Out,
+                                  cudaDataType_t DT, bool TF32);
 
 private:
   CublasLt() = default;
@@ -75,15 +77,16 @@ private:
     cudaDataType_t AB;
     bool TF32;
     uint32_t AlignX, AlignW, AlignBias, AlignOut;
+    cudaDataType_t DT;
     auto tie() const {
       return std::tie(Rows, OutF, InF, TransW, AB, TF32, AlignX, AlignW,
-                      AlignBias, AlignOut);
+                      AlignBias, AlignOut, DT);
     }
     bool operator<(const Key &O) const { return tie() < O.tie(); }
   };
   /// K's plan, made on first use (Bias: a bias pointer of K's alignment,
   /// which the heuristic reads).
-  llvm::Expected<Plan *> planOf(const Key &K, const float *Bias);
+  llvm::Expected<Plan *> planOf(const Key &K, const void *Bias);
   const CublasLtApi *Api = nullptr;
   cublasLtHandle_t Handle = nullptr;
   std::map<Key, Plan> Plans;

@@ -149,16 +149,19 @@ private:
   /// waitFor, then a wait for S to end (after an abort, its kernels do):
   /// for the backend's end, where nothing reports an error.
   void settle(cudaStream_t S, const char *Name);
-  /// Row-major C = op(A) op(B) + Beta C with float32 C. A and B are float32,
-  /// or both bf16 or both fp16 (AB): then tensor-core products summed in
-  /// float32 (cublasGemmEx, CUBLAS_COMPUTE_32F), the mixed-precision path's
-  /// GEMMs.
+  /// Row-major C = op(A) op(B) + Beta C. A and B are float32, or both bf16
+  /// or both fp16 (AB): then tensor-core products summed in float32
+  /// (cublasGemmEx, CUBLAS_COMPUTE_32F), the mixed-precision path's GEMMs.
+  /// C is float32, or (CT) of the 16-bit operands' type: the float32 sum
+  /// rounded once by cuBLAS.
   Error gemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N, int64_t K,
              const void *A, int64_t Lda, const void *B, int64_t Ldb,
-             float Beta, float *Cm, int64_t Ldc, DType AB = DType::F32);
+             float Beta, void *Cm, int64_t Ldc, DType AB = DType::F32,
+             DType CT = DType::F32);
   Error batchedGemm(cudaStream_t S, bool TA, bool TB, int64_t M, int64_t N,
-                    int64_t K, const void *A, const void *B, float *Cm,
-                    int64_t Batch, DType AB = DType::F32);
+                    int64_t K, const void *A, const void *B, void *Cm,
+                    int64_t Batch, DType AB = DType::F32,
+                    DType CT = DType::F32);
   /// The NCCL communicator of a host group of more than one rank.
   Expected<cuda::NcclComm *> nccl(Communicator &Host);
   /// The stream every NCCL call goes on.
@@ -237,8 +240,8 @@ private:
   /// (CublasLt.h), where cuBLASLt has an algorithm for it; else the bias
   /// written into every row, then gemm with beta = 1.
   Error linear(cudaStream_t S, bool TransW, int64_t Rows, int64_t OutF,
-               int64_t InF, const void *X, const void *W, const float *Bias,
-               float *Out, DType AB);
+               int64_t InF, const void *X, const void *W, const void *Bias,
+               void *Out, DType AB, DType OutT = DType::F32);
 
   int Device = 0;
   bool Overlap = true, TF32 = false, Blockwise = false;

@@ -151,21 +151,21 @@ void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
 /// order. Scratch: columnParts(Rows) Out doubles.
 void biasBackward(float *DBias, Elems DY, int64_t Rows, int64_t Out,
                   double *Scratch, cudaStream_t S);
-/// Y[r, :] = Bias (the start of a linear with bias).
-void broadcastRows(float *Y, const float *Bias, int64_t Rows, int64_t Out,
+/// Y[r, :] = Bias (the start of a linear with bias), one storage.
+void broadcastRows(Elems Y, Elems Bias, int64_t Rows, int64_t Out,
                    cudaStream_t S);
 
 // Head layouts (kernels/Heads.cuh).
 // PerHead: GPT-NeoX's [Heads, 3, D] columns instead of q | k | v blocks.
-void splitHeads(float *Q, float *K, float *V, const float *QKV, int64_t B,
-                int64_t Sq, int64_t Heads, int64_t D, bool PerHead,
-                cudaStream_t S);
-void splitHeadsBackward(float *DQKV, const float *DQ, const float *DK,
-                        const float *DV, int64_t B, int64_t Sq, int64_t Heads,
-                        int64_t D, bool PerHead, cudaStream_t S);
-void mergeHeads(float *Y, const float *X, int64_t B, int64_t Sq, int64_t Heads,
+// Split and merge move elements of any storage (all operands one).
+void splitHeads(Elems Q, Elems K, Elems V, Elems QKV, int64_t B, int64_t Sq,
+                int64_t Heads, int64_t D, bool PerHead, cudaStream_t S);
+void splitHeadsBackward(Elems DQKV, Elems DQ, Elems DK, Elems DV, int64_t B,
+                        int64_t Sq, int64_t Heads, int64_t D, bool PerHead,
+                        cudaStream_t S);
+void mergeHeads(Elems Y, Elems X, int64_t B, int64_t Sq, int64_t Heads,
                 int64_t D, cudaStream_t S);
-void mergeHeadsBackward(float *DX, const float *DY, int64_t B, int64_t Sq,
+void mergeHeadsBackward(Elems DX, Elems DY, int64_t B, int64_t Sq,
                         int64_t Heads, int64_t D, cudaStream_t S);
 void repeatHeads(float *Y, const float *X, int64_t B, int64_t G, int64_t R,
                  int64_t Sq, int64_t D, cudaStream_t S);

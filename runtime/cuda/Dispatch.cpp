@@ -377,14 +377,16 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;
     return linear(S, AInt("trans_w"), Rows, OutF, InF, In(0), In(1),
-                  I.In.size() > 2 ? In(2) : nullptr, Out(0), InT(0).Dtype);
+                  I.In.size() > 2 ? In(2) : nullptr, Out(0), InT(0).Dtype,
+                  OutT(0).Dtype);
   }
   case OpKind::LinearGelu: { // the linear, then the GELU of its result
     int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;
     if (auto E =
             linear(S, AInt("trans_w"), Rows, OutF, InF, In(0), In(1),
-                   I.In.size() > 2 ? In(2) : nullptr, Out(0), InT(0).Dtype))
+                   I.In.size() > 2 ? In(2) : nullptr, Out(0), InT(0).Dtype,
+                   OutT(0).Dtype))
       return E;
     cuda::gelu(OutE(1), OutE(0), OutT(0).numElements(), Tanh(), S);
     return Error::success();
@@ -394,7 +396,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t InF = InT(0).dim(-1), OutF = OutT(0).dim(-1);
     int64_t Rows = InT(0).numElements() / InF;
     if (auto E = linear(S, AInt("trans_w"), Rows, OutF, InF, In(0), In(1),
-                        nullptr, Out(0), InT(0).Dtype))
+                        nullptr, Out(0), InT(0).Dtype, OutT(0).Dtype))
       return E;
     cuda::geluBackward(OutE(0), InE(2), OutE(0), OutT(0).numElements(),
                        Tanh(), S);
@@ -488,26 +490,26 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::ToHeads:
   case OpKind::MergeHeadsGrad: {
     const TensorType &X = OutT(0);
-    cuda::mergeHeadsBackward(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+    cuda::mergeHeadsBackward(OutE(0), InE(0), X.Shape[0], X.Shape[2], X.Shape[1],
                              X.Shape[3], S);
     return Error::success();
   }
   case OpKind::SplitHeads: {
     const TensorType &Q = OutT(0);
-    cuda::splitHeads(Out(0), Out(1), Out(2), In(0), Q.Shape[0], Q.Shape[2],
+    cuda::splitHeads(OutE(0), OutE(1), OutE(2), InE(0), Q.Shape[0], Q.Shape[2],
                      Q.Shape[1], Q.Shape[3], AInt("per_head"), S);
     return Error::success();
   }
   case OpKind::SplitHeadsGrad: {
     const TensorType &Q = InT(0);
-    cuda::splitHeadsBackward(Out(0), In(0), In(1), In(2), Q.Shape[0],
+    cuda::splitHeadsBackward(OutE(0), InE(0), InE(1), InE(2), Q.Shape[0],
                              Q.Shape[2], Q.Shape[1], Q.Shape[3],
                              AInt("per_head"), S);
     return Error::success();
   }
   case OpKind::MergeHeads: {
     const TensorType &X = InT(0);
-    cuda::mergeHeads(Out(0), In(0), X.Shape[0], X.Shape[2], X.Shape[1],
+    cuda::mergeHeads(OutE(0), InE(0), X.Shape[0], X.Shape[2], X.Shape[1],
                      X.Shape[3], S);
     return Error::success();
   }
@@ -525,7 +527,8 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
                        ": the CUDA backend masks float32 results only "
                        "(sp-compile marks float32 and float64 plans)");
     if (auto E = batchedGemm(S, G->TransA, G->TransB, G->M, G->N, G->K, In(0),
-                             In(1), Out(0), G->Batch, InT(0).Dtype))
+                             In(1), Out(0), G->Batch, InT(0).Dtype,
+                             CT.Dtype))
       return E;
     if (Causal)
       cuda::causalMask(Out(0), Out(0), G->Batch, G->M, G->N, 0.0, S);

@@ -56,6 +56,20 @@ bool runsIn16Bit(const Instruction &I,
   case OpKind::SoftmaxGrad:
     return In.size() == 2 && Out.size() == 1 &&
            OneType({In[0], In[1], Out[0]});
+  case OpKind::Linear: // (x, w[, bias]) -> y: cuBLAS writes the 16-bit y
+  case OpKind::LinearGelu: // ... -> (pre-activation, y)
+  case OpKind::LinearGeluGrad: // (dy, w, pre-activation) -> dx
+  case OpKind::BatchMatMul: // (a, b) -> c; causal masks float32 only
+    return In.size() >= 2 && is16Bit(Type(In[0])) &&
+           llvm::all_of(In, [&](int B) { return Type(B) == Type(In[0]); }) &&
+           llvm::all_of(Out, [&](int B) { return Type(B) == Type(In[0]); }) &&
+           !(I.Op == OpKind::BatchMatMul && I.Attrs.getInt("causal", 0));
+  case OpKind::SplitHeads: // permutations: bytes moved as they are
+  case OpKind::SplitHeadsGrad:
+  case OpKind::MergeHeads:
+  case OpKind::MergeHeadsGrad:
+    return llvm::all_of(In, [&](int B) { return Type(B) == Type(Out[0]); }) &&
+           llvm::all_of(Out, [&](int B) { return Type(B) == Type(Out[0]); });
   case OpKind::Attention: // the blockwise kernels (AttentionPlan.h)
   case OpKind::AttentionGrad:
     return runsBlockwise(I, Buffers);

@@ -699,7 +699,21 @@ TEST(MixedPlan, MemoryBoundKernelsRead16BitInPlace) {
       << "bf16 parameter gradients";
   EXPECT_TRUE(runsIn16Bit(instr(OpKind::BiasGrad, {0}, {3}), Bufs));
   EXPECT_FALSE(runsIn16Bit(instr(OpKind::BiasGrad, {0}, {1}), Bufs));
-  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Linear, {0, 0}, {0}), Bufs));
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::Linear, {0, 0}, {0}), Bufs))
+      << "cuBLAS writes the 16-bit result";
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::Linear, {0, 0, 1}, {0}), Bufs))
+      << "a bias of the result's type is broadcast in place";
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Linear, {0, 0, 2}, {0}), Bufs))
+      << "a float32 bias: copies";
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Linear, {0, 0}, {3}), Bufs))
+      << "a float32 result: copies";
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::Linear, {4, 4}, {0}), Bufs));
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::BatchMatMul, {0, 0}, {0}), Bufs));
+  Instruction Causal = instr(OpKind::BatchMatMul, {0, 0}, {0});
+  Causal.Attrs.set("causal", int64_t(1));
+  EXPECT_FALSE(runsIn16Bit(Causal, Bufs)) << "the causal mask is float32's";
+  EXPECT_TRUE(runsIn16Bit(instr(OpKind::SplitHeads, {0}, {0, 0, 0}), Bufs));
+  EXPECT_FALSE(runsIn16Bit(instr(OpKind::MergeHeads, {0}, {3}), Bufs));
   EXPECT_FALSE(runsIn16Bit(instr(OpKind::Rope, {0}, {0}), Bufs));
 }
 

@@ -13,7 +13,8 @@
 // One Philox evaluation per element (the CPU shares one between four
 // consecutive global elements; the words are the same), so the masks are
 // the CPU's bit for bit on any sharding; where four consecutive local
-// elements are one block (dropoutQuadKernel), one evaluation per four.
+// elements are one block (dropoutQuadKernel), one evaluation per four, and
+// where eight are two (dropoutOctKernel), 16-byte loads and stores.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Philox.h"
@@ -92,6 +93,68 @@ __global__ void dropoutQuadKernel(Elems Y, uchar4 *Mask, Elems X,
   }
 }
 
+/// Two quads at once (the common case: an innermost extent of a multiple of
+/// eight, 16-byte aligned tensors): two Philox blocks, one index, 16-byte
+/// loads and stores, the eight mask bytes in one store.
+template <Storage ST>
+__global__ void dropoutOctKernel(Elems Y, uint2 *Mask, Elems X, int64_t Octs,
+                                 DropoutGeometry G, uint64_t Seed,
+                                 uint32_t Layer, uint32_t Site,
+                                 uint32_t Stream, uint64_t Threshold,
+                                 float Scale) {
+  SP_GRID_LOOP(O, Octs) {
+    // The eight lie in one innermost row (its extent a multiple of eight),
+    // so the second quad's global index is the first's plus four.
+    const int64_t Global = dropoutIndex(G, O * 8);
+    bool Keep[8];
+#pragma unroll
+    for (int H = 0; H < 2; ++H) {
+      philox::Words4 W = philox::philox4x32_10(
+          philox::dropoutCounter(Layer, Site, Stream, uint64_t(Global + 4 * H)),
+          uint32_t(Seed), uint32_t(Seed >> 32));
+#pragma unroll
+      for (int K = 0; K < 4; ++K)
+        Keep[4 * H + K] =
+            Threshold <= 0xFFFFFFFFull && W.V[K] >= uint32_t(Threshold);
+    }
+    float V[8];
+    load8<ST>(X, O, V);
+#pragma unroll
+    for (int K = 0; K < 8; ++K)
+      V[K] = Keep[K] ? V[K] * Scale : 0.0f;
+    store8<ST>(Y, O, V);
+    if (Mask) {
+      uint32_t Lo = 0, Hi = 0;
+#pragma unroll
+      for (int K = 0; K < 4; ++K) {
+        Lo |= uint32_t(Keep[K]) << (8 * K);
+        Hi |= uint32_t(Keep[4 + K]) << (8 * K);
+      }
+      uint2 M;
+      M.x = Lo, M.y = Hi;
+      Mask[O] = M;
+    }
+  }
+}
+
+/// dropoutBackwardKernel eight elements at a time (16-byte aligned
+/// tensors, an 8-byte aligned mask).
+template <Storage ST>
+__global__ void dropoutBackwardOctKernel(Elems DX, Elems DY, const uint2 *Mask,
+                                         int64_t Octs, float Scale) {
+  SP_GRID_LOOP(O, Octs) {
+    uint2 M = Mask[O];
+    float V[8];
+    load8<ST>(DY, O, V);
+#pragma unroll
+    for (int K = 0; K < 8; ++K) {
+      uint32_t Byte = ((K < 4 ? M.x : M.y) >> (8 * (K % 4))) & 0xFFu;
+      V[K] = Byte ? V[K] * Scale : 0.0f;
+    }
+    store8<ST>(DX, O, V);
+  }
+}
+
 template <Storage ST>
 __global__ void dropoutBackwardKernel(Elems DX, Elems DY, const uint8_t *Mask,
                                       int64_t N, float Scale) {
@@ -125,6 +188,18 @@ void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
                reinterpret_cast<uintptr_t>(Mask) % 4 == 0;
   for (int D = 0; D + 1 < G.Rank; ++D)
     Quads = Quads && G.GlobalStride[D] % 4 == 0;
+  bool Octs = Quads && G.Local[G.Rank - 1] % 8 == 0 &&
+              G.Seam[G.Rank - 1] % 8 == 0 &&
+              reinterpret_cast<uintptr_t>(Mask) % 8 == 0;
+  if (Octs) {
+    if (Launch L = elementwiseLaunch(N / 8); L.Blocks)
+      withStorage(Y.Kind, [&](auto ST) {
+        SP_LAUNCH(dropoutOctKernel<ST>, L.Blocks, L.Threads, 0, S, Y,
+                  reinterpret_cast<uint2 *>(Mask), X, N / 8, G, Seed, Layer,
+                  Site, Stream, philox::dropoutThreshold(Ratio), Scale);
+      });
+    return;
+  }
   if (Quads) {
     if (Launch L = elementwiseLaunch(N / 4); L.Blocks)
       withStorage(Y.Kind, [&](auto ST) {
@@ -145,6 +220,16 @@ void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
 void dropoutBackward(Elems DX, Elems DY, const uint8_t *Mask, int64_t N,
                      double Ratio, cudaStream_t S) {
   float Scale = float(philox::dropoutScale(Ratio));
+  if (N % 8 == 0 && reinterpret_cast<uintptr_t>(DX.Data) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(DY.Data) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(Mask) % 8 == 0) {
+    if (Launch L = elementwiseLaunch(N / 8); L.Blocks)
+      withStorage(DX.Kind, [&](auto ST) {
+        SP_LAUNCH(dropoutBackwardOctKernel<ST>, L.Blocks, L.Threads, 0, S, DX,
+                  DY, reinterpret_cast<const uint2 *>(Mask), N / 8, Scale);
+      });
+    return;
+  }
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     withStorage(DX.Kind, [&](auto ST) {
       SP_LAUNCH(dropoutBackwardKernel<ST>, L.Blocks, L.Threads, 0, S, DX, DY,

@@ -6,6 +6,8 @@
 //                (GPT-NeoX): part p of head a at QKV[b,s,(3a + p)D + t]
 //   merge_heads: Y[b,s,aD + t] = X[b,a,s,t]; its backward (and to_heads) the
 //                inverse permutation
+//   (split and merge move any storage as it is, a head row's bytes in
+//   16-byte words where they divide it: pure permutations, the CPU's bits)
 //   repeat_heads: Y[b, gR + r, s, :] = X[b, g, s, :]; backward DX[b,g,s,:] =
 //                float(sum_{r<R} DY[b, gR + r, s, :]) in double, r in order
 //   rope (half form, h = D/2; c, n the cos and sin rows of (cb, s)):
@@ -27,46 +29,76 @@
 namespace sp::cuda {
 namespace {
 
-/// Element e of Q/K/V [B, Heads, S, D] <-> its QKV [B, S, 3H] offset for
-/// part P (PerHead: GPT-NeoX's [Heads, 3, D] columns).
+/// Unit e of Q/K/V [B, Heads, S, Du] <-> its QKV [B, S, 3 Heads Du] offset
+/// for part P (PerHead: GPT-NeoX's [Heads, 3, Du] columns), in units of a
+/// head row's Du equal pieces (elements, or the 4- and 16-byte words that
+/// move several at once: the permutation is the same in any unit that
+/// divides a head row).
 __device__ inline int64_t qkvOffset(int64_t E, int P, int64_t S, int64_t Heads,
-                                    int64_t D, bool PerHead) {
-  int64_t T = E % D, Si = (E / D) % S, A = (E / (D * S)) % Heads,
-          Bi = E / (D * S * Heads);
-  int64_t H = Heads * D;
-  int64_t Col = PerHead ? (3 * A + P) * D + T : P * H + A * D + T;
+                                    int64_t Du, bool PerHead) {
+  int64_t T = E % Du, Si = (E / Du) % S, A = (E / (Du * S)) % Heads,
+          Bi = E / (Du * S * Heads);
+  int64_t H = Heads * Du;
+  int64_t Col = PerHead ? (3 * A + P) * Du + T : P * H + A * Du + T;
   return (Bi * S + Si) * 3 * H + Col;
 }
 
-__global__ void splitHeadsKernel(float *Q, float *K, float *V, const float *QKV,
-                                 int64_t N, int64_t S, int64_t Heads, int64_t D,
+template <typename U>
+__global__ void splitHeadsKernel(U *Q, U *K, U *V, U *QKV, int64_t N,
+                                 int64_t S, int64_t Heads, int64_t Du,
                                  bool PerHead, bool Backward) {
   SP_GRID_LOOP(E, 3 * N) {
     int P = int(E / N);
     int64_t Local = E % N;
-    float *Part = P == 0 ? Q : P == 1 ? K : V;
-    int64_t Off = qkvOffset(Local, P, S, Heads, D, PerHead);
+    U *Part = P == 0 ? Q : P == 1 ? K : V;
+    int64_t Off = qkvOffset(Local, P, S, Heads, Du, PerHead);
     if (Backward)
-      const_cast<float *>(QKV)[Off] = Part[Local];
+      QKV[Off] = Part[Local];
     else
       Part[Local] = QKV[Off];
   }
 }
 
-/// X[B, Heads, S, D] <-> Y[B, S, Heads * D].
-__global__ void mergeHeadsKernel(float *Y, const float *X, int64_t N,
-                                 int64_t S, int64_t Heads, int64_t D,
-                                 bool Backward) {
-  SP_GRID_LOOP(E, N) { // E indexes X's layout [B, Heads, S, D]
-    int64_t T = E % D, Si = (E / D) % S, A = (E / (D * S)) % Heads,
-            Bi = E / (D * S * Heads);
-    int64_t YOff = ((Bi * S + Si) * Heads + A) * D + T;
+/// X[B, Heads, S, Du] <-> Y[B, S, Heads * Du], in units as above.
+template <typename U>
+__global__ void mergeHeadsKernel(U *Y, const U *X, int64_t N, int64_t S,
+                                 int64_t Heads, int64_t Du, bool Backward) {
+  SP_GRID_LOOP(E, N) { // E indexes X's layout [B, Heads, S, Du]
+    int64_t T = E % Du, Si = (E / Du) % S, A = (E / (Du * S)) % Heads,
+            Bi = E / (Du * S * Heads);
+    int64_t YOff = ((Bi * S + Si) * Heads + A) * Du + T;
     if (Backward) // Y is DX [B, Heads, S, D], X is DY [B, S, H]
       Y[E] = X[YOff];
     else
       Y[YOff] = X[E];
   }
 }
+
+/// The widest unit that divides a head row of D elements of Bytes each and
+/// every pointer's alignment: 16 bytes (uint4), 4 (uint32_t) or 2.
+inline int headUnit(int64_t D, int Bytes, std::initializer_list<const void *> Ptrs) {
+  auto Fits = [&](int U) {
+    if (D * Bytes % U)
+      return false;
+    for (const void *P : Ptrs)
+      if (reinterpret_cast<uintptr_t>(P) % U)
+        return false;
+    return true;
+  };
+  return Fits(16) ? 16 : Fits(4) ? 4 : 2;
+}
+
+/// Fn(unit type tag) for the unit headUnit chose.
+template <typename F> inline void withHeadUnit(int Unit, F &&Fn) {
+  if (Unit == 16)
+    Fn(uint4{});
+  else if (Unit == 4)
+    Fn(uint32_t{});
+  else
+    Fn(uint16_t{});
+}
+
+inline int elemBytes(Elems E) { return E.Kind == Storage::F32 ? 4 : 2; }
 
 __global__ void repeatHeadsKernel(float *Y, const float *X, int64_t NY,
                                   int64_t R, int64_t Block) {
@@ -126,36 +158,55 @@ __global__ void ropeKernel(float *Y, const float *X, const float *Cos,
 
 } // namespace
 
-void splitHeads(float *Q, float *K, float *V, const float *QKV, int64_t B,
-                int64_t S, int64_t Heads, int64_t D, bool PerHead,
-                cudaStream_t St) {
-  int64_t N = B * Heads * S * D;
+void splitHeads(Elems Q, Elems K, Elems V, Elems QKV, int64_t B, int64_t S,
+                int64_t Heads, int64_t D, bool PerHead, cudaStream_t St) {
+  int Unit = headUnit(D, elemBytes(QKV), {Q.Data, K.Data, V.Data, QKV.Data});
+  int64_t Du = D * elemBytes(QKV) / Unit, N = B * Heads * S * Du;
   if (Launch L = elementwiseLaunch(3 * N); L.Blocks)
-    SP_LAUNCH(splitHeadsKernel, L.Blocks, L.Threads, 0, St, Q, K, V, QKV, N, S,
-              Heads, D, PerHead, false);
+    withHeadUnit(Unit, [&](auto U) {
+      using T = decltype(U);
+      SP_LAUNCH(splitHeadsKernel<T>, L.Blocks, L.Threads, 0, St,
+                static_cast<T *>(Q.Data), static_cast<T *>(K.Data),
+                static_cast<T *>(V.Data), static_cast<T *>(QKV.Data), N, S,
+                Heads, Du, PerHead, false);
+    });
 }
-void splitHeadsBackward(float *DQKV, const float *DQ, const float *DK,
-                        const float *DV, int64_t B, int64_t S, int64_t Heads,
-                        int64_t D, bool PerHead, cudaStream_t St) {
-  int64_t N = B * Heads * S * D;
+void splitHeadsBackward(Elems DQKV, Elems DQ, Elems DK, Elems DV, int64_t B,
+                        int64_t S, int64_t Heads, int64_t D, bool PerHead,
+                        cudaStream_t St) {
+  int Unit =
+      headUnit(D, elemBytes(DQKV), {DQ.Data, DK.Data, DV.Data, DQKV.Data});
+  int64_t Du = D * elemBytes(DQKV) / Unit, N = B * Heads * S * Du;
   if (Launch L = elementwiseLaunch(3 * N); L.Blocks)
-    SP_LAUNCH(splitHeadsKernel, L.Blocks, L.Threads, 0, St,
-              const_cast<float *>(DQ), const_cast<float *>(DK),
-              const_cast<float *>(DV), DQKV, N, S, Heads, D, PerHead, true);
+    withHeadUnit(Unit, [&](auto U) {
+      using T = decltype(U);
+      SP_LAUNCH(splitHeadsKernel<T>, L.Blocks, L.Threads, 0, St,
+                static_cast<T *>(DQ.Data), static_cast<T *>(DK.Data),
+                static_cast<T *>(DV.Data), static_cast<T *>(DQKV.Data), N, S,
+                Heads, Du, PerHead, true);
+    });
 }
-void mergeHeads(float *Y, const float *X, int64_t B, int64_t S, int64_t Heads,
+/// Y = X permuted ([B, Heads, S, D] -> [B, S, H]; Backward the inverse).
+static void mergeHeadsAny(Elems Y, Elems X, int64_t B, int64_t S,
+                          int64_t Heads, int64_t D, bool Backward,
+                          cudaStream_t St) {
+  int Unit = headUnit(D, elemBytes(X), {Y.Data, X.Data});
+  int64_t Du = D * elemBytes(X) / Unit, N = B * Heads * S * Du;
+  if (Launch L = elementwiseLaunch(N); L.Blocks)
+    withHeadUnit(Unit, [&](auto U) {
+      using T = decltype(U);
+      SP_LAUNCH(mergeHeadsKernel<T>, L.Blocks, L.Threads, 0, St,
+                static_cast<T *>(Y.Data), static_cast<const T *>(X.Data), N, S,
+                Heads, Du, Backward);
+    });
+}
+void mergeHeads(Elems Y, Elems X, int64_t B, int64_t S, int64_t Heads,
                 int64_t D, cudaStream_t St) {
-  int64_t N = B * Heads * S * D;
-  if (Launch L = elementwiseLaunch(N); L.Blocks)
-    SP_LAUNCH(mergeHeadsKernel, L.Blocks, L.Threads, 0, St, Y, X, N, S, Heads,
-              D, false);
+  mergeHeadsAny(Y, X, B, S, Heads, D, false, St);
 }
-void mergeHeadsBackward(float *DX, const float *DY, int64_t B, int64_t S,
+void mergeHeadsBackward(Elems DX, Elems DY, int64_t B, int64_t S,
                         int64_t Heads, int64_t D, cudaStream_t St) {
-  int64_t N = B * Heads * S * D;
-  if (Launch L = elementwiseLaunch(N); L.Blocks)
-    SP_LAUNCH(mergeHeadsKernel, L.Blocks, L.Threads, 0, St, DX, DY, N, S, Heads,
-              D, true);
+  mergeHeadsAny(DX, DY, B, S, Heads, D, true, St);
 }
 void repeatHeads(float *Y, const float *X, int64_t B, int64_t G, int64_t R,
                  int64_t S, int64_t D, cudaStream_t St) {

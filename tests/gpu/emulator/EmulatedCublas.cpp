@@ -106,21 +106,52 @@ void gemmNow(cublasOperation_t TA, cublasOperation_t TB, int M, int N, int K,
   }
 }
 
-/// gemmNow on H's stream.
+/// gemmNow on H's stream. A 16-bit C (CT, the operands' type) is computed
+/// as cuBLAS does: beta C widened, the float32 result rounded once to
+/// nearest even.
 cublasStatus_t gemmOn(cublasHandle_t H, cublasOperation_t TA,
                       cublasOperation_t TB, int M, int N, int K, float Alpha,
                       const void *A, cudaDataType AT, int Lda, long long SA,
                       const void *B, cudaDataType BT, int Ldb, long long SB,
-                      float Beta, float *C, int Ldc, long long SC, int Batch) {
+                      float Beta, void *C, int Ldc, long long SC, int Batch,
+                      cudaDataType CT = CUDA_R_32F) {
   if (!validGemm(TA, TB, M, N, K, Lda, Ldb, Ldc, Batch))
     return CUBLAS_STATUS_INVALID_VALUE;
   const bool Tf32 =
       AT == CUDA_R_32F && (H->Mode & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
+  if (CT == CUDA_R_32F) {
+    enqueue(H->Stream, [=] {
+      gemmNow(TA, TB, M, N, K, Alpha, A, AT, Lda, SA, B, BT, Ldb, SB, Beta,
+              static_cast<float *>(C), Ldc, SC, Batch, Tf32);
+    });
+    return CUBLAS_STATUS_SUCCESS;
+  }
   enqueue(H->Stream, [=] {
-    gemmNow(TA, TB, M, N, K, Alpha, A, AT, Lda, SA, B, BT, Ldb, SB, Beta, C,
-            Ldc, SC, Batch, Tf32);
+    const bool Bf16 = CT == CUDA_R_16BF;
+    std::vector<float> Cf;
+    for (int I = 0; I < Batch; ++I) {
+      uint16_t *Ci = static_cast<uint16_t *>(C) + I * SC;
+      widen(Ci, CT, M, N, Ldc, false, Cf);
+      gemmNow(TA, TB, M, N, K, Alpha, static_cast<const char *>(A) + I * SA * 2,
+              AT, Lda, 0, static_cast<const char *>(B) + I * SB * 2, BT, Ldb,
+              0, Beta, Cf.data(), std::max(1, M), 0, 1, false);
+      for (int Col = 0; Col < N; ++Col)
+        for (int R = 0; R < M; ++R) {
+          float V = Cf[size_t(Col) * M + R];
+          Ci[size_t(Col) * Ldc + R] =
+              Bf16 ? sp::floatToBFloat16(V) : sp::floatToHalf(V);
+        }
+    }
   });
   return CUBLAS_STATUS_SUCCESS;
+}
+
+/// CT is float32, or 16-bit with operands of its type.
+bool emulatedGemmTypes(cudaDataType AT, cudaDataType BT, cudaDataType CT,
+                       cublasComputeType_t Compute) {
+  return Compute == CUBLAS_COMPUTE_32F && AT == BT &&
+         (CT == CUDA_R_32F ||
+          (CT == AT && (CT == CUDA_R_16BF || CT == CUDA_R_16F)));
 }
 
 } // namespace
@@ -171,11 +202,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t H, cublasOperation_t TA,
                             int Lda, const void *B, cudaDataType BT, int Ldb,
                             const void *Beta, void *C, cudaDataType CT, int Ldc,
                             cublasComputeType_t Compute, cublasGemmAlgo_t) {
-  if (CT != CUDA_R_32F || Compute != CUBLAS_COMPUTE_32F || AT != BT)
+  if (!emulatedGemmTypes(AT, BT, CT, Compute))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return gemmOn(H, TA, TB, M, N, K, *static_cast<const float *>(Alpha), A, AT,
-                Lda, 0, B, BT, Ldb, 0, *static_cast<const float *>(Beta),
-                static_cast<float *>(C), Ldc, 0, 1);
+                Lda, 0, B, BT, Ldb, 0, *static_cast<const float *>(Beta), C,
+                Ldc, 0, 1, CT);
 }
 
 cublasStatus_t cublasGemmStridedBatchedEx(
@@ -184,11 +215,11 @@ cublasStatus_t cublasGemmStridedBatchedEx(
     long long SA, const void *B, cudaDataType BT, int Ldb, long long SB,
     const void *Beta, void *C, cudaDataType CT, int Ldc, long long SC,
     int Batch, cublasComputeType_t Compute, cublasGemmAlgo_t) {
-  if (CT != CUDA_R_32F || Compute != CUBLAS_COMPUTE_32F || AT != BT)
+  if (!emulatedGemmTypes(AT, BT, CT, Compute))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return gemmOn(H, TA, TB, M, N, K, *static_cast<const float *>(Alpha), A, AT,
-                Lda, SA, B, BT, Ldb, SB, *static_cast<const float *>(Beta),
-                static_cast<float *>(C), Ldc, SC, Batch);
+                Lda, SA, B, BT, Ldb, SB, *static_cast<const float *>(Beta), C,
+                Ldc, SC, Batch, CT);
 }
 
 //===----------------------------------------------------------------------===//
@@ -257,10 +288,12 @@ cublasStatus_t checkLt(const LtDesc &D, const LtLayout &A, const LtLayout &B,
        D.Compute != CUBLAS_COMPUTE_32F_FAST_TF32) ||
       D.Scale != CUDA_R_32F || A.Type != B.Type ||
       (A.Type != CUDA_R_32F && A.Type != CUDA_R_16BF && A.Type != CUDA_R_16F) ||
-      C.Type != CUDA_R_32F || Dl.Type != CUDA_R_32F)
+      C.Type != Dl.Type ||
+      (Dl.Type != CUDA_R_32F && Dl.Type != A.Type))
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  // The bias of a float32 result is float32; of a 16-bit one, its type.
   if (D.Epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
-      (D.Epilogue != CUBLASLT_EPILOGUE_BIAS || D.BiasType != CUDA_R_32F))
+      (D.Epilogue != CUBLASLT_EPILOGUE_BIAS || D.BiasType != Dl.Type))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   uint64_t M = Dl.Rows, N = Dl.Cols;
   uint64_t K = D.TA == CUBLAS_OP_N ? A.Cols : A.Rows;
@@ -427,18 +460,36 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t D,
     }
   ++LtMatmuls;
   enqueue(S, [=] {
+    // A 16-bit D: the float32 result in Tmp, rounded once into D at the end.
+    const bool F32 = DL.Type == CUDA_R_32F;
+    std::vector<float> Tmp;
     float *Out = static_cast<float *>(Dp);
+    int Ld = int(DL.Ld);
+    if (!F32) {
+      widen(Dp, DL.Type, M, N, Ld, false, Tmp);
+      Out = Tmp.data();
+      Ld = std::max(1, M);
+    }
     gemmNow(Desc.TA, Desc.TB, M, N, K, Al0, A, AL.Type, int(AL.Ld), 0, B,
-            BL.Type, int(BL.Ld), 0, Be0, Out, int(DL.Ld), 0, 1,
+            BL.Type, int(BL.Ld), 0, Be0, Out, Ld, 0, 1,
             Desc.Compute == CUBLAS_COMPUTE_32F_FAST_TF32 &&
                 AL.Type == CUDA_R_32F);
     // The accumulator, a float, plus the bias, rounded once.
     if (Desc.Epilogue == CUBLASLT_EPILOGUE_BIAS) {
-      const float *Bias = static_cast<const float *>(Desc.Bias);
+      std::vector<float> Bias;
+      widen(Desc.Bias, Desc.BiasType, M, 1, M, false, Bias);
       for (int J = 0; J < N; ++J)
         for (int I = 0; I < M; ++I)
-          Out[size_t(J) * DL.Ld + I] += Bias[I];
+          Out[size_t(J) * Ld + I] += Bias[I];
     }
+    if (!F32)
+      for (int J = 0; J < N; ++J)
+        for (int I = 0; I < M; ++I) {
+          float V = Out[size_t(J) * Ld + I];
+          static_cast<uint16_t *>(Dp)[size_t(J) * DL.Ld + I] =
+              DL.Type == CUDA_R_16BF ? sp::floatToBFloat16(V)
+                                     : sp::floatToHalf(V);
+        }
   });
   return CUBLAS_STATUS_SUCCESS;
 }

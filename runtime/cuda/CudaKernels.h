@@ -126,10 +126,11 @@ void activation(Activation F, float *Y, const float *X, int64_t N,
 void activationBackward(Activation F, float *DX, const float *X,
                         const float *DY, int64_t N, cudaStream_t S);
 
-// GELU (kernels/Gelu.cuh): Tanh selects the tanh form.
-void gelu(Elems Y, Elems X, int64_t N, bool Tanh, cudaStream_t S);
+// GELU (kernels/Gelu.cuh): Tanh selects the tanh form; Num: Exact, the
+// CPU's bits (double, rounded once), or Fast (float32, vectorised).
+void gelu(Elems Y, Elems X, int64_t N, bool Tanh, Numerics Num, cudaStream_t S);
 void geluBackward(Elems DX, Elems X, Elems DY, int64_t N, bool Tanh,
-                  cudaStream_t S);
+                  Numerics Num, cudaStream_t S);
 
 // Norms (kernels/LayerNorm.cuh, kernels/RmsNorm.cuh).
 void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
@@ -191,15 +192,18 @@ void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,
 /// Y = softmax(causal(Alpha * X)) over rows of N: Alpha = 1 and Causal =
 /// false is the plain softmax op; the fused form is scale + causal_mask +
 /// softmax in one pass (each rounding as the three CPU kernels round).
+/// Num: Exact, the CPU's bits; Fast, float32 with a warp or a block per
+/// row (kernels/AttentionSoftmax.cuh), same semantics, for both.
 void softmax(Elems Y, Elems X, int64_t Rows, int64_t N, double Alpha,
-             bool Causal, int64_t Sq, double Fill, cudaStream_t S);
+             bool Causal, int64_t Sq, double Fill, Numerics Num,
+             cudaStream_t S);
 /// DX = Alpha * causal(float(Y * (DY - sum_j DY_j Y_j))) (the fill where
 /// Causal masks): softmax_grad, causal_mask and scale in one pass, each
 /// rounding as the CPU kernels round; Alpha = 1 and Causal = false is the
 /// plain softmax_grad op.
 void softmaxBackward(Elems DX, Elems Y, Elems DY, int64_t Rows, int64_t N,
                      double Alpha, bool Causal, int64_t Sq, double Fill,
-                     cudaStream_t S);
+                     Numerics Num, cudaStream_t S);
 
 /// Lse = the log-sum-exp of each row of X [Rows, N] (rows (b, a, i) of
 /// [B, Heads, Sq], written [B, Sq, Heads] when Merged): the fused attention

@@ -388,7 +388,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
                    I.In.size() > 2 ? In(2) : nullptr, Out(0), InT(0).Dtype,
                    OutT(0).Dtype))
       return E;
-    cuda::gelu(OutE(1), OutE(0), OutT(0).numElements(), Tanh(), S);
+    cuda::gelu(OutE(1), OutE(0), OutT(0).numElements(), Tanh(), Num, S);
     return Error::success();
   }
   case OpKind::LinearGeluGrad: { // the linear, then the GELU's gradient in
@@ -398,8 +398,8 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     if (auto E = linear(S, AInt("trans_w"), Rows, OutF, InF, In(0), In(1),
                         nullptr, Out(0), InT(0).Dtype, OutT(0).Dtype))
       return E;
-    cuda::geluBackward(OutE(0), InE(2), OutE(0), OutT(0).numElements(),
-                       Tanh(), S);
+    cuda::geluBackward(OutE(0), InE(2), OutE(0), OutT(0).numElements(), Tanh(),
+                       Num, S);
     return Error::success();
   }
   case OpKind::LinearGradW: {
@@ -425,11 +425,11 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     return Error::success();
   }
   case OpKind::Gelu:
-    cuda::gelu(OutE(0), InE(0), InT(0).numElements(), Tanh(), S);
+    cuda::gelu(OutE(0), InE(0), InT(0).numElements(), Tanh(), Num, S);
     return Error::success();
   case OpKind::GeluGrad:
     cuda::geluBackward(OutE(0), InE(0), InE(1), InT(0).numElements(), Tanh(),
-                       S);
+                       Num, S);
     return Error::success();
   case OpKind::RmsNorm: {
     int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
@@ -567,10 +567,11 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t Sq = Causal ? X.dim(-2) : 1;
     if (I.Op == OpKind::Softmax)
       cuda::softmax(OutE(0), InE(0), X.numElements() / N, N, AFloat("alpha"),
-                    Causal, Sq, AFloat("fill"), S);
+                    Causal, Sq, AFloat("fill"), Num, S);
     else
       cuda::softmaxBackward(OutE(0), InE(0), InE(1), X.numElements() / N, N,
-                            AFloat("alpha"), Causal, Sq, AFloat("fill"), S);
+                            AFloat("alpha"), Causal, Sq, AFloat("fill"), Num,
+                            S);
     return Error::success();
   }
   case OpKind::Dropout:

@@ -263,10 +263,11 @@ TEST(EmulatedKernels, GeluAndSoftmaxAreTheCpusBits) {
     const cpu::GeluApprox A = Tanh ? cpu::GeluApprox::Tanh
                                    : cpu::GeluApprox::None;
     std::vector<float> Y(N), CY(N), DX(N), CDX(N);
-    cuda::gelu(Y.data(), X.data(), N, Tanh, nullptr);
+    cuda::gelu(Y.data(), X.data(), N, Tanh, cuda::Numerics::Exact, nullptr);
     cpu::gelu(CY.data(), X.data(), N, A);
     EXPECT_TRUE(sameBits(Y, CY)) << (Tanh ? "tanh" : "erf");
-    cuda::geluBackward(DX.data(), X.data(), DY.data(), N, Tanh, nullptr);
+    cuda::geluBackward(DX.data(), X.data(), DY.data(), N, Tanh,
+                       cuda::Numerics::Exact, nullptr);
     cpu::geluBackward(CDX.data(), X.data(), DY.data(), N, A);
     EXPECT_TRUE(sameBits(DX, CDX)) << (Tanh ? "tanh" : "erf");
   }
@@ -276,12 +277,12 @@ TEST(EmulatedKernels, GeluAndSoftmaxAreTheCpusBits) {
   for (bool Causal : {false, true}) {
     std::vector<float> P(Rows * Sk), CP(P), DP(P), CDP(P);
     cuda::softmax(P.data(), S.data(), Rows, Sk, 0.125, Causal, Sq, -INFINITY,
-                  nullptr);
+                  cuda::Numerics::Exact, nullptr);
     cpu::scaledCausalSoftmax(CP.data(), S.data(), Batch, Sq, Sk, 0.125,
                              Causal, -INFINITY);
     EXPECT_TRUE(sameBits(P, CP)) << (Causal ? "causal" : "plain");
     cuda::softmaxBackward(DP.data(), CP.data(), DS.data(), Rows, Sk, 0.125,
-                          Causal, Sq, 0.0, nullptr);
+                          Causal, Sq, 0.0, cuda::Numerics::Exact, nullptr);
     cpu::scaledCausalSoftmaxBackward(CDP.data(), CP.data(), DS.data(), Batch,
                                      Sq, Sk, 0.125, Causal, 0.0);
     EXPECT_TRUE(sameBits(DP, CDP)) << (Causal ? "causal" : "plain");
@@ -456,8 +457,8 @@ TEST(EmulatedKernels, SixteenBitInPlaceIsTheWidenedRun) {
     cuda::layerNorm(cuda::Elems(Y16.data(), K), M.data(), R.data(),
                     cuda::Elems(X16.data(), K), cuda::Elems(G16.data(), K),
                     cuda::Elems(B16.data(), K), Rows, H, 1e-5, nullptr);
-    cuda::gelu(cuda::Elems(Z16.data(), K), cuda::Elems(Y16.data(), K), N,
-               false, nullptr);
+    cuda::gelu(cuda::Elems(Z16.data(), K), cuda::Elems(Y16.data(), K), N, false,
+               cuda::Numerics::Exact, nullptr);
     auto X = Widen(X16), G = Widen(G16), B = Widen(B16);
     std::vector<float> Y(N), CM(Rows), CR(Rows), Z(N);
     cpu::layerNorm(Y.data(), CM.data(), CR.data(), X.data(), G.data(),

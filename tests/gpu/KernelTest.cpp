@@ -27,14 +27,15 @@
 // Without a CUDA device every test is skipped with that message.
 //
 //===----------------------------------------------------------------------===//
+#include "AttentionCase.h"
+#include "OpCase.h"
 #include "ir/Float16.h"
 #include "runtime/cpu/CpuBackend.h"
 #include "runtime/cuda/AttentionPlan.h"
 #include "runtime/cuda/CudaBackend.h"
-#include "AttentionCase.h"
-#include "OpCase.h"
 #include "llvm/ADT/ScopeExit.h"
 #include "gtest/gtest.h"
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -636,6 +637,343 @@ TEST_F(CudaKernels, FusedSoftmaxForwardAndBackwardAreTheCpusBits) {
         G.Attrs.set("fill", Shape[3] == 9 ? 0.5 : 0.0);
         compare(B, {DX}, 0);
       }
+}
+
+/// --cuda-numerics fast: softmax and softmax_grad (plain, and the fused
+/// scale + causal mask of lower/FuseSoftmax.cpp) and GELU (both forms,
+/// forward and backward) in float32 (kernels/AttentionSoftmax.cuh,
+/// kernels/Gelu.cuh), against float64 evaluations of the same real
+/// functions of the same float inputs, elementwise, within bounds derived
+/// from float32's rounding (u = 2^-24, gamma_n = n u / (1 - n u); a
+/// relative error of k ulp is at most 2k u; first order, times 1.01 for
+/// the second-order terms):
+///  - softmax: d_j = x_j - m rounded (|d_j| u: the exp's relative error
+///    from it), expf within 2 ulp (4u), so e_j is within
+///    eps_j = (|d_j| + 4) u; the sum of the positive e_j within
+///    max_k eps_k + gamma_{N-1}; 1 / s and e_j (1 / s) one rounding each:
+///    |y_j - Y_j| <= Y_j (eps_j + max_k eps_k + gamma_{N-1} + 2u). An exp
+///    that underflows (d_j < -87) loses its relative precision: plus
+///    2^-125, absolute (s >= 1: the max's term is 1).
+///  - softmax_grad: the dot of N products in float within
+///    gamma_N sum_j |DY_j Y_j|, then the difference, the product with Y_j
+///    and the scale one rounding each: |dx_j - DX_j| <= |alpha Y_j|
+///    gamma_N sum_k |DY_k Y_k| + 3u |DX_j|; masked columns are
+///    float(alpha) * float(fill) exactly.
+///  - gelu erf: Phi = erfc(z) / 2, z = -x / sqrt 2 rounded twice (2u
+///    relative) moves erfc by |z| 2u |erfc'(z) / erfc(z)| <= (2x^2 + 3|x|) u
+///    (erfc'(z) / erfc(z) <= 2 |z| + 1.5: Mills' ratio), erfcf within
+///    4 ulp: E_Phi = (2x^2 + 3|x| + 8) u, then x Phi: + u. The gradient's
+///    x phi(x): exp's argument x^2 / 2 rounded once, expf 2 ulp, the
+///    constant and two products: E = (x^2 / 2 + 8) u; the sum and the
+///    product with DY: 2u of |DY dy/dx|.
+///  - gelu tanh: u(x) rounded 7 times (2u exact), e = expf(-2u) within
+///    E_e = (14 |u| + 4) u, s = 1 / (1 + e) within E_s = E_e + 2u, y = x s
+///    + u; the gradient's s and T = x s r 2k (1 + 3c x^2) (r = e s):
+///    E_T = 2 E_s + E_e + 11u, then 2u of |DY dy/dx|.
+///  - a Phi or s below float's normals (the far left tail): plus
+///    (|x| + 1) 2^-125, times |DY| for the gradients.
+/// bf16 tensors: the float32 result rounded once more, within 2^-8 of it:
+/// |got - ref| <= F + 2^-8 (|ref| + F) (F the float32 bound); and the
+/// softmax's bf16 probabilities at most one bf16 ulp from the exact
+/// kernel's (both round a float within a few u of the same real). Every
+/// run twice: the same bits.
+TEST_F(CudaKernels, FastSoftmaxAndGeluAreWithinFloat32RoundingOfExact) {
+  const double U = 0x1p-24, Tiny = 0x1p-125;
+  auto Gamma = [&](double N) { return N * U / (1 - N * U); };
+  auto Values = [](const std::vector<char> &B, DType T) {
+    std::vector<double> V;
+    if (T == DType::F32) {
+      for (float F : asFloats(B))
+        V.push_back(F);
+      return V;
+    }
+    for (size_t K = 0; K + 1 < B.size(); K += 2) {
+      uint16_t H;
+      std::memcpy(&H, B.data() + K, 2);
+      V.push_back(bfloat16ToFloat(H));
+    }
+    return V;
+  };
+  // Runs C on the fast backend twice (the same bits) and returns the first.
+  auto RunFast = [&](OpCase &C) {
+    auto A = C.run(*Fast);
+    auto B = C.run(*Fast);
+    EXPECT_TRUE(bool(A) && bool(B));
+    if (!A || !B) {
+      consumeError(A.takeError());
+      consumeError(B.takeError());
+      return std::vector<std::vector<char>>();
+    }
+    EXPECT_TRUE(*A == *B) << "two runs differ";
+    return *A;
+  };
+  // Got against Ref within the float32 bounds F (widened for bf16).
+  auto Check = [&](const std::vector<double> &Got,
+                   const std::vector<double> &Ref, const std::vector<double> &F,
+                   DType T, const char *What) {
+    ASSERT_EQ(Got.size(), Ref.size());
+    int64_t Bad = 0;
+    double Worst = 0;
+    for (size_t K = 0; K < Got.size(); ++K) {
+      double B =
+          T == DType::F32 ? F[K] : F[K] + 0x1p-8 * (std::fabs(Ref[K]) + F[K]);
+      double E = std::fabs(Got[K] - Ref[K]);
+      if (!(E <= B)) { // NaN fails too
+        if (Bad++ < 3)
+          ADD_FAILURE() << What << " element " << K << ": " << Got[K] << " vs "
+                        << Ref[K] << ", bound " << B;
+      }
+      if (B > 0)
+        Worst = std::max(Worst, E / B);
+    }
+    EXPECT_EQ(Bad, 0) << What;
+    std::printf("  %s (%s, %zu elements): largest error %.3g of its bound\n",
+                What, T == DType::F32 ? "f32" : "bf16", Got.size(), Worst);
+  };
+  struct SoftmaxCase {
+    std::vector<int64_t> Shape;
+    double Alpha;
+    bool Causal;
+    double Fill;
+  };
+  for (DType T : {DType::F32, DType::BF16})
+    for (SoftmaxCase SC :
+         std::vector<SoftmaxCase>{{{2, 3, 7, 33}, 1.0, false, 0.0},
+                                  {{1, 2, 24, 2048}, 0.125, true, -INFINITY},
+                                  {{1, 1, 5, 3000}, 0.125, true, -1e4},
+                                  {{1, 1, 4, 3001}, 1.0, false, 0.0},
+                                  {{1, 3, 40, 77}, 0.125, true, -INFINITY},
+                                  {{2, 70001}, 1.0, false, 0.0}}) {
+      const std::vector<int64_t> &Shape = SC.Shape;
+      const int64_t N = Shape.back(), Sq = Shape[Shape.size() - 2];
+      std::string Name = "N " + std::to_string(N) +
+                         (SC.Causal ? " causal" : "") +
+                         (T == DType::F32 ? " f32" : " bf16");
+      SCOPED_TRACE(Name);
+      const float A = float(SC.Alpha), Fl = float(SC.Fill);
+      const bool Scaled = SC.Alpha != 1.0;
+      // Forward.
+      OpCase C;
+      int X = T == DType::F32 ? C.floats(Shape, 3) : C.halfs(T, Shape, 3);
+      if (!SC.Causal) { // row 1 all -inf: zeros
+        if (T == DType::F32)
+          for (int64_t J = 0; J < N; ++J)
+            reinterpret_cast<float *>(C.Data[X].data())[N + J] = -INFINITY;
+        else
+          for (int64_t J = 0; J < N; ++J)
+            reinterpret_cast<uint16_t *>(C.Data[X].data())[N + J] = 0xff80;
+      }
+      int Y = C.buffer(T, Shape);
+      auto &I = C.op(OpKind::Softmax, {X}, {Y});
+      I.Attrs.set("alpha", SC.Alpha);
+      I.Attrs.set("causal", int64_t(SC.Causal));
+      I.Attrs.set("fill", SC.Fill);
+      auto Got = RunFast(C);
+      ASSERT_FALSE(Got.empty());
+      auto XV = Values(C.Data[X], T), YV = Values(Got[Y], T);
+      const int64_t Rows = int64_t(XV.size()) / N;
+      std::vector<double> Ref(XV.size()), F(XV.size());
+      for (int64_t R = 0; R < Rows; ++R) {
+        int64_t Keep = SC.Causal ? std::min(R % Sq + 1, N) : N;
+        std::vector<double> Xr(N);
+        double M = -INFINITY;
+        for (int64_t J = 0; J < N; ++J) {
+          float V = float(XV[R * N + J]);
+          Xr[J] = J >= Keep ? Fl : Scaled ? A * V : V; // float products
+          M = std::max(M, Xr[J]);
+        }
+        if (M == -INFINITY)
+          continue; // zeros, exactly
+        // Terms whose exp underflows (d_j > 104) are 0 or subnormal in
+        // float: not eps_k relative but N 2^-149 absolute in s >= 1.
+        double S = 0, MaxD = 0;
+        for (int64_t J = 0; J < N; ++J) {
+          S += std::exp(Xr[J] - M);
+          if (M - Xr[J] < 104)
+            MaxD = std::max(MaxD, M - Xr[J]);
+        }
+        for (int64_t J = 0; J < N; ++J) {
+          double Yj = std::exp(Xr[J] - M) / S;
+          double D = Xr[J] == -INFINITY ? 0 : M - Xr[J];
+          Ref[R * N + J] = Yj;
+          F[R * N + J] = 1.01 * Yj *
+                             ((D + 4) * U + (MaxD + 4) * U + Gamma(N) + 2 * U +
+                              N * 0x1p-149) +
+                         Tiny;
+        }
+      }
+      Check(YV, Ref, F, T, ("softmax, " + Name).c_str());
+      if (T == DType::BF16) { // within a bf16 ulp of the exact kernel's
+        auto Exact = C.run(*Gpu);
+        ASSERT_TRUE(bool(Exact)) << toString(Exact.takeError());
+        const uint16_t *G = reinterpret_cast<const uint16_t *>(Got[Y].data()),
+                       *W = reinterpret_cast<const uint16_t *>(
+                           (*Exact)[Y].data());
+        int64_t Off = 0;
+        for (size_t K = 0; K < XV.size(); ++K)
+          Off += std::abs(int(G[K]) - int(W[K])) > 1;
+        EXPECT_EQ(Off, 0) << "bf16 softmax elements more than one ulp from "
+                             "the exact kernel's";
+      }
+      // Backward.
+      OpCase B;
+      int Yv = T == DType::F32 ? B.floats(Shape, 0.1f, 0.2f)
+                               : B.halfs(T, Shape, 0.2f);
+      int DY = T == DType::F32 ? B.floats(Shape) : B.halfs(T, Shape);
+      int DX = B.buffer(T, Shape);
+      auto &G = B.op(OpKind::SoftmaxGrad, {Yv, DY}, {DX});
+      G.Attrs.set("alpha", SC.Alpha);
+      G.Attrs.set("causal", int64_t(SC.Causal));
+      G.Attrs.set("fill", SC.Causal ? 0.5 : 0.0);
+      auto GotB = RunFast(B);
+      ASSERT_FALSE(GotB.empty());
+      auto YB = Values(B.Data[Yv], T), DYB = Values(B.Data[DY], T),
+           DXB = Values(GotB[DX], T);
+      const float GFill = SC.Causal ? 0.5f : 0.0f;
+      for (int64_t R = 0; R < Rows; ++R) {
+        int64_t Keep = SC.Causal ? std::min(R % Sq + 1, N) : N;
+        double Dot = 0, Abs = 0;
+        for (int64_t J = 0; J < N; ++J) {
+          Dot += DYB[R * N + J] * YB[R * N + J];
+          Abs += std::fabs(DYB[R * N + J] * YB[R * N + J]);
+        }
+        for (int64_t J = 0; J < N; ++J) {
+          int64_t K = R * N + J;
+          if (J >= Keep) {
+            Ref[K] = Scaled ? A * GFill : GFill; // a float product
+            F[K] = 0;
+            continue;
+          }
+          double V = A * YB[K] * (DYB[K] - Dot);
+          Ref[K] = V;
+          F[K] = 1.01 *
+                 (std::fabs(A * YB[K]) * Gamma(N) * Abs + 3 * U * std::fabs(V));
+        }
+      }
+      Check(DXB, Ref, F, T, ("softmax_grad, " + Name).c_str());
+    }
+  for (DType T : {DType::F32, DType::BF16})
+    for (const char *Form : {"none", "tanh"})
+      for (std::vector<int64_t> Shape :
+           {std::vector<int64_t>{1000}, std::vector<int64_t>{3, 333}}) {
+        const bool Tanh = std::string(Form) == "tanh";
+        std::string Name =
+            std::string("gelu ") + Form + ", " + std::to_string(Shape.back());
+        OpCase C;
+        int X = T == DType::F32 ? C.floats(Shape, 4) : C.halfs(T, Shape, 4);
+        int DY = T == DType::F32 ? C.floats(Shape) : C.halfs(T, Shape);
+        int Y = C.buffer(T, Shape), DX = C.buffer(T, Shape);
+        C.op(OpKind::Gelu, {X}, {Y})
+            .Attrs.set("approximate", std::string(Form));
+        C.op(OpKind::GeluGrad, {X, DY}, {DX})
+            .Attrs.set("approximate", std::string(Form));
+        auto Got = RunFast(C);
+        ASSERT_FALSE(Got.empty());
+        auto XV = Values(C.Data[X], T), DYV = Values(C.Data[DY], T);
+        std::vector<double> RefY(XV.size()), FY(XV.size()), RefD(XV.size()),
+            FD(XV.size());
+        const double K2 = std::sqrt(2 / M_PI), Cu = 0.044715;
+        for (size_t K = 0; K < XV.size(); ++K) {
+          double Xk = XV[K], Ax = std::fabs(Xk), Dy = std::fabs(DYV[K]);
+          double Floor = (Ax + 1) * Tiny, Yk, Gk, FYk, FG;
+          if (!Tanh) {
+            double Phi = 0.5 * std::erfc(-Xk / std::sqrt(2.0));
+            double XPhi = Xk * std::exp(-0.5 * Xk * Xk) / std::sqrt(2 * M_PI);
+            double EPhi = (2 * Xk * Xk + 3 * Ax + 8) * U;
+            Yk = Xk * Phi;
+            Gk = Phi + XPhi;
+            FYk = std::fabs(Yk) * (EPhi + U);
+            FG = std::fabs(Phi) * EPhi +
+                 std::fabs(XPhi) * (0.5 * Xk * Xk + 8) * U;
+          } else {
+            double Uk = K2 * (Xk + Cu * Xk * Xk * Xk);
+            double S = 1 / (1 + std::exp(-2 * Uk)),
+                   R = 1 / (1 + std::exp(2 * Uk));
+            double Ee = (14 * std::fabs(Uk) + 4) * U, Es = Ee + 2 * U;
+            double Tk = Xk * S * R * 2 * K2 * (1 + 3 * Cu * Xk * Xk);
+            Yk = Xk * S;
+            Gk = S + Tk;
+            FYk = std::fabs(Yk) * (Es + U);
+            FG = S * Es + std::fabs(Tk) * (2 * Es + Ee + 11 * U);
+          }
+          RefY[K] = Yk;
+          FY[K] = 1.01 * FYk + Floor;
+          RefD[K] = DYV[K] * Gk;
+          FD[K] =
+              1.01 * (Dy * FG + 2 * U * std::fabs(DYV[K] * Gk)) + Dy * Floor;
+        }
+        Check(Values(Got[Y], T), RefY, FY, T, Name.c_str());
+        Check(Values(Got[DX], T), RefD, FD, T, (Name + " grad").c_str());
+      }
+}
+
+/// Not a check: the exact and fast kernels' times on the 22B layer's shapes
+/// (bf16 scores [65536 rows, 2048], the MLP's [8192, 3072]); run with
+/// --gtest_also_run_disabled_tests.
+TEST_F(CudaKernels, DISABLED_FastSoftmaxAndGeluTimings) {
+  auto Time = [&](Backend &Be, OpCase &C) {
+    auto Arena = Be.allocate(C.P.ArenaBytes);
+    if (!Arena) {
+      ADD_FAILURE() << toString(Arena.takeError());
+      return 0.0;
+    }
+    std::vector<char> Zeros(C.P.ArenaBytes);
+    if (auto E = Be.copyToBackend(*Arena, Zeros.data(), Zeros.size()))
+      ADD_FAILURE() << toString(std::move(E));
+    auto Tensor = createSingleRankCommunicator();
+    auto Run = [&] {
+      if (auto E = Be.run(testCall(C.P.Instrs[0], C.P, *Arena, *Tensor)))
+        ADD_FAILURE() << toString(std::move(E));
+    };
+    Run();
+    if (auto E = Be.synchronize())
+      ADD_FAILURE() << toString(std::move(E));
+    auto T0 = std::chrono::steady_clock::now();
+    const int Reps = 20;
+    for (int K = 0; K < Reps; ++K)
+      Run();
+    if (auto E = Be.synchronize())
+      ADD_FAILURE() << toString(std::move(E));
+    auto T1 = std::chrono::steady_clock::now();
+    Be.release(*Arena);
+    return std::chrono::duration<double, std::micro>(T1 - T0).count() / Reps;
+  };
+  std::vector<int64_t> Scores = {8, 16, 512, 2048}, Mlp = {8192, 3072};
+  for (int Op = 0; Op < 6; ++Op) {
+    OpCase C;
+    const char *Name = "";
+    if (Op < 2) {
+      int X = C.buffer(DType::BF16, Scores), Y = C.buffer(DType::BF16, Scores);
+      Instruction *I;
+      if (Op == 0) {
+        Name = "softmax (causal, scaled)";
+        I = &C.op(OpKind::Softmax, {X}, {Y});
+        I->Attrs.set("fill", -INFINITY);
+      } else {
+        Name = "softmax_grad (causal, scaled)";
+        int DY = C.buffer(DType::BF16, Scores);
+        I = &C.op(OpKind::SoftmaxGrad, {X, DY}, {Y});
+        I->Attrs.set("fill", 0.0);
+      }
+      I->Attrs.set("alpha", 0.125);
+      I->Attrs.set("causal", int64_t(1));
+    } else {
+      bool Tanh = Op % 2;
+      int X = C.buffer(DType::BF16, Mlp), Y = C.buffer(DType::BF16, Mlp);
+      if (Op < 4) {
+        Name = Tanh ? "gelu tanh" : "gelu erf";
+        C.op(OpKind::Gelu, {X}, {Y})
+            .Attrs.set("approximate", std::string(Tanh ? "tanh" : "none"));
+      } else {
+        Name = Tanh ? "gelu_grad tanh" : "gelu_grad erf";
+        int DY = C.buffer(DType::BF16, Mlp);
+        C.op(OpKind::GeluGrad, {X, DY}, {Y})
+            .Attrs.set("approximate", std::string(Tanh ? "tanh" : "none"));
+      }
+    }
+    double E = Time(*Gpu, C), F = Time(*Fast, C);
+    std::printf("  %-30s exact %8.1f us  fast %8.1f us\n", Name, E, F);
+  }
 }
 
 /// The fused attention core, forward and backward, against the fused CPU

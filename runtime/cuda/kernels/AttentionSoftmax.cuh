@@ -1,4 +1,5 @@
-//===- AttentionSoftmax.cuh - Scale, masks and softmax of attention -*- CUDA -*-===//
+//===- AttentionSoftmax.cuh - Scale, masks and softmax of attention -*- CUDA
+//-*-===//
 //
 // Reference (runtime/cpu/kernels/AttentionSoftmax.cpp, CpuBackend's
 // padding_mask), rows of N = Sk keys, query i = row mod Sq:
@@ -20,10 +21,35 @@
 // DX_j = float(alpha) * (j < i + 1 ? float(Y_j * (DY_j - dot)) : float(fill)),
 // the CPU's softmax_grad, causal_mask and scale in that order (a scale by 1
 // is skipped, as the CPU backend skips it). Sums and maxima are the
-// CPU's lane order (Common.cuh), so the results are the CPU's bits.
+// CPU's lane order (Common.cuh), so the results are the CPU's bits. That
+// is the Exact form (Numerics::Exact).
+//
+// The Fast form (Numerics::Fast) of softmax and softmax_grad, the same
+// semantics (alpha, the causal fill, a row whose max is -inf gives zeros,
+// Y may be X and DX may be DY) in float32: a group of G threads per row
+// (G = 32, a warp, eight rows to a block of 256; G = 64 .. 1024 for
+// longer rows, a block per row), G the least power of two whose threads
+// hold the row in registers (FastSoftmaxCache floats a thread forward,
+// two arrays of FastSoftmaxGradCache backward), so X (Y, DY) is read once;
+// rows longer than 1024 such shares are read again in each pass. Loads and
+// stores are 16-byte vectors (FastVectors.cuh) when N is a multiple of
+// the vector and the pointers are 16-byte aligned, scalar otherwise.
+//   forward:  x_j = causal(alpha * X_j) (float, as above); m = max_j x_j;
+//             m == -inf: the row is 0; else e_j = expf(x_j - m) (CUDA's
+//             expf, within 2 ulp; the argument's float rounding adds
+//             |x_j - m| u), s = sum_j e_j, Y_j = e_j * (1 / s)
+//   backward: d = sum_j DY_j Y_j, DX_j = alpha * (j < i + 1 ? Y_j (DY_j - d)
+//             : fill) (the scale skipped when alpha is 1)
+// Sums and maxima are fixed trees: each thread folds its own elements in
+// order, then a butterfly of warp shuffles (every lane gets the same bits:
+// float addition commutes), then the warps' partials in ascending order
+// through shared memory. The same bits every run; no atomics. The bounds
+// from float32's rounding are derived in tests/gpu/KernelTest.cpp
+// (FastSoftmaxAndGeluAreWithinFloat32RoundingOfExact).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Common.cuh"
+#include "runtime/cuda/kernels/FastVectors.cuh"
 
 namespace sp::cuda {
 namespace {
@@ -173,6 +199,241 @@ __global__ void rowLogSumExpKernel(float *Lse, const float *X, int64_t Rows,
   });
 }
 
+/// Floats of a row a thread holds in registers: the forward's x (then
+/// its exps), and each of the backward's Y and DY.
+constexpr int FastSoftmaxCache = 64;
+constexpr int FastSoftmaxGradCache = 32;
+
+/// The group's reduction of V (a max, or a sum): a butterfly of shuffles
+/// within the warp, then (G > 32: the group is the block) the warps'
+/// values in ascending order. Every thread of the group gets the same bits.
+template <bool IsMax>
+__device__ inline float groupReduce(float V, int G, float *Sh) {
+  auto Op = [](float A, float B) {
+    if constexpr (IsMax)
+      return A < B ? B : A;
+    else
+      return A + B;
+  };
+#pragma unroll
+  for (int O = 16; O > 0; O >>= 1)
+    V = Op(V, __shfl_xor_sync(0xffffffffu, V, O));
+  if (G == 32)
+    return V;
+  if (threadIdx.x % 32 == 0)
+    Sh[threadIdx.x / 32] = V;
+  __syncthreads();
+  float T = Sh[0];
+  for (int K = 1; K < G / 32; ++K)
+    T = Op(T, Sh[K]);
+  __syncthreads(); // every thread read Sh before the next reduction writes
+  return T;
+}
+
+/// Fn(K, V) for the vectors V = T + K G (< NV) that thread T of a group of
+/// G owns: K < Per unrolled (the register cache's index) when Cached.
+template <bool Cached, int Per, typename F>
+__device__ inline void forOwned(int T, int G, int64_t NV, F &&Fn) {
+  if constexpr (Cached) {
+#pragma unroll
+    for (int K = 0; K < Per; ++K)
+      if (int64_t V = T + int64_t(K) * G; V < NV)
+        Fn(K, V);
+  } else {
+    for (int64_t V = T; V < NV; V += G)
+      Fn(0, V);
+  }
+}
+
+template <Storage ST, int Vec, bool Cached>
+__global__ void fastSoftmaxKernel(Elems Y, Elems X, int64_t Rows, int64_t N,
+                                  int G, float Alpha, bool Scaled, bool Causal,
+                                  int64_t Sq, float Fill) {
+  constexpr int Per = FastSoftmaxCache / Vec;
+  __shared__ float Sh[32];
+  const float NegInf = -__int_as_float(0x7f800000);
+  const int T = int(threadIdx.x) % G;
+  const int64_t RowsPerBlock = blockDim.x / G, NV = N / Vec;
+  for (int64_t R = blockIdx.x * RowsPerBlock + threadIdx.x / G; R < Rows;
+       R += gridDim.x * RowsPerBlock) {
+    int64_t I = R % (Sq > 0 ? Sq : 1);
+    int64_t Keep = Causal ? (I + 1 < N ? I + 1 : N) : N;
+    Elems XR = at(X, R * N), YR = at(Y, R * N);
+    [[maybe_unused]] float C[Cached ? Per : 1][Vec];
+    // Vector V of x = causal(alpha * X).
+    auto LoadX = [&](int64_t V, float(&O)[Vec]) {
+      loadVec<ST, Vec>(XR, V, O);
+#pragma unroll
+      for (int E = 0; E < Vec; ++E)
+        O[E] = Causal && V * Vec + E >= Keep ? Fill
+               : Scaled                      ? Alpha * O[E]
+                                             : O[E];
+    };
+    float M = NegInf;
+    forOwned<Cached, Per>(T, G, NV, [&](int K, int64_t V) {
+      float O[Vec];
+      LoadX(V, O);
+#pragma unroll
+      for (int E = 0; E < Vec; ++E) {
+        if constexpr (Cached)
+          C[K][E] = O[E];
+        M = M < O[E] ? O[E] : M;
+      }
+    });
+    M = groupReduce<true>(M, G, Sh);
+    if (M == NegInf) {
+      forOwned<Cached, Per>(T, G, NV, [&](int, int64_t V) {
+        float O[Vec] = {};
+        storeVec<ST, Vec>(YR, V, O);
+      });
+      continue;
+    }
+    float S = 0;
+    forOwned<Cached, Per>(T, G, NV, [&](int K, int64_t V) {
+      float O[Vec];
+      if constexpr (!Cached)
+        LoadX(V, O);
+#pragma unroll
+      for (int E = 0; E < Vec; ++E) {
+        float Ex;
+        if constexpr (Cached)
+          Ex = C[K][E] = expf(C[K][E] - M);
+        else
+          Ex = expf(O[E] - M);
+        S += Ex;
+      }
+    });
+    float Inv = 1.0f / groupReduce<false>(S, G, Sh);
+    // Each thread writes only the vectors it read: Y may be X.
+    forOwned<Cached, Per>(T, G, NV, [&](int K, int64_t V) {
+      float O[Vec];
+      if constexpr (!Cached)
+        LoadX(V, O);
+#pragma unroll
+      for (int E = 0; E < Vec; ++E) {
+        if constexpr (Cached)
+          O[E] = C[K][E] * Inv;
+        else
+          O[E] = expf(O[E] - M) * Inv;
+      }
+      storeVec<ST, Vec>(YR, V, O);
+    });
+  }
+}
+
+template <Storage ST, int Vec, bool Cached>
+__global__ void fastSoftmaxBackwardKernel(Elems DX, Elems Y, Elems DY,
+                                          int64_t Rows, int64_t N, int G,
+                                          float Alpha, bool Scaled, bool Causal,
+                                          int64_t Sq, float Fill) {
+  constexpr int Per = FastSoftmaxGradCache / Vec;
+  __shared__ float Sh[32];
+  const int T = int(threadIdx.x) % G;
+  const int64_t RowsPerBlock = blockDim.x / G, NV = N / Vec;
+  for (int64_t R = blockIdx.x * RowsPerBlock + threadIdx.x / G; R < Rows;
+       R += gridDim.x * RowsPerBlock) {
+    int64_t I = R % (Sq > 0 ? Sq : 1);
+    int64_t Keep = Causal ? (I + 1 < N ? I + 1 : N) : N;
+    Elems YR = at(Y, R * N), DYR = at(DY, R * N), DXR = at(DX, R * N);
+    [[maybe_unused]] float CY[Cached ? Per : 1][Vec], CD[Cached ? Per : 1][Vec];
+    float D = 0;
+    forOwned<Cached, Per>(T, G, NV, [&](int K, int64_t V) {
+      float A[Vec], B[Vec];
+      loadVec<ST, Vec>(YR, V, A);
+      loadVec<ST, Vec>(DYR, V, B);
+#pragma unroll
+      for (int E = 0; E < Vec; ++E) {
+        if constexpr (Cached)
+          CY[K][E] = A[E], CD[K][E] = B[E];
+        D += B[E] * A[E];
+      }
+    });
+    D = groupReduce<false>(D, G, Sh);
+    // Each thread writes only the vectors it read: DX may be DY.
+    forOwned<Cached, Per>(T, G, NV, [&](int K, int64_t V) {
+      float A[Vec], B[Vec], O[Vec];
+      if constexpr (Cached) {
+#pragma unroll
+        for (int E = 0; E < Vec; ++E)
+          A[E] = CY[K][E], B[E] = CD[K][E];
+      } else {
+        loadVec<ST, Vec>(YR, V, A);
+        loadVec<ST, Vec>(DYR, V, B);
+      }
+#pragma unroll
+      for (int E = 0; E < Vec; ++E) {
+        float W = V * Vec + E < Keep ? A[E] * (B[E] - D) : Fill;
+        O[E] = Scaled ? Alpha * W : W;
+      }
+      storeVec<ST, Vec>(DXR, V, O);
+    });
+  }
+}
+
+/// The fast kernels' launch: groups of G threads a row (a block of 256 for
+/// G = 32, else a block per row), Cached when the row fits in registers.
+struct FastRows {
+  int64_t Blocks = 0;
+  int Threads = 0, G = 32;
+  bool Cached = true;
+};
+
+inline FastRows fastRowsLaunch(int64_t Rows, int64_t NV, int Per) {
+  FastRows L;
+  while (L.G < 1024 && int64_t(L.G) * Per < NV)
+    L.G *= 2;
+  L.Cached = int64_t(L.G) * Per >= NV;
+  L.Threads = L.G == 32 ? BlockThreads : L.G;
+  int64_t B = ceilDiv(Rows, L.Threads / L.G);
+  L.Blocks = B < MaxBlocks ? B : MaxBlocks;
+  return L;
+}
+
+/// Vec = ST's 16-byte vector when N is its multiple and every pointer is
+/// aligned, else 1: Fn(integral_constant<int, Vec>).
+template <Storage ST, typename F>
+inline void withVec(int64_t N, std::initializer_list<const void *> Ps, F &&Fn) {
+  bool Ok = N % vecWidth<ST>() == 0;
+  for (const void *P : Ps)
+    Ok = Ok && aligned16(P);
+  if (Ok)
+    Fn(std::integral_constant<int, vecWidth<ST>()>());
+  else
+    Fn(std::integral_constant<int, 1>());
+}
+
+void fastSoftmax(Elems Y, Elems X, int64_t Rows, int64_t N, float Alpha,
+                 bool Scaled, bool Causal, int64_t Sq, float Fill,
+                 cudaStream_t S) {
+  withStorage(X.Kind, [&](auto STC) {
+    constexpr Storage ST = decltype(STC)::value;
+    withVec<ST>(N, {X.Data, Y.Data}, [&](auto VC) {
+      constexpr int Vec = decltype(VC)::value;
+      FastRows L = fastRowsLaunch(Rows, N / Vec, FastSoftmaxCache / Vec);
+      auto *K = L.Cached ? &fastSoftmaxKernel<ST, Vec, true>
+                         : &fastSoftmaxKernel<ST, Vec, false>;
+      SP_LAUNCH(K, L.Blocks, L.Threads, 0, S, Y, X, Rows, N, L.G, Alpha, Scaled,
+                Causal, Sq, Fill);
+    });
+  });
+}
+
+void fastSoftmaxBackward(Elems DX, Elems Y, Elems DY, int64_t Rows, int64_t N,
+                         float Alpha, bool Scaled, bool Causal, int64_t Sq,
+                         float Fill, cudaStream_t S) {
+  withStorage(Y.Kind, [&](auto STC) {
+    constexpr Storage ST = decltype(STC)::value;
+    withVec<ST>(N, {DX.Data, Y.Data, DY.Data}, [&](auto VC) {
+      constexpr int Vec = decltype(VC)::value;
+      FastRows L = fastRowsLaunch(Rows, N / Vec, FastSoftmaxGradCache / Vec);
+      auto *K = L.Cached ? &fastSoftmaxBackwardKernel<ST, Vec, true>
+                         : &fastSoftmaxBackwardKernel<ST, Vec, false>;
+      SP_LAUNCH(K, L.Blocks, L.Threads, 0, S, DX, Y, DY, Rows, N, L.G, Alpha,
+                Scaled, Causal, Sq, Fill);
+    });
+  });
+}
+
 } // namespace
 
 void rowLogSumExp(float *Lse, const float *X, int64_t Rows, int64_t N,
@@ -206,7 +467,11 @@ void paddingMask(float *Y, const float *X, const void *Keep, int KeepType,
 }
 
 void softmax(Elems Y, Elems X, int64_t Rows, int64_t N, double Alpha,
-             bool Causal, int64_t Sq, double Fill, cudaStream_t S) {
+             bool Causal, int64_t Sq, double Fill, Numerics Num,
+             cudaStream_t S) {
+  if (Rows > 0 && N > 0 && Num == Numerics::Fast)
+    return fastSoftmax(Y, X, Rows, N, float(Alpha), Alpha != 1.0, Causal, Sq,
+                       float(Fill), S);
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
     withStorage(X.Kind, [&](auto ST) {
       SP_LAUNCH(softmaxKernel<ST>, L.Blocks, L.Threads, 0, S, Y, X, Rows, N,
@@ -216,7 +481,10 @@ void softmax(Elems Y, Elems X, int64_t Rows, int64_t N, double Alpha,
 
 void softmaxBackward(Elems DX, Elems Y, Elems DY, int64_t Rows, int64_t N,
                      double Alpha, bool Causal, int64_t Sq, double Fill,
-                     cudaStream_t S) {
+                     Numerics Num, cudaStream_t S) {
+  if (Rows > 0 && N > 0 && Num == Numerics::Fast)
+    return fastSoftmaxBackward(DX, Y, DY, Rows, N, float(Alpha), Alpha != 1.0,
+                               Causal, Sq, float(Fill), S);
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && N > 0)
     withStorage(Y.Kind, [&](auto ST) {
       SP_LAUNCH(softmaxBackwardKernel<ST>, L.Blocks, L.Threads, 0, S, DX, Y, DY,

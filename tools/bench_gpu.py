@@ -69,7 +69,8 @@ Flags: --device cpu|cuda[:N] (passed to sp-run --device), --model 22B|175B|small
 from models/paper/models.csv: h, a, s, b and t; small: h 256, a 8, s 256, b 2 sharded 4 ways,
 seconds on a 2-core CPU), --dtype fp32|bf16, --steps N (timed steps; N + 1 are run), --repeat R
 (rounds, modes interleaved; the fastest round of each counts), --threads (CPU kernel threads of
-sp-run and torch; default all cores), --sp-bin, --workdir (kept), --json FILE (every number).
+sp-run and torch; default all cores), --bf16-only (with --dtype bf16: no fp32 or TF32 rows), --sp-bin,
+--workdir (kept), --json FILE (every number).
 """
 import argparse
 import csv
@@ -370,6 +371,8 @@ def main():
     ap.add_argument("--model", choices=["22B", "175B", "small"], default="small")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                     help="fp32 (sp-run and torch; on cuda also TF32); bf16 adds bf16 runs of both")
+    ap.add_argument("--bf16-only", action="store_true",
+                    help="with --dtype bf16: measure the bf16 plans only (no fp32 or TF32 rows)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps (one more is run and left out)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the fastest of each mode counts")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of sp-run and torch")
@@ -398,6 +401,10 @@ def main():
     if peak is None:
         peak_source = "no peak known (give --peak-tflops)"
     precisions = ["fp32"] if args.device == "cpu" else ["fp32", "tf32"]
+    if args.bf16_only:
+        if args.dtype != "bf16":
+            raise SystemExit("error: --bf16-only needs --dtype bf16")
+        precisions = []
     work = args.workdir or tempfile.mkdtemp(prefix="sp-bench-gpu-")
     os.makedirs(work, exist_ok=True)
 

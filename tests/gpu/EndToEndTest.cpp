@@ -57,8 +57,9 @@ namespace {
 
 /// An executor of P on the GPU (Cuda) or on the CPU; Blockwise: the GPU
 /// runs the attention core with its blockwise kernels.
-Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda,
-                                                 bool Blockwise = false) {
+Expected<std::unique_ptr<Executor>> makeExecutor(
+    const Plan &P, bool Cuda, bool Blockwise = false,
+    cuda::Numerics Num = cuda::Numerics::Exact) {
   RunOptions O;
   O.AllowFloat64 = true;
   // The backend is made first, so that a failure is an error here; the
@@ -66,7 +67,7 @@ Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda,
   std::unique_ptr<Backend> Made;
   if (Cuda) {
     CudaBackendOptions CO;
-    CO.Numerics = cuda::Numerics::Exact; // the CPU's bits but the GEMMs'
+    CO.Numerics = Num; // Exact: the CPU's bits but the GEMMs'
     CO.BlockwiseAttention = Blockwise;
     auto B = createCudaBackend(CO);
     if (!B)
@@ -78,8 +79,9 @@ Expected<std::unique_ptr<Executor>> makeExecutor(const Plan &P, bool Cuda,
 }
 
 Expected<Run> train(const Plan &P, bool Cuda, int Steps,
-                    bool Blockwise = false) {
-  auto E = makeExecutor(P, Cuda, Blockwise);
+                    bool Blockwise = false,
+                    cuda::Numerics Num = cuda::Numerics::Exact) {
+  auto E = makeExecutor(P, Cuda, Blockwise, Num);
   if (!E)
     return E.takeError();
   return trainRun(**E, Steps);
@@ -88,8 +90,9 @@ Expected<Run> train(const Plan &P, bool Cuda, int Steps,
 /// P trained Steps steps on the GPU, on the CPU and on the CPU in float64,
 /// compared by expectMatches.
 void expectTrainsAsTheCpu(const Plan &P, int Steps, int GradSteps,
-                          bool Blockwise = false) {
-  auto Gpu = train(P, /*Cuda=*/true, Steps, Blockwise);
+                          bool Blockwise = false,
+                          cuda::Numerics Num = cuda::Numerics::Exact) {
+  auto Gpu = train(P, /*Cuda=*/true, Steps, Blockwise, Num);
   ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
   auto Cpu = train(P, /*Cuda=*/false, Steps);
   ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
@@ -133,10 +136,29 @@ TEST(CudaEndToEnd, FusedAttentionPlanMatchesTheCpuBackend) {
   }
 }
 
+/// The fast kernels (--cuda-numerics fast, the default): float32 sums in
+/// the GPU's order instead of the CPU's double ones, so the same check as
+/// the blockwise kernels' reordered sums: every loss, gradient and update
+/// as close to the float64 run as the CPU's float32 run is (expectMatches'
+/// error ratios), unfused and fused core.
+TEST(CudaEndToEnd, FastNumericsTrainAsTheCpu) {
+  if (Error E = checkCudaDevice())
+    GTEST_SKIP() << "no CUDA device is present, skipping the GPU end-to-end "
+                    "test: "
+                 << toString(std::move(E));
+  for (bool Fused : {false, true}) {
+    SCOPED_TRACE(Fused ? "fused core, blockwise" : "unfused core");
+    Plan P = compileTiny(1, false, 1, 1, 1, 0, StableEps, DType::F32, Fused);
+    expectTrainsAsTheCpu(P, /*Steps=*/3, /*GradSteps=*/3, /*Blockwise=*/Fused,
+                         cuda::Numerics::Fast);
+  }
+}
+
 /// The losses of Steps training steps on one batch (as train's).
-Expected<std::vector<double>> trainLosses(const Plan &P, bool Cuda, int Steps,
-                                          bool Blockwise = false) {
-  auto E = makeExecutor(P, Cuda, Blockwise);
+Expected<std::vector<double>> trainLosses(
+    const Plan &P, bool Cuda, int Steps, bool Blockwise = false,
+    cuda::Numerics Num = cuda::Numerics::Exact) {
+  auto E = makeExecutor(P, Cuda, Blockwise, Num);
   if (!E)
     return E.takeError();
   TokenBatch Data = oneBatch(**E);
@@ -157,7 +179,9 @@ Expected<std::vector<double>> trainLosses(const Plan &P, bool Cuda, int Steps,
 /// within u L, each window of 20 steps' mean within 4u. The two differ only
 /// in the GEMMs' summation order (the other kernels are the CPU's bits,
 /// MixedPrecisionIsTheCpusBits), far less than the 16-bit rounding the band
-/// allows for. The fused plan's attention core runs blockwise in 16 bits.
+/// allows for; with the fast kernels also in their float32 sums, which
+/// are far inside it too. The fused plan's attention core runs blockwise
+/// in 16 bits.
 TEST(CudaEndToEnd, MixedPrecisionTracksTheCpu) {
   SP_SKIP_IF_QUICK();
   if (Error E = checkCudaDevice())
@@ -171,12 +195,17 @@ TEST(CudaEndToEnd, MixedPrecisionTracksTheCpu) {
       SCOPED_TRACE(dtypeName(T).str() + (Fused ? ", fused, blockwise" : ""));
       Plan P =
           compileTiny(1, false, 1, 1, 1, 0, OptimizerOptions().Eps, T, Fused);
-      auto Gpu = trainLosses(P, /*Cuda=*/true, Steps, /*Blockwise=*/Fused);
-      ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
       auto Cpu = trainLosses(P, /*Cuda=*/false, Steps);
       ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
-      expectLossesWithinBand(*Gpu, *Cpu, U, Window,
-                             dtypeName(T).str() + (Fused ? " fused" : ""));
+      for (cuda::Numerics Num : {cuda::Numerics::Exact, cuda::Numerics::Fast}) {
+        auto Gpu = trainLosses(P, /*Cuda=*/true, Steps, /*Blockwise=*/Fused,
+                               Num);
+        ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());
+        expectLossesWithinBand(
+            *Gpu, *Cpu, U, Window,
+            dtypeName(T).str() + (Fused ? " fused" : "") +
+                (Num == cuda::Numerics::Fast ? " fast" : ""));
+      }
     }
 }
 

@@ -133,15 +133,18 @@ void geluBackward(Elems DX, Elems X, Elems DY, int64_t N, bool Tanh,
                   Numerics Num, cudaStream_t S);
 
 // Norms (kernels/LayerNorm.cuh, kernels/RmsNorm.cuh).
+/// N: Exact, the CPU's bits; Fast, float32 tree sums (NumericsMode.h).
 void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
-               Elems Beta, int64_t Rows, int64_t H, double Eps,
+               Elems Beta, int64_t Rows, int64_t H, double Eps, Numerics N,
                cudaStream_t S);
-/// The parameter gradients stay float32 (the plans' gradients are).
-/// Scratch: 2 columnParts(Rows) H doubles (LaunchGeometry.h).
-void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY,
-                       Elems X, Elems Gamma, const float *Mean,
-                       const float *Rstd, int64_t Rows, int64_t H,
-                       double *Scratch, cudaStream_t S);
+/// The parameter gradients stay float32 (the plans' gradients are), and
+/// are added into DGamma and DBeta. Scratch: 2 columnParts(Rows) H doubles
+/// (LaunchGeometry.h; the Fast form uses them as 2 ceil(Rows / 32) H
+/// floats).
+void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY, Elems X,
+                       Elems Gamma, const float *Mean, const float *Rstd,
+                       int64_t Rows, int64_t H, double *Scratch, Numerics N,
+                       cudaStream_t S);
 void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
              int64_t Rows, int64_t H, double Eps, cudaStream_t S);
 /// Scratch: columnParts(Rows) H doubles.

@@ -355,9 +355,8 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::LayerNorm: {
     int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
     bool Stats = I.Out.size() == 3;
-    cuda::layerNorm(OutE(0), Stats ? Out(1) : nullptr,
-                    Stats ? Out(2) : nullptr, InE(0), InE(1), InE(2), Rows, H,
-                    AFloat("epsilon"), S);
+    cuda::layerNorm(OutE(0), Stats ? Out(1) : nullptr, Stats ? Out(2) : nullptr,
+                    InE(0), InE(1), InE(2), Rows, H, AFloat("epsilon"), Num, S);
     return Error::success();
   }
   case OpKind::LayerNormGrad: {
@@ -370,7 +369,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     if (!Tmp)
       return Tmp.takeError();
     cuda::layerNormBackward(OutE(0), Out(1), Out(2), InE(0), InE(1), InE(2),
-                            In(3), In(4), Rows, H, *Tmp, S);
+                            In(3), In(4), Rows, H, *Tmp, Num, S);
     return Error::success();
   }
   case OpKind::Linear: {

@@ -238,7 +238,7 @@ TEST(EmulatedKernels, LayerNormIsTheCpusBits) {
        DY = normals(Rows * H, 1, 4);
   std::vector<float> Y(Rows * H), M(Rows), R(Rows), CY(Y), CM(M), CR(R);
   cuda::layerNorm(Y.data(), M.data(), R.data(), X.data(), G.data(), B.data(),
-                  Rows, H, 1e-5, nullptr);
+                  Rows, H, 1e-5, cuda::Numerics::Exact, nullptr);
   cpu::layerNorm(CY.data(), CM.data(), CR.data(), X.data(), G.data(),
                  B.data(), Rows, H, 1e-5);
   EXPECT_TRUE(sameBits(Y, CY));
@@ -246,9 +246,9 @@ TEST(EmulatedKernels, LayerNormIsTheCpusBits) {
   EXPECT_TRUE(sameBits(R, CR));
   std::vector<float> DX(Rows * H), DG(H), DB(H), CDX(DX), CDG(DG), CDB(DB);
   std::vector<double> Scratch(2 * cuda::columnParts(Rows) * H);
-  cuda::layerNormBackward(DX.data(), DG.data(), DB.data(), DY.data(),
-                          X.data(), G.data(), M.data(), R.data(), Rows, H,
-                          Scratch.data(), nullptr);
+  cuda::layerNormBackward(DX.data(), DG.data(), DB.data(), DY.data(), X.data(),
+                          G.data(), M.data(), R.data(), Rows, H, Scratch.data(),
+                          cuda::Numerics::Exact, nullptr);
   cpu::layerNormBackward(CDX.data(), CDG.data(), CDB.data(), DY.data(),
                          X.data(), G.data(), CM.data(), CR.data(), Rows, H);
   EXPECT_TRUE(sameBits(DX, CDX));

@@ -205,6 +205,221 @@ TEST_F(CudaKernels, LayerNormForwardAndBackward) {
   }
 }
 
+/// gamma_n = n u / (1 - n u), u = 2^-24: a float32 computation of n
+/// roundings has relative error at most gamma_n (Higham, 3.1).
+double gammaF32(double N) {
+  const double U = 0x1p-24;
+  return N * U / (1 - N * U);
+}
+
+/// Buffer B's elements as doubles (float32, or bf16/fp16 widened).
+std::vector<double> elements(const std::vector<char> &Bytes, DType T) {
+  std::vector<double> V;
+  if (T == DType::F32) {
+    for (float F : asFloats(Bytes))
+      V.push_back(F);
+    return V;
+  }
+  for (size_t K = 0; K + 1 < Bytes.size(); K += 2) {
+    uint16_t H;
+    std::memcpy(&H, Bytes.data() + K, 2);
+    V.push_back(T == DType::BF16 ? bfloat16ToFloat(H) : halfToFloat(H));
+  }
+  return V;
+}
+
+/// The spacing of T's values at V (bf16: 8 significant bits).
+double ulpOf(double V, DType T) {
+  if (V == 0 || T == DType::F32)
+    return 0;
+  return std::ldexp(1.0, std::ilogb(V) - (T == DType::BF16 ? 7 : 10));
+}
+
+// The fast LayerNorm (kernels/LayerNormFast.cuh, the Fast backend's) is
+// checked against float64 computations of the same formulas, within bounds
+// derived from float32's rounding, gamma_n above (first-order terms doubled
+// where a bound is not rigorous, to cover the second-order ones, which are
+// smaller by a factor of about n u here). Per row of H elements:
+//  - mu' = fl(sum x) / H: H roundings, |mu' - mu| <= Emu = g_H sum|x| / H;
+//  - var' = fl(sum fl(x - mu')^2) / H: each term rounds 2 times, the sum
+//    H - 1, the division once, and sum (x - mu')^2 / H = var + (mu - mu')^2
+//    exactly, so |var' - var| <= Ev = g_{H+2} (var + Emu^2) + Emu^2;
+//  - s' = fl(1 / fl(sqrt(fl(var' + eps)))): d s / s = d var / (2 (var +
+//    eps)) to first order, and 3 roundings: Es = 2 s (Ev / (2 (var + eps))
+//    + g_3);
+//  - y' = fl(fl(fl(x - mu') s') gamma) + beta): 4 roundings, so
+//    Ey = 2 (|gamma| ((|x - mu| + Emu) Es + s Emu) + g_4 (|gamma| (|x - mu|
+//    + Emu) (s + Es) + |beta|)).
+// The backward, given float32 Mean and Rstd (the same inputs for every
+// backend), xhat = (x - Mean) Rstd, g = dy gamma:
+//  - A = fl(sum g) / H: |dA| <= EA = g_{H+1} sum|g| / H;
+//  - B = fl(sum g xhat) / H, each term 4 roundings: EB = g_{H+4}
+//    sum|g xhat| / H;
+//  - dx = fl(Rstd fl(fl(g - A) - fl(xhat B))), 7 roundings: Edx = 2 Rstd
+//    (EA + |xhat| EB + g_7 (|g| + |A| + |xhat| (|B| + EB)));
+//  - dgamma = sum_r fl(dy xhat), 3 roundings a term and Rows - 1 additions
+//    in any order (the chunks' partials, then the chunks in order), added
+//    to zero: Edg = g_{Rows+3} sum_r |dy xhat| (rigorous); dbeta:
+//    Edb = g_{Rows} sum_r |dy|.
+// 16-bit outputs round y' or dx' once more: they are within the bound plus
+// half a unit of the float64 value, and within one unit in the last place
+// (plus the bound, which matters only under cancellation) of the exact
+// form's (the CPU's) 16-bit result, which rounds a value within float32's
+// error of the same real.
+// The shapes: H not a multiple of the vector width (the scalar form), H
+// past a thousand (a block per row, several warps), past the registers
+// (4099: vectors reread), rows not a multiple of the backward's chunk of
+// 32 and fewer than one chunk; scale 0.01 makes the variance 1e-4, where
+// a wrong epsilon (1e-5) would show.
+TEST_F(CudaKernels, FastLayerNormIsWithinFloat32RoundingOfExact) {
+  struct Shape {
+    int64_t Rows, H;
+    float Scale;
+  };
+  const double Eps = 1e-5;
+  for (DType T : {DType::F32, DType::BF16})
+    for (Shape Sh : {Shape{6, 37, 2}, Shape{70, 64, 0.01f}, Shape{33, 1030, 1},
+                     Shape{40, 1024, 2}, Shape{3, 4099, 1}}) {
+      const int64_t Rows = Sh.Rows, H = Sh.H;
+      SCOPED_TRACE(std::string(T == DType::F32 ? "f32" : "bf16") + ", rows " +
+                   std::to_string(Rows) + ", h " + std::to_string(H));
+      auto Input = [&](OpCase &C, std::vector<int64_t> S, float Scale) {
+        return T == DType::F32 ? C.floats(S, Scale) : C.halfs(T, S, Scale);
+      };
+      CpuBackend Cpu;
+      // Forward.
+      OpCase F;
+      int X = Input(F, {Rows, H}, Sh.Scale), G = Input(F, {H}, 1),
+          B = Input(F, {H}, 1);
+      int Y = F.buffer(T, {Rows, H}), M = F.buffer(DType::F32, {Rows}),
+          R = F.buffer(DType::F32, {Rows});
+      F.op(OpKind::LayerNorm, {X, G, B}, {Y, M, R}).Attrs.set("epsilon", Eps);
+      auto Want = F.run(Cpu);
+      auto Got = F.run(*Fast);
+      auto Again = F.run(*Fast);
+      ASSERT_TRUE(Want && Got && Again);
+      EXPECT_EQ((*Got)[Y], (*Again)[Y]) << "the fast forward is not fixed";
+      {
+        auto Xv = elements(F.Data[X], T), Gv = elements(F.Data[G], T),
+             Bv = elements(F.Data[B], T);
+        auto Yf = elements((*Got)[Y], T), Yc = elements((*Want)[Y], T),
+             Mf = elements((*Got)[M], DType::F32),
+             Rf = elements((*Got)[R], DType::F32);
+        int64_t Bad = 0, Same = 0;
+        for (int64_t Rw = 0; Rw < Rows; ++Rw) {
+          const double *XR = &Xv[Rw * H];
+          double Sum = 0, Abs = 0, Sq = 0;
+          for (int64_t J = 0; J < H; ++J)
+            Sum += XR[J], Abs += std::fabs(XR[J]);
+          double Mu = Sum / H;
+          for (int64_t J = 0; J < H; ++J)
+            Sq += (XR[J] - Mu) * (XR[J] - Mu);
+          double Var = Sq / H, S = 1 / std::sqrt(Var + Eps);
+          double Emu = gammaF32(H) * Abs / H;
+          double Ev = gammaF32(H + 2) * (Var + Emu * Emu) + Emu * Emu;
+          double Es = 2 * S * (Ev / (2 * (Var + Eps)) + gammaF32(3));
+          EXPECT_LE(std::fabs(Mf[Rw] - Mu), Emu) << "mean of row " << Rw;
+          EXPECT_LE(std::fabs(Rf[Rw] - S), Es) << "rstd of row " << Rw;
+          for (int64_t J = 0; J < H; ++J) {
+            double D = std::fabs(XR[J] - Mu),
+                   Yr = (XR[J] - Mu) * S * Gv[J] + Bv[J];
+            double Ey =
+                2 * (std::fabs(Gv[J]) * ((D + Emu) * Es + S * Emu) +
+                     gammaF32(4) * (std::fabs(Gv[J]) * (D + Emu) * (S + Es) +
+                                    std::fabs(Bv[J])));
+            double Got1 = Yf[Rw * H + J], Exact = Yc[Rw * H + J];
+            double Ulp = std::max(ulpOf(Got1, T), ulpOf(Exact, T));
+            bool Ok = std::fabs(Got1 - Yr) <= Ey + Ulp / 2 &&
+                      std::fabs(Got1 - Exact) <= Ulp + 2 * Ey;
+            Bad += !Ok;
+            Same += Got1 == Exact;
+            if (!Ok && Bad <= 3)
+              ADD_FAILURE()
+                  << "y[" << Rw << ", " << J << "] = " << Got1 << ", float64 "
+                  << Yr << ", exact " << Exact << ", bound " << Ey;
+          }
+        }
+        EXPECT_EQ(Bad, 0);
+        std::printf("  fast layer_norm %s [%lld, %lld]: %.1f%% of y the "
+                    "exact form's bits\n",
+                    T == DType::F32 ? "f32" : "bf16", (long long)Rows,
+                    (long long)H, 100.0 * Same / double(Rows * H));
+      }
+      // Backward, from the same float32 statistics on every backend.
+      OpCase Bw;
+      int DY = Input(Bw, {Rows, H}, 1), X2 = Input(Bw, {Rows, H}, Sh.Scale),
+          G2 = Input(Bw, {H}, 1);
+      int M2 = Bw.floats({Rows}, 0.1f * Sh.Scale),
+          R2 = Bw.floats({Rows}, 0.1f / Sh.Scale, 1.0f / Sh.Scale);
+      int DX = Bw.buffer(T, {Rows, H}), DG = Bw.buffer(DType::F32, {H}),
+          DB = Bw.buffer(DType::F32, {H});
+      Bw.op(OpKind::LayerNormGrad, {DY, X2, G2, M2, R2}, {DX, DG, DB});
+      auto BWant = Bw.run(Cpu);
+      auto BGot = Bw.run(*Fast);
+      auto BAgain = Bw.run(*Fast);
+      ASSERT_TRUE(BWant && BGot && BAgain);
+      for (int K : {DX, DG, DB})
+        EXPECT_EQ((*BGot)[K], (*BAgain)[K])
+            << "the fast backward is not fixed: buffer " << K;
+      auto Dyv = elements(Bw.Data[DY], T), Xv = elements(Bw.Data[X2], T),
+           Gv = elements(Bw.Data[G2], T),
+           Mv = elements(Bw.Data[M2], DType::F32),
+           Rv = elements(Bw.Data[R2], DType::F32);
+      auto DXf = elements((*BGot)[DX], T), DXc = elements((*BWant)[DX], T),
+           DGf = elements((*BGot)[DG], DType::F32),
+           DBf = elements((*BGot)[DB], DType::F32);
+      std::vector<double> DGr(H), DBr(H), DGa(H), DBa(H);
+      int64_t Bad = 0, Same = 0;
+      for (int64_t Rw = 0; Rw < Rows; ++Rw) {
+        double A = 0, Aa = 0, Bs = 0, Ba = 0, S = Rv[Rw];
+        auto XHat = [&](int64_t J) { return (Xv[Rw * H + J] - Mv[Rw]) * S; };
+        for (int64_t J = 0; J < H; ++J) {
+          double Gg = Dyv[Rw * H + J] * Gv[J];
+          A += Gg, Aa += std::fabs(Gg);
+          Bs += Gg * XHat(J), Ba += std::fabs(Gg * XHat(J));
+          DGr[J] += Dyv[Rw * H + J] * XHat(J);
+          DGa[J] += std::fabs(Dyv[Rw * H + J] * XHat(J));
+          DBr[J] += Dyv[Rw * H + J];
+          DBa[J] += std::fabs(Dyv[Rw * H + J]);
+        }
+        A /= H, Bs /= H;
+        double EA = gammaF32(H + 1) * Aa / H, EB = gammaF32(H + 4) * Ba / H;
+        for (int64_t J = 0; J < H; ++J) {
+          double Gg = Dyv[Rw * H + J] * Gv[J], Xh = XHat(J);
+          double Dx = S * (Gg - A - Xh * Bs);
+          double Edx = 2 * S *
+                       (EA + std::fabs(Xh) * EB +
+                        gammaF32(7) * (std::fabs(Gg) + std::fabs(A) +
+                                       std::fabs(Xh) * (std::fabs(Bs) + EB)));
+          double Got1 = DXf[Rw * H + J], Exact = DXc[Rw * H + J];
+          double Ulp = std::max(ulpOf(Got1, T), ulpOf(Exact, T));
+          bool Ok = std::fabs(Got1 - Dx) <= Edx + Ulp / 2 &&
+                    std::fabs(Got1 - Exact) <= Ulp + 2 * Edx;
+          Bad += !Ok;
+          Same += Got1 == Exact;
+          if (!Ok && Bad <= 3)
+            ADD_FAILURE() << "dx[" << Rw << ", " << J << "] = " << Got1
+                          << ", float64 " << Dx << ", exact " << Exact
+                          << ", bound " << Edx;
+        }
+      }
+      for (int64_t J = 0; J < H; ++J) {
+        if (std::fabs(DGf[J] - DGr[J]) > gammaF32(Rows + 3) * DGa[J] &&
+            ++Bad <= 6)
+          ADD_FAILURE() << "dgamma[" << J << "] = " << DGf[J] << ", float64 "
+                        << DGr[J];
+        if (std::fabs(DBf[J] - DBr[J]) > gammaF32(Rows) * DBa[J] && ++Bad <= 6)
+          ADD_FAILURE() << "dbeta[" << J << "] = " << DBf[J] << ", float64 "
+                        << DBr[J];
+      }
+      EXPECT_EQ(Bad, 0);
+      std::printf("  fast layer_norm_grad %s [%lld, %lld]: %.1f%% of dx the "
+                  "exact form's bits\n",
+                  T == DType::F32 ? "f32" : "bf16", (long long)Rows,
+                  (long long)H, 100.0 * Same / double(Rows * H));
+    }
+}
+
 TEST_F(CudaKernels, RmsNormForwardAndBackward) {
   for (auto [Rows, H] :
        {std::pair<int64_t, int64_t>{9, 40}, {41, 150}, {130, 150}}) {

@@ -1,4 +1,5 @@
-//===- LayerNorm.cuh - LayerNorm forward and backward, bias grad -*- CUDA -*-===//
+//===- LayerNorm.cuh - LayerNorm forward and backward, bias grad -*- CUDA
+//-*-===//
 //
 // Reference (runtime/cpu/kernels/LayerNorm.cpp), per row r of
 // X[Rows, H], sums in double as the CPU's laneSum:
@@ -20,8 +21,14 @@
 // share one storage (float32, or bf16/fp16 read and rounded in place:
 // Elems); the statistics and the parameter gradients are float32.
 //
+// That is the Exact form (Numerics::Exact). The Fast form, float32 tree
+// sums by whole warps or blocks per row with vectorised loads, and the
+// parameter gradients by a deterministic two-stage float32 column sum, is
+// in LayerNormFast.cuh; the launchers below choose by their Numerics.
+//
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Common.cuh"
+#include "runtime/cuda/kernels/LayerNormFast.cuh"
 
 namespace sp::cuda {
 namespace {
@@ -145,8 +152,10 @@ __global__ void biasBackwardPartsKernel(double *Part, Elems DY, int64_t Rows,
 } // namespace
 
 void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
-               Elems Beta, int64_t Rows, int64_t H, double Eps,
+               Elems Beta, int64_t Rows, int64_t H, double Eps, Numerics N,
                cudaStream_t S) {
+  if (N == Numerics::Fast)
+    return layerNormFast(Y, Mean, Rstd, X, Gamma, Beta, Rows, H, Eps, S);
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
     withStorage(X.Kind, [&](auto ST) {
       SP_LAUNCH(layerNormKernel<ST>, L.Blocks, L.Threads, 0, S, Y, Mean, Rstd,
@@ -154,10 +163,14 @@ void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
     });
 }
 
-void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY,
-                       Elems X, Elems Gamma, const float *Mean,
-                       const float *Rstd, int64_t Rows, int64_t H,
-                       double *Scratch, cudaStream_t S) {
+void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY, Elems X,
+                       Elems Gamma, const float *Mean, const float *Rstd,
+                       int64_t Rows, int64_t H, double *Scratch, Numerics N,
+                       cudaStream_t S) {
+  if (N == Numerics::Fast)
+    return layerNormBackwardFast(DX, DGamma, DBeta, DY, X, Gamma, Mean, Rstd,
+                                 Rows, H, reinterpret_cast<float *>(Scratch),
+                                 S);
   if (DX)
     if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
       withStorage(X.Kind, [&](auto ST) {

@@ -1,0 +1,450 @@
+//===- LayerNormFast.cuh - LayerNorm's fast forward and backward -*- CUDA
+//-*-===//
+//
+// The Numerics::Fast form of LayerNorm (LayerNorm.cuh has the Exact form,
+// the CPU's bits, and the launchers that choose). Same meaning, float32
+// arithmetic in an order chosen for the GPU, still fixed (the order depends
+// only on the shape and storage, never on scheduling: the same bits every
+// run):
+//
+// forward, one group of RowThreads threads per row (a multiple of 32, at
+// most 1024; FastRowsPerBlock groups a block when a row needs one warp):
+//   - a row is V vectors of W elements: W = 16 bytes (8 bf16/fp16, 4 f32)
+//     when every pointer is 16-byte aligned and H % W == 0, else W = 1
+//     (scalar); thread t of the group holds vectors t + k RowThreads,
+//     k < FastVecs, in registers (X read once; vectors beyond that, for
+//     rows too wide, are read again from memory in each pass);
+//   - mu = (sum x) / H, var = (sum (x - mu)^2) / H (two passes over the
+//     registers), s = 1 / sqrt(var + eps), Y = (x - mu) s gamma + beta
+//     rounded once to Y's storage; Mean = mu, Rstd = s (float32);
+//   - each sum: the thread's terms in order, then a butterfly of xor
+//     shuffles in the warp (every lane gets the same bits: float addition
+//     commutes), then the group's warps' sums in warp order from shared
+//     memory.
+// backward, one block per FastChunkRows consecutive rows (the rows one
+// after another, the block's threads over the row's vectors as above):
+//   - g = dy gamma, xhat = (x - Mean) Rstd; A = (sum g) / H,
+//     B = (sum g xhat) / H (the tree sums above);
+//     DX = Rstd (g - A - xhat B);
+//   - the parameter gradients by a two-stage column sum, no atomics:
+//     stage 1, each thread adds dy xhat and dy of its columns over the
+//     block's rows in order (registers) and writes them to the partials
+//     PartG[c H + j], PartB[c H + j] of chunk c; stage 2, one thread per
+//     column adds the chunks' partials in order from c = 0 and adds the
+//     sum into DGamma[j], DBeta[j] (+=, as the exact form).
+//   The partials are float32: 2 ceil(Rows / 32) H floats, which fit in the
+//   exact form's scratch of 2 columnParts(Rows) H doubles.
+//
+//===----------------------------------------------------------------------===//
+#ifndef SP_RUNTIME_CUDA_KERNELS_LAYERNORMFAST_CUH
+#define SP_RUNTIME_CUDA_KERNELS_LAYERNORMFAST_CUH
+
+#include "runtime/cuda/kernels/Common.cuh"
+
+namespace sp::cuda {
+namespace {
+
+/// Vectors a thread keeps in registers (forward, backward).
+constexpr int FastVecs = 4;
+constexpr int FastBackVecs = 2;
+/// Rows of a backward block (a chunk of the column partials).
+constexpr int64_t FastChunkRows = 32;
+/// Threads of a forward block when a row needs one warp.
+constexpr int FastBlockThreads = 256;
+constexpr int64_t fastChunks(int64_t Rows) {
+  return ceilDiv(Rows, FastChunkRows);
+}
+
+/// Elements of one 16-byte vector in storage ST.
+template <Storage ST> constexpr int vecWidth() {
+  return ST == Storage::F32 ? 4 : 8;
+}
+
+/// Vector V (W elements from element V W) of E as float32.
+template <Storage ST, int W>
+__device__ inline void ldVec(Elems E, int64_t V, float (&Out)[W]) {
+  if constexpr (W == 1) {
+    Out[0] = ldAs<ST>(E, V);
+  } else if constexpr (ST == Storage::F32) {
+    float4 F = static_cast<const float4 *>(E.Data)[V];
+    Out[0] = F.x;
+    Out[1] = F.y;
+    Out[2] = F.z;
+    Out[3] = F.w;
+  } else {
+    uint4 U = static_cast<const uint4 *>(E.Data)[V];
+    unsigned Words[4] = {U.x, U.y, U.z, U.w};
+#pragma unroll
+    for (int K = 0; K < 4; ++K) {
+      Out[2 * K] = widenBits(uint16_t(Words[K] & 0xffffu), ST == Storage::BF16);
+      Out[2 * K + 1] = widenBits(uint16_t(Words[K] >> 16), ST == Storage::BF16);
+    }
+  }
+}
+
+/// Stores In, each rounded once to ST, as vector V of E.
+template <Storage ST, int W>
+__device__ inline void stVec(Elems E, int64_t V, const float (&In)[W]) {
+  if constexpr (W == 1) {
+    stAs<ST>(E, V, In[0]);
+  } else if constexpr (ST == Storage::F32) {
+    float4 F;
+    F.x = In[0];
+    F.y = In[1];
+    F.z = In[2];
+    F.w = In[3];
+    static_cast<float4 *>(E.Data)[V] = F;
+  } else {
+    unsigned Words[4];
+#pragma unroll
+    for (int K = 0; K < 4; ++K)
+      Words[K] = unsigned(narrowBits(In[2 * K], ST == Storage::BF16)) |
+                 unsigned(narrowBits(In[2 * K + 1], ST == Storage::BF16)) << 16;
+    uint4 U;
+    U.x = Words[0];
+    U.y = Words[1];
+    U.z = Words[2];
+    U.w = Words[3];
+    static_cast<uint4 *>(E.Data)[V] = U;
+  }
+}
+
+/// Gamma's vector V, or ones where there is no gamma (Beta: zeros).
+template <Storage ST, int W>
+__device__ inline void ldVecOr(Elems E, int64_t V, float Default,
+                               float (&Out)[W]) {
+  if (E.Data) {
+    ldVec<ST, W>(E, V, Out);
+  } else {
+#pragma unroll
+    for (int K = 0; K < W; ++K)
+      Out[K] = Default;
+  }
+}
+
+/// Sums each of V[0..N) over this thread's group of RowThreads threads
+/// (RowThreads a multiple of 32, groups of consecutive threads): xor
+/// butterfly in the warp, then the group's warps in order through Red
+/// (N times blockDim / 32 floats of shared memory). Every thread of the
+/// block must call it (shuffles, barriers); all of a group get the same
+/// bits.
+template <int N>
+__device__ inline void groupSum(float (&V)[N], float *Red, int RowThreads) {
+#pragma unroll
+  for (int K = 0; K < N; ++K)
+    for (int Off = 16; Off > 0; Off /= 2)
+      V[K] += __shfl_xor_sync(0xffffffffu, V[K], Off);
+  if (RowThreads <= 32)
+    return;
+  const int Warps = int(blockDim.x) / 32, Warp = int(threadIdx.x) / 32;
+  __syncthreads(); // Red's previous sums are read
+  if (threadIdx.x % 32 == 0)
+#pragma unroll
+    for (int K = 0; K < N; ++K)
+      Red[K * Warps + Warp] = V[K];
+  __syncthreads();
+  const int First = int(threadIdx.x) / RowThreads * (RowThreads / 32);
+#pragma unroll
+  for (int K = 0; K < N; ++K) {
+    float S = 0;
+    for (int I = 0; I < RowThreads / 32; ++I)
+      S += Red[K * Warps + First + I];
+    V[K] = S;
+  }
+}
+
+template <Storage ST, int W>
+__global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
+                                    Elems Gamma, Elems Beta, int64_t Rows,
+                                    int64_t H, float Eps, int RowThreads) {
+  SP_DYNAMIC_SHARED(float, Red);
+  const int64_t NV = H / W;
+  const int Groups = int(blockDim.x) / RowThreads;
+  const int T = int(threadIdx.x) % RowThreads;
+  const int64_t Stride = int64_t(gridDim.x) * Groups;
+  const int64_t Iters = ceilDiv(Rows, Stride);
+  for (int64_t It = 0; It < Iters; ++It) {
+    const int64_t R =
+        (It * gridDim.x + blockIdx.x) * Groups + threadIdx.x / RowThreads;
+    const bool Active = R < Rows;
+    Elems XR = at(X, (Active ? R : 0) * H), YR = at(Y, (Active ? R : 0) * H);
+    float Xs[FastVecs][W] = {}; // (set where V < NV: = {} for the warning)
+    float Sum[1] = {0};
+#pragma unroll
+    for (int K = 0; K < FastVecs; ++K) {
+      const int64_t V = T + int64_t(K) * RowThreads;
+      if (Active && V < NV) {
+        ldVec<ST, W>(XR, V, Xs[K]);
+#pragma unroll
+        for (int E = 0; E < W; ++E)
+          Sum[0] += Xs[K][E];
+      }
+    }
+    for (int64_t V = T + int64_t(FastVecs) * RowThreads; Active && V < NV;
+         V += RowThreads) {
+      float Xv[W];
+      ldVec<ST, W>(XR, V, Xv);
+#pragma unroll
+      for (int E = 0; E < W; ++E)
+        Sum[0] += Xv[E];
+    }
+    groupSum(Sum, Red, RowThreads);
+    const float Mu = Sum[0] / float(H);
+    float Sq[1] = {0};
+#pragma unroll
+    for (int K = 0; K < FastVecs; ++K) {
+      const int64_t V = T + int64_t(K) * RowThreads;
+      if (Active && V < NV)
+#pragma unroll
+        for (int E = 0; E < W; ++E) {
+          float D = Xs[K][E] - Mu;
+          Sq[0] += D * D;
+        }
+    }
+    for (int64_t V = T + int64_t(FastVecs) * RowThreads; Active && V < NV;
+         V += RowThreads) {
+      float Xv[W];
+      ldVec<ST, W>(XR, V, Xv);
+#pragma unroll
+      for (int E = 0; E < W; ++E) {
+        float D = Xv[E] - Mu;
+        Sq[0] += D * D;
+      }
+    }
+    groupSum(Sq, Red, RowThreads);
+    if (!Active)
+      continue;
+    const float S = 1.0f / sqrtf(Sq[0] / float(H) + Eps);
+    auto Out = [&](int64_t V, const float(&Xv)[W]) {
+      float G[W], B[W], Yv[W];
+      ldVecOr<ST, W>(Gamma, V, 1.0f, G);
+      ldVecOr<ST, W>(Beta, V, 0.0f, B);
+#pragma unroll
+      for (int E = 0; E < W; ++E)
+        Yv[E] = (Xv[E] - Mu) * S * G[E] + B[E];
+      stVec<ST, W>(YR, V, Yv);
+    };
+#pragma unroll
+    for (int K = 0; K < FastVecs; ++K) {
+      const int64_t V = T + int64_t(K) * RowThreads;
+      if (V < NV)
+        Out(V, Xs[K]);
+    }
+    for (int64_t V = T + int64_t(FastVecs) * RowThreads; V < NV;
+         V += RowThreads) {
+      float Xv[W];
+      ldVec<ST, W>(XR, V, Xv);
+      Out(V, Xv);
+    }
+    if (T == 0) {
+      if (Mean)
+        Mean[R] = Mu;
+      if (Rstd)
+        Rstd[R] = S;
+    }
+  }
+}
+
+/// Rows [blockIdx.x FastChunkRows, ...) of DX, and the chunk's column
+/// partials (PartG, PartB null: none wanted).
+template <Storage ST, int W>
+__global__ void
+layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
+                            Elems X, Elems Gamma, const float *Mean,
+                            const float *Rstd, int64_t Rows, int64_t H) {
+  SP_DYNAMIC_SHARED(float, Red);
+  const int RowThreads = int(blockDim.x), T = int(threadIdx.x);
+  const int64_t NV = H / W, R0 = int64_t(blockIdx.x) * FastChunkRows;
+  const int64_t End = Rows - R0 < FastChunkRows ? Rows : R0 + FastChunkRows;
+  const bool Parts = PartG != nullptr;
+  float PG[FastBackVecs][W], PB[FastBackVecs][W];
+#pragma unroll
+  for (int K = 0; K < FastBackVecs; ++K)
+#pragma unroll
+    for (int E = 0; E < W; ++E)
+      PG[K][E] = PB[K][E] = 0;
+  // The partials of columns past the registers' accumulate in place.
+  float *CG = Parts ? PartG + blockIdx.x * H : nullptr;
+  float *CB = Parts ? PartB + blockIdx.x * H : nullptr;
+  for (int64_t R = R0; R < End; ++R) {
+    Elems XR = at(X, R * H), DYR = at(DY, R * H);
+    const float Mu = Mean[R], S = Rstd[R];
+    float Xs[FastBackVecs][W] = {}, Dy[FastBackVecs][W] = {};
+    float Sums[2] = {0, 0};
+    auto Terms = [&](int64_t V, const float(&Xv)[W], const float(&Dv)[W]) {
+      float G[W];
+      ldVecOr<ST, W>(Gamma, V, 1.0f, G);
+#pragma unroll
+      for (int E = 0; E < W; ++E) {
+        float Gv = Dv[E] * G[E];
+        Sums[0] += Gv;
+        Sums[1] += Gv * ((Xv[E] - Mu) * S);
+      }
+    };
+#pragma unroll
+    for (int K = 0; K < FastBackVecs; ++K) {
+      const int64_t V = T + int64_t(K) * RowThreads;
+      if (V < NV) {
+        ldVec<ST, W>(XR, V, Xs[K]);
+        ldVec<ST, W>(DYR, V, Dy[K]);
+        Terms(V, Xs[K], Dy[K]);
+      }
+    }
+    for (int64_t V = T + int64_t(FastBackVecs) * RowThreads; V < NV;
+         V += RowThreads) {
+      float Xv[W], Dv[W];
+      ldVec<ST, W>(XR, V, Xv);
+      ldVec<ST, W>(DYR, V, Dv);
+      Terms(V, Xv, Dv);
+    }
+    groupSum(Sums, Red, RowThreads);
+    const float A = Sums[0] / float(H), B = Sums[1] / float(H);
+    auto Out = [&](int64_t V, const float(&Xv)[W], const float(&Dv)[W],
+                   float(&Gs)[W], float(&Bs)[W]) {
+      float G[W], Dx[W];
+      ldVecOr<ST, W>(Gamma, V, 1.0f, G);
+#pragma unroll
+      for (int E = 0; E < W; ++E) {
+        float XHat = (Xv[E] - Mu) * S;
+        Dx[E] = S * (Dv[E] * G[E] - A - XHat * B);
+        Gs[E] += Dv[E] * XHat;
+        Bs[E] += Dv[E];
+      }
+      if (DX.Data)
+        stVec<ST, W>(at(DX, R * H), V, Dx);
+    };
+#pragma unroll
+    for (int K = 0; K < FastBackVecs; ++K) {
+      const int64_t V = T + int64_t(K) * RowThreads;
+      if (V < NV)
+        Out(V, Xs[K], Dy[K], PG[K], PB[K]);
+    }
+    for (int64_t V = T + int64_t(FastBackVecs) * RowThreads; V < NV;
+         V += RowThreads) {
+      float Xv[W], Dv[W], Gs[W], Bs[W];
+      ldVec<ST, W>(XR, V, Xv);
+      ldVec<ST, W>(DYR, V, Dv);
+#pragma unroll
+      for (int E = 0; E < W; ++E) {
+        Gs[E] = Parts && R > R0 ? CG[V * W + E] : 0.0f;
+        Bs[E] = Parts && R > R0 ? CB[V * W + E] : 0.0f;
+      }
+      Out(V, Xv, Dv, Gs, Bs);
+      if (Parts)
+#pragma unroll
+        for (int E = 0; E < W; ++E) {
+          CG[V * W + E] = Gs[E];
+          CB[V * W + E] = Bs[E];
+        }
+    }
+  }
+  if (!Parts)
+    return;
+#pragma unroll
+  for (int K = 0; K < FastBackVecs; ++K) {
+    const int64_t V = T + int64_t(K) * RowThreads;
+    if (V < NV)
+#pragma unroll
+      for (int E = 0; E < W; ++E) {
+        CG[V * W + E] = PG[K][E];
+        CB[V * W + E] = PB[K][E];
+      }
+  }
+}
+
+/// Out[j] += the chunks' partials Part[c W + j] added in order from c = 0.
+__global__ void fastColumnSumKernel(float *Out, const float *Part,
+                                    int64_t Chunks, int64_t Cols) {
+  SP_GRID_LOOP(J, Cols) {
+    float S = 0;
+    int64_t C = 0;
+    for (; C + ColumnBatch <= Chunks; C += ColumnBatch) {
+      float V[ColumnBatch];
+#pragma unroll
+      for (int K = 0; K < ColumnBatch; ++K)
+        V[K] = Part[(C + K) * Cols + J];
+#pragma unroll
+      for (int K = 0; K < ColumnBatch; ++K)
+        S += V[K];
+    }
+    for (; C < Chunks; ++C)
+      S += Part[C * Cols + J];
+    Out[J] += S;
+  }
+}
+
+/// The threads of a row: a multiple of 32 covering the NV vectors with
+/// Vecs each, at most 1024.
+inline int fastRowThreads(int64_t NV, int Vecs) {
+  int64_t T = ceilDiv(ceilDiv(NV, Vecs), 32) * 32;
+  return int(T < 32 ? 32 : T > 1024 ? 1024 : T);
+}
+
+inline bool aligned16(const void *P) {
+  return reinterpret_cast<uintptr_t>(P) % 16 == 0;
+}
+
+void layerNormFast(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
+                   Elems Beta, int64_t Rows, int64_t H, double Eps,
+                   cudaStream_t S) {
+  if (Rows <= 0 || H <= 0)
+    return;
+  withStorage(X.Kind, [&](auto ST) {
+    constexpr int W = vecWidth<ST>();
+    auto Go = [&](auto Kernel, int64_t NV) {
+      int RowThreads = fastRowThreads(NV, FastVecs);
+      int Threads =
+          RowThreads < FastBlockThreads ? FastBlockThreads : RowThreads;
+      int64_t Blocks = ceilDiv(Rows, Threads / RowThreads);
+      Blocks = Blocks < MaxBlocks ? Blocks : MaxBlocks;
+      SP_LAUNCH(Kernel, Blocks, Threads, size_t(Threads / 32) * sizeof(float),
+                S, Y, Mean, Rstd, X, Gamma, Beta, Rows, H, float(Eps),
+                RowThreads);
+    };
+    if (H % W == 0 && aligned16(X.Data) && aligned16(Y.Data) &&
+        aligned16(Gamma.Data) && aligned16(Beta.Data))
+      Go(layerNormFastKernel<ST, W>, H / W);
+    else
+      Go(layerNormFastKernel<ST, 1>, H);
+  });
+}
+
+/// Scratch: 2 fastChunks(Rows) H floats.
+void layerNormBackwardFast(Elems DX, float *DGamma, float *DBeta, Elems DY,
+                           Elems X, Elems Gamma, const float *Mean,
+                           const float *Rstd, int64_t Rows, int64_t H,
+                           float *Scratch, cudaStream_t S) {
+  if (Rows <= 0 || H <= 0 || (!DX.Data && !DGamma && !DBeta))
+    return;
+  const int64_t Chunks = fastChunks(Rows);
+  const bool Parts = DGamma || DBeta;
+  float *PartG = Parts ? Scratch : nullptr;
+  float *PartB = Parts ? Scratch + Chunks * H : nullptr;
+  withStorage(X.Kind, [&](auto ST) {
+    constexpr int W = vecWidth<ST>();
+    auto Go = [&](auto Kernel, int64_t NV) {
+      int Threads = fastRowThreads(NV, FastBackVecs);
+      SP_LAUNCH(Kernel, Chunks, Threads,
+                size_t(2 * Threads / 32) * sizeof(float), S, DX, PartG, PartB,
+                DY, X, Gamma, Mean, Rstd, Rows, H);
+    };
+    if (H % W == 0 && aligned16(X.Data) && aligned16(DY.Data) &&
+        aligned16(DX.Data) && aligned16(Gamma.Data))
+      Go(layerNormBackwardFastKernel<ST, W>, H / W);
+    else
+      Go(layerNormBackwardFastKernel<ST, 1>, H);
+  });
+  if (Launch L = columnsLaunch(H); L.Blocks) {
+    if (DGamma)
+      SP_LAUNCH(fastColumnSumKernel, L.Blocks, L.Threads, 0, S, DGamma, PartG,
+                Chunks, H);
+    if (DBeta)
+      SP_LAUNCH(fastColumnSumKernel, L.Blocks, L.Threads, 0, S, DBeta, PartB,
+                Chunks, H);
+  }
+}
+
+} // namespace
+} // namespace sp::cuda
+
+#endif // SP_RUNTIME_CUDA_KERNELS_LAYERNORMFAST_CUH

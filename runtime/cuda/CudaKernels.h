@@ -146,11 +146,12 @@ void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY, Elems X,
                        int64_t Rows, int64_t H, double *Scratch, Numerics N,
                        cudaStream_t S);
 void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
-             int64_t Rows, int64_t H, double Eps, cudaStream_t S);
-/// Scratch: columnParts(Rows) H doubles.
+             int64_t Rows, int64_t H, double Eps, Numerics N, cudaStream_t S);
+/// Scratch: columnParts(Rows) H doubles (the Fast form: ceil(Rows / 32) H
+/// floats in them).
 void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
                      const float *Gamma, const float *Rstd, int64_t Rows,
-                     int64_t H, double *Scratch, cudaStream_t S);
+                     int64_t H, double *Scratch, Numerics N, cudaStream_t S);
 /// DBias[j] += sum over rows of DY[r, j] in double, in the CPU's column-sum
 /// order. Scratch: columnParts(Rows) Out doubles.
 void biasBackward(float *DBias, Elems DY, int64_t Rows, int64_t Out,

@@ -433,7 +433,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
   case OpKind::RmsNorm: {
     int64_t H = InT(0).dim(-1), Rows = InT(0).numElements() / H;
     cuda::rmsNorm(Out(0), I.Out.size() > 1 ? Out(1) : nullptr, In(0), In(1),
-                  Rows, H, AFloat("epsilon"), S);
+                  Rows, H, AFloat("epsilon"), Num, S);
     return Error::success();
   }
   case OpKind::RmsNormGrad: {
@@ -444,7 +444,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     if (!Tmp)
       return Tmp.takeError();
     cuda::rmsNormBackward(Out(0), Out(1), In(0), In(1), In(2), In(3), Rows, H,
-                          *Tmp, S);
+                          *Tmp, Num, S);
     return Error::success();
   }
     // The activations of ir/Ops.def's SP_UNARY_OP lines.

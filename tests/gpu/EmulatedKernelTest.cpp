@@ -358,14 +358,15 @@ TEST(EmulatedKernels, NormsEmbeddingAndBiasAreTheCpusBits) {
   // RMSNorm and its backward (the gamma gradient over three column blocks).
   std::vector<float> Y(Rows * H), R(Rows), CY(Y), CR(R);
   cuda::rmsNorm(Y.data(), R.data(), X.data(), G.data(), Rows, H, 1e-6,
-                nullptr);
+                cuda::Numerics::Exact, nullptr);
   cpu::rmsNorm(CY.data(), CR.data(), X.data(), G.data(), Rows, H, 1e-6);
   EXPECT_TRUE(sameBits(Y, CY));
   EXPECT_TRUE(sameBits(R, CR));
   std::vector<float> DX(Rows * H), DG(H), CDX(DX), CDG(DG);
   std::vector<double> Scratch(2 * cuda::columnParts(Rows) * H);
   cuda::rmsNormBackward(DX.data(), DG.data(), DY.data(), X.data(), G.data(),
-                        R.data(), Rows, H, Scratch.data(), nullptr);
+                        R.data(), Rows, H, Scratch.data(),
+                        cuda::Numerics::Exact, nullptr);
   cpu::rmsNormBackward(CDX.data(), CDG.data(), DY.data(), X.data(), G.data(),
                        CR.data(), Rows, H);
   EXPECT_TRUE(sameBits(DX, CDX));
@@ -456,7 +457,8 @@ TEST(EmulatedKernels, SixteenBitInPlaceIsTheWidenedRun) {
     std::vector<float> M(Rows), R(Rows);
     cuda::layerNorm(cuda::Elems(Y16.data(), K), M.data(), R.data(),
                     cuda::Elems(X16.data(), K), cuda::Elems(G16.data(), K),
-                    cuda::Elems(B16.data(), K), Rows, H, 1e-5, nullptr);
+                    cuda::Elems(B16.data(), K), Rows, H, 1e-5,
+                    cuda::Numerics::Exact, nullptr);
     cuda::gelu(cuda::Elems(Z16.data(), K), cuda::Elems(Y16.data(), K), N, false,
                cuda::Numerics::Exact, nullptr);
     auto X = Widen(X16), G = Widen(G16), B = Widen(B16);

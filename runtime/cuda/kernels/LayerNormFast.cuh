@@ -35,6 +35,10 @@
 //   The partials are float32: 2 ceil(Rows / 32) H floats, which fit in the
 //   exact form's scratch of 2 columnParts(Rows) H doubles.
 //
+// RMSNorm's fast form (RmsNorm.cuh) is the same kernels with Rms: mu = 0
+// (no first sum), s = 1 / sqrt(sum x^2 / H + eps), Y = x s gamma; the
+// backward with A = 0, DX = Rstd (g - xhat B), and DGamma alone.
+//
 //===----------------------------------------------------------------------===//
 #ifndef SP_RUNTIME_CUDA_KERNELS_LAYERNORMFAST_CUH
 #define SP_RUNTIME_CUDA_KERNELS_LAYERNORMFAST_CUH
@@ -153,7 +157,7 @@ __device__ inline void groupSum(float (&V)[N], float *Red, int RowThreads) {
   }
 }
 
-template <Storage ST, int W>
+template <Storage ST, int W, bool Rms>
 __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
                                     Elems Gamma, Elems Beta, int64_t Rows,
                                     int64_t H, float Eps, int RowThreads) {
@@ -180,16 +184,19 @@ __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
           Sum[0] += Xs[K][E];
       }
     }
-    for (int64_t V = T + int64_t(FastVecs) * RowThreads; Active && V < NV;
-         V += RowThreads) {
+    for (int64_t V = T + int64_t(FastVecs) * RowThreads;
+         !Rms && Active && V < NV; V += RowThreads) {
       float Xv[W];
       ldVec<ST, W>(XR, V, Xv);
 #pragma unroll
       for (int E = 0; E < W; ++E)
         Sum[0] += Xv[E];
     }
-    groupSum(Sum, Red, RowThreads);
-    const float Mu = Sum[0] / float(H);
+    float Mu = 0;
+    if constexpr (!Rms) {
+      groupSum(Sum, Red, RowThreads);
+      Mu = Sum[0] / float(H);
+    }
     float Sq[1] = {0};
 #pragma unroll
     for (int K = 0; K < FastVecs; ++K) {
@@ -221,7 +228,7 @@ __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
       ldVecOr<ST, W>(Beta, V, 0.0f, B);
 #pragma unroll
       for (int E = 0; E < W; ++E)
-        Yv[E] = (Xv[E] - Mu) * S * G[E] + B[E];
+        Yv[E] = Rms ? Xv[E] * S * G[E] : (Xv[E] - Mu) * S * G[E] + B[E];
       stVec<ST, W>(YR, V, Yv);
     };
 #pragma unroll
@@ -247,7 +254,7 @@ __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
 
 /// Rows [blockIdx.x FastChunkRows, ...) of DX, and the chunk's column
 /// partials (PartG, PartB null: none wanted).
-template <Storage ST, int W>
+template <Storage ST, int W, bool Rms>
 __global__ void
 layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
                             Elems X, Elems Gamma, const float *Mean,
@@ -265,10 +272,10 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
       PG[K][E] = PB[K][E] = 0;
   // The partials of columns past the registers' accumulate in place.
   float *CG = Parts ? PartG + blockIdx.x * H : nullptr;
-  float *CB = Parts ? PartB + blockIdx.x * H : nullptr;
+  float *CB = PartB ? PartB + blockIdx.x * H : nullptr;
   for (int64_t R = R0; R < End; ++R) {
     Elems XR = at(X, R * H), DYR = at(DY, R * H);
-    const float Mu = Mean[R], S = Rstd[R];
+    const float Mu = Rms ? 0.0f : Mean[R], S = Rstd[R];
     float Xs[FastBackVecs][W] = {}, Dy[FastBackVecs][W] = {};
     float Sums[2] = {0, 0};
     auto Terms = [&](int64_t V, const float(&Xv)[W], const float(&Dv)[W]) {
@@ -298,7 +305,7 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
       Terms(V, Xv, Dv);
     }
     groupSum(Sums, Red, RowThreads);
-    const float A = Sums[0] / float(H), B = Sums[1] / float(H);
+    const float A = Rms ? 0.0f : Sums[0] / float(H), B = Sums[1] / float(H);
     auto Out = [&](int64_t V, const float(&Xv)[W], const float(&Dv)[W],
                    float(&Gs)[W], float(&Bs)[W]) {
       float G[W], Dx[W];
@@ -306,7 +313,8 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
 #pragma unroll
       for (int E = 0; E < W; ++E) {
         float XHat = (Xv[E] - Mu) * S;
-        Dx[E] = S * (Dv[E] * G[E] - A - XHat * B);
+        Dx[E] = Rms ? S * (Dv[E] * G[E] - XHat * B)
+                    : S * (Dv[E] * G[E] - A - XHat * B);
         Gs[E] += Dv[E] * XHat;
         Bs[E] += Dv[E];
       }
@@ -327,14 +335,15 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
 #pragma unroll
       for (int E = 0; E < W; ++E) {
         Gs[E] = Parts && R > R0 ? CG[V * W + E] : 0.0f;
-        Bs[E] = Parts && R > R0 ? CB[V * W + E] : 0.0f;
+        Bs[E] = CB && R > R0 ? CB[V * W + E] : 0.0f;
       }
       Out(V, Xv, Dv, Gs, Bs);
       if (Parts)
 #pragma unroll
         for (int E = 0; E < W; ++E) {
           CG[V * W + E] = Gs[E];
-          CB[V * W + E] = Bs[E];
+          if (CB)
+            CB[V * W + E] = Bs[E];
         }
     }
   }
@@ -347,7 +356,8 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
 #pragma unroll
       for (int E = 0; E < W; ++E) {
         CG[V * W + E] = PG[K][E];
-        CB[V * W + E] = PB[K][E];
+        if (CB)
+          CB[V * W + E] = PB[K][E];
       }
   }
 }
@@ -384,6 +394,8 @@ inline bool aligned16(const void *P) {
   return reinterpret_cast<uintptr_t>(P) % 16 == 0;
 }
 
+/// Rms: RMSNorm's forward (RmsNorm.cuh), mu = 0, no mean, no beta.
+template <bool Rms = false>
 void layerNormFast(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
                    Elems Beta, int64_t Rows, int64_t H, double Eps,
                    cudaStream_t S) {
@@ -403,13 +415,15 @@ void layerNormFast(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
     };
     if (H % W == 0 && aligned16(X.Data) && aligned16(Y.Data) &&
         aligned16(Gamma.Data) && aligned16(Beta.Data))
-      Go(layerNormFastKernel<ST, W>, H / W);
+      Go(layerNormFastKernel<ST, W, Rms>, H / W);
     else
-      Go(layerNormFastKernel<ST, 1>, H);
+      Go(layerNormFastKernel<ST, 1, Rms>, H);
   });
 }
 
-/// Scratch: 2 fastChunks(Rows) H floats.
+/// Scratch: 2 fastChunks(Rows) H floats (Rms, RMSNorm's backward: mu = 0,
+/// A = 0, no DBeta and one fastChunks(Rows) H).
+template <bool Rms = false>
 void layerNormBackwardFast(Elems DX, float *DGamma, float *DBeta, Elems DY,
                            Elems X, Elems Gamma, const float *Mean,
                            const float *Rstd, int64_t Rows, int64_t H,
@@ -419,7 +433,7 @@ void layerNormBackwardFast(Elems DX, float *DGamma, float *DBeta, Elems DY,
   const int64_t Chunks = fastChunks(Rows);
   const bool Parts = DGamma || DBeta;
   float *PartG = Parts ? Scratch : nullptr;
-  float *PartB = Parts ? Scratch + Chunks * H : nullptr;
+  float *PartB = DBeta ? Scratch + Chunks * H : nullptr;
   withStorage(X.Kind, [&](auto ST) {
     constexpr int W = vecWidth<ST>();
     auto Go = [&](auto Kernel, int64_t NV) {
@@ -430,9 +444,9 @@ void layerNormBackwardFast(Elems DX, float *DGamma, float *DBeta, Elems DY,
     };
     if (H % W == 0 && aligned16(X.Data) && aligned16(DY.Data) &&
         aligned16(DX.Data) && aligned16(Gamma.Data))
-      Go(layerNormBackwardFastKernel<ST, W>, H / W);
+      Go(layerNormBackwardFastKernel<ST, W, Rms>, H / W);
     else
-      Go(layerNormBackwardFastKernel<ST, 1>, H);
+      Go(layerNormBackwardFastKernel<ST, 1, Rms>, H);
   });
   if (Launch L = columnsLaunch(H); L.Blocks) {
     if (DGamma)

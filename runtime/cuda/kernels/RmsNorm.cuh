@@ -1,4 +1,5 @@
-//===- RmsNorm.cuh - RMSNorm forward and backward ---------------*- CUDA -*-===//
+//===- RmsNorm.cuh - RMSNorm forward and backward ---------------*- CUDA
+//-*-===//
 //
 // Reference (runtime/cpu/kernels/RmsNorm.cpp), per row r of X[Rows, H]:
 //   s  = 1 / sqrt(sum_j X[r,j]^2 / H + eps)      (double, laneSum order)
@@ -7,8 +8,13 @@
 //   DX = float(s * (DY gamma - xhat * mean_j(DY gamma xhat)))
 //   DGamma[j] += float(sum_r DY xhat)   (one thread per column, rows in order)
 //
+// That is the Exact form (Numerics::Exact), the CPU's bits. The Fast form
+// is LayerNormFast.cuh's kernels with mu = 0 (float32 tree sums per row,
+// vectorised loads, a deterministic two-stage column sum for DGamma).
+//
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Common.cuh"
+#include "runtime/cuda/kernels/LayerNormFast.cuh"
 
 namespace sp::cuda {
 namespace {
@@ -70,7 +76,10 @@ __global__ void rmsNormBackwardGammaPartsKernel(double *Part, const float *DY,
 } // namespace
 
 void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
-             int64_t Rows, int64_t H, double Eps, cudaStream_t S) {
+             int64_t Rows, int64_t H, double Eps, Numerics N, cudaStream_t S) {
+  if (N == Numerics::Fast)
+    return layerNormFast<true>(Y, nullptr, Rstd, X, Gamma, nullptr, Rows, H,
+                               Eps, S);
   if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
     SP_LAUNCH(rmsNormKernel, L.Blocks, L.Threads, 0, S, Y, Rstd, X, Gamma, Rows,
               H, Eps);
@@ -78,7 +87,11 @@ void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
 
 void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
                      const float *Gamma, const float *Rstd, int64_t Rows,
-                     int64_t H, double *Scratch, cudaStream_t S) {
+                     int64_t H, double *Scratch, Numerics N, cudaStream_t S) {
+  if (N == Numerics::Fast)
+    return layerNormBackwardFast<true>(DX, DGamma, nullptr, DY, X, Gamma,
+                                       nullptr, Rstd, Rows, H,
+                                       reinterpret_cast<float *>(Scratch), S);
   if (DX)
     if (Launch L = laneRowsLaunch(Rows); L.Blocks && H > 0)
       SP_LAUNCH(rmsNormBackwardDxKernel, L.Blocks, L.Threads, 0, S, DX, DY, X,

@@ -269,7 +269,8 @@ double ulpOf(double V, DType T) {
 // form's (the CPU's) 16-bit result, which rounds a value within float32's
 // error of the same real.
 // The shapes: H not a multiple of the vector width (the scalar form), H
-// past a thousand (a block per row, several warps), past the registers
+// past a thousand (a block per row, several warps; 1280: f32 rows of 96
+// threads, two to a block of 192), past the registers
 // (4099: vectors reread), rows not a multiple of the backward's chunk of
 // 32 and fewer than one chunk; scale 0.01 makes the variance 1e-4, where
 // a wrong epsilon (1e-5) would show.
@@ -280,8 +281,9 @@ TEST_F(CudaKernels, FastLayerNormIsWithinFloat32RoundingOfExact) {
   };
   const double Eps = 1e-5;
   for (DType T : {DType::F32, DType::BF16})
-    for (Shape Sh : {Shape{6, 37, 2}, Shape{70, 64, 0.01f}, Shape{33, 1030, 1},
-                     Shape{40, 1024, 2}, Shape{3, 4099, 1}}) {
+    for (Shape Sh :
+         {Shape{6, 37, 2}, Shape{70, 64, 0.01f}, Shape{33, 1030, 1},
+          Shape{40, 1024, 2}, Shape{20, 1280, 1}, Shape{3, 4099, 1}}) {
       const int64_t Rows = Sh.Rows, H = Sh.H;
       SCOPED_TRACE(std::string(T == DType::F32 ? "f32" : "bf16") + ", rows " +
                    std::to_string(Rows) + ", h " + std::to_string(H));
@@ -440,6 +442,7 @@ TEST_F(CudaKernels, FastRmsNormIsWithinFloat32RoundingOfExact) {
                                 {70, 64, 0.001f},
                                 {33, 1030, 1},
                                 {40, 1024, 2},
+                                {20, 1280, 1},
                                 {3, 4099, 1}}) {
     SCOPED_TRACE("rows " + std::to_string(Rows) + ", h " + std::to_string(H));
     OpCase F;

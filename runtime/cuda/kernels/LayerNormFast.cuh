@@ -8,7 +8,8 @@
 // run):
 //
 // forward, one group of RowThreads threads per row (a multiple of 32, at
-// most 1024; FastRowsPerBlock groups a block when a row needs one warp):
+// most 1024; whole groups to a block of up to FastBlockThreads when a row
+// needs fewer):
 //   - a row is V vectors of W elements: W = 16 bytes (8 bf16/fp16, 4 f32)
 //     when every pointer is 16-byte aligned and H % W == 0, else W = 1
 //     (scalar); thread t of the group holds vectors t + k RowThreads,
@@ -22,7 +23,8 @@
 //     commutes), then the group's warps' sums in warp order from shared
 //     memory.
 // backward, one block per FastChunkRows consecutive rows (the rows one
-// after another, the block's threads over the row's vectors as above):
+// after another, the block's threads over the row's vectors as above, the
+// next row's registers loaded while the block sums this one's):
 //   - g = dy gamma, xhat = (x - Mean) Rstd; A = (sum g) / H,
 //     B = (sum g xhat) / H (the tree sums above);
 //     DX = Rstd (g - A - xhat B);
@@ -273,10 +275,27 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
   // The partials of columns past the registers' accumulate in place.
   float *CG = Parts ? PartG + blockIdx.x * H : nullptr;
   float *CB = PartB ? PartB + blockIdx.x * H : nullptr;
+  // The registers' vectors of row R (Xs, Dy), and of row R + 1 (Xn, Dn),
+  // loaded before row R's barriers: one row's loads in flight while the
+  // block sums the other's.
+  float Xs[FastBackVecs][W] = {}, Dy[FastBackVecs][W] = {};
+  float Xn[FastBackVecs][W] = {}, Dn[FastBackVecs][W] = {};
+  auto Fetch = [&](int64_t R, float(&Xd)[FastBackVecs][W],
+                   float(&Dd)[FastBackVecs][W]) {
+#pragma unroll
+    for (int K = 0; K < FastBackVecs; ++K) {
+      const int64_t V = T + int64_t(K) * RowThreads;
+      if (V < NV) {
+        ldVec<ST, W>(at(X, R * H), V, Xd[K]);
+        ldVec<ST, W>(at(DY, R * H), V, Dd[K]);
+      }
+    }
+  };
+  if (R0 < End)
+    Fetch(R0, Xs, Dy);
   for (int64_t R = R0; R < End; ++R) {
     Elems XR = at(X, R * H), DYR = at(DY, R * H);
     const float Mu = Rms ? 0.0f : Mean[R], S = Rstd[R];
-    float Xs[FastBackVecs][W] = {}, Dy[FastBackVecs][W] = {};
     float Sums[2] = {0, 0};
     auto Terms = [&](int64_t V, const float(&Xv)[W], const float(&Dv)[W]) {
       float G[W];
@@ -291,11 +310,8 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
 #pragma unroll
     for (int K = 0; K < FastBackVecs; ++K) {
       const int64_t V = T + int64_t(K) * RowThreads;
-      if (V < NV) {
-        ldVec<ST, W>(XR, V, Xs[K]);
-        ldVec<ST, W>(DYR, V, Dy[K]);
+      if (V < NV)
         Terms(V, Xs[K], Dy[K]);
-      }
     }
     for (int64_t V = T + int64_t(FastBackVecs) * RowThreads; V < NV;
          V += RowThreads) {
@@ -304,6 +320,8 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
       ldVec<ST, W>(DYR, V, Dv);
       Terms(V, Xv, Dv);
     }
+    if (R + 1 < End)
+      Fetch(R + 1, Xn, Dn);
     groupSum(Sums, Red, RowThreads);
     const float A = Rms ? 0.0f : Sums[0] / float(H), B = Sums[1] / float(H);
     auto Out = [&](int64_t V, const float(&Xv)[W], const float(&Dv)[W],
@@ -346,6 +364,13 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
             CB[V * W + E] = Bs[E];
         }
     }
+#pragma unroll
+    for (int K = 0; K < FastBackVecs; ++K)
+#pragma unroll
+      for (int E = 0; E < W; ++E) {
+        Xs[K][E] = Xn[K][E];
+        Dy[K][E] = Dn[K][E];
+      }
   }
   if (!Parts)
     return;
@@ -405,8 +430,10 @@ void layerNormFast(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
     constexpr int W = vecWidth<ST>();
     auto Go = [&](auto Kernel, int64_t NV) {
       int RowThreads = fastRowThreads(NV, FastVecs);
-      int Threads =
-          RowThreads < FastBlockThreads ? FastBlockThreads : RowThreads;
+      // Whole groups only: a partial one would write part of a row's sums.
+      int Threads = RowThreads < FastBlockThreads
+                        ? FastBlockThreads / RowThreads * RowThreads
+                        : RowThreads;
       int64_t Blocks = ceilDiv(Rows, Threads / RowThreads);
       Blocks = Blocks < MaxBlocks ? Blocks : MaxBlocks;
       SP_LAUNCH(Kernel, Blocks, Threads, size_t(Threads / 32) * sizeof(float),

@@ -217,45 +217,6 @@ template <Storage K> __device__ inline void stAs(Elems E, int64_t I, float V) {
     static_cast<uint16_t *>(E.Data)[I] = narrowBits(V, K == Storage::BF16);
 }
 
-/// Eight consecutive elements of E from element 8 O on, as float32, and
-/// back rounded once (16 bytes of 16-bit storage in one access, two for
-/// float32; E's pointer 16-byte aligned).
-template <Storage ST> __device__ inline void load8(Elems E, int64_t O, float (&V)[8]) {
-  if constexpr (ST == Storage::F32) {
-    const float4 *P = static_cast<const float4 *>(E.Data) + 2 * O;
-    float4 A = P[0], B = P[1];
-    V[0] = A.x, V[1] = A.y, V[2] = A.z, V[3] = A.w;
-    V[4] = B.x, V[5] = B.y, V[6] = B.z, V[7] = B.w;
-  } else {
-    uint4 W = static_cast<const uint4 *>(E.Data)[O];
-    uint32_t U[4] = {W.x, W.y, W.z, W.w};
-#pragma unroll
-    for (int K = 0; K < 4; ++K) {
-      V[2 * K] = widenBits(U[K] & 0xFFFFu, ST == Storage::BF16);
-      V[2 * K + 1] = widenBits(U[K] >> 16, ST == Storage::BF16);
-    }
-  }
-}
-template <Storage ST> __device__ inline void store8(Elems E, int64_t O, const float (&V)[8]) {
-  if constexpr (ST == Storage::F32) {
-    float4 *P = static_cast<float4 *>(E.Data) + 2 * O;
-    float4 A, B; // (no make_float4: the emulator's headers lack it)
-    A.x = V[0], A.y = V[1], A.z = V[2], A.w = V[3];
-    B.x = V[4], B.y = V[5], B.z = V[6], B.w = V[7];
-    P[0] = A;
-    P[1] = B;
-  } else {
-    uint32_t U[4];
-#pragma unroll
-    for (int K = 0; K < 4; ++K)
-      U[K] = uint32_t(narrowBits(V[2 * K], ST == Storage::BF16)) |
-             uint32_t(narrowBits(V[2 * K + 1], ST == Storage::BF16)) << 16;
-    uint4 W;
-    W.x = U[0], W.y = U[1], W.z = U[2], W.w = U[3];
-    static_cast<uint4 *>(E.Data)[O] = W;
-  }
-}
-
 /// Calls Fn with K as a compile-time constant (a std::integral_constant),
 /// for launching a kernel templated on an operand's storage.
 template <typename F> inline void withStorage(Storage K, F &&Fn) {

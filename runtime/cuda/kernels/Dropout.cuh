@@ -19,6 +19,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/cpu/Philox.h"
 #include "runtime/cuda/kernels/Common.cuh"
+#include "runtime/cuda/kernels/FastVectors.cuh"
 
 namespace sp::cuda {
 namespace {

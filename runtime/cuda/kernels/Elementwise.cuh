@@ -16,6 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/kernels/Common.cuh"
+#include "runtime/cuda/kernels/FastVectors.cuh"
 
 namespace sp::cuda {
 namespace {

@@ -1,7 +1,8 @@
 //===- FastVectors.cuh - 16-byte loads and stores of the fast kernels -*- CUDA
 //-*-===//
 //
-// The fast (Numerics::Fast) softmax and GELU kernels move their operands
+// The fast (Numerics::Fast) kernels (softmax, GELU, the norms) and the
+// bit-exact ones that move eight elements a thread move their operands
 // as 16-byte vectors: Vec = 4 float32 or 8 bf16/fp16 elements per load and
 // store, widened to float32 in registers. Vec = 1 is the scalar fallback
 // (a row length or a pointer that is not a multiple of 16 bytes).
@@ -66,6 +67,37 @@ __device__ inline void storeVec(Elems E, int64_t V, const float (&I)[Vec]) {
     uint4 Q;
     Q.x = W[0], Q.y = W[1], Q.z = W[2], Q.w = W[3];
     static_cast<uint4 *>(E.Data)[V] = Q;
+  }
+}
+
+/// Eight consecutive elements of E from element 8 O on, as float32, and
+/// back rounded once: one 16-byte vector of 16-bit storage, two of float32
+/// (E's pointer 16-byte aligned). The bit-exact kernels that move eight
+/// elements a thread (dropout's two Philox blocks, add, mul) use them.
+template <Storage ST>
+__device__ inline void load8(Elems E, int64_t O, float (&V)[8]) {
+  if constexpr (ST == Storage::F32) {
+    float Lo[4], Hi[4];
+    loadVec<ST, 4>(E, 2 * O, Lo);
+    loadVec<ST, 4>(E, 2 * O + 1, Hi);
+#pragma unroll
+    for (int K = 0; K < 4; ++K)
+      V[K] = Lo[K], V[4 + K] = Hi[K];
+  } else {
+    loadVec<ST, 8>(E, O, V);
+  }
+}
+template <Storage ST>
+__device__ inline void store8(Elems E, int64_t O, const float (&V)[8]) {
+  if constexpr (ST == Storage::F32) {
+    float Lo[4], Hi[4];
+#pragma unroll
+    for (int K = 0; K < 4; ++K)
+      Lo[K] = V[K], Hi[K] = V[4 + K];
+    storeVec<ST, 4>(E, 2 * O, Lo);
+    storeVec<ST, 4>(E, 2 * O + 1, Hi);
+  } else {
+    storeVec<ST, 8>(E, O, V);
   }
 }
 

@@ -45,7 +45,7 @@
 #ifndef SP_RUNTIME_CUDA_KERNELS_LAYERNORMFAST_CUH
 #define SP_RUNTIME_CUDA_KERNELS_LAYERNORMFAST_CUH
 
-#include "runtime/cuda/kernels/Common.cuh"
+#include "runtime/cuda/kernels/FastVectors.cuh"
 
 namespace sp::cuda {
 namespace {
@@ -61,66 +61,12 @@ constexpr int64_t fastChunks(int64_t Rows) {
   return ceilDiv(Rows, FastChunkRows);
 }
 
-/// Elements of one 16-byte vector in storage ST.
-template <Storage ST> constexpr int vecWidth() {
-  return ST == Storage::F32 ? 4 : 8;
-}
-
-/// Vector V (W elements from element V W) of E as float32.
-template <Storage ST, int W>
-__device__ inline void ldVec(Elems E, int64_t V, float (&Out)[W]) {
-  if constexpr (W == 1) {
-    Out[0] = ldAs<ST>(E, V);
-  } else if constexpr (ST == Storage::F32) {
-    float4 F = static_cast<const float4 *>(E.Data)[V];
-    Out[0] = F.x;
-    Out[1] = F.y;
-    Out[2] = F.z;
-    Out[3] = F.w;
-  } else {
-    uint4 U = static_cast<const uint4 *>(E.Data)[V];
-    unsigned Words[4] = {U.x, U.y, U.z, U.w};
-#pragma unroll
-    for (int K = 0; K < 4; ++K) {
-      Out[2 * K] = widenBits(uint16_t(Words[K] & 0xffffu), ST == Storage::BF16);
-      Out[2 * K + 1] = widenBits(uint16_t(Words[K] >> 16), ST == Storage::BF16);
-    }
-  }
-}
-
-/// Stores In, each rounded once to ST, as vector V of E.
-template <Storage ST, int W>
-__device__ inline void stVec(Elems E, int64_t V, const float (&In)[W]) {
-  if constexpr (W == 1) {
-    stAs<ST>(E, V, In[0]);
-  } else if constexpr (ST == Storage::F32) {
-    float4 F;
-    F.x = In[0];
-    F.y = In[1];
-    F.z = In[2];
-    F.w = In[3];
-    static_cast<float4 *>(E.Data)[V] = F;
-  } else {
-    unsigned Words[4];
-#pragma unroll
-    for (int K = 0; K < 4; ++K)
-      Words[K] = unsigned(narrowBits(In[2 * K], ST == Storage::BF16)) |
-                 unsigned(narrowBits(In[2 * K + 1], ST == Storage::BF16)) << 16;
-    uint4 U;
-    U.x = Words[0];
-    U.y = Words[1];
-    U.z = Words[2];
-    U.w = Words[3];
-    static_cast<uint4 *>(E.Data)[V] = U;
-  }
-}
-
 /// Gamma's vector V, or ones where there is no gamma (Beta: zeros).
 template <Storage ST, int W>
 __device__ inline void ldVecOr(Elems E, int64_t V, float Default,
                                float (&Out)[W]) {
   if (E.Data) {
-    ldVec<ST, W>(E, V, Out);
+    loadVec<ST, W>(E, V, Out);
   } else {
 #pragma unroll
     for (int K = 0; K < W; ++K)
@@ -180,7 +126,7 @@ __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
     for (int K = 0; K < FastVecs; ++K) {
       const int64_t V = T + int64_t(K) * RowThreads;
       if (Active && V < NV) {
-        ldVec<ST, W>(XR, V, Xs[K]);
+        loadVec<ST, W>(XR, V, Xs[K]);
 #pragma unroll
         for (int E = 0; E < W; ++E)
           Sum[0] += Xs[K][E];
@@ -189,7 +135,7 @@ __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
     for (int64_t V = T + int64_t(FastVecs) * RowThreads;
          !Rms && Active && V < NV; V += RowThreads) {
       float Xv[W];
-      ldVec<ST, W>(XR, V, Xv);
+      loadVec<ST, W>(XR, V, Xv);
 #pragma unroll
       for (int E = 0; E < W; ++E)
         Sum[0] += Xv[E];
@@ -213,7 +159,7 @@ __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
     for (int64_t V = T + int64_t(FastVecs) * RowThreads; Active && V < NV;
          V += RowThreads) {
       float Xv[W];
-      ldVec<ST, W>(XR, V, Xv);
+      loadVec<ST, W>(XR, V, Xv);
 #pragma unroll
       for (int E = 0; E < W; ++E) {
         float D = Xv[E] - Mu;
@@ -231,7 +177,7 @@ __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
 #pragma unroll
       for (int E = 0; E < W; ++E)
         Yv[E] = Rms ? Xv[E] * S * G[E] : (Xv[E] - Mu) * S * G[E] + B[E];
-      stVec<ST, W>(YR, V, Yv);
+      storeVec<ST, W>(YR, V, Yv);
     };
 #pragma unroll
     for (int K = 0; K < FastVecs; ++K) {
@@ -242,7 +188,7 @@ __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
     for (int64_t V = T + int64_t(FastVecs) * RowThreads; V < NV;
          V += RowThreads) {
       float Xv[W];
-      ldVec<ST, W>(XR, V, Xv);
+      loadVec<ST, W>(XR, V, Xv);
       Out(V, Xv);
     }
     if (T == 0) {
@@ -286,8 +232,8 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
     for (int K = 0; K < FastBackVecs; ++K) {
       const int64_t V = T + int64_t(K) * RowThreads;
       if (V < NV) {
-        ldVec<ST, W>(at(X, R * H), V, Xd[K]);
-        ldVec<ST, W>(at(DY, R * H), V, Dd[K]);
+        loadVec<ST, W>(at(X, R * H), V, Xd[K]);
+        loadVec<ST, W>(at(DY, R * H), V, Dd[K]);
       }
     }
   };
@@ -316,8 +262,8 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
     for (int64_t V = T + int64_t(FastBackVecs) * RowThreads; V < NV;
          V += RowThreads) {
       float Xv[W], Dv[W];
-      ldVec<ST, W>(XR, V, Xv);
-      ldVec<ST, W>(DYR, V, Dv);
+      loadVec<ST, W>(XR, V, Xv);
+      loadVec<ST, W>(DYR, V, Dv);
       Terms(V, Xv, Dv);
     }
     if (R + 1 < End)
@@ -337,7 +283,7 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
         Bs[E] += Dv[E];
       }
       if (DX.Data)
-        stVec<ST, W>(at(DX, R * H), V, Dx);
+        storeVec<ST, W>(at(DX, R * H), V, Dx);
     };
 #pragma unroll
     for (int K = 0; K < FastBackVecs; ++K) {
@@ -348,8 +294,8 @@ layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
     for (int64_t V = T + int64_t(FastBackVecs) * RowThreads; V < NV;
          V += RowThreads) {
       float Xv[W], Dv[W], Gs[W], Bs[W];
-      ldVec<ST, W>(XR, V, Xv);
-      ldVec<ST, W>(DYR, V, Dv);
+      loadVec<ST, W>(XR, V, Xv);
+      loadVec<ST, W>(DYR, V, Dv);
 #pragma unroll
       for (int E = 0; E < W; ++E) {
         Gs[E] = Parts && R > R0 ? CG[V * W + E] : 0.0f;
@@ -413,10 +359,6 @@ __global__ void fastColumnSumKernel(float *Out, const float *Part,
 inline int fastRowThreads(int64_t NV, int Vecs) {
   int64_t T = ceilDiv(ceilDiv(NV, Vecs), 32) * 32;
   return int(T < 32 ? 32 : T > 1024 ? 1024 : T);
-}
-
-inline bool aligned16(const void *P) {
-  return reinterpret_cast<uintptr_t>(P) % 16 == 0;
 }
 
 /// Rms: RMSNorm's forward (RmsNorm.cuh), mu = 0, no mean, no beta.

@@ -27,11 +27,11 @@
 // The Fast form (Numerics::Fast) of softmax and softmax_grad, the same
 // semantics (alpha, the causal fill, a row whose max is -inf gives zeros,
 // Y may be X and DX may be DY) in float32: a group of G threads per row
-// (G = 32, a warp, eight rows to a block of 256; G = 64 .. 1024 for
+// (G = 32, a warp, eight rows to a block of 256; G = 64 .. 512 for
 // longer rows, a block per row), G the least power of two whose threads
 // hold the row in registers (FastSoftmaxCache floats a thread forward,
 // two arrays of FastSoftmaxGradCache backward), so X (Y, DY) is read once;
-// rows longer than 1024 such shares are read again in each pass. Loads and
+// rows longer than 512 such shares are read again in each pass. Loads and
 // stores are 16-byte vectors (FastVectors.cuh) when N is a multiple of
 // the vector and the pointers are 16-byte aligned, scalar otherwise.
 //   forward:  x_j = causal(alpha * X_j) (float, as above); m = max_j x_j;
@@ -245,8 +245,12 @@ __device__ inline void forOwned(int T, int G, int64_t NV, F &&Fn) {
   }
 }
 
+/// The most threads of a row's group (a block of them must get the
+/// registers a row is held in; longer rows are read again in each pass).
+constexpr int FastSoftmaxMaxThreads = 512;
+
 template <Storage ST, int Vec, bool Cached>
-__global__ void fastSoftmaxKernel(Elems Y, Elems X, int64_t Rows, int64_t N,
+__global__ void __launch_bounds__(FastSoftmaxMaxThreads) fastSoftmaxKernel(Elems Y, Elems X, int64_t Rows, int64_t N,
                                   int G, float Alpha, bool Scaled, bool Causal,
                                   int64_t Sq, float Fill) {
   constexpr int Per = FastSoftmaxCache / Vec;
@@ -322,7 +326,7 @@ __global__ void fastSoftmaxKernel(Elems Y, Elems X, int64_t Rows, int64_t N,
 }
 
 template <Storage ST, int Vec, bool Cached>
-__global__ void fastSoftmaxBackwardKernel(Elems DX, Elems Y, Elems DY,
+__global__ void __launch_bounds__(FastSoftmaxMaxThreads) fastSoftmaxBackwardKernel(Elems DX, Elems Y, Elems DY,
                                           int64_t Rows, int64_t N, int G,
                                           float Alpha, bool Scaled, bool Causal,
                                           int64_t Sq, float Fill) {
@@ -380,7 +384,7 @@ struct FastRows {
 
 inline FastRows fastRowsLaunch(int64_t Rows, int64_t NV, int Per) {
   FastRows L;
-  while (L.G < 1024 && int64_t(L.G) * Per < NV)
+  while (L.G < FastSoftmaxMaxThreads && int64_t(L.G) * Per < NV)
     L.G *= 2;
   L.Cached = int64_t(L.G) * Per >= NV;
   L.Threads = L.G == 32 ? BlockThreads : L.G;

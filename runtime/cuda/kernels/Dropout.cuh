@@ -25,6 +25,9 @@ namespace sp::cuda {
 namespace {
 
 struct DropoutGeometry {
+  /// The local tensor is the global one (no shard, no offset, no seam):
+  /// an element's global index is its own, no division needed.
+  bool Whole;
   int Rank;
   int64_t Local[MaxRank], Offset[MaxRank], GlobalStride[MaxRank];
   int64_t Seam[MaxRank], Jump[MaxRank]; // context parallelism's runs
@@ -32,6 +35,8 @@ struct DropoutGeometry {
 
 /// The global row-major index of local element E.
 __device__ inline int64_t dropoutIndex(const DropoutGeometry &G, int64_t E) {
+  if (G.Whole)
+    return E;
   int64_t Rest = E, Global = 0;
   for (int D = G.Rank - 1; D >= 0; --D) {
     const int64_t L = Rest % G.Local[D];
@@ -170,6 +175,7 @@ void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
              DevShape Jump) {
   DropoutGeometry G{};
   G.Rank = Global.Rank;
+  G.Whole = true;
   int64_t N = 1, Stride = 1;
   for (int D = G.Rank - 1; D >= 0; --D) {
     G.Local[D] = Local.Dim[D];
@@ -177,6 +183,8 @@ void dropout(Elems Y, uint8_t *Mask, Elems X, double Ratio, uint64_t Seed,
     G.Seam[D] = D < Seam.Rank ? Seam.Dim[D] : 0;
     G.Jump[D] = D < Jump.Rank ? Jump.Dim[D] : 0;
     G.GlobalStride[D] = Stride;
+    G.Whole = G.Whole && G.Local[D] == Global.Dim[D] && G.Offset[D] == 0 &&
+              G.Seam[D] == 0;
     Stride *= Global.Dim[D];
     N *= Local.Dim[D];
   }

@@ -8,7 +8,7 @@
 // run):
 //
 // forward, one group of RowThreads threads per row (a multiple of 32, at
-// most 1024; whole groups to a block of up to FastBlockThreads when a row
+// most FastMaxThreads = 512; whole groups to a block of up to FastBlockThreads when a row
 // needs fewer):
 //   - a row is V vectors of W elements: W = 16 bytes (8 bf16/fp16, 4 f32)
 //     when every pointer is 16-byte aligned and H % W == 0, else W = 1
@@ -34,8 +34,8 @@
 //     PartG[c H + j], PartB[c H + j] of chunk c; stage 2, one thread per
 //     column adds the chunks' partials in order from c = 0 and adds the
 //     sum into DGamma[j], DBeta[j] (+=, as the exact form).
-//   The partials are float32: 2 ceil(Rows / 32) H floats, which fit in the
-//   exact form's scratch of 2 columnParts(Rows) H doubles.
+//   The partials are float32: 2 ceil(Rows / 16) H floats, which fit in
+//   the scratch Dispatch.cpp gives (4 columnParts(Rows) H doubles).
 //
 // RMSNorm's fast form (RmsNorm.cuh) is the same kernels with Rms: mu = 0
 // (no first sum), s = 1 / sqrt(sum x^2 / H + eps), Y = x s gamma; the
@@ -54,7 +54,12 @@ namespace {
 constexpr int FastVecs = 4;
 constexpr int FastBackVecs = 2;
 /// Rows of a backward block (a chunk of the column partials).
-constexpr int64_t FastChunkRows = 32;
+constexpr int64_t FastChunkRows = 16; // (32 filled an H200 a third)
+/// The most threads of a row: a block of them must get the registers the
+/// kernels hold a row in (__launch_bounds__: at most 128 a thread; 1024
+/// threads failed to launch on an H200 at H = 12288, "too many resources
+/// requested"); wider rows read their other vectors again in each pass.
+constexpr int FastMaxThreads = 512;
 /// Threads of a forward block when a row needs one warp.
 constexpr int FastBlockThreads = 256;
 constexpr int64_t fastChunks(int64_t Rows) {
@@ -106,7 +111,7 @@ __device__ inline void groupSum(float (&V)[N], float *Red, int RowThreads) {
 }
 
 template <Storage ST, int W, bool Rms>
-__global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
+__global__ void __launch_bounds__(FastMaxThreads) layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
                                     Elems Gamma, Elems Beta, int64_t Rows,
                                     int64_t H, float Eps, int RowThreads) {
   SP_DYNAMIC_SHARED(float, Red);
@@ -203,7 +208,7 @@ __global__ void layerNormFastKernel(Elems Y, float *Mean, float *Rstd, Elems X,
 /// Rows [blockIdx.x FastChunkRows, ...) of DX, and the chunk's column
 /// partials (PartG, PartB null: none wanted).
 template <Storage ST, int W, bool Rms>
-__global__ void
+__global__ void __launch_bounds__(FastMaxThreads)
 layerNormBackwardFastKernel(Elems DX, float *PartG, float *PartB, Elems DY,
                             Elems X, Elems Gamma, const float *Mean,
                             const float *Rstd, int64_t Rows, int64_t H) {
@@ -355,10 +360,10 @@ __global__ void fastColumnSumKernel(float *Out, const float *Part,
 }
 
 /// The threads of a row: a multiple of 32 covering the NV vectors with
-/// Vecs each, at most 1024.
+/// Vecs each, at most FastMaxThreads.
 inline int fastRowThreads(int64_t NV, int Vecs) {
   int64_t T = ceilDiv(ceilDiv(NV, Vecs), 32) * 32;
-  return int(T < 32 ? 32 : T > 1024 ? 1024 : T);
+  return int(T < 32 ? 32 : T > FastMaxThreads ? FastMaxThreads : T);
 }
 
 /// Rms: RMSNorm's forward (RmsNorm.cuh), mu = 0, no mean, no beta.

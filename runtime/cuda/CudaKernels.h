@@ -138,17 +138,17 @@ void layerNorm(Elems Y, float *Mean, float *Rstd, Elems X, Elems Gamma,
                Elems Beta, int64_t Rows, int64_t H, double Eps, Numerics N,
                cudaStream_t S);
 /// The parameter gradients stay float32 (the plans' gradients are), and
-/// are added into DGamma and DBeta. Scratch: 4 columnParts(Rows) H doubles
-/// (LaunchGeometry.h; the Exact form uses half, the Fast form them as
-/// 2 ceil(Rows / 16) H floats).
+/// are added into DGamma and DBeta. Scratch: 2 columnParts(Rows) H doubles
+/// (LaunchGeometry.h; the Fast form uses them as 2 ceil(Rows / 32) H
+/// floats).
 void layerNormBackward(Elems DX, float *DGamma, float *DBeta, Elems DY, Elems X,
                        Elems Gamma, const float *Mean, const float *Rstd,
                        int64_t Rows, int64_t H, double *Scratch, Numerics N,
                        cudaStream_t S);
 void rmsNorm(float *Y, float *Rstd, const float *X, const float *Gamma,
              int64_t Rows, int64_t H, double Eps, Numerics N, cudaStream_t S);
-/// Scratch: 2 columnParts(Rows) H doubles (the Exact form uses half, the
-/// Fast form ceil(Rows / 16) H floats in them).
+/// Scratch: columnParts(Rows) H doubles (the Fast form: ceil(Rows / 32) H
+/// floats in them).
 void rmsNormBackward(float *DX, float *DGamma, const float *DY, const float *X,
                      const float *Gamma, const float *Rstd, int64_t Rows,
                      int64_t H, double *Scratch, Numerics N, cudaStream_t S);

@@ -365,9 +365,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
       return E;
     if (auto E = Zero(2))
       return E;
-    // (the exact form's block sums; the fast form's float partials of
-    // 16-row chunks, which need twice that)
-    auto Tmp = Doubles(4 * cuda::columnParts(Rows) * H);
+    auto Tmp = Doubles(2 * cuda::columnParts(Rows) * H);
     if (!Tmp)
       return Tmp.takeError();
     cuda::layerNormBackward(OutE(0), Out(1), Out(2), InE(0), InE(1), InE(2),
@@ -442,7 +440,7 @@ Error CudaBackend::dispatch(const KernelCall &C, cudaStream_t S) {
     int64_t H = InT(1).dim(-1), Rows = InT(1).numElements() / H;
     if (auto E = Zero(1))
       return E;
-    auto Tmp = Doubles(2 * cuda::columnParts(Rows) * H); // (as above)
+    auto Tmp = Doubles(cuda::columnParts(Rows) * H);
     if (!Tmp)
       return Tmp.takeError();
     cuda::rmsNormBackward(Out(0), Out(1), In(0), In(1), In(2), In(3), Rows, H,

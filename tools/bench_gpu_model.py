@@ -394,6 +394,7 @@ def main():
             "peak_tflops": peak, "peak_source": peak_source,
             "flops": {"model_per_step": flops, "formula": "72 b s L h^2 (1 + s/(6h) + V/(12 h L))",
                       "from_report": from_report},
+            "parameters_from_report": reports["fused"]["model"]["params"],
             "sp": sp, "torch": torch_rows, "torch_note": torch_note, "ratios_tokens_per_s": ratios,
         }
         with open(args.json, "w") as f:

@@ -42,6 +42,8 @@ def check(result, failures):
     p = result["parameters"]
     expect(p["non_embedding"] == L * (12 * h * h + 13 * h) + 2 * h and
            p["total"] == p["non_embedding"] + (v + s) * h, f"parameter counts {p}")
+    expect(p["total"] == result["parameters_from_report"],
+           f"parameters {p['total']}, sp-compile's report {result['parameters_from_report']}")
 
     rows = [("sp", name, result["sp"].get(name, {})) for name in ("fused", "unfused")]
     expect(sorted(result["sp"]) == ["fused", "unfused"], f"sp rows {sorted(result['sp'])}")

@@ -259,7 +259,6 @@ def measure_torch(torch, args, size, compiled):
            "sdpa": sdpa, "fused_adamw": fused, "notes": notes}
     if dev.type == "cuda":
         row["peak_memory_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
-    del step_model, model, opt
     return row
 
 

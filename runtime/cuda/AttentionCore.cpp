@@ -1,9 +1,10 @@
 //===- AttentionCore.cpp - The fused attention core on the GPU ------------===//
 //
-// attention and attention_grad: as their unfused ops on a workspace
-// (AttentionPlan.h's planAttention, one region per stream), or with
-// CudaBackendOptions::BlockwiseAttention by the blockwise kernels
-// (kernels/Attention.cuh, planBlockwise), the scores never stored.
+// attention and attention_grad: with CudaBackendOptions::BlockwiseAttention
+// (the default) by the blockwise kernels (kernels/Attention.cuh,
+// planBlockwise), the scores never stored; else, and for heads above 128,
+// as their unfused ops on a workspace (AttentionPlan.h's planAttention, one
+// region per stream).
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/cuda/CudaBackendImpl.h"

@@ -103,8 +103,8 @@ void registerCudaBackend() {
        "fast|exact"},
       {"cuda-epilogues",
        "--device cuda: add a linear layer's bias in the GEMM's epilogue "
-       "(cuBLASLt) instead of writing it into the output first; off by "
-       "default until it has run on a GPU",
+       "(cuBLASLt) instead of writing it into the output first (off by "
+       "default)",
        {},
        ""}};
   E.NoFloat64Reason = "the CUDA kernels are float32";

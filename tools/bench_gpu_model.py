@@ -41,8 +41,9 @@ causal), checked against sp-compile --report's GEMM count. MFU = model FLOPs / s
 the device's dense BF16 peak (bench_gpu.py's table; --peak-tflops overrides; n/a on the CPU).
 
 Flags: --device cpu|cuda[:N], --model gpt2-medium|small, --batch B, --steps N, --dtype bf16|fp32,
---threads (CPU only), --peak-tflops, --seed, --compile, --no-torch, --sp-bin, --workdir (kept),
---json FILE (every number).
+--threads (CPU only), --peak-tflops, --seed, --compile, --no-torch, --ops (one more traced step of
+each sp row, its milliseconds by op: where the step goes), --sp-bin, --workdir (kept), --json FILE
+(every number).
 """
 import argparse
 import dataclasses
@@ -111,6 +112,23 @@ def prepare_sp(args, size, work):
         print(f"plan {row}: {plans[row]}, compiled in {time.perf_counter() - start:.1f} s, planned peak "
               f"{reports[row]['memory']['peak_bytes_per_rank'] / 2**30:.2f} GiB", flush=True)
     return plans, reports
+
+
+def traced_ops(args, plan, work, row):
+    """With --ops: one more sp-run of 2 steps with --trace (timed on the device on a GPU); the
+    milliseconds of step 2 by op, largest first (tools/trace_ops.py's sums)."""
+    trace = os.path.join(work, f"trace-{row}.json")
+    run([tool(args, "sp-run"), plan, "--synthetic-data", "--seed", str(args.seed), "--steps", "2",
+         "--device", args.device, "--log-dir", os.path.join(work, "log"), "--trace", trace]
+        + (["--threads", str(args.threads)] if args.device == "cpu" else []), env=SP_RUN_ENV)
+    with open(trace) as f:
+        events = [e for e in json.load(f)["traceEvents"]
+                  if e.get("ph") == "X" and e.get("args", {}).get("step") == 2]
+    by_op = {}
+    for e in events:
+        op = e.get("name", "").split(" ")[0]
+        by_op[op] = by_op.get(op, 0.0) + e["dur"] / 1000.0
+    return dict(sorted(by_op.items(), key=lambda kv: -kv[1]))
 
 
 def measure_sp(args, plan, work):
@@ -297,6 +315,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234, help="seed of the weights, tokens and dropout")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(model)")
     ap.add_argument("--no-torch", action="store_true", help="measure sp-run only")
+    ap.add_argument("--ops", action="store_true",
+                    help="also trace one step of each sp row and print its milliseconds by op")
     ap.add_argument("--sp-bin", default=os.path.join(ROOT, "build", "bin"),
                     help="directory with sp-compile and sp-run (default: %(default)s)")
     ap.add_argument("--workdir", help="keep the model and plans here (default: a temporary directory)")
@@ -335,6 +355,9 @@ def main():
     try:
         plans, reports = prepare_sp(args, size, work)
         sp = {row: measure_sp(args, plans[row], work) for row in SP_ROWS}
+        if args.ops:
+            for row in SP_ROWS:
+                sp[row]["ops_ms"] = traced_ops(args, plans[row], work, row)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
@@ -384,6 +407,11 @@ def main():
                 ratios[f"sp {row} / torch {which}"] = sp[row]["tokens_per_s"] / r["tokens_per_s"]
     if ratios:
         print("  tokens/s, sp / torch: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
+    for row, r in sp.items():
+        if "ops_ms" in r:
+            top = list(r["ops_ms"].items())[:12]
+            print(f"  sp {row}, one traced step by op ({sum(r['ops_ms'].values()):.2f} ms in all): "
+                  + ", ".join(f"{op} {ms:.2f}" for op, ms in top))
 
     if args.json:
         result = {

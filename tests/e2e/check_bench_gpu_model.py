@@ -3,7 +3,7 @@
 
     /usr/bin/python3 tests/e2e/check_bench_gpu_model.py --sp-bin build/bin --workdir /tmp/bench-gpu-model
 
-Runs `tools/bench_gpu_model.py --device cpu --model small --steps 2 --threads 2 --json FILE` and checks
+Runs `tools/bench_gpu_model.py --device cpu --model small --steps 2 --threads 2 --ops --json FILE` and checks
 what it wrote, not its speed: sp-run's fused and unfused rows (and torch's eager row when torch is
 importable) with positive, finite step times, tokens/s = tokens per step / step time, the model FLOPs
 equal to 72 b s L h^2 (1 + s/6h + V/12hL) and to sp-compile's report, TFLOP/s = FLOPs / step time,
@@ -45,6 +45,11 @@ def check(result, failures):
     expect(p["total"] == result["parameters_from_report"],
            f"parameters {p['total']}, sp-compile's report {result['parameters_from_report']}")
 
+    # --ops: one traced step of each sp row, by op: its GEMMs, loss and update are there.
+    for name in ("fused", "unfused"):
+        ops = result["sp"].get(name, {}).get("ops_ms", {})
+        expect({"linear", "cross_entropy", "adamw"} <= set(ops) and all(t >= 0 for t in ops.values())
+               and sum(ops.values()) > 0, f"sp {name}: traced ops {ops}")
     rows = [("sp", name, result["sp"].get(name, {})) for name in ("fused", "unfused")]
     expect(sorted(result["sp"]) == ["fused", "unfused"], f"sp rows {sorted(result['sp'])}")
     try:
@@ -84,7 +89,7 @@ def main():
     if os.path.exists(out):
         os.remove(out)
     subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_gpu_model.py"), "--device", "cpu",
-                    "--model", "small", "--steps", "2", "--threads", "2", "--sp-bin", args.sp_bin,
+                    "--model", "small", "--steps", "2", "--threads", "2", "--ops", "--sp-bin", args.sp_bin,
                     "--workdir", os.path.join(args.workdir, "work"), "--json", out], check=True)
     with open(out) as f:
         result = json.load(f)

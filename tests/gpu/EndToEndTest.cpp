@@ -197,7 +197,11 @@ TEST(CudaEndToEnd, MixedPrecisionTracksTheCpu) {
           compileTiny(1, false, 1, 1, 1, 0, OptimizerOptions().Eps, T, Fused);
       auto Cpu = trainLosses(P, /*Cuda=*/false, Steps);
       ASSERT_TRUE(bool(Cpu)) << toString(Cpu.takeError());
+      // The fast kernels in bf16 (fp16's arithmetic in them is the same
+      // float32; one format keeps the emulated run's time).
       for (cuda::Numerics Num : {cuda::Numerics::Exact, cuda::Numerics::Fast}) {
+        if (Num == cuda::Numerics::Fast && T != DType::BF16)
+          continue;
         auto Gpu = trainLosses(P, /*Cuda=*/true, Steps, /*Blockwise=*/Fused,
                                Num);
         ASSERT_TRUE(bool(Gpu)) << toString(Gpu.takeError());

@@ -34,8 +34,6 @@ __global__ void narrow16Kernel(uint16_t *Y, const float *X, int64_t N,
   SP_GRID_LOOP(I, N) Y[I] = narrowBits(X[I], Bf16);
 }
 
-/// Eight elements a thread (N a multiple of eight, 16-byte aligned
-/// pointers): the same conversions, in 16- and 32-byte accesses.
 /// Y (of storage To) = X (of storage From), eight elements a thread.
 template <Storage From, Storage To>
 __global__ void convertOctKernel(Elems Y, Elems X, int64_t Octs) {
@@ -46,47 +44,43 @@ __global__ void convertOctKernel(Elems Y, Elems X, int64_t Octs) {
   }
 }
 
-bool convertOcts(int64_t N, const void *A, const void *B) {
-  return N % 8 == 0 && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(B) % 16 == 0;
+/// Y = X, one side float32 and the other 16-bit (Half, of storage K),
+/// eight elements a thread: false (nothing queued) unless N is a multiple
+/// of eight and both pointers 16-byte aligned.
+bool convertOcts(float *F, uint16_t *Half, Storage K, bool Widen, int64_t N,
+                 cudaStream_t S) {
+  if (N % 8 || reinterpret_cast<uintptr_t>(F) % 16 ||
+      reinterpret_cast<uintptr_t>(Half) % 16)
+    return false;
+  Elems FE(F), HE(Half, K);
+  if (Launch L = elementwiseLaunch(N / 8); L.Blocks)
+    withStorage(K, [&](auto ST) {
+      if (Widen)
+        SP_LAUNCH((convertOctKernel<ST, Storage::F32>), L.Blocks, L.Threads, 0,
+                  S, FE, HE, N / 8);
+      else
+        SP_LAUNCH((convertOctKernel<Storage::F32, ST>), L.Blocks, L.Threads, 0,
+                  S, HE, FE, N / 8);
+    });
+  return true;
 }
 
 } // namespace
 
 void widen16(float *Y, const uint16_t *X, int64_t N, bool Bf16,
              cudaStream_t S) {
-  if (convertOcts(N, Y, X)) {
-    Storage K = Bf16 ? Storage::BF16 : Storage::F16;
-    Elems YE(Y), XE(const_cast<uint16_t *>(X), K);
-    if (Launch L = elementwiseLaunch(N / 8); L.Blocks) {
-      if (Bf16)
-        SP_LAUNCH((convertOctKernel<Storage::BF16, Storage::F32>), L.Blocks,
-                  L.Threads, 0, S, YE, XE, N / 8);
-      else
-        SP_LAUNCH((convertOctKernel<Storage::F16, Storage::F32>), L.Blocks,
-                  L.Threads, 0, S, YE, XE, N / 8);
-    }
+  if (convertOcts(Y, const_cast<uint16_t *>(X),
+                  Bf16 ? Storage::BF16 : Storage::F16, true, N, S))
     return;
-  }
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     SP_LAUNCH(widen16Kernel, L.Blocks, L.Threads, 0, S, Y, X, N, Bf16);
 }
 
 void narrow16(uint16_t *Y, const float *X, int64_t N, bool Bf16,
               cudaStream_t S) {
-  if (convertOcts(N, Y, X)) {
-    Storage K = Bf16 ? Storage::BF16 : Storage::F16;
-    Elems YE(Y, K), XE(X);
-    if (Launch L = elementwiseLaunch(N / 8); L.Blocks) {
-      if (Bf16)
-        SP_LAUNCH((convertOctKernel<Storage::F32, Storage::BF16>), L.Blocks,
-                  L.Threads, 0, S, YE, XE, N / 8);
-      else
-        SP_LAUNCH((convertOctKernel<Storage::F32, Storage::F16>), L.Blocks,
-                  L.Threads, 0, S, YE, XE, N / 8);
-    }
+  if (convertOcts(const_cast<float *>(X), Y,
+                  Bf16 ? Storage::BF16 : Storage::F16, false, N, S))
     return;
-  }
   if (Launch L = elementwiseLaunch(N); L.Blocks)
     SP_LAUNCH(narrow16Kernel, L.Blocks, L.Threads, 0, S, Y, X, N, Bf16);
 }

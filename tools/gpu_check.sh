@@ -4,8 +4,8 @@
 #   tests  sp-gpu-tests (every kernel against the CPU's, the end-to-end
 #          comparisons), and the default model trained 20 steps by sp-run on
 #          the CPU and on the GPU in each of $PRECISIONS (default fp32 bf16 fp16),
-#          and with the default, fused attention core (on the GPU as its
-#          unfused ops, and by the blockwise kernels, also in bf16); with two
+#          and with the default, fused attention core (on the GPU by the
+#          blockwise kernels, and as its unfused ops, also in bf16); with two
 #          or more GPUs also t = 2 + SP, p = 2 and ZB-H1 on thread ranks;
 #   bench  tools/bench_gpu.py for each of $BENCH_MODELS (default 22B), with
 #          $BENCH_ARGS (default --steps 8 --repeat 1 --dtype bf16);
@@ -57,9 +57,9 @@ if [[ $WHAT == tests || $WHAT == all ]]; then
     done
   fi
   for P in fp32 bf16; do
-    say "sp-run: the default model with sp-compile's default, fused attention core, $P: CPU, GPU (unfused ops), GPU (blockwise)"
+    say "sp-run: the default model with sp-compile's default, fused attention core, $P: CPU, GPU (blockwise), GPU (unfused ops)"
     "$B/sp-compile" models/tiny/gpt-tiny.onnx --dtype $P -o "$ROOT/tiny-fused-$P.plan" --quiet
-    for D in cpu cuda "cuda --cuda-attention blockwise"; do
+    for D in cpu cuda "cuda --cuda-attention unfused"; do
       "$B/sp-run" "$ROOT/tiny-fused-$P.plan" --data "$ROOT/data.bin" --steps 20 --device $D 2>&1 | tee -a "$OUT/sp-run.log" | grep -E "^(trained|memory|time per step)"
     done
   done

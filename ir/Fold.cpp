@@ -422,6 +422,56 @@ Expected<Dense> foldGather(const Dense &X, const Dense &Idx,
   return R;
 }
 
+/// GatherElements along `axis`: R[i] = X[i with i[axis] = Idx[i]].
+Expected<Dense> foldGatherElements(const Dense &X, const Dense &Idx,
+                                   const AttrList &Attrs,
+                                   const TensorType &ResultType) {
+  int64_t Rank = X.Type.rank();
+  int64_t Axis = Attrs.getInt("axis", 0);
+  if (Axis < 0)
+    Axis += Rank;
+  int64_t Dim = X.shape()[Axis];
+  SmallVector<int64_t, 6> XStrides = stridesOf(X.shape());
+  ArrayRef<int64_t> Shape = ResultType.Shape;
+  Dense R(ResultType);
+  for (int64_t I = 0, N = R.size(); I < N; ++I) {
+    int64_t Rest = I, Src = 0;
+    for (int64_t D = Rank - 1; D >= 0; --D) {
+      int64_t C = Rest % Shape[D];
+      Rest /= Shape[D];
+      if (D == Axis) {
+        C = Idx.Ints[I];
+        if (C < -Dim || C >= Dim)
+          return makeError(formatv("index {0} is out of range for axis {1} of "
+                                   "size {2}",
+                                   C, Axis, Dim));
+        if (C < 0)
+          C += Dim;
+      }
+      Src += C * XStrides[D];
+    }
+    R.copyFrom(I, X, Src);
+  }
+  return R;
+}
+
+/// Tile: R[i] = X[i mod X's shape].
+Dense foldTile(const Dense &X, const TensorType &ResultType) {
+  int64_t Rank = X.Type.rank();
+  SmallVector<int64_t, 6> XStrides = stridesOf(X.shape());
+  ArrayRef<int64_t> Shape = ResultType.Shape;
+  Dense R(ResultType);
+  for (int64_t I = 0, N = R.size(); I < N; ++I) {
+    int64_t Rest = I, Src = 0;
+    for (int64_t D = Rank - 1; D >= 0; --D) {
+      Src += (Rest % Shape[D]) % X.shape()[D] * XStrides[D];
+      Rest /= Shape[D];
+    }
+    R.copyFrom(I, X, Src);
+  }
+  return R;
+}
+
 /// Concat along `axis`: for each outer index, the inputs' slabs in order.
 Dense foldConcat(ArrayRef<Dense> Xs, const AttrList &Attrs,
                  const TensorType &ResultType) {
@@ -582,6 +632,8 @@ bool isFoldable(OpKind Op) {
   case OpKind::OnnxWhere:
   case OpKind::OnnxTrilu:
   case OpKind::OnnxSplit:
+  case OpKind::OnnxGatherElements:
+  case OpKind::OnnxTile:
     return true;
   default:
     return false;
@@ -666,6 +718,14 @@ Expected<FoldResult> foldOp(OpKind Op, ArrayRef<Value *> Operands,
       return R.takeError();
     return Single(std::move(*R));
   }
+  case OpKind::OnnxGatherElements: {
+    auto R = foldGatherElements(X[0], X[1], Attrs, RT);
+    if (!R)
+      return R.takeError();
+    return Single(std::move(*R));
+  }
+  case OpKind::OnnxTile:
+    return Single(foldTile(X[0], RT));
   case OpKind::OnnxConcat:
     return Single(foldConcat(X, Attrs, RT));
   case OpKind::OnnxSplit: {

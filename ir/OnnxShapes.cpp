@@ -832,6 +832,56 @@ Expected<TypeList> inferGather(ArrayRef<Value *> Ops, const AttrList &Attrs) {
   return TypeList{T};
 }
 
+/// GatherElements: (data, indices) of one rank, `axis`; the result has the
+/// indices' shape and the data's type. Torch exports torch.gather so (GPT-J's
+/// sin/cos lookup by position ids).
+Expected<TypeList> inferGatherElements(ArrayRef<Value *> Ops,
+                                       const AttrList &Attrs) {
+  if (auto E = expectOperands(Ops, 2, 2))
+    return E;
+  if (auto E = expectInteger(Ops[1], 1))
+    return E;
+  const TensorType &X = Ops[0]->type(), &Idx = Ops[1]->type();
+  if (X.rank() == 0 || Idx.rank() != X.rank())
+    return makeError(formatv("data (rank {0}) and indices (rank {1}) must have "
+                             "one rank of at least 1",
+                             X.rank(), Idx.rank()));
+  auto Axis = normAxis(Attrs.getInt("axis", 0), X.rank());
+  if (!Axis)
+    return Axis.takeError();
+  for (unsigned D = 0; D < X.rank(); ++D)
+    if (D != *Axis && Idx.Shape[D] > X.Shape[D])
+      return makeError(formatv("indices shape {0} exceeds data shape {1} off "
+                               "the axis",
+                               shapeStr(Idx.Shape), shapeStr(X.Shape)));
+  return TypeList{TensorType(X.Dtype, Idx.Shape)};
+}
+
+/// Tile: (input, repeats) with repeats a constant int64 [rank]; each
+/// dimension is multiplied by its repeat count.
+Expected<TypeList> inferTile(ArrayRef<Value *> Ops) {
+  if (auto E = expectOperands(Ops, 2, 2))
+    return E;
+  if (auto E = expectDtype(Ops[1], 1, DType::I64))
+    return E;
+  auto Reps = constOperand(Ops, 1, "repeats");
+  if (!Reps)
+    return Reps.takeError();
+  TensorType T = Ops[0]->type();
+  if (Reps->size() != T.rank())
+    return makeError(formatv("repeats has {0} elements for an operand of rank "
+                             "{1}",
+                             Reps->size(), T.rank()));
+  for (unsigned D = 0; D < T.rank(); ++D) {
+    if ((*Reps)[D] < 0)
+      return makeError("repeats must not be negative");
+    T.Shape[D] *= (*Reps)[D];
+  }
+  if (auto E = expectSaneSize(T.Shape))
+    return E;
+  return TypeList{T};
+}
+
 /// Trilu: (input, k?) with `upper` (default 1); rank >= 2.
 Expected<TypeList> inferTrilu(ArrayRef<Value *> Ops) {
   if (auto E = expectOperands(Ops, 1, 2))
@@ -896,6 +946,10 @@ Expected<TypeList> inferOnnxTypesOf(OpKind Op, ArrayRef<Value *> Ops,
     return inferGather(Ops, Attrs);
   case OpKind::OnnxTrilu:
     return inferTrilu(Ops);
+  case OpKind::OnnxGatherElements:
+    return inferGatherElements(Ops, Attrs);
+  case OpKind::OnnxTile:
+    return inferTile(Ops);
   default:
     break;
   }

@@ -513,6 +513,194 @@ bool partialRope(Rewriter &R, Node &N) {
   return true;
 }
 
+/// GPT-J's sin/cos lookup, `torch.gather(table.repeat(n, 1, 1), 1,
+/// ids.unsqueeze(-1).repeat(1, 1, r))`: GatherElements(C, Tile(Unsqueeze(ids
+/// [b, s], -1), [1, 1, r])) {axis = 1} with C a constant [n, P, r] whose n
+/// rows are one table T -> embedding(T, ids) [b, s, r]. Other
+/// GatherElements stay, and the importer's op check names them.
+bool gatherLookup(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxGatherElements ||
+      normAxis(N.attrs().getInt("axis", 0), 3) != 1 ||
+      N.operand(0)->type().rank() != 3)
+    return false;
+  Value *C = N.operand(0);
+  const TensorType &CT = C->type(), &IT = N.operand(1)->type();
+  Node *Tile = def(N.operand(1), OpKind::OnnxTile);
+  if (!C->isConst() || !C->data() || !Tile ||
+      !isInts(Tile->operand(1), {1, 1, CT.Shape[2]}) ||
+      IT.Shape[2] != CT.Shape[2] || IT.Shape[0] > CT.Shape[0])
+    return false;
+  Value *Z = Tile->operand(0);
+  if (Node *Ex = def(Z, OpKind::OnnxExpand);
+      Ex && Ex->operand(0)->type() == Z->type())
+    Z = Ex->operand(0);
+  Node *Un = def(Z, OpKind::OnnxUnsqueeze);
+  if (!Un || Z->type().rank() != 3 || Z->type().Shape[2] != 1 ||
+      Z->type().Shape[0] != IT.Shape[0] || Z->type().Shape[1] != IT.Shape[1])
+    return false;
+  Value *Ids = Un->operand(0);
+  Value *Table = R.memo(C, SameRows, [&]() -> Value * {
+    auto D = C->data()->load();
+    if (!D) {
+      consumeError(D.takeError());
+      return nullptr;
+    }
+    size_t Row = CT.numBytes() / CT.Shape[0];
+    for (int64_t I = 1; I < CT.Shape[0]; ++I)
+      if (std::memcmp(D->data(), D->data() + I * Row, Row))
+        return nullptr;
+    return R.G.addInlineConst("gathered_table",
+                              TensorType(CT.Dtype, {CT.Shape[1], CT.Shape[2]}),
+                              std::vector<char>(D->data(), D->data() + Row));
+  });
+  if (!Table)
+    return false;
+  Node *E = R.build(&N, OpKind::Embedding, {Table, Ids});
+  R.replace(N.result(), E->result());
+  return true;
+}
+
+/// A rotary table of heads laid out [b, s, a, d] (GPT-J's, applied before
+/// the permute), [1 or b, s, 1, r] with every element of a [.., r/2]
+/// table twice in a row, as an interleaved rope takes it for heads [b, a,
+/// s, d]: [1 or b, s, r]. Either a constant, or the repeat_interleave of an
+/// Unsqueeze(., 2) of a last-axis Split piece of a lookup embedding(T, ids)
+/// of a constant T: then a lookup of T's pairs table of those columns.
+Value *headsLayoutTable(Rewriter &R, Node *At, Value *V, int64_t Batch,
+                        int64_t Seq) {
+  const TensorType &T = V->type();
+  if (T.rank() != 4 || T.Shape[2] != 1 || T.Shape[1] != Seq ||
+      (T.Shape[0] != 1 && T.Shape[0] != Batch) || T.Dtype != DType::F32)
+    return nullptr;
+  if (V->isConst() && V->data())
+    return R.memo(V, HeadsLayoutTable, [&]() -> Value * {
+      auto D = V->data()->load();
+      if (!D) {
+        consumeError(D.takeError());
+        return nullptr;
+      }
+      return R.G.addInlineConst(
+          "rope_table",
+          TensorType(T.Dtype, {T.Shape[0], T.Shape[1], T.Shape[3]}),
+          std::vector<char>(D->begin(), D->end()));
+    });
+  Value *Half = repeatedPairs(V);
+  Node *Un = Half ? def(Half, OpKind::OnnxUnsqueeze) : nullptr;
+  Value *Piece = Un ? Un->operand(0) : nullptr;
+  Node *Sp = Piece ? Piece->producer() : nullptr;
+  if (!Sp || Sp->op() != OpKind::OnnxSplit || Piece->type().rank() != 3 ||
+      normAxis(Sp->attrs().getInt("axis", 0), 3) != 2)
+    return nullptr;
+  Node *E = def(Sp->operand(0), OpKind::Embedding);
+  if (!E || !E->operand(0)->isConst() || !E->operand(0)->data() ||
+      E->operand(0)->type().Dtype != DType::F32)
+    return nullptr;
+  int64_t Offset = 0, K = Piece->type().Shape[2];
+  for (unsigned I = 0; Sp->result(I) != Piece; ++I)
+    Offset += Sp->result(I)->type().Shape[2];
+  Value *Tab = E->operand(0);
+  Value *Pairs = R.memo(Tab, PairsColumns + int(Offset), [&]() -> Value * {
+    auto D = Tab->data()->load();
+    if (!D) {
+      consumeError(D.takeError());
+      return nullptr;
+    }
+    int64_t Rows = Tab->type().Shape[0], W = Tab->type().Shape[1];
+    std::vector<char> Bytes(Rows * K * 2 * 4);
+    for (int64_t P = 0; P < Rows; ++P)
+      for (int64_t J = 0; J < K; ++J)
+        for (int64_t C : {0, 1})
+          std::memcpy(Bytes.data() + (P * 2 * K + 2 * J + C) * 4,
+                      D->data() + (P * W + Offset + J) * 4, 4);
+    return R.G.addInlineConst("rope_pairs_table",
+                              TensorType(DType::F32, {Rows, 2 * K}),
+                              std::move(Bytes));
+  });
+  if (!Pairs)
+    return nullptr;
+  // One lookup per table and ids, shared by q's and k's rope.
+  for (const Use &U : Pairs->users())
+    if (U.User->op() == OpKind::Embedding && !U.User->isDead() &&
+        U.User->operand(1) == E->operand(1))
+      return U.User->result();
+  return R.build(At, OpKind::Embedding, {Pairs, E->operand(1)})->result();
+}
+
+/// GPT-J's rotary, applied to heads laid out [b, s, a, d] before their
+/// permute: Transpose(rot, [0, 2, 1, 3]) where rot is x·cos + rotate(x)·sin
+/// of x = Reshape(p [b, s, a·d]) (rotate_every_two, or rotate_half), or,
+/// partial (rotary_dim < d), Concat(that of x[..., :r], x[..., r:]) on the
+/// last axis, with [1 or b, s, 1, r] tables (headsLayoutTable) ->
+/// rope(to_heads(p), cos, sin) with [1 or b, s, r] tables: the rope of the
+/// permuted heads, which rotates the first r dims of each and passes the
+/// rest, as partialRope's.
+bool ropeBeforeHeads(Rewriter &R, Node &N) {
+  if (N.op() != OpKind::OnnxTranspose || N.operand(0)->type().rank() != 4 ||
+      N.attrs().getInts("perm") != std::vector<int64_t>{0, 2, 1, 3})
+    return false;
+  Value *Y = N.operand(0);
+  const TensorType &YT = Y->type();
+  Node *Add = def(Y, OpKind::OnnxAdd);
+  Value *Whole = nullptr; // x, the [b, s, a, d] heads
+  int64_t Rotary = YT.dim(-1);
+  if (Node *Cat = lastAxisConcat(Y); Cat && Cat->numOperands() == 2) {
+    Add = def(Cat->operand(0), OpKind::OnnxAdd);
+    int64_t PassStart, PassEnd;
+    Node *Pass = lastAxisSlice(Cat->operand(1), PassStart, PassEnd);
+    if (!Add || !Pass || PassEnd != YT.dim(-1) ||
+        Pass->operand(0)->type() != YT)
+      return false;
+    Whole = Pass->operand(0);
+    Rotary = PassStart;
+  }
+  if (!Add || Add->result()->type().rank() != 4 ||
+      Add->result()->type().dim(-1) != Rotary)
+    return false;
+  for (unsigned I : {0u, 1u}) {
+    Node *MC = def(Add->operand(I), OpKind::OnnxMul);
+    Node *MS = def(Add->operand(1 - I), OpKind::OnnxMul);
+    if (!MC || !MS)
+      continue;
+    for (unsigned J : {0u, 1u})
+      for (unsigned K : {0u, 1u}) {
+        Value *X = MC->operand(J), *Cos = MC->operand(1 - J);
+        Value *Rot = MS->operand(K), *Sin = MS->operand(1 - K);
+        if (X->type() != Add->result()->type())
+          continue;
+        bool Interleaved = isRotateEveryTwo(Rot, X);
+        if (!Interleaved && !isRotateHalf(Rot, X))
+          continue;
+        Value *Heads = X;
+        if (Whole) { // x[..., :r] of the whole heads
+          int64_t Start, End;
+          Node *Sl = lastAxisSlice(X, Start, End);
+          if (!Sl || Sl->operand(0) != Whole || Start != 0 || End != Rotary)
+            continue;
+          Heads = Whole;
+        }
+        Node *Re = def(Heads, OpKind::OnnxReshape);
+        const TensorType &HT = Heads->type();
+        if (!Re || HT != YT || Re->operand(0)->type().rank() != 3 ||
+            Re->operand(0)->type().Shape[0] != HT.Shape[0] ||
+            Re->operand(0)->type().Shape[1] != HT.Shape[1])
+          continue;
+        Value *C = headsLayoutTable(R, &N, Cos, HT.Shape[0], HT.Shape[1]);
+        Value *S = headsLayoutTable(R, &N, Sin, HT.Shape[0], HT.Shape[1]);
+        if (!C || !S || C->type() != S->type() || C->type().dim(-1) != Rotary)
+          continue;
+        AttrList HA;
+        HA.set("heads", HT.Shape[2]);
+        Node *H = R.build(&N, OpKind::ToHeads, {Re->operand(0)}, HA);
+        AttrList A;
+        A.set("interleaved", int64_t(Interleaved));
+        Node *Ro = R.build(&N, OpKind::Rope, {H->result(), C, S}, A);
+        R.replace(N.result(), Ro->result());
+        return true;
+      }
+  }
+  return false;
+}
+
 bool batchMatMul(Rewriter &R, Node &N) {
   if (N.op() != OpKind::OnnxMatMul || N.operand(0)->type().rank() < 3 ||
       N.operand(1)->type().rank() < 3)
@@ -557,18 +745,11 @@ bool embedding(Rewriter &R, Node &N) {
 } // namespace
 
 std::vector<Pattern> layerPatterns() {
-  return {matmulLinear,
-          gemmLinear,
-          unflattenLinear,
-          splitHeads,
-          splitHeadsPerHead,
-          toHeads,
-          repeatHeads,
-          mergeHeads,
-          batchMatMul,
-          embedding,
-          rope,
-          partialRope};
+  return {matmulLinear, gemmLinear,        unflattenLinear,
+          splitHeads,   splitHeadsPerHead, toHeads,
+          repeatHeads,  mergeHeads,        batchMatMul,
+          embedding,    gatherLookup,      ropeBeforeHeads,
+          rope,         partialRope};
 }
 
 } // namespace sp::canonicalize

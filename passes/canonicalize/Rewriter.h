@@ -186,7 +186,11 @@ enum ConstQuestion {
   AdditiveCausal,
   RopeTable,
   PairsTable,
-  AllZeros
+  AllZeros,
+  SameRows,
+  HeadsLayoutTable,
+  // PairsColumns + o: the pairs table of a [P, w] table's columns from o.
+  PairsColumns
 };
 
 /// The patterns of each phase, in the order they are tried.

@@ -116,6 +116,7 @@ MASKED_LM_PADDED = {"kind": "masked-lm", "pad": 0, "mask_token": 3, "rate": 0.3,
 GPT2_EXPECT = "pass"
 LLAMA_EXPECT = "pass"
 NEOX_EXPECT = "pass"
+GPTJ_EXPECT = "pass"
 BERT_EXPECT = "pass"
 
 CASES = [
@@ -151,6 +152,16 @@ CASES = [
          trajectory=True, objective=PADDED, expect=NEOX_EXPECT),
     Case("gpt_neox-o13-tokens-full-rotary-sequential", "gpt_neox", 13, "tokens",
          {"rotary_pct": "1.0", "parallel_residual": "false"}, expect=NEOX_EXPECT),
+    # gptj: HF's GPTJForCausalLM (GPT-J-6B's rotary_dim of a quarter head), separate bias-free q/k/v,
+    # interleaved rotary on [b, s, heads, d] before the permute, an lm_head with bias; then every
+    # switch value across the opsets.
+    Case("gptj-o17-input_ids-hf", "gptj", 17, "input_ids", sizes=dict(hidden=64), trajectory=True,
+         expect=GPTJ_EXPECT),
+    Case("gptj-o14-idx-half-rotary-mask-positions-padded", "gptj", 14, "idx",
+         {"rotary_pct": "0.5", "attention_mask": "input", "position_ids": "input"}, sizes=dict(hidden=48, heads=3),
+         trajectory=True, objective=PADDED, expect=GPTJ_EXPECT),
+    Case("gptj-o13-tokens-full-rotary-positions", "gptj", 13, "tokens",
+         {"rotary_pct": "1.0", "position_ids": "input"}, expect=GPTJ_EXPECT),
     # llama: HF's defaults first, then every switch value at least once across the opsets.
     Case("llama-o17-input_ids-hf", "llama", 17, "input_ids", trajectory=True, expect=LLAMA_EXPECT),
     Case("llama-o14-idx-div-manual-interleaved-sliced-triu-mask-padded", "llama", 14, "idx",
@@ -183,7 +194,8 @@ CASES = [
          expect=BERT_EXPECT),
 ]
 
-FAMILY_ALIASES = {"gpt2": "gpt2", "hf_gpt2": "gpt2", "gpt_neox": "gpt_neox", "neox": "gpt_neox", "llama": "llama",
+FAMILY_ALIASES = {"gpt2": "gpt2", "hf_gpt2": "gpt2", "gpt_neox": "gpt_neox", "neox": "gpt_neox", "gptj": "gptj",
+                  "gpt-j": "gptj", "llama": "llama",
                   "bert": "bert"}
 
 # Forms the exporter writes that sp refuses, with one error naming them: not trained here.
@@ -293,7 +305,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sp-bin", help="directory holding sp-compile and sp-run")
     p.add_argument("--workdir", help="directory for models, plans and dumps (created if missing)")
-    p.add_argument("--family", help="run only this family's cases: gpt2 (or hf_gpt2), gpt_neox (or neox), llama, bert")
+    p.add_argument("--family", help="run only this family's cases: gpt2 (or hf_gpt2), gpt_neox (or neox), gptj, llama, "
+                   "bert")
     p.add_argument("--only", help="run only the cases whose name contains one of these comma-separated strings")
     p.add_argument("--list", action="store_true", help="list the cases and what is expected of them, then exit")
     p.add_argument("--threads", type=int, default=2, help="sp-run --threads and torch threads (default 2)")

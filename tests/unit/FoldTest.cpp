@@ -312,6 +312,26 @@ TEST_F(FoldTest, Trilu) {
             (IntVec{0, 0, 0, 1, 0, 0, 1, 1, 0}));
 }
 
+// torch's repeat (GPT-J's sin/cos table repeated over the batch).
+TEST_F(FoldTest, TileRepeatsEachAxis) {
+  Value *X = ints({1, 2, 3, 4}, {2, 2});
+  EXPECT_EQ(foldInts(OpKind::OnnxTile, {X, ints({2, 1}, {2})}),
+            (IntVec{1, 2, 3, 4, 1, 2, 3, 4}));
+  EXPECT_EQ(foldInts(OpKind::OnnxTile, {X, ints({1, 2}, {2})}),
+            (IntVec{1, 2, 1, 2, 3, 4, 3, 4}));
+}
+
+// torch.gather: each element from its own row of the axis.
+TEST_F(FoldTest, GatherElementsAlongAnAxis) {
+  Value *X = ints({1, 2, 3, 4, 5, 6}, {3, 2});
+  EXPECT_EQ(
+      foldInts(OpKind::OnnxGatherElements, {X, ints({2, 0, -1, 1}, {2, 2})}),
+      (IntVec{5, 2, 5, 4}));
+  EXPECT_EQ(foldInts(OpKind::OnnxGatherElements, {X, ints({1, 0, 0}, {3, 1})},
+                     attrs({{"axis", int64_t(1)}})),
+            (IntVec{2, 3, 5}));
+}
+
 TEST_F(FoldTest, IntegerArithmeticIsExact) {
   Value *A = ints({I64Max - 1, -7, 7, I64Min});
   EXPECT_EQ(foldInts(OpKind::OnnxAdd, {A, ints({1})}),

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
-"""Export a HuggingFace-style GPT-2, GPT-NeoX, GPT-J, Llama or BERT to ONNX in training mode, with its facts.
+"""Export a HuggingFace-style GPT-2, GPT-NeoX, GPT-J, Phi, Llama or BERT to ONNX in training mode, with its facts.
 
 The models are written as transformers (~4.30) writes them (models/hf_gpt2.py, models/gpt_neox.py,
-models/gptj.py, models/llama.py, models/bert.py), so the graphs are what a user exporting `GPT2LMHeadModel`,
-`GPTNeoXForCausalLM`, `GPTJForCausalLM`, `LlamaForCausalLM` or `BertForMaskedLM` gets. Like models/export_gpt.py it writes OUT.onnx (Dropout kept, no constant
+models/gptj.py, models/phi.py (4.37's), models/llama.py, models/bert.py), so the graphs are what a user
+exporting `GPT2LMHeadModel`, `GPTNeoXForCausalLM`, `GPTJForCausalLM`, `PhiForCausalLM`, `LlamaForCausalLM`
+or `BertForMaskedLM` gets. Like models/export_gpt.py it writes OUT.onnx (Dropout kept, no constant
 folding, parameters named by their torch state-dict names) and next to it OUT.json: the family,
 the sizes, the variant switches, the parameter count, the graph inputs with their roles
 (tokens / positions / mask / token_types), what became of every buffer, the opset and the seed.
@@ -23,6 +24,7 @@ Variant switches (each family accepts only its own; see the model files for the 
            --attention-mask none|input  --position-ids internal|input
     gptj   --rotary-pct 0.25|0.5|1.0 (rotary_dim = head size x pct; GPT-J-6B's 64 of 256 is 0.25)
            --attention-mask none|input  --position-ids internal|input
+    phi    --rotary-pct 0.5|0.25|1.0 (partial_rotary_factor; phi-1 and phi-1.5: 0.5)  --position-ids internal|input
     llama  --rmsnorm hf|div  --silu module|manual  --rope half|interleaved
            --rope-tables position_ids|sliced  --mask finfo|triu|tril  --attention-mask none|input|ones
     bert   --mask 10000|finfo  --token-types input|buffer  --pad-token-id N
@@ -45,11 +47,12 @@ import gpt_neox as neox_lib  # noqa: E402
 import gptj as gptj_lib  # noqa: E402
 import hf_gpt2 as gpt2_lib  # noqa: E402
 import llama as llama_lib  # noqa: E402
+import phi as phi_lib  # noqa: E402
 from export_gpt import add_output_args, facts_path, save_onnx  # noqa: E402  (shared with the GPT exporter)
 
 MIN_OPSET, MAX_OPSET = 13, 17
 MIN_TRILU_OPSET = 14
-FAMILIES = ("gpt2", "gpt_neox", "gptj", "llama", "bert")
+FAMILIES = ("gpt2", "gpt_neox", "gptj", "phi", "llama", "bert")
 TOKENS, POSITIONS, MASK, TOKEN_TYPES = "tokens", "positions", "mask", "token_types"
 
 # Family -> switch -> (choices, default). `--mask` is shared by name, with different forms.
@@ -66,6 +69,8 @@ VARIANTS = {
     "gptj": {"rotary_pct": (gptj_lib.ROTARY_PCTS, "0.25"),
              "attention_mask": (("none", "input"), "none"),
              "position_ids": (("internal", "input"), "internal")},
+    "phi": {"rotary_pct": (phi_lib.ROTARY_PCTS, "0.5"),
+            "position_ids": (("internal", "input"), "internal")},
     "llama": {"rmsnorm": (llama_lib.RMSNORM_FORMS, "hf"),
               "silu": (llama_lib.SILU_FORMS, "module"),
               "rope": (llama_lib.ROPE_FORMS, "half"),
@@ -75,8 +80,8 @@ VARIANTS = {
     "bert": {"mask": (bert_lib.MASK_FORMS, "10000"),
              "token_types": (bert_lib.TOKEN_TYPE_FORMS, "input")},
 }
-DEFAULT_DROPOUT = {"gpt2": 0.1, "gpt_neox": 0.0, "gptj": 0.0, "llama": 0.0, "bert": 0.1}
-DEFAULT_TIED = {"gpt2": True, "gpt_neox": False, "gptj": False, "llama": False, "bert": True}
+DEFAULT_DROPOUT = {"gpt2": 0.1, "gpt_neox": 0.0, "gptj": 0.0, "phi": 0.0, "llama": 0.0, "bert": 0.1}
+DEFAULT_TIED = {"gpt2": True, "gpt_neox": False, "gptj": False, "phi": False, "llama": False, "bert": True}
 
 
 def all_switches():
@@ -177,7 +182,7 @@ def validate(args):
     else:
         if args.kv_heads is not None:
             return "--kv-heads is a llama switch"
-        if family in ("gpt_neox", "gptj") and int(args.hidden // args.heads * float(args.rotary_pct)) % 2:
+        if family in ("gpt_neox", "gptj", "phi") and int(args.hidden // args.heads * float(args.rotary_pct)) % 2:
             return (f"{family}'s rotary dims (head size {args.hidden // args.heads} x --rotary-pct "
                     f"{args.rotary_pct}) must be even")
         if args.ffn is None:
@@ -229,6 +234,13 @@ def build_model(family, sizes, variants, dropout, tied, pad_token_id=None):
                                      resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
                                      tie_word_embeddings=tied)
         return gptj_lib.GPTJForCausalLM(config)
+    if family == "phi":
+        config = phi_lib.PhiConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"],
+                                   num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+                                   resid_pdrop=dropout, embd_pdrop=dropout, attention_dropout=dropout,
+                                   max_position_embeddings=max_positions, tie_word_embeddings=tied,
+                                   partial_rotary_factor=float(variants["rotary_pct"]))
+        return phi_lib.PhiForCausalLM(config)
     if family == "llama":
         config = llama_lib.LlamaConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"],
                                        num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
@@ -254,6 +266,9 @@ def input_roles(family, variants):
     if family in ("gpt2", "gpt_neox", "gptj"):
         if variants["attention_mask"] == "input":
             extra.append(("attention_mask", MASK))
+        if variants["position_ids"] == "input":
+            extra.append(("position_ids", POSITIONS))
+    elif family == "phi":
         if variants["position_ids"] == "input":
             extra.append(("position_ids", POSITIONS))
     elif family == "llama":

@@ -117,6 +117,7 @@ GPT2_EXPECT = "pass"
 LLAMA_EXPECT = "pass"
 NEOX_EXPECT = "pass"
 GPTJ_EXPECT = "pass"
+PHI_EXPECT = "pass"
 BERT_EXPECT = "pass"
 
 CASES = [
@@ -162,6 +163,14 @@ CASES = [
          trajectory=True, objective=PADDED, expect=GPTJ_EXPECT),
     Case("gptj-o13-tokens-full-rotary-positions", "gptj", 13, "tokens",
          {"rotary_pct": "1.0", "position_ids": "input"}, expect=GPTJ_EXPECT),
+    # phi: HF's PhiForCausalLM (4.37; phi-1/phi-1.5's partial_rotary_factor 0.5), q/k/v/dense with bias,
+    # rotate_half on part of each head, the additive `_make_causal_mask`, an lm_head with bias.
+    Case("phi-o17-input_ids-hf", "phi", 17, "input_ids", sizes=dict(hidden=64), trajectory=True,
+         expect=PHI_EXPECT),
+    Case("phi-o14-idx-quarter-rotary-positions", "phi", 14, "idx", {"rotary_pct": "0.25", "position_ids": "input"},
+         sizes=dict(hidden=64), trajectory=True, expect=PHI_EXPECT),
+    Case("phi-o13-tokens-full-rotary", "phi", 13, "tokens", {"rotary_pct": "1.0"}, sizes=dict(hidden=48, heads=3),
+         expect=PHI_EXPECT),
     # llama: HF's defaults first, then every switch value at least once across the opsets.
     Case("llama-o17-input_ids-hf", "llama", 17, "input_ids", trajectory=True, expect=LLAMA_EXPECT),
     Case("llama-o14-idx-div-manual-interleaved-sliced-triu-mask-padded", "llama", 14, "idx",
@@ -195,7 +204,7 @@ CASES = [
 ]
 
 FAMILY_ALIASES = {"gpt2": "gpt2", "hf_gpt2": "gpt2", "gpt_neox": "gpt_neox", "neox": "gpt_neox", "gptj": "gptj",
-                  "gpt-j": "gptj", "llama": "llama",
+                  "gpt-j": "gptj", "phi": "phi", "llama": "llama",
                   "bert": "bert"}
 
 # Forms the exporter writes that sp refuses, with one error naming them: not trained here.
@@ -305,7 +314,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sp-bin", help="directory holding sp-compile and sp-run")
     p.add_argument("--workdir", help="directory for models, plans and dumps (created if missing)")
-    p.add_argument("--family", help="run only this family's cases: gpt2 (or hf_gpt2), gpt_neox (or neox), gptj, llama, "
+    p.add_argument("--family", help="run only this family's cases: gpt2 (or hf_gpt2), gpt_neox (or neox), gptj, phi, "
+                   "llama, "
                    "bert")
     p.add_argument("--only", help="run only the cases whose name contains one of these comma-separated strings")
     p.add_argument("--list", action="store_true", help="list the cases and what is expected of them, then exit")

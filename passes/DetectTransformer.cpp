@@ -495,6 +495,20 @@ private:
       AttnIn = MlpIn = blockInput(L, X, Norms[0], Role::Ln1);
       for (const Use &U : AttnIn->users())
         (isProjection(U.User) ? AttnUsers : MlpUsers).push_back(U.User);
+      // Separate projections of which only some reached to_heads (GPT-J's
+      // q and k, rotated before the permute in a form canonicalize did not
+      // prove): name the first that did not, and what follows it.
+      if (AttnUsers.size() == 1 &&
+          AttnUsers[0]->result()->users()[0].User->op() == OpKind::ToHeads)
+        for (Node *N : MlpUsers)
+          if (N->op() == OpKind::Linear && N->result()->users().size() == 1 &&
+              N->result()->users()[0].User->op() == OpKind::OnnxReshape)
+            return fail(L, "attention", N->result(),
+                        "expected q, k and v linears, each followed by "
+                        "to_heads (a rotary on [b, s, heads, d] heads must be "
+                        "x·cos + rotate(x)·sin of their first dims before the "
+                        "permute); " +
+                            found(N->result()));
     }
     auto Proj = attentionBlock(L, AttnIn, AttnUsers);
     if (!Proj)

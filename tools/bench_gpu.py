@@ -69,7 +69,8 @@ Flags: --device cpu|cuda[:N] (passed to sp-run --device), --model 22B|175B|small
 from models/paper/models.csv: h, a, s, b and t; small: h 256, a 8, s 256, b 2 sharded 4 ways,
 seconds on a 2-core CPU), --dtype fp32|bf16, --steps N (timed steps; N + 1 are run), --repeat R
 (rounds, modes interleaved; the fastest round of each counts), --threads (CPU kernel threads of
-sp-run and torch; default all cores), --bf16-only (with --dtype bf16: no fp32 or TF32 rows), --sp-bin,
+sp-run and torch; default all cores), --bf16-only (with --dtype bf16: no fp32 or TF32 rows),
+--torch-compile (torch's layer also through torch.compile: the "compiled" row), --sp-bin,
 --workdir (kept), --json FILE (every number).
 """
 import argparse
@@ -353,7 +354,7 @@ def print_table(title, rows, with_recompute=True):
     print(title)
     print(f"  {'mode':<10} {'forward ms':>10} {'backward ms':>12} {'(recompute)':>12} {'combined ms':>12} "
           f"{'overhead':>9} {'TFLOP/s':>8} {'MFU':>7}")
-    for mode in GPU_MODES:
+    for mode in GPU_MODES + ["compiled"]:  # (compiled: torch's, with --torch-compile)
         if mode not in rows:
             continue
         r = rows[mode]
@@ -371,6 +372,8 @@ def main():
     ap.add_argument("--model", choices=["22B", "175B", "small"], default="small")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                     help="fp32 (sp-run and torch; on cuda also TF32); bf16 adds bf16 runs of both")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="also time torch's layer through torch.compile (the 'compiled' row; torch 2.x)")
     ap.add_argument("--bf16-only", action="store_true",
                     help="with --dtype bf16: measure the bf16 plans only (no fp32 or TF32 rows)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps (one more is run and left out)")
@@ -460,7 +463,10 @@ def main():
                 for mode in MODES) +
                 "".join(f"; {mode} / torch none "
                         f"{sp[prec][mode]['combined_ms'] / torch_rows[prec]['none']['combined_ms']:.2f}"
-                        for mode in ("fused", "exact") if mode in sp[prec]))
+                        for mode in ("fused", "exact") if mode in sp[prec]) +
+                ("; none / torch compiled "
+                 f"{sp[prec]['none']['combined_ms'] / torch_rows[prec]['compiled']['combined_ms']:.2f}"
+                 if "compiled" in torch_rows[prec] else ""))
     if not torch_rows:
         print(f"torch: {torch_note}")
     print("MFU is against the dense BF16 peak (fp32 and TF32 rows included)." if peak and args.device != "cpu" else

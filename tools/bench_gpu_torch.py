@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The PyTorch side of tools/bench_gpu.py: the same Transformer layer written with torch ops (eager,
-and compiled where torch.compile runs), timed forward and backward at the same shapes and
-precision as sp's plans, with no, selective and full recomputation.
+and with --torch-compile also through torch.compile where torch has it: the "compiled" row,
+without recomputation), timed forward and backward at the same shapes and precision as sp's plans,
+with no, selective and full recomputation.
 
 Imported by bench_gpu.py, which owns the shapes (LayerShape) and prints both sides' tables.
 """
@@ -100,9 +101,14 @@ def measure_torch(torch, args, sh, precision):
 
     x = torch.randn(sh.batch, sh.seq, h, generator=gen_).to(dev, dtype).requires_grad_(True)
     dy = torch.randn(sh.batch, sh.seq, h, generator=gen_).to(dev, dtype)
+    # --torch-compile: the "compiled" row, the layer without recomputation through torch.compile
+    # (its first step, left out, compiles it); None where torch has no torch.compile.
+    compiled = torch.compile(layer) if getattr(args, "torch_compile", False) and hasattr(torch, "compile") \
+        else None
+    modes = MODES + (["compiled"] if compiled is not None else [])
     best = {}
     for _ in range(args.repeat):
-        for mode in MODES:
+        for mode in modes:
             fwd = bwd = 0.0
             for step in range(args.steps + 1):  # the first step is left out, as sp-run does
                 for t in list(p.values()) + [x]:
@@ -111,6 +117,8 @@ def measure_torch(torch, args, sh, precision):
                 t0 = time.perf_counter()
                 if mode == "full":
                     out = checkpoint(layer, x, False, use_reentrant=False)
+                elif mode == "compiled":
+                    out = compiled(x, False)
                 else:
                     out = layer(x, mode == "selective")
                 sync()

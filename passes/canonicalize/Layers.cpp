@@ -378,6 +378,43 @@ Value *repeatedPairs(Value *V) {
   return Split ? Split->operand(0) : nullptr;
 }
 
+/// The lookup, by E's ids, of the pairs table of columns [Offset, Offset +
+/// K) of E's constant float32 table [P, w] (each value twice: the
+/// repeat_interleave'd form rope's interleaved tables take), the table made
+/// once per Key and the lookup once per table and ids, shared by q's and
+/// k's rope; built at At. nullptr when the table is not such a constant.
+Value *pairsLookup(Rewriter &R, Node *At, Node *E, int64_t Offset, int64_t K,
+                   int Key) {
+  Value *Tab = E->operand(0);
+  if (!Tab->isConst() || !Tab->data() || Tab->type().Dtype != DType::F32 ||
+      Tab->type().rank() != 2 || Offset + K > Tab->type().Shape[1])
+    return nullptr;
+  Value *Pairs = R.memo(Tab, Key, [&]() -> Value * {
+    auto D = Tab->data()->load();
+    if (!D) {
+      consumeError(D.takeError());
+      return nullptr;
+    }
+    int64_t Rows = Tab->type().Shape[0], W = Tab->type().Shape[1];
+    std::vector<char> Bytes(Rows * K * 2 * 4);
+    for (int64_t P = 0; P < Rows; ++P)
+      for (int64_t J = 0; J < K; ++J)
+        for (int64_t C : {0, 1})
+          std::memcpy(Bytes.data() + (P * 2 * K + 2 * J + C) * 4,
+                      D->data() + (P * W + Offset + J) * 4, 4);
+    return R.G.addInlineConst("rope_pairs_table",
+                              TensorType(DType::F32, {Rows, 2 * K}),
+                              std::move(Bytes));
+  });
+  if (!Pairs)
+    return nullptr;
+  for (const Use &U : Pairs->users())
+    if (U.User->op() == OpKind::Embedding && !U.User->isDead() &&
+        U.User->operand(1) == E->operand(1))
+      return U.User->result();
+  return R.build(At, OpKind::Embedding, {Pairs, E->operand(1)})->result();
+}
+
 /// A rotary table as rope takes it, [1 or b, s, d] for X [b, a, s, d]: the
 /// [b, s, d] lookup under an Unsqueeze(., 1), or a constant [1, 1, s, d],
 /// [1, s, d] or [s, d] (made once per constant), or nullptr.
@@ -389,35 +426,11 @@ Value *ropeTable(Rewriter &R, Value *V, const TensorType &X) {
     Node *Un = def(Half, OpKind::OnnxUnsqueeze);
     Node *E = Un ? def(Un->operand(0), OpKind::Embedding) : nullptr;
     if (!E || Half->type().rank() != 4 || Half->type().Shape[1] != 1 ||
-        !E->operand(0)->isConst() || !E->operand(0)->data())
+        E->operand(0)->type().rank() != 2)
       return nullptr;
-    Value *Pairs = R.memo(E->operand(0), PairsTable, [&]() -> Value * {
-      Value *T = E->operand(0);
-      auto D = T->data()->load();
-      if (!D || T->type().Dtype != DType::F32 || T->type().rank() != 2) {
-        if (!D)
-          consumeError(D.takeError());
-        return nullptr;
-      }
-      int64_t Rows = T->type().Shape[0], K = T->type().Shape[1];
-      std::vector<char> Bytes(Rows * K * 2 * 4);
-      const char *Src = D->data();
-      for (int64_t I = 0; I < Rows * K; ++I)
-        for (int64_t C : {0, 1})
-          std::memcpy(Bytes.data() + (2 * I + C) * 4, Src + I * 4, 4);
-      return R.G.addInlineConst("rope_pairs_table",
-                                TensorType(DType::F32, {Rows, 2 * K}),
-                                std::move(Bytes));
-    });
-    if (!Pairs)
-      return nullptr;
-    // One lookup per table and ids, shared by q's and k's rope.
-    for (const Use &U : Pairs->users())
-      if (U.User->op() == OpKind::Embedding && !U.User->isDead() &&
-          U.User->operand(1) == E->operand(1))
-        Table = U.User->result();
+    Table = pairsLookup(R, E, E, 0, E->operand(0)->type().Shape[1], PairsTable);
     if (!Table)
-      Table = R.build(E, OpKind::Embedding, {Pairs, E->operand(1)})->result();
+      return nullptr;
   } else if (Node *Un = def(V, OpKind::OnnxUnsqueeze)) {
     if (V->type().rank() == 4 && V->type().Shape[1] == 1)
       Table = Un->operand(0);
@@ -592,38 +605,12 @@ Value *headsLayoutTable(Rewriter &R, Node *At, Value *V, int64_t Batch,
       normAxis(Sp->attrs().getInt("axis", 0), 3) != 2)
     return nullptr;
   Node *E = def(Sp->operand(0), OpKind::Embedding);
-  if (!E || !E->operand(0)->isConst() || !E->operand(0)->data() ||
-      E->operand(0)->type().Dtype != DType::F32)
+  if (!E)
     return nullptr;
   int64_t Offset = 0, K = Piece->type().Shape[2];
   for (unsigned I = 0; Sp->result(I) != Piece; ++I)
     Offset += Sp->result(I)->type().Shape[2];
-  Value *Tab = E->operand(0);
-  Value *Pairs = R.memo(Tab, PairsColumns + int(Offset), [&]() -> Value * {
-    auto D = Tab->data()->load();
-    if (!D) {
-      consumeError(D.takeError());
-      return nullptr;
-    }
-    int64_t Rows = Tab->type().Shape[0], W = Tab->type().Shape[1];
-    std::vector<char> Bytes(Rows * K * 2 * 4);
-    for (int64_t P = 0; P < Rows; ++P)
-      for (int64_t J = 0; J < K; ++J)
-        for (int64_t C : {0, 1})
-          std::memcpy(Bytes.data() + (P * 2 * K + 2 * J + C) * 4,
-                      D->data() + (P * W + Offset + J) * 4, 4);
-    return R.G.addInlineConst("rope_pairs_table",
-                              TensorType(DType::F32, {Rows, 2 * K}),
-                              std::move(Bytes));
-  });
-  if (!Pairs)
-    return nullptr;
-  // One lookup per table and ids, shared by q's and k's rope.
-  for (const Use &U : Pairs->users())
-    if (U.User->op() == OpKind::Embedding && !U.User->isDead() &&
-        U.User->operand(1) == E->operand(1))
-      return U.User->result();
-  return R.build(At, OpKind::Embedding, {Pairs, E->operand(1)})->result();
+  return pairsLookup(R, At, E, Offset, K, PairsColumns + int(Offset));
 }
 
 /// GPT-J's rotary, applied to heads laid out [b, s, a, d] before their
